@@ -1,0 +1,1 @@
+//! The engine: one place that composes scripts, environments and sandboxes into executions.

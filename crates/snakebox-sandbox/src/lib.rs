@@ -1,0 +1,192 @@
+//! Isolation for snakebox: run one command under a [`Policy`] and return what it did.
+//!
+//! This crate owns every host operation that confines untrusted code: the bubblewrap
+//! argument list, the seccomp program, cgroup (v2, then v1) or rlimit limits, spawning with a
+//! clean environment and no inherited descriptors, streaming capped output, and killing a
+//! whole process tree. It knows nothing of MCP, uv or Python: callers describe *what* must be
+//! visible and *how much* may be used; this crate decides *how* that is enforced and reports
+//! honestly which limits are really in force.
+//!
+//! The one design decision that shapes it: the policy is data. A [`Policy`] is turned into an
+//! ordered list of setup steps and then into argv by pure functions, so every decision can be
+//! read top to bottom and snapshot-tested without spawning anything.
+#![deny(missing_docs)]
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Which isolation mechanism runs the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// bubblewrap namespaces + our seccomp program + cgroup/rlimit limits.
+    Native,
+    /// No isolation at all. Only ever used when the operator asked for it explicitly.
+    None,
+}
+
+/// Resource limits for one run. `None` means "not limited".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Limits {
+    /// Wall-clock time after which the whole process tree is killed.
+    pub wall_time: Duration,
+    /// CPU time (all processes of the run).
+    pub cpu_time: Option<Duration>,
+    /// Memory (RSS + page cache charged to the run, or address space under rlimits).
+    pub memory_bytes: Option<u64>,
+    /// Processes and threads alive at once.
+    pub max_processes: Option<u64>,
+    /// Bytes of stdout + stderr kept, in total across both streams (head and tail kept).
+    pub max_output_bytes: u64,
+    /// Size of the writable scratch space (`/tmp` and the working directory).
+    pub scratch_bytes: Option<u64>,
+    /// Largest file the run may write.
+    pub file_size_bytes: Option<u64>,
+    /// Open file descriptors per process.
+    pub open_files: Option<u64>,
+}
+
+/// A host path made visible inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Mount {
+    /// Path on the host.
+    pub host: PathBuf,
+    /// Path inside the sandbox.
+    pub dest: PathBuf,
+    /// Whether the sandbox may write through this mount.
+    pub writable: bool,
+}
+
+/// Everything the sandbox needs to know about one run, as data.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Policy {
+    /// Host paths visible inside (besides the minimal system view the backend provides).
+    pub mounts: Vec<Mount>,
+    /// Whether the run may use the network (shares the host network namespace when true).
+    pub network: bool,
+    /// The complete environment of the command (nothing else is inherited).
+    pub env: Vec<(String, String)>,
+    /// Working directory inside the sandbox.
+    pub cwd: PathBuf,
+    /// Resource limits.
+    pub limits: Limits,
+}
+
+/// The command to run inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxCommand {
+    /// Program path as seen inside the sandbox.
+    pub program: PathBuf,
+    /// Arguments (not including the program).
+    pub args: Vec<OsString>,
+    /// When true, the command gets a private result channel on file descriptor 3 (a pipe whose
+    /// contents are returned in [`Outcome::control`]); stdout and stderr cannot forge it.
+    pub control_channel: bool,
+}
+
+/// Captured bytes of one stream, after capping.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Captured {
+    /// Kept text (lossy UTF-8). When truncated, head and tail are kept around a marker line.
+    pub text: String,
+    /// Whether bytes were dropped.
+    pub truncated: bool,
+    /// Bytes the command actually wrote to this stream.
+    pub total_bytes: u64,
+}
+
+/// Why a run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Termination {
+    /// The command exited (or was killed by a signal it did not get from us).
+    Exited,
+    /// The wall-time limit was reached and the tree was killed.
+    TimedOut,
+    /// The caller cancelled the run and the tree was killed.
+    Cancelled,
+    /// The memory limit was reached (OOM kill or allocation failure detected).
+    MemoryLimit,
+    /// The CPU-time limit was reached.
+    CpuLimit,
+}
+
+/// What one run did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Outcome {
+    /// Exit code when the command exited normally.
+    pub exit_code: Option<i32>,
+    /// Signal number when it was killed by a signal.
+    pub signal: Option<i32>,
+    /// Why the run ended.
+    pub termination: Termination,
+    /// Standard output.
+    pub stdout: Captured,
+    /// Standard error.
+    pub stderr: Captured,
+    /// Bytes written to the control channel (fd 3), if one was requested.
+    pub control: Vec<u8>,
+    /// Wall-clock duration.
+    pub duration: Duration,
+}
+
+// ---------------------------------------------------------------------------------------------
+// The public entry point. (Contract fixed by the engine; bodies are filled in by the backends.)
+// ---------------------------------------------------------------------------------------------
+
+/// Operator-level settings of the sandbox (not per run).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxConfig {
+    /// The backend to use. `None` must have been asked for explicitly.
+    pub backend: BackendKind,
+    /// Explicit path to `bwrap`; found on `PATH` otherwise.
+    pub bwrap_path: Option<PathBuf>,
+    /// Where runs leave their per-run scratch directories on the host.
+    pub scratch_root: PathBuf,
+}
+
+/// One stream chunk, sent while the run is going (for progress notifications).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputChunk {
+    /// Which stream it came from.
+    pub stream: Stream,
+    /// The bytes, as lossy UTF-8.
+    pub text: String,
+}
+
+/// An output stream of the command.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+}
+
+/// How one limit is enforced on this host (for `check_environment`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LimitReport {
+    /// Limit name, e.g. `memory`.
+    pub name: String,
+    /// Whether it is really enforced here.
+    pub enforced: bool,
+    /// The mechanism (`cgroup v1 memory.limit_in_bytes`, `RLIMIT_NPROC`, `bwrap tmpfs --size`, ...).
+    pub mechanism: String,
+}
+
+/// What the backend is and whether it really isolates (for `check_environment`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BackendReport {
+    /// Configured backend.
+    pub backend: BackendKind,
+    /// Whether runs are really isolated.
+    pub isolation_active: bool,
+    /// Human-readable details (bwrap path and version, namespaces, seccomp, uid).
+    pub details: Vec<String>,
+    /// Each limit and how it is enforced.
+    pub limits: Vec<LimitReport>,
+}

@@ -1,0 +1,1 @@
+//! The snakebox binary's library: CLI definitions, settings resolution, commands.
