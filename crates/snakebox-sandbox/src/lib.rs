@@ -12,11 +12,23 @@
 //! read top to bottom and snapshot-tested without spawning anything.
 #![deny(missing_docs)]
 
+mod capture;
+mod child;
+mod error;
+mod host;
+mod none;
+mod supervise;
+
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Serialize;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+pub use crate::error::{CgroupError, NamespaceError, SandboxError, SeccompError, SpawnError};
+pub use crate::supervise::CONTROL_MAX_BYTES;
 
 /// Which isolation mechanism runs the command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -189,4 +201,65 @@ pub struct BackendReport {
     pub details: Vec<String>,
     /// Each limit and how it is enforced.
     pub limits: Vec<LimitReport>,
+}
+
+/// A configured sandbox backend. Cheap to share (`Arc<Sandbox>`); `run` may be called
+/// concurrently.
+#[derive(Debug)]
+pub struct Sandbox {
+    config: SandboxConfig,
+    report: BackendReport,
+}
+
+impl Sandbox {
+    /// Probe the backend. Fails closed: when `Native` cannot isolate, the error says what failed
+    /// and its `hint()` how to fix it. Never falls back to `None` by itself.
+    pub fn new(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
+        let report = match config.backend {
+            BackendKind::None => BackendReport {
+                backend: BackendKind::None,
+                isolation_active: false,
+                details: vec![
+                    "no isolation: commands run with the server's host uid, filesystem view and network"
+                        .into(),
+                    "policy mounts are ignored and the policy cwd is a host path".into(),
+                    "clean environment, stdin /dev/null, no inherited descriptors, own session".into(),
+                ],
+                limits: none::limit_reports(),
+            },
+            BackendKind::Native => {
+                return Err(NamespaceError::Unsupported { backend: "native".into() }.into());
+            }
+        };
+        Ok(Sandbox { config, report })
+    }
+
+    /// What the backend is, whether it isolates, and how each limit is enforced here.
+    pub fn report(&self) -> BackendReport {
+        self.report.clone()
+    }
+
+    /// The configured backend.
+    pub fn kind(&self) -> BackendKind {
+        self.config.backend
+    }
+
+    /// Run one command. The whole tree is killed on wall-time timeout (within a second of
+    /// `wall_time`) or when `cancel` fires, and the output printed before is returned. `output`,
+    /// if given, receives chunks as they are produced (capped at `max_output_bytes` in total).
+    pub async fn run(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<Outcome, SandboxError> {
+        match self.config.backend {
+            BackendKind::None => none::run(policy, command, cancel, output).await,
+            BackendKind::Native => Err(NamespaceError::Unsupported {
+                backend: "native".into(),
+            }
+            .into()),
+        }
+    }
 }

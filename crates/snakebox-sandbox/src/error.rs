@@ -1,0 +1,298 @@
+//! Errors, one enum per mechanism, each with a `hint()` that tells the operator how to fix it.
+//!
+//! Messages state the failed operation with the offending value last, in backticks; the cause
+//! is kept in `#[source]` and never repeated in the message, so a caller printing the chain
+//! sees every fact exactly once.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Starting, supervising or killing the sandboxed process failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// The program could not be started.
+    #[error("Failed to start `{}`", program.display())]
+    Start {
+        /// Host path of the program we tried to start (bwrap, or the command itself for `none`).
+        program: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A pipe or memfd for the run could not be created or written.
+    #[error("Failed to prepare the descriptor for `{what}`")]
+    Descriptor {
+        /// What the descriptor was for (`stdout`, `control channel`, `bwrap arguments`, ...).
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Waiting for the process failed.
+    #[error("Failed to wait for the sandboxed process `{pid}`")]
+    Wait {
+        /// Host pid of the direct child.
+        pid: u32,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A path given to the sandbox is unusable.
+    #[error("Failed to use the path `{}`", path.display())]
+    Path {
+        /// The path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A value cannot be passed to the process (for example a NUL byte in an argument).
+    #[error("Failed to pass a value containing a NUL byte to the sandbox: `{value}`")]
+    NulByte {
+        /// The offending value (lossy).
+        value: String,
+    },
+}
+
+impl SpawnError {
+    /// How to fix it, when there is something the operator can do.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Self::Start { program, source } if source.kind() == io::ErrorKind::NotFound => {
+                Some(format!(
+                    "check that `{}` exists inside the sandbox view",
+                    program.display()
+                ))
+            }
+            Self::Descriptor { .. } => {
+                Some("the server may have run out of file descriptors: raise `ulimit -n`".into())
+            }
+            Self::Path { .. } => Some("create the path or fix its permissions".into()),
+            Self::NulByte { .. } => Some("remove NUL bytes from arguments and environment".into()),
+            _ => None,
+        }
+    }
+}
+
+/// Building or loading the seccomp program failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// The filter rules could not be compiled to BPF.
+    #[error("Failed to compile the seccomp filter for architecture `{arch}`")]
+    Compile {
+        /// Target architecture.
+        arch: &'static str,
+        /// The compiler's error.
+        #[source]
+        source: seccompiler::BackendError,
+    },
+    /// No filter exists for this CPU architecture.
+    #[error("Failed to find a seccomp filter for architecture `{arch}`")]
+    UnsupportedArch {
+        /// `std::env::consts::ARCH`.
+        arch: &'static str,
+    },
+    /// The kernel refuses seccomp filters.
+    #[error("Failed to confirm kernel seccomp filter support with `prctl(PR_GET_SECCOMP)`")]
+    Unavailable {
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl SeccompError {
+    /// How to fix it, when there is something the operator can do.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Self::Compile { .. } => None,
+            Self::UnsupportedArch { .. } => Some(
+                "run on x86_64 or aarch64, or pass `--sandbox-backend none` to run WITHOUT isolation"
+                    .into(),
+            ),
+            Self::Unavailable { .. } => Some(
+                "use a kernel built with CONFIG_SECCOMP_FILTER (and a container runtime that allows it), or pass `--sandbox-backend none` to run WITHOUT isolation"
+                    .into(),
+            ),
+        }
+    }
+}
+
+/// Creating, configuring, joining or removing a cgroup failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// A cgroup file could not be read.
+    #[error("Failed to read the cgroup file `{}`", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A value could not be written to a cgroup file.
+    #[error("Failed to write `{value}` to the cgroup file `{}`", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The value.
+        value: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The per-run cgroup directory could not be created.
+    #[error("Failed to create the run cgroup `{}`", path.display())]
+    Create {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The per-run cgroup directory could not be removed (processes still in it).
+    #[error("Failed to remove the run cgroup `{}`", path.display())]
+    Remove {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `/proc/self/cgroup` has no line for the controller.
+    #[error("Failed to find our own cgroup for the controller `{controller}`")]
+    NotFound {
+        /// `memory`, `pids`, or `` (empty) for the v2 unified hierarchy.
+        controller: String,
+    },
+}
+
+impl CgroupError {
+    /// How to fix it, when there is something the operator can do.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Self::Write { .. } | Self::Create { .. } => Some(
+                "delegate a writable cgroup to the server (systemd: `Delegate=yes`; docker: `--cgroupns=private` with a writable /sys/fs/cgroup); limits fall back to rlimits meanwhile"
+                    .into(),
+            ),
+            Self::Remove { .. } => {
+                Some("a process of a previous run may still be alive; it is killed on retry".into())
+            }
+            Self::Read { .. } | Self::NotFound { .. } => None,
+        }
+    }
+}
+
+/// Setting up namespaces (bubblewrap, user namespaces, mount staging) failed.
+#[derive(Debug, thiserror::Error)]
+pub enum NamespaceError {
+    /// bubblewrap is not installed or not executable.
+    #[error("Failed to find bubblewrap at `{}`", path.display())]
+    BwrapMissing {
+        /// Where we looked.
+        path: PathBuf,
+    },
+    /// bubblewrap could not be executed for the probe.
+    #[error("Failed to run the bubblewrap probe `{}`", path.display())]
+    Probe {
+        /// bwrap path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The probe sandbox did not start; bwrap said why.
+    #[error(
+        "Failed to create a sandbox with bubblewrap (user namespaces may be disabled): `{stderr}`"
+    )]
+    SandboxRefused {
+        /// bwrap's stderr, trimmed.
+        stderr: String,
+    },
+    /// The probe sandbox started but a property did not hold.
+    #[error("Failed to verify the isolation property `{property}`")]
+    NotIsolated {
+        /// The property that did not hold (e.g. `uid 65534 inside`).
+        property: String,
+    },
+    /// The staging area for bind-mount sources could not be prepared.
+    #[error("Failed to prepare the mount staging directory `{}`", path.display())]
+    Staging {
+        /// The directory.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// A sandbox path must be absolute and free of `..`.
+    #[error("Failed to accept a sandbox path that is not absolute and normal: `{}`", path.display())]
+    BadPath {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The backend was asked for something it does not implement yet.
+    #[error("Failed to select the sandbox backend `{backend}`")]
+    Unsupported {
+        /// The backend name.
+        backend: String,
+    },
+}
+
+impl NamespaceError {
+    /// How to fix it, when there is something the operator can do.
+    pub fn hint(&self) -> Option<String> {
+        const NONE: &str = "or pass `--sandbox-backend none` to run WITHOUT isolation";
+        match self {
+            Self::BwrapMissing { .. } | Self::Probe { .. } => Some(format!(
+                "install bubblewrap (`apt-get install bubblewrap`), {NONE}"
+            )),
+            Self::SandboxRefused { stderr } => Some(
+                if stderr.contains("setting up uid map")
+                    || stderr.contains("No permissions to creating new namespace")
+                    || stderr.contains("Operation not permitted")
+                {
+                    format!(
+                        "enable unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone=1`, `sysctl user.max_user_namespaces=15000`, on Ubuntu also `sysctl kernel.apparmor_restrict_unprivileged_userns=0`); inside a container run it with `--security-opt seccomp=unconfined` or use the host; {NONE}"
+                    )
+                } else {
+                    format!("check bubblewrap's message above; {NONE}")
+                },
+            ),
+            Self::NotIsolated { .. } => Some(format!("report this as a bug, {NONE}")),
+            Self::Staging { .. } => {
+                Some("run the server as root, or as a user that can read every mounted path".into())
+            }
+            Self::BadPath { .. } => Some("use absolute paths without `..`".into()),
+            Self::Unsupported { .. } => Some(format!("use `--sandbox-backend native`, {NONE}")),
+        }
+    }
+}
+
+/// Any failure of the sandbox, by mechanism.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// Spawning or supervising.
+    #[error(transparent)]
+    Spawn(#[from] SpawnError),
+    /// The seccomp program.
+    #[error(transparent)]
+    Seccomp(#[from] SeccompError),
+    /// cgroups.
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    /// Namespaces and bubblewrap.
+    #[error(transparent)]
+    Namespace(#[from] NamespaceError),
+}
+
+impl SandboxError {
+    /// How to fix it, when there is something the operator can do.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Self::Spawn(e) => e.hint(),
+            Self::Seccomp(e) => e.hint(),
+            Self::Cgroup(e) => e.hint(),
+            Self::Namespace(e) => e.hint(),
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The `none` backend: NO isolation, only the supervisor's own guarantees.
+//!
+//! It exists for hosts where the operator explicitly chose `--sandbox-backend none`. The
+//! command runs as the server's own host uid with the server's filesystem view and network.
+//! What it still guarantees: a clean environment (only `Policy::env`), stdin from `/dev/null`,
+//! no inherited descriptors, its own session, capped output, and a wall-time / cancellation kill
+//! of the whole tree (process group, then every process in the same session or descended from
+//! the child). Limits are best effort: rlimits (RLIMIT_AS for memory, RLIMIT_NPROC only when not
+//! root) — `report()` says so.
+//!
+//! `Policy::mounts` are ignored and `Policy::cwd` is taken as a *host* path.
+
+use std::process::Stdio;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use crate::child::{ChildPlan, pipe, raise_fd, rlimits_for};
+use crate::error::{SandboxError, SpawnError};
+use crate::host::{RealHost, kill_tree};
+use crate::supervise::{Teardown, classify, supervise};
+use crate::{LimitReport, Limits, Outcome, OutputChunk, Policy, SandboxCommand};
+
+/// Descriptors handed to the child are first moved at least this high, above every target.
+pub(crate) const FD_SOURCE_MIN: i32 = 64;
+
+/// Kills the session/process group of the child and every straggler we can find.
+#[derive(Debug)]
+struct SessionTeardown {
+    leader: i32,
+}
+
+impl Teardown for SessionTeardown {
+    fn kill_all(&self) {
+        if self.leader > 0 {
+            kill_tree(&RealHost, self.leader, 8);
+        }
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// How each limit is (not) enforced by this backend.
+pub(crate) fn limit_reports() -> Vec<LimitReport> {
+    let nproc = if is_root() {
+        ("RLIMIT_NPROC is ignored for root: not enforced", false)
+    } else {
+        (
+            "RLIMIT_NPROC (counts every process of the server's uid)",
+            true,
+        )
+    };
+    let r = |name: &str, enforced: bool, mechanism: &str| LimitReport {
+        name: name.into(),
+        enforced,
+        mechanism: mechanism.into(),
+    };
+    vec![
+        r(
+            "wall_time",
+            true,
+            "supervisor timer, SIGKILL of process group and session stragglers",
+        ),
+        r(
+            "cpu_time",
+            true,
+            "RLIMIT_CPU per process (SIGXCPU, SIGKILL one second later)",
+        ),
+        r(
+            "memory",
+            true,
+            "RLIMIT_AS per process (best effort: address space, not RSS; tmpfs not counted)",
+        ),
+        r("max_processes", nproc.1, nproc.0),
+        r(
+            "max_output_bytes",
+            true,
+            "supervisor capture, head and tail, shared budget",
+        ),
+        r(
+            "scratch_bytes",
+            false,
+            "none: no private scratch space without isolation",
+        ),
+        r("file_size_bytes", true, "RLIMIT_FSIZE"),
+        r("open_files", true, "RLIMIT_NOFILE"),
+        r("network", false, "none: the host network is shared"),
+        r(
+            "filesystem",
+            false,
+            "none: the host filesystem is visible with the server's permissions",
+        ),
+    ]
+}
+
+/// Run `command` without isolation.
+pub(crate) async fn run(
+    policy: &Policy,
+    command: &SandboxCommand,
+    cancel: CancellationToken,
+    output: Option<UnboundedSender<OutputChunk>>,
+) -> Result<Outcome, SandboxError> {
+    let limits: &Limits = &policy.limits;
+    let mut std_cmd = std::process::Command::new(&command.program);
+    std_cmd
+        .args(&command.args)
+        .env_clear()
+        .envs(policy.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&policy.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+
+    let mut plan = ChildPlan {
+        rlimits: rlimits_for(limits, true, !is_root()),
+        subreaper: true,
+        ..ChildPlan::default()
+    };
+    let mut control_write = None;
+    let control_read = if command.control_channel {
+        let (r, w) = pipe().map_err(|source| SpawnError::Descriptor {
+            what: "control channel",
+            source,
+        })?;
+        let w = raise_fd(w, FD_SOURCE_MIN).map_err(|source| SpawnError::Descriptor {
+            what: "control channel",
+            source,
+        })?;
+        plan.fd_map.push((std::os::fd::AsRawFd::as_raw_fd(&w), 3));
+        control_write = Some(w);
+        Some(r)
+    } else {
+        None
+    };
+    // SAFETY: `apply` only makes async-signal-safe system calls on data prepared above.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut std_cmd, move || plan.apply());
+    }
+    let mut cmd = tokio::process::Command::from(std_cmd);
+    cmd.kill_on_drop(true);
+    let started = Instant::now();
+    let child = cmd.spawn().map_err(|source| SpawnError::Start {
+        program: command.program.clone(),
+        source,
+    })?;
+    // The child has its copy; ours must go or the control channel never reaches EOF.
+    drop(control_write);
+    let leader = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .unwrap_or(0);
+    let teardown = SessionTeardown { leader };
+    let raw = supervise(
+        child,
+        control_read,
+        limits,
+        cancel,
+        output,
+        &teardown,
+        started,
+    )
+    .await?;
+    let ending = classify(&raw, limits, false, teardown.memory_exceeded());
+    Ok(Outcome {
+        exit_code: ending.exit_code,
+        signal: ending.signal,
+        termination: ending.termination,
+        stdout: raw.stdout,
+        stderr: raw.stderr,
+        control: raw.control,
+        duration: raw.duration,
+    })
+}

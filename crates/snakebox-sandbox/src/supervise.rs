@@ -1,0 +1,387 @@
+//! The run loop shared by every backend: drain stdout, stderr and the control channel
+//! concurrently into capped buffers, wait for the child, the wall clock or cancellation, then
+//! tear the whole tree down and classify how the run ended.
+//!
+//! The run ends when the *direct child* ends (not at pipe EOF: a daemon may hold the pipes
+//! open forever). At that point everything else of the run is killed, and the pipes are
+//! drained for a short grace period only.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use crate::capture::{Forwarder, StreamCapture, finish_pair};
+use crate::error::SpawnError;
+use crate::{Captured, Limits, OutputChunk, Stream, Termination};
+
+/// Largest control-channel message kept (the rest is drained and dropped).
+pub const CONTROL_MAX_BYTES: usize = 16 << 20;
+
+/// How long we keep reading the pipes after the tree was killed.
+const DRAIN_GRACE: Duration = Duration::from_millis(500);
+
+/// Kills everything that belongs to one run. Called after the direct child ends, on timeout,
+/// on cancellation and when the run future is dropped; must be idempotent and must not block
+/// for long.
+pub(crate) trait Teardown: Send + Sync {
+    /// SIGKILL every process of the run.
+    fn kill_all(&self);
+    /// Whether the run hit its memory limit (OOM kill counted by the cgroup).
+    fn memory_exceeded(&self) -> bool {
+        false
+    }
+}
+
+/// Kills the tree if the run future is dropped before it finished.
+struct KillOnDrop<'a> {
+    teardown: &'a dyn Teardown,
+    armed: bool,
+}
+
+impl Drop for KillOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.teardown.kill_all();
+        }
+    }
+}
+
+/// Why the supervisor stopped waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Stop {
+    /// The direct child ended.
+    Exited,
+    /// Wall time reached.
+    TimedOut,
+    /// `cancel` fired.
+    Cancelled,
+}
+
+/// What the supervisor saw.
+#[derive(Debug)]
+pub(crate) struct RawRun {
+    pub(crate) status: ExitStatus,
+    pub(crate) stop: Stop,
+    pub(crate) stdout: Captured,
+    pub(crate) stderr: Captured,
+    pub(crate) control: Vec<u8>,
+    pub(crate) duration: Duration,
+}
+
+/// Supervise a spawned child until it ends, time runs out or `cancel` fires.
+pub(crate) async fn supervise(
+    mut child: tokio::process::Child,
+    control: Option<OwnedFd>,
+    limits: &Limits,
+    cancel: CancellationToken,
+    output: Option<UnboundedSender<OutputChunk>>,
+    teardown: &dyn Teardown,
+    started: Instant,
+) -> Result<RawRun, SpawnError> {
+    let mut guard = KillOnDrop {
+        teardown,
+        armed: true,
+    };
+    let pid = child.id().unwrap_or(0);
+    let budget = limits.max_output_bytes;
+    let forward_budget = Arc::new(AtomicUsize::new(
+        usize::try_from(budget).unwrap_or(usize::MAX),
+    ));
+
+    let out_cap = Arc::new(Mutex::new(StreamCapture::new(budget)));
+    let err_cap = Arc::new(Mutex::new(StreamCapture::new(budget)));
+    let mut readers = tokio::task::JoinSet::new();
+    if let Some(stdout) = child.stdout.take() {
+        readers.spawn(drain(
+            stdout,
+            Stream::Stdout,
+            out_cap.clone(),
+            output.clone(),
+            forward_budget.clone(),
+        ));
+    }
+    if let Some(stderr) = child.stderr.take() {
+        readers.spawn(drain(
+            stderr,
+            Stream::Stderr,
+            err_cap.clone(),
+            output.clone(),
+            forward_budget.clone(),
+        ));
+    }
+    drop(output);
+    let control_buf = Arc::new(Mutex::new(Vec::new()));
+    if let Some(fd) = control {
+        let receiver = tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(|source| {
+            SpawnError::Descriptor {
+                what: "control channel",
+                source,
+            }
+        })?;
+        readers.spawn(drain_control(receiver, control_buf.clone()));
+    }
+
+    let deadline = tokio::time::Instant::from_std(started) + limits.wall_time;
+    let (status, stop) = tokio::select! {
+        status = child.wait() => (status, Stop::Exited),
+        () = tokio::time::sleep_until(deadline) => (Err(std::io::ErrorKind::TimedOut.into()), Stop::TimedOut),
+        () = cancel.cancelled() => (Err(std::io::ErrorKind::Interrupted.into()), Stop::Cancelled),
+    };
+    // Whatever ended the wait, nothing of the run may outlive it.
+    teardown.kill_all();
+    let status = match (stop, status) {
+        (Stop::Exited, Ok(status)) => status,
+        (Stop::Exited, Err(source)) => return Err(SpawnError::Wait { pid, source }),
+        _ => {
+            let _ = child.start_kill();
+            child
+                .wait()
+                .await
+                .map_err(|source| SpawnError::Wait { pid, source })?
+        }
+    };
+    let duration = started.elapsed();
+    // A second sweep catches what a fork bomb created while the first one ran.
+    teardown.kill_all();
+    guard.armed = false;
+
+    let _ = tokio::time::timeout(DRAIN_GRACE, async {
+        while readers.join_next().await.is_some() {}
+    })
+    .await;
+    readers.abort_all();
+
+    let (stdout, stderr) = {
+        let out = out_cap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let err = err_cap
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        finish_pair(&out, &err, budget)
+    };
+    let control = std::mem::take(
+        &mut *control_buf
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    Ok(RawRun {
+        status,
+        stop,
+        stdout,
+        stderr,
+        control,
+        duration,
+    })
+}
+
+async fn drain(
+    mut pipe: impl AsyncRead + Unpin,
+    stream: Stream,
+    capture: Arc<Mutex<StreamCapture>>,
+    output: Option<UnboundedSender<OutputChunk>>,
+    forward_budget: Arc<AtomicUsize>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut forwarder = Forwarder::default();
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let data = &buf[..n];
+        capture
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(data);
+        if let Some(tx) = &output {
+            let allowed = forward_budget
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                    Some(left.saturating_sub(n))
+                })
+                .unwrap_or(0)
+                .min(n);
+            if let Some(text) = forwarder.text(data, allowed) {
+                let _ = tx.send(OutputChunk { stream, text });
+            }
+        }
+    }
+}
+
+async fn drain_control(mut pipe: tokio::net::unix::pipe::Receiver, keep: Arc<Mutex<Vec<u8>>>) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let mut kept = keep
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let room = CONTROL_MAX_BYTES.saturating_sub(kept.len());
+        kept.extend_from_slice(&buf[..n.min(room)]);
+    }
+}
+
+/// How one run ended, from what the supervisor saw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ending {
+    pub(crate) exit_code: Option<i32>,
+    pub(crate) signal: Option<i32>,
+    pub(crate) termination: Termination,
+}
+
+/// Classify a run. `shell_style_signals`: the direct child reports a signal death of the
+/// command as exit code `128 + signal` (bwrap does). `memory_hit`: the cgroup counted an OOM.
+pub(crate) fn classify(
+    run: &RawRun,
+    limits: &Limits,
+    shell_style_signals: bool,
+    memory_hit: bool,
+) -> Ending {
+    let mut exit_code = run.status.code();
+    let mut signal = run.status.signal();
+    if let Some(code) = exit_code.filter(|c| shell_style_signals && (129..=128 + 64).contains(c)) {
+        exit_code = None;
+        signal = Some(code - 128);
+    }
+    let cpu_hit = limits.cpu_time.is_some_and(|cpu| {
+        signal == Some(libc::SIGXCPU) || (signal == Some(libc::SIGKILL) && run.duration >= cpu)
+    });
+    let termination = match run.stop {
+        Stop::TimedOut => Termination::TimedOut,
+        Stop::Cancelled => Termination::Cancelled,
+        Stop::Exited if memory_hit => Termination::MemoryLimit,
+        Stop::Exited if cpu_hit => Termination::CpuLimit,
+        Stop::Exited => Termination::Exited,
+    };
+    Ending {
+        exit_code,
+        signal,
+        termination,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            wall_time: Duration::from_secs(10),
+            cpu_time: Some(Duration::from_secs(2)),
+            memory_bytes: None,
+            max_processes: None,
+            max_output_bytes: 100,
+            scratch_bytes: None,
+            file_size_bytes: None,
+            open_files: None,
+        }
+    }
+
+    fn run(raw: i32, stop: Stop, secs: u64) -> RawRun {
+        RawRun {
+            status: ExitStatus::from_raw(raw),
+            stop,
+            stdout: Captured::default(),
+            stderr: Captured::default(),
+            control: Vec::new(),
+            duration: Duration::from_secs(secs),
+        }
+    }
+
+    #[test]
+    fn classify_table() {
+        let l = limits();
+        let cases = [
+            // (wait status, stop, secs, bwrap-style, memory, expected)
+            (
+                0,
+                Stop::Exited,
+                0,
+                false,
+                false,
+                (Some(0), None, Termination::Exited),
+            ),
+            (
+                3 << 8,
+                Stop::Exited,
+                0,
+                false,
+                false,
+                (Some(3), None, Termination::Exited),
+            ),
+            (
+                libc::SIGXCPU,
+                Stop::Exited,
+                2,
+                false,
+                false,
+                (None, Some(libc::SIGXCPU), Termination::CpuLimit),
+            ),
+            (
+                (128 + 9) << 8,
+                Stop::Exited,
+                3,
+                true,
+                false,
+                (None, Some(9), Termination::CpuLimit),
+            ),
+            (
+                (128 + 9) << 8,
+                Stop::Exited,
+                0,
+                true,
+                false,
+                (None, Some(9), Termination::Exited),
+            ),
+            (
+                (128 + 9) << 8,
+                Stop::Exited,
+                0,
+                true,
+                true,
+                (None, Some(9), Termination::MemoryLimit),
+            ),
+            (
+                9,
+                Stop::TimedOut,
+                10,
+                true,
+                false,
+                (None, Some(9), Termination::TimedOut),
+            ),
+            (
+                9,
+                Stop::Cancelled,
+                1,
+                false,
+                false,
+                (None, Some(9), Termination::Cancelled),
+            ),
+            (
+                (137) << 8,
+                Stop::Exited,
+                0,
+                false,
+                false,
+                (Some(137), None, Termination::Exited),
+            ),
+        ];
+        for (raw, stop, secs, bwrap, mem, (code, sig, term)) in cases {
+            let e = classify(&run(raw, stop, secs), &l, bwrap, mem);
+            assert_eq!(
+                (e.exit_code, e.signal, e.termination),
+                (code, sig, term),
+                "case {raw} {stop:?}"
+            );
+        }
+    }
+}
