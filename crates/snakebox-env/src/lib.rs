@@ -1,8 +1,30 @@
 //! Python environments for snakebox: which interpreters exist, and uv-built virtual environments
 //! kept in a cache keyed by content.
 //!
-//! An environment is built once per (interpreter, requirement set), in a temporary directory,
-//! then renamed into place and never modified again: every later run reuses it read-only. The
-//! install step runs uv through [`snakebox_sandbox`] with network access and write access to the
-//! target and uv's cache only; the run step (the engine's business) never sees uv's cache.
-//! Nothing here knows about MCP.
+//! This crate owns interpreter discovery and version requests ([`Interpreters`]), finding and
+//! running uv ([`Uv`], [`UvRunner`]), and the environment cache ([`EnvCache`]): building,
+//! reusing, warming and pruning. It knows nothing of MCP and never runs user code; it depends on
+//! `snakebox-sandbox` only for the data types of a mount and, when installs are sandboxed, to
+//! run uv.
+//!
+//! The one design decision that shapes it: an environment is built once per (interpreter,
+//! requirement set), in a temporary directory, then renamed into place and never modified
+//! again; every later run reuses it read-only. The install step runs uv with network access
+//! and write access to the build directory and uv's cache only, with an allow-listed
+//! environment ([`EnvVars`]); the run step (the engine's business) mounts the finished
+//! environment read-only ([`Environment::mounts`]) and never sees uv's cache.
+
+mod cache;
+mod env_vars;
+mod error;
+mod interpreter;
+mod uv;
+
+pub use cache::{
+    CacheConfig, CacheStats, DEFAULT_INSTALL_TIMEOUT, EnvCache, Environment, MANIFEST_FILE,
+    PruneReason, PruneReport, PrunedEnvironment, ResolvedPackage,
+};
+pub use env_vars::{EnvVars, UvEnvironment};
+pub use error::{EnvError, UvStderr};
+pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
+pub use uv::{DirectUvRunner, Uv, UvInvocation, UvOutput, UvRunFuture, UvRunner};

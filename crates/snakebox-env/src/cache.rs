@@ -1,0 +1,1096 @@
+//! The environment cache: one read-only virtual environment per (interpreter, requirement set),
+//! built once, reused by every run, pruned by age and size.
+//!
+//! On disk, under the data root:
+//!
+//! ```text
+//! <root>/environments-v1/<key>/       a complete venv + snakebox-env.json (its manifest)
+//! <root>/last-used-v1/<key>           empty file; its mtime is the last time the env was handed out
+//! <root>/uv-cache/                    uv's cache (same file system, so installs hard-link from it)
+//! <root>/.tmp/build-<random>/         builds in progress (the env, the requirements file)
+//! <root>/.trash/                      environments being deleted
+//! ```
+//!
+//! The key is a hash of the interpreter's real path and full version, the sorted normalised
+//! requirement strings, and the index settings uv runs with. An environment is built in
+//! `.tmp`, given its manifest and made world-readable, then renamed into place in one step;
+//! once there it is never modified (uv's cache-poisoning lesson: a half-written or patched
+//! environment must never be visible under a key). A requirement set with anything but exact
+//! pins is re-resolved once its environment is older than
+//! [`CacheConfig::unpinned_freshness`]: the new build atomically replaces the old one
+//! (`renameat2(RENAME_EXCHANGE)`), and runs that already mounted the old one keep it.
+//!
+//! Pruning ([`EnvCache::prune`]): first every environment unused for longer than
+//! [`CacheConfig::max_age`], then the least recently used ones until the total is at most
+//! [`CacheConfig::max_bytes`]. An environment that is in use (an [`Environment`] handed out by
+//! this cache is still alive) or being built is never removed. Sizes are the disk usage recorded
+//! in each manifest at build time (files hard-linked with uv's cache count in full).
+
+use std::collections::HashMap;
+use std::ffi::OsString;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use pep440_rs::Operator;
+use pep508_rs::{Requirement, VersionOrUrl};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
+use snakebox_sandbox::Mount;
+
+use crate::env_vars::UvEnvironment;
+use crate::error::{EnvError, UvStderr};
+use crate::interpreter::Interpreter;
+use crate::uv::{Uv, UvInvocation, UvRunner};
+
+/// Version of the on-disk layout; part of the directory names.
+const ENVIRONMENTS_DIR: &str = "environments-v1";
+const LAST_USED_DIR: &str = "last-used-v1";
+const UV_CACHE_DIR: &str = "uv-cache";
+const TMP_DIR: &str = ".tmp";
+const TRASH_DIR: &str = ".trash";
+/// The manifest's file name inside each environment.
+pub const MANIFEST_FILE: &str = "snakebox-env.json";
+const MANIFEST_SCHEMA: u32 = 1;
+
+/// How long one install may take by default.
+pub const DEFAULT_INSTALL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Settings of the environment cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// The data root. Must be traversable by the sandbox's uid when that is not root
+    /// (`/root` is mode 700: put the root elsewhere, e.g. `/var/lib/snakebox`).
+    pub root: PathBuf,
+    /// Pruning shrinks the environments to at most this many bytes.
+    pub max_bytes: u64,
+    /// Environments unused for longer than this are pruned.
+    pub max_age: Duration,
+    /// A requirement set that is not all exact pins (`==`) is re-resolved when its environment
+    /// is older than this; exact pins are reused indefinitely.
+    pub unpinned_freshness: Duration,
+}
+
+impl CacheConfig {
+    /// Defaults: 10 GiB, 30 days unused, unpinned sets re-resolved after 24 hours.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self {
+            root: root.into(),
+            max_bytes: 10 * 1024 * 1024 * 1024,
+            max_age: Duration::from_secs(30 * 24 * 3600),
+            unpinned_freshness: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// One installed distribution, as `uv pip list` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolvedPackage {
+    /// Distribution name.
+    pub name: String,
+    /// Installed version.
+    pub version: String,
+}
+
+/// A built environment, ready to be mounted read-only into a run.
+///
+/// While any clone of it is alive the environment counts as in use and is never pruned: keep
+/// it for as long as a run (or a session) uses the directory.
+#[derive(Debug, Clone)]
+pub struct Environment {
+    /// The environment's directory.
+    pub root: PathBuf,
+    /// `root/bin/python`.
+    pub python: PathBuf,
+    /// The interpreter it was built on.
+    pub interpreter: Interpreter,
+    /// What is installed (empty for a bare environment).
+    pub packages: Vec<ResolvedPackage>,
+    /// Whether it came from the cache rather than being built by this call.
+    pub reused: bool,
+    /// The cache key (the directory's name).
+    pub key: String,
+    /// The normalised, sorted requirement strings it was built for.
+    pub requirements: Vec<String>,
+    lease: Arc<Lease>,
+}
+
+impl Environment {
+    /// The read-only mounts a run needs: the environment and the interpreter's prefix, each at
+    /// its own path, so the venv's `bin/python` symlink and `pyvenv.cfg` keep working.
+    pub fn mounts(&self) -> Vec<Mount> {
+        let mut paths = vec![self.root.clone(), self.interpreter.prefix.clone()];
+        if let Some(bin) = self.interpreter.executable.parent()
+            && !bin.starts_with(&self.interpreter.prefix)
+        {
+            paths.push(bin.to_path_buf());
+        }
+        paths
+            .into_iter()
+            .map(|path| Mount {
+                host: path.clone(),
+                dest: path,
+                writable: false,
+            })
+            .collect()
+    }
+
+    /// The build this handle refers to (for logs).
+    pub fn build_id(&self) -> &str {
+        &self.lease.build_id
+    }
+}
+
+/// Held by every live [`Environment`]; its presence marks a build as in use.
+#[derive(Debug)]
+struct Lease {
+    build_id: String,
+}
+
+/// Counts and sizes, for `check_environment`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheStats {
+    /// The data root.
+    pub root: PathBuf,
+    /// Number of cached environments.
+    pub environments: usize,
+    /// Their total size in bytes (disk usage recorded at build time).
+    pub bytes: u64,
+    /// uv's cache directory (never visible to runs).
+    pub uv_cache_dir: PathBuf,
+    /// Whether installs run in a sandbox.
+    pub installs_sandboxed: bool,
+}
+
+/// Why an environment was pruned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PruneReason {
+    /// Unused for longer than [`CacheConfig::max_age`].
+    Age,
+    /// Least recently used while the cache was over [`CacheConfig::max_bytes`].
+    Size,
+    /// Its manifest was missing or unreadable.
+    Unreadable,
+}
+
+/// One pruned environment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PrunedEnvironment {
+    /// Its key.
+    pub key: String,
+    /// Its size.
+    pub bytes: u64,
+    /// Why it went.
+    pub reason: PruneReason,
+}
+
+/// What [`EnvCache::prune`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct PruneReport {
+    /// Environments removed.
+    pub removed: Vec<PrunedEnvironment>,
+    /// Environments that would have been removed but were in use or being built.
+    pub skipped_in_use: usize,
+    /// Environments left.
+    pub kept: usize,
+    /// Total bytes before.
+    pub bytes_before: u64,
+    /// Total bytes after.
+    pub bytes_after: u64,
+}
+
+/// The manifest written into each environment before it is renamed into place.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Manifest {
+    schema: u32,
+    key: String,
+    build_id: String,
+    requirements: Vec<String>,
+    pinned: bool,
+    packages: Vec<ResolvedPackage>,
+    interpreter: ManifestInterpreter,
+    index_settings: Vec<String>,
+    uv_version: String,
+    /// Seconds since the Unix epoch.
+    created_at: u64,
+    size_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ManifestInterpreter {
+    executable: PathBuf,
+    version: String,
+    prefix: PathBuf,
+    implementation: String,
+}
+
+/// A requirement set, normalised: sorted, deduplicated PEP 508 strings.
+struct RequirementSet {
+    lines: Vec<String>,
+    pinned: bool,
+}
+
+impl RequirementSet {
+    fn new(requirements: &[Requirement]) -> Self {
+        let mut lines: Vec<String> = requirements.iter().map(ToString::to_string).collect();
+        lines.sort();
+        lines.dedup();
+        Self {
+            lines,
+            pinned: requirements.iter().all(is_exact_pin),
+        }
+    }
+}
+
+/// True when the requirement pins one exact version with `==` (no wildcard). Same rule as
+/// `snakebox_script::is_exact_pin`: ranges, `===`, URLs and bare names are not pins.
+fn is_exact_pin(requirement: &Requirement) -> bool {
+    match &requirement.version_or_url {
+        Some(VersionOrUrl::VersionSpecifier(specifiers)) => specifiers
+            .iter()
+            .any(|specifier| *specifier.operator() == Operator::Equal),
+        Some(VersionOrUrl::Url(_)) | None => false,
+    }
+}
+
+/// The cache of built environments. `Send + Sync`: share it behind an `Arc`.
+#[derive(Debug)]
+pub struct EnvCache {
+    config: CacheConfig,
+    uv: Uv,
+    installer: Arc<dyn UvRunner>,
+    uv_env: UvEnvironment,
+    install_timeout: Duration,
+    /// One async lock per key: concurrent `ensure` calls for a key build once.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Manifests already read, by key.
+    known: Mutex<HashMap<String, Arc<Manifest>>>,
+    /// Live leases by build id.
+    leases: Mutex<HashMap<String, Weak<Lease>>>,
+}
+
+impl EnvCache {
+    /// Open (creating its directories) the cache under `config.root`. `installer` runs uv for
+    /// installs: pass the [`snakebox_sandbox::Sandbox`] (sandboxed, the default for serving) or
+    /// [`crate::DirectUvRunner`] (on the host). uv's settings are taken from this process's
+    /// environment now, through the allow-list in [`crate::EnvVars`].
+    ///
+    /// # Errors
+    ///
+    /// [`EnvError::Io`] when a directory cannot be created.
+    pub fn new(
+        config: CacheConfig,
+        uv: Uv,
+        installer: Arc<dyn UvRunner>,
+    ) -> Result<EnvCache, EnvError> {
+        Self::with_uv_environment(config, uv, installer, UvEnvironment::from_process())
+    }
+
+    /// Like [`EnvCache::new`], with uv's allow-listed settings given explicitly.
+    ///
+    /// # Errors
+    ///
+    /// [`EnvError::Io`] when a directory cannot be created.
+    pub fn with_uv_environment(
+        config: CacheConfig,
+        uv: Uv,
+        installer: Arc<dyn UvRunner>,
+        uv_env: UvEnvironment,
+    ) -> Result<EnvCache, EnvError> {
+        let cache = EnvCache {
+            config,
+            uv,
+            installer,
+            uv_env,
+            install_timeout: DEFAULT_INSTALL_TIMEOUT,
+            locks: Mutex::default(),
+            known: Mutex::default(),
+            leases: Mutex::default(),
+        };
+        create_dir(&cache.config.root, "create the data directory")?;
+        for dir in [
+            cache.envs_dir(),
+            cache.used_dir(),
+            cache.uv_cache_dir(),
+            cache.tmp_dir(),
+            cache.trash_dir(),
+        ] {
+            create_dir(&dir, "create the cache directory")?;
+        }
+        // Runs (possibly as an unprivileged uid) must traverse to the environments.
+        add_mode(&cache.envs_dir(), 0o555).map_err(|source| EnvError::Io {
+            action: "make the environments directory readable",
+            path: cache.envs_dir(),
+            source,
+        })?;
+        Ok(cache)
+    }
+
+    /// Set the time limit of each uv step of a build (default [`DEFAULT_INSTALL_TIMEOUT`]).
+    #[must_use]
+    pub fn with_install_timeout(mut self, timeout: Duration) -> Self {
+        self.install_timeout = timeout;
+        self
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &CacheConfig {
+        &self.config
+    }
+
+    /// uv's cache directory (under the data root; never visible to runs).
+    pub fn uv_cache_dir(&self) -> PathBuf {
+        self.config.root.join(UV_CACHE_DIR)
+    }
+
+    fn envs_dir(&self) -> PathBuf {
+        self.config.root.join(ENVIRONMENTS_DIR)
+    }
+
+    fn used_dir(&self) -> PathBuf {
+        self.config.root.join(LAST_USED_DIR)
+    }
+
+    fn tmp_dir(&self) -> PathBuf {
+        self.config.root.join(TMP_DIR)
+    }
+
+    fn trash_dir(&self) -> PathBuf {
+        self.config.root.join(TRASH_DIR)
+    }
+
+    /// The cache key of an interpreter + requirement set under the current index settings.
+    pub fn key(&self, interpreter: &Interpreter, requirements: &[Requirement]) -> String {
+        self.key_of(interpreter, &RequirementSet::new(requirements))
+    }
+
+    fn key_of(&self, interpreter: &Interpreter, set: &RequirementSet) -> String {
+        let mut hasher = Sha256::new();
+        let mut field = |name: &str, value: &str| {
+            hasher.update(name.as_bytes());
+            hasher.update(b"=");
+            hasher.update(value.as_bytes());
+            hasher.update(b"\0");
+        };
+        field("layout", ENVIRONMENTS_DIR);
+        field("interpreter", &interpreter.executable.to_string_lossy());
+        field("version", &interpreter.version.to_string());
+        for line in &set.lines {
+            field("requirement", line);
+        }
+        for setting in self.uv_env.index_settings() {
+            field("index", &setting);
+        }
+        let digest = hasher.finalize();
+        digest
+            .iter()
+            .take(16)
+            .map(|byte| format!("{byte:02x}"))
+            .collect()
+    }
+
+    /// Build (or reuse) the environment for this interpreter and requirement set. Concurrent
+    /// calls for the same key build once; the others wait and reuse the result.
+    ///
+    /// # Errors
+    ///
+    /// [`EnvError::InstallFailed`] with uv's message when the requirements cannot be installed,
+    /// [`EnvError::Timeout`], [`EnvError::VenvFailed`], [`EnvError::Sandbox`], [`EnvError::Io`].
+    pub async fn ensure(
+        &self,
+        interpreter: &Interpreter,
+        requirements: &[Requirement],
+    ) -> Result<Environment, EnvError> {
+        let set = RequirementSet::new(requirements);
+        let key = self.key_of(interpreter, &set);
+        let lock = self.key_lock(&key);
+        let _building = lock.lock().await;
+
+        let dir = self.envs_dir().join(&key);
+        let existing = self.existing(&key, &dir).await;
+        if let Some(manifest) = &existing {
+            if self.is_fresh(manifest) {
+                self.touch(&key);
+                return Ok(self.environment(dir, Arc::clone(manifest), interpreter, true));
+            }
+            tracing::info!(%key, "re-resolving an unpinned requirement set");
+        }
+        let manifest = Arc::new(
+            self.build(&key, &dir, interpreter, &set, existing.as_deref())
+                .await?,
+        );
+        self.remember(&key, Arc::clone(&manifest));
+        self.touch(&key);
+        Ok(self.environment(dir, manifest, interpreter, false))
+    }
+
+    /// Cache warming: exactly [`EnvCache::ensure`]. The engine calls it at start for the default
+    /// interpreter (and any configured requirement sets) so the first call does not wait.
+    ///
+    /// # Errors
+    ///
+    /// As [`EnvCache::ensure`].
+    pub async fn warm(
+        &self,
+        interpreter: &Interpreter,
+        requirements: &[Requirement],
+    ) -> Result<Environment, EnvError> {
+        self.ensure(interpreter, requirements).await
+    }
+
+    fn key_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(locks.entry(key.to_owned()).or_default())
+    }
+
+    fn remember(&self, key: &str, manifest: Arc<Manifest>) {
+        self.known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.to_owned(), manifest);
+    }
+
+    fn forget(&self, key: &str) {
+        self.known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+    }
+
+    /// The manifest of the environment under `key`, when there is a usable one.
+    async fn existing(&self, key: &str, dir: &Path) -> Option<Arc<Manifest>> {
+        let cached = self
+            .known
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned();
+        if let Some(manifest) = cached {
+            if dir.join("pyvenv.cfg").exists() {
+                return Some(manifest);
+            }
+            self.forget(key);
+            return None;
+        }
+        let manifest = read_manifest(dir).await?;
+        if manifest.key != key || manifest.schema != MANIFEST_SCHEMA {
+            tracing::warn!(%key, "ignoring an environment whose manifest does not match its key");
+            return None;
+        }
+        let manifest = Arc::new(manifest);
+        self.remember(key, Arc::clone(&manifest));
+        Some(manifest)
+    }
+
+    fn is_fresh(&self, manifest: &Manifest) -> bool {
+        manifest.pinned
+            || now_secs().saturating_sub(manifest.created_at)
+                <= self.config.unpinned_freshness.as_secs()
+    }
+
+    fn environment(
+        &self,
+        root: PathBuf,
+        manifest: Arc<Manifest>,
+        interpreter: &Interpreter,
+        reused: bool,
+    ) -> Environment {
+        let lease = {
+            let mut leases = self.leases.lock().unwrap_or_else(PoisonError::into_inner);
+            leases.retain(|_, lease| lease.strong_count() > 0);
+            match leases.get(&manifest.build_id).and_then(Weak::upgrade) {
+                Some(lease) => lease,
+                None => {
+                    let lease = Arc::new(Lease {
+                        build_id: manifest.build_id.clone(),
+                    });
+                    leases.insert(manifest.build_id.clone(), Arc::downgrade(&lease));
+                    lease
+                }
+            }
+        };
+        Environment {
+            python: root.join("bin").join("python"),
+            root,
+            interpreter: interpreter.clone(),
+            packages: manifest.packages.clone(),
+            reused,
+            key: manifest.key.clone(),
+            requirements: manifest.requirements.clone(),
+            lease,
+        }
+    }
+
+    fn in_use(&self, build_id: &str) -> bool {
+        self.leases
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(build_id)
+            .is_some_and(|lease| lease.strong_count() > 0)
+    }
+
+    /// Record that the environment under `key` was handed out now (for LRU pruning).
+    fn touch(&self, key: &str) {
+        let path = self.used_dir().join(key);
+        let result = fs_err::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .and_then(|file| file.file().set_modified(SystemTime::now()));
+        if let Err(err) = result {
+            tracing::warn!(error = %err, "could not record the last use of an environment");
+        }
+    }
+
+    fn last_used(&self, key: &str, manifest: Option<&Manifest>) -> u64 {
+        fs_err::metadata(self.used_dir().join(key))
+            .ok()
+            .and_then(|meta| meta.modified().ok())
+            .and_then(|time| time.duration_since(UNIX_EPOCH).ok())
+            .map(|time| time.as_secs())
+            .or(manifest.map(|m| m.created_at))
+            .unwrap_or(0)
+    }
+
+    /// Build into `.tmp`, then rename into place (replacing `previous` atomically if any).
+    async fn build(
+        &self,
+        key: &str,
+        dir: &Path,
+        interpreter: &Interpreter,
+        set: &RequirementSet,
+        previous: Option<&Manifest>,
+    ) -> Result<Manifest, EnvError> {
+        let started = std::time::Instant::now();
+        let build = tempfile::Builder::new()
+            .prefix("build-")
+            .tempdir_in(self.tmp_dir())
+            .map_err(|source| EnvError::Io {
+                action: "create a build directory in",
+                path: self.tmp_dir(),
+                source,
+            })?;
+        let build_dir = build.path().to_path_buf();
+        let build_id = build_dir.file_name().map_or_else(
+            || key.to_owned(),
+            |name| name.to_string_lossy().into_owned(),
+        );
+        let env_dir = build_dir.join("env");
+
+        // 1. The bare venv. `--relocatable` because it is renamed after it is built.
+        let venv = self
+            .run_uv(
+                "uv venv",
+                vec![
+                    "venv".into(),
+                    "--relocatable".into(),
+                    "--no-project".into(),
+                    "--python".into(),
+                    interpreter.executable.clone().into(),
+                    env_dir.clone().into(),
+                ],
+                &build_dir,
+                interpreter,
+                false,
+            )
+            .await?;
+        if !venv.success() {
+            return Err(EnvError::VenvFailed {
+                path: env_dir,
+                source: UvStderr::from_output(&venv.stderr),
+            });
+        }
+
+        // 2. The requirements, hard-linked from uv's cache, byte-compiled now because the
+        //    environment is read-only when code runs.
+        let mut packages = Vec::new();
+        if !set.lines.is_empty() {
+            let requirements_file = build_dir.join("requirements.txt");
+            let mut text = set.lines.join("\n");
+            text.push('\n');
+            fs_err::tokio::write(&requirements_file, text)
+                .await
+                .map_err(|source| EnvError::Io {
+                    action: "write the requirements file",
+                    path: requirements_file.clone(),
+                    source,
+                })?;
+            let python: OsString = env_dir.join("bin").join("python").into();
+            let install = self
+                .run_uv(
+                    "uv pip install",
+                    vec![
+                        "pip".into(),
+                        "install".into(),
+                        "--python".into(),
+                        python.clone(),
+                        "--link-mode".into(),
+                        "hardlink".into(),
+                        "--compile-bytecode".into(),
+                        "-r".into(),
+                        requirements_file.into(),
+                    ],
+                    &build_dir,
+                    interpreter,
+                    true,
+                )
+                .await?;
+            if !install.success() {
+                return Err(EnvError::InstallFailed {
+                    requirements: set.lines.join(", "),
+                    source: UvStderr::from_output(&install.stderr),
+                });
+            }
+            let list = self
+                .run_uv(
+                    "uv pip list",
+                    vec![
+                        "pip".into(),
+                        "list".into(),
+                        "--python".into(),
+                        python,
+                        "--format".into(),
+                        "json".into(),
+                    ],
+                    &build_dir,
+                    interpreter,
+                    false,
+                )
+                .await?;
+            if !list.success() {
+                return Err(EnvError::InstallFailed {
+                    requirements: set.lines.join(", "),
+                    source: UvStderr::from_output(&list.stderr),
+                });
+            }
+            packages =
+                serde_json::from_slice::<Vec<ResolvedPackage>>(&list.stdout).map_err(|source| {
+                    EnvError::UvOutput {
+                        command: "uv pip list".to_owned(),
+                        source,
+                    }
+                })?;
+            packages.sort_by(|a, b| a.name.cmp(&b.name));
+        }
+
+        // 3. Readable by any uid (the run sandbox may not be root), then measured.
+        let walk_dir = env_dir.clone();
+        let size_bytes = tokio::task::spawn_blocking(move || make_readable_and_measure(&walk_dir))
+            .await
+            .map_err(|err| EnvError::Io {
+                action: "walk the new environment",
+                path: env_dir.clone(),
+                source: std::io::Error::other(err),
+            })?
+            .map_err(|source| EnvError::Io {
+                action: "make the environment readable",
+                path: env_dir.clone(),
+                source,
+            })?;
+
+        // 4. The manifest, written before the environment becomes visible.
+        let manifest = Manifest {
+            schema: MANIFEST_SCHEMA,
+            key: key.to_owned(),
+            build_id: build_id.clone(),
+            requirements: set.lines.clone(),
+            pinned: set.pinned,
+            packages,
+            interpreter: ManifestInterpreter {
+                executable: interpreter.executable.clone(),
+                version: interpreter.version.to_string(),
+                prefix: interpreter.prefix.clone(),
+                implementation: interpreter.implementation.clone(),
+            },
+            index_settings: self.uv_env.index_settings(),
+            uv_version: self.uv.version.clone(),
+            created_at: now_secs(),
+            size_bytes,
+        };
+        let manifest_path = env_dir.join(MANIFEST_FILE);
+        let json = serde_json::to_vec_pretty(&manifest).map_err(|source| EnvError::UvOutput {
+            command: "serialize the manifest".to_owned(),
+            source,
+        })?;
+        fs_err::tokio::write(&manifest_path, json)
+            .await
+            .map_err(|source| EnvError::Io {
+                action: "write the environment manifest",
+                path: manifest_path.clone(),
+                source,
+            })?;
+        add_mode(&manifest_path, 0o444).map_err(|source| EnvError::Io {
+            action: "make the manifest readable",
+            path: manifest_path,
+            source,
+        })?;
+
+        // 5. Into place, atomically.
+        self.place(&env_dir, dir, previous)?;
+        drop(build);
+        tracing::info!(%key, requirements = ?set.lines, elapsed_ms = started.elapsed().as_millis(), "built environment");
+        Ok(manifest)
+    }
+
+    /// Rename the finished build to `dir`. With a `previous` environment there, swap the two in
+    /// one step and move the old one to the trash (deleted now unless in use, else by `prune`).
+    fn place(&self, built: &Path, dir: &Path, previous: Option<&Manifest>) -> Result<(), EnvError> {
+        if !dir.exists() {
+            return fs_err::rename(built, dir).map_err(io("move the new environment into", dir));
+        }
+        let exchanged = nix::fcntl::renameat2(
+            nix::fcntl::AT_FDCWD,
+            built,
+            nix::fcntl::AT_FDCWD,
+            dir,
+            nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+        );
+        let old_id = previous.map_or_else(|| "unknown".to_owned(), |m| m.build_id.clone());
+        let trash = self.trash_dir().join(format!("{old_id}-{}", now_nanos()));
+        if exchanged.is_ok() {
+            fs_err::rename(built, &trash)
+                .map_err(io("move the replaced environment to", &trash))?;
+        } else {
+            // No RENAME_EXCHANGE on this file system: two renames, with a short gap.
+            fs_err::rename(dir, &trash).map_err(io("move the replaced environment to", &trash))?;
+            fs_err::rename(built, dir).map_err(io("move the new environment into", dir))?;
+        }
+        if !self.in_use(&old_id)
+            && let Err(err) = fs_err::remove_dir_all(&trash)
+        {
+            tracing::warn!(error = %err, "could not delete a replaced environment; prune will retry");
+        }
+        Ok(())
+    }
+
+    async fn run_uv(
+        &self,
+        label: &str,
+        args: Vec<OsString>,
+        build_dir: &Path,
+        interpreter: &Interpreter,
+        network: bool,
+    ) -> Result<crate::uv::UvOutput, EnvError> {
+        let mut read_only = vec![self.uv.dir().to_path_buf(), interpreter.prefix.clone()];
+        if let Some(bin) = interpreter.executable.parent()
+            && !bin.starts_with(&interpreter.prefix)
+        {
+            read_only.push(bin.to_path_buf());
+        }
+        if network {
+            let mut certs: Vec<PathBuf> = ["/etc/ssl", "/etc/resolv.conf", "/etc/hosts"]
+                .iter()
+                .map(PathBuf::from)
+                .collect();
+            certs.extend(
+                ["SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"]
+                    .iter()
+                    .filter_map(|name| self.uv_env.get(name))
+                    .map(PathBuf::from)
+                    .filter(|path| !path.starts_with("/etc/ssl")),
+            );
+            read_only.extend(certs.into_iter().filter(|path| path.exists()));
+        }
+        let invocation = UvInvocation {
+            program: self.uv.path.clone(),
+            args,
+            env: self.uv_env.for_uv(&self.uv_cache_dir()),
+            cwd: build_dir.to_path_buf(),
+            network,
+            read_only,
+            writable: vec![build_dir.to_path_buf(), self.uv_cache_dir()],
+            timeout: self.install_timeout,
+            label: label.to_owned(),
+        };
+        self.installer.run(&invocation).await
+    }
+
+    /// Counts and sizes of the cached environments.
+    pub fn stats(&self) -> CacheStats {
+        let entries = self.list_entries();
+        CacheStats {
+            root: self.config.root.clone(),
+            environments: entries.len(),
+            bytes: entries.iter().map(|e| e.bytes).sum(),
+            uv_cache_dir: self.uv_cache_dir(),
+            installs_sandboxed: self.installer.is_sandboxed(),
+        }
+    }
+
+    fn list_entries(&self) -> Vec<Entry> {
+        let Ok(dir) = fs_err::read_dir(self.envs_dir()) else {
+            return Vec::new();
+        };
+        dir.filter_map(Result::ok)
+            .filter(|entry| entry.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|entry| {
+                let key = entry.file_name().to_string_lossy().into_owned();
+                let manifest = fs_err::read(entry.path().join(MANIFEST_FILE))
+                    .ok()
+                    .and_then(|bytes| serde_json::from_slice::<Manifest>(&bytes).ok());
+                Entry {
+                    last_used: self.last_used(&key, manifest.as_ref()),
+                    bytes: manifest.as_ref().map_or(0, |m| m.size_bytes),
+                    build_id: manifest.map(|m| m.build_id),
+                    path: entry.path(),
+                    key,
+                }
+            })
+            .collect()
+    }
+
+    /// Delete environments unused for longer than [`CacheConfig::max_age`], then the least
+    /// recently used until the total is at most [`CacheConfig::max_bytes`]. Never one in use or
+    /// being built. Also clears leftovers of interrupted builds and replaced environments.
+    ///
+    /// # Errors
+    ///
+    /// [`EnvError::Io`] when an environment cannot be moved out of place.
+    pub async fn prune(&self) -> Result<PruneReport, EnvError> {
+        let mut entries = self.list_entries();
+        entries.sort_by_key(|e| e.last_used);
+        let now = now_secs();
+        let mut report = PruneReport {
+            bytes_before: entries.iter().map(|e| e.bytes).sum(),
+            ..PruneReport::default()
+        };
+        let mut total = report.bytes_before;
+        let mut kept = Vec::new();
+
+        for entry in entries {
+            let reason = if entry.build_id.is_none() {
+                Some(PruneReason::Unreadable)
+            } else if now.saturating_sub(entry.last_used) > self.config.max_age.as_secs() {
+                Some(PruneReason::Age)
+            } else {
+                None
+            };
+            match reason {
+                Some(reason) => {
+                    if self.remove(&entry).await? {
+                        total = total.saturating_sub(entry.bytes);
+                        report.removed.push(PrunedEnvironment {
+                            key: entry.key,
+                            bytes: entry.bytes,
+                            reason,
+                        });
+                    } else {
+                        report.skipped_in_use += 1;
+                        kept.push(entry);
+                    }
+                }
+                None => kept.push(entry),
+            }
+        }
+        let mut left = Vec::new();
+        for entry in kept {
+            if total > self.config.max_bytes {
+                if self.remove(&entry).await? {
+                    total = total.saturating_sub(entry.bytes);
+                    report.removed.push(PrunedEnvironment {
+                        key: entry.key,
+                        bytes: entry.bytes,
+                        reason: PruneReason::Size,
+                    });
+                    continue;
+                }
+                report.skipped_in_use += 1;
+            }
+            left.push(entry);
+        }
+        report.kept = left.len();
+        report.bytes_after = total;
+        self.clear_leftovers().await;
+        Ok(report)
+    }
+
+    fn is_leased(&self, entry: &Entry) -> bool {
+        entry.build_id.as_deref().is_some_and(|id| self.in_use(id))
+    }
+
+    /// Move one environment out of place and delete it, unless it is in use or being built.
+    async fn remove(&self, entry: &Entry) -> Result<bool, EnvError> {
+        let lock = self.key_lock(&entry.key);
+        let Ok(_guard) = lock.try_lock() else {
+            return Ok(false);
+        };
+        if self.is_leased(entry) {
+            return Ok(false);
+        }
+        let trash = self.trash_dir().join(format!(
+            "{}-{}",
+            entry.build_id.as_deref().unwrap_or("unreadable"),
+            now_nanos()
+        ));
+        fs_err::rename(&entry.path, &trash).map_err(|source| EnvError::Io {
+            action: "move a pruned environment to",
+            path: trash.clone(),
+            source,
+        })?;
+        self.forget(&entry.key);
+        let _ = fs_err::remove_file(self.used_dir().join(&entry.key));
+        delete_tree(trash).await;
+        Ok(true)
+    }
+
+    /// Delete replaced environments no longer in use, and builds abandoned long ago.
+    async fn clear_leftovers(&self) {
+        if let Ok(dir) = fs_err::read_dir(self.trash_dir()) {
+            for entry in dir.filter_map(Result::ok) {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                let build_id = name.rsplit_once('-').map_or(name.as_str(), |(id, _)| id);
+                if !self.in_use(build_id) {
+                    delete_tree(entry.path()).await;
+                }
+            }
+        }
+        let abandoned_after = (self.install_timeout * 4).max(Duration::from_secs(3600));
+        if let Ok(dir) = fs_err::read_dir(self.tmp_dir()) {
+            for entry in dir.filter_map(Result::ok) {
+                let old = entry
+                    .metadata()
+                    .ok()
+                    .and_then(|meta| meta.modified().ok())
+                    .and_then(|time| time.elapsed().ok())
+                    .is_some_and(|age| age > abandoned_after);
+                if old {
+                    delete_tree(entry.path()).await;
+                }
+            }
+        }
+    }
+}
+
+/// One environment directory, as seen by `stats` and `prune`.
+struct Entry {
+    key: String,
+    path: PathBuf,
+    build_id: Option<String>,
+    bytes: u64,
+    last_used: u64,
+}
+
+async fn read_manifest(dir: &Path) -> Option<Manifest> {
+    let bytes = fs_err::tokio::read(dir.join(MANIFEST_FILE)).await.ok()?;
+    match serde_json::from_slice(&bytes) {
+        Ok(manifest) => Some(manifest),
+        Err(err) => {
+            tracing::warn!(error = %err, dir = %dir.display(), "unreadable environment manifest");
+            None
+        }
+    }
+}
+
+async fn delete_tree(path: PathBuf) {
+    let result = tokio::task::spawn_blocking(move || fs_err::remove_dir_all(&path)).await;
+    if let Ok(Err(err)) = result {
+        tracing::warn!(error = %err, "could not delete a cache directory");
+    }
+}
+
+/// An [`EnvError::Io`] maker for `map_err`.
+fn io(action: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> EnvError + use<> {
+    let path = path.to_path_buf();
+    move |source| EnvError::Io {
+        action,
+        path,
+        source,
+    }
+}
+
+fn create_dir(path: &Path, action: &'static str) -> Result<(), EnvError> {
+    fs_err::create_dir_all(path).map_err(|source| EnvError::Io {
+        action,
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// `chmod a+<bits>` on one path.
+fn add_mode(path: &Path, bits: u32) -> std::io::Result<()> {
+    let meta = fs_err::metadata(path)?;
+    let mode = meta.permissions().mode();
+    if mode & bits != bits {
+        fs_err::set_permissions(path, std::fs::Permissions::from_mode(mode | bits))?;
+    }
+    Ok(())
+}
+
+/// `chmod -R a+rX` (without following symlinks), returning the disk usage in bytes (each inode
+/// counted once).
+fn make_readable_and_measure(root: &Path) -> std::io::Result<u64> {
+    let mut seen = std::collections::HashSet::new();
+    let mut total = 0_u64;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let meta = fs_err::symlink_metadata(&path)?;
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        if seen.insert((meta.dev(), meta.ino())) {
+            total += meta.blocks() * 512;
+        }
+        let mode = meta.permissions().mode();
+        let wanted = if meta.is_dir() || mode & 0o111 != 0 {
+            mode | 0o555
+        } else {
+            mode | 0o444
+        };
+        if wanted != mode {
+            fs_err::set_permissions(&path, std::fs::Permissions::from_mode(wanted))?;
+        }
+        if meta.is_dir() {
+            for entry in fs_err::read_dir(&path)? {
+                stack.push(entry?.path());
+            }
+        }
+    }
+    Ok(total)
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn now_nanos() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::str::FromStr;
+
+    use super::*;
+
+    fn reqs(items: &[&str]) -> Vec<Requirement> {
+        items
+            .iter()
+            .map(|s| Requirement::from_str(s).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn requirement_sets_are_normalised_and_sorted() {
+        let set = RequirementSet::new(&reqs(&[
+            "Six==1.16.0",
+            "attrs>=23",
+            "six==1.16.0",
+            "Foo_Bar[X]==1",
+        ]));
+        assert_eq!(set.lines, ["attrs>=23", "foo-bar[x]==1", "six==1.16.0"]);
+        assert!(!set.pinned);
+        assert!(
+            RequirementSet::new(&reqs(&["six==1.16.0", "a==1.0; python_version < '3.12'"])).pinned
+        );
+        assert!(!RequirementSet::new(&reqs(&["six==1.*"])).pinned);
+        assert!(!RequirementSet::new(&reqs(&["six"])).pinned);
+        assert!(RequirementSet::new(&[]).pinned);
+    }
+}

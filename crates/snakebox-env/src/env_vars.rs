@@ -1,0 +1,164 @@
+//! The environment uv runs with: one allow-list, in one place.
+//!
+//! uv never inherits the server's environment. It gets a minimal `PATH`, `HOME`, our cache
+//! directory, a few fixed settings, and the operator's index, proxy and certificate settings
+//! from [`EnvVars::PASSTHROUGH`] — nothing else, so secrets in the server's environment never
+//! reach uv or a package's build script. `PIP_*` variables are not passed: uv does not read them.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Names of the environment variables this crate reads or sets.
+#[derive(Debug, Clone, Copy)]
+pub struct EnvVars;
+
+impl EnvVars {
+    /// Search path for executables (set to [`EnvVars::MINIMAL_PATH`]).
+    pub const PATH: &'static str = "PATH";
+    /// Home directory (passed through; uv reads its user configuration there).
+    pub const HOME: &'static str = "HOME";
+    /// uv's cache directory (always ours, under the data root).
+    pub const UV_CACHE_DIR: &'static str = "UV_CACHE_DIR";
+    /// Never let uv download an interpreter (we always pass an explicit one).
+    pub const UV_PYTHON_DOWNLOADS: &'static str = "UV_PYTHON_DOWNLOADS";
+    /// Disable uv's progress bars (its stderr is captured).
+    pub const UV_NO_PROGRESS: &'static str = "UV_NO_PROGRESS";
+    /// Disable colour codes in uv's messages.
+    pub const NO_COLOR: &'static str = "NO_COLOR";
+    /// The pyenv root (read to find pyenv's interpreters and the real uv behind a shim).
+    pub const PYENV_ROOT: &'static str = "PYENV_ROOT";
+
+    /// The value of `PATH` given to uv and to interpreter queries.
+    pub const MINIMAL_PATH: &'static str = "/usr/local/bin:/usr/bin:/bin";
+
+    /// Variables copied from the server's environment to uv when set. Index settings (the ones
+    /// in [`EnvVars::INDEX_SETTINGS`]) also go into the environment cache key.
+    pub const PASSTHROUGH: &'static [&'static str] = &[
+        "HOME",
+        "UV_INDEX",
+        "UV_INDEX_URL",
+        "UV_EXTRA_INDEX_URL",
+        "UV_DEFAULT_INDEX",
+        "UV_FIND_LINKS",
+        "UV_INDEX_STRATEGY",
+        "UV_KEYRING_PROVIDER",
+        "UV_NATIVE_TLS",
+        "UV_HTTP_TIMEOUT",
+        "UV_CONCURRENT_DOWNLOADS",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "ALL_PROXY",
+        "NO_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "all_proxy",
+        "no_proxy",
+    ];
+
+    /// Variables that change what gets resolved, so they are part of the cache key.
+    pub const INDEX_SETTINGS: &'static [&'static str] = &[
+        "UV_INDEX",
+        "UV_INDEX_URL",
+        "UV_EXTRA_INDEX_URL",
+        "UV_DEFAULT_INDEX",
+        "UV_FIND_LINKS",
+        "UV_INDEX_STRATEGY",
+    ];
+}
+
+/// A snapshot of the allow-listed variables, taken once (at startup), so every uv invocation
+/// sees the same settings and the cache key is stable.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UvEnvironment {
+    passthrough: BTreeMap<String, String>,
+}
+
+impl UvEnvironment {
+    /// Take the allow-listed variables from this process's environment.
+    pub fn from_process() -> Self {
+        Self::from_vars(std::env::vars_os().filter_map(|(name, value)| {
+            Some((name.into_string().ok()?, value.into_string().ok()?))
+        }))
+    }
+
+    /// Take the allow-listed variables from the given pairs (everything else is dropped).
+    pub fn from_vars(vars: impl IntoIterator<Item = (String, String)>) -> Self {
+        let passthrough = vars
+            .into_iter()
+            .filter(|(name, value)| {
+                EnvVars::PASSTHROUGH.contains(&name.as_str()) && !value.is_empty()
+            })
+            .collect();
+        Self { passthrough }
+    }
+
+    /// The value of one allow-listed variable, if it was set.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.passthrough.get(name).map(String::as_str)
+    }
+
+    /// The settings that decide what gets resolved, as `NAME=value` lines (for the cache key).
+    pub fn index_settings(&self) -> Vec<String> {
+        EnvVars::INDEX_SETTINGS
+            .iter()
+            .filter_map(|name| self.get(name).map(|value| format!("{name}={value}")))
+            .collect()
+    }
+
+    /// The complete environment of one uv invocation using `cache_dir` as uv's cache.
+    pub fn for_uv(&self, cache_dir: &Path) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = vec![
+            (EnvVars::PATH.to_owned(), EnvVars::MINIMAL_PATH.to_owned()),
+            (
+                EnvVars::UV_CACHE_DIR.to_owned(),
+                cache_dir.display().to_string(),
+            ),
+            (EnvVars::UV_PYTHON_DOWNLOADS.to_owned(), "never".to_owned()),
+            (EnvVars::UV_NO_PROGRESS.to_owned(), "1".to_owned()),
+            (EnvVars::NO_COLOR.to_owned(), "1".to_owned()),
+        ];
+        env.extend(self.passthrough.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env
+    }
+
+    /// The environment of an interpreter query (no uv settings at all).
+    pub(crate) fn for_python() -> Vec<(String, String)> {
+        vec![(EnvVars::PATH.to_owned(), EnvVars::MINIMAL_PATH.to_owned())]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_allow_listed_variables_pass() {
+        let env = UvEnvironment::from_vars([
+            ("AWS_SECRET_ACCESS_KEY".to_owned(), "s3cr3t".to_owned()),
+            (
+                "UV_INDEX_URL".to_owned(),
+                "https://mirror.example/simple".to_owned(),
+            ),
+            (
+                "SSL_CERT_FILE".to_owned(),
+                "/etc/ssl/certs/ca.pem".to_owned(),
+            ),
+            ("PATH".to_owned(), "/home/me/bin:/usr/bin".to_owned()),
+        ]);
+        let vars = env.for_uv(Path::new("/data/uv-cache"));
+        assert!(vars.iter().all(|(k, _)| k != "AWS_SECRET_ACCESS_KEY"));
+        assert!(vars.contains(&("PATH".to_owned(), EnvVars::MINIMAL_PATH.to_owned())));
+        assert!(vars.contains(&(
+            "SSL_CERT_FILE".to_owned(),
+            "/etc/ssl/certs/ca.pem".to_owned()
+        )));
+        assert!(vars.contains(&("UV_CACHE_DIR".to_owned(), "/data/uv-cache".to_owned())));
+        assert_eq!(
+            env.index_settings(),
+            vec!["UV_INDEX_URL=https://mirror.example/simple".to_owned()]
+        );
+    }
+}

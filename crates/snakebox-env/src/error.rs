@@ -1,0 +1,249 @@
+//! Errors of this crate, each stating the operation that failed with the value last in
+//! backticks, and a [`EnvError::hint`] that tells the user what to do about it.
+//!
+//! Causes go in `#[source]` (never repeated in the message). uv's own diagnostics are carried as
+//! an [`UvStderr`] source, so a caller printing the error chain shows what uv said.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Everything that can go wrong while finding uv or Python, or building an environment.
+#[derive(Debug, thiserror::Error)]
+pub enum EnvError {
+    /// No usable uv binary was found in any of the places searched.
+    #[error("Failed to find a usable uv binary; looked in {}", backticked(looked))]
+    UvNotFound {
+        /// Every place that was searched, with the reason each was rejected when there was one.
+        looked: Vec<String>,
+    },
+
+    /// The uv binary given explicitly (`--uv-path`) is not usable.
+    #[error("Failed to use the uv binary given explicitly at `{}`", path.display())]
+    UvUnusable {
+        /// The path that was given.
+        path: PathBuf,
+        /// Why it cannot be used.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A process (uv or Python) could not be started.
+    #[error("Failed to start `{}`", program.display())]
+    Spawn {
+        /// The program.
+        program: PathBuf,
+        /// The operating-system error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A Python version request could not be understood.
+    #[error("Failed to parse the Python version request `{request}`")]
+    InvalidPythonRequest {
+        /// The request as given, e.g. `3.x`.
+        request: String,
+        /// The parser's complaint.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// No usable interpreter matches a version request.
+    #[error("Failed to find a Python interpreter matching `{request}`")]
+    NoMatchingInterpreter {
+        /// The request as given.
+        request: String,
+        /// Full versions of the usable interpreters (highest first).
+        available: Vec<String>,
+    },
+
+    /// `uv venv` failed.
+    #[error("Failed to create the virtual environment at `{}`", path.display())]
+    VenvFailed {
+        /// Where the environment was being built.
+        path: PathBuf,
+        /// What uv said.
+        #[source]
+        source: UvStderr,
+    },
+
+    /// `uv pip install` failed (unknown package, no matching version, network, build error...).
+    #[error("Failed to install the requirements `{requirements}`")]
+    InstallFailed {
+        /// The requirement set, one string, comma-separated.
+        requirements: String,
+        /// What uv said (trimmed).
+        #[source]
+        source: UvStderr,
+    },
+
+    /// `uv` ran but its output could not be understood.
+    #[error("Failed to read the output of `{command}`")]
+    UvOutput {
+        /// The command, e.g. `uv pip list`.
+        command: String,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A uv invocation ran longer than allowed and was killed.
+    #[error("Failed to finish `{command}` within the time limit of `{}s`", timeout.as_secs())]
+    Timeout {
+        /// The command, e.g. `uv pip install`.
+        command: String,
+        /// The limit that was reached.
+        timeout: Duration,
+    },
+
+    /// The sandbox refused or failed to run uv.
+    #[error("Failed to run `{command}` in the install sandbox")]
+    Sandbox {
+        /// The command, e.g. `uv pip install`.
+        command: String,
+        /// The sandbox's error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+
+    /// A file-system operation on the cache failed.
+    #[error("Failed to {action} `{}`", path.display())]
+    Io {
+        /// What was being done, e.g. `create the cache directory`.
+        action: &'static str,
+        /// The path involved.
+        path: PathBuf,
+        /// The operating-system error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl EnvError {
+    /// What the user can do about this error, when there is something to say.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Self::UvNotFound { .. } => Some(
+                "install uv with `pip install uv` (or see https://docs.astral.sh/uv/), \
+                 or pass its path with `--uv-path`"
+                    .to_owned(),
+            ),
+            Self::UvUnusable { .. } => Some(
+                "check that the path points at the uv executable itself (not a shim script) \
+                 and that it is executable"
+                    .to_owned(),
+            ),
+            Self::Spawn { .. } => Some("check that the file exists and is executable".to_owned()),
+            Self::InvalidPythonRequest { .. } => Some(
+                "use a version such as `3.11` or `3.11.7`, or a specifier such as \
+                 `>=3.10,<3.13`"
+                    .to_owned(),
+            ),
+            Self::NoMatchingInterpreter { available, .. } => Some(if available.is_empty() {
+                "no usable interpreter was found (CPython 3.8 or newer is required); install \
+                 one with `pyenv install 3.12` or your system's package manager"
+                    .to_owned()
+            } else {
+                format!(
+                    "available Python versions: {}; ask for one of these \
+                     (only CPython 3.8 or newer is used)",
+                    available.join(", ")
+                )
+            }),
+            Self::VenvFailed { .. } => Some(
+                "check that the interpreter still exists and that the cache directory is \
+                 writable"
+                    .to_owned(),
+            ),
+            Self::InstallFailed { source, .. } => Some(install_hint(&source.0)),
+            Self::UvOutput { .. } => Some(
+                "this uv version may be unsupported; snakebox is tested with uv 0.13".to_owned(),
+            ),
+            Self::Timeout { .. } => Some(
+                "the package index may be slow or unreachable; retry, or raise the install \
+                 timeout"
+                    .to_owned(),
+            ),
+            Self::Sandbox { .. } => Some(
+                "check the sandbox backend with `snakebox check`; installs need network access \
+                 inside the sandbox"
+                    .to_owned(),
+            ),
+            Self::Io { .. } => Some(
+                "check that the data directory exists, is writable, and is on a local file \
+                 system"
+                    .to_owned(),
+            ),
+        }
+    }
+}
+
+/// uv's standard error, trimmed, used as the cause of a failed uv step.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct UvStderr(pub String);
+
+impl UvStderr {
+    /// Keep what uv said, without its progress lines and at most a few kilobytes of it.
+    pub(crate) fn from_output(stderr: &[u8]) -> Self {
+        const MAX: usize = 4000;
+        let text = String::from_utf8_lossy(stderr);
+        let kept: Vec<&str> = text
+            .lines()
+            .filter(|line| {
+                let line = line.trim_start();
+                !(line.starts_with("Using Python")
+                    || line.starts_with("Using CPython")
+                    || line.starts_with("Resolved ")
+                    || line.starts_with("Prepared ")
+                    || line.starts_with("Audited "))
+            })
+            .collect();
+        let mut joined = kept.join("\n").trim().to_owned();
+        if joined.len() > MAX {
+            let mut cut = joined.len() - MAX;
+            while !joined.is_char_boundary(cut) {
+                cut += 1;
+            }
+            joined = format!("…{}", &joined[cut..]);
+        }
+        Self(joined)
+    }
+}
+
+/// A hint for a failed install, from what uv said.
+fn install_hint(stderr: &str) -> String {
+    let lower = stderr.to_lowercase();
+    if lower.contains("not found in the package registry")
+        || lower.contains("was not found in the package registry")
+    {
+        "check the spelling of the package name (the index has no package of that name)".to_owned()
+    } else if lower.contains("no solution found") || lower.contains("no version") {
+        "no version satisfies the requirements for this Python; loosen the version \
+         specifiers or pick another Python version"
+            .to_owned()
+    } else if lower.contains("certificate") || lower.contains("ssl") || lower.contains("tls") {
+        "the package index's TLS certificate was rejected; set `SSL_CERT_FILE` (or \
+         `UV_NATIVE_TLS=1`) in the server's environment"
+            .to_owned()
+    } else if lower.contains("dns")
+        || lower.contains("connect")
+        || lower.contains("network")
+        || lower.contains("timed out")
+    {
+        "the package index is unreachable; check `HTTPS_PROXY`, `UV_INDEX_URL` and \
+         `UV_FIND_LINKS` in the server's environment"
+            .to_owned()
+    } else {
+        "see uv's message above; fix the requirement or pin a version that publishes wheels \
+         for this Python"
+            .to_owned()
+    }
+}
+
+fn backticked(items: &[String]) -> String {
+    items
+        .iter()
+        .map(|item| format!("`{item}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

@@ -1,0 +1,350 @@
+//! Finding the real uv binary, and running it.
+//!
+//! [`Uv::locate`] always ends at the real executable, never at a shim: a pyenv shim is a shell
+//! script that re-enters pyenv, which cannot work inside a sandbox and adds tens of
+//! milliseconds to every call. How uv is *run* is a [`UvRunner`]: [`DirectUvRunner`] spawns it
+//! on the host with an allow-listed environment; [`SandboxedUvRunner`] runs the same invocation
+//! through [`snakebox_sandbox`] with network access and write access to the build directory and
+//! uv's cache only. Every invocation is described as data ([`UvInvocation`]) so both runners,
+//! and test doubles, see exactly the same thing.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::future::Future;
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::process::Stdio;
+use std::time::Duration;
+
+use crate::env_vars::EnvVars;
+use crate::error::EnvError;
+
+/// The uv binary snakebox uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uv {
+    /// The real binary (symlinks resolved, never a shim).
+    pub path: PathBuf,
+    /// Its version, e.g. `0.13.9`.
+    pub version: String,
+}
+
+impl Uv {
+    /// Find uv, in this order: the explicit path (`--uv-path`); `uv` on `PATH` (a pyenv shim is
+    /// resolved to the real binary installed in a pyenv version); `~/.local/bin/uv`,
+    /// `~/.cargo/bin/uv`; uv installed by pip into a pyenv version, `/usr/local/bin` or
+    /// `/usr/bin`. Each candidate must answer `uv --version`.
+    ///
+    /// # Errors
+    ///
+    /// [`EnvError::UvUnusable`] when the explicit path does not work (no fallback: the
+    /// operator asked for that one), [`EnvError::UvNotFound`] listing every place searched.
+    pub fn locate(explicit: Option<&Path>) -> Result<Uv, EnvError> {
+        let home = std::env::var_os(EnvVars::HOME).map(PathBuf::from);
+        let pyenv_root = pyenv_root(home.as_deref());
+        let mut looked = Vec::new();
+
+        if let Some(path) = explicit {
+            let candidates = expand_candidate(path, pyenv_root.as_deref(), &mut looked);
+            let mut last_error = None;
+            for candidate in candidates {
+                match probe(&candidate) {
+                    Ok(uv) => return Ok(uv),
+                    Err(err) => last_error = Some(err),
+                }
+            }
+            return Err(EnvError::UvUnusable {
+                path: path.to_path_buf(),
+                source: last_error.unwrap_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!("no uv binary found behind `{}`", path.display()),
+                    )
+                }),
+            });
+        }
+
+        let mut candidates: Vec<PathBuf> = Vec::new();
+        if let Some(path_var) = std::env::var_os(EnvVars::PATH) {
+            candidates.extend(std::env::split_paths(&path_var).map(|dir| dir.join("uv")));
+        }
+        if let Some(home) = &home {
+            candidates.push(home.join(".local/bin/uv"));
+            candidates.push(home.join(".cargo/bin/uv"));
+        }
+        if let Some(root) = &pyenv_root {
+            candidates.extend(pyenv_version_bins(root, "uv"));
+        }
+        candidates.push(PathBuf::from("/usr/local/bin/uv"));
+        candidates.push(PathBuf::from("/usr/bin/uv"));
+
+        let mut tried = Vec::new();
+        for candidate in candidates {
+            if !candidate.exists() {
+                continue;
+            }
+            for real in expand_candidate(&candidate, pyenv_root.as_deref(), &mut looked) {
+                if tried.contains(&real) {
+                    continue;
+                }
+                tried.push(real.clone());
+                match probe(&real) {
+                    Ok(uv) => return Ok(uv),
+                    Err(err) => looked.push(format!("{} ({err})", real.display())),
+                }
+            }
+        }
+        if looked.is_empty() {
+            looked.push("PATH".to_owned());
+            looked.push("~/.local/bin".to_owned());
+            looked.push("~/.cargo/bin".to_owned());
+            looked.push("pyenv versions".to_owned());
+            looked.push("/usr/local/bin".to_owned());
+            looked.push("/usr/bin".to_owned());
+        }
+        Err(EnvError::UvNotFound { looked })
+    }
+
+    /// The directory holding the binary (mounted read-only in the install sandbox).
+    pub fn dir(&self) -> &Path {
+        self.path.parent().unwrap_or(Path::new("/"))
+    }
+}
+
+/// The real binaries a candidate path stands for: itself (symlinks resolved), or, for a pyenv
+/// shim, `uv` in each pyenv version (highest first). Other scripts are rejected.
+fn expand_candidate(
+    path: &Path,
+    pyenv_root: Option<&Path>,
+    looked: &mut Vec<String>,
+) -> Vec<PathBuf> {
+    let Ok(real) = path.canonicalize() else {
+        looked.push(format!("{} (not found)", path.display()));
+        return Vec::new();
+    };
+    match script_text(&real) {
+        None => vec![real],
+        Some(text) if text.contains("pyenv") => {
+            let root = shim_pyenv_root(&real, &text).or_else(|| pyenv_root.map(Path::to_path_buf));
+            let found: Vec<PathBuf> = root
+                .as_deref()
+                .map(|root| pyenv_version_bins(root, "uv"))
+                .unwrap_or_default()
+                .into_iter()
+                .filter_map(|p| p.canonicalize().ok())
+                .collect();
+            if found.is_empty() {
+                looked.push(format!(
+                    "{} (pyenv shim; no pyenv version has uv)",
+                    path.display()
+                ));
+            }
+            found
+        }
+        Some(_) => {
+            looked.push(format!("{} (a script, not the uv binary)", path.display()));
+            Vec::new()
+        }
+    }
+}
+
+/// The text of `path` when it is a script (`#!`), `None` for a binary.
+pub(crate) fn script_text(path: &Path) -> Option<String> {
+    let mut file = fs_err::File::open(path).ok()?;
+    let mut head = [0_u8; 2];
+    file.read_exact(&mut head).ok()?;
+    if &head != b"#!" {
+        return None;
+    }
+    let mut rest = Vec::new();
+    file.take(16 * 1024).read_to_end(&mut rest).ok()?;
+    Some(String::from_utf8_lossy(&rest).into_owned())
+}
+
+/// The pyenv root a shim belongs to: `<root>/shims/<name>`, or its `PYENV_ROOT=` line.
+fn shim_pyenv_root(shim: &Path, text: &str) -> Option<PathBuf> {
+    let dir = shim.parent()?;
+    if dir.file_name().is_some_and(|name| name == "shims") {
+        let root = dir.parent()?;
+        if root.join("versions").is_dir() {
+            return Some(root.to_path_buf());
+        }
+    }
+    text.lines()
+        .find_map(|line| line.trim().strip_prefix("export PYENV_ROOT="))
+        .map(|value| PathBuf::from(value.trim_matches('"')))
+}
+
+/// The pyenv root: `$PYENV_ROOT`, else `~/.pyenv` when it exists.
+pub(crate) fn pyenv_root(home: Option<&Path>) -> Option<PathBuf> {
+    if let Some(root) = std::env::var_os(EnvVars::PYENV_ROOT) {
+        return Some(PathBuf::from(root));
+    }
+    let root = home?.join(".pyenv");
+    root.is_dir().then_some(root)
+}
+
+/// `<root>/versions/<v>/bin/<name>` for each pyenv version that has it, highest version first.
+pub(crate) fn pyenv_version_bins(root: &Path, name: &str) -> Vec<PathBuf> {
+    let Ok(entries) = fs_err::read_dir(root.join("versions")) else {
+        return Vec::new();
+    };
+    let mut versions: Vec<(Vec<u64>, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let bin = entry.path().join("bin").join(name);
+            let key = entry
+                .file_name()
+                .to_string_lossy()
+                .split('.')
+                .map(|part| part.parse::<u64>().unwrap_or(0))
+                .collect();
+            bin.exists().then_some((key, bin))
+        })
+        .collect();
+    versions.sort_by(|a, b| b.0.cmp(&a.0));
+    versions.into_iter().map(|(_, bin)| bin).collect()
+}
+
+/// Run `<path> --version` and check it is uv.
+fn probe(path: &Path) -> Result<Uv, std::io::Error> {
+    let output = std::process::Command::new(path)
+        .arg("--version")
+        .env_clear()
+        .env(EnvVars::PATH, EnvVars::MINIMAL_PATH)
+        .stdin(Stdio::null())
+        .output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let version = stdout
+        .trim()
+        .strip_prefix("uv ")
+        .and_then(|rest| rest.split_whitespace().next())
+        .filter(|_| output.status.success());
+    match version {
+        Some(version) => Ok(Uv {
+            path: path.to_path_buf(),
+            version: version.to_owned(),
+        }),
+        None => Err(std::io::Error::other(format!(
+            "`{} --version` did not answer like uv",
+            path.display()
+        ))),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running uv
+// ---------------------------------------------------------------------------------------------
+
+/// One uv invocation, as data: what to run and what it needs to see.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UvInvocation {
+    /// The uv binary.
+    pub program: PathBuf,
+    /// Arguments (not including the program).
+    pub args: Vec<OsString>,
+    /// The complete environment (see [`crate::UvEnvironment::for_uv`]).
+    pub env: Vec<(String, String)>,
+    /// Working directory.
+    pub cwd: PathBuf,
+    /// Whether uv needs the network (installs do; listing does not).
+    pub network: bool,
+    /// Host paths uv must be able to read (each visible at the same path).
+    pub read_only: Vec<PathBuf>,
+    /// Host paths uv must be able to write (each visible at the same path).
+    pub writable: Vec<PathBuf>,
+    /// Wall-clock limit; the invocation is killed when it is reached.
+    pub timeout: Duration,
+    /// Short name for messages, e.g. `uv pip install`.
+    pub label: String,
+}
+
+/// What one uv invocation did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UvOutput {
+    /// Exit code (`None` when killed by a signal).
+    pub exit_code: Option<i32>,
+    /// Standard output.
+    pub stdout: Vec<u8>,
+    /// Standard error.
+    pub stderr: Vec<u8>,
+}
+
+impl UvOutput {
+    /// Whether uv exited with status 0.
+    pub fn success(&self) -> bool {
+        self.exit_code == Some(0)
+    }
+}
+
+/// The future returned by [`UvRunner::run`].
+pub type UvRunFuture<'a> = Pin<Box<dyn Future<Output = Result<UvOutput, EnvError>> + Send + 'a>>;
+
+/// How uv gets run. The engine picks one and hands it to [`crate::EnvCache::new`].
+pub trait UvRunner: Send + Sync + fmt::Debug {
+    /// Run one invocation to completion (or until its timeout, which is an
+    /// [`EnvError::Timeout`]). A non-zero exit is not an error here: callers read the output.
+    fn run<'a>(&'a self, invocation: &'a UvInvocation) -> UvRunFuture<'a>;
+
+    /// Whether invocations are isolated (for `check_environment`).
+    fn is_sandboxed(&self) -> bool;
+}
+
+/// Runs uv directly on the host, with only the invocation's environment, stdin from
+/// `/dev/null`, in its own process group (killed whole on timeout).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DirectUvRunner;
+
+impl UvRunner for DirectUvRunner {
+    fn run<'a>(&'a self, invocation: &'a UvInvocation) -> UvRunFuture<'a> {
+        Box::pin(run_direct(invocation))
+    }
+
+    fn is_sandboxed(&self) -> bool {
+        false
+    }
+}
+
+async fn run_direct(invocation: &UvInvocation) -> Result<UvOutput, EnvError> {
+    let mut command = tokio::process::Command::new(&invocation.program);
+    command
+        .args(&invocation.args)
+        .env_clear()
+        .envs(invocation.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&invocation.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let child = command.spawn().map_err(|source| EnvError::Spawn {
+        program: invocation.program.clone(),
+        source,
+    })?;
+    let pid = child.id();
+    match tokio::time::timeout(invocation.timeout, child.wait_with_output()).await {
+        Ok(Ok(output)) => Ok(UvOutput {
+            exit_code: output.status.code(),
+            stdout: output.stdout,
+            stderr: output.stderr,
+        }),
+        Ok(Err(source)) => Err(EnvError::Spawn {
+            program: invocation.program.clone(),
+            source,
+        }),
+        Err(_elapsed) => {
+            // The child itself is killed on drop; its descendants (build backends) share its
+            // process group, which we created, so kill that too.
+            if let Some(pid) = pid.and_then(|pid| i32::try_from(pid).ok()) {
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            Err(EnvError::Timeout {
+                command: invocation.label.clone(),
+                timeout: invocation.timeout,
+            })
+        }
+    }
+}
