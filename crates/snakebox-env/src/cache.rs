@@ -42,7 +42,7 @@ use snakebox_sandbox::Mount;
 use crate::env_vars::UvEnvironment;
 use crate::error::{EnvError, UvStderr};
 use crate::interpreter::Interpreter;
-use crate::uv::{Uv, UvInvocation, UvRunner};
+use crate::uv::{IntoUvRunner, Uv, UvInvocation, UvRunner};
 
 /// Version of the on-disk layout; part of the directory names.
 const ENVIRONMENTS_DIR: &str = "environments-v1";
@@ -283,7 +283,7 @@ impl EnvCache {
     pub fn new(
         config: CacheConfig,
         uv: Uv,
-        installer: Arc<dyn UvRunner>,
+        installer: impl IntoUvRunner,
     ) -> Result<EnvCache, EnvError> {
         Self::with_uv_environment(config, uv, installer, UvEnvironment::from_process())
     }
@@ -296,13 +296,13 @@ impl EnvCache {
     pub fn with_uv_environment(
         config: CacheConfig,
         uv: Uv,
-        installer: Arc<dyn UvRunner>,
+        installer: impl IntoUvRunner,
         uv_env: UvEnvironment,
     ) -> Result<EnvCache, EnvError> {
         let cache = EnvCache {
             config,
             uv,
-            installer,
+            installer: installer.into_uv_runner(),
             uv_env,
             install_timeout: DEFAULT_INSTALL_TIMEOUT,
             locks: Mutex::default(),
@@ -487,7 +487,7 @@ impl EnvCache {
     fn is_fresh(&self, manifest: &Manifest) -> bool {
         manifest.pinned
             || now_secs().saturating_sub(manifest.created_at)
-                <= self.config.unpinned_freshness.as_secs()
+                < self.config.unpinned_freshness.as_secs()
     }
 
     fn environment(
@@ -1074,6 +1074,13 @@ mod tests {
             .iter()
             .map(|s| Requirement::from_str(s).unwrap())
             .collect()
+    }
+
+    #[test]
+    fn shared_types_are_send_and_sync() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<EnvCache>();
+        assert_send_sync::<Environment>();
     }
 
     #[test]

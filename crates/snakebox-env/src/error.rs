@@ -100,6 +100,8 @@ pub enum EnvError {
     Sandbox {
         /// The command, e.g. `uv pip install`.
         command: String,
+        /// The sandbox's own hint, when it has one.
+        sandbox_hint: Option<String>,
         /// The sandbox's error.
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
@@ -163,11 +165,11 @@ impl EnvError {
                  timeout"
                     .to_owned(),
             ),
-            Self::Sandbox { .. } => Some(
+            Self::Sandbox { sandbox_hint, .. } => Some(sandbox_hint.clone().unwrap_or_else(|| {
                 "check the sandbox backend with `snakebox check`; installs need network access \
                  inside the sandbox"
-                    .to_owned(),
-            ),
+                    .to_owned()
+            })),
             Self::Io { .. } => Some(
                 "check that the data directory exists, is writable, and is on a local file \
                  system"

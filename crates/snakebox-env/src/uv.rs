@@ -3,9 +3,9 @@
 //! [`Uv::locate`] always ends at the real executable, never at a shim: a pyenv shim is a shell
 //! script that re-enters pyenv, which cannot work inside a sandbox and adds tens of
 //! milliseconds to every call. How uv is *run* is a [`UvRunner`]: [`DirectUvRunner`] spawns it
-//! on the host with an allow-listed environment; [`SandboxedUvRunner`] runs the same invocation
-//! through [`snakebox_sandbox`] with network access and write access to the build directory and
-//! uv's cache only. Every invocation is described as data ([`UvInvocation`]) so both runners,
+//! on the host with an allow-listed environment; [`snakebox_sandbox::Sandbox`] itself is a runner
+//! that runs the same invocation under [`UvInvocation::policy`]: network on, write access to the
+//! build directory and uv's cache only. Every invocation is described as data ([`UvInvocation`]) so both runners,
 //! and test doubles, see exactly the same thing.
 
 use std::ffi::OsString;
@@ -15,6 +15,7 @@ use std::io::Read as _;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::env_vars::EnvVars;
@@ -290,6 +291,25 @@ pub trait UvRunner: Send + Sync + fmt::Debug {
     fn is_sandboxed(&self) -> bool;
 }
 
+/// Anything [`crate::EnvCache::new`] accepts as its installer: an `Arc` of a runner
+/// (`Arc<Sandbox>`, `Arc<DirectUvRunner>`) or an `Arc<dyn UvRunner>`.
+pub trait IntoUvRunner {
+    /// The shared runner.
+    fn into_uv_runner(self) -> Arc<dyn UvRunner>;
+}
+
+impl<R: UvRunner + 'static> IntoUvRunner for Arc<R> {
+    fn into_uv_runner(self) -> Arc<dyn UvRunner> {
+        self
+    }
+}
+
+impl IntoUvRunner for Arc<dyn UvRunner> {
+    fn into_uv_runner(self) -> Arc<dyn UvRunner> {
+        self
+    }
+}
+
 /// Runs uv directly on the host, with only the invocation's environment, stdin from
 /// `/dev/null`, in its own process group (killed whole on timeout).
 #[derive(Debug, Clone, Copy, Default)]
@@ -346,5 +366,88 @@ async fn run_direct(invocation: &UvInvocation) -> Result<UvOutput, EnvError> {
                 timeout: invocation.timeout,
             })
         }
+    }
+}
+
+impl UvInvocation {
+    /// The sandbox policy of this invocation (pure, so it can be read and tested): every
+    /// read-only and writable path mounted at its own path, network as asked, the invocation's
+    /// environment and nothing else, the timeout as the wall-time limit. No memory or process
+    /// limit: resolvers and build backends are trusted and sometimes large.
+    pub fn policy(&self) -> snakebox_sandbox::Policy {
+        use snakebox_sandbox::{Limits, Mount, Policy};
+        let mount = |path: &PathBuf, writable: bool| Mount {
+            host: path.clone(),
+            dest: path.clone(),
+            writable,
+        };
+        let mut mounts: Vec<Mount> = self
+            .read_only
+            .iter()
+            .map(|path| mount(path, false))
+            .collect();
+        mounts.extend(self.writable.iter().map(|path| mount(path, true)));
+        Policy {
+            mounts,
+            network: self.network,
+            env: self.env.clone(),
+            cwd: self.cwd.clone(),
+            limits: Limits {
+                wall_time: self.timeout,
+                cpu_time: None,
+                memory_bytes: None,
+                max_processes: None,
+                max_output_bytes: MAX_SANDBOXED_OUTPUT,
+                scratch_bytes: None,
+                file_size_bytes: None,
+                open_files: None,
+            },
+        }
+    }
+}
+
+/// Output kept from one sandboxed uv invocation (stdout + stderr); `uv pip list` of a few
+/// hundred packages is tens of kilobytes.
+const MAX_SANDBOXED_OUTPUT: u64 = 4 * 1024 * 1024;
+
+/// Installs through the sandbox (the default when serving): the engine hands its
+/// `Arc<Sandbox>` to [`crate::EnvCache::new`] as is.
+impl UvRunner for snakebox_sandbox::Sandbox {
+    fn run<'a>(&'a self, invocation: &'a UvInvocation) -> UvRunFuture<'a> {
+        Box::pin(async move {
+            let command = snakebox_sandbox::SandboxCommand {
+                program: invocation.program.clone(),
+                args: invocation.args.clone(),
+                control_channel: false,
+            };
+            let outcome = snakebox_sandbox::Sandbox::run(
+                self,
+                &invocation.policy(),
+                &command,
+                tokio_util::sync::CancellationToken::new(),
+                None,
+            )
+            .await
+            .map_err(|source| EnvError::Sandbox {
+                command: invocation.label.clone(),
+                sandbox_hint: source.hint(),
+                source: Box::new(source),
+            })?;
+            match outcome.termination {
+                snakebox_sandbox::Termination::TimedOut => Err(EnvError::Timeout {
+                    command: invocation.label.clone(),
+                    timeout: invocation.timeout,
+                }),
+                _ => Ok(UvOutput {
+                    exit_code: outcome.exit_code,
+                    stdout: outcome.stdout.text.into_bytes(),
+                    stderr: outcome.stderr.text.into_bytes(),
+                }),
+            }
+        })
+    }
+
+    fn is_sandboxed(&self) -> bool {
+        self.report().isolation_active
     }
 }

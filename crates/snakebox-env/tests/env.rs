@@ -7,15 +7,16 @@
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use pep508_rs::Requirement;
 use snakebox_env::{
-    CacheConfig, DirectUvRunner, EnvCache, EnvError, Interpreter, Interpreters, PruneReason, Uv,
-    UvInvocation, UvRunFuture, UvRunner,
+    CacheConfig, DirectUvRunner, EnvCache, EnvError, EnvVars, Interpreter, Interpreters,
+    PruneReason, Uv, UvInvocation, UvRunFuture, UvRunner,
 };
+use snakebox_sandbox::{BackendKind, Sandbox, SandboxConfig};
 
 fn uv() -> Option<Uv> {
     match Uv::locate(None) {
@@ -45,10 +46,12 @@ fn reqs(items: &[&str]) -> Vec<Requirement> {
         .collect()
 }
 
-/// Counts `uv venv` invocations (one per build) and passes everything to the direct runner.
+/// Counts `uv venv` invocations (one per build), records every invocation, and passes
+/// everything to the direct runner.
 #[derive(Debug, Default)]
 struct CountingRunner {
     builds: AtomicUsize,
+    seen: Mutex<Vec<UvInvocation>>,
 }
 
 impl UvRunner for CountingRunner {
@@ -56,6 +59,7 @@ impl UvRunner for CountingRunner {
         if invocation.label == "uv venv" {
             self.builds.fetch_add(1, Ordering::SeqCst);
         }
+        self.seen.lock().unwrap().push(invocation.clone());
         DirectUvRunner.run(invocation)
     }
 
@@ -292,6 +296,82 @@ async fn concurrent_ensures_of_one_key_build_once() {
     assert!(bare.packages.is_empty());
     assert_ne!(bare.root, envs[0].root);
     assert_eq!(runner.builds.load(Ordering::SeqCst), 2);
+
+    // What uv was given: only the install has network; writes go to the build directory and
+    // uv's cache; nothing from this process's environment beyond the allow-list.
+    let seen = runner.seen.lock().unwrap().clone();
+    let labels: Vec<&str> = seen.iter().map(|i| i.label.as_str()).collect();
+    assert_eq!(
+        labels,
+        ["uv venv", "uv pip install", "uv pip list", "uv venv"]
+    );
+    for invocation in &seen {
+        assert_eq!(invocation.network, invocation.label == "uv pip install");
+        assert_eq!(invocation.writable.len(), 2);
+        assert!(invocation.writable[0].starts_with(data.path().join(".tmp")));
+        assert_eq!(invocation.writable[1], data.path().join("uv-cache"));
+        assert!(invocation.read_only.contains(&python.prefix));
+        let policy = invocation.policy();
+        assert_eq!(policy.mounts.iter().filter(|m| m.writable).count(), 2);
+        assert!(policy.mounts.iter().all(|m| m.host == m.dest));
+        for (name, _) in &invocation.env {
+            let fixed = [
+                "PATH",
+                "UV_CACHE_DIR",
+                "UV_PYTHON_DOWNLOADS",
+                "UV_NO_PROGRESS",
+                "NO_COLOR",
+            ];
+            assert!(
+                fixed.contains(&name.as_str()) || EnvVars::PASSTHROUGH.contains(&name.as_str()),
+                "`{name}` reached uv"
+            );
+        }
+    }
+    let install = &seen[1];
+    assert!(install.read_only.iter().any(|p| p.starts_with("/etc/ssl")));
+}
+
+#[tokio::test]
+async fn installs_run_through_the_sandbox() {
+    let Some(uv) = uv() else { return };
+    let Some(python) = python311(&uv).await else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    // The `none` backend is the one available everywhere; the policy itself is checked above.
+    let sandbox = Sandbox::new(SandboxConfig {
+        backend: BackendKind::None,
+        bwrap_path: None,
+        scratch_root: data.path().join("scratch"),
+    })
+    .unwrap();
+    let sandbox = Arc::new(sandbox);
+    let cache = EnvCache::new(
+        CacheConfig::new(data.path().join("data")),
+        uv,
+        Arc::clone(&sandbox) as Arc<dyn UvRunner>,
+    )
+    .unwrap();
+    let env = cache
+        .ensure(&python, &reqs(&["six==1.16.0"]))
+        .await
+        .unwrap();
+    assert!(!env.reused);
+    assert!(env.packages.iter().any(|p| p.name == "six"));
+    let output = std::process::Command::new(&env.python)
+        .args(["-c", "import six"])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    assert!(
+        cache
+            .ensure(&python, &reqs(&["six==1.16.0"]))
+            .await
+            .unwrap()
+            .reused
+    );
 }
 
 #[tokio::test]
@@ -410,4 +490,55 @@ fn bare_bytes(cache: &EnvCache) -> u64 {
     assert_eq!(stats.environments, 2);
     // Generous: anything below bare + six forces exactly one removal, and six is the LRU.
     stats.bytes - 1
+}
+
+#[tokio::test]
+async fn unpinned_sets_are_re_resolved_and_replaced_atomically() {
+    let Some(uv) = uv() else { return };
+    let Some(python) = python311(&uv).await else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let config = CacheConfig {
+        unpinned_freshness: Duration::ZERO,
+        ..CacheConfig::new(data.path())
+    };
+    let cache = EnvCache::new(config, uv, Arc::new(DirectUvRunner)).unwrap();
+
+    let loose = reqs(&["six>=1.15"]);
+    let first = cache.ensure(&python, &loose).await.unwrap();
+    let second = cache.ensure(&python, &loose).await.unwrap();
+    assert!(
+        !second.reused,
+        "an unpinned set past its freshness is re-resolved"
+    );
+    assert_eq!(second.root, first.root);
+    assert_ne!(second.build_id(), first.build_id());
+    // The replaced build is still in use (`first` is alive): parked in the trash, not deleted.
+    assert_eq!(
+        fs_err::read_dir(data.path().join(".trash"))
+            .unwrap()
+            .count(),
+        1
+    );
+    let output = std::process::Command::new(&second.python)
+        .args(["-c", "import six"])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+
+    drop(first);
+    cache.prune().await.unwrap();
+    assert_eq!(
+        fs_err::read_dir(data.path().join(".trash"))
+            .unwrap()
+            .count(),
+        0
+    );
+
+    // Exact pins are reused whatever the freshness window.
+    let pinned = reqs(&["six==1.16.0"]);
+    cache.ensure(&python, &pinned).await.unwrap();
+    assert!(cache.ensure(&python, &pinned).await.unwrap().reused);
 }
