@@ -729,7 +729,18 @@ impl EnvCache {
         })?;
 
         // 5. Into place, atomically.
-        self.place(&env_dir, dir, previous)?;
+        if !self.place(&env_dir, dir, previous)? {
+            // Another process sharing this data root placed the same key first: use theirs.
+            drop(build);
+            if let Some(theirs) = read_manifest(dir).await.filter(|m| m.key == key) {
+                return Ok(theirs);
+            }
+            return Err(EnvError::Io {
+                action: "read the environment another process built at",
+                path: dir.to_path_buf(),
+                source: std::io::Error::other("missing or unreadable manifest"),
+            });
+        }
         drop(build);
         tracing::info!(%key, requirements = ?set.lines, elapsed_ms = started.elapsed().as_millis(), "built environment");
         Ok(manifest)
@@ -737,9 +748,21 @@ impl EnvCache {
 
     /// Rename the finished build to `dir`. With a `previous` environment there, swap the two in
     /// one step and move the old one to the trash (deleted now unless in use, else by `prune`).
-    fn place(&self, built: &Path, dir: &Path, previous: Option<&Manifest>) -> Result<(), EnvError> {
+    ///
+    /// Returns `false` when another process placed an environment under the key in the
+    /// meantime (ours is then left in the build directory, to be deleted with it).
+    fn place(
+        &self,
+        built: &Path,
+        dir: &Path,
+        previous: Option<&Manifest>,
+    ) -> Result<bool, EnvError> {
         if !dir.exists() {
-            return fs_err::rename(built, dir).map_err(io("move the new environment into", dir));
+            return match fs_err::rename(built, dir) {
+                Ok(()) => Ok(true),
+                Err(_) if previous.is_none() && dir.join(MANIFEST_FILE).exists() => Ok(false),
+                Err(source) => Err(io("move the new environment into", dir)(source)),
+            };
         }
         let exchanged = nix::fcntl::renameat2(
             nix::fcntl::AT_FDCWD,
@@ -763,7 +786,7 @@ impl EnvCache {
         {
             tracing::warn!(error = %err, "could not delete a replaced environment; prune will retry");
         }
-        Ok(())
+        Ok(true)
     }
 
     async fn run_uv(
