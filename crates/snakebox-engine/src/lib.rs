@@ -1,1 +1,167 @@
-//! The engine: one place that composes scripts, environments and sandboxes into executions.
+//! The engine: the one place that composes scripts, environments and sandboxes into executions.
+//!
+//! The server and the CLI are thin shells around [`Engine`]: they parse arguments, call
+//! [`Engine::execute`], [`Engine::validate`] or [`Engine::report`], and shape the record they
+//! get back. Everything that decides *how* a script runs (which interpreter, which cached
+//! environment, which mounts and limits) is decided here, so both front ends behave the same.
+//!
+//! Fail closed: when the configured sandbox backend cannot isolate, the engine still starts (so
+//! `check_environment` can say why) but refuses every execution with the reason and the fix.
+
+mod config;
+mod execute;
+mod ids;
+mod report;
+mod result;
+mod validate;
+
+use std::sync::{Arc, Mutex};
+
+use snakebox_env::{CacheConfig, EnvCache, Interpreters, Uv};
+use snakebox_sandbox::{Sandbox, SandboxConfig};
+use tokio::sync::Semaphore;
+
+pub use config::EngineConfig;
+pub use execute::ExecuteRequest;
+pub use report::{CacheReport, EnvironmentReport, InterpreterReport, WarmState};
+pub use result::{ErrorInfo, ExecutionResult, Package, Status};
+pub use validate::{Validation, ValidationProblem};
+
+/// Why something the engine needs is not available, kept to be reported per call.
+#[derive(Debug, Clone)]
+struct Unavailable {
+    message: String,
+    hint: Option<String>,
+}
+
+impl From<&Unavailable> for ErrorInfo {
+    fn from(value: &Unavailable) -> Self {
+        ErrorInfo {
+            message: value.message.clone(),
+            hint: value.hint.clone(),
+        }
+    }
+}
+
+/// Runs Python for callers. Cheap to share behind an `Arc`.
+pub struct Engine {
+    config: EngineConfig,
+    sandbox: Result<Arc<Sandbox>, Unavailable>,
+    uv: Result<Uv, Unavailable>,
+    interpreters: Interpreters,
+    cache: Result<EnvCache, Unavailable>,
+    runs: Semaphore,
+    warm: Mutex<WarmState>,
+}
+
+impl Engine {
+    /// Probe the host (sandbox backend, uv, interpreters) and open the environment cache.
+    ///
+    /// Never fails: what is missing is recorded and reported by [`Engine::report`] and by
+    /// every execution that needs it.
+    pub async fn new(config: EngineConfig) -> Engine {
+        let sandbox = Sandbox::new(SandboxConfig {
+            backend: config.backend,
+            bwrap_path: config.bwrap_path.clone(),
+            scratch_root: config.data_dir.join("scratch"),
+        })
+        .map(Arc::new)
+        .map_err(|err| Unavailable {
+            message: err.to_string(),
+            hint: err.hint(),
+        });
+        let uv = Uv::locate(config.uv_path.as_deref()).map_err(|err| Unavailable {
+            message: err.to_string(),
+            hint: err.hint(),
+        });
+        let interpreters = match &uv {
+            Ok(uv) => Interpreters::discover(uv).await,
+            Err(_) => Interpreters::discover_without_uv().await,
+        };
+        let cache = match (&uv, &sandbox) {
+            (Ok(uv), Ok(sandbox)) => EnvCache::new(
+                CacheConfig {
+                    root: config.data_dir.clone(),
+                    max_bytes: config.cache_max_bytes,
+                    max_age: config.cache_max_age,
+                    unpinned_freshness: config.unpinned_freshness,
+                },
+                uv.clone(),
+                Arc::clone(sandbox),
+            )
+            .map_err(|err| Unavailable {
+                message: err.to_string(),
+                hint: err.hint(),
+            }),
+            (Err(missing), _) | (_, Err(missing)) => Err(missing.clone()),
+        };
+        let warm = if config.warm_cache {
+            WarmState::Pending
+        } else {
+            WarmState::Disabled
+        };
+        Engine {
+            runs: Semaphore::new(config.max_concurrent_runs.max(1)),
+            config,
+            sandbox,
+            uv,
+            interpreters,
+            cache,
+            warm: Mutex::new(warm),
+        }
+    }
+
+    /// The settings this engine runs with.
+    #[must_use]
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Build the default environment so the first call does not pay for it (cache warming).
+    /// Observable through [`Engine::report`] (`warm`). Does nothing when warming is disabled.
+    pub async fn warm(&self) {
+        if !self.config.warm_cache {
+            return;
+        }
+        self.set_warm(WarmState::Running);
+        let started = std::time::Instant::now();
+        let state = match self.default_environment().await {
+            Ok(()) => WarmState::Ready {
+                duration_ms: ids::millis(started.elapsed()),
+            },
+            Err(err) => WarmState::Failed {
+                message: err.message,
+            },
+        };
+        tracing::info!(?state, "cache warming finished");
+        self.set_warm(state);
+    }
+
+    async fn default_environment(&self) -> Result<(), ErrorInfo> {
+        let cache = self.cache.as_ref().map_err(ErrorInfo::from)?;
+        let interpreter = self.pick_interpreter(None, None)?;
+        cache
+            .ensure(interpreter, &[])
+            .await
+            .map(|_| ())
+            .map_err(|err| ErrorInfo {
+                message: err.to_string(),
+                hint: err.hint(),
+            })
+    }
+
+    fn set_warm(&self, state: WarmState) {
+        if let Ok(mut warm) = self.warm.lock() {
+            *warm = state;
+        }
+    }
+
+    /// Remove environments past the cache's retention rule (age, then size).
+    pub async fn prune(&self) -> Result<snakebox_env::PruneReport, ErrorInfo> {
+        let cache = self.cache.as_ref().map_err(ErrorInfo::from)?;
+        cache.prune().await.map_err(|err| ErrorInfo {
+            message: err.to_string(),
+            hint: err.hint(),
+        })
+    }
+}

@@ -1,1 +1,65 @@
-//! The snakebox binary's library: CLI definitions, settings resolution, commands.
+//! The snakebox binary's library: wires resolved settings to the engine and runs a subcommand.
+//!
+//! Output discipline: `serve` writes nothing but MCP to stdout (logs go to stderr); `run`
+//! writes the script's stdout to stdout and everything else to stderr; `check` prints its
+//! report to stdout.
+
+pub mod cli;
+mod commands;
+mod settings;
+
+use std::process::ExitCode;
+
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::{Cli, Command};
+
+/// Run the command line. Returns the process exit code.
+#[must_use]
+pub fn run(cli: Cli) -> ExitCode {
+    // `serve` reports its state at start-up; the terminal commands only warn.
+    init_logging(if matches!(cli.command, Command::Serve(_)) {
+        "info"
+    } else {
+        "warn"
+    });
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            commands::report_error(
+                &anyhow::anyhow!(err).context("could not start the async runtime"),
+            );
+            return ExitCode::from(2);
+        }
+    };
+    let outcome = runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => commands::serve(&args).await,
+            Command::Run(args) => commands::run(args).await,
+            Command::Check(args) => commands::check(&args).await,
+        }
+    });
+    match outcome {
+        Ok(code) => code,
+        Err(err) => {
+            commands::report_error(&err);
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Logs go to stderr only (stdout carries MCP); level from `SNAKEBOX_LOG`.
+fn init_logging(default_level: &str) {
+    use std::io::IsTerminal;
+    let filter =
+        EnvFilter::try_from_env("SNAKEBOX_LOG").unwrap_or_else(|_| EnvFilter::new(default_level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .try_init();
+}

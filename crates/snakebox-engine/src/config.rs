@@ -1,0 +1,84 @@
+//! Resolved engine settings: what the operator decided, after CLI, environment and config
+//! file were merged by the binary. Plain data with documented defaults.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use snakebox_sandbox::BackendKind;
+
+/// Everything the engine needs to know from the operator.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Root of snakebox's own data: environments, uv cache, scratch directories.
+    pub data_dir: PathBuf,
+    /// The isolation backend.
+    pub backend: BackendKind,
+    /// Explicit `bwrap` path.
+    pub bwrap_path: Option<PathBuf>,
+    /// Explicit `uv` path.
+    pub uv_path: Option<PathBuf>,
+    /// Default Python version request (`3.12`, `>=3.10`); `None` means the newest CPython found.
+    pub python_version: Option<String>,
+    /// Timeout applied when a call gives none.
+    pub default_timeout: Duration,
+    /// Largest timeout a call may ask for (larger requests are clamped, with a note).
+    pub max_timeout: Duration,
+    /// Bytes of stdout + stderr kept per run.
+    pub max_output_bytes: u64,
+    /// Largest script accepted, in bytes.
+    pub max_script_bytes: usize,
+    /// Memory per run.
+    pub memory_bytes: Option<u64>,
+    /// Processes/threads per run.
+    pub max_processes: Option<u64>,
+    /// CPU seconds per run (`None`: the wall-time limit bounds it).
+    pub cpu_time: Option<Duration>,
+    /// Scratch space (`/tmp`, working directory) per run.
+    pub scratch_bytes: Option<u64>,
+    /// Largest file a run may write.
+    pub file_size_bytes: Option<u64>,
+    /// Open files per process.
+    pub open_files: Option<u64>,
+    /// Whether runs may use the network.
+    pub network: bool,
+    /// Build the default environment at start-up.
+    pub warm_cache: bool,
+    /// Environment cache: total size above which least-recently-used environments are pruned.
+    pub cache_max_bytes: u64,
+    /// Environment cache: environments unused for this long are pruned.
+    pub cache_max_age: Duration,
+    /// Requirement sets with unpinned specifiers are re-resolved after this long.
+    pub unpinned_freshness: Duration,
+    /// Runs executing at once; further calls wait their turn.
+    pub max_concurrent_runs: usize,
+}
+
+impl EngineConfig {
+    /// Defaults for a given data directory and backend.
+    #[must_use]
+    pub fn new(data_dir: PathBuf, backend: BackendKind) -> Self {
+        EngineConfig {
+            data_dir,
+            backend,
+            bwrap_path: None,
+            uv_path: None,
+            python_version: None,
+            default_timeout: Duration::from_secs(30),
+            max_timeout: Duration::from_secs(300),
+            max_output_bytes: 102_400,
+            max_script_bytes: 1024 * 1024,
+            memory_bytes: Some(1024 * 1024 * 1024),
+            max_processes: Some(128),
+            cpu_time: None,
+            scratch_bytes: Some(512 * 1024 * 1024),
+            file_size_bytes: Some(256 * 1024 * 1024),
+            open_files: Some(1024),
+            network: false,
+            warm_cache: true,
+            cache_max_bytes: 10 * 1024 * 1024 * 1024,
+            cache_max_age: Duration::from_secs(30 * 24 * 3600),
+            unpinned_freshness: Duration::from_secs(24 * 3600),
+            max_concurrent_runs: 8,
+        }
+    }
+}

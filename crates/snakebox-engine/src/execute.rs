@@ -1,0 +1,549 @@
+//! One-shot executions: plan (metadata, interpreter), prepare (cached environment), run (a
+//! fresh sandbox), and turn the outcome into an [`ExecutionResult`].
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use snakebox_env::{Environment, Interpreter};
+use snakebox_sandbox::{
+    BackendKind, Limits, Mount, OutputChunk, Policy, SandboxCommand, Termination,
+};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use crate::Engine;
+use crate::ids;
+use crate::result::{ErrorInfo, ExecutionResult, Package, Status};
+
+/// Where the run's read-only inputs (the script) appear inside the sandbox.
+const SANDBOX_INPUT_DIR: &str = "/snakebox";
+/// The run's writable working directory inside the sandbox.
+const SANDBOX_WORK_DIR: &str = "/work";
+/// File name of the script in the input directory.
+const SCRIPT_NAME: &str = "script.py";
+
+/// One request to run a script.
+#[derive(Debug, Clone, Default)]
+pub struct ExecuteRequest {
+    /// Python source, possibly with a PEP 723 `# /// script` block.
+    pub script: String,
+    /// Extra requirements (PEP 508); they win over the script's on a name clash.
+    pub dependencies: Vec<String>,
+    /// Wall-time limit in seconds; `None` for the server's default.
+    pub timeout_seconds: Option<i64>,
+    /// Python version request for this call (`3.12`, `3.11.7`, `>=3.10`).
+    pub python_version: Option<String>,
+}
+
+/// What planning decided: everything needed to prepare and run.
+struct Plan<'a> {
+    interpreter: &'a Interpreter,
+    requirements: Vec<pep508_rs::Requirement>,
+    timeout: Duration,
+    notes: Vec<String>,
+}
+
+impl Engine {
+    /// Run one script in a fresh sandbox. Always returns a record: failures before the script
+    /// runs are reported with status `invalid_request` or `setup_failed` and a hint.
+    pub async fn execute(
+        &self,
+        request: ExecuteRequest,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> ExecutionResult {
+        let execution_id = ids::execution_id();
+        let plan = match self.plan(&request) {
+            Ok(plan) => plan,
+            Err((status, error)) => return ExecutionResult::not_run(execution_id, status, error),
+        };
+        let requested: Vec<String> = plan.requirements.iter().map(ToString::to_string).collect();
+        let timeout_seconds = plan.timeout.as_secs();
+        let with_plan = |mut result: ExecutionResult| {
+            result.python_version = Some(plan.interpreter.version.to_string());
+            result.requested_dependencies.clone_from(&requested);
+            result.timeout_seconds = timeout_seconds;
+            result.notes.clone_from(&plan.notes);
+            result
+        };
+
+        let sandbox = match &self.sandbox {
+            Ok(sandbox) => sandbox,
+            Err(missing) => {
+                return with_plan(ExecutionResult::not_run(
+                    execution_id,
+                    Status::SetupFailed,
+                    missing.into(),
+                ));
+            }
+        };
+        let setup_started = Instant::now();
+        let environment = match self.environment(plan.interpreter, &plan.requirements).await {
+            Ok(environment) => environment,
+            Err(error) => {
+                return with_plan(ExecutionResult::not_run(
+                    execution_id,
+                    Status::SetupFailed,
+                    error,
+                ));
+            }
+        };
+        let setup_ms = ids::millis(setup_started.elapsed());
+
+        // Wait for a run slot only after setup: installs do not hold back quick runs.
+        let Ok(_slot) = self.runs.acquire().await else {
+            return with_plan(ExecutionResult::not_run(
+                execution_id,
+                Status::SetupFailed,
+                ErrorInfo {
+                    message: "The engine is shutting down".into(),
+                    hint: None,
+                },
+            ));
+        };
+        let run_dir = match RunDir::create(&self.config.data_dir, &execution_id, &request.script) {
+            Ok(dir) => dir,
+            Err(err) => {
+                return with_plan(ExecutionResult::not_run(
+                    execution_id,
+                    Status::SetupFailed,
+                    ErrorInfo {
+                        message: format!("Failed to prepare the run directory: {err}"),
+                        hint: Some("check that the data directory is writable".into()),
+                    },
+                ));
+            }
+        };
+        let (policy, command) = self.sandbox_call(&environment, &run_dir, plan.timeout);
+        let outcome = sandbox.run(&policy, &command, cancel, output).await;
+        drop(run_dir);
+
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                return with_plan(ExecutionResult::not_run(
+                    execution_id,
+                    Status::SetupFailed,
+                    ErrorInfo {
+                        message: err.to_string(),
+                        hint: err.hint(),
+                    },
+                ));
+            }
+        };
+        let (status, error) = classify(&outcome, &self.config, plan.timeout);
+        with_plan(ExecutionResult {
+            execution_id,
+            status,
+            exit_code: outcome.exit_code,
+            stdout_truncated: outcome.stdout.truncated,
+            stderr_truncated: outcome.stderr.truncated,
+            stdout: outcome.stdout.text,
+            stderr: outcome.stderr.text,
+            timed_out: outcome.termination == Termination::TimedOut,
+            duration_ms: ids::millis(outcome.duration),
+            setup_ms,
+            timeout_seconds,
+            python_version: None,
+            requested_dependencies: Vec::new(),
+            resolved_dependencies: environment
+                .packages
+                .iter()
+                .map(|p| Package {
+                    name: p.name.clone(),
+                    version: p.version.clone(),
+                })
+                .collect(),
+            environment_reused: environment.reused,
+            error,
+            notes: Vec::new(),
+        })
+    }
+
+    /// Check the request and decide interpreter, requirements and timeout.
+    fn plan(&self, request: &ExecuteRequest) -> Result<Plan<'_>, (Status, ErrorInfo)> {
+        let invalid = |message: String, hint: &str| {
+            (
+                Status::InvalidRequest,
+                ErrorInfo {
+                    message,
+                    hint: Some(hint.to_string()),
+                },
+            )
+        };
+        if request.script.len() > self.config.max_script_bytes {
+            return Err(invalid(
+                format!(
+                    "The script is {} bytes, more than the limit of {} bytes",
+                    request.script.len(),
+                    self.config.max_script_bytes
+                ),
+                "send a shorter script; put large data in files the script reads or downloads",
+            ));
+        }
+        if request.script.contains('\0') {
+            return Err(invalid(
+                "The script contains a NUL character".into(),
+                "send the script as plain UTF-8 text",
+            ));
+        }
+        let mut notes = Vec::new();
+        let timeout = self.effective_timeout(request.timeout_seconds, &mut notes)?;
+        let block = snakebox_script::parse(&request.script).map_err(|err| {
+            (
+                Status::InvalidRequest,
+                ErrorInfo {
+                    message: err.to_string(),
+                    hint: err.hint(),
+                },
+            )
+        })?;
+        let metadata = block.as_ref().map(|b| &b.metadata);
+        let requirements = snakebox_script::merge_dependencies(metadata, &request.dependencies)
+            .map_err(|err| {
+                (
+                    Status::InvalidRequest,
+                    ErrorInfo {
+                        message: err.to_string(),
+                        hint: err.hint(),
+                    },
+                )
+            })?;
+        let requires_python = metadata.and_then(|m| m.requires_python.as_ref());
+        let interpreter = self
+            .pick_interpreter(request.python_version.as_deref(), requires_python)
+            .map_err(|error| (Status::SetupFailed, error))?;
+        Ok(Plan {
+            interpreter,
+            requirements,
+            timeout,
+            notes,
+        })
+    }
+
+    fn effective_timeout(
+        &self,
+        requested: Option<i64>,
+        notes: &mut Vec<String>,
+    ) -> Result<Duration, (Status, ErrorInfo)> {
+        let max = self.config.max_timeout.as_secs().max(1);
+        let Some(seconds) = requested else {
+            return Ok(self.config.default_timeout.min(self.config.max_timeout));
+        };
+        let Ok(seconds) = u64::try_from(seconds) else {
+            return Err((
+                Status::InvalidRequest,
+                ErrorInfo {
+                    message: format!("timeout_seconds must be at least 1, got `{seconds}`"),
+                    hint: Some(format!(
+                        "pass a whole number of seconds between 1 and {max}"
+                    )),
+                },
+            ));
+        };
+        if seconds == 0 {
+            return Err((
+                Status::InvalidRequest,
+                ErrorInfo {
+                    message: "timeout_seconds must be at least 1, got `0`".into(),
+                    hint: Some(format!(
+                        "pass a whole number of seconds between 1 and {max}"
+                    )),
+                },
+            ));
+        }
+        if seconds > max {
+            notes.push(format!(
+                "timeout_seconds {seconds} is above this server's maximum; {max} was used"
+            ));
+            return Ok(Duration::from_secs(max));
+        }
+        Ok(Duration::from_secs(seconds))
+    }
+
+    /// Choose the interpreter: the call's request, else the script's `requires-python`
+    /// (preferring the server default when it satisfies it), else the server default.
+    pub(crate) fn pick_interpreter(
+        &self,
+        explicit: Option<&str>,
+        requires_python: Option<&pep440_rs::VersionSpecifiers>,
+    ) -> Result<&Interpreter, ErrorInfo> {
+        let env_error = |err: snakebox_env::EnvError| ErrorInfo {
+            message: err.to_string(),
+            hint: err.hint(),
+        };
+        let default_request = self.config.python_version.as_deref().unwrap_or("3");
+        if let Some(request) = explicit {
+            let interpreter = self.interpreters.find(request).map_err(env_error)?;
+            if let Some(spec) = requires_python
+                && !spec.contains(&interpreter.version)
+            {
+                return Err(ErrorInfo {
+                        message: format!(
+                            "Python {} (from python_version `{request}`) does not satisfy the script's requires-python `{spec}`",
+                            interpreter.version
+                        ),
+                        hint: Some(
+                            "drop python_version to let the script's requires-python choose, or change one of them".into(),
+                        ),
+                    });
+            }
+            return Ok(interpreter);
+        }
+        if let Some(spec) = requires_python {
+            if let Ok(default) = self.interpreters.find(default_request)
+                && spec.contains(&default.version)
+            {
+                return Ok(default);
+            }
+            let candidates = self.interpreters.satisfying(spec);
+            return candidates
+                .into_iter()
+                .max_by(|a, b| a.version.cmp(&b.version))
+                .ok_or_else(|| ErrorInfo {
+                    message: format!(
+                        "No available Python satisfies the script's requires-python `{spec}`; available: {}",
+                        self.available_versions()
+                    ),
+                    hint: Some(
+                        "change requires-python, or install a matching interpreter (pyenv, uv python install, or the system package manager)".into(),
+                    ),
+                });
+        }
+        self.interpreters.find(default_request).map_err(env_error)
+    }
+
+    pub(crate) fn available_versions(&self) -> String {
+        let versions: Vec<String> = self
+            .interpreters
+            .all()
+            .iter()
+            .map(|i| i.version.to_string())
+            .collect();
+        if versions.is_empty() {
+            "none".into()
+        } else {
+            versions.join(", ")
+        }
+    }
+
+    async fn environment(
+        &self,
+        interpreter: &Interpreter,
+        requirements: &[pep508_rs::Requirement],
+    ) -> Result<Environment, ErrorInfo> {
+        let cache = self.cache.as_ref().map_err(ErrorInfo::from)?;
+        cache
+            .ensure(interpreter, requirements)
+            .await
+            .map_err(|err| ErrorInfo {
+                message: err.to_string(),
+                hint: err.hint(),
+            })
+    }
+
+    /// The sandbox policy and command of one run. Paths differ by backend: the native sandbox
+    /// sees fixed paths (`/snakebox/script.py`, `/work`); `none` runs on the host's paths.
+    fn sandbox_call(
+        &self,
+        environment: &Environment,
+        run_dir: &RunDir,
+        timeout: Duration,
+    ) -> (Policy, SandboxCommand) {
+        let native = self.config.backend == BackendKind::Native;
+        let (script, work, tmp) = if native {
+            (
+                PathBuf::from(SANDBOX_INPUT_DIR).join(SCRIPT_NAME),
+                PathBuf::from(SANDBOX_WORK_DIR),
+                PathBuf::from("/tmp"),
+            )
+        } else {
+            (
+                run_dir.input.join(SCRIPT_NAME),
+                run_dir.work.clone(),
+                run_dir.tmp.clone(),
+            )
+        };
+        let mut mounts = environment.mounts();
+        mounts.push(Mount {
+            host: run_dir.input.clone(),
+            dest: PathBuf::from(SANDBOX_INPUT_DIR),
+            writable: false,
+        });
+        mounts.push(Mount {
+            host: run_dir.work.clone(),
+            dest: PathBuf::from(SANDBOX_WORK_DIR),
+            writable: true,
+        });
+        let env = run_environment(environment, &work, &tmp);
+        let policy = Policy {
+            mounts,
+            network: self.config.network,
+            env,
+            cwd: work,
+            limits: self.limits(timeout),
+        };
+        let command = SandboxCommand {
+            program: environment.python.clone(),
+            args: vec!["-s".into(), script.into_os_string()],
+            control_channel: false,
+        };
+        (policy, command)
+    }
+
+    pub(crate) fn limits(&self, timeout: Duration) -> Limits {
+        Limits {
+            wall_time: timeout,
+            cpu_time: self.config.cpu_time,
+            memory_bytes: self.config.memory_bytes,
+            max_processes: self.config.max_processes,
+            max_output_bytes: self.config.max_output_bytes,
+            scratch_bytes: self.config.scratch_bytes,
+            file_size_bytes: self.config.file_size_bytes,
+            open_files: self.config.open_files,
+        }
+    }
+}
+
+/// The complete environment of a run: nothing is inherited from the server.
+fn run_environment(environment: &Environment, work: &Path, tmp: &Path) -> Vec<(String, String)> {
+    let env_bin = environment.root.join("bin");
+    vec![
+        (
+            "PATH".into(),
+            format!("{}:/usr/local/bin:/usr/bin:/bin", env_bin.display()),
+        ),
+        ("VIRTUAL_ENV".into(), environment.root.display().to_string()),
+        ("HOME".into(), work.display().to_string()),
+        ("TMPDIR".into(), tmp.display().to_string()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("LC_ALL".into(), "C.UTF-8".into()),
+        ("PYTHONUNBUFFERED".into(), "1".into()),
+        ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
+        ("PYTHONIOENCODING".into(), "utf-8".into()),
+        ("MPLBACKEND".into(), "Agg".into()),
+    ]
+}
+
+/// Map the sandbox's outcome to a status, with an explanation for the limits.
+fn classify(
+    outcome: &snakebox_sandbox::Outcome,
+    config: &crate::EngineConfig,
+    timeout: Duration,
+) -> (Status, Option<ErrorInfo>) {
+    match outcome.termination {
+        Termination::TimedOut => (
+            Status::Timeout,
+            Some(ErrorInfo {
+                message: format!(
+                    "The script ran longer than its timeout of {} s and was stopped; output printed before that is kept",
+                    timeout.as_secs()
+                ),
+                hint: Some(
+                    "raise timeout_seconds (up to the server's --max-timeout) or make the script faster".into(),
+                ),
+            }),
+        ),
+        Termination::Cancelled => (
+            Status::Cancelled,
+            Some(ErrorInfo {
+                message: "The run was cancelled by the client; output printed before that is kept"
+                    .into(),
+                hint: None,
+            }),
+        ),
+        Termination::MemoryLimit => (
+            Status::MemoryLimit,
+            Some(ErrorInfo {
+                message: format!(
+                    "The script exceeded its memory limit of {} and was stopped",
+                    config
+                        .memory_bytes
+                        .map_or_else(|| "(unset)".to_string(), human_bytes)
+                ),
+                hint: Some(
+                    "process the data in smaller pieces, or ask the operator to raise --memory-limit".into(),
+                ),
+            }),
+        ),
+        Termination::CpuLimit => (
+            Status::CpuLimit,
+            Some(ErrorInfo {
+                message: "The script used up its CPU-time limit and was stopped".into(),
+                hint: Some("make the script do less work, or ask the operator to raise --cpu-limit".into()),
+            }),
+        ),
+        Termination::Exited if outcome.exit_code == Some(0) => (Status::Ok, None),
+        Termination::Exited => (Status::Error, None),
+    }
+}
+
+/// `1073741824` → `1 GiB`.
+pub(crate) fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes;
+    let mut unit = 0;
+    while value >= 1024 && value.is_multiple_of(1024) && unit < UNITS.len() - 1 {
+        value /= 1024;
+        unit += 1;
+    }
+    format!("{value} {}", UNITS[unit])
+}
+
+/// The host side of one run: `input/` (the script, read-only inside), `work/` (the writable
+/// working directory) and `tmp/` (used by the `none` backend). Removed when dropped.
+pub(crate) struct RunDir {
+    root: PathBuf,
+    pub(crate) input: PathBuf,
+    pub(crate) work: PathBuf,
+    pub(crate) tmp: PathBuf,
+}
+
+impl RunDir {
+    pub(crate) fn create(data_dir: &Path, id: &str, script: &str) -> std::io::Result<RunDir> {
+        use std::os::unix::fs::PermissionsExt;
+        let root = data_dir.join("runs").join(id);
+        let dir = RunDir {
+            input: root.join("input"),
+            work: root.join("work"),
+            tmp: root.join("tmp"),
+            root,
+        };
+        for path in [&dir.input, &dir.work, &dir.tmp] {
+            fs_err::create_dir_all(path)?;
+        }
+        fs_err::write(dir.input.join(SCRIPT_NAME), script)?;
+        // The sandboxed user is unprivileged: it may read the inputs and write the working
+        // directory, nothing else of ours. (The run directory itself is private to the server
+        // user; only the sandbox's bind mounts expose these.)
+        fs_err::set_permissions(&dir.root, std::fs::Permissions::from_mode(0o711))?;
+        fs_err::set_permissions(&dir.input, std::fs::Permissions::from_mode(0o755))?;
+        fs_err::set_permissions(
+            dir.input.join(SCRIPT_NAME),
+            std::fs::Permissions::from_mode(0o644),
+        )?;
+        fs_err::set_permissions(&dir.work, std::fs::Permissions::from_mode(0o777))?;
+        fs_err::set_permissions(&dir.tmp, std::fs::Permissions::from_mode(0o777))?;
+        Ok(dir)
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        if let Err(err) = fs_err::remove_dir_all(&self.root) {
+            tracing::warn!(%err, "could not remove a run directory");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_bytes;
+
+    #[test]
+    fn human_bytes_uses_whole_units() {
+        assert_eq!(human_bytes(1024 * 1024 * 1024), "1 GiB");
+        assert_eq!(human_bytes(1536), "1536 B");
+        assert_eq!(human_bytes(512 * 1024 * 1024), "512 MiB");
+    }
+}

@@ -1,0 +1,247 @@
+//! `check_environment`: an honest picture of this host: versions, the sandbox backend and
+//! whether it really isolates, each limit and whether it is enforced, interpreters, cache.
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+use crate::Engine;
+use crate::execute::human_bytes;
+
+/// State of cache warming.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum WarmState {
+    /// `--no-warm-cache` was given.
+    Disabled,
+    /// Not started yet.
+    Pending,
+    /// Building the default environment now.
+    Running,
+    /// The default environment is ready.
+    Ready {
+        /// How long warming took.
+        duration_ms: u64,
+    },
+    /// Warming failed (executions will retry and report the reason).
+    Failed {
+        /// Why.
+        message: String,
+    },
+}
+
+/// One interpreter found on this host.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct InterpreterReport {
+    /// Full version.
+    pub version: String,
+    /// Path of the real binary.
+    pub path: String,
+    /// Where it came from (`pyenv`, `uv-managed`, `system`, `path`).
+    pub source: String,
+}
+
+/// A limit and how it is enforced here.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct LimitStatus {
+    /// Limit name.
+    pub name: String,
+    /// Configured value (`unlimited` when not set).
+    pub value: String,
+    /// Whether this host really enforces it.
+    pub enforced: bool,
+    /// The mechanism in force.
+    pub mechanism: String,
+}
+
+/// The environment cache.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct CacheReport {
+    /// Data directory.
+    pub location: String,
+    /// Number of cached environments.
+    pub environments: usize,
+    /// Their total size in bytes.
+    pub size_bytes: u64,
+    /// The retention rule.
+    pub retention: String,
+    /// Cache warming.
+    pub warm: WarmState,
+}
+
+/// The full `check_environment` record.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct EnvironmentReport {
+    /// snakebox version.
+    pub snakebox_version: String,
+    /// `os/arch` and kernel release.
+    pub platform: String,
+    /// Configured sandbox backend (`native` or `none`).
+    pub sandbox_backend: String,
+    /// Whether runs are really isolated right now.
+    pub isolation_active: bool,
+    /// Details of the backend, or why it is unavailable.
+    pub sandbox_details: Vec<String>,
+    /// How to fix an unavailable backend.
+    pub sandbox_hint: Option<String>,
+    /// Whether runs may use the network.
+    pub network: bool,
+    /// uv path and version, or why it is missing.
+    pub uv: String,
+    /// How to fix a missing uv.
+    pub uv_hint: Option<String>,
+    /// The Python version request used when a call gives none.
+    pub default_python: String,
+    /// Interpreters found.
+    pub pythons: Vec<InterpreterReport>,
+    /// Limits: configured value, whether enforced, and how.
+    pub limits: Vec<LimitStatus>,
+    /// Default and maximum timeout in seconds.
+    pub timeouts: String,
+    /// Environment cache.
+    pub cache: CacheReport,
+    /// Whether executions can run now; if not, `problems` says why.
+    pub ready: bool,
+    /// What stops executions, each with its fix.
+    pub problems: Vec<String>,
+}
+
+impl Engine {
+    /// Describe this host and configuration.
+    pub fn report(&self) -> EnvironmentReport {
+        let config = &self.config;
+        let (isolation_active, sandbox_details, sandbox_hint, backend_limits) = match &self.sandbox
+        {
+            Ok(sandbox) => {
+                let report = sandbox.report();
+                (report.isolation_active, report.details, None, report.limits)
+            }
+            Err(missing) => (
+                false,
+                vec![missing.message.clone()],
+                missing.hint.clone(),
+                Vec::new(),
+            ),
+        };
+        let configured = |name: &str| -> String {
+            let unlimited = || "unlimited".to_string();
+            match name {
+                "wall_time" => format!("{} s default", config.default_timeout.as_secs()),
+                "cpu_time" => config
+                    .cpu_time
+                    .map_or_else(unlimited, |d| format!("{} s", d.as_secs())),
+                "memory" => config.memory_bytes.map_or_else(unlimited, human_bytes),
+                "processes" => config
+                    .max_processes
+                    .map_or_else(unlimited, |n| n.to_string()),
+                "output" => human_bytes(config.max_output_bytes),
+                "scratch_disk" => config.scratch_bytes.map_or_else(unlimited, human_bytes),
+                "file_size" => config.file_size_bytes.map_or_else(unlimited, human_bytes),
+                "open_files" => config.open_files.map_or_else(unlimited, |n| n.to_string()),
+                _ => String::new(),
+            }
+        };
+        let limits = backend_limits
+            .into_iter()
+            .map(|limit| LimitStatus {
+                value: configured(&limit.name),
+                name: limit.name,
+                enforced: limit.enforced,
+                mechanism: limit.mechanism,
+            })
+            .collect();
+        let (uv, uv_hint) = match &self.uv {
+            Ok(uv) => (format!("{} ({})", uv.version, uv.path.display()), None),
+            Err(missing) => (missing.message.clone(), missing.hint.clone()),
+        };
+        let (environments, size_bytes, location) = match &self.cache {
+            Ok(cache) => {
+                let stats = cache.stats();
+                (
+                    stats.environments,
+                    stats.bytes,
+                    stats.root.display().to_string(),
+                )
+            }
+            Err(_) => (0, 0, config.data_dir.display().to_string()),
+        };
+        let mut problems = Vec::new();
+        for missing in [self.sandbox.as_ref().err(), self.uv.as_ref().err()]
+            .into_iter()
+            .flatten()
+        {
+            let mut line = missing.message.clone();
+            if let Some(hint) = &missing.hint {
+                line.push_str(&format!(" (hint: {hint})"));
+            }
+            problems.push(line);
+        }
+        if self.interpreters.all().is_empty() {
+            problems.push(
+                "No Python interpreter was found (hint: install one with pyenv, `uv python install`, or the system package manager)"
+                    .into(),
+            );
+        }
+        let warm = self
+            .warm
+            .lock()
+            .map_or(WarmState::Pending, |state| state.clone());
+        EnvironmentReport {
+            snakebox_version: env!("CARGO_PKG_VERSION").into(),
+            platform: format!(
+                "{}/{} (kernel {})",
+                std::env::consts::OS,
+                std::env::consts::ARCH,
+                kernel_release()
+            ),
+            sandbox_backend: match config.backend {
+                snakebox_sandbox::BackendKind::Native => "native".into(),
+                snakebox_sandbox::BackendKind::None => "none".into(),
+            },
+            isolation_active,
+            sandbox_details,
+            sandbox_hint,
+            network: config.network,
+            uv,
+            uv_hint,
+            default_python: config
+                .python_version
+                .clone()
+                .unwrap_or_else(|| "newest available CPython 3".into()),
+            pythons: self
+                .interpreters
+                .all()
+                .iter()
+                .map(|i| InterpreterReport {
+                    version: i.version.to_string(),
+                    path: i.executable.display().to_string(),
+                    source: i.source.clone(),
+                })
+                .collect(),
+            limits,
+            timeouts: format!(
+                "default {} s, maximum {} s",
+                config.default_timeout.as_secs(),
+                config.max_timeout.as_secs()
+            ),
+            cache: CacheReport {
+                location,
+                environments,
+                size_bytes,
+                retention: format!(
+                    "environments unused for {} days are removed, then the least recently used until the total is under {}; unpinned requirement sets are re-resolved after {} h",
+                    config.cache_max_age.as_secs() / 86_400,
+                    human_bytes(config.cache_max_bytes),
+                    config.unpinned_freshness.as_secs() / 3600
+                ),
+                warm,
+            },
+            ready: problems.is_empty(),
+            problems,
+        }
+    }
+}
+
+fn kernel_release() -> String {
+    fs_err::read_to_string("/proc/sys/kernel/osrelease")
+        .map_or_else(|_| "unknown".into(), |s| s.trim().to_string())
+}

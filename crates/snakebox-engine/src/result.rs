@@ -1,0 +1,180 @@
+//! The shape of what an execution returns: one structured record that the server turns into
+//! `structuredContent` and into the peer-compatible text sections.
+//!
+//! It lives in the engine (not the server) because the CLI prints the same record.
+
+use schemars::JsonSchema;
+use serde::Serialize;
+
+/// How an execution ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// The script exited with code 0.
+    Ok,
+    /// The script exited with a non-zero code or was killed by a signal.
+    Error,
+    /// The wall-time limit was reached; the process tree was killed.
+    Timeout,
+    /// The caller cancelled the request; the process tree was killed.
+    Cancelled,
+    /// The memory limit was reached.
+    MemoryLimit,
+    /// The CPU-time limit was reached.
+    CpuLimit,
+    /// The script never ran: the environment could not be prepared (bad dependency, no
+    /// interpreter for the requested version, install failure).
+    SetupFailed,
+    /// The request itself was invalid (bad argument values); nothing ran.
+    InvalidRequest,
+}
+
+impl Status {
+    /// The name used on the wire.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Ok => "ok",
+            Status::Error => "error",
+            Status::Timeout => "timeout",
+            Status::Cancelled => "cancelled",
+            Status::MemoryLimit => "memory_limit",
+            Status::CpuLimit => "cpu_limit",
+            Status::SetupFailed => "setup_failed",
+            Status::InvalidRequest => "invalid_request",
+        }
+    }
+}
+
+/// An error that stopped the execution before or around the script (not the script's own
+/// exception, which is in `stderr`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct ErrorInfo {
+    /// What went wrong.
+    pub message: String,
+    /// How to fix it, when we know.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hint: Option<String>,
+}
+
+/// A package installed in the environment the script ran in.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct Package {
+    /// Distribution name.
+    pub name: String,
+    /// Installed version.
+    pub version: String,
+}
+
+/// The complete record of one `execute_python` call.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct ExecutionResult {
+    /// Unique id of this execution.
+    pub execution_id: String,
+    /// How it ended: ok, error, timeout, cancelled, memory_limit, cpu_limit, setup_failed,
+    /// invalid_request.
+    pub status: Status,
+    /// Process exit code (absent when the script never ran or was killed by a signal).
+    pub exit_code: Option<i32>,
+    /// Standard output (head and tail kept when longer than the output limit).
+    pub stdout: String,
+    /// Standard error (head and tail kept when longer than the output limit).
+    pub stderr: String,
+    /// Whether stdout was cut.
+    pub stdout_truncated: bool,
+    /// Whether stderr was cut.
+    pub stderr_truncated: bool,
+    /// Whether the wall-time limit ended the run.
+    pub timed_out: bool,
+    /// Wall-clock milliseconds of the run itself (environment preparation excluded).
+    pub duration_ms: u64,
+    /// Milliseconds spent preparing the environment (0 when a cached one was reused).
+    pub setup_ms: u64,
+    /// The timeout that was applied, in seconds.
+    pub timeout_seconds: u64,
+    /// Full version of the interpreter used (e.g. `3.11.7`), when one was chosen.
+    pub python_version: Option<String>,
+    /// Requirements asked for (script metadata merged with the `dependencies` argument).
+    pub requested_dependencies: Vec<String>,
+    /// Packages installed in the environment the script ran in.
+    pub resolved_dependencies: Vec<Package>,
+    /// Whether a cached environment was reused.
+    pub environment_reused: bool,
+    /// The failure that is not the script's own (setup, limits, invalid request).
+    pub error: Option<ErrorInfo>,
+    /// Notes about adjustments made to the request (e.g. a timeout clamped to the maximum).
+    pub notes: Vec<String>,
+}
+
+impl ExecutionResult {
+    /// A result for an execution that never ran.
+    #[must_use]
+    pub fn not_run(execution_id: String, status: Status, error: ErrorInfo) -> Self {
+        ExecutionResult {
+            execution_id,
+            status,
+            exit_code: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            timed_out: false,
+            duration_ms: 0,
+            setup_ms: 0,
+            timeout_seconds: 0,
+            python_version: None,
+            requested_dependencies: Vec::new(),
+            resolved_dependencies: Vec::new(),
+            environment_reused: false,
+            error: Some(error),
+            notes: Vec::new(),
+        }
+    }
+
+    /// The text form, with the sections of `mcp-python-exec-sandbox` so that clients written
+    /// for it keep working.
+    #[must_use]
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        if let Some(error) = &self.error {
+            out.push_str(&format!(
+                "--- error: {} ---\n{}\n",
+                self.status.as_str(),
+                error.message
+            ));
+            if let Some(hint) = &error.hint {
+                out.push_str(&format!("hint: {hint}\n"));
+            }
+        }
+        if !self.stdout.is_empty() {
+            out.push_str("--- stdout ---\n");
+            out.push_str(&self.stdout);
+            if !self.stdout.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+        if !self.stderr.is_empty() {
+            out.push_str("--- stderr ---\n");
+            out.push_str(&self.stderr);
+            if !self.stderr.ends_with('\n') {
+                out.push('\n');
+            }
+        }
+        if let Some(code) = self.exit_code {
+            out.push_str(&format!("--- exit_code: {code} ---\n"));
+        }
+        if self.timed_out {
+            out.push_str("--- timed_out: true ---\n");
+        }
+        if self.stdout_truncated || self.stderr_truncated {
+            out.push_str("--- output truncated ---\n");
+        }
+        if !matches!(self.status, Status::Ok | Status::Error) && self.error.is_none() {
+            out.push_str(&format!("--- status: {} ---\n", self.status.as_str()));
+        }
+        for note in &self.notes {
+            out.push_str(&format!("note: {note}\n"));
+        }
+        out
+    }
+}

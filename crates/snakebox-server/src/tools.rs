@@ -1,0 +1,228 @@
+//! The tools: `execute_python`, `validate_script`, `check_environment`.
+//!
+//! Names and parameters are drop-in compatible with `mcp-python-exec-sandbox`; descriptions
+//! are written for the language model that reads them.
+
+use std::sync::Arc;
+
+use rmcp::handler::server::common::schema_for_output;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use snakebox_engine::{
+    Engine, EnvironmentReport, ExecuteRequest, ExecutionResult, Status, Validation,
+};
+use snakebox_sandbox::OutputChunk;
+
+const INSTRUCTIONS: &str = "snakebox runs Python in a fresh, isolated sandbox for every call. \
+Declare third-party packages with `dependencies` (PEP 508, pinned: [\"pandas>=2.2\"]) or a PEP 723 \
+`# /// script` block; they are installed once and cached. Call `check_environment` to see \
+available Python versions, limits and whether the network is allowed (it is off by default). \
+Use `validate_script` to check a script without running it.";
+
+/// Arguments of `execute_python`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ExecuteParams {
+    /// Python source to run. May start with a PEP 723 block declaring dependencies:
+    /// `# /// script` / `# dependencies = ["requests>=2.31"]` / `# ///`.
+    pub script: String,
+    /// Extra packages as PEP 508 specifiers, e.g. `["numpy>=1.26", "pandas==2.2.2"]`. They are
+    /// merged with the script's PEP 723 dependencies; on a name clash these win.
+    #[serde(default)]
+    pub dependencies: Vec<String>,
+    /// Wall-clock limit in seconds (default 30; larger values are clamped to the server maximum).
+    pub timeout_seconds: Option<f64>,
+    /// Python version for this call, e.g. `"3.12"` (default: the server's). Must satisfy the
+    /// script's `requires-python` if it has one.
+    pub python_version: Option<String>,
+}
+
+/// Arguments of `validate_script`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ValidateParams {
+    /// Python source to check (with or without a PEP 723 block).
+    pub script: String,
+    /// Extra packages as PEP 508 specifiers, checked like `execute_python`'s.
+    #[serde(default)]
+    pub dependencies: Vec<String>,
+    /// Python version to check the syntax against (default: what `execute_python` would use).
+    pub python_version: Option<String>,
+}
+
+/// The MCP server: one engine shared by every request.
+#[derive(Clone)]
+pub struct SnakeboxServer {
+    engine: Arc<Engine>,
+    tool_router: ToolRouter<Self>,
+}
+
+#[tool_router]
+impl SnakeboxServer {
+    /// A server over this engine.
+    #[must_use]
+    pub fn new(engine: Arc<Engine>) -> Self {
+        Self {
+            engine,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    #[tool(
+        description = "Run a Python script in a fresh sandbox and return its output.\n\n\
+Each call starts clean: no files or variables survive between calls. Packages come from \
+`dependencies` (PEP 508, pin versions: [\"requests>=2.31\"]) or from a PEP 723 block at the top \
+of the script; they are installed once and cached, so repeated calls are fast. The network is \
+off unless the server allows it. Print what you want to see.\n\n\
+Example: {\"script\": \"import numpy as np\\nprint(np.arange(3).sum())\", \"dependencies\": [\"numpy>=1.26\"]}\n\n\
+Returns status (ok, error, timeout, cancelled, memory_limit, cpu_limit, setup_failed, \
+invalid_request), exit_code, stdout, stderr (head and tail kept if long), duration, the Python \
+version and installed packages. Limits: timeout_seconds (default 30), output size, memory and \
+processes — see check_environment.",
+        output_schema = schema_for_output::<ExecutionResult>(),
+        annotations(read_only_hint = false, destructive_hint = false, open_world_hint = false)
+    )]
+    async fn execute_python(
+        &self,
+        Parameters(params): Parameters<ExecuteParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let timeout_seconds = match params.timeout_seconds {
+            None => None,
+            Some(value) if value.is_finite() => Some(value.ceil() as i64),
+            Some(_) => Some(-1),
+        };
+        let request = ExecuteRequest {
+            script: params.script,
+            dependencies: params.dependencies,
+            timeout_seconds,
+            python_version: params.python_version,
+        };
+        let progress = context.meta.get_progress_token().map(|token| {
+            let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<OutputChunk>();
+            let peer = context.peer.clone();
+            let forwarder = tokio::spawn(async move {
+                let mut count = 0.0_f64;
+                while let Some(chunk) = receiver.recv().await {
+                    count += 1.0;
+                    let mut param = ProgressNotificationParam::new(token.clone(), count);
+                    param.message = Some(chunk.text);
+                    if peer.notify_progress(param).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            (sender, forwarder)
+        });
+        let (sender, forwarder) = match progress {
+            Some((sender, forwarder)) => (Some(sender), Some(forwarder)),
+            None => (None, None),
+        };
+        let result = self
+            .engine
+            .execute(request, context.ct.clone(), sender)
+            .await;
+        if let Some(forwarder) = forwarder {
+            // Every chunk is sent before the result, so progress never trails the answer.
+            let _ = forwarder.await;
+        }
+        Ok(execution_result(&result))
+    }
+
+    #[tool(
+        description = "Check a Python script without running it and list every problem found: \
+malformed PEP 723 metadata (bad TOML, two blocks, wrong types such as `dependencies = \"x\"`), \
+invalid PEP 508 dependency specifiers, a `requires-python` that no available interpreter \
+satisfies, and Python syntax errors (with line and column) for the target version. No code \
+runs and nothing is installed.\n\nExample: {\"script\": \"print('hi'\", \"dependencies\": [\"numpy>=\"]}",
+        output_schema = schema_for_output::<Validation>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn validate_script(
+        &self,
+        Parameters(params): Parameters<ValidateParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let validation = self
+            .engine
+            .validate(
+                &params.script,
+                &params.dependencies,
+                params.python_version.as_deref(),
+            )
+            .await;
+        Ok(structured(&validation, validation_text(&validation), false))
+    }
+
+    #[tool(
+        description = "Describe the execution environment: snakebox, uv and Python versions, \
+platform, the sandbox backend and whether isolation is really active, each resource limit and \
+whether it is enforced here, network policy, available Python versions, and the package cache \
+(location, size, warming). Call it first to learn what versions and limits you can rely on.",
+        output_schema = schema_for_output::<EnvironmentReport>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn check_environment(&self) -> Result<CallToolResult, ErrorData> {
+        let report = self.engine.report();
+        Ok(structured(&report, report_text(&report), false))
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for SnakeboxServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("snakebox", env!("CARGO_PKG_VERSION")))
+            .with_instructions(INSTRUCTIONS)
+    }
+}
+
+/// Structured content plus a text form. `is_error` marks results where the tool could not do
+/// what was asked (not a script that failed: that is a normal result).
+fn structured<T: Serialize>(value: &T, text: String, is_error: bool) -> CallToolResult {
+    let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
+    result.structured_content = serde_json::to_value(value).ok();
+    result.is_error = Some(is_error);
+    result
+}
+
+fn execution_result(result: &ExecutionResult) -> CallToolResult {
+    let is_error = matches!(result.status, Status::InvalidRequest | Status::SetupFailed);
+    structured(result, result.to_text(), is_error)
+}
+
+fn validation_text(validation: &Validation) -> String {
+    if validation.valid {
+        return format!(
+            "valid: no problems found (Python {})\n",
+            validation.python_version.as_deref().unwrap_or("unknown")
+        );
+    }
+    let mut text = format!("invalid: {} problem(s)\n", validation.problems.len());
+    for problem in &validation.problems {
+        let location = match (problem.line, problem.column) {
+            (Some(line), Some(column)) => format!(" (line {line}, column {column})"),
+            (Some(line), None) => format!(" (line {line})"),
+            _ => String::new(),
+        };
+        text.push_str(&format!(
+            "- [{}]{location} {}\n",
+            problem.kind, problem.message
+        ));
+        if let Some(hint) = &problem.hint {
+            text.push_str(&format!("  hint: {hint}\n"));
+        }
+    }
+    text
+}
+
+fn report_text(report: &EnvironmentReport) -> String {
+    serde_json::to_string_pretty(report).unwrap_or_default()
+}

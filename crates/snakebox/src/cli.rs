@@ -1,0 +1,139 @@
+//! Command-line definitions (clap). Plain data: no logic lives here; `settings` resolves it.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// Run Python for AI agents in sandboxes: an MCP server.
+#[derive(Debug, Parser)]
+#[command(name = "snakebox", version, about, long_about = None)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve MCP over stdio (for Claude Code, Claude Desktop, Cursor, Codex, ...).
+    Serve(EngineArgs),
+    /// Run a script through the same engine and print its output (exit code passed through).
+    Run(RunArgs),
+    /// Report what `check_environment` reports, with a fix for anything missing.
+    Check(CheckArgs),
+}
+
+/// Arguments of `snakebox run`.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The script to run (`-` for standard input).
+    pub file: PathBuf,
+    /// An extra dependency (PEP 508), repeatable: `--dep "numpy>=1.26"`.
+    #[arg(long = "dep", value_name = "SPEC")]
+    pub deps: Vec<String>,
+    /// Timeout for this run, in seconds.
+    #[arg(long, value_name = "SECONDS")]
+    pub timeout: Option<i64>,
+    /// Print the full structured result as JSON instead of the script's output.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// Arguments of `snakebox check`.
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// Isolation backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendArg {
+    /// bubblewrap + seccomp + cgroup/rlimit limits (Linux).
+    Native,
+    /// No isolation at all: only for trusted code. Must be asked for explicitly.
+    None,
+}
+
+/// Network policy for runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkArg {
+    /// Runs get their own empty network namespace (default).
+    Off,
+    /// Runs share the host network.
+    On,
+}
+
+/// Settings of the engine, shared by every subcommand. Each also reads an environment
+/// variable and the config file; the command line wins, then the environment, then the file.
+#[derive(Debug, Clone, Default, Args)]
+pub struct EngineArgs {
+    /// Config file (TOML, keys as the long flags with `_`: `max_timeout = 120`).
+    /// Default: `$XDG_CONFIG_HOME/snakebox/config.toml` when it exists.
+    #[arg(long, env = "SNAKEBOX_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Python version used when a call does not ask for one (`3.12`, `>=3.10`).
+    /// Default: the newest CPython 3 found.
+    #[arg(long, env = "SNAKEBOX_PYTHON_VERSION", value_name = "VERSION")]
+    pub python_version: Option<String>,
+    /// Isolation backend [default: native].
+    #[arg(long, env = "SNAKEBOX_SANDBOX_BACKEND", value_enum)]
+    pub sandbox_backend: Option<BackendArg>,
+    /// Largest timeout a call may ask for, in seconds [default: 300].
+    #[arg(long, env = "SNAKEBOX_MAX_TIMEOUT", value_name = "SECONDS")]
+    pub max_timeout: Option<u64>,
+    /// Timeout when a call gives none, in seconds [default: 30].
+    #[arg(long, env = "SNAKEBOX_DEFAULT_TIMEOUT", value_name = "SECONDS")]
+    pub default_timeout: Option<u64>,
+    /// Bytes of stdout + stderr kept per run (head and tail) [default: 102400].
+    #[arg(long, env = "SNAKEBOX_MAX_OUTPUT_BYTES", value_name = "BYTES")]
+    pub max_output_bytes: Option<u64>,
+    /// Do not build the default environment at start-up.
+    #[arg(long, env = "SNAKEBOX_NO_WARM_CACHE")]
+    pub no_warm_cache: bool,
+    /// Path to the uv binary [default: found on PATH, ~/.local/bin, or installed by pip].
+    #[arg(long, env = "SNAKEBOX_UV_PATH", value_name = "PATH")]
+    pub uv_path: Option<PathBuf>,
+    /// Path to bwrap [default: found on PATH].
+    #[arg(long, env = "SNAKEBOX_BWRAP_PATH", value_name = "PATH")]
+    pub bwrap_path: Option<PathBuf>,
+    /// Where environments, uv's cache and run scratch live
+    /// [default: /var/lib/snakebox as root, else $XDG_DATA_HOME/snakebox].
+    #[arg(long, env = "SNAKEBOX_DATA_DIR", value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Network for runs [default: off].
+    #[arg(long, env = "SNAKEBOX_NETWORK", value_enum)]
+    pub network: Option<NetworkArg>,
+    /// Memory per run, e.g. `512MiB`, `2G`, or `unlimited` [default: 1GiB].
+    #[arg(long, env = "SNAKEBOX_MEMORY_LIMIT", value_name = "SIZE")]
+    pub memory_limit: Option<String>,
+    /// Processes and threads per run, or `unlimited` [default: 128].
+    #[arg(long, env = "SNAKEBOX_MAX_PROCESSES", value_name = "N")]
+    pub max_processes: Option<String>,
+    /// CPU seconds per run, or `unlimited` [default: unlimited; wall time bounds it].
+    #[arg(long, env = "SNAKEBOX_CPU_LIMIT", value_name = "SECONDS")]
+    pub cpu_limit: Option<String>,
+    /// Scratch space (/tmp and the working directory) per run [default: 512MiB].
+    #[arg(long, env = "SNAKEBOX_SCRATCH_LIMIT", value_name = "SIZE")]
+    pub scratch_limit: Option<String>,
+    /// Largest script accepted [default: 1MiB].
+    #[arg(long, env = "SNAKEBOX_MAX_SCRIPT_BYTES", value_name = "SIZE")]
+    pub max_script_bytes: Option<String>,
+    /// Environment cache size above which the least recently used are removed [default: 10GiB].
+    #[arg(long, env = "SNAKEBOX_CACHE_MAX_SIZE", value_name = "SIZE")]
+    pub cache_max_size: Option<String>,
+    /// Environments unused for this many days are removed [default: 30].
+    #[arg(long, env = "SNAKEBOX_CACHE_MAX_AGE_DAYS", value_name = "DAYS")]
+    pub cache_max_age_days: Option<u64>,
+    /// Runs executing at once; further calls queue [default: 8].
+    #[arg(long, env = "SNAKEBOX_MAX_CONCURRENT_RUNS", value_name = "N")]
+    pub max_concurrent_runs: Option<usize>,
+}

@@ -1,0 +1,209 @@
+//! The subcommands: `serve`, `run`, `check`.
+#![allow(clippy::print_stdout, clippy::print_stderr)] // The CLI's job is to print.
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use snakebox_engine::{Engine, EnvironmentReport, ExecuteRequest, Status};
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::{CheckArgs, EngineArgs, RunArgs};
+use crate::settings;
+
+/// How often the environment cache is pruned while serving.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// Print an error and its causes, with `hint:` lines, to stderr.
+pub(crate) fn report_error(err: &anyhow::Error) {
+    eprintln!("error: {err:#}");
+}
+
+/// `snakebox serve`: MCP over stdio.
+pub(crate) async fn serve(args: &EngineArgs) -> anyhow::Result<ExitCode> {
+    let config = settings::resolve(args)?;
+    let engine = Arc::new(Engine::new(config).await);
+    let report = engine.report();
+    if report.ready {
+        tracing::info!(
+            backend = %report.sandbox_backend,
+            isolation = report.isolation_active,
+            data_dir = %report.cache.location,
+            "snakebox {} serving MCP on stdio",
+            report.snakebox_version
+        );
+    } else {
+        for problem in &report.problems {
+            tracing::error!("executions are refused until this is fixed: {problem}");
+        }
+    }
+    let background = Arc::clone(&engine);
+    tokio::spawn(async move {
+        background.warm().await;
+        loop {
+            match background.prune().await {
+                Ok(pruned) => tracing::debug!(?pruned, "environment cache pruned"),
+                Err(err) => tracing::debug!(message = %err.message, "cache pruning skipped"),
+            }
+            tokio::time::sleep(PRUNE_EVERY).await;
+        }
+    });
+    snakebox_server::serve_stdio(engine).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `snakebox run FILE`: the script's output on our stdout/stderr, its exit code as ours.
+/// Limits map to conventional codes: timeout 124, memory/CPU limit 137, cancelled 130,
+/// setup failure or invalid request 2.
+pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    let script = if args.file.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .context("could not read the script from standard input (is it UTF-8?)")?;
+        text
+    } else {
+        let bytes = fs_err::read(&args.file)?;
+        String::from_utf8(bytes).with_context(|| {
+            format!(
+                "`{}` is not UTF-8 text\nhint: save the script as UTF-8",
+                args.file.display()
+            )
+        })?
+    };
+    let config = settings::resolve(&args.engine)?;
+    let engine = Engine::new(config).await;
+    let cancel = CancellationToken::new();
+    let on_interrupt = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            on_interrupt.cancel();
+        }
+    });
+    let result = engine
+        .execute(
+            ExecuteRequest {
+                script,
+                dependencies: args.deps,
+                timeout_seconds: args.timeout,
+                python_version: args.engine.python_version.clone(),
+            },
+            cancel,
+            None,
+        )
+        .await;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        let mut stdout = std::io::stdout().lock();
+        stdout.write_all(result.stdout.as_bytes())?;
+        stdout.flush()?;
+        let mut stderr = std::io::stderr().lock();
+        stderr.write_all(result.stderr.as_bytes())?;
+        if let Some(error) = &result.error {
+            writeln!(
+                stderr,
+                "snakebox: {}: {}",
+                result.status.as_str(),
+                error.message
+            )?;
+            if let Some(hint) = &error.hint {
+                writeln!(stderr, "hint: {hint}")?;
+            }
+        }
+        for note in &result.notes {
+            writeln!(stderr, "snakebox: note: {note}")?;
+        }
+    }
+    let code: u8 = match result.status {
+        Status::Ok => 0,
+        Status::Error => result
+            .exit_code
+            .and_then(|code| u8::try_from(code).ok())
+            .unwrap_or(1),
+        Status::Timeout => 124,
+        Status::MemoryLimit | Status::CpuLimit => 137,
+        Status::Cancelled => 130,
+        Status::SetupFailed | Status::InvalidRequest => 2,
+    };
+    Ok(ExitCode::from(code))
+}
+
+/// `snakebox check`: the environment report; exit 1 when executions cannot run.
+pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
+    let config = settings::resolve(&args.engine)?;
+    let engine = Engine::new(config).await;
+    let report = engine.report();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(&report);
+    }
+    Ok(if report.ready {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn print_report(report: &EnvironmentReport) {
+    println!("snakebox {}", report.snakebox_version);
+    println!("platform:  {}", report.platform);
+    println!(
+        "sandbox:   {} (isolation {})",
+        report.sandbox_backend,
+        if report.isolation_active {
+            "active"
+        } else {
+            "OFF"
+        }
+    );
+    for detail in &report.sandbox_details {
+        println!("           {detail}");
+    }
+    if let Some(hint) = &report.sandbox_hint {
+        println!("hint: {hint}");
+    }
+    println!("network:   {}", if report.network { "on" } else { "off" });
+    println!("uv:        {}", report.uv);
+    if let Some(hint) = &report.uv_hint {
+        println!("hint: {hint}");
+    }
+    println!("python:    default {}", report.default_python);
+    for python in &report.pythons {
+        println!(
+            "           {} {} ({})",
+            python.version, python.path, python.source
+        );
+    }
+    println!("timeouts:  {}", report.timeouts);
+    println!("limits:");
+    for limit in &report.limits {
+        println!(
+            "  {:<13} {:<12} {} — {}",
+            limit.name,
+            limit.value,
+            if limit.enforced {
+                "enforced"
+            } else {
+                "NOT enforced"
+            },
+            limit.mechanism
+        );
+    }
+    println!(
+        "cache:     {} ({} environments, {} bytes)",
+        report.cache.location, report.cache.environments, report.cache.size_bytes
+    );
+    println!("           {}", report.cache.retention);
+    if report.ready {
+        println!("ready:     yes");
+    } else {
+        println!("ready:     NO");
+        for problem in &report.problems {
+            println!("  - {problem}");
+        }
+    }
+}

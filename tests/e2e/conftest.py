@@ -1,0 +1,118 @@
+"""Shared fixtures for the end-to-end suite: the real `snakebox` binary, spoken to over stdio
+by the official MCP Python SDK (`mcp.Client`), in both protocol eras."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Both protocol eras: the legacy `initialize` handshake and the 2026-07-28 revision.
+MODES = ["legacy", "auto"]
+
+
+def _binary() -> Path:
+    explicit = os.environ.get("SNAKEBOX_BIN")
+    if explicit:
+        return Path(explicit)
+    for profile in ("release", "debug"):
+        candidate = REPO / "target" / profile / "snakebox"
+        if candidate.exists():
+            return candidate
+    raise RuntimeError("snakebox binary not found: run `cargo build` or set SNAKEBOX_BIN")
+
+
+@pytest.fixture(scope="session")
+def snakebox_bin() -> Path:
+    return _binary()
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One data directory for the session, so environments built once are reused (as in
+    production); tests that need their own pass a different one."""
+    path = tmp_path_factory.mktemp("snakebox-data")
+    path.chmod(0o755)
+    return path
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(params=MODES)
+def mode(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def server_params(binary: Path, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> StdioServerParameters:
+    full_env = {"SNAKEBOX_LOG": "warn", "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    full_env.update(env or {})
+    return StdioServerParameters(
+        command=str(binary),
+        args=["serve", "--data-dir", str(data_dir), "--no-warm-cache", *args],
+        env=full_env,
+    )
+
+
+@contextlib.asynccontextmanager
+async def connect(binary: Path, data_dir: Path, mode: str, *args: str, env: dict[str, str] | None = None) -> AsyncIterator[Client]:
+    async with Client(server_params(binary, data_dir, *args, env=env), mode=mode, read_timeout_seconds=300) as client:
+        yield client
+
+
+@pytest.fixture
+async def client(snakebox_bin: Path, data_dir: Path, mode: str) -> AsyncIterator[Client]:
+    async with connect(snakebox_bin, data_dir, mode) as c:
+        yield c
+
+
+async def call(client: Client, tool: str, **arguments: Any) -> tuple[dict[str, Any], str, bool]:
+    """Call a tool; return (structuredContent, text, isError)."""
+    result = await client.call_tool(tool, arguments)
+    text = "".join(block.text for block in result.content if getattr(block, "type", "") == "text")
+    assert result.structured_content is not None, f"{tool} returned no structuredContent: {text}"
+    return result.structured_content, text, bool(result.is_error)
+
+
+def have_bwrap() -> bool:
+    return shutil.which("bwrap") is not None
+
+
+def find_python(version: str) -> str | None:
+    """A real interpreter binary of this version, if the machine has one."""
+    pyenv = Path.home() / ".pyenv" / "versions"
+    if pyenv.is_dir():
+        for entry in sorted(pyenv.iterdir()):
+            if entry.name.startswith(version):
+                candidate = entry / "bin" / "python3"
+                if candidate.exists():
+                    return str(candidate)
+    found = shutil.which(f"python{version}")
+    return found
+
+
+def process_rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def server_pid(data_dir: Path) -> int:
+    """The pid of the `snakebox serve` process using this data dir."""
+    out = subprocess.run(["pgrep", "-f", f"serve --data-dir {data_dir}"], capture_output=True, text=True)
+    pids = [int(p) for p in out.stdout.split()]
+    assert pids, "server process not found"
+    return pids[0]

@@ -1,0 +1,93 @@
+"""The terminal front end: `snakebox run` and `snakebox check` through the same engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+
+def run(binary: Path, data_dir: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(binary), *args, "--data-dir", str(data_dir), "--no-warm-cache"],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_run_prints_output_and_passes_the_exit_code(snakebox_bin, data_dir, tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text("import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\nsys.exit(7)\n")
+    done = run(snakebox_bin, data_dir, "run", str(script))
+    assert done.returncode == 7
+    assert done.stdout == "to stdout\n"
+    assert "to stderr" in done.stderr
+
+
+def test_run_with_dep_flag_installs_the_dependency(snakebox_bin, data_dir, tmp_path):
+    script = tmp_path / "six_version.py"
+    script.write_text("import six\nprint(six.__version__)\n")
+    done = run(snakebox_bin, data_dir, "run", str(script), "--dep", "six==1.16.0")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "1.16.0"
+
+
+def test_run_json_gives_the_structured_record(snakebox_bin, data_dir):
+    done = run(snakebox_bin, data_dir, "run", "-", "--json", stdin="print(40 + 2)\n")
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["status"] == "ok" and record["stdout"] == "42\n"
+
+
+def test_run_timeout_exits_124_and_keeps_output(snakebox_bin, data_dir, tmp_path):
+    script = tmp_path / "slow.py"
+    script.write_text("import time\nprint('partial', flush=True)\ntime.sleep(30)\n")
+    done = run(snakebox_bin, data_dir, "run", str(script), "--timeout", "1")
+    assert done.returncode == 124
+    assert done.stdout == "partial\n"
+    assert "timeout" in done.stderr and "hint:" in done.stderr
+
+
+def test_run_rejects_non_utf8_files_with_a_hint(snakebox_bin, data_dir, tmp_path):
+    script = tmp_path / "latin1.py"
+    script.write_bytes(b"print('caf\xe9')\n")
+    done = run(snakebox_bin, data_dir, "run", str(script))
+    assert done.returncode == 2
+    assert "UTF-8" in done.stderr and "hint:" in done.stderr
+
+
+def test_check_reports_and_exits_zero_when_ready(snakebox_bin, data_dir):
+    done = run(snakebox_bin, data_dir, "check")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "isolation active" in done.stdout
+    assert "ready:     yes" in done.stdout
+
+
+def test_check_gives_a_fix_hint_when_bwrap_is_missing(snakebox_bin, data_dir):
+    done = run(snakebox_bin, data_dir, "check", "--bwrap-path", "/nonexistent/bwrap")
+    assert done.returncode == 1
+    assert "hint:" in done.stdout
+    assert "ready:     NO" in done.stdout
+
+
+def test_config_file_and_environment_variables_are_read(snakebox_bin, data_dir, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("max_timeout = 77\n")
+    done = subprocess.run(
+        [str(snakebox_bin), "check", "--json", "--config", str(config), "--data-dir", str(data_dir)],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": "/usr/bin:/bin", "SNAKEBOX_DEFAULT_TIMEOUT": "11", "HOME": str(tmp_path)},
+    )
+    assert done.returncode in (0, 1), done.stderr
+    report = json.loads(done.stdout)
+    assert report["timeouts"] == "default 11 s, maximum 77 s"
+
+
+def test_bad_config_values_fail_with_a_hint(snakebox_bin, data_dir, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("memory_limit = \"lots\"\n")
+    done = run(snakebox_bin, data_dir, "check", "--config", str(config))
+    assert done.returncode == 2
+    assert "memory-limit" in done.stderr and "hint" in done.stderr
