@@ -13,9 +13,11 @@
 #![deny(missing_docs)]
 
 mod capture;
+mod cgroup;
 mod child;
 mod error;
 mod host;
+mod native;
 mod none;
 mod supervise;
 
@@ -209,6 +211,7 @@ pub struct BackendReport {
 pub struct Sandbox {
     config: SandboxConfig,
     report: BackendReport,
+    native: Option<native::NativeBackend>,
 }
 
 impl Sandbox {
@@ -228,10 +231,16 @@ impl Sandbox {
                 limits: none::limit_reports(),
             },
             BackendKind::Native => {
-                return Err(NamespaceError::Unsupported { backend: "native".into() }.into());
+                let backend = native::NativeBackend::new(&config)?;
+                let report = backend.report();
+                return Ok(Sandbox { config, report, native: Some(backend) });
             }
         };
-        Ok(Sandbox { config, report })
+        Ok(Sandbox {
+            config,
+            report,
+            native: None,
+        })
     }
 
     /// What the backend is, whether it isolates, and how each limit is enforced here.
@@ -254,12 +263,18 @@ impl Sandbox {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<Outcome, SandboxError> {
-        match self.config.backend {
-            BackendKind::None => none::run(policy, command, cancel, output).await,
-            BackendKind::Native => Err(NamespaceError::Unsupported {
-                backend: "native".into(),
-            }
-            .into()),
+        match &self.native {
+            None => none::run(policy, command, cancel, output).await,
+            Some(native) => native.run(policy, command, cancel, output).await,
         }
+    }
+
+    /// The host uid and gid the sandboxed command runs as, when it differs from the server's:
+    /// with the native backend under a root server, 65534. Writable mounts must be writable by
+    /// it (for example `chown 65534:65534` the per-run work directory).
+    pub fn sandbox_host_uid(&self) -> Option<(u32, u32)> {
+        self.native
+            .as_ref()
+            .and_then(native::NativeBackend::host_ids)
     }
 }

@@ -1,0 +1,639 @@
+//! Per-run cgroups: memory and process limits, OOM detection, and the authoritative
+//! "kill everything of this run" (a cgroup cannot be escaped by `setsid` or double forks).
+//!
+//! One [`CgroupManager`] trait, two implementations: v2 (a delegated unified hierarchy whose
+//! own cgroup already enables `memory` and `pids` for its children) and v1 (separate `memory`
+//! and `pids` hierarchies, as on the dev/CI machines). Each run gets a child of the server's own
+//! cgroup (from `/proc/self/cgroup`), joined by the child before exec, torn down after the run.
+//! Everything takes a root path, so tests run against a tempdir with fixture files.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::Limits;
+use crate::error::CgroupError;
+
+/// What a run's cgroup counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct CgroupStats {
+    /// OOM kills inside the cgroup.
+    pub(crate) oom_kills: u64,
+}
+
+/// One run's cgroup(s), whatever the version.
+pub(crate) trait CgroupManager: Send + Sync + std::fmt::Debug {
+    /// The `cgroup.procs` files a process writes `0` into to join (before exec).
+    fn procs_files(&self) -> Vec<PathBuf>;
+    /// Add a host pid from outside (for callers that adopt an already running process; the
+    /// runs here join from inside, before exec, through [`CgroupManager::procs_files`]).
+    #[allow(dead_code)]
+    fn add_task(&self, pid: i32) -> Result<(), CgroupError>;
+    /// Write the limits.
+    fn apply(&self, limits: &Limits) -> Result<(), CgroupError>;
+    /// Pids currently in the cgroup(s).
+    fn pids(&self) -> Vec<i32>;
+    /// Counters.
+    fn stats(&self) -> CgroupStats;
+    /// SIGKILL everything in it (`cgroup.kill` where the kernel has it).
+    fn kill(&self);
+    /// Kill, then remove the directories, retrying while processes are exiting.
+    fn remove(&self) -> Result<(), CgroupError>;
+    /// Whether it limits memory / processes.
+    fn limits(&self) -> (bool, bool);
+}
+
+fn read(path: &Path) -> Result<String, CgroupError> {
+    fs_err::read_to_string(path).map_err(|e| CgroupError::Read {
+        path: path.to_path_buf(),
+        source: e,
+    })
+}
+
+fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
+    fs_err::write(path, value).map_err(|e| CgroupError::Write {
+        path: path.to_path_buf(),
+        value: value.into(),
+        source: e,
+    })
+}
+
+fn parse_pids(text: &str) -> Vec<i32> {
+    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+}
+
+/// The value of `key` in a flat keyed file (`memory.events`, `memory.oom_control`).
+fn keyed(text: &str, key: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let mut it = l.split_whitespace();
+        (it.next()? == key)
+            .then(|| it.next()?.parse().ok())
+            .flatten()
+    })
+}
+
+fn sigkill_all(pids: &[i32]) {
+    for &pid in pids {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+}
+
+fn kill_loop(mgr: &dyn CgroupManager) {
+    // A fork bomb races each sweep; pids.max bounds how many there can be.
+    for _ in 0..50 {
+        let pids = mgr.pids();
+        if pids.is_empty() {
+            return;
+        }
+        sigkill_all(&pids);
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+fn rmdir_with_retries(dirs: &[PathBuf], mgr: &dyn CgroupManager) -> Result<(), CgroupError> {
+    for dir in dirs {
+        let mut last = None;
+        for _ in 0..100 {
+            match fs_err::remove_dir(dir) {
+                Ok(()) => {
+                    last = None;
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    last = None;
+                    break;
+                }
+                // EBUSY: processes are still exiting. Anything else will not get better.
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    last = Some(e);
+                    mgr.kill();
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => {
+                    last = Some(e);
+                    break;
+                }
+            }
+        }
+        if let Some(e) = last {
+            return Err(CgroupError::Remove {
+                path: dir.clone(),
+                source: e,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// cgroup v1: a memory and/or a pids directory.
+#[derive(Debug)]
+pub(crate) struct V1 {
+    memory: Option<PathBuf>,
+    pids: Option<PathBuf>,
+}
+
+impl V1 {
+    fn dirs(&self) -> Vec<PathBuf> {
+        self.memory
+            .iter()
+            .chain(self.pids.iter())
+            .cloned()
+            .collect()
+    }
+}
+
+impl CgroupManager for V1 {
+    fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs()
+            .into_iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
+    }
+    fn add_task(&self, pid: i32) -> Result<(), CgroupError> {
+        self.procs_files()
+            .iter()
+            .try_for_each(|f| write(f, &pid.to_string()))
+    }
+    fn apply(&self, limits: &Limits) -> Result<(), CgroupError> {
+        if let (Some(dir), Some(bytes)) = (&self.memory, limits.memory_bytes) {
+            write(&dir.join("memory.limit_in_bytes"), &bytes.to_string())?;
+            // With swap accounting, memory + swap is capped at the same value: no swap use.
+            // Must follow limit_in_bytes (the kernel requires memsw >= limit).
+            let memsw = dir.join("memory.memsw.limit_in_bytes");
+            if memsw.exists() {
+                write(&memsw, &bytes.to_string())?;
+            }
+        }
+        if let (Some(dir), Some(n)) = (&self.pids, limits.max_processes) {
+            write(&dir.join("pids.max"), &n.to_string())?;
+        }
+        Ok(())
+    }
+    fn pids(&self) -> Vec<i32> {
+        let mut all: Vec<i32> = self
+            .procs_files()
+            .iter()
+            .filter_map(|f| fs_err::read_to_string(f).ok())
+            .flat_map(|t| parse_pids(&t))
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        all
+    }
+    fn stats(&self) -> CgroupStats {
+        let oom_kills = self
+            .memory
+            .as_ref()
+            .and_then(|d| fs_err::read_to_string(d.join("memory.oom_control")).ok())
+            .and_then(|t| keyed(&t, "oom_kill"))
+            .unwrap_or(0);
+        CgroupStats { oom_kills }
+    }
+    fn kill(&self) {
+        kill_loop(self);
+    }
+    fn remove(&self) -> Result<(), CgroupError> {
+        self.kill();
+        rmdir_with_retries(&self.dirs(), self)
+    }
+    fn limits(&self) -> (bool, bool) {
+        (self.memory.is_some(), self.pids.is_some())
+    }
+}
+
+/// cgroup v2: one directory.
+#[derive(Debug)]
+pub(crate) struct V2 {
+    dir: PathBuf,
+}
+
+impl CgroupManager for V2 {
+    fn procs_files(&self) -> Vec<PathBuf> {
+        vec![self.dir.join("cgroup.procs")]
+    }
+    fn add_task(&self, pid: i32) -> Result<(), CgroupError> {
+        write(&self.dir.join("cgroup.procs"), &pid.to_string())
+    }
+    fn apply(&self, limits: &Limits) -> Result<(), CgroupError> {
+        if let Some(bytes) = limits.memory_bytes {
+            write(&self.dir.join("memory.max"), &bytes.to_string())?;
+            if self.dir.join("memory.swap.max").exists() {
+                write(&self.dir.join("memory.swap.max"), "0")?;
+            }
+            // Kill the whole run on OOM, not just the biggest process (R-03).
+            write(&self.dir.join("memory.oom.group"), "1")?;
+        }
+        if let Some(n) = limits.max_processes {
+            write(&self.dir.join("pids.max"), &n.to_string())?;
+        }
+        Ok(())
+    }
+    fn pids(&self) -> Vec<i32> {
+        fs_err::read_to_string(self.dir.join("cgroup.procs"))
+            .map(|t| parse_pids(&t))
+            .unwrap_or_default()
+    }
+    fn stats(&self) -> CgroupStats {
+        let oom_kills = fs_err::read_to_string(self.dir.join("memory.events"))
+            .ok()
+            .and_then(|t| keyed(&t, "oom_kill"))
+            .unwrap_or(0);
+        CgroupStats { oom_kills }
+    }
+    fn kill(&self) {
+        // cgroup.kill (Linux 5.14) kills atomically, forks included; fall back to a sweep.
+        let _ = fs_err::write(self.dir.join("cgroup.kill"), "1");
+        kill_loop(self);
+    }
+    fn remove(&self) -> Result<(), CgroupError> {
+        self.kill();
+        rmdir_with_retries(std::slice::from_ref(&self.dir), self)
+    }
+    fn limits(&self) -> (bool, bool) {
+        (true, true)
+    }
+}
+
+/// One mounted cgroup hierarchy from `/proc/self/mountinfo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CgroupMount {
+    /// `cgroup` or `cgroup2`.
+    pub(crate) fstype: String,
+    /// Where it is mounted.
+    pub(crate) mount_point: PathBuf,
+    /// The mount's root inside the hierarchy.
+    pub(crate) root: String,
+    /// Super options (v1 controllers appear here).
+    pub(crate) options: Vec<String>,
+}
+
+/// Parse the cgroup lines of `/proc/self/mountinfo`.
+pub(crate) fn parse_mountinfo(text: &str) -> Vec<CgroupMount> {
+    text.lines()
+        .filter_map(|line| {
+            let (left, right) = line.split_once(" - ")?;
+            let l: Vec<&str> = left.split_whitespace().collect();
+            let r: Vec<&str> = right.split_whitespace().collect();
+            let fstype = *r.first()?;
+            if fstype != "cgroup" && fstype != "cgroup2" {
+                return None;
+            }
+            Some(CgroupMount {
+                fstype: fstype.into(),
+                mount_point: PathBuf::from(unescape(l.get(4)?)),
+                root: unescape(l.get(3)?),
+                options: r
+                    .get(2)
+                    .map(|o| o.split(',').map(String::from).collect())
+                    .unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+fn unescape(s: &str) -> String {
+    s.replace("\\040", " ")
+        .replace("\\011", "\t")
+        .replace("\\012", "\n")
+        .replace("\\134", "\\")
+}
+
+/// Our cgroup path for a v1 controller (`memory`) or v2 (`""`), from `/proc/self/cgroup`.
+pub(crate) fn own_path(proc_self_cgroup: &str, controller: &str) -> Option<String> {
+    proc_self_cgroup.lines().find_map(|line| {
+        let mut parts = line.splitn(3, ':');
+        let _id = parts.next()?;
+        let controllers = parts.next()?;
+        let path = parts.next()?;
+        let matches = if controller.is_empty() {
+            controllers.is_empty()
+        } else {
+            controllers.split(',').any(|c| c == controller)
+        };
+        matches.then(|| path.to_string())
+    })
+}
+
+fn join_hierarchy(mount: &CgroupMount, path: &str) -> PathBuf {
+    let rel = path
+        .strip_prefix(mount.root.trim_end_matches('/'))
+        .unwrap_or(path);
+    mount.mount_point.join(rel.trim_start_matches('/'))
+}
+
+/// The parent directories new run cgroups are created in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CgroupSet {
+    /// Delegated unified hierarchy.
+    V2 {
+        /// Our own cgroup directory.
+        parent: PathBuf,
+    },
+    /// Legacy hierarchies (either may be missing).
+    V1 {
+        /// Our memory cgroup directory.
+        memory: Option<PathBuf>,
+        /// Our pids cgroup directory.
+        pids: Option<PathBuf>,
+    },
+}
+
+static RUN_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl CgroupSet {
+    /// Detect on this host.
+    pub(crate) fn detect() -> Result<Self, CgroupError> {
+        let cg = read(Path::new("/proc/self/cgroup"))?;
+        let mi = read(Path::new("/proc/self/mountinfo"))?;
+        let set = Self::from_host_files(&cg, &mi)?;
+        set.check_writable()?;
+        Ok(set)
+    }
+
+    /// Decide from the contents of `/proc/self/cgroup` and `/proc/self/mountinfo` (the paths
+    /// they name are read for `cgroup.controllers` and `cgroup.subtree_control`).
+    pub(crate) fn from_host_files(
+        proc_self_cgroup: &str,
+        mountinfo: &str,
+    ) -> Result<Self, CgroupError> {
+        let mounts = parse_mountinfo(mountinfo);
+        // v2 first: usable only if our own cgroup already hands memory and pids to children.
+        if let (Some(m), Some(path)) = (
+            mounts.iter().find(|m| m.fstype == "cgroup2"),
+            own_path(proc_self_cgroup, ""),
+        ) {
+            let dir = join_hierarchy(m, &path);
+            let subtree =
+                fs_err::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
+            let enabled: Vec<&str> = subtree.split_whitespace().collect();
+            if enabled.contains(&"memory") && enabled.contains(&"pids") {
+                return Ok(Self::V2 { parent: dir });
+            }
+        }
+        let v1 = |controller: &str| -> Option<PathBuf> {
+            let m = mounts
+                .iter()
+                .find(|m| m.fstype == "cgroup" && m.options.iter().any(|o| o == controller))?;
+            let path = own_path(proc_self_cgroup, controller)?;
+            Some(join_hierarchy(m, &path))
+        };
+        let (memory, pids) = (v1("memory"), v1("pids"));
+        if memory.is_none() && pids.is_none() {
+            return Err(CgroupError::NotFound {
+                controller: "memory or pids".into(),
+            });
+        }
+        Ok(Self::V1 { memory, pids })
+    }
+
+    /// Prove we can create (and remove) a child in each parent.
+    fn check_writable(&self) -> Result<(), CgroupError> {
+        let probe = |parent: &Path| -> Result<(), CgroupError> {
+            let dir = parent.join(format!("snakebox-probe-{}", std::process::id()));
+            fs_err::create_dir(&dir).map_err(|e| CgroupError::Create {
+                path: dir.clone(),
+                source: e,
+            })?;
+            let _ = fs_err::remove_dir(&dir);
+            Ok(())
+        };
+        match self {
+            Self::V2 { parent } => probe(parent),
+            Self::V1 { memory, pids } => {
+                memory.iter().chain(pids.iter()).try_for_each(|p| probe(p))
+            }
+        }
+    }
+
+    /// Create and configure the cgroup(s) of one run.
+    pub(crate) fn create_run(&self, limits: &Limits) -> Result<RunCgroup, CgroupError> {
+        let name = format!(
+            "snakebox-{}-{}",
+            std::process::id(),
+            RUN_COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let mkdir = |parent: &Path| -> Result<PathBuf, CgroupError> {
+            let dir = parent.join(&name);
+            fs_err::create_dir(&dir).map_err(|e| CgroupError::Create {
+                path: dir.clone(),
+                source: e,
+            })?;
+            Ok(dir)
+        };
+        let manager: Box<dyn CgroupManager> = match self {
+            Self::V2 { parent } => Box::new(V2 {
+                dir: mkdir(parent)?,
+            }),
+            Self::V1 { memory, pids } => {
+                let memory = memory.as_deref().map(mkdir).transpose()?;
+                let pids = match pids.as_deref().map(mkdir).transpose() {
+                    Ok(p) => p,
+                    Err(e) => {
+                        let _ = V1 { memory, pids: None }.remove();
+                        return Err(e);
+                    }
+                };
+                Box::new(V1 { memory, pids })
+            }
+        };
+        if let Err(e) = manager.apply(limits) {
+            let _ = manager.remove();
+            return Err(e);
+        }
+        Ok(RunCgroup { manager })
+    }
+
+    /// For the backend report.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Self::V2 { parent } => format!("cgroup v2 (delegated) under {}", parent.display()),
+            Self::V1 { memory, pids } => format!(
+                "cgroup v1: memory {}, pids {}",
+                memory
+                    .as_ref()
+                    .map_or("unavailable".into(), |p| p.display().to_string()),
+                pids.as_ref()
+                    .map_or("unavailable".into(), |p| p.display().to_string()),
+            ),
+        }
+    }
+
+    /// The memory mechanism, if cgroups handle it.
+    pub(crate) fn memory_mechanism(&self) -> Option<String> {
+        match self {
+            Self::V2 { .. } => Some("cgroup v2 memory.max + memory.swap.max=0 + memory.oom.group".into()),
+            Self::V1 { memory: Some(_), .. } => {
+                Some("cgroup v1 memory.limit_in_bytes + memory.memsw.limit_in_bytes (OOM from memory.oom_control)".into())
+            }
+            Self::V1 { memory: None, .. } => None,
+        }
+    }
+
+    /// The process-count mechanism, if cgroups handle it.
+    pub(crate) fn pids_mechanism(&self) -> Option<String> {
+        match self {
+            Self::V2 { .. } => Some("cgroup v2 pids.max".into()),
+            Self::V1 { pids: Some(_), .. } => Some("cgroup v1 pids.max".into()),
+            Self::V1 { pids: None, .. } => None,
+        }
+    }
+}
+
+/// The cgroup(s) of one run; removed by [`RunCgroup::remove`] (and on drop, as a backstop).
+#[derive(Debug)]
+pub(crate) struct RunCgroup {
+    manager: Box<dyn CgroupManager>,
+}
+
+impl RunCgroup {
+    /// `cgroup.procs` files to join before exec.
+    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
+        self.manager.procs_files()
+    }
+    /// Whether memory is limited here (else RLIMIT_AS stands in).
+    pub(crate) fn limits_memory(&self) -> bool {
+        self.manager.limits().0
+    }
+    /// Whether processes are limited here (else RLIMIT_NPROC stands in).
+    pub(crate) fn limits_pids(&self) -> bool {
+        self.manager.limits().1
+    }
+    /// SIGKILL everything in the run's cgroup(s).
+    pub(crate) fn kill_all(&self) {
+        self.manager.kill();
+    }
+    /// Whether the kernel OOM-killed something in the run.
+    pub(crate) fn oom_killed(&self) -> bool {
+        self.manager.stats().oom_kills > 0
+    }
+    /// Pids still inside.
+    pub(crate) fn pids(&self) -> Vec<i32> {
+        self.manager.pids()
+    }
+    /// Kill and remove; failures are logged (the directory is retried on drop).
+    pub(crate) fn remove(&self) {
+        if let Err(e) = self.manager.remove() {
+            tracing::warn!(error = %e, "could not remove a run cgroup");
+        }
+    }
+}
+
+impl Drop for RunCgroup {
+    fn drop(&mut self) {
+        let _ = self.manager.remove();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO: &str = "\
+30 25 0:26 / /sys/fs/cgroup/memory rw,relatime shared:9 - cgroup cgroup rw,memory
+31 25 0:27 / /sys/fs/cgroup/pids rw,relatime shared:10 - cgroup cgroup rw,pids
+32 25 0:28 / /sys/fs/cgroup/unified rw,relatime shared:11 - cgroup2 cgroup2 rw
+33 25 0:29 / /proc rw - proc proc rw
+";
+    const SELF_CGROUP: &str = "8:pids:/\n4:memory:/process_api/abc\n0::/\n";
+
+    #[test]
+    fn parses_v1_layout_like_the_dev_machines() {
+        let set = CgroupSet::from_host_files(SELF_CGROUP, MOUNTINFO).unwrap();
+        assert_eq!(
+            set,
+            CgroupSet::V1 {
+                memory: Some("/sys/fs/cgroup/memory/process_api/abc".into()),
+                pids: Some("/sys/fs/cgroup/pids".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn own_path_picks_the_right_line() {
+        assert_eq!(
+            own_path("2:cpu,cpuacct:/a\n4:memory:/m\n", "cpuacct").as_deref(),
+            Some("/a")
+        );
+        assert_eq!(own_path(SELF_CGROUP, "").as_deref(), Some("/"));
+        assert_eq!(own_path(SELF_CGROUP, "blkio"), None);
+    }
+
+    #[test]
+    fn v2_is_chosen_only_when_memory_and_pids_are_delegated() {
+        let tmp = tempfile::tempdir().unwrap();
+        let unified = tmp.path().join("unified");
+        fs_err::create_dir_all(unified.join("svc")).unwrap();
+        fs_err::write(unified.join("svc/cgroup.subtree_control"), "hugetlb\n").unwrap();
+        let mi = format!(
+            "32 25 0:28 / {} rw - cgroup2 cgroup2 rw\n",
+            unified.display()
+        );
+        let cg = "0::/svc\n";
+        assert!(matches!(
+            CgroupSet::from_host_files(cg, &mi),
+            Err(CgroupError::NotFound { .. })
+        ));
+        fs_err::write(unified.join("svc/cgroup.subtree_control"), "memory pids\n").unwrap();
+        assert_eq!(
+            CgroupSet::from_host_files(cg, &mi).unwrap(),
+            CgroupSet::V2 {
+                parent: unified.join("svc")
+            }
+        );
+    }
+
+    #[test]
+    fn v1_run_cgroup_writes_limits_and_reads_oom_in_a_fixture_tree() {
+        let tmp = tempfile::tempdir().unwrap();
+        let set = CgroupSet::V1 {
+            memory: Some(tmp.path().join("mem")),
+            pids: Some(tmp.path().join("pids")),
+        };
+        fs_err::create_dir_all(tmp.path().join("mem")).unwrap();
+        fs_err::create_dir_all(tmp.path().join("pids")).unwrap();
+        let limits = Limits {
+            wall_time: Duration::from_secs(1),
+            cpu_time: None,
+            memory_bytes: Some(1 << 28),
+            max_processes: Some(32),
+            max_output_bytes: 10,
+            scratch_bytes: None,
+            file_size_bytes: None,
+            open_files: None,
+        };
+        // A fixture directory is not a cgroupfs: files appear when written; memsw absent.
+        let run = set.create_run(&limits).unwrap();
+        let files = run.procs_files();
+        assert_eq!(files.len(), 2);
+        let mem_dir = files[0].parent().unwrap().to_path_buf();
+        let pids_dir = files[1].parent().unwrap().to_path_buf();
+        assert_eq!(
+            fs_err::read_to_string(mem_dir.join("memory.limit_in_bytes")).unwrap(),
+            "268435456"
+        );
+        assert!(!mem_dir.join("memory.memsw.limit_in_bytes").exists());
+        assert_eq!(
+            fs_err::read_to_string(pids_dir.join("pids.max")).unwrap(),
+            "32"
+        );
+        assert!(!run.oom_killed());
+        fs_err::write(
+            mem_dir.join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
+        )
+        .unwrap();
+        assert!(run.oom_killed());
+        assert!(run.pids().is_empty());
+        assert!(run.limits_memory() && run.limits_pids());
+    }
+
+    #[test]
+    fn keyed_values() {
+        assert_eq!(
+            keyed("low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n", "oom_kill"),
+            Some(2)
+        );
+        assert_eq!(keyed("oom 1\n", "oom_kill"), None);
+    }
+}

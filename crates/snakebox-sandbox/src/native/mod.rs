@@ -1,0 +1,592 @@
+//! The `native` backend: bubblewrap namespaces + our seccomp program + cgroup or rlimit limits.
+//!
+//! **Host-side uid.** When the server runs as root, bwrap itself is started as host uid/gid
+//! 65534 (setgroups/setresgid/setresuid in `pre_exec`), and bwrap maps sandbox uid 65534 to it.
+//! So the user's code is unprivileged on the host as well as inside: a sandbox escape lands on
+//! `nobody`, not on root with a user namespace around it. (The alternative, bwrap as root with
+//! `--uid 65534`, maps the sandbox user to host uid 0; an escape would then read any root-owned
+//! file.) An unprivileged bwrap cannot reach paths under `/root` (mode 700), and bwrap 0.8's
+//! `--ro-bind-fd` resolves `/proc/self/fd/N` by path, which fails the same way. So the child,
+//! while still root, enters a private mount namespace, mounts a small tmpfs on the staging
+//! directory, and bind-mounts each policy source there from an `O_PATH` descriptor we opened;
+//! bwrap then binds the staged paths. The staging namespace is private: the host never sees it.
+//! When the server is not root, bwrap runs as the server's own (unprivileged) uid, binding
+//! the policy's paths directly.
+//!
+//! Writable mounts must therefore be writable by host uid 65534 when the server is root: see
+//! [`crate::Sandbox::sandbox_host_uid`].
+
+pub(crate) mod policy;
+pub(crate) mod seccomp;
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use self::policy::{
+    ARGS_FD, CONTROL_FD, GROUP, GROUP_FD, HOSTS, HOSTS_FD, INFO_FD, PASSWD, PASSWD_FD, SANDBOX_GID,
+    SANDBOX_UID, SECCOMP_ENOSYS_FD, SECCOMP_EPERM_FD, SystemView,
+};
+use crate::cgroup::{CgroupSet, RunCgroup};
+use crate::child::{ChildPlan, StagedMount, Staging, memfd_with, pipe, raise_fd, rlimits_for};
+use crate::error::{NamespaceError, SandboxError, SeccompError, SpawnError};
+use crate::none::FD_SOURCE_MIN;
+use crate::supervise::{Teardown, classify, supervise};
+use crate::{
+    BackendKind, BackendReport, LimitReport, Limits, Outcome, OutputChunk, Policy, SandboxCommand,
+    SandboxConfig,
+};
+
+/// Where the staging tmpfs is mounted (inside the child's private mount namespace only).
+pub(crate) const STAGING_ROOT: &str = "/run/snakebox-stage";
+
+/// A probed, ready bubblewrap backend.
+#[derive(Debug)]
+pub(crate) struct NativeBackend {
+    bwrap: PathBuf,
+    version: String,
+    view: SystemView,
+    seccomp_eperm: Vec<u8>,
+    seccomp_enosys: Vec<u8>,
+    /// Host uid/gid bwrap runs as, when we switch (server is root).
+    drop_to: Option<(u32, u32)>,
+    staging: Option<PathBuf>,
+    cgroups: Option<CgroupSet>,
+    cgroup_note: String,
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn find_bwrap(config: &SandboxConfig) -> Result<PathBuf, NamespaceError> {
+    let candidates: Vec<PathBuf> = match &config.bwrap_path {
+        Some(p) => vec![p.clone()],
+        None => std::env::var_os("PATH")
+            .map(|paths| {
+                std::env::split_paths(&paths)
+                    .map(|d| d.join("bwrap"))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    };
+    candidates
+        .into_iter()
+        .find(|p| {
+            use std::os::unix::fs::PermissionsExt;
+            fs_err::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .ok_or_else(|| NamespaceError::BwrapMissing {
+            path: config
+                .bwrap_path
+                .clone()
+                .unwrap_or_else(|| "bwrap (on PATH)".into()),
+        })
+}
+
+fn seccomp_available() -> Result<(), SeccompError> {
+    // PR_GET_SECCOMP fails with EINVAL when the kernel has no seccomp support.
+    // SAFETY: prctl with an integer option only.
+    if unsafe { libc::prctl(libc::PR_GET_SECCOMP, 0, 0, 0, 0) } < 0 {
+        return Err(SeccompError::Unavailable {
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    Ok(())
+}
+
+impl NativeBackend {
+    /// Find bwrap, compile seccomp, prepare staging and cgroups, then start one real sandbox
+    /// to prove that it works here (fail closed).
+    pub(crate) fn new(config: &SandboxConfig) -> Result<Self, SandboxError> {
+        let bwrap = find_bwrap(config)?;
+        let version = std::process::Command::new(&bwrap)
+            .arg("--version")
+            .env_clear()
+            .output()
+            .map_err(|source| NamespaceError::Probe {
+                path: bwrap.clone(),
+                source,
+            })?;
+        let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
+        seccomp_available()?;
+        let programs = seccomp::programs()?;
+        let (drop_to, staging) = if is_root() {
+            let root = PathBuf::from(STAGING_ROOT);
+            fs_err::create_dir_all(&root).map_err(|source| NamespaceError::Staging {
+                path: root.clone(),
+                source,
+            })?;
+            (Some((SANDBOX_UID, SANDBOX_GID)), Some(root))
+        } else {
+            (None, None)
+        };
+        let (cgroups, cgroup_note) = match CgroupSet::detect() {
+            Ok(set) => {
+                let note = set.describe();
+                (Some(set), note)
+            }
+            Err(e) => (
+                None,
+                format!("cgroups unusable ({e}); limits fall back to rlimits"),
+            ),
+        };
+        let backend = Self {
+            bwrap,
+            version,
+            view: policy::probe_system_view(),
+            seccomp_eperm: seccomp::SeccompPrograms::to_bytes(&programs.eperm),
+            seccomp_enosys: seccomp::SeccompPrograms::to_bytes(&programs.enosys),
+            drop_to,
+            staging,
+            cgroups,
+            cgroup_note,
+        };
+        backend.probe()?;
+        Ok(backend)
+    }
+
+    /// Start `/usr/bin/id -u` in a real sandbox and check it ran as the sandbox user.
+    fn probe(&self) -> Result<(), SandboxError> {
+        let program = ["/usr/bin/id", "/bin/id"]
+            .into_iter()
+            .map(PathBuf::from)
+            .find(|p| p.exists());
+        let Some(program) = program else {
+            return Err(NamespaceError::NotIsolated {
+                property: "a probe program (/usr/bin/id) exists".into(),
+            }
+            .into());
+        };
+        let policy = Policy {
+            mounts: vec![],
+            network: false,
+            env: vec![],
+            cwd: "/tmp".into(),
+            limits: Limits {
+                wall_time: Duration::from_secs(10),
+                cpu_time: None,
+                memory_bytes: None,
+                max_processes: None,
+                max_output_bytes: 4096,
+                scratch_bytes: Some(1 << 20),
+                file_size_bytes: None,
+                open_files: None,
+            },
+        };
+        let command = SandboxCommand {
+            program,
+            args: vec!["-u".into()],
+            control_channel: false,
+        };
+        let mut prepared = self.prepare(&policy, &command, None)?;
+        prepared
+            .command
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = prepared
+            .command
+            .spawn()
+            .map_err(|source| NamespaceError::Probe {
+                path: self.bwrap.clone(),
+                source,
+            })?;
+        drop(prepared.keep_until_spawned);
+        let out = wait_with_timeout(child, Duration::from_secs(10)).map_err(|source| {
+            NamespaceError::Probe {
+                path: self.bwrap.clone(),
+                source,
+            }
+        })?;
+        if !out.status.success() {
+            return Err(NamespaceError::SandboxRefused {
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            }
+            .into());
+        }
+        if String::from_utf8_lossy(&out.stdout).trim() != SANDBOX_UID.to_string() {
+            return Err(NamespaceError::NotIsolated {
+                property: format!("uid {SANDBOX_UID} inside"),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Host uid/gid of the sandboxed command when we switch to it.
+    pub(crate) fn host_ids(&self) -> Option<(u32, u32)> {
+        self.drop_to
+    }
+
+    /// The report of this backend.
+    pub(crate) fn report(&self) -> BackendReport {
+        let host_uid = match self.drop_to {
+            Some((uid, _)) => format!(
+                "host uid: bwrap and the command run as host uid {uid} (the server is root; sources are staged in a private mount namespace at {STAGING_ROOT})"
+            ),
+            // SAFETY: geteuid has no preconditions.
+            None => format!("host uid: bwrap runs as the server's own uid {}", unsafe {
+                libc::geteuid()
+            }),
+        };
+        let details = vec![
+            format!("bubblewrap: {} ({})", self.bwrap.display(), self.version),
+            "namespaces: user, mount, pid, ipc, uts, cgroup, net (net shared only when the policy allows network); nested user namespaces disabled".into(),
+            format!("sandbox uid/gid {SANDBOX_UID}/{SANDBOX_GID}, hostname sandbox, no capabilities, new session, die-with-parent"),
+            host_uid,
+            seccomp::summary(),
+            "filesystem: read-only /usr and minimal /etc (synthetic passwd/group/hosts), fresh /proc and /dev, tmpfs /tmp and /dev/shm, root read-only".into(),
+            self.cgroup_note.clone(),
+        ];
+        BackendReport {
+            backend: BackendKind::Native,
+            isolation_active: true,
+            details,
+            limits: self.limit_reports(),
+        }
+    }
+
+    fn limit_reports(&self) -> Vec<LimitReport> {
+        let r = |name: &str, enforced: bool, mechanism: String| LimitReport {
+            name: name.into(),
+            enforced,
+            mechanism,
+        };
+        let memory = self.cgroups.as_ref().and_then(CgroupSet::memory_mechanism);
+        let pids = self.cgroups.as_ref().and_then(CgroupSet::pids_mechanism);
+        let nproc_note = if self.drop_to.is_some() {
+            "RLIMIT_NPROC on host uid 65534 (shared by concurrent runs)"
+        } else {
+            "RLIMIT_NPROC on the server's uid (shared with the server's processes)"
+        };
+        vec![
+            r("wall_time", true, "supervisor timer; SIGKILL of the sandbox's pid 1 (PID namespace), bwrap and the run cgroup".into()),
+            r("cpu_time", true, "RLIMIT_CPU per process (SIGXCPU, SIGKILL one second later)".into()),
+            r("memory", true, memory.unwrap_or_else(|| "RLIMIT_AS per process (fallback: address space, not RSS)".into())),
+            r("max_processes", true, pids.unwrap_or_else(|| nproc_note.into())),
+            r("max_output_bytes", true, "supervisor capture, head and tail, shared budget".into()),
+            r("scratch_bytes", true, "bwrap tmpfs --size on /tmp and /dev/shm".into()),
+            r("file_size_bytes", true, "RLIMIT_FSIZE".into()),
+            r("open_files", true, "RLIMIT_NOFILE".into()),
+            r("network", true, "network namespace (loopback only) unless the policy allows network".into()),
+        ]
+    }
+
+    /// Build the bwrap command and the child plan for one run.
+    fn prepare(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+        cgroup: Option<&RunCgroup>,
+    ) -> Result<Prepared, SandboxError> {
+        let desc = |what: &'static str| move |source| SpawnError::Descriptor { what, source };
+        let mut keep: Vec<OwnedFd> = Vec::new();
+        let mut plan = ChildPlan::default();
+
+        // Mount sources: staged (root server) or direct.
+        let mut sources = Vec::with_capacity(policy.mounts.len());
+        if let Some(root) = &self.staging {
+            let mut staged = Vec::new();
+            for (i, mount) in policy.mounts.iter().enumerate() {
+                let fd = open_path(&mount.host)?;
+                let is_dir = fs_err::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                    .map_err(|source| SpawnError::Path {
+                        path: mount.host.clone(),
+                        source,
+                    })?
+                    .is_dir();
+                let target = root.join(i.to_string());
+                staged.push(StagedMount {
+                    source: cstring(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_bytes())?,
+                    target: cstring(target.as_os_str().as_bytes())?,
+                    is_dir,
+                });
+                sources.push(target);
+                keep.push(fd);
+            }
+            if !staged.is_empty() {
+                plan.staging = Some(Staging {
+                    root: cstring(root.as_os_str().as_bytes())?,
+                    mounts: staged,
+                });
+            }
+        } else {
+            sources.extend(policy.mounts.iter().map(|m| m.host.clone()));
+        }
+
+        let ops = policy::setup_ops(policy, &self.view, &sources)?;
+        let payload = policy::args_payload(&policy::option_args(&ops))?;
+
+        let mut map = |fd: OwnedFd, target: i32, what: &'static str| -> Result<(), SpawnError> {
+            let fd = raise_fd(fd, FD_SOURCE_MIN).map_err(desc(what))?;
+            plan.fd_map.push((fd.as_raw_fd(), target));
+            keep.push(fd);
+            Ok(())
+        };
+        map(
+            memfd_with(c"bwrap-args", &payload).map_err(desc("bwrap arguments"))?,
+            ARGS_FD,
+            "bwrap arguments",
+        )?;
+        map(
+            memfd_with(c"seccomp-eperm", &self.seccomp_eperm).map_err(desc("seccomp"))?,
+            SECCOMP_EPERM_FD,
+            "seccomp",
+        )?;
+        map(
+            memfd_with(c"seccomp-enosys", &self.seccomp_enosys).map_err(desc("seccomp"))?,
+            SECCOMP_ENOSYS_FD,
+            "seccomp",
+        )?;
+        map(
+            memfd_with(c"passwd", PASSWD.as_bytes()).map_err(desc("/etc/passwd"))?,
+            PASSWD_FD,
+            "/etc/passwd",
+        )?;
+        map(
+            memfd_with(c"group", GROUP.as_bytes()).map_err(desc("/etc/group"))?,
+            GROUP_FD,
+            "/etc/group",
+        )?;
+        map(
+            memfd_with(c"hosts", HOSTS.as_bytes()).map_err(desc("/etc/hosts"))?,
+            HOSTS_FD,
+            "/etc/hosts",
+        )?;
+        let (info_read, info_write) = pipe().map_err(desc("bwrap info"))?;
+        map(info_write, INFO_FD, "bwrap info")?;
+        let control_read = if command.control_channel {
+            let (r, w) = pipe().map_err(desc("control channel"))?;
+            map(w, CONTROL_FD, "control channel")?;
+            Some(r)
+        } else {
+            None
+        };
+
+        let limits = &policy.limits;
+        let memory_by_cgroup = cgroup.is_some_and(RunCgroup::limits_memory);
+        let pids_by_cgroup = cgroup.is_some_and(RunCgroup::limits_pids);
+        plan.rlimits = rlimits_for(limits, !memory_by_cgroup, !pids_by_cgroup);
+        plan.cgroup_procs = match cgroup {
+            Some(cg) => cg
+                .procs_files()
+                .iter()
+                .map(|p| cstring(p.as_os_str().as_bytes()))
+                .collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        };
+        plan.drop_to = self.drop_to;
+
+        let mut cmd = std::process::Command::new(&self.bwrap);
+        cmd.args(policy::bwrap_argv(command))
+            .env_clear()
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: `apply` only makes async-signal-safe system calls on data prepared above.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || plan.apply());
+        }
+        Ok(Prepared {
+            command: cmd,
+            keep_until_spawned: keep,
+            info_read,
+            control_read,
+        })
+    }
+
+    /// Run one command in a fresh sandbox.
+    pub(crate) async fn run(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<Outcome, SandboxError> {
+        let cgroup = match &self.cgroups {
+            Some(set) => Some(set.create_run(&policy.limits)?),
+            None => None,
+        };
+        let prepared = self.prepare(policy, command, cgroup.as_ref())?;
+        let Prepared {
+            command: std_cmd,
+            keep_until_spawned,
+            info_read,
+            control_read,
+        } = prepared;
+        let mut cmd = tokio::process::Command::from(std_cmd);
+        cmd.kill_on_drop(true);
+        let started = Instant::now();
+        let child = cmd.spawn().map_err(|source| SpawnError::Start {
+            program: self.bwrap.clone(),
+            source,
+        })?;
+        // The child has its copies; ours must go (pipes reach EOF, memfds are freed).
+        drop(keep_until_spawned);
+
+        let teardown = Arc::new(NativeTeardown {
+            sandbox_pidfd: std::sync::Mutex::new(None),
+            sandbox_pid: AtomicI32::new(0),
+            cgroup,
+        });
+        let info_task = tokio::spawn(read_info(info_read, teardown.clone()));
+        let raw = supervise(
+            child,
+            control_read,
+            &policy.limits,
+            cancel,
+            output,
+            teardown.as_ref(),
+            started,
+        )
+        .await;
+        info_task.abort();
+        let memory_hit = teardown.memory_exceeded();
+        let raw = raw?;
+        if let Some(cg) = &teardown.cgroup {
+            let left = cg.pids();
+            if !left.is_empty() {
+                tracing::warn!(?left, "processes left in the run cgroup after the kill; retrying");
+            }
+            cg.remove();
+        }
+        let ending = classify(&raw, &policy.limits, true, memory_hit);
+        Ok(Outcome {
+            exit_code: ending.exit_code,
+            signal: ending.signal,
+            termination: ending.termination,
+            stdout: raw.stdout,
+            stderr: raw.stderr,
+            control: raw.control,
+            duration: raw.duration,
+        })
+    }
+}
+
+/// A prepared bwrap command with the descriptors that must live until it is spawned.
+struct Prepared {
+    command: std::process::Command,
+    keep_until_spawned: Vec<OwnedFd>,
+    info_read: OwnedFd,
+    control_read: Option<OwnedFd>,
+}
+
+fn cstring(bytes: &[u8]) -> Result<CString, SpawnError> {
+    CString::new(bytes).map_err(|_| SpawnError::NulByte {
+        value: String::from_utf8_lossy(bytes).into_owned(),
+    })
+}
+
+/// Open `path` as an `O_PATH` descriptor (no read permission needed, nothing followed later).
+fn open_path(path: &Path) -> Result<OwnedFd, SpawnError> {
+    let c = cstring(path.as_os_str().as_bytes())?;
+    // SAFETY: open with a valid NUL-terminated path; we own the returned descriptor.
+    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(SpawnError::Path {
+            path: path.to_path_buf(),
+            source: std::io::Error::last_os_error(),
+        });
+    }
+    // SAFETY: `fd` is a fresh descriptor owned only here.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
+}
+
+fn wait_with_timeout(
+    mut child: std::process::Child,
+    timeout: Duration,
+) -> std::io::Result<std::process::Output> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if child.try_wait()?.is_some() {
+            return child.wait_with_output();
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            return child.wait_with_output();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Read bwrap's `--info-fd` JSON and remember the sandbox's pid 1 as a pidfd.
+async fn read_info(fd: OwnedFd, teardown: Arc<NativeTeardown>) {
+    let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+        return;
+    };
+    let mut text = Vec::new();
+    let _ = (&mut pipe).take(64 * 1024).read_to_end(&mut text).await;
+    let text = String::from_utf8_lossy(&text);
+    let pid = text
+        .split("\"child-pid\":")
+        .nth(1)
+        .and_then(|rest| {
+            rest.trim_start()
+                .split(|c: char| !c.is_ascii_digit())
+                .next()
+        })
+        .and_then(|n| n.parse::<i32>().ok());
+    if let Some(pid) = pid {
+        // SAFETY: pidfd_open returns a fresh descriptor (or -1).
+        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if pidfd >= 0 {
+            // SAFETY: fresh descriptor owned only here.
+            let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd as i32) };
+            *teardown
+                .sandbox_pidfd
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(fd);
+        }
+        teardown.sandbox_pid.store(pid, Ordering::SeqCst);
+    }
+}
+
+/// Kills a native run: the sandbox's pid 1 (the kernel then kills its whole PID namespace)
+/// and everything left in the run's cgroup. bwrap itself is killed by `supervise` through the
+/// child handle (never by a bare pid, which may already be reaped and reused).
+#[derive(Debug)]
+struct NativeTeardown {
+    sandbox_pidfd: std::sync::Mutex<Option<OwnedFd>>,
+    sandbox_pid: AtomicI32,
+    cgroup: Option<RunCgroup>,
+}
+
+impl Teardown for NativeTeardown {
+    fn kill_all(&self) {
+        if let Some(fd) = self
+            .sandbox_pidfd
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+        {
+            // SAFETY: pidfd_send_signal on a pidfd we own; immune to pid reuse.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    fd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<u8>(),
+                    0,
+                );
+            }
+        }
+        if let Some(cg) = &self.cgroup {
+            cg.kill_all();
+        }
+    }
+
+    fn memory_exceeded(&self) -> bool {
+        self.cgroup.as_ref().is_some_and(RunCgroup::oom_killed)
+    }
+}

@@ -1,0 +1,463 @@
+//! The seccomp program handed to bubblewrap (bwrap writes none of its own).
+//!
+//! Shape: default allow, with an explicit deny list built by `seccompiler`, split in two
+//! filters because one seccompiler filter has one match action:
+//!
+//! 1. **EPERM filter**, preceded by a hand-written guard: other ABIs (i386 `int 0x80`, anything
+//!    not the native audit arch) and x32 (`nr >= 0x40000000`) kill the process; syscall numbers
+//!    above the newest one we know return ENOSYS, so a syscall added after this list was written
+//!    is refused rather than allowed (catalogue K-13). Then the classic kernel attack surface
+//!    returns EPERM: keyrings, bpf, perf, userfaultfd, io_uring, the mount family, ptrace and
+//!    cross-process memory, modules, kexec, namespace creation (clone/unshare with `CLONE_NEW*`),
+//!    TIOCSTI/TIOCLINUX, AF_VSOCK, non-default personalities, ...
+//! 2. **ENOSYS filter**: `clone3` (its flags live in memory where BPF cannot see them; ENOSYS
+//!    makes glibc fall back to `clone`, which the first filter inspects — K-12) and the new
+//!    mount API (ENOSYS, as Flatpak does, so callers fall back to calls that are filtered).
+//!
+//! The kernel runs every filter and applies the strongest action, so the two compose.
+//! New syscalls (numbers ≥ 424) have the same number on every architecture, so they are
+//! written as numbers; the older ones come from `libc::SYS_*` for the target architecture.
+
+use std::collections::BTreeMap;
+
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch, sock_filter,
+};
+
+use crate::error::SeccompError;
+
+/// Newest syscall number this list knows (`file_setattr`, Linux 6.17). Higher → ENOSYS.
+pub(crate) const MAX_KNOWN_SYSCALL: u32 = 469;
+
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+
+// Syscalls numbered ≥ 424 are shared by all architectures (include/uapi/asm-generic/unistd.h).
+const IO_URING_SETUP: i64 = 425;
+const IO_URING_ENTER: i64 = 426;
+const IO_URING_REGISTER: i64 = 427;
+const OPEN_TREE: i64 = 428;
+const MOVE_MOUNT: i64 = 429;
+const FSOPEN: i64 = 430;
+const FSCONFIG: i64 = 431;
+const FSMOUNT: i64 = 432;
+const FSPICK: i64 = 433;
+const CLONE3: i64 = 435;
+const PIDFD_GETFD: i64 = 438;
+const MOUNT_SETATTR: i64 = 442;
+const QUOTACTL_FD: i64 = 443;
+const STATMOUNT: i64 = 457;
+const LISTMOUNT: i64 = 458;
+const LSM_SET_SELF_ATTR: i64 = 460;
+const SETXATTRAT: i64 = 463;
+const GETXATTRAT: i64 = 464;
+const LISTXATTRAT: i64 = 465;
+const REMOVEXATTRAT: i64 = 466;
+const OPEN_TREE_ATTR: i64 = 467;
+
+/// `ioctl` requests that inject input into or control a terminal (U-01).
+const REQ_TIOCSTI: u64 = 0x5412;
+const REQ_TIOCLINUX: u64 = 0x541C;
+/// `socket` families refused: AF_VSOCK reaches the hypervisor's host (N-06).
+const VSOCK_FAMILY: u64 = 40;
+/// Personalities allowed (as Docker): Linux, Linux32 variants, and the 0xffffffff query.
+const PERSONALITIES_ALLOWED: [u64; 5] = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
+
+/// The two compiled programs, in the order bwrap should load them.
+#[derive(Debug, Clone)]
+pub(crate) struct SeccompPrograms {
+    /// Guard + EPERM deny list.
+    pub(crate) eperm: BpfProgram,
+    /// ENOSYS deny list.
+    pub(crate) enosys: BpfProgram,
+}
+
+impl SeccompPrograms {
+    /// The programs as the raw bytes bwrap reads from `--add-seccomp-fd` (native endianness
+    /// `struct sock_filter` array).
+    pub(crate) fn to_bytes(program: &[sock_filter]) -> Vec<u8> {
+        let mut out = Vec::with_capacity(program.len() * 8);
+        for insn in program {
+            out.extend_from_slice(&insn.code.to_ne_bytes());
+            out.push(insn.jt);
+            out.push(insn.jf);
+            out.extend_from_slice(&insn.k.to_ne_bytes());
+        }
+        out
+    }
+}
+
+fn target_arch() -> Result<(TargetArch, u32, &'static str), SeccompError> {
+    match std::env::consts::ARCH {
+        "x86_64" => Ok((TargetArch::x86_64, 0xC000_003E, "x86_64")), // AUDIT_ARCH_X86_64
+        "aarch64" => Ok((TargetArch::aarch64, 0xC000_00B7, "aarch64")), // AUDIT_ARCH_AARCH64
+        arch => Err(SeccompError::UnsupportedArch { arch }),
+    }
+}
+
+fn cond(arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64) -> SeccompCondition {
+    // Only fails for arg > 5, which never happens with the constants below.
+    SeccompCondition::new(arg, len, op, value).unwrap_or_else(|_| unreachable!("arg index <= 5"))
+}
+
+fn rule(conditions: Vec<SeccompCondition>) -> SeccompRule {
+    SeccompRule::new(conditions).unwrap_or_else(|_| unreachable!("conditions are never empty"))
+}
+
+/// "any of these bits set in arg 0" as one rule per bit (rules of a syscall are ORed).
+fn any_bit_of_arg0(bits: &[u64]) -> Vec<SeccompRule> {
+    bits.iter()
+        .map(|&bit| {
+            rule(vec![cond(
+                0,
+                SeccompCmpArgLen::Dword,
+                SeccompCmpOp::MaskedEq(bit),
+                bit,
+            )])
+        })
+        .collect()
+}
+
+/// Syscalls refused with EPERM, with their argument rules (empty = always).
+fn eperm_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
+    use libc::*;
+    // clone's low byte is the exit signal, so CLONE_NEWTIME (0x80) cannot be checked there.
+    let clone_ns = [
+        CLONE_NEWNS,
+        CLONE_NEWCGROUP,
+        CLONE_NEWUTS,
+        CLONE_NEWIPC,
+        CLONE_NEWUSER,
+        CLONE_NEWPID,
+        CLONE_NEWNET,
+    ]
+    .map(|f| f as u64);
+    let mut unshare_ns = clone_ns.to_vec();
+    unshare_ns.push(CLONE_NEWTIME as u64);
+
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    let always = [
+        // Keyrings are not namespaced (K-05).
+        SYS_keyctl,
+        SYS_add_key,
+        SYS_request_key,
+        // Kernel attack surface for exploits (K-06, K-07, K-09, K-01).
+        SYS_bpf,
+        SYS_perf_event_open,
+        SYS_userfaultfd,
+        IO_URING_SETUP,
+        IO_URING_ENTER,
+        IO_URING_REGISTER,
+        // Mounting and changing root (K-04); the new mount API returns ENOSYS (other filter).
+        SYS_mount,
+        SYS_umount2,
+        SYS_pivot_root,
+        SYS_chroot,
+        // Other namespaces and other processes (K-02, K-14).
+        SYS_setns,
+        SYS_ptrace,
+        SYS_process_vm_readv,
+        SYS_process_vm_writev,
+        PIDFD_GETFD,
+        SYS_kcmp,
+        // Modules, kexec, swap, reboot, accounting, quotas, clock (need capabilities anyway).
+        SYS_init_module,
+        SYS_finit_module,
+        SYS_delete_module,
+        SYS_kexec_load,
+        SYS_kexec_file_load,
+        SYS_swapon,
+        SYS_swapoff,
+        SYS_reboot,
+        SYS_acct,
+        SYS_quotactl,
+        QUOTACTL_FD,
+        SYS_settimeofday,
+        SYS_clock_settime,
+        SYS_clock_adjtime,
+        // Host information and terminals.
+        SYS_syslog,
+        SYS_vhangup,
+        // File handles bypass the mount namespace ("shocker", K-01).
+        SYS_name_to_handle_at,
+        SYS_open_by_handle_at,
+        // Mount information without /proc (K-13), LSM attribute changes.
+        STATMOUNT,
+        LISTMOUNT,
+        LSM_SET_SELF_ATTR,
+        // Rarely used, historically buggy.
+        SYS_fanotify_init,
+    ];
+    for nr in always {
+        rules.insert(nr, vec![]);
+    }
+    #[cfg(target_arch = "x86_64")]
+    for nr in [
+        SYS_lookup_dcookie,
+        SYS_uselib,
+        SYS_ustat,
+        SYS_sysfs,
+        SYS__sysctl,
+        SYS_iopl,
+        SYS_ioperm,
+        SYS_modify_ldt,
+    ] {
+        rules.insert(nr, vec![]);
+    }
+    #[cfg(target_arch = "aarch64")]
+    rules.insert(SYS_lookup_dcookie, vec![]);
+
+    rules.insert(SYS_clone, any_bit_of_arg0(&clone_ns));
+    rules.insert(SYS_unshare, any_bit_of_arg0(&unshare_ns));
+    // ioctl's request is an `unsigned int` in the kernel: compare the low 32 bits only, so
+    // high garbage bits cannot dodge the rule (CVE-2019-10063).
+    rules.insert(
+        SYS_ioctl,
+        [REQ_TIOCSTI, REQ_TIOCLINUX]
+            .map(|req| {
+                rule(vec![cond(
+                    1,
+                    SeccompCmpArgLen::Dword,
+                    SeccompCmpOp::Eq,
+                    req,
+                )])
+            })
+            .to_vec(),
+    );
+    rules.insert(
+        SYS_socket,
+        vec![rule(vec![cond(
+            0,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::Eq,
+            VSOCK_FAMILY,
+        )])],
+    );
+    rules.insert(
+        SYS_personality,
+        vec![rule(
+            PERSONALITIES_ALLOWED
+                .map(|p| cond(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, p))
+                .to_vec(),
+        )],
+    );
+    rules
+}
+
+/// Syscalls refused with ENOSYS (the caller is expected to fall back).
+fn enosys_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
+    [
+        CLONE3,
+        OPEN_TREE,
+        MOVE_MOUNT,
+        FSOPEN,
+        FSCONFIG,
+        FSMOUNT,
+        FSPICK,
+        MOUNT_SETATTR,
+        OPEN_TREE_ATTR,
+        SETXATTRAT,
+        GETXATTRAT,
+        LISTXATTRAT,
+        REMOVEXATTRAT,
+    ]
+    .into_iter()
+    .map(|nr| (nr, vec![]))
+    .collect()
+}
+
+fn ld_abs(offset: u32) -> sock_filter {
+    sock_filter {
+        code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+        jt: 0,
+        jf: 0,
+        k: offset,
+    }
+}
+
+fn jump(op: u32, k: u32, jt: u8, jf: u8) -> sock_filter {
+    sock_filter {
+        code: (libc::BPF_JMP | op | libc::BPF_K) as u16,
+        jt,
+        jf,
+        k,
+    }
+}
+
+fn ret(k: u32) -> sock_filter {
+    sock_filter {
+        code: (libc::BPF_RET | libc::BPF_K) as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+/// The guard that runs before the deny list: wrong arch or x32 → kill, unknown nr → ENOSYS.
+fn guard(audit_arch: u32) -> BpfProgram {
+    vec![
+        // seccomp_data.arch: any other ABI (i386 via int 0x80) kills the process.
+        ld_abs(4),
+        jump(libc::BPF_JEQ, audit_arch, 1, 0),
+        ret(libc::SECCOMP_RET_KILL_PROCESS),
+        // seccomp_data.nr: x32 numbers (bit 30) kill the process (K-11).
+        ld_abs(0),
+        jump(libc::BPF_JGE, X32_SYSCALL_BIT, 0, 1),
+        ret(libc::SECCOMP_RET_KILL_PROCESS),
+        // Numbers above the newest known syscall: ENOSYS (K-13).
+        jump(libc::BPF_JGT, MAX_KNOWN_SYSCALL, 0, 1),
+        ret(libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+    ]
+}
+
+/// Compile both programs for the architecture we run on.
+pub(crate) fn programs() -> Result<SeccompPrograms, SeccompError> {
+    let (arch, audit_arch, arch_name) = target_arch()?;
+    let compile = |rules, errno: i32| -> Result<BpfProgram, SeccompError> {
+        let filter = SeccompFilter::new(
+            rules,
+            SeccompAction::Allow,
+            SeccompAction::Errno(errno as u32),
+            arch,
+        )
+        .and_then(BpfProgram::try_from)
+        .map_err(|source| SeccompError::Compile {
+            arch: arch_name,
+            source,
+        })?;
+        Ok(filter)
+    };
+    let mut eperm = guard(audit_arch);
+    eperm.extend(compile(eperm_rules(), libc::EPERM)?);
+    let enosys = compile(enosys_rules(), libc::ENOSYS)?;
+    Ok(SeccompPrograms { eperm, enosys })
+}
+
+/// Names of the refused syscalls, for the backend report.
+pub(crate) fn summary() -> String {
+    "seccomp: x32/i386 ABIs killed; unknown syscalls ENOSYS; clone3 and the new mount API ENOSYS; \
+     keyctl/add_key/request_key, bpf, perf_event_open, userfaultfd, io_uring, mount/umount2/pivot_root/chroot, \
+     setns, unshare and clone with CLONE_NEW*, ptrace, process_vm_*, pidfd_getfd, kcmp, modules, kexec, \
+     swap, reboot, acct, quotactl, clock setting, syslog, vhangup, file handles, statmount/listmount, \
+     TIOCSTI/TIOCLINUX ioctls, AF_VSOCK sockets and non-default personalities EPERM"
+        .into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_programs_compile_and_fit_the_kernel_limit() {
+        let p = programs().unwrap();
+        assert!(!p.eperm.is_empty() && p.eperm.len() < 4096);
+        assert!(!p.enosys.is_empty() && p.enosys.len() < 4096);
+        assert_eq!(SeccompPrograms::to_bytes(&p.eperm).len(), p.eperm.len() * 8);
+    }
+
+    #[test]
+    fn guard_kills_other_abis_first() {
+        let (_, audit, _) = target_arch().unwrap();
+        let g = guard(audit);
+        assert_eq!(g[0].k, 4);
+        assert_eq!(g[2].k, libc::SECCOMP_RET_KILL_PROCESS);
+        assert_eq!(g[4].k, X32_SYSCALL_BIT);
+    }
+
+    /// Fork, install both filters in the child, make one syscall, exit with its errno
+    /// (0 when it succeeded, 200 + signal when the child was killed).
+    fn errno_in_child(nr: i64, args: [u64; 4]) -> i32 {
+        let p = programs().unwrap();
+        // SAFETY: the child only makes raw system calls (prctl/seccomp via seccompiler on
+        // programs built before fork) and exits with _exit.
+        unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0);
+            if pid == 0 {
+                if seccompiler::apply_filter(&p.eperm).is_err()
+                    || seccompiler::apply_filter(&p.enosys).is_err()
+                {
+                    libc::_exit(199);
+                }
+                *libc::__errno_location() = 0;
+                let r = libc::syscall(nr, args[0], args[1], args[2], args[3]);
+                let e = *libc::__errno_location();
+                libc::_exit(if r == -1 { e } else { 0 });
+            }
+            let mut status = 0;
+            assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+            if libc::WIFSIGNALED(status) {
+                200 + libc::WTERMSIG(status)
+            } else {
+                libc::WEXITSTATUS(status)
+            }
+        }
+    }
+
+    #[test]
+    fn denied_calls_get_distinctive_errnos_in_a_child() {
+        // Proof of life: an allowed call still works under the same filters.
+        assert_eq!(errno_in_child(libc::SYS_getpid, [0; 4]), 0);
+        // Bad-argument probes: without the filter these give EBADF/EFAULT/EINVAL, never EPERM.
+        assert_eq!(
+            errno_in_child(libc::SYS_keyctl, [0, u64::MAX - 3, 0, 0]),
+            libc::EPERM
+        );
+        assert_eq!(
+            errno_in_child(libc::SYS_setns, [u64::MAX, 0, 0, 0]),
+            libc::EPERM
+        );
+        assert_eq!(errno_in_child(libc::SYS_mount, [1, 1, 1, 0]), libc::EPERM);
+        assert_eq!(errno_in_child(IO_URING_SETUP, [1, 1, 0, 0]), libc::EPERM);
+        assert_eq!(errno_in_child(libc::SYS_bpf, [5, 1, 128, 0]), libc::EPERM);
+        assert_eq!(errno_in_child(libc::SYS_ptrace, [16, 1, 0, 0]), libc::EPERM);
+        assert_eq!(
+            errno_in_child(libc::SYS_unshare, [libc::CLONE_NEWUSER as u64, 0, 0, 0]),
+            libc::EPERM
+        );
+        assert_eq!(
+            errno_in_child(libc::SYS_ioctl, [u64::MAX, REQ_TIOCSTI, 1, 0]),
+            libc::EPERM
+        );
+        assert_eq!(
+            errno_in_child(
+                libc::SYS_ioctl,
+                [u64::MAX, (0x123 << 32) | REQ_TIOCSTI, 1, 0]
+            ),
+            libc::EPERM
+        );
+        assert_eq!(
+            errno_in_child(libc::SYS_socket, [VSOCK_FAMILY, 1, 0, 0]),
+            libc::EPERM
+        );
+        assert_eq!(
+            errno_in_child(libc::SYS_personality, [0x0040000, 0, 0, 0]),
+            libc::EPERM
+        );
+        // ENOSYS exactly, so glibc falls back to clone (K-12).
+        assert_eq!(errno_in_child(CLONE3, [1, 88, 0, 0]), libc::ENOSYS);
+        assert_eq!(errno_in_child(FSOPEN, [1, 0, 0, 0]), libc::ENOSYS);
+        // Unknown future syscall number → ENOSYS from the guard.
+        assert_eq!(
+            errno_in_child(i64::from(MAX_KNOWN_SYSCALL) + 20, [0; 4]),
+            libc::ENOSYS
+        );
+        // Allowed variants still reach the kernel: an ordinary ioctl on a bad fd is EBADF.
+        assert_eq!(
+            errno_in_child(libc::SYS_ioctl, [u64::MAX, 0x5401, 0, 0]),
+            libc::EBADF
+        );
+        // personality query (0xffffffff) is allowed.
+        assert_eq!(
+            errno_in_child(libc::SYS_personality, [0xffff_ffff, 0, 0, 0]),
+            0
+        );
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn x32_calls_kill_the_process() {
+        let sig = errno_in_child(i64::from(X32_SYSCALL_BIT) | libc::SYS_getpid, [0; 4]);
+        assert_eq!(sig, 200 + libc::SIGSYS);
+    }
+}
