@@ -20,7 +20,7 @@ const MAX_SHOWN_CHARS: usize = 120;
 pub enum ScriptError {
     /// Two or more `# /// script` blocks in one script.
     #[error(
-        "Found more than one `script` metadata block: a second one starts at line {second_line} (the first starts at line `{first_line}`)"
+        "Found a second `# /// script` block at line {second_line} (the first starts at line {first_line})"
     )]
     MultipleBlocks {
         /// 1-based line of the first block's opening line.
@@ -30,7 +30,7 @@ pub enum ScriptError {
     },
 
     /// A `# /// script` opening line without a matching `# ///` closing line.
-    #[error("The `# /// script` block opened at line `{line}` is never closed")]
+    #[error("The `# /// script` block opened at line {line} is never closed by a `# ///` line")]
     UnclosedBlock {
         /// 1-based line of the opening line.
         line: usize,
@@ -114,6 +114,14 @@ pub enum UnsafeReason {
     /// a requirements file.
     #[error("it contains a control character")]
     ControlCharacter,
+    /// Longer than [`crate::MAX_REQUIREMENT_BYTES`]: marker evaluation grows much faster than
+    /// the text (a 7 kB marker takes seconds), so length is bounded.
+    #[error("it is longer than {} bytes", crate::MAX_REQUIREMENT_BYTES)]
+    TooLong,
+    /// Parentheses nested deeper than [`crate::MAX_MARKER_NESTING`]: the PEP 508 parser
+    /// recurses on each, and a deep enough nest overflows the stack and aborts the server.
+    #[error("it nests parentheses more than {} deep", crate::MAX_MARKER_NESTING)]
+    TooDeep,
 }
 
 impl ScriptError {
@@ -157,6 +165,11 @@ impl ScriptError {
             Self::UnsafeRequirement { reason, .. } => Some(match reason {
                 UnsafeReason::EnvironmentVariable => {
                     "write the URL in full, without `${...}`".to_owned()
+                }
+                UnsafeReason::TooLong | UnsafeReason::TooDeep => {
+                    "simplify the environment marker; real-world dependency specifiers are far \
+                     shorter"
+                        .to_owned()
                 }
                 UnsafeReason::ControlCharacter => {
                     "give one dependency per list item, without newlines or other control characters"

@@ -31,7 +31,9 @@ pub use merge::merge_dependencies;
 pub use metadata::ScriptMetadata;
 pub use python::{matching_pythons, select_python};
 pub use render::render;
-pub use requirement::{is_exact_pin, normalize_name, parse_requirement};
+pub use requirement::{
+    MAX_MARKER_NESTING, MAX_REQUIREMENT_BYTES, is_exact_pin, normalize_name, parse_requirement,
+};
 pub use validate::{Problem, ProblemKind, validate};
 
 /// A script's `# /// script` block.

@@ -8,7 +8,10 @@ use pep440_rs::VersionSpecifiers;
 use snakebox_script::{ScriptError, ScriptMetadata, merge_dependencies, parse, render};
 
 fn metadata(script: &str) -> ScriptMetadata {
-    parse(script).expect("valid metadata").expect("a block").metadata
+    parse(script)
+        .expect("valid metadata")
+        .expect("a block")
+        .metadata
 }
 
 /// `name: (script dependencies, [call dependencies]) => [merged];`

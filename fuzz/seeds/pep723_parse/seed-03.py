@@ -1,0 +1,4 @@
+# /// script
+# dependencies = ["rich>=13"]
+# ///
+print(1)

@@ -1,0 +1,3 @@
+# /// script
+# dependencies = ["numpy>=", "requests[", "; rm -rf /", 1]
+# ///

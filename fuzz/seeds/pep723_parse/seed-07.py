@@ -1,0 +1,7 @@
+# /// script
+# dependencies = ["a"]
+# ///
+x = 1
+# /// script
+# dependencies = ["b"]
+# ///

@@ -1,0 +1,6 @@
+def f():
+    return """
+    # /// script
+    # dependencies = ["evil"]
+    # ///
+    """
