@@ -211,7 +211,7 @@ async def test_validate_finds_syntax_errors_with_line_and_column(client):
 
 
 async def test_validate_rejects_two_blocks_and_malformed_toml(client):
-    two = "# /// script\n# dependencies = []\n# ///\n# /// script\n# dependencies = []\n# ///\nprint(1)\n"
+    two = "# /// script\n# dependencies = []\n# ///\nimport os\n# /// script\n# dependencies = []\n# ///\nprint(1)\n"
     data, _, _ = await call(client, "validate_script", script=two)
     assert [p["kind"] for p in data["problems"]] == ["multiple_blocks"]
     bad = "# /// script\n# dependencies = [\n# ///\nprint(1)\n"
@@ -237,7 +237,8 @@ async def test_check_environment_reports_backend_limits_and_pythons(client):
     assert data["network"] is False
     assert any(p["version"].startswith("3.11") for p in data["pythons"])
     names = {limit["name"] for limit in data["limits"]}
-    assert {"wall_time", "memory", "processes", "output"} <= names
+    assert {"wall_time", "memory", "max_processes", "max_output_bytes", "network"} <= names
+    assert all(limit["enforced"] for limit in data["limits"] if limit["name"] in {"wall_time", "memory", "max_processes", "network"})
     assert "uv" in data and data["uv"]
     assert data["ready"] is True
     assert data["cache"]["retention"]

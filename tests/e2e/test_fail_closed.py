@@ -39,9 +39,10 @@ async def test_explicit_none_backend_runs_and_reports_isolation_off(snakebox_bin
 
 async def test_none_backend_timeout_still_kills_the_tree(snakebox_bin, data_dir, tmp_path):
     marker = tmp_path / "child-survived"
+    child = f"import time; time.sleep(4); open({str(marker)!r}, 'w')"
     script = (
         "import subprocess, sys, time\n"
-        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(4); open({str(marker)!r}, \"w\")'])\n"
+        f"subprocess.Popen([sys.executable, '-c', {child!r}])\n"
         "print('started', flush=True)\n"
         "time.sleep(60)\n"
     )

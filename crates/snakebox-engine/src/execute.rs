@@ -101,7 +101,12 @@ impl Engine {
                 },
             ));
         };
-        let run_dir = match RunDir::create(&self.config.data_dir, &execution_id, &request.script) {
+        let run_dir = match RunDir::create(
+            &self.config.data_dir,
+            &execution_id,
+            &request.script,
+            sandbox.host_ids(snakebox_sandbox::Identity::Untrusted),
+        ) {
             Ok(dir) => dir,
             Err(err) => {
                 return with_plan(ExecutionResult::not_run(
@@ -125,7 +130,7 @@ impl Engine {
                     execution_id,
                     Status::SetupFailed,
                     ErrorInfo {
-                        message: err.to_string(),
+                        message: crate::describe(&err),
                         hint: err.hint(),
                     },
                 ));
@@ -193,7 +198,7 @@ impl Engine {
             (
                 Status::InvalidRequest,
                 ErrorInfo {
-                    message: err.to_string(),
+                    message: crate::describe(&err),
                     hint: err.hint(),
                 },
             )
@@ -204,7 +209,7 @@ impl Engine {
                 (
                     Status::InvalidRequest,
                     ErrorInfo {
-                        message: err.to_string(),
+                        message: crate::describe(&err),
                         hint: err.hint(),
                     },
                 )
@@ -269,7 +274,7 @@ impl Engine {
         requires_python: Option<&pep440_rs::VersionSpecifiers>,
     ) -> Result<&Interpreter, ErrorInfo> {
         let env_error = |err: snakebox_env::EnvError| ErrorInfo {
-            message: err.to_string(),
+            message: crate::describe(&err),
             hint: err.hint(),
         };
         let default_request = self.config.python_version.as_deref().unwrap_or("3");
@@ -337,7 +342,7 @@ impl Engine {
             .ensure(interpreter, requirements)
             .await
             .map_err(|err| ErrorInfo {
-                message: err.to_string(),
+                message: crate::describe(&err),
                 hint: err.hint(),
             })
     }
@@ -382,6 +387,7 @@ impl Engine {
             env,
             cwd: work,
             limits: self.limits(timeout),
+            identity: snakebox_sandbox::Identity::Untrusted,
         };
         let command = SandboxCommand {
             program: environment.python.clone(),
@@ -500,7 +506,14 @@ pub(crate) struct RunDir {
 }
 
 impl RunDir {
-    pub(crate) fn create(data_dir: &Path, id: &str, script: &str) -> std::io::Result<RunDir> {
+    /// `owner` is the host uid/gid the sandbox runs as, when it differs from ours: it gets the
+    /// writable directories.
+    pub(crate) fn create(
+        data_dir: &Path,
+        id: &str,
+        script: &str,
+        owner: Option<(u32, u32)>,
+    ) -> std::io::Result<RunDir> {
         use std::os::unix::fs::PermissionsExt;
         let root = data_dir.join("runs").join(id);
         let dir = RunDir {
@@ -522,8 +535,12 @@ impl RunDir {
             dir.input.join(SCRIPT_NAME),
             std::fs::Permissions::from_mode(0o644),
         )?;
-        fs_err::set_permissions(&dir.work, std::fs::Permissions::from_mode(0o777))?;
-        fs_err::set_permissions(&dir.tmp, std::fs::Permissions::from_mode(0o777))?;
+        for writable in [&dir.work, &dir.tmp] {
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::chown(writable, Some(uid), Some(gid))?;
+            }
+            fs_err::set_permissions(writable, std::fs::Permissions::from_mode(0o700))?;
+        }
         Ok(dir)
     }
 }

@@ -67,11 +67,11 @@ impl Engine {
         })
         .map(Arc::new)
         .map_err(|err| Unavailable {
-            message: err.to_string(),
+            message: crate::describe(&err),
             hint: err.hint(),
         });
         let uv = Uv::locate(config.uv_path.as_deref()).map_err(|err| Unavailable {
-            message: err.to_string(),
+            message: crate::describe(&err),
             hint: err.hint(),
         });
         let interpreters = match &uv {
@@ -90,7 +90,7 @@ impl Engine {
                 Arc::clone(sandbox),
             )
             .map_err(|err| Unavailable {
-                message: err.to_string(),
+                message: crate::describe(&err),
                 hint: err.hint(),
             }),
             (Err(missing), _) | (_, Err(missing)) => Err(missing.clone()),
@@ -145,7 +145,7 @@ impl Engine {
             .await
             .map(|_| ())
             .map_err(|err| ErrorInfo {
-                message: err.to_string(),
+                message: crate::describe(&err),
                 hint: err.hint(),
             })
     }
@@ -160,8 +160,24 @@ impl Engine {
     pub async fn prune(&self) -> Result<snakebox_env::PruneReport, ErrorInfo> {
         let cache = self.cache.as_ref().map_err(ErrorInfo::from)?;
         cache.prune().await.map_err(|err| ErrorInfo {
-            message: err.to_string(),
+            message: crate::describe(&err),
             hint: err.hint(),
         })
     }
+}
+
+/// An error and its causes on one line (`what failed: because: because`), so that a tool
+/// result says why, not only what.
+pub(crate) fn describe(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(cause_text.trim()) {
+            text.push_str(": ");
+            text.push_str(cause_text.trim());
+        }
+        source = cause.source();
+    }
+    text
 }

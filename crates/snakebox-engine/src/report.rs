@@ -130,13 +130,20 @@ impl Engine {
                     .cpu_time
                     .map_or_else(unlimited, |d| format!("{} s", d.as_secs())),
                 "memory" => config.memory_bytes.map_or_else(unlimited, human_bytes),
-                "processes" => config
+                "max_processes" => config
                     .max_processes
                     .map_or_else(unlimited, |n| n.to_string()),
-                "output" => human_bytes(config.max_output_bytes),
-                "scratch_disk" => config.scratch_bytes.map_or_else(unlimited, human_bytes),
-                "file_size" => config.file_size_bytes.map_or_else(unlimited, human_bytes),
+                "max_output_bytes" => human_bytes(config.max_output_bytes),
+                "scratch_bytes" => config.scratch_bytes.map_or_else(unlimited, human_bytes),
+                "file_size_bytes" => config.file_size_bytes.map_or_else(unlimited, human_bytes),
                 "open_files" => config.open_files.map_or_else(unlimited, |n| n.to_string()),
+                "network" => {
+                    if config.network {
+                        "on".into()
+                    } else {
+                        "off".into()
+                    }
+                }
                 _ => String::new(),
             }
         };

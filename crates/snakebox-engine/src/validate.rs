@@ -171,11 +171,16 @@ impl Engine {
     ) -> Result<Option<ValidationProblem>, crate::ErrorInfo> {
         let sandbox = self.sandbox.as_ref().map_err(crate::ErrorInfo::from)?;
         let id = ids::execution_id();
-        let run_dir =
-            RunDir::create(&self.config.data_dir, &id, script).map_err(|err| crate::ErrorInfo {
-                message: format!("Failed to prepare the check directory: {err}"),
-                hint: Some("check that the data directory is writable".into()),
-            })?;
+        let run_dir = RunDir::create(
+            &self.config.data_dir,
+            &id,
+            script,
+            sandbox.host_ids(snakebox_sandbox::Identity::Untrusted),
+        )
+        .map_err(|err| crate::ErrorInfo {
+            message: format!("Failed to prepare the check directory: {err}"),
+            hint: Some("check that the data directory is writable".into()),
+        })?;
         let native = self.config.backend == BackendKind::Native;
         let script_path = if native {
             PathBuf::from("/snakebox/script.py")
@@ -207,6 +212,7 @@ impl Engine {
             ],
             cwd,
             limits: self.limits(Duration::from_secs(15)),
+            identity: snakebox_sandbox::Identity::Untrusted,
         };
         let command = SandboxCommand {
             program: interpreter.executable.clone(),
@@ -223,7 +229,7 @@ impl Engine {
             .run(&policy, &command, CancellationToken::new(), None)
             .await
             .map_err(|err| crate::ErrorInfo {
-                message: err.to_string(),
+                message: crate::describe(&err),
                 hint: err.hint(),
             })?;
         drop(run_dir);

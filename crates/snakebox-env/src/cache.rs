@@ -319,6 +319,23 @@ impl EnvCache {
         ] {
             create_dir(&dir, "create the cache directory")?;
         }
+        // Installs may run as their own unprivileged uid: it owns uv's cache (and each build
+        // directory, below), nothing else of ours.
+        // (The whole tree is walked only when its top is not theirs yet: a one-time migration.)
+        let cache_owner = fs_err::metadata(cache.uv_cache_dir())
+            .map(|meta| (meta.uid(), meta.gid()))
+            .ok();
+        if let Some(ids) = cache
+            .installer
+            .writer_ids()
+            .filter(|ids| cache_owner != Some(*ids))
+        {
+            set_owner_tree(&cache.uv_cache_dir(), ids, true).map_err(|source| EnvError::Io {
+                action: "give uv's cache to the installer uid",
+                path: cache.uv_cache_dir(),
+                source,
+            })?;
+        }
         // Runs (possibly as an unprivileged uid) must traverse to the environments.
         add_mode(&cache.envs_dir(), 0o555).map_err(|source| EnvError::Io {
             action: "make the environments directory readable",
@@ -579,6 +596,13 @@ impl EnvCache {
             |name| name.to_string_lossy().into_owned(),
         );
         let env_dir = build_dir.join("env");
+        if let Some(ids) = self.installer.writer_ids() {
+            set_owner_tree(&build_dir, ids, false).map_err(|source| EnvError::Io {
+                action: "give the build directory to the installer uid",
+                path: build_dir.clone(),
+                source,
+            })?;
+        }
 
         // 1. The bare venv. `--relocatable` because it is renamed after it is built.
         let venv = self
@@ -676,20 +700,32 @@ impl EnvCache {
             packages.sort_by(|a, b| a.name.cmp(&b.name));
         }
 
-        // 3. Readable by any uid (the run sandbox may not be root), then measured.
+        // 3. Ours again (neither the installer uid nor user code may change it from now on),
+        //    readable by any uid (the run sandbox may not be root), then measured.
         let walk_dir = env_dir.clone();
-        let size_bytes = tokio::task::spawn_blocking(move || make_readable_and_measure(&walk_dir))
-            .await
-            .map_err(|err| EnvError::Io {
-                action: "walk the new environment",
-                path: env_dir.clone(),
-                source: std::io::Error::other(err),
-            })?
-            .map_err(|source| EnvError::Io {
-                action: "make the environment readable",
-                path: env_dir.clone(),
-                source,
-            })?;
+        let reclaim = self.installer.writer_ids().map(|_| {
+            (
+                nix::unistd::geteuid().as_raw(),
+                nix::unistd::getegid().as_raw(),
+            )
+        });
+        let size_bytes = tokio::task::spawn_blocking(move || {
+            if let Some(ids) = reclaim {
+                set_owner_tree(&walk_dir, ids, true)?;
+            }
+            make_readable_and_measure(&walk_dir)
+        })
+        .await
+        .map_err(|err| EnvError::Io {
+            action: "walk the new environment",
+            path: env_dir.clone(),
+            source: std::io::Error::other(err),
+        })?
+        .map_err(|source| EnvError::Io {
+            action: "make the environment readable",
+            path: env_dir.clone(),
+            source,
+        })?;
 
         // 4. The manifest, written before the environment becomes visible.
         let manifest = Manifest {
@@ -804,18 +840,15 @@ impl EnvCache {
             read_only.push(bin.to_path_buf());
         }
         if network {
-            let mut certs: Vec<PathBuf> = ["/etc/ssl", "/etc/resolv.conf", "/etc/hosts"]
-                .iter()
-                .map(PathBuf::from)
-                .collect();
-            certs.extend(
+            // The sandbox's system view has /etc/ssl/certs and, with network, the resolver
+            // files; certificate bundles configured elsewhere must be mounted here.
+            read_only.extend(
                 ["SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"]
                     .iter()
                     .filter_map(|name| self.uv_env.get(name))
                     .map(PathBuf::from)
-                    .filter(|path| !path.starts_with("/etc/ssl")),
+                    .filter(|path| !path.starts_with("/etc/ssl") && path.exists()),
             );
-            read_only.extend(certs.into_iter().filter(|path| path.exists()));
         }
         let invocation = UvInvocation {
             program: self.uv.path.clone(),
@@ -1030,6 +1063,24 @@ fn create_dir(path: &Path, action: &'static str) -> Result<(), EnvError> {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// `chown` `root` (and, when `recursive`, everything under it, without following symlinks) to
+/// `ids`, skipping what already belongs to them.
+fn set_owner_tree(root: &Path, (uid, gid): (u32, u32), recursive: bool) -> std::io::Result<()> {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let meta = fs_err::symlink_metadata(&path)?;
+        if meta.uid() != uid || meta.gid() != gid {
+            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
+        }
+        if recursive && meta.is_dir() {
+            for entry in fs_err::read_dir(&path)? {
+                stack.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `chmod a+<bits>` on one path.

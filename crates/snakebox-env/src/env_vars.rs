@@ -121,6 +121,15 @@ impl UvEnvironment {
             (EnvVars::NO_COLOR.to_owned(), "1".to_owned()),
         ];
         env.extend(self.passthrough.iter().map(|(k, v)| (k.clone(), v.clone())));
+        // With no certificate setting at all, trust the system's store: an organisation's CA
+        // (a TLS-intercepting proxy, a private index) is installed there, not in uv's bundle.
+        // MCP clients often start servers with a stripped environment, so this is the common case.
+        if self.get("SSL_CERT_FILE").is_none()
+            && self.get("SSL_CERT_DIR").is_none()
+            && self.get("UV_NATIVE_TLS").is_none()
+        {
+            env.push(("UV_NATIVE_TLS".to_owned(), "1".to_owned()));
+        }
         env
     }
 

@@ -289,6 +289,12 @@ pub trait UvRunner: Send + Sync + fmt::Debug {
 
     /// Whether invocations are isolated (for `check_environment`).
     fn is_sandboxed(&self) -> bool;
+
+    /// The host uid/gid invocations run as when it is not ours: the directories uv writes
+    /// (its cache, the build directory) must belong to it.
+    fn writer_ids(&self) -> Option<(u32, u32)> {
+        None
+    }
 }
 
 /// Anything [`crate::EnvCache::new`] accepts as its installer: an `Arc` of a runner
@@ -402,6 +408,7 @@ impl UvInvocation {
                 file_size_bytes: None,
                 open_files: None,
             },
+            identity: snakebox_sandbox::Identity::Installer,
         }
     }
 }
@@ -449,5 +456,9 @@ impl UvRunner for snakebox_sandbox::Sandbox {
 
     fn is_sandboxed(&self) -> bool {
         self.report().isolation_active
+    }
+
+    fn writer_ids(&self) -> Option<(u32, u32)> {
+        self.host_ids(snakebox_sandbox::Identity::Installer)
     }
 }

@@ -118,7 +118,7 @@ pub(crate) fn rlimits_for(limits: &Limits, memory: bool, processes: bool) -> Vec
 /// One source bind-mounted into the staging area (see `native` module docs for why).
 #[derive(Debug)]
 pub(crate) struct StagedMount {
-    /// `/proc/self/fd/N` of an `O_PATH` descriptor opened by the parent.
+    /// Host path of the source, resolved in the child's private mount namespace.
     pub(crate) source: CString,
     /// Path of the mount point inside the staging tmpfs.
     pub(crate) target: CString,

@@ -87,6 +87,20 @@ pub struct Policy {
     pub cwd: PathBuf,
     /// Resource limits.
     pub limits: Limits,
+    /// Whose code runs: decides the host uid the sandbox runs under (see [`Identity`]).
+    pub identity: Identity,
+}
+
+/// Who a sandbox runs for. Each identity has its own host uid when the server is root, so that
+/// what one writes the other cannot touch: the installer owns uv's cache and the environments
+/// it is building; user code owns nothing that outlives its run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Identity {
+    /// Untrusted user code (host uid 65534 under a root server).
+    Untrusted,
+    /// The dependency installer (uv; host uid 65533 under a root server).
+    Installer,
 }
 
 /// The command to run inside the sandbox.
@@ -269,12 +283,12 @@ impl Sandbox {
         }
     }
 
-    /// The host uid and gid the sandboxed command runs as, when it differs from the server's:
-    /// with the native backend under a root server, 65534. Writable mounts must be writable by
-    /// it (for example `chown 65534:65534` the per-run work directory).
-    pub fn sandbox_host_uid(&self) -> Option<(u32, u32)> {
-        self.native
-            .as_ref()
-            .and_then(native::NativeBackend::host_ids)
+    /// The host uid and gid a sandbox of this identity runs as, when it differs from the
+    /// server's: with the native backend under a root server, 65534 for user code and 65533
+    /// for the installer. Writable mounts must be writable by it (for example
+    /// `chown 65534:65534` the per-run work directory).
+    #[must_use]
+    pub fn host_ids(&self, identity: Identity) -> Option<(u32, u32)> {
+        self.native.as_ref().and_then(|n| n.host_ids(identity))
     }
 }

@@ -22,7 +22,7 @@ pub(crate) mod seccomp;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -42,9 +42,15 @@ use crate::error::{NamespaceError, SandboxError, SeccompError, SpawnError};
 use crate::none::FD_SOURCE_MIN;
 use crate::supervise::{Teardown, classify, supervise};
 use crate::{
-    BackendKind, BackendReport, LimitReport, Limits, Outcome, OutputChunk, Policy, SandboxCommand,
-    SandboxConfig,
+    BackendKind, BackendReport, Identity, LimitReport, Limits, Outcome, OutputChunk, Policy,
+    SandboxCommand, SandboxConfig,
 };
+
+/// Host uid/gid of install sandboxes under a root server: not the one user code runs as, so a
+/// run cannot touch uv's cache or an environment being built.
+pub(crate) const INSTALLER_UID: u32 = 65533;
+/// See [`INSTALLER_UID`].
+pub(crate) const INSTALLER_GID: u32 = 65533;
 
 /// Where the staging tmpfs is mounted (inside the child's private mount namespace only).
 pub(crate) const STAGING_ROOT: &str = "/run/snakebox-stage";
@@ -57,8 +63,8 @@ pub(crate) struct NativeBackend {
     view: SystemView,
     seccomp_eperm: Vec<u8>,
     seccomp_enosys: Vec<u8>,
-    /// Host uid/gid bwrap runs as, when we switch (server is root).
-    drop_to: Option<(u32, u32)>,
+    /// Whether we switch bwrap to an unprivileged host uid (the server is root).
+    drop_privileges: bool,
     staging: Option<PathBuf>,
     cgroups: Option<CgroupSet>,
     cgroup_note: String,
@@ -121,15 +127,15 @@ impl NativeBackend {
         let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
         seccomp_available()?;
         let programs = seccomp::programs()?;
-        let (drop_to, staging) = if is_root() {
+        let (drop_privileges, staging) = if is_root() {
             let root = PathBuf::from(STAGING_ROOT);
             fs_err::create_dir_all(&root).map_err(|source| NamespaceError::Staging {
                 path: root.clone(),
                 source,
             })?;
-            (Some((SANDBOX_UID, SANDBOX_GID)), Some(root))
+            (true, Some(root))
         } else {
-            (None, None)
+            (false, None)
         };
         let (cgroups, cgroup_note) = match CgroupSet::detect() {
             Ok(set) => {
@@ -147,7 +153,7 @@ impl NativeBackend {
             view: policy::probe_system_view(),
             seccomp_eperm: seccomp::SeccompPrograms::to_bytes(&programs.eperm),
             seccomp_enosys: seccomp::SeccompPrograms::to_bytes(&programs.enosys),
-            drop_to,
+            drop_privileges,
             staging,
             cgroups,
             cgroup_note,
@@ -183,6 +189,7 @@ impl NativeBackend {
                 file_size_bytes: None,
                 open_files: None,
             },
+            identity: crate::Identity::Untrusted,
         };
         let command = SandboxCommand {
             program,
@@ -223,16 +230,19 @@ impl NativeBackend {
         Ok(())
     }
 
-    /// Host uid/gid of the sandboxed command when we switch to it.
-    pub(crate) fn host_ids(&self) -> Option<(u32, u32)> {
-        self.drop_to
+    /// Host uid/gid of a sandbox of this identity when we switch to it.
+    pub(crate) fn host_ids(&self, identity: Identity) -> Option<(u32, u32)> {
+        self.drop_privileges.then_some(match identity {
+            Identity::Untrusted => (SANDBOX_UID, SANDBOX_GID),
+            Identity::Installer => (INSTALLER_UID, INSTALLER_GID),
+        })
     }
 
     /// The report of this backend.
     pub(crate) fn report(&self) -> BackendReport {
-        let host_uid = match self.drop_to {
+        let host_uid = match self.host_ids(Identity::Untrusted) {
             Some((uid, _)) => format!(
-                "host uid: bwrap and the command run as host uid {uid} (the server is root; sources are staged in a private mount namespace at {STAGING_ROOT})"
+                "host uid: bwrap and the command run as host uid {uid} (installs as {INSTALLER_UID}; the server is root; sources are staged in a private mount namespace at {STAGING_ROOT})"
             ),
             // SAFETY: geteuid has no preconditions.
             None => format!("host uid: bwrap runs as the server's own uid {}", unsafe {
@@ -264,7 +274,7 @@ impl NativeBackend {
         };
         let memory = self.cgroups.as_ref().and_then(CgroupSet::memory_mechanism);
         let pids = self.cgroups.as_ref().and_then(CgroupSet::pids_mechanism);
-        let nproc_note = if self.drop_to.is_some() {
+        let nproc_note = if self.drop_privileges {
             "RLIMIT_NPROC on host uid 65534 (shared by concurrent runs)"
         } else {
             "RLIMIT_NPROC on the server's uid (shared with the server's processes)"
@@ -298,8 +308,12 @@ impl NativeBackend {
         if let Some(root) = &self.staging {
             let mut staged = Vec::new();
             for (i, mount) in policy.mounts.iter().enumerate() {
-                let fd = open_path(&mount.host)?;
-                let is_dir = fs_err::metadata(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                // The source is bound by path in the child, after it entered its private mount
+                // namespace: a descriptor opened here would belong to the host's namespace, and
+                // the kernel refuses to bind a mount of another namespace (EINVAL). The paths
+                // are ours (environments, run directories) under root-owned parents, so the
+                // sandbox user cannot swap them for a symlink in between.
+                let is_dir = fs_err::metadata(&mount.host)
                     .map_err(|source| SpawnError::Path {
                         path: mount.host.clone(),
                         source,
@@ -307,12 +321,11 @@ impl NativeBackend {
                     .is_dir();
                 let target = root.join(i.to_string());
                 staged.push(StagedMount {
-                    source: cstring(format!("/proc/self/fd/{}", fd.as_raw_fd()).as_bytes())?,
+                    source: cstring(mount.host.as_os_str().as_bytes())?,
                     target: cstring(target.as_os_str().as_bytes())?,
                     is_dir,
                 });
                 sources.push(target);
-                keep.push(fd);
             }
             if !staged.is_empty() {
                 plan.staging = Some(Staging {
@@ -385,7 +398,7 @@ impl NativeBackend {
                 .collect::<Result<_, _>>()?,
             None => Vec::new(),
         };
-        plan.drop_to = self.drop_to;
+        plan.drop_to = self.host_ids(policy.identity);
 
         let mut cmd = std::process::Command::new(&self.bwrap);
         cmd.args(policy::bwrap_argv(command))
@@ -457,7 +470,10 @@ impl NativeBackend {
         if let Some(cg) = &teardown.cgroup {
             let left = cg.pids();
             if !left.is_empty() {
-                tracing::warn!(?left, "processes left in the run cgroup after the kill; retrying");
+                tracing::warn!(
+                    ?left,
+                    "processes left in the run cgroup after the kill; retrying"
+                );
             }
             cg.remove();
         }
@@ -486,21 +502,6 @@ fn cstring(bytes: &[u8]) -> Result<CString, SpawnError> {
     CString::new(bytes).map_err(|_| SpawnError::NulByte {
         value: String::from_utf8_lossy(bytes).into_owned(),
     })
-}
-
-/// Open `path` as an `O_PATH` descriptor (no read permission needed, nothing followed later).
-fn open_path(path: &Path) -> Result<OwnedFd, SpawnError> {
-    let c = cstring(path.as_os_str().as_bytes())?;
-    // SAFETY: open with a valid NUL-terminated path; we own the returned descriptor.
-    let fd = unsafe { libc::open(c.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
-    if fd < 0 {
-        return Err(SpawnError::Path {
-            path: path.to_path_buf(),
-            source: std::io::Error::last_os_error(),
-        });
-    }
-    // SAFETY: `fd` is a fresh descriptor owned only here.
-    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) })
 }
 
 fn wait_with_timeout(

@@ -390,6 +390,7 @@ mod tests {
                 file_size_bytes: None,
                 open_files: None,
             },
+            identity: crate::Identity::Untrusted,
         }
     }
 
