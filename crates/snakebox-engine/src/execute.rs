@@ -137,32 +137,26 @@ impl Engine {
             }
         };
         let (status, error) = classify(&outcome, &self.config, plan.timeout);
-        with_plan(ExecutionResult {
-            execution_id,
-            status,
-            exit_code: outcome.exit_code,
-            stdout_truncated: outcome.stdout.truncated,
-            stderr_truncated: outcome.stderr.truncated,
-            stdout: outcome.stdout.text,
-            stderr: outcome.stderr.text,
-            timed_out: outcome.termination == Termination::TimedOut,
-            duration_ms: ids::millis(outcome.duration),
-            setup_ms,
-            timeout_seconds,
-            python_version: None,
-            requested_dependencies: Vec::new(),
-            resolved_dependencies: environment
-                .packages
-                .iter()
-                .map(|p| Package {
-                    name: p.name.clone(),
-                    version: p.version.clone(),
-                })
-                .collect(),
-            environment_reused: environment.reused,
-            error,
-            notes: Vec::new(),
-        })
+        let mut result = ExecutionResult::new(execution_id, status);
+        result.exit_code = outcome.exit_code;
+        result.stdout_truncated = outcome.stdout.truncated;
+        result.stderr_truncated = outcome.stderr.truncated;
+        result.stdout = outcome.stdout.text;
+        result.stderr = outcome.stderr.text;
+        result.timed_out = outcome.termination == Termination::TimedOut;
+        result.duration_ms = ids::millis(outcome.duration);
+        result.setup_ms = setup_ms;
+        result.resolved_dependencies = environment
+            .packages
+            .iter()
+            .map(|p| Package {
+                name: p.name.clone(),
+                version: p.version.clone(),
+            })
+            .collect();
+        result.environment_reused = environment.reused;
+        result.error = error;
+        with_plan(result)
     }
 
     /// Check the request and decide interpreter, requirements and timeout.

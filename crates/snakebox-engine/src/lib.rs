@@ -24,7 +24,7 @@ use tokio::sync::Semaphore;
 pub use config::EngineConfig;
 pub use execute::ExecuteRequest;
 pub use report::{CacheReport, EnvironmentReport, InterpreterReport, WarmState};
-pub use result::{ErrorInfo, ExecutionResult, Package, Status};
+pub use result::{Artifact, ErrorInfo, ExceptionInfo, ExecutionResult, Package, Status, ValueRepr};
 pub use validate::{Validation, ValidationProblem};
 
 /// Why something the engine needs is not available, kept to be reported per call.

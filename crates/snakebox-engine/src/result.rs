@@ -104,12 +104,71 @@ pub struct ExecutionResult {
     pub error: Option<ErrorInfo>,
     /// Notes about adjustments made to the request (e.g. a timeout clamped to the maximum).
     pub notes: Vec<String>,
+    /// The value of the script's last expression, as a notebook shows it (absent when the
+    /// last statement is not an expression or its value is `None`).
+    pub result: Option<ValueRepr>,
+    /// Names the run defined at top level (variables, functions, classes, imports).
+    pub names: Vec<String>,
+    /// The uncaught exception, with a traceback that points at the script's own lines.
+    pub exception: Option<ExceptionInfo>,
+    /// Files the run created in its working directory (and images it produced).
+    pub artifacts: Vec<Artifact>,
+    /// The session this run belongs to (absent for one-shot runs).
+    pub session_id: Option<String>,
+    /// True when this run started a new interpreter for its session, so variables from
+    /// earlier calls are gone (files and packages remain).
+    pub fresh_interpreter: bool,
+}
+
+/// A value as a notebook shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+pub struct ValueRepr {
+    /// `repr()` of the value (capped).
+    pub repr: String,
+    /// The value as JSON, when it is plain data (dict, list, str, number, bool, None).
+    pub json: Option<serde_json::Value>,
+    /// The value's type name.
+    pub type_name: String,
+}
+
+/// An uncaught exception.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct ExceptionInfo {
+    /// Exception class name, e.g. `ZeroDivisionError`.
+    pub type_name: String,
+    /// `str()` of the exception.
+    pub message: String,
+    /// Formatted traceback, limited to the script's own frames.
+    pub traceback: String,
+    /// Line of the script where it was raised, when known.
+    pub line: Option<u32>,
+}
+
+/// A file produced by a run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct Artifact {
+    /// Path relative to the run's working directory.
+    pub name: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// MIME type guessed from the name.
+    pub mime_type: String,
+    /// Resource URI to read it with `resources/read`.
+    pub uri: String,
 }
 
 impl ExecutionResult {
     /// A result for an execution that never ran.
     #[must_use]
     pub fn not_run(execution_id: String, status: Status, error: ErrorInfo) -> Self {
+        let mut result = ExecutionResult::new(execution_id, status);
+        result.error = Some(error);
+        result
+    }
+
+    /// An empty record with this id and status; callers fill in what they know.
+    #[must_use]
+    pub fn new(execution_id: String, status: Status) -> Self {
         ExecutionResult {
             execution_id,
             status,
@@ -126,8 +185,14 @@ impl ExecutionResult {
             requested_dependencies: Vec::new(),
             resolved_dependencies: Vec::new(),
             environment_reused: false,
-            error: Some(error),
+            error: None,
             notes: Vec::new(),
+            result: None,
+            names: Vec::new(),
+            exception: None,
+            artifacts: Vec::new(),
+            session_id: None,
+            fresh_interpreter: false,
         }
     }
 
