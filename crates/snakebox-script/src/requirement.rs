@@ -69,9 +69,9 @@ pub fn parse_requirement(input: &str) -> Result<Requirement, ScriptError> {
         requirement: input.to_owned(),
         reason,
     };
-    // > PEP 508's grammar is ASCII throughout (`letter = 'A'..'Z' | 'a'..'z'`, quoted marker
-    // > strings draw from `python_str_c`, URLs are RFC 3986 URIs).
-    // Checking it first also keeps non-ASCII text away from pep508_rs 0.9, which mixes up
+    // PEP 508's grammar is ASCII throughout: `letter = 'A'..'Z' | 'a'..'z'`, quoted marker
+    // strings are made of `python_str_c` (ASCII letters, digits, punctuation), URLs are
+    // RFC 3986 URIs. Checking it first also keeps non-ASCII text away from pep508_rs 0.9, which mixes up
     // character counts and byte offsets and panics on some (`a; python_version < '3' xä`).
     if let Some(c) = input.chars().find(|c| !c.is_ascii()) {
         return Err(invalid(format!(
