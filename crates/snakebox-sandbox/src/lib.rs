@@ -17,6 +17,7 @@ mod cgroup;
 mod child;
 mod error;
 mod host;
+mod live;
 mod native;
 mod none;
 mod supervise;
@@ -30,6 +31,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::error::{CgroupError, NamespaceError, SandboxError, SeccompError, SpawnError};
+pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
 pub use crate::supervise::CONTROL_MAX_BYTES;
 
 /// Which isolation mechanism runs the command.
@@ -280,6 +282,24 @@ impl Sandbox {
         match &self.native {
             None => none::run(policy, command, cancel, output).await,
             Some(native) => native.run(policy, command, cancel, output).await,
+        }
+    }
+
+    /// Start a long-lived sandbox: the same isolation and limits as [`Sandbox::run`] (memory
+    /// and process limits hold for its whole life; `wall_time` is ignored here and given per
+    /// request to [`LiveSandbox::exchange`]). The command's stdin is a private request pipe
+    /// and, with `control_channel`, descriptor 3 carries its answers.
+    ///
+    /// # Errors
+    /// Like [`Sandbox::run`], when the sandbox cannot be set up or started.
+    pub fn spawn(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+    ) -> Result<LiveSandbox, SandboxError> {
+        match &self.native {
+            None => none::spawn(policy, command),
+            Some(native) => native.spawn(policy, command),
         }
     }
 

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::child::{ChildPlan, pipe, raise_fd, rlimits_for};
 use crate::error::{SandboxError, SpawnError};
 use crate::host::{RealHost, kill_tree};
+use crate::live::LiveSandbox;
 use crate::supervise::{Teardown, classify, supervise};
 use crate::{LimitReport, Limits, Outcome, OutputChunk, Policy, SandboxCommand};
 
@@ -97,13 +98,20 @@ pub(crate) fn limit_reports() -> Vec<LimitReport> {
     ]
 }
 
-/// Run `command` without isolation.
-pub(crate) async fn run(
+/// A command started without isolation.
+struct Started {
+    child: tokio::process::Child,
+    teardown: SessionTeardown,
+    control_read: Option<std::os::fd::OwnedFd>,
+    started: Instant,
+}
+
+/// Start `command` without isolation; with `requests`, its stdin is a private pipe from us.
+fn start(
     policy: &Policy,
     command: &SandboxCommand,
-    cancel: CancellationToken,
-    output: Option<UnboundedSender<OutputChunk>>,
-) -> Result<Outcome, SandboxError> {
+    requests: bool,
+) -> Result<Started, SandboxError> {
     let limits: &Limits = &policy.limits;
     let mut std_cmd = std::process::Command::new(&command.program);
     std_cmd
@@ -111,7 +119,11 @@ pub(crate) async fn run(
         .env_clear()
         .envs(policy.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&policy.cwd)
-        .stdin(Stdio::null())
+        .stdin(if requests {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
 
@@ -153,7 +165,28 @@ pub(crate) async fn run(
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .unwrap_or(0);
-    let teardown = SessionTeardown { leader };
+    Ok(Started {
+        child,
+        teardown: SessionTeardown { leader },
+        control_read,
+        started,
+    })
+}
+
+/// Run `command` without isolation.
+pub(crate) async fn run(
+    policy: &Policy,
+    command: &SandboxCommand,
+    cancel: CancellationToken,
+    output: Option<UnboundedSender<OutputChunk>>,
+) -> Result<Outcome, SandboxError> {
+    let limits: &Limits = &policy.limits;
+    let Started {
+        child,
+        teardown,
+        control_read,
+        started,
+    } = start(policy, command, false)?;
     let raw = supervise(
         child,
         control_read,
@@ -174,4 +207,25 @@ pub(crate) async fn run(
         control: raw.control,
         duration: raw.duration,
     })
+}
+
+/// Start a long-lived command without isolation (see [`crate::LiveSandbox`]).
+pub(crate) fn spawn(
+    policy: &Policy,
+    command: &SandboxCommand,
+) -> Result<LiveSandbox, SandboxError> {
+    let Started {
+        child,
+        teardown,
+        control_read,
+        started: _,
+    } = start(policy, command, true)?;
+    LiveSandbox::new(
+        child,
+        std::sync::Arc::new(teardown),
+        control_read,
+        None,
+        false,
+        &policy.limits,
+    )
 }

@@ -37,6 +37,8 @@ pub(crate) trait Teardown: Send + Sync {
     fn memory_exceeded(&self) -> bool {
         false
     }
+    /// Free what the run held once everything is dead (its cgroup). Idempotent.
+    fn release(&self) {}
 }
 
 /// Kills the tree if the run future is dropped before it finished.

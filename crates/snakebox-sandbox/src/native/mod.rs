@@ -39,6 +39,7 @@ use self::policy::{
 use crate::cgroup::{CgroupSet, RunCgroup};
 use crate::child::{ChildPlan, StagedMount, Staging, memfd_with, pipe, raise_fd, rlimits_for};
 use crate::error::{NamespaceError, SandboxError, SeccompError, SpawnError};
+use crate::live::LiveSandbox;
 use crate::none::FD_SOURCE_MIN;
 use crate::supervise::{Teardown, classify, supervise};
 use crate::{
@@ -419,25 +420,30 @@ impl NativeBackend {
         })
     }
 
-    /// Run one command in a fresh sandbox.
-    pub(crate) async fn run(
+    /// Start one command in a fresh sandbox: its own cgroup (for the sandbox's whole life),
+    /// bwrap spawned, and a task that learns the sandbox's pid 1 for the kill path. With
+    /// `requests`, the command's stdin is a private pipe from us (a long-lived sandbox reads its
+    /// requests there); otherwise it is `/dev/null`.
+    fn start(
         &self,
         policy: &Policy,
         command: &SandboxCommand,
-        cancel: CancellationToken,
-        output: Option<UnboundedSender<OutputChunk>>,
-    ) -> Result<Outcome, SandboxError> {
+        requests: bool,
+    ) -> Result<Started, SandboxError> {
         let cgroup = match &self.cgroups {
             Some(set) => Some(set.create_run(&policy.limits)?),
             None => None,
         };
         let prepared = self.prepare(policy, command, cgroup.as_ref())?;
         let Prepared {
-            command: std_cmd,
+            command: mut std_cmd,
             keep_until_spawned,
             info_read,
             control_read,
         } = prepared;
+        if requests {
+            std_cmd.stdin(Stdio::piped());
+        }
         let mut cmd = tokio::process::Command::from(std_cmd);
         cmd.kill_on_drop(true);
         let started = Instant::now();
@@ -454,6 +460,30 @@ impl NativeBackend {
             cgroup,
         });
         let info_task = tokio::spawn(read_info(info_read, teardown.clone()));
+        Ok(Started {
+            child,
+            teardown,
+            control_read,
+            info_task,
+            started,
+        })
+    }
+
+    /// Run one command in a fresh sandbox.
+    pub(crate) async fn run(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<Outcome, SandboxError> {
+        let Started {
+            child,
+            teardown,
+            control_read,
+            info_task,
+            started,
+        } = self.start(policy, command, false)?;
         let raw = supervise(
             child,
             control_read,
@@ -467,16 +497,7 @@ impl NativeBackend {
         info_task.abort();
         let memory_hit = teardown.memory_exceeded();
         let raw = raw?;
-        if let Some(cg) = &teardown.cgroup {
-            let left = cg.pids();
-            if !left.is_empty() {
-                tracing::warn!(
-                    ?left,
-                    "processes left in the run cgroup after the kill; retrying"
-                );
-            }
-            cg.remove();
-        }
+        teardown.release();
         let ending = classify(&raw, &policy.limits, true, memory_hit);
         Ok(Outcome {
             exit_code: ending.exit_code,
@@ -488,6 +509,38 @@ impl NativeBackend {
             duration: raw.duration,
         })
     }
+
+    /// Start a long-lived sandbox (see [`crate::LiveSandbox`]).
+    pub(crate) fn spawn(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+    ) -> Result<LiveSandbox, SandboxError> {
+        let Started {
+            child,
+            teardown,
+            control_read,
+            info_task,
+            started: _,
+        } = self.start(policy, command, true)?;
+        LiveSandbox::new(
+            child,
+            teardown,
+            control_read,
+            Some(info_task),
+            true,
+            &policy.limits,
+        )
+    }
+}
+
+/// A sandbox that has just been started.
+struct Started {
+    child: tokio::process::Child,
+    teardown: Arc<NativeTeardown>,
+    control_read: Option<OwnedFd>,
+    info_task: tokio::task::JoinHandle<()>,
+    started: Instant,
 }
 
 /// A prepared bwrap command with the descriptors that must live until it is spawned.
@@ -589,5 +642,18 @@ impl Teardown for NativeTeardown {
 
     fn memory_exceeded(&self) -> bool {
         self.cgroup.as_ref().is_some_and(RunCgroup::oom_killed)
+    }
+
+    fn release(&self) {
+        if let Some(cg) = &self.cgroup {
+            let left = cg.pids();
+            if !left.is_empty() {
+                tracing::warn!(
+                    ?left,
+                    "processes left in the run cgroup after the kill; retrying"
+                );
+            }
+            cg.remove();
+        }
     }
 }

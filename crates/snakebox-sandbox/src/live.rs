@@ -1,0 +1,537 @@
+//! Long-lived sandboxes: a command started once, under the same policy as a one-shot run,
+//! that then answers many requests (a session's interpreter).
+//!
+//! The sandbox is set up exactly like [`crate::Sandbox::run`] sets up a run (the same bwrap
+//! argument list, seccomp programs, staging, cgroup and rlimits; the cgroup's memory and
+//! process limits hold for the sandbox's whole life). What differs is the conversation:
+//!
+//! - requests go to the command's **stdin**, a private pipe from the server (never the MCP
+//!   stream); the command should move it away from descriptor 0 so that user code reading
+//!   stdin sees end of file instead of the next request;
+//! - each answer is one line on the **control channel** (descriptor 3, as for one-shot runs);
+//! - stdout and stderr are read per request until a **marker** the caller chose for that
+//!   request (the command prints it on both streams when the request is done), so the output
+//!   of each request is attributed to it and capped with the usual shared budget;
+//! - the wall-time limit is per request: when it is reached (or the caller cancels), the whole
+//!   tree is killed, like a one-shot run, and the sandbox is dead from then on.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::process::ExitStatusExt;
+use std::process::ExitStatus;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use crate::capture::{Forwarder, StreamCapture, finish_pair};
+use crate::error::{SandboxError, SpawnError};
+use crate::supervise::{CONTROL_MAX_BYTES, Teardown};
+use crate::{Captured, Limits, OutputChunk, Stream};
+
+/// How long the pipes are still read after the tree was killed.
+const DRAIN_GRACE: Duration = Duration::from_millis(500);
+/// How long stdout and stderr may lag behind an answer before the exchange ends without their
+/// markers (the command may have closed its stdout).
+const MARKER_GRACE: Duration = Duration::from_millis(250);
+
+/// How one exchange ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExchangeEnd {
+    /// The command answered and is still running, ready for the next request.
+    Answered,
+    /// The command exited (or crashed) before answering; the sandbox is dead.
+    Exited,
+    /// The request's wall-time limit was reached; the tree was killed.
+    TimedOut,
+    /// The caller cancelled; the tree was killed.
+    Cancelled,
+    /// The sandbox hit its memory limit and the command was killed.
+    MemoryLimit,
+}
+
+/// What one request/answer exchange with a [`LiveSandbox`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Exchange {
+    /// How it ended.
+    pub end: ExchangeEnd,
+    /// Exit code when the command exited normally during this exchange.
+    pub exit_code: Option<i32>,
+    /// Signal number when it was killed by a signal during this exchange.
+    pub signal: Option<i32>,
+    /// Standard output of this request (up to its marker).
+    pub stdout: Captured,
+    /// Standard error of this request (up to its marker).
+    pub stderr: Captured,
+    /// The answer line from the control channel (without its newline); empty when none came.
+    pub answer: Vec<u8>,
+    /// Wall-clock duration of the exchange.
+    pub duration: Duration,
+}
+
+/// A running sandbox that answers requests; see the module documentation. Dropping it kills
+/// the whole tree.
+pub struct LiveSandbox {
+    child: tokio::process::Child,
+    teardown: Arc<dyn Teardown>,
+    requests: Option<tokio::process::ChildStdin>,
+    stdout: Option<tokio::process::ChildStdout>,
+    stderr: Option<tokio::process::ChildStderr>,
+    control: Option<tokio::net::unix::pipe::Receiver>,
+    /// Bytes read past the end of the previous exchange (stdout, stderr, control).
+    carry: [Vec<u8>; 3],
+    info_task: Option<tokio::task::JoinHandle<()>>,
+    shell_style_signals: bool,
+    max_output_bytes: u64,
+    dead: bool,
+}
+
+impl std::fmt::Debug for LiveSandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveSandbox")
+            .field("pid", &self.child.id())
+            .field("dead", &self.dead)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LiveSandbox {
+    /// Wrap a freshly started child. `shell_style_signals`: the direct child reports a signal
+    /// death of the command as exit code `128 + signal` (bwrap does).
+    pub(crate) fn new(
+        mut child: tokio::process::Child,
+        teardown: Arc<dyn Teardown>,
+        control: Option<OwnedFd>,
+        info_task: Option<tokio::task::JoinHandle<()>>,
+        shell_style_signals: bool,
+        limits: &Limits,
+    ) -> Result<LiveSandbox, SandboxError> {
+        let control = match control {
+            Some(fd) => Some(tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(
+                |source| SpawnError::Descriptor {
+                    what: "control channel",
+                    source,
+                },
+            )?),
+            None => None,
+        };
+        Ok(LiveSandbox {
+            requests: child.stdin.take(),
+            stdout: child.stdout.take(),
+            stderr: child.stderr.take(),
+            child,
+            teardown,
+            control,
+            carry: Default::default(),
+            info_task,
+            shell_style_signals,
+            max_output_bytes: limits.max_output_bytes,
+            dead: false,
+        })
+    }
+
+    /// Whether the command is still running (it may have exited between exchanges).
+    pub fn is_alive(&mut self) -> bool {
+        if self.dead {
+            return false;
+        }
+        if matches!(self.child.try_wait(), Ok(Some(_)) | Err(_)) {
+            self.teardown.kill_all();
+            self.teardown.release();
+            self.dead = true;
+        }
+        !self.dead
+    }
+
+    /// Kill the whole tree and wait for the direct child. Idempotent.
+    pub async fn kill(&mut self) {
+        self.teardown.kill_all();
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+        self.teardown.kill_all();
+        self.teardown.release();
+        if let Some(task) = self.info_task.take() {
+            task.abort();
+        }
+        self.dead = true;
+    }
+
+    /// Send `request` to the command's stdin and collect its answer: one line on the control
+    /// channel, plus stdout and stderr up to `marker` on each. Within `timeout` (then the tree
+    /// is killed), and until `cancel` fires (likewise). `output` receives the request's output
+    /// while it is produced (capped like the captured text).
+    ///
+    /// # Errors
+    /// When waiting for the process fails. A dead sandbox is not an error: the exchange ends
+    /// at once with [`ExchangeEnd::Exited`].
+    pub async fn exchange(
+        &mut self,
+        request: &[u8],
+        marker: &[u8],
+        timeout: Duration,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<Exchange, SandboxError> {
+        let started = Instant::now();
+        let budget = self.max_output_bytes;
+        let mut captures = [StreamCapture::new(budget), StreamCapture::new(budget)];
+        let mut forwarders = [Forwarder::default(), Forwarder::default()];
+        let mut forward_left = usize::try_from(budget).unwrap_or(usize::MAX);
+        let mut scanners = [Until::new(marker), Until::new(marker)];
+        let mut answer = Line::default();
+        let mut keep = |index: usize, data: &[u8], captures: &mut [StreamCapture; 2]| {
+            if data.is_empty() {
+                return;
+            }
+            captures[index].push(data);
+            if let Some(tx) = &output {
+                let allowed = forward_left.min(data.len());
+                forward_left -= allowed;
+                if let Some(text) = forwarders[index].text(data, allowed) {
+                    let stream = if index == 0 {
+                        Stream::Stdout
+                    } else {
+                        Stream::Stderr
+                    };
+                    let _ = tx.send(OutputChunk { stream, text });
+                }
+            }
+        };
+
+        if self.dead {
+            return Ok(Exchange {
+                end: ExchangeEnd::Exited,
+                exit_code: None,
+                signal: None,
+                stdout: Captured::default(),
+                stderr: Captured::default(),
+                answer: Vec::new(),
+                duration: started.elapsed(),
+            });
+        }
+
+        // Whatever the previous exchange read past its end comes first.
+        for (index, scanner) in scanners.iter_mut().enumerate() {
+            let carried = std::mem::take(&mut self.carry[index]);
+            let emitted = scanner.feed(&carried);
+            keep(index, &emitted, &mut captures);
+            if let Some(rest) = scanner.rest.take() {
+                self.carry[index] = rest;
+            }
+        }
+        let carried = std::mem::take(&mut self.carry[2]);
+        if let Some(rest) = answer.feed(&carried) {
+            self.carry[2] = rest;
+        }
+
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut ended: Option<ExchangeEnd> = None;
+        let mut status: Option<ExitStatus> = None;
+        let mut grace: Option<tokio::time::Instant> = None;
+
+        // 1. The request. A child that died makes the write fail; the loop below sees it exit.
+        if let Some(stdin) = self.requests.as_mut() {
+            tokio::select! {
+                result = async {
+                    stdin.write_all(request).await?;
+                    stdin.flush().await
+                } => {
+                    if let Err(err) = result {
+                        tracing::debug!(%err, "could not write a request to a live sandbox");
+                    }
+                }
+                () = tokio::time::sleep_until(deadline) => ended = Some(ExchangeEnd::TimedOut),
+                () = cancel.cancelled() => ended = Some(ExchangeEnd::Cancelled),
+            }
+            if ended.is_some() {
+                self.teardown.kill_all();
+                grace = Some(tokio::time::Instant::now() + DRAIN_GRACE);
+            }
+        }
+
+        // 2. The answer and the request's output.
+        let mut bufs = [vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]];
+        let mut control_buf = vec![0u8; 64 * 1024];
+        let mut open = [
+            self.stdout.is_some(),
+            self.stderr.is_some(),
+            self.control.is_some(),
+        ];
+        loop {
+            // While alive, a stream is read until its marker; after a death, until EOF.
+            let want = |i: usize, open: &[bool; 3], ended: Option<ExchangeEnd>| {
+                open[i] && (ended.is_some() || !scanners[i].found)
+            };
+            let want_out = want(0, &open, ended);
+            let want_err = want(1, &open, ended);
+            let want_control = open[2] && (ended.is_some() || !answer.done);
+            if ended.is_none() && answer.done && !want_out && !want_err {
+                ended = Some(ExchangeEnd::Answered);
+                break;
+            }
+            if ended.is_some() && !want_out && !want_err && !want_control {
+                break;
+            }
+            if ended.is_none() && answer.done && grace.is_none() {
+                grace = Some(tokio::time::Instant::now() + MARKER_GRACE);
+            }
+            let [out_buf, err_buf] = &mut bufs;
+            tokio::select! {
+                read = read_some(self.stdout.as_mut(), out_buf), if want_out => {
+                    match read {
+                        Ok(0) | Err(_) => open[0] = false,
+                        Ok(n) => {
+                            let emitted = scanners[0].feed(&out_buf[..n]);
+                            keep(0, &emitted, &mut captures);
+                        }
+                    }
+                }
+                read = read_some(self.stderr.as_mut(), err_buf), if want_err => {
+                    match read {
+                        Ok(0) | Err(_) => open[1] = false,
+                        Ok(n) => {
+                            let emitted = scanners[1].feed(&err_buf[..n]);
+                            keep(1, &emitted, &mut captures);
+                        }
+                    }
+                }
+                read = read_some(self.control.as_mut(), &mut control_buf), if want_control => {
+                    match read {
+                        Ok(0) | Err(_) => open[2] = false,
+                        Ok(n) => {
+                            if let Some(rest) = answer.feed(&control_buf[..n]) {
+                                self.carry[2] = rest;
+                            }
+                        }
+                    }
+                }
+                waited = self.child.wait(), if ended.is_none() => {
+                    status = waited.ok();
+                    ended = Some(ExchangeEnd::Exited);
+                    self.teardown.kill_all();
+                    grace = Some(tokio::time::Instant::now() + DRAIN_GRACE);
+                }
+                () = tokio::time::sleep_until(deadline), if ended.is_none() => {
+                    ended = Some(ExchangeEnd::TimedOut);
+                    self.teardown.kill_all();
+                    grace = Some(tokio::time::Instant::now() + DRAIN_GRACE);
+                }
+                () = cancel.cancelled(), if ended.is_none() => {
+                    ended = Some(ExchangeEnd::Cancelled);
+                    self.teardown.kill_all();
+                    grace = Some(tokio::time::Instant::now() + DRAIN_GRACE);
+                }
+                () = sleep_until_opt(grace) => {
+                    if ended.is_none() {
+                        ended = Some(ExchangeEnd::Answered);
+                    }
+                    break;
+                }
+            }
+        }
+        for (index, scanner) in scanners.iter_mut().enumerate() {
+            if ended != Some(ExchangeEnd::Answered) || !scanner.found {
+                // No marker will come: what is held back is output too.
+                let tail = std::mem::take(&mut scanner.pending);
+                keep(index, &tail, &mut captures);
+            } else if let Some(rest) = scanner.rest.take() {
+                self.carry[index].extend_from_slice(&rest);
+            }
+        }
+
+        let mut end = ended.unwrap_or(ExchangeEnd::Exited);
+        let (mut exit_code, mut signal) = (None, None);
+        if end != ExchangeEnd::Answered {
+            // Nothing of the sandbox may outlive a failed exchange.
+            self.teardown.kill_all();
+            let status = match status {
+                Some(status) => status,
+                None => {
+                    let _ = self.child.start_kill();
+                    let pid = self.child.id().unwrap_or(0);
+                    self.child
+                        .wait()
+                        .await
+                        .map_err(|source| SpawnError::Wait { pid, source })?
+                }
+            };
+            self.teardown.kill_all();
+            exit_code = status.code();
+            signal = status.signal();
+            if let Some(code) =
+                exit_code.filter(|c| self.shell_style_signals && (129..=128 + 64).contains(c))
+            {
+                exit_code = None;
+                signal = Some(code - 128);
+            }
+            if end == ExchangeEnd::Exited && self.teardown.memory_exceeded() {
+                end = ExchangeEnd::MemoryLimit;
+            }
+            self.teardown.release();
+            if let Some(task) = self.info_task.take() {
+                task.abort();
+            }
+            self.requests = None;
+            self.dead = true;
+        }
+        let (stdout, stderr) = finish_pair(&captures[0], &captures[1], budget);
+        Ok(Exchange {
+            end,
+            exit_code,
+            signal,
+            stdout,
+            stderr,
+            answer: if answer.done { answer.line } else { Vec::new() },
+            duration: started.elapsed(),
+        })
+    }
+}
+
+impl Drop for LiveSandbox {
+    fn drop(&mut self) {
+        if !self.dead {
+            self.teardown.kill_all();
+            let _ = self.child.start_kill();
+        }
+        self.teardown.release();
+        if let Some(task) = self.info_task.take() {
+            task.abort();
+        }
+    }
+}
+
+async fn read_some<R: AsyncRead + Unpin>(
+    reader: Option<&mut R>,
+    buf: &mut [u8],
+) -> std::io::Result<usize> {
+    match reader {
+        Some(reader) => reader.read(buf).await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Splits a stream at a marker: bytes before it are output, bytes after it belong to whatever
+/// comes next. Holds back the last `marker.len() - 1` bytes, which may be the marker's start.
+#[derive(Debug)]
+struct Until {
+    marker: Vec<u8>,
+    pending: Vec<u8>,
+    found: bool,
+    /// Bytes after the marker, once found.
+    rest: Option<Vec<u8>>,
+}
+
+impl Until {
+    fn new(marker: &[u8]) -> Self {
+        Until {
+            marker: marker.to_vec(),
+            pending: Vec::new(),
+            found: marker.is_empty(),
+            rest: None,
+        }
+    }
+
+    /// Feed bytes; returns those that are certainly output.
+    fn feed(&mut self, data: &[u8]) -> Vec<u8> {
+        if self.found {
+            self.rest
+                .get_or_insert_with(Vec::new)
+                .extend_from_slice(data);
+            return Vec::new();
+        }
+        self.pending.extend_from_slice(data);
+        let m = self.marker.len();
+        if let Some(at) = self
+            .pending
+            .windows(m)
+            .position(|window| window == self.marker.as_slice())
+        {
+            self.found = true;
+            self.rest = Some(self.pending[at + m..].to_vec());
+            self.pending.truncate(at);
+            return std::mem::take(&mut self.pending);
+        }
+        let hold = (m - 1).min(self.pending.len());
+        let tail = self.pending.split_off(self.pending.len() - hold);
+        std::mem::replace(&mut self.pending, tail)
+    }
+}
+
+/// One answer line from the control channel (capped at [`CONTROL_MAX_BYTES`]).
+#[derive(Debug, Default)]
+struct Line {
+    line: Vec<u8>,
+    done: bool,
+}
+
+impl Line {
+    /// Feed bytes; returns the bytes after the line's end, once it ended.
+    fn feed(&mut self, data: &[u8]) -> Option<Vec<u8>> {
+        if self.done {
+            return Some(data.to_vec());
+        }
+        let (part, rest) = match data.iter().position(|&b| b == b'\n') {
+            Some(at) => (&data[..at], Some(data[at + 1..].to_vec())),
+            None => (data, None),
+        };
+        let room = CONTROL_MAX_BYTES.saturating_sub(self.line.len());
+        self.line.extend_from_slice(&part[..part.len().min(room)]);
+        self.done = rest.is_some();
+        rest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(data: &[u8], marker: &[u8], chunk: usize) -> (Vec<u8>, bool, Vec<u8>) {
+        let mut until = Until::new(marker);
+        let mut out = Vec::new();
+        for part in data.chunks(chunk.max(1)) {
+            out.extend(until.feed(part));
+        }
+        let found = until.found;
+        if !found {
+            out.extend(std::mem::take(&mut until.pending));
+        }
+        (out, found, until.rest.unwrap_or_default())
+    }
+
+    #[test]
+    fn marker_is_found_across_chunk_boundaries() {
+        let data = b"hello\nworld\x1eEND-42\x1eafter";
+        for chunk in 1..data.len() + 1 {
+            let (out, found, rest) = split(data, b"\x1eEND-42\x1e", chunk);
+            assert_eq!(out, b"hello\nworld", "chunk {chunk}");
+            assert!(found);
+            assert_eq!(rest, b"after", "chunk {chunk}");
+        }
+    }
+
+    #[test]
+    fn without_marker_everything_is_output() {
+        let (out, found, _) = split(b"no marker here \x1eEND", b"\x1eEND-42\x1e", 4);
+        assert!(!found);
+        assert_eq!(out, b"no marker here \x1eEND");
+    }
+
+    #[test]
+    fn answer_line_keeps_what_follows() {
+        let mut line = Line::default();
+        assert_eq!(line.feed(b"{\"a\":"), None);
+        assert_eq!(line.feed(b"1}\n{\"b\""), Some(b"{\"b\"".to_vec()));
+        assert!(line.done);
+        assert_eq!(line.line, b"{\"a\":1}");
+    }
+}
