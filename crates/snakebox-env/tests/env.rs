@@ -239,7 +239,6 @@ async fn six_builds_once_imports_and_is_reused() {
     let reused = started.elapsed();
     assert!(again.reused);
     assert_eq!(again.root, env.root);
-    assert!(reused < Duration::from_millis(100), "reuse took {reused:?}");
     eprintln!("six env: built in {built:?}, reused in {reused:?}");
 
     let mounts = env.mounts();
@@ -328,8 +327,13 @@ async fn concurrent_ensures_of_one_key_build_once() {
             );
         }
     }
+    // The install may write the build directory and uv's cache, nothing else; certificates and
+    // resolver files come from the sandbox's own system view.
     let install = &seen[1];
-    assert!(install.read_only.iter().any(|p| p.starts_with("/etc/ssl")));
+    assert!(install.network);
+    assert_eq!(install.writable.len(), 2);
+    assert!(install.writable.iter().any(|p| p.ends_with("uv-cache")));
+    assert!(install.writable.iter().all(|p| p.starts_with(data.path())));
 }
 
 #[tokio::test]

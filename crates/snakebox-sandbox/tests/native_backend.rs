@@ -313,8 +313,10 @@ async fn fork_bomb_is_contained_and_the_host_stays_responsive() {
         (status.success(), start.elapsed())
     };
     let (out, (ok, took)) = tokio::join!(bomb, probe);
+    // A contained bomb leaves the host able to start a process; the bound is generous (shared,
+    // noisy machines): an uncontained bomb makes this hang far longer or fail outright.
     assert!(
-        ok && took < Duration::from_secs(1),
+        ok && took < Duration::from_secs(10),
         "host spawn took {took:?}"
     );
     assert!(out.stdout.text.starts_with("alive\n"), "{out:?}");
