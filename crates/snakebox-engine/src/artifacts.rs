@@ -1,0 +1,1157 @@
+//! Files out: the artifact store.
+//!
+//! After a run, every regular file the script created or changed in its working directory is
+//! copied into `<data>/artifacts-v1/<execution_id>/files/<path>`, next to a `manifest.json`,
+//! and is readable as `snakebox://artifacts/<execution_id>/<path>` until the retention rule
+//! removes it: entries older than `max_age` go first, then the oldest until the store is under
+//! its size quota.
+//!
+//! The working directory belongs to untrusted code, so collection trusts nothing in it: every
+//! directory is opened relative to its parent with `O_NOFOLLOW | O_DIRECTORY`, every file is
+//! classified with `fstatat(AT_SYMLINK_NOFOLLOW)` and then opened with `O_NOFOLLOW` and checked
+//! again on the open descriptor (same inode, still a regular file), symbolic links, FIFOs,
+//! sockets and devices are skipped, files with more than one hard link are skipped (they may
+//! be a host file's other name), and sizes, counts and the walk itself are bounded. An entry is
+//! built in a temporary directory and renamed into place, so readers never see half of it.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io::Read;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use nix::dir::Dir;
+use nix::fcntl::{AtFlags, OFlag, openat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
+use serde::{Deserialize, Serialize};
+
+use crate::files::{PathError, split_relative_path};
+use crate::result::{Artifact, ArtifactOrigin, InlineImage, SkippedFile};
+
+/// The URI scheme and authority of artifacts.
+pub const URI_PREFIX: &str = "snakebox://artifacts/";
+/// The RFC 6570 template of artifact URIs (for `resources/templates/list`).
+pub const URI_TEMPLATE: &str = "snakebox://artifacts/{execution_id}/{+path}";
+/// Versioned bucket under the data directory.
+const BUCKET: &str = "artifacts-v1";
+const MANIFEST: &str = "manifest.json";
+const FILES: &str = "files";
+
+/// Most files kept from one run.
+pub(crate) const MAX_FILES_PER_RUN: usize = 100;
+/// Largest single file kept.
+pub(crate) const MAX_FILE_BYTES: u64 = 64 << 20;
+/// Most bytes kept from one run (also bounded by the store's quota).
+pub(crate) const MAX_RUN_BYTES: u64 = 128 << 20;
+/// Directory entries examined per run before the walk gives up.
+const MAX_ENTRIES: usize = 10_000;
+/// Deepest directory examined.
+const MAX_DEPTH: usize = 32;
+/// Largest image sent inline; larger ones are only linked.
+pub(crate) const INLINE_IMAGE_MAX_BYTES: usize = 1 << 20;
+/// Most images sent inline in one reply.
+pub(crate) const MAX_INLINE_IMAGES: usize = 4;
+/// Most skipped files listed (the rest are counted in one line).
+const MAX_SKIPPED_LISTED: usize = 50;
+/// Unfinished entries older than this are debris from a crash.
+const STALE_TEMP: Duration = Duration::from_secs(3600);
+
+/// Why an artifact cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    /// Not a `snakebox://artifacts/<execution_id>/<path>` URI, or an unsafe path.
+    #[error("Invalid artifact URI `{uri}`: {reason}")]
+    InvalidUri {
+        /// The URI as given (shortened).
+        uri: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No such artifact (never existed, or removed by the retention rule).
+    #[error("No artifact `{0}` (it never existed or was removed by the retention rule)")]
+    NotFound(String),
+    /// Reading failed.
+    #[error("Failed to read artifact `{uri}`")]
+    Io {
+        /// The URI.
+        uri: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The content of one artifact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArtifactContent {
+    /// Its URI.
+    pub uri: String,
+    /// Path relative to the run's working directory.
+    pub name: String,
+    /// MIME type.
+    pub mime_type: String,
+    /// The bytes.
+    pub data: Vec<u8>,
+}
+
+/// An image the runner produced (a figure, or the last expression), already decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GeneratedImage {
+    /// Preferred name (`figure-1.png`, `result.png`); renamed if a file has that name.
+    pub(crate) name: String,
+    pub(crate) origin: ArtifactOrigin,
+    pub(crate) mime_type: &'static str,
+    pub(crate) data: Vec<u8>,
+}
+
+/// What collection kept, skipped and inlined.
+#[derive(Debug, Default)]
+pub(crate) struct Collection {
+    pub(crate) artifacts: Vec<Artifact>,
+    pub(crate) skipped: Vec<SkippedFile>,
+    pub(crate) inline: Vec<InlineImage>,
+    pub(crate) notes: Vec<String>,
+}
+
+/// What identifies one version of a file: any write, `utime`, `chmod` or rename changes it
+/// (the change time cannot be set by the file's owner).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Fingerprint {
+    dev: u64,
+    ino: u64,
+    size: i64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Fingerprint {
+    fn of(stat: &FileStat) -> Self {
+        Fingerprint {
+            dev: stat.st_dev,
+            ino: stat.st_ino,
+            size: stat.st_size,
+            mtime: (stat.st_mtime, stat.st_mtime_nsec),
+            ctime: (stat.st_ctime, stat.st_ctime_nsec),
+        }
+    }
+}
+
+/// The regular files of a working directory before a run (its inputs), so that only what
+/// the run created or changed becomes an artifact.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Baseline(HashMap<String, Fingerprint>);
+
+impl Baseline {
+    /// Fingerprint every regular file under `work` (same confinement as collection).
+    pub(crate) fn snapshot(work: &Path) -> Baseline {
+        let mut files = HashMap::new();
+        let _ = walk(work, &mut |relative, entry| {
+            if let WalkEntry::Regular { stat, .. } = entry {
+                files.insert(relative.to_string(), Fingerprint::of(&stat));
+            }
+            true
+        });
+        Baseline(files)
+    }
+
+    fn unchanged(&self, relative: &str, stat: &FileStat) -> bool {
+        self.0.get(relative) == Some(&Fingerprint::of(stat))
+    }
+}
+
+/// One entry met by the walk.
+enum WalkEntry {
+    /// A regular file with one link, opened without following links.
+    Regular { fd: OwnedFd, stat: FileStat },
+    /// Something that is not copied, and why.
+    Skipped(String),
+}
+
+/// Walk `root` depth-first in name order without following links, calling `visit` with the
+/// path relative to `root` of every non-directory entry. Hidden entries (`.name`) and
+/// `__pycache__` are ignored. `visit` returns false to stop. Returns a note when a bound
+/// stopped the walk.
+fn walk(root: &Path, visit: &mut dyn FnMut(&str, WalkEntry) -> bool) -> Option<String> {
+    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let Ok(root_fd) = nix::fcntl::open(root, dir_flags, Mode::empty()) else {
+        return None;
+    };
+    let mut budget = MAX_ENTRIES;
+    // Directories still to visit: (parent, name, prefix, depth). Each is opened only when
+    // visited, so at most one descriptor per level is open.
+    let mut stack: Vec<(Rc<OwnedFd>, Option<CString>, String, usize)> =
+        vec![(Rc::new(root_fd), None, String::new(), 0)];
+    while let Some((parent, name, prefix, depth)) = stack.pop() {
+        let dir = match name {
+            None => parent,
+            Some(name) => match openat(parent.as_fd(), name.as_c_str(), dir_flags, Mode::empty()) {
+                Ok(fd) => Rc::new(fd),
+                Err(err) => {
+                    let shown = prefix.trim_end_matches('/');
+                    if !visit(
+                        shown,
+                        WalkEntry::Skipped(format!("directory could not be opened: {err}")),
+                    ) {
+                        return None;
+                    }
+                    continue;
+                }
+            },
+        };
+        let Ok(names) = list(dir.as_fd()) else {
+            continue;
+        };
+        let mut subdirs = Vec::new();
+        for name in names {
+            if budget == 0 {
+                return Some(format!(
+                    "the working directory has more than {MAX_ENTRIES} entries; the rest was not examined"
+                ));
+            }
+            budget -= 1;
+            let Ok(text) = name.to_str() else {
+                let lossy = format!("{prefix}{}", name.to_string_lossy());
+                if !visit(&lossy, WalkEntry::Skipped("file name is not UTF-8".into())) {
+                    return None;
+                }
+                continue;
+            };
+            if text.starts_with('.') || text == "__pycache__" {
+                continue;
+            }
+            let relative = format!("{prefix}{text}");
+            let Ok(stat) = fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            else {
+                continue;
+            };
+            let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
+            let entry = if kind == SFlag::S_IFDIR {
+                if depth + 1 >= MAX_DEPTH {
+                    WalkEntry::Skipped(format!("directory nested deeper than {MAX_DEPTH} levels"))
+                } else {
+                    subdirs.push((
+                        Rc::clone(&dir),
+                        Some(name),
+                        format!("{relative}/"),
+                        depth + 1,
+                    ));
+                    continue;
+                }
+            } else if kind == SFlag::S_IFLNK {
+                WalkEntry::Skipped("symbolic link (links are never followed)".into())
+            } else if kind == SFlag::S_IFIFO {
+                WalkEntry::Skipped("FIFO (only regular files are kept)".into())
+            } else if kind == SFlag::S_IFSOCK {
+                WalkEntry::Skipped("socket (only regular files are kept)".into())
+            } else if kind == SFlag::S_IFCHR || kind == SFlag::S_IFBLK {
+                WalkEntry::Skipped("device (only regular files are kept)".into())
+            } else if kind != SFlag::S_IFREG {
+                WalkEntry::Skipped("not a regular file".into())
+            } else if stat.st_nlink > 1 {
+                WalkEntry::Skipped("hard link (a file with several names is not copied)".into())
+            } else {
+                open_regular(dir.as_fd(), &name, &stat)
+            };
+            if !visit(&relative, entry) {
+                return None;
+            }
+        }
+        // Depth-first in name order: push subdirectories in reverse.
+        stack.extend(subdirs.into_iter().rev());
+    }
+    None
+}
+
+/// Open a file that `fstatat` saw as a regular file, and check on the descriptor that it is
+/// still the same single-linked regular file (it may have been swapped in between).
+fn open_regular(dir: BorrowedFd<'_>, name: &CString, seen: &FileStat) -> WalkEntry {
+    let flags = OFlag::O_RDONLY
+        | OFlag::O_NOFOLLOW
+        | OFlag::O_NONBLOCK
+        | OFlag::O_NOCTTY
+        | OFlag::O_CLOEXEC;
+    let fd = match openat(dir, name.as_c_str(), flags, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(err) => return WalkEntry::Skipped(format!("could not be opened: {err}")),
+    };
+    let Ok(stat) = fstat(&fd) else {
+        return WalkEntry::Skipped("could not be examined".into());
+    };
+    let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
+    if kind != SFlag::S_IFREG
+        || stat.st_dev != seen.st_dev
+        || stat.st_ino != seen.st_ino
+        || stat.st_nlink > 1
+    {
+        return WalkEntry::Skipped("changed while being examined".into());
+    }
+    WalkEntry::Regular { fd, stat }
+}
+
+/// Names in a directory, sorted, without `.` and `..`.
+fn list(dir: BorrowedFd<'_>) -> nix::Result<Vec<CString>> {
+    let duplicate = dir.try_clone_to_owned().map_err(|_| nix::Error::EBADF)?;
+    let mut listing = Dir::from_fd(duplicate)?;
+    let mut names = Vec::new();
+    for entry in listing.iter() {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name.to_bytes() == b"." || name.to_bytes() == b".." {
+            continue;
+        }
+        names.push(name.to_owned());
+        if names.len() > MAX_ENTRIES {
+            break;
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// The manifest of one execution's artifacts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Manifest {
+    execution_id: String,
+    created_unix_ms: u64,
+    total_bytes: u64,
+    artifacts: Vec<ManifestEntry>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct ManifestEntry {
+    name: String,
+    size: u64,
+    mime_type: String,
+    origin: String,
+}
+
+/// The store of artifacts under the data directory, with its retention rule.
+#[derive(Debug, Clone)]
+pub struct ArtifactStore {
+    root: PathBuf,
+    max_age: Duration,
+    max_bytes: u64,
+}
+
+/// What one pruning pass removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ArtifactPrune {
+    /// Executions removed because they were older than the maximum age.
+    pub expired: usize,
+    /// Executions removed (oldest first) to get under the size quota.
+    pub evicted: usize,
+    /// Bytes kept after pruning.
+    pub kept_bytes: u64,
+}
+
+impl ArtifactStore {
+    /// A store at `<data_dir>/artifacts-v1` keeping entries for `max_age` and at most
+    /// `max_bytes` in total.
+    #[must_use]
+    pub fn new(data_dir: &Path, max_age: Duration, max_bytes: u64) -> Self {
+        ArtifactStore {
+            root: data_dir.join(BUCKET),
+            max_age,
+            max_bytes,
+        }
+    }
+
+    /// Where the store lives.
+    #[must_use]
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// The retention rule, in words.
+    #[must_use]
+    pub fn retention(&self) -> String {
+        format!(
+            "artifacts are kept {} hours, then removed; when the store exceeds {} the oldest executions' artifacts are removed first",
+            self.max_age.as_secs() / 3600,
+            crate::execute::human_bytes(self.max_bytes)
+        )
+    }
+
+    /// Copy what the run created or changed under `work` (and the generated images) into
+    /// the store as `execution_id`'s artifacts, then apply the retention rule.
+    pub(crate) fn collect(
+        &self,
+        execution_id: &str,
+        work: &Path,
+        baseline: &Baseline,
+        images: Vec<GeneratedImage>,
+    ) -> Collection {
+        let mut collection = Collection::default();
+        let mut entry = Entry::new(self, execution_id);
+        let run_budget = MAX_RUN_BYTES.min(self.max_bytes);
+        let mut skipped_total = 0usize;
+        let mut skip = |collection: &mut Collection, name: &str, reason: String| {
+            skipped_total += 1;
+            if collection.skipped.len() < MAX_SKIPPED_LISTED {
+                collection.skipped.push(SkippedFile {
+                    name: name.to_string(),
+                    reason,
+                });
+            }
+        };
+        let note = walk(work, &mut |relative, walked| {
+            let (fd, stat) = match walked {
+                WalkEntry::Skipped(reason) => {
+                    skip(&mut collection, relative, reason);
+                    return true;
+                }
+                WalkEntry::Regular { fd, stat } => (fd, stat),
+            };
+            if baseline.unchanged(relative, &stat) {
+                return true;
+            }
+            let size = u64::try_from(stat.st_size).unwrap_or(0);
+            if entry.files.len() >= MAX_FILES_PER_RUN {
+                skip(
+                    &mut collection,
+                    relative,
+                    format!("more than {MAX_FILES_PER_RUN} files; only the first are kept"),
+                );
+            } else if size > MAX_FILE_BYTES {
+                skip(
+                    &mut collection,
+                    relative,
+                    format!(
+                        "{size} bytes is larger than the {} MiB limit per file",
+                        MAX_FILE_BYTES >> 20
+                    ),
+                );
+            } else if entry.bytes + size > run_budget {
+                skip(
+                    &mut collection,
+                    relative,
+                    format!(
+                        "the run's files would exceed {} MiB in total",
+                        run_budget >> 20
+                    ),
+                );
+            } else {
+                match entry.add_file(relative, fd, size) {
+                    Ok(()) => {}
+                    Err(reason) => skip(&mut collection, relative, reason),
+                }
+            }
+            true
+        });
+        if let Some(note) = note {
+            collection.notes.push(note);
+        }
+        for image in images {
+            if entry.bytes + image.data.len() as u64 > run_budget {
+                collection.notes.push(format!(
+                    "{} was not kept: the run's artifacts would exceed {} MiB",
+                    image.name,
+                    run_budget >> 20
+                ));
+                continue;
+            }
+            if let Err(err) = entry.add_generated(image) {
+                collection.notes.push(err);
+            }
+        }
+        if skipped_total > collection.skipped.len() {
+            collection.notes.push(format!(
+                "{} more files were skipped",
+                skipped_total - collection.skipped.len()
+            ));
+        }
+        match entry.finish() {
+            Ok(Some((artifacts, inline))) => {
+                collection.artifacts = artifacts;
+                collection.inline = inline;
+            }
+            Ok(None) => {}
+            Err(err) => {
+                tracing::warn!(%err, "could not store artifacts");
+                collection
+                    .notes
+                    .push(format!("the run's files could not be stored: {err}"));
+            }
+        }
+        if !collection.artifacts.is_empty() {
+            self.prune(Some(execution_id));
+        }
+        collection
+    }
+
+    /// The content of the artifact named by `uri`.
+    ///
+    /// # Errors
+    /// An invalid or unsafe URI, an artifact that does not exist (or expired), an I/O error.
+    pub fn read(&self, uri: &str) -> Result<ArtifactContent, ArtifactError> {
+        let (execution_id, components) = parse_uri(uri)?;
+        let dir = self.root.join(&execution_id);
+        let manifest = read_manifest(&dir).ok_or_else(|| ArtifactError::NotFound(uri.into()))?;
+        if self.expired(&manifest) {
+            return Err(ArtifactError::NotFound(uri.into()));
+        }
+        let name = components.join("/");
+        let entry = manifest
+            .artifacts
+            .iter()
+            .find(|a| a.name == name)
+            .ok_or_else(|| ArtifactError::NotFound(uri.into()))?;
+        let mut path = dir.join(FILES);
+        path.extend(&components);
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .map_err(|source| match source.kind() {
+                std::io::ErrorKind::NotFound => ArtifactError::NotFound(uri.into()),
+                _ => ArtifactError::Io {
+                    uri: uri.into(),
+                    source,
+                },
+            })?;
+        let mut data = Vec::new();
+        file.take(MAX_FILE_BYTES + 1)
+            .read_to_end(&mut data)
+            .map_err(|source| ArtifactError::Io {
+                uri: uri.into(),
+                source,
+            })?;
+        Ok(ArtifactContent {
+            uri: artifact_uri(&execution_id, &name),
+            name,
+            mime_type: entry.mime_type.clone(),
+            data,
+        })
+    }
+
+    /// The artifacts of the most recent executions, newest first, at most `limit`.
+    #[must_use]
+    pub fn list(&self, limit: usize) -> Vec<Artifact> {
+        let mut manifests: Vec<Manifest> = self
+            .entries()
+            .into_iter()
+            .filter_map(|(_, manifest)| manifest)
+            .filter(|m| !self.expired(m))
+            .collect();
+        manifests.sort_by(|a, b| b.created_unix_ms.cmp(&a.created_unix_ms));
+        manifests
+            .iter()
+            .flat_map(|m| {
+                m.artifacts.iter().map(|a| Artifact {
+                    name: a.name.clone(),
+                    size: a.size,
+                    mime_type: a.mime_type.clone(),
+                    uri: artifact_uri(&m.execution_id, &a.name),
+                    origin: origin_from(&a.origin),
+                    inline: false,
+                })
+            })
+            .take(limit)
+            .collect()
+    }
+
+    /// Apply the retention rule: remove entries older than the maximum age, then the oldest
+    /// until the store is under its quota (never `keep`, the entry just written), and
+    /// debris of interrupted runs.
+    pub fn prune(&self, keep: Option<&str>) -> ArtifactPrune {
+        let mut report = ArtifactPrune::default();
+        let mut live = Vec::new();
+        for (dir, manifest) in self.entries() {
+            let name = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if name.starts_with(".tmp-") {
+                let stale = fs_err::metadata(&dir)
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|age| age > STALE_TEMP);
+                if stale {
+                    remove(&dir);
+                }
+                continue;
+            }
+            match manifest {
+                None => remove(&dir),
+                Some(m) if self.expired(&m) && keep != Some(m.execution_id.as_str()) => {
+                    remove(&dir);
+                    report.expired += 1;
+                }
+                Some(m) => live.push((dir, m)),
+            }
+        }
+        live.sort_by_key(|(_, m)| m.created_unix_ms);
+        let mut total: u64 = live.iter().map(|(_, m)| m.total_bytes).sum();
+        for (dir, manifest) in &live {
+            if total <= self.max_bytes {
+                break;
+            }
+            if keep == Some(manifest.execution_id.as_str()) {
+                continue;
+            }
+            remove(dir);
+            total = total.saturating_sub(manifest.total_bytes);
+            report.evicted += 1;
+        }
+        report.kept_bytes = total;
+        report
+    }
+
+    fn expired(&self, manifest: &Manifest) -> bool {
+        now_ms().saturating_sub(manifest.created_unix_ms)
+            > u64::try_from(self.max_age.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Every directory in the store with its manifest (when readable).
+    fn entries(&self) -> Vec<(PathBuf, Option<Manifest>)> {
+        let Ok(read) = fs_err::read_dir(&self.root) else {
+            return Vec::new();
+        };
+        read.filter_map(Result::ok)
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| {
+                let path = e.path();
+                let manifest = if e.file_name().to_string_lossy().starts_with(".tmp-") {
+                    None
+                } else {
+                    read_manifest(&path)
+                };
+                (path, manifest)
+            })
+            .collect()
+    }
+}
+
+/// One execution's entry being built in a temporary directory.
+struct Entry<'a> {
+    store: &'a ArtifactStore,
+    execution_id: String,
+    temp: PathBuf,
+    created: bool,
+    files: Vec<(String, u64, ArtifactOrigin, String)>,
+    bytes: u64,
+}
+
+impl<'a> Entry<'a> {
+    fn new(store: &'a ArtifactStore, execution_id: &str) -> Self {
+        Entry {
+            store,
+            execution_id: execution_id.to_string(),
+            temp: store.root.join(format!(".tmp-{execution_id}")),
+            created: false,
+            files: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    fn target(&mut self, name: &str) -> Result<PathBuf, String> {
+        use std::os::unix::fs::PermissionsExt;
+        if !self.created {
+            fs_err::create_dir_all(self.temp.join(FILES)).map_err(|e| e.to_string())?;
+            fs_err::set_permissions(&self.temp, std::fs::Permissions::from_mode(0o700))
+                .map_err(|e| e.to_string())?;
+            self.created = true;
+        }
+        let path = self.temp.join(FILES).join(name);
+        if let Some(parent) = path.parent() {
+            fs_err::create_dir_all(parent).map_err(|e| e.to_string())?;
+        }
+        Ok(path)
+    }
+
+    /// Copy at most `size` bytes from an open file of the working directory.
+    fn add_file(&mut self, name: &str, fd: OwnedFd, size: u64) -> Result<(), String> {
+        let target = self.target(name)?;
+        let mut out = fs_err::File::create(&target).map_err(|e| e.to_string())?;
+        let source = std::fs::File::from(fd);
+        // The file may still grow (a process of the run that survived): copy what fstat saw.
+        let copied = std::io::copy(&mut source.take(size), &mut out)
+            .map_err(|e| format!("could not be copied: {e}"))?;
+        let mime = mime_type(name);
+        self.bytes += copied;
+        self.files.push((
+            name.to_string(),
+            copied,
+            ArtifactOrigin::File,
+            mime.to_string(),
+        ));
+        Ok(())
+    }
+
+    fn add_generated(&mut self, image: GeneratedImage) -> Result<(), String> {
+        let name = self.free_name(&image.name);
+        let target = self.target(&name)?;
+        fs_err::write(&target, &image.data).map_err(|e| e.to_string())?;
+        self.bytes += image.data.len() as u64;
+        self.files.push((
+            name,
+            image.data.len() as u64,
+            image.origin,
+            image.mime_type.to_string(),
+        ));
+        Ok(())
+    }
+
+    /// `figure-1.png`, or `figure-1-2.png` when the script wrote a file of that name.
+    fn free_name(&self, wanted: &str) -> String {
+        let taken = |name: &str| self.files.iter().any(|(n, ..)| n == name);
+        if !taken(wanted) {
+            return wanted.to_string();
+        }
+        let (stem, ext) = wanted.rsplit_once('.').unwrap_or((wanted, ""));
+        (2..)
+            .map(|n| format!("{stem}-{n}.{ext}"))
+            .find(|name| !taken(name))
+            .unwrap_or_default()
+    }
+
+    /// Write the manifest, rename the entry into place and pick the inline images.
+    #[allow(clippy::type_complexity)]
+    fn finish(self) -> Result<Option<(Vec<Artifact>, Vec<InlineImage>)>, String> {
+        if self.files.is_empty() {
+            return Ok(None);
+        }
+        // Inline candidates: generated images first (value, then figures), then image files.
+        let mut order: Vec<usize> = (0..self.files.len()).collect();
+        order.sort_by_key(|&i| match self.files[i].2 {
+            ArtifactOrigin::Value => 0,
+            ArtifactOrigin::Figure => 1,
+            ArtifactOrigin::File => 2,
+        });
+        let mut inline = Vec::new();
+        let mut inline_flags = vec![false; self.files.len()];
+        for i in order {
+            if inline.len() >= MAX_INLINE_IMAGES {
+                break;
+            }
+            let (name, size, _, _) = &self.files[i];
+            if !is_image_name(name) || *size > INLINE_IMAGE_MAX_BYTES as u64 {
+                continue;
+            }
+            let Ok(data) = fs_err::read(self.temp.join(FILES).join(name)) else {
+                continue;
+            };
+            let Some(mime) = image_mime(&data, name) else {
+                continue;
+            };
+            inline_flags[i] = true;
+            inline.push(InlineImage {
+                mime_type: mime.to_string(),
+                data,
+                uri: artifact_uri(&self.execution_id, name),
+            });
+        }
+        let manifest = Manifest {
+            execution_id: self.execution_id.clone(),
+            created_unix_ms: now_ms(),
+            total_bytes: self.bytes,
+            artifacts: self
+                .files
+                .iter()
+                .map(|(name, size, origin, mime)| ManifestEntry {
+                    name: name.clone(),
+                    size: *size,
+                    mime_type: mime.clone(),
+                    origin: origin_name(*origin).into(),
+                })
+                .collect(),
+        };
+        let text = serde_json::to_vec(&manifest).map_err(|e| e.to_string())?;
+        fs_err::write(self.temp.join(MANIFEST), text).map_err(|e| e.to_string())?;
+        let dest = self.store.root.join(&self.execution_id);
+        fs_err::rename(&self.temp, &dest).map_err(|e| e.to_string())?;
+        let artifacts = self
+            .files
+            .iter()
+            .zip(inline_flags)
+            .map(|((name, size, origin, mime), inline)| Artifact {
+                name: name.clone(),
+                size: *size,
+                mime_type: mime.clone(),
+                uri: artifact_uri(&self.execution_id, name),
+                origin: *origin,
+                inline,
+            })
+            .collect();
+        Ok(Some((artifacts, inline)))
+    }
+}
+
+impl Drop for Entry<'_> {
+    fn drop(&mut self) {
+        // Only an entry that failed before its rename leaves its temporary directory behind.
+        if self.created && self.temp.exists() {
+            remove(&self.temp);
+        }
+    }
+}
+
+fn remove(dir: &Path) {
+    if let Err(err) = fs_err::remove_dir_all(dir) {
+        tracing::warn!(%err, "could not remove an artifact directory");
+    }
+}
+
+fn read_manifest(dir: &Path) -> Option<Manifest> {
+    let text = fs_err::read(dir.join(MANIFEST)).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn origin_name(origin: ArtifactOrigin) -> &'static str {
+    match origin {
+        ArtifactOrigin::File => "file",
+        ArtifactOrigin::Figure => "figure",
+        ArtifactOrigin::Value => "value",
+    }
+}
+
+fn origin_from(name: &str) -> ArtifactOrigin {
+    match name {
+        "figure" => ArtifactOrigin::Figure,
+        "value" => ArtifactOrigin::Value,
+        _ => ArtifactOrigin::File,
+    }
+}
+
+/// `snakebox://artifacts/<execution_id>/<path>`, each path segment percent-encoded.
+#[must_use]
+pub(crate) fn artifact_uri(execution_id: &str, name: &str) -> String {
+    let mut uri = format!("{URI_PREFIX}{execution_id}/");
+    for byte in name.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~' | b'/') {
+            uri.push(char::from(byte));
+        } else {
+            uri.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    uri
+}
+
+/// Split an artifact URI into its execution id and checked path components.
+fn parse_uri(uri: &str) -> Result<(String, Vec<String>), ArtifactError> {
+    let invalid = |reason: &str| ArtifactError::InvalidUri {
+        uri: uri.chars().take(200).collect(),
+        reason: reason.into(),
+    };
+    let rest = uri
+        .strip_prefix(URI_PREFIX)
+        .ok_or_else(|| invalid("it does not start with `snakebox://artifacts/`"))?;
+    let rest = rest.split(['?', '#']).next().unwrap_or_default();
+    let (execution_id, path) = rest
+        .split_once('/')
+        .ok_or_else(|| invalid("expected snakebox://artifacts/<execution_id>/<path>"))?;
+    if execution_id.is_empty()
+        || execution_id.len() > 64
+        || !execution_id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        return Err(invalid("the execution id is not valid"));
+    }
+    let decoded = percent_decode(path).ok_or_else(|| invalid("bad percent-encoding"))?;
+    let components =
+        split_relative_path(&decoded).map_err(|err: PathError| invalid(&err.to_string()))?;
+    Ok((execution_id.to_string(), components))
+}
+
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn extension(name: &str) -> String {
+    name.rsplit_once('.')
+        .map(|(_, ext)| ext.to_ascii_lowercase())
+        .unwrap_or_default()
+}
+
+fn is_image_name(name: &str) -> bool {
+    matches!(
+        extension(name).as_str(),
+        "png" | "jpg" | "jpeg" | "gif" | "webp" | "svg"
+    )
+}
+
+/// The MIME type of image bytes, checked against their content (a `.png` that is not a PNG
+/// is not sent as an image).
+pub(crate) fn image_mime(data: &[u8], name: &str) -> Option<&'static str> {
+    if data.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if data.starts_with(&[0xff, 0xd8, 0xff]) {
+        Some("image/jpeg")
+    } else if data.starts_with(b"GIF87a") || data.starts_with(b"GIF89a") {
+        Some("image/gif")
+    } else if data.len() > 12 && &data[..4] == b"RIFF" && &data[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else if extension(name) == "svg"
+        && std::str::from_utf8(data).is_ok_and(|text| text.contains("<svg"))
+    {
+        Some("image/svg+xml")
+    } else {
+        None
+    }
+}
+
+/// A MIME type from a file name.
+#[must_use]
+pub(crate) fn mime_type(name: &str) -> &'static str {
+    match extension(name).as_str() {
+        "png" => "image/png",
+        "jpg" | "jpeg" => "image/jpeg",
+        "gif" => "image/gif",
+        "webp" => "image/webp",
+        "svg" => "image/svg+xml",
+        "pdf" => "application/pdf",
+        "csv" => "text/csv",
+        "tsv" => "text/tab-separated-values",
+        "txt" | "log" | "text" => "text/plain",
+        "md" => "text/markdown",
+        "html" | "htm" => "text/html",
+        "css" => "text/css",
+        "xml" => "application/xml",
+        "json" => "application/json",
+        "jsonl" | "ndjson" => "application/x-ndjson",
+        "yaml" | "yml" => "application/yaml",
+        "toml" => "application/toml",
+        "py" => "text/x-python",
+        "js" => "text/javascript",
+        "zip" => "application/zip",
+        "gz" => "application/gzip",
+        "tar" => "application/x-tar",
+        "parquet" => "application/vnd.apache.parquet",
+        "npy" | "npz" | "pkl" | "pickle" | "bin" => "application/octet-stream",
+        "xlsx" => "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+        _ => "application/octet-stream",
+    }
+}
+
+/// Whether content of this MIME type is returned as text by `resources/read` (when it is
+/// valid UTF-8).
+#[must_use]
+pub fn is_text_mime(mime: &str) -> bool {
+    mime.starts_with("text/")
+        || matches!(
+            mime,
+            "application/json"
+                | "application/x-ndjson"
+                | "application/xml"
+                | "application/yaml"
+                | "application/toml"
+                | "image/svg+xml"
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(dir: &Path) -> ArtifactStore {
+        ArtifactStore::new(dir, Duration::from_secs(3600), 1 << 30)
+    }
+
+    fn names(collection: &Collection) -> Vec<&str> {
+        collection
+            .artifacts
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn uris_round_trip_and_unsafe_ones_are_refused() {
+        let uri = artifact_uri("abc123", "data/out file.csv");
+        assert_eq!(uri, "snakebox://artifacts/abc123/data/out%20file.csv");
+        let (id, components) = parse_uri(&uri).unwrap();
+        assert_eq!(id, "abc123");
+        assert_eq!(components, ["data", "out file.csv"]);
+        for bad in [
+            "file:///etc/passwd",
+            "snakebox://artifacts/abc123",
+            "snakebox://artifacts/abc123/../x",
+            "snakebox://artifacts/abc123/%2E%2E/x",
+            "snakebox://artifacts/abc123//etc/passwd",
+            "snakebox://artifacts/abc123/%2Fetc%2Fpasswd",
+            "snakebox://artifacts/../x/y",
+            "snakebox://artifacts/abc123/a%00b",
+            "snakebox://artifacts/abc123/%zz",
+        ] {
+            assert!(
+                matches!(parse_uri(bad), Err(ArtifactError::InvalidUri { .. })),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn new_and_changed_files_are_kept_unchanged_inputs_are_not() {
+        let data = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        fs_err::write(work.path().join("input.csv"), "a\n").unwrap();
+        fs_err::write(work.path().join("changed.txt"), "old").unwrap();
+        let baseline = Baseline::snapshot(work.path());
+        std::thread::sleep(Duration::from_millis(20));
+        fs_err::write(work.path().join("changed.txt"), "new").unwrap();
+        fs_err::create_dir_all(work.path().join("out/deep")).unwrap();
+        fs_err::write(work.path().join("out/deep/result.json"), "{}").unwrap();
+        fs_err::create_dir_all(work.path().join(".cache")).unwrap();
+        fs_err::write(work.path().join(".cache/x"), "hidden").unwrap();
+
+        let store = store(data.path());
+        let collection = store.collect("e1", work.path(), &baseline, Vec::new());
+        assert_eq!(names(&collection), ["changed.txt", "out/deep/result.json"]);
+        assert!(collection.skipped.is_empty(), "{:?}", collection.skipped);
+        let json = &collection.artifacts[1];
+        assert_eq!(json.mime_type, "application/json");
+        assert_eq!(json.uri, "snakebox://artifacts/e1/out/deep/result.json");
+        let content = store.read(&json.uri).unwrap();
+        assert_eq!(content.data, b"{}");
+        assert_eq!(
+            store.read(&collection.artifacts[0].uri).unwrap().data,
+            b"new"
+        );
+        assert!(matches!(
+            store.read("snakebox://artifacts/e1/input.csv"),
+            Err(ArtifactError::NotFound(_))
+        ));
+        assert!(matches!(
+            store.read("snakebox://artifacts/e1/out/../../e1/manifest.json"),
+            Err(ArtifactError::InvalidUri { .. })
+        ));
+    }
+
+    #[test]
+    fn links_special_files_and_oversized_files_are_skipped() {
+        let data = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        fs_err::write(outside.path().join("secret"), "host secret").unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", work.path().join("passwd")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), work.path().join("dirlink")).unwrap();
+        std::fs::hard_link(outside.path().join("secret"), work.path().join("hard")).unwrap();
+        nix::unistd::mkfifo(&work.path().join("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+        let big = fs_err::File::create(work.path().join("sparse.bin")).unwrap();
+        big.set_len(2 << 30).unwrap();
+        fs_err::write(work.path().join("ok.txt"), "fine").unwrap();
+
+        let store = store(data.path());
+        let collection = store.collect("e2", work.path(), &Baseline::default(), Vec::new());
+        assert_eq!(names(&collection), ["ok.txt"]);
+        let reasons: HashMap<&str, &str> = collection
+            .skipped
+            .iter()
+            .map(|s| (s.name.as_str(), s.reason.as_str()))
+            .collect();
+        assert!(reasons["passwd"].contains("symbolic link"), "{reasons:?}");
+        assert!(reasons["dirlink"].contains("symbolic link"), "{reasons:?}");
+        assert!(reasons["hard"].contains("hard link"), "{reasons:?}");
+        assert!(reasons["fifo"].contains("FIFO"), "{reasons:?}");
+        assert!(reasons["sparse.bin"].contains("limit"), "{reasons:?}");
+        // Nothing of the host file reached the store.
+        let stored = data.path().join(BUCKET).join("e2").join(FILES);
+        assert_eq!(fs_err::read_dir(&stored).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn generated_images_are_stored_named_and_inlined_within_bounds() {
+        let data = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        let png = b"\x89PNG\r\n\x1a\nrest".to_vec();
+        fs_err::write(work.path().join("figure-1.png"), &png).unwrap();
+        fs_err::write(work.path().join("fake.png"), "not an image").unwrap();
+        let mut huge = png.clone();
+        huge.resize(INLINE_IMAGE_MAX_BYTES + 1, 0);
+        fs_err::write(work.path().join("huge.png"), &huge).unwrap();
+        let images = vec![GeneratedImage {
+            name: "figure-1.png".into(),
+            origin: ArtifactOrigin::Figure,
+            mime_type: "image/png",
+            data: png.clone(),
+        }];
+        let store = store(data.path());
+        let collection = store.collect("e3", work.path(), &Baseline::default(), images);
+        assert_eq!(
+            names(&collection),
+            ["fake.png", "figure-1.png", "huge.png", "figure-1-2.png"]
+        );
+        let inline: Vec<&str> = collection
+            .artifacts
+            .iter()
+            .filter(|a| a.inline)
+            .map(|a| a.name.as_str())
+            .collect();
+        // The figure first, then the real image file; not the fake or the huge one.
+        assert_eq!(inline, ["figure-1.png", "figure-1-2.png"]);
+        assert_eq!(collection.inline.len(), 2);
+        assert_eq!(
+            collection.inline[0].uri,
+            "snakebox://artifacts/e3/figure-1-2.png"
+        );
+        assert_eq!(collection.artifacts[3].origin, ArtifactOrigin::Figure);
+    }
+
+    #[test]
+    fn retention_removes_expired_then_oldest_over_quota() {
+        let data = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        fs_err::write(work.path().join("a.bin"), vec![0u8; 1000]).unwrap();
+        let small = ArtifactStore::new(data.path(), Duration::from_secs(3600), 2500);
+        for id in ["r1", "r2", "r3"] {
+            small.collect(id, work.path(), &Baseline::default(), Vec::new());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // 3000 bytes > 2500: the oldest went when r3 arrived.
+        assert!(small.read("snakebox://artifacts/r1/a.bin").is_err());
+        assert!(small.read("snakebox://artifacts/r2/a.bin").is_ok());
+        assert!(small.read("snakebox://artifacts/r3/a.bin").is_ok());
+        assert_eq!(small.list(10).len(), 2);
+        assert_eq!(small.list(10)[0].uri, "snakebox://artifacts/r3/a.bin");
+
+        let expired = ArtifactStore::new(data.path(), Duration::ZERO, 1 << 30);
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(matches!(
+            expired.read("snakebox://artifacts/r3/a.bin"),
+            Err(ArtifactError::NotFound(_))
+        ));
+        let report = expired.prune(None);
+        assert_eq!(report.expired, 2);
+        assert_eq!(
+            fs_err::read_dir(data.path().join(BUCKET)).unwrap().count(),
+            0
+        );
+    }
+
+    #[test]
+    fn many_files_are_bounded() {
+        let data = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        for i in 0..(MAX_FILES_PER_RUN + 5) {
+            fs_err::write(work.path().join(format!("f{i:04}")), "x").unwrap();
+        }
+        let collection =
+            store(data.path()).collect("e4", work.path(), &Baseline::default(), Vec::new());
+        assert_eq!(collection.artifacts.len(), MAX_FILES_PER_RUN);
+        assert_eq!(collection.skipped.len(), 5);
+    }
+}

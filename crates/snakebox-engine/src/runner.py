@@ -1,0 +1,441 @@
+"""snakebox's in-sandbox runner (embedded in the engine, written next to the user's script).
+
+Runs the user's script the way `python script.py` would (as `__main__`, same `sys.argv[0]`,
+same `sys.path[0]`), plus what a notebook user sees:
+
+- the value of the last top-level expression (repr, and JSON when it is plain data),
+- the top-level names the script defined,
+- the uncaught exception with a traceback limited to the script's own frames,
+- matplotlib figures (shown with `plt.show()` or left open) and a PIL image as the last
+  expression, as PNG images.
+
+Everything is reported as ONE JSON record written at the end to a private pipe (the
+descriptor given as argv[2], moved away from 3 before the script runs). The engine trusts the
+record only as far as it trusts the user's code: the script can write to that pipe too, so
+the engine parses it defensively and takes the run's status from the supervisor, never from
+here. stdout and stderr are left to the script.
+
+Python 3.8+; standard library only.
+"""
+
+import ast
+import base64
+import io
+import json
+import linecache
+import os
+import sys
+import traceback
+import types
+
+RECORD_VERSION = 1
+SCRIPT_NAME = "script.py"
+REPR_MAX_CHARS = 10000
+JSON_MAX_CHARS = 65536
+MESSAGE_MAX_CHARS = 10000
+TRACEBACK_MAX_CHARS = 50000
+MAX_NAMES = 500
+MAX_IMAGES = 16
+# A figure is re-rendered at a lower resolution until it fits INLINE_TARGET (the engine's
+# inline bound); past IMAGE_MAX_BYTES it is dropped, past the total it is not rendered.
+INLINE_TARGET = 1 << 20
+IMAGE_MAX_BYTES = 4 << 20
+IMAGES_TOTAL_BYTES = 10 << 20
+
+_images = []
+_images_bytes = 0
+_notes = []
+_captured_figures = []
+_keep = []
+
+
+def _note(text):
+    if len(_notes) < 20:
+        _notes.append(text[:500])
+
+
+def _add_image(data, name, source):
+    global _images_bytes
+    if len(_images) >= MAX_IMAGES:
+        _note("%s not returned: more than %d images" % (name, MAX_IMAGES))
+        return
+    if len(data) > IMAGE_MAX_BYTES or _images_bytes + len(data) > IMAGES_TOTAL_BYTES:
+        _note("%s not returned: %d bytes is too large" % (name, len(data)))
+        return
+    _images_bytes += len(data)
+    _images.append(
+        {
+            "name": name,
+            "source": source,
+            "data": base64.b64encode(data).decode("ascii"),
+        }
+    )
+
+
+def _render_figure(figure):
+    """PNG bytes of a matplotlib figure, downscaled until it fits the inline bound."""
+    dpi = figure.get_dpi() or 100
+    data = b""
+    for scale in (1.0, 0.6, 0.35):
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", dpi=max(20, dpi * scale))
+        data = buffer.getvalue()
+        if len(data) <= INLINE_TARGET:
+            break
+    return data
+
+
+def _capture_figure(figure, source):
+    # Identity, not id(): a closed figure's id can be reused by the next one.
+    if any(seen is figure for seen in _captured_figures):
+        return
+    _captured_figures.append(figure)
+    try:
+        data = _render_figure(figure)
+    except Exception as err:  # noqa: BLE001 - a broken figure must not break the run
+        _note("a matplotlib figure could not be rendered: %s" % _short(err))
+        return
+    _add_image(data, "figure-%d.png" % len(_captured_figures), source)
+
+
+def _capture_open_figures(close):
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is None:
+        return
+    try:
+        numbers = list(pyplot.get_fignums())
+    except Exception:  # noqa: BLE001
+        return
+    for number in numbers:
+        try:
+            figure = pyplot.figure(number)
+        except Exception:  # noqa: BLE001
+            continue
+        _capture_figure(figure, "figure")
+    if close and numbers:
+        try:
+            pyplot.close("all")
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _patch_pyplot(pyplot):
+    """`plt.show()` under the non-interactive Agg backend captures and closes the figures
+    (as a notebook does) instead of warning that it cannot show them."""
+    original = getattr(pyplot, "show", None)
+    if original is None:
+        return
+
+    def show(*args, **kwargs):
+        try:
+            backend = str(pyplot.get_backend()).lower()
+        except Exception:  # noqa: BLE001
+            backend = ""
+        if backend != "agg":
+            return original(*args, **kwargs)
+        _capture_open_figures(close=True)
+        return None
+
+    show.__doc__ = original.__doc__
+    show.__wrapped__ = original
+    pyplot.show = show
+
+
+class _LoaderHook:
+    """Wraps the real loader of `matplotlib.pyplot` to patch it once it is executed."""
+
+    def __init__(self, inner):
+        self._inner = inner
+
+    def create_module(self, spec):
+        return self._inner.create_module(spec)
+
+    def exec_module(self, module):
+        self._inner.exec_module(module)
+        try:
+            _patch_pyplot(module)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class _PyplotFinder:
+    """A meta-path finder for `matplotlib.pyplot` only: finds it with the other finders and
+    wraps its loader. Nothing is imported until the script imports pyplot itself."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "matplotlib.pyplot":
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            find_spec = getattr(finder, "find_spec", None)
+            if find_spec is None:
+                continue
+            try:
+                spec = find_spec(name, path, target)
+            except Exception:  # noqa: BLE001
+                continue
+            if spec is None:
+                continue
+            loader = spec.loader
+            if loader is not None and hasattr(loader, "exec_module"):
+                spec.loader = _LoaderHook(loader)
+            return spec
+        return None
+
+
+def _short(err):
+    try:
+        text = "%s: %s" % (type(err).__name__, err)
+    except Exception:  # noqa: BLE001
+        text = type(err).__name__
+    return text[:300]
+
+
+def _type_name(value):
+    kind = type(value)
+    module = getattr(kind, "__module__", "") or ""
+    name = getattr(kind, "__qualname__", kind.__name__)
+    if module in ("builtins", "__main__", ""):
+        return name
+    return "%s.%s" % (module, name)
+
+
+def _plain(value, depth=0):
+    """Whether `value` is plain JSON data (no float NaN/inf, string keys, bounded depth)."""
+    if depth > 20:
+        return False
+    if value is None or isinstance(value, (bool, str)):
+        return True
+    if isinstance(value, int):
+        return type(value) is int or type(value) is bool
+    if isinstance(value, float):
+        return type(value) is float and value == value and value not in (float("inf"), float("-inf"))
+    if type(value) in (list, tuple):
+        return len(value) <= 10000 and all(_plain(item, depth + 1) for item in value)
+    if type(value) is dict:
+        return len(value) <= 10000 and all(
+            isinstance(key, str) and _plain(item, depth + 1) for key, item in value.items()
+        )
+    return False
+
+
+def _describe_value(value):
+    try:
+        text = repr(value)
+    except Exception as err:  # noqa: BLE001
+        text = "<repr() failed: %s>" % _short(err)
+    if len(text) > REPR_MAX_CHARS:
+        text = text[:REPR_MAX_CHARS] + "... [%d characters truncated]" % (len(text) - REPR_MAX_CHARS)
+    described = {"repr": text, "type_name": _type_name(value), "json": None}
+    try:
+        if _plain(value):
+            encoded = json.dumps(value, allow_nan=False)
+            if len(encoded) <= JSON_MAX_CHARS:
+                described["json"] = value
+    except Exception:  # noqa: BLE001
+        pass
+    return described
+
+
+def _capture_value_image(value):
+    """A PIL image or a matplotlib figure as the last expression comes back as an image."""
+    module = getattr(type(value), "__module__", "") or ""
+    if module.startswith("PIL.") and hasattr(value, "save"):
+        try:
+            buffer = io.BytesIO()
+            image = value
+            if getattr(image, "mode", "RGB") not in ("1", "L", "LA", "P", "RGB", "RGBA"):
+                image = image.convert("RGBA")
+            image.save(buffer, format="PNG")
+            _add_image(buffer.getvalue(), "result.png", "value")
+        except Exception as err:  # noqa: BLE001
+            _note("the PIL image could not be converted to PNG: %s" % _short(err))
+    elif module.startswith("matplotlib.") and hasattr(value, "savefig"):
+        _capture_figure(value, "value")
+    elif module.startswith("matplotlib.") and hasattr(value, "get_figure"):
+        try:
+            figure = value.get_figure()
+        except Exception:  # noqa: BLE001
+            figure = None
+        if figure is not None and hasattr(figure, "savefig"):
+            _capture_figure(figure, "value")
+
+
+def _user_traceback(tb):
+    """Drop the runner's own frames from the head of a traceback."""
+    runner = __file__
+    while tb is not None and tb.tb_frame.f_code.co_filename == runner:
+        tb = tb.tb_next
+    return tb
+
+
+def _describe_exception(err, compiling=False):
+    tb = None if compiling else _user_traceback(err.__traceback__)
+    try:
+        err.__traceback__ = tb
+    except Exception:  # noqa: BLE001
+        pass
+    if compiling:
+        # As the interpreter reports a script that does not compile: no traceback header.
+        lines = traceback.format_exception_only(type(err), err)
+    else:
+        lines = traceback.format_exception(type(err), err, tb)
+    text = "".join(lines)
+    if len(text) > TRACEBACK_MAX_CHARS:
+        text = "[... %d characters truncated ...]\n" % (len(text) - TRACEBACK_MAX_CHARS) + text[-TRACEBACK_MAX_CHARS:]
+    line = None
+    if isinstance(err, SyntaxError) and err.filename == SCRIPT_NAME:
+        line = err.lineno
+    walk = tb
+    while walk is not None:
+        if walk.tb_frame.f_code.co_filename == SCRIPT_NAME:
+            line = walk.tb_lineno
+        walk = walk.tb_next
+    try:
+        message = str(err)
+    except Exception as inner:  # noqa: BLE001
+        message = "<str() failed: %s>" % _short(inner)
+    return text, {
+        "type_name": _type_name(err),
+        "message": message[:MESSAGE_MAX_CHARS],
+        "traceback": text,
+        "line": line,
+    }
+
+
+def _compile(source):
+    """The script as (body code, last-expression code or None). Raises SyntaxError."""
+    tree = ast.parse(source, SCRIPT_NAME, "exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    body = compile(tree, SCRIPT_NAME, "exec", dont_inherit=True)
+    if last is None:
+        return body, None
+    future = 0
+    import __future__
+
+    for feature in __future__.all_feature_names:
+        future |= getattr(__future__, feature).compiler_flag
+    expression = compile(last, SCRIPT_NAME, "eval", flags=body.co_flags & future, dont_inherit=True)
+    return body, expression
+
+
+def _exit_code(err):
+    """What the interpreter would exit with for this SystemExit (and what it prints)."""
+    code = err.code
+    if code is None:
+        return 0
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code & 0xFF if code >= 0 else code % 256
+    try:
+        sys.stderr.write("%s\n" % (code,))
+    except Exception:  # noqa: BLE001
+        pass
+    return 1
+
+
+def _flush():
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def main():
+    script_path = sys.argv[1]
+    control_fd = int(sys.argv[2])
+    # Move the private pipe out of the way: the script sees nothing on fd 3, and a file the
+    # script opens cannot land on the descriptor we write the record to.
+    try:
+        import fcntl
+
+        private = fcntl.fcntl(control_fd, fcntl.F_DUPFD_CLOEXEC, 200)
+        os.close(control_fd)
+    except OSError:
+        private = None
+
+    with open(script_path, "rb") as handle:
+        raw = handle.read()
+    source = raw.decode("utf-8-sig", errors="surrogateescape")
+    lines = source.splitlines(True)
+    # Tracebacks and inspect find the script's lines under its short name.
+    linecache.cache[SCRIPT_NAME] = (len(source), None, lines, SCRIPT_NAME)
+
+    main_module = types.ModuleType("__main__")
+    main_module.__dict__.update(
+        {
+            "__file__": script_path,
+            "__builtins__": __builtins__,
+            "__spec__": None,
+            "__loader__": None,
+            "__cached__": None,
+        }
+    )
+    # Keep the runner's own module alive: its functions still use its globals.
+    _keep.append(sys.modules["__main__"])
+    sys.modules["__main__"] = main_module
+    sys.argv = [script_path]
+    namespace = main_module.__dict__
+    sys.meta_path.insert(0, _PyplotFinder())
+
+    record = {"version": RECORD_VERSION, "value": None, "names": [], "exception": None}
+    exit_code = 0
+    try:
+        compiling = True
+        try:
+            body, expression = _compile(source)
+            compiling = False
+            exec(body, namespace)
+            if expression is not None:
+                value = eval(expression, namespace)
+                if value is not None:
+                    record["value"] = _describe_value(value)
+                    _capture_value_image(value)
+        except SystemExit as err:
+            exit_code = _exit_code(err)
+        except BaseException as err:  # noqa: BLE001 - report everything the script raised
+            text, record["exception"] = _describe_exception(err, compiling)
+            _flush()
+            try:
+                # The interpreter's own report (or the script's sys.excepthook), without
+                # the runner's frames.
+                sys.excepthook(type(err), err, err.__traceback__)
+            except Exception:  # noqa: BLE001
+                try:
+                    sys.stderr.write(text)
+                except Exception:  # noqa: BLE001
+                    pass
+            exit_code = 1
+        _flush()
+        _capture_open_figures(close=False)
+        names = [name for name in list(namespace) if not (name.startswith("__") and name.endswith("__"))]
+        record["names"] = [str(name)[:200] for name in names[:MAX_NAMES]]
+        record["exit_code"] = exit_code
+        record["images"] = _images
+        record["notes"] = _notes
+    finally:
+        _flush()
+        if private is not None:
+            try:
+                payload = ("\n" + json.dumps(record, default=str) + "\n").encode("utf-8", "replace")
+                view = memoryview(payload)
+                while view:
+                    written = os.write(private, view)
+                    view = view[written:]
+            except Exception:  # noqa: BLE001 - a closed or full pipe only loses the record
+                pass
+            try:
+                os.close(private)
+            except OSError:
+                pass
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
