@@ -73,6 +73,18 @@ async def alive(client: Any) -> None:
     assert not is_error and data["status"] == "ok" and data["stdout"] == "alive\n", data
 
 
+def find_server(data_dir: Path) -> int:
+    """The pid of the one `snakebox serve` process using this data dir."""
+    found = []
+    for p in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            cmd = Path(f"/proc/{p}/cmdline").read_bytes().split(b"\0")
+            if p.isdigit() and b"serve" in cmd and str(data_dir).encode() in cmd and b"snakebox" in cmd[0]:
+                found.append(int(p))
+    assert len(found) == 1, f"expected one server for {data_dir}: {found}"
+    return found[0]
+
+
 def within(run: Any, timeout: int, grace: float = 1.0) -> None:
     """KILLED(T+1s): the sandbox's own duration and the harness's wall clock."""
     assert run.data["duration_ms"] <= (timeout + grace) * 1000, f"killed after {run.data['duration_ms']} ms (T={timeout} s)"
@@ -356,18 +368,29 @@ async def test_R10_cpu_bandwidth_is_throttled_by_a_cgroup(snakebox_bin, data_dir
     import time
     time.sleep(1.5)
     """
+
+    async def quotas(watch: ProcWatch) -> list[str]:
+        found = []
+        for snap in list(watch.seen.values()):
+            for line in snap["cgroup"].splitlines():
+                _, ctrl, path = line.split(":", 2)
+                if path in ("", "/"):
+                    continue
+                if "cpu" in ctrl.split(","):
+                    q = Path("/sys/fs/cgroup/cpu") / path.lstrip("/") / "cpu.cfs_quota_us"
+                    with contextlib.suppress(OSError):
+                        if int(q.read_text()) > 0:
+                            found.append(str(q))
+                if ctrl == "":
+                    q = Path("/sys/fs/cgroup/unified") / path.lstrip("/") / "cpu.max"
+                    with contextlib.suppress(OSError):
+                        if q.read_text().split()[0] != "max":
+                            found.append(str(q))
+        return found
+
     async with server(snakebox_bin, data_dir, canaries) as client:
-        run = await attack(client, canaries, body, timeout=10)
-    quotas = []
-    for snap in run.watch.seen.values():
-        for line in snap["cgroup"].splitlines():
-            _, ctrl, path = line.split(":", 2)
-            if "cpu" in ctrl.split(",") and path not in ("", "/"):
-                q = Path("/sys/fs/cgroup/cpu") / path.lstrip("/") / "cpu.cfs_quota_us"
-                quotas.append(q)
-            if ctrl == "" and path not in ("", "/"):
-                quotas.append(Path("/sys/fs/cgroup/unified") / path.lstrip("/") / "cpu.max")
-    assert quotas, "the run is in no cpu cgroup of its own"
+        _, found = await run_with_probe(lambda started: attack(client, canaries, body, timeout=10, watch_started=started), quotas)
+    assert found, "the run's processes are in no cgroup with a CPU quota"
 
 
 async def test_R11_busy_loop_ignoring_signals_is_killed(snakebox_bin, data_dir, canaries):
@@ -517,12 +540,7 @@ async def test_R19_stdout_flood_is_capped_and_server_memory_bounded(snakebox_bin
     """
     async with server(snakebox_bin, data_dir, canaries, "--max-output-bytes", "65536") as client:
         await alive(client)
-        pid = None
-        for p in os.listdir("/proc"):
-            with contextlib.suppress(OSError):
-                if p.isdigit() and f"serve --data-dir {data_dir} ".encode() in Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" "):
-                    pid = int(p)
-        assert pid
+        pid = find_server(data_dir)
         before = process_rss_kib(pid)
         run = await attack(client, canaries, body, timeout=3, expect=("timeout", "output_limit"))
         after = process_rss_kib(pid)
@@ -694,7 +712,7 @@ async def test_F03_concurrent_and_left_behind_sibling_files_are_invisible(snakeb
                 data = open(p, "rb").read(256)
                 if P["secret"].encode() in data: hits.append(p)
             except OSError: pass
-    report(hits=hits, parent=sorted(os.listdir("..")))
+    report(hits=hits, parent=sorted(os.listdir("..")), mountinfo=open("/proc/self/mountinfo").read())
     """
     canaries.file_values["sibling"] = sibling_secret  # part of NO-LEAK for every later run too
     try:
@@ -702,9 +720,11 @@ async def test_F03_concurrent_and_left_behind_sibling_files_are_invisible(snakeb
 
             async def concurrent_read(_watch: ProcWatch) -> Any:
                 # The writer is running (its marker is on the host) and its files exist.
-                ok = any((d / "sibling-canary").exists() for d in (data_dir / "runs").glob("*/work"))
-                assert ok, "the sibling's canary file is not on the host: the oracle would be blind"
+                ids = [d.parent.name for d in (data_dir / "runs").glob("*/work") if (d / "sibling-canary").exists()]
+                assert ids, "the sibling's canary file is not on the host: the oracle would be blind"
                 got = await attack(client, canaries, reader, params={"secret": sibling_secret})
+                # I-04: the reader's mount table names no other run.
+                assert not any(i in got["mountinfo"] for i in ids), "a sibling run's id is visible in mountinfo"
                 assert marker_pids(_watch.marker), "the writer was no longer running: the read was not concurrent"
                 return got
 
@@ -1317,6 +1337,84 @@ async def test_U01_terminal_injection_has_no_terminal_to_reach(snakebox_bin, dat
     assert res["isatty"] == [False, False, False]
     # A new session led inside the sandbox (bwrap's init, pid 1, or the script itself).
     assert res["sid"] in (1, 2), res["sid"]
+
+
+PTY_WRAPPER = """
+import fcntl, os, sys, termios
+try:
+    os.setsid()
+except OSError:
+    pass                                # already a session leader (the client starts a new session)
+fd = os.open(sys.argv[1], os.O_RDWR)
+fcntl.ioctl(fd, termios.TIOCSCTTY, 0)   # the harness's pty becomes the server's controlling terminal
+os.dup2(fd, 2)                          # and the server's stderr is that terminal, as under an agent's shell
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+async def test_U01_server_on_a_pty_terminal_injection_is_contained(snakebox_bin, data_dir, canaries):
+    import pty
+    import threading
+
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    from conftest import server_params
+
+    master, slave = pty.openpty()
+    slave_name = os.ttyname(slave)
+    seen = bytearray()
+    stop = threading.Event()
+
+    def drain() -> None:
+        import select
+
+        while not stop.is_set():
+            r, _, _ = select.select([master], [], [], 0.1)
+            if r:
+                try:
+                    seen.extend(os.read(master, 4096))
+                except OSError:
+                    return
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    body = """
+    res = {}
+    try: os.open("/dev/tty", os.O_RDWR); res["dev_tty"] = "OPENED"
+    except OSError as e: res["dev_tty"] = e.errno
+    payload = b"echo sbxpwn-" + P["tag"].encode() + b"\\n"
+    for fd in sorted(int(x) for x in os.listdir("/proc/self/fd")):
+        got = []
+        for byte in payload:
+            ch = ctypes.c_char(bytes([byte]))
+            got.append(tuple(sc(16, fd, 0x5412, ctypes.addressof(ch))))
+        res[f"fd{fd}"] = sorted(set(got))
+    res["pts"] = sorted(os.listdir("/dev/pts"))
+    report(res=res)
+    linger()
+    """
+    tag = os.urandom(4).hex()
+    params = server_params(snakebox_bin, data_dir, env=canaries.server_env())
+    wrapped = StdioServerParameters(command=sys.executable, args=["-c", PTY_WRAPPER, slave_name, params.command, *params.args], env=params.env)
+    try:
+        async with Client(wrapped, mode=MODE, read_timeout_seconds=300) as client:
+            run = await attack(client, canaries, body, params={"tag": tag})
+            srv = find_server(data_dir)
+            fields = Path(f"/proc/{srv}/stat").read_text().rsplit(") ", 1)[1].split()
+            assert int(fields[4]) != 0, "the server has no controlling terminal: the case would prove nothing"
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        reader.join(2)
+        os.close(slave)
+        os.close(master)
+    res = run["res"]
+    assert res["dev_tty"] == errno.ENXIO
+    for key, value in res.items():
+        if key.startswith("fd"):
+            assert value == [[-1, errno.EPERM]], f"TIOCSTI on {key}: {value}"
+    assert f"sbxpwn-{tag}".encode() not in bytes(seen), "text was injected into the server's terminal"
 
 
 # =============================================================================================
