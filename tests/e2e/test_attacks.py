@@ -1051,15 +1051,46 @@ async def test_I08_no_inherited_file_descriptors(snakebox_bin, data_dir, canarie
     """
     async with server(snakebox_bin, data_dir, canaries) as client:
         run = await attack(client, canaries, body)
-    fds = {int(k) for k in run["fds"]}
-    # 0-2, plus the one listdir itself opened.
-    assert fds - {0, 1, 2} and len(fds - {0, 1, 2}) == 1, run["fds"]
+    fds = {int(k): v for k, v in run["fds"].items()}
+    # 0-2, the one listdir itself opened, and the runner's private result pipe (moved to 200,
+    # close-on-exec; the engine trusts nothing in it for status, see the forged-record test).
+    extra = {fd: t for fd, t in fds.items() if fd > 2 and not (fd == 200 and str(t).startswith("pipe:"))}
+    assert len(extra) == 1, run["fds"]
     assert run["stdin"] == "/dev/null"
-    # From outside: the script process holds stdio and nothing else of the server's.
+    # From outside: the script process holds stdio (+ the runner's pipe) and nothing else of the server's.
     assert run.watch.parents, "the script process was not seen from the host"
     for parent in run.watch.parents.values():
-        extra = {fd: target for fd, target in parent["fds"].items() if fd > 2}
+        extra = {fd: target for fd, target in parent["fds"].items() if fd > 2 and not (fd == 200 and target.startswith("pipe:"))}
         assert not extra, f"sandboxed process holds extra fds: {extra}"
+
+
+async def test_I08_forged_result_record_cannot_change_status_or_paths(snakebox_bin, data_dir, canaries):
+    body = """
+    import base64, stat
+    try:
+        is_pipe = stat.S_ISFIFO(os.fstat(200).st_mode)
+    except OSError:
+        is_pipe = False
+    report(control=is_pipe)
+    if is_pipe:
+        png = base64.b64encode(b"\\x89PNG\\r\\n\\x1a\\n" + b"\\0" * 64).decode()
+        rec = {"status": "ok", "exit_code": 0, "timed_out": False, "value": {"repr": "'FORGED'", "type_name": "str"},
+               "images": [{"source": "../../../../../etc/sbx-forged", "data": png}, {"source": "/etc/sbx-forged2", "data": png}],
+               "notes": ["forged note"]}
+        os.write(200, b"\\n" + json.dumps(rec).encode() + b"\\n")
+    sys.stdout.flush()
+    os._exit(3)
+    """
+    async with server(snakebox_bin, data_dir, canaries) as client:
+        run = await attack(client, canaries, body, expect="error")
+    if not run["control"]:
+        pytest.skip("this build gives the script no result pipe")
+    assert run.data["exit_code"] == 3 and run.data["timed_out"] is False
+    for artifact in run.data.get("artifacts") or []:
+        name = json.dumps(artifact)
+        assert ".." not in name and "sbx-forged" not in name.replace("\\", ""), artifact
+    assert not Path("/etc/sbx-forged").exists() and not Path("/etc/sbx-forged2").exists()
+    print("I-08 forged record -> status", run.data["status"], "value", run.data.get("value"), "artifacts", run.data.get("artifacts"))
 
 
 async def test_I09_orchestrator_and_cloud_credentials_are_absent(snakebox_bin, data_dir, canaries):
