@@ -51,6 +51,8 @@ pub struct EngineConfig {
     pub unpinned_freshness: Duration,
     /// Runs executing at once; further calls wait their turn.
     pub max_concurrent_runs: usize,
+    /// Persistent sessions: idle times and caps.
+    pub sessions: crate::SessionSettings,
 }
 
 impl EngineConfig {
@@ -79,6 +81,7 @@ impl EngineConfig {
             cache_max_age: Duration::from_secs(30 * 24 * 3600),
             unpinned_freshness: Duration::from_secs(24 * 3600),
             max_concurrent_runs: 8,
+            sessions: crate::SessionSettings::default(),
         }
     }
 }

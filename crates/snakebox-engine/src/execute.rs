@@ -220,7 +220,7 @@ impl Engine {
         })
     }
 
-    fn effective_timeout(
+    pub(crate) fn effective_timeout(
         &self,
         requested: Option<i64>,
         notes: &mut Vec<String>,
@@ -426,7 +426,7 @@ fn run_environment(environment: &Environment, work: &Path, tmp: &Path) -> Vec<(S
 }
 
 /// Map the sandbox's outcome to a status, with an explanation for the limits.
-fn classify(
+pub(crate) fn classify(
     outcome: &snakebox_sandbox::Outcome,
     config: &crate::EngineConfig,
     timeout: Duration,

@@ -13,6 +13,7 @@ mod execute;
 mod ids;
 mod report;
 mod result;
+mod session;
 mod validate;
 
 use std::sync::{Arc, Mutex};
@@ -25,6 +26,10 @@ pub use config::EngineConfig;
 pub use execute::ExecuteRequest;
 pub use report::{CacheReport, EnvironmentReport, InterpreterReport, WarmState};
 pub use result::{Artifact, ErrorInfo, ExceptionInfo, ExecutionResult, Package, Status, ValueRepr};
+pub use session::{
+    CreateSession, FileContent, FileEntry, FileList, FileWritten, InstallState, InstallStatus,
+    MAX_FILE_BYTES, PackageList, SessionInfo, SessionList, SessionSettings,
+};
 pub use validate::{Validation, ValidationProblem};
 
 /// Why something the engine needs is not available, kept to be reported per call.
@@ -52,6 +57,7 @@ pub struct Engine {
     cache: Result<EnvCache, Unavailable>,
     runs: Semaphore,
     warm: Mutex<WarmState>,
+    sessions: session::Sessions,
 }
 
 impl Engine {
@@ -100,7 +106,9 @@ impl Engine {
         } else {
             WarmState::Disabled
         };
+        let sessions = session::Sessions::open(&config.data_dir, config.sessions.clone());
         Engine {
+            sessions,
             runs: Semaphore::new(config.max_concurrent_runs.max(1)),
             config,
             sandbox,

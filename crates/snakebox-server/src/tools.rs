@@ -43,6 +43,9 @@ pub(crate) struct ExecuteParams {
     /// Python version for this call, e.g. `"3.12"` (default: the server's). Must satisfy the
     /// script's `requires-python` if it has one.
     pub python_version: Option<String>,
+    /// Run in this persistent session (from `create_session`) instead of a fresh sandbox:
+    /// variables, imports, files and packages from earlier calls are kept.
+    pub session_id: Option<String>,
 }
 
 /// Arguments of `validate_script`.
@@ -61,7 +64,7 @@ pub(crate) struct ValidateParams {
 /// The MCP server: one engine shared by every request.
 #[derive(Clone)]
 pub struct SnakeboxServer {
-    engine: Arc<Engine>,
+    pub(crate) engine: Arc<Engine>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -72,7 +75,7 @@ impl SnakeboxServer {
     pub fn new(engine: Arc<Engine>) -> Self {
         Self {
             engine,
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::session_router(),
         }
     }
 
@@ -82,6 +85,9 @@ Each call starts clean: no files or variables survive between calls. Packages co
 `dependencies` (PEP 508, pin versions: [\"requests>=2.31\"]) or from a PEP 723 block at the top \
 of the script; they are installed once and cached, so repeated calls are fast. The network is \
 off unless the server allows it. Print what you want to see.\n\n\
+To keep variables, files and packages between calls, create a session (`create_session`) and \
+pass its `session_id`: the code then runs in that session's live interpreter, like a notebook \
+cell, and the value of a last expression is returned in `result`.\n\n\
 Example: {\"script\": \"import numpy as np\\nprint(np.arange(3).sum())\", \"dependencies\": [\"numpy>=1.26\"]}\n\n\
 Returns status (ok, error, timeout, cancelled, memory_limit, cpu_limit, setup_failed, \
 invalid_request), exit_code, stdout, stderr (head and tail kept if long), duration, the Python \
@@ -126,10 +132,18 @@ processes — see check_environment.",
             Some((sender, forwarder)) => (Some(sender), Some(forwarder)),
             None => (None, None),
         };
-        let result = self
-            .engine
-            .execute(request, context.ct.clone(), sender)
-            .await;
+        let result = match params.session_id {
+            Some(session_id) => {
+                self.engine
+                    .execute_in_session(&session_id, request, context.ct.clone(), sender)
+                    .await
+            }
+            None => {
+                self.engine
+                    .execute(request, context.ct.clone(), sender)
+                    .await
+            }
+        };
         if let Some(forwarder) = forwarder {
             // Every chunk is sent before the result, so progress never trails the answer.
             let _ = forwarder.await;
@@ -186,14 +200,14 @@ impl ServerHandler for SnakeboxServer {
 
 /// Structured content plus a text form. `is_error` marks results where the tool could not do
 /// what was asked (not a script that failed: that is a normal result).
-fn structured<T: Serialize>(value: &T, text: String, is_error: bool) -> CallToolResult {
+pub(crate) fn structured<T: Serialize>(value: &T, text: String, is_error: bool) -> CallToolResult {
     let mut result = CallToolResult::success(vec![ContentBlock::text(text)]);
     result.structured_content = serde_json::to_value(value).ok();
     result.is_error = Some(is_error);
     result
 }
 
-fn execution_result(result: &ExecutionResult) -> CallToolResult {
+pub(crate) fn execution_result(result: &ExecutionResult) -> CallToolResult {
     let is_error = matches!(result.status, Status::InvalidRequest | Status::SetupFailed);
     structured(result, result.to_text(), is_error)
 }

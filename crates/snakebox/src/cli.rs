@@ -136,4 +136,17 @@ pub struct EngineArgs {
     /// Runs executing at once; further calls queue [default: 8].
     #[arg(long, env = "SNAKEBOX_MAX_CONCURRENT_RUNS", value_name = "N")]
     pub max_concurrent_runs: Option<usize>,
+    /// A session's interpreter idle this many seconds is stopped (files and packages stay)
+    /// [default: 900].
+    #[arg(long, env = "SNAKEBOX_SESSION_IDLE_STOP", value_name = "SECONDS")]
+    pub session_idle_stop: Option<u64>,
+    /// A session unused this many seconds is deleted with its files [default: 604800, 7 days].
+    #[arg(long, env = "SNAKEBOX_SESSION_IDLE_DELETE", value_name = "SECONDS")]
+    pub session_idle_delete: Option<u64>,
+    /// Sessions that may exist at once [default: 32].
+    #[arg(long, env = "SNAKEBOX_MAX_SESSIONS", value_name = "N")]
+    pub max_sessions: Option<usize>,
+    /// Disk all sessions may use together (workspaces and packages) [default: 10GiB].
+    #[arg(long, env = "SNAKEBOX_SESSIONS_MAX_DISK", value_name = "SIZE")]
+    pub sessions_max_disk: Option<String>,
 }

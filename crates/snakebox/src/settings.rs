@@ -33,6 +33,10 @@ struct FileSettings {
     cache_max_size: Option<SizeOrNumber>,
     cache_max_age_days: Option<u64>,
     max_concurrent_runs: Option<usize>,
+    session_idle_stop: Option<u64>,
+    session_idle_delete: Option<u64>,
+    max_sessions: Option<usize>,
+    sessions_max_disk: Option<SizeOrNumber>,
 }
 
 /// TOML lets sizes be written as `1073741824` or `"1GiB"`.
@@ -130,6 +134,25 @@ pub(crate) fn resolve(args: &EngineArgs) -> anyhow::Result<EngineConfig> {
             bail!("--max-concurrent-runs must be at least 1");
         }
         config.max_concurrent_runs = runs;
+    }
+    if let Some(seconds) = args.session_idle_stop.or(file.session_idle_stop) {
+        if seconds == 0 {
+            bail!("--session-idle-stop must be at least 1 second");
+        }
+        config.sessions.idle_stop = Duration::from_secs(seconds);
+    }
+    if let Some(seconds) = args.session_idle_delete.or(file.session_idle_delete) {
+        if seconds == 0 {
+            bail!("--session-idle-delete must be at least 1 second");
+        }
+        config.sessions.idle_delete = Duration::from_secs(seconds);
+    }
+    if let Some(count) = args.max_sessions.or(file.max_sessions) {
+        config.sessions.max_sessions = count;
+    }
+    if let Some(text) = pick(&args.sessions_max_disk, file.sessions_max_disk) {
+        config.sessions.max_disk_bytes =
+            parse_size(&text).with_context(|| "invalid --sessions-max-disk")?;
     }
     Ok(config)
 }

@@ -1,0 +1,328 @@
+//! The session record: one SQLite database under the data directory
+//! (`sessions-v1/sessions.db`), so sessions outlive the server, even a SIGKILL (every change
+//! is one committed statement; WAL journal).
+//!
+//! Only facts that must survive a restart live here: who the session is (id, name, Python),
+//! what it asked for, what is installed, sizes and times. Live state (the interpreter, an
+//! install in progress) is in memory only.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+/// The schema version written to `PRAGMA user_version`.
+const SCHEMA_VERSION: i64 = 1;
+
+/// One session as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SessionRow {
+    pub(crate) id: String,
+    pub(crate) name: Option<String>,
+    /// Host path of the base interpreter the venv was made from.
+    pub(crate) interpreter: String,
+    pub(crate) python_version: String,
+    /// Requirements given at creation (kept by `reset`).
+    pub(crate) base_requirements: Vec<String>,
+    /// Every requirement asked for since (creation and installs), in order.
+    pub(crate) requirements: Vec<String>,
+    /// `(name, version)` of what is installed, as of the last install.
+    pub(crate) packages: Vec<(String, String)>,
+    pub(crate) venv_bytes: u64,
+    pub(crate) work_bytes: u64,
+    pub(crate) created_at: u64,
+    pub(crate) last_used_at: u64,
+    /// Cells run so far (all interpreters).
+    pub(crate) executions: u64,
+}
+
+/// The database, behind a mutex (every statement is short).
+#[derive(Debug)]
+pub(crate) struct Store {
+    conn: Mutex<Connection>,
+}
+
+impl Store {
+    /// Open (creating) the database at `path`.
+    pub(crate) fn open(path: &Path) -> rusqlite::Result<Store> {
+        let conn = Connection::open(path)?;
+        Self::init(conn)
+    }
+
+    /// An in-memory database (tests).
+    #[cfg(test)]
+    pub(crate) fn in_memory() -> rusqlite::Result<Store> {
+        Self::init(Connection::open_in_memory()?)
+    }
+
+    fn init(conn: Connection) -> rusqlite::Result<Store> {
+        conn.busy_timeout(std::time::Duration::from_secs(5))?;
+        // WAL: a reader never waits for a writer; a crash loses at most the last statement.
+        let _: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
+        conn.execute_batch(
+            "PRAGMA synchronous = NORMAL;
+             CREATE TABLE IF NOT EXISTS sessions (
+                 id TEXT PRIMARY KEY,
+                 name TEXT,
+                 interpreter TEXT NOT NULL,
+                 python_version TEXT NOT NULL,
+                 base_requirements TEXT NOT NULL,
+                 requirements TEXT NOT NULL,
+                 packages TEXT NOT NULL,
+                 venv_bytes INTEGER NOT NULL DEFAULT 0,
+                 work_bytes INTEGER NOT NULL DEFAULT 0,
+                 created_at INTEGER NOT NULL,
+                 last_used_at INTEGER NOT NULL,
+                 executions INTEGER NOT NULL DEFAULT 0
+             );",
+        )?;
+        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
+        Ok(Store {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
+        let conn = self
+            .conn
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(&conn)
+    }
+
+    pub(crate) fn insert(&self, row: &SessionRow) -> rusqlite::Result<()> {
+        self.with(|conn| {
+            conn.execute(
+                "INSERT INTO sessions (id, name, interpreter, python_version, base_requirements,
+                     requirements, packages, venv_bytes, work_bytes, created_at, last_used_at,
+                     executions)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                params![
+                    row.id,
+                    row.name,
+                    row.interpreter,
+                    row.python_version,
+                    to_json(&row.base_requirements),
+                    to_json(&row.requirements),
+                    to_json(&row.packages),
+                    to_i64(row.venv_bytes),
+                    to_i64(row.work_bytes),
+                    to_i64(row.created_at),
+                    to_i64(row.last_used_at),
+                    to_i64(row.executions),
+                ],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub(crate) fn get(&self, id: &str) -> rusqlite::Result<Option<SessionRow>> {
+        self.with(|conn| {
+            conn.query_row(
+                &format!("SELECT {COLUMNS} FROM sessions WHERE id = ?1"),
+                [id],
+                from_row,
+            )
+            .optional()
+        })
+    }
+
+    /// Every session, most recently used first.
+    pub(crate) fn list(&self) -> rusqlite::Result<Vec<SessionRow>> {
+        self.with(|conn| {
+            let mut statement = conn.prepare(&format!(
+                "SELECT {COLUMNS} FROM sessions ORDER BY last_used_at DESC, id"
+            ))?;
+            statement.query_map([], from_row)?.collect()
+        })
+    }
+
+    pub(crate) fn count(&self) -> rusqlite::Result<u64> {
+        self.with(|conn| {
+            conn.query_row("SELECT COUNT(*) FROM sessions", [], |row| {
+                row.get::<_, i64>(0)
+            })
+            .map(from_i64)
+        })
+    }
+
+    /// Bytes of every session's venv and workspace, as last measured.
+    pub(crate) fn total_bytes(&self) -> rusqlite::Result<u64> {
+        self.with(|conn| {
+            conn.query_row(
+                "SELECT COALESCE(SUM(venv_bytes + work_bytes), 0) FROM sessions",
+                [],
+                |row| row.get::<_, i64>(0),
+            )
+            .map(from_i64)
+        })
+    }
+
+    pub(crate) fn delete(&self, id: &str) -> rusqlite::Result<bool> {
+        self.with(|conn| Ok(conn.execute("DELETE FROM sessions WHERE id = ?1", [id])? > 0))
+    }
+
+    /// A cell ran: count it and remember when.
+    pub(crate) fn touch(&self, id: &str, now: u64, ran_cell: bool) -> rusqlite::Result<()> {
+        self.with(|conn| {
+            conn.execute(
+                "UPDATE sessions SET last_used_at = ?2, executions = executions + ?3 WHERE id = ?1",
+                params![id, to_i64(now), i64::from(ran_cell)],
+            )
+            .map(|_| ())
+        })
+    }
+
+    pub(crate) fn set_work_bytes(&self, id: &str, bytes: u64) -> rusqlite::Result<()> {
+        self.with(|conn| {
+            conn.execute(
+                "UPDATE sessions SET work_bytes = ?2 WHERE id = ?1",
+                params![id, to_i64(bytes)],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// After an install: what was asked, what is there, how big the venv is.
+    pub(crate) fn set_packages(
+        &self,
+        id: &str,
+        requirements: &[String],
+        packages: &[(String, String)],
+        venv_bytes: u64,
+    ) -> rusqlite::Result<()> {
+        self.with(|conn| {
+            conn.execute(
+                "UPDATE sessions SET requirements = ?2, packages = ?3, venv_bytes = ?4 WHERE id = ?1",
+                params![id, to_json(&requirements), to_json(&packages), to_i64(venv_bytes)],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// Back to the state of a new session (reset): counters and installs cleared.
+    pub(crate) fn reset(&self, id: &str, now: u64) -> rusqlite::Result<()> {
+        self.with(|conn| {
+            conn.execute(
+                "UPDATE sessions SET requirements = base_requirements, packages = '[]',
+                     venv_bytes = 0, work_bytes = 0, executions = 0, last_used_at = ?2
+                 WHERE id = ?1",
+                params![id, to_i64(now)],
+            )
+            .map(|_| ())
+        })
+    }
+}
+
+const COLUMNS: &str = "id, name, interpreter, python_version, base_requirements, requirements, \
+                       packages, venv_bytes, work_bytes, created_at, last_used_at, executions";
+
+fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
+    Ok(SessionRow {
+        id: row.get(0)?,
+        name: row.get(1)?,
+        interpreter: row.get(2)?,
+        python_version: row.get(3)?,
+        base_requirements: from_json(&row.get::<_, String>(4)?),
+        requirements: from_json(&row.get::<_, String>(5)?),
+        packages: from_json(&row.get::<_, String>(6)?),
+        venv_bytes: from_i64(row.get(7)?),
+        work_bytes: from_i64(row.get(8)?),
+        created_at: from_i64(row.get(9)?),
+        last_used_at: from_i64(row.get(10)?),
+        executions: from_i64(row.get(11)?),
+    })
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_string(value).unwrap_or_else(|_| "[]".into())
+}
+
+fn from_json<T: serde::de::DeserializeOwned + Default>(text: &str) -> T {
+    serde_json::from_str(text).unwrap_or_default()
+}
+
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+fn from_i64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(id: &str, last_used_at: u64) -> SessionRow {
+        SessionRow {
+            id: id.into(),
+            name: Some("analysis".into()),
+            interpreter: "/usr/bin/python3.11".into(),
+            python_version: "3.11.2".into(),
+            base_requirements: vec!["six==1.16.0".into()],
+            requirements: vec!["six==1.16.0".into()],
+            packages: vec![("six".into(), "1.16.0".into())],
+            venv_bytes: 1000,
+            work_bytes: 24,
+            created_at: 10,
+            last_used_at,
+            executions: 0,
+        }
+    }
+
+    #[test]
+    fn insert_get_list_delete() {
+        let store = Store::in_memory().unwrap();
+        store.insert(&row("a", 100)).unwrap();
+        store.insert(&row("b", 200)).unwrap();
+        assert_eq!(store.get("a").unwrap(), Some(row("a", 100)));
+        assert_eq!(store.get("zz").unwrap(), None);
+        let ids: Vec<String> = store.list().unwrap().into_iter().map(|r| r.id).collect();
+        assert_eq!(ids, ["b", "a"], "most recently used first");
+        assert_eq!(store.count().unwrap(), 2);
+        assert_eq!(store.total_bytes().unwrap(), 2 * 1024);
+        assert!(store.delete("a").unwrap());
+        assert!(!store.delete("a").unwrap());
+        assert_eq!(store.count().unwrap(), 1);
+    }
+
+    #[test]
+    fn touch_install_and_reset() {
+        let store = Store::in_memory().unwrap();
+        store.insert(&row("a", 100)).unwrap();
+        store.touch("a", 150, true).unwrap();
+        store.touch("a", 160, false).unwrap();
+        store
+            .set_packages(
+                "a",
+                &["six==1.16.0".into(), "attrs".into()],
+                &[
+                    ("attrs".into(), "24.2.0".into()),
+                    ("six".into(), "1.16.0".into()),
+                ],
+                5000,
+            )
+            .unwrap();
+        store.set_work_bytes("a", 77).unwrap();
+        let got = store.get("a").unwrap().unwrap();
+        assert_eq!((got.last_used_at, got.executions), (160, 1));
+        assert_eq!(got.requirements.len(), 2);
+        assert_eq!(got.packages.len(), 2);
+        assert_eq!((got.venv_bytes, got.work_bytes), (5000, 77));
+        store.reset("a", 170).unwrap();
+        let got = store.get("a").unwrap().unwrap();
+        assert_eq!(got.requirements, ["six==1.16.0"]);
+        assert!(got.packages.is_empty());
+        assert_eq!((got.executions, got.last_used_at), (0, 170));
+    }
+
+    #[test]
+    fn survives_reopening_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sessions.db");
+        Store::open(&path).unwrap().insert(&row("a", 1)).unwrap();
+        let again = Store::open(&path).unwrap();
+        assert_eq!(again.get("a").unwrap(), Some(row("a", 1)));
+    }
+}
