@@ -211,6 +211,17 @@ impl ChildPlan {
                 check(libc::dup2(src, dst))?;
             }
             close_range_cloexec(self.first_free_fd());
+            // 4b. First in line for the kernel's OOM killer (P-07): a global OOM must take a
+            //     sandbox, not the server. Raising the score needs no privilege and is inherited;
+            //     lowering it again needs CAP_SYS_RESOURCE, which the sandbox never has.
+            let fd = libc::open(
+                c"/proc/self/oom_score_adj".as_ptr(),
+                libc::O_WRONLY | libc::O_CLOEXEC,
+            );
+            if fd >= 0 {
+                libc::write(fd, b"1000".as_ptr().cast(), 4);
+                libc::close(fd);
+            }
             // 5. Limits (as root it is still allowed to set any hard value; lowering is always
             //    allowed). RLIMIT_NPROC is enforced on the uid switched to below.
             for limit in &self.rlimits {

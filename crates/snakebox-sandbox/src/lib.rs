@@ -20,6 +20,7 @@ mod host;
 mod live;
 mod native;
 mod none;
+mod scratch;
 mod supervise;
 
 use std::ffi::OsString;
@@ -32,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::error::{CgroupError, NamespaceError, SandboxError, SeccompError, SpawnError};
 pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
+pub use crate::scratch::{ScratchDir, release_stale_scratch};
 pub use crate::supervise::CONTROL_MAX_BYTES;
 
 /// Which isolation mechanism runs the command.
