@@ -104,6 +104,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[allow(clippy::print_stderr)] // The skip reason is for the person running the tests.
     fn scratch_is_capped_when_root_and_released_on_drop() {
         let dir = tempfile::tempdir().unwrap();
         let work = dir.path().join("work");
