@@ -59,6 +59,16 @@ const MAX_SKIPPED_LISTED: usize = 50;
 /// Unfinished entries older than this are debris from a crash.
 const STALE_TEMP: Duration = Duration::from_secs(3600);
 
+/// The per-run bounds, in words (for `check_environment`).
+pub(crate) fn limits_text() -> String {
+    format!(
+        "up to {MAX_FILES_PER_RUN} files per run, {} MiB per file, {} MiB per run; hidden files (.name) and symbolic links, hard links, FIFOs, sockets and devices are not kept; up to {MAX_INLINE_IMAGES} images of at most {} MiB inline per reply",
+        MAX_FILE_BYTES >> 20,
+        MAX_RUN_BYTES >> 20,
+        INLINE_IMAGE_MAX_BYTES >> 20
+    )
+}
+
 /// Why an artifact cannot be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
@@ -536,7 +546,7 @@ impl ArtifactStore {
             .filter_map(|(_, manifest)| manifest)
             .filter(|m| !self.expired(m))
             .collect();
-        manifests.sort_by(|a, b| b.created_unix_ms.cmp(&a.created_unix_ms));
+        manifests.sort_by_key(|m| std::cmp::Reverse(m.created_unix_ms));
         manifests
             .iter()
             .flat_map(|m| {

@@ -53,6 +53,10 @@ pub struct EngineConfig {
     pub max_concurrent_runs: usize,
     /// Persistent sessions: idle times and caps.
     pub sessions: crate::SessionSettings,
+    /// Artifacts (files a run produced) are removed this long after the run.
+    pub artifact_max_age: Duration,
+    /// Artifact store size quota: above it, the oldest runs' artifacts are removed first.
+    pub artifact_max_bytes: u64,
 }
 
 impl EngineConfig {
@@ -82,6 +86,8 @@ impl EngineConfig {
             unpinned_freshness: Duration::from_secs(24 * 3600),
             max_concurrent_runs: 8,
             sessions: crate::SessionSettings::default(),
+            artifact_max_age: Duration::from_secs(24 * 3600),
+            artifact_max_bytes: 1024 * 1024 * 1024,
         }
     }
 }

@@ -33,6 +33,8 @@ pub struct ExecuteRequest {
     pub timeout_seconds: Option<i64>,
     /// Python version request for this call (`3.12`, `3.11.7`, `>=3.10`).
     pub python_version: Option<String>,
+    /// Files to place in the working directory before the script runs.
+    pub files: Vec<crate::files::InputFile>,
 }
 
 /// What planning decided: everything needed to prepare and run.
@@ -41,6 +43,7 @@ struct Plan<'a> {
     requirements: Vec<pep508_rs::Requirement>,
     timeout: Duration,
     notes: Vec<String>,
+    inputs: Vec<crate::files::DecodedFile>,
 }
 
 impl Engine {
@@ -119,8 +122,29 @@ impl Engine {
                 ));
             }
         };
+        let owner = sandbox.host_ids(snakebox_sandbox::Identity::Untrusted);
+        let baseline = match crate::files::write(&run_dir.work, &plan.inputs, owner) {
+            Ok(()) => crate::artifacts::Baseline::snapshot(&run_dir.work),
+            Err(message) => {
+                return with_plan(ExecutionResult::not_run(
+                    execution_id,
+                    Status::SetupFailed,
+                    ErrorInfo {
+                        message: format!("Failed to write the input files: {message}"),
+                        hint: Some("check that the data directory is writable".into()),
+                    },
+                ));
+            }
+        };
         let (policy, command) = self.sandbox_call(&environment, &run_dir, plan.timeout);
         let outcome = sandbox.run(&policy, &command, cancel, output).await;
+        let control = outcome
+            .as_ref()
+            .map(|o| o.control.as_slice())
+            .unwrap_or_default();
+        let collected = self
+            .collect_rich(&execution_id, &run_dir.work, baseline, control)
+            .await;
         drop(run_dir);
 
         let outcome = match outcome {
@@ -156,7 +180,9 @@ impl Engine {
             .collect();
         result.environment_reused = environment.reused;
         result.error = error;
-        with_plan(result)
+        let mut result = with_plan(result);
+        collected.apply(&mut result);
+        result
     }
 
     /// Check the request and decide interpreter, requirements and timeout.
@@ -186,6 +212,8 @@ impl Engine {
                 "send the script as plain UTF-8 text",
             ));
         }
+        let inputs = crate::files::decode(&request.files)
+            .map_err(|error| (Status::InvalidRequest, error))?;
         let mut notes = Vec::new();
         let timeout = self.effective_timeout(request.timeout_seconds, &mut notes)?;
         let block = snakebox_script::parse(&request.script).map_err(|err| {
@@ -217,6 +245,7 @@ impl Engine {
             requirements,
             timeout,
             notes,
+            inputs,
         })
     }
 
@@ -383,10 +412,17 @@ impl Engine {
             limits: self.limits(timeout),
             identity: snakebox_sandbox::Identity::Untrusted,
         };
+        // The runner executes the script and reports on the control channel (fd 3).
+        let runner = script.with_file_name(crate::runner::FILE_NAME);
         let command = SandboxCommand {
             program: environment.python.clone(),
-            args: vec!["-s".into(), script.into_os_string()],
-            control_channel: false,
+            args: vec![
+                "-s".into(),
+                runner.into_os_string(),
+                script.into_os_string(),
+                crate::runner::CONTROL_FD.into(),
+            ],
+            control_channel: true,
         };
         (policy, command)
     }
@@ -520,15 +556,18 @@ impl RunDir {
             fs_err::create_dir_all(path)?;
         }
         fs_err::write(dir.input.join(SCRIPT_NAME), script)?;
+        fs_err::write(
+            dir.input.join(crate::runner::FILE_NAME),
+            crate::runner::SOURCE,
+        )?;
         // The sandboxed user is unprivileged: it may read the inputs and write the working
         // directory, nothing else of ours. (The run directory itself is private to the server
         // user; only the sandbox's bind mounts expose these.)
         fs_err::set_permissions(&dir.root, std::fs::Permissions::from_mode(0o711))?;
         fs_err::set_permissions(&dir.input, std::fs::Permissions::from_mode(0o755))?;
-        fs_err::set_permissions(
-            dir.input.join(SCRIPT_NAME),
-            std::fs::Permissions::from_mode(0o644),
-        )?;
+        for file in [SCRIPT_NAME, crate::runner::FILE_NAME] {
+            fs_err::set_permissions(dir.input.join(file), std::fs::Permissions::from_mode(0o644))?;
+        }
         for writable in [&dir.work, &dir.tmp] {
             if let Some((uid, gid)) = owner {
                 std::os::unix::fs::chown(writable, Some(uid), Some(gid))?;

@@ -337,7 +337,7 @@ mod tests {
             assert_eq!(split_relative_path(path), Err(expected), "{path:?}");
         }
         assert!(matches!(
-            split_relative_path(&"a/".repeat(40).trim_end_matches('/').to_string()),
+            split_relative_path("a/".repeat(40).trim_end_matches('/')),
             Err(PathError::TooLong(_))
         ));
         assert!(matches!(

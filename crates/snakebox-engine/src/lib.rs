@@ -8,11 +8,14 @@
 //! Fail closed: when the configured sandbox backend cannot isolate, the engine still starts (so
 //! `check_environment` can say why) but refuses every execution with the reason and the fix.
 
+mod artifacts;
 mod config;
 mod execute;
+mod files;
 mod ids;
 mod report;
 mod result;
+mod runner;
 mod session;
 mod validate;
 
@@ -22,10 +25,18 @@ use snakebox_env::{CacheConfig, EnvCache, Interpreters, Uv};
 use snakebox_sandbox::{Sandbox, SandboxConfig};
 use tokio::sync::Semaphore;
 
+pub use artifacts::{
+    ArtifactContent, ArtifactError, ArtifactPrune, ArtifactStore,
+    URI_PREFIX as ARTIFACT_URI_PREFIX, URI_TEMPLATE as ARTIFACT_URI_TEMPLATE, is_text_mime,
+};
 pub use config::EngineConfig;
 pub use execute::ExecuteRequest;
-pub use report::{CacheReport, EnvironmentReport, InterpreterReport, WarmState};
-pub use result::{Artifact, ErrorInfo, ExceptionInfo, ExecutionResult, Package, Status, ValueRepr};
+pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES, PathError};
+pub use report::{ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, WarmState};
+pub use result::{
+    Artifact, ArtifactOrigin, ErrorInfo, ExceptionInfo, ExecutionResult, InlineImage, Package,
+    SkippedFile, Status, ValueRepr,
+};
 pub use session::{
     CreateSession, FileContent, FileEntry, FileList, FileWritten, InstallState, InstallStatus,
     MAX_FILE_BYTES, PackageList, SessionInfo, SessionList, SessionSettings,
@@ -58,6 +69,7 @@ pub struct Engine {
     runs: Semaphore,
     warm: Mutex<WarmState>,
     sessions: session::Sessions,
+    artifacts: artifacts::ArtifactStore,
 }
 
 impl Engine {
@@ -106,9 +118,15 @@ impl Engine {
         } else {
             WarmState::Disabled
         };
+        let artifacts = artifacts::ArtifactStore::new(
+            &config.data_dir,
+            config.artifact_max_age,
+            config.artifact_max_bytes,
+        );
         let sessions = session::Sessions::open(&config.data_dir, config.sessions.clone());
         Engine {
             sessions,
+            artifacts,
             runs: Semaphore::new(config.max_concurrent_runs.max(1)),
             config,
             sandbox,
@@ -162,6 +180,45 @@ impl Engine {
         if let Ok(mut warm) = self.warm.lock() {
             *warm = state;
         }
+    }
+
+    /// The content of an artifact (`snakebox://artifacts/<execution_id>/<path>`).
+    ///
+    /// # Errors
+    /// An invalid URI (absolute or `..` paths included), an unknown or expired artifact.
+    pub async fn read_artifact(&self, uri: &str) -> Result<ArtifactContent, ArtifactError> {
+        let store = self.artifacts.clone();
+        let uri = uri.to_string();
+        tokio::task::spawn_blocking(move || store.read(&uri))
+            .await
+            .unwrap_or_else(|err| {
+                Err(ArtifactError::Io {
+                    uri: String::new(),
+                    source: std::io::Error::other(err),
+                })
+            })
+    }
+
+    /// The artifacts of the most recent runs, newest first.
+    pub async fn list_artifacts(&self, limit: usize) -> Vec<Artifact> {
+        let store = self.artifacts.clone();
+        tokio::task::spawn_blocking(move || store.list(limit))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// The artifact store (location and retention rule).
+    #[must_use]
+    pub fn artifact_store(&self) -> &ArtifactStore {
+        &self.artifacts
+    }
+
+    /// Remove artifacts past the store's retention rule (age, then size quota).
+    pub async fn prune_artifacts(&self) -> ArtifactPrune {
+        let store = self.artifacts.clone();
+        tokio::task::spawn_blocking(move || store.prune(None))
+            .await
+            .unwrap_or_default()
     }
 
     /// Remove environments past the cache's retention rule (age, then size).

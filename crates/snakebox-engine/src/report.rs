@@ -68,6 +68,17 @@ pub struct CacheReport {
     pub warm: WarmState,
 }
 
+/// The artifact store.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ArtifactsReport {
+    /// Directory of the store.
+    pub location: String,
+    /// The retention rule (age, then size quota).
+    pub retention: String,
+    /// Per-run bounds: files kept, bytes per file, bytes per run; inline images.
+    pub limits: String,
+}
+
 /// The full `check_environment` record.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct EnvironmentReport {
@@ -99,6 +110,8 @@ pub struct EnvironmentReport {
     pub timeouts: String,
     /// Environment cache.
     pub cache: CacheReport,
+    /// Artifact store: where files produced by runs are kept, and for how long.
+    pub artifacts: ArtifactsReport,
     /// Whether executions can run now; if not, `problems` says why.
     pub ready: bool,
     /// What stops executions, each with its fix.
@@ -241,6 +254,11 @@ impl Engine {
                     config.unpinned_freshness.as_secs() / 3600
                 ),
                 warm,
+            },
+            artifacts: ArtifactsReport {
+                location: self.artifacts.root().display().to_string(),
+                retention: self.artifacts.retention(),
+                limits: crate::artifacts::limits_text(),
             },
             ready: problems.is_empty(),
             problems,

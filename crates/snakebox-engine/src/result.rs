@@ -111,8 +111,14 @@ pub struct ExecutionResult {
     pub names: Vec<String>,
     /// The uncaught exception, with a traceback that points at the script's own lines.
     pub exception: Option<ExceptionInfo>,
-    /// Files the run created in its working directory (and images it produced).
+    /// Files the run created or changed in its working directory, and the images it produced
+    /// (figures, an image as the last expression), kept in the artifact store.
     pub artifacts: Vec<Artifact>,
+    /// Files of the working directory that were not kept, with the reason.
+    pub skipped_files: Vec<SkippedFile>,
+    /// Images also returned inline as `image` content (bounded in size and number).
+    #[serde(skip)]
+    pub inline_images: Vec<InlineImage>,
     /// The session this run belongs to (absent for one-shot runs).
     pub session_id: Option<String>,
     /// True when this run started a new interpreter for its session, so variables from
@@ -144,16 +150,55 @@ pub struct ExceptionInfo {
     pub line: Option<u32>,
 }
 
-/// A file produced by a run.
+/// A file produced by a run, kept in the artifact store.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct Artifact {
-    /// Path relative to the run's working directory.
+    /// Path relative to the run's working directory (for figures: `figure-N.png`; for an
+    /// image that was the last expression: `result.png`).
     pub name: String,
     /// Size in bytes.
     pub size: u64,
-    /// MIME type guessed from the name.
+    /// MIME type guessed from the name (images: from their content).
     pub mime_type: String,
-    /// Resource URI to read it with `resources/read`.
+    /// Resource URI to read it with `resources/read`:
+    /// `snakebox://artifacts/<execution_id>/<name>`.
+    pub uri: String,
+    /// Where it came from: `file` (written by the script), `figure` (a matplotlib figure),
+    /// `value` (the last expression, e.g. a PIL image).
+    pub origin: ArtifactOrigin,
+    /// Whether it is also in the reply as inline `image` content.
+    pub inline: bool,
+}
+
+/// Where an artifact came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ArtifactOrigin {
+    /// A file the script created or changed in its working directory.
+    File,
+    /// A matplotlib figure (shown with `plt.show()` or left open).
+    Figure,
+    /// The value of the last expression (a PIL image or a matplotlib figure).
+    Value,
+}
+
+/// A file of the working directory that was not kept as an artifact.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct SkippedFile {
+    /// Path relative to the working directory.
+    pub name: String,
+    /// Why: a symbolic link, a hard link, a FIFO/socket/device, or a size or count limit.
+    pub reason: String,
+}
+
+/// An image sent inline with the reply (not part of the structured record).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InlineImage {
+    /// `image/png`, `image/jpeg`, `image/gif`, `image/webp` or `image/svg+xml`.
+    pub mime_type: String,
+    /// The image bytes.
+    pub data: Vec<u8>,
+    /// The artifact it is a copy of.
     pub uri: String,
 }
 
@@ -191,6 +236,8 @@ impl ExecutionResult {
             names: Vec::new(),
             exception: None,
             artifacts: Vec::new(),
+            skipped_files: Vec::new(),
+            inline_images: Vec::new(),
             session_id: None,
             fresh_interpreter: false,
         }
@@ -224,6 +271,26 @@ impl ExecutionResult {
             if !self.stderr.ends_with('\n') {
                 out.push('\n');
             }
+        }
+        if let Some(value) = &self.result {
+            out.push_str("--- result ---\n");
+            out.push_str(&value.repr);
+            out.push('\n');
+        }
+        if !self.artifacts.is_empty() {
+            out.push_str("--- artifacts ---\n");
+            for artifact in &self.artifacts {
+                out.push_str(&format!(
+                    "{} ({} bytes, {}) {}\n",
+                    artifact.name, artifact.size, artifact.mime_type, artifact.uri
+                ));
+            }
+        }
+        for skipped in &self.skipped_files {
+            out.push_str(&format!(
+                "skipped file: {} ({})\n",
+                skipped.name, skipped.reason
+            ));
         }
         if let Some(code) = self.exit_code {
             out.push_str(&format!("--- exit_code: {code} ---\n"));

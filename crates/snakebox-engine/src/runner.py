@@ -381,6 +381,14 @@ def main():
     _keep.append(sys.modules["__main__"])
     sys.modules["__main__"] = main_module
     sys.argv = [script_path]
+    # As in a notebook, modules in the working directory (input files such as helpers.py)
+    # are importable; the script's own directory stays first, as with `python script.py`.
+    try:
+        cwd = os.getcwd()
+        if cwd not in sys.path:
+            sys.path.insert(1, cwd)
+    except OSError:
+        pass
     namespace = main_module.__dict__
     sys.meta_path.insert(0, _PyplotFinder())
 

@@ -11,12 +11,13 @@
 //! by us), and it never decides anything that matters: the status and exit code come from the
 //! supervisor, stdout and stderr from their own pipes, which the record cannot forge.
 
+use std::path::Path;
+
 use base64::Engine as _;
 use serde::Deserialize;
 
 use crate::Engine;
 use crate::artifacts::{Baseline, Collection, GeneratedImage, image_mime};
-use crate::execute::RunDir;
 use crate::result::{ArtifactOrigin, ExceptionInfo, ExecutionResult, ValueRepr};
 
 /// The runner's source, written next to the script in the run's input directory.
@@ -208,12 +209,12 @@ impl Rich {
 
 impl Engine {
     /// After a run: read the runner's record and keep the files the run created or changed
-    /// (and the images it produced) in the artifact store. Must be called before the run
-    /// directory is removed.
+    /// in `work` (its working directory; `baseline` is what was there before) and the images
+    /// it produced in the artifact store. Must be called before `work` is removed.
     pub(crate) async fn collect_rich(
         &self,
         execution_id: &str,
-        run_dir: &RunDir,
+        work: &Path,
         baseline: Baseline,
         control: &[u8],
     ) -> Rich {
@@ -231,7 +232,7 @@ impl Engine {
             }
         };
         let store = self.artifacts.clone();
-        let work = run_dir.work.clone();
+        let work = work.to_path_buf();
         let id = execution_id.to_string();
         match tokio::task::spawn_blocking(move || store.collect(&id, &work, &baseline, images))
             .await

@@ -9,15 +9,18 @@ use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ServerCapabilities,
-    ServerConfig,
+    CallToolResult, ContentBlock, Implementation, ListResourceTemplatesResult, ListResourcesResult,
+    PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ResourceTemplate,
+    ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_engine::{
-    Engine, EnvironmentReport, ExecuteRequest, ExecutionResult, Status, Validation,
+    ArtifactError, Engine, EnvironmentReport, ExecuteRequest, ExecutionResult, FileEncoding,
+    InputFile, Status, Validation,
 };
 use snakebox_sandbox::OutputChunk;
 
@@ -43,9 +46,28 @@ pub(crate) struct ExecuteParams {
     /// Python version for this call, e.g. `"3.12"` (default: the server's). Must satisfy the
     /// script's `requires-python` if it has one.
     pub python_version: Option<String>,
+    /// Files to create in the script's working directory before it runs, e.g.
+    /// `[{"path": "data/in.csv", "content": "a,b\n1,2\n"}]`. Paths are relative (no `/` at the
+    /// start, no `..`); at most 100 files and 32 MiB in total. Binary files: base64 content
+    /// with `"encoding": "base64"`.
+    #[serde(default)]
+    pub files: Vec<FileParam>,
     /// Run in this persistent session (from `create_session`) instead of a fresh sandbox:
     /// variables, imports, files and packages from earlier calls are kept.
     pub session_id: Option<String>,
+}
+
+/// One input file of `execute_python`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileParam {
+    /// Path relative to the working directory, e.g. `data/in.csv`.
+    pub path: String,
+    /// The file's content: text, or base64 when `encoding` is `base64`.
+    pub content: String,
+    /// `utf-8` (default) or `base64`.
+    #[serde(default)]
+    pub encoding: FileEncoding,
 }
 
 /// Arguments of `validate_script`.
@@ -80,19 +102,42 @@ impl SnakeboxServer {
     }
 
     #[tool(
-        description = "Run a Python script in a fresh sandbox and return its output.\n\n\
+        description = "Run a Python script in a fresh sandbox and return what a notebook would show.\n\n\
 Each call starts clean: no files or variables survive between calls. Packages come from \
 `dependencies` (PEP 508, pin versions: [\"requests>=2.31\"]) or from a PEP 723 block at the top \
 of the script; they are installed once and cached, so repeated calls are fast. The network is \
-off unless the server allows it. Print what you want to see.\n\n\
+off unless the server allows it.\n\n\
 To keep variables, files and packages between calls, create a session (`create_session`) and \
 pass its `session_id`: the code then runs in that session's live interpreter, like a notebook \
-cell, and the value of a last expression is returned in `result`.\n\n\
-Example: {\"script\": \"import numpy as np\\nprint(np.arange(3).sum())\", \"dependencies\": [\"numpy>=1.26\"]}\n\n\
-Returns status (ok, error, timeout, cancelled, memory_limit, cpu_limit, setup_failed, \
-invalid_request), exit_code, stdout, stderr (head and tail kept if long), duration, the Python \
-version and installed packages. Limits: timeout_seconds (default 30), output size, memory and \
-processes — see check_environment.",
+cell (the session's workspace is the working directory).\n\n\
+What comes back:\n\
+- stdout and stderr (head and tail kept if long), exit_code, status (ok, error, timeout, \
+cancelled, memory_limit, cpu_limit, setup_failed, invalid_request), duration, Python version, \
+installed packages.\n\
+- result: the value of the last expression, like a notebook cell (`repr`, and `json` when it \
+is plain data), and names: the top-level names the script defined.\n\
+- exception: type, message, line and a traceback of your own code (file `script.py`) when \
+it raises.\n\
+- images: matplotlib figures (plt.show() or simply left open), a PIL image as the last \
+expression, and PNG/JPEG/SVG files the script saves come back as image content (up to 4 \
+images of at most 1 MiB each inline; every image is also an artifact).\n\
+- artifacts: every file the script creates or changes in its working directory (up to 100 \
+files, 64 MiB each), listed with name, size and MIME type and returned as resource links \
+`snakebox://artifacts/<execution_id>/<path>`; fetch one with resources/read. Artifacts are \
+kept for a limited time (see check_environment). (In a session, files stay in its workspace \
+instead: use read_file.)\n\n\
+Files in: pass `files` to create inputs in the working directory first (relative paths; \
+text, or base64 with \"encoding\": \"base64\"; up to 100 files, 32 MiB in total).\n\n\
+Examples:\n\
+{\"script\": \"import numpy as np\\nnp.arange(3).sum()\", \"dependencies\": [\"numpy>=1.26\"]} \
+-> result.json = 3\n\
+{\"script\": \"import csv\\nrows = list(csv.reader(open('data/in.csv')))\\nlen(rows)\", \
+\"files\": [{\"path\": \"data/in.csv\", \"content\": \"a,b\\n1,2\\n\"}]}\n\
+{\"script\": \"import matplotlib.pyplot as plt\\nplt.plot([1, 4, 9])\\nplt.savefig('plot.svg')\\nplt.show()\", \
+\"dependencies\": [\"matplotlib==3.10.3\"]} -> a PNG image, plus plot.svg as an image and an artifact\n\n\
+Long runs: printed lines are streamed as progress notifications when the request carries a \
+progress token; cancelling the request kills the run at once. Limits: timeout_seconds \
+(default 30), output size, memory and processes; see check_environment.",
         output_schema = schema_for_output::<ExecutionResult>(),
         annotations(read_only_hint = false, destructive_hint = false, open_world_hint = false)
     )]
@@ -111,6 +156,15 @@ processes — see check_environment.",
             dependencies: params.dependencies,
             timeout_seconds,
             python_version: params.python_version,
+            files: params
+                .files
+                .into_iter()
+                .map(|file| InputFile {
+                    path: file.path,
+                    content: file.content,
+                    encoding: file.encoding,
+                })
+                .collect(),
         };
         let progress = context.meta.get_progress_token().map(|token| {
             let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<OutputChunk>();
@@ -192,9 +246,58 @@ whether it is enforced here, network policy, available Python versions, and the 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SnakeboxServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("snakebox", env!("CARGO_PKG_VERSION")))
-            .with_instructions(INSTRUCTIONS)
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_resources()
+                .enable_tools()
+                .build(),
+        )
+        .with_server_info(Implementation::new("snakebox", env!("CARGO_PKG_VERSION")))
+        .with_instructions(INSTRUCTIONS)
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourceTemplatesResult, ErrorData> {
+        let template = ResourceTemplate::new(snakebox_engine::ARTIFACT_URI_TEMPLATE, "artifact")
+            .with_title("Files produced by execute_python")
+            .with_description(format!(
+                "A file a run wrote in its working directory, or an image it produced; the \
+                 URIs come in execute_python results (artifacts, resource_link content). {}.",
+                self.engine.artifact_store().retention()
+            ));
+        Ok(ListResourceTemplatesResult::with_all_items(vec![template]))
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let resources = self
+            .engine
+            .list_artifacts(LISTED_ARTIFACTS)
+            .await
+            .into_iter()
+            .map(|artifact| {
+                Resource::new(artifact.uri, artifact.name)
+                    .with_mime_type(artifact.mime_type)
+                    .with_size(artifact.size)
+            })
+            .collect();
+        Ok(ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        read_artifact(&self.engine, &request.uri)
+            .await
+            .map(ReadResourceResponse::from)
     }
 }
 
@@ -208,8 +311,62 @@ pub(crate) fn structured<T: Serialize>(value: &T, text: String, is_error: bool) 
 }
 
 pub(crate) fn execution_result(result: &ExecutionResult) -> CallToolResult {
+    use base64::Engine as _;
     let is_error = matches!(result.status, Status::InvalidRequest | Status::SetupFailed);
-    structured(result, result.to_text(), is_error)
+    let mut reply = structured(result, result.to_text(), is_error);
+    // Images first (bounded in size and number by the engine), then a link per artifact.
+    for image in &result.inline_images {
+        let data = base64::engine::general_purpose::STANDARD.encode(&image.data);
+        reply
+            .content
+            .push(ContentBlock::image(data, image.mime_type.clone()));
+    }
+    for artifact in &result.artifacts {
+        reply.content.push(ContentBlock::resource_link(
+            Resource::new(artifact.uri.clone(), artifact.name.clone())
+                .with_mime_type(artifact.mime_type.clone())
+                .with_size(artifact.size)
+                .with_description(format!(
+                    "produced by execution {} (read it with resources/read)",
+                    result.execution_id
+                )),
+        ));
+    }
+    reply
+}
+
+/// Newest artifacts listed by `resources/list` (all stay readable through the template).
+const LISTED_ARTIFACTS: usize = 100;
+
+/// `resources/read` of an artifact: text when it is text, base64 otherwise.
+async fn read_artifact(engine: &Engine, uri: &str) -> Result<ReadResourceResult, ErrorData> {
+    let content = engine.read_artifact(uri).await.map_err(|err| match err {
+        ArtifactError::InvalidUri { .. } => ErrorData::invalid_params(err.to_string(), None),
+        ArtifactError::NotFound(_) => {
+            ErrorData::resource_not_found(err.to_string(), Some(serde_json::json!({ "uri": uri })))
+        }
+        ArtifactError::Io { .. } => ErrorData::internal_error(err.to_string(), None),
+    })?;
+    let contents = if snakebox_engine::is_text_mime(&content.mime_type) {
+        match String::from_utf8(content.data) {
+            Ok(text) => ResourceContents::text(text, content.uri).with_mime_type(content.mime_type),
+            Err(err) => ResourceContents::blob(
+                base64::Engine::encode(
+                    &base64::engine::general_purpose::STANDARD,
+                    err.into_bytes(),
+                ),
+                content.uri,
+            )
+            .with_mime_type(content.mime_type),
+        }
+    } else {
+        ResourceContents::blob(
+            base64::Engine::encode(&base64::engine::general_purpose::STANDARD, content.data),
+            content.uri,
+        )
+        .with_mime_type(content.mime_type)
+    };
+    Ok(ReadResourceResult::new(vec![contents]))
 }
 
 fn validation_text(validation: &Validation) -> String {

@@ -149,4 +149,11 @@ pub struct EngineArgs {
     /// Disk all sessions may use together (workspaces and packages) [default: 10GiB].
     #[arg(long, env = "SNAKEBOX_SESSIONS_MAX_DISK", value_name = "SIZE")]
     pub sessions_max_disk: Option<String>,
+    /// Artifacts (files runs produced) are removed this many hours after their run
+    /// [default: 24].
+    #[arg(long, env = "SNAKEBOX_ARTIFACT_MAX_AGE_HOURS", value_name = "HOURS")]
+    pub artifact_max_age_hours: Option<u64>,
+    /// Artifact store size above which the oldest runs' artifacts are removed [default: 1GiB].
+    #[arg(long, env = "SNAKEBOX_ARTIFACT_MAX_SIZE", value_name = "SIZE")]
+    pub artifact_max_size: Option<String>,
 }

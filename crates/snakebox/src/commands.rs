@@ -47,6 +47,8 @@ pub(crate) async fn serve(args: &EngineArgs) -> anyhow::Result<ExitCode> {
                 Ok(pruned) => tracing::debug!(?pruned, "environment cache pruned"),
                 Err(err) => tracing::debug!(message = %err.message, "cache pruning skipped"),
             }
+            let pruned = background.prune_artifacts().await;
+            tracing::debug!(?pruned, "artifact store pruned");
             tokio::time::sleep(PRUNE_EVERY).await;
         }
     });
@@ -89,6 +91,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 dependencies: args.deps,
                 timeout_seconds: args.timeout,
                 python_version: args.engine.python_version.clone(),
+                ..ExecuteRequest::default()
             },
             cancel,
             None,
@@ -198,6 +201,8 @@ fn print_report(report: &EnvironmentReport) {
         report.cache.location, report.cache.environments, report.cache.size_bytes
     );
     println!("           {}", report.cache.retention);
+    println!("artifacts: {}", report.artifacts.location);
+    println!("           {}", report.artifacts.retention);
     if report.ready {
         println!("ready:     yes");
     } else {

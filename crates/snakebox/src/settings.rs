@@ -37,6 +37,8 @@ struct FileSettings {
     session_idle_delete: Option<u64>,
     max_sessions: Option<usize>,
     sessions_max_disk: Option<SizeOrNumber>,
+    artifact_max_age_hours: Option<u64>,
+    artifact_max_size: Option<SizeOrNumber>,
 }
 
 /// TOML lets sizes be written as `1073741824` or `"1GiB"`.
@@ -153,6 +155,16 @@ pub(crate) fn resolve(args: &EngineArgs) -> anyhow::Result<EngineConfig> {
     if let Some(text) = pick(&args.sessions_max_disk, file.sessions_max_disk) {
         config.sessions.max_disk_bytes =
             parse_size(&text).with_context(|| "invalid --sessions-max-disk")?;
+    }
+    if let Some(hours) = args.artifact_max_age_hours.or(file.artifact_max_age_hours) {
+        if hours == 0 {
+            bail!("--artifact-max-age-hours must be at least 1");
+        }
+        config.artifact_max_age = Duration::from_secs(hours.saturating_mul(3600));
+    }
+    if let Some(text) = pick(&args.artifact_max_size, file.artifact_max_size) {
+        config.artifact_max_bytes =
+            parse_size(&text).with_context(|| "invalid --artifact-max-size")?;
     }
     Ok(config)
 }
