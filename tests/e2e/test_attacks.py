@@ -258,7 +258,6 @@ async def test_R07_one_big_file_is_capped(snakebox_bin, data_dir, canaries):
     assert written <= 64 << 20
 
 
-@pytest.mark.xfail(strict=True, reason="GAP: the working directory /work is a host bind mount with no size or inode cap; --scratch-limit only sizes the /tmp and /dev/shm tmpfs — see SECURITY.md")
 async def test_R08_many_files_in_the_workdir_are_capped_by_the_scratch_limit(snakebox_bin, data_dir, canaries):
     body = """
     os.makedirs("d", exist_ok=True)
@@ -306,11 +305,14 @@ async def test_R08_deep_tree_and_many_inodes_are_cleaned_up(snakebox_bin, data_d
     assert run["files"] > 0 and run["depth"] > 0
     # Cleanup of the workspace finishes (the call returned) in bounded time.
     assert elapsed < 60
-    runs = data_dir / "runs" / run.data["execution_id"]
+    # Wherever under `runs/` the server keeps it, nothing named after this run is left.
+    runs = data_dir / "runs"
+    assert runs.is_dir(), f"{runs} does not exist: the oracle would be blind"
+    execution_id = run.data["execution_id"]
     deadline = time.monotonic() + 10
-    while runs.exists() and time.monotonic() < deadline:
+    while list(runs.rglob(execution_id)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not runs.exists(), f"the run's scratch directory {runs} was not removed"
+    assert not list(runs.rglob(execution_id)), f"the run's scratch directory under {runs} was not removed"
 
 
 async def test_R09_sparse_and_hardlink_bombs_do_not_hang_the_server(snakebox_bin, data_dir, canaries):
@@ -345,7 +347,8 @@ async def test_R10_cpu_and_io_storm_is_killed_and_host_stays_responsive(snakebox
             spin()
     with open("f", "wb") as f:
         while True:
-            f.write(b"x" * 4096); os.fsync(f.fileno())
+            # Rewind each time: an I/O storm, not a disk fill (R-07/R-08 cover those limits).
+            f.write(b"x" * 4096); os.fsync(f.fileno()); f.seek(0)
     """
 
     async def latency(_watch: ProcWatch) -> float:
@@ -720,7 +723,7 @@ async def test_F03_concurrent_and_left_behind_sibling_files_are_invisible(snakeb
 
             async def concurrent_read(_watch: ProcWatch) -> Any:
                 # The writer is running (its marker is on the host) and its files exist.
-                ids = [d.parent.name for d in (data_dir / "runs").glob("*/work") if (d / "sibling-canary").exists()]
+                ids = [d.parent.name for d in (data_dir / "runs").glob("*/*/work") if (d / "sibling-canary").exists()]
                 assert ids, "the sibling's canary file is not on the host: the oracle would be blind"
                 got = await attack(client, canaries, reader, params={"secret": sibling_secret})
                 # I-04: the reader's mount table names no other run.
@@ -1996,7 +1999,6 @@ async def test_P06_core_dumps_are_off_and_abort_is_reported(snakebox_bin, data_d
     assert run["cores"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="GAP: a run killed by a signal (SIGABRT, SIGSEGV) is reported as status error with exit_code null and no signal or message (P-06, R-22) — see SECURITY.md")
 async def test_P06_R22_death_by_signal_is_reported(snakebox_bin, data_dir, canaries):
     body = """
     os.abort()
@@ -2007,7 +2009,6 @@ async def test_P06_R22_death_by_signal_is_reported(snakebox_bin, data_dir, canar
     assert named, f"the result does not say the script died of SIGABRT: {run.data}"
 
 
-@pytest.mark.xfail(strict=True, reason="GAP: oom_score_adj is not raised for sandboxed processes (P-07) — see SECURITY.md")
 async def test_P07_oom_score_adj_is_high_and_cannot_be_lowered(snakebox_bin, data_dir, canaries):
     body = """
     value = open("/proc/self/oom_score_adj").read().strip()
@@ -2172,7 +2173,6 @@ async def test_H03_terminal_escapes_and_invalid_utf8_do_not_break_the_server(sna
     assert "not utf-8" in run.stdout and "\ufffd" in run.stdout
 
 
-@pytest.mark.xfail(strict=True, reason="GAP: the text content block passes raw ESC/CSI/OSC sequences through (H-03) — see SECURITY.md")
 async def test_H03_text_form_neutralises_escape_sequences(snakebox_bin, data_dir, canaries):
     body = """
     print("\\x1b]52;c;ZWNobyBwd25lZA==\\x07 \\x1b[2J")

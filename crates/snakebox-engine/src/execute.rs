@@ -35,6 +35,9 @@ pub struct ExecuteRequest {
     pub python_version: Option<String>,
     /// Files to place in the working directory before the script runs.
     pub files: Vec<crate::files::InputFile>,
+    /// Ask for (`true`) or decline (`false`) network access; `None` follows the server. Asking
+    /// for it on a server that does not allow network is refused with an explanation.
+    pub network: Option<bool>,
 }
 
 /// What planning decided: everything needed to prepare and run.
@@ -44,6 +47,7 @@ struct Plan<'a> {
     timeout: Duration,
     notes: Vec<String>,
     inputs: Vec<crate::files::DecodedFile>,
+    network: bool,
 }
 
 impl Engine {
@@ -104,12 +108,15 @@ impl Engine {
                 },
             ));
         };
-        let run_dir = match RunDir::create(
-            &self.config.data_dir,
-            &execution_id,
-            &request.script,
-            sandbox.host_ids(snakebox_sandbox::Identity::Untrusted),
-        ) {
+        let owner = sandbox.host_ids(snakebox_sandbox::Identity::Untrusted);
+        let run_dir = RunDir::create(&self.config.data_dir, &execution_id, &request.script, owner)
+            .and_then(|mut dir| {
+                if let Some(size) = self.config.scratch_bytes {
+                    dir.cap_work(size, owner).map_err(std::io::Error::other)?;
+                }
+                Ok(dir)
+            });
+        let run_dir = match run_dir {
             Ok(dir) => dir,
             Err(err) => {
                 return with_plan(ExecutionResult::not_run(
@@ -136,7 +143,8 @@ impl Engine {
                 ));
             }
         };
-        let (policy, command) = self.sandbox_call(&environment, &run_dir, plan.timeout);
+        let (policy, command) =
+            self.sandbox_call(&environment, &run_dir, plan.timeout, plan.network);
         let outcome = sandbox.run(&policy, &command, cancel, output).await;
         let control = outcome
             .as_ref()
@@ -163,6 +171,9 @@ impl Engine {
         let (status, error) = classify(&outcome, &self.config, plan.timeout);
         let mut result = ExecutionResult::new(execution_id, status);
         result.exit_code = outcome.exit_code;
+        result.signal = outcome
+            .signal
+            .filter(|_| outcome.termination == Termination::Exited);
         result.stdout_truncated = outcome.stdout.truncated;
         result.stderr_truncated = outcome.stderr.truncated;
         result.stdout = outcome.stdout.text;
@@ -216,6 +227,13 @@ impl Engine {
             .map_err(|error| (Status::InvalidRequest, error))?;
         let mut notes = Vec::new();
         let timeout = self.effective_timeout(request.timeout_seconds, &mut notes)?;
+        if request.network == Some(true) && !self.config.network {
+            return Err(invalid(
+                "This call asked for network access, but this server does not allow network for runs".into(),
+                "run without network (the default), or ask the operator to start snakebox with `--network on`",
+            ));
+        }
+        let network = self.config.network && request.network != Some(false);
         let block = snakebox_script::parse(&request.script).map_err(|err| {
             (
                 Status::InvalidRequest,
@@ -246,6 +264,7 @@ impl Engine {
             timeout,
             notes,
             inputs,
+            network,
         })
     }
 
@@ -377,6 +396,7 @@ impl Engine {
         environment: &Environment,
         run_dir: &RunDir,
         timeout: Duration,
+        network: bool,
     ) -> (Policy, SandboxCommand) {
         let native = self.config.backend == BackendKind::Native;
         let (script, work, tmp) = if native {
@@ -406,7 +426,7 @@ impl Engine {
         let env = run_environment(environment, &work, &tmp);
         let policy = Policy {
             mounts,
-            network: self.config.network,
+            network,
             env,
             cwd: work,
             limits: self.limits(timeout),
@@ -510,7 +530,26 @@ pub(crate) fn classify(
             }),
         ),
         Termination::Exited if outcome.exit_code == Some(0) => (Status::Ok, None),
-        Termination::Exited => (Status::Error, None),
+        Termination::Exited => match outcome.signal {
+            // A death by a signal we did not send is a crash the caller must be able to see.
+            Some(signal) => (
+                Status::Error,
+                Some(ErrorInfo {
+                    message: format!(
+                        "The script was killed by {}",
+                        crate::result::signal_name(signal)
+                    ),
+                    hint: Some(match signal {
+                        6 => "the process aborted (abort(), a failed C assertion or a fatal error in native code)".into(),
+                        11 | 7 => "a crash in native code (an extension module, ctypes) or a stack overflow".into(),
+                        25 => "a file grew past the per-file size limit".into(),
+                        31 => "a system call the sandbox forbids was attempted".into(),
+                        _ => "check stderr for what the process was doing".into(),
+                    }),
+                }),
+            ),
+            None => (Status::Error, None),
+        },
     }
 }
 
@@ -533,6 +572,8 @@ pub(crate) struct RunDir {
     pub(crate) input: PathBuf,
     pub(crate) work: PathBuf,
     pub(crate) tmp: PathBuf,
+    /// The size cap on `work`, when one is in force.
+    scratch: Option<snakebox_sandbox::ScratchDir>,
 }
 
 impl RunDir {
@@ -545,12 +586,15 @@ impl RunDir {
         owner: Option<(u32, u32)>,
     ) -> std::io::Result<RunDir> {
         use std::os::unix::fs::PermissionsExt;
-        let root = data_dir.join("runs").join(id);
+        let root = runs_dir(data_dir)
+            .join(std::process::id().to_string())
+            .join(id);
         let dir = RunDir {
             input: root.join("input"),
             work: root.join("work"),
             tmp: root.join("tmp"),
             root,
+            scratch: None,
         };
         for path in [&dir.input, &dir.work, &dir.tmp] {
             fs_err::create_dir_all(path)?;
@@ -576,10 +620,60 @@ impl RunDir {
         }
         Ok(dir)
     }
+
+    /// Cap the working directory at `size_bytes` (a tmpfs owned by `owner`), so a run cannot
+    /// fill the host disk through it. Without the privilege to mount, it stays a plain
+    /// directory; `check_environment` reports whether the cap is enforced.
+    pub(crate) fn cap_work(
+        &mut self,
+        size_bytes: u64,
+        owner: Option<(u32, u32)>,
+    ) -> Result<(), snakebox_sandbox::SpawnError> {
+        self.scratch = Some(snakebox_sandbox::ScratchDir::cap(
+            &self.work, size_bytes, owner,
+        )?);
+        Ok(())
+    }
+}
+
+/// Where run directories live: `<data>/runs/<server pid>/<execution id>`.
+fn runs_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("runs")
+}
+
+/// Remove the run directories of servers that are gone (killed before they could clean up),
+/// releasing any scratch mount left in them. Directories of live servers sharing the data
+/// directory are left alone.
+pub(crate) fn remove_stale_run_dirs(data_dir: &Path) {
+    let Ok(entries) = fs_err::read_dir(runs_dir(data_dir)) else {
+        return;
+    };
+    for entry in entries.filter_map(Result::ok) {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == std::process::id() || Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if let Ok(runs) = fs_err::read_dir(entry.path()) {
+            for run in runs.filter_map(Result::ok) {
+                snakebox_sandbox::release_stale_scratch(&run.path().join("work"));
+            }
+        }
+        if let Err(err) = fs_err::remove_dir_all(entry.path()) {
+            tracing::warn!(%err, "could not remove a stale run directory");
+        }
+    }
 }
 
 impl Drop for RunDir {
     fn drop(&mut self) {
+        // Unmount the scratch tmpfs first: its mount point cannot be removed while mounted.
+        drop(self.scratch.take());
         if let Err(err) = fs_err::remove_dir_all(&self.root) {
             tracing::warn!(%err, "could not remove a run directory");
         }

@@ -78,6 +78,7 @@ impl Engine {
     /// Never fails: what is missing is recorded and reported by [`Engine::report`] and by
     /// every execution that needs it.
     pub async fn new(config: EngineConfig) -> Engine {
+        execute::remove_stale_run_dirs(&config.data_dir);
         let sandbox = Sandbox::new(SandboxConfig {
             backend: config.backend,
             bwrap_path: config.bwrap_path.clone(),

@@ -76,6 +76,9 @@ pub struct ExecutionResult {
     pub status: Status,
     /// Process exit code (absent when the script never ran or was killed by a signal).
     pub exit_code: Option<i32>,
+    /// The signal that killed the script, when it died of one it did not get from us (a crash:
+    /// SIGSEGV, SIGABRT, ...). Limits and timeouts are reported by `status` instead.
+    pub signal: Option<i32>,
     /// Standard output (head and tail kept when longer than the output limit).
     pub stdout: String,
     /// Standard error (head and tail kept when longer than the output limit).
@@ -218,6 +221,7 @@ impl ExecutionResult {
             execution_id,
             status,
             exit_code: None,
+            signal: None,
             stdout: String::new(),
             stderr: String::new(),
             stdout_truncated: false,
@@ -295,6 +299,9 @@ impl ExecutionResult {
         if let Some(code) = self.exit_code {
             out.push_str(&format!("--- exit_code: {code} ---\n"));
         }
+        if let Some(signal) = self.signal {
+            out.push_str(&format!("--- signal: {} ---\n", signal_name(signal)));
+        }
         if self.timed_out {
             out.push_str("--- timed_out: true ---\n");
         }
@@ -307,6 +314,59 @@ impl ExecutionResult {
         for note in &self.notes {
             out.push_str(&format!("note: {note}\n"));
         }
-        out
+        terminal_safe(&out)
+    }
+}
+
+/// The text form may be shown in a terminal: control characters other than newline and tab
+/// (ESC/CSI/OSC sequences that move the cursor, rewrite the screen or write the clipboard) are
+/// made visible as `\xNN` instead of being passed through (catalogue H-03). The structured
+/// form keeps the exact text, JSON-escaped.
+fn terminal_safe(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\n' && c != '\t' {
+            out.push_str(&format!("\\x{:02x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `11` → `SIGSEGV (11)`.
+#[must_use]
+pub(crate) fn signal_name(signal: i32) -> String {
+    let name = match signal {
+        1 => "SIGHUP",
+        2 => "SIGINT",
+        3 => "SIGQUIT",
+        4 => "SIGILL",
+        5 => "SIGTRAP",
+        6 => "SIGABRT",
+        7 => "SIGBUS",
+        8 => "SIGFPE",
+        9 => "SIGKILL",
+        11 => "SIGSEGV",
+        13 => "SIGPIPE",
+        14 => "SIGALRM",
+        15 => "SIGTERM",
+        24 => "SIGXCPU",
+        25 => "SIGXFSZ",
+        31 => "SIGSYS",
+        _ => "signal",
+    };
+    format!("{name} ({signal})")
+}
+
+#[cfg(test)]
+mod terminal_tests {
+    use super::terminal_safe;
+
+    #[test]
+    fn escape_sequences_are_made_visible() {
+        assert_eq!(terminal_safe("a\x1b[2Jb\n\tc"), "a\\x1b[2Jb\n\tc");
+        assert_eq!(terminal_safe("\u{9b}31m"), "\\x9b31m");
+        assert_eq!(terminal_safe("caf\u{e9} \u{1f40d}"), "caf\u{e9} \u{1f40d}");
     }
 }

@@ -55,6 +55,10 @@ pub(crate) struct ExecuteParams {
     /// Run in this persistent session (from `create_session`) instead of a fresh sandbox:
     /// variables, imports, files and packages from earlier calls are kept.
     pub session_id: Option<String>,
+    /// Set `true` to ask for network access (refused unless the server runs with
+    /// `--network on`; see `check_environment`), `false` to run offline on a server that allows
+    /// network. Default: the server's policy (off unless the operator turned it on).
+    pub network: Option<bool>,
 }
 
 /// One input file of `execute_python`.
@@ -165,6 +169,7 @@ progress token; cancelling the request kills the run at once. Limits: timeout_se
                     encoding: file.encoding,
                 })
                 .collect(),
+            network: params.network,
         };
         let progress = context.meta.get_progress_token().map(|token| {
             let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<OutputChunk>();

@@ -58,7 +58,7 @@ pub(crate) async fn serve(args: &EngineArgs) -> anyhow::Result<ExitCode> {
 
 /// `snakebox run FILE`: the script's output on our stdout/stderr, its exit code as ours.
 /// Limits map to conventional codes: timeout 124, memory/CPU limit 137, cancelled 130,
-/// setup failure or invalid request 2.
+/// death by a signal 128 + its number, setup failure or invalid request 2.
 pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let script = if args.file.as_os_str() == "-" {
         let mut text = String::new();
@@ -124,6 +124,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Status::Ok => 0,
         Status::Error => result
             .exit_code
+            .or(result.signal.map(|signal| 128 + signal))
             .and_then(|code| u8::try_from(code).ok())
             .unwrap_or(1),
         Status::Timeout => 124,
