@@ -395,7 +395,7 @@ impl NativeBackend {
             Some(cg) => cg
                 .procs_files()
                 .iter()
-                .map(|p| cstring(p.as_os_str().as_bytes()))
+                .map(|p| cstring(join_file(p).as_os_str().as_bytes()))
                 .collect::<Result<_, _>>()?,
             None => Vec::new(),
         };
@@ -551,6 +551,24 @@ struct Prepared {
     control_read: Option<OwnedFd>,
 }
 
+/// The file the forked child writes `0` into to join a run cgroup, given its `cgroup.procs`.
+///
+/// On cgroup v1 that is the hierarchy's `tasks` file (v2 has none, so `cgroup.procs` stays).
+/// Both move the writer into the cgroup, and the child is single-threaded after `fork`, so
+/// moving its one thread moves the whole process, before exec, as before. The difference is
+/// cost: a `cgroup.procs` write takes the kernel's global threadgroup lock for writing, which
+/// waits for an RCU grace period (10-20 ms on the dev machines, measured in BENCHMARKS.md);
+/// moving only the calling thread (`tasks`, pid 0) skips that lock (Linux 6.0+; older kernels
+/// take it either way, so nothing is lost there).
+fn join_file(procs: &std::path::Path) -> PathBuf {
+    let tasks = procs.with_file_name("tasks");
+    if procs.file_name().is_some_and(|name| name == "cgroup.procs") && tasks.is_file() {
+        tasks
+    } else {
+        procs.to_path_buf()
+    }
+}
+
 fn cstring(bytes: &[u8]) -> Result<CString, SpawnError> {
     CString::new(bytes).map_err(|_| SpawnError::NulByte {
         value: String::from_utf8_lossy(bytes).into_owned(),
@@ -655,5 +673,27 @@ impl Teardown for NativeTeardown {
             }
             cg.remove();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::join_file;
+
+    #[test]
+    fn joins_through_tasks_on_v1_and_cgroup_procs_on_v2() {
+        let v1 = tempfile::tempdir().unwrap();
+        fs_err::write(v1.path().join("cgroup.procs"), "").unwrap();
+        fs_err::write(v1.path().join("tasks"), "").unwrap();
+        assert_eq!(
+            join_file(&v1.path().join("cgroup.procs")),
+            v1.path().join("tasks")
+        );
+        let v2 = tempfile::tempdir().unwrap();
+        fs_err::write(v2.path().join("cgroup.procs"), "").unwrap();
+        assert_eq!(
+            join_file(&v2.path().join("cgroup.procs")),
+            v2.path().join("cgroup.procs")
+        );
     }
 }
