@@ -39,6 +39,8 @@ pub struct EngineConfig {
     pub file_size_bytes: Option<u64>,
     /// Open files per process.
     pub open_files: Option<u64>,
+    /// CPU bandwidth per run in thousandths of a core (`None`: unlimited).
+    pub cpu_millicores: Option<u64>,
     /// Whether runs may use the network.
     pub network: bool,
     /// Build the default environment at start-up.
@@ -79,6 +81,7 @@ impl EngineConfig {
             scratch_bytes: Some(512 * 1024 * 1024),
             file_size_bytes: Some(256 * 1024 * 1024),
             open_files: Some(1024),
+            cpu_millicores: Some(1000),
             network: false,
             warm_cache: true,
             cache_max_bytes: 10 * 1024 * 1024 * 1024,

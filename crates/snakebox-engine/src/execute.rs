@@ -457,6 +457,7 @@ impl Engine {
             scratch_bytes: self.config.scratch_bytes,
             file_size_bytes: self.config.file_size_bytes,
             open_files: self.config.open_files,
+            cpu_millicores: self.config.cpu_millicores,
         }
     }
 }

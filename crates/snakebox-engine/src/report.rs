@@ -112,6 +112,8 @@ pub struct EnvironmentReport {
     pub cache: CacheReport,
     /// Artifact store: where files produced by runs are kept, and for how long.
     pub artifacts: ArtifactsReport,
+    /// Persistent sessions: the live ones, running interpreters, disk, caps and idle timers.
+    pub sessions: crate::session::SessionsReport,
     /// Whether executions can run now; if not, `problems` says why.
     pub ready: bool,
     /// What stops executions, each with its fix.
@@ -150,6 +152,9 @@ impl Engine {
                 "scratch_bytes" => config.scratch_bytes.map_or_else(unlimited, human_bytes),
                 "file_size_bytes" => config.file_size_bytes.map_or_else(unlimited, human_bytes),
                 "open_files" => config.open_files.map_or_else(unlimited, |n| n.to_string()),
+                "cpu_bandwidth" => config
+                    .cpu_millicores
+                    .map_or_else(unlimited, |m| format!("{}.{:03} cores", m / 1000, m % 1000)),
                 "network" => {
                     if config.network {
                         "on".into()
@@ -260,6 +265,7 @@ impl Engine {
                 retention: self.artifacts.retention(),
                 limits: crate::artifacts::limits_text(),
             },
+            sessions: self.sessions.report(&config.data_dir),
             ready: problems.is_empty(),
             problems,
         }

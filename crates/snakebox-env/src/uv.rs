@@ -407,6 +407,7 @@ impl UvInvocation {
                 scratch_bytes: None,
                 file_size_bytes: None,
                 open_files: None,
+                cpu_millicores: None,
             },
             identity: snakebox_sandbox::Identity::Installer,
         }

@@ -126,11 +126,12 @@ fn rmdir_with_retries(dirs: &[PathBuf], mgr: &dyn CgroupManager) -> Result<(), C
     Ok(())
 }
 
-/// cgroup v1: a memory and/or a pids directory.
+/// cgroup v1: a memory, a pids and/or a cpu directory.
 #[derive(Debug)]
 pub(crate) struct V1 {
     memory: Option<PathBuf>,
     pids: Option<PathBuf>,
+    cpu: Option<PathBuf>,
 }
 
 impl V1 {
@@ -138,9 +139,18 @@ impl V1 {
         self.memory
             .iter()
             .chain(self.pids.iter())
+            .chain(self.cpu.iter())
             .cloned()
             .collect()
     }
+}
+
+/// CFS period used for CPU bandwidth (the kernel's default, 100 ms).
+const CFS_PERIOD_US: u64 = 100_000;
+
+/// Quota per period for `millicores` thousandths of a core.
+fn cfs_quota_us(millicores: u64) -> u64 {
+    (millicores.saturating_mul(CFS_PERIOD_US) / 1000).max(1000)
 }
 
 impl CgroupManager for V1 {
@@ -167,6 +177,13 @@ impl CgroupManager for V1 {
         }
         if let (Some(dir), Some(n)) = (&self.pids, limits.max_processes) {
             write(&dir.join("pids.max"), &n.to_string())?;
+        }
+        if let (Some(dir), Some(millicores)) = (&self.cpu, limits.cpu_millicores) {
+            write(&dir.join("cpu.cfs_period_us"), &CFS_PERIOD_US.to_string())?;
+            write(
+                &dir.join("cpu.cfs_quota_us"),
+                &cfs_quota_us(millicores).to_string(),
+            )?;
         }
         Ok(())
     }
@@ -226,6 +243,15 @@ impl CgroupManager for V2 {
         }
         if let Some(n) = limits.max_processes {
             write(&self.dir.join("pids.max"), &n.to_string())?;
+        }
+        // cpu.max exists only where the cpu controller is delegated too.
+        if let Some(millicores) = limits.cpu_millicores
+            && self.dir.join("cpu.max").exists()
+        {
+            write(
+                &self.dir.join("cpu.max"),
+                &format!("{} {CFS_PERIOD_US}", cfs_quota_us(millicores)),
+            )?;
         }
         Ok(())
     }
@@ -330,12 +356,14 @@ pub(crate) enum CgroupSet {
         /// Our own cgroup directory.
         parent: PathBuf,
     },
-    /// Legacy hierarchies (either may be missing).
+    /// Legacy hierarchies (any may be missing).
     V1 {
         /// Our memory cgroup directory.
         memory: Option<PathBuf>,
         /// Our pids cgroup directory.
         pids: Option<PathBuf>,
+        /// Our cpu cgroup directory (bandwidth and fair sharing between runs).
+        cpu: Option<PathBuf>,
     },
 }
 
@@ -346,7 +374,7 @@ impl CgroupSet {
     pub(crate) fn detect() -> Result<Self, CgroupError> {
         let cg = read(Path::new("/proc/self/cgroup"))?;
         let mi = read(Path::new("/proc/self/mountinfo"))?;
-        let set = Self::from_host_files(&cg, &mi)?;
+        let mut set = Self::from_host_files(&cg, &mi)?;
         set.check_writable()?;
         Ok(set)
     }
@@ -384,11 +412,16 @@ impl CgroupSet {
                 controller: "memory or pids".into(),
             });
         }
-        Ok(Self::V1 { memory, pids })
+        Ok(Self::V1 {
+            memory,
+            pids,
+            cpu: v1("cpu"),
+        })
     }
 
-    /// Prove we can create (and remove) a child in each parent.
-    fn check_writable(&self) -> Result<(), CgroupError> {
+    /// Prove we can create (and remove) a child in each parent. The cpu hierarchy is optional:
+    /// where we cannot create a child there, CPU bandwidth is reported as not enforced.
+    fn check_writable(&mut self) -> Result<(), CgroupError> {
         let probe = |parent: &Path| -> Result<(), CgroupError> {
             let dir = parent.join(format!("snakebox-probe-{}", std::process::id()));
             fs_err::create_dir(&dir).map_err(|e| CgroupError::Create {
@@ -400,7 +433,10 @@ impl CgroupSet {
         };
         match self {
             Self::V2 { parent } => probe(parent),
-            Self::V1 { memory, pids } => {
+            Self::V1 { memory, pids, cpu } => {
+                if cpu.as_deref().is_some_and(|p| probe(p).is_err()) {
+                    *cpu = None;
+                }
                 memory.iter().chain(pids.iter()).try_for_each(|p| probe(p))
             }
         }
@@ -425,16 +461,33 @@ impl CgroupSet {
             Self::V2 { parent } => Box::new(V2 {
                 dir: mkdir(parent)?,
             }),
-            Self::V1 { memory, pids } => {
+            Self::V1 { memory, pids, cpu } => {
                 let memory = memory.as_deref().map(mkdir).transpose()?;
                 let pids = match pids.as_deref().map(mkdir).transpose() {
                     Ok(p) => p,
                     Err(e) => {
-                        let _ = V1 { memory, pids: None }.remove();
+                        let _ = V1 {
+                            memory,
+                            pids: None,
+                            cpu: None,
+                        }
+                        .remove();
                         return Err(e);
                     }
                 };
-                Box::new(V1 { memory, pids })
+                let cpu = match cpu.as_deref().map(mkdir).transpose() {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = V1 {
+                            memory,
+                            pids,
+                            cpu: None,
+                        }
+                        .remove();
+                        return Err(e);
+                    }
+                };
+                Box::new(V1 { memory, pids, cpu })
             }
         };
         if let Err(e) = manager.apply(limits) {
@@ -448,12 +501,14 @@ impl CgroupSet {
     pub(crate) fn describe(&self) -> String {
         match self {
             Self::V2 { parent } => format!("cgroup v2 (delegated) under {}", parent.display()),
-            Self::V1 { memory, pids } => format!(
-                "cgroup v1: memory {}, pids {}",
+            Self::V1 { memory, pids, cpu } => format!(
+                "cgroup v1: memory {}, pids {}, cpu {}",
                 memory
                     .as_ref()
                     .map_or("unavailable".into(), |p| p.display().to_string()),
                 pids.as_ref()
+                    .map_or("unavailable".into(), |p| p.display().to_string()),
+                cpu.as_ref()
                     .map_or("unavailable".into(), |p| p.display().to_string()),
             ),
         }
@@ -467,6 +522,19 @@ impl CgroupSet {
                 Some("cgroup v1 memory.limit_in_bytes + memory.memsw.limit_in_bytes (OOM from memory.oom_control)".into())
             }
             Self::V1 { memory: None, .. } => None,
+        }
+    }
+
+    /// The CPU-bandwidth mechanism, if cgroups handle it.
+    pub(crate) fn cpu_mechanism(&self) -> Option<String> {
+        match self {
+            Self::V2 { parent } if parent.join("cpu.max").exists() || fs_err::read_to_string(parent.join("cgroup.subtree_control")).is_ok_and(|t| t.split_whitespace().any(|c| c == "cpu")) => {
+                Some("cgroup v2 cpu.max per run".into())
+            }
+            Self::V1 { cpu: Some(_), .. } => Some(
+                "cgroup v1 cpu.cfs_quota_us per run (and a cpu cgroup per run: fair sharing by run, not by thread)".into(),
+            ),
+            _ => None,
         }
     }
 
@@ -545,6 +613,7 @@ mod tests {
             CgroupSet::V1 {
                 memory: Some("/sys/fs/cgroup/memory/process_api/abc".into()),
                 pids: Some("/sys/fs/cgroup/pids".into()),
+                cpu: None,
             }
         );
     }
@@ -589,9 +658,11 @@ mod tests {
         let set = CgroupSet::V1 {
             memory: Some(tmp.path().join("mem")),
             pids: Some(tmp.path().join("pids")),
+            cpu: Some(tmp.path().join("cpu")),
         };
         fs_err::create_dir_all(tmp.path().join("mem")).unwrap();
         fs_err::create_dir_all(tmp.path().join("pids")).unwrap();
+        fs_err::create_dir_all(tmp.path().join("cpu")).unwrap();
         let limits = Limits {
             wall_time: Duration::from_secs(1),
             cpu_time: None,
@@ -601,11 +672,21 @@ mod tests {
             scratch_bytes: None,
             file_size_bytes: None,
             open_files: None,
+            cpu_millicores: Some(1500),
         };
         // A fixture directory is not a cgroupfs: files appear when written; memsw absent.
         let run = set.create_run(&limits).unwrap();
         let files = run.procs_files();
-        assert_eq!(files.len(), 2);
+        assert_eq!(files.len(), 3);
+        let cpu_dir = files[2].parent().unwrap().to_path_buf();
+        assert_eq!(
+            fs_err::read_to_string(cpu_dir.join("cpu.cfs_quota_us")).unwrap(),
+            "150000"
+        );
+        assert_eq!(
+            fs_err::read_to_string(cpu_dir.join("cpu.cfs_period_us")).unwrap(),
+            "100000"
+        );
         let mem_dir = files[0].parent().unwrap().to_path_buf();
         let pids_dir = files[1].parent().unwrap().to_path_buf();
         assert_eq!(

@@ -381,6 +381,7 @@ mod tests {
             scratch_bytes: None,
             file_size_bytes: Some(1 << 20),
             open_files: Some(256),
+            cpu_millicores: None,
         }
     }
 

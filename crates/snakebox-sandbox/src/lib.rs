@@ -65,6 +65,10 @@ pub struct Limits {
     pub file_size_bytes: Option<u64>,
     /// Open file descriptors per process.
     pub open_files: Option<u64>,
+    /// CPU bandwidth of the whole run, in thousandths of a core (`1500` = 1.5 cores), so one
+    /// run cannot starve the others of CPU. Each run also gets its own CPU cgroup, so runs
+    /// share the CPU fairly by run, not by thread.
+    pub cpu_millicores: Option<u64>,
 }
 
 /// A host path made visible inside the sandbox.

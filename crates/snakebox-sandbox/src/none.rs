@@ -72,6 +72,11 @@ pub(crate) fn limit_reports() -> Vec<LimitReport> {
             "RLIMIT_CPU per process (SIGXCPU, SIGKILL one second later)",
         ),
         r(
+            "cpu_bandwidth",
+            false,
+            "none: no CPU cgroup without isolation",
+        ),
+        r(
             "memory",
             true,
             "RLIMIT_AS per process (best effort: address space, not RSS; tmpfs not counted)",

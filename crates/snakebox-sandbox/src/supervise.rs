@@ -285,6 +285,7 @@ mod tests {
             scratch_bytes: None,
             file_size_bytes: None,
             open_files: None,
+            cpu_millicores: None,
         }
     }
 

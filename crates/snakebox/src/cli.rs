@@ -121,6 +121,9 @@ pub struct EngineArgs {
     /// CPU seconds per run, or `unlimited` [default: unlimited; wall time bounds it].
     #[arg(long, env = "SNAKEBOX_CPU_LIMIT", value_name = "SECONDS")]
     pub cpu_limit: Option<String>,
+    /// CPU bandwidth per run in cores (`0.5`, `2`), or `unlimited` [default: 1].
+    #[arg(long, env = "SNAKEBOX_CPU_CORES", value_name = "CORES")]
+    pub cpu_cores: Option<String>,
     /// Scratch space (/tmp and the working directory) per run [default: 512MiB].
     #[arg(long, env = "SNAKEBOX_SCRATCH_LIMIT", value_name = "SIZE")]
     pub scratch_limit: Option<String>,

@@ -28,6 +28,7 @@ struct FileSettings {
     memory_limit: Option<SizeOrNumber>,
     max_processes: Option<SizeOrNumber>,
     cpu_limit: Option<SizeOrNumber>,
+    cpu_cores: Option<CoresValue>,
     scratch_limit: Option<SizeOrNumber>,
     max_script_bytes: Option<SizeOrNumber>,
     cache_max_size: Option<SizeOrNumber>,
@@ -47,6 +48,41 @@ struct FileSettings {
 enum SizeOrNumber {
     Number(u64),
     Text(String),
+}
+
+/// TOML lets a core count be written as `1`, `1.5` or `"unlimited"`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum CoresValue {
+    Number(f64),
+    Text(String),
+}
+
+impl CoresValue {
+    fn into_text(self) -> String {
+        match self {
+            CoresValue::Number(n) => n.to_string(),
+            CoresValue::Text(text) => text,
+        }
+    }
+}
+
+/// `1.5` → 1500 millicores; `unlimited` → no limit. At least 0.01 core.
+fn parse_cores(text: &str) -> anyhow::Result<Option<u64>> {
+    let trimmed = text.trim().to_ascii_lowercase();
+    if matches!(trimmed.as_str(), "unlimited" | "none") {
+        return Ok(None);
+    }
+    let hint = "hint: write a number of cores such as 1, 0.5 or 2, or `unlimited`";
+    let cores: f64 = trimmed
+        .parse()
+        .with_context(|| format!("invalid --cpu-cores value `{text}`\n{hint}"))?;
+    if !cores.is_finite() || !(0.01..=4096.0).contains(&cores) {
+        bail!("invalid --cpu-cores value `{text}`: out of range\n{hint}");
+    }
+    // Truncation is intended: whole millicores.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(Some((cores * 1000.0).round() as u64))
 }
 
 impl SizeOrNumber {
@@ -117,6 +153,13 @@ pub(crate) fn resolve(args: &EngineArgs) -> anyhow::Result<EngineConfig> {
     }
     if let Some(text) = pick(&args.cpu_limit, file.cpu_limit) {
         config.cpu_time = optional(&text, "--cpu-limit", parse_count)?.map(Duration::from_secs);
+    }
+    let cores = args
+        .cpu_cores
+        .clone()
+        .or(file.cpu_cores.map(CoresValue::into_text));
+    if let Some(text) = cores {
+        config.cpu_millicores = parse_cores(&text)?;
     }
     if let Some(text) = pick(&args.scratch_limit, file.scratch_limit) {
         config.scratch_bytes = optional(&text, "--scratch-limit", parse_size)?;
@@ -264,6 +307,15 @@ mod tests {
         assert_eq!(parse_size("2G").unwrap(), 2 << 30);
         assert!(parse_size("12 parsecs").is_err());
         assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn cores_parse_to_millicores() {
+        assert_eq!(parse_cores("1").unwrap(), Some(1000));
+        assert_eq!(parse_cores("0.5").unwrap(), Some(500));
+        assert_eq!(parse_cores("unlimited").unwrap(), None);
+        assert!(parse_cores("0").is_err());
+        assert!(parse_cores("lots").is_err());
     }
 
     #[test]

@@ -189,6 +189,7 @@ impl NativeBackend {
                 scratch_bytes: Some(1 << 20),
                 file_size_bytes: None,
                 open_files: None,
+                cpu_millicores: None,
             },
             identity: crate::Identity::Untrusted,
         };
@@ -283,10 +284,26 @@ impl NativeBackend {
         vec![
             r("wall_time", true, "supervisor timer; SIGKILL of the sandbox's pid 1 (PID namespace), bwrap and the run cgroup".into()),
             r("cpu_time", true, "RLIMIT_CPU per process (SIGXCPU, SIGKILL one second later)".into()),
+            {
+                let cpu = self.cgroups.as_ref().and_then(CgroupSet::cpu_mechanism);
+                r(
+                    "cpu_bandwidth",
+                    cpu.is_some(),
+                    cpu.unwrap_or_else(|| "not enforced: no writable cpu cgroup here".into()),
+                )
+            },
             r("memory", true, memory.unwrap_or_else(|| "RLIMIT_AS per process (fallback: address space, not RSS)".into())),
             r("max_processes", true, pids.unwrap_or_else(|| nproc_note.into())),
             r("max_output_bytes", true, "supervisor capture, head and tail, shared budget".into()),
-            r("scratch_bytes", true, "bwrap tmpfs --size on /tmp and /dev/shm".into()),
+            r(
+                "scratch_bytes",
+                self.drop_privileges,
+                if self.drop_privileges {
+                    "bwrap tmpfs --size on /tmp and /dev/shm; /work a size- and inode-capped tmpfs".into()
+                } else {
+                    "bwrap tmpfs --size on /tmp and /dev/shm only: /work is a plain host directory (the server is not root, so it cannot mount a capped one)".into()
+                },
+            ),
             r("file_size_bytes", true, "RLIMIT_FSIZE".into()),
             r("open_files", true, "RLIMIT_NOFILE".into()),
             r("network", true, "network namespace (loopback only) unless the policy allows network".into()),

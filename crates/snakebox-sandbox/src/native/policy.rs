@@ -389,6 +389,7 @@ mod tests {
                 scratch_bytes: Some(64 << 20),
                 file_size_bytes: None,
                 open_files: None,
+                cpu_millicores: None,
             },
             identity: crate::Identity::Untrusted,
         }

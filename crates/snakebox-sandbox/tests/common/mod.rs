@@ -41,6 +41,7 @@ pub fn limits() -> Limits {
         scratch_bytes: Some(64 << 20),
         file_size_bytes: None,
         open_files: None,
+        cpu_millicores: None,
     }
 }
 
