@@ -4,6 +4,7 @@ that survive a SIGKILL of the server. Real binary, official MCP client, both pro
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import time
@@ -14,6 +15,8 @@ import pytest
 from conftest import call, connect, server_pid
 
 pytestmark = pytest.mark.anyio
+
+MATPLOTLIB = "matplotlib==3.10.3"
 
 
 async def create(client, **arguments) -> str:
@@ -114,6 +117,94 @@ async def test_files_written_by_code_are_read_and_listed(client):
     data, _, is_error = await call(client, "read_file", session_id=session, path="link")
     assert is_error and "symbolic link" in data["error"]["message"]
     await call(client, "delete_session", session_id=session)
+
+
+async def test_input_files_of_a_session_call_are_in_the_workspace(client):
+    session = await create(client)
+    files = [
+        {"path": "data/in.csv", "content": "a,b\n1,2\n"},
+        {"path": "blob.bin", "content": base64.b64encode(bytes([0, 255, 1])).decode(), "encoding": "base64"},
+    ]
+    data, text, _ = await run(client, session, "open('data/in.csv').read().splitlines(), list(open('blob.bin', 'rb').read())", files=files)
+    assert data["status"] == "ok", text
+    assert data["result"]["json"] == [["a,b", "1,2"], [0, 255, 1]]
+    # Inputs are not artifacts (they were there before the code ran), and they stay.
+    assert data["artifacts"] == []
+    listing, _, _ = await call(client, "list_files", session_id=session)
+    assert "data/in.csv" in {entry["path"] for entry in listing["entries"]}
+    # Owned by the sandbox user: the session's code can change them.
+    data, text, _ = await run(client, session, "open('data/in.csv', 'a').write('3,4\\n')")
+    assert data["status"] == "ok", text
+    # Paths are confined, and a symlink planted by code is not followed.
+    await run(client, session, "import os\nos.symlink('/tmp', 'escape')")
+    for bad in ["../x", "/etc/x", "escape/x"]:
+        data, text, is_error = await run(client, session, "1", files=[{"path": bad, "content": "x"}])
+        assert is_error and data["status"] == "invalid_request", (bad, text)
+        assert data["error"]["hint"], bad
+    await call(client, "delete_session", session_id=session)
+
+
+async def test_files_a_session_call_writes_come_back_as_artifacts(client):
+    session = await create(client)
+    script = "import os\nos.makedirs('out', exist_ok=True)\nopen('out/table.csv', 'w').write('x,y\\n1,2\\n')\nprint('written')"
+    result = await client.call_tool("execute_python", {"script": script, "session_id": session})
+    data = result.structured_content
+    assert data["status"] == "ok", data
+    by_name = {a["name"]: a for a in data["artifacts"]}
+    assert set(by_name) == {"out/table.csv"}, data["artifacts"]
+    table = by_name["out/table.csv"]
+    assert table["mime_type"] == "text/csv" and table["origin"] == "file"
+    assert table["uri"] == f"snakebox://artifacts/{data['execution_id']}/out/table.csv"
+    assert any(getattr(b, "type", "") == "resource_link" and str(b.uri) == table["uri"] for b in result.content)
+    contents = (await client.read_resource(table["uri"])).contents
+    assert contents[0].text == "x,y\n1,2\n"
+    # A call that does not touch the file returns no artifact; one that changes it does.
+    data, _, _ = await run(client, session, "1 + 1")
+    assert data["artifacts"] == []
+    data, _, _ = await run(client, session, "open('out/table.csv', 'a').write('3,4\\n')")
+    assert [a["name"] for a in data["artifacts"]] == ["out/table.csv"]
+    await call(client, "delete_session", session_id=session)
+
+
+async def test_a_matplotlib_plot_in_a_session_arrives_as_an_image(client):
+    session = await create(client)
+    data, text, is_error = await call(client, "install_packages", session_id=session, packages=[MATPLOTLIB], wait_seconds=280)
+    assert not is_error and data["state"] == "succeeded", text
+    data, text, _ = await run(client, session, "import matplotlib.pyplot as plt\nxs = [1, 2, 3]")
+    assert data["status"] == "ok", text
+    result = await client.call_tool(
+        "execute_python",
+        {"session_id": session, "script": "plt.plot(xs, [v * v for v in xs])\nplt.show()\nfig, ax = plt.subplots()\nax.bar(['a'], [1])\n"},
+    )
+    data = result.structured_content
+    assert data["status"] == "ok", data
+    assert "non-interactive" not in data["stderr"]
+    figures = [a for a in data["artifacts"] if a["origin"] == "figure"]
+    assert [f["name"] for f in figures] == ["figure-1.png", "figure-2.png"], data
+    shown = [block for block in result.content if getattr(block, "type", "") == "image"]
+    assert len(shown) == 2 and all(base64.b64decode(i.data).startswith(b"\x89PNG") for i in shown)
+    # Figures are closed after the cell, as in a notebook: the next cell shows none.
+    data, text, _ = await run(client, session, "len(plt.get_fignums())")
+    assert data["result"]["json"] == 0 and data["artifacts"] == [], text
+    await call(client, "delete_session", session_id=session)
+
+
+async def test_check_environment_lists_sessions(client):
+    session = await create(client, name="reported")
+    await run(client, session, "x = 1")
+    data, text, is_error = await call(client, "check_environment")
+    assert not is_error, text
+    sessions = data["sessions"]
+    assert sessions["available"] is True
+    listed = {s["session_id"]: s for s in sessions["sessions"]}
+    assert listed[session]["name"] == "reported"
+    assert listed[session]["interpreter_running"] is True
+    assert sessions["count"] >= 1 and sessions["running_interpreters"] >= 1
+    assert sessions["max_sessions"] > 0 and sessions["max_disk_bytes"] > 0
+    assert sessions["idle_stop_seconds"] > 0 and sessions["idle_delete_seconds"] > sessions["idle_stop_seconds"]
+    await call(client, "delete_session", session_id=session)
+    data, _, _ = await call(client, "check_environment")
+    assert session not in {s["session_id"] for s in data["sessions"]["sessions"]}
 
 
 async def test_session_a_cannot_see_session_b(client, data_dir: Path):

@@ -39,7 +39,8 @@ pub use result::{
 };
 pub use session::{
     CreateSession, FileContent, FileEntry, FileList, FileWritten, InstallState, InstallStatus,
-    MAX_FILE_BYTES, PackageList, SessionInfo, SessionList, SessionSettings,
+    MAX_FILE_BYTES, PackageList, SessionInfo, SessionList, SessionSettings, SessionSummary,
+    SessionsReport,
 };
 pub use validate::{Validation, ValidationProblem};
 

@@ -9,6 +9,9 @@ same `sys.path[0]`), plus what a notebook user sees:
 - matplotlib figures (shown with `plt.show()` or left open) and a PIL image as the last
   expression, as PNG images.
 
+The execution core (`run_code`) is shared with the session runner (`session_runner.py`), which
+imports this file as a module and runs each cell of a session through it.
+
 Everything is reported as ONE JSON record written at the end to a private pipe (the
 descriptor given as argv[2], moved away from 3 before the script runs). The engine trusts the
 record only as far as it trusts the user's code: the script can write to that pipe too, so
@@ -265,6 +268,21 @@ def _capture_value_image(value):
             _capture_figure(figure, "value")
 
 
+def reset():
+    """Forget the images, notes and figures of the previous run (a session runs many)."""
+    global _images_bytes
+    del _images[:]
+    del _notes[:]
+    del _captured_figures[:]
+    _images_bytes = 0
+
+
+def install_pyplot_hook():
+    """Make `plt.show()` capture figures once the code imports pyplot (see _PyplotFinder)."""
+    if not any(isinstance(finder, _PyplotFinder) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _PyplotFinder())
+
+
 def _user_traceback(tb):
     """Drop the runner's own frames from the head of a traceback."""
     runner = __file__
@@ -273,7 +291,7 @@ def _user_traceback(tb):
     return tb
 
 
-def _describe_exception(err, compiling=False):
+def _describe_exception(err, compiling=False, filename=SCRIPT_NAME):
     tb = None if compiling else _user_traceback(err.__traceback__)
     try:
         err.__traceback__ = tb
@@ -288,11 +306,11 @@ def _describe_exception(err, compiling=False):
     if len(text) > TRACEBACK_MAX_CHARS:
         text = "[... %d characters truncated ...]\n" % (len(text) - TRACEBACK_MAX_CHARS) + text[-TRACEBACK_MAX_CHARS:]
     line = None
-    if isinstance(err, SyntaxError) and err.filename == SCRIPT_NAME:
+    if isinstance(err, SyntaxError) and err.filename == filename:
         line = err.lineno
     walk = tb
     while walk is not None:
-        if walk.tb_frame.f_code.co_filename == SCRIPT_NAME:
+        if walk.tb_frame.f_code.co_filename == filename:
             line = walk.tb_lineno
         walk = walk.tb_next
     try:
@@ -307,13 +325,13 @@ def _describe_exception(err, compiling=False):
     }
 
 
-def _compile(source):
+def _compile(source, filename=SCRIPT_NAME):
     """The script as (body code, last-expression code or None). Raises SyntaxError."""
-    tree = ast.parse(source, SCRIPT_NAME, "exec")
+    tree = ast.parse(source, filename, "exec")
     last = None
     if tree.body and isinstance(tree.body[-1], ast.Expr):
         last = ast.Expression(tree.body.pop().value)
-    body = compile(tree, SCRIPT_NAME, "exec", dont_inherit=True)
+    body = compile(tree, filename, "exec", dont_inherit=True)
     if last is None:
         return body, None
     future = 0
@@ -321,7 +339,7 @@ def _compile(source):
 
     for feature in __future__.all_feature_names:
         future |= getattr(__future__, feature).compiler_flag
-    expression = compile(last, SCRIPT_NAME, "eval", flags=body.co_flags & future, dont_inherit=True)
+    expression = compile(last, filename, "eval", flags=body.co_flags & future, dont_inherit=True)
     return body, expression
 
 
@@ -347,6 +365,84 @@ def _flush():
             pass
 
 
+def run_code(source, filename, namespace, close_figures=False):
+    """Run `source` in `namespace` as a notebook cell (the execution core of both runners).
+
+    Returns (record, value): the record's fields (value, names, exception, exit_code, images,
+    notes) and the last expression's value (None when there is none). An exception or
+    `sys.exit()` ends the code, not the caller. Open matplotlib figures are captured at the
+    end, and closed when `close_figures` (a session's next cell must not show them again).
+    """
+    reset()
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    record = {"version": RECORD_VERSION, "value": None, "names": [], "exception": None}
+    exit_code = 0
+    value = None
+    compiling = True
+    try:
+        body, expression = _compile(source, filename)
+        compiling = False
+        exec(body, namespace)
+        if expression is not None:
+            value = eval(expression, namespace)
+            if value is not None:
+                record["value"] = _describe_value(value)
+                _capture_value_image(value)
+    except SystemExit as err:
+        exit_code = _exit_code(err)
+    except BaseException as err:  # noqa: BLE001 - report everything the code raised
+        text, record["exception"] = _describe_exception(err, compiling, filename)
+        _flush()
+        try:
+            # The interpreter's own report (or the code's sys.excepthook), without the
+            # runner's frames. The default hook cannot show the lines of code that is not in
+            # a file (a session's `<cell N>`): our own formatting has them.
+            if filename.startswith("<") and sys.excepthook is sys.__excepthook__:
+                sys.stderr.write(text)
+            else:
+                sys.excepthook(type(err), err, err.__traceback__)
+        except Exception:  # noqa: BLE001
+            try:
+                sys.stderr.write(text)
+            except Exception:  # noqa: BLE001
+                pass
+        exit_code = 1
+    _flush()
+    _capture_open_figures(close=close_figures)
+    names = [name for name in list(namespace) if not (name.startswith("__") and name.endswith("__"))]
+    record["names"] = [str(name)[:200] for name in names[:MAX_NAMES]]
+    record["exit_code"] = exit_code
+    record["images"] = list(_images)
+    record["notes"] = list(_notes)
+    return record, value
+
+
+def _wait_for_request():
+    """Warm pool: block until the engine's one request arrives on stdin (a private pipe).
+
+    The engine writes the script into the input directory, then sends "go". Afterwards stdin
+    is /dev/null, as in a run that was not pre-started. False when the engine went away.
+    """
+    request = b""
+    while not request.endswith(b"\n"):
+        try:
+            chunk = os.read(0, 64)
+        except InterruptedError:
+            continue
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        request += chunk
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+    except OSError:
+        os.close(0)
+    return request == b"go\n"
+
+
 def main():
     script_path = sys.argv[1]
     control_fd = int(sys.argv[2])
@@ -360,12 +456,12 @@ def main():
     except OSError:
         private = None
 
+    if sys.argv[3:] == ["--wait"] and not _wait_for_request():
+        return 0
+
     with open(script_path, "rb") as handle:
         raw = handle.read()
     source = raw.decode("utf-8-sig", errors="surrogateescape")
-    lines = source.splitlines(True)
-    # Tracebacks and inspect find the script's lines under its short name.
-    linecache.cache[SCRIPT_NAME] = (len(source), None, lines, SCRIPT_NAME)
 
     main_module = types.ModuleType("__main__")
     main_module.__dict__.update(
@@ -390,43 +486,14 @@ def main():
     except OSError:
         pass
     namespace = main_module.__dict__
-    sys.meta_path.insert(0, _PyplotFinder())
+    install_pyplot_hook()
 
     record = {"version": RECORD_VERSION, "value": None, "names": [], "exception": None}
     exit_code = 0
     try:
-        compiling = True
-        try:
-            body, expression = _compile(source)
-            compiling = False
-            exec(body, namespace)
-            if expression is not None:
-                value = eval(expression, namespace)
-                if value is not None:
-                    record["value"] = _describe_value(value)
-                    _capture_value_image(value)
-        except SystemExit as err:
-            exit_code = _exit_code(err)
-        except BaseException as err:  # noqa: BLE001 - report everything the script raised
-            text, record["exception"] = _describe_exception(err, compiling)
-            _flush()
-            try:
-                # The interpreter's own report (or the script's sys.excepthook), without
-                # the runner's frames.
-                sys.excepthook(type(err), err, err.__traceback__)
-            except Exception:  # noqa: BLE001
-                try:
-                    sys.stderr.write(text)
-                except Exception:  # noqa: BLE001
-                    pass
-            exit_code = 1
-        _flush()
-        _capture_open_figures(close=False)
-        names = [name for name in list(namespace) if not (name.startswith("__") and name.endswith("__"))]
-        record["names"] = [str(name)[:200] for name in names[:MAX_NAMES]]
-        record["exit_code"] = exit_code
-        record["images"] = _images
-        record["notes"] = _notes
+        # Tracebacks and inspect find the script's lines under its short name.
+        record, _ = run_code(source, SCRIPT_NAME, namespace)
+        exit_code = record["exit_code"]
     finally:
         _flush()
         if private is not None:

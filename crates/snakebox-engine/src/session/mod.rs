@@ -48,7 +48,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use self::files::FileEntry;
 use self::store::{SessionRow, Store};
-use crate::result::{ErrorInfo, ExceptionInfo, ExecutionResult, Package, Status, ValueRepr};
+use crate::result::{ErrorInfo, ExecutionResult, Package, Status};
 use crate::{Engine, ExecuteRequest, Unavailable, ids};
 
 /// The versioned directory of sessions under the data directory.
@@ -232,6 +232,50 @@ pub struct FileList {
     pub truncated: bool,
 }
 
+/// One session, as `check_environment` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct SessionSummary {
+    /// The id to pass as `session_id`.
+    pub session_id: String,
+    /// Its label, if it was given one.
+    pub name: Option<String>,
+    /// Python version of its interpreter.
+    pub python_version: String,
+    /// Whether its interpreter is running now.
+    pub interpreter_running: bool,
+    /// Bytes used by its workspace and environment (as last measured).
+    pub size_bytes: u64,
+    /// Last call (Unix seconds).
+    pub last_used_at: u64,
+}
+
+/// Sessions, for `check_environment`: what exists, what runs, and the caps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct SessionsReport {
+    /// Whether sessions can be used (else `problem` says why).
+    pub available: bool,
+    /// Where sessions are kept.
+    pub location: String,
+    /// Live sessions (at most `max_sessions` may exist).
+    pub count: usize,
+    /// How many sessions may exist.
+    pub max_sessions: usize,
+    /// Interpreters running now (variables are kept only while they run).
+    pub running_interpreters: usize,
+    /// Bytes the sessions use together (as last measured).
+    pub used_disk_bytes: u64,
+    /// Bytes they may use together.
+    pub max_disk_bytes: u64,
+    /// Seconds after which an idle interpreter is stopped.
+    pub idle_stop_seconds: u64,
+    /// Seconds after which an unused session is deleted with its files.
+    pub idle_delete_seconds: u64,
+    /// The sessions, most recently used first (at most 50).
+    pub sessions: Vec<SessionSummary>,
+    /// Why sessions are unavailable.
+    pub problem: Option<String>,
+}
+
 /// The sessions of an engine (or why there are none).
 pub(crate) struct Sessions {
     inner: Result<Arc<Manager>, Unavailable>,
@@ -276,6 +320,63 @@ impl Sessions {
             }),
         };
         Sessions { inner }
+    }
+}
+
+impl Sessions {
+    /// What `check_environment` says about sessions.
+    pub(crate) fn report(&self, data_dir: &Path) -> SessionsReport {
+        let defaults = SessionSettings::default();
+        let mut report = SessionsReport {
+            available: false,
+            location: data_dir.join(SESSIONS_DIR).display().to_string(),
+            count: 0,
+            max_sessions: defaults.max_sessions,
+            running_interpreters: 0,
+            used_disk_bytes: 0,
+            max_disk_bytes: defaults.max_disk_bytes,
+            idle_stop_seconds: defaults.idle_stop.as_secs(),
+            idle_delete_seconds: defaults.idle_delete.as_secs(),
+            sessions: Vec::new(),
+            problem: None,
+        };
+        let manager = match &self.inner {
+            Ok(manager) => manager,
+            Err(missing) => {
+                report.problem = Some(missing.message.clone());
+                return report;
+            }
+        };
+        let settings = &manager.settings;
+        report.max_sessions = settings.max_sessions;
+        report.max_disk_bytes = settings.max_disk_bytes;
+        report.idle_stop_seconds = settings.idle_stop.as_secs();
+        report.idle_delete_seconds = settings.idle_delete.as_secs();
+        let rows = match manager.store.list() {
+            Ok(rows) => rows,
+            Err(err) => {
+                report.problem = Some(db_error(err).message);
+                return report;
+            }
+        };
+        let running = manager.running();
+        report.available = true;
+        report.count = rows.len();
+        report.running_interpreters = running.values().filter(|r| **r).count();
+        report.used_disk_bytes = rows.iter().map(|r| r.venv_bytes + r.work_bytes).sum();
+        report.sessions = rows
+            .iter()
+            .take(50)
+            .map(|row| SessionSummary {
+                session_id: row.id.clone(),
+                name: row.name.clone(),
+                python_version: row.python_version.clone(),
+                interpreter_running: running.get(&row.id) == Some(&true),
+                size_bytes: row.venv_bytes + row.work_bytes,
+                last_used_at: row.last_used_at,
+            })
+            .collect();
+        report
     }
 }
 
@@ -390,6 +491,28 @@ impl Manager {
                 })
             })
             .clone()
+    }
+
+    /// Whether each session known in memory has a running interpreter.
+    fn running(&self) -> HashMap<String, bool> {
+        let slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        slots
+            .iter()
+            .map(|(id, slot)| {
+                let running = match slot.state.try_lock() {
+                    Ok(mut state) => state
+                        .interpreter
+                        .as_mut()
+                        .is_some_and(LiveSandbox::is_alive),
+                    // Busy: a call is running in it.
+                    Err(_) => true,
+                };
+                (id.clone(), running)
+            })
+            .collect()
     }
 
     fn forget(&self, id: &str) {
@@ -878,26 +1001,7 @@ impl Engine {
     pub async fn list_sessions(&self) -> Result<SessionList, ErrorInfo> {
         let manager = self.session_manager()?;
         let rows = manager.store.list().map_err(db_error)?;
-        let running: HashMap<String, bool> = {
-            let slots = manager
-                .slots
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            slots
-                .iter()
-                .map(|(id, slot)| {
-                    let running = match slot.state.try_lock() {
-                        Ok(mut state) => state
-                            .interpreter
-                            .as_mut()
-                            .is_some_and(LiveSandbox::is_alive),
-                        // Busy: a call is running in it.
-                        Err(_) => true,
-                    };
-                    (id.clone(), running)
-                })
-                .collect()
-        };
+        let running = manager.running();
         let sessions = rows
             .iter()
             .map(|row| self.session_info(manager, row, running.get(&row.id) == Some(&true)))
@@ -997,6 +1101,11 @@ impl Engine {
                 },
             );
         }
+        // Input files: checked like a one-shot run's, written into the workspace below.
+        let inputs = match crate::files::decode(&request.files) {
+            Ok(inputs) => inputs,
+            Err(error) => return fail(Status::InvalidRequest, error),
+        };
         let mut notes = Vec::new();
         let timeout = match self.effective_timeout(request.timeout_seconds, &mut notes) {
             Ok(timeout) => timeout,
@@ -1071,6 +1180,31 @@ impl Engine {
         if let Err(error) = manager.check_disk() {
             return setup(error);
         }
+        // The input files, then what the workspace holds before the call: only what the
+        // call creates or changes becomes an artifact.
+        let work = manager.paths(&row.id).work;
+        let owner = self
+            .session_sandbox()
+            .ok()
+            .and_then(|sandbox| sandbox.host_ids(Identity::Untrusted));
+        let baseline = {
+            let work = work.clone();
+            tokio::task::spawn_blocking(move || {
+                write_inputs(&work, &inputs, owner)
+                    .map(|()| crate::artifacts::Baseline::snapshot(&work))
+            })
+            .await
+            .unwrap_or_else(|err| {
+                Err(io_error(
+                    "write the input files",
+                    &std::io::Error::other(err),
+                ))
+            })
+        };
+        let baseline = match baseline {
+            Ok(baseline) => baseline,
+            Err(error) => return fail(Status::InvalidRequest, error),
+        };
         let Ok(_run_slot) = self.runs.acquire().await else {
             return setup(ErrorInfo {
                 message: "The engine is shutting down".into(),
@@ -1162,6 +1296,7 @@ impl Engine {
         result.environment_reused = true;
         result.timeout_seconds = timeout.as_secs();
         result.setup_ms = setup_ms;
+        result.notes = notes;
         let exchange = match exchange {
             Ok(exchange) => exchange,
             Err(err) => {
@@ -1171,7 +1306,6 @@ impl Engine {
                     message: crate::describe(&err),
                     hint: err.hint(),
                 });
-                result.notes = notes;
                 return result;
             }
         };
@@ -1183,7 +1317,13 @@ impl Engine {
         let lost = "variables are lost; files in the workspace and installed packages remain, and the next call starts a new interpreter";
         match exchange.end {
             ExchangeEnd::Answered => {
-                fill_from_record(&mut result, &exchange.answer);
+                let exit_code = record_exit_code(&exchange.answer);
+                result.exit_code = Some(exit_code);
+                result.status = if exit_code == 0 {
+                    Status::Ok
+                } else {
+                    Status::Error
+                };
             }
             ExchangeEnd::TimedOut => {
                 state.stop("the previous call timed out").await;
@@ -1239,8 +1379,14 @@ impl Engine {
                 });
             }
         }
+        // Value, names, exception and figures from the record; files the call created or
+        // changed in the workspace as artifacts (also after a timeout or a crash), exactly as
+        // for a one-shot run.
+        let rich = self
+            .collect_rich(&execution_id, &work, baseline, &exchange.answer)
+            .await;
         drop(state);
-        result.notes = notes;
+        rich.apply(&mut result);
         manager.remeasure(&row.id).await;
         result
     }
@@ -1345,7 +1491,11 @@ impl Engine {
             make_dir(&paths.input, 0o755, None)?;
             make_dir(&paths.tmp, 0o700, sandbox.host_ids(Identity::Untrusted))?;
             fs_err::write(&runner_path, SESSION_RUNNER)?;
-            fs_err::set_permissions(&runner_path, std::fs::Permissions::from_mode(0o644))
+            fs_err::set_permissions(&runner_path, std::fs::Permissions::from_mode(0o644))?;
+            // The one-shot runner: the session runner imports its execution core.
+            let core = paths.input.join(crate::runner::FILE_NAME);
+            fs_err::write(&core, crate::runner::SOURCE)?;
+            fs_err::set_permissions(&core, std::fs::Permissions::from_mode(0o644))
         })()
         .map_err(|err| io_error("write the session runner", &err))?;
         let (policy, runner) = self.session_policy(&paths, interpreter, self.config.max_timeout);
@@ -1811,58 +1961,39 @@ pub(crate) fn decode_base64(text: &str) -> Option<Vec<u8>> {
     (bits < 6).then_some(out)
 }
 
-/// Fill a session result from the runner's record (defensively: it is user-forgeable).
-fn fill_from_record(result: &mut ExecutionResult, answer: &[u8]) {
-    let Ok(record) = serde_json::from_slice::<serde_json::Value>(answer) else {
-        result.status = Status::Error;
-        result
-            .notes
-            .push("the interpreter's record of this call was unreadable".into());
-        return;
-    };
-    let exit_code = record
-        .get("exit_code")
-        .and_then(serde_json::Value::as_i64)
-        .and_then(|c| i32::try_from(c).ok())
-        .unwrap_or(0);
-    result.exit_code = Some(exit_code);
-    result.status = if exit_code == 0 {
-        Status::Ok
-    } else {
-        Status::Error
-    };
-    let text = |value: &serde_json::Value, key: &str| {
-        value
-            .get(key)
-            .and_then(serde_json::Value::as_str)
-            .unwrap_or_default()
-            .to_owned()
-    };
-    if let Some(value) = record.get("value").filter(|v| v.is_object()) {
-        result.result = Some(ValueRepr {
-            repr: text(value, "repr"),
-            json: value.get("json").filter(|j| !j.is_null()).cloned(),
-            type_name: text(value, "type_name"),
-        });
+/// The exit code a cell's record reports (`exit()`, an exception); 1 when the record is
+/// unreadable. Forgeable by the cell's code, which only changes its own call's status.
+fn record_exit_code(answer: &[u8]) -> i32 {
+    serde_json::from_slice::<serde_json::Value>(answer)
+        .ok()
+        .map_or(Some(1), |record| {
+            record
+                .get("exit_code")
+                .and_then(serde_json::Value::as_i64)
+                .and_then(|c| i32::try_from(c).ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Write a call's input files (checked by [`crate::files::decode`]) into the workspace,
+/// owned by the sandbox user, through the confined walk of the file tools.
+fn write_inputs(
+    work: &Path,
+    inputs: &[crate::files::DecodedFile],
+    owner: Option<(u32, u32)>,
+) -> Result<(), ErrorInfo> {
+    for input in inputs {
+        let path = input.path();
+        files::write(work, &path, &input.bytes, owner).map_err(|err| {
+            let mut error = file_error(err);
+            error.message = format!(
+                "Input file `{path}` could not be written: {}",
+                error.message
+            );
+            error
+        })?;
     }
-    if let Some(exception) = record.get("exception").filter(|v| v.is_object()) {
-        result.exception = Some(ExceptionInfo {
-            type_name: text(exception, "type_name"),
-            message: text(exception, "message"),
-            traceback: text(exception, "traceback"),
-            line: exception
-                .get("line")
-                .and_then(serde_json::Value::as_u64)
-                .and_then(|l| u32::try_from(l).ok()),
-        });
-    }
-    if let Some(names) = record.get("names").and_then(serde_json::Value::as_array) {
-        result.names = names
-            .iter()
-            .filter_map(|n| n.as_str().map(str::to_owned))
-            .take(500)
-            .collect();
-    }
+    Ok(())
 }
 
 fn replace_doomed(slot: &Slot) {
@@ -2000,24 +2131,10 @@ mod tests {
     }
 
     #[test]
-    fn record_fills_value_exception_and_names() {
-        let mut result = ExecutionResult::new("x".into(), Status::Ok);
-        fill_from_record(
-            &mut result,
-            br#"{"value":{"repr":"42","type_name":"int","json":42},"exception":null,"exit_code":0,"names":["x"]}"#,
-        );
-        assert_eq!(result.status, Status::Ok);
-        assert_eq!(result.result.as_ref().unwrap().repr, "42");
-        assert_eq!(result.names, ["x"]);
-        let mut failed = ExecutionResult::new("y".into(), Status::Ok);
-        fill_from_record(
-            &mut failed,
-            br#"{"value":null,"exception":{"type_name":"NameError","message":"name 'x' is not defined","traceback":"...","line":1},"exit_code":1,"names":[]}"#,
-        );
-        assert_eq!(failed.status, Status::Error);
-        assert_eq!(failed.exception.unwrap().type_name, "NameError");
-        let mut garbage = ExecutionResult::new("z".into(), Status::Ok);
-        fill_from_record(&mut garbage, b"not json");
-        assert_eq!(garbage.status, Status::Error);
+    fn record_gives_the_exit_code() {
+        assert_eq!(record_exit_code(br#"{"value":null,"exit_code":0}"#), 0);
+        assert_eq!(record_exit_code(br#"{"exception":{},"exit_code":1}"#), 1);
+        assert_eq!(record_exit_code(br#"{"exit_code":3}"#), 3);
+        assert_eq!(record_exit_code(b"not json"), 1);
     }
 }
