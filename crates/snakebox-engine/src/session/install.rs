@@ -1,0 +1,418 @@
+//! A session's virtual environment and its package installs.
+//!
+//! Installs run `uv pip install` into the session's venv through the installer sandbox
+//! (network on, the installer's uid, uv's shared cache writable), as environment builds do;
+//! the session's code sees the venv read-only. An install runs in its own task so that one
+//! that outlasts the client's patience is not lost: it finishes, and `list_packages` reports
+//! it. Kept apart because it is the only part of sessions that uses the network and uv.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use snakebox_env::{Interpreter, Uv, UvEnvironment, UvInvocation};
+use snakebox_sandbox::{Identity, OutputChunk, Sandbox, SandboxCommand, Termination};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use super::manager::SessionPaths;
+use super::{
+    INSTALL_TIMEOUT, InstallState, InstallStatus, PackageList, io_error, make_dir, no_session,
+    now_secs, packages_of, unavailable,
+};
+use crate::Engine;
+use crate::result::{ErrorInfo, Package};
+
+/// Everything an install needs, owned, so it can go on after the call that asked for it.
+#[derive(Clone)]
+pub(super) struct Installer {
+    pub(super) sandbox: Arc<Sandbox>,
+    pub(super) uv: Uv,
+    pub(super) uv_env: UvEnvironment,
+    pub(super) uv_cache: PathBuf,
+    pub(super) interpreter: Interpreter,
+    pub(super) env_dir: PathBuf,
+    pub(super) venv: PathBuf,
+}
+impl Installer {
+    /// Run one uv step in the installer sandbox; uv's stderr goes to `progress`.
+    pub(super) async fn uv(
+        &self,
+        label: &str,
+        args: Vec<std::ffi::OsString>,
+        network: bool,
+        progress: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<(Vec<u8>, String), ErrorInfo> {
+        let mut read_only = vec![self.uv.dir().to_path_buf(), self.interpreter.prefix.clone()];
+        if let Some(bin) = self.interpreter.executable.parent()
+            && !bin.starts_with(&self.interpreter.prefix)
+        {
+            read_only.push(bin.to_path_buf());
+        }
+        if network {
+            read_only.extend(
+                ["SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"]
+                    .iter()
+                    .filter_map(|name| self.uv_env.get(name))
+                    .map(PathBuf::from)
+                    .filter(|path| !path.starts_with("/etc/ssl") && path.exists()),
+            );
+        }
+        let invocation = UvInvocation {
+            program: self.uv.path.clone(),
+            args,
+            env: self.uv_env.for_uv(&self.uv_cache),
+            cwd: self.env_dir.clone(),
+            network,
+            read_only,
+            writable: vec![self.env_dir.clone(), self.uv_cache.clone()],
+            timeout: INSTALL_TIMEOUT,
+            label: label.to_owned(),
+        };
+        let command = SandboxCommand {
+            program: invocation.program.clone(),
+            args: invocation.args.clone(),
+            control_channel: false,
+        };
+        let outcome = self
+            .sandbox
+            .run(
+                &invocation.policy(),
+                &command,
+                CancellationToken::new(),
+                progress,
+            )
+            .await
+            .map_err(|err| ErrorInfo {
+                message: format!("`{label}` could not start: {}", crate::describe(&err)),
+                hint: err.hint(),
+            })?;
+        let stderr = outcome.stderr.text;
+        match outcome.termination {
+            Termination::TimedOut => Err(ErrorInfo {
+                message: format!(
+                    "`{label}` took longer than {} s and was stopped",
+                    INSTALL_TIMEOUT.as_secs()
+                ),
+                hint: Some("install fewer packages at once".into()),
+            }),
+            _ if outcome.exit_code == Some(0) => Ok((outcome.stdout.text.into_bytes(), stderr)),
+            _ => Err(ErrorInfo {
+                message: format!("`{label}` failed: {}", stderr.trim()),
+                hint: Some(
+                    "check the package names and versions (PEP 508, e.g. \"pandas>=2.2\"), and that they exist for this Python version".into(),
+                ),
+            }),
+        }
+    }
+
+    /// Make the empty venv.
+    pub(super) async fn create_venv(&self) -> Result<(), ErrorInfo> {
+        self.uv(
+            "uv venv",
+            vec![
+                "venv".into(),
+                "--no-project".into(),
+                "--python".into(),
+                self.interpreter.executable.clone().into(),
+                self.venv.clone().into(),
+            ],
+            false,
+            None,
+        )
+        .await
+        .map(|_| ())
+    }
+
+    /// Install `requirements`; returns what is installed afterwards, the venv's size and the
+    /// end of uv's log.
+    pub(super) async fn install(
+        &self,
+        requirements: &[String],
+        progress: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<(Vec<Package>, u64, String), ErrorInfo> {
+        let python: std::ffi::OsString = self.venv.join("bin").join("python").into();
+        let mut log = String::new();
+        if !requirements.is_empty() {
+            let mut args: Vec<std::ffi::OsString> = vec![
+                "pip".into(),
+                "install".into(),
+                "--python".into(),
+                python.clone(),
+                "--link-mode".into(),
+                "hardlink".into(),
+                "--compile-bytecode".into(),
+            ];
+            args.extend(requirements.iter().map(Into::into));
+            let (_, stderr) = self.uv("uv pip install", args, true, progress).await?;
+            log = stderr;
+        }
+        let (listing, _) = self
+            .uv(
+                "uv pip list",
+                vec![
+                    "pip".into(),
+                    "list".into(),
+                    "--python".into(),
+                    python,
+                    "--format".into(),
+                    "json".into(),
+                ],
+                false,
+                None,
+            )
+            .await?;
+        let mut packages: Vec<Package> = serde_json::from_slice::<Vec<serde_json::Value>>(&listing)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|p| {
+                Some(Package {
+                    name: p.get("name")?.as_str()?.to_owned(),
+                    version: p.get("version")?.as_str()?.to_owned(),
+                })
+            })
+            .collect();
+        packages.sort_by(|a, b| a.name.cmp(&b.name));
+        let venv = self.venv.clone();
+        let bytes = tokio::task::spawn_blocking(move || make_readable(&venv))
+            .await
+            .unwrap_or(0);
+        Ok((packages, bytes, tail(&log, 2000)))
+    }
+}
+/// Let any uid read (and traverse) the venv; returns its size.
+pub(super) fn make_readable(root: &Path) -> u64 {
+    use std::os::unix::fs::PermissionsExt;
+    fn walk(path: &Path, total: &mut u64) {
+        let Ok(meta) = path.symlink_metadata() else {
+            return;
+        };
+        if meta.file_type().is_symlink() {
+            return;
+        }
+        let mode = meta.permissions().mode();
+        let want = if meta.is_dir() || mode & 0o111 != 0 {
+            mode | 0o555
+        } else {
+            mode | 0o444
+        };
+        if want != mode {
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(want));
+        }
+        if meta.is_dir() {
+            if let Ok(entries) = fs_err::read_dir(path) {
+                for entry in entries.flatten() {
+                    walk(&entry.path(), total);
+                }
+            }
+        } else {
+            *total += meta.len();
+        }
+    }
+    let mut total = 0;
+    walk(root, &mut total);
+    total
+}
+pub(super) fn tail(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    let mut start = text.len() - max;
+    while !text.is_char_boundary(start) {
+        start += 1;
+    }
+    text[start..].to_owned()
+}
+impl Engine {
+    pub(super) fn installer(
+        &self,
+        interpreter: &Interpreter,
+        paths: &SessionPaths,
+    ) -> Result<Installer, ErrorInfo> {
+        let sandbox = self.session_sandbox()?;
+        let uv = self.uv.as_ref().map_err(unavailable)?;
+        let cache = self.cache.as_ref().map_err(unavailable)?;
+        Ok(Installer {
+            sandbox: Arc::clone(sandbox),
+            uv: uv.clone(),
+            uv_env: UvEnvironment::from_process(),
+            uv_cache: cache.uv_cache_dir(),
+            interpreter: interpreter.clone(),
+            env_dir: paths.env.clone(),
+            venv: paths.venv.clone(),
+        })
+    }
+
+    pub(super) fn parse_requirements(packages: &[String]) -> Result<Vec<String>, ErrorInfo> {
+        snakebox_script::merge_dependencies(None, packages)
+            .map(|reqs| reqs.iter().map(ToString::to_string).collect())
+            .map_err(|err| ErrorInfo {
+                message: crate::describe(&err),
+                hint: err.hint(),
+            })
+    }
+
+    /// Directories and venv of a new (or reset) session; the create-time requirements
+    /// installed. Returns what is installed and the venv's size.
+    pub(super) async fn build_session(
+        &self,
+        paths: &SessionPaths,
+        interpreter: &Interpreter,
+        requirements: &[String],
+    ) -> Result<(Vec<Package>, u64), ErrorInfo> {
+        let sandbox = self.session_sandbox()?;
+        let user = sandbox.host_ids(Identity::Untrusted);
+        let installer = sandbox.host_ids(Identity::Installer);
+        (|| -> std::io::Result<()> {
+            make_dir(&paths.root, 0o711, None)?;
+            make_dir(&paths.work, 0o700, user)?;
+            make_dir(&paths.tmp, 0o700, user)?;
+            make_dir(&paths.input, 0o755, None)?;
+            make_dir(&paths.env, 0o755, installer)?;
+            Ok(())
+        })()
+        .map_err(|err| io_error("create the session's directories", &err))?;
+        let installer = self.installer(interpreter, paths)?;
+        installer.create_venv().await?;
+        let (packages, bytes, _) = installer.install(requirements, None).await?;
+        Ok((packages, bytes))
+    }
+
+    /// Install packages into a session. Waits up to `wait` (default: until done) and returns
+    /// the install's state; an install still running then goes on, and `list_packages` reports
+    /// it. uv's output goes to `progress` while it runs.
+    ///
+    /// # Errors
+    /// No such session, invalid requirements, an install already running, disk full.
+    pub async fn install_packages(
+        &self,
+        session_id: &str,
+        packages: Vec<String>,
+        wait: Option<Duration>,
+        progress: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<InstallStatus, ErrorInfo> {
+        let manager = self.session_manager()?;
+        let row = manager.row(session_id)?;
+        if packages.is_empty() {
+            return Err(ErrorInfo {
+                message: "No packages given".into(),
+                hint: Some(
+                    "pass PEP 508 specifiers, e.g. [\"pandas>=2.2\", \"six==1.16.0\"]".into(),
+                ),
+            });
+        }
+        let requirements = Self::parse_requirements(&packages)?;
+        manager.check_disk()?;
+        let interpreter = self.session_interpreter(&row)?;
+        let installer = self.installer(interpreter, &manager.paths(&row.id))?;
+        let slot = manager.slot(&row);
+        if slot.installing.swap(true, Ordering::SeqCst) {
+            return Err(ErrorInfo {
+                message: format!("An install is already running in session `{session_id}`"),
+                hint: Some("wait for it: list_packages shows its state".into()),
+            });
+        }
+        {
+            let mut status = slot
+                .install
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            status.state = InstallState::Running;
+            status.requested.clone_from(&requirements);
+            status.started_at = Some(now_secs());
+            status.finished_at = None;
+            status.error = None;
+            status.log_tail.clear();
+        }
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        let task_manager = Arc::clone(manager);
+        let task_slot = Arc::clone(&slot);
+        let id = row.id.clone();
+        tokio::spawn(async move {
+            let state = task_slot.state.lock().await;
+            let outcome = if state.deleted {
+                Err(no_session(&id))
+            } else {
+                installer.install(&requirements, progress).await
+            };
+            let mut all_requirements = task_manager
+                .store
+                .get(&id)
+                .ok()
+                .flatten()
+                .map(|r| r.requirements)
+                .unwrap_or_default();
+            {
+                let mut status = task_slot
+                    .install
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                status.finished_at = Some(now_secs());
+                match outcome {
+                    Ok((packages, bytes, log)) => {
+                        for requirement in &requirements {
+                            if !all_requirements.contains(requirement) {
+                                all_requirements.push(requirement.clone());
+                            }
+                        }
+                        let pairs: Vec<(String, String)> = packages
+                            .iter()
+                            .map(|p| (p.name.clone(), p.version.clone()))
+                            .collect();
+                        let _ =
+                            task_manager
+                                .store
+                                .set_packages(&id, &all_requirements, &pairs, bytes);
+                        status.state = InstallState::Succeeded;
+                        status.packages = packages;
+                        status.log_tail = log;
+                    }
+                    Err(error) => {
+                        status.state = InstallState::Failed;
+                        status.error = Some(error);
+                    }
+                }
+            }
+            drop(state);
+            task_slot.installing.store(false, Ordering::SeqCst);
+            let _ = done_tx.send(());
+        });
+        match wait {
+            Some(wait) => {
+                let _ = tokio::time::timeout(wait, done_rx).await;
+            }
+            None => {
+                let _ = done_rx.await;
+            }
+        }
+        let status = slot
+            .install
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        Ok(status)
+    }
+
+    /// Installed packages and the state of the last install.
+    ///
+    /// # Errors
+    /// No such session.
+    pub async fn list_packages(&self, session_id: &str) -> Result<PackageList, ErrorInfo> {
+        let manager = self.session_manager()?;
+        let row = manager.row(session_id)?;
+        let slot = manager.slot(&row);
+        let install = slot
+            .install
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        Ok(PackageList {
+            session_id: row.id.clone(),
+            python_version: row.python_version.clone(),
+            packages: packages_of(&row),
+            requested_packages: row.requirements.clone(),
+            install,
+        })
+    }
+}

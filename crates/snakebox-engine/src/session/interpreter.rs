@@ -1,0 +1,648 @@
+//! What runs in a session's sandbox: the live interpreter (started on the first call, kept
+//! between calls, stopped when a call times out, runs out of memory, is cancelled or kills
+//! it) and the calls made to it (`execute_python` with a `session_id`: input files in,
+//! value, names, exception, figures and artifacts out, like a one-shot run), and
+//! `run_command`, a short-lived sandbox with the same view of the session.
+//!
+//! Kept apart from the lifecycle in [`super::manager`]: this is the per-call path, and the
+//! one place that decides a session's sandbox policy.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use snakebox_env::Interpreter;
+use snakebox_sandbox::{
+    BackendKind, ExchangeEnd, Identity, LiveSandbox, Mount, OutputChunk, Policy, SandboxCommand,
+    Termination,
+};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use super::manager::{Manager, SessionPaths};
+use super::workspace::file_error;
+use super::{
+    InstallState, RUNNER_NAME, SANDBOX_INPUT_DIR, SANDBOX_WORK_DIR, SESSION_RUNNER, files,
+    io_error, make_dir, no_session, now_secs, packages_of,
+};
+use crate::result::{ErrorInfo, ExecutionResult, Status};
+use crate::{Engine, ExecuteRequest, ids};
+
+impl Engine {
+    /// Run code in a session's live interpreter (started first when there is none).
+    pub async fn execute_in_session(
+        &self,
+        session_id: &str,
+        request: ExecuteRequest,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> ExecutionResult {
+        let execution_id = ids::execution_id();
+        let fail = |status: Status, error: ErrorInfo| {
+            let mut result = ExecutionResult::not_run(execution_id.clone(), status, error);
+            result.session_id = Some(session_id.to_owned());
+            result
+        };
+        let setup = |error: ErrorInfo| fail(Status::SetupFailed, error);
+        let manager = match self.session_manager() {
+            Ok(manager) => manager,
+            Err(error) => return setup(error),
+        };
+        let row = match manager.row(session_id) {
+            Ok(row) => row,
+            Err(error) => return fail(Status::InvalidRequest, error),
+        };
+        if request.script.len() > self.config.max_script_bytes || request.script.contains('\0') {
+            return fail(
+                Status::InvalidRequest,
+                ErrorInfo {
+                    message: format!(
+                        "The code must be UTF-8 text without NUL characters, at most {} bytes",
+                        self.config.max_script_bytes
+                    ),
+                    hint: Some("send shorter code; put large data in files (write_file)".into()),
+                },
+            );
+        }
+        // Input files: checked like a one-shot run's, written into the workspace below.
+        let inputs = match crate::files::decode(&request.files) {
+            Ok(inputs) => inputs,
+            Err(error) => return fail(Status::InvalidRequest, error),
+        };
+        let mut notes = Vec::new();
+        let timeout = match self.effective_timeout(request.timeout_seconds, &mut notes) {
+            Ok(timeout) => timeout,
+            Err((status, error)) => return fail(status, error),
+        };
+        if let Some(asked) = &request.python_version
+            && !row.python_version.starts_with(asked.trim())
+        {
+            notes.push(format!(
+                "python_version `{asked}` is ignored: session {session_id} runs Python {}",
+                row.python_version
+            ));
+        }
+        // Dependencies (argument or PEP 723 block) are installed into the session first.
+        let block = match snakebox_script::parse(&request.script) {
+            Ok(block) => block,
+            Err(err) => {
+                return fail(
+                    Status::InvalidRequest,
+                    ErrorInfo {
+                        message: crate::describe(&err),
+                        hint: err.hint(),
+                    },
+                );
+            }
+        };
+        let requirements = match snakebox_script::merge_dependencies(
+            block.as_ref().map(|b| &b.metadata),
+            &request.dependencies,
+        ) {
+            Ok(reqs) => reqs.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            Err(err) => {
+                return fail(
+                    Status::InvalidRequest,
+                    ErrorInfo {
+                        message: crate::describe(&err),
+                        hint: err.hint(),
+                    },
+                );
+            }
+        };
+        let setup_started = std::time::Instant::now();
+        if !requirements.is_empty() {
+            match self
+                .install_packages(session_id, requirements.clone(), None, None)
+                .await
+            {
+                Ok(status) if status.state == InstallState::Succeeded => {}
+                Ok(status) => {
+                    return setup(status.error.unwrap_or(ErrorInfo {
+                        message: "Installing the dependencies failed".into(),
+                        hint: None,
+                    }));
+                }
+                Err(error) => return setup(error),
+            }
+        }
+        let interpreter = match self.session_interpreter(&row) {
+            Ok(interpreter) => interpreter.clone(),
+            Err(error) => return setup(error),
+        };
+        let slot = manager.slot(&row);
+        let doomed = slot
+            .doomed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut state = slot.state.lock().await;
+        if state.deleted || doomed.is_cancelled() {
+            return fail(Status::InvalidRequest, no_session(session_id));
+        }
+        if let Err(error) = manager.check_disk() {
+            return setup(error);
+        }
+        // The input files, then what the workspace holds before the call: only what the
+        // call creates or changes becomes an artifact.
+        let work = manager.paths(&row.id).work;
+        let owner = self
+            .session_sandbox()
+            .ok()
+            .and_then(|sandbox| sandbox.host_ids(Identity::Untrusted));
+        let baseline = {
+            let work = work.clone();
+            tokio::task::spawn_blocking(move || {
+                write_inputs(&work, &inputs, owner)
+                    .map(|()| crate::artifacts::Baseline::snapshot(&work))
+            })
+            .await
+            .unwrap_or_else(|err| {
+                Err(io_error(
+                    "write the input files",
+                    &std::io::Error::other(err),
+                ))
+            })
+        };
+        let baseline = match baseline {
+            Ok(baseline) => baseline,
+            Err(error) => return fail(Status::InvalidRequest, error),
+        };
+        let Ok(_run_slot) = self.runs.acquire().await else {
+            return setup(ErrorInfo {
+                message: "The engine is shutting down".into(),
+                hint: None,
+            });
+        };
+        slot.last_used.store(now_secs(), Ordering::Relaxed);
+
+        // The interpreter: the one still running, or a new one.
+        let alive = state
+            .interpreter
+            .as_mut()
+            .is_some_and(LiveSandbox::is_alive);
+        let mut fresh = false;
+        if !alive {
+            if state.interpreter.is_some() {
+                state.interpreter = None;
+                if state.cells_in_interpreter > 0 {
+                    state.lost = Some("the interpreter exited between calls".into());
+                }
+            }
+            match self.start_interpreter(manager, &row.id, &interpreter) {
+                Ok(live) => {
+                    state.interpreter = Some(live);
+                    state.cells_in_interpreter = 0;
+                    fresh = true;
+                }
+                Err(error) => return setup(error),
+            }
+        }
+        if fresh && let Some(reason) = state.lost.take() {
+            notes.push(format!(
+                "A new interpreter was started for this session because {reason}: variables, imports and functions from earlier calls are gone; files in the workspace and installed packages remain"
+            ));
+        }
+        let setup_ms = ids::millis(setup_started.elapsed());
+
+        // The call, cancelled by the client or by a delete/reset of the session.
+        let call = doomed.child_token();
+        let watcher = {
+            let call = call.clone();
+            tokio::spawn(async move {
+                cancel.cancelled().await;
+                call.cancel();
+            })
+        };
+        let cell = state.cells + 1;
+        let marker = format!("\x1esnakebox-end-{}\x1e", ids::execution_id());
+        let request_line = serde_json::json!({
+            "code": request.script,
+            "marker": marker,
+            "cell": cell,
+        })
+        .to_string()
+            + "\n";
+        let Some(live) = state.interpreter.as_mut() else {
+            watcher.abort();
+            return setup(ErrorInfo {
+                message: "The session's interpreter could not be started".into(),
+                hint: None,
+            });
+        };
+        let exchange = live
+            .exchange(
+                request_line.as_bytes(),
+                marker.as_bytes(),
+                timeout,
+                call,
+                output,
+            )
+            .await;
+        watcher.abort();
+        state.cells = cell;
+        state.cells_in_interpreter += 1;
+        let _ = manager.store.touch(&row.id, now_secs(), true);
+
+        let mut result = ExecutionResult::new(execution_id.clone(), Status::Ok);
+        result.session_id = Some(session_id.to_owned());
+        result.fresh_interpreter = fresh;
+        result.python_version = Some(row.python_version.clone());
+        result.requested_dependencies = requirements;
+        result.resolved_dependencies = manager
+            .store
+            .get(&row.id)
+            .ok()
+            .flatten()
+            .map(|r| packages_of(&r))
+            .unwrap_or_default();
+        result.environment_reused = true;
+        result.timeout_seconds = timeout.as_secs();
+        result.setup_ms = setup_ms;
+        result.notes = notes;
+        let exchange = match exchange {
+            Ok(exchange) => exchange,
+            Err(err) => {
+                state.stop("the interpreter failed").await;
+                result.status = Status::SetupFailed;
+                result.error = Some(ErrorInfo {
+                    message: crate::describe(&err),
+                    hint: err.hint(),
+                });
+                return result;
+            }
+        };
+        result.duration_ms = ids::millis(exchange.duration);
+        result.stdout_truncated = exchange.stdout.truncated;
+        result.stderr_truncated = exchange.stderr.truncated;
+        result.stdout = exchange.stdout.text;
+        result.stderr = exchange.stderr.text;
+        let lost = "variables are lost; files in the workspace and installed packages remain, and the next call starts a new interpreter";
+        match exchange.end {
+            ExchangeEnd::Answered => {
+                let exit_code = record_exit_code(&exchange.answer);
+                result.exit_code = Some(exit_code);
+                result.status = if exit_code == 0 {
+                    Status::Ok
+                } else {
+                    Status::Error
+                };
+            }
+            ExchangeEnd::TimedOut => {
+                state.stop("the previous call timed out").await;
+                result.status = Status::Timeout;
+                result.timed_out = true;
+                result.error = Some(ErrorInfo {
+                    message: format!(
+                        "The code ran longer than its timeout of {} s; the session's interpreter was stopped: {lost}",
+                        timeout.as_secs()
+                    ),
+                    hint: Some("raise timeout_seconds (up to the server's --max-timeout) or make the code faster".into()),
+                });
+            }
+            ExchangeEnd::Cancelled => {
+                state.stop("the previous call was cancelled").await;
+                result.status = Status::Cancelled;
+                result.error = Some(ErrorInfo {
+                    message: format!(
+                        "The call was cancelled; the session's interpreter was stopped: {lost}"
+                    ),
+                    hint: None,
+                });
+            }
+            ExchangeEnd::MemoryLimit => {
+                state.stop("the previous call ran out of memory").await;
+                result.status = Status::MemoryLimit;
+                result.error = Some(ErrorInfo {
+                    message: format!(
+                        "The session's interpreter exceeded its memory limit of {} and was stopped: {lost}",
+                        self.config
+                            .memory_bytes
+                            .map_or_else(|| "(unset)".to_string(), crate::execute::human_bytes)
+                    ),
+                    hint: Some("process the data in smaller pieces, or ask the operator to raise --memory-limit".into()),
+                });
+            }
+            ExchangeEnd::Exited => {
+                state
+                    .stop("the interpreter exited during the previous call")
+                    .await;
+                result.status = Status::Error;
+                result.exit_code = exchange.exit_code;
+                let how = match (exchange.exit_code, exchange.signal) {
+                    (_, Some(signal)) => format!("was killed by signal {signal}"),
+                    (Some(code), None) => format!("exited with code {code}"),
+                    (None, None) => "ended".to_owned(),
+                };
+                result.error = Some(ErrorInfo {
+                    message: format!("The session's interpreter {how} during this call: {lost}"),
+                    hint: Some(
+                        "use exceptions or sys.exit() rather than os._exit() to stop a cell".into(),
+                    ),
+                });
+            }
+        }
+        // Value, names, exception and figures from the record; files the call created or
+        // changed in the workspace as artifacts (also after a timeout or a crash), exactly as
+        // for a one-shot run.
+        let rich = self
+            .collect_rich(&execution_id, &work, baseline, &exchange.answer)
+            .await;
+        drop(state);
+        rich.apply(&mut result);
+        manager.remeasure(&row.id).await;
+        result
+    }
+
+    /// The policy of a session's sandboxes (interpreter and commands) over its workspace.
+    pub(super) fn session_policy(
+        &self,
+        paths: &SessionPaths,
+        interpreter: &Interpreter,
+        timeout: Duration,
+    ) -> (Policy, PathBuf) {
+        let native = self.config.backend == BackendKind::Native;
+        let (work, tmp, runner) = if native {
+            (
+                PathBuf::from(SANDBOX_WORK_DIR),
+                PathBuf::from("/tmp"),
+                PathBuf::from(SANDBOX_INPUT_DIR).join(RUNNER_NAME),
+            )
+        } else {
+            (
+                paths.work.clone(),
+                paths.tmp.clone(),
+                paths.input.join(RUNNER_NAME),
+            )
+        };
+        let mut mounts = vec![
+            Mount {
+                host: paths.venv.clone(),
+                dest: paths.venv.clone(),
+                writable: false,
+            },
+            Mount {
+                host: interpreter.prefix.clone(),
+                dest: interpreter.prefix.clone(),
+                writable: false,
+            },
+        ];
+        if let Some(bin) = interpreter.executable.parent()
+            && !bin.starts_with(&interpreter.prefix)
+        {
+            mounts.push(Mount {
+                host: bin.to_path_buf(),
+                dest: bin.to_path_buf(),
+                writable: false,
+            });
+        }
+        mounts.push(Mount {
+            host: paths.input.clone(),
+            dest: PathBuf::from(SANDBOX_INPUT_DIR),
+            writable: false,
+        });
+        mounts.push(Mount {
+            host: paths.work.clone(),
+            dest: PathBuf::from(SANDBOX_WORK_DIR),
+            writable: true,
+        });
+        let bin = paths.venv.join("bin");
+        let env = vec![
+            (
+                "PATH".into(),
+                format!("{}:/usr/local/bin:/usr/bin:/bin", bin.display()),
+            ),
+            ("VIRTUAL_ENV".into(), paths.venv.display().to_string()),
+            ("HOME".into(), work.display().to_string()),
+            ("TMPDIR".into(), tmp.display().to_string()),
+            ("LANG".into(), "C.UTF-8".into()),
+            ("LC_ALL".into(), "C.UTF-8".into()),
+            ("PYTHONUNBUFFERED".into(), "1".into()),
+            ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
+            ("PYTHONIOENCODING".into(), "utf-8".into()),
+            ("MPLBACKEND".into(), "Agg".into()),
+        ];
+        let mut limits = self.limits(timeout);
+        // RLIMIT_CPU counts a process's whole life: for an interpreter that lives across
+        // calls it would be a budget for the session, not a limit per call. Wall time per
+        // call bounds the CPU instead.
+        limits.cpu_time = None;
+        (
+            Policy {
+                mounts,
+                network: self.config.network,
+                env,
+                cwd: work,
+                limits,
+                identity: Identity::Untrusted,
+            },
+            runner,
+        )
+    }
+
+    pub(super) fn start_interpreter(
+        &self,
+        manager: &Manager,
+        id: &str,
+        interpreter: &Interpreter,
+    ) -> Result<LiveSandbox, ErrorInfo> {
+        let sandbox = self.session_sandbox()?;
+        let paths = manager.paths(id);
+        let runner_path = paths.input.join(RUNNER_NAME);
+        (|| -> std::io::Result<()> {
+            use std::os::unix::fs::PermissionsExt;
+            make_dir(&paths.input, 0o755, None)?;
+            make_dir(&paths.tmp, 0o700, sandbox.host_ids(Identity::Untrusted))?;
+            fs_err::write(&runner_path, SESSION_RUNNER)?;
+            fs_err::set_permissions(&runner_path, std::fs::Permissions::from_mode(0o644))?;
+            // The one-shot runner: the session runner imports its execution core.
+            let core = paths.input.join(crate::runner::FILE_NAME);
+            fs_err::write(&core, crate::runner::SOURCE)?;
+            fs_err::set_permissions(&core, std::fs::Permissions::from_mode(0o644))
+        })()
+        .map_err(|err| io_error("write the session runner", &err))?;
+        let (policy, runner) = self.session_policy(&paths, interpreter, self.config.max_timeout);
+        let command = SandboxCommand {
+            program: paths.venv.join("bin").join("python"),
+            args: vec!["-s".into(), runner.into_os_string()],
+            control_channel: true,
+        };
+        sandbox.spawn(&policy, &command).map_err(|err| ErrorInfo {
+            message: format!(
+                "Failed to start the session's interpreter: {}",
+                crate::describe(&err)
+            ),
+            hint: err.hint(),
+        })
+    }
+
+    /// Run a shell command in a sandbox over the session's workspace and environment (a
+    /// separate short-lived sandbox with the same view and limits as the interpreter's).
+    pub async fn run_command(
+        &self,
+        session_id: &str,
+        command: &str,
+        timeout_seconds: Option<i64>,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> ExecutionResult {
+        let execution_id = ids::execution_id();
+        let fail = |status: Status, error: ErrorInfo| {
+            let mut result = ExecutionResult::not_run(execution_id.clone(), status, error);
+            result.session_id = Some(session_id.to_owned());
+            result
+        };
+        let manager = match self.session_manager() {
+            Ok(manager) => manager,
+            Err(error) => return fail(Status::SetupFailed, error),
+        };
+        let row = match manager.row(session_id) {
+            Ok(row) => row,
+            Err(error) => return fail(Status::InvalidRequest, error),
+        };
+        if command.trim().is_empty() || command.contains('\0') || command.len() > 64 * 1024 {
+            return fail(
+                Status::InvalidRequest,
+                ErrorInfo {
+                    message:
+                        "The command must be non-empty text without NUL characters, at most 64 KiB"
+                            .into(),
+                    hint: Some("for example \"ls -la\" or \"python -m pip list\"".into()),
+                },
+            );
+        }
+        let mut notes = Vec::new();
+        let timeout = match self.effective_timeout(timeout_seconds, &mut notes) {
+            Ok(timeout) => timeout,
+            Err((status, error)) => return fail(status, error),
+        };
+        let interpreter = match self.session_interpreter(&row) {
+            Ok(interpreter) => interpreter.clone(),
+            Err(error) => return fail(Status::SetupFailed, error),
+        };
+        let sandbox = match self.session_sandbox() {
+            Ok(sandbox) => Arc::clone(sandbox),
+            Err(error) => return fail(Status::SetupFailed, error),
+        };
+        let slot = manager.slot(&row);
+        let doomed = slot
+            .doomed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let state = slot.state.lock().await;
+        if state.deleted || doomed.is_cancelled() {
+            return fail(Status::InvalidRequest, no_session(session_id));
+        }
+        if let Err(error) = manager.check_disk() {
+            return fail(Status::SetupFailed, error);
+        }
+        let Ok(_run_slot) = self.runs.acquire().await else {
+            return fail(
+                Status::SetupFailed,
+                ErrorInfo {
+                    message: "The engine is shutting down".into(),
+                    hint: None,
+                },
+            );
+        };
+        slot.last_used.store(now_secs(), Ordering::Relaxed);
+        let paths = manager.paths(&row.id);
+        let (policy, _) = self.session_policy(&paths, &interpreter, timeout);
+        let shell = SandboxCommand {
+            program: "/bin/sh".into(),
+            args: vec!["-c".into(), command.into()],
+            control_channel: false,
+        };
+        let call = doomed.child_token();
+        let watcher = {
+            let call = call.clone();
+            tokio::spawn(async move {
+                cancel.cancelled().await;
+                call.cancel();
+            })
+        };
+        let outcome = sandbox.run(&policy, &shell, call, output).await;
+        watcher.abort();
+        let _ = manager.store.touch(&row.id, now_secs(), false);
+        drop(state);
+        manager.remeasure(&row.id).await;
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                return fail(
+                    Status::SetupFailed,
+                    ErrorInfo {
+                        message: crate::describe(&err),
+                        hint: err.hint(),
+                    },
+                );
+            }
+        };
+        let (status, error) = crate::execute::classify(&outcome, &self.config, timeout);
+        let mut result = ExecutionResult::new(execution_id.clone(), status);
+        result.session_id = Some(session_id.to_owned());
+        result.exit_code = outcome.exit_code;
+        result.stdout_truncated = outcome.stdout.truncated;
+        result.stderr_truncated = outcome.stderr.truncated;
+        result.stdout = outcome.stdout.text;
+        result.stderr = outcome.stderr.text;
+        result.timed_out = outcome.termination == Termination::TimedOut;
+        result.duration_ms = ids::millis(outcome.duration);
+        result.timeout_seconds = timeout.as_secs();
+        result.python_version = Some(row.python_version.clone());
+        result.resolved_dependencies = packages_of(&row);
+        result.environment_reused = true;
+        result.error = error;
+        result.notes = notes;
+        result
+    }
+}
+
+/// The exit code a cell's record reports (`exit()`, an exception); 1 when the record is
+/// unreadable. Forgeable by the cell's code, which only changes its own call's status.
+pub(super) fn record_exit_code(answer: &[u8]) -> i32 {
+    serde_json::from_slice::<serde_json::Value>(answer)
+        .ok()
+        .map_or(Some(1), |record| {
+            record
+                .get("exit_code")
+                .and_then(serde_json::Value::as_i64)
+                .and_then(|c| i32::try_from(c).ok())
+        })
+        .unwrap_or(0)
+}
+/// Write a call's input files (checked by [`crate::files::decode`]) into the workspace,
+/// owned by the sandbox user, through the confined walk of the file tools.
+pub(super) fn write_inputs(
+    work: &Path,
+    inputs: &[crate::files::DecodedFile],
+    owner: Option<(u32, u32)>,
+) -> Result<(), ErrorInfo> {
+    for input in inputs {
+        let path = input.path();
+        files::write(work, &path, &input.bytes, owner).map_err(|err| {
+            let mut error = file_error(err);
+            error.message = format!(
+                "Input file `{path}` could not be written: {}",
+                error.message
+            );
+            error
+        })?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_gives_the_exit_code() {
+        assert_eq!(record_exit_code(br#"{"value":null,"exit_code":0}"#), 0);
+        assert_eq!(record_exit_code(br#"{"exception":{},"exit_code":1}"#), 1);
+        assert_eq!(record_exit_code(br#"{"exit_code":3}"#), 3);
+        assert_eq!(record_exit_code(b"not json"), 1);
+    }
+}

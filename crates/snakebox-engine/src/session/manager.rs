@@ -1,0 +1,571 @@
+//! The sessions that exist and their in-memory state: the [`Manager`] (store, settings, one
+//! [`Slot`] per session holding its interpreter behind a fair async mutex), the lifecycle
+//! tools (create, list, delete, reset), `check_environment`'s view of sessions, and the
+//! background reaper that stops idle interpreters and deletes unused sessions.
+//!
+//! It exists so that everything about *which* sessions exist and *when* their interpreters
+//! live or die is in one place; what runs inside a session is in [`super::interpreter`].
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use snakebox_env::Interpreter;
+use snakebox_sandbox::{LiveSandbox, Sandbox};
+use tokio_util::sync::CancellationToken;
+
+use super::store::{SessionRow, Store};
+use super::{
+    CreateSession, InstallState, InstallStatus, SESSIONS_DIR, SessionInfo, SessionList,
+    SessionSettings, SessionSummary, Sessions, SessionsReport, db_error, files, io_error,
+    new_session_id, no_session, now_secs, packages_of, unavailable, valid_id,
+};
+use crate::result::ErrorInfo;
+use crate::{Engine, Unavailable};
+
+impl Sessions {
+    /// Open the session store under `data_dir` and start the idle reaper.
+    pub(crate) fn open(data_dir: &Path, settings: SessionSettings) -> Sessions {
+        let root = data_dir.join(SESSIONS_DIR);
+        let opened = fs_err::create_dir_all(&root)
+            .map_err(|err| err.to_string())
+            .and_then(|()| {
+                use std::os::unix::fs::PermissionsExt;
+                // Traversable by the sandbox users (their own directories are below).
+                fs_err::set_permissions(&root, std::fs::Permissions::from_mode(0o711))
+                    .map_err(|err| err.to_string())
+            })
+            .and_then(|()| {
+                Store::open(&root.join("sessions.db")).map_err(|err| {
+                    format!(
+                        "Failed to open the session database `{}`: {err}",
+                        root.join("sessions.db").display()
+                    )
+                })
+            });
+        let inner = match opened {
+            Ok(store) => {
+                let manager = Arc::new(Manager {
+                    root,
+                    store,
+                    slots: Mutex::default(),
+                    settings,
+                });
+                if let Ok(handle) = tokio::runtime::Handle::try_current() {
+                    handle.spawn(reap_loop(Arc::downgrade(&manager)));
+                }
+                Ok(manager)
+            }
+            Err(message) => Err(Unavailable {
+                message,
+                hint: Some("check that the data directory is writable (--data-dir)".into()),
+            }),
+        };
+        Sessions { inner }
+    }
+}
+
+impl Sessions {
+    /// What `check_environment` says about sessions.
+    pub(crate) fn report(&self, data_dir: &Path) -> SessionsReport {
+        let defaults = SessionSettings::default();
+        let mut report = SessionsReport {
+            available: false,
+            location: data_dir.join(SESSIONS_DIR).display().to_string(),
+            count: 0,
+            max_sessions: defaults.max_sessions,
+            running_interpreters: 0,
+            used_disk_bytes: 0,
+            max_disk_bytes: defaults.max_disk_bytes,
+            idle_stop_seconds: defaults.idle_stop.as_secs(),
+            idle_delete_seconds: defaults.idle_delete.as_secs(),
+            sessions: Vec::new(),
+            problem: None,
+        };
+        let manager = match &self.inner {
+            Ok(manager) => manager,
+            Err(missing) => {
+                report.problem = Some(missing.message.clone());
+                return report;
+            }
+        };
+        let settings = &manager.settings;
+        report.max_sessions = settings.max_sessions;
+        report.max_disk_bytes = settings.max_disk_bytes;
+        report.idle_stop_seconds = settings.idle_stop.as_secs();
+        report.idle_delete_seconds = settings.idle_delete.as_secs();
+        let rows = match manager.store.list() {
+            Ok(rows) => rows,
+            Err(err) => {
+                report.problem = Some(db_error(err).message);
+                return report;
+            }
+        };
+        let running = manager.running();
+        report.available = true;
+        report.count = rows.len();
+        report.running_interpreters = running.values().filter(|r| **r).count();
+        report.used_disk_bytes = rows.iter().map(|r| r.venv_bytes + r.work_bytes).sum();
+        report.sessions = rows
+            .iter()
+            .take(50)
+            .map(|row| SessionSummary {
+                session_id: row.id.clone(),
+                name: row.name.clone(),
+                python_version: row.python_version.clone(),
+                interpreter_running: running.get(&row.id) == Some(&true),
+                size_bytes: row.venv_bytes + row.work_bytes,
+                last_used_at: row.last_used_at,
+            })
+            .collect();
+        report
+    }
+}
+
+/// Everything about sessions that outlives one call.
+pub(super) struct Manager {
+    pub(super) root: PathBuf,
+    pub(super) store: Store,
+    pub(super) slots: Mutex<HashMap<String, Arc<Slot>>>,
+    pub(super) settings: SessionSettings,
+}
+/// The in-memory side of one session.
+pub(super) struct Slot {
+    pub(super) state: tokio::sync::Mutex<SlotState>,
+    pub(super) install: Mutex<InstallStatus>,
+    pub(super) installing: AtomicBool,
+    /// Fired when the session is deleted or reset: running calls end now.
+    pub(super) doomed: Mutex<CancellationToken>,
+    /// Last use (Unix seconds), for stopping idle interpreters.
+    pub(super) last_used: AtomicU64,
+}
+#[derive(Default)]
+pub(super) struct SlotState {
+    pub(super) interpreter: Option<LiveSandbox>,
+    /// Cells run by the current interpreter.
+    pub(super) cells_in_interpreter: u64,
+    /// Cells run in this session (all interpreters).
+    pub(super) cells: u64,
+    /// Why the variables of earlier calls are gone, when they are.
+    pub(super) lost: Option<String>,
+    pub(super) deleted: bool,
+}
+impl SlotState {
+    /// Stop the interpreter; remember why its variables are gone.
+    pub(super) async fn stop(&mut self, reason: &str) {
+        if let Some(mut interpreter) = self.interpreter.take() {
+            interpreter.kill().await;
+        }
+        if self.cells_in_interpreter > 0 {
+            self.lost = Some(reason.to_owned());
+        }
+        self.cells_in_interpreter = 0;
+    }
+}
+/// The host side of one session.
+pub(super) struct SessionPaths {
+    pub(super) root: PathBuf,
+    pub(super) work: PathBuf,
+    pub(super) env: PathBuf,
+    pub(super) venv: PathBuf,
+    pub(super) input: PathBuf,
+    pub(super) tmp: PathBuf,
+}
+impl Manager {
+    pub(super) fn paths(&self, id: &str) -> SessionPaths {
+        let root = self.root.join(id);
+        SessionPaths {
+            work: root.join("work"),
+            env: root.join("env"),
+            venv: root.join("env").join("venv"),
+            input: root.join("input"),
+            tmp: root.join("tmp"),
+            root,
+        }
+    }
+
+    pub(super) fn row(&self, id: &str) -> Result<SessionRow, ErrorInfo> {
+        if !valid_id(id) {
+            return Err(no_session(id));
+        }
+        self.store
+            .get(id)
+            .map_err(db_error)?
+            .ok_or_else(|| no_session(id))
+    }
+
+    /// The slot of an existing session (made on first use after a start).
+    pub(super) fn slot(&self, row: &SessionRow) -> Arc<Slot> {
+        let mut slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        slots
+            .entry(row.id.clone())
+            .or_insert_with(|| {
+                Arc::new(Slot {
+                    state: tokio::sync::Mutex::new(SlotState {
+                        cells: row.executions,
+                        // Cells ran before, in an interpreter this process never had.
+                        lost: (row.executions > 0).then(|| {
+                            "the server restarted since the session's last call".to_owned()
+                        }),
+                        ..SlotState::default()
+                    }),
+                    install: Mutex::new(InstallStatus {
+                        session_id: row.id.clone(),
+                        state: InstallState::None,
+                        requested: Vec::new(),
+                        started_at: None,
+                        finished_at: None,
+                        error: None,
+                        log_tail: String::new(),
+                        packages: packages_of(row),
+                    }),
+                    installing: AtomicBool::new(false),
+                    doomed: Mutex::new(CancellationToken::new()),
+                    last_used: AtomicU64::new(row.last_used_at),
+                })
+            })
+            .clone()
+    }
+
+    /// Whether each session known in memory has a running interpreter.
+    pub(super) fn running(&self) -> HashMap<String, bool> {
+        let slots = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        slots
+            .iter()
+            .map(|(id, slot)| {
+                let running = match slot.state.try_lock() {
+                    Ok(mut state) => state
+                        .interpreter
+                        .as_mut()
+                        .is_some_and(LiveSandbox::is_alive),
+                    // Busy: a call is running in it.
+                    Err(_) => true,
+                };
+                (id.clone(), running)
+            })
+            .collect()
+    }
+
+    pub(super) fn forget(&self, id: &str) {
+        self.slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(id);
+    }
+
+    pub(super) fn check_disk(&self) -> Result<(), ErrorInfo> {
+        let used = self.store.total_bytes().map_err(db_error)?;
+        if used >= self.settings.max_disk_bytes {
+            return Err(ErrorInfo {
+                message: format!(
+                    "Sessions use {} of disk, at or over their limit of {}",
+                    crate::execute::human_bytes(used),
+                    crate::execute::human_bytes(self.settings.max_disk_bytes)
+                ),
+                hint: Some(
+                    "delete files (run_command with `rm`) or whole sessions (delete_session); the operator can raise --sessions-max-disk".into(),
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// Measure the workspace again (after a call that may have written to it).
+    pub(super) async fn remeasure(&self, id: &str) {
+        let work = self.paths(id).work;
+        let bytes = tokio::task::spawn_blocking(move || files::tree_bytes(&work))
+            .await
+            .unwrap_or(0);
+        let _ = self.store.set_work_bytes(id, bytes);
+    }
+}
+impl Engine {
+    pub(super) fn session_manager(&self) -> Result<&Arc<Manager>, ErrorInfo> {
+        self.sessions.inner.as_ref().map_err(unavailable)
+    }
+
+    pub(super) fn session_sandbox(&self) -> Result<&Arc<Sandbox>, ErrorInfo> {
+        self.sandbox.as_ref().map_err(unavailable)
+    }
+
+    /// The interpreter a session was made with (it must still exist on this host).
+    pub(super) fn session_interpreter(&self, row: &SessionRow) -> Result<&Interpreter, ErrorInfo> {
+        self.interpreters
+            .all()
+            .iter()
+            .find(|i| i.executable.as_os_str() == row.interpreter.as_str())
+            .ok_or_else(|| ErrorInfo {
+                message: format!(
+                    "The interpreter of session `{}` (`{}`, Python {}) is no longer available on this host",
+                    row.id, row.interpreter, row.python_version
+                ),
+                hint: Some(
+                    "reinstall that Python, or delete the session and create a new one".into(),
+                ),
+            })
+    }
+
+    /// Create a session: a workspace, a venv with `dependencies`, and (on first use) a live
+    /// interpreter.
+    ///
+    /// # Errors
+    /// Invalid arguments, caps reached, no interpreter, a failed install.
+    pub async fn create_session(&self, request: CreateSession) -> Result<SessionInfo, ErrorInfo> {
+        let manager = self.session_manager()?;
+        self.session_sandbox()?;
+        if let Some(name) = &request.name
+            && (name.len() > 200 || name.chars().any(char::is_control))
+        {
+            return Err(ErrorInfo {
+                message:
+                    "The session name must be at most 200 characters, without control characters"
+                        .into(),
+                hint: Some("use a short label such as \"sales-analysis\"".into()),
+            });
+        }
+        let count = manager.store.count().map_err(db_error)?;
+        if count >= manager.settings.max_sessions as u64 {
+            return Err(ErrorInfo {
+                message: format!(
+                    "There are already {count} sessions, the most this server allows ({})",
+                    manager.settings.max_sessions
+                ),
+                hint: Some("delete a session you no longer need (list_sessions, delete_session); the operator can raise --max-sessions".into()),
+            });
+        }
+        manager.check_disk()?;
+        let requirements = Self::parse_requirements(&request.dependencies)?;
+        let interpreter = self.pick_interpreter(request.python_version.as_deref(), None)?;
+        let id = new_session_id();
+        let paths = manager.paths(&id);
+        let built = self.build_session(&paths, interpreter, &requirements).await;
+        let (packages, venv_bytes) = match built {
+            Ok(built) => built,
+            Err(err) => {
+                let _ = fs_err::remove_dir_all(&paths.root);
+                return Err(err);
+            }
+        };
+        let now = now_secs();
+        let row = SessionRow {
+            id: id.clone(),
+            name: request.name,
+            interpreter: interpreter.executable.display().to_string(),
+            python_version: interpreter.version.to_string(),
+            base_requirements: requirements.clone(),
+            requirements,
+            packages: packages
+                .iter()
+                .map(|p| (p.name.clone(), p.version.clone()))
+                .collect(),
+            venv_bytes,
+            work_bytes: 0,
+            created_at: now,
+            last_used_at: now,
+            executions: 0,
+        };
+        if let Err(err) = manager.store.insert(&row) {
+            let _ = fs_err::remove_dir_all(&paths.root);
+            return Err(db_error(err));
+        }
+        tracing::info!(session = %id, python = %row.python_version, "session created");
+        Ok(self.session_info(manager, &row, false))
+    }
+
+    pub(super) fn session_info(
+        &self,
+        _manager: &Manager,
+        row: &SessionRow,
+        running: bool,
+    ) -> SessionInfo {
+        SessionInfo {
+            session_id: row.id.clone(),
+            name: row.name.clone(),
+            python_version: row.python_version.clone(),
+            created_at: row.created_at,
+            last_used_at: row.last_used_at,
+            requested_packages: row.requirements.clone(),
+            packages: packages_of(row),
+            size_bytes: row.venv_bytes + row.work_bytes,
+            interpreter_running: running,
+            executions: row.executions,
+        }
+    }
+
+    /// Every session.
+    ///
+    /// # Errors
+    /// When sessions are unavailable.
+    pub async fn list_sessions(&self) -> Result<SessionList, ErrorInfo> {
+        let manager = self.session_manager()?;
+        let rows = manager.store.list().map_err(db_error)?;
+        let running = manager.running();
+        let sessions = rows
+            .iter()
+            .map(|row| self.session_info(manager, row, running.get(&row.id) == Some(&true)))
+            .collect();
+        Ok(SessionList {
+            sessions,
+            max_sessions: manager.settings.max_sessions,
+            max_disk_bytes: manager.settings.max_disk_bytes,
+            used_disk_bytes: manager.store.total_bytes().map_err(db_error)?,
+            idle_stop_seconds: manager.settings.idle_stop.as_secs(),
+            idle_delete_seconds: manager.settings.idle_delete.as_secs(),
+        })
+    }
+
+    /// Delete a session: its interpreter (a running call ends now), files and packages.
+    ///
+    /// # Errors
+    /// No such session.
+    pub async fn delete_session(&self, id: &str) -> Result<(), ErrorInfo> {
+        let manager = self.session_manager()?;
+        let row = manager.row(id)?;
+        delete(manager, &row.id).await
+    }
+
+    /// Reset a session to the state it was created in: a new interpreter, an empty workspace,
+    /// only the packages given at creation. The id stays.
+    ///
+    /// # Errors
+    /// No such session, a failed install.
+    pub async fn reset_session(&self, id: &str) -> Result<SessionInfo, ErrorInfo> {
+        let manager = self.session_manager()?;
+        let row = manager.row(id)?;
+        let interpreter = self.session_interpreter(&row)?;
+        let slot = manager.slot(&row);
+        replace_doomed(&slot);
+        let mut state = slot.state.lock().await;
+        state.stop("the session was reset").await;
+        state.lost = None;
+        state.cells = 0;
+        let paths = manager.paths(&row.id);
+        for dir in [&paths.work, &paths.env, &paths.tmp] {
+            if dir.exists() {
+                fs_err::remove_dir_all(dir)
+                    .map_err(|err| io_error("clear the session's files", &err))?;
+            }
+        }
+        let (packages, venv_bytes) = self
+            .build_session(&paths, interpreter, &row.base_requirements)
+            .await?;
+        let now = now_secs();
+        manager.store.reset(&row.id, now).map_err(db_error)?;
+        let packages: Vec<(String, String)> = packages
+            .iter()
+            .map(|p| (p.name.clone(), p.version.clone()))
+            .collect();
+        manager
+            .store
+            .set_packages(&row.id, &row.base_requirements, &packages, venv_bytes)
+            .map_err(db_error)?;
+        drop(state);
+        let row = manager.row(id)?;
+        Ok(self.session_info(manager, &row, false))
+    }
+}
+
+pub(super) fn replace_doomed(slot: &Slot) {
+    let mut doomed = slot
+        .doomed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    doomed.cancel();
+    *doomed = CancellationToken::new();
+}
+/// Delete a session: running calls end, the interpreter stops, files and record go.
+pub(super) async fn delete(manager: &Manager, id: &str) -> Result<(), ErrorInfo> {
+    let row = manager.row(id)?;
+    let slot = manager.slot(&row);
+    replace_doomed(&slot);
+    let mut state = slot.state.lock().await;
+    state.stop("the session was deleted").await;
+    state.deleted = true;
+    manager.store.delete(id).map_err(db_error)?;
+    manager.forget(id);
+    let root = manager.paths(id).root;
+    drop(state);
+    tokio::task::spawn_blocking(move || fs_err::remove_dir_all(root))
+        .await
+        .map_err(|err| io_error("delete the session's files", &std::io::Error::other(err)))?
+        .map_err(|err| io_error("delete the session's files", &err))?;
+    tracing::info!(session = %id, "session deleted");
+    Ok(())
+}
+/// Stop idle interpreters and delete sessions unused for too long, until the manager goes.
+pub(super) async fn reap_loop(manager: Weak<Manager>) {
+    let period = match manager.upgrade() {
+        Some(m) => {
+            (m.settings.idle_stop / 4).clamp(Duration::from_secs(1), Duration::from_secs(60))
+        }
+        None => return,
+    };
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(manager) = manager.upgrade() else {
+            return;
+        };
+        reap(&manager).await;
+    }
+}
+pub(super) async fn reap(manager: &Manager) {
+    let now = now_secs();
+    let slots: Vec<(String, Arc<Slot>)> = manager
+        .slots
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .map(|(id, slot)| (id.clone(), Arc::clone(slot)))
+        .collect();
+    let idle_stop = manager.settings.idle_stop.as_secs();
+    for (id, slot) in slots {
+        let idle = now.saturating_sub(slot.last_used.load(Ordering::Relaxed));
+        if idle < idle_stop {
+            continue;
+        }
+        // A busy session is not idle; try again next time.
+        if let Ok(mut state) = slot.state.try_lock()
+            && state.interpreter.is_some()
+        {
+            state
+                .stop(&format!(
+                    "its interpreter was idle for more than {idle_stop} s and was stopped"
+                ))
+                .await;
+            tracing::info!(session = %id, "stopped an idle interpreter");
+        }
+    }
+    let idle_delete = manager.settings.idle_delete.as_secs();
+    let Ok(rows) = manager.store.list() else {
+        return;
+    };
+    for row in rows {
+        if now.saturating_sub(row.last_used_at) < idle_delete {
+            continue;
+        }
+        let busy = manager
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&row.id)
+            .is_some_and(|slot| {
+                slot.installing.load(Ordering::SeqCst) || slot.state.try_lock().is_err()
+            });
+        if !busy {
+            match delete(manager, &row.id).await {
+                Ok(()) => tracing::info!(session = %row.id, "deleted an unused session"),
+                Err(err) => {
+                    tracing::warn!(session = %row.id, error = %err.message, "could not delete an unused session")
+                }
+            }
+        }
+    }
+}
