@@ -43,6 +43,9 @@ pub struct EngineConfig {
     pub cpu_millicores: Option<u64>,
     /// Whether runs may use the network.
     pub network: bool,
+    /// Pre-started sandboxes kept ready per warm environment (`0`: no warm pool). See
+    /// the `pool` module.
+    pub warm_pool: usize,
     /// Build the default environment at start-up.
     pub warm_cache: bool,
     /// Environment cache: total size above which least-recently-used environments are pruned.
@@ -83,6 +86,7 @@ impl EngineConfig {
             open_files: Some(1024),
             cpu_millicores: Some(1000),
             network: false,
+            warm_pool: 2,
             warm_cache: true,
             cache_max_bytes: 10 * 1024 * 1024 * 1024,
             cache_max_age: Duration::from_secs(30 * 24 * 3600),

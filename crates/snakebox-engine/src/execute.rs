@@ -108,14 +108,37 @@ impl Engine {
                 },
             ));
         };
+        let network_is_default = plan.network == self.config.network;
         let owner = sandbox.host_ids(snakebox_sandbox::Identity::Untrusted);
-        let run_dir = RunDir::create(&self.config.data_dir, &execution_id, &request.script, owner)
-            .and_then(|mut dir| {
-                if let Some(size) = self.config.scratch_bytes {
-                    dir.cap_work(size, owner).map_err(std::io::Error::other)?;
-                }
-                Ok(dir)
-            });
+        // A pre-started sandbox of the warm pool when one matches, else a cold start.
+        let is_default = plan.requirements.is_empty()
+            && network_is_default
+            && self
+                .pick_interpreter(None, None)
+                .is_ok_and(|default| default.executable == plan.interpreter.executable);
+        let (run_dir, pending) = match self.pool.take(&environment, plan.network, is_default) {
+            Some(warm) => (
+                warm.run_dir
+                    .write_script(&request.script)
+                    .map(|()| warm.run_dir),
+                Some(warm.pending),
+            ),
+            None => (
+                RunDir::create(
+                    &self.config.data_dir,
+                    &execution_id,
+                    Some(&request.script),
+                    owner,
+                )
+                .and_then(|mut dir| {
+                    if let Some(size) = self.config.scratch_bytes {
+                        dir.cap_work(size, owner).map_err(std::io::Error::other)?;
+                    }
+                    Ok(dir)
+                }),
+                None,
+            ),
+        };
         let run_dir = match run_dir {
             Ok(dir) => dir,
             Err(err) => {
@@ -143,9 +166,18 @@ impl Engine {
                 ));
             }
         };
-        let (policy, command) =
-            self.sandbox_call(&environment, &run_dir, plan.timeout, plan.network);
-        let outcome = sandbox.run(&policy, &command, cancel, output).await;
+        let outcome = match pending {
+            Some(pending) => {
+                pending
+                    .run(crate::pool::GO, plan.timeout, cancel, output)
+                    .await
+            }
+            None => {
+                let (policy, command) =
+                    self.sandbox_call(&environment, &run_dir, plan.timeout, plan.network, false);
+                sandbox.run(&policy, &command, cancel, output).await
+            }
+        };
         let control = outcome
             .as_ref()
             .map(|o| o.control.as_slice())
@@ -391,12 +423,14 @@ impl Engine {
 
     /// The sandbox policy and command of one run. Paths differ by backend: the native sandbox
     /// sees fixed paths (`/snakebox/script.py`, `/work`); `none` runs on the host's paths.
-    fn sandbox_call(
+    /// `pooled`: the runner waits for the warm pool's request before it reads the script.
+    pub(crate) fn sandbox_call(
         &self,
         environment: &Environment,
         run_dir: &RunDir,
         timeout: Duration,
         network: bool,
+        pooled: bool,
     ) -> (Policy, SandboxCommand) {
         let native = self.config.backend == BackendKind::Native;
         let (script, work, tmp) = if native {
@@ -434,14 +468,18 @@ impl Engine {
         };
         // The runner executes the script and reports on the control channel (fd 3).
         let runner = script.with_file_name(crate::runner::FILE_NAME);
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "-s".into(),
+            runner.into_os_string(),
+            script.into_os_string(),
+            crate::runner::CONTROL_FD.into(),
+        ];
+        if pooled {
+            args.push("--wait".into());
+        }
         let command = SandboxCommand {
             program: environment.python.clone(),
-            args: vec![
-                "-s".into(),
-                runner.into_os_string(),
-                script.into_os_string(),
-                crate::runner::CONTROL_FD.into(),
-            ],
+            args,
             control_channel: true,
         };
         (policy, command)
@@ -579,11 +617,12 @@ pub(crate) struct RunDir {
 
 impl RunDir {
     /// `owner` is the host uid/gid the sandbox runs as, when it differs from ours: it gets the
-    /// writable directories.
+    /// writable directories. Without `script` (a warm-pool run directory), the script is
+    /// written later by [`RunDir::write_script`].
     pub(crate) fn create(
         data_dir: &Path,
         id: &str,
-        script: &str,
+        script: Option<&str>,
         owner: Option<(u32, u32)>,
     ) -> std::io::Result<RunDir> {
         use std::os::unix::fs::PermissionsExt;
@@ -600,7 +639,6 @@ impl RunDir {
         for path in [&dir.input, &dir.work, &dir.tmp] {
             fs_err::create_dir_all(path)?;
         }
-        fs_err::write(dir.input.join(SCRIPT_NAME), script)?;
         fs_err::write(
             dir.input.join(crate::runner::FILE_NAME),
             crate::runner::SOURCE,
@@ -610,8 +648,12 @@ impl RunDir {
         // user; only the sandbox's bind mounts expose these.)
         fs_err::set_permissions(&dir.root, std::fs::Permissions::from_mode(0o711))?;
         fs_err::set_permissions(&dir.input, std::fs::Permissions::from_mode(0o755))?;
-        for file in [SCRIPT_NAME, crate::runner::FILE_NAME] {
-            fs_err::set_permissions(dir.input.join(file), std::fs::Permissions::from_mode(0o644))?;
+        fs_err::set_permissions(
+            dir.input.join(crate::runner::FILE_NAME),
+            std::fs::Permissions::from_mode(0o644),
+        )?;
+        if let Some(script) = script {
+            dir.write_script(script)?;
         }
         for writable in [&dir.work, &dir.tmp] {
             if let Some((uid, gid)) = owner {
@@ -620,6 +662,14 @@ impl RunDir {
             fs_err::set_permissions(writable, std::fs::Permissions::from_mode(0o700))?;
         }
         Ok(dir)
+    }
+
+    /// Write the script into the input directory (read-only inside the sandbox).
+    pub(crate) fn write_script(&self, script: &str) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.input.join(SCRIPT_NAME);
+        fs_err::write(&path, script)?;
+        fs_err::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
     }
 
     /// Cap the working directory at `size_bytes` (a tmpfs owned by `owner`), so a run cannot

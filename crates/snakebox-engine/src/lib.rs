@@ -13,6 +13,7 @@ mod config;
 mod execute;
 mod files;
 mod ids;
+mod pool;
 mod report;
 mod result;
 mod runner;
@@ -32,6 +33,7 @@ pub use artifacts::{
 pub use config::EngineConfig;
 pub use execute::ExecuteRequest;
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES, PathError};
+pub use pool::PoolReport;
 pub use report::{ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, WarmState};
 pub use result::{
     Artifact, ArtifactOrigin, ErrorInfo, ExceptionInfo, ExecutionResult, InlineImage, Package,
@@ -71,6 +73,7 @@ pub struct Engine {
     warm: Mutex<WarmState>,
     sessions: session::Sessions,
     artifacts: artifacts::ArtifactStore,
+    pool: pool::WarmPool,
 }
 
 impl Engine {
@@ -127,6 +130,7 @@ impl Engine {
         );
         let sessions = session::Sessions::open(&config.data_dir, config.sessions.clone());
         Engine {
+            pool: pool::WarmPool::new(config.warm_pool),
             sessions,
             artifacts,
             runs: Semaphore::new(config.max_concurrent_runs.max(1)),
@@ -154,7 +158,7 @@ impl Engine {
         self.set_warm(WarmState::Running);
         let started = std::time::Instant::now();
         let state = match self.default_environment().await {
-            Ok(()) => WarmState::Ready {
+            Ok(_) => WarmState::Ready {
                 duration_ms: ids::millis(started.elapsed()),
             },
             Err(err) => WarmState::Failed {
@@ -165,13 +169,12 @@ impl Engine {
         self.set_warm(state);
     }
 
-    async fn default_environment(&self) -> Result<(), ErrorInfo> {
+    async fn default_environment(&self) -> Result<snakebox_env::Environment, ErrorInfo> {
         let cache = self.cache.as_ref().map_err(ErrorInfo::from)?;
         let interpreter = self.pick_interpreter(None, None)?;
         cache
             .ensure(interpreter, &[])
             .await
-            .map(|_| ())
             .map_err(|err| ErrorInfo {
                 message: crate::describe(&err),
                 hint: err.hint(),

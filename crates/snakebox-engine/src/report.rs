@@ -114,6 +114,8 @@ pub struct EnvironmentReport {
     pub artifacts: ArtifactsReport,
     /// Persistent sessions: the live ones, running interpreters, disk, caps and idle timers.
     pub sessions: crate::session::SessionsReport,
+    /// The warm pool of pre-started sandboxes: size, how many are ready, what it served.
+    pub warm_pool: crate::PoolReport,
     /// Whether executions can run now; if not, `problems` says why.
     pub ready: bool,
     /// What stops executions, each with its fix.
@@ -266,6 +268,7 @@ impl Engine {
                 limits: crate::artifacts::limits_text(),
             },
             sessions: self.sessions.report(&config.data_dir),
+            warm_pool: self.pool_report(),
             ready: problems.is_empty(),
             problems,
         }

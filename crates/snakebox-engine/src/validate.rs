@@ -174,7 +174,7 @@ impl Engine {
         let run_dir = RunDir::create(
             &self.config.data_dir,
             &id,
-            script,
+            Some(script),
             sandbox.host_ids(snakebox_sandbox::Identity::Untrusted),
         )
         .map_err(|err| crate::ErrorInfo {

@@ -20,6 +20,7 @@ mod host;
 mod live;
 mod native;
 mod none;
+mod pending;
 mod scratch;
 mod supervise;
 
@@ -33,6 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::error::{CgroupError, NamespaceError, SandboxError, SeccompError, SpawnError};
 pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
+pub use crate::pending::PendingRun;
 pub use crate::scratch::{ScratchDir, release_stale_scratch};
 pub use crate::supervise::CONTROL_MAX_BYTES;
 
@@ -306,6 +308,24 @@ impl Sandbox {
         match &self.native {
             None => none::spawn(policy, command),
             Some(native) => native.spawn(policy, command),
+        }
+    }
+
+    /// Start a one-shot sandbox ahead of time (the engine's warm pool): the same isolation and
+    /// limits as [`Sandbox::run`], with the command's stdin a private pipe from which it reads
+    /// its one request. [`PendingRun::run`] sends the request and supervises the run like
+    /// [`Sandbox::run`] does, the wall-time limit counting from the request.
+    ///
+    /// # Errors
+    /// Like [`Sandbox::run`], when the sandbox cannot be set up or started.
+    pub fn prestart(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+    ) -> Result<PendingRun, SandboxError> {
+        match &self.native {
+            None => none::prestart(policy, command),
+            Some(native) => native.prestart(policy, command),
         }
     }
 

@@ -234,3 +234,25 @@ pub(crate) fn spawn(
         &policy.limits,
     )
 }
+
+/// Start a one-shot command without isolation that waits for its request (see
+/// [`crate::PendingRun`]).
+pub(crate) fn prestart(
+    policy: &Policy,
+    command: &SandboxCommand,
+) -> Result<crate::PendingRun, SandboxError> {
+    let Started {
+        child,
+        teardown,
+        control_read,
+        started: _,
+    } = start(policy, command, true)?;
+    Ok(crate::PendingRun::new(
+        child,
+        std::sync::Arc::new(teardown),
+        control_read,
+        None,
+        false,
+        &policy.limits,
+    ))
+}

@@ -99,6 +99,10 @@ pub struct EngineArgs {
     /// Do not build the default environment at start-up.
     #[arg(long, env = "SNAKEBOX_NO_WARM_CACHE")]
     pub no_warm_cache: bool,
+    /// Pre-started sandboxes kept ready per warm environment while serving (`0`: off)
+    /// [default: 2].
+    #[arg(long, env = "SNAKEBOX_WARM_POOL", value_name = "N")]
+    pub warm_pool: Option<usize>,
     /// Path to the uv binary [default: found on PATH, ~/.local/bin, or installed by pip].
     #[arg(long, env = "SNAKEBOX_UV_PATH", value_name = "PATH")]
     pub uv_path: Option<PathBuf>,
@@ -152,6 +156,10 @@ pub struct EngineArgs {
     /// Disk all sessions may use together (workspaces and packages) [default: 10GiB].
     #[arg(long, env = "SNAKEBOX_SESSIONS_MAX_DISK", value_name = "SIZE")]
     pub sessions_max_disk: Option<String>,
+    /// Session interpreters that may run at once; starting one more first stops the least
+    /// recently used idle one (files and packages stay) [default: 8].
+    #[arg(long, env = "SNAKEBOX_SESSION_MAX_INTERPRETERS", value_name = "N")]
+    pub session_max_interpreters: Option<usize>,
     /// Artifacts (files runs produced) are removed this many hours after their run
     /// [default: 24].
     #[arg(long, env = "SNAKEBOX_ARTIFACT_MAX_AGE_HOURS", value_name = "HOURS")]

@@ -52,7 +52,10 @@ pub(crate) async fn serve(args: &EngineArgs) -> anyhow::Result<ExitCode> {
             tokio::time::sleep(PRUNE_EVERY).await;
         }
     });
-    snakebox_server::serve_stdio(engine).await?;
+    tokio::spawn(Arc::clone(&engine).run_warm_pool());
+    let served = snakebox_server::serve_stdio(Arc::clone(&engine)).await;
+    engine.stop_warm_pool().await;
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -11,6 +11,9 @@ use snakebox_sandbox::BackendKind;
 
 use crate::cli::{BackendArg, EngineArgs, NetworkArg};
 
+/// Largest `--warm-pool`: every pooled sandbox is a waiting interpreter.
+const MAX_WARM_POOL: usize = 64;
+
 /// The config file: the same settings as the long flags, with `_` for `-`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -21,6 +24,7 @@ struct FileSettings {
     default_timeout: Option<u64>,
     max_output_bytes: Option<u64>,
     no_warm_cache: Option<bool>,
+    warm_pool: Option<usize>,
     uv_path: Option<PathBuf>,
     bwrap_path: Option<PathBuf>,
     data_dir: Option<PathBuf>,
@@ -38,6 +42,7 @@ struct FileSettings {
     session_idle_delete: Option<u64>,
     max_sessions: Option<usize>,
     sessions_max_disk: Option<SizeOrNumber>,
+    session_max_interpreters: Option<usize>,
     artifact_max_age_hours: Option<u64>,
     artifact_max_size: Option<SizeOrNumber>,
 }
@@ -140,6 +145,12 @@ pub(crate) fn resolve(args: &EngineArgs) -> anyhow::Result<EngineConfig> {
         config.max_output_bytes = bytes;
     }
     config.warm_cache = !(args.no_warm_cache || file.no_warm_cache.unwrap_or(false));
+    if let Some(size) = args.warm_pool.or(file.warm_pool) {
+        if size > MAX_WARM_POOL {
+            bail!("--warm-pool must be at most {MAX_WARM_POOL}, got `{size}`");
+        }
+        config.warm_pool = size;
+    }
     config.network = args.network.or(file.network) == Some(NetworkArg::On);
 
     let pick = |cli: &Option<String>, file: Option<SizeOrNumber>| {
@@ -198,6 +209,15 @@ pub(crate) fn resolve(args: &EngineArgs) -> anyhow::Result<EngineConfig> {
     if let Some(text) = pick(&args.sessions_max_disk, file.sessions_max_disk) {
         config.sessions.max_disk_bytes =
             parse_size(&text).with_context(|| "invalid --sessions-max-disk")?;
+    }
+    if let Some(count) = args
+        .session_max_interpreters
+        .or(file.session_max_interpreters)
+    {
+        if count == 0 {
+            bail!("--session-max-interpreters must be at least 1");
+        }
+        config.sessions.max_interpreters = count;
     }
     if let Some(hours) = args.artifact_max_age_hours.or(file.artifact_max_age_hours) {
         if hours == 0 {

@@ -41,6 +41,7 @@ use crate::child::{ChildPlan, StagedMount, Staging, memfd_with, pipe, raise_fd, 
 use crate::error::{NamespaceError, SandboxError, SeccompError, SpawnError};
 use crate::live::LiveSandbox;
 use crate::none::FD_SOURCE_MIN;
+use crate::pending::PendingRun;
 use crate::supervise::{Teardown, classify, supervise};
 use crate::{
     BackendKind, BackendReport, Identity, LimitReport, Limits, Outcome, OutputChunk, Policy,
@@ -548,6 +549,29 @@ impl NativeBackend {
             true,
             &policy.limits,
         )
+    }
+
+    /// Start a one-shot sandbox that waits for its request (see [`crate::PendingRun`]).
+    pub(crate) fn prestart(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+    ) -> Result<PendingRun, SandboxError> {
+        let Started {
+            child,
+            teardown,
+            control_read,
+            info_task,
+            started: _,
+        } = self.start(policy, command, true)?;
+        Ok(PendingRun::new(
+            child,
+            teardown,
+            control_read,
+            Some(info_task),
+            true,
+            &policy.limits,
+        ))
     }
 }
 

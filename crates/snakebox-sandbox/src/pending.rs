@@ -1,0 +1,177 @@
+//! Pre-started one-shot sandboxes (the engine's warm pool).
+//!
+//! A [`PendingRun`] is a sandbox started exactly like [`crate::Sandbox::run`] starts one (the
+//! same bwrap argument list, seccomp programs, staging, cgroup and rlimits), whose command
+//! waits for ONE request on its stdin, a private pipe from us. [`PendingRun::run`] sends the
+//! request, closes the pipe (the command sees end of file after it), and from then on the run
+//! is supervised exactly like a one-shot run: the wall-time limit starts when the request is
+//! sent, output is drained and capped the same way, the run ends when the direct child ends,
+//! and the whole tree is killed on timeout, cancellation or when the future is dropped.
+//!
+//! A pending run is used once. Dropping it unused kills its tree and frees its cgroup.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::SandboxError;
+use crate::supervise::{Teardown, classify, supervise};
+use crate::{Limits, Outcome, OutputChunk};
+
+/// A started sandbox waiting for its one request; see the module documentation.
+pub struct PendingRun {
+    child: Option<tokio::process::Child>,
+    teardown: Arc<dyn Teardown>,
+    control: Option<OwnedFd>,
+    info_task: Option<tokio::task::JoinHandle<()>>,
+    shell_style_signals: bool,
+    limits: Limits,
+    started: Instant,
+}
+
+impl std::fmt::Debug for PendingRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingRun")
+            .field(
+                "pid",
+                &self.child.as_ref().and_then(tokio::process::Child::id),
+            )
+            .field("age", &self.started.elapsed())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PendingRun {
+    pub(crate) fn new(
+        child: tokio::process::Child,
+        teardown: Arc<dyn Teardown>,
+        control: Option<OwnedFd>,
+        info_task: Option<tokio::task::JoinHandle<()>>,
+        shell_style_signals: bool,
+        limits: &Limits,
+    ) -> PendingRun {
+        PendingRun {
+            child: Some(child),
+            teardown,
+            control,
+            info_task,
+            shell_style_signals,
+            limits: limits.clone(),
+            started: Instant::now(),
+        }
+    }
+
+    /// Whether the command is still waiting (it did not exit or get killed meanwhile).
+    pub fn is_alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
+    /// How long ago it was started.
+    #[must_use]
+    pub fn age(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Kill the tree unused and wait until it is gone (then its cgroup is freed).
+    pub async fn discard(mut self) {
+        if let Some(mut child) = self.child.take() {
+            self.teardown.kill_all();
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            self.teardown.kill_all();
+        }
+    }
+
+    /// Send `request`, close the request pipe, and supervise the run to its end, exactly like
+    /// [`crate::Sandbox::run`]: `wall_time` counts from now; the whole tree is killed on
+    /// timeout or when `cancel` fires, and the output printed before is returned.
+    ///
+    /// # Errors
+    /// When waiting for the process fails.
+    pub async fn run(
+        mut self,
+        request: &[u8],
+        wall_time: Duration,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<Outcome, SandboxError> {
+        let Some(mut child) = self.child.take() else {
+            return Err(crate::error::SpawnError::Wait {
+                pid: 0,
+                source: std::io::ErrorKind::NotFound.into(),
+            }
+            .into());
+        };
+        let started = Instant::now();
+        if let Some(mut stdin) = child.stdin.take() {
+            // A command that died makes the write fail; supervision then sees it exit.
+            if let Err(err) = async {
+                stdin.write_all(request).await?;
+                stdin.flush().await
+            }
+            .await
+            {
+                tracing::debug!(%err, "could not send the request to a pre-started sandbox");
+            }
+            drop(stdin);
+        }
+        let mut limits = self.limits.clone();
+        limits.wall_time = wall_time;
+        let raw = supervise(
+            child,
+            self.control.take(),
+            &limits,
+            cancel,
+            output,
+            self.teardown.as_ref(),
+            started,
+        )
+        .await;
+        if let Some(task) = self.info_task.take() {
+            task.abort();
+        }
+        let memory_hit = self.teardown.memory_exceeded();
+        let raw = raw?;
+        self.teardown.release();
+        let ending = classify(&raw, &limits, self.shell_style_signals, memory_hit);
+        Ok(Outcome {
+            exit_code: ending.exit_code,
+            signal: ending.signal,
+            termination: ending.termination,
+            stdout: raw.stdout,
+            stderr: raw.stderr,
+            control: raw.control,
+            duration: raw.duration,
+        })
+    }
+}
+
+impl Drop for PendingRun {
+    fn drop(&mut self) {
+        if let Some(task) = self.info_task.take() {
+            task.abort();
+        }
+        if let Some(mut child) = self.child.take() {
+            // Never used: nothing of it may outlive it. Its cgroup can only be removed once
+            // the tree is gone, so that waits in the background when a runtime is there.
+            self.teardown.kill_all();
+            let _ = child.start_kill();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let teardown = Arc::clone(&self.teardown);
+                runtime.spawn(async move {
+                    let _ = child.wait().await;
+                    teardown.kill_all();
+                    teardown.release();
+                });
+                return;
+            }
+        }
+        self.teardown.release();
+    }
+}
