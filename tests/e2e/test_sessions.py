@@ -207,6 +207,25 @@ async def test_check_environment_lists_sessions(client):
     assert session not in {s["session_id"] for s in data["sessions"]["sessions"]}
 
 
+async def test_least_recently_used_interpreter_is_stopped_at_the_cap(snakebox_bin: Path, tmp_path: Path, mode: str):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    data_dir.chmod(0o755)
+    async with connect(snakebox_bin, data_dir, mode, "--session-max-interpreters", "1") as client:
+        a = await create(client)
+        b = await create(client)
+        await run(client, a, "x = 'a'\nopen('kept.txt', 'w').write('a')")
+        await run(client, b, "y = 'b'")
+        data, _, _ = await call(client, "check_environment")
+        assert data["sessions"]["max_running_interpreters"] == 1
+        assert data["sessions"]["running_interpreters"] == 1
+        # A's interpreter was stopped to start B's: variables gone (and said so), files kept.
+        data, text, _ = await run(client, a, "open('kept.txt').read(), 'x' in globals()")
+        assert data["fresh_interpreter"] is True, text
+        assert data["result"]["json"] == ["a", False]
+        assert any("make room" in note for note in data["notes"]), data["notes"]
+
+
 async def test_session_a_cannot_see_session_b(client, data_dir: Path):
     a = await create(client, name="a")
     b = await create(client, name="b")

@@ -190,6 +190,7 @@ impl Engine {
                     state.lost = Some("the interpreter exited between calls".into());
                 }
             }
+            manager.make_room(&row.id).await;
             match self.start_interpreter(manager, &row.id, &interpreter) {
                 Ok(live) => {
                     state.interpreter = Some(live);

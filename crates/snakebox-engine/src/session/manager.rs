@@ -77,6 +77,7 @@ impl Sessions {
             count: 0,
             max_sessions: defaults.max_sessions,
             running_interpreters: 0,
+            max_running_interpreters: defaults.max_interpreters,
             used_disk_bytes: 0,
             max_disk_bytes: defaults.max_disk_bytes,
             idle_stop_seconds: defaults.idle_stop.as_secs(),
@@ -94,6 +95,7 @@ impl Sessions {
         let settings = &manager.settings;
         report.max_sessions = settings.max_sessions;
         report.max_disk_bytes = settings.max_disk_bytes;
+        report.max_running_interpreters = settings.max_interpreters;
         report.idle_stop_seconds = settings.idle_stop.as_secs();
         report.idle_delete_seconds = settings.idle_delete.as_secs();
         let rows = match manager.store.list() {
@@ -252,6 +254,53 @@ impl Manager {
                 (id.clone(), running)
             })
             .collect()
+    }
+
+    /// Before `starting` starts an interpreter: stop the least recently used idle ones until
+    /// one more stays within `max_interpreters`. A busy session (a call or an install holds
+    /// it) is counted but never stopped; the run slots bound those.
+    pub(super) async fn make_room(&self, starting: &str) {
+        let max = self.settings.max_interpreters.max(1);
+        let slots: Vec<(String, Arc<Slot>)> = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|(id, _)| id.as_str() != starting)
+            .map(|(id, slot)| (id.clone(), Arc::clone(slot)))
+            .collect();
+        let mut running = 0usize;
+        let mut idle = Vec::new();
+        for (id, slot) in slots {
+            match slot.state.try_lock() {
+                Ok(mut state) => {
+                    if state
+                        .interpreter
+                        .as_mut()
+                        .is_some_and(LiveSandbox::is_alive)
+                    {
+                        running += 1;
+                        idle.push((slot.last_used.load(Ordering::Relaxed), id, slot.clone()));
+                    }
+                }
+                Err(_) => running += 1,
+            }
+        }
+        idle.sort_by_key(|(used, _, _)| *used);
+        for (_, id, slot) in idle {
+            if running < max {
+                break;
+            }
+            if let Ok(mut state) = slot.state.try_lock() {
+                state
+                    .stop(&format!(
+                        "its interpreter was stopped to make room for another session's (at most {max} run at once; the least recently used idle one is stopped)"
+                    ))
+                    .await;
+                running -= 1;
+                tracing::info!(session = %id, "stopped the least recently used interpreter");
+            }
+        }
     }
 
     pub(super) fn forget(&self, id: &str) {

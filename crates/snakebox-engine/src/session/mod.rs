@@ -79,6 +79,9 @@ pub struct SessionSettings {
     pub max_sessions: usize,
     /// Total bytes of all sessions' workspaces and environments.
     pub max_disk_bytes: u64,
+    /// Interpreters that may run at once: starting one more first stops the least recently
+    /// used idle one (its variables are lost; the next call says so).
+    pub max_interpreters: usize,
 }
 
 impl Default for SessionSettings {
@@ -88,6 +91,7 @@ impl Default for SessionSettings {
             idle_delete: Duration::from_secs(7 * 24 * 3600),
             max_sessions: 32,
             max_disk_bytes: 10 * 1024 * 1024 * 1024,
+            max_interpreters: 8,
         }
     }
 }
@@ -264,6 +268,8 @@ pub struct SessionsReport {
     pub max_sessions: usize,
     /// Interpreters running now (variables are kept only while they run).
     pub running_interpreters: usize,
+    /// How many may run at once (the least recently used idle one is stopped past that).
+    pub max_running_interpreters: usize,
     /// Bytes the sessions use together (as last measured).
     pub used_disk_bytes: u64,
     /// Bytes they may use together.
