@@ -205,6 +205,49 @@ fn print_report(report: &EnvironmentReport) {
         report.cache.location, report.cache.environments, report.cache.size_bytes
     );
     println!("           {}", report.cache.retention);
+    let pool = &report.warm_pool;
+    if pool.size == 0 {
+        println!("warm pool: off");
+    } else if pool.active {
+        println!(
+            "warm pool: {} ready of {} ({} served warm, {} cold starts)",
+            pool.ready, pool.size, pool.served, pool.cold_starts
+        );
+    } else {
+        println!(
+            "warm pool: {} sandboxes (started by `snakebox serve`)",
+            pool.size
+        );
+    }
+    if let Some(error) = &pool.last_error {
+        println!("           last error: {error}");
+    }
+    let sessions = &report.sessions;
+    if sessions.available {
+        println!(
+            "sessions:  {} of {} ({} interpreters running of {}; {} of {} bytes of disk) in {}",
+            sessions.count,
+            sessions.max_sessions,
+            sessions.running_interpreters,
+            sessions.max_running_interpreters,
+            sessions.used_disk_bytes,
+            sessions.max_disk_bytes,
+            sessions.location
+        );
+        println!(
+            "           idle interpreters stop after {} s; idle sessions are deleted after {} s",
+            sessions.idle_stop_seconds, sessions.idle_delete_seconds
+        );
+    } else {
+        println!(
+            "sessions:  unavailable{}",
+            sessions
+                .problem
+                .as_deref()
+                .map(|p| format!(" ({p})"))
+                .unwrap_or_default()
+        );
+    }
     println!("artifacts: {}", report.artifacts.location);
     println!("           {}", report.artifacts.retention);
     if report.ready {
