@@ -185,7 +185,9 @@ impl Engine {
         let collected = self
             .collect_rich(&execution_id, &run_dir.work, baseline, control)
             .await;
-        drop(run_dir);
+        // The run is over and its files are collected: unmounting and removing the run
+        // directory need not hold up the reply.
+        tokio::task::spawn_blocking(move || drop(run_dir));
 
         let outcome = match outcome {
             Ok(outcome) => outcome,

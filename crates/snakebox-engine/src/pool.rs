@@ -54,6 +54,9 @@ struct Target {
 /// A started sandbox waiting for its run.
 pub(crate) struct Warm {
     key: Key,
+    /// The environment directory's (device, inode) when the sandbox mounted it: a set that
+    /// was re-resolved since (renamed into place anew) must not be run from the old one.
+    root: Option<(u64, u64)>,
     pub(crate) run_dir: RunDir,
     pub(crate) pending: PendingRun,
 }
@@ -142,7 +145,12 @@ impl WarmPool {
         };
         let (taken, discarded) = {
             let mut inner = self.lock();
-            if is_default && inner.default.is_none() {
+            if is_default
+                && inner
+                    .default
+                    .as_ref()
+                    .is_none_or(|default| default.key == key)
+            {
                 inner.default = Some(Target {
                     key: key.clone(),
                     environment: environment.clone(),
@@ -177,9 +185,10 @@ impl WarmPool {
                 }
             }
             let mut taken = None;
+            let root = dir_id(&environment.root);
             while let Some(at) = inner.ready.iter().position(|w| w.key == key) {
                 let mut warm = inner.ready.remove(at);
-                if warm.pending.is_alive() {
+                if warm.root.is_some() && warm.root == root && warm.pending.is_alive() {
                     taken = Some(warm);
                     break;
                 }
@@ -322,13 +331,21 @@ impl Engine {
             target.key.network,
             true,
         );
+        let root = dir_id(&target.environment.root);
         let pending = sandbox
             .prestart(&policy, &command)
             .map_err(|err| crate::describe(&err))?;
         Ok(Warm {
             key: target.key.clone(),
+            root,
             run_dir,
             pending,
         })
     }
+}
+
+/// A directory's (device, inode).
+fn dir_id(path: &std::path::Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }

@@ -31,6 +31,8 @@ pub struct PendingRun {
     shell_style_signals: bool,
     limits: Limits,
     started: Instant,
+    /// The cgroup's release was handed to a background task.
+    released: bool,
 }
 
 impl std::fmt::Debug for PendingRun {
@@ -62,6 +64,7 @@ impl PendingRun {
             shell_style_signals,
             limits: limits.clone(),
             started: Instant::now(),
+            released: false,
         }
     }
 
@@ -138,7 +141,11 @@ impl PendingRun {
         }
         let memory_hit = self.teardown.memory_exceeded();
         let raw = raw?;
-        self.teardown.release();
+        // Everything of the run is dead (supervision swept twice); removing its cgroup need
+        // not hold up the result.
+        let teardown = Arc::clone(&self.teardown);
+        tokio::task::spawn_blocking(move || teardown.release());
+        self.released = true;
         let ending = classify(&raw, &limits, self.shell_style_signals, memory_hit);
         Ok(Outcome {
             exit_code: ending.exit_code,
@@ -172,6 +179,8 @@ impl Drop for PendingRun {
                 return;
             }
         }
-        self.teardown.release();
+        if !self.released {
+            self.teardown.release();
+        }
     }
 }
