@@ -459,7 +459,7 @@ impl Engine {
             dest: PathBuf::from(SANDBOX_WORK_DIR),
             writable: true,
         });
-        let env = run_environment(environment, &work, &tmp);
+        let env = run_environment(&environment.root, &work, &tmp);
         let policy = Policy {
             mounts,
             network,
@@ -502,15 +502,16 @@ impl Engine {
     }
 }
 
-/// The complete environment of a run: nothing is inherited from the server.
-fn run_environment(environment: &Environment, work: &Path, tmp: &Path) -> Vec<(String, String)> {
-    let env_bin = environment.root.join("bin");
+/// The complete environment of a run (one-shot or session) using the virtual environment at
+/// `venv`: nothing is inherited from the server.
+pub(crate) fn run_environment(venv: &Path, work: &Path, tmp: &Path) -> Vec<(String, String)> {
+    let env_bin = venv.join("bin");
     vec![
         (
             "PATH".into(),
             format!("{}:/usr/local/bin:/usr/bin:/bin", env_bin.display()),
         ),
-        ("VIRTUAL_ENV".into(), environment.root.display().to_string()),
+        ("VIRTUAL_ENV".into(), venv.display().to_string()),
         ("HOME".into(), work.display().to_string()),
         ("TMPDIR".into(), tmp.display().to_string()),
         ("LANG".into(), "C.UTF-8".into()),

@@ -833,23 +833,8 @@ impl EnvCache {
         interpreter: &Interpreter,
         network: bool,
     ) -> Result<crate::uv::UvOutput, EnvError> {
-        let mut read_only = vec![self.uv.dir().to_path_buf(), interpreter.prefix.clone()];
-        if let Some(bin) = interpreter.executable.parent()
-            && !bin.starts_with(&interpreter.prefix)
-        {
-            read_only.push(bin.to_path_buf());
-        }
-        if network {
-            // The sandbox's system view has /etc/ssl/certs and, with network, the resolver
-            // files; certificate bundles configured elsewhere must be mounted here.
-            read_only.extend(
-                ["SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"]
-                    .iter()
-                    .filter_map(|name| self.uv_env.get(name))
-                    .map(PathBuf::from)
-                    .filter(|path| !path.starts_with("/etc/ssl") && path.exists()),
-            );
-        }
+        let read_only =
+            crate::uv::install_read_only_paths(&self.uv, interpreter, &self.uv_env, network);
         let invocation = UvInvocation {
             program: self.uv.path.clone(),
             args,

@@ -27,4 +27,7 @@ pub use cache::{
 pub use env_vars::{EnvVars, UvEnvironment};
 pub use error::{EnvError, UvStderr};
 pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
-pub use uv::{DirectUvRunner, IntoUvRunner, Uv, UvInvocation, UvOutput, UvRunFuture, UvRunner};
+pub use uv::{
+    DirectUvRunner, IntoUvRunner, Uv, UvInvocation, UvOutput, UvRunFuture, UvRunner,
+    install_read_only_paths,
+};

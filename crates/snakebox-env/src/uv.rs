@@ -375,6 +375,35 @@ async fn run_direct(invocation: &UvInvocation) -> Result<UvOutput, EnvError> {
     }
 }
 
+/// The read-only paths an install sandbox needs besides the system view: uv's directory, the
+/// interpreter (its prefix, and its `bin` directory when that lies elsewhere) and, with network,
+/// certificate bundles configured outside `/etc/ssl` (the sandbox's view has `/etc/ssl/certs`
+/// and, with network, the resolver files).
+#[must_use]
+pub fn install_read_only_paths(
+    uv: &Uv,
+    interpreter: &crate::Interpreter,
+    uv_env: &crate::UvEnvironment,
+    network: bool,
+) -> Vec<PathBuf> {
+    let mut read_only = vec![uv.dir().to_path_buf(), interpreter.prefix.clone()];
+    if let Some(bin) = interpreter.executable.parent()
+        && !bin.starts_with(&interpreter.prefix)
+    {
+        read_only.push(bin.to_path_buf());
+    }
+    if network {
+        read_only.extend(
+            ["SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"]
+                .iter()
+                .filter_map(|name| uv_env.get(name))
+                .map(PathBuf::from)
+                .filter(|path| !path.starts_with("/etc/ssl") && path.exists()),
+        );
+    }
+    read_only
+}
+
 impl UvInvocation {
     /// The sandbox policy of this invocation (pure, so it can be read and tested): every
     /// read-only and writable path mounted at its own path, network as asked, the invocation's

@@ -44,21 +44,12 @@ impl Installer {
         network: bool,
         progress: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<(Vec<u8>, String), ErrorInfo> {
-        let mut read_only = vec![self.uv.dir().to_path_buf(), self.interpreter.prefix.clone()];
-        if let Some(bin) = self.interpreter.executable.parent()
-            && !bin.starts_with(&self.interpreter.prefix)
-        {
-            read_only.push(bin.to_path_buf());
-        }
-        if network {
-            read_only.extend(
-                ["SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE"]
-                    .iter()
-                    .filter_map(|name| self.uv_env.get(name))
-                    .map(PathBuf::from)
-                    .filter(|path| !path.starts_with("/etc/ssl") && path.exists()),
-            );
-        }
+        let read_only = snakebox_env::install_read_only_paths(
+            &self.uv,
+            &self.interpreter,
+            &self.uv_env,
+            network,
+        );
         let invocation = UvInvocation {
             program: self.uv.path.clone(),
             args,

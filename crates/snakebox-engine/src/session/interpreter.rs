@@ -408,22 +408,7 @@ impl Engine {
             dest: PathBuf::from(SANDBOX_WORK_DIR),
             writable: true,
         });
-        let bin = paths.venv.join("bin");
-        let env = vec![
-            (
-                "PATH".into(),
-                format!("{}:/usr/local/bin:/usr/bin:/bin", bin.display()),
-            ),
-            ("VIRTUAL_ENV".into(), paths.venv.display().to_string()),
-            ("HOME".into(), work.display().to_string()),
-            ("TMPDIR".into(), tmp.display().to_string()),
-            ("LANG".into(), "C.UTF-8".into()),
-            ("LC_ALL".into(), "C.UTF-8".into()),
-            ("PYTHONUNBUFFERED".into(), "1".into()),
-            ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
-            ("PYTHONIOENCODING".into(), "utf-8".into()),
-            ("MPLBACKEND".into(), "Agg".into()),
-        ];
+        let env = crate::execute::run_environment(&paths.venv, &work, &tmp);
         let mut limits = self.limits(timeout);
         // RLIMIT_CPU counts a process's whole life: for an interpreter that lives across
         // calls it would be a budget for the session, not a limit per call. Wall time per
