@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rmcp::handler::server::common::schema_for_output;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ProgressNotificationParam};
+use rmcp::model::CallToolResult;
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
@@ -19,9 +19,8 @@ use snakebox_engine::{
     CreateSession, ErrorInfo, ExecutionResult, FileContent, FileList, FileWritten, InstallState,
     InstallStatus, PackageList, SessionInfo, SessionList,
 };
-use snakebox_sandbox::OutputChunk;
 
-use crate::tools::{SnakeboxServer, execution_result, structured};
+use crate::tools::{SnakeboxServer, execution_result, progress, structured};
 
 /// How long `install_packages` waits by default before answering "still running".
 const DEFAULT_INSTALL_WAIT: Duration = Duration::from_secs(50);
@@ -154,32 +153,6 @@ fn seconds(value: Option<f64>) -> Option<i64> {
         Some(value) if value.is_finite() => Some(value.ceil() as i64),
         Some(_) => Some(-1),
     }
-}
-
-/// Progress notifications for the request, when the client asked for them.
-fn progress(
-    context: &RequestContext<RoleServer>,
-) -> (
-    Option<tokio::sync::mpsc::UnboundedSender<OutputChunk>>,
-    Option<tokio::task::JoinHandle<()>>,
-) {
-    let Some(token) = context.meta.get_progress_token() else {
-        return (None, None);
-    };
-    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<OutputChunk>();
-    let peer = context.peer.clone();
-    let forwarder = tokio::spawn(async move {
-        let mut count = 0.0_f64;
-        while let Some(chunk) = receiver.recv().await {
-            count += 1.0;
-            let mut param = ProgressNotificationParam::new(token.clone(), count);
-            param.message = Some(chunk.text);
-            if peer.notify_progress(param).await.is_err() {
-                break;
-            }
-        }
-    });
-    (Some(sender), Some(forwarder))
 }
 
 fn session_text(info: &SessionInfo) -> String {

@@ -171,26 +171,7 @@ progress token; cancelling the request kills the run at once. Limits: timeout_se
                 .collect(),
             network: params.network,
         };
-        let progress = context.meta.get_progress_token().map(|token| {
-            let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<OutputChunk>();
-            let peer = context.peer.clone();
-            let forwarder = tokio::spawn(async move {
-                let mut count = 0.0_f64;
-                while let Some(chunk) = receiver.recv().await {
-                    count += 1.0;
-                    let mut param = ProgressNotificationParam::new(token.clone(), count);
-                    param.message = Some(chunk.text);
-                    if peer.notify_progress(param).await.is_err() {
-                        break;
-                    }
-                }
-            });
-            (sender, forwarder)
-        });
-        let (sender, forwarder) = match progress {
-            Some((sender, forwarder)) => (Some(sender), Some(forwarder)),
-            None => (None, None),
-        };
+        let (sender, forwarder) = progress(&context);
         let result = match params.session_id {
             Some(session_id) => {
                 self.engine
@@ -401,4 +382,30 @@ fn validation_text(validation: &Validation) -> String {
 
 fn report_text(report: &EnvironmentReport) -> String {
     serde_json::to_string_pretty(report).unwrap_or_default()
+}
+
+/// Progress notifications for the request, when the client asked for them.
+pub(crate) fn progress(
+    context: &RequestContext<RoleServer>,
+) -> (
+    Option<tokio::sync::mpsc::UnboundedSender<OutputChunk>>,
+    Option<tokio::task::JoinHandle<()>>,
+) {
+    let Some(token) = context.meta.get_progress_token() else {
+        return (None, None);
+    };
+    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<OutputChunk>();
+    let peer = context.peer.clone();
+    let forwarder = tokio::spawn(async move {
+        let mut count = 0.0_f64;
+        while let Some(chunk) = receiver.recv().await {
+            count += 1.0;
+            let mut param = ProgressNotificationParam::new(token.clone(), count);
+            param.message = Some(chunk.text);
+            if peer.notify_progress(param).await.is_err() {
+                break;
+            }
+        }
+    });
+    (Some(sender), Some(forwarder))
 }
