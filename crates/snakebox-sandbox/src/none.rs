@@ -20,7 +20,7 @@ use crate::child::{ChildPlan, pipe, raise_fd, rlimits_for};
 use crate::error::{SandboxError, SpawnError};
 use crate::host::{RealHost, kill_tree};
 use crate::live::LiveSandbox;
-use crate::supervise::{Teardown, classify, supervise};
+use crate::supervise::{Teardown, outcome, supervise};
 use crate::{LimitReport, Limits, Outcome, OutputChunk, Policy, SandboxCommand};
 
 /// Descriptors handed to the child are first moved at least this high, above every target.
@@ -202,16 +202,7 @@ pub(crate) async fn run(
         started,
     )
     .await?;
-    let ending = classify(&raw, limits, false, teardown.memory_exceeded());
-    Ok(Outcome {
-        exit_code: ending.exit_code,
-        signal: ending.signal,
-        termination: ending.termination,
-        stdout: raw.stdout,
-        stderr: raw.stderr,
-        control: raw.control,
-        duration: raw.duration,
-    })
+    Ok(outcome(raw, limits, false, teardown.memory_exceeded()))
 }
 
 /// Start a long-lived command without isolation (see [`crate::LiveSandbox`]).

@@ -19,7 +19,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::SandboxError;
-use crate::supervise::{Teardown, classify, supervise};
+use crate::supervise::{Teardown, outcome, supervise};
 use crate::{Limits, Outcome, OutputChunk};
 
 /// A started sandbox waiting for its one request; see the module documentation.
@@ -146,16 +146,7 @@ impl PendingRun {
         let teardown = Arc::clone(&self.teardown);
         tokio::task::spawn_blocking(move || teardown.release());
         self.released = true;
-        let ending = classify(&raw, &limits, self.shell_style_signals, memory_hit);
-        Ok(Outcome {
-            exit_code: ending.exit_code,
-            signal: ending.signal,
-            termination: ending.termination,
-            stdout: raw.stdout,
-            stderr: raw.stderr,
-            control: raw.control,
-            duration: raw.duration,
-        })
+        Ok(outcome(raw, &limits, self.shell_style_signals, memory_hit))
     }
 }
 

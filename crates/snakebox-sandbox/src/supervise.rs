@@ -240,6 +240,25 @@ pub(crate) struct Ending {
     pub(crate) termination: Termination,
 }
 
+/// The outcome of a finished run: what the supervisor captured, classified (see [`classify`]).
+pub(crate) fn outcome(
+    run: RawRun,
+    limits: &Limits,
+    shell_style_signals: bool,
+    memory_hit: bool,
+) -> crate::Outcome {
+    let ending = classify(&run, limits, shell_style_signals, memory_hit);
+    crate::Outcome {
+        exit_code: ending.exit_code,
+        signal: ending.signal,
+        termination: ending.termination,
+        stdout: run.stdout,
+        stderr: run.stderr,
+        control: run.control,
+        duration: run.duration,
+    }
+}
+
 /// Classify a run. `shell_style_signals`: the direct child reports a signal death of the
 /// command as exit code `128 + signal` (bwrap does). `memory_hit`: the cgroup counted an OOM.
 pub(crate) fn classify(

@@ -42,7 +42,7 @@ use crate::error::{NamespaceError, SandboxError, SeccompError, SpawnError};
 use crate::live::LiveSandbox;
 use crate::none::FD_SOURCE_MIN;
 use crate::pending::PendingRun;
-use crate::supervise::{Teardown, classify, supervise};
+use crate::supervise::{Teardown, outcome, supervise};
 use crate::{
     BackendKind, BackendReport, Identity, LimitReport, Limits, Outcome, OutputChunk, Policy,
     SandboxCommand, SandboxConfig,
@@ -516,16 +516,7 @@ impl NativeBackend {
         let memory_hit = teardown.memory_exceeded();
         let raw = raw?;
         teardown.release();
-        let ending = classify(&raw, &policy.limits, true, memory_hit);
-        Ok(Outcome {
-            exit_code: ending.exit_code,
-            signal: ending.signal,
-            termination: ending.termination,
-            stdout: raw.stdout,
-            stderr: raw.stderr,
-            control: raw.control,
-            duration: raw.duration,
-        })
+        Ok(outcome(raw, &policy.limits, true, memory_hit))
     }
 
     /// Start a long-lived sandbox (see [`crate::LiveSandbox`]).
