@@ -4,8 +4,9 @@ outside (canaries, host listeners, a run marker in host /proc, host files).
 
 Every test asserts both that the run really happened (the script's start token and results are
 in stdout, the status is the expected one) and that the attack was denied. Escape attempts run
-in a forked child inside the script. Cases that need sessions (which do not exist yet) or a kernel
-feature this host lacks are skipped with the reason. A case where the sandbox really lets the
+in a forked child inside the script. Session cases (F-07 persistent workspace, J-01/J-02/J-04/J-05,
+U-03, I-01 across `create_session` interpreters) run against live sessions; cases that need a
+kernel feature this host lacks are skipped with the reason. A case where the sandbox really lets the
 attack through is marked `xfail(strict=True, reason="GAP: ...")` and listed in SECURITY.md, so it
 turns red when the gap is closed.
 
@@ -21,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any, AsyncIterator
@@ -31,6 +33,7 @@ import pytest
 from attacks_support import (
     Canaries,
     ProcWatch,
+    assert_no_leak,
     attack,
     host_abi_probe,
     kernel_config,
@@ -812,9 +815,163 @@ async def test_F07_symlinks_planted_in_the_workdir_do_not_steer_host_cleanup(sna
     assert sorted(os.listdir(protected)) == ["keep"] and (protected / "keep").read_text() == "precious"
 
 
-@pytest.mark.skip(reason="F-07 session variant: persistent workspaces (sessions) do not exist yet")
-async def test_F07_session_workspace_symlink_ambush():
-    pass
+async def new_session(client: Any, **arguments: Any) -> str:
+    data, text, is_error = await call(client, "create_session", **arguments)
+    assert not is_error and data["session_id"].startswith("s-"), text
+    return data["session_id"]
+
+
+def tree_state(root: Path) -> dict[str, Any]:
+    """Every entry under `root` with its type, owner, mode and content (links not followed)."""
+    state: dict[str, Any] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in [".", *dirnames, *filenames]:
+            p = Path(dirpath) / name
+            st = os.lstat(p)
+            content = p.read_bytes() if p.is_file() and not p.is_symlink() else None
+            state[str(p.relative_to(root))] = (st.st_mode, st.st_uid, st.st_gid, content)
+    return state
+
+
+def kill_server(data_dir: Path) -> None:
+    pid = find_server(data_dir)
+    os.kill(pid, 9)
+    for _ in range(100):
+        if not Path(f"/proc/{pid}").exists():
+            break
+        time.sleep(0.05)
+
+
+async def test_F07_session_workspace_symlink_ambush(snakebox_bin, canaries, tmp_path):
+    """F-07, persistent workspace: links planted by session code in /work never steer the file
+    tools, input files, a server restart, `reset_session` or `delete_session` outside it."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    data_dir.chmod(0o755)
+    protected = tmp_path / "protected"
+    protected.mkdir()
+    secret = f"f07-protected-{os.urandom(6).hex()}"
+    (protected / "keep").write_text(secret)
+    (protected / "sub").mkdir()
+    (protected / "sub" / "deep").write_text(secret + "-deep")
+    for p in (protected, protected / "sub"):
+        p.chmod(0o777)
+    (protected / "keep").chmod(0o666)
+    before = tree_state(protected)
+    etc_before = sorted(os.listdir("/etc"))
+    passwd = Path("/etc/passwd").read_bytes()
+    hidden = [secret, "root:x:0:0", Path("/etc/hostname").read_text().strip() or "unlikely"]
+
+    def clean(data: Any, text: str) -> None:
+        blob = json.dumps(data) + text
+        leaked = [h for h in hidden + canaries.values if h in blob]
+        assert not leaked, f"host content reached the caller: {leaked}"
+
+    plant = """
+    made = {}
+    import shutil
+    def link(target, name):
+        try:
+            if os.path.isdir(name) and not os.path.islink(name):
+                shutil.rmtree(name)
+            elif os.path.lexists(name):
+                os.unlink(name)
+            os.symlink(target, name); made[name] = target
+        except OSError as e:
+            made[name] = e.errno
+    os.makedirs("real", exist_ok=True)
+    for name, target in {
+        "etc": "/etc", "root": "/root", "passwd": "/etc/passwd", "prot": P["protected"],
+        "protkeep": P["protected"] + "/keep", "data": P["data"], "other": P["other"],
+        "up": "../" * 12, "upetc": "../" * 12 + "etc", "upprot": "../" * 12 + P["protected"].lstrip("/"),
+        "loop": "loop", "loopa": "loopb", "loopb": "loopa", "real/link": P["protected"],
+        "real/up": "../../../../../../../../etc", ".venv": P["protected"], ".cache": P["protected"],
+        "tmp": P["protected"], "out": P["protected"], "input": P["protected"],
+    }.items():
+        link(target, name)
+    link(P["protected"], "subdir_link")
+    report(made=made, listing=sorted(os.listdir(".")))
+    """
+    async with server(snakebox_bin, data_dir, canaries) as client:
+        a = await new_session(client, name="ambusher")
+        b = await new_session(client, name="bystander")
+        data, text, _ = await call(client, "write_file", session_id=b, path="b-secret.txt", content=secret + "-b")
+        other = data_dir / "sessions-v1" / b / "work"
+        assert (other / "b-secret.txt").read_text() == secret + "-b", "proof that B's workspace is where we think"
+        hidden.append(secret + "-b")
+        params = {"protected": str(protected), "data": str(data_dir), "other": str(other)}
+        run = await attack(client, canaries, plant, marker=False, session_id=a, params=params)
+        assert run["made"]["prot"] == str(protected) and "subdir_link" in run["listing"], "the links were not planted"
+        clean(run.data, run.text)
+        for artifact in run.data.get("artifacts", []):
+            contents = (await client.read_resource(artifact["uri"])).contents
+            clean([getattr(c, "text", None) or getattr(c, "blob", None) for c in contents], "")
+        work = data_dir / "sessions-v1" / a / "work"
+        assert os.readlink(work / "prot") == str(protected), "proof from outside: the link is in A's host workspace"
+
+        names = ["etc", "root", "passwd", "prot", "protkeep", "data", "other", "up", "upetc", "upprot", "loop",
+                 "loopa", "real/link", "real/up", "subdir_link", ".venv", ".cache", "tmp", "out", "input"]
+        inside = ["", "/keep", "/passwd", "/hostname", "/sub/deep", "/b-secret.txt", "/etc/passwd", "/sessions-v1"]
+        ambushes = 0
+        # 1. read_file / list_files on every link and through it.
+        for name in names:
+            for suffix in inside:
+                data, text, is_error = await call(client, "read_file", session_id=a, path=name + suffix)
+                clean(data, text)
+                assert is_error, f"read_file followed {name + suffix}: {text[:200]}"
+                ambushes += 1
+            data, text, is_error = await call(client, "list_files", session_id=a, path=name)
+            clean(data, text)
+            assert is_error or not data.get("entries"), f"list_files listed through {name}: {text[:300]}"
+        data, text, is_error = await call(client, "list_files", session_id=a, depth=10)
+        assert not is_error, text
+        clean(data, text)
+        listed = {e["path"]: e for e in data["entries"]}
+        assert "prot" in listed and not any(p.startswith(("prot/", "subdir_link/", "etc/", "other/")) for p in listed), listed
+        # 2. write_file on the links and through them.
+        for name in names:
+            for suffix in ["", "/pwned", "/keep", "/sub/deep"]:
+                data, text, is_error = await call(client, "write_file", session_id=a, path=name + suffix, content="PWNED")
+                clean(data, text)
+        # 3. Input files of a session call aimed at the links.
+        for name in ["prot/evil", "protkeep", "subdir_link/keep", "real/link/x", "etc/sbx-pwned", "other/b-secret.txt", "upprot/keep"]:
+            data, text, _ = await call(client, "execute_python", session_id=a, script="print('inputs')",
+                                       files=[{"path": name, "content": "PWNED"}])
+            clean(data, text)
+        assert tree_state(protected) == before, "the protected host directory changed (file tools)"
+        assert (other / "b-secret.txt").read_text() == secret + "-b"
+        assert sorted(os.listdir("/etc")) == etc_before and Path("/etc/passwd").read_bytes() == passwd
+        # Re-plant whatever the tools replaced, then restart the server (kill -9).
+        run = await attack(client, canaries, plant, marker=False, session_id=a, params=params)
+        kill_server(data_dir)
+    async with server(snakebox_bin, data_dir, canaries) as client:
+        data, text, is_error = await call(client, "list_sessions")
+        assert a in {s["session_id"] for s in data["sessions"]}, text
+        data, text, _ = await call(client, "list_files", session_id=a, depth=10)
+        clean(data, text)
+        run = await attack(client, canaries, "report(listing=sorted(os.listdir('.')), fresh=True)\n", marker=False, session_id=a)
+        assert run.data["fresh_interpreter"] is True and "prot" in run["listing"]
+        clean(run.data, run.text)
+        for name in ["protkeep", "prot/keep", "subdir_link/sub/deep"]:
+            data, text, is_error = await call(client, "read_file", session_id=a, path=name)
+            clean(data, text)
+            assert is_error, name
+        assert tree_state(protected) == before, "the protected host directory changed (restart)"
+        # reset_session and delete_session remove the workspace without following its links.
+        data, text, is_error = await call(client, "reset_session", session_id=a)
+        assert not is_error, text
+        assert tree_state(protected) == before, "reset_session followed a link"
+        assert not (work / "prot").exists() and not os.path.islink(work / "prot")
+        run = await attack(client, canaries, plant, marker=False, session_id=a, params=params)
+        data, text, is_error = await call(client, "delete_session", session_id=a)
+        assert not is_error, text
+        assert not os.path.lexists(work)
+        assert tree_state(protected) == before, "delete_session followed a link"
+        assert (other / "b-secret.txt").read_text() == secret + "-b"
+        assert sorted(os.listdir("/etc")) == etc_before and Path("/etc/passwd").read_bytes() == passwd
+        await call(client, "delete_session", session_id=b)
+        await alive(client)
+    assert ambushes > 100
 
 
 async def test_F09_interpreter_and_site_packages_are_read_only(snakebox_bin, data_dir, canaries):
@@ -2196,7 +2353,7 @@ async def test_H05_long_run_is_not_bound_to_a_short_lived_thread(snakebox_bin, d
 
 
 # =============================================================================================
-# 3.9 Sessions, REPL and multiple tenants (J) — the parts that apply to one-shot runs
+# 3.9 Sessions, REPL and multiple tenants (J): one-shot runs first, then live sessions
 # =============================================================================================
 
 
@@ -2276,9 +2433,320 @@ async def test_J05_concurrent_runs_cannot_reach_each_others_loopback(snakebox_bi
     assert b["res"] == {"127.0.0.1": errno.ECONNREFUSED, "::1": errno.ECONNREFUSED}
 
 
-@pytest.mark.skip(reason="J-02/J-04/J-05 session variants: sessions and REPL mode do not exist yet")
-async def test_J_session_cases():
-    pass
+SESSION_HOLDER = """
+import socket, threading, time, ctypes.util
+S = globals().setdefault("S", {"accepted": []})
+def serve(sock):
+    while True:
+        try:
+            c, peer = sock.accept(); S["accepted"].append(repr(peer)); c.close()
+        except OSError:
+            return
+socks = []
+for fam, addr in [(socket.AF_INET, ("127.0.0.1", P["port"])), (socket.AF_INET6, ("::1", P["port"])), (socket.AF_UNIX, "\\0" + P["abstract"])]:
+    s = socket.socket(fam); s.bind(addr); s.listen(); socks.append(s)
+    threading.Thread(target=serve, args=(s,), daemon=True).start()
+S["socks"] = socks
+shm = libc.shmget(P["key"], 4096, 0o1000 | 0o666)
+msg = libc.msgget(P["key"], 0o1000 | 0o666)
+rt = ctypes.CDLL(ctypes.util.find_library("rt") or None, use_errno=True)
+rt.shm_open.restype = ctypes.c_int
+pshm = rt.shm_open(("/" + P["tag"]).encode(), os.O_CREAT | os.O_RDWR, 0o666)
+open("/tmp/" + P["tag"], "w").write(P["secret"])
+open("/work/" + P["tag"], "w").write(P["secret"])
+open("/dev/shm/" + P["tag"] + "-file", "w").write(P["secret"])
+import subprocess
+S["bg"] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", P["bgmark"]], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+# Proof of life: this session reaches its own objects.
+own = {}
+for fam, addr in [(socket.AF_INET, ("127.0.0.1", P["port"])), (socket.AF_INET6, ("::1", P["port"])), (socket.AF_UNIX, "\\0" + P["abstract"])]:
+    with socket.socket(fam) as c:
+        c.settimeout(2); own[str(fam)] = c.connect_ex(addr)
+time.sleep(0.3)
+report(shm=shm, msg=msg, pshm=pshm, own=own, own_accepted=len(S["accepted"]), shm_again=libc.shmget(P["key"], 0, 0))
+"""
+
+SESSION_PROBER = """
+import socket, glob, time
+res = {}
+for label, fam, addr in [("tcp4", socket.AF_INET, ("127.0.0.1", P["port"])), ("tcp6", socket.AF_INET6, ("::1", P["port"])),
+                         ("abstract", socket.AF_UNIX, "\\0" + P["abstract"]),
+                         ("host_tcp4", socket.AF_INET, ("127.0.0.1", P["host_port"])), ("host_tcp6", socket.AF_INET6, ("::1", P["host_port"])),
+                         ("host_abstract", socket.AF_UNIX, "\\0" + P["host_abstract"]), ("host_pathname", socket.AF_UNIX, P["host_unix"])]:
+    with socket.socket(fam) as c:
+        c.settimeout(2)
+        try:
+            res[label] = c.connect_ex(addr)
+        except OSError as e:
+            res[label] = e.errno
+shm = libc.shmget(P["key"], 0, 0); e1 = ctypes.get_errno()
+msg = libc.msgget(P["key"], 0); e2 = ctypes.get_errno()
+found = []
+for pattern in ["/tmp/*", "/dev/shm/*", "/work/*", "/*/" + P["tag"] + "*", "/proc/*/cwd/" + P["tag"], "/proc/*/root/tmp/" + P["tag"],
+                P["host_work"] + "/*", P["host_session"] + "/*/*"]:
+    for path in glob.glob(pattern):
+        try:
+            found.append([path, open(path).read()[:100]])
+        except OSError as e:
+            found.append([path, e.errno])
+procs = []
+for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    try:
+        cmd = open(f"/proc/{pid}/cmdline", "rb").read()
+    except OSError:
+        continue
+    procs.append([pid, cmd.replace(b"\\0", b" ").decode(errors="replace")[:200]])
+kill = {}
+for pid in range(2, 400):
+    try:
+        os.kill(pid, 0); kill[pid] = 0
+    except OSError as e:
+        pass
+report(res=res, shm=[shm, e1], msg=[msg, e2], found=found, procs=procs, mqueue=os.listdir("/dev/mqueue") if os.path.isdir("/dev/mqueue") else None,
+       visible_pids=sorted(kill))
+"""
+
+
+async def test_J05_U03_sessions_cannot_reach_each_other_or_the_host(snakebox_bin, data_dir, canaries):
+    """J-05 and U-03 between two live sessions: A holds loopback and abstract listeners, SysV and
+    POSIX IPC objects, files in /tmp, /dev/shm and /work and a background process; B, while A's
+    interpreter is alive, reaches none of them, nor the host's loopback canaries."""
+    import ctypes
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    tag = "sbxj05" + os.urandom(5).hex()
+    secret = f"j05-secret-{os.urandom(6).hex()}"
+    libc = ctypes.CDLL(None, use_errno=True)
+    key = 0x5BC1DE00 + (os.getpid() & 0xFF)
+    assert libc.shmget(key, 0, 0) == -1, "the test key already exists on the host"
+    async with server(snakebox_bin, data_dir, canaries) as client:
+        a = await new_session(client, name="holder")
+        b = await new_session(client, name="prober")
+        mark = "SBXJ05BG" + os.urandom(6).hex()
+        params = {"port": port, "abstract": tag, "key": key, "tag": tag, "secret": secret, "bgmark": mark}
+        held = await attack(client, canaries, SESSION_HOLDER, marker=False, session_id=a, params=params)
+        assert held["shm"] >= 0 and held["msg"] >= 0 and held["pshm"] >= 0, held.results
+        assert set(held["own"].values()) == {0} and held["own_accepted"] == 3 and held["shm_again"] == held["shm"], held.results
+        # From outside: A's background process is alive on the host while B probes.
+        assert marker_pids(mark), "A's background process is not running"
+        assert (libc.shmget(key, 0, 0), libc.msgget(key, 0)) == (-1, -1), "A's SysV objects are visible on the host"
+        assert not Path(f"/dev/shm/{tag}").exists() and not Path(f"/tmp/{tag}").exists()
+        host_session = data_dir / "sessions-v1"
+        probe = dict(params, host_port=canaries.tcp_port, host_abstract=canaries.abstract_name, host_unix=str(canaries.unix_path),
+                     host_work=str(host_session / a / "work"), host_session=str(host_session))
+        got = await attack(client, canaries, SESSION_PROBER, marker=False, session_id=b, params=probe)
+        assert marker_pids(mark), "A's background process ended before B's probe finished"
+        blob = json.dumps(got.results)
+        assert secret not in blob and mark not in blob, f"B saw A's files or processes: {blob[:2000]}"
+        refused = {errno.ECONNREFUSED, errno.ENOENT}
+        assert all(v in refused for v in got["res"].values()), got["res"]
+        assert got["shm"] == [-1, errno.ENOENT] and got["msg"] == [-1, errno.ENOENT]
+        assert not any(tag in p for p, _ in got["found"]), got["found"]
+        assert len(got["procs"]) < 10, got["procs"]
+        # A's own view after B's probe: its listeners accepted nothing new, its objects are still there.
+        after = await attack(client, canaries, "report(accepted=S['accepted'], shm=libc.shmget(P['key'], 0, 0))\n", marker=False, session_id=a, params=params)
+        assert len(after["accepted"]) == 3 and after["shm"] == held["shm"], after.results
+        assert canaries.connections() == []
+        # Deleting A ends its processes (marker scan) and its IPC.
+        data, text, is_error = await call(client, "delete_session", session_id=a)
+        assert not is_error, text
+        assert wait_marker_gone(mark, 5) == [], "A's processes survived delete_session"
+        again = await attack(client, canaries, "report(shm=libc.shmget(P['key'], 0, 0), tmp=os.listdir('/tmp'))\n", marker=False, session_id=b, params=params)
+        assert again["shm"] == -1 and tag not in json.dumps(again["tmp"])
+        await call(client, "delete_session", session_id=b)
+    assert libc.shmget(key, 0, 0) == -1
+
+
+async def test_J04_session_cell_ignoring_signals_is_stopped_at_its_timeout(snakebox_bin, data_dir, canaries):
+    """J-04 in a session: a cell that ignores SIGINT/SIGTERM and spins in C (catastrophic regex)
+    and in Python is stopped at T+1 s; no process is left (marker scan); the next call reports a
+    fresh interpreter with the workspace files kept."""
+    body = """
+    import signal, re, subprocess
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    open("kept.txt", "w").write("kept")
+    spinner = subprocess.Popen([sys.executable, "-c", "import signal, sys\\nfor s in (2, 15, 1): signal.signal(s, signal.SIG_IGN)\\nwhile True: pass", MARKER])
+    report(matching=True, spinner=spinner.pid)
+    re.match(r"(a+)+$", "a" * 64 + "b")
+    while True:
+        pass
+    """
+    async with server(snakebox_bin, data_dir, canaries) as client:
+        s = await new_session(client)
+        await attack(client, canaries, "x_before = 1\nreport(ok=True)\n", marker=False, session_id=s)
+        run = await attack(client, canaries, body, timeout=2, expect="timeout", session_id=s, marker_grace=3)
+        assert run["matching"] is True and run.data["timed_out"] is True
+        assert len(run.watch.seen) >= 2, "the marker processes were never seen from the host"
+        within(run, 2, grace=2)
+        nxt = await attack(client, canaries, "report(x='x_before' in globals(), kept=open('kept.txt').read())\n", marker=False, session_id=s)
+        assert nxt.data["fresh_interpreter"] is True and nxt["x"] is False and nxt["kept"] == "kept", nxt.describe()
+        assert any("timed out" in n for n in nxt.data["notes"]), nxt.data["notes"]
+        await call(client, "delete_session", session_id=s)
+        await alive(client)
+
+
+async def test_J01_J02_session_pipes_and_control_plane(snakebox_bin, data_dir, canaries):
+    """J-01/J-02 in a session: nothing listens on the session's loopback, no connection or
+    kernel file is visible, fd 3 is closed and stdin reads end of file inside a cell, so garbage
+    written there or a read of stdin changes nothing the server reports; a cell reading its own
+    request pipe in the background never sees another session's request."""
+    scan = """
+    import socket, glob
+    def probe_port(fam, host, port):
+        with socket.socket(fam) as s:
+            s.settimeout(0.05)
+            return s.connect_ex((host, port)) == 0 and s.getsockname()[1] != port
+    hits = []
+    for root in ["/tmp", "/work", "/run", "/root", "/home", "/var", "/etc", "/snakebox", "/dev/shm"]:
+        hits += glob.glob(root + "/**/kernel-*.json", recursive=True) + glob.glob(root + "/**/jupyter/runtime/*.json", recursive=True)
+    socks = []
+    for root in ["/tmp", "/run", "/work", "/snakebox", "/dev", "/var", "/home", "/root"]:
+        for p in glob.glob(root + "/**", recursive=True):
+            try:
+                if __import__("stat").S_ISSOCK(os.lstat(p).st_mode):
+                    socks.append(p)
+            except OSError:
+                pass
+    unix = open("/proc/net/unix").read().splitlines()[1:]
+    report(v4=[p for p in range(1, 65536) if probe_port(socket.AF_INET, "127.0.0.1", p)],
+           v6=[p for p in range(1, 65536) if probe_port(socket.AF_INET6, "::1", p)], hits=hits, socks=socks, unix=unix)
+    """
+    fds = """
+    import errno as E
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[int(fd)] = [os.readlink("/proc/self/fd/" + fd), open(f"/proc/self/fdinfo/{fd}").read().split("\\n")[1]]
+        except OSError:
+            pass
+    try:
+        os.write(3, b'{"exit_code": 0, "forged": true}\\n' * 50); w3 = "written"
+    except OSError as e:
+        w3 = e.errno
+    stdin = sys.stdin.read()
+    try:
+        raw = os.read(0, 100)
+    except OSError as e:
+        raw = e.errno
+    report(fds=fds, w3=w3, stdin=stdin, raw=repr(raw))
+    print("stdout-of-this-cell")
+    raise SystemExit(7)
+    """
+    async with server(snakebox_bin, data_dir, canaries) as client:
+        s = await new_session(client)
+        run = await attack(client, canaries, scan, timeout=90, marker=False, session_id=s)
+        assert run["v4"] == [] and run["v6"] == [] and run["hits"] == [] and run["socks"] == [], run.results
+        assert run["unix"] == [], run["unix"]
+        run = await attack(client, canaries, fds, expect="error", marker=False, session_id=s)
+        assert run["w3"] == errno.EBADF and run["stdin"] == "" and run["raw"] == "b''", run.results
+        assert run.data["exit_code"] == 7 and "stdout-of-this-cell" in run.stdout, run.describe()
+        # The next call is answered with its own result, not a forged or stale one.
+        data, text, _ = await call(client, "execute_python", session_id=s, script="print('next'); 6 * 7")
+        assert data["status"] == "ok" and data["stdout"] == "next\n" and data["result"]["json"] == 42, text
+        await call(client, "delete_session", session_id=s)
+
+
+SESSION_PIPES = """
+def pipe_fds(mode):
+    out = []
+    for f in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink("/proc/self/fd/" + f)
+            flags = int(open(f"/proc/self/fdinfo/{f}").read().split("\\n")[1].split()[1], 8)
+        except (OSError, ValueError, IndexError):
+            continue
+        if target.startswith("pipe:") and int(f) > 2 and (flags & 3) == mode:
+            out.append(int(f))
+    return out
+"""
+
+
+async def test_J02_a_session_cell_never_sees_another_sessions_request(snakebox_bin, data_dir, canaries):
+    """A cell of session A that reads its own (hidden) request pipe in the background, while
+    session B is called, reads nothing: requests travel on per-interpreter pipes."""
+    reader = SESSION_PIPES + textwrap.dedent("""
+    import select, threading, time
+    STOLEN = []
+    READ_FDS = pipe_fds(0)
+    def steal(deadline):
+        while time.monotonic() < deadline:
+            r, _, _ = select.select(READ_FDS, [], [], 0.1)
+            for fd in r:
+                STOLEN.append(os.read(fd, 65536).decode(errors="replace"))
+    threading.Thread(target=steal, args=(time.monotonic() + 4,), daemon=True).start()
+    report(read_fds=READ_FDS)
+    """)
+    token = f"J02-B-REQUEST-{os.urandom(6).hex()}"
+    async with server(snakebox_bin, data_dir, canaries) as client:
+        a = await new_session(client)
+        b = await new_session(client)
+        run = await attack(client, canaries, reader, marker=False, session_id=a)
+        assert run["read_fds"], "no hidden request pipe found: the probe proves nothing"
+        for _ in range(3):
+            data, text, _ = await call(client, "execute_python", session_id=b, script=f"print({token!r})")
+            assert data["status"] == "ok" and data["stdout"] == token + "\n", text
+        await anyio.sleep(5)
+        after = await attack(client, canaries, "report(stolen=STOLEN)\n", marker=False, session_id=a)
+        assert token not in json.dumps(after["stolen"]) and after["stolen"] == [], after["stolen"]
+        for s in (a, b):
+            await call(client, "delete_session", session_id=s)
+
+
+@pytest.mark.xfail(strict=True, reason="GAP: a session cell can write a forged result record on the runner's control pipe (fd 201, found in /proc/self/fd): a failing cell is reported `ok`, and the next call gets the previous cell's record (status/exit_code desynchronised)")
+async def test_J02_a_forged_record_on_the_session_control_pipe_cannot_change_the_status(snakebox_bin, data_dir, canaries):
+    """I-08 for sessions: the runner's control pipe is moved to a high descriptor before user code
+    runs, but the cell can still find it in /proc/self/fd. A record forged there must not turn a
+    failing cell into a success, nor desynchronise the answers of later calls."""
+    forger = SESSION_PIPES + textwrap.dedent("""
+    writers = pipe_fds(1)
+    for fd in writers:
+        os.write(fd, b'{"exit_code": 0, "forged": true}\\n')
+    report(writers=writers)
+    raise SystemExit(9)
+    """)
+    async with server(snakebox_bin, data_dir, canaries) as client:
+        s = await new_session(client)
+        run = await attack(client, canaries, forger, expect=None, marker=False, session_id=s)
+        assert run.start in run.stdout and run["writers"], run.describe()
+        nxt, text, _ = await call(client, "execute_python", session_id=s, script="raise SystemExit(5)")
+        await call(client, "delete_session", session_id=s)
+    assert nxt["status"] == "error" and nxt["exit_code"] == 5, text
+    assert run.data["status"] == "error" and run.data["exit_code"] == 9, run.describe()
+
+
+async def test_I01_session_environment_and_pid1_carry_no_server_secrets(snakebox_bin, data_dir, canaries):
+    """I-01..I-03 in a session: the interpreter's environment, /proc/1/environ and every visible
+    process's environ and cmdline hold no server secret; run_command's shell neither."""
+    body = """
+    env = dict(os.environ)
+    procs = {}
+    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+        item = {}
+        for name in ("environ", "cmdline"):
+            try:
+                item[name] = open(f"/proc/{pid}/{name}", "rb").read().decode(errors="replace")
+            except OSError as e:
+                item[name] = e.errno
+        procs[pid] = item
+    report(env=env, procs=procs, pid1=procs.get("1"))
+    """
+    async with server(snakebox_bin, data_dir, canaries) as client:
+        s = await new_session(client)
+        run = await attack(client, canaries, body, marker=False, session_id=s)
+        assert run["pid1"] and isinstance(run["pid1"]["environ"], str), "/proc/1/environ was not read"
+        assert not set(run["env"]) & set(canaries.env) - {"HOME", "PATH"}, sorted(run["env"])
+        assert run["env"]["HOME"] == "/work" and "SSH_AUTH_SOCK" not in run["env"]
+        for key in ("ANTHROPIC_API_KEY", "GITHUB_TOKEN", "SNAKEBOX", "XDG_RUNTIME_DIR", "PYENV_ROOT"):
+            assert key not in json.dumps(run["procs"]), key
+        data, text, _ = await call(client, "run_command", session_id=s, command="env; cat /proc/1/environ | tr '\\0' '\\n'; echo done")
+        assert data["status"] == "ok" and "done" in data["stdout"], text
+        assert_no_leak(canaries, data, text)
+        assert "ANTHROPIC_API_KEY" not in data["stdout"] and "CANARY" not in data["stdout"]
+        await call(client, "delete_session", session_id=s)
 
 
 # =============================================================================================
