@@ -76,6 +76,14 @@ async def alive(client: Any) -> None:
     assert not is_error and data["status"] == "ok" and data["stdout"] == "alive\n", data
 
 
+def unprivileged_host_ids(status_ids: str) -> bool:
+    """A `Uid:`/`Gid:` line of /proc/<pid>/status belongs to a sandbox: real, effective, saved and
+    filesystem ids all the same unprivileged id, either the shared sandbox id (65534: sessions,
+    non-leased runs) or a per-run id leased from 200000 up (one-shot runs, R-21)."""
+    ids = {int(x) for x in status_ids.split()}
+    return len(ids) == 1 and (ids == {65534} or all(200_000 <= i < 200_000 + 4096 for i in ids))
+
+
 def find_server(data_dir: Path) -> int:
     """The pid of the one `snakebox serve` process using this data dir."""
     found = []
@@ -602,7 +610,6 @@ async def test_R21_per_uid_counters_do_not_starve_the_host(snakebox_bin, data_di
     assert host_ok, "the host could not create an inotify instance while the sandbox held its maximum"
 
 
-@pytest.mark.xfail(strict=True, reason="GAP: every run is host uid 65534, so per-UID kernel counters (inotify instances, ...) are shared: one run exhausting them makes a concurrent run fail with EMFILE — see SECURITY.md")
 async def test_R21_per_uid_counters_do_not_starve_a_concurrent_run(snakebox_bin, data_dir, canaries):
     holder = """
     import time
@@ -1502,7 +1509,7 @@ async def test_U05_helpers_in_the_sandbox_cannot_be_taken_over(snakebox_bin, dat
     for init in inits:
         st = init["status"]
         assert all(int(st[c], 16) == 0 for c in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")), st
-        assert st["Seccomp"] == "2" and st["NoNewPrivs"] == "1" and st["Uid"].split() == ["65534"] * 4, st
+        assert st["Seccomp"] == "2" and st["NoNewPrivs"] == "1" and unprivileged_host_ids(st["Uid"]), st
 
 
 async def test_U01_terminal_injection_has_no_terminal_to_reach(snakebox_bin, data_dir, canaries):
@@ -2199,7 +2206,7 @@ async def test_P08_posture_read_from_outside(snakebox_bin, data_dir, canaries):
     mine = {n: os.readlink(f"/proc/self/ns/{n}") for n in ("mnt", "pid", "net", "ipc", "uts", "user", "cgroup")}
     for snap in snaps:
         st = snap["status"]
-        assert st["Uid"].split() == ["65534"] * 4 and st["Gid"].split() == ["65534"] * 4, st["Uid"]
+        assert unprivileged_host_ids(st["Uid"]) and unprivileged_host_ids(st["Gid"]), (st["Uid"], st["Gid"])
         for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
             assert int(st[cap], 16) == 0, f"{cap}={st[cap]}"
         assert st["NoNewPrivs"] == "1" and st["Seccomp"] == "2"
@@ -2463,7 +2470,10 @@ own = {}
 for fam, addr in [(socket.AF_INET, ("127.0.0.1", P["port"])), (socket.AF_INET6, ("::1", P["port"])), (socket.AF_UNIX, "\\0" + P["abstract"])]:
     with socket.socket(fam) as c:
         c.settimeout(2); own[str(fam)] = c.connect_ex(addr)
-time.sleep(0.3)
+for _ in range(50):
+    if len(S["accepted"]) >= 3:
+        break
+    time.sleep(0.1)
 report(shm=shm, msg=msg, pshm=pshm, own=own, own_accepted=len(S["accepted"]), shm_again=libc.shmget(P["key"], 0, 0))
 """
 
@@ -2677,7 +2687,7 @@ async def test_J02_a_session_cell_never_sees_another_sessions_request(snakebox_b
             r, _, _ = select.select(READ_FDS, [], [], 0.1)
             for fd in r:
                 STOLEN.append(os.read(fd, 65536).decode(errors="replace"))
-    threading.Thread(target=steal, args=(time.monotonic() + 4,), daemon=True).start()
+    threading.Thread(target=steal, args=(time.monotonic() + 8,), daemon=True).start()
     report(read_fds=READ_FDS)
     """)
     token = f"J02-B-REQUEST-{os.urandom(6).hex()}"
@@ -2685,11 +2695,13 @@ async def test_J02_a_session_cell_never_sees_another_sessions_request(snakebox_b
         a = await new_session(client)
         b = await new_session(client)
         run = await attack(client, canaries, reader, marker=False, session_id=a)
+        window = time.monotonic()
         assert run["read_fds"], "no hidden request pipe found: the probe proves nothing"
         for _ in range(3):
             data, text, _ = await call(client, "execute_python", session_id=b, script=f"print({token!r})")
             assert data["status"] == "ok" and data["stdout"] == token + "\n", text
-        await anyio.sleep(5)
+        assert time.monotonic() - window < 7, "B's calls did not happen while A's reader was running"
+        await anyio.sleep(max(0.0, 9 - (time.monotonic() - window)))
         after = await attack(client, canaries, "report(stolen=STOLEN)\n", marker=False, session_id=a)
         assert token not in json.dumps(after["stolen"]) and after["stolen"] == [], after["stolen"]
         for s in (a, b):
