@@ -109,7 +109,6 @@ impl Engine {
             ));
         };
         let network_is_default = plan.network == self.config.network;
-        let owner = sandbox.host_ids(snakebox_sandbox::Identity::Untrusted);
         // A pre-started sandbox of the warm pool when one matches, else a cold start.
         let is_default = plan.requirements.is_empty()
             && network_is_default
@@ -124,18 +123,13 @@ impl Engine {
                 Some(warm.pending),
             ),
             None => (
-                RunDir::create(
+                RunDir::for_run(
+                    sandbox,
                     &self.config.data_dir,
                     &execution_id,
                     Some(&request.script),
-                    owner,
-                )
-                .and_then(|mut dir| {
-                    if let Some(size) = self.config.scratch_bytes {
-                        dir.cap_work(size, owner).map_err(std::io::Error::other)?;
-                    }
-                    Ok(dir)
-                }),
+                    self.config.scratch_bytes,
+                ),
                 None,
             ),
         };
@@ -152,8 +146,7 @@ impl Engine {
                 ));
             }
         };
-        let owner = sandbox.host_ids(snakebox_sandbox::Identity::Untrusted);
-        let baseline = match crate::files::write(&run_dir.work, &plan.inputs, owner) {
+        let baseline = match crate::files::write(&run_dir.work, &plan.inputs, run_dir.owner()) {
             Ok(()) => crate::artifacts::Baseline::snapshot(&run_dir.work),
             Err(message) => {
                 return with_plan(ExecutionResult::not_run(
@@ -466,7 +459,7 @@ impl Engine {
             env,
             cwd: work,
             limits: self.limits(timeout),
-            identity: snakebox_sandbox::Identity::Untrusted,
+            identity: run_dir.identity(),
         };
         // The runner executes the script and reports on the control channel (fd 3).
         let runner = script.with_file_name(crate::runner::FILE_NAME);
@@ -616,6 +609,8 @@ pub(crate) struct RunDir {
     pub(crate) tmp: PathBuf,
     /// The size cap on `work`, when one is in force.
     scratch: Option<snakebox_sandbox::ScratchDir>,
+    /// The host uid the run's sandbox runs as; released after the directory is removed.
+    lease: Option<snakebox_sandbox::IdentityLease>,
 }
 
 impl RunDir {
@@ -638,6 +633,7 @@ impl RunDir {
             tmp: root.join("tmp"),
             root,
             scratch: None,
+            lease: None,
         };
         for path in [&dir.input, &dir.work, &dir.tmp] {
             fs_err::create_dir_all(path)?;
@@ -678,6 +674,42 @@ impl RunDir {
     /// Cap the working directory at `size_bytes` (a tmpfs owned by `owner`), so a run cannot
     /// fill the host disk through it. Without the privilege to mount, it stays a plain
     /// directory; `check_environment` reports whether the cap is enforced.
+    /// Create the run directory of one run of user code under a host uid of its own (see
+    /// [`snakebox_sandbox::Sandbox::lease_identity`]), with its working directory capped at
+    /// `scratch_bytes` when set.
+    pub(crate) fn for_run(
+        sandbox: &snakebox_sandbox::Sandbox,
+        data_dir: &Path,
+        id: &str,
+        script: Option<&str>,
+        scratch_bytes: Option<u64>,
+    ) -> std::io::Result<RunDir> {
+        let lease = sandbox.lease_identity();
+        let owner = lease.host_ids();
+        let mut dir = RunDir::create(data_dir, id, script, owner)?;
+        dir.lease = Some(lease);
+        if let Some(size) = scratch_bytes {
+            dir.cap_work(size, owner).map_err(std::io::Error::other)?;
+        }
+        Ok(dir)
+    }
+
+    /// The identity the run's sandbox must use.
+    pub(crate) fn identity(&self) -> snakebox_sandbox::Identity {
+        self.lease
+            .as_ref()
+            .map_or(snakebox_sandbox::Identity::Untrusted, |lease| {
+                lease.identity()
+            })
+    }
+
+    /// The host uid/gid that owns the run's writable directories, when not ours.
+    pub(crate) fn owner(&self) -> Option<(u32, u32)> {
+        self.lease
+            .as_ref()
+            .and_then(snakebox_sandbox::IdentityLease::host_ids)
+    }
+
     pub(crate) fn cap_work(
         &mut self,
         size_bytes: u64,

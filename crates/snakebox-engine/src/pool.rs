@@ -316,14 +316,14 @@ impl Engine {
     /// Start one sandbox for `target`, exactly as a cold run of it would be set up.
     fn prestart(&self, target: &Target) -> Result<Warm, String> {
         let sandbox = self.sandbox.as_ref().map_err(|m| m.message.clone())?;
-        let owner = sandbox.host_ids(snakebox_sandbox::Identity::Untrusted);
-        let mut run_dir = RunDir::create(&self.config.data_dir, &ids::execution_id(), None, owner)
-            .map_err(|err| format!("could not prepare a run directory: {err}"))?;
-        if let Some(size) = self.config.scratch_bytes {
-            run_dir
-                .cap_work(size, owner)
-                .map_err(|err| crate::describe(&err))?;
-        }
+        let run_dir = RunDir::for_run(
+            sandbox,
+            &self.config.data_dir,
+            &ids::execution_id(),
+            None,
+            self.config.scratch_bytes,
+        )
+        .map_err(|err| format!("could not prepare a run directory: {err}"))?;
         let (policy, command) = self.sandbox_call(
             &target.environment,
             &run_dir,

@@ -111,6 +111,67 @@ pub enum Identity {
     Untrusted,
     /// The dependency installer (uv; host uid 65533 under a root server).
     Installer,
+    /// Untrusted user code under a host uid of its own, leased for one run with
+    /// [`Sandbox::lease_identity`]: per-uid kernel counters (inotify instances, pipe buffers,
+    /// message queues, RLIMIT_NPROC) are then not shared with concurrent runs.
+    Leased(u32),
+}
+
+/// First host uid leased to runs (and its gid): far above system and normal users' ids.
+pub const LEASED_UID_BASE: u32 = 200_000;
+/// How many leased uids exist; more concurrent runs than this share [`Identity::Untrusted`].
+pub const LEASED_UIDS: u32 = 4096;
+
+/// A host uid reserved for one run; returned to the pool when dropped. Keep it until the run's
+/// processes are gone and its files removed.
+#[derive(Debug)]
+pub struct IdentityLease {
+    identity: Identity,
+    host_ids: Option<(u32, u32)>,
+    pool: Option<std::sync::Arc<std::sync::Mutex<UidPool>>>,
+}
+
+impl IdentityLease {
+    /// The identity to put in the run's [`Policy`].
+    #[must_use]
+    pub fn identity(&self) -> Identity {
+        self.identity
+    }
+
+    /// The host uid/gid the run's sandbox will have (owner of its writable directories), or
+    /// `None` when it runs as the server's own user.
+    #[must_use]
+    pub fn host_ids(&self) -> Option<(u32, u32)> {
+        self.host_ids
+    }
+}
+
+impl Drop for IdentityLease {
+    fn drop(&mut self) {
+        if let (Some(pool), Identity::Leased(uid)) = (&self.pool, self.identity) {
+            pool.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .release(uid);
+        }
+    }
+}
+
+/// The leased uids not in use (lowest first, so ids are reused and stay few).
+#[derive(Debug, Default)]
+struct UidPool {
+    in_use: std::collections::BTreeSet<u32>,
+}
+
+impl UidPool {
+    fn lease(&mut self) -> Option<u32> {
+        let uid =
+            (LEASED_UID_BASE..LEASED_UID_BASE + LEASED_UIDS).find(|u| !self.in_use.contains(u))?;
+        self.in_use.insert(uid);
+        Some(uid)
+    }
+    fn release(&mut self, uid: u32) {
+        self.in_use.remove(&uid);
+    }
 }
 
 /// The command to run inside the sandbox.
@@ -236,6 +297,7 @@ pub struct Sandbox {
     config: SandboxConfig,
     report: BackendReport,
     native: Option<native::NativeBackend>,
+    uids: std::sync::Arc<std::sync::Mutex<UidPool>>,
 }
 
 impl Sandbox {
@@ -257,13 +319,19 @@ impl Sandbox {
             BackendKind::Native => {
                 let backend = native::NativeBackend::new(&config)?;
                 let report = backend.report();
-                return Ok(Sandbox { config, report, native: Some(backend) });
+                return Ok(Sandbox {
+                    config,
+                    report,
+                    native: Some(backend),
+                    uids: std::sync::Arc::default(),
+                });
             }
         };
         Ok(Sandbox {
             config,
             report,
             native: None,
+            uids: std::sync::Arc::default(),
         })
     }
 
@@ -336,5 +404,52 @@ impl Sandbox {
     #[must_use]
     pub fn host_ids(&self, identity: Identity) -> Option<(u32, u32)> {
         self.native.as_ref().and_then(|n| n.host_ids(identity))
+    }
+
+    /// Reserve a host uid of its own for one run of user code. Where uids are not switched
+    /// (no native backend, or the server is not root) or all are taken, the lease is
+    /// [`Identity::Untrusted`].
+    #[must_use]
+    pub fn lease_identity(&self) -> IdentityLease {
+        let untrusted = || IdentityLease {
+            identity: Identity::Untrusted,
+            host_ids: self.host_ids(Identity::Untrusted),
+            pool: None,
+        };
+        if self.host_ids(Identity::Untrusted).is_none() {
+            return untrusted();
+        }
+        let leased = self
+            .uids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .lease();
+        match leased {
+            Some(uid) => IdentityLease {
+                identity: Identity::Leased(uid),
+                host_ids: self.host_ids(Identity::Leased(uid)),
+                pool: Some(std::sync::Arc::clone(&self.uids)),
+            },
+            None => untrusted(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod uid_pool_tests {
+    use super::{LEASED_UID_BASE, LEASED_UIDS, UidPool};
+
+    #[test]
+    fn leases_are_distinct_reused_after_release_and_bounded() {
+        let mut pool = UidPool::default();
+        let a = pool.lease().unwrap();
+        let b = pool.lease().unwrap();
+        assert_eq!((a, b), (LEASED_UID_BASE, LEASED_UID_BASE + 1));
+        pool.release(a);
+        assert_eq!(pool.lease(), Some(a));
+        for _ in 2..LEASED_UIDS {
+            assert!(pool.lease().is_some());
+        }
+        assert_eq!(pool.lease(), None, "no uid beyond the range");
     }
 }

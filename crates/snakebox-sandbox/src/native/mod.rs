@@ -238,6 +238,7 @@ impl NativeBackend {
         self.drop_privileges.then_some(match identity {
             Identity::Untrusted => (SANDBOX_UID, SANDBOX_GID),
             Identity::Installer => (INSTALLER_UID, INSTALLER_GID),
+            Identity::Leased(uid) => (uid, uid),
         })
     }
 
@@ -245,7 +246,9 @@ impl NativeBackend {
     pub(crate) fn report(&self) -> BackendReport {
         let host_uid = match self.host_ids(Identity::Untrusted) {
             Some((uid, _)) => format!(
-                "host uid: bwrap and the command run as host uid {uid} (installs as {INSTALLER_UID}; the server is root; sources are staged in a private mount namespace at {STAGING_ROOT})"
+                "host uid: bwrap and the command run as an unprivileged host uid: one of their own per one-shot run ({}-{}), {uid} for sessions, {INSTALLER_UID} for installs (the server is root; sources are staged in a private mount namespace at {STAGING_ROOT})",
+                crate::LEASED_UID_BASE,
+                crate::LEASED_UID_BASE + crate::LEASED_UIDS - 1
             ),
             // SAFETY: geteuid has no preconditions.
             None => format!("host uid: bwrap runs as the server's own uid {}", unsafe {
@@ -278,7 +281,7 @@ impl NativeBackend {
         let memory = self.cgroups.as_ref().and_then(CgroupSet::memory_mechanism);
         let pids = self.cgroups.as_ref().and_then(CgroupSet::pids_mechanism);
         let nproc_note = if self.drop_privileges {
-            "RLIMIT_NPROC on host uid 65534 (shared by concurrent runs)"
+            "RLIMIT_NPROC on the run's own host uid (shared by sessions, which all run as 65534)"
         } else {
             "RLIMIT_NPROC on the server's uid (shared with the server's processes)"
         };
