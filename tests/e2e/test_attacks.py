@@ -2708,7 +2708,6 @@ async def test_J02_a_session_cell_never_sees_another_sessions_request(snakebox_b
             await call(client, "delete_session", session_id=s)
 
 
-@pytest.mark.xfail(strict=True, reason="GAP: a session cell can write a forged result record on the runner's control pipe (fd 201, found in /proc/self/fd): a failing cell is reported `ok`, and the next call gets the previous cell's record (status/exit_code desynchronised)")
 async def test_J02_a_forged_record_on_the_session_control_pipe_cannot_change_the_status(snakebox_bin, data_dir, canaries):
     """I-08 for sessions: the runner's control pipe is moved to a high descriptor before user code
     runs, but the cell can still find it in /proc/self/fd. A record forged there must not turn a

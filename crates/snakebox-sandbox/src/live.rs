@@ -8,7 +8,9 @@
 //! - requests go to the command's **stdin**, a private pipe from the server (never the MCP
 //!   stream); the command should move it away from descriptor 0 so that user code reading
 //!   stdin sees end of file instead of the next request;
-//! - each answer is one line on the **control channel** (descriptor 3, as for one-shot runs);
+//! - each answer is one line on the **control channel** (descriptor 3, as for one-shot runs)
+//!   that starts with the request's marker; other lines are dropped, so code in the sandbox
+//!   that writes to the channel cannot make a later request take an earlier answer;
 //! - stdout and stderr are read per request until a **marker** the caller chose for that
 //!   request (the command prints it on both streams when the request is done), so the output
 //!   of each request is attributed to it and capped with the usual shared budget;
@@ -181,7 +183,7 @@ impl LiveSandbox {
         let mut forwarders = [Forwarder::default(), Forwarder::default()];
         let mut forward_left = usize::try_from(budget).unwrap_or(usize::MAX);
         let mut scanners = [Until::new(marker), Until::new(marker)];
-        let mut answer = Line::default();
+        let mut answer = Line::expecting(marker);
         let mut keep = |index: usize, data: &[u8], captures: &mut [StreamCapture; 2]| {
             if data.is_empty() {
                 return;
@@ -472,22 +474,49 @@ impl Until {
 struct Line {
     line: Vec<u8>,
     done: bool,
+    /// The request's marker: only a line that starts with it is this request's answer (the
+    /// marker is removed from the answer).
+    want: Vec<u8>,
 }
 
 impl Line {
-    /// Feed bytes; returns the bytes after the line's end, once it ended.
+    /// The answer line of the request whose marker is `marker`. Lines without it are dropped:
+    /// the command's code shares the process with the responder and can write to the channel
+    /// too, so a line it wrote (or a real answer left over from an earlier request) must not
+    /// be taken as this request's answer, nor shift every later answer by one.
+    fn expecting(marker: &[u8]) -> Line {
+        Line {
+            want: marker.to_vec(),
+            ..Line::default()
+        }
+    }
+
+    /// Feed bytes; returns the bytes after the answer line's end, once it ended.
     fn feed(&mut self, data: &[u8]) -> Option<Vec<u8>> {
         if self.done {
             return Some(data.to_vec());
         }
-        let (part, rest) = match data.iter().position(|&b| b == b'\n') {
-            Some(at) => (&data[..at], Some(data[at + 1..].to_vec())),
-            None => (data, None),
-        };
+        let mut data = data;
+        loop {
+            let Some(at) = data.iter().position(|&b| b == b'\n') else {
+                self.append(data);
+                return None;
+            };
+            self.append(&data[..at]);
+            let rest = &data[at + 1..];
+            if self.line.starts_with(&self.want) {
+                self.line.drain(..self.want.len());
+                self.done = true;
+                return Some(rest.to_vec());
+            }
+            self.line.clear();
+            data = rest;
+        }
+    }
+
+    fn append(&mut self, part: &[u8]) {
         let room = CONTROL_MAX_BYTES.saturating_sub(self.line.len());
         self.line.extend_from_slice(&part[..part.len().min(room)]);
-        self.done = rest.is_some();
-        rest
     }
 }
 
@@ -524,6 +553,15 @@ mod tests {
         let (out, found, _) = split(b"no marker here \x1eEND", b"\x1eEND-42\x1e", 4);
         assert!(!found);
         assert_eq!(out, b"no marker here \x1eEND");
+    }
+
+    #[test]
+    fn answer_lines_without_the_marker_are_dropped() {
+        let mut line = Line::expecting(b"<<7>>");
+        // A forged line and a stale answer come first; then this request's answer.
+        assert_eq!(line.feed(b"{\"forged\":1}\n<<6>>{\"n\":6}\n<<7"), None);
+        assert_eq!(line.feed(b">>{\"n\":7}\nnext"), Some(b"next".to_vec()));
+        assert_eq!(line.line, b"{\"n\":7}");
     }
 
     #[test]

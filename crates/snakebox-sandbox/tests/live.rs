@@ -16,7 +16,8 @@ use snakebox_sandbox::{
 use tokio_util::sync::CancellationToken;
 
 /// A responder in `sh`: each request line `N` prints `out N` (stdout) and `err N` (stderr),
-/// each stream's marker `<<N>>`, then the answer `{"n":"N","count":C}` on descriptor 3.
+/// each stream's marker `<<N>>`, then the answer `<<N>>{"n":"N","count":C}` on descriptor 3
+/// (an answer line starts with its request's marker).
 /// `count` grows: state kept between requests. The request `sleep` hangs forever.
 const RESPONDER: &str = r#"
 count=0
@@ -25,7 +26,7 @@ while read -r n; do
   if [ "$n" = sleep ]; then while :; do :; done; fi
   echo "out $n"; echo "err $n" >&2
   printf '<<%s>>' "$n"; printf '<<%s>>' "$n" >&2
-  echo "{\"n\":\"$n\",\"count\":$count}" >&3
+  printf '<<%s>>{"n":"%s","count":%s}\n' "$n" "$n" "$count" >&3
 done
 "#;
 

@@ -105,8 +105,11 @@ def main():
         runner._flush()
         _write_all(1, marker)
         _write_all(2, marker)
+        # The host takes only a line that starts with this request's marker as its answer:
+        # anything the cell itself wrote to the channel is dropped instead of shifting every
+        # later answer by one.
         payload = json.dumps(record, default=str).replace("\n", " ") + "\n"
-        _write_all(control, payload.encode("utf-8", "replace"))
+        _write_all(control, marker + payload.encode("utf-8", "replace"))
 
 
 if __name__ == "__main__":
