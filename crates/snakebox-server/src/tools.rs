@@ -26,8 +26,11 @@ use snakebox_sandbox::OutputChunk;
 
 const INSTRUCTIONS: &str = "snakebox runs Python in a fresh, isolated sandbox for every call. \
 Declare third-party packages with `dependencies` (PEP 508, pinned: [\"pandas>=2.2\"]) or a PEP 723 \
-`# /// script` block; they are installed once and cached. Call `check_environment` to see \
-available Python versions, limits and whether the network is allowed (it is off by default). \
+`# /// script` block; they are installed once and cached. Results carry the value of the last \
+expression, plots as images, and files the script writes (read them with `resources/read`); pass \
+input files with `files`. For work that spans calls (variables, files, installed packages), \
+`create_session` once and pass its `session_id` to `execute_python`. Call `check_environment` to \
+see available Python versions, limits and whether the network is allowed (it is off by default). \
 Use `validate_script` to check a script without running it.";
 
 /// Arguments of `execute_python`.
