@@ -369,6 +369,19 @@ pub(crate) enum CgroupSet {
 
 static RUN_COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// A number fixed for this process's life that a later process with the same pid will not
+/// have: the time this process first asked for it.
+fn instance() -> u64 {
+    static INSTANCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *INSTANCE.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| {
+                u64::try_from(d.as_nanos() & u128::from(u64::MAX)).unwrap_or(0)
+            })
+    })
+}
+
 impl CgroupSet {
     /// Detect on this host.
     pub(crate) fn detect() -> Result<Self, CgroupError> {
@@ -376,6 +389,7 @@ impl CgroupSet {
         let mi = read(Path::new("/proc/self/mountinfo"))?;
         let mut set = Self::from_host_files(&cg, &mi)?;
         set.check_writable()?;
+        set.remove_stale();
         Ok(set)
     }
 
@@ -419,6 +433,36 @@ impl CgroupSet {
         })
     }
 
+    /// Remove the empty run cgroups that servers no longer alive left behind (killed before they
+    /// could clean up). Best effort: a cgroup that still holds processes is left alone.
+    fn remove_stale(&self) {
+        let parents: Vec<&PathBuf> = match self {
+            Self::V2 { parent } => vec![parent],
+            Self::V1 { memory, pids, cpu } => {
+                memory.iter().chain(pids.iter()).chain(cpu.iter()).collect()
+            }
+        };
+        for parent in parents {
+            let Ok(entries) = fs_err::read_dir(parent) else {
+                continue;
+            };
+            for entry in entries.filter_map(Result::ok) {
+                let name = entry.file_name();
+                let Some(pid) = name
+                    .to_str()
+                    .and_then(|n| n.strip_prefix("snakebox-"))
+                    .and_then(|rest| rest.split('-').next())
+                    .and_then(|pid| pid.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+                    let _ = fs_err::remove_dir(entry.path());
+                }
+            }
+        }
+    }
+
     /// Prove we can create (and remove) a child in each parent. The cpu hierarchy is optional:
     /// where we cannot create a child there, CPU bandwidth is reported as not enforced.
     fn check_writable(&mut self) -> Result<(), CgroupError> {
@@ -444,9 +488,12 @@ impl CgroupSet {
 
     /// Create and configure the cgroup(s) of one run.
     pub(crate) fn create_run(&self, limits: &Limits) -> Result<RunCgroup, CgroupError> {
+        // The pid alone is not unique over time: a server killed before it removed its run
+        // cgroups leaves them behind, and a later server may get the same pid.
         let name = format!(
-            "snakebox-{}-{}",
+            "snakebox-{}-{:x}-{}",
             std::process::id(),
+            instance(),
             RUN_COUNTER.fetch_add(1, Ordering::Relaxed)
         );
         let mkdir = |parent: &Path| -> Result<PathBuf, CgroupError> {
