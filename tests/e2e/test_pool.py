@@ -1,5 +1,8 @@
 """The warm pool (issue 5): pre-started sandboxes, each used for exactly one run.
 
+These run with `--fork-server off`: with it on, runs of the default environment are forked
+instead (test_forkserver.py), and the pool keeps no sandboxes for it.
+
 A pooled run must be indistinguishable from a cold one: nothing of one run (files in /work,
 /tmp and /dev/shm, environment variables, processes) is visible to the next; a timeout keeps
 the output printed before and kills the whole tree, counting from the request (not from when
@@ -22,6 +25,10 @@ pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
 ]
+
+
+# The pool alone serves the default environment.
+POOL_ONLY = ("--fork-server", "off")
 
 
 async def pool_state(client) -> dict:
@@ -88,7 +95,7 @@ print(json.dumps({
 
 
 async def test_consecutive_pooled_runs_share_nothing(snakebox_bin, data_dir):
-    async with connect(snakebox_bin, data_dir, "legacy") as client:
+    async with connect(snakebox_bin, data_dir, "legacy", *POOL_ONLY) as client:
         assert (await pool_state(client))["size"] == 2
         # The first call names the default environment (cache warming is off in this suite).
         warmup, _, _ = await call(client, "execute_python", script="print('warm')")
@@ -126,7 +133,7 @@ subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1000)  # {marke
 print('before the timeout', flush=True)
 time.sleep(100)
 """
-    async with connect(snakebox_bin, data_dir, "legacy") as client:
+    async with connect(snakebox_bin, data_dir, "legacy", *POOL_ONLY) as client:
         await call(client, "execute_python", script="print('warm')")
         # The pooled sandboxes were started well before the call: the limit counts from
         # the request, so a 2 s script under a 3 s limit still finishes.
@@ -150,7 +157,7 @@ time.sleep(100)
 
 
 async def test_the_pool_refills_and_reports_its_state(snakebox_bin, data_dir):
-    async with connect(snakebox_bin, data_dir, "legacy", "--warm-pool", "3") as client:
+    async with connect(snakebox_bin, data_dir, "legacy", "--warm-pool", "3", *POOL_ONLY) as client:
         state = await pool_state(client)
         assert state["size"] == 3 and state["active"] is True, state
         await call(client, "execute_python", script="print('warm')")
@@ -180,6 +187,9 @@ async def test_warm_pool_zero_runs_everything_cold(snakebox_bin, data_dir):
             "served": 0,
             "cold_starts": 0,
             "last_error": None,
+            "fork_server": False,
+            "forked": 0,
+            "fork_server_error": None,
         }, state
 
 

@@ -46,6 +46,9 @@ pub struct EngineConfig {
     /// Pre-started sandboxes kept ready per warm environment (`0`: no warm pool). See
     /// the `pool` module.
     pub warm_pool: usize,
+    /// Fork runs of the default environment from a pre-initialised interpreter while serving
+    /// (see the `pool` module); falls back to the warm pool where that is unavailable.
+    pub fork_server: bool,
     /// Build the default environment at start-up.
     pub warm_cache: bool,
     /// Environment cache: total size above which least-recently-used environments are pruned.
@@ -87,6 +90,7 @@ impl EngineConfig {
             cpu_millicores: Some(1000),
             network: false,
             warm_pool: 2,
+            fork_server: true,
             warm_cache: true,
             cache_max_bytes: 10 * 1024 * 1024 * 1024,
             cache_max_age: Duration::from_secs(30 * 24 * 3600),

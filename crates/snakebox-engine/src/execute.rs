@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use snakebox_env::{Environment, Interpreter};
 use snakebox_sandbox::{
-    BackendKind, Limits, Mount, OutputChunk, Policy, SandboxCommand, Termination,
+    BackendKind, ForkRun, ForkServerSpec, Limits, Mount, OutputChunk, Policy, SandboxCommand,
+    Termination,
 };
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
@@ -115,7 +116,14 @@ impl Engine {
             && self
                 .pick_interpreter(None, None)
                 .is_ok_and(|default| default.executable == plan.interpreter.executable);
-        let (run_dir, pending) = match self.pool.take(&environment, plan.network, is_default) {
+        // Forked from the fork server when it serves this environment; else a pre-started
+        // sandbox of the warm pool when one matches; else a cold start.
+        let forking = self.pool.forking(&environment, plan.network);
+        let warm = match forking {
+            Some(_) => None,
+            None => self.pool.take(&environment, plan.network, is_default),
+        };
+        let (run_dir, pending) = match warm {
             Some(warm) => (
                 warm.run_dir
                     .write_script(&request.script)
@@ -159,13 +167,32 @@ impl Engine {
                 ));
             }
         };
-        let outcome = match pending {
-            Some(pending) => {
+        let mut outcome = None;
+        if let Some(forking) = &forking {
+            let forked = forking
+                .server
+                .run(
+                    &self.fork_run(&run_dir, plan.timeout),
+                    cancel.clone(),
+                    output.clone(),
+                )
+                .await;
+            match forked {
+                // No user code ran: a cold start serves the run instead.
+                Err(err) if err.retry_elsewhere() => {
+                    tracing::warn!(error = %crate::describe(&err), "fork server; running cold");
+                }
+                forked => outcome = Some(forked),
+            }
+        }
+        let outcome = match (outcome, pending) {
+            (Some(outcome), _) => outcome,
+            (None, Some(pending)) => {
                 pending
                     .run(crate::pool::GO, plan.timeout, cancel, output)
                     .await
             }
-            None => {
+            (None, None) => {
                 let (policy, command) =
                     self.sandbox_call(&environment, &run_dir, plan.timeout, plan.network, false);
                 sandbox.run(&policy, &command, cancel, output).await
@@ -442,16 +469,7 @@ impl Engine {
             )
         };
         let mut mounts = environment.mounts();
-        mounts.push(Mount {
-            host: run_dir.input.clone(),
-            dest: PathBuf::from(SANDBOX_INPUT_DIR),
-            writable: false,
-        });
-        mounts.push(Mount {
-            host: run_dir.work.clone(),
-            dest: PathBuf::from(SANDBOX_WORK_DIR),
-            writable: true,
-        });
+        mounts.extend(run_mounts(run_dir));
         let env = run_environment(&environment.root, &work, &tmp);
         let policy = Policy {
             mounts,
@@ -462,13 +480,8 @@ impl Engine {
             identity: run_dir.identity(),
         };
         // The runner executes the script and reports on the control channel (fd 3).
-        let runner = script.with_file_name(crate::runner::FILE_NAME);
-        let mut args: Vec<std::ffi::OsString> = vec![
-            "-s".into(),
-            runner.into_os_string(),
-            script.into_os_string(),
-            crate::runner::CONTROL_FD.into(),
-        ];
+        let mut args: Vec<std::ffi::OsString> = vec!["-s".into()];
+        args.extend(runner_argv(&script).into_iter().map(Into::into));
         if pooled {
             args.push("--wait".into());
         }
@@ -478,6 +491,37 @@ impl Engine {
             control_channel: true,
         };
         (policy, command)
+    }
+
+    /// The fork server's sandbox for `environment`: what a native run of it sees, except the
+    /// run's own directories (each forked run binds those) and the network (never).
+    pub(crate) fn fork_server_spec(&self, environment: &Environment) -> ForkServerSpec {
+        let work = PathBuf::from(SANDBOX_WORK_DIR);
+        ForkServerSpec {
+            policy: Policy {
+                mounts: environment.mounts(),
+                network: false,
+                env: run_environment(&environment.root, &work, Path::new("/tmp")),
+                cwd: work.clone(),
+                limits: self.limits(self.config.max_timeout),
+                identity: snakebox_sandbox::Identity::Untrusted,
+            },
+            python: environment.python.clone(),
+            module_source: crate::runner::SOURCE.to_string(),
+            runs_root: server_runs_dir(&self.config.data_dir),
+            mount_points: vec![PathBuf::from(SANDBOX_INPUT_DIR), work],
+        }
+    }
+
+    /// One run for the fork server: the same mounts, argv and limits as a native cold run.
+    fn fork_run(&self, run_dir: &RunDir, timeout: Duration) -> ForkRun {
+        ForkRun {
+            mounts: run_mounts(run_dir),
+            identity: run_dir.identity(),
+            limits: self.limits(timeout),
+            argv: runner_argv(&PathBuf::from(SANDBOX_INPUT_DIR).join(SCRIPT_NAME)),
+            cwd: PathBuf::from(SANDBOX_WORK_DIR),
+        }
     }
 
     pub(crate) fn limits(&self, timeout: Duration) -> Limits {
@@ -493,6 +537,34 @@ impl Engine {
             cpu_millicores: self.config.cpu_millicores,
         }
     }
+}
+
+/// The run's own directories, as the native sandbox mounts them: the inputs read-only at
+/// `/snakebox`, the working directory at `/work`.
+fn run_mounts(run_dir: &RunDir) -> Vec<Mount> {
+    vec![
+        Mount {
+            host: run_dir.input.clone(),
+            dest: PathBuf::from(SANDBOX_INPUT_DIR),
+            writable: false,
+        },
+        Mount {
+            host: run_dir.work.clone(),
+            dest: PathBuf::from(SANDBOX_WORK_DIR),
+            writable: true,
+        },
+    ]
+}
+
+/// The runner's arguments (after the interpreter's options) for `script`: the runner beside
+/// it, the script, the control descriptor.
+fn runner_argv(script: &Path) -> Vec<String> {
+    let runner = script.with_file_name(crate::runner::FILE_NAME);
+    vec![
+        runner.to_string_lossy().into_owned(),
+        script.to_string_lossy().into_owned(),
+        crate::runner::CONTROL_FD.to_string(),
+    ]
 }
 
 /// The complete environment of a run (one-shot or session) using the virtual environment at
@@ -624,9 +696,7 @@ impl RunDir {
         owner: Option<(u32, u32)>,
     ) -> std::io::Result<RunDir> {
         use std::os::unix::fs::PermissionsExt;
-        let root = runs_dir(data_dir)
-            .join(std::process::id().to_string())
-            .join(id);
+        let root = server_runs_dir(data_dir).join(id);
         let dir = RunDir {
             input: root.join("input"),
             work: root.join("work"),
@@ -727,6 +797,11 @@ fn runs_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("runs")
 }
 
+/// This server's run directories: `<data>/runs/<server pid>`.
+pub(crate) fn server_runs_dir(data_dir: &Path) -> PathBuf {
+    runs_dir(data_dir).join(std::process::id().to_string())
+}
+
 /// Remove the run directories of servers that are gone (killed before they could clean up),
 /// releasing any scratch mount left in them. Directories of live servers sharing the data
 /// directory are left alone.
@@ -750,6 +825,8 @@ pub(crate) fn remove_stale_run_dirs(data_dir: &Path) {
                 snakebox_sandbox::release_stale_scratch(&run.path().join("work"));
             }
         }
+        // The fork server's shared mount of the whole directory, if it had one.
+        snakebox_sandbox::unshare_mounts_below(&entry.path());
         if let Err(err) = fs_err::remove_dir_all(entry.path()) {
             tracing::warn!(%err, "could not remove a stale run directory");
         }

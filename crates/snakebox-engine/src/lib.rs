@@ -130,7 +130,7 @@ impl Engine {
         );
         let sessions = session::Sessions::open(&config.data_dir, config.sessions.clone());
         Engine {
-            pool: pool::WarmPool::new(config.warm_pool),
+            pool: pool::WarmPool::new(config.warm_pool, config.fork_server),
             sessions,
             artifacts,
             runs: Semaphore::new(config.max_concurrent_runs.max(1)),

@@ -40,7 +40,7 @@ pub(crate) enum RlimitKind {
 }
 
 impl RlimitKind {
-    fn resource(self) -> libc::__rlimit_resource_t {
+    pub(crate) fn resource(self) -> libc::__rlimit_resource_t {
         match self {
             Self::Cpu => libc::RLIMIT_CPU,
             Self::Fsize => libc::RLIMIT_FSIZE,
@@ -134,6 +134,10 @@ pub(crate) struct Staging {
     pub(crate) root: CString,
     /// What to bind into it.
     pub(crate) mounts: Vec<StagedMount>,
+    /// Keep receiving the host's mount events (the namespace is a slave of the host's, not
+    /// private): the fork server must see each run's scratch mount, made after it started,
+    /// under the run directories. It still sends nothing back to the host.
+    pub(crate) receive_host_mounts: bool,
 }
 
 /// Everything the child does before `exec`, prepared by the parent.
@@ -282,11 +286,16 @@ unsafe fn stage(staging: &Staging) -> io::Result<()> {
     // SAFETY: raw system calls on NUL-terminated strings prepared by the parent.
     unsafe {
         check(libc::unshare(libc::CLONE_NEWNS))?;
+        let propagation = if staging.receive_host_mounts {
+            libc::MS_SLAVE
+        } else {
+            libc::MS_PRIVATE
+        };
         check(libc::mount(
             std::ptr::null(),
             c"/".as_ptr(),
             std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
+            libc::MS_REC | propagation,
             std::ptr::null(),
         ))?;
         check(libc::mount(

@@ -46,6 +46,14 @@ pub enum SpawnError {
         #[source]
         source: io::Error,
     },
+    /// The fork server could not start, or could not set up one run's sandbox.
+    #[error("The fork server failed: {message}")]
+    ForkServer {
+        /// What went wrong, as the fork server or the server saw it.
+        message: String,
+        /// Whether it failed before any user code ran (the run can be started another way).
+        before_user_code: bool,
+    },
     /// A value cannot be passed to the process (for example a NUL byte in an argument).
     #[error("Failed to pass a value containing a NUL byte to the sandbox: `{value}`")]
     NulByte {
@@ -69,6 +77,9 @@ impl SpawnError {
             }
             Self::Path { .. } => Some("create the path or fix its permissions".into()),
             Self::NulByte { .. } => Some("remove NUL bytes from arguments and environment".into()),
+            Self::ForkServer { .. } => Some(
+                "retry: the next run starts a fresh sandbox the usual way; `--fork-server off` turns the fork server off".into(),
+            ),
             _ => None,
         }
     }
@@ -286,6 +297,19 @@ pub enum SandboxError {
 }
 
 impl SandboxError {
+    /// Whether the run failed before any of its code ran for a reason that another way of
+    /// starting it (a cold sandbox) does not share.
+    #[must_use]
+    pub fn retry_elsewhere(&self) -> bool {
+        matches!(
+            self,
+            Self::Spawn(SpawnError::ForkServer {
+                before_user_code: true,
+                ..
+            })
+        )
+    }
+
     /// How to fix it, when there is something the operator can do.
     pub fn hint(&self) -> Option<String> {
         match self {

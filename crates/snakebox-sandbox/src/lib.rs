@@ -34,6 +34,9 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::error::{CgroupError, NamespaceError, SandboxError, SeccompError, SpawnError};
 pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
+pub use crate::native::forkserver::{
+    ForkRun, ForkServer, ForkServerSpec, share_mounts_below, unshare_mounts_below,
+};
 pub use crate::pending::PendingRun;
 pub use crate::scratch::{ScratchDir, release_stale_scratch};
 pub use crate::supervise::CONTROL_MAX_BYTES;
@@ -394,6 +397,22 @@ impl Sandbox {
         match &self.native {
             None => none::prestart(policy, command),
             Some(native) => native.prestart(policy, command),
+        }
+    }
+
+    /// Start a fork server for runs of one environment (see [`ForkServer`]): native backend
+    /// under a root server with cgroups only.
+    ///
+    /// # Errors
+    /// When this sandbox cannot have one, or it fails to start.
+    pub fn start_fork_server(&self, spec: &ForkServerSpec) -> Result<ForkServer, SandboxError> {
+        match &self.native {
+            None => Err(SpawnError::ForkServer {
+                message: "it needs the native sandbox".into(),
+                before_user_code: true,
+            }
+            .into()),
+            Some(native) => native.start_fork_server(spec),
         }
     }
 

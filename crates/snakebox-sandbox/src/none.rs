@@ -187,13 +187,16 @@ pub(crate) async fn run(
 ) -> Result<Outcome, SandboxError> {
     let limits: &Limits = &policy.limits;
     let Started {
-        child,
+        mut child,
         teardown,
         control_read,
         started,
     } = start(policy, command, false)?;
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
     let raw = supervise(
         child,
+        stdout,
+        stderr,
         control_read,
         limits,
         cancel,

@@ -126,8 +126,11 @@ impl PendingRun {
         }
         let mut limits = self.limits.clone();
         limits.wall_time = wall_time;
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
         let raw = supervise(
             child,
+            stdout,
+            stderr,
             self.control.take(),
             &limits,
             cancel,

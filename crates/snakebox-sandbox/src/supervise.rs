@@ -41,6 +41,29 @@ pub(crate) trait Teardown: Send + Sync {
     fn release(&self) {}
 }
 
+/// The process whose end is the end of a run: a spawned child (bwrap, or the command itself
+/// without isolation), or a run forked by the fork server.
+pub(crate) trait DirectChild: Send {
+    /// Its pid, for error messages (0 when it has none of ours).
+    fn pid(&self) -> u32;
+    /// Wait until it ends.
+    fn wait(&mut self) -> impl std::future::Future<Output = std::io::Result<ExitStatus>> + Send;
+    /// Start killing it (the teardown kills the rest of the tree).
+    fn start_kill(&mut self);
+}
+
+impl DirectChild for tokio::process::Child {
+    fn pid(&self) -> u32 {
+        self.id().unwrap_or(0)
+    }
+    fn wait(&mut self) -> impl std::future::Future<Output = std::io::Result<ExitStatus>> + Send {
+        tokio::process::Child::wait(self)
+    }
+    fn start_kill(&mut self) {
+        let _ = tokio::process::Child::start_kill(self);
+    }
+}
+
 /// Kills the tree if the run future is dropped before it finished.
 struct KillOnDrop<'a> {
     teardown: &'a dyn Teardown,
@@ -77,9 +100,13 @@ pub(crate) struct RawRun {
     pub(crate) duration: Duration,
 }
 
-/// Supervise a spawned child until it ends, time runs out or `cancel` fires.
-pub(crate) async fn supervise(
-    mut child: tokio::process::Child,
+/// Supervise a run until its direct child ends, time runs out or `cancel` fires, draining
+/// `stdout`, `stderr` and `control` meanwhile.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn supervise<C: DirectChild>(
+    mut child: C,
+    stdout: Option<impl AsyncRead + Unpin + Send + 'static>,
+    stderr: Option<impl AsyncRead + Unpin + Send + 'static>,
     control: Option<OwnedFd>,
     limits: &Limits,
     cancel: CancellationToken,
@@ -91,7 +118,7 @@ pub(crate) async fn supervise(
         teardown,
         armed: true,
     };
-    let pid = child.id().unwrap_or(0);
+    let pid = child.pid();
     let budget = limits.max_output_bytes;
     let forward_budget = Arc::new(AtomicUsize::new(
         usize::try_from(budget).unwrap_or(usize::MAX),
@@ -100,7 +127,7 @@ pub(crate) async fn supervise(
     let out_cap = Arc::new(Mutex::new(StreamCapture::new(budget)));
     let err_cap = Arc::new(Mutex::new(StreamCapture::new(budget)));
     let mut readers = tokio::task::JoinSet::new();
-    if let Some(stdout) = child.stdout.take() {
+    if let Some(stdout) = stdout {
         readers.spawn(drain(
             stdout,
             Stream::Stdout,
@@ -109,7 +136,7 @@ pub(crate) async fn supervise(
             forward_budget.clone(),
         ));
     }
-    if let Some(stderr) = child.stderr.take() {
+    if let Some(stderr) = stderr {
         readers.spawn(drain(
             stderr,
             Stream::Stderr,
@@ -142,7 +169,7 @@ pub(crate) async fn supervise(
         (Stop::Exited, Ok(status)) => status,
         (Stop::Exited, Err(source)) => return Err(SpawnError::Wait { pid, source }),
         _ => {
-            let _ = child.start_kill();
+            child.start_kill();
             child
                 .wait()
                 .await

@@ -72,6 +72,16 @@ pub enum NetworkArg {
     On,
 }
 
+/// A feature switch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Switch {
+    /// Turned off.
+    Off,
+    /// Turned on.
+    On,
+}
+
 /// Settings of the engine, shared by every subcommand. Each also reads an environment
 /// variable and the config file; the command line wins, then the environment, then the file.
 #[derive(Debug, Clone, Default, Args)]
@@ -103,6 +113,10 @@ pub struct EngineArgs {
     /// [default: 2].
     #[arg(long, env = "SNAKEBOX_WARM_POOL", value_name = "N")]
     pub warm_pool: Option<usize>,
+    /// Fork runs of the default environment from a pre-initialised interpreter, each in a
+    /// fresh sandbox, while serving (native sandbox, root server) [default: on].
+    #[arg(long, env = "SNAKEBOX_FORK_SERVER", value_enum)]
+    pub fork_server: Option<Switch>,
     /// Path to the uv binary [default: found on PATH, ~/.local/bin, or installed by pip].
     #[arg(long, env = "SNAKEBOX_UV_PATH", value_name = "PATH")]
     pub uv_path: Option<PathBuf>,

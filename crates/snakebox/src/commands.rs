@@ -52,6 +52,8 @@ pub(crate) async fn serve(args: &EngineArgs) -> anyhow::Result<ExitCode> {
             tokio::time::sleep(PRUNE_EVERY).await;
         }
     });
+    // Before any request: runs started from here on are visible to the fork server.
+    engine.prepare_fork_server();
     tokio::spawn(Arc::clone(&engine).run_warm_pool());
     let served = snakebox_server::serve_stdio(Arc::clone(&engine)).await;
     engine.stop_warm_pool().await;
@@ -221,6 +223,15 @@ fn print_report(report: &EnvironmentReport) {
     }
     if let Some(error) = &pool.last_error {
         println!("           last error: {error}");
+    }
+    if pool.fork_server {
+        println!(
+            "fork server: serving the default environment ({} runs forked)",
+            pool.forked
+        );
+    }
+    if let Some(error) = &pool.fork_server_error {
+        println!("fork server: not running: {error}");
     }
     let sessions = &report.sessions;
     if sessions.available {

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use snakebox_engine::EngineConfig;
 use snakebox_sandbox::BackendKind;
 
-use crate::cli::{BackendArg, EngineArgs, NetworkArg};
+use crate::cli::{BackendArg, EngineArgs, NetworkArg, Switch};
 
 /// Largest `--warm-pool`: every pooled sandbox is a waiting interpreter.
 const MAX_WARM_POOL: usize = 64;
@@ -25,6 +25,7 @@ struct FileSettings {
     max_output_bytes: Option<u64>,
     no_warm_cache: Option<bool>,
     warm_pool: Option<usize>,
+    fork_server: Option<Switch>,
     uv_path: Option<PathBuf>,
     bwrap_path: Option<PathBuf>,
     data_dir: Option<PathBuf>,
@@ -151,6 +152,7 @@ pub(crate) fn resolve(args: &EngineArgs) -> anyhow::Result<EngineConfig> {
         }
         config.warm_pool = size;
     }
+    config.fork_server = args.fork_server.or(file.fork_server) != Some(Switch::Off);
     config.network = args.network.or(file.network) == Some(NetworkArg::On);
 
     let pick = |cli: &Option<String>, file: Option<SizeOrNumber>| {

@@ -16,6 +16,7 @@
 //! Writable mounts must therefore be writable by host uid 65534 when the server is root: see
 //! [`crate::Sandbox::sandbox_host_uid`].
 
+pub(crate) mod forkserver;
 pub(crate) mod policy;
 pub(crate) mod seccomp;
 
@@ -68,7 +69,7 @@ pub(crate) struct NativeBackend {
     /// Whether we switch bwrap to an unprivileged host uid (the server is root).
     drop_privileges: bool,
     staging: Option<PathBuf>,
-    cgroups: Option<CgroupSet>,
+    cgroups: Option<Arc<CgroupSet>>,
     cgroup_note: String,
 }
 
@@ -142,7 +143,7 @@ impl NativeBackend {
         let (cgroups, cgroup_note) = match CgroupSet::detect() {
             Ok(set) => {
                 let note = set.describe();
-                (Some(set), note)
+                (Some(Arc::new(set)), note)
             }
             Err(e) => (
                 None,
@@ -199,7 +200,7 @@ impl NativeBackend {
             args: vec!["-u".into()],
             control_channel: false,
         };
-        let mut prepared = self.prepare(&policy, &command, None)?;
+        let mut prepared = self.prepare(&policy, &command, None, None)?;
         prepared
             .command
             .stdout(Stdio::piped())
@@ -278,8 +279,11 @@ impl NativeBackend {
             enforced,
             mechanism,
         };
-        let memory = self.cgroups.as_ref().and_then(CgroupSet::memory_mechanism);
-        let pids = self.cgroups.as_ref().and_then(CgroupSet::pids_mechanism);
+        let memory = self
+            .cgroups
+            .as_deref()
+            .and_then(CgroupSet::memory_mechanism);
+        let pids = self.cgroups.as_deref().and_then(CgroupSet::pids_mechanism);
         let nproc_note = if self.drop_privileges {
             "RLIMIT_NPROC on the run's own host uid (shared by sessions, which all run as 65534)"
         } else {
@@ -289,7 +293,7 @@ impl NativeBackend {
             r("wall_time", true, "supervisor timer; SIGKILL of the sandbox's pid 1 (PID namespace), bwrap and the run cgroup".into()),
             r("cpu_time", true, "RLIMIT_CPU per process (SIGXCPU, SIGKILL one second later)".into()),
             {
-                let cpu = self.cgroups.as_ref().and_then(CgroupSet::cpu_mechanism);
+                let cpu = self.cgroups.as_deref().and_then(CgroupSet::cpu_mechanism);
                 r(
                     "cpu_bandwidth",
                     cpu.is_some(),
@@ -314,12 +318,14 @@ impl NativeBackend {
         ]
     }
 
-    /// Build the bwrap command and the child plan for one run.
+    /// Build the bwrap command and the child plan for one run (or, with `zygote`, for the
+    /// fork server).
     fn prepare(
         &self,
         policy: &Policy,
         command: &SandboxCommand,
         cgroup: Option<&RunCgroup>,
+        zygote: Option<forkserver::ZygoteSetup>,
     ) -> Result<Prepared, SandboxError> {
         let desc = |what: &'static str| move |source| SpawnError::Descriptor { what, source };
         let mut keep: Vec<OwnedFd> = Vec::new();
@@ -353,13 +359,17 @@ impl NativeBackend {
                 plan.staging = Some(Staging {
                     root: cstring(root.as_os_str().as_bytes())?,
                     mounts: staged,
+                    receive_host_mounts: zygote.is_some(),
                 });
             }
         } else {
             sources.extend(policy.mounts.iter().map(|m| m.host.clone()));
         }
 
-        let ops = policy::setup_ops(policy, &self.view, &sources)?;
+        let ops = match &zygote {
+            None => policy::setup_ops(policy, &self.view, &sources)?,
+            Some(setup) => policy::zygote_ops(policy, &self.view, &sources, &setup.mount_points)?,
+        };
         let payload = policy::args_payload(&policy::option_args(&ops))?;
 
         let mut map = |fd: OwnedFd, target: i32, what: &'static str| -> Result<(), SpawnError> {
@@ -398,6 +408,11 @@ impl NativeBackend {
             HOSTS_FD,
             "/etc/hosts",
         )?;
+        let is_zygote = zygote.is_some();
+        if let Some(setup) = zygote {
+            map(setup.userns, policy::USERNS_FD, "user namespace")?;
+            map(setup.socket, CONTROL_FD, "fork server socket")?;
+        }
         let (info_read, info_write) = pipe().map_err(desc("bwrap info"))?;
         map(info_write, INFO_FD, "bwrap info")?;
         let control_read = if command.control_channel {
@@ -411,7 +426,10 @@ impl NativeBackend {
         let limits = &policy.limits;
         let memory_by_cgroup = cgroup.is_some_and(RunCgroup::limits_memory);
         let pids_by_cgroup = cgroup.is_some_and(RunCgroup::limits_pids);
-        plan.rlimits = rlimits_for(limits, !memory_by_cgroup, !pids_by_cgroup);
+        if !is_zygote {
+            // (Each run forked by the fork server sets its own.)
+            plan.rlimits = rlimits_for(limits, !memory_by_cgroup, !pids_by_cgroup);
+        }
         plan.cgroup_procs = match cgroup {
             Some(cg) => cg
                 .procs_files()
@@ -420,7 +438,11 @@ impl NativeBackend {
                 .collect::<Result<_, _>>()?,
             None => Vec::new(),
         };
-        plan.drop_to = self.host_ids(policy.identity);
+        plan.drop_to = if is_zygote {
+            Some((forkserver::ZYGOTE_UID, forkserver::ZYGOTE_UID))
+        } else {
+            self.host_ids(policy.identity)
+        };
 
         let mut cmd = std::process::Command::new(&self.bwrap);
         cmd.args(policy::bwrap_argv(command))
@@ -455,7 +477,7 @@ impl NativeBackend {
             Some(set) => Some(set.create_run(&policy.limits)?),
             None => None,
         };
-        let prepared = self.prepare(policy, command, cgroup.as_ref())?;
+        let prepared = self.prepare(policy, command, cgroup.as_ref(), None)?;
         let Prepared {
             command: mut std_cmd,
             keep_until_spawned,
@@ -499,14 +521,17 @@ impl NativeBackend {
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<Outcome, SandboxError> {
         let Started {
-            child,
+            mut child,
             teardown,
             control_read,
             info_task,
             started,
         } = self.start(policy, command, false)?;
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
         let raw = supervise(
             child,
+            stdout,
+            stderr,
             control_read,
             &policy.limits,
             cancel,

@@ -39,6 +39,20 @@ pub(crate) const GROUP_FD: i32 = 9;
 /// `--ro-bind-data` for the synthetic `/etc/hosts`.
 pub(crate) const HOSTS_FD: i32 = 10;
 
+/// `--userns`: the user namespace the server made for the fork server (see `forkserver.rs`).
+pub(crate) const USERNS_FD: i32 = 11;
+
+/// Capabilities the fork server keeps inside its own user namespace, to give each run its own
+/// namespaces, mounts and uid: mount and unshare, switching uids, bringing up loopback, and
+/// reaching the run directories (owned by the runs' uids) to bind them.
+pub(crate) const ZYGOTE_CAPS: &[&str] = &[
+    "CAP_SYS_ADMIN",
+    "CAP_SETUID",
+    "CAP_SETGID",
+    "CAP_NET_ADMIN",
+    "CAP_DAC_OVERRIDE",
+];
+
 /// Synthetic `/etc/passwd`: the sandbox user only (and root, which some tools look up).
 /// Never the host's file: its user names are not the sandbox's business.
 pub(crate) const PASSWD: &str = "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:65534:65534:sandbox:/tmp:/usr/sbin/nologin\n";
@@ -114,6 +128,17 @@ pub(crate) enum SetupOp {
     UnshareUser,
     /// `--unshare-cgroup`: explicit, so it fails instead of being skipped (`--unshare-all` only tries).
     UnshareCgroup,
+    /// `--unshare-NAME` for one namespace (the fork server lists them: it cannot use
+    /// `--unshare-all`, which includes the user namespace).
+    Unshare(&'static str),
+    /// `--userns FD`: enter this user namespace instead of making one.
+    UserNs(i32),
+    /// `--cap-add CAP`.
+    CapAdd(&'static str),
+    /// `--dir DEST`: an empty directory (a mount point for later mounts).
+    Dir(PathBuf),
+    /// `--chmod MODE PATH`.
+    Chmod(u32, PathBuf),
     /// `--share-net`: keep the host network (only when the policy allows network).
     ShareNet,
     /// `--disable-userns`: no nested user namespaces (K-02).
@@ -258,6 +283,75 @@ pub(crate) fn setup_ops(
     Ok(ops)
 }
 
+/// The setup of the fork server's sandbox: a run's setup (same system view, environment,
+/// variables, /proc, /dev, limits on /tmp) with four differences. It enters the user namespace
+/// the server made (`--userns`) as its uid 0 and keeps [`ZYGOTE_CAPS`] there, where a run
+/// gets a user namespace of its own and no capabilities; it has no seccomp program (each run
+/// installs the programs itself, after its setup); nested user namespaces stay possible (each
+/// run makes one; the run's seccomp program forbids any further); and `mount_points` are
+/// created for the mounts each run adds.
+pub(crate) fn zygote_ops(
+    policy: &Policy,
+    view: &SystemView,
+    mount_sources: &[PathBuf],
+    mount_points: &[PathBuf],
+) -> Result<Vec<SetupOp>, NamespaceError> {
+    use SetupOp::*;
+    for point in mount_points {
+        check_sandbox_path(point)?;
+    }
+    let mut ops = Vec::new();
+    for op in setup_ops(policy, view, mount_sources)? {
+        match op {
+            UnshareAll => ops.extend(["pid", "net", "ipc", "uts"].map(Unshare)),
+            UnshareUser => ops.push(UserNs(USERNS_FD)),
+            UnshareCgroup => ops.push(Unshare("cgroup")),
+            DisableUserns | SeccompFd(_) => {}
+            Uid(_) => ops.push(Uid(0)),
+            Gid(_) => ops.push(Gid(0)),
+            CapDropAll => ops.extend(ZYGOTE_CAPS.iter().map(|cap| CapAdd(cap))),
+            RemountRo(root) => {
+                ops.extend(mount_points.iter().cloned().map(Dir));
+                // bwrap makes the directories leading to a mount point private to the
+                // sandbox's uid (0700). The runs have other uids: they must be able to pass.
+                ops.extend(traversable(&ops).into_iter().map(|dir| Chmod(0o755, dir)));
+                ops.push(RemountRo(root));
+            }
+            other => ops.push(other),
+        }
+    }
+    Ok(ops)
+}
+
+/// The directories bwrap created on its root to reach the destinations of `ops`: every
+/// ancestor of a destination that is not itself mounted or inside a mount (those are host
+/// directories, never to be changed).
+fn traversable(ops: &[SetupOp]) -> Vec<PathBuf> {
+    use SetupOp::*;
+    let mut mounted: Vec<&Path> = Vec::new();
+    let mut dests: Vec<&Path> = Vec::new();
+    for op in ops {
+        match op {
+            RoBind(_, d) | Bind(_, d) | Proc(d) | Dev(d) | Tmpfs(d, _) => {
+                mounted.push(d);
+                dests.push(d);
+            }
+            RoData(_, d) | Symlink(_, d) | Dir(d) => dests.push(d),
+            _ => {}
+        }
+    }
+    let mut dirs: Vec<PathBuf> = dests
+        .iter()
+        .flat_map(|d| d.ancestors().skip(1))
+        .filter(|a| a.parent().is_some())
+        .filter(|a| !mounted.iter().any(|m| a.starts_with(m)))
+        .map(Path::to_path_buf)
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}
+
 /// Options for bwrap's `--args` descriptor (NUL-separated).
 pub(crate) fn option_args(ops: &[SetupOp]) -> Vec<OsString> {
     use SetupOp::*;
@@ -268,6 +362,11 @@ pub(crate) fn option_args(ops: &[SetupOp]) -> Vec<OsString> {
             UnshareAll => push(&[&"--unshare-all"]),
             UnshareUser => push(&[&"--unshare-user"]),
             UnshareCgroup => push(&[&"--unshare-cgroup"]),
+            Unshare(name) => push(&[&format!("--unshare-{name}")]),
+            UserNs(fd) => push(&[&"--userns", &fd.to_string()]),
+            CapAdd(cap) => push(&[&"--cap-add", cap]),
+            Dir(d) => push(&[&"--dir", d]),
+            Chmod(mode, path) => push(&[&"--chmod", &format!("{mode:04o}"), path]),
             ShareNet => push(&[&"--share-net"]),
             DisableUserns => push(&[&"--disable-userns"]),
             Uid(u) => push(&[&"--uid", &u.to_string()]),
