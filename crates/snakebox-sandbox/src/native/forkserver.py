@@ -36,6 +36,7 @@ import fcntl
 import gc
 import json
 import os
+import re
 import resource
 import select
 import signal
@@ -57,6 +58,7 @@ MS_NODEV = 0x4
 MS_NOEXEC = 0x8
 MS_REMOUNT = 0x20
 MS_BIND = 0x1000
+MS_MOVE = 0x2000
 MS_REC = 0x4000
 MS_PRIVATE = 0x40000
 MNT_DETACH = 0x2
@@ -78,6 +80,8 @@ IFF_UP = 0x1
 # Where the server's run directories appear inside this sandbox (this program's own files are
 # there too); each run detaches it before any user code runs.
 RUNS = "/run/snakebox/runs"
+# An empty mount point where a run builds a fresh tmpfs before moving it into place.
+SPARE = "/run/snakebox/spare"
 
 # bubblewrap's read-only covers on a fresh /proc.
 PROC_COVERS = ("sys", "sysrq-trigger", "irq", "bus")
@@ -142,6 +146,45 @@ def _load_programs(paths):
         buffer = ctypes.create_string_buffer(code, len(code))
         programs.append((buffer, _Fprog(len(code) // 8, ctypes.addressof(buffer))))
     return programs
+
+
+def _mount_points_below(target):
+    """Mount points strictly below `target` in this mount namespace, outermost only."""
+    found = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            point = line.split(" ")[4]
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), point)
+            if point.startswith(target + "/"):
+                found.append(point)
+    found.sort()
+    outermost = []
+    for point in found:
+        if not any(point.startswith(outer + "/") or point == outer for outer in outermost):
+            outermost.append(point)
+    return outermost
+
+
+def _fresh_tmpfs(target, size):
+    """Mount a fresh, empty tmpfs on `target` (mode 1777, capped at `size`), keeping what is
+    mounted below it (an environment under /tmp stays where it is): the tmpfs is built on
+    SPARE with those mounts bound in, then moved into place."""
+    flags = MS_NOSUID | MS_NODEV
+    options = "mode=1777" + (",size=%d" % size if size else "")
+    below = _mount_points_below(target)
+    if not below:
+        _mount("tmpfs", target, "tmpfs", flags, options)
+        return
+    _mount("tmpfs", SPARE, "tmpfs", flags, options)
+    for point in below:
+        dest = SPARE + point[len(target) :]
+        if os.path.isdir(point):
+            os.makedirs(dest, mode=0o755, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(dest), mode=0o755, exist_ok=True)
+            os.close(os.open(dest, os.O_WRONLY | os.O_CREAT, 0o644))
+        _mount(point, dest, None, MS_BIND | MS_REC)
+    _mount(SPARE, target, None, MS_MOVE)
 
 
 def _loopback_up():
@@ -315,8 +358,7 @@ class Zygote:
         for source, target, writable in request["binds"]:
             _bind(RUNS + "/" + source, target, writable)
         for target, size in request["tmpfs"]:
-            options = "mode=1777" + (",size=%d" % size if size else "")
-            _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, options)
+            _fresh_tmpfs(target, size)
         _check(_libc.umount2(RUNS.encode(), MNT_DETACH), "umount %s" % RUNS)
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         for name in PROC_COVERS:

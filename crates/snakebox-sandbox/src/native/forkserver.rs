@@ -48,6 +48,8 @@ use crate::{Identity, LEASED_UID_BASE, LEASED_UIDS, Limits, Mount, Outcome, Outp
 pub(crate) const ZYGOTE_UID: u32 = 65532;
 /// Where the run directories appear inside the fork server's sandbox (each run detaches it).
 const RUNS_INSIDE: &str = "/run/snakebox/runs";
+/// An empty mount point each run builds its fresh `/tmp` on (see `forkserver.py`).
+const SPARE_INSIDE: &str = "/run/snakebox/spare";
 /// The fork server program.
 const SOURCE: &str = include_str!("forkserver.py");
 /// How long the fork server may take to start (import its modules) before we give up on it.
@@ -185,7 +187,12 @@ impl NativeBackend {
         let setup = ZygoteSetup {
             userns,
             socket: theirs,
-            mount_points: spec.mount_points.clone(),
+            mount_points: spec
+                .mount_points
+                .iter()
+                .cloned()
+                .chain([PathBuf::from(SPARE_INSIDE)])
+                .collect(),
         };
         let mut prepared = self.prepare(&policy, &command, None, Some(setup))?;
         prepared
@@ -425,13 +432,15 @@ impl DirectChild for Forked {
     fn wait(
         &mut self,
     ) -> impl std::future::Future<Output = std::io::Result<std::process::ExitStatus>> + Send {
-        let report = self.report.take();
         async move {
             use std::os::unix::process::ExitStatusExt;
-            let Some(report) = report else {
+            // Waited for through a reference: a wait given up (on timeout) can be resumed.
+            let Some(report) = self.report.as_mut() else {
                 return Err(std::io::Error::other("the run was already waited for"));
             };
-            match report.await {
+            let report = report.await;
+            self.report = None;
+            match report {
                 Ok(Report::Exit(status)) => Ok(std::process::ExitStatus::from_raw(status)),
                 Ok(Report::Fail(reason)) => {
                     Err(std::io::Error::other(format!("{SETUP_FAILED}: {reason}")))

@@ -1,0 +1,226 @@
+"""The fork server (issue 5): runs of the default environment forked from a pre-initialised
+interpreter, each in a fresh sandbox of its own.
+
+A forked run must be as isolated as a cold one and look the same to the script: its own
+namespaces (pid 1 is its own init, it is pid 2), uid 65534 inside and a host uid of its own
+outside, no capabilities, no_new_privs, seccomp, loopback only, a fresh /proc, /tmp and /work,
+nothing of another run (files, variables, processes), no view of the server's run
+directories; limits, timeouts and signals behave as in a cold run. Each test checks through
+the `forked` counter that the run really was forked."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+
+import anyio
+import pytest
+
+from conftest import call, connect, have_bwrap
+from test_pool import LEAVE_TRACES, LOOK_FOR_TRACES
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
+]
+
+LEASED = range(200_000, 200_000 + 4096)
+
+
+async def pool_state(client) -> dict:
+    report, _, _ = await call(client, "check_environment")
+    return report["warm_pool"]
+
+
+async def wait_forking(client, seconds: float = 30.0) -> dict:
+    """Name the default environment (cache warming is off in this suite), then wait until
+    the fork server serves it."""
+    data, _, _ = await call(client, "execute_python", script="print('warm')")
+    assert data["status"] == "ok", data
+    deadline = time.monotonic() + seconds
+    while True:
+        state = await pool_state(client)
+        if state["fork_server"]:
+            return state
+        assert state["fork_server_error"] is None, state
+        assert time.monotonic() < deadline, f"the fork server did not start: {state}"
+        await anyio.sleep(0.1)
+
+
+async def forked_run(client, script: str, **arguments) -> dict:
+    """Run `script` and check that the fork server ran it."""
+    before = await pool_state(client)
+    data, _, _ = await call(client, "execute_python", script=script, **arguments)
+    after = await pool_state(client)
+    assert after["forked"] == before["forked"] + 1, (before, after)
+    return data
+
+
+PROBE = r"""
+import json, os, socket, errno, ctypes
+status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines() if ":" in line)
+libc = ctypes.CDLL(None, use_errno=True)
+def err(result):
+    return "ok" if result == 0 else errno.errorcode[ctypes.get_errno()]
+mounted = err(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None))
+unshared = err(libc.unshare(0x10000000))
+def exists(path):
+    return os.path.exists(path)
+print(json.dumps({
+    "uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(),
+    "pid": os.getpid(), "ppid": os.getppid(),
+    "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "cap_eff": status["CapEff"].strip(), "cap_bnd": status["CapBnd"].strip(),
+    "cap_prm": status["CapPrm"].strip(),
+    "no_new_privs": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip(),
+    "hostname": socket.gethostname(),
+    "interfaces": sorted(name for _, name in socket.if_nameindex()),
+    "run_dirs_visible": exists("/run/snakebox/runs") and os.listdir("/run/snakebox/runs") != [],
+    "mount": mounted, "unshare": unshared,
+    "cwd": os.getcwd(),
+    "proc_sys_writable": os.access("/proc/sys/kernel/hostname", os.W_OK),
+    "oom_score_adj": open("/proc/self/oom_score_adj").read().strip(),
+}))
+"""
+
+
+async def test_a_forked_run_is_a_fresh_sandbox(snakebox_bin, data_dir):
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        data = await forked_run(client, PROBE)
+        assert data["status"] == "ok", data
+        seen = json.loads(data["stdout"])
+        assert (seen["uid"], seen["gid"]) == (65534, 65534), seen
+        # Its own pid namespace: an init (pid 1) and the run (pid 2), nothing else.
+        assert (seen["pid"], seen["ppid"]) == (2, 1), seen
+        assert seen["pids"] == [1, 2], seen
+        assert seen["cap_eff"] == seen["cap_bnd"] == seen["cap_prm"] == "0000000000000000", seen
+        assert seen["no_new_privs"] == "1" and seen["seccomp"] == "2", seen
+        assert seen["hostname"] == "sandbox", seen
+        assert seen["interfaces"] == ["lo"], seen
+        assert seen["run_dirs_visible"] is False, seen
+        assert seen["mount"] == "EPERM" and seen["unshare"] == "EPERM", seen
+        assert seen["cwd"] == "/work", seen
+        assert seen["proc_sys_writable"] is False, seen
+        assert int(seen["oom_score_adj"]) >= 500, seen
+
+
+async def test_consecutive_forked_runs_share_nothing(snakebox_bin, data_dir):
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        tag = uuid.uuid4().hex[:8]
+        first = await forked_run(client, LEAVE_TRACES.format(tag=tag))
+        assert first["status"] == "ok", first
+        for _ in range(2):
+            second = await forked_run(client, LOOK_FOR_TRACES)
+            assert second["status"] == "ok", second
+            seen = json.loads(second["stdout"])
+            assert seen["work"] == [], seen
+            assert not [name for name in seen["tmp"] if "trace" in name], seen
+            assert seen["shm"] == [], seen
+            assert seen["env"] == [], seen
+            assert seen["stdin"] == "", seen
+            assert not any("trace-" in p for p in seen["processes"]), seen
+            assert len(seen["processes"]) <= 2, seen
+        left = subprocess.run(["pgrep", "-f", f"trace-{tag}"], capture_output=True, text=True)
+        assert left.stdout.strip() == "", left.stdout
+
+
+async def test_concurrent_forked_runs_have_their_own_host_uids(snakebox_bin, data_dir):
+    marker = uuid.uuid4().hex[:10]
+    # The marker is in a child's command line, where a host-side scan can find it.
+    script = f"""
+import subprocess, sys
+subprocess.run([sys.executable, '-c', 'import time; time.sleep(3)  # {marker}-{{n}}'])
+print('done')
+"""
+
+    def host_uids() -> dict[int, int]:
+        found = {}
+        for n in range(2):
+            pids = subprocess.run(["pgrep", "-f", f"{marker}-{n}"], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                try:
+                    status = open(f"/proc/{pid}/status").read()
+                except OSError:
+                    continue
+                uid = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
+                found[n] = int(uid)
+        return found
+
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        before = await pool_state(client)
+        results = {}
+
+        async def run(n):
+            results[n], _, _ = await call(client, "execute_python", script=script.replace("{n}", str(n)))
+
+        uids = {}
+        async with anyio.create_task_group() as group:
+            group.start_soon(run, 0)
+            group.start_soon(run, 1)
+            deadline = time.monotonic() + 10
+            while len(uids) < 2 and time.monotonic() < deadline:
+                await anyio.sleep(0.1)
+                uids.update(host_uids())
+        assert all(r["status"] == "ok" for r in results.values()), results
+        after = await pool_state(client)
+        assert after["forked"] == before["forked"] + 2, (before, after)
+        assert len(uids) == 2, uids
+        assert uids[0] != uids[1], uids
+        assert all(uid in LEASED for uid in uids.values()), uids
+
+
+async def test_a_forked_timeout_keeps_output_and_kills_the_tree(snakebox_bin, data_dir):
+    marker = f"fork-tree-{uuid.uuid4().hex[:8]}"
+    script = f"""
+import subprocess, sys, time
+subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1000)  # {marker}'],
+                 start_new_session=True)
+print('before the timeout', flush=True)
+time.sleep(100)
+"""
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        data = await forked_run(client, script, timeout_seconds=2)
+        assert data["status"] == "timeout", data
+        assert "before the timeout" in data["stdout"]
+        deadline = time.monotonic() + 5
+        while subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 0:
+            assert time.monotonic() < deadline, "a process of the timed-out run survived"
+            await anyio.sleep(0.1)
+        # The fork server serves on.
+        data = await forked_run(client, "print('after')")
+        assert data["stdout"] == "after\n", data
+
+
+async def test_forked_runs_keep_limits_signals_and_exit_codes(snakebox_bin, data_dir):
+    async with connect(snakebox_bin, data_dir, "legacy", "--memory-limit", "128MiB") as client:
+        await wait_forking(client)
+        hog = await forked_run(client, "x = bytearray(512 * 1024 * 1024)\nprint(len(x))")
+        assert hog["status"] == "memory_limit", hog
+        term = await forked_run(client, "import os, signal\nprint('bye', flush=True)\nos.kill(os.getpid(), signal.SIGTERM)")
+        assert term["status"] == "error" and term["signal"] == 15, term
+        assert term["stdout"] == "bye\n", term
+        code = await forked_run(client, "import sys\nsys.exit(3)")
+        assert code["status"] == "error" and code["exit_code"] == 3, code
+        value = await forked_run(client, "import atexit\natexit.register(lambda: print('at exit'))\nf = open('kept.txt', 'w')\nf.write('unclosed')\n21 * 2")
+        assert value["status"] == "ok", value
+        assert value["result"]["json"] == 42, value
+        assert value["stdout"] == "at exit\n", value
+        assert [a["name"] for a in value["artifacts"]] == ["kept.txt"], value
+        assert [a["size"] for a in value["artifacts"]] == [len("unclosed")], value
+
+
+async def test_fork_server_off_leaves_runs_to_the_pool(snakebox_bin, data_dir):
+    async with connect(snakebox_bin, data_dir, "legacy", "--fork-server", "off") as client:
+        for _ in range(3):
+            data, _, _ = await call(client, "execute_python", script="print('pooled')")
+            assert data["stdout"] == "pooled\n", data
+        await anyio.sleep(1)
+        state = await pool_state(client)
+        assert state["fork_server"] is False and state["forked"] == 0, state
+        assert state["fork_server_error"] is None, state
