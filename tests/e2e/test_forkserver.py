@@ -42,7 +42,7 @@ async def wait_forking(client, seconds: float = 30.0) -> dict:
     deadline = time.monotonic() + seconds
     while True:
         state = await pool_state(client)
-        if state["fork_server"]:
+        if state["fork_servers"] >= 1:
             return state
         assert state["fork_server_error"] is None, state
         assert time.monotonic() < deadline, f"the fork server did not start: {state}"
@@ -222,5 +222,22 @@ async def test_fork_server_off_leaves_runs_to_the_pool(snakebox_bin, data_dir):
             assert data["stdout"] == "pooled\n", data
         await anyio.sleep(1)
         state = await pool_state(client)
-        assert state["fork_server"] is False and state["forked"] == 0, state
+        assert state["fork_servers"] == 0 and state["forked"] == 0, state
         assert state["fork_server_error"] is None, state
+
+
+async def test_a_recently_used_environment_gets_its_own_fork_server(snakebox_bin, data_dir):
+    script = "import six\nprint(six.__version__)"
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        first, _, _ = await call(client, "execute_python", script=script, dependencies=["six==1.16.0"], timeout_seconds=120)
+        assert first["status"] == "ok" and first["stdout"] == "1.16.0\n", first
+        deadline = time.monotonic() + 30
+        while (await pool_state(client))["fork_servers"] < 2:
+            assert time.monotonic() < deadline, await pool_state(client)
+            await anyio.sleep(0.1)
+        again = await forked_run(client, script, dependencies=["six==1.16.0"])
+        assert again["status"] == "ok" and again["stdout"] == "1.16.0\n", again
+        # The default environment is still forked by its own server.
+        plain = await forked_run(client, "import importlib.util\nprint(importlib.util.find_spec('six') is None)")
+        assert plain["stdout"] == "True\n", plain

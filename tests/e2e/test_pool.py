@@ -187,7 +187,7 @@ async def test_warm_pool_zero_runs_everything_cold(snakebox_bin, data_dir):
             "served": 0,
             "cold_starts": 0,
             "last_error": None,
-            "fork_server": False,
+            "fork_servers": 0,
             "forked": 0,
             "fork_server_error": None,
         }, state

@@ -116,12 +116,12 @@ impl Engine {
             && self
                 .pick_interpreter(None, None)
                 .is_ok_and(|default| default.executable == plan.interpreter.executable);
-        // Forked from the fork server when it serves this environment; else a pre-started
-        // sandbox of the warm pool when one matches; else a cold start.
-        let forking = self.pool.forking(&environment, plan.network);
-        let warm = match forking {
-            Some(_) => None,
-            None => self.pool.take(&environment, plan.network, is_default),
+        // Forked from the fork server of this environment when there is one; else a
+        // pre-started sandbox of the warm pool when one matches; else a cold start.
+        let (forking, warm) = match self.pool.claim(&environment, plan.network, is_default) {
+            crate::pool::Claim::Fork(forking) => (Some(forking), None),
+            crate::pool::Claim::Warm(warm) => (None, Some(*warm)),
+            crate::pool::Claim::Cold => (None, None),
         };
         let (run_dir, pending) = match warm {
             Some(warm) => (

@@ -16,15 +16,16 @@
 //! each of the [`RECENT_ENVIRONMENTS`] most recently used other (environment, network) pairs.
 //! A call nothing in the pool matches runs cold, as before.
 //!
-//! **The fork server.** Runs of the default environment without network are forked instead
+//! **Fork servers.** Runs of an environment kept warm without network are forked instead
 //! (when `fork_server` is on and the sandbox can have one: native, root, cgroups): one
-//! interpreter with the runner imported waits in a sandbox of its own, and each run is a child
-//! of it in a fresh sandbox of its own — new namespaces, its own host uid, `/tmp`, working
-//! directory, cgroup and limits, no capabilities, the seccomp programs — see
-//! `snakebox_sandbox::ForkServer`. A run costs a `fork` instead of a bubblewrap and an
-//! interpreter start, which is what lets two cores serve well over a hundred runs a second.
-//! While the fork server serves the default environment, no pooled sandboxes are kept for it;
-//! if it stops, it is restarted and the pool covers the gap.
+//! interpreter of that environment with the runner imported waits in a sandbox of its own,
+//! and each run is a child of it in a fresh sandbox of its own — new namespaces, its own host
+//! uid, `/tmp`, working directory, cgroup and limits, no capabilities, the seccomp programs —
+//! see `snakebox_sandbox::ForkServer`. A run costs a `fork` instead of a bubblewrap and an
+//! interpreter start, which is what lets two cores serve well over a hundred runs a second,
+//! and imports nothing twice. While a fork server serves an environment, no pooled
+//! sandboxes are kept for it; if it stops, it is restarted (after [`RETRY_AFTER`] when a
+//! start failed) and the pool covers the gap.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -71,7 +72,7 @@ pub(crate) struct Warm {
     pub(crate) pending: PendingRun,
 }
 
-/// The fork server of the default environment.
+/// A fork server of one environment kept warm.
 pub(crate) struct Forking {
     pub(crate) server: ForkServer,
     key: Key,
@@ -80,10 +81,27 @@ pub(crate) struct Forking {
     _environment: Environment,
 }
 
+/// How a call is started (see [`WarmPool::claim`]).
+pub(crate) enum Claim {
+    /// Forked from the fork server of its environment.
+    Fork(Arc<Forking>),
+    /// In a ready sandbox of the pool.
+    Warm(Box<Warm>),
+    /// In a sandbox started now.
+    Cold,
+}
+
+/// What [`WarmPool::note_use`] took out of the pool (dropped outside its lock).
+#[derive(Default)]
+struct Discarded {
+    warm: Vec<Warm>,
+    forks: Vec<Arc<Forking>>,
+}
+
 #[derive(Default)]
 struct Inner {
-    /// The running fork server, if any.
-    fork: Option<Arc<Forking>>,
+    /// Running fork servers, one per environment kept warm (without network).
+    forks: Vec<Arc<Forking>>,
     /// Why the last fork server start failed, and when.
     fork_error: Option<(String, std::time::Instant)>,
     /// The default environment, once known.
@@ -128,12 +146,12 @@ pub struct PoolReport {
     pub cold_starts: u64,
     /// The last failure to start a pooled sandbox, if any.
     pub last_error: Option<String>,
-    /// Whether runs of the default environment are forked from a pre-initialised interpreter
-    /// now (`--fork-server`); false when it is off, not started yet, or unavailable here.
-    pub fork_server: bool,
-    /// Runs forked by it since start.
+    /// Fork servers running now, one per environment kept warm without network
+    /// (`--fork-server`); 0 when it is off, none started yet, or unavailable here.
+    pub fork_servers: usize,
+    /// Runs forked since start.
     pub forked: u64,
-    /// Why the fork server is not running, when it should be.
+    /// Why the last fork server start failed, if it did (it is retried after 5 s).
     pub fork_server_error: Option<String>,
 }
 
@@ -163,113 +181,122 @@ impl WarmPool {
             && !self.stopped.load(Ordering::Relaxed)
     }
 
-    /// A ready sandbox for this environment and network setting, if there is one. Records the
-    /// use either way, so recently used environments are kept warm. `is_default`: the call
-    /// uses the default environment and network setting (known from its first use when cache
+    /// Record a call's use of an environment, so recently used environments are kept warm,
+    /// and discard what is kept for environments no longer warm. `is_default`: the call uses
+    /// the default environment and network setting (known from its first use when cache
     /// warming did not build it).
-    pub(crate) fn take(
+    fn note_use(
+        &self,
+        inner: &mut Inner,
+        key: &Key,
+        environment: &Environment,
+        is_default: bool,
+    ) -> Discarded {
+        if is_default
+            && inner
+                .default
+                .as_ref()
+                .is_none_or(|default| &default.key == key)
+        {
+            inner.default = Some(Target {
+                key: key.clone(),
+                environment: environment.clone(),
+            });
+        }
+        let is_default = inner.default.as_ref().is_some_and(|t| &t.key == key);
+        if !is_default {
+            inner.recent.retain(|t| &t.key != key);
+            inner.recent.insert(
+                0,
+                Target {
+                    key: key.clone(),
+                    environment: environment.clone(),
+                },
+            );
+            inner.recent.truncate(RECENT_ENVIRONMENTS);
+        }
+        let kept: Vec<Key> = inner
+            .default
+            .iter()
+            .chain(inner.recent.iter())
+            .map(|t| t.key.clone())
+            .collect();
+        let mut discarded = Discarded::default();
+        let mut index = 0;
+        while index < inner.ready.len() {
+            if kept.contains(&inner.ready[index].key) {
+                index += 1;
+            } else {
+                discarded.warm.push(inner.ready.swap_remove(index));
+            }
+        }
+        let (forks, gone): (Vec<_>, Vec<_>) = std::mem::take(&mut inner.forks)
+            .into_iter()
+            .partition(|f| kept.contains(&f.key) && f.server.is_alive());
+        inner.forks = forks;
+        discarded.forks = gone;
+        discarded
+    }
+
+    /// How a call is started: forked from a fork server of its environment, in a ready sandbox
+    /// of the pool, or cold. Records the use either way (see [`WarmPool::note_use`]).
+    pub(crate) fn claim(
         &self,
         environment: &Environment,
         network: bool,
         is_default: bool,
-    ) -> Option<Warm> {
+    ) -> Claim {
         if !self.active() {
-            return None;
+            return Claim::Cold;
         }
         let key = Key {
             environment: environment.key.clone(),
             network,
         };
-        let (taken, discarded) = {
+        let root = dir_id(&environment.root);
+        let (claim, discarded) = {
             let mut inner = self.lock();
-            if is_default
-                && inner
-                    .default
-                    .as_ref()
-                    .is_none_or(|default| default.key == key)
-            {
-                inner.default = Some(Target {
-                    key: key.clone(),
-                    environment: environment.clone(),
-                });
-            }
-            let is_default = inner.default.as_ref().is_some_and(|t| t.key == key);
-            if !is_default {
-                inner.recent.retain(|t| t.key != key);
-                inner.recent.insert(
-                    0,
-                    Target {
-                        key: key.clone(),
-                        environment: environment.clone(),
-                    },
-                );
-                inner.recent.truncate(RECENT_ENVIRONMENTS);
-            }
-            // Sandboxes of environments no longer kept warm go.
-            let kept: Vec<Key> = inner
-                .default
+            let discarded = self.note_use(&mut inner, &key, environment, is_default);
+            let fork = inner
+                .forks
                 .iter()
-                .chain(inner.recent.iter())
-                .map(|t| t.key.clone())
-                .collect();
-            let mut discarded = Vec::new();
-            let mut index = 0;
-            while index < inner.ready.len() {
-                if kept.contains(&inner.ready[index].key) {
-                    index += 1;
-                } else {
-                    discarded.push(inner.ready.swap_remove(index));
+                .find(|f| f.key == key && f.root.is_some() && f.root == root)
+                .cloned();
+            let claim = match fork {
+                Some(fork) => Claim::Fork(fork),
+                None => {
+                    let mut taken = None;
+                    let mut stale = Vec::new();
+                    while let Some(at) = inner.ready.iter().position(|w| w.key == key) {
+                        let mut warm = inner.ready.remove(at);
+                        if warm.root.is_some() && warm.root == root && warm.pending.is_alive() {
+                            taken = Some(warm);
+                            break;
+                        }
+                        stale.push(warm);
+                    }
+                    drop(stale);
+                    taken.map_or(Claim::Cold, |warm| Claim::Warm(Box::new(warm)))
                 }
-            }
-            let mut taken = None;
-            let root = dir_id(&environment.root);
-            while let Some(at) = inner.ready.iter().position(|w| w.key == key) {
-                let mut warm = inner.ready.remove(at);
-                if warm.root.is_some() && warm.root == root && warm.pending.is_alive() {
-                    taken = Some(warm);
-                    break;
-                }
-                discarded.push(warm);
-            }
-            (taken, discarded)
+            };
+            (claim, discarded)
         };
         drop(discarded);
-        if taken.is_some() {
-            self.served.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.cold.fetch_add(1, Ordering::Relaxed);
-        }
+        match &claim {
+            Claim::Fork(_) => self.forked.fetch_add(1, Ordering::Relaxed),
+            Claim::Warm(_) => self.served.fetch_add(1, Ordering::Relaxed),
+            Claim::Cold => self.cold.fetch_add(1, Ordering::Relaxed),
+        };
         self.wake.notify_one();
-        taken
+        claim
     }
 
-    /// The fork server, when it serves this environment and network setting.
-    pub(crate) fn forking(&self, environment: &Environment, network: bool) -> Option<Arc<Forking>> {
-        if !self.active() {
-            return None;
-        }
-        let fork = self.lock().fork.clone()?;
-        let serves = !network
-            && fork.key.environment == environment.key
-            && fork.root.is_some()
-            && fork.root == dir_id(&environment.root);
-        if !fork.server.is_alive() {
-            // Gone: the refill task restarts it.
-            self.wake.notify_one();
-            return None;
-        }
-        if serves {
-            self.forked.fetch_add(1, Ordering::Relaxed);
-        }
-        serves.then_some(fork)
-    }
-
-    /// Whether the fork server serves `key` now (then no sandboxes are pooled for it).
+    /// Whether a fork server serves `key` now (then no sandboxes are pooled for it).
     fn forks(inner: &Inner, key: &Key) -> bool {
         inner
-            .fork
-            .as_ref()
-            .is_some_and(|f| &f.key == key && f.server.is_alive())
+            .forks
+            .iter()
+            .any(|f| &f.key == key && f.server.is_alive())
     }
 
     /// The next target that has fewer than `size` sandboxes ready.
@@ -284,20 +311,13 @@ impl WarmPool {
             .cloned()
     }
 
-    /// The default target, when the fork server should serve it and is not running (and did
-    /// not fail just now).
+    /// The first environment kept warm (the default first) that a fork server should serve
+    /// and none does, unless a start failed just now.
     fn fork_wanted(&self) -> Option<Target> {
         if !self.fork_enabled || !self.fork_prepared.load(Ordering::SeqCst) {
             return None;
         }
         let inner = self.lock();
-        let target = inner.default.as_ref()?;
-        if target.key.network {
-            return None;
-        }
-        if inner.fork.as_ref().is_some_and(|f| f.server.is_alive()) {
-            return None;
-        }
         if inner
             .fork_error
             .as_ref()
@@ -305,7 +325,12 @@ impl WarmPool {
         {
             return None;
         }
-        Some(target.clone())
+        inner
+            .default
+            .iter()
+            .chain(inner.recent.iter())
+            .find(|target| !target.key.network && !Self::forks(&inner, &target.key))
+            .cloned()
     }
 
     pub(crate) fn report(&self) -> PoolReport {
@@ -330,7 +355,11 @@ impl WarmPool {
             served: self.served.load(Ordering::Relaxed),
             cold_starts: self.cold.load(Ordering::Relaxed),
             last_error: inner.last_error.clone(),
-            fork_server: self.active() && inner.fork.as_ref().is_some_and(|f| f.server.is_alive()),
+            fork_servers: if self.active() {
+                inner.forks.iter().filter(|f| f.server.is_alive()).count()
+            } else {
+                0
+            },
             forked: self.forked.load(Ordering::Relaxed),
             fork_server_error: if self.fork_enabled {
                 inner
@@ -377,15 +406,14 @@ impl Engine {
                 let mut inner = pool.lock();
                 match started {
                     Ok(Ok(forking)) => {
-                        inner.fork = Some(Arc::new(forking));
-                        inner.fork_error = None;
                         // Its pooled sandboxes are no longer needed.
-                        let key = inner.fork.as_ref().map(|f| f.key.clone());
-                        inner.ready.retain(|w| Some(&w.key) != key.as_ref());
+                        inner.ready.retain(|w| w.key != forking.key);
+                        inner.forks.retain(|f| f.key != forking.key);
+                        inner.forks.push(Arc::new(forking));
+                        inner.fork_error = None;
                     }
                     Ok(Err(message)) => {
-                        tracing::warn!(%message, "could not start the fork server; the warm pool serves instead");
-                        inner.fork = None;
+                        tracing::warn!(%message, "could not start a fork server; the warm pool serves instead");
                         inner.fork_error = Some((message, std::time::Instant::now()));
                     }
                     Err(err) => {
@@ -427,11 +455,14 @@ impl Engine {
     pub async fn stop_warm_pool(&self) {
         self.pool.stopped.store(true, Ordering::SeqCst);
         self.pool.wake.notify_one();
-        let (ready, mut fork) = {
+        let (ready, forks) = {
             let mut inner = self.pool.lock();
-            (std::mem::take(&mut inner.ready), inner.fork.take())
+            (
+                std::mem::take(&mut inner.ready),
+                std::mem::take(&mut inner.forks),
+            )
         };
-        drop(fork.take());
+        drop(forks);
         if self.pool.fork_prepared.swap(false, Ordering::SeqCst) {
             snakebox_sandbox::unshare_mounts_below(&crate::execute::server_runs_dir(
                 &self.config.data_dir,

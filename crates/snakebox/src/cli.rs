@@ -113,8 +113,9 @@ pub struct EngineArgs {
     /// [default: 2].
     #[arg(long, env = "SNAKEBOX_WARM_POOL", value_name = "N")]
     pub warm_pool: Option<usize>,
-    /// Fork runs of the default environment from a pre-initialised interpreter, each in a
-    /// fresh sandbox, while serving (native sandbox, root server) [default: on].
+    /// Fork runs of the environments kept warm (without network) from a pre-initialised
+    /// interpreter, each in a fresh sandbox, while serving (native sandbox, root server)
+    /// [default: on].
     #[arg(long, env = "SNAKEBOX_FORK_SERVER", value_enum)]
     pub fork_server: Option<Switch>,
     /// Path to the uv binary [default: found on PATH, ~/.local/bin, or installed by pip].

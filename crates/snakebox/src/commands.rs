@@ -224,14 +224,14 @@ fn print_report(report: &EnvironmentReport) {
     if let Some(error) = &pool.last_error {
         println!("           last error: {error}");
     }
-    if pool.fork_server {
+    if pool.fork_servers > 0 {
         println!(
-            "fork server: serving the default environment ({} runs forked)",
-            pool.forked
+            "fork servers: {} ({} runs forked)",
+            pool.fork_servers, pool.forked
         );
     }
     if let Some(error) = &pool.fork_server_error {
-        println!("fork server: not running: {error}");
+        println!("fork server: last start failed: {error}");
     }
     let sessions = &report.sessions;
     if sessions.available {

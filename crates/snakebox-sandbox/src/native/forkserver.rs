@@ -429,26 +429,22 @@ impl DirectChild for Forked {
         0
     }
 
-    fn wait(
-        &mut self,
-    ) -> impl std::future::Future<Output = std::io::Result<std::process::ExitStatus>> + Send {
-        async move {
-            use std::os::unix::process::ExitStatusExt;
-            // Waited for through a reference: a wait given up (on timeout) can be resumed.
-            let Some(report) = self.report.as_mut() else {
-                return Err(std::io::Error::other("the run was already waited for"));
-            };
-            let report = report.await;
-            self.report = None;
-            match report {
-                Ok(Report::Exit(status)) => Ok(std::process::ExitStatus::from_raw(status)),
-                Ok(Report::Fail(reason)) => {
-                    Err(std::io::Error::other(format!("{SETUP_FAILED}: {reason}")))
-                }
-                Err(_) => Err(std::io::Error::other(
-                    "the fork server stopped during the run",
-                )),
+    async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        use std::os::unix::process::ExitStatusExt;
+        // Waited for through a reference: a wait given up (on timeout) can be resumed.
+        let Some(report) = self.report.as_mut() else {
+            return Err(std::io::Error::other("the run was already waited for"));
+        };
+        let report = report.await;
+        self.report = None;
+        match report {
+            Ok(Report::Exit(status)) => Ok(std::process::ExitStatus::from_raw(status)),
+            Ok(Report::Fail(reason)) => {
+                Err(std::io::Error::other(format!("{SETUP_FAILED}: {reason}")))
             }
+            Err(_) => Err(std::io::Error::other(
+                "the fork server stopped during the run",
+            )),
         }
     }
 
