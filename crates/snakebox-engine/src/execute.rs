@@ -826,7 +826,7 @@ pub(crate) fn remove_stale_run_dirs(data_dir: &Path) {
             }
         }
         // The fork server's shared mount of the whole directory, if it had one.
-        snakebox_sandbox::unshare_mounts_below(&entry.path());
+        snakebox_sandbox::unmount_runs_root(&entry.path());
         if let Err(err) = fs_err::remove_dir_all(entry.path()) {
             tracing::warn!(%err, "could not remove a stale run directory");
         }

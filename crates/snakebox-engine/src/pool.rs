@@ -464,7 +464,7 @@ impl Engine {
         };
         drop(forks);
         if self.pool.fork_prepared.swap(false, Ordering::SeqCst) {
-            snakebox_sandbox::unshare_mounts_below(&crate::execute::server_runs_dir(
+            snakebox_sandbox::unmount_runs_root(&crate::execute::server_runs_dir(
                 &self.config.data_dir,
             ));
         }
@@ -480,7 +480,7 @@ impl Engine {
     }
 
     /// Get the run directories ready for a fork server (see
-    /// [`snakebox_sandbox::share_mounts_below`]), before any run starts: `serve` calls it
+    /// [`snakebox_sandbox::mount_runs_root`]), before any run starts: `serve` calls it
     /// before it takes requests. Turns the fork server off when that fails.
     pub fn prepare_fork_server(&self) {
         if !self.pool.fork_enabled
@@ -491,8 +491,11 @@ impl Engine {
             return;
         }
         let dir = crate::execute::server_runs_dir(&self.config.data_dir);
-        if let Err(err) = snakebox_sandbox::share_mounts_below(&dir) {
-            let message = format!("could not share mounts below `{}`: {err}", dir.display());
+        if let Err(err) = snakebox_sandbox::mount_runs_root(&dir) {
+            let message = format!(
+                "could not mount the run directories at `{}`: {err}",
+                dir.display()
+            );
             self.pool.lock().fork_error = Some((message, std::time::Instant::now()));
             self.pool.fork_prepared.store(false, Ordering::SeqCst);
             return;

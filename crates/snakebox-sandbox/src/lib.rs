@@ -35,7 +35,7 @@ use tokio_util::sync::CancellationToken;
 pub use crate::error::{CgroupError, NamespaceError, SandboxError, SeccompError, SpawnError};
 pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
 pub use crate::native::forkserver::{
-    ForkRun, ForkServer, ForkServerSpec, share_mounts_below, unshare_mounts_below,
+    ForkRun, ForkServer, ForkServerSpec, mount_runs_root, unmount_runs_root,
 };
 pub use crate::pending::PendingRun;
 pub use crate::scratch::{ScratchDir, release_stale_scratch};
