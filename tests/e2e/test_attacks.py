@@ -63,10 +63,45 @@ def canaries(tmp_path_factory: pytest.TempPathFactory) -> Any:
     assert not planted.connections(), f"host canary listeners were reached: {planted.connections()}"
 
 
+# How one-shot runs of the default environment start: every attack runs both ways.
+# "forked": from the fork server (the default; the server is ready before the attack);
+# "pooled": in a pre-started bubblewrap sandbox, or cold (`--fork-server off`).
+LAUNCH = {"mode": "forked"}
+
+
+@pytest.fixture(autouse=True, params=["forked", "pooled"])
+def launch(request):
+    LAUNCH["mode"] = request.param
+    yield request.param
+
+
+async def wait_for_fork_server(client: Any) -> None:
+    """Name the default environment (cache warming is off here) and wait until its fork
+    server runs, so that the attack's runs are forked."""
+    data, _, _ = await call(client, "execute_python", script="print('warm')", timeout_seconds=60)
+    assert data["status"] == "ok", data
+    deadline = time.monotonic() + 30
+    while True:
+        report, _, _ = await call(client, "check_environment")
+        pool = report["warm_pool"]
+        if pool["fork_servers"] >= 1:
+            return
+        assert pool["fork_server_error"] is None, pool
+        assert time.monotonic() < deadline, pool
+        await anyio.sleep(0.05)
+
+
 @contextlib.asynccontextmanager
 async def server(snakebox_bin: Path, data_dir: Path, canaries: Canaries, *args: str) -> AsyncIterator[Any]:
     """One server with the canaries in its environment (HOME is the fake home)."""
+    forked = LAUNCH["mode"] == "forked"
+    if not forked:
+        args = (*args, "--fork-server", "off")
     async with connect(snakebox_bin, data_dir, MODE, *args, env=canaries.server_env()) as client:
+        # The fork server serves runs without network while the pool is on.
+        pairs = list(zip(args, args[1:]))
+        if forked and ("--network", "on") not in pairs and ("--warm-pool", "0") not in pairs:
+            await wait_for_fork_server(client)
         yield client
 
 

@@ -59,6 +59,8 @@ const SOURCE: &str = include_str!("forkserver.py");
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// How a failed setup is reported (no user code ran).
 const SETUP_FAILED: &str = "the run's sandbox could not be set up";
+/// How long a killed run's end may take to be reported.
+const KILLED_REPORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest message from the fork server.
 const MESSAGE_MAX: usize = 64 * 1024;
 
@@ -371,6 +373,7 @@ impl ForkServer {
         let stderr = receiver(stderr_read, "stderr")?;
         let child = Forked {
             report: Some(report_rx),
+            killed: false,
         };
         let raw = supervise(
             child,
@@ -425,6 +428,9 @@ impl Drop for ForkServer {
 /// A forked run as its supervisor sees it: it ends when the fork server reports its end.
 struct Forked {
     report: Option<oneshot::Receiver<Report>>,
+    /// Set once the run was killed: from then on the report is awaited for a bounded time
+    /// only, so a fork server that stopped answering cannot hold the call.
+    killed: bool,
 }
 
 impl DirectChild for Forked {
@@ -438,7 +444,15 @@ impl DirectChild for Forked {
         let Some(report) = self.report.as_mut() else {
             return Err(std::io::Error::other("the run was already waited for"));
         };
-        let report = report.await;
+        let report = if self.killed {
+            match tokio::time::timeout(KILLED_REPORT_TIMEOUT, report).await {
+                Ok(report) => report,
+                // Killed through its cgroup; the fork server did not say so in time.
+                Err(_) => Ok(Report::Exit(libc::SIGKILL)),
+            }
+        } else {
+            report.await
+        };
         self.report = None;
         match report {
             Ok(Report::Exit(status)) => Ok(std::process::ExitStatus::from_raw(status)),
@@ -453,6 +467,7 @@ impl DirectChild for Forked {
 
     fn start_kill(&mut self) {
         // The teardown kills everything in the run's cgroup; the fork server reports the end.
+        self.killed = true;
     }
 }
 

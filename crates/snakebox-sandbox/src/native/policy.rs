@@ -568,6 +568,63 @@ mod tests {
     }
 
     #[test]
+    fn the_fork_servers_sandbox_keeps_a_runs_isolation_but_its_own_user_namespace() {
+        use SetupOp::*;
+        let mut p = policy(true);
+        p.mounts.push(Mount {
+            host: "/srv/runs/42".into(),
+            dest: "/run/snakebox/runs".into(),
+            writable: true,
+        });
+        let sources: Vec<PathBuf> = p.mounts.iter().map(|m| m.host.clone()).collect();
+        let points = [PathBuf::from("/snakebox"), PathBuf::from("/work")];
+        let ops = zygote_ops(&p, &view(), &sources, &points).unwrap();
+        // Its own user namespace (the server's), as its uid 0, with a few capabilities there.
+        assert!(ops.contains(&UserNs(USERNS_FD)));
+        assert!(ops.contains(&Uid(0)) && ops.contains(&Gid(0)));
+        assert!(ZYGOTE_CAPS.iter().all(|cap| ops.contains(&CapAdd(cap))));
+        for gone in [UnshareAll, UnshareUser, DisableUserns, CapDropAll, ShareNet] {
+            assert!(!ops.contains(&gone), "{gone:?}");
+        }
+        assert!(!ops.iter().any(|op| matches!(op, SeccompFd(_))));
+        // Every other namespace is new, whatever the policy says about network.
+        for ns in ["pid", "net", "ipc", "uts", "cgroup"] {
+            assert!(ops.contains(&Unshare(ns)), "{ns}");
+        }
+        // Mount points and traversable parents come before the root turns read-only; host
+        // directories (mounted ones and what is inside them) are never changed.
+        let ro = ops
+            .iter()
+            .position(|op| op == &RemountRo("/".into()))
+            .unwrap();
+        for point in &points {
+            assert!(ops[..ro].contains(&Dir(point.clone())));
+        }
+        assert!(ops[..ro].contains(&Chmod(0o755, "/run/snakebox".into())));
+        assert!(ops[..ro].contains(&Chmod(0o755, "/opt".into())));
+        let chmods: Vec<&PathBuf> = ops
+            .iter()
+            .filter_map(|op| {
+                if let Chmod(_, path) = op {
+                    Some(path)
+                } else {
+                    None
+                }
+            })
+            .collect();
+        for path in chmods {
+            assert!(
+                !path.starts_with("/usr") && !path.starts_with("/opt/python"),
+                "{path:?}"
+            );
+            assert!(
+                !path.starts_with("/tmp/work") && path != Path::new("/"),
+                "{path:?}"
+            );
+        }
+    }
+
+    #[test]
     fn relative_or_dotdot_paths_are_refused() {
         let mut p = policy(false);
         p.cwd = "work".into();
