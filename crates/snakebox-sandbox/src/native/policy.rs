@@ -306,7 +306,8 @@ pub(crate) fn zygote_ops(
             UnshareAll => ops.extend(["pid", "net", "ipc", "uts"].map(Unshare)),
             UnshareUser => ops.push(UserNs(USERNS_FD)),
             UnshareCgroup => ops.push(Unshare("cgroup")),
-            DisableUserns | SeccompFd(_) => {}
+            // Never the host network: runs get a network namespace of their own each.
+            DisableUserns | SeccompFd(_) | ShareNet => {}
             Uid(_) => ops.push(Uid(0)),
             Gid(_) => ops.push(Gid(0)),
             CapDropAll => ops.extend(ZYGOTE_CAPS.iter().map(|cap| CapAdd(cap))),
