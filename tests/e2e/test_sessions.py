@@ -324,3 +324,14 @@ async def test_sessions_survive_kill_9_of_the_server(snakebox_bin: Path, tmp_pat
         assert data["stdout"] == "False on disk\n"
         assert data["fresh_interpreter"] is True
         assert any("restarted" in note for note in data["notes"]), data["notes"]
+
+
+async def test_a_cell_or_command_killed_by_a_signal_reports_it(client):
+    session = await create(client)
+    cell, _, _ = await run(client, session, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert cell["status"] == "error" and cell["signal"] == 9, cell
+    command, _, _ = await call(client, "run_command", session_id=session, command="kill -TERM $$")
+    assert command["status"] == "error" and command["signal"] == 15, command
+    # The session goes on, with a fresh interpreter.
+    after, _, _ = await run(client, session, "print('alive')")
+    assert after["stdout"] == "alive\n" and after["fresh_interpreter"] is True, after

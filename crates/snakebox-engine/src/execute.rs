@@ -224,16 +224,7 @@ impl Engine {
         };
         let (status, error) = classify(&outcome, &self.config, plan.timeout);
         let mut result = ExecutionResult::new(execution_id, status);
-        result.exit_code = outcome.exit_code;
-        result.signal = outcome
-            .signal
-            .filter(|_| outcome.termination == Termination::Exited);
-        result.stdout_truncated = outcome.stdout.truncated;
-        result.stderr_truncated = outcome.stderr.truncated;
-        result.stdout = outcome.stdout.text;
-        result.stderr = outcome.stderr.text;
-        result.timed_out = outcome.termination == Termination::TimedOut;
-        result.duration_ms = ids::millis(outcome.duration);
+        result.record_outcome(outcome);
         result.setup_ms = setup_ms;
         result.resolved_dependencies = environment
             .packages

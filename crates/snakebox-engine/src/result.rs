@@ -206,6 +206,23 @@ pub struct InlineImage {
 }
 
 impl ExecutionResult {
+    /// Take over what the sandbox saw of a finished run: exit code, the signal that killed it
+    /// (only when nothing of ours did: a timeout or a limit says so in `status`), output and
+    /// its truncation, time-out and duration.
+    pub(crate) fn record_outcome(&mut self, outcome: snakebox_sandbox::Outcome) {
+        use snakebox_sandbox::Termination;
+        self.exit_code = outcome.exit_code;
+        self.signal = outcome
+            .signal
+            .filter(|_| outcome.termination == Termination::Exited);
+        self.stdout_truncated = outcome.stdout.truncated;
+        self.stderr_truncated = outcome.stderr.truncated;
+        self.stdout = outcome.stdout.text;
+        self.stderr = outcome.stderr.text;
+        self.timed_out = outcome.termination == Termination::TimedOut;
+        self.duration_ms = crate::ids::millis(outcome.duration);
+    }
+
     /// A result for an execution that never ran.
     #[must_use]
     pub fn not_run(execution_id: String, status: Status, error: ErrorInfo) -> Self {

@@ -15,7 +15,6 @@ use std::time::Duration;
 use snakebox_env::Interpreter;
 use snakebox_sandbox::{
     BackendKind, ExchangeEnd, Identity, LiveSandbox, Mount, OutputChunk, Policy, SandboxCommand,
-    Termination,
 };
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
@@ -331,6 +330,7 @@ impl Engine {
                     .await;
                 result.status = Status::Error;
                 result.exit_code = exchange.exit_code;
+                result.signal = exchange.signal;
                 let how = match (exchange.exit_code, exchange.signal) {
                     (_, Some(signal)) => format!("was killed by signal {signal}"),
                     (Some(code), None) => format!("exited with code {code}"),
@@ -569,13 +569,7 @@ impl Engine {
         let (status, error) = crate::execute::classify(&outcome, &self.config, timeout);
         let mut result = ExecutionResult::new(execution_id.clone(), status);
         result.session_id = Some(session_id.to_owned());
-        result.exit_code = outcome.exit_code;
-        result.stdout_truncated = outcome.stdout.truncated;
-        result.stderr_truncated = outcome.stderr.truncated;
-        result.stdout = outcome.stdout.text;
-        result.stderr = outcome.stderr.text;
-        result.timed_out = outcome.termination == Termination::TimedOut;
-        result.duration_ms = ids::millis(outcome.duration);
+        result.record_outcome(outcome);
         result.timeout_seconds = timeout.as_secs();
         result.python_version = Some(row.python_version.clone());
         result.resolved_dependencies = packages_of(&row);

@@ -12,12 +12,16 @@
 //! supervises the run as it does any other: it owns the run's pipes and cgroup, so output caps,
 //! limits, time-outs and the kill path are the same.
 //!
-//! **Its user namespace** is made by the server (root): uid 0 inside maps to [`ZYGOTE_UID`], and
-//! uids 1..=[`LEASED_UIDS`] map to the host uids leased to runs. The fork server keeps a few
-//! capabilities in it ([`policy::ZYGOTE_CAPS`]); they reach only its own namespaces and the
-//! files of the mapped uids, never the host's. Each run switches to its leased uid (so runs do
-//! not share per-uid kernel counters, R-21) and enters a user namespace of its own in which it
-//! is 65534, as in a cold run.
+//! **Its privileges.** The fork server runs as root, like the server, with only the
+//! capabilities it needs to set runs up ([`policy::ZYGOTE_CAPS`]), in a sandbox of its own
+//! (read-only root, its own mount, pid, network, ipc, uts and cgroup namespaces). It never runs
+//! user code and takes no input but the server's requests. Each run, before any of its code
+//! runs, switches to its leased host uid and makes a user namespace of its own as that uid (in
+//! which it is 65534, as in a cold run): the same user-namespace ancestry as a run bubblewrap
+//! starts as that uid, so its per-uid kernel counters (inotify instances, RLIMIT_NPROC, ...)
+//! are its own. A fork server in a user namespace of its own would make every run's
+//! namespace a descendant of it, and the kernel charges those counters to each ancestor's
+//! owner: all runs would then share one.
 //!
 //! **The run directories** (`<data>/runs/<server pid>`) are bound into its sandbox, hidden from
 //! every run (each child detaches them before user code runs). The server mounts a tmpfs there,
@@ -26,7 +30,6 @@
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
@@ -44,8 +47,6 @@ use crate::error::{SandboxError, SpawnError};
 use crate::supervise::{DirectChild, outcome, supervise};
 use crate::{Identity, LEASED_UID_BASE, LEASED_UIDS, Limits, Mount, Outcome, OutputChunk, Policy};
 
-/// Host uid (and gid) of the fork server itself: uid 0 of its user namespace.
-pub(crate) const ZYGOTE_UID: u32 = 65532;
 /// The tmpfs of the run directories: scripts and the runner only (input files and the run's
 /// own files are in each run's capped scratch mount below it).
 const RUNS_ROOT_OPTIONS: &str = "mode=0755,size=1g,nr_inodes=1048576";
@@ -66,8 +67,6 @@ const MESSAGE_MAX: usize = 64 * 1024;
 
 /// Descriptors the fork server's bwrap command needs (see `NativeBackend::prepare`).
 pub(crate) struct ZygoteSetup {
-    /// The user namespace made for it (`--userns`).
-    pub(crate) userns: OwnedFd,
     /// Its end of the request socket (fd 3 inside).
     pub(crate) socket: OwnedFd,
     /// Mount points each run binds its directories on.
@@ -121,7 +120,8 @@ pub struct ForkRun {
 /// A running fork server; see the module documentation. Dropping it stops it.
 #[derive(Debug)]
 pub struct ForkServer {
-    process: Mutex<Option<std::process::Child>>,
+    /// A pidfd of its bwrap (killed when this is dropped).
+    process: OwnedFd,
     /// bwrap's `--info-fd` pipe: kept open (bwrap dies of SIGPIPE when it cannot write it).
     _info: OwnedFd,
     socket: OwnedFd,
@@ -165,8 +165,6 @@ impl NativeBackend {
         let files = write_files(&spec.runs_root, &spec.module_source)
             .map_err(|err| fail(format!("could not write its program: {err}")))?;
         let inside = Path::new(RUNS_INSIDE).join(files.file_name().unwrap_or_default());
-        let userns = make_user_namespace()
-            .map_err(|err| fail(format!("could not make its user namespace: {err}")))?;
         let (ours, theirs) =
             seqpacket_pair().map_err(|err| fail(format!("could not make its socket: {err}")))?;
 
@@ -190,7 +188,6 @@ impl NativeBackend {
             control_channel: false,
         };
         let setup = ZygoteSetup {
-            userns,
             socket: theirs,
             mount_points: spec
                 .mount_points
@@ -204,23 +201,20 @@ impl NativeBackend {
             .command
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        let mut process = prepared
-            .command
-            .spawn()
-            .map_err(|source| SpawnError::Start {
-                program: self.bwrap.clone(),
-                source,
-            })?;
+        let (pidfd, stderr) = spawn_kept(prepared.command).map_err(|source| SpawnError::Start {
+            program: self.bwrap.clone(),
+            source,
+        })?;
         drop(prepared.keep_until_spawned);
         // What it prints goes to our log; the last of it explains a failed start.
         let said = Arc::new(Mutex::new(String::new()));
-        if let Some(stderr) = process.stderr.take() {
+        if let Some(stderr) = stderr {
             let said = Arc::clone(&said);
             std::thread::spawn(move || log_stderr(stderr, &said));
         }
 
         let server = ForkServer {
-            process: Mutex::new(Some(process)),
+            process: pidfd,
             _info: prepared.info_read,
             socket: ours,
             waiters: Arc::new(Mutex::new(HashMap::new())),
@@ -289,14 +283,12 @@ impl ForkServer {
         if !self.is_alive() {
             return Err(fail("it is not running".into()));
         }
-        let Identity::Leased(host_uid) = run.identity else {
+        let Identity::Leased(uid) = run.identity else {
             return Err(fail("a forked run needs a leased uid".into()));
         };
-        let uid = host_uid
-            .checked_sub(LEASED_UID_BASE)
-            .filter(|n| *n < LEASED_UIDS)
-            .map(|n| n + 1)
-            .ok_or_else(|| fail(format!("uid `{host_uid}` is not a leased one")))?;
+        if !(LEASED_UID_BASE..LEASED_UID_BASE + LEASED_UIDS).contains(&uid) {
+            return Err(fail(format!("uid `{uid}` is not a leased one")));
+        }
         let mut binds = Vec::with_capacity(run.mounts.len());
         for mount in &run.mounts {
             let relative = mount
@@ -410,16 +402,16 @@ impl ForkServer {
 impl Drop for ForkServer {
     fn drop(&mut self) {
         self.alive.store(false, Ordering::SeqCst);
-        if let Some(mut process) = self
-            .process
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-        {
-            let _ = process.kill();
-            std::thread::spawn(move || {
-                let _ = process.wait();
-            });
+        // SAFETY: pidfd_send_signal on a pidfd we own (immune to pid reuse); its keeper
+        // thread reaps it.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.process.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<u8>(),
+                0,
+            );
         }
         let _ = fs_err::remove_dir_all(&self.files);
     }
@@ -535,51 +527,42 @@ fn write_files(runs_root: &Path, module: &str) -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
-/// A user namespace owned by [`ZYGOTE_UID`] whose uid 0 is that uid and uids 1..=N the leased
-/// run uids. A helper process (`cat`, waiting on its stdin) makes it as that uid; we (root)
-/// write the maps, which only a privileged process may do for more than one uid.
-fn make_user_namespace() -> std::io::Result<OwnedFd> {
-    let cat = ["/usr/bin/cat", "/bin/cat"]
-        .into_iter()
-        .find(|p| Path::new(p).exists())
-        .ok_or_else(|| std::io::Error::other("no `cat` program to hold the namespace"))?;
-    let mut helper = std::process::Command::new(cat);
-    helper
-        .env_clear()
-        .current_dir("/")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    // SAFETY: only async-signal-safe system calls between fork and exec.
-    unsafe {
-        helper.pre_exec(|| {
-            let check = |ret: libc::c_int| {
-                if ret == -1 {
-                    Err(std::io::Error::last_os_error())
-                } else {
-                    Ok(())
+/// Spawn `command` from a thread of its own that then waits for it: the process is started
+/// with `PR_SET_PDEATHSIG`, which fires when the *thread* that forked it ends, so it must not
+/// be a pool thread that may be retired while the fork server serves (H-05). Returns a pidfd
+/// of the process and its stderr.
+fn spawn_kept(
+    mut command: std::process::Command,
+) -> std::io::Result<(OwnedFd, Option<std::process::ChildStderr>)> {
+    let (sent, received) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("snakebox-forkserver-keeper".into())
+        .spawn(move || {
+            let mut child = match command.spawn() {
+                Ok(child) => child,
+                Err(err) => {
+                    let _ = sent.send(Err(err));
+                    return;
                 }
             };
-            check(libc::setgroups(0, std::ptr::null()))?;
-            check(libc::setresgid(ZYGOTE_UID, ZYGOTE_UID, ZYGOTE_UID))?;
-            check(libc::setresuid(ZYGOTE_UID, ZYGOTE_UID, ZYGOTE_UID))?;
-            check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0))?;
-            check(libc::unshare(libc::CLONE_NEWUSER))
-        });
-    }
-    let mut child = helper.spawn()?;
-    let result = (|| {
-        let pid = child.id();
-        let map = format!("0 {ZYGOTE_UID} 1\n1 {LEASED_UID_BASE} {LEASED_UIDS}\n");
-        fs_err::write(format!("/proc/{pid}/uid_map"), &map)?;
-        fs_err::write(format!("/proc/{pid}/gid_map"), &map)?;
-        let ns = fs_err::File::open(format!("/proc/{pid}/ns/user"))?;
-        Ok(OwnedFd::from(ns.into_parts().0))
-    })();
-    drop(child.stdin.take());
-    let _ = child.kill();
-    let _ = child.wait();
-    result
+            // SAFETY: pidfd_open of our own child, not yet reaped; returns a fresh fd or -1.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id(), 0) };
+            let opened = i32::try_from(fd)
+                .ok()
+                .filter(|fd| *fd >= 0)
+                // SAFETY: a fresh descriptor owned only here.
+                .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+                .ok_or_else(std::io::Error::last_os_error);
+            let failed = opened.is_err();
+            let _ = sent.send(opened.map(|pidfd| (pidfd, child.stderr.take())));
+            if failed {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        })?;
+    received
+        .recv()
+        .map_err(|_| std::io::Error::other("the fork server's keeper thread ended"))?
 }
 
 fn seqpacket_pair() -> std::io::Result<(OwnedFd, OwnedFd)> {

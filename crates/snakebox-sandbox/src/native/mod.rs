@@ -410,7 +410,6 @@ impl NativeBackend {
         )?;
         let is_zygote = zygote.is_some();
         if let Some(setup) = zygote {
-            map(setup.userns, policy::USERNS_FD, "user namespace")?;
             map(setup.socket, CONTROL_FD, "fork server socket")?;
         }
         let (info_read, info_write) = pipe().map_err(desc("bwrap info"))?;
@@ -438,8 +437,9 @@ impl NativeBackend {
                 .collect::<Result<_, _>>()?,
             None => Vec::new(),
         };
+        // The fork server stays root (with few capabilities): see `forkserver.rs`.
         plan.drop_to = if is_zygote {
-            Some((forkserver::ZYGOTE_UID, forkserver::ZYGOTE_UID))
+            None
         } else {
             self.host_ids(policy.identity)
         };

@@ -39,12 +39,9 @@ pub(crate) const GROUP_FD: i32 = 9;
 /// `--ro-bind-data` for the synthetic `/etc/hosts`.
 pub(crate) const HOSTS_FD: i32 = 10;
 
-/// `--userns`: the user namespace the server made for the fork server (see `forkserver.rs`).
-pub(crate) const USERNS_FD: i32 = 11;
-
-/// Capabilities the fork server keeps inside its own user namespace, to give each run its own
-/// namespaces, mounts and uid: mount and unshare, switching uids, bringing up loopback, and
-/// reaching the run directories (owned by the runs' uids) to bind them.
+/// Capabilities the fork server keeps (it runs as root), to give each run its own namespaces,
+/// mounts and uid: mount and unshare, switching uids, bringing up loopback, and reaching the
+/// run directories (owned by the runs' uids) to bind them. Every other one is dropped.
 pub(crate) const ZYGOTE_CAPS: &[&str] = &[
     "CAP_SYS_ADMIN",
     "CAP_SETUID",
@@ -131,8 +128,6 @@ pub(crate) enum SetupOp {
     /// `--unshare-NAME` for one namespace (the fork server lists them: it cannot use
     /// `--unshare-all`, which includes the user namespace).
     Unshare(&'static str),
-    /// `--userns FD`: enter this user namespace instead of making one.
-    UserNs(i32),
     /// `--cap-add CAP`.
     CapAdd(&'static str),
     /// `--dir DEST`: an empty directory (a mount point for later mounts).
@@ -284,12 +279,14 @@ pub(crate) fn setup_ops(
 }
 
 /// The setup of the fork server's sandbox: a run's setup (same system view, environment,
-/// variables, /proc, /dev, limits on /tmp) with four differences. It enters the user namespace
-/// the server made (`--userns`) as its uid 0 and keeps [`ZYGOTE_CAPS`] there, where a run
-/// gets a user namespace of its own and no capabilities; it has no seccomp program (each run
-/// installs the programs itself, after its setup); nested user namespaces stay possible (each
-/// run makes one; the run's seccomp program forbids any further); and `mount_points` are
-/// created for the mounts each run adds.
+/// variables, /proc, /dev, limits on /tmp) with four differences. It keeps the host's user
+/// namespace and root (bwrap runs as root) with only [`ZYGOTE_CAPS`], where a run gets a user
+/// namespace of its own, an unprivileged uid and no capabilities: each run then makes its user
+/// namespace as its own host uid, so that its per-uid kernel counters are its own,
+/// which they would not be below a user namespace shared by every run. It has no seccomp
+/// program (each run installs the programs itself, after its setup); user namespaces stay
+/// possible (each run makes one; the run's seccomp program forbids any further); and
+/// `mount_points` are created for the mounts each run adds. Never the host network.
 pub(crate) fn zygote_ops(
     policy: &Policy,
     view: &SystemView,
@@ -304,17 +301,13 @@ pub(crate) fn zygote_ops(
     for op in setup_ops(policy, view, mount_sources)? {
         match op {
             UnshareAll => ops.extend(["pid", "net", "ipc", "uts"].map(Unshare)),
-            UnshareUser => ops.push(UserNs(USERNS_FD)),
             UnshareCgroup => ops.push(Unshare("cgroup")),
-            // Never the host network: runs get a network namespace of their own each.
-            DisableUserns | SeccompFd(_) | ShareNet => {}
-            Uid(_) => ops.push(Uid(0)),
-            Gid(_) => ops.push(Gid(0)),
+            UnshareUser | DisableUserns | Uid(_) | Gid(_) | SeccompFd(_) | ShareNet => {}
             CapDropAll => ops.extend(ZYGOTE_CAPS.iter().map(|cap| CapAdd(cap))),
             RemountRo(root) => {
                 ops.extend(mount_points.iter().cloned().map(Dir));
-                // bwrap makes the directories leading to a mount point private to the
-                // sandbox's uid (0700). The runs have other uids: they must be able to pass.
+                // bwrap may make the directories leading to a mount point private (0700). The
+                // runs have other uids: they must be able to pass.
                 ops.extend(traversable(&ops).into_iter().map(|dir| Chmod(0o755, dir)));
                 ops.push(RemountRo(root));
             }
@@ -364,7 +357,6 @@ pub(crate) fn option_args(ops: &[SetupOp]) -> Vec<OsString> {
             UnshareUser => push(&[&"--unshare-user"]),
             UnshareCgroup => push(&[&"--unshare-cgroup"]),
             Unshare(name) => push(&[&format!("--unshare-{name}")]),
-            UserNs(fd) => push(&[&"--userns", &fd.to_string()]),
             CapAdd(cap) => push(&[&"--cap-add", cap]),
             Dir(d) => push(&[&"--dir", d]),
             Chmod(mode, path) => push(&[&"--chmod", &format!("{mode:04o}"), path]),
@@ -569,7 +561,7 @@ mod tests {
     }
 
     #[test]
-    fn the_fork_servers_sandbox_keeps_a_runs_isolation_but_its_own_user_namespace() {
+    fn the_fork_servers_sandbox_keeps_a_runs_isolation_but_the_hosts_user_namespace() {
         use SetupOp::*;
         let mut p = policy(true);
         p.mounts.push(Mount {
@@ -580,13 +572,12 @@ mod tests {
         let sources: Vec<PathBuf> = p.mounts.iter().map(|m| m.host.clone()).collect();
         let points = [PathBuf::from("/snakebox"), PathBuf::from("/work")];
         let ops = zygote_ops(&p, &view(), &sources, &points).unwrap();
-        // Its own user namespace (the server's), as its uid 0, with a few capabilities there.
-        assert!(ops.contains(&UserNs(USERNS_FD)));
-        assert!(ops.contains(&Uid(0)) && ops.contains(&Gid(0)));
+        // The host's user namespace (each run makes its own), a few capabilities.
         assert!(ZYGOTE_CAPS.iter().all(|cap| ops.contains(&CapAdd(cap))));
         for gone in [UnshareAll, UnshareUser, DisableUserns, CapDropAll, ShareNet] {
             assert!(!ops.contains(&gone), "{gone:?}");
         }
+        assert!(!ops.iter().any(|op| matches!(op, Uid(_) | Gid(_))));
         assert!(!ops.iter().any(|op| matches!(op, SeccompFd(_))));
         // Every other namespace is new, whatever the policy says about network.
         for ns in ["pid", "net", "ipc", "uts", "cgroup"] {
