@@ -559,7 +559,10 @@ async def bench_print(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: S
         for name, server in (("snakebox_print", sb), ("snakebox_print_other", other)):
             group = cpu_group(name) if server is not None else None
             if group is not None and server is not None:
-                group.add(server.pid() if server is other else server.server_pid)
+                # With its fork servers: forked runs stay in their parent's group.
+                for pid in with_descendants([server.pid() if server is other else server.server_pid]):
+                    with contextlib.suppress(OSError):
+                        group.add(pid)
                 groups[name] = group
         for i in range(setup.rounds):
             for name, case in cases:

@@ -165,13 +165,20 @@ def _mount_points_below(target):
     return outermost
 
 
+# What is mounted below each tmpfs target, read once in the fork server (its mount table
+# changes only below RUNS, where the runs' scratch mounts come and go).
+_BELOW = {}
+
+
 def _fresh_tmpfs(target, size):
     """Mount a fresh, empty tmpfs on `target` (mode 1777, capped at `size`), keeping what is
     mounted below it (an environment under /tmp stays where it is): the tmpfs is built on
     SPARE with those mounts bound in, then moved into place."""
     flags = MS_NOSUID | MS_NODEV
     options = "mode=1777" + (",size=%d" % size if size else "")
-    below = _mount_points_below(target)
+    below = _BELOW.get(target)
+    if below is None:
+        below = _mount_points_below(target)
     if not below:
         _mount("tmpfs", target, "tmpfs", flags, options)
         return
@@ -234,6 +241,9 @@ class Zygote:
         spec.loader.exec_module(self.module)
         # What the run module imports while it runs (compiling a script), loaded once here.
         import __future__  # noqa: F401
+
+        for target in ("/tmp", "/dev/shm"):
+            _BELOW[target] = [p for p in _mount_points_below(target) if not p.startswith(RUNS + "/")]
 
     def send(self, text):
         try:
