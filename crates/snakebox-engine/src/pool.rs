@@ -256,7 +256,14 @@ impl WarmPool {
         let root = dir_id(&environment.root);
         let (claim, discarded) = {
             let mut inner = self.lock();
-            let discarded = self.note_use(&mut inner, &key, environment, is_default);
+            let mut discarded = self.note_use(&mut inner, &key, environment, is_default);
+            // A fork server of an environment since re-resolved (a new directory renamed into
+            // place) goes: the refill task starts one for the current directory.
+            let (forks, stale): (Vec<_>, Vec<_>) = std::mem::take(&mut inner.forks)
+                .into_iter()
+                .partition(|f| f.key != key || (f.root.is_some() && f.root == root));
+            inner.forks = forks;
+            discarded.forks.extend(stale);
             let fork = inner
                 .forks
                 .iter()

@@ -1,10 +1,9 @@
 """snakebox fork server: one pre-initialised interpreter that forks a fresh sandbox per run.
 
 It runs inside a bubblewrap sandbox of its own (read-only system view, the environment, no
-network, no host processes) as uid 0 of a user namespace the server made: uid 0 maps to an
-unprivileged host uid, and uids 1..N to the per-run host uids the server leases. It keeps the
-capabilities of that namespace, which only cover the sandbox's own mount, pid, network, ipc
-and uts namespaces, never the host's.
+network, no host processes) as root, like the server, with only the capabilities it needs to
+set runs up (mount and unshare, set uid, loopback, reach the run directories), and never runs
+user code: every run happens in a child that gave all of that up first.
 
 It imports the run module once (the slow part of a cold start), then waits for requests on
 a private SEQPACKET socket: one message per run, a JSON object with the run's descriptors
@@ -17,9 +16,9 @@ it makes a new pid namespace and forks the run's pid 1 into it, which:
    mounts fresh size-capped /tmp and /dev/shm, detaches the directory that showed every run
    directory (so nothing of another run is reachable), mounts a fresh /proc (the new pid
    namespace only, with the read-only covers bubblewrap puts on it), brings up loopback;
-3. drops to the run's uid, enters a user namespace of its own in which that uid appears as
-   65534, drops every capability, sets no_new_privs and installs the server's seccomp
-   programs;
+3. drops to the run's host uid, makes a user namespace of its own as that uid (in which it
+   appears as 65534; its per-uid kernel counters are then its own), drops every capability,
+   sets no_new_privs and installs the server's seccomp programs;
 4. forks the run itself (pid 2), and from then on only reaps, as bubblewrap's init does, and
    ends the way the run ended.
 
@@ -222,7 +221,7 @@ def _write(path, text):
         os.close(fd)
 
 
-class Zygote:
+class ForkServer:
     def __init__(self, sock_fd, module_path, seccomp_paths):
         # The socket moves off fd 3, which each run's control channel takes.
         fd = os.dup(sock_fd)
@@ -293,15 +292,21 @@ class Zygote:
                     os.close(fd)
                 continue
             # The run's process is pid 1 of a pid namespace of its own: made here, entered by
-            # the fork.
-            # (Back in our own pid namespace first: a second unshare would be refused while the
-            # previous run's namespace is still the one for our children.)
-            if (self.pid_ns is not None and _libc.setns(self.pid_ns, CLONE_NEWPID) != 0) or _libc.unshare(CLONE_NEWPID) != 0:
-                self.send("fail %s unshare pid: %s" % (run_id, os.strerror(ctypes.get_errno())))
+            # the fork. (Back in our own pid namespace first: a second unshare is refused while
+            # the previous run's namespace is still the one for our children.)
+            failed = None
+            if _libc.setns(self.pid_ns, CLONE_NEWPID) != 0 or _libc.unshare(CLONE_NEWPID) != 0:
+                failed = "new pid namespace: %s" % os.strerror(ctypes.get_errno())
+            else:
+                try:
+                    pid = os.fork()
+                except OSError as err:
+                    failed = "fork: %s" % err
+            if failed is not None:
+                self.send("fail %s %s" % (run_id, failed))
                 for fd in fds:
                     os.close(fd)
                 continue
-            pid = os.fork()
             if pid == 0:
                 signal.set_wakeup_fd(-1)
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -324,12 +329,8 @@ class Zygote:
             if run_id is not None:
                 self.send("exit %s %d" % (run_id, status))
 
-    def fail(self, run_id, err):
-        self.send("fail %s %s" % (run_id, err))
-        os._exit(127)
-
     def child(self, request, fds):
-        """The run's process: pid 1 of the fresh pid namespace the zygote made for it."""
+        """The run's process: pid 1 of the fresh pid namespace the fork server made for it."""
         run_id = str(request["id"])
         try:
             self.enter(request, fds)
@@ -363,8 +364,8 @@ class Zygote:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         for kind, soft, hard in request["rlimits"]:
             resource.setrlimit(kind, (soft, hard))
-        # The pid namespace was made by the zygote (this process is its pid 1); the others
-        # are entered here. None of them is the zygote's.
+        # The pid namespace was made by the fork server (this process is its pid 1); the
+        # others are entered here. None of them is the fork server's.
         _check(
             _libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP),
             "unshare",
@@ -477,8 +478,8 @@ def _open_fds():
 
 
 def main():
-    zygote = Zygote(int(sys.argv[1]), sys.argv[2], sys.argv[3:])
-    return zygote.serve()
+    server = ForkServer(int(sys.argv[1]), sys.argv[2], sys.argv[3:])
+    return server.serve()
 
 
 if __name__ == "__main__":
