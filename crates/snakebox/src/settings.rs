@@ -352,7 +352,7 @@ mod tests {
         let path = dir.path().join("config.toml");
         fs_err::write(
             &path,
-            "max_timeout = 120\ndefault_timeout = 10\nmemory_limit = \"256MiB\"\nnetwork = \"on\"\n",
+            "max_timeout = 120\ndefault_timeout = 10\nmemory_limit = \"256MiB\"\nnetwork = \"on\"\nfork_server = \"off\"\n",
         )
         .unwrap();
         let args = EngineArgs {
@@ -365,7 +365,16 @@ mod tests {
         assert_eq!(config.default_timeout, Duration::from_secs(20));
         assert_eq!(config.memory_bytes, Some(256 << 20));
         assert!(config.network);
+        assert!(!config.fork_server);
         assert_eq!(config.backend, BackendKind::Native);
+        // On unless turned off.
+        let empty = dir.path().join("empty.toml");
+        fs_err::write(&empty, "").unwrap();
+        let args = EngineArgs {
+            config: Some(empty),
+            ..EngineArgs::default()
+        };
+        assert!(resolve(&args).unwrap().fork_server);
     }
 
     #[test]
