@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from conftest import call, connect, have_bwrap
-from test_pool import LEAVE_TRACES, LOOK_FOR_TRACES
+from test_pool import outlives_its_timeout, runs_share_nothing
 
 pytestmark = [
     pytest.mark.anyio,
@@ -110,22 +110,7 @@ async def test_a_forked_run_is_a_fresh_sandbox(snakebox_bin, data_dir):
 async def test_consecutive_forked_runs_share_nothing(snakebox_bin, data_dir):
     async with connect(snakebox_bin, data_dir, "legacy") as client:
         await wait_forking(client)
-        tag = uuid.uuid4().hex[:8]
-        first = await forked_run(client, LEAVE_TRACES.format(tag=tag))
-        assert first["status"] == "ok", first
-        for _ in range(2):
-            second = await forked_run(client, LOOK_FOR_TRACES)
-            assert second["status"] == "ok", second
-            seen = json.loads(second["stdout"])
-            assert seen["work"] == [], seen
-            assert not [name for name in seen["tmp"] if "trace" in name], seen
-            assert seen["shm"] == [], seen
-            assert seen["env"] == [], seen
-            assert seen["stdin"] == "", seen
-            assert not any("trace-" in p for p in seen["processes"]), seen
-            assert len(seen["processes"]) <= 2, seen
-        left = subprocess.run(["pgrep", "-f", f"trace-{tag}"], capture_output=True, text=True)
-        assert left.stdout.strip() == "", left.stdout
+        await runs_share_nothing(lambda script: forked_run(client, script))
 
 
 async def test_concurrent_forked_runs_have_their_own_host_uids(snakebox_bin, data_dir):
@@ -176,13 +161,7 @@ print('done')
 
 async def test_a_forked_timeout_keeps_output_and_kills_the_tree(snakebox_bin, data_dir):
     marker = f"fork-tree-{uuid.uuid4().hex[:8]}"
-    script = f"""
-import subprocess, sys, time
-subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1000)  # {marker}'],
-                 start_new_session=True)
-print('before the timeout', flush=True)
-time.sleep(100)
-"""
+    script = outlives_its_timeout(marker)
     async with connect(snakebox_bin, data_dir, "legacy") as client:
         await wait_forking(client)
         data = await forked_run(client, script, timeout_seconds=2)

@@ -100,39 +100,51 @@ async def test_consecutive_pooled_runs_share_nothing(snakebox_bin, data_dir):
         # The first call names the default environment (cache warming is off in this suite).
         warmup, _, _ = await call(client, "execute_python", script="print('warm')")
         assert warmup["status"] == "ok", warmup
-        tag = uuid.uuid4().hex[:8]
-        first = await pooled_run(client, LEAVE_TRACES.format(tag=tag))
-        assert first["status"] == "ok", first
-        for _ in range(2):
-            # Twice: the next sandbox was started before the first run, the one after it
-            # while or after it ran.
-            second = await pooled_run(client, LOOK_FOR_TRACES)
-            assert second["status"] == "ok", second
-            seen = json.loads(second["stdout"])
-            assert seen["work"] == [], seen
-            # (/tmp may hold the mount points of the environment, when the data directory
-            # is under /tmp, as in this suite.)
-            assert not [name for name in seen["tmp"] if "trace" in name], seen
-            assert seen["shm"] == [], seen
-            assert seen["env"] == [], seen
-            assert seen["stdin"] == "", seen
-            assert not any("trace-" in p for p in seen["processes"]), seen
-            # Only this run's own interpreter (and the sandbox's init) are there.
-            assert len(seen["processes"]) <= 2, seen
-        # The daemon of the first run did not survive it on the host either.
-        left = subprocess.run(["pgrep", "-f", f"trace-{tag}"], capture_output=True, text=True)
-        assert left.stdout.strip() == "", left.stdout
+        await runs_share_nothing(lambda script: pooled_run(client, script))
 
 
-async def test_a_pooled_timeout_keeps_output_and_kills_the_tree(snakebox_bin, data_dir):
-    marker = f"pool-tree-{uuid.uuid4().hex[:8]}"
-    script = f"""
+async def runs_share_nothing(run) -> None:
+    """One run leaves traces everywhere it can; the next two (`run(script)` returns the
+    result) find none of them, and the first run's daemon is gone from the host."""
+    tag = uuid.uuid4().hex[:8]
+    first = await run(LEAVE_TRACES.format(tag=tag))
+    assert first["status"] == "ok", first
+    for _ in range(2):
+        # Twice: the next sandbox (or fork) may have been made before the first run, the one
+        # after it while or after it ran.
+        second = await run(LOOK_FOR_TRACES)
+        assert second["status"] == "ok", second
+        seen = json.loads(second["stdout"])
+        assert seen["work"] == [], seen
+        # (/tmp may hold the mount points of the environment, when the data directory is under
+        # /tmp, as in this suite.)
+        assert not [name for name in seen["tmp"] if "trace" in name], seen
+        assert seen["shm"] == [], seen
+        assert seen["env"] == [], seen
+        assert seen["stdin"] == "", seen
+        assert not any("trace-" in p for p in seen["processes"]), seen
+        # Only this run's own interpreter (and the sandbox's init) are there.
+        assert len(seen["processes"]) <= 2, seen
+    # The daemon of the first run did not survive it on the host either.
+    left = subprocess.run(["pgrep", "-f", f"trace-{tag}"], capture_output=True, text=True)
+    assert left.stdout.strip() == "", left.stdout
+
+
+def outlives_its_timeout(marker: str) -> str:
+    """A script that prints, starts a detached child carrying `marker`, and sleeps past any
+    timeout."""
+    return f"""
 import subprocess, sys, time
 subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(1000)  # {marker}'],
                  start_new_session=True)
 print('before the timeout', flush=True)
 time.sleep(100)
 """
+
+
+async def test_a_pooled_timeout_keeps_output_and_kills_the_tree(snakebox_bin, data_dir):
+    marker = f"pool-tree-{uuid.uuid4().hex[:8]}"
+    script = outlives_its_timeout(marker)
     async with connect(snakebox_bin, data_dir, "legacy", *POOL_ONLY) as client:
         await call(client, "execute_python", script="print('warm')")
         # The pooled sandboxes were started well before the call: the limit counts from
