@@ -209,6 +209,13 @@ class CpuAcct:
     def add(self, pid: int) -> None:
         (self.dir / "cgroup.procs").write_text(str(pid))
 
+    def add_trees(self, pids: list[int]) -> None:
+        """`pids` with every process below them now (a server's bwrap and fork servers):
+        processes they start later, such as forked runs, are then in this group too."""
+        for pid in with_descendants(pids):
+            with contextlib.suppress(OSError):  # gone meanwhile
+                self.add(pid)
+
     def join(self) -> None:
         """For `preexec_fn`: move the (single-threaded, forked) child in."""
         with open(self.dir / "tasks", "w") as tasks:
@@ -257,6 +264,12 @@ def machine_busy_ms() -> float:
     fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = fields[3] + fields[4]
     return (sum(fields[:8]) - idle) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def machine_note(busy_ms: float, runs: int, seconds: float) -> str:
+    """The whole machine's CPU per run and how busy it was, for a throughput row's note."""
+    busy_share = busy_ms / (seconds * 1000) / (os.cpu_count() or 1) * 100
+    return f"whole machine {busy_ms / runs:.1f} ms per run, {busy_share:.0f}% busy"
 
 
 def server_pids(data_dir: Path) -> list[int]:
@@ -559,10 +572,7 @@ async def bench_print(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: S
         for name, server in (("snakebox_print", sb), ("snakebox_print_other", other)):
             group = cpu_group(name) if server is not None else None
             if group is not None and server is not None:
-                # With its fork servers: forked runs stay in their parent's group.
-                for pid in with_descendants([server.pid() if server is other else server.server_pid]):
-                    with contextlib.suppress(OSError):
-                        group.add(pid)
+                group.add_trees([server.pid() if server is other else server.server_pid])
                 groups[name] = group
         for i in range(setup.rounds):
             for name, case in cases:
@@ -670,10 +680,7 @@ async def throughput(setup: Setup, rows: dict[str, Row]) -> None:
                 await sb.execute(HI, expect="hi\n")
         group = cpu_group("throughput8")
         if group is not None:
-            # With their fork servers and sandboxes: forked runs stay in their parent's group.
-            for pid in with_descendants(server_pids(data)):
-                with contextlib.suppress(OSError):
-                    group.add(pid)
+            group.add_trees(server_pids(data))
         cpu_before = group.usage_ms() if group is not None else 0.0
         client_before = os.times()
         busy_before = machine_busy_ms()
@@ -685,7 +692,7 @@ async def throughput(setup: Setup, rows: dict[str, Row]) -> None:
         rows["throughput_8_servers"].note = f"{done} runs in {elapsed:.1f} s; CPU per run:"
         if group is not None:
             rows["throughput_8_servers"].note += f" servers + sandboxes {(group.usage_ms() - cpu_before) / done:.1f} ms,"
-        rows["throughput_8_servers"].note += f" SDK clients {client / done:.1f} ms; whole machine {busy / done:.1f} ms, {busy / elapsed / 10 / (os.cpu_count() or 1):.0f}% busy"
+        rows["throughput_8_servers"].note += f" SDK clients {client / done:.1f} ms; {machine_note(busy, done, elapsed)}"
     log(f"throughput, 8 servers: {done / elapsed:.1f} runs/s")
 
     async with Snakebox(setup.binary, data, setup.python_version, setup.mode) as sb:
@@ -693,9 +700,7 @@ async def throughput(setup: Setup, rows: dict[str, Row]) -> None:
             await sb.execute(HI, expect="hi\n")
         group = cpu_group("throughput1")
         if group is not None:
-            for pid in with_descendants([sb.pid()]):
-                with contextlib.suppress(OSError):
-                    group.add(pid)
+            group.add_trees([sb.pid()])
         cpu_before = group.usage_ms() if group is not None else 0.0
         busy_before = machine_busy_ms()
         done, elapsed = await drive([lambda: sb.execute(HI, expect="hi\n") for _ in range(clients)])
@@ -704,7 +709,7 @@ async def throughput(setup: Setup, rows: dict[str, Row]) -> None:
         rows["throughput_1_server"].note = f"{done} runs in {elapsed:.1f} s"
         if group is not None:
             rows["throughput_1_server"].note += f"; CPU per run: server + sandboxes {(group.usage_ms() - cpu_before) / done:.1f} ms"
-        rows["throughput_1_server"].note += f"; whole machine {busy / done:.1f} ms per run, {busy / elapsed / 10 / (os.cpu_count() or 1):.0f}% busy"
+        rows["throughput_1_server"].note += f"; {machine_note(busy, done, elapsed)}"
     log(f"throughput, 1 server x 8 in flight: {done / elapsed:.1f} runs/s")
 
 

@@ -110,7 +110,8 @@ impl Engine {
             ));
         };
         let network_is_default = plan.network == self.config.network;
-        // A pre-started sandbox of the warm pool when one matches, else a cold start.
+        // The default environment and network setting (the pool learns the default from its
+        // first use when cache warming did not build it).
         let is_default = plan.requirements.is_empty()
             && network_is_default
             && self

@@ -384,13 +384,14 @@ impl Engine {
     /// Keep the warm pool filled until [`Engine::stop_warm_pool`]: first the default
     /// environment (built here if cache warming did not), then recently used ones. Returns at
     /// once when the pool is off (`--warm-pool 0`) or the sandbox is unavailable. Meant to be
-    /// spawned by a long-running server; one-shot commands do not start it.
+    /// spawned by a long-running server; one-shot commands do not start it. Fork servers start
+    /// only after [`Engine::prepare_fork_server`], which the server calls before it takes
+    /// requests.
     pub async fn run_warm_pool(self: Arc<Self>) {
         let pool = &self.pool;
         if pool.size == 0 || self.sandbox.is_err() || pool.running.swap(true, Ordering::SeqCst) {
             return;
         }
-        self.prepare_fork_server();
         if self.config.warm_cache {
             match self.default_environment().await {
                 Ok(environment) => {

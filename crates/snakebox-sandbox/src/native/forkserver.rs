@@ -40,7 +40,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
-use super::{NativeBackend, NativeTeardown, join_file, policy};
+use super::{NativeBackend, NativeTeardown, join_file, pidfd_kill, pidfd_open, policy};
 use crate::cgroup::CgroupSet;
 use crate::child::{pipe, rlimits_for};
 use crate::error::{SandboxError, SpawnError};
@@ -140,12 +140,7 @@ impl NativeBackend {
         &self,
         spec: &ForkServerSpec,
     ) -> Result<ForkServer, SandboxError> {
-        let fail = |message: String| {
-            SandboxError::from(SpawnError::ForkServer {
-                message,
-                before_user_code: true,
-            })
-        };
+        let fail = |message: String| fork_server_error(message, true);
         if !self.drop_privileges {
             return Err(fail(
                 "it needs a server running as root (to map the runs' uids)".into(),
@@ -273,12 +268,7 @@ impl ForkServer {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<Outcome, SandboxError> {
-        let fail = |message: String| {
-            SandboxError::from(SpawnError::ForkServer {
-                message,
-                before_user_code: true,
-            })
-        };
+        let fail = |message: String| fork_server_error(message, true);
         let desc = |what: &'static str| move |source| SpawnError::Descriptor { what, source };
         if !self.is_alive() {
             return Err(fail("it is not running".into()));
@@ -382,10 +372,9 @@ impl ForkServer {
         let memory_hit = crate::supervise::Teardown::memory_exceeded(teardown.as_ref());
         let raw = raw.map_err(|err| match err {
             SpawnError::Wait { source, .. } if source.kind() == std::io::ErrorKind::Other => {
-                SandboxError::from(SpawnError::ForkServer {
-                    before_user_code: source.to_string().starts_with(SETUP_FAILED),
-                    message: source.to_string(),
-                })
+                let message = source.to_string();
+                let before_user_code = message.starts_with(SETUP_FAILED);
+                fork_server_error(message, before_user_code)
             }
             other => other.into(),
         })?;
@@ -402,17 +391,8 @@ impl ForkServer {
 impl Drop for ForkServer {
     fn drop(&mut self) {
         self.alive.store(false, Ordering::SeqCst);
-        // SAFETY: pidfd_send_signal on a pidfd we own (immune to pid reuse); its keeper
-        // thread reaps it.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.process.as_raw_fd(),
-                libc::SIGKILL,
-                std::ptr::null::<u8>(),
-                0,
-            );
-        }
+        // Its keeper thread reaps it.
+        pidfd_kill(&self.process);
         let _ = fs_err::remove_dir_all(&self.files);
     }
 }
@@ -527,6 +507,15 @@ fn write_files(runs_root: &Path, module: &str) -> std::io::Result<PathBuf> {
     Ok(dir)
 }
 
+/// The error of a fork server; `before_user_code`: the run can be started another way.
+fn fork_server_error(message: String, before_user_code: bool) -> SandboxError {
+    SpawnError::ForkServer {
+        message,
+        before_user_code,
+    }
+    .into()
+}
+
 /// Spawn `command` from a thread of its own that then waits for it: the process is started
 /// with `PR_SET_PDEATHSIG`, which fires when the *thread* that forked it ends, so it must not
 /// be a pool thread that may be retired while the fork server serves (H-05). Returns a pidfd
@@ -545,14 +534,10 @@ fn spawn_kept(
                     return;
                 }
             };
-            // SAFETY: pidfd_open of our own child, not yet reaped; returns a fresh fd or -1.
-            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id(), 0) };
-            let opened = i32::try_from(fd)
-                .ok()
-                .filter(|fd| *fd >= 0)
-                // SAFETY: a fresh descriptor owned only here.
-                .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
-                .ok_or_else(std::io::Error::last_os_error);
+            // Our own child, not reaped before the `wait` below: the pid is still its.
+            let opened = i32::try_from(child.id())
+                .map_err(std::io::Error::other)
+                .and_then(pidfd_open);
             let failed = opened.is_err();
             let _ = sent.send(opened.map(|pidfd| (pidfd, child.stderr.take())));
             if failed {
@@ -618,12 +603,14 @@ fn receive(socket: &OwnedFd, timeout: Option<Duration>) -> Option<Vec<u8>> {
         }
     }
     let mut buf = vec![0u8; MESSAGE_MAX];
-    // SAFETY: recv into a buffer we own, of its length.
-    let n = unsafe { libc::recv(socket.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-    if n <= 0 {
-        return None;
-    }
-    buf.truncate(usize::try_from(n).ok()?);
+    let n = nix::sys::socket::recv(
+        socket.as_raw_fd(),
+        &mut buf,
+        nix::sys::socket::MsgFlags::empty(),
+    )
+    .ok()
+    .filter(|n| *n > 0)?;
+    buf.truncate(n);
     Some(buf)
 }
 

@@ -670,17 +670,39 @@ async fn read_info(fd: OwnedFd, teardown: Arc<NativeTeardown>) {
         })
         .and_then(|n| n.parse::<i32>().ok());
     if let Some(pid) = pid {
-        // SAFETY: pidfd_open returns a fresh descriptor (or -1).
-        let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if pidfd >= 0 {
-            // SAFETY: fresh descriptor owned only here.
-            let fd = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(pidfd as i32) };
+        if let Ok(fd) = pidfd_open(pid) {
             *teardown
                 .sandbox_pidfd
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(fd);
         }
         teardown.sandbox_pid.store(pid, Ordering::SeqCst);
+    }
+}
+
+/// A pidfd of process `pid`: signals sent through it can never reach a later process that
+/// reused the pid.
+pub(crate) fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open returns a fresh descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    match i32::try_from(fd) {
+        // SAFETY: a fresh descriptor owned only here.
+        Ok(fd) if fd >= 0 => Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) }),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// SIGKILL the process behind `pidfd` (nothing when it is gone already).
+pub(crate) fn pidfd_kill(pidfd: &OwnedFd) {
+    // SAFETY: pidfd_send_signal on a pidfd we own; immune to pid reuse.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<u8>(),
+            0,
+        );
     }
 }
 
@@ -702,16 +724,7 @@ impl Teardown for NativeTeardown {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
         {
-            // SAFETY: pidfd_send_signal on a pidfd we own; immune to pid reuse.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    fd.as_raw_fd(),
-                    libc::SIGKILL,
-                    std::ptr::null::<u8>(),
-                    0,
-                );
-            }
+            pidfd_kill(fd);
         }
         if let Some(cg) = &self.cgroup {
             cg.kill_all();
