@@ -671,14 +671,7 @@ impl EnvCache {
             let list = self
                 .run_uv(
                     "uv pip list",
-                    vec![
-                        "pip".into(),
-                        "list".into(),
-                        "--python".into(),
-                        python,
-                        "--format".into(),
-                        "json".into(),
-                    ],
+                    crate::uv::pip_list_args(python),
                     &build_dir,
                     interpreter,
                     false,

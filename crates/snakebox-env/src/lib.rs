@@ -29,5 +29,5 @@ pub use error::{EnvError, UvStderr};
 pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
 pub use uv::{
     DirectUvRunner, IntoUvRunner, Uv, UvInvocation, UvOutput, UvRunFuture, UvRunner,
-    install_read_only_paths,
+    install_read_only_paths, pip_list_args,
 };

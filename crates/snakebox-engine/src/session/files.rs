@@ -147,21 +147,23 @@ fn walk(
     Ok((dir, Some(last.clone())))
 }
 
-/// Read a regular file (at most `limit` bytes; larger files are refused).
-pub(crate) fn read(root: &Path, path: &str, limit: u64) -> Result<Vec<u8>, FileError> {
-    let names = components(path)?;
-    let (dir, last) = walk(root, &names, path, None)?;
-    let Some(last) = last else {
-        return Err(FileError::NotAFile { path: path.into() });
-    };
+/// Open `name` in `dir` without following a link (nor blocking on a FIFO), and only if it is a
+/// regular file; `path` is the caller's path, for errors.
+fn open_regular(
+    dir: &OwnedFd,
+    name: &str,
+    flags: OFlag,
+    mode: Mode,
+    path: &str,
+) -> Result<(std::fs::File, std::fs::Metadata), FileError> {
     let fd = openat(
         dir.as_fd(),
-        last.as_str(),
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
-        Mode::empty(),
+        name,
+        flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+        mode,
     )
     .map_err(io_err(path))?;
-    let mut file = std::fs::File::from(fd);
+    let file = std::fs::File::from(fd);
     let meta = file.metadata().map_err(|source| FileError::Io {
         path: path.into(),
         source,
@@ -169,6 +171,17 @@ pub(crate) fn read(root: &Path, path: &str, limit: u64) -> Result<Vec<u8>, FileE
     if !meta.is_file() {
         return Err(FileError::NotAFile { path: path.into() });
     }
+    Ok((file, meta))
+}
+
+/// Read a regular file (at most `limit` bytes; larger files are refused).
+pub(crate) fn read(root: &Path, path: &str, limit: u64) -> Result<Vec<u8>, FileError> {
+    let names = components(path)?;
+    let (dir, last) = walk(root, &names, path, None)?;
+    let Some(last) = last else {
+        return Err(FileError::NotAFile { path: path.into() });
+    };
+    let (mut file, meta) = open_regular(&dir, &last, OFlag::O_RDONLY, Mode::empty(), path)?;
     if meta.size() > limit {
         return Err(FileError::TooLarge {
             path: path.into(),
@@ -207,21 +220,13 @@ pub(crate) fn write(
     let Some(last) = last else {
         return Err(FileError::NotAFile { path: path.into() });
     };
-    let fd = openat(
-        dir.as_fd(),
-        last.as_str(),
-        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
+    let (mut file, _) = open_regular(
+        &dir,
+        &last,
+        OFlag::O_WRONLY | OFlag::O_CREAT,
         Mode::from_bits_truncate(0o644),
-    )
-    .map_err(io_err(path))?;
-    let mut file = std::fs::File::from(fd);
-    let meta = file.metadata().map_err(|source| FileError::Io {
-        path: path.into(),
-        source,
-    })?;
-    if !meta.is_file() {
-        return Err(FileError::NotAFile { path: path.into() });
-    }
+        path,
+    )?;
     let io = |source| FileError::Io {
         path: path.into(),
         source,

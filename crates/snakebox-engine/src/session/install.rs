@@ -142,14 +142,7 @@ impl Installer {
         let (listing, _) = self
             .uv(
                 "uv pip list",
-                vec![
-                    "pip".into(),
-                    "list".into(),
-                    "--python".into(),
-                    python,
-                    "--format".into(),
-                    "json".into(),
-                ],
+                snakebox_env::pip_list_args(python),
                 false,
                 None,
             )
