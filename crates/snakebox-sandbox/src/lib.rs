@@ -412,7 +412,7 @@ impl Sandbox {
                 before_user_code: true,
             }
             .into()),
-            Some(native) => native.start_fork_server(spec),
+            Some(native) => native.start_fork_server(spec, self.lease_identity()),
         }
     }
 
