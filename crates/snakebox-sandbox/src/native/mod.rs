@@ -254,7 +254,7 @@ impl NativeBackend {
     pub(crate) fn report(&self) -> BackendReport {
         let host_uid = match self.host_ids(Identity::Untrusted) {
             Some((uid, _)) => format!(
-                "host uid: bwrap and the command run as an unprivileged host uid: one of their own per one-shot run ({}-{}), {uid} for sessions, {INSTALLER_UID} for installs (the server is root; sources are staged in a private mount namespace at {STAGING_ROOT})",
+                "host uid: bwrap and the command run as an unprivileged host uid: one of their own per one-shot run and per fork server, shared by the runs it forks ({}-{}), {uid} for sessions, {INSTALLER_UID} for installs (the server is root; sources are staged in a private mount namespace at {STAGING_ROOT})",
                 crate::LEASED_UID_BASE,
                 crate::LEASED_UID_BASE + crate::LEASED_UIDS - 1
             ),
