@@ -226,3 +226,29 @@ async def test_a_recently_used_environment_gets_its_own_fork_server(snakebox_bin
         # The default environment is still forked by its own server.
         plain = await forked_run(client, "import importlib.util\nprint(importlib.util.find_spec('six') is None)")
         assert plain["stdout"] == "True\n", plain
+
+
+async def test_concurrent_forked_runs_do_not_see_each_others_terminals(snakebox_bin, data_dir):
+    """Each forked run has a devpts instance of its own: a pty another run holds open is not
+    in its /dev/pts (they share a host uid, so a shared instance would let one open the
+    other's terminal)."""
+    holder = "import os, time\nm, s = os.openpty()\nprint(os.ttyname(s), sorted(os.listdir('/dev/pts')), flush=True)\ntime.sleep(4)"
+    looker = "import os\nprint(sorted(os.listdir('/dev/pts')))"
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        before = await pool_state(client)
+        results = {}
+
+        async def hold():
+            results["holder"], _, _ = await call(client, "execute_python", script=holder)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(hold)
+            await anyio.sleep(1.5)
+            results["looker"], _, _ = await call(client, "execute_python", script=looker)
+        after = await pool_state(client)
+    assert after["forked"] == before["forked"] + 2, (before, after)
+    held, look = results["holder"], results["looker"]
+    assert held["status"] == "ok" and held["stdout"].startswith("/dev/pts/0 ['0', 'ptmx']"), held
+    assert look["status"] == "ok" and look["stdout"] == "['ptmx']\n", look
+

@@ -20,7 +20,7 @@ as detached mounts, and the run's cgroup `tasks` files. For each request it fork
 1. joins the run's cgroups, reads the request, and makes new user, mount, pid, network, ipc,
    uts and cgroup namespaces (mapping only its own uid, as 65534);
 2. forks the run's pid 1, which attaches the run's directories, mounts fresh size-capped /tmp
-   and /dev/shm, a fresh /proc with bubblewrap's read-only covers, sets the run's share of
+   and /dev/shm, a devpts instance of its own, a fresh /proc with bubblewrap's read-only covers, sets the run's share of
    per-user kernel counters, brings up loopback, drops every capability and installs the run's
    seccomp programs (on top of the fork server's own);
 3. pid 1 forks the run itself (pid 2), and from then on only reaps, as bubblewrap's init does,
@@ -411,6 +411,8 @@ class ForkServer:
             os.close(fd)
         for target, size in request["tmpfs"]:
             _fresh_tmpfs(target, size)
+        # A devpts instance of its own: terminals another run opens are not in its /dev/pts.
+        _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         # The run's share of the per-user counters the kernel keeps for the fork server's
         # host uid (every run of this fork server charges them to that uid).

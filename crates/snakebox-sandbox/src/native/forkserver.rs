@@ -139,7 +139,7 @@ pub struct ForkServer {
     alive: Arc<AtomicBool>,
     cgroups: Arc<CgroupSet>,
     /// Its own cgroup (a run's limits), killed and removed when it stops.
-    cgroup: RunCgroup,
+    _cgroup: RunCgroup,
     /// Its host uid, for its lifetime (its runs have it too).
     lease: IdentityLease,
     /// Each run's share of the per-user kernel counters (`/proc/sys/user` name, value).
@@ -235,7 +235,7 @@ impl NativeBackend {
             waiters: Arc::new(Mutex::new(HashMap::new())),
             alive: Arc::new(AtomicBool::new(false)),
             cgroups,
-            cgroup,
+            _cgroup: cgroup,
             lease,
             user_limits: user_limit_shares(shares(spec.concurrent_runs)),
             run_rlimits: shared_rlimits()
@@ -498,10 +498,9 @@ impl ForkServer {
 impl Drop for ForkServer {
     fn drop(&mut self) {
         self.alive.store(false, Ordering::SeqCst);
-        // Its keeper thread reaps it; anything it left in its cgroup goes with the cgroup.
+        // Its keeper thread reaps it; anything it left in its cgroup is killed when the
+        // cgroup is removed (dropped right after this).
         pidfd_kill(&self.process);
-        self.cgroup.kill_all();
-        self.cgroup.remove();
         let _ = fs_err::remove_dir_all(&self.files);
     }
 }
