@@ -154,17 +154,27 @@ def _record_line(name: str, data: bytes) -> str:
 
 def build_wheel(directory: Path, canary_path: str, port: int) -> Path:
     """A pure-Python wheel whose `.pth` and `sitecustomize` run the probe at interpreter start."""
-    files = {
-        f"{MODULE}/__init__.py": PROBE.format(canary_path=canary_path, port=port).encode(),
-        f"{MODULE}.pth": f"import {MODULE}\n".encode(),
-        "sitecustomize.py": f"import {MODULE}\n{MODULE}.record('sitecustomize')\n".encode(),
-        f"{MODULE}-1.0.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: 1.0\n".encode(),
-        f"{MODULE}-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: snakebox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    record_name = f"{MODULE}-1.0.dist-info/RECORD"
+    return pack_wheel(
+        directory,
+        PACKAGE,
+        {
+            f"{MODULE}/__init__.py": PROBE.format(canary_path=canary_path, port=port).encode(),
+            f"{MODULE}.pth": f"import {MODULE}\n".encode(),
+            "sitecustomize.py": f"import {MODULE}\n{MODULE}.record('sitecustomize')\n".encode(),
+        },
+    )
+
+
+def pack_wheel(directory: Path, package: str, files: dict[str, bytes]) -> Path:
+    """A pure-Python wheel of `package` 1.0 holding `files` (paths in site-packages)."""
+    module = package.replace("-", "_")
+    files = dict(files)
+    files[f"{module}-1.0.dist-info/METADATA"] = f"Metadata-Version: 2.1\nName: {package}\nVersion: 1.0\n".encode()
+    files[f"{module}-1.0.dist-info/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: snakebox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record_name = f"{module}-1.0.dist-info/RECORD"
     lines = [_record_line(name, data) for name, data in files.items()] + [f"{record_name},,"]
     files[record_name] = ("\n".join(lines) + "\n").encode()
-    wheel = directory / f"{MODULE}-1.0-py3-none-any.whl"
+    wheel = directory / f"{module}-1.0-py3-none-any.whl"
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for name, data in files.items():
@@ -176,11 +186,11 @@ def build_wheel(directory: Path, canary_path: str, port: int) -> Path:
 class SimpleIndex:
     """A PEP 503 simple index of one wheel, on 127.0.0.1."""
 
-    def __init__(self, wheel: Path) -> None:
+    def __init__(self, wheel: Path, package: str = PACKAGE) -> None:
         data = wheel.read_bytes()
         digest = hashlib.sha256(data).hexdigest()
         page = f'<html><body><a href="/files/{wheel.name}#sha256={digest}">{wheel.name}</a></body></html>'.encode()
-        project = PACKAGE.replace("_", "-")
+        project = package.replace("_", "-")
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_HEAD(self) -> None:  # noqa: N802 - the http.server interface
@@ -368,3 +378,54 @@ print(sorted(found))
     assert second["status"] == "ok", second
     assert after == before + 1, "the scanning run was not forked"
     assert second["stdout"].strip() == "['own']", second["stdout"]
+
+
+SPINNER = "snakebox-spinner-d03"
+
+
+def process_cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def test_code_left_running_in_a_fork_server_gets_a_fraction_of_a_core(snakebox_bin, data_dir, tmp_path_factory):
+    """A `.pth` line that starts a busy thread keeps running in the fork server between calls
+    (runs are separate processes; the thread is not): it is held to the fork server's small CPU
+    share, not a run's core."""
+    module = SPINNER.replace("-", "_")
+    marker = f"spin-{uuid.uuid4().hex[:8]}"
+    init = f"""
+import ctypes, sys, threading
+def _spin():
+    ctypes.CDLL(None).prctl(15, {marker!r}.encode(), 0, 0, 0)  # PR_SET_NAME: the thread's comm
+    while True:
+        pass
+if sys.argv and sys.argv[0].endswith("forkserver.py"):
+    threading.Thread(target=_spin, daemon=True).start()
+"""
+    wheel = pack_wheel(tmp_path_factory.mktemp("spinner"), SPINNER, {f"{module}/__init__.py": init.encode(), f"{module}.pth": f"import {module}\n".encode()})
+    index = SimpleIndex(wheel, SPINNER)
+    try:
+        async with connect(snakebox_bin, data_dir, "legacy", env={"UV_INDEX_URL": index.url}) as client:
+            data, _, _ = await call(client, "execute_python", script="print('ok')", dependencies=[f"{SPINNER}==1.0"], timeout_seconds=120)
+            assert data["status"] == "ok", data
+            deadline = time.monotonic() + 60
+            pid = None
+            while pid is None:
+                assert time.monotonic() < deadline, "no fork server started for the spinner's environment"
+                await anyio.sleep(0.2)
+                for comm in Path("/proc").glob("[0-9]*/task/*/comm"):
+                    try:
+                        if comm.read_text().strip() == marker:
+                            pid = int(comm.parts[2])
+                    except OSError:
+                        continue
+            # (The marker is the spinning thread's name: it runs in the fork server.)
+            assert any(arg.endswith(b"/forkserver.py") for arg in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"))
+            before, start = process_cpu_seconds(pid), time.monotonic()
+            await anyio.sleep(3)
+            used = (process_cpu_seconds(pid) - before) / (time.monotonic() - start)
+    finally:
+        index.close()
+    assert 0.05 < used < 0.4, f"the fork server used {used:.2f} of a core"
+

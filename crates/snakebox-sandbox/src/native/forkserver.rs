@@ -67,6 +67,11 @@ const KILLED_REPORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest message from the fork server.
 const MESSAGE_MAX: usize = 64 * 1024;
 
+/// The CPU a fork server may use (thousandths of a core): a fork costs it well under a
+/// millisecond, so this serves hundreds of runs a second, while code of its environment that
+/// keeps running in it (a thread a `.pth` line started) can take no more than this.
+const FORK_SERVER_MILLICORES: u64 = 250;
+
 /// The fork server's own share of the per-user kernel counters of its uid, besides one per run
 /// it may serve at once.
 const SHARES_EXTRA: u64 = 1;
@@ -209,8 +214,17 @@ impl NativeBackend {
                 .collect(),
         };
         // Its own cgroup, with a run's limits: what its interpreter imports is caller-chosen
-        // code, bounded like a run's.
-        let cgroup = cgroups.create_run(&policy.limits)?;
+        // code, bounded like a run's. Its CPU share is smaller: it lives on between calls,
+        // and all it does then is fork (a run's own CPU is charged to the run's cgroup).
+        let cgroup = cgroups.create_run(&Limits {
+            cpu_millicores: Some(
+                policy
+                    .limits
+                    .cpu_millicores
+                    .map_or(FORK_SERVER_MILLICORES, |run| run.min(FORK_SERVER_MILLICORES)),
+            ),
+            ..policy.limits.clone()
+        })?;
         let mut prepared = self.prepare(&policy, &command, Some(&cgroup), Some(setup))?;
         prepared
             .command
