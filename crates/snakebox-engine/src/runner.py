@@ -443,6 +443,69 @@ def _wait_for_request():
     return request == b"go\n"
 
 
+END_REPORT_TAG = b"\x1esnakebox-end "
+# Signals a reaper ignores: code in the run that signals its whole process group must not end
+# the reaper before it reported (SIGKILL cannot be ignored; then no report comes, and a status
+# of 129-192 is read as a death by signal, as it was before reapers).
+_REAPER_IGNORES = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE")
+
+
+def report_end_from_parent(control_fd):
+    """Fork once; the child returns and runs everything, this process reaps it and reports.
+
+    bubblewrap reports a death by signal N as exit status 128 + N, so the host cannot tell
+    `os._exit(137)` from a SIGKILL. This process (the runner's parent in the sandbox) sees the
+    child's true wait status: it writes it as the last line of the control channel
+    (`END_REPORT_TAG` + `exited N` / `signaled N`), then ends the same way (the same exit code,
+    or the same signal), so the host's own view agrees with the report. It runs no user code,
+    holds nothing but the control channel, and costs one small idle process.
+    """
+    try:
+        import signal
+
+        pid = os.fork()
+    except (OSError, ImportError):
+        return  # without a report, 129-192 stays ambiguous (read as signals); nothing else changes
+    if pid == 0:
+        return
+    try:
+        for name in _REAPER_IGNORES:
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except OSError:
+            os._exit(255)
+    if os.WIFSIGNALED(status):
+        kind, number = "signaled", os.WTERMSIG(status)
+    else:
+        kind, number = "exited", os.WEXITSTATUS(status)
+    try:
+        os.write(control_fd, END_REPORT_TAG + ("%s %d\n" % (kind, number)).encode("ascii"))
+    except OSError:
+        pass
+    if kind == "signaled":
+        try:
+            signal.signal(number, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+        try:
+            os.kill(os.getpid(), number)
+        except OSError:
+            pass
+        os._exit(128 + number)
+    os._exit(number)
+
+
 def main():
     script_path = sys.argv[1]
     control_fd = int(sys.argv[2])
@@ -513,4 +576,5 @@ def main():
 
 
 if __name__ == "__main__":
+    report_end_from_parent(int(sys.argv[2]))
     sys.exit(main())

@@ -66,13 +66,16 @@ def _write_all(fd, data):
 
 
 def main():
+    runner = _load_runner()
+    # The interpreter's parent reports how it really ended (an `os._exit(137)` is an exit
+    # code, not a SIGKILL) on the control channel; see `runner.report_end_from_parent`.
+    runner.report_end_from_parent(3)
     requests = os.fdopen(_private(0), "rb", buffering=0)
     devnull = os.open(os.devnull, os.O_RDONLY)
     if devnull != 0:
         os.dup2(devnull, 0)
         os.close(devnull)
     control = _private(3)
-    runner = _load_runner()
     runner.install_pyplot_hook()
 
     namespace_module = types.ModuleType("__main__")
