@@ -819,7 +819,7 @@ pub(crate) fn remove_stale_run_dirs(data_dir: &Path) {
         }
         // The fork server's shared mount of the whole directory, if it had one.
         snakebox_sandbox::unmount_runs_root(&entry.path());
-        if let Err(err) = fs_err::remove_dir_all(entry.path()) {
+        if let Err(err) = crate::tree::remove(&entry.path()) {
             tracing::warn!(%err, "could not remove a stale run directory");
         }
     }
@@ -829,7 +829,7 @@ impl Drop for RunDir {
     fn drop(&mut self) {
         // Unmount the scratch tmpfs first: its mount point cannot be removed while mounted.
         drop(self.scratch.take());
-        if let Err(err) = fs_err::remove_dir_all(&self.root) {
+        if let Err(err) = crate::tree::remove(&self.root) {
             tracing::warn!(%err, "could not remove a run directory");
         }
     }

@@ -18,6 +18,7 @@ mod report;
 mod result;
 mod runner;
 mod session;
+mod tree;
 mod validate;
 
 use std::sync::{Arc, Mutex};

@@ -330,9 +330,12 @@ impl Manager {
     /// Measure the workspace again (after a call that may have written to it).
     pub(super) async fn remeasure(&self, id: &str) {
         let work = self.paths(id).work;
-        let bytes = tokio::task::spawn_blocking(move || files::tree_bytes(&work))
+        let (bytes, partial) = tokio::task::spawn_blocking(move || files::tree_bytes(&work))
             .await
-            .unwrap_or(0);
+            .unwrap_or((0, None));
+        if let Some(note) = partial {
+            tracing::warn!(session = %id, "{note}");
+        }
         let _ = self.store.set_work_bytes(id, bytes);
     }
 }
@@ -399,7 +402,7 @@ impl Engine {
         let (packages, venv_bytes) = match built {
             Ok(built) => built,
             Err(err) => {
-                let _ = fs_err::remove_dir_all(&paths.root);
+                let _ = crate::tree::remove(&paths.root);
                 return Err(err);
             }
         };
@@ -422,7 +425,7 @@ impl Engine {
             executions: 0,
         };
         if let Err(err) = manager.store.insert(&row) {
-            let _ = fs_err::remove_dir_all(&paths.root);
+            let _ = crate::tree::remove(&paths.root);
             return Err(db_error(err));
         }
         tracing::info!(session = %id, python = %row.python_version, "session created");
@@ -497,12 +500,13 @@ impl Engine {
         state.lost = None;
         state.cells = 0;
         let paths = manager.paths(&row.id);
-        for dir in [&paths.work, &paths.env, &paths.tmp] {
-            if dir.exists() {
-                fs_err::remove_dir_all(dir)
-                    .map_err(|err| io_error("clear the session's files", &err))?;
-            }
-        }
+        let dirs = [paths.work.clone(), paths.env.clone(), paths.tmp.clone()];
+        tokio::task::spawn_blocking(move || {
+            dirs.iter().try_for_each(|dir| crate::tree::remove(dir))
+        })
+        .await
+        .map_err(|err| io_error("clear the session's files", &std::io::Error::other(err)))?
+        .map_err(|err| io_error("clear the session's files", &err))?;
         let (packages, venv_bytes) = self
             .build_session(&paths, interpreter, &row.base_requirements)
             .await?;
@@ -542,7 +546,7 @@ pub(super) async fn delete(manager: &Manager, id: &str) -> Result<(), ErrorInfo>
     manager.forget(id);
     let root = manager.paths(id).root;
     drop(state);
-    tokio::task::spawn_blocking(move || fs_err::remove_dir_all(root))
+    tokio::task::spawn_blocking(move || crate::tree::remove(&root))
         .await
         .map_err(|err| io_error("delete the session's files", &std::io::Error::other(err)))?
         .map_err(|err| io_error("delete the session's files", &err))?;

