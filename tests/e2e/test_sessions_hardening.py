@@ -143,3 +143,87 @@ async def test_S01_a_one_shot_run_leaving_a_deep_tree_is_cleaned_up(snakebox_bin
     # runs/<server pid>/ stays (removed by the next start); no run directory is left in it.
     left = list(runs.glob("*/*")) if runs.exists() else []
     assert not left, left[:5]
+
+
+# --- S-03: session network ------------------------------------------------------------------
+
+CONNECT = """
+import socket
+s = socket.socket()
+s.settimeout(3)
+try:
+    s.connect(('127.0.0.1', {port}))
+    print('connected')
+except OSError as err:
+    print('refused', err.errno)
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def test_S03_sessions_follow_the_one_shot_network_rules(snakebox_bin, tmp_path):
+    import errno
+
+    from attacks_support import Listener
+
+    port = free_port()
+    listener = Listener(__import__("socket").AF_INET, ("127.0.0.1", port), "tcp4")
+    try:
+        async with connect(snakebox_bin, fresh_data_dir(tmp_path), "auto", "--network", "on") as client:
+            # Declined at creation: no network for the session's code nor its commands.
+            offline, text, is_error = await call(client, "create_session", network=False)
+            assert not is_error and offline["network"] is False, text
+            assert "network: off" in text
+            data, text, _ = await cell(client, offline["session_id"], CONNECT.format(port=port))
+            assert data["status"] == "ok" and data["stdout"] == f"refused {errno.ECONNREFUSED}\n", text
+            await call(client, "write_file", session_id=offline["session_id"], path="probe.py",
+                       content=CONNECT.format(port=port))
+            command, text, _ = await call(client, "run_command", session_id=offline["session_id"],
+                                          command="python probe.py")
+            assert command["status"] == "ok" and "refused" in command["stdout"], text
+            assert listener.connections == []
+            # A call cannot take network the session was created without.
+            data, text, is_error = await cell(client, offline["session_id"], "print(1)", network=True)
+            assert is_error and data["status"] == "invalid_request", text
+            assert "created without network" in data["error"]["message"], text
+
+            # The default on this server is network, as for one-shot runs: the listener works
+            # (proof that the refusal above was the session's policy).
+            online, text, is_error = await call(client, "create_session")
+            assert not is_error and online["network"] is True, text
+            data, text, _ = await cell(client, online["session_id"], CONNECT.format(port=port))
+            assert data["stdout"] == "connected\n", text
+            assert len(listener.connections) == 1
+            # A call cannot drop it for one cell either: refused with the reason.
+            data, text, is_error = await cell(client, online["session_id"], "print(1)", network=False)
+            assert is_error and data["status"] == "invalid_request", text
+            assert "created with network" in data["error"]["message"], text
+            listed, _, _ = await call(client, "list_sessions")
+            policy = {s["session_id"]: s["network"] for s in listed["sessions"]}
+            assert policy == {offline["session_id"]: False, online["session_id"]: True}
+
+        # The same data directory under a server without network: the session created with
+        # network has none now, and its result says so.
+        async with connect(snakebox_bin, tmp_path / "data", "auto") as client:
+            listed, _, _ = await call(client, "list_sessions")
+            assert all(s["network"] is False for s in listed["sessions"]), listed
+            data, text, _ = await cell(client, online["session_id"], CONNECT.format(port=port))
+            assert data["stdout"] == f"refused {errno.ECONNREFUSED}\n", text
+            assert any("does not allow network now" in note for note in data["notes"]), data["notes"]
+            assert len(listener.connections) == 1
+            # Asking for more than the server allows is refused, at creation and per call.
+            data, text, is_error = await call(client, "create_session", network=True)
+            assert is_error and "--network on" in data["error"]["hint"], text
+            data, text, is_error = await cell(client, offline["session_id"], "print(1)", network=True)
+            assert is_error and "--network on" in data["error"]["hint"], text
+            default, text, _ = await call(client, "create_session")
+            assert default["network"] is False, text
+            await alive(client)
+    finally:
+        listener.close()

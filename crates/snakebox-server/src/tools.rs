@@ -60,7 +60,9 @@ pub(crate) struct ExecuteParams {
     pub session_id: Option<String>,
     /// Set `true` to ask for network access (refused unless the server runs with
     /// `--network on`; see `check_environment`), `false` to run offline on a server that allows
-    /// network. Default: the server's policy (off unless the operator turned it on).
+    /// network. Default: the server's policy (off unless the operator turned it on). With
+    /// `session_id`, the session's network was fixed at its creation: asking for anything else
+    /// is refused with the reason.
     pub network: Option<bool>,
 }
 

@@ -383,6 +383,14 @@ impl Engine {
                 hint: Some("use a short label such as \"sales-analysis\"".into()),
             });
         }
+        if request.network == Some(true) && !self.config.network {
+            return Err(ErrorInfo {
+                message: "This session asked for network access, but this server does not allow network for runs".into(),
+                hint: Some("create the session without `network` (sessions then have none), or ask the operator to start snakebox with `--network on`".into()),
+            });
+        }
+        // The one-shot rule: the server's policy unless the caller declines it.
+        let network = self.config.network && request.network != Some(false);
         let count = manager.store.count().map_err(db_error)?;
         if count >= manager.settings.max_sessions as u64 {
             return Err(ErrorInfo {
@@ -423,6 +431,7 @@ impl Engine {
             created_at: now,
             last_used_at: now,
             executions: 0,
+            network,
         };
         if let Err(err) = manager.store.insert(&row) {
             let _ = crate::tree::remove(&paths.root);
@@ -448,8 +457,15 @@ impl Engine {
             packages: packages_of(row),
             size_bytes: row.venv_bytes + row.work_bytes,
             interpreter_running: running,
+            network: self.session_network(row),
             executions: row.executions,
         }
+    }
+
+    /// Whether a session's code has network now: it was created with network and the server
+    /// (as started now: the policy may have changed across a restart) still allows it.
+    pub(super) fn session_network(&self, row: &SessionRow) -> bool {
+        row.network && self.config.network
     }
 
     /// Every session.

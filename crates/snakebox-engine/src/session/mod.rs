@@ -105,6 +105,10 @@ pub struct CreateSession {
     pub dependencies: Vec<String>,
     /// A label for people.
     pub name: Option<String>,
+    /// Network for the session's whole life: `Some(true)` asks for it (refused unless the
+    /// server allows network), `Some(false)` declines it, `None` follows the server, exactly
+    /// as for a one-shot run.
+    pub network: Option<bool>,
 }
 
 /// One session, as listed.
@@ -128,6 +132,9 @@ pub struct SessionInfo {
     pub size_bytes: u64,
     /// Whether its interpreter is running now (variables are kept only while it is).
     pub interpreter_running: bool,
+    /// Whether its code has network now: taken at creation, and only while the server
+    /// allows network.
+    pub network: bool,
     /// Cells run so far.
     pub executions: u64,
 }
