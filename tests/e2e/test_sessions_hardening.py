@@ -227,3 +227,100 @@ async def test_S03_sessions_follow_the_one_shot_network_rules(snakebox_bin, tmp_
             await alive(client)
     finally:
         listener.close()
+
+
+# --- V-01: every sandbox kind counts in the concurrency caps --------------------------------
+
+
+class SandboxCounter:
+    """Counts the server's live sandboxes from outside: its `bwrap` children in host /proc."""
+
+    def __init__(self, server: int) -> None:
+        import threading
+
+        self.server = server
+        self.max_alive = 0
+        self.seen: set[int] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _alive(self) -> list[int]:
+        alive = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if comm == "bwrap" and int(fields[1]) == self.server and fields[0] != "Z":
+                alive.append(int(entry))
+        return alive
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            alive = self._alive()
+            self.seen.update(alive)
+            self.max_alive = max(self.max_alive, len(alive))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+async def test_V01_every_sandbox_kind_counts_in_the_concurrency_cap(snakebox_bin, tmp_path):
+    import anyio
+
+    data_dir = fresh_data_dir(tmp_path)
+    flags = ("--max-concurrent-runs", "2", "--warm-pool", "0", "--fork-server", "off")
+    async with connect(snakebox_bin, data_dir, "auto", *flags) as client:
+        sessions = [await create(client) for _ in range(3)]
+        counter = SandboxCounter(server_pid(data_dir))
+        results: dict[str, tuple] = {}
+
+        async def validate(i: int) -> None:
+            results[f"validate-{i}"] = await call(client, "validate_script", script=f"x = {i}\nprint(x\n")
+
+        async def install(session: str) -> None:
+            results[f"install-{session}"] = await call(
+                client, "install_packages", session_id=session, packages=["six==1.16.0"], wait_seconds=240
+            )
+
+        async def make(i: int) -> None:
+            results[f"create-{i}"] = await call(client, "create_session", name=f"v01-{i}")
+
+        async def run(i: int) -> None:
+            results[f"run-{i}"] = await call(client, "execute_python", script=f"import time; time.sleep(0.3); print({i})")
+
+        try:
+            async with anyio.create_task_group() as group:
+                for i in range(6):
+                    group.start_soon(validate, i)
+                for session in sessions:
+                    group.start_soon(install, session)
+                for i in range(3):
+                    group.start_soon(make, i)
+                for i in range(3):
+                    group.start_soon(run, i)
+        finally:
+            counter.stop()
+        # Every call was answered, as it would be without the cap.
+        assert len(results) == 15
+        for name, (data, text, is_error) in results.items():
+            if name.startswith("validate"):
+                assert any(p.get("kind") == "syntax" or "line" in str(p) for p in data["problems"]), text
+            elif name.startswith("install"):
+                assert not is_error and data["state"] == "succeeded", text
+            elif name.startswith("create"):
+                assert not is_error and data["session_id"], text
+            else:
+                assert data["status"] == "ok", text
+        # Judged from outside: the load really ran (many sandboxes, two at once), and never
+        # more than the cap at a time.
+        assert len(counter.seen) >= 15, counter.seen
+        assert counter.max_alive == 2, counter.max_alive
+        await alive(client)

@@ -426,6 +426,9 @@ impl Engine {
         requirements: &[pep508_rs::Requirement],
     ) -> Result<Environment, ErrorInfo> {
         let cache = self.cache.as_ref().map_err(ErrorInfo::from)?;
+        // A build runs uv's install sandboxes: it holds a slot of the concurrency cap, released
+        // before the run takes its own (never both at once).
+        let _slot = self.sandbox_slot().await?;
         cache
             .ensure(interpreter, requirements)
             .await

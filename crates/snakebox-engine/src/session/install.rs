@@ -28,6 +28,8 @@ use crate::result::{ErrorInfo, Package};
 #[derive(Clone)]
 pub(super) struct Installer {
     pub(super) sandbox: Arc<Sandbox>,
+    /// The engine's concurrency cap: each uv step holds a slot while its sandbox runs.
+    pub(super) slots: Arc<tokio::sync::Semaphore>,
     pub(super) uv: Uv,
     pub(super) uv_env: UvEnvironment,
     pub(super) uv_cache: PathBuf,
@@ -66,6 +68,13 @@ impl Installer {
             args: invocation.args.clone(),
             control_channel: false,
         };
+        let _slot = Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .map_err(|_| ErrorInfo {
+                message: "The engine is shutting down".into(),
+                hint: None,
+            })?;
         let outcome = self
             .sandbox
             .run(
@@ -235,6 +244,7 @@ impl Engine {
         let cache = self.cache.as_ref().map_err(unavailable)?;
         Ok(Installer {
             sandbox: Arc::clone(sandbox),
+            slots: Arc::clone(&self.runs),
             uv: uv.clone(),
             uv_env: UvEnvironment::from_process(),
             uv_cache: cache.uv_cache_dir(),
