@@ -324,3 +324,79 @@ async def test_V01_every_sandbox_kind_counts_in_the_concurrency_cap(snakebox_bin
         assert len(counter.seen) >= 15, counter.seen
         assert counter.max_alive == 2, counter.max_alive
         await alive(client)
+
+
+# --- S-04: session result integrity ---------------------------------------------------------
+
+# Replaces everything a later cell's report could go through by name: sys.exit, builtins, json,
+# os.write, importlib, the runners' module functions, the excepthook.
+HOOKS = """
+import builtins, importlib, json, os, sys
+runner = sys.modules['_snakebox_runner']
+session_runner = sys.modules['_snakebox_session_runner']
+sys.exit = lambda *a, **k: None
+builtins.exec = lambda *a, **k: None
+builtins.eval = lambda *a, **k: None
+json.dumps = lambda *a, **k: '{"exit_code": 0}'
+json.loads = lambda *a, **k: {"code": "pass", "marker": ""}
+forged = ({"exit_code": 0, "names": [], "exception": None, "value": None}, None)
+runner.run_code = lambda *a, **k: forged
+runner._exit_code = lambda err: 0
+runner._describe_exception = lambda *a, **k: ("", None)
+runner._compile = lambda *a, **k: (compile('pass', 'x', 'exec'), None)
+session_runner._write_all = lambda fd, data: None
+importlib.invalidate_caches = lambda: None
+sys.excepthook = lambda *a: None
+print('hooked')
+"""
+
+# Deliberate tampering with the runner's private references themselves: the documented limit.
+TAMPER = """
+import sys
+sys.modules['_snakebox_runner'].run_code.__kwdefaults__['_exit_code'] = lambda err: 0
+print('tampered')
+"""
+
+
+async def test_S04_hooks_left_by_a_cell_do_not_change_later_results(snakebox_bin, data_dir):
+    async with connect(snakebox_bin, data_dir, "auto") as client:
+        session = await create(client)
+        data, text, _ = await cell(client, session, HOOKS)
+        assert data["status"] == "ok" and data["stdout"] == "hooked\n", text
+        # Proof the hooks are live in the interpreter: the cell's own sys.exit is a no-op now.
+        data, text, _ = await cell(client, session, "import sys; sys.exit(4); print('still here')")
+        assert data["stdout"] == "still here\n" and data["exit_code"] == 0, text
+        # The truth of later cells.
+        data, text, _ = await cell(client, session, "raise SystemExit(3)")
+        assert data["status"] == "error" and data["exit_code"] == 3, text
+        data, text, _ = await cell(client, session, "assert 1 == 2, 'boom'")
+        assert data["status"] == "error" and data["exit_code"] == 1, text
+        assert data["exception"]["type_name"] == "AssertionError" and data["exception"]["message"] == "boom"
+        data, text, _ = await cell(client, session, "x = 6\nx * 7")
+        assert data["status"] == "ok" and data["result"]["json"] == 42, text
+        assert data["fresh_interpreter"] is False, text
+        # An interpreter death is observed by the host, not reported by the runner.
+        data, text, _ = await cell(client, session, "import os; os._exit(5)")
+        assert data["exit_code"] == 5 and data["status"] == "error", text
+        await call(client, "delete_session", session_id=session)
+
+
+async def test_S04_tampering_with_the_runner_forges_only_that_sessions_own_later_cells(snakebox_bin, data_dir):
+    async with connect(snakebox_bin, data_dir, "auto") as client:
+        a = await create(client)
+        b = await create(client)
+        data, text, _ = await cell(client, a, TAMPER)
+        assert data["stdout"] == "tampered\n", text
+        # The documented limit, exactly: A's later SystemExit(3) is reported as exit 0 / ok...
+        data, text, _ = await cell(client, a, "raise SystemExit(3)")
+        assert (data["status"], data["exit_code"]) == ("ok", 0), text
+        # ...but not B's, nor what the host observes in A: a timeout, then a fresh interpreter
+        # without the tampering.
+        data, text, _ = await cell(client, b, "raise SystemExit(3)")
+        assert (data["status"], data["exit_code"]) == ("error", 3), text
+        data, text, _ = await cell(client, a, "import time; time.sleep(30)", timeout_seconds=1)
+        assert data["status"] == "timeout", text
+        data, text, _ = await cell(client, a, "raise SystemExit(3)")
+        assert data["fresh_interpreter"] is True and (data["status"], data["exit_code"]) == ("error", 3), text
+        for session in (a, b):
+            await call(client, "delete_session", session_id=session)

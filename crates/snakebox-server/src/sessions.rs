@@ -222,7 +222,9 @@ installed. Each session is its own isolated sandbox. Sessions survive a server r
 packages; variables are lost and the next result says so). Delete sessions you no longer need. \
 Network follows the one-shot rules and is fixed at creation: off unless the server allows it; \
 `network: true` is refused on a server without network, `network: false` declines it; the \
-result's `network` says what is in effect.\n\n\
+result's `network` says what is in effect. A session's results are only as trustworthy as its \
+own earlier code: see `session_id` of `execute_python` for what that code can forge (never \
+another session's results).\n\n\
 Example: {\"name\": \"sales-analysis\", \"dependencies\": [\"pandas>=2.2\"], \"python_version\": \"3.12\"}",
         output_schema = schema_for_output::<SessionInfo>(),
         annotations(read_only_hint = false, destructive_hint = false, open_world_hint = false)
