@@ -400,3 +400,73 @@ async def test_S04_tampering_with_the_runner_forges_only_that_sessions_own_later
         assert data["fresh_interpreter"] is True and (data["status"], data["exit_code"]) == ("error", 3), text
         for session in (a, b):
             await call(client, "delete_session", session_id=session)
+
+
+# --- S-02: the session disk quota holds while a call runs -----------------------------------
+
+# Writes 16 MiB files (RLIMIT_FSIZE caps one file) until the disk refuses, for up to 512 MiB.
+FILL = """
+import errno, os
+os.makedirs('fill', exist_ok=True)
+block = b'x' * (1 << 20)
+written = 0
+stopped = None
+for i in range(32):
+    try:
+        with open(f'fill/{tag}-{{i:02d}}', 'wb') as f:
+            for _ in range(16):
+                f.write(block)
+                f.flush()
+                written += 1 << 20
+    except OSError as err:
+        stopped = errno.errorcode.get(err.errno, err.errno)
+        break
+print('written', written >> 20, 'stopped', stopped)
+"""
+
+
+def allocated(path: Path) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+async def test_S02_one_call_cannot_write_past_the_sessions_disk_quota(snakebox_bin, tmp_path):
+    data_dir = fresh_data_dir(tmp_path)
+    image = data_dir / "sessions-v1.img"
+    flags = ("--sessions-max-disk", "256MiB")
+    async with connect(snakebox_bin, data_dir, "auto", *flags) as client:
+        report, _, _ = await call(client, "check_environment")
+        assert "enforced by the kernel" in report["sessions"]["disk_quota"], report["sessions"]
+        session = await create(client)
+        before = allocated(image)
+        # 160 MiB fits.
+        data, text, _ = await cell(client, session, FILL.format(tag="a").replace("range(32)", "range(10)"))
+        assert data["stdout"] == "written 160 stopped None\n", text
+        # One call asking for 512 MiB more: refused by the kernel inside the call.
+        data, text, _ = await cell(client, session, FILL.format(tag="b"))
+        written = int(data["stdout"].split()[1])
+        assert data["stdout"].endswith("stopped ENOSPC\n"), text
+        assert 16 <= written < 96, text  # what was left of 256 MiB, less ext4's own metadata
+        assert any("sessions' disk is full" in note for note in data["notes"]), data["notes"]
+        # Judged from outside: the host disk got at most the quota.
+        assert allocated(image) <= (256 << 20), allocated(image)
+        assert allocated(image) - before <= (256 << 20)
+        work = host_work(data_dir, session)
+        on_disk = sum(f.stat().st_size for f in (work / "fill").iterdir())
+        assert on_disk == (160 + written) << 20
+        # The server still answers; freeing files makes room again.
+        await alive(client)
+        data, text, _ = await cell(client, session, "import shutil; shutil.rmtree('fill'); print('freed')")
+        assert data["stdout"] == "freed\n", text
+        data, text, _ = await cell(client, session, FILL.format(tag="c").replace("range(32)", "range(4)"))
+        assert data["stdout"] == "written 64 stopped None\n", text
+
+    # After a restart, files are kept and the bound holds again.
+    async with connect(snakebox_bin, data_dir, "auto", *flags) as client:
+        data, text, is_error = await call(client, "list_files", session_id=session, path="fill", depth=1)
+        assert not is_error and len(data["entries"]) == 4, text
+        data, text, _ = await cell(client, session, FILL.format(tag="d"))
+        assert data["stdout"].endswith("stopped ENOSPC\n"), text
+        assert allocated(image) <= (256 << 20)
+        await call(client, "delete_session", session_id=session)
+    # The image is unmounted when the last server of the data directory ends.
+    assert not os.path.ismount(data_dir / "sessions-v1")

@@ -788,7 +788,7 @@ impl RunDir {
 }
 
 /// Where run directories live: `<data>/runs/<server pid>/<execution id>`.
-fn runs_dir(data_dir: &Path) -> PathBuf {
+pub(crate) fn runs_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("runs")
 }
 

@@ -174,6 +174,12 @@ impl Engine {
         self.set_warm(state);
     }
 
+    /// Before the process exits: unmount the sessions' disk image unless another server of
+    /// this data directory still runs (the files stay in the image).
+    pub fn release_sessions(&self) {
+        self.sessions.release(&self.config.data_dir);
+    }
+
     /// A slot of `--max-concurrent-runs` for one sandbox (see [`Engine::runs`]).
     pub(crate) async fn sandbox_slot(
         &self,

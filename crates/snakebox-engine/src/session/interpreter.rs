@@ -357,6 +357,7 @@ impl Engine {
         drop(state);
         rich.apply(&mut result);
         manager.remeasure(&row.id).await;
+        result.notes.extend(manager.disk_note());
         result
     }
 
@@ -622,6 +623,7 @@ impl Engine {
         result.environment_reused = true;
         result.error = error;
         result.notes = notes;
+        result.notes.extend(manager.disk_note());
         result
     }
 }

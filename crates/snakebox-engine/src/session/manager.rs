@@ -16,6 +16,7 @@ use snakebox_env::Interpreter;
 use snakebox_sandbox::{LiveSandbox, Sandbox};
 use tokio_util::sync::CancellationToken;
 
+use super::disk::SessionDisk;
 use super::store::{SessionRow, Store};
 use super::{
     CreateSession, InstallState, InstallStatus, SESSIONS_DIR, SessionInfo, SessionList,
@@ -29,6 +30,11 @@ impl Sessions {
     /// Open the session store under `data_dir` and start the idle reaper.
     pub(crate) fn open(data_dir: &Path, settings: SessionSettings) -> Sessions {
         let root = data_dir.join(SESSIONS_DIR);
+        // The quota's kernel bound: the sessions' files live in an image of that size. This
+        // process's run directory tells other processes of this data directory that it uses
+        // the image (see `SessionDisk::release`).
+        let _ = fs_err::create_dir_all(crate::execute::server_runs_dir(data_dir));
+        let disk = SessionDisk::open(&root, settings.max_disk_bytes);
         let opened = fs_err::create_dir_all(&root)
             .map_err(|err| err.to_string())
             .and_then(|()| {
@@ -49,6 +55,7 @@ impl Sessions {
             Ok(store) => {
                 let manager = Arc::new(Manager {
                     root,
+                    disk,
                     store,
                     slots: Mutex::default(),
                     settings,
@@ -68,6 +75,13 @@ impl Sessions {
 }
 
 impl Sessions {
+    /// Unmount the sessions' disk image unless another server of this data directory runs.
+    pub(crate) fn release(&self, data_dir: &Path) {
+        if let Ok(manager) = &self.inner {
+            manager.disk.release(&crate::execute::runs_dir(data_dir));
+        }
+    }
+
     /// What `check_environment` says about sessions.
     pub(crate) fn report(&self, data_dir: &Path) -> SessionsReport {
         let defaults = SessionSettings::default();
@@ -83,6 +97,7 @@ impl Sessions {
             idle_stop_seconds: defaults.idle_stop.as_secs(),
             idle_delete_seconds: defaults.idle_delete.as_secs(),
             sessions: Vec::new(),
+            disk_quota: String::new(),
             problem: None,
         };
         let manager = match &self.inner {
@@ -93,6 +108,7 @@ impl Sessions {
             }
         };
         let settings = &manager.settings;
+        report.disk_quota = manager.disk.mechanism();
         report.max_sessions = settings.max_sessions;
         report.max_disk_bytes = settings.max_disk_bytes;
         report.max_running_interpreters = settings.max_interpreters;
@@ -129,6 +145,8 @@ impl Sessions {
 /// Everything about sessions that outlives one call.
 pub(super) struct Manager {
     pub(super) root: PathBuf,
+    /// How the disk quota is held (see [`SessionDisk`]).
+    pub(super) disk: SessionDisk,
     pub(super) store: Store,
     pub(super) slots: Mutex<HashMap<String, Arc<Slot>>>,
     pub(super) settings: SessionSettings,
@@ -308,6 +326,17 @@ impl Manager {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(id);
+    }
+
+    /// A note for a call's result when the sessions' disk is full after it.
+    pub(super) fn disk_note(&self) -> Option<String> {
+        let free = self.disk.free_bytes()?;
+        (free < 1 << 20).then(|| {
+            format!(
+                "the sessions' disk is full (--sessions-max-disk {}, enforced while calls run): writes fail with ENOSPC (No space left on device); delete files (run_command with `rm`) or sessions",
+                crate::execute::human_bytes(self.settings.max_disk_bytes)
+            )
+        })
     }
 
     pub(super) fn check_disk(&self) -> Result<(), ErrorInfo> {

@@ -33,6 +33,7 @@
 //! [`install`] venvs and package installs; [`workspace`] the file tools over the confined
 //! walk of [`files`]; [`store`] the SQLite record.
 
+mod disk;
 mod files;
 mod install;
 mod interpreter;
@@ -287,6 +288,9 @@ pub struct SessionsReport {
     pub idle_delete_seconds: u64,
     /// The sessions, most recently used first (at most 50).
     pub sessions: Vec<SessionSummary>,
+    /// How `max_disk_bytes` is held: by the kernel while calls run (a file-system image of
+    /// that size), or only checked between calls, and why.
+    pub disk_quota: String,
     /// Why sessions are unavailable.
     pub problem: Option<String>,
 }
