@@ -15,17 +15,14 @@
 //! built in a temporary directory and renamed into place, so readers never see half of it.
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::io::Read;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use nix::dir::Dir;
-use nix::fcntl::{AtFlags, OFlag, openat};
-use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
+use nix::fcntl::{OFlag, openat};
+use nix::sys::stat::{FileStat, Mode, SFlag, fstat};
 use serde::{Deserialize, Serialize};
 
 use crate::files::{PathError, split_relative_path};
@@ -180,110 +177,67 @@ enum WalkEntry {
     Skipped(String),
 }
 
-/// Walk `root` depth-first in name order without following links, calling `visit` with the
-/// path relative to `root` of every non-directory entry. Hidden entries (`.name`) and
-/// `__pycache__` are ignored. `visit` returns false to stop. Returns a note when a bound
-/// stopped the walk.
+/// How far the walk of a working directory goes (see [`crate::tree`]).
+const WALK_CAPS: crate::tree::Caps = crate::tree::Caps {
+    entries: MAX_ENTRIES as u64,
+    depth: usize::MAX, // deep directories are reported as skipped by `walk` itself
+    time: Duration::from_secs(20),
+};
+
+/// Walk `root` depth-first in name order without following links (see [`crate::tree`]),
+/// calling `visit` with the path relative to `root` of every non-directory entry. Hidden
+/// entries (`.name`) and `__pycache__` are ignored. `visit` returns false to stop. Returns a
+/// note when a bound stopped the walk.
 fn walk(root: &Path, visit: &mut dyn FnMut(&str, WalkEntry) -> bool) -> Option<String> {
-    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let Ok(root_fd) = nix::fcntl::open(root, dir_flags, Mode::empty()) else {
-        return None;
-    };
-    let mut budget = MAX_ENTRIES;
-    // Directories still to visit: (parent, name, prefix, depth). Each is opened only when
-    // visited, so at most one descriptor per level is open.
-    let mut stack: Vec<(Rc<OwnedFd>, Option<CString>, String, usize)> =
-        vec![(Rc::new(root_fd), None, String::new(), 0)];
-    while let Some((parent, name, prefix, depth)) = stack.pop() {
-        let dir = match name {
-            None => parent,
-            Some(name) => match openat(parent.as_fd(), name.as_c_str(), dir_flags, Mode::empty()) {
-                Ok(fd) => Rc::new(fd),
-                Err(err) => {
-                    let shown = prefix.trim_end_matches('/');
-                    if !visit(
-                        shown,
-                        WalkEntry::Skipped(format!("directory could not be opened: {err}")),
-                    ) {
-                        return None;
-                    }
-                    continue;
-                }
-            },
-        };
-        let Ok(names) = list(dir.as_fd()) else {
-            continue;
-        };
-        let mut subdirs = Vec::new();
-        for name in names {
-            if budget == 0 {
-                return Some(format!(
-                    "the working directory has more than {MAX_ENTRIES} entries; the rest was not examined"
-                ));
-            }
-            budget -= 1;
-            let Ok(text) = name.to_str() else {
-                let lossy = format!("{prefix}{}", name.to_string_lossy());
-                if !visit(&lossy, WalkEntry::Skipped("file name is not UTF-8".into())) {
-                    return None;
-                }
-                continue;
-            };
-            if text.starts_with('.') || text == "__pycache__" {
-                continue;
-            }
-            let relative = format!("{prefix}{text}");
-            let Ok(stat) = fstatat(dir.as_fd(), name.as_c_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
-            else {
-                continue;
-            };
-            let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
-            let entry = if kind == SFlag::S_IFDIR {
-                if depth + 1 >= MAX_DEPTH {
-                    WalkEntry::Skipped(format!("directory nested deeper than {MAX_DEPTH} levels"))
-                } else {
-                    subdirs.push((
-                        Rc::clone(&dir),
-                        Some(name),
-                        format!("{relative}/"),
-                        depth + 1,
-                    ));
-                    continue;
-                }
-            } else if kind == SFlag::S_IFLNK {
-                WalkEntry::Skipped("symbolic link (links are never followed)".into())
-            } else if kind == SFlag::S_IFIFO {
-                WalkEntry::Skipped("FIFO (only regular files are kept)".into())
-            } else if kind == SFlag::S_IFSOCK {
-                WalkEntry::Skipped("socket (only regular files are kept)".into())
-            } else if kind == SFlag::S_IFCHR || kind == SFlag::S_IFBLK {
-                WalkEntry::Skipped("device (only regular files are kept)".into())
-            } else if kind != SFlag::S_IFREG {
-                WalkEntry::Skipped("not a regular file".into())
-            } else if stat.st_nlink > 1 {
-                WalkEntry::Skipped("hard link (a file with several names is not copied)".into())
+    use crate::tree::{Kind, Next};
+    let walked = crate::tree::walk(root, &WALK_CAPS, &mut |entry| {
+        let Some(relative) = entry.relative() else {
+            let lossy = entry.relative_lossy();
+            return if visit(&lossy, WalkEntry::Skipped("file name is not UTF-8".into())) {
+                Next::Skip
             } else {
-                open_regular(dir.as_fd(), &name, &stat)
+                Next::Stop
             };
-            if !visit(&relative, entry) {
-                return None;
-            }
+        };
+        let name = entry.name.to_bytes();
+        if name.starts_with(b".") || name == b"__pycache__" {
+            return Next::Skip;
         }
-        // Depth-first in name order: push subdirectories in reverse.
-        stack.extend(subdirs.into_iter().rev());
-    }
-    None
+        let walked = match entry.kind() {
+            Kind::Directory if entry.depth >= MAX_DEPTH => {
+                WalkEntry::Skipped(format!("directory nested deeper than {MAX_DEPTH} levels"))
+            }
+            Kind::Directory => return Next::Descend,
+            Kind::Symlink => WalkEntry::Skipped("symbolic link (links are never followed)".into()),
+            Kind::Fifo => WalkEntry::Skipped("FIFO (only regular files are kept)".into()),
+            Kind::Socket => WalkEntry::Skipped("socket (only regular files are kept)".into()),
+            Kind::Device => WalkEntry::Skipped("device (only regular files are kept)".into()),
+            Kind::Other => WalkEntry::Skipped("not a regular file".into()),
+            Kind::File if entry.stat.st_nlink > 1 => {
+                WalkEntry::Skipped("hard link (a file with several names is not copied)".into())
+            }
+            Kind::File => open_regular(entry.dir, entry.name, entry.stat),
+        };
+        if visit(&relative, walked) {
+            Next::Skip
+        } else {
+            Next::Stop
+        }
+    });
+    walked
+        .ok()
+        .and_then(|walked| walked.note(&WALK_CAPS, "the list of the working directory's files"))
 }
 
 /// Open a file that `fstatat` saw as a regular file, and check on the descriptor that it is
 /// still the same single-linked regular file (it may have been swapped in between).
-fn open_regular(dir: BorrowedFd<'_>, name: &CString, seen: &FileStat) -> WalkEntry {
+fn open_regular(dir: BorrowedFd<'_>, name: &std::ffi::CStr, seen: &FileStat) -> WalkEntry {
     let flags = OFlag::O_RDONLY
         | OFlag::O_NOFOLLOW
         | OFlag::O_NONBLOCK
         | OFlag::O_NOCTTY
         | OFlag::O_CLOEXEC;
-    let fd = match openat(dir, name.as_c_str(), flags, Mode::empty()) {
+    let fd = match openat(dir, name, flags, Mode::empty()) {
         Ok(fd) => fd,
         Err(err) => return WalkEntry::Skipped(format!("could not be opened: {err}")),
     };
@@ -299,26 +253,6 @@ fn open_regular(dir: BorrowedFd<'_>, name: &CString, seen: &FileStat) -> WalkEnt
         return WalkEntry::Skipped("changed while being examined".into());
     }
     WalkEntry::Regular { fd, stat }
-}
-
-/// Names in a directory, sorted, without `.` and `..`.
-fn list(dir: BorrowedFd<'_>) -> nix::Result<Vec<CString>> {
-    let duplicate = dir.try_clone_to_owned().map_err(|_| nix::Error::EBADF)?;
-    let mut listing = Dir::from_fd(duplicate)?;
-    let mut names = Vec::new();
-    for entry in listing.iter() {
-        let entry = entry?;
-        let name = entry.file_name();
-        if name.to_bytes() == b"." || name.to_bytes() == b".." {
-            continue;
-        }
-        names.push(name.to_owned());
-        if names.len() > MAX_ENTRIES {
-            break;
-        }
-    }
-    names.sort();
-    Ok(names)
 }
 
 /// The manifest of one execution's artifacts.
@@ -801,7 +735,7 @@ impl Drop for Entry<'_> {
 }
 
 fn remove(dir: &Path) {
-    if let Err(err) = fs_err::remove_dir_all(dir) {
+    if let Err(err) = crate::tree::remove(dir) {
         tracing::warn!(%err, "could not remove an artifact directory");
     }
 }

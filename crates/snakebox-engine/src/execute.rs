@@ -435,6 +435,9 @@ impl Engine {
         requirements: &[pep508_rs::Requirement],
     ) -> Result<Environment, ErrorInfo> {
         let cache = self.cache.as_ref().map_err(ErrorInfo::from)?;
+        // A build runs uv's install sandboxes: it holds a slot of the concurrency cap, released
+        // before the run takes its own (never both at once).
+        let _slot = self.sandbox_slot().await?;
         cache
             .ensure(interpreter, requirements)
             .await
@@ -821,7 +824,7 @@ impl RunDir {
 }
 
 /// Where run directories live: `<data>/runs/<server pid>/<execution id>`.
-fn runs_dir(data_dir: &Path) -> PathBuf {
+pub(crate) fn runs_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("runs")
 }
 
@@ -855,7 +858,7 @@ pub(crate) fn remove_stale_run_dirs(data_dir: &Path) {
         }
         // The fork server's shared mount of the whole directory, if it had one.
         snakebox_sandbox::unmount_runs_root(&entry.path());
-        if let Err(err) = fs_err::remove_dir_all(entry.path()) {
+        if let Err(err) = crate::tree::remove(&entry.path()) {
             tracing::warn!(%err, "could not remove a stale run directory");
         }
     }
@@ -865,7 +868,7 @@ impl Drop for RunDir {
     fn drop(&mut self) {
         // Unmount the scratch tmpfs first: its mount point cannot be removed while mounted.
         drop(self.scratch.take());
-        if let Err(err) = fs_err::remove_dir_all(&self.root) {
+        if let Err(err) = crate::tree::remove(&self.root) {
             tracing::warn!(%err, "could not remove a run directory");
         }
     }

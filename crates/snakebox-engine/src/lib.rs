@@ -18,6 +18,7 @@ mod report;
 mod result;
 mod runner;
 mod session;
+mod tree;
 mod validate;
 
 use std::sync::{Arc, Mutex};
@@ -69,7 +70,11 @@ pub struct Engine {
     uv: Result<Uv, Unavailable>,
     interpreters: Interpreters,
     cache: Result<EnvCache, Unavailable>,
-    runs: Semaphore,
+    /// `--max-concurrent-runs`: every sandbox that does work holds one while it runs (a run,
+    /// a session call or command, an install or environment build, a validation compile).
+    /// Taken around one sandbox at a time, never while holding another, so none can wait on
+    /// itself.
+    runs: Arc<Semaphore>,
     warm: Mutex<WarmState>,
     sessions: session::Sessions,
     artifacts: artifacts::ArtifactStore,
@@ -133,7 +138,7 @@ impl Engine {
             pool: pool::WarmPool::new(config.warm_pool, config.fork_server),
             sessions,
             artifacts,
-            runs: Semaphore::new(config.max_concurrent_runs.max(1)),
+            runs: Arc::new(Semaphore::new(config.max_concurrent_runs.max(1))),
             config,
             sandbox,
             uv,
@@ -169,9 +174,30 @@ impl Engine {
         self.set_warm(state);
     }
 
+    /// Before the process exits: unmount the sessions' disk image unless another server of
+    /// this data directory still runs (the files stay in the image).
+    pub fn release_sessions(&self) {
+        self.sessions.release(&self.config.data_dir);
+    }
+
+    /// A slot of `--max-concurrent-runs` for one sandbox (see [`Engine::runs`]).
+    pub(crate) async fn sandbox_slot(
+        &self,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, ErrorInfo> {
+        Arc::clone(&self.runs)
+            .acquire_owned()
+            .await
+            .map_err(|_| ErrorInfo {
+                message: "The engine is shutting down".into(),
+                hint: None,
+            })
+    }
+
     async fn default_environment(&self) -> Result<snakebox_env::Environment, ErrorInfo> {
         let cache = self.cache.as_ref().map_err(ErrorInfo::from)?;
         let interpreter = self.pick_interpreter(None, None)?;
+        // Building it runs uv's install sandboxes: a slot, like every sandbox.
+        let _slot = self.sandbox_slot().await?;
         cache
             .ensure(interpreter, &[])
             .await

@@ -325,13 +325,27 @@ def _describe_exception(err, compiling=False, filename=SCRIPT_NAME):
     }
 
 
-def _compile(source, filename=SCRIPT_NAME):
+# Private references (keyword-only defaults, bound when this module is loaded, before any user
+# code runs): in a session, a cell that replaces `builtins.exec`, `ast.parse`, `isinstance` or
+# this module's functions does not change how later cells are run and reported. Code that
+# tampers with these function objects themselves (their defaults, their code) still can: see
+# SECURITY.md, S-04.
+def _compile(
+    source,
+    filename=SCRIPT_NAME,
+    *,
+    _parse=ast.parse,
+    _Expr=ast.Expr,
+    _Expression=ast.Expression,
+    _compile_builtin=compile,
+    _isinstance=isinstance,
+):
     """The script as (body code, last-expression code or None). Raises SyntaxError."""
-    tree = ast.parse(source, filename, "exec")
+    tree = _parse(source, filename, "exec")
     last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
-    body = compile(tree, filename, "exec", dont_inherit=True)
+    if tree.body and _isinstance(tree.body[-1], _Expr):
+        last = _Expression(tree.body.pop().value)
+    body = _compile_builtin(tree, filename, "exec", dont_inherit=True)
     if last is None:
         return body, None
     future = 0
@@ -339,16 +353,16 @@ def _compile(source, filename=SCRIPT_NAME):
 
     for feature in __future__.all_feature_names:
         future |= getattr(__future__, feature).compiler_flag
-    expression = compile(last, filename, "eval", flags=body.co_flags & future, dont_inherit=True)
+    expression = _compile_builtin(last, filename, "eval", flags=body.co_flags & future, dont_inherit=True)
     return body, expression
 
 
-def _exit_code(err):
+def _exit_code(err, *, _isinstance=isinstance, _int=int, _bool=bool):
     """What the interpreter would exit with for this SystemExit (and what it prints)."""
     code = err.code
     if code is None:
         return 0
-    if isinstance(code, int) and not isinstance(code, bool):
+    if _isinstance(code, _int) and not _isinstance(code, _bool):
         return code & 0xFF if code >= 0 else code % 256
     try:
         sys.stderr.write("%s\n" % (code,))
@@ -365,7 +379,24 @@ def _flush():
             pass
 
 
-def run_code(source, filename, namespace, close_figures=False):
+def run_code(
+    source,
+    filename,
+    namespace,
+    close_figures=False,
+    *,
+    _exec=exec,
+    _eval=eval,
+    _SystemExit=SystemExit,
+    _BaseException=BaseException,
+    _compile=_compile,
+    _exit_code=_exit_code,
+    _describe_exception=_describe_exception,
+    _describe_value=_describe_value,
+    _reset=reset,
+    _list=list,
+    _str=str,
+):
     """Run `source` in `namespace` as a notebook cell (the execution core of both runners).
 
     Returns (record, value): the record's fields (value, names, exception, exit_code, images,
@@ -373,7 +404,7 @@ def run_code(source, filename, namespace, close_figures=False):
     `sys.exit()` ends the code, not the caller. Open matplotlib figures are captured at the
     end, and closed when `close_figures` (a session's next cell must not show them again).
     """
-    reset()
+    _reset()
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     record = {"version": RECORD_VERSION, "value": None, "names": [], "exception": None}
     exit_code = 0
@@ -382,15 +413,16 @@ def run_code(source, filename, namespace, close_figures=False):
     try:
         body, expression = _compile(source, filename)
         compiling = False
-        exec(body, namespace)
+        _exec(body, namespace)
         if expression is not None:
-            value = eval(expression, namespace)
+            value = _eval(expression, namespace)
             if value is not None:
                 record["value"] = _describe_value(value)
                 _capture_value_image(value)
-    except SystemExit as err:
+    except _SystemExit as err:
         exit_code = _exit_code(err)
-    except BaseException as err:  # noqa: BLE001 - report everything the code raised
+    except _BaseException as err:  # noqa: BLE001 - report everything the code raised
+        exit_code = 1
         text, record["exception"] = _describe_exception(err, compiling, filename)
         _flush()
         try:
@@ -406,14 +438,13 @@ def run_code(source, filename, namespace, close_figures=False):
                 sys.stderr.write(text)
             except Exception:  # noqa: BLE001
                 pass
-        exit_code = 1
     _flush()
     _capture_open_figures(close=close_figures)
-    names = [name for name in list(namespace) if not (name.startswith("__") and name.endswith("__"))]
-    record["names"] = [str(name)[:200] for name in names[:MAX_NAMES]]
+    names = [name for name in _list(namespace) if not (name.startswith("__") and name.endswith("__"))]
+    record["names"] = [_str(name)[:200] for name in names[:MAX_NAMES]]
     record["exit_code"] = exit_code
-    record["images"] = list(_images)
-    record["notes"] = list(_notes)
+    record["images"] = _list(_images)
+    record["notes"] = _list(_notes)
     return record, value
 
 
@@ -441,6 +472,69 @@ def _wait_for_request():
     except OSError:
         os.close(0)
     return request == b"go\n"
+
+
+END_REPORT_TAG = b"\x1esnakebox-end "
+# Signals a reaper ignores: code in the run that signals its whole process group must not end
+# the reaper before it reported (SIGKILL cannot be ignored; then no report comes, and a status
+# of 129-192 is read as a death by signal, as it was before reapers).
+_REAPER_IGNORES = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGPIPE")
+
+
+def report_end_from_parent(control_fd):
+    """Fork once; the child returns and runs everything, this process reaps it and reports.
+
+    bubblewrap reports a death by signal N as exit status 128 + N, so the host cannot tell
+    `os._exit(137)` from a SIGKILL. This process (the runner's parent in the sandbox) sees the
+    child's true wait status: it writes it as the last line of the control channel
+    (`END_REPORT_TAG` + `exited N` / `signaled N`), then ends the same way (the same exit code,
+    or the same signal), so the host's own view agrees with the report. It runs no user code,
+    holds nothing but the control channel, and costs one small idle process.
+    """
+    try:
+        import signal
+
+        pid = os.fork()
+    except (OSError, ImportError):
+        return  # without a report, 129-192 stays ambiguous (read as signals); nothing else changes
+    if pid == 0:
+        return
+    try:
+        for name in _REAPER_IGNORES:
+            signal.signal(getattr(signal, name), signal.SIG_IGN)
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except OSError:
+            os._exit(255)
+    if os.WIFSIGNALED(status):
+        kind, number = "signaled", os.WTERMSIG(status)
+    else:
+        kind, number = "exited", os.WEXITSTATUS(status)
+    try:
+        os.write(control_fd, END_REPORT_TAG + ("%s %d\n" % (kind, number)).encode("ascii"))
+    except OSError:
+        pass
+    if kind == "signaled":
+        try:
+            signal.signal(number, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+        try:
+            os.kill(os.getpid(), number)
+        except OSError:
+            pass
+        os._exit(128 + number)
+    os._exit(number)
 
 
 def main():
@@ -513,4 +607,5 @@ def main():
 
 
 if __name__ == "__main__":
+    report_end_from_parent(int(sys.argv[2]))
     sys.exit(main())

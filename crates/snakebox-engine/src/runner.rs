@@ -276,6 +276,13 @@ fn cap_tail(text: String, max: usize) -> String {
 mod tests {
     use super::*;
 
+    // See: issue 10 (X-01). The runner's reaper writes the tag the sandbox crate parses.
+    #[test]
+    fn the_runner_writes_the_sandbox_end_report_tag() {
+        assert_eq!(snakebox_sandbox::END_REPORT_TAG, b"\x1esnakebox-end ");
+        assert!(SOURCE.contains(r#"END_REPORT_TAG = b"\x1esnakebox-end ""#));
+    }
+
     fn png_b64() -> String {
         base64::engine::general_purpose::STANDARD.encode(b"\x89PNG\r\n\x1a\nxyz")
     }

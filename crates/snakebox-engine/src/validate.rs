@@ -225,6 +225,8 @@ impl Engine {
             ],
             control_channel: false,
         };
+        // The compile is a sandbox like any other: it holds a slot of the concurrency cap.
+        let slot = self.sandbox_slot().await?;
         let outcome = sandbox
             .run(&policy, &command, CancellationToken::new(), None)
             .await
@@ -232,6 +234,7 @@ impl Engine {
                 message: crate::describe(&err),
                 hint: err.hint(),
             })?;
+        drop(slot);
         drop(run_dir);
         if outcome.termination != Termination::Exited {
             return Err(crate::ErrorInfo {

@@ -39,7 +39,7 @@ pub use crate::native::forkserver::{
 };
 pub use crate::pending::PendingRun;
 pub use crate::scratch::{ScratchDir, release_stale_scratch};
-pub use crate::supervise::CONTROL_MAX_BYTES;
+pub use crate::supervise::{CONTROL_MAX_BYTES, END_REPORT_TAG};
 
 /// Which isolation mechanism runs the command.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -18,7 +18,6 @@
 //!   tree is killed, like a one-shot run, and the sandbox is dead from then on.
 
 use std::os::fd::OwnedFd;
-use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,7 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::capture::{Forwarder, StreamCapture, finish_pair};
 use crate::error::{SandboxError, SpawnError};
-use crate::supervise::{CONTROL_MAX_BYTES, Teardown};
+use crate::supervise::{CONTROL_MAX_BYTES, EndReport, Teardown, read_status};
 use crate::{Captured, Limits, OutputChunk, Stream};
 
 /// How long the pipes are still read after the tree was killed.
@@ -225,6 +224,9 @@ impl LiveSandbox {
             }
         }
         let carried = std::mem::take(&mut self.carry[2]);
+        // The channel's last bytes: after a death, its last line may be the reaper's report.
+        let mut control_tail = Tail::default();
+        control_tail.push(&carried);
         if let Some(rest) = answer.feed(&carried) {
             self.carry[2] = rest;
         }
@@ -304,6 +306,7 @@ impl LiveSandbox {
                     match read {
                         Ok(0) | Err(_) => open[2] = false,
                         Ok(n) => {
+                            control_tail.push(&control_buf[..n]);
                             if let Some(rest) = answer.feed(&control_buf[..n]) {
                                 self.carry[2] = rest;
                             }
@@ -361,14 +364,8 @@ impl LiveSandbox {
                 }
             };
             self.teardown.kill_all();
-            exit_code = status.code();
-            signal = status.signal();
-            if let Some(code) =
-                exit_code.filter(|c| self.shell_style_signals && (129..=128 + 64).contains(c))
-            {
-                exit_code = None;
-                signal = Some(code - 128);
-            }
+            let report = EndReport::take(&mut control_tail.0);
+            (exit_code, signal) = read_status(status, self.shell_style_signals, report);
             if end == ExchangeEnd::Exited && self.teardown.memory_exceeded() {
                 end = ExchangeEnd::MemoryLimit;
             }
@@ -466,6 +463,21 @@ impl Until {
         let hold = (m - 1).min(self.pending.len());
         let tail = self.pending.split_off(self.pending.len() - hold);
         std::mem::replace(&mut self.pending, tail)
+    }
+}
+
+/// The last bytes read from a channel (enough for its last short line).
+#[derive(Debug, Default)]
+struct Tail(Vec<u8>);
+
+impl Tail {
+    const KEEP: usize = 256;
+
+    fn push(&mut self, data: &[u8]) {
+        self.0
+            .extend_from_slice(&data[data.len().saturating_sub(Self::KEEP)..]);
+        let excess = self.0.len().saturating_sub(Self::KEEP);
+        self.0.drain(..excess);
     }
 }
 

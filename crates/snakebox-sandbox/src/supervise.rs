@@ -24,6 +24,78 @@ use crate::{Captured, Limits, OutputChunk, Stream, Termination};
 /// Largest control-channel message kept (the rest is drained and dropped).
 pub const CONTROL_MAX_BYTES: usize = 16 << 20;
 
+/// The tag of the line with which a command reports, on its control channel, how it really
+/// ended: `<tag>exited N` or `<tag>signaled N`, as the channel's last line.
+///
+/// Why: bubblewrap (and the fork server's init, which mimics it) reports a death of the
+/// command by signal N as exit status 128 + N, so from outside `os._exit(137)` and a SIGKILL
+/// look the same. A process in the sandbox that waits for the command (the runners fork one
+/// at start: it waits, reports the true wait status here, then ends the same way) tells them
+/// apart. Without such a line, or when it contradicts the status we saw, 129-192 stays a
+/// death by signal. The command's own code can write to the channel too, so a report can
+/// only change how a status we saw is *read* (exit code or signal of the same number): it
+/// never hides a timeout, a cancellation or a memory kill, which come from the supervisor and
+/// the cgroup.
+pub const END_REPORT_TAG: &[u8] = b"\x1esnakebox-end ";
+
+/// How a command ended, as its in-sandbox reaper reported it (see [`END_REPORT_TAG`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EndReport {
+    /// It exited with this code.
+    Exited(i32),
+    /// It was killed by this signal.
+    Signaled(i32),
+}
+
+impl EndReport {
+    /// Parse the end report in the last line of `control`, and remove that line: the rest of
+    /// the channel belongs to the command (its record is expected as the last line there).
+    pub(crate) fn take(control: &mut Vec<u8>) -> Option<EndReport> {
+        let body_end = control.len() - control.iter().rev().take_while(|&&b| b == b'\n').count();
+        let line_start = control[..body_end]
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |at| at + 1);
+        let report = Self::parse(&control[line_start..body_end])?;
+        control.truncate(line_start);
+        Some(report)
+    }
+
+    /// Parse one line (without its newline).
+    pub(crate) fn parse(line: &[u8]) -> Option<EndReport> {
+        let rest = line.strip_prefix(END_REPORT_TAG)?;
+        let rest = std::str::from_utf8(rest).ok()?;
+        let (kind, number) = rest.trim().split_once(' ')?;
+        let number: i32 = number.parse().ok()?;
+        match kind {
+            "exited" if (0..=255).contains(&number) => Some(EndReport::Exited(number)),
+            "signaled" if (1..=64).contains(&number) => Some(EndReport::Signaled(number)),
+            _ => None,
+        }
+    }
+}
+
+/// Read a wait status of the direct child: `(exit code, signal)`. With `shell_style_signals`
+/// (bwrap, the fork server's init), 129-192 is a death by signal N - 128 unless the
+/// command's reaper reported exactly that exit code.
+pub(crate) fn read_status(
+    status: ExitStatus,
+    shell_style_signals: bool,
+    report: Option<EndReport>,
+) -> (Option<i32>, Option<i32>) {
+    let (exit_code, signal) = (status.code(), status.signal());
+    match exit_code {
+        Some(code)
+            if shell_style_signals
+                && (129..=128 + 64).contains(&code)
+                && report != Some(EndReport::Exited(code)) =>
+        {
+            (None, Some(code - 128))
+        }
+        _ => (exit_code, signal),
+    }
+}
+
 /// How long we keep reading the pipes after the tree was killed.
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
 
@@ -269,12 +341,13 @@ pub(crate) struct Ending {
 
 /// The outcome of a finished run: what the supervisor captured, classified (see [`classify`]).
 pub(crate) fn outcome(
-    run: RawRun,
+    mut run: RawRun,
     limits: &Limits,
     shell_style_signals: bool,
     memory_hit: bool,
 ) -> crate::Outcome {
-    let ending = classify(&run, limits, shell_style_signals, memory_hit);
+    let report = EndReport::take(&mut run.control);
+    let ending = classify(&run, limits, shell_style_signals, memory_hit, report);
     crate::Outcome {
         exit_code: ending.exit_code,
         signal: ending.signal,
@@ -288,18 +361,15 @@ pub(crate) fn outcome(
 
 /// Classify a run. `shell_style_signals`: the direct child reports a signal death of the
 /// command as exit code `128 + signal` (bwrap does). `memory_hit`: the cgroup counted an OOM.
+/// `report`: how the command's reaper said it ended (see [`read_status`]).
 pub(crate) fn classify(
     run: &RawRun,
     limits: &Limits,
     shell_style_signals: bool,
     memory_hit: bool,
+    report: Option<EndReport>,
 ) -> Ending {
-    let mut exit_code = run.status.code();
-    let mut signal = run.status.signal();
-    if let Some(code) = exit_code.filter(|c| shell_style_signals && (129..=128 + 64).contains(c)) {
-        exit_code = None;
-        signal = Some(code - 128);
-    }
+    let (exit_code, signal) = read_status(run.status, shell_style_signals, report);
     let cpu_hit = limits.cpu_time.is_some_and(|cpu| {
         signal == Some(libc::SIGXCPU) || (signal == Some(libc::SIGKILL) && run.duration >= cpu)
     });
@@ -425,12 +495,69 @@ mod tests {
             ),
         ];
         for (raw, stop, secs, bwrap, mem, (code, sig, term)) in cases {
-            let e = classify(&run(raw, stop, secs), &l, bwrap, mem);
+            let e = classify(&run(raw, stop, secs), &l, bwrap, mem, None);
             assert_eq!(
                 (e.exit_code, e.signal, e.termination),
                 (code, sig, term),
                 "case {raw} {stop:?}"
             );
         }
+    }
+
+    // See: issue 10: `os._exit(137)` and `sys.exit(130)` were reported as deaths by
+    // SIGKILL and SIGINT.
+    #[test]
+    fn an_end_report_tells_exit_codes_from_signals() {
+        let l = limits();
+        let bwrap_137 = || run((128 + 9) << 8, Stop::Exited, 0);
+        let cases = [
+            (None, (None, Some(9))),
+            (Some(EndReport::Exited(137)), (Some(137), None)),
+            (Some(EndReport::Signaled(9)), (None, Some(9))),
+            // A report that contradicts what we saw changes nothing.
+            (Some(EndReport::Exited(130)), (None, Some(9))),
+            (Some(EndReport::Exited(0)), (None, Some(9))),
+        ];
+        for (report, (code, sig)) in cases {
+            let e = classify(&bwrap_137(), &l, true, false, report);
+            assert_eq!((e.exit_code, e.signal), (code, sig), "{report:?}");
+            assert_eq!(e.termination, Termination::Exited);
+        }
+        // Limits are the supervisor's and the cgroup's: a report hides none of them.
+        let e = classify(&bwrap_137(), &l, true, true, Some(EndReport::Exited(137)));
+        assert_eq!(e.termination, Termination::MemoryLimit);
+        let e = classify(
+            &run(9, Stop::TimedOut, 10),
+            &l,
+            true,
+            false,
+            Some(EndReport::Exited(137)),
+        );
+        assert_eq!(e.termination, Termination::TimedOut);
+    }
+
+    #[test]
+    fn the_end_report_is_taken_from_the_last_line_only() {
+        let mut control = b"\n{\"exit_code\": 0}\n\x1esnakebox-end exited 137\n".to_vec();
+        assert_eq!(EndReport::take(&mut control), Some(EndReport::Exited(137)));
+        assert_eq!(control, b"\n{\"exit_code\": 0}\n");
+        // A report followed by anything else is not the reaper's last word.
+        let forged = b"\x1esnakebox-end exited 137\n{\"exit_code\": 0}\n";
+        let mut control = forged.to_vec();
+        assert_eq!(EndReport::take(&mut control), None);
+        assert_eq!(control, forged);
+        for bad in [
+            &b"\x1esnakebox-end exited 300"[..],
+            b"\x1esnakebox-end signaled 0",
+            b"\x1esnakebox-end died 9",
+            b"snakebox-end exited 1",
+            b"",
+        ] {
+            assert_eq!(EndReport::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(
+            EndReport::parse(b"\x1esnakebox-end signaled 6"),
+            Some(EndReport::Signaled(6))
+        );
     }
 }

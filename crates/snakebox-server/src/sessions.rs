@@ -36,6 +36,11 @@ pub(crate) struct CreateSessionParams {
     pub dependencies: Vec<String>,
     /// A short label to recognise the session by, e.g. `"sales-analysis"`.
     pub name: Option<String>,
+    /// Network for the session's whole life, as for `execute_python`: `true` asks for it
+    /// (refused unless the server runs with `--network on`), `false` declines it. Default: the
+    /// server's policy (off unless the operator turned it on). The result's `network` says what
+    /// is in effect; a call cannot change it later.
+    pub network: Option<bool>,
 }
 
 /// Arguments naming one session.
@@ -162,7 +167,7 @@ fn session_text(info: &SessionInfo) -> String {
         .map(|p| format!("{}=={}", p.name, p.version))
         .collect();
     format!(
-        "session_id: {}{}\npython: {}\npackages: {}\ninterpreter running: {}\n",
+        "session_id: {}{}\npython: {}\npackages: {}\ninterpreter running: {}\nnetwork: {}\n",
         info.session_id,
         info.name
             .as_ref()
@@ -174,7 +179,8 @@ fn session_text(info: &SessionInfo) -> String {
         } else {
             packages.join(", ")
         },
-        info.interpreter_running
+        info.interpreter_running,
+        if info.network { "on" } else { "off" }
     )
 }
 
@@ -213,7 +219,12 @@ Use a session when work spans several calls: pass the id as `session_id` to `exe
 variables, imports and functions persist between calls (like a notebook), the working directory \
 (the session's workspace) keeps its files, and packages installed with `install_packages` stay \
 installed. Each session is its own isolated sandbox. Sessions survive a server restart (files and \
-packages; variables are lost and the next result says so). Delete sessions you no longer need.\n\n\
+packages; variables are lost and the next result says so). Delete sessions you no longer need. \
+Network follows the one-shot rules and is fixed at creation: off unless the server allows it; \
+`network: true` is refused on a server without network, `network: false` declines it; the \
+result's `network` says what is in effect. A session's results are only as trustworthy as its \
+own earlier code: see `session_id` of `execute_python` for what that code can forge (never \
+another session's results).\n\n\
 Example: {\"name\": \"sales-analysis\", \"dependencies\": [\"pandas>=2.2\"], \"python_version\": \"3.12\"}",
         output_schema = schema_for_output::<SessionInfo>(),
         annotations(read_only_hint = false, destructive_hint = false, open_world_hint = false)
@@ -228,6 +239,7 @@ Example: {\"name\": \"sales-analysis\", \"dependencies\": [\"pandas>=2.2\"], \"p
                 python_version: params.python_version,
                 dependencies: params.dependencies,
                 name: params.name,
+                network: params.network,
             })
             .await;
         Ok(answer(result, session_text))
@@ -355,8 +367,8 @@ Example: {\"session_id\": \"s-0123456789abcdef\"}",
     #[tool(
         description = "Run a shell command (`/bin/sh -c`) in a session's sandbox, in its workspace, \
 with its packages on PATH (`python` is the session's Python). Separate from the session's \
-interpreter: no variables are shared, files are. Same isolation and limits as code; network off \
-unless the server allows it. Returns stdout, stderr, exit_code, status.\n\n\
+interpreter: no variables are shared, files are. Same isolation, limits and network as the session's \
+code (see `create_session`). Returns stdout, stderr, exit_code, status.\n\n\
 Example: {\"session_id\": \"s-0123456789abcdef\", \"command\": \"ls -la && wc -l data.csv\", \"timeout_seconds\": 30}",
         output_schema = schema_for_output::<ExecutionResult>(),
         annotations(read_only_hint = false, destructive_hint = true, open_world_hint = false)

@@ -56,11 +56,20 @@ pub(crate) struct ExecuteParams {
     #[serde(default)]
     pub files: Vec<FileParam>,
     /// Run in this persistent session (from `create_session`) instead of a fresh sandbox:
-    /// variables, imports, files and packages from earlier calls are kept.
+    /// variables, imports, files and packages from earlier calls are kept. Earlier code of the
+    /// same session shares the process that reports each cell: names it replaces (`sys.exit`,
+    /// builtins, `json`, the runner's functions) change no later result, but code that tampers
+    /// with the runner's own objects can make this session's later `status`, `exit_code`,
+    /// `result`, `exception` and the stdout/stderr split say anything. `timeout`,
+    /// `memory_limit`, `cancelled`, `fresh_interpreter` and the files are observed by the server
+    /// and cannot be forged; other sessions and calls are never affected. `reset_session` (or
+    /// any restart of the interpreter) removes such tampering.
     pub session_id: Option<String>,
     /// Set `true` to ask for network access (refused unless the server runs with
     /// `--network on`; see `check_environment`), `false` to run offline on a server that allows
-    /// network. Default: the server's policy (off unless the operator turned it on).
+    /// network. Default: the server's policy (off unless the operator turned it on). With
+    /// `session_id`, the session's network was fixed at its creation: asking for anything else
+    /// is refused with the reason.
     pub network: Option<bool>,
 }
 

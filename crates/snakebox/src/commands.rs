@@ -57,6 +57,7 @@ pub(crate) async fn serve(args: &EngineArgs) -> anyhow::Result<ExitCode> {
     tokio::spawn(Arc::clone(&engine).run_warm_pool());
     let served = snakebox_server::serve_stdio(Arc::clone(&engine)).await;
     engine.stop_warm_pool().await;
+    engine.release_sessions();
     served?;
     Ok(ExitCode::SUCCESS)
 }
@@ -102,6 +103,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             None,
         )
         .await;
+    engine.release_sessions();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
@@ -145,6 +147,7 @@ pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let config = settings::resolve(&args.engine)?;
     let engine = Engine::new(config).await;
     let report = engine.report();
+    engine.release_sessions();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

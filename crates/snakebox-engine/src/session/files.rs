@@ -11,7 +11,7 @@
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Component, Path};
 
 use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::Mode;
@@ -261,111 +261,68 @@ pub(crate) fn list(
     };
     let prefix = names.join("/");
     let mut entries = Vec::new();
-    let mut truncated = false;
-    list_into(
-        dir,
-        &prefix,
+    let caps = crate::tree::Caps {
+        entries: u64::try_from(max_entries).unwrap_or(u64::MAX),
         depth,
-        max_entries,
-        &mut entries,
-        &mut truncated,
-    )?;
-    Ok((entries, truncated))
-}
-
-fn list_into(
-    dir: OwnedFd,
-    prefix: &str,
-    depth: usize,
-    max_entries: usize,
-    out: &mut Vec<FileEntry>,
-    truncated: &mut bool,
-) -> Result<(), FileError> {
-    let mut listing = nix::dir::Dir::from_fd(dir).map_err(io_err(prefix))?;
-    let mut children: Vec<(String, nix::dir::Type)> = Vec::new();
-    for entry in listing.iter() {
-        let entry = entry.map_err(io_err(prefix))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name == "." || name == ".." {
-            continue;
-        }
-        children.push((name, entry.file_type().unwrap_or(nix::dir::Type::File)));
-    }
-    children.sort_by(|a, b| a.0.cmp(&b.0));
-    let dir_fd = listing.as_fd();
-    for (name, kind) in children {
-        if out.len() >= max_entries {
-            *truncated = true;
-            return Ok(());
-        }
-        let rel = if prefix.is_empty() {
-            name.clone()
-        } else {
-            format!("{prefix}/{name}")
-        };
-        let stat = nix::sys::stat::fstatat(
-            dir_fd,
-            name.as_str(),
-            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-        )
-        .ok();
-        let (kind_name, size) = match kind {
-            nix::dir::Type::Directory => ("directory", 0),
-            nix::dir::Type::File => (
-                "file",
-                stat.map_or(0, |s| u64::try_from(s.st_size).unwrap_or(0)),
-            ),
-            nix::dir::Type::Symlink => ("symlink", 0),
+        time: LIST_TIME,
+    };
+    let walked = crate::tree::walk_from(dir, &caps, &mut |entry| {
+        let rel = entry.relative_lossy();
+        let (kind, size) = match entry.kind() {
+            crate::tree::Kind::Directory => ("directory", 0),
+            crate::tree::Kind::File => ("file", u64::try_from(entry.stat.st_size).unwrap_or(0)),
+            crate::tree::Kind::Symlink => ("symlink", 0),
             _ => ("other", 0),
         };
-        out.push(FileEntry {
-            path: rel.clone(),
-            kind: kind_name.into(),
+        entries.push(FileEntry {
+            path: if prefix.is_empty() {
+                rel
+            } else {
+                format!("{prefix}/{rel}")
+            },
+            kind: kind.into(),
             size,
         });
-        if kind == nix::dir::Type::Directory
-            && depth > 1
-            && let Ok(child) = openat(
-                dir_fd,
-                name.as_str(),
-                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-                Mode::empty(),
-            )
-        {
-            list_into(child, &rel, depth - 1, max_entries, out, truncated)?;
-        }
-    }
-    Ok(())
+        crate::tree::Next::Descend
+    })
+    .map_err(|source| FileError::Io {
+        path: path.into(),
+        source,
+    })?;
+    Ok((entries, walked.stopped.is_some()))
 }
 
-/// Bytes of regular files under `root` (symlinks not followed, other file systems skipped).
-pub(crate) fn tree_bytes(root: &Path) -> u64 {
-    fn walk(path: &PathBuf, dev: u64, total: &mut u64) {
-        let Ok(entries) = fs_err::read_dir(path) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let Ok(meta) = entry.path().symlink_metadata() else {
-                continue;
-            };
-            if meta.dev() != dev {
-                continue;
-            }
-            if meta.is_dir() {
-                walk(&entry.path(), dev, total);
-            } else if meta.is_file() {
-                *total += meta.len();
-            }
-        }
-    }
-    let Ok(meta) = root.symlink_metadata() else {
-        return 0;
-    };
-    let mut total = 0;
-    walk(&root.to_path_buf(), meta.dev(), &mut total);
-    total
-}
+/// How long a listing may take before it is returned as it is (truncated).
+const LIST_TIME: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// How far a measure of a workspace goes (see [`tree_bytes`]).
+pub(crate) const MEASURE_CAPS: crate::tree::Caps = crate::tree::Caps {
+    entries: 5_000_000,
+    depth: usize::MAX,
+    time: std::time::Duration::from_secs(60),
+};
+
+/// Bytes of regular files under `root` (symlinks not followed, other file systems skipped),
+/// and a note when the walk hit a cap (the count is then a lower bound).
+pub(crate) fn tree_bytes(root: &Path) -> (u64, Option<String>) {
+    let mut total = 0u64;
+    let walked = crate::tree::walk(root, &MEASURE_CAPS, &mut |entry| {
+        if entry.stat.st_dev != entry.root_dev {
+            return crate::tree::Next::Skip;
+        }
+        if entry.kind() == crate::tree::Kind::File {
+            total = total.saturating_add(u64::try_from(entry.stat.st_size).unwrap_or(0));
+        }
+        crate::tree::Next::Descend
+    });
+    match walked {
+        Ok(walked) => (
+            total,
+            walked.note(&MEASURE_CAPS, "the measure of the workspace"),
+        ),
+        Err(_) => (total, None),
+    }
+}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,6 +28,8 @@ use crate::result::{ErrorInfo, Package};
 #[derive(Clone)]
 pub(super) struct Installer {
     pub(super) sandbox: Arc<Sandbox>,
+    /// The engine's concurrency cap: each uv step holds a slot while its sandbox runs.
+    pub(super) slots: Arc<tokio::sync::Semaphore>,
     pub(super) uv: Uv,
     pub(super) uv_env: UvEnvironment,
     pub(super) uv_cache: PathBuf,
@@ -66,6 +68,13 @@ impl Installer {
             args: invocation.args.clone(),
             control_channel: false,
         };
+        let _slot = Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .map_err(|_| ErrorInfo {
+                message: "The engine is shutting down".into(),
+                hint: None,
+            })?;
         let outcome = self
             .sandbox
             .run(
@@ -165,37 +174,53 @@ impl Installer {
         Ok((packages, bytes, tail(&log, 2000)))
     }
 }
-/// Let any uid read (and traverse) the venv; returns its size.
+/// Let any uid read (and traverse) the venv; returns its size. Links are never followed
+/// (the walk and the mode changes go through [`crate::tree`] and `fchmodat` without
+/// following).
 pub(super) fn make_readable(root: &Path) -> u64 {
+    use crate::tree::{Caps, Kind, Next};
+    use nix::sys::stat::{FchmodatFlags, Mode, fchmodat};
     use std::os::unix::fs::PermissionsExt;
-    fn walk(path: &Path, total: &mut u64) {
-        let Ok(meta) = path.symlink_metadata() else {
-            return;
-        };
-        if meta.file_type().is_symlink() {
-            return;
-        }
-        let mode = meta.permissions().mode();
-        let want = if meta.is_dir() || mode & 0o111 != 0 {
+    const CAPS: Caps = Caps {
+        entries: u64::MAX,
+        depth: usize::MAX,
+        time: std::time::Duration::from_secs(600),
+    };
+    fn readable(mode: u32, is_dir: bool) -> u32 {
+        if is_dir || mode & 0o111 != 0 {
             mode | 0o555
         } else {
             mode | 0o444
-        };
-        if want != mode {
-            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(want));
-        }
-        if meta.is_dir() {
-            if let Ok(entries) = fs_err::read_dir(path) {
-                for entry in entries.flatten() {
-                    walk(&entry.path(), total);
-                }
-            }
-        } else {
-            *total += meta.len();
         }
     }
-    let mut total = 0;
-    walk(root, &mut total);
+    if let Ok(meta) = fs_err::symlink_metadata(root)
+        && meta.is_dir()
+    {
+        let mode = meta.permissions().mode() & 0o7777;
+        let _ =
+            fs_err::set_permissions(root, std::fs::Permissions::from_mode(readable(mode, true)));
+    }
+    let mut total = 0u64;
+    let _ = crate::tree::walk(root, &CAPS, &mut |entry| {
+        let kind = entry.kind();
+        if kind == Kind::Symlink {
+            return Next::Skip;
+        }
+        let mode = entry.stat.st_mode & 0o7777;
+        let want = readable(mode, kind == Kind::Directory);
+        if want != mode {
+            let _ = fchmodat(
+                entry.dir,
+                entry.name,
+                Mode::from_bits_truncate(want),
+                FchmodatFlags::NoFollowSymlink,
+            );
+        }
+        if kind != Kind::Directory {
+            total = total.saturating_add(u64::try_from(entry.stat.st_size).unwrap_or(0));
+        }
+        Next::Descend
+    });
     total
 }
 pub(super) fn tail(text: &str, max: usize) -> String {
@@ -219,6 +244,7 @@ impl Engine {
         let cache = self.cache.as_ref().map_err(unavailable)?;
         Ok(Installer {
             sandbox: Arc::clone(sandbox),
+            slots: Arc::clone(&self.runs),
             uv: uv.clone(),
             uv_env: UvEnvironment::from_process(),
             uv_cache: cache.uv_cache_dir(),

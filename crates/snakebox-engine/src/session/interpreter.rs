@@ -7,6 +7,7 @@
 //! Kept apart from the lifecycle in [`super::manager`]: this is the per-call path, and the
 //! one place that decides a session's sandbox policy.
 
+use crate::session::SessionRow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -74,6 +75,9 @@ impl Engine {
             Ok(timeout) => timeout,
             Err((status, error)) => return fail(status, error),
         };
+        if let Err(error) = self.session_network_check(&row, request.network, &mut notes) {
+            return fail(Status::InvalidRequest, error);
+        }
         if let Some(asked) = &request.python_version
             && !row.python_version.starts_with(asked.trim())
         {
@@ -190,7 +194,7 @@ impl Engine {
                 }
             }
             manager.make_room(&row.id).await;
-            match self.start_interpreter(manager, &row.id, &interpreter) {
+            match self.start_interpreter(manager, &row, &interpreter) {
                 Ok(live) => {
                     state.interpreter = Some(live);
                     state.cells_in_interpreter = 0;
@@ -353,12 +357,49 @@ impl Engine {
         drop(state);
         rich.apply(&mut result);
         manager.remeasure(&row.id).await;
+        result.notes.extend(manager.disk_note());
         result
     }
 
     /// The policy of a session's sandboxes (interpreter and commands) over its workspace.
+    /// A call's `network` against the session's, with the one-shot rules: asking for more than
+    /// the server allows is refused with the reason; a session's network is fixed at creation
+    /// (its interpreter lives in one network namespace), so a call cannot change it either way.
+    pub(super) fn session_network_check(
+        &self,
+        row: &SessionRow,
+        asked: Option<bool>,
+        notes: &mut Vec<String>,
+    ) -> Result<(), ErrorInfo> {
+        let has = self.session_network(row);
+        match asked {
+            Some(true) if !self.config.network => Err(ErrorInfo {
+                message: "This call asked for network access, but this server does not allow network for runs".into(),
+                hint: Some("run without network (omit `network`), or ask the operator to start snakebox with `--network on`".into()),
+            }),
+            Some(true) if !has => Err(ErrorInfo {
+                message: format!("This call asked for network access, but session {} was created without network", row.id),
+                hint: Some("a session's network is fixed when it is created: create a new session with `network: true`".into()),
+            }),
+            Some(false) if has => Err(ErrorInfo {
+                message: format!("This call asked to run without network, but session {} was created with network", row.id),
+                hint: Some("a session's network is fixed when it is created: omit `network` here, or create a session with `network: false`".into()),
+            }),
+            _ => {
+                if row.network && !has {
+                    notes.push(format!(
+                        "session {} was created with network, but this server does not allow network now: its code runs without",
+                        row.id
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+
     pub(super) fn session_policy(
         &self,
+        network: bool,
         paths: &SessionPaths,
         interpreter: &Interpreter,
         timeout: Duration,
@@ -417,7 +458,7 @@ impl Engine {
         (
             Policy {
                 mounts,
-                network: self.config.network,
+                network,
                 env,
                 cwd: work,
                 limits,
@@ -430,11 +471,11 @@ impl Engine {
     pub(super) fn start_interpreter(
         &self,
         manager: &Manager,
-        id: &str,
+        row: &SessionRow,
         interpreter: &Interpreter,
     ) -> Result<LiveSandbox, ErrorInfo> {
         let sandbox = self.session_sandbox()?;
-        let paths = manager.paths(id);
+        let paths = manager.paths(&row.id);
         let runner_path = paths.input.join(RUNNER_NAME);
         (|| -> std::io::Result<()> {
             use std::os::unix::fs::PermissionsExt;
@@ -448,7 +489,12 @@ impl Engine {
             fs_err::set_permissions(&core, std::fs::Permissions::from_mode(0o644))
         })()
         .map_err(|err| io_error("write the session runner", &err))?;
-        let (policy, runner) = self.session_policy(&paths, interpreter, self.config.max_timeout);
+        let (policy, runner) = self.session_policy(
+            self.session_network(row),
+            &paths,
+            interpreter,
+            self.config.max_timeout,
+        );
         let command = SandboxCommand {
             program: paths.venv.join("bin").join("python"),
             args: vec!["-s".into(), runner.into_os_string()],
@@ -535,7 +581,8 @@ impl Engine {
         };
         slot.last_used.store(now_secs(), Ordering::Relaxed);
         let paths = manager.paths(&row.id);
-        let (policy, _) = self.session_policy(&paths, &interpreter, timeout);
+        let (policy, _) =
+            self.session_policy(self.session_network(&row), &paths, &interpreter, timeout);
         let shell = SandboxCommand {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), command.into()],
@@ -576,6 +623,7 @@ impl Engine {
         result.environment_reused = true;
         result.error = error;
         result.notes = notes;
+        result.notes.extend(manager.disk_note());
         result
     }
 }

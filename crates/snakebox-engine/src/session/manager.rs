@@ -16,6 +16,7 @@ use snakebox_env::Interpreter;
 use snakebox_sandbox::{LiveSandbox, Sandbox};
 use tokio_util::sync::CancellationToken;
 
+use super::disk::SessionDisk;
 use super::store::{SessionRow, Store};
 use super::{
     CreateSession, InstallState, InstallStatus, SESSIONS_DIR, SessionInfo, SessionList,
@@ -29,6 +30,11 @@ impl Sessions {
     /// Open the session store under `data_dir` and start the idle reaper.
     pub(crate) fn open(data_dir: &Path, settings: SessionSettings) -> Sessions {
         let root = data_dir.join(SESSIONS_DIR);
+        // The quota's kernel bound: the sessions' files live in an image of that size. This
+        // process's run directory tells other processes of this data directory that it uses
+        // the image (see `SessionDisk::release`).
+        let _ = fs_err::create_dir_all(crate::execute::server_runs_dir(data_dir));
+        let disk = SessionDisk::open(&root, settings.max_disk_bytes);
         let opened = fs_err::create_dir_all(&root)
             .map_err(|err| err.to_string())
             .and_then(|()| {
@@ -49,6 +55,7 @@ impl Sessions {
             Ok(store) => {
                 let manager = Arc::new(Manager {
                     root,
+                    disk,
                     store,
                     slots: Mutex::default(),
                     settings,
@@ -68,6 +75,13 @@ impl Sessions {
 }
 
 impl Sessions {
+    /// Unmount the sessions' disk image unless another server of this data directory runs.
+    pub(crate) fn release(&self, data_dir: &Path) {
+        if let Ok(manager) = &self.inner {
+            manager.disk.release(&crate::execute::runs_dir(data_dir));
+        }
+    }
+
     /// What `check_environment` says about sessions.
     pub(crate) fn report(&self, data_dir: &Path) -> SessionsReport {
         let defaults = SessionSettings::default();
@@ -83,6 +97,7 @@ impl Sessions {
             idle_stop_seconds: defaults.idle_stop.as_secs(),
             idle_delete_seconds: defaults.idle_delete.as_secs(),
             sessions: Vec::new(),
+            disk_quota: String::new(),
             problem: None,
         };
         let manager = match &self.inner {
@@ -93,6 +108,7 @@ impl Sessions {
             }
         };
         let settings = &manager.settings;
+        report.disk_quota = manager.disk.mechanism();
         report.max_sessions = settings.max_sessions;
         report.max_disk_bytes = settings.max_disk_bytes;
         report.max_running_interpreters = settings.max_interpreters;
@@ -129,6 +145,8 @@ impl Sessions {
 /// Everything about sessions that outlives one call.
 pub(super) struct Manager {
     pub(super) root: PathBuf,
+    /// How the disk quota is held (see [`SessionDisk`]).
+    pub(super) disk: SessionDisk,
     pub(super) store: Store,
     pub(super) slots: Mutex<HashMap<String, Arc<Slot>>>,
     pub(super) settings: SessionSettings,
@@ -310,6 +328,17 @@ impl Manager {
             .remove(id);
     }
 
+    /// A note for a call's result when the sessions' disk is full after it.
+    pub(super) fn disk_note(&self) -> Option<String> {
+        let free = self.disk.free_bytes()?;
+        (free < 1 << 20).then(|| {
+            format!(
+                "the sessions' disk is full (--sessions-max-disk {}, enforced while calls run): writes fail with ENOSPC (No space left on device); delete files (run_command with `rm`) or sessions",
+                crate::execute::human_bytes(self.settings.max_disk_bytes)
+            )
+        })
+    }
+
     pub(super) fn check_disk(&self) -> Result<(), ErrorInfo> {
         let used = self.store.total_bytes().map_err(db_error)?;
         if used >= self.settings.max_disk_bytes {
@@ -330,9 +359,12 @@ impl Manager {
     /// Measure the workspace again (after a call that may have written to it).
     pub(super) async fn remeasure(&self, id: &str) {
         let work = self.paths(id).work;
-        let bytes = tokio::task::spawn_blocking(move || files::tree_bytes(&work))
+        let (bytes, partial) = tokio::task::spawn_blocking(move || files::tree_bytes(&work))
             .await
-            .unwrap_or(0);
+            .unwrap_or((0, None));
+        if let Some(note) = partial {
+            tracing::warn!(session = %id, "{note}");
+        }
         let _ = self.store.set_work_bytes(id, bytes);
     }
 }
@@ -380,6 +412,14 @@ impl Engine {
                 hint: Some("use a short label such as \"sales-analysis\"".into()),
             });
         }
+        if request.network == Some(true) && !self.config.network {
+            return Err(ErrorInfo {
+                message: "This session asked for network access, but this server does not allow network for runs".into(),
+                hint: Some("create the session without `network` (sessions then have none), or ask the operator to start snakebox with `--network on`".into()),
+            });
+        }
+        // The one-shot rule: the server's policy unless the caller declines it.
+        let network = self.config.network && request.network != Some(false);
         let count = manager.store.count().map_err(db_error)?;
         if count >= manager.settings.max_sessions as u64 {
             return Err(ErrorInfo {
@@ -399,7 +439,7 @@ impl Engine {
         let (packages, venv_bytes) = match built {
             Ok(built) => built,
             Err(err) => {
-                let _ = fs_err::remove_dir_all(&paths.root);
+                let _ = crate::tree::remove(&paths.root);
                 return Err(err);
             }
         };
@@ -420,9 +460,10 @@ impl Engine {
             created_at: now,
             last_used_at: now,
             executions: 0,
+            network,
         };
         if let Err(err) = manager.store.insert(&row) {
-            let _ = fs_err::remove_dir_all(&paths.root);
+            let _ = crate::tree::remove(&paths.root);
             return Err(db_error(err));
         }
         tracing::info!(session = %id, python = %row.python_version, "session created");
@@ -445,8 +486,15 @@ impl Engine {
             packages: packages_of(row),
             size_bytes: row.venv_bytes + row.work_bytes,
             interpreter_running: running,
+            network: self.session_network(row),
             executions: row.executions,
         }
+    }
+
+    /// Whether a session's code has network now: it was created with network and the server
+    /// (as started now: the policy may have changed across a restart) still allows it.
+    pub(super) fn session_network(&self, row: &SessionRow) -> bool {
+        row.network && self.config.network
     }
 
     /// Every session.
@@ -497,12 +545,13 @@ impl Engine {
         state.lost = None;
         state.cells = 0;
         let paths = manager.paths(&row.id);
-        for dir in [&paths.work, &paths.env, &paths.tmp] {
-            if dir.exists() {
-                fs_err::remove_dir_all(dir)
-                    .map_err(|err| io_error("clear the session's files", &err))?;
-            }
-        }
+        let dirs = [paths.work.clone(), paths.env.clone(), paths.tmp.clone()];
+        tokio::task::spawn_blocking(move || {
+            dirs.iter().try_for_each(|dir| crate::tree::remove(dir))
+        })
+        .await
+        .map_err(|err| io_error("clear the session's files", &std::io::Error::other(err)))?
+        .map_err(|err| io_error("clear the session's files", &err))?;
         let (packages, venv_bytes) = self
             .build_session(&paths, interpreter, &row.base_requirements)
             .await?;
@@ -542,7 +591,7 @@ pub(super) async fn delete(manager: &Manager, id: &str) -> Result<(), ErrorInfo>
     manager.forget(id);
     let root = manager.paths(id).root;
     drop(state);
-    tokio::task::spawn_blocking(move || fs_err::remove_dir_all(root))
+    tokio::task::spawn_blocking(move || crate::tree::remove(&root))
         .await
         .map_err(|err| io_error("delete the session's files", &std::io::Error::other(err)))?
         .map_err(|err| io_error("delete the session's files", &err))?;

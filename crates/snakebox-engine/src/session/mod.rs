@@ -33,6 +33,7 @@
 //! [`install`] venvs and package installs; [`workspace`] the file tools over the confined
 //! walk of [`files`]; [`store`] the SQLite record.
 
+mod disk;
 mod files;
 mod install;
 mod interpreter;
@@ -105,6 +106,10 @@ pub struct CreateSession {
     pub dependencies: Vec<String>,
     /// A label for people.
     pub name: Option<String>,
+    /// Network for the session's whole life: `Some(true)` asks for it (refused unless the
+    /// server allows network), `Some(false)` declines it, `None` follows the server, exactly
+    /// as for a one-shot run.
+    pub network: Option<bool>,
 }
 
 /// One session, as listed.
@@ -128,6 +133,9 @@ pub struct SessionInfo {
     pub size_bytes: u64,
     /// Whether its interpreter is running now (variables are kept only while it is).
     pub interpreter_running: bool,
+    /// Whether its code has network now: taken at creation, and only while the server
+    /// allows network.
+    pub network: bool,
     /// Cells run so far.
     pub executions: u64,
 }
@@ -280,6 +288,9 @@ pub struct SessionsReport {
     pub idle_delete_seconds: u64,
     /// The sessions, most recently used first (at most 50).
     pub sessions: Vec<SessionSummary>,
+    /// How `max_disk_bytes` is held: by the kernel while calls run (a file-system image of
+    /// that size), or only checked between calls, and why.
+    pub disk_quota: String,
     /// Why sessions are unavailable.
     pub problem: Option<String>,
 }

@@ -53,11 +53,11 @@ def _private(fd):
     return moved
 
 
-def _write_all(fd, data):
-    view = memoryview(data)
+def _write_all(fd, data, _write=os.write, _memoryview=memoryview):
+    view = _memoryview(data)
     while view:
         try:
-            written = os.write(fd, view)
+            written = _write(fd, view)
         except InterruptedError:
             continue
         except OSError:
@@ -66,13 +66,16 @@ def _write_all(fd, data):
 
 
 def main():
+    runner = _load_runner()
+    # The interpreter's parent reports how it really ended (an `os._exit(137)` is an exit
+    # code, not a SIGKILL) on the control channel; see `runner.report_end_from_parent`.
+    runner.report_end_from_parent(3)
     requests = os.fdopen(_private(0), "rb", buffering=0)
     devnull = os.open(os.devnull, os.O_RDONLY)
     if devnull != 0:
         os.dup2(devnull, 0)
         os.close(devnull)
     control = _private(3)
-    runner = _load_runner()
     runner.install_pyplot_hook()
 
     namespace_module = types.ModuleType("__main__")
@@ -84,32 +87,56 @@ def main():
         sys.path[0] = ""
     namespace = namespace_module.__dict__
 
+    # Private references, taken before any cell runs: a cell that replaces `json.dumps`,
+    # `os.write`, `importlib.invalidate_caches` or the runner's functions (module attributes)
+    # does not change how later cells are run and answered. What a cell can still forge, by
+    # tampering with these objects themselves, is stated in SECURITY.md (S-04).
+    readline = requests.readline
+    loads = json.loads
+    encode = json.JSONEncoder(default=str).encode
+    invalidate_caches = importlib.invalidate_caches
+    run_code = runner.run_code
+    flush = runner._flush
+    short = runner._short
+    write_all = _write_all
+    _BaseException, _ValueError, _int = BaseException, ValueError, int
+
     while True:
-        line = requests.readline()
+        line = readline()
         if not line:
             return 0
         try:
-            request = json.loads(line)
-        except ValueError:
+            request = loads(line)
+        except _ValueError:
             continue
         marker = request.get("marker", "").encode("utf-8")
-        filename = "<cell %d>" % int(request.get("cell", 0))
+        filename = "<cell %d>" % _int(request.get("cell", 0))
         # Packages installed since the last cell must be importable now.
-        importlib.invalidate_caches()
+        invalidate_caches()
         try:
-            record, value = runner.run_code(request.get("code", ""), filename, namespace, close_figures=True)
+            record, value = run_code(request.get("code", ""), filename, namespace, close_figures=True)
             if value is not None:
                 namespace["_"] = value
-        except BaseException as err:  # noqa: BLE001 - the runner itself failed: say so, go on
-            record = {"exit_code": 1, "notes": ["the session runner failed: %s" % runner._short(err)]}
-        runner._flush()
-        _write_all(1, marker)
-        _write_all(2, marker)
+        except _BaseException as err:  # noqa: BLE001 - the runner itself failed: say so, go on
+            try:
+                reason = short(err)
+            except _BaseException:  # noqa: BLE001
+                reason = "?"
+            record = {"exit_code": 1, "notes": ["the session runner failed: %s" % (reason,)]}
+        flush()
+        write_all(1, marker)
+        write_all(2, marker)
         # The host takes only a line that starts with this request's marker as its answer:
         # anything the cell itself wrote to the channel is dropped instead of shifting every
         # later answer by one.
-        payload = json.dumps(record, default=str).replace("\n", " ") + "\n"
-        _write_all(control, marker + payload.encode("utf-8", "replace"))
+        try:
+            payload = encode(record).replace("\n", " ") + "\n"
+        except _BaseException as err:  # noqa: BLE001 - an unencodable value: say so
+            payload = '{"exit_code": %d, "notes": ["the cell\'s record could not be encoded"]}\n' % (
+                record.get("exit_code", 1) if isinstance(record.get("exit_code"), _int) else 1
+            )
+            del err
+        write_all(control, marker + payload.encode("utf-8", "replace"))
 
 
 if __name__ == "__main__":

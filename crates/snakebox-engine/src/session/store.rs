@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// The schema version written to `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 /// One session as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,6 +34,9 @@ pub(crate) struct SessionRow {
     pub(crate) last_used_at: u64,
     /// Cells run so far (all interpreters).
     pub(crate) executions: u64,
+    /// Whether the session was created with network (it still needs the server to allow it
+    /// when its interpreter starts). Sessions recorded before this column: off.
+    pub(crate) network: bool,
 }
 
 /// The database, behind a mutex (every statement is short).
@@ -73,9 +76,21 @@ impl Store {
                  work_bytes INTEGER NOT NULL DEFAULT 0,
                  created_at INTEGER NOT NULL,
                  last_used_at INTEGER NOT NULL,
-                 executions INTEGER NOT NULL DEFAULT 0
+                 executions INTEGER NOT NULL DEFAULT 0,
+                 network INTEGER NOT NULL DEFAULT 0
              );",
         )?;
+        // Schema 1 had no network column: its sessions get none (fail closed).
+        let has_network: bool = conn.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'network'",
+            [],
+            |row| row.get::<_, i64>(0).map(|n| n > 0),
+        )?;
+        if !has_network {
+            conn.execute_batch(
+                "ALTER TABLE sessions ADD COLUMN network INTEGER NOT NULL DEFAULT 0;",
+            )?;
+        }
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         Ok(Store {
             conn: Mutex::new(conn),
@@ -95,8 +110,8 @@ impl Store {
             conn.execute(
                 "INSERT INTO sessions (id, name, interpreter, python_version, base_requirements,
                      requirements, packages, venv_bytes, work_bytes, created_at, last_used_at,
-                     executions)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                     executions, network)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
                 params![
                     row.id,
                     row.name,
@@ -110,6 +125,7 @@ impl Store {
                     to_i64(row.created_at),
                     to_i64(row.last_used_at),
                     to_i64(row.executions),
+                    row.network,
                 ],
             )
             .map(|_| ())
@@ -215,7 +231,8 @@ impl Store {
 }
 
 const COLUMNS: &str = "id, name, interpreter, python_version, base_requirements, requirements, \
-                       packages, venv_bytes, work_bytes, created_at, last_used_at, executions";
+                       packages, venv_bytes, work_bytes, created_at, last_used_at, executions, \
+                       network";
 
 fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
@@ -231,6 +248,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
         created_at: from_i64(row.get(9)?),
         last_used_at: from_i64(row.get(10)?),
         executions: from_i64(row.get(11)?),
+        network: row.get(12)?,
     })
 }
 
@@ -254,6 +272,42 @@ fn from_i64(value: i64) -> u64 {
 mod tests {
     use super::*;
 
+    // See: issue 10 (S-03). Sessions recorded before the network column get none.
+    #[test]
+    fn a_schema_1_database_gains_the_network_column_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sessions.db");
+        let old = Connection::open(&path).unwrap();
+        old.execute_batch(
+            "CREATE TABLE sessions (id TEXT PRIMARY KEY, name TEXT, interpreter TEXT NOT NULL,
+                 python_version TEXT NOT NULL, base_requirements TEXT NOT NULL,
+                 requirements TEXT NOT NULL, packages TEXT NOT NULL,
+                 venv_bytes INTEGER NOT NULL DEFAULT 0, work_bytes INTEGER NOT NULL DEFAULT 0,
+                 created_at INTEGER NOT NULL, last_used_at INTEGER NOT NULL,
+                 executions INTEGER NOT NULL DEFAULT 0);
+             INSERT INTO sessions VALUES ('s-old', NULL, '/usr/bin/python3', '3.11.2', '[]', '[]',
+                 '[]', 0, 0, 1, 1, 0);",
+        )
+        .unwrap();
+        drop(old);
+        let store = Store::open(&path).unwrap();
+        assert!(!store.get("s-old").unwrap().unwrap().network);
+        let mut new = row("s-new", 2);
+        new.network = true;
+        store.insert(&new).unwrap();
+        assert!(store.get("s-new").unwrap().unwrap().network);
+        drop(store);
+        // Opening again is a no-op.
+        assert!(
+            Store::open(&path)
+                .unwrap()
+                .get("s-new")
+                .unwrap()
+                .unwrap()
+                .network
+        );
+    }
+
     fn row(id: &str, last_used_at: u64) -> SessionRow {
         SessionRow {
             id: id.into(),
@@ -268,6 +322,7 @@ mod tests {
             created_at: 10,
             last_used_at,
             executions: 0,
+            network: false,
         }
     }
 

@@ -221,7 +221,9 @@ impl NativeBackend {
                 policy
                     .limits
                     .cpu_millicores
-                    .map_or(FORK_SERVER_MILLICORES, |run| run.min(FORK_SERVER_MILLICORES)),
+                    .map_or(FORK_SERVER_MILLICORES, |run| {
+                        run.min(FORK_SERVER_MILLICORES)
+                    }),
             ),
             ..policy.limits.clone()
         })?;
