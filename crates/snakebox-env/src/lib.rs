@@ -17,6 +17,7 @@
 mod cache;
 mod env_vars;
 mod error;
+mod install;
 mod interpreter;
 mod uv;
 
@@ -26,8 +27,10 @@ pub use cache::{
 };
 pub use env_vars::{EnvVars, UvEnvironment};
 pub use error::{EnvError, UvStderr};
+pub use install::BuildSettings;
 pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
 pub use uv::{
-    DirectUvRunner, IntoUvRunner, Uv, UvInvocation, UvOutput, UvRunFuture, UvRunner,
+    DirectUvRunner, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput, UvRunFuture,
+    UvRunner,
     install_read_only_paths, pip_list_args,
 };

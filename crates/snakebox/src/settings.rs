@@ -46,6 +46,8 @@ struct FileSettings {
     session_max_interpreters: Option<usize>,
     artifact_max_age_hours: Option<u64>,
     artifact_max_size: Option<SizeOrNumber>,
+    allow_sdist_builds: Option<bool>,
+    install_timeout: Option<u64>,
 }
 
 /// TOML lets sizes be written as `1073741824` or `"1GiB"`.
@@ -154,6 +156,13 @@ pub(crate) fn resolve(args: &EngineArgs) -> anyhow::Result<EngineConfig> {
     }
     config.fork_server = args.fork_server.or(file.fork_server) != Some(Switch::Off);
     config.network = args.network.or(file.network) == Some(NetworkArg::On);
+    config.allow_sdist_builds = args.allow_sdist_builds || file.allow_sdist_builds.unwrap_or(false);
+    if let Some(seconds) = args.install_timeout.or(file.install_timeout) {
+        if seconds == 0 {
+            bail!("--install-timeout must be at least 1 second\nhint: the default is 300");
+        }
+        config.install_timeout = Duration::from_secs(seconds);
+    }
 
     let pick = |cli: &Option<String>, file: Option<SizeOrNumber>| {
         cli.clone().or(file.map(SizeOrNumber::into_text))

@@ -60,6 +60,7 @@ impl Installer {
             writable: vec![self.env_dir.clone(), self.uv_cache.clone()],
             timeout: INSTALL_TIMEOUT,
             label: label.to_owned(),
+            role: snakebox_env::Role::Downloader,
         };
         let command = SandboxCommand {
             program: invocation.program.clone(),

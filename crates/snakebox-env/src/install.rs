@@ -1,0 +1,437 @@
+//! Installing a requirement set in two phases, because a package's code is untrusted.
+//!
+//! A dependency's build code (`setup.py`, a PEP 517 backend) and its import-time code (`.pth`
+//! lines, which the interpreter runs at start-up, also while byte-compiling) are code the
+//! caller chose, exactly as untrusted as the script (DESIGN.md §3). So an install is split:
+//!
+//! 1. **Download** ([`Role::Downloader`]): trusted uv resolves, downloads and unpacks *wheels
+//!    only* (`--no-build`) into the environment, with the operator's index settings and
+//!    credentials and write access to uv's cache. Nothing in this step runs package code: no
+//!    build, no `--compile-bytecode`, and no interpreter of an environment that already holds
+//!    packages (uv's interpreter query runs `python -I`, which processes `.pth` files, so the
+//!    download always targets a fresh, empty venv; what got installed is read from the
+//!    `.dist-info` directories here, never by asking that interpreter).
+//! 2. **Package code** ([`Role::PackageCode`]): byte-compiling (`python -m compileall` with
+//!    the environment's interpreter) and, only when the operator allowed it, building sdists.
+//!    It runs as a run's identity (never the uid that owns uv's cache), with a run's limits,
+//!    no network, no credentials, `HOME` in its scratch, and uv's cache not mounted. The
+//!    environment's files, hard links to inodes in uv's cache, are not writable by that uid:
+//!    it may only add `__pycache__` entries ([`hand_to_package_code`]).
+
+use std::ffi::{OsStr, OsString};
+use std::net::IpAddr;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pep508_rs::{Requirement, VersionOrUrl};
+use snakebox_sandbox::Limits;
+
+use crate::cache::ResolvedPackage;
+use crate::error::EnvError;
+
+/// How package code (compilation, builds) is run: the run limits, and whether sdists may be
+/// built at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BuildSettings {
+    /// The limits of a run (the wall time is replaced by the install timeout).
+    pub limits: Limits,
+    /// Build requirements that have no wheel from their sdist (sandboxed, offline).
+    pub allow_sdist_builds: bool,
+}
+
+impl Default for BuildSettings {
+    /// The engine's default run limits; wheels only.
+    fn default() -> Self {
+        Self {
+            limits: Limits {
+                wall_time: crate::cache::DEFAULT_INSTALL_TIMEOUT,
+                cpu_time: None,
+                memory_bytes: Some(1024 * 1024 * 1024),
+                max_processes: Some(128),
+                max_output_bytes: 4 * 1024 * 1024,
+                scratch_bytes: Some(512 * 1024 * 1024),
+                file_size_bytes: Some(256 * 1024 * 1024),
+                open_files: Some(1024),
+                cpu_millicores: Some(1000),
+            },
+            allow_sdist_builds: false,
+        }
+    }
+}
+
+/// Arguments of the download step: wheels only, no bytecode compilation.
+pub(crate) fn download_args(
+    python: &OsStr,
+    requirements_file: &Path,
+    link_mode: &str,
+) -> Vec<OsString> {
+    vec![
+        "pip".into(),
+        "install".into(),
+        "--python".into(),
+        python.to_owned(),
+        "--link-mode".into(),
+        link_mode.into(),
+        // No sdist is built here: building runs the package's code.
+        "--no-build".into(),
+        "-r".into(),
+        requirements_file.as_os_str().to_owned(),
+    ]
+}
+
+/// Whether uv refused because a requirement has no usable wheel (builds being disabled).
+pub(crate) fn is_missing_wheel(stderr: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(stderr).to_lowercase();
+    text.contains("building from source is disabled")
+        || text.contains("building source distributions is disabled")
+        || text.contains("--no-build")
+}
+
+/// `<env>/lib/pythonX.Y/site-packages`, when there is one.
+pub(crate) fn site_packages(env: &Path) -> Option<PathBuf> {
+    fs_err::read_dir(env.join("lib"))
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|entry| entry.path().join("site-packages"))
+        .find(|path| path.is_dir())
+}
+
+/// What is installed in `env`, read from its `.dist-info` directories (`Name` and `Version` of
+/// each `METADATA`), sorted by name. Never runs the environment's interpreter.
+pub(crate) fn installed_packages(env: &Path) -> Vec<ResolvedPackage> {
+    let Some(site) = site_packages(env) else {
+        return Vec::new();
+    };
+    let Ok(entries) = fs_err::read_dir(&site) else {
+        return Vec::new();
+    };
+    let mut packages: Vec<ResolvedPackage> = entries
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_name().to_string_lossy().ends_with(".dist-info"))
+        .filter_map(|entry| {
+            let metadata = fs_err::read_to_string(entry.path().join("METADATA")).ok()?;
+            let header = |key: &str| {
+                metadata
+                    .lines()
+                    .take_while(|line| !line.is_empty())
+                    .find_map(|line| line.strip_prefix(key).map(|v| v.trim().to_owned()))
+            };
+            Some(ResolvedPackage {
+                name: header("Name:")?,
+                version: header("Version:")?,
+            })
+        })
+        .collect();
+    packages.sort_by(|a, b| a.name.cmp(&b.name));
+    packages
+}
+
+/// Make `env` ready for package code running as `ids`: every directory becomes theirs (so
+/// `__pycache__` entries can be created), no file becomes theirs, and no file stays writable
+/// by group or others. Files are hard links into uv's cache: their inodes are shared with it,
+/// so they must never be writable by package code.
+pub(crate) fn hand_to_package_code(env: &Path, ids: Option<(u32, u32)>) -> std::io::Result<()> {
+    let mut stack = vec![env.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let meta = fs_err::symlink_metadata(&path)?;
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        let mode = meta.permissions().mode();
+        if meta.is_dir() {
+            if let Some((uid, gid)) = ids {
+                std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
+            }
+            if mode & 0o7777 != 0o755 {
+                fs_err::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+            }
+            for entry in fs_err::read_dir(&path)? {
+                stack.push(entry?.path());
+            }
+        } else if mode & 0o6022 != 0 {
+            fs_err::set_permissions(&path, std::fs::Permissions::from_mode(mode & !0o6022))?;
+        }
+    }
+    Ok(())
+}
+
+/// The arguments of byte-compilation: the environment's own interpreter (it processes the
+/// environment's `.pth` files: package code) compiling its `site-packages`.
+pub(crate) fn compile_args(site_packages: &Path) -> Vec<OsString> {
+    vec![
+        "-m".into(),
+        "compileall".into(),
+        "-q".into(),
+        site_packages.as_os_str().to_owned(),
+    ]
+}
+
+/// The local directories among the find-links settings (`/path` or `file:///path`): the only
+/// source a build can use, since builds have no network.
+pub(crate) fn local_find_links(urls: &[String]) -> Vec<PathBuf> {
+    urls.iter()
+        .filter_map(|url| {
+            let path = url.strip_prefix("file://").unwrap_or(url);
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .filter(|path| path.is_dir())
+        .collect()
+}
+
+/// Arguments of an sdist build (everything in the untrusted sandbox, offline, its own
+/// cache in scratch, local find-links directories as the only source).
+pub(crate) fn build_args(
+    python: &OsStr,
+    requirements_file: &Path,
+    find_links: &[PathBuf],
+) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec![
+        "pip".into(),
+        "install".into(),
+        "--python".into(),
+        python.to_owned(),
+        "--link-mode".into(),
+        "copy".into(),
+        "--compile-bytecode".into(),
+        "--offline".into(),
+        "--no-index".into(),
+    ];
+    for dir in find_links {
+        args.push("--find-links".into());
+        args.push(dir.as_os_str().to_owned());
+    }
+    args.push("-r".into());
+    args.push(requirements_file.as_os_str().to_owned());
+    args
+}
+
+/// The environment of an sdist build: [`crate::UvEnvironment::for_package_code`], offline, with
+/// uv's cache in the sandbox's scratch.
+pub(crate) fn build_env() -> Vec<(String, String)> {
+    let mut env = crate::UvEnvironment::for_package_code();
+    env.push(("UV_CACHE_DIR".to_owned(), "/tmp/uv-cache".to_owned()));
+    env.push(("UV_OFFLINE".to_owned(), "1".to_owned()));
+    env
+}
+
+/// Refuse a requirement whose URL points at host loopback, a private range, a link-local or
+/// metadata address (or a name resolving to one), unless it is on a configured index's host
+/// and port. Names are resolved here; uv resolves again later (a name that changes its answer
+/// in between is not caught: see SECURITY.md).
+pub(crate) async fn check_requirement_urls(
+    requirements: &[Requirement],
+    index_urls: &[String],
+) -> Result<(), EnvError> {
+    let allowed: Vec<(String, Option<u16>)> = index_urls
+        .iter()
+        .filter_map(|url| host_port(url))
+        .collect();
+    for requirement in requirements {
+        let Some(VersionOrUrl::Url(url)) = &requirement.version_or_url else {
+            continue;
+        };
+        if !matches!(url.scheme(), "http" | "https") {
+            continue;
+        }
+        let Some(host) = url.host_str() else {
+            continue;
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        let port = url.port_or_known_default();
+        if allowed
+            .iter()
+            .any(|(h, p)| h.eq_ignore_ascii_case(&host) && *p == port)
+        {
+            continue;
+        }
+        let forbidden = |reason: String| EnvError::ForbiddenUrl {
+            requirement: requirement.to_string(),
+            reason,
+        };
+        let addresses: Vec<IpAddr> = match host.parse::<IpAddr>() {
+            Ok(ip) => vec![ip],
+            Err(_) => {
+                let lookup = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    tokio::net::lookup_host((host.as_str(), port.unwrap_or(443))),
+                )
+                .await;
+                match lookup {
+                    Ok(Ok(addrs)) => addrs.map(|a| a.ip()).collect(),
+                    // An unresolvable name reaches nothing; uv reports it.
+                    _ => continue,
+                }
+            }
+        };
+        if let Some(ip) = addresses.iter().find(|ip| !is_public(**ip)) {
+            return Err(forbidden(format!("a non-public address (`{ip}`)")));
+        }
+    }
+    Ok(())
+}
+
+/// `(host, port)` of a URL given as text (for comparing with the configured indexes).
+fn host_port(url: &str) -> Option<(String, Option<u16>)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    let default = match scheme {
+        "http" => Some(80),
+        "https" => Some(443),
+        _ => None,
+    };
+    if let Some(v6) = authority.strip_prefix('[') {
+        let (host, port) = v6.split_once(']')?;
+        let port = port.strip_prefix(':').and_then(|p| p.parse().ok()).or(default);
+        return Some((host.to_owned(), port));
+    }
+    match authority.rsplit_once(':') {
+        Some((host, port)) => Some((host.to_owned(), port.parse().ok().or(default))),
+        None => Some((authority.to_owned(), default)),
+    }
+}
+
+/// Whether an address is public: not loopback, unspecified, private (RFC 1918), CGNAT,
+/// link-local (metadata services live at 169.254.169.254), multicast, broadcast, reserved,
+/// ULA, or an IPv6 form of any of these (IPv4-mapped, -compatible, NAT64, 6to4).
+pub(crate) fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            !(v4.is_loopback()
+                || v4.is_unspecified()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || v4.is_documentation()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b))
+                || (a == 198 && (b == 18 || b == 19))
+                || a >= 240
+                || (a == 192 && b == 0))
+        }
+        IpAddr::V6(v6) => {
+            let segments = v6.segments();
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            // IPv4-compatible (::a.b.c.d), NAT64 (64:ff9b::/96) and 6to4 (2002::/16) embed an
+            // IPv4 address a gateway may forward to.
+            let embedded = |hi: u16, lo: u16| {
+                std::net::Ipv4Addr::new(
+                    (hi >> 8) as u8,
+                    (hi & 0xff) as u8,
+                    (lo >> 8) as u8,
+                    (lo & 0xff) as u8,
+                )
+            };
+            if segments[..6] == [0, 0, 0, 0, 0, 0] && !v6.is_loopback() && !v6.is_unspecified() {
+                return is_public(IpAddr::V4(embedded(segments[6], segments[7])));
+            }
+            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                return is_public(IpAddr::V4(embedded(segments[6], segments[7])));
+            }
+            if segments[0] == 0x2002 {
+                return is_public(IpAddr::V4(embedded(segments[1], segments[2])));
+            }
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (segments[0] & 0xfe00) == 0xfc00
+                || (segments[0] & 0xffc0) == 0xfe80
+                || (segments[0] & 0xffc0) == 0xfec0
+                || segments[0] == 0x2001 && segments[1] == 0x0db8)
+        }
+    }
+}
+
+/// Where package code starts: its own scratch (`/tmp`, a capped tmpfs), also its `HOME`.
+pub(crate) const PACKAGE_CODE_CWD: &str = "/tmp";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_public_addresses_are_public() {
+        let cases = [
+            ("127.0.0.1", false),
+            ("127.1.2.3", false),
+            ("10.1.2.3", false),
+            ("172.16.0.1", false),
+            ("192.168.1.1", false),
+            ("169.254.169.254", false),
+            ("100.64.0.1", false),
+            ("0.0.0.0", false),
+            ("224.0.0.1", false),
+            ("255.255.255.255", false),
+            ("::1", false),
+            ("::", false),
+            ("::ffff:127.0.0.1", false),
+            ("::ffff:169.254.169.254", false),
+            ("::127.0.0.1", false),
+            ("64:ff9b::a9fe:a9fe", false),
+            ("2002:7f00:1::", false),
+            ("fd00::1", false),
+            ("fe80::1", false),
+            ("ff02::1", false),
+            ("93.184.215.14", true),
+            ("151.101.0.223", true),
+            ("2a04:4e42::223", true),
+            ("::ffff:151.101.0.223", true),
+        ];
+        for (text, public) in cases {
+            let ip: IpAddr = text.parse().unwrap();
+            assert_eq!(is_public(ip), public, "{text}");
+        }
+    }
+
+    #[test]
+    fn index_hosts_and_ports_are_read_from_urls() {
+        assert_eq!(
+            host_port("http://user:pw@127.0.0.1:8080/simple"),
+            Some(("127.0.0.1".to_owned(), Some(8080)))
+        );
+        assert_eq!(
+            host_port("https://mirror.example/simple"),
+            Some(("mirror.example".to_owned(), Some(443)))
+        );
+        assert_eq!(
+            host_port("http://[::1]/simple"),
+            Some(("::1".to_owned(), Some(80)))
+        );
+    }
+
+    #[tokio::test]
+    async fn urls_at_loopback_private_and_metadata_are_refused_unless_an_index() {
+        use std::str::FromStr as _;
+        let index = vec!["http://u:p@127.0.0.1:8000/simple".to_owned()];
+        for bad in [
+            "evil @ http://127.0.0.1:9/evil-1.0-py3-none-any.whl",
+            "evil @ http://[::1]:9/evil-1.0-py3-none-any.whl",
+            "evil @ http://169.254.169.254/evil-1.0-py3-none-any.whl",
+            "evil @ http://10.0.0.1/evil-1.0-py3-none-any.whl",
+            "evil @ http://localhost:9/evil-1.0-py3-none-any.whl",
+        ] {
+            let reqs = vec![Requirement::from_str(bad).unwrap()];
+            let err = check_requirement_urls(&reqs, &index).await.unwrap_err();
+            assert!(matches!(err, EnvError::ForbiddenUrl { .. }), "{bad}: {err:?}");
+        }
+        let ok = vec![
+            Requirement::from_str("ok @ http://127.0.0.1:8000/files/ok-1.0-py3-none-any.whl")
+                .unwrap(),
+            Requirement::from_str("six==1.16.0").unwrap(),
+        ];
+        check_requirement_urls(&ok, &index).await.unwrap();
+    }
+
+    #[test]
+    fn missing_wheels_are_recognised() {
+        assert!(is_missing_wheel(
+            b"Because foo==1.0 has no usable wheels and building from source is disabled, we can conclude"
+        ));
+        assert!(!is_missing_wheel(b"No solution found"));
+    }
+}
