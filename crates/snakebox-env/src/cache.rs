@@ -41,8 +41,8 @@ use snakebox_sandbox::Mount;
 
 use crate::env_vars::UvEnvironment;
 use crate::error::{EnvError, UvStderr};
-use crate::interpreter::Interpreter;
 use crate::install::{self, BuildSettings};
+use crate::interpreter::Interpreter;
 use crate::uv::{IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvRunner};
 
 /// Version of the on-disk layout; part of the directory names.
@@ -676,7 +676,8 @@ impl EnvCache {
                 )
                 .await?;
             if download.success() {
-                self.compile(&env_dir, &package_identity, interpreter).await?;
+                self.compile(&env_dir, &package_identity, interpreter)
+                    .await?;
             } else if install::is_missing_wheel(&download.stderr) {
                 if !self.build_settings.allow_sdist_builds {
                     return Err(EnvError::SdistBuildsDisabled {
@@ -870,7 +871,9 @@ impl EnvCache {
         let ids = identity.host_ids;
         tokio::task::spawn_blocking(move || install::hand_to_package_code(&walk_dir, ids))
             .await
-            .map_err(|err| io("prepare the environment for compiling", env_dir)(std::io::Error::other(err)))?
+            .map_err(|err| {
+                io("prepare the environment for compiling", env_dir)(std::io::Error::other(err))
+            })?
             .map_err(io("prepare the environment for compiling", env_dir))?;
         let invocation = self.package_code_invocation(
             "compile the packages (runs their code)",
@@ -908,7 +911,9 @@ impl EnvCache {
             let walk_dir = env_dir.to_path_buf();
             tokio::task::spawn_blocking(move || set_owner_tree(&walk_dir, ids, true))
                 .await
-                .map_err(|err| io("give the environment to the build", env_dir)(std::io::Error::other(err)))?
+                .map_err(|err| {
+                    io("give the environment to the build", env_dir)(std::io::Error::other(err))
+                })?
                 .map_err(io("give the environment to the build", env_dir))?;
         }
         let mut read_only = find_links.clone();

@@ -121,19 +121,25 @@ impl UvEnvironment {
     /// The index and find-links URLs uv is configured with (unredacted: for the installer's
     /// own checks, never for package code).
     pub fn index_urls(&self) -> Vec<String> {
-        ["UV_INDEX", "UV_INDEX_URL", "UV_EXTRA_INDEX_URL", "UV_DEFAULT_INDEX", "UV_FIND_LINKS"]
-            .iter()
-            .filter_map(|name| self.get(name))
-            .flat_map(|value| value.split([' ', ',', '\n']))
-            .map(|item| {
-                item.split_once('=')
-                    .filter(|(name, _)| !name.contains(':'))
-                    .map_or(item, |(_, url)| url)
-            })
-            .map(str::trim)
-            .filter(|item| !item.is_empty())
-            .map(str::to_owned)
-            .collect()
+        [
+            "UV_INDEX",
+            "UV_INDEX_URL",
+            "UV_EXTRA_INDEX_URL",
+            "UV_DEFAULT_INDEX",
+            "UV_FIND_LINKS",
+        ]
+        .iter()
+        .filter_map(|name| self.get(name))
+        .flat_map(|value| value.split([' ', ',', '\n']))
+        .map(|item| {
+            item.split_once('=')
+                .filter(|(name, _)| !name.contains(':'))
+                .map_or(item, |(_, url)| url)
+        })
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(str::to_owned)
+        .collect()
     }
 
     /// The complete environment of code that runs a package's code (bytecode compilation,
@@ -188,7 +194,7 @@ pub(crate) fn redact_userinfo(text: &str) -> String {
         let (head, tail) = rest.split_at(at + 3);
         out.push_str(head);
         let authority_end = tail
-            .find(|c: char| matches!(c, '/' | '?' | '#' | ' ' | ',' | '\n'))
+            .find(['/', '?', '#', ' ', ',', '\n'])
             .unwrap_or(tail.len());
         let authority = &tail[..authority_end];
         match authority.rfind('@') {
@@ -218,7 +224,10 @@ mod tests {
             redact_userinfo("UV_EXTRA_INDEX_URL=https://a:b@x/simple https://y/simple,https://t@z"),
             "UV_EXTRA_INDEX_URL=https://***@x/simple https://y/simple,https://***@z"
         );
-        assert_eq!(redact_userinfo("UV_INDEX_STRATEGY=first-index"), "UV_INDEX_STRATEGY=first-index");
+        assert_eq!(
+            redact_userinfo("UV_INDEX_STRATEGY=first-index"),
+            "UV_INDEX_STRATEGY=first-index"
+        );
         let env = UvEnvironment::from_vars([(
             "UV_INDEX".to_owned(),
             "private=https://u:p@host/simple".to_owned(),
@@ -229,7 +238,11 @@ mod tests {
             vec!["UV_INDEX=private=https://***@host/simple".to_owned()]
         );
         let package_env = UvEnvironment::for_package_code();
-        assert!(package_env.iter().all(|(k, v)| !k.starts_with("UV_INDEX") && !v.contains("host")));
+        assert!(
+            package_env
+                .iter()
+                .all(|(k, v)| !k.starts_with("UV_INDEX") && !v.contains("host"))
+        );
         assert!(package_env.contains(&("HOME".to_owned(), "/tmp".to_owned())));
     }
 

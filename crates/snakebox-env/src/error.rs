@@ -198,9 +198,15 @@ impl EnvError {
             Self::UvOutput { .. } => Some(
                 "this uv version may be unsupported; snakebox is tested with uv 0.13".to_owned(),
             ),
+            Self::Timeout { command, .. } if command.contains("runs") => Some(
+                "a package's own code (run while compiling or building it) ran until the \
+                 install timeout (`--install-timeout`) and was stopped with everything it \
+                 started"
+                    .to_owned(),
+            ),
             Self::Timeout { .. } => Some(
                 "the package index may be slow or unreachable; retry, or raise the install \
-                 timeout"
+                 timeout (`--install-timeout`)"
                     .to_owned(),
             ),
             Self::LimitReached { .. } => Some(

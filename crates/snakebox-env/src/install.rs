@@ -219,14 +219,16 @@ pub(crate) fn build_env() -> Vec<(String, String)> {
 /// metadata address (or a name resolving to one), unless it is on a configured index's host
 /// and port. Names are resolved here; uv resolves again later (a name that changes its answer
 /// in between is not caught: see SECURITY.md).
-pub(crate) async fn check_requirement_urls(
+///
+/// # Errors
+/// [`EnvError::ForbiddenUrl`] for the first requirement whose URL points at a non-public
+/// address.
+pub async fn check_requirement_urls(
     requirements: &[Requirement],
     index_urls: &[String],
 ) -> Result<(), EnvError> {
-    let allowed: Vec<(String, Option<u16>)> = index_urls
-        .iter()
-        .filter_map(|url| host_port(url))
-        .collect();
+    let allowed: Vec<(String, Option<u16>)> =
+        index_urls.iter().filter_map(|url| host_port(url)).collect();
     for requirement in requirements {
         let Some(VersionOrUrl::Url(url)) = &requirement.version_or_url else {
             continue;
@@ -237,7 +239,10 @@ pub(crate) async fn check_requirement_urls(
         let Some(host) = url.host_str() else {
             continue;
         };
-        let host = host.trim_start_matches('[').trim_end_matches(']').to_owned();
+        let host = host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned();
         let port = url.port_or_known_default();
         if allowed
             .iter()
@@ -271,6 +276,24 @@ pub(crate) async fn check_requirement_urls(
     Ok(())
 }
 
+/// [`check_requirement_urls`] for requirements given as PEP 508 strings (already validated;
+/// a string that does not parse is left to uv), against `uv_env`'s configured indexes.
+///
+/// # Errors
+/// [`EnvError::ForbiddenUrl`] for the first requirement whose URL points at a non-public
+/// address.
+pub async fn check_requirement_strings(
+    requirements: &[String],
+    uv_env: &crate::UvEnvironment,
+) -> Result<(), EnvError> {
+    use std::str::FromStr as _;
+    let parsed: Vec<Requirement> = requirements
+        .iter()
+        .filter_map(|text| Requirement::from_str(text).ok())
+        .collect();
+    check_requirement_urls(&parsed, &uv_env.index_urls()).await
+}
+
 /// `(host, port)` of a URL given as text (for comparing with the configured indexes).
 fn host_port(url: &str) -> Option<(String, Option<u16>)> {
     let (scheme, rest) = url.split_once("://")?;
@@ -283,7 +306,10 @@ fn host_port(url: &str) -> Option<(String, Option<u16>)> {
     };
     if let Some(v6) = authority.strip_prefix('[') {
         let (host, port) = v6.split_once(']')?;
-        let port = port.strip_prefix(':').and_then(|p| p.parse().ok()).or(default);
+        let port = port
+            .strip_prefix(':')
+            .and_then(|p| p.parse().ok())
+            .or(default);
         return Some((host.to_owned(), port));
     }
     match authority.rsplit_once(':') {
@@ -417,7 +443,10 @@ mod tests {
         ] {
             let reqs = vec![Requirement::from_str(bad).unwrap()];
             let err = check_requirement_urls(&reqs, &index).await.unwrap_err();
-            assert!(matches!(err, EnvError::ForbiddenUrl { .. }), "{bad}: {err:?}");
+            assert!(
+                matches!(err, EnvError::ForbiddenUrl { .. }),
+                "{bad}: {err:?}"
+            );
         }
         let ok = vec![
             Requirement::from_str("ok @ http://127.0.0.1:8000/files/ok-1.0-py3-none-any.whl")

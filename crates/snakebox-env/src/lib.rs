@@ -27,10 +27,9 @@ pub use cache::{
 };
 pub use env_vars::{EnvVars, UvEnvironment};
 pub use error::{EnvError, UvStderr};
-pub use install::BuildSettings;
+pub use install::{BuildSettings, check_requirement_strings, check_requirement_urls};
 pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
 pub use uv::{
     DirectUvRunner, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput, UvRunFuture,
-    UvRunner,
-    install_read_only_paths, pip_list_args,
+    UvRunner, install_read_only_paths, pip_list_args,
 };

@@ -439,7 +439,8 @@ pub fn pip_list_args(python: OsString) -> Vec<OsString> {
 }
 
 /// The read-only paths an install sandbox needs besides the system view: uv's directory, the
-/// interpreter (its prefix, and its `bin` directory when that lies elsewhere) and, with network,
+/// interpreter (its prefix, and its `bin` directory when that lies elsewhere), local
+/// `UV_FIND_LINKS` directories and, with network,
 /// certificate bundles configured outside `/etc/ssl` (the sandbox's view has `/etc/ssl/certs`
 /// and, with network, the resolver files).
 #[must_use]
@@ -450,6 +451,8 @@ pub fn install_read_only_paths(
     network: bool,
 ) -> Vec<PathBuf> {
     let mut read_only = vec![uv.dir().to_path_buf(), interpreter.prefix.clone()];
+    // Local find-links directories (the operator's wheelhouse) are a package source too.
+    read_only.extend(crate::install::local_find_links(&uv_env.index_urls()));
     if let Some(bin) = interpreter.executable.parent()
         && !bin.starts_with(&interpreter.prefix)
     {

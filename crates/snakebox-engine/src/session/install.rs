@@ -127,6 +127,13 @@ impl Installer {
         let python: std::ffi::OsString = self.venv.join("bin").join("python").into();
         let mut log = String::new();
         if !requirements.is_empty() {
+            // Never fetch from host loopback, private or metadata addresses (catalogue D-02).
+            snakebox_env::check_requirement_strings(requirements, &self.uv_env)
+                .await
+                .map_err(|err| ErrorInfo {
+                    message: crate::describe(&err),
+                    hint: err.hint(),
+                })?;
             let mut args: Vec<std::ffi::OsString> = vec![
                 "pip".into(),
                 "install".into(),
