@@ -123,6 +123,7 @@ class Index:
 
     def __init__(self, user: str, password: str) -> None:
         self.files: dict[str, bytes] = {}
+        self.links: dict[str, list[str]] = {}
         self.requests: list[tuple[str, bool]] = []
         expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
         index = self
@@ -150,6 +151,7 @@ class Index:
                         for fn, data in index.files.items()
                         if fn.split("-")[0].lower() == name.lower()
                     ]
+                    links += [f'<a href="{url}">{url.rsplit("/", 1)[-1]}</a>' for url in index.links.get(name.lower(), [])]
                     if not links:
                         self.send_response(404)
                         self.end_headers()
@@ -439,6 +441,40 @@ async def test_D02_direct_urls_at_loopback_private_or_metadata_are_refused(
         print("D-02 session install:", json.dumps(status)[:400])
         assert json.dumps(status).find("non-public address") >= 0, status
         await call(client, "delete_session", session_id=sid)
+        await alive(client)
+    assert canaries.connections() == [], f"the installer reached a host loopback service: {canaries.connections()}"
+
+
+async def test_D02_urls_met_during_resolution_go_through_the_egress_proxy_only(snakebox_bin, tmp_path, canaries, index):
+    """What the URL check cannot see (a dependency's own URL requirement, an index page linking
+    to host loopback) the download meets while resolving; it has no host network, only the
+    egress proxy, which refuses every destination but the configured index and public
+    addresses."""
+    port = canaries.tcp_port
+    index.add(wheel_bytes("sbxtrojan", "1.0", {"sbxtrojan.py": ""},
+                          requires=(f"sbxevil @ http://127.0.0.1:{port}/sbxevil-1.0-py3-none-any.whl",)))
+    index.add(wheel_bytes("sbxtrojan6", "1.0", {"sbxtrojan6.py": ""},
+                          requires=(f"sbxevil @ http://[::1]:{port}/sbxevil-1.0-py3-none-any.whl",)))
+    index.links["sbxlure"] = [f"http://127.0.0.1:{port}/files/sbxlure-1.0-py3-none-any.whl"]
+    index.links["sbxlure6"] = [f"http://[::1]:{port}/files/sbxlure6-1.0-py3-none-any.whl"]
+    index.links["sbxluremeta"] = ["http://169.254.169.254/files/sbxluremeta-1.0-py3-none-any.whl"]
+    index.add(victim_wheel())
+    data_dir = fresh_data_dir(tmp_path, "data")
+    async with server(snakebox_bin, data_dir, canaries, index) as client:
+        for dep in ["sbxtrojan==1.0", "sbxtrojan6==1.0", "sbxlure", "sbxlure6", "sbxluremeta"]:
+            data, _, is_error = await run_script(client, "print('RAN')", [dep], timeout=60)
+            message = json.dumps(data.get("error"))
+            print("D-02 via resolution:", dep, "->", data["status"], message[:300])
+            assert is_error and data["status"] == "setup_failed" and "RAN" not in (data.get("stdout") or ""), data
+            if dep.startswith("sbxtrojan"):
+                # uv itself refuses a URL requirement of a dependency.
+                assert "URL dependencies must be expressed as direct requirements" in message, message
+            else:
+                # The index page's links to host loopback and metadata: refused by the proxy.
+                assert "403" in message or "Forbidden" in message, message
+        # Proof the way out works for what is allowed: the configured index (on loopback).
+        data, _, is_error = await run_script(client, "import sbxvictim; print(sbxvictim.VALUE)", ["sbxvictim==1.0"])
+        assert not is_error and data["stdout"] == "clean\n", data
         await alive(client)
     assert canaries.connections() == [], f"the installer reached a host loopback service: {canaries.connections()}"
 

@@ -54,6 +54,9 @@ const TRASH_DIR: &str = ".trash";
 /// The manifest's file name inside each environment.
 pub const MANIFEST_FILE: &str = "snakebox-env.json";
 const MANIFEST_SCHEMA: u32 = 1;
+/// The egress proxy's socket, in the build directory (the download's only writable mount
+/// besides uv's cache).
+const EGRESS_SOCKET: &str = "egress.sock";
 
 /// How long one install may take by default.
 pub const DEFAULT_INSTALL_TIMEOUT: Duration = Duration::from_secs(300);
@@ -838,6 +841,15 @@ impl EnvCache {
     ) -> Result<crate::uv::UvOutput, EnvError> {
         let read_only =
             crate::uv::install_read_only_paths(&self.uv, interpreter, &self.uv_env, network);
+        // The download reaches the configured indexes and public addresses only, through the
+        // egress proxy; its sandbox keeps its own network namespace (catalogue D-02).
+        let proxy = match self.egress_rules(network) {
+            Some(rules) => Some(
+                snakebox_sandbox::EgressProxy::start(&build_dir.join(EGRESS_SOCKET), rules)
+                    .map_err(io("start the egress proxy at", &build_dir.join(EGRESS_SOCKET)))?,
+            ),
+            None => None,
+        };
         let invocation = UvInvocation {
             program: self.uv.path.clone(),
             args,
@@ -849,8 +861,28 @@ impl EnvCache {
             timeout: self.install_timeout,
             label: label.to_owned(),
             role: Role::Downloader,
+            egress: proxy.as_ref().map(|proxy| crate::uv::Egress {
+                socket: proxy.path().to_path_buf(),
+                python: interpreter.executable.clone(),
+            }),
         };
-        self.installer.run(&invocation).await
+        let output = self.installer.run(&invocation).await;
+        drop(proxy);
+        output
+    }
+
+    /// The egress rules of a download with `network`, when it goes through the proxy: the
+    /// configured indexes and public addresses. `None` (the host network) when the installer
+    /// is not sandboxed, or when the operator configured a proxy of their own (uv then talks
+    /// to that proxy; see SECURITY.md).
+    fn egress_rules(&self, network: bool) -> Option<snakebox_sandbox::EgressRules> {
+        if !network || !self.installer.is_sandboxed() || self.uv_env.has_proxy() {
+            return None;
+        }
+        Some(snakebox_sandbox::EgressRules::for_urls(
+            &self.uv_env.index_urls(),
+            true,
+        ))
     }
 
     /// Byte-compile the environment's packages. This runs package code (the interpreter
@@ -974,6 +1006,7 @@ impl EnvCache {
                 identity: identity.identity,
                 limits: self.build_settings.limits.clone(),
             },
+            egress: None,
         }
     }
 

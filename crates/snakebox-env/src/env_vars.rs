@@ -118,6 +118,14 @@ impl UvEnvironment {
             .collect()
     }
 
+    /// Whether the operator configured a proxy for uv (`HTTP(S)_PROXY`, `ALL_PROXY`).
+    pub fn has_proxy(&self) -> bool {
+        self.passthrough.keys().any(|name| {
+            let lower = name.to_ascii_lowercase();
+            lower.ends_with("_proxy") && lower != "no_proxy"
+        })
+    }
+
     /// The index and find-links URLs uv is configured with (unredacted: for the installer's
     /// own checks, never for package code).
     pub fn index_urls(&self) -> Vec<String> {

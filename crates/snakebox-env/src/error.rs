@@ -284,7 +284,13 @@ impl UvStderr {
 
 /// A hint for a failed install, from what uv said.
 fn install_hint(stderr: &str) -> String {
-    let lower = stderr.to_lowercase();
+    // uv's own warnings (e.g. a deprecated setting such as `UV_NATIVE_TLS`) are not the cause.
+    let lower = stderr
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("warning:"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .to_lowercase();
     if lower.contains("not found in the package registry")
         || lower.contains("was not found in the package registry")
     {

@@ -269,7 +269,10 @@ pub async fn check_requirement_urls(
                 }
             }
         };
-        if let Some(ip) = addresses.iter().find(|ip| !is_public(**ip)) {
+        if let Some(ip) = addresses
+            .iter()
+            .find(|ip| !snakebox_sandbox::is_public(**ip))
+        {
             return Err(forbidden(format!("a non-public address (`{ip}`)")));
         }
     }
@@ -318,101 +321,12 @@ fn host_port(url: &str) -> Option<(String, Option<u16>)> {
     }
 }
 
-/// Whether an address is public: not loopback, unspecified, private (RFC 1918), CGNAT,
-/// link-local (metadata services live at 169.254.169.254), multicast, broadcast, reserved,
-/// ULA, or an IPv6 form of any of these (IPv4-mapped, -compatible, NAT64, 6to4).
-pub(crate) fn is_public(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let [a, b, ..] = v4.octets();
-            !(v4.is_loopback()
-                || v4.is_unspecified()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_multicast()
-                || v4.is_broadcast()
-                || v4.is_documentation()
-                || a == 0
-                || (a == 100 && (64..128).contains(&b))
-                || (a == 198 && (b == 18 || b == 19))
-                || a >= 240
-                || (a == 192 && b == 0))
-        }
-        IpAddr::V6(v6) => {
-            let segments = v6.segments();
-            if let Some(v4) = v6.to_ipv4_mapped() {
-                return is_public(IpAddr::V4(v4));
-            }
-            // IPv4-compatible (::a.b.c.d), NAT64 (64:ff9b::/96) and 6to4 (2002::/16) embed an
-            // IPv4 address a gateway may forward to.
-            let embedded = |hi: u16, lo: u16| {
-                std::net::Ipv4Addr::new(
-                    (hi >> 8) as u8,
-                    (hi & 0xff) as u8,
-                    (lo >> 8) as u8,
-                    (lo & 0xff) as u8,
-                )
-            };
-            if segments[..6] == [0, 0, 0, 0, 0, 0] && !v6.is_loopback() && !v6.is_unspecified() {
-                return is_public(IpAddr::V4(embedded(segments[6], segments[7])));
-            }
-            if segments[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
-                return is_public(IpAddr::V4(embedded(segments[6], segments[7])));
-            }
-            if segments[0] == 0x2002 {
-                return is_public(IpAddr::V4(embedded(segments[1], segments[2])));
-            }
-            !(v6.is_loopback()
-                || v6.is_unspecified()
-                || v6.is_multicast()
-                || (segments[0] & 0xfe00) == 0xfc00
-                || (segments[0] & 0xffc0) == 0xfe80
-                || (segments[0] & 0xffc0) == 0xfec0
-                || segments[0] == 0x2001 && segments[1] == 0x0db8)
-        }
-    }
-}
-
 /// Where package code starts: its own scratch (`/tmp`, a capped tmpfs), also its `HOME`.
 pub(crate) const PACKAGE_CODE_CWD: &str = "/tmp";
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_public_addresses_are_public() {
-        let cases = [
-            ("127.0.0.1", false),
-            ("127.1.2.3", false),
-            ("10.1.2.3", false),
-            ("172.16.0.1", false),
-            ("192.168.1.1", false),
-            ("169.254.169.254", false),
-            ("100.64.0.1", false),
-            ("0.0.0.0", false),
-            ("224.0.0.1", false),
-            ("255.255.255.255", false),
-            ("::1", false),
-            ("::", false),
-            ("::ffff:127.0.0.1", false),
-            ("::ffff:169.254.169.254", false),
-            ("::127.0.0.1", false),
-            ("64:ff9b::a9fe:a9fe", false),
-            ("2002:7f00:1::", false),
-            ("fd00::1", false),
-            ("fe80::1", false),
-            ("ff02::1", false),
-            ("93.184.215.14", true),
-            ("151.101.0.223", true),
-            ("2a04:4e42::223", true),
-            ("::ffff:151.101.0.223", true),
-        ];
-        for (text, public) in cases {
-            let ip: IpAddr = text.parse().unwrap();
-            assert_eq!(is_public(ip), public, "{text}");
-        }
-    }
 
     #[test]
     fn index_hosts_and_ports_are_read_from_urls() {

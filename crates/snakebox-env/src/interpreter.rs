@@ -379,6 +379,7 @@ fn listing_invocation(uv: &Uv, args: &[&str]) -> UvInvocation {
         timeout: Duration::from_secs(30),
         label: format!("uv {}", args.join(" ")),
         role: uv::Role::Downloader,
+        egress: None,
     }
 }
 

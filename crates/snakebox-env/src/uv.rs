@@ -260,6 +260,19 @@ pub struct UvInvocation {
     pub label: String,
     /// Whose code runs: trusted uv only, or package code (see [`Role`]).
     pub role: Role,
+    /// With `network`: reach it only through this egress proxy (the sandbox keeps its own
+    /// network namespace). `None`: the host network.
+    pub egress: Option<Egress>,
+}
+
+/// How a sandboxed invocation reaches the network through an
+/// [`snakebox_sandbox::EgressProxy`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Egress {
+    /// The proxy's Unix socket (in a writable or read-only mount of the invocation).
+    pub socket: PathBuf,
+    /// An interpreter visible inside, to run the bridge (isolated: `-I -S`).
+    pub python: PathBuf,
 }
 
 /// What an invocation may execute, which decides the sandbox it gets.
@@ -471,6 +484,22 @@ pub fn install_read_only_paths(
 }
 
 impl UvInvocation {
+    /// The command to run in the sandbox: the program, behind the bridge to the egress proxy
+    /// when the invocation has one.
+    pub fn command(&self) -> snakebox_sandbox::SandboxCommand {
+        let command = snakebox_sandbox::SandboxCommand {
+            program: self.program.clone(),
+            args: self.args.clone(),
+            control_channel: false,
+        };
+        match &self.egress {
+            Some(egress) if self.network => {
+                snakebox_sandbox::bridged_command(&egress.python, &egress.socket, &command)
+            }
+            _ => command,
+        }
+    }
+
     /// The sandbox policy of this invocation (pure, so it can be read and tested): every
     /// read-only and writable path mounted at its own path, the invocation's environment and
     /// nothing else, the timeout as the wall-time limit. A [`Role::Downloader`] runs trusted uv
@@ -490,6 +519,11 @@ impl UvInvocation {
             .map(|path| mount(path, false))
             .collect();
         mounts.extend(self.writable.iter().map(|path| mount(path, true)));
+        let mut env = self.env.clone();
+        if self.egress.is_some() {
+            env.retain(|(name, _)| !name.to_ascii_lowercase().ends_with("_proxy"));
+            env.extend(snakebox_sandbox::EgressProxy::proxy_env());
+        }
         if let Role::PackageCode { identity, limits } = &self.role {
             return Policy {
                 mounts,
@@ -506,8 +540,8 @@ impl UvInvocation {
         }
         Policy {
             mounts,
-            network: self.network,
-            env: self.env.clone(),
+            network: self.network && self.egress.is_none(),
+            env,
             cwd: self.cwd.clone(),
             limits: Limits {
                 wall_time: self.timeout,
@@ -534,11 +568,7 @@ const MAX_SANDBOXED_OUTPUT: u64 = 4 * 1024 * 1024;
 impl UvRunner for snakebox_sandbox::Sandbox {
     fn run<'a>(&'a self, invocation: &'a UvInvocation) -> UvRunFuture<'a> {
         Box::pin(async move {
-            let command = snakebox_sandbox::SandboxCommand {
-                program: invocation.program.clone(),
-                args: invocation.args.clone(),
-                control_channel: false,
-            };
+            let command = invocation.command();
             let outcome = snakebox_sandbox::Sandbox::run(
                 self,
                 &invocation.policy(),

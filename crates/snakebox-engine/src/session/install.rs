@@ -61,6 +61,7 @@ impl Installer {
             timeout: INSTALL_TIMEOUT,
             label: label.to_owned(),
             role: snakebox_env::Role::Downloader,
+            egress: None,
         };
         let command = SandboxCommand {
             program: invocation.program.clone(),
