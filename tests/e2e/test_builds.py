@@ -475,6 +475,18 @@ async def test_D02_urls_met_during_resolution_go_through_the_egress_proxy_only(s
         # Proof the way out works for what is allowed: the configured index (on loopback).
         data, _, is_error = await run_script(client, "import sbxvictim; print(sbxvictim.VALUE)", ["sbxvictim==1.0"])
         assert not is_error and data["stdout"] == "clean\n", data
+        # Sessions' installs take the same way out.
+        created, _, is_error = await call(client, "create_session")
+        assert not is_error, created
+        sid = created["session_id"]
+        status, _, _ = await call(client, "install_packages", session_id=sid, packages=["sbxlure"])
+        print("D-02 session install via resolution:", json.dumps(status)[:300])
+        assert "403" in json.dumps(status) or "Forbidden" in json.dumps(status), status
+        status, _, _ = await call(client, "install_packages", session_id=sid, packages=["sbxvictim==1.0"])
+        assert "sbxvictim" in json.dumps(status.get("packages")), status
+        data, _, is_error = await call(client, "execute_python", session_id=sid, script="import sbxvictim; print(sbxvictim.VALUE)")
+        assert not is_error and data["stdout"] == "clean\n", data
+        await call(client, "delete_session", session_id=sid)
         await alive(client)
     assert canaries.connections() == [], f"the installer reached a host loopback service: {canaries.connections()}"
 

@@ -54,9 +54,6 @@ const TRASH_DIR: &str = ".trash";
 /// The manifest's file name inside each environment.
 pub const MANIFEST_FILE: &str = "snakebox-env.json";
 const MANIFEST_SCHEMA: u32 = 1;
-/// The egress proxy's socket, in the build directory (the download's only writable mount
-/// besides uv's cache).
-const EGRESS_SOCKET: &str = "egress.sock";
 
 /// How long one install may take by default.
 pub const DEFAULT_INSTALL_TIMEOUT: Duration = Duration::from_secs(300);
@@ -845,8 +842,8 @@ impl EnvCache {
         // egress proxy; its sandbox keeps its own network namespace (catalogue D-02).
         let proxy = match self.egress_rules(network) {
             Some(rules) => Some(
-                snakebox_sandbox::EgressProxy::start(&build_dir.join(EGRESS_SOCKET), rules)
-                    .map_err(io("start the egress proxy at", &build_dir.join(EGRESS_SOCKET)))?,
+                snakebox_sandbox::EgressProxy::start(rules)
+                    .map_err(io("start the egress proxy in", &std::env::temp_dir()))?,
             ),
             None => None,
         };

@@ -30,6 +30,6 @@ pub use error::{EnvError, UvStderr};
 pub use install::{BuildSettings, check_requirement_strings, check_requirement_urls};
 pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
 pub use uv::{
-    DirectUvRunner, Egress, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput, UvRunFuture,
-    UvRunner, install_read_only_paths, pip_list_args,
+    DirectUvRunner, Egress, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput,
+    UvRunFuture, UvRunner, install_read_only_paths, pip_list_args,
 };

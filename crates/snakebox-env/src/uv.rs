@@ -269,7 +269,7 @@ pub struct UvInvocation {
 /// [`snakebox_sandbox::EgressProxy`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Egress {
-    /// The proxy's Unix socket (in a writable or read-only mount of the invocation).
+    /// The proxy's Unix socket on the host (mounted at [`snakebox_sandbox::SOCKET_INSIDE`]).
     pub socket: PathBuf,
     /// An interpreter visible inside, to run the bridge (isolated: `-I -S`).
     pub python: PathBuf,
@@ -493,9 +493,11 @@ impl UvInvocation {
             control_channel: false,
         };
         match &self.egress {
-            Some(egress) if self.network => {
-                snakebox_sandbox::bridged_command(&egress.python, &egress.socket, &command)
-            }
+            Some(egress) if self.network => snakebox_sandbox::bridged_command(
+                &egress.python,
+                Path::new(snakebox_sandbox::SOCKET_INSIDE),
+                &command,
+            ),
             _ => command,
         }
     }
@@ -519,6 +521,13 @@ impl UvInvocation {
             .map(|path| mount(path, false))
             .collect();
         mounts.extend(self.writable.iter().map(|path| mount(path, true)));
+        if let Some(egress) = self.egress.as_ref().filter(|_| self.network) {
+            mounts.push(Mount {
+                host: egress.socket.clone(),
+                dest: PathBuf::from(snakebox_sandbox::SOCKET_INSIDE),
+                writable: false,
+            });
+        }
         let mut env = self.env.clone();
         if self.egress.is_some() {
             env.retain(|(name, _)| !name.to_ascii_lowercase().ends_with("_proxy"));

@@ -3,7 +3,7 @@
 //! A sandbox whose network namespace is its own (loopback only) cannot reach anything, the
 //! host's loopback included. When it must fetch something (the installer downloading wheels),
 //! it gets an HTTP proxy instead of the host network: [`EgressProxy`] listens on a Unix socket
-//! in a directory the sandbox can see, a small bridge inside ([`bridged_command`]) forwards
+//! mounted into the sandbox at [`SOCKET_INSIDE`], a small bridge inside ([`bridged_command`]) forwards
 //! `127.0.0.1:`[`BRIDGE_PORT`] to that socket, and the command is told `HTTP(S)_PROXY`.
 //!
 //! The proxy decides each connection by [`EgressRules`], in order: the destination
@@ -15,6 +15,7 @@
 //! requests, rewritten to origin-form, one request per connection).
 
 use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -26,6 +27,8 @@ use crate::SandboxCommand;
 
 /// The port the bridge listens on inside the sandbox's own network namespace.
 pub const BRIDGE_PORT: u16 = 3128;
+/// Where the proxy's socket is mounted inside a sandbox.
+pub const SOCKET_INSIDE: &str = "/run/snakebox/egress.sock";
 
 /// Largest request head the proxy reads.
 const MAX_HEAD: usize = 32 * 1024;
@@ -77,18 +80,36 @@ pub struct EgressProxy {
 }
 
 impl EgressProxy {
-    /// Listen on `path` (created now, mode 0666 so that a sandbox uid can connect: put it in a
-    /// directory only that sandbox can reach) and serve connections by `rules`.
+    /// Listen on a new socket in a private directory of its own under the system's temporary
+    /// directory (a socket path must be short: data directories can be long), and serve
+    /// connections by `rules`. Mount [`EgressProxy::path`] at [`SOCKET_INSIDE`].
     ///
     /// # Errors
-    /// When the socket cannot be created.
-    pub fn start(path: &Path, rules: EgressRules) -> std::io::Result<EgressProxy> {
-        let _ = fs_err::remove_file(path);
-        let listener = UnixListener::bind(path)?;
-        fs_err::set_permissions(
-            path,
-            std::os::unix::fs::PermissionsExt::from_mode(0o666),
-        )?;
+    /// When the directory or the socket cannot be created.
+    pub fn start(rules: EgressRules) -> std::io::Result<EgressProxy> {
+        static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = std::env::temp_dir().join(format!(
+            "snakebox-egress-{}-{nanos:x}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        std::fs::DirBuilder::new()
+            .mode(0o711)
+            .create(&dir)
+            .map_err(|err| std::io::Error::new(err.kind(), format!("{}: {err}", dir.display())))?;
+        let path = dir.join("egress.sock");
+        let listener = match UnixListener::bind(&path) {
+            Ok(listener) => listener,
+            Err(err) => {
+                let _ = fs_err::remove_dir(&dir);
+                return Err(err);
+            }
+        };
+        // Any sandbox uid may connect; the directory (0711, random name) is not listable.
+        fs_err::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o666))?;
         let rules = Arc::new(rules);
         let decisions: Arc<Mutex<Vec<EgressDecision>>> = Arc::default();
         let log = Arc::clone(&decisions);
@@ -111,7 +132,7 @@ impl EgressProxy {
             }
         });
         Ok(EgressProxy {
-            path: path.to_path_buf(),
+            path,
             task,
             decisions,
         })
@@ -158,6 +179,9 @@ impl Drop for EgressProxy {
     fn drop(&mut self) {
         self.task.abort();
         let _ = fs_err::remove_file(&self.path);
+        if let Some(dir) = self.path.parent() {
+            let _ = fs_err::remove_dir(dir);
+        }
     }
 }
 
@@ -350,9 +374,14 @@ impl Request {
         let mut origin_form = format!("{method} {path} {version}\r\n");
         for line in lines.filter(|line| !line.is_empty()) {
             let name = line.split(':').next().unwrap_or("").trim();
-            if ["proxy-connection", "proxy-authorization", "connection", "keep-alive"]
-                .iter()
-                .any(|n| name.eq_ignore_ascii_case(n))
+            if [
+                "proxy-connection",
+                "proxy-authorization",
+                "connection",
+                "keep-alive",
+            ]
+            .iter()
+            .any(|n| name.eq_ignore_ascii_case(n))
             {
                 continue;
             }

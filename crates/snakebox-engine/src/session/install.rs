@@ -1,7 +1,8 @@
 //! A session's virtual environment and its package installs.
 //!
 //! Installs run `uv pip install` into the session's venv through the installer sandbox
-//! (network on, the installer's uid, uv's shared cache writable), as environment builds do;
+//! (the installer's uid, uv's shared cache writable, network only through the egress proxy to
+//! the configured indexes and public addresses);
 //! the session's code sees the venv read-only. An install runs in its own task so that one
 //! that outlasts the client's patience is not lost: it finishes, and `list_packages` reports
 //! it. Kept apart because it is the only part of sessions that uses the network and uv.
@@ -12,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use snakebox_env::{Interpreter, Uv, UvEnvironment, UvInvocation};
-use snakebox_sandbox::{Identity, OutputChunk, Sandbox, SandboxCommand, Termination};
+use snakebox_sandbox::{Identity, OutputChunk, Sandbox, Termination};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
@@ -50,6 +51,20 @@ impl Installer {
             &self.uv_env,
             network,
         );
+        // Downloads reach the configured indexes and public addresses only, through the egress
+        // proxy; the sandbox keeps its own network namespace (catalogue D-02).
+        let proxy = if network && self.sandbox.report().isolation_active && !self.uv_env.has_proxy()
+        {
+            let rules = snakebox_sandbox::EgressRules::for_urls(&self.uv_env.index_urls(), true);
+            Some(
+                snakebox_sandbox::EgressProxy::start(rules).map_err(|err| ErrorInfo {
+                    message: format!("could not start the egress proxy for `{label}`: {err}"),
+                    hint: Some("check that the temporary directory is writable".into()),
+                })?,
+            )
+        } else {
+            None
+        };
         let invocation = UvInvocation {
             program: self.uv.path.clone(),
             args,
@@ -61,13 +76,12 @@ impl Installer {
             timeout: INSTALL_TIMEOUT,
             label: label.to_owned(),
             role: snakebox_env::Role::Downloader,
-            egress: None,
+            egress: proxy.as_ref().map(|proxy| snakebox_env::Egress {
+                socket: proxy.path().to_path_buf(),
+                python: self.interpreter.executable.clone(),
+            }),
         };
-        let command = SandboxCommand {
-            program: invocation.program.clone(),
-            args: invocation.args.clone(),
-            control_channel: false,
-        };
+        let command = invocation.command();
         let outcome = self
             .sandbox
             .run(
