@@ -6,7 +6,9 @@
 //! ```text
 //! <root>/environments-v1/<key>/       a complete venv + snakebox-env.json (its manifest)
 //! <root>/last-used-v1/<key>           empty file; its mtime is the last time the env was handed out
-//! <root>/uv-cache/                    uv's cache (same file system, so installs hard-link from it)
+//! <root>/uv-cache/                    uv's cache for environment builds (never package code's)
+//! <root>/uv-cache-sessions/           uv's cache for session installs (kept apart: see
+//!                                     [`EnvCache::session_uv_cache_dir`])
 //! <root>/.tmp/build-<random>/         builds in progress (the env, the requirements file)
 //! <root>/.trash/                      environments being deleted
 //! ```
@@ -49,6 +51,7 @@ use crate::uv::{IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvRunner}
 const ENVIRONMENTS_DIR: &str = "environments-v1";
 const LAST_USED_DIR: &str = "last-used-v1";
 const UV_CACHE_DIR: &str = "uv-cache";
+const SESSION_UV_CACHE_DIR: &str = "uv-cache-sessions";
 const TMP_DIR: &str = ".tmp";
 const TRASH_DIR: &str = ".trash";
 /// The manifest's file name inside each environment.
@@ -326,19 +329,22 @@ impl EnvCache {
         // Installs may run as their own unprivileged uid: it owns uv's cache (and each build
         // directory, below), nothing else of ours.
         // (The whole tree is walked only when its top is not theirs yet: a one-time migration.)
-        let cache_owner = fs_err::metadata(cache.uv_cache_dir())
-            .map(|meta| (meta.uid(), meta.gid()))
-            .ok();
-        if let Some(ids) = cache
-            .installer
-            .writer_ids()
-            .filter(|ids| cache_owner != Some(*ids))
-        {
-            set_owner_tree(&cache.uv_cache_dir(), ids, true).map_err(|source| EnvError::Io {
-                action: "give uv's cache to the installer uid",
-                path: cache.uv_cache_dir(),
-                source,
-            })?;
+        for dir in [cache.uv_cache_dir(), cache.session_uv_cache_dir()] {
+            create_dir(&dir, "create the cache directory")?;
+            let cache_owner = fs_err::metadata(&dir)
+                .map(|meta| (meta.uid(), meta.gid()))
+                .ok();
+            if let Some(ids) = cache
+                .installer
+                .writer_ids()
+                .filter(|ids| cache_owner != Some(*ids))
+            {
+                set_owner_tree(&dir, ids, true).map_err(|source| EnvError::Io {
+                    action: "give uv's cache to the installer uid",
+                    path: dir.clone(),
+                    source,
+                })?;
+            }
         }
         // Runs (possibly as an unprivileged uid) must traverse to the environments.
         add_mode(&cache.envs_dir(), 0o555).map_err(|source| EnvError::Io {
@@ -373,6 +379,14 @@ impl EnvCache {
     /// uv's cache directory (under the data root; never visible to runs).
     pub fn uv_cache_dir(&self) -> PathBuf {
         self.config.root.join(UV_CACHE_DIR)
+    }
+
+    /// A second uv cache, for session installs only. They still run package code (bytecode
+    /// compilation, uv's query of an interpreter whose environment has packages) inside the
+    /// installer's sandbox, where uv's cache is writable: kept apart, that code can never
+    /// change what environment builds take from [`EnvCache::uv_cache_dir`].
+    pub fn session_uv_cache_dir(&self) -> PathBuf {
+        self.config.root.join(SESSION_UV_CACHE_DIR)
     }
 
     fn envs_dir(&self) -> PathBuf {

@@ -244,7 +244,7 @@ impl Engine {
             sandbox: Arc::clone(sandbox),
             uv: uv.clone(),
             uv_env: UvEnvironment::from_process(),
-            uv_cache: cache.uv_cache_dir(),
+            uv_cache: cache.session_uv_cache_dir(),
             interpreter: interpreter.clone(),
             env_dir: paths.env.clone(),
             venv: paths.venv.clone(),
