@@ -649,8 +649,9 @@ async def test_D04_an_opt_in_sdist_build_gets_no_secret_and_no_network(snakebox_
 
 @pytest.mark.xfail(strict=True, reason="GAP: a session install byte-compiles (and uv's interpreter query "
                    "runs the venv's .pth files) inside the trusted installer sandbox, which holds the index "
-                   "credential and uv's writable cache; sessions are to build their venv in two phases as "
-                   "environment builds do")
+                   "credential, the operator's HOME and a writable uv cache (the sessions' own; environment "
+                   "builds use another, see test_D05_session_install_code_cannot_change_what_environment_builds_use); "
+                   "sessions are to build their venv in two phases as environment builds do")
 async def test_D04_session_install_compile_time_code_gets_no_secret(snakebox_bin, tmp_path, canaries, index, token):
     data_dir = fresh_data_dir(tmp_path, "data")
     index.add(spy_wheel(canaries, index, data_dir))
