@@ -361,7 +361,7 @@ mod tests {
         let path = dir.path().join("config.toml");
         fs_err::write(
             &path,
-            "max_timeout = 120\ndefault_timeout = 10\nmemory_limit = \"256MiB\"\nnetwork = \"on\"\nfork_server = \"off\"\n",
+            "max_timeout = 120\ndefault_timeout = 10\nmemory_limit = \"256MiB\"\nnetwork = \"on\"\nfork_server = \"off\"\nallow_sdist_builds = true\ninstall_timeout = 90\n",
         )
         .unwrap();
         let args = EngineArgs {
@@ -375,15 +375,23 @@ mod tests {
         assert_eq!(config.memory_bytes, Some(256 << 20));
         assert!(config.network);
         assert!(!config.fork_server);
+        assert!(config.allow_sdist_builds);
+        assert_eq!(config.install_timeout, Duration::from_secs(90));
         assert_eq!(config.backend, BackendKind::Native);
-        // On unless turned off.
+        // On unless turned off; wheels only unless builds are allowed.
         let empty = dir.path().join("empty.toml");
         fs_err::write(&empty, "").unwrap();
         let args = EngineArgs {
             config: Some(empty),
             ..EngineArgs::default()
         };
-        assert!(resolve(&args).unwrap().fork_server);
+        let config = resolve(&args).unwrap();
+        assert!(config.fork_server);
+        assert!(!config.allow_sdist_builds);
+        assert_eq!(
+            config.install_timeout,
+            snakebox_env::DEFAULT_INSTALL_TIMEOUT
+        );
     }
 
     #[test]
