@@ -509,6 +509,13 @@ async def test_sdists_are_not_built_by_default_and_the_error_says_why(snakebox_b
     assert "sbxsrconly" in json.dumps(error)
     assert "--allow-sdist-builds" in (error.get("hint") or "")
     assert not marker.exists(), "the sdist's build code ran"
+    report, _, _ = await _report(snakebox_bin, data_dir, canaries, index)
+    assert "wheels only" in report["cache"]["installs"], report["cache"]
+
+
+async def _report(snakebox_bin, data_dir, canaries, index):
+    async with server(snakebox_bin, data_dir, canaries, index) as client:
+        return await call(client, "check_environment")
 
 
 BOMB = r'''
