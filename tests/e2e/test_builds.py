@@ -650,63 +650,54 @@ async def test_D04_an_opt_in_sdist_build_gets_no_secret_and_no_network(snakebox_
 
 
 # ---------------------------------------------------------------------------------------------
-# Known gap: session installs.
+# Session installs: the same two steps.
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="GAP: a session install byte-compiles (and uv's interpreter query "
-                   "runs the venv's .pth files) inside the trusted installer sandbox, which holds the index "
-                   "credential, the operator's HOME and a writable uv cache (the sessions' own; environment "
-                   "builds use another, see test_D05_session_install_code_cannot_change_what_environment_builds_use); "
-                   "sessions are to build their venv in two phases as environment builds do")
-async def test_D04_session_install_compile_time_code_gets_no_secret(snakebox_bin, tmp_path, canaries, index, token):
+async def test_D04_D05_session_install_code_gets_no_secret_and_cannot_touch_the_cache(
+    snakebox_bin, tmp_path, canaries, index, token
+):
+    """`install_packages` runs the packages' `.pth` code while compiling the session's venv (proof
+    of life: it writes what it saw into the venv): no credential, no operator HOME, no network,
+    no cache; a later environment built from the cache is byte-identical to a fresh one; the
+    session can still use what it installed, console scripts included."""
     data_dir = fresh_data_dir(tmp_path, "data")
     index.add(spy_wheel(canaries, index, data_dir))
     index.add(victim_wheel())
+    index.add(wheel_bytes("sbxtool", "1.0", {
+        "sbxtool.py": "import sbxvictim\ndef main():\n    print('tool ran', sbxvictim.VALUE)\n",
+        "sbxtool-1.0.dist-info/entry_points.txt": "[console_scripts]\nsbxtool = sbxtool:main\n",
+    }))
     async with server(snakebox_bin, data_dir, canaries, index) as client:
         created, _, is_error = await call(client, "create_session")
         assert not is_error, created
         sid = created["session_id"]
         status, _, _ = await call(client, "install_packages", session_id=sid, packages=["sbxspy==1.0", "sbxvictim==1.0"])
         assert "sbxspy" in json.dumps(status.get("packages")), status
+        # A second install into the venv that now has packages (and the spy's .pth).
+        status, _, _ = await call(client, "install_packages", session_id=sid, packages=["sbxtool==1.0"])
+        assert "sbxtool" in json.dumps(status.get("packages")), status
         data, text, is_error = await call(client, "execute_python", session_id=sid, script=READ_PROOF)
-        await call(client, "delete_session", session_id=sid)
-    assert not is_error and data["status"] == "ok", data
-    proof = json.loads(data["stdout"])
-    print("session install view:", json.dumps({k: proof[k] for k in ("uid", "home", "tamper")}))
-    assert_token_absent(token, json.dumps(proof))
-
-
-async def test_D05_session_install_code_cannot_change_what_environment_builds_use(snakebox_bin, tmp_path, canaries, index):
-    """Session installs still run package code with a writable uv cache (the gap above); that
-    cache is not the one environment builds use, so a later environment stays byte-identical
-    to one built from a fresh cache."""
-    data_dir = fresh_data_dir(tmp_path, "data")
-    index.add(spy_wheel(canaries, index, data_dir))
-    index.add(victim_wheel())
-    async with server(snakebox_bin, data_dir, canaries, index) as client:
-        # Warm the environment builds' cache with the victim first.
-        data, _, is_error = await run_script(client, HASH_TREE, ["sbxvictim==1.0"])
-        assert not is_error, data
-        created, _, is_error = await call(client, "create_session")
-        assert not is_error, created
-        sid = created["session_id"]
-        status, _, _ = await call(client, "install_packages", session_id=sid, packages=["sbxspy==1.0", "sbxvictim==1.0"])
-        assert "sbxspy" in json.dumps(status.get("packages")), status
-        data, _, is_error = await call(client, "execute_python", session_id=sid, script=READ_PROOF)
-        await call(client, "delete_session", session_id=sid)
         assert not is_error and data["status"] == "ok", data
-        tamper = json.loads(data["stdout"])["tamper"]
-        print("D-05 session install tamper:", tamper)
-        # Proof of life: the code ran and poisoned the cache it could reach (the sessions' own).
-        assert tamper.get("append_own_cache") == 0, tamper
-        assert tamper["cache_visible"] is False and "append_cache" not in tamper, tamper
-        # A later environment (another requirement set, so built now) from the builds' cache.
+        proof = json.loads(data["stdout"])
+        data, _, is_error = await call(client, "execute_python", session_id=sid,
+                                       script="import os, subprocess, sys, sbxvictim\nprint(sbxvictim.VALUE)\n"
+                                       "subprocess.run([os.path.join(sys.prefix, 'bin', 'sbxtool')], check=True)")
+        assert not is_error and data["stdout"] == "clean\ntool ran clean\n", data
+        await call(client, "delete_session", session_id=sid)
         data, _, is_error = await run_script(client, HASH_TREE, ["sbxvictim==1.0", "sbxspy==1.0"])
         assert not is_error, data
         later = json.loads(data["stdout"])
+    print("D-04 session install view:", json.dumps({k: proof[k] for k in ("uid", "home", "connect", "tamper")}))
+    assert proof["argv"][-1].endswith("site-packages"), proof["argv"]
+    assert_token_absent(token, json.dumps(proof), text)
+    assert proof["home"] == "/tmp" and not any("INDEX" in k for k in proof["env"]), proof["env"]
+    assert all(v != 0 for v in proof["connect"].values()), proof["connect"]
+    assert proof["tamper"]["append_victim"] in (13, 1) and proof["tamper"]["cache_visible"] is False, proof["tamper"]
+    assert "append_cache" not in proof["tamper"] and "append_own_cache" not in proof["tamper"], proof["tamper"]
     async with server(snakebox_bin, fresh_data_dir(tmp_path, "fresh"), canaries, index) as client:
         data, _, is_error = await run_script(client, HASH_TREE, ["sbxvictim==1.0", "sbxspy==1.0"])
         assert not is_error, data
         fresh = json.loads(data["stdout"])
     assert later == fresh and later["value"] == "clean" and not later["pwned"], (later, fresh)
+    assert canaries.connections() == []

@@ -6,9 +6,7 @@
 //! ```text
 //! <root>/environments-v1/<key>/       a complete venv + snakebox-env.json (its manifest)
 //! <root>/last-used-v1/<key>           empty file; its mtime is the last time the env was handed out
-//! <root>/uv-cache/                    uv's cache for environment builds (never package code's)
-//! <root>/uv-cache-sessions/           uv's cache for session installs (kept apart: see
-//!                                     [`EnvCache::session_uv_cache_dir`])
+//! <root>/uv-cache/                    uv's cache (written by trusted uv only, never by package code)
 //! <root>/.tmp/build-<random>/         builds in progress (the env, the requirements file)
 //! <root>/.trash/                      environments being deleted
 //! ```
@@ -51,7 +49,6 @@ use crate::uv::{IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvRunner}
 const ENVIRONMENTS_DIR: &str = "environments-v1";
 const LAST_USED_DIR: &str = "last-used-v1";
 const UV_CACHE_DIR: &str = "uv-cache";
-const SESSION_UV_CACHE_DIR: &str = "uv-cache-sessions";
 const TMP_DIR: &str = ".tmp";
 const TRASH_DIR: &str = ".trash";
 /// The manifest's file name inside each environment.
@@ -329,22 +326,19 @@ impl EnvCache {
         // Installs may run as their own unprivileged uid: it owns uv's cache (and each build
         // directory, below), nothing else of ours.
         // (The whole tree is walked only when its top is not theirs yet: a one-time migration.)
-        for dir in [cache.uv_cache_dir(), cache.session_uv_cache_dir()] {
-            create_dir(&dir, "create the cache directory")?;
-            let cache_owner = fs_err::metadata(&dir)
-                .map(|meta| (meta.uid(), meta.gid()))
-                .ok();
-            if let Some(ids) = cache
-                .installer
-                .writer_ids()
-                .filter(|ids| cache_owner != Some(*ids))
-            {
-                set_owner_tree(&dir, ids, true).map_err(|source| EnvError::Io {
-                    action: "give uv's cache to the installer uid",
-                    path: dir.clone(),
-                    source,
-                })?;
-            }
+        let cache_owner = fs_err::metadata(cache.uv_cache_dir())
+            .map(|meta| (meta.uid(), meta.gid()))
+            .ok();
+        if let Some(ids) = cache
+            .installer
+            .writer_ids()
+            .filter(|ids| cache_owner != Some(*ids))
+        {
+            set_owner_tree(&cache.uv_cache_dir(), ids, true).map_err(|source| EnvError::Io {
+                action: "give uv's cache to the installer uid",
+                path: cache.uv_cache_dir(),
+                source,
+            })?;
         }
         // Runs (possibly as an unprivileged uid) must traverse to the environments.
         add_mode(&cache.envs_dir(), 0o555).map_err(|source| EnvError::Io {
@@ -379,14 +373,6 @@ impl EnvCache {
     /// uv's cache directory (under the data root; never visible to runs).
     pub fn uv_cache_dir(&self) -> PathBuf {
         self.config.root.join(UV_CACHE_DIR)
-    }
-
-    /// A second uv cache, for session installs only. They still run package code (bytecode
-    /// compilation, uv's query of an interpreter whose environment has packages) inside the
-    /// installer's sandbox, where uv's cache is writable: kept apart, that code can never
-    /// change what environment builds take from [`EnvCache::uv_cache_dir`].
-    pub fn session_uv_cache_dir(&self) -> PathBuf {
-        self.config.root.join(SESSION_UV_CACHE_DIR)
     }
 
     fn envs_dir(&self) -> PathBuf {
@@ -907,9 +893,6 @@ impl EnvCache {
         identity: &PackageIdentity,
         interpreter: &Interpreter,
     ) -> Result<(), EnvError> {
-        let Some(site_packages) = install::site_packages(env_dir) else {
-            return Ok(());
-        };
         let walk_dir = env_dir.to_path_buf();
         let ids = identity.host_ids;
         tokio::task::spawn_blocking(move || install::hand_to_package_code(&walk_dir, ids))
@@ -918,15 +901,17 @@ impl EnvCache {
                 io("prepare the environment for compiling", env_dir)(std::io::Error::other(err))
             })?
             .map_err(io("prepare the environment for compiling", env_dir))?;
-        let invocation = self.package_code_invocation(
-            "compile the packages (runs their code)",
-            env_dir.join("bin").join("python"),
-            install::compile_args(&site_packages),
+        let read_only =
+            crate::uv::install_read_only_paths(&self.uv, interpreter, &self.uv_env, false);
+        let Some(invocation) = install::compile_invocation(
             env_dir,
-            Vec::new(),
-            identity,
-            interpreter,
-        );
+            read_only,
+            identity.identity,
+            self.build_settings.limits.clone(),
+            self.install_timeout,
+        ) else {
+            return Ok(());
+        };
         let output = self.installer.run(&invocation).await?;
         if !output.success() {
             tracing::warn!(

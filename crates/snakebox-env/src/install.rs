@@ -29,6 +29,7 @@ use snakebox_sandbox::Limits;
 
 use crate::cache::ResolvedPackage;
 use crate::error::EnvError;
+use crate::uv::{Role, UvInvocation};
 
 /// How package code (compilation, builds) is run: the run limits, and whether sdists may be
 /// built at all.
@@ -81,7 +82,7 @@ pub(crate) fn download_args(
 }
 
 /// Whether uv refused because a requirement has no usable wheel (builds being disabled).
-pub(crate) fn is_missing_wheel(stderr: &[u8]) -> bool {
+pub fn is_missing_wheel(stderr: &[u8]) -> bool {
     let text = String::from_utf8_lossy(stderr).to_lowercase();
     text.contains("building from source is disabled")
         || text.contains("building source distributions is disabled")
@@ -89,7 +90,7 @@ pub(crate) fn is_missing_wheel(stderr: &[u8]) -> bool {
 }
 
 /// `<env>/lib/pythonX.Y/site-packages`, when there is one.
-pub(crate) fn site_packages(env: &Path) -> Option<PathBuf> {
+pub fn site_packages(env: &Path) -> Option<PathBuf> {
     fs_err::read_dir(env.join("lib"))
         .ok()?
         .filter_map(Result::ok)
@@ -99,7 +100,7 @@ pub(crate) fn site_packages(env: &Path) -> Option<PathBuf> {
 
 /// What is installed in `env`, read from its `.dist-info` directories (`Name` and `Version` of
 /// each `METADATA`), sorted by name. Never runs the environment's interpreter.
-pub(crate) fn installed_packages(env: &Path) -> Vec<ResolvedPackage> {
+pub fn installed_packages(env: &Path) -> Vec<ResolvedPackage> {
     let Some(site) = site_packages(env) else {
         return Vec::new();
     };
@@ -131,7 +132,10 @@ pub(crate) fn installed_packages(env: &Path) -> Vec<ResolvedPackage> {
 /// `__pycache__` entries can be created), no file becomes theirs, and no file stays writable
 /// by group or others. Files are hard links into uv's cache: their inodes are shared with it,
 /// so they must never be writable by package code.
-pub(crate) fn hand_to_package_code(env: &Path, ids: Option<(u32, u32)>) -> std::io::Result<()> {
+///
+/// # Errors
+/// The first file-system error.
+pub fn hand_to_package_code(env: &Path, ids: Option<(u32, u32)>) -> std::io::Result<()> {
     let mut stack = vec![env.to_path_buf()];
     while let Some(path) = stack.pop() {
         let meta = fs_err::symlink_metadata(&path)?;
@@ -151,6 +155,87 @@ pub(crate) fn hand_to_package_code(env: &Path, ids: Option<(u32, u32)>) -> std::
             }
         } else if mode & 0o6022 != 0 {
             fs_err::set_permissions(&path, std::fs::Permissions::from_mode(mode & !0o6022))?;
+        }
+    }
+    Ok(())
+}
+
+/// The invocation that byte-compiles `env` (`None` when it has no `site-packages`): the
+/// environment's own interpreter, as package code ([`Role::PackageCode`]): `identity`,
+/// `limits`, wall time `timeout`, no network, `HOME=/tmp`, only `env` writable (prepare it
+/// with [`hand_to_package_code`] first), never uv's cache.
+#[must_use]
+pub fn compile_invocation(
+    env: &Path,
+    read_only: Vec<PathBuf>,
+    identity: snakebox_sandbox::Identity,
+    limits: Limits,
+    timeout: Duration,
+) -> Option<UvInvocation> {
+    let site_packages = site_packages(env)?;
+    Some(UvInvocation {
+        program: env.join("bin").join("python"),
+        args: compile_args(&site_packages),
+        env: crate::UvEnvironment::for_package_code(),
+        cwd: PathBuf::from(PACKAGE_CODE_CWD),
+        network: false,
+        read_only,
+        writable: vec![env.to_path_buf()],
+        timeout,
+        label: COMPILE_LABEL.to_owned(),
+        role: Role::PackageCode { identity, limits },
+        egress: None,
+    })
+}
+
+/// The label of the compilation step (its errors say that it runs package code).
+pub(crate) const COMPILE_LABEL: &str = "compile the packages (runs their code)";
+
+/// Give every file and directory under `env` (without following links) to `ids`: after
+/// package code ran, what it created (`__pycache__`) and the directories handed to it become
+/// the installer's again.
+///
+/// # Errors
+/// The first file-system error.
+pub fn take_back_from_package_code(env: &Path, (uid, gid): (u32, u32)) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut stack = vec![env.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let meta = fs_err::symlink_metadata(&path)?;
+        if meta.uid() != uid || meta.gid() != gid {
+            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
+        }
+        if meta.is_dir() {
+            for entry in fs_err::read_dir(&path)? {
+                stack.push(entry?.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Point the scripts uv wrote into `<venv>/bin` for `base` (an install with `--prefix` and the
+/// base interpreter writes `#!<base>` shebangs) at the venv's own interpreter.
+///
+/// # Errors
+/// The first file-system error.
+pub fn point_scripts_at_venv(venv: &Path, base: &Path) -> std::io::Result<()> {
+    let from = format!("#!{}\n", base.display());
+    let to = format!("#!{}\n", venv.join("bin").join("python").display());
+    let Ok(entries) = fs_err::read_dir(venv.join("bin")) else {
+        return Ok(());
+    };
+    for entry in entries {
+        let path = entry?.path();
+        let meta = fs_err::symlink_metadata(&path)?;
+        if !meta.is_file() || meta.len() > 1024 * 1024 {
+            continue;
+        }
+        let text = fs_err::read(&path)?;
+        if let Some(rest) = text.strip_prefix(from.as_bytes()) {
+            let mut fixed = to.clone().into_bytes();
+            fixed.extend_from_slice(rest);
+            fs_err::write(&path, fixed)?;
         }
     }
     Ok(())
@@ -321,8 +406,8 @@ fn host_port(url: &str) -> Option<(String, Option<u16>)> {
     }
 }
 
-/// Where package code starts: its own scratch (`/tmp`, a capped tmpfs), also its `HOME`.
-pub(crate) const PACKAGE_CODE_CWD: &str = "/tmp";
+/// Where package code starts (as its working directory): its own scratch (`/tmp`, a capped tmpfs), also its `HOME`.
+pub const PACKAGE_CODE_CWD: &str = "/tmp";
 
 #[cfg(test)]
 mod tests {

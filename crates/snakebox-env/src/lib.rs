@@ -27,7 +27,11 @@ pub use cache::{
 };
 pub use env_vars::{EnvVars, UvEnvironment};
 pub use error::{EnvError, UvStderr};
-pub use install::{BuildSettings, check_requirement_strings, check_requirement_urls};
+pub use install::{
+    BuildSettings, PACKAGE_CODE_CWD, check_requirement_strings, check_requirement_urls,
+    compile_invocation, hand_to_package_code, installed_packages, is_missing_wheel,
+    point_scripts_at_venv, site_packages, take_back_from_package_code,
+};
 pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
 pub use uv::{
     DirectUvRunner, Egress, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput,
