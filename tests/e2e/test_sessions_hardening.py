@@ -129,6 +129,29 @@ async def test_S01_deep_and_wide_trees_never_crash_the_server(snakebox_bin, tmp_
         assert (Path("/etc") / "passwd").exists()
 
 
+async def test_S01_the_idle_reaper_deletes_a_deep_tree_and_the_server_lives(snakebox_bin, tmp_path):
+    import anyio
+
+    data_dir = fresh_data_dir(tmp_path)
+    flags = ("--session-idle-stop", "2", "--session-idle-delete", "3")
+    script = BUILD_TREE.replace("range(100)", "range(1)")
+    async with connect(snakebox_bin, data_dir, "auto", *flags) as client:
+        pid = server_pid(data_dir)
+        session = await create(client)
+        data, text, _ = await cell(client, session, script, timeout_seconds=240)
+        assert data["stdout"] == "built 1000\n", text
+        assert (host_work(data_dir, session) / "deep" / "d").is_dir()
+        for _ in range(120):
+            if not (data_dir / "sessions-v1" / session).exists():
+                break
+            await anyio.sleep(0.5)
+        assert not (data_dir / "sessions-v1" / session).exists()
+        listed, _, _ = await call(client, "list_sessions")
+        assert session not in {s["session_id"] for s in listed["sessions"]}
+        assert server_pid(data_dir) == pid
+        await alive(client)
+
+
 async def test_S01_a_one_shot_run_leaving_a_deep_tree_is_cleaned_up(snakebox_bin, tmp_path):
     data_dir = fresh_data_dir(tmp_path)
     script = BUILD_TREE.replace("range(100)", "range(5)")
