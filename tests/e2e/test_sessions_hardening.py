@@ -493,3 +493,33 @@ async def test_S02_one_call_cannot_write_past_the_sessions_disk_quota(snakebox_b
         await call(client, "delete_session", session_id=session)
     # The image is unmounted when the last server of the data directory ends.
     assert not os.path.ismount(data_dir / "sessions-v1")
+
+
+async def test_S02_a_killed_server_leaves_no_mount_behind(snakebox_bin, tmp_path):
+    import signal
+    import time
+
+    data_dir = fresh_data_dir(tmp_path)
+    mount = data_dir / "sessions-v1"
+    client_cm = connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB")
+    client = await client_cm.__aenter__()
+    try:
+        session = await create(client)
+        await cell(client, session, "open('kept.txt', 'w').write('kept')")
+        assert os.path.ismount(mount)
+        os.kill(server_pid(data_dir), signal.SIGKILL)
+    finally:
+        try:
+            await client_cm.__aexit__(None, None, None)
+        except Exception:  # noqa: BLE001 - the server is gone: the client's exit may complain
+            pass
+    # The watchdog unmounts the image once the server is gone (SIGKILL included)...
+    deadline = time.monotonic() + 10
+    while os.path.ismount(mount) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not os.path.ismount(mount)
+    # ...and the next start mounts it again, with the session's files.
+    async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as client:
+        data, text, is_error = await call(client, "read_file", session_id=session, path="kept.txt")
+        assert not is_error and data["content"] == "kept", text
+    assert not os.path.ismount(mount)

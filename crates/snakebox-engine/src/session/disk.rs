@@ -77,6 +77,44 @@ impl SessionDisk {
         Some(stat.blocks_available().saturating_mul(stat.fragment_size()))
     }
 
+    /// Start a small watchdog (`/bin/sh`, its own session) that unmounts the image when this
+    /// process is gone, however it ended (a SIGKILL included), unless another live server of
+    /// the data directory uses it by then (the same rule as [`SessionDisk::release`]).
+    /// Without it, a killed server would leave the image mounted until the next start.
+    pub(crate) fn watch(&self, runs: &Path) {
+        if self.enforced.is_err() {
+            return;
+        }
+        const WATCHDOG: &str = r#"while kill -0 "$1" 2>/dev/null; do sleep 1; done
+for d in "$3"/*; do p=${d##*/}; [ "$p" != "$1" ] && [ -d "/proc/$p" ] && exit 0; done
+exec umount -l "$2""#;
+        let mut command = Command::new("/bin/sh");
+        command
+            .args(["-c", WATCHDOG, "snakebox-sessions-disk-watchdog"])
+            .arg(std::process::id().to_string())
+            .arg(&self.root)
+            .arg(runs)
+            .env_clear()
+            .env("PATH", TOOL_PATH)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        // SAFETY: setsid is async-signal-safe; it only detaches the child from our process
+        // group and session, so signals meant for us do not end it first.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                nix::unistd::setsid()
+                    .map(|_| ())
+                    .map_err(std::io::Error::from)
+            });
+        }
+        match command.spawn() {
+            // Not waited for: it outlives us by design (reaped by init once we are gone).
+            Ok(child) => drop(child),
+            Err(err) => tracing::warn!(%err, "could not start the sessions' disk watchdog"),
+        }
+    }
+
     /// Unmount the image unless another live server uses this data directory (its files stay
     /// in the image; the next start mounts it again). `runs` is the directory where each
     /// running server keeps `<pid>/`.
