@@ -120,10 +120,6 @@ async def test_X01_session_cells_report_exit_codes_and_real_signals(snakebox_bin
         await call(client, "delete_session", session_id=session)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GAP: the fork server's init (forkserver.py, being rewritten) does not yet write the end report",
-)
 async def test_X01_forked_runs_report_exit_codes(snakebox_bin, data_dir):
     async with connect(snakebox_bin, data_dir, "auto") as client:
         await call(client, "execute_python", script="print('warm up')")
@@ -131,8 +127,16 @@ async def test_X01_forked_runs_report_exit_codes(snakebox_bin, data_dir):
         while (await pool_state(client)).get("fork_servers", 0) < 1:
             assert time.monotonic() < deadline, "no fork server started"
             await anyio.sleep(0.2)
-        before = (await pool_state(client))["forked"]
-        token = f"alive-{uuid.uuid4().hex[:8]}"
-        data, text, _ = await call(client, "execute_python", script=script_for("import os; os._exit(137)", token))
-        assert (await pool_state(client))["forked"] == before + 1
-        check(data, text, token, 137, None, "os._exit(137)")
+        for ending, code, sig in [
+            ("import os; os._exit(137)", 137, None),
+            ("import sys; sys.exit(130)", 130, None),
+            ("import os; os._exit(192)", 192, None),
+            # A real death by signal is still one.
+            ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", None, 9),
+            ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", None, 15),
+        ]:
+            before = (await pool_state(client))["forked"]
+            token = f"alive-{uuid.uuid4().hex[:8]}"
+            data, text, _ = await call(client, "execute_python", script=script_for(ending, token))
+            assert (await pool_state(client))["forked"] == before + 1
+            check(data, text, token, code, sig, ending)

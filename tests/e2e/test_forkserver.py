@@ -2,8 +2,8 @@
 interpreter, each in a fresh sandbox of its own.
 
 A forked run must be as isolated as a cold one and look the same to the script: its own
-namespaces (pid 1 is its own init, it is pid 2), uid 65534 inside and a host uid of its own
-outside, no capabilities, no_new_privs, seccomp, loopback only, a fresh /proc, /tmp and /work,
+namespaces (pid 1 is its own init, it is pid 2), uid 65534 inside and the fork server's host
+uid outside (in a user namespace of its own), no capabilities, no_new_privs, seccomp, loopback only, a fresh /proc, /tmp and /work,
 nothing of another run (files, variables, processes), no view of the server's run
 directories; limits, timeouts and signals behave as in a cold run. Each test checks through
 the `forked` counter that the run really was forked."""
@@ -11,6 +11,7 @@ the `forked` counter that the run really was forked."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 import uuid
@@ -113,7 +114,9 @@ async def test_consecutive_forked_runs_share_nothing(snakebox_bin, data_dir):
         await runs_share_nothing(lambda script: forked_run(client, script))
 
 
-async def test_concurrent_forked_runs_have_their_own_host_uids(snakebox_bin, data_dir):
+async def test_concurrent_forked_runs_have_their_own_user_namespaces_under_the_fork_servers_uid(snakebox_bin, data_dir):
+    """Forked runs have the fork server's leased host uid (never root, never 65534), each in a
+    user namespace of its own nested in the fork server's, which is not the host's."""
     marker = uuid.uuid4().hex[:10]
     # The marker is in a child's command line, where a host-side scan can find it.
     script = f"""
@@ -122,17 +125,18 @@ subprocess.run([sys.executable, '-c', 'import time; time.sleep(3)  # {marker}-{{
 print('done')
 """
 
-    def host_uids() -> dict[int, int]:
+    def host_view() -> dict[int, tuple[int, str]]:
         found = {}
         for n in range(2):
             pids = subprocess.run(["pgrep", "-f", f"{marker}-{n}"], capture_output=True, text=True).stdout.split()
             for pid in pids:
                 try:
                     status = open(f"/proc/{pid}/status").read()
+                    userns = os.readlink(f"/proc/{pid}/ns/user")
                 except OSError:
                     continue
                 uid = next(line.split()[1] for line in status.splitlines() if line.startswith("Uid:"))
-                found[n] = int(uid)
+                found[n] = (int(uid), userns)
         return found
 
     async with connect(snakebox_bin, data_dir, "legacy") as client:
@@ -143,20 +147,22 @@ print('done')
         async def run(n):
             results[n], _, _ = await call(client, "execute_python", script=script.replace("{n}", str(n)))
 
-        uids = {}
+        seen = {}
         async with anyio.create_task_group() as group:
             group.start_soon(run, 0)
             group.start_soon(run, 1)
             deadline = time.monotonic() + 10
-            while len(uids) < 2 and time.monotonic() < deadline:
+            while len(seen) < 2 and time.monotonic() < deadline:
                 await anyio.sleep(0.1)
-                uids.update(host_uids())
+                seen.update(host_view())
         assert all(r["status"] == "ok" for r in results.values()), results
         after = await pool_state(client)
         assert after["forked"] == before["forked"] + 2, (before, after)
-        assert len(uids) == 2, uids
-        assert uids[0] != uids[1], uids
-        assert all(uid in LEASED for uid in uids.values()), uids
+        assert len(seen) == 2, seen
+        (uid0, ns0), (uid1, ns1) = seen[0], seen[1]
+        assert uid0 == uid1 and uid0 in LEASED, seen
+        assert ns0 != ns1, "two forked runs shared a user namespace"
+        assert os.readlink("/proc/self/ns/user") not in (ns0, ns1)
 
 
 async def test_a_forked_timeout_keeps_output_and_kills_the_tree(snakebox_bin, data_dir):
@@ -220,3 +226,29 @@ async def test_a_recently_used_environment_gets_its_own_fork_server(snakebox_bin
         # The default environment is still forked by its own server.
         plain = await forked_run(client, "import importlib.util\nprint(importlib.util.find_spec('six') is None)")
         assert plain["stdout"] == "True\n", plain
+
+
+async def test_concurrent_forked_runs_do_not_see_each_others_terminals(snakebox_bin, data_dir):
+    """Each forked run has a devpts instance of its own: a pty another run holds open is not
+    in its /dev/pts (they share a host uid, so a shared instance would let one open the
+    other's terminal)."""
+    holder = "import os, time\nm, s = os.openpty()\nprint(os.ttyname(s), sorted(os.listdir('/dev/pts')), flush=True)\ntime.sleep(4)"
+    looker = "import os\nprint(sorted(os.listdir('/dev/pts')))"
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        before = await pool_state(client)
+        results = {}
+
+        async def hold():
+            results["holder"], _, _ = await call(client, "execute_python", script=holder)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(hold)
+            await anyio.sleep(1.5)
+            results["looker"], _, _ = await call(client, "execute_python", script=looker)
+        after = await pool_state(client)
+    assert after["forked"] == before["forked"] + 2, (before, after)
+    held, look = results["holder"], results["looker"]
+    assert held["status"] == "ok" and held["stdout"].startswith("/dev/pts/0 ['0', 'ptmx']"), held
+    assert look["status"] == "ok" and look["stdout"] == "['ptmx']\n", look
+

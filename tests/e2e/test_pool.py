@@ -126,7 +126,8 @@ async def runs_share_nothing(run) -> None:
         # Only this run's own interpreter, the runner's reaper (its parent, which reports how
         # it ends: X-01) and the sandbox's init are there, all of them this run's.
         assert len(seen["processes"]) <= 3, seen
-        assert all("/snakebox/runner.py" in p or p.startswith("bwrap") or "bwrap" in p.split()[0] for p in seen["processes"]), seen
+        # (A forked run and its init have the fork server's command line.)
+        assert all("/snakebox/runner.py" in p or "/forkserver.py" in p or p.startswith("bwrap") or "bwrap" in p.split()[0] for p in seen["processes"]), seen
     # The daemon of the first run did not survive it on the host either.
     left = subprocess.run(["pgrep", "-f", f"trace-{tag}"], capture_output=True, text=True)
     assert left.stdout.strip() == "", left.stdout

@@ -65,6 +65,12 @@ pub struct EngineConfig {
     pub artifact_max_age: Duration,
     /// Artifact store size quota: above it, the oldest runs' artifacts are removed first.
     pub artifact_max_bytes: u64,
+    /// Build requirements that publish no wheel from their sdist (sandboxed like a run,
+    /// offline). Off: wheels only.
+    pub allow_sdist_builds: bool,
+    /// Time limit of each step of an environment build (also the wall time of the package
+    /// code it runs: compilation, builds).
+    pub install_timeout: Duration,
 }
 
 impl EngineConfig {
@@ -99,6 +105,8 @@ impl EngineConfig {
             sessions: crate::SessionSettings::default(),
             artifact_max_age: Duration::from_secs(24 * 3600),
             artifact_max_bytes: 1024 * 1024 * 1024,
+            allow_sdist_builds: false,
+            install_timeout: snakebox_env::DEFAULT_INSTALL_TIMEOUT,
         }
     }
 }

@@ -132,13 +132,22 @@ impl Engine {
                 Some(warm.pending),
             ),
             None => (
-                RunDir::for_run(
-                    sandbox,
-                    &self.config.data_dir,
-                    &execution_id,
-                    Some(&request.script),
-                    self.config.scratch_bytes,
-                ),
+                match &forking {
+                    Some(forking) => RunDir::for_fork(
+                        &forking.server,
+                        &self.config.data_dir,
+                        &execution_id,
+                        Some(&request.script),
+                        self.config.scratch_bytes,
+                    ),
+                    None => RunDir::for_run(
+                        sandbox,
+                        &self.config.data_dir,
+                        &execution_id,
+                        Some(&request.script),
+                        self.config.scratch_bytes,
+                    ),
+                },
                 None,
             ),
         };
@@ -505,6 +514,7 @@ impl Engine {
             module_source: crate::runner::SOURCE.to_string(),
             runs_root: server_runs_dir(&self.config.data_dir),
             mount_points: vec![PathBuf::from(SANDBOX_INPUT_DIR), work],
+            concurrent_runs: self.config.max_concurrent_runs,
         }
     }
 
@@ -512,7 +522,6 @@ impl Engine {
     fn fork_run(&self, run_dir: &RunDir, timeout: Duration) -> ForkRun {
         ForkRun {
             mounts: run_mounts(run_dir),
-            identity: run_dir.identity(),
             limits: self.limits(timeout),
             argv: runner_argv(&PathBuf::from(SANDBOX_INPUT_DIR).join(SCRIPT_NAME)),
             cwd: PathBuf::from(SANDBOX_WORK_DIR),
@@ -678,6 +687,8 @@ pub(crate) struct RunDir {
     scratch: Option<snakebox_sandbox::ScratchDir>,
     /// The host uid the run's sandbox runs as; released after the directory is removed.
     lease: Option<snakebox_sandbox::IdentityLease>,
+    /// The identity of a run that is not its own lease's: a forked run has its fork server's.
+    borrowed: Option<(snakebox_sandbox::Identity, Option<(u32, u32)>)>,
 }
 
 impl RunDir {
@@ -699,6 +710,7 @@ impl RunDir {
             root,
             scratch: None,
             lease: None,
+            borrowed: None,
         };
         for path in [&dir.input, &dir.work, &dir.tmp] {
             fs_err::create_dir_all(path)?;
@@ -759,8 +771,29 @@ impl RunDir {
         Ok(dir)
     }
 
+    /// Create the run directory of one run forked by `server`: it runs as the fork server's
+    /// host uid (see [`snakebox_sandbox::ForkServer`]), which owns its writable directories.
+    pub(crate) fn for_fork(
+        server: &snakebox_sandbox::ForkServer,
+        data_dir: &Path,
+        id: &str,
+        script: Option<&str>,
+        scratch_bytes: Option<u64>,
+    ) -> std::io::Result<RunDir> {
+        let owner = server.host_ids();
+        let mut dir = RunDir::create(data_dir, id, script, owner)?;
+        dir.borrowed = Some((server.identity(), owner));
+        if let Some(size) = scratch_bytes {
+            dir.cap_work(size, owner).map_err(std::io::Error::other)?;
+        }
+        Ok(dir)
+    }
+
     /// The identity the run's sandbox must use.
     pub(crate) fn identity(&self) -> snakebox_sandbox::Identity {
+        if let Some((identity, _)) = self.borrowed {
+            return identity;
+        }
         self.lease
             .as_ref()
             .map_or(snakebox_sandbox::Identity::Untrusted, |lease| {
@@ -770,6 +803,9 @@ impl RunDir {
 
     /// The host uid/gid that owns the run's writable directories, when not ours.
     pub(crate) fn owner(&self) -> Option<(u32, u32)> {
+        if let Some((_, owner)) = self.borrowed {
+            return owner;
+        }
         self.lease
             .as_ref()
             .and_then(snakebox_sandbox::IdentityLease::host_ids)

@@ -81,6 +81,24 @@ pub struct Engine {
     pool: pool::WarmPool,
 }
 
+/// How the environment cache runs package code (compilation, builds): with a run's limits.
+fn build_settings(config: &EngineConfig) -> snakebox_env::BuildSettings {
+    snakebox_env::BuildSettings {
+        limits: snakebox_sandbox::Limits {
+            wall_time: config.install_timeout,
+            cpu_time: config.cpu_time,
+            memory_bytes: config.memory_bytes,
+            max_processes: config.max_processes,
+            max_output_bytes: config.max_output_bytes,
+            scratch_bytes: config.scratch_bytes,
+            file_size_bytes: config.file_size_bytes,
+            open_files: config.open_files,
+            cpu_millicores: config.cpu_millicores,
+        },
+        allow_sdist_builds: config.allow_sdist_builds,
+    }
+}
+
 impl Engine {
     /// Probe the host (sandbox backend, uv, interpreters) and open the environment cache.
     ///
@@ -117,6 +135,11 @@ impl Engine {
                 uv.clone(),
                 Arc::clone(sandbox),
             )
+            .map(|cache| {
+                cache
+                    .with_install_timeout(config.install_timeout)
+                    .with_build_settings(build_settings(&config))
+            })
             .map_err(|err| Unavailable {
                 message: crate::describe(&err),
                 hint: err.hint(),

@@ -64,6 +64,9 @@ pub struct CacheReport {
     pub size_bytes: u64,
     /// The retention rule.
     pub retention: String,
+    /// How dependencies are installed: what the download may reach, how package code
+    /// (compilation, builds) runs, whether sdists are built.
+    pub installs: String,
     /// Cache warming.
     pub warm: WarmState,
 }
@@ -259,6 +262,20 @@ impl Engine {
                     config.cache_max_age.as_secs() / 86_400,
                     human_bytes(config.cache_max_bytes),
                     config.unpinned_freshness.as_secs() / 3600
+                ),
+                installs: format!(
+                    "wheels are downloaded by uv without running package code, through an egress proxy (the configured indexes and public addresses only); package code (bytecode compilation{}) runs sandboxed as a run: run limits, wall time {} s, no network, no credentials, uv's cache not mounted; {}",
+                    if config.allow_sdist_builds {
+                        ", sdist builds"
+                    } else {
+                        ""
+                    },
+                    config.install_timeout.as_secs(),
+                    if config.allow_sdist_builds {
+                        "sdists are built offline from local UV_FIND_LINKS directories (--allow-sdist-builds)"
+                    } else {
+                        "wheels only: sdists are not built (--allow-sdist-builds to allow)"
+                    }
                 ),
                 warm,
             },

@@ -6,7 +6,7 @@
 //! ```text
 //! <root>/environments-v1/<key>/       a complete venv + snakebox-env.json (its manifest)
 //! <root>/last-used-v1/<key>           empty file; its mtime is the last time the env was handed out
-//! <root>/uv-cache/                    uv's cache (same file system, so installs hard-link from it)
+//! <root>/uv-cache/                    uv's cache (written by trusted uv only, never by package code)
 //! <root>/.tmp/build-<random>/         builds in progress (the env, the requirements file)
 //! <root>/.trash/                      environments being deleted
 //! ```
@@ -41,8 +41,9 @@ use snakebox_sandbox::Mount;
 
 use crate::env_vars::UvEnvironment;
 use crate::error::{EnvError, UvStderr};
+use crate::install::{self, BuildSettings};
 use crate::interpreter::Interpreter;
-use crate::uv::{IntoUvRunner, Uv, UvInvocation, UvRunner};
+use crate::uv::{IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvRunner};
 
 /// Version of the on-disk layout; part of the directory names.
 const ENVIRONMENTS_DIR: &str = "environments-v1";
@@ -263,6 +264,8 @@ pub struct EnvCache {
     installer: Arc<dyn UvRunner>,
     uv_env: UvEnvironment,
     install_timeout: Duration,
+    /// How package code (compilation, builds) runs.
+    build_settings: BuildSettings,
     /// One async lock per key: concurrent `ensure` calls for a key build once.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Manifests already read, by key.
@@ -305,6 +308,7 @@ impl EnvCache {
             installer: installer.into_uv_runner(),
             uv_env,
             install_timeout: DEFAULT_INSTALL_TIMEOUT,
+            build_settings: BuildSettings::default(),
             locks: Mutex::default(),
             known: Mutex::default(),
             leases: Mutex::default(),
@@ -349,6 +353,15 @@ impl EnvCache {
     #[must_use]
     pub fn with_install_timeout(mut self, timeout: Duration) -> Self {
         self.install_timeout = timeout;
+        self
+    }
+
+    /// Set how package code (bytecode compilation, sdist builds) runs: the run limits it gets
+    /// and whether sdists may be built at all (default: the engine's default limits, wheels
+    /// only).
+    #[must_use]
+    pub fn with_build_settings(mut self, settings: BuildSettings) -> Self {
+        self.build_settings = settings;
         self
     }
 
@@ -434,6 +447,7 @@ impl EnvCache {
             }
             tracing::info!(%key, "re-resolving an unpinned requirement set");
         }
+        install::check_requirement_urls(requirements, &self.uv_env.index_urls()).await?;
         let manifest = Arc::new(
             self.build(&key, &dir, interpreter, &set, existing.as_deref())
                 .await?,
@@ -628,8 +642,9 @@ impl EnvCache {
             });
         }
 
-        // 2. The requirements, hard-linked from uv's cache, byte-compiled now because the
-        //    environment is read-only when code runs.
+        // 2. The requirements. Downloaded as wheels by trusted uv (no package code runs), then
+        //    byte-compiled (package code: sandboxed as a run) because the environment is
+        //    read-only when code runs. See the `install` module.
         let mut packages = Vec::new();
         if !set.lines.is_empty() {
             let requirements_file = build_dir.join("requirements.txt");
@@ -643,54 +658,48 @@ impl EnvCache {
                     source,
                 })?;
             let python: OsString = env_dir.join("bin").join("python").into();
-            let install = self
+            let package_identity = self.installer.package_identity();
+            // Hard links share inodes with uv's cache: only safe when package code runs as
+            // another uid than the files' owner. Without uid switching, copy.
+            let link_mode = if package_identity.host_ids.is_some() {
+                "hardlink"
+            } else {
+                "copy"
+            };
+            let download = self
                 .run_uv(
                     "uv pip install",
-                    vec![
-                        "pip".into(),
-                        "install".into(),
-                        "--python".into(),
-                        python.clone(),
-                        "--link-mode".into(),
-                        "hardlink".into(),
-                        "--compile-bytecode".into(),
-                        "-r".into(),
-                        requirements_file.into(),
-                    ],
+                    install::download_args(&python, &requirements_file, link_mode),
                     &build_dir,
                     interpreter,
                     true,
                 )
                 .await?;
-            if !install.success() {
-                return Err(EnvError::InstallFailed {
-                    requirements: set.lines.join(", "),
-                    source: UvStderr::from_output(&install.stderr),
-                });
-            }
-            let list = self
-                .run_uv(
-                    "uv pip list",
-                    crate::uv::pip_list_args(python),
-                    &build_dir,
+            if download.success() {
+                self.compile(&env_dir, &package_identity, interpreter)
+                    .await?;
+            } else if install::is_missing_wheel(&download.stderr) {
+                if !self.build_settings.allow_sdist_builds {
+                    return Err(EnvError::SdistBuildsDisabled {
+                        requirements: set.lines.join(", "),
+                        source: UvStderr::from_output(&download.stderr),
+                    });
+                }
+                self.build_from_source(
+                    &env_dir,
+                    &requirements_file,
+                    &package_identity,
                     interpreter,
-                    false,
+                    set,
                 )
                 .await?;
-            if !list.success() {
+            } else {
                 return Err(EnvError::InstallFailed {
                     requirements: set.lines.join(", "),
-                    source: UvStderr::from_output(&list.stderr),
+                    source: UvStderr::from_output(&download.stderr),
                 });
             }
-            packages =
-                serde_json::from_slice::<Vec<ResolvedPackage>>(&list.stdout).map_err(|source| {
-                    EnvError::UvOutput {
-                        command: "uv pip list".to_owned(),
-                        source,
-                    }
-                })?;
-            packages.sort_by(|a, b| a.name.cmp(&b.name));
+            packages = install::installed_packages(&env_dir);
         }
 
         // 3. Ours again (neither the installer uid nor user code may change it from now on),
@@ -704,7 +713,7 @@ impl EnvCache {
         });
         let size_bytes = tokio::task::spawn_blocking(move || {
             if let Some(ids) = reclaim {
-                set_owner_tree(&walk_dir, ids, true)?;
+                set_owner_tree_filtered(&walk_dir, ids, true, true)?;
             }
             make_readable_and_measure(&walk_dir)
         })
@@ -734,7 +743,8 @@ impl EnvCache {
                 prefix: interpreter.prefix.clone(),
                 implementation: interpreter.implementation.clone(),
             },
-            index_settings: self.uv_env.index_settings(),
+            // Runs can read the manifest: never a credential in it.
+            index_settings: self.uv_env.index_settings_redacted(),
             uv_version: self.uv.version.clone(),
             created_at: now_secs(),
             size_bytes,
@@ -828,6 +838,15 @@ impl EnvCache {
     ) -> Result<crate::uv::UvOutput, EnvError> {
         let read_only =
             crate::uv::install_read_only_paths(&self.uv, interpreter, &self.uv_env, network);
+        // The download reaches the configured indexes and public addresses only, through the
+        // egress proxy; its sandbox keeps its own network namespace (catalogue D-02).
+        let proxy = match self.egress_rules(network) {
+            Some(rules) => Some(
+                snakebox_sandbox::EgressProxy::start(rules)
+                    .map_err(io("start the egress proxy in", &std::env::temp_dir()))?,
+            ),
+            None => None,
+        };
         let invocation = UvInvocation {
             program: self.uv.path.clone(),
             args,
@@ -838,8 +857,153 @@ impl EnvCache {
             writable: vec![build_dir.to_path_buf(), self.uv_cache_dir()],
             timeout: self.install_timeout,
             label: label.to_owned(),
+            role: Role::Downloader,
+            egress: proxy.as_ref().map(|proxy| crate::uv::Egress {
+                socket: proxy.path().to_path_buf(),
+                python: interpreter.executable.clone(),
+            }),
         };
-        self.installer.run(&invocation).await
+        let output = self.installer.run(&invocation).await;
+        drop(proxy);
+        output
+    }
+
+    /// The egress rules of a download with `network`, when it goes through the proxy: the
+    /// configured indexes and public addresses. `None` (the host network) when the installer
+    /// is not sandboxed, or when the operator configured a proxy of their own (uv then talks
+    /// to that proxy; see SECURITY.md).
+    fn egress_rules(&self, network: bool) -> Option<snakebox_sandbox::EgressRules> {
+        if !network || !self.installer.is_sandboxed() || self.uv_env.has_proxy() {
+            return None;
+        }
+        Some(snakebox_sandbox::EgressRules::for_urls(
+            &self.uv_env.index_urls(),
+            true,
+        ))
+    }
+
+    /// Byte-compile the environment's packages. This runs package code (the interpreter
+    /// processes the environment's `.pth` files), so it runs as a run: `identity`, the run
+    /// limits, no network, no credentials, uv's cache not mounted, the environment's files not
+    /// writable (only new `__pycache__` entries can be made). A package that fails to compile
+    /// is not an error (as with pip); a limit or the time limit is.
+    async fn compile(
+        &self,
+        env_dir: &Path,
+        identity: &PackageIdentity,
+        interpreter: &Interpreter,
+    ) -> Result<(), EnvError> {
+        let walk_dir = env_dir.to_path_buf();
+        let ids = identity.host_ids;
+        tokio::task::spawn_blocking(move || install::hand_to_package_code(&walk_dir, ids))
+            .await
+            .map_err(|err| {
+                io("prepare the environment for compiling", env_dir)(std::io::Error::other(err))
+            })?
+            .map_err(io("prepare the environment for compiling", env_dir))?;
+        let read_only =
+            crate::uv::install_read_only_paths(&self.uv, interpreter, &self.uv_env, false);
+        let Some(invocation) = install::compile_invocation(
+            env_dir,
+            read_only,
+            identity.identity,
+            self.build_settings.limits.clone(),
+            self.install_timeout,
+        ) else {
+            return Ok(());
+        };
+        let output = self.installer.run(&invocation).await?;
+        if !output.success() {
+            tracing::warn!(
+                exit_code = ?output.exit_code,
+                stderr = %String::from_utf8_lossy(&output.stderr),
+                "some files of the environment did not compile"
+            );
+        }
+        Ok(())
+    }
+
+    /// Build the requirement set from source: the whole `uv pip install` runs as package code
+    /// (see [`EnvCache::compile`]), offline, with a private uv cache in its scratch, local
+    /// find-links directories as its only source, into a fresh venv.
+    async fn build_from_source(
+        &self,
+        env_dir: &Path,
+        requirements_file: &Path,
+        identity: &PackageIdentity,
+        interpreter: &Interpreter,
+        set: &RequirementSet,
+    ) -> Result<(), EnvError> {
+        let find_links = install::local_find_links(&self.uv_env.index_urls());
+        if let Some(ids) = identity.host_ids {
+            let walk_dir = env_dir.to_path_buf();
+            tokio::task::spawn_blocking(move || set_owner_tree(&walk_dir, ids, true))
+                .await
+                .map_err(|err| {
+                    io("give the environment to the build", env_dir)(std::io::Error::other(err))
+                })?
+                .map_err(io("give the environment to the build", env_dir))?;
+        }
+        let mut read_only = find_links.clone();
+        read_only.push(requirements_file.to_path_buf());
+        let invocation = self.package_code_invocation(
+            "build from source (runs the packages' build code)",
+            self.uv.path.clone(),
+            install::build_args(
+                env_dir.join("bin").join("python").as_os_str(),
+                requirements_file,
+                &find_links,
+            ),
+            env_dir,
+            read_only,
+            identity,
+            interpreter,
+        );
+        let invocation = UvInvocation {
+            env: install::build_env(),
+            ..invocation
+        };
+        let output = self.installer.run(&invocation).await?;
+        if !output.success() {
+            return Err(EnvError::BuildFailed {
+                requirements: set.lines.join(", "),
+                source: UvStderr::from_output(&output.stderr),
+            });
+        }
+        Ok(())
+    }
+
+    /// One invocation that runs package code, writing only `env_dir`.
+    #[allow(clippy::too_many_arguments)]
+    fn package_code_invocation(
+        &self,
+        label: &str,
+        program: PathBuf,
+        args: Vec<OsString>,
+        env_dir: &Path,
+        extra_read_only: Vec<PathBuf>,
+        identity: &PackageIdentity,
+        interpreter: &Interpreter,
+    ) -> UvInvocation {
+        let mut read_only =
+            crate::uv::install_read_only_paths(&self.uv, interpreter, &self.uv_env, false);
+        read_only.extend(extra_read_only);
+        UvInvocation {
+            program,
+            args,
+            env: UvEnvironment::for_package_code(),
+            cwd: PathBuf::from(install::PACKAGE_CODE_CWD),
+            network: false,
+            read_only,
+            writable: vec![env_dir.to_path_buf()],
+            timeout: self.install_timeout,
+            label: label.to_owned(),
+            role: Role::PackageCode {
+                identity: identity.identity,
+                limits: self.build_settings.limits.clone(),
+            },
+            egress: None,
+        }
     }
 
     /// Counts and sizes of the cached environments.
@@ -1045,11 +1209,25 @@ fn create_dir(path: &Path, action: &'static str) -> Result<(), EnvError> {
 
 /// `chown` `root` (and, when `recursive`, everything under it, without following symlinks) to
 /// `ids`, skipping what already belongs to them.
-fn set_owner_tree(root: &Path, (uid, gid): (u32, u32), recursive: bool) -> std::io::Result<()> {
+fn set_owner_tree(root: &Path, ids: (u32, u32), recursive: bool) -> std::io::Result<()> {
+    set_owner_tree_filtered(root, ids, recursive, false)
+}
+
+/// [`set_owner_tree`]; with `skip_shared`, regular files with more than one link (an
+/// environment's hard links into uv's cache) keep their owner: they stay the installer's, so
+/// that uv can go on linking them (`fs.protected_hardlinks`), and never become writable by
+/// anyone else.
+fn set_owner_tree_filtered(
+    root: &Path,
+    (uid, gid): (u32, u32),
+    recursive: bool,
+    skip_shared: bool,
+) -> std::io::Result<()> {
     let mut stack = vec![root.to_path_buf()];
     while let Some(path) = stack.pop() {
         let meta = fs_err::symlink_metadata(&path)?;
-        if meta.uid() != uid || meta.gid() != gid {
+        let shared = skip_shared && meta.is_file() && meta.nlink() > 1;
+        if !shared && (meta.uid() != uid || meta.gid() != gid) {
             std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
         }
         if recursive && meta.is_dir() {
@@ -1090,7 +1268,7 @@ fn make_readable_and_measure(root: &Path) -> std::io::Result<u64> {
             mode | 0o555
         } else {
             mode | 0o444
-        };
+        } & !0o6022;
         if wanted != mode {
             fs_err::set_permissions(&path, std::fs::Permissions::from_mode(wanted))?;
         }

@@ -108,6 +108,61 @@ impl UvEnvironment {
             .collect()
     }
 
+    /// [`UvEnvironment::index_settings`] with the user information of every URL replaced by
+    /// `***` (`https://***@host/simple`): what may be written where runs can read it (the
+    /// environment's manifest). The cache key keeps the full settings.
+    pub fn index_settings_redacted(&self) -> Vec<String> {
+        self.index_settings()
+            .iter()
+            .map(|setting| redact_userinfo(setting))
+            .collect()
+    }
+
+    /// Whether the operator configured a proxy for uv (`HTTP(S)_PROXY`, `ALL_PROXY`).
+    pub fn has_proxy(&self) -> bool {
+        self.passthrough.keys().any(|name| {
+            let lower = name.to_ascii_lowercase();
+            lower.ends_with("_proxy") && lower != "no_proxy"
+        })
+    }
+
+    /// The index and find-links URLs uv is configured with (unredacted: for the installer's
+    /// own checks, never for package code).
+    pub fn index_urls(&self) -> Vec<String> {
+        [
+            "UV_INDEX",
+            "UV_INDEX_URL",
+            "UV_EXTRA_INDEX_URL",
+            "UV_DEFAULT_INDEX",
+            "UV_FIND_LINKS",
+        ]
+        .iter()
+        .filter_map(|name| self.get(name))
+        .flat_map(|value| value.split([' ', ',', '\n']))
+        .map(|item| {
+            item.split_once('=')
+                .filter(|(name, _)| !name.contains(':'))
+                .map_or(item, |(_, url)| url)
+        })
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(str::to_owned)
+        .collect()
+    }
+
+    /// The complete environment of code that runs a package's code (bytecode compilation,
+    /// builds): a minimal `PATH`, `HOME` in the sandbox's scratch, and nothing of the
+    /// operator's: no index URL, credential, proxy or certificate setting.
+    pub fn for_package_code() -> Vec<(String, String)> {
+        vec![
+            (EnvVars::PATH.to_owned(), EnvVars::MINIMAL_PATH.to_owned()),
+            (EnvVars::HOME.to_owned(), "/tmp".to_owned()),
+            (EnvVars::UV_PYTHON_DOWNLOADS.to_owned(), "never".to_owned()),
+            (EnvVars::UV_NO_PROGRESS.to_owned(), "1".to_owned()),
+            (EnvVars::NO_COLOR.to_owned(), "1".to_owned()),
+        ]
+    }
+
     /// The complete environment of one uv invocation using `cache_dir` as uv's cache.
     pub fn for_uv(&self, cache_dir: &Path) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = vec![
@@ -139,9 +194,65 @@ impl UvEnvironment {
     }
 }
 
+/// `NAME=scheme://user:secret@host/…` → `NAME=scheme://***@host/…`, for every URL in the text.
+pub(crate) fn redact_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let (head, tail) = rest.split_at(at + 3);
+        out.push_str(head);
+        let authority_end = tail
+            .find(['/', '?', '#', ' ', ',', '\n'])
+            .unwrap_or(tail.len());
+        let authority = &tail[..authority_end];
+        match authority.rfind('@') {
+            Some(at) => {
+                out.push_str("***");
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = &tail[authority_end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn user_information_is_redacted() {
+        assert_eq!(
+            redact_userinfo("UV_INDEX_URL=http://user:canary-TOKEN@127.0.0.1:8000/simple"),
+            "UV_INDEX_URL=http://***@127.0.0.1:8000/simple"
+        );
+        assert_eq!(
+            redact_userinfo("UV_EXTRA_INDEX_URL=https://a:b@x/simple https://y/simple,https://t@z"),
+            "UV_EXTRA_INDEX_URL=https://***@x/simple https://y/simple,https://***@z"
+        );
+        assert_eq!(
+            redact_userinfo("UV_INDEX_STRATEGY=first-index"),
+            "UV_INDEX_STRATEGY=first-index"
+        );
+        let env = UvEnvironment::from_vars([(
+            "UV_INDEX".to_owned(),
+            "private=https://u:p@host/simple".to_owned(),
+        )]);
+        assert_eq!(env.index_urls(), vec!["https://u:p@host/simple".to_owned()]);
+        assert_eq!(
+            env.index_settings_redacted(),
+            vec!["UV_INDEX=private=https://***@host/simple".to_owned()]
+        );
+        let package_env = UvEnvironment::for_package_code();
+        assert!(
+            package_env
+                .iter()
+                .all(|(k, v)| !k.starts_with("UV_INDEX") && !v.contains("host"))
+        );
+        assert!(package_env.contains(&("HOME".to_owned(), "/tmp".to_owned())));
+    }
 
     #[test]
     fn only_allow_listed_variables_pass() {

@@ -95,6 +95,44 @@ pub enum EnvError {
         timeout: Duration,
     },
 
+    /// Package code (bytecode compilation, a build) was stopped by a run limit.
+    #[error("Failed to finish `{command}`: it reached the {limit} limit")]
+    LimitReached {
+        /// The step, e.g. `compile the packages`.
+        command: String,
+        /// Which limit (`memory`, `CPU time`).
+        limit: &'static str,
+    },
+
+    /// A requirement has no wheel for this Python, and builds from source are off.
+    #[error("Failed to install the requirements `{requirements}` from wheels only")]
+    SdistBuildsDisabled {
+        /// The requirement set, one string, comma-separated.
+        requirements: String,
+        /// What uv said (it names the package without a usable wheel).
+        #[source]
+        source: UvStderr,
+    },
+
+    /// Building the requirements from source failed (or found nothing to build from).
+    #[error("Failed to build the requirements `{requirements}` from source")]
+    BuildFailed {
+        /// The requirement set, one string, comma-separated.
+        requirements: String,
+        /// What uv said.
+        #[source]
+        source: UvStderr,
+    },
+
+    /// A requirement names a URL that the installer may not fetch.
+    #[error("Failed to accept the requirement `{requirement}`: its URL points at {reason}")]
+    ForbiddenUrl {
+        /// The requirement as given.
+        requirement: String,
+        /// What the address is, e.g. `a loopback address (127.0.0.1)`.
+        reason: String,
+    },
+
     /// The sandbox refused or failed to run uv.
     #[error("Failed to run `{command}` in the install sandbox")]
     Sandbox {
@@ -160,9 +198,41 @@ impl EnvError {
             Self::UvOutput { .. } => Some(
                 "this uv version may be unsupported; snakebox is tested with uv 0.13".to_owned(),
             ),
+            Self::Timeout { command, .. } if command.contains("runs") => Some(
+                "a package's own code (run while compiling or building it) ran until the \
+                 install timeout (`--install-timeout`) and was stopped with everything it \
+                 started"
+                    .to_owned(),
+            ),
             Self::Timeout { .. } => Some(
                 "the package index may be slow or unreachable; retry, or raise the install \
-                 timeout"
+                 timeout (`--install-timeout`)"
+                    .to_owned(),
+            ),
+            Self::LimitReached { .. } => Some(
+                "a package's own code (run while compiling or building it) used more than a \
+                 run may; the run limits (--memory-limit, --max-processes, --cpu-limit) apply \
+                 to it too"
+                    .to_owned(),
+            ),
+            Self::SdistBuildsDisabled { .. } => Some(
+                "building from source runs the package's own build code, so snakebox installs \
+                 wheels only by default; pin a version that publishes a wheel for this Python, \
+                 or have the operator start snakebox with `--allow-sdist-builds` (or \
+                 `allow_sdist_builds = true` in the config file): builds then run sandboxed, \
+                 with a run's limits and without network or credentials"
+                    .to_owned(),
+            ),
+            Self::BuildFailed { .. } => Some(
+                "builds run sandboxed without network: every sdist and build requirement \
+                 (for example setuptools) must be in a local `UV_FIND_LINKS` directory; or \
+                 pin a version that publishes a wheel for this Python"
+                    .to_owned(),
+            ),
+            Self::ForbiddenUrl { .. } => Some(
+                "installs may fetch from the configured package indexes and from public \
+                 addresses only; host loopback, private ranges and metadata addresses are \
+                 refused. Publish the file on the configured index, or use a public URL"
                     .to_owned(),
             ),
             Self::Sandbox { sandbox_hint, .. } => Some(sandbox_hint.clone().unwrap_or_else(|| {
@@ -214,7 +284,13 @@ impl UvStderr {
 
 /// A hint for a failed install, from what uv said.
 fn install_hint(stderr: &str) -> String {
-    let lower = stderr.to_lowercase();
+    // uv's own warnings (e.g. a deprecated setting such as `UV_NATIVE_TLS`) are not the cause.
+    let lower = stderr
+        .lines()
+        .filter(|line| !line.trim_start().starts_with("warning:"))
+        .collect::<Vec<_>>()
+        .join("\n")
+        .to_lowercase();
     if lower.contains("not found in the package registry")
         || lower.contains("was not found in the package registry")
     {

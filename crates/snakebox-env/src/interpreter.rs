@@ -378,6 +378,8 @@ fn listing_invocation(uv: &Uv, args: &[&str]) -> UvInvocation {
         writable: Vec::new(),
         timeout: Duration::from_secs(30),
         label: format!("uv {}", args.join(" ")),
+        role: uv::Role::Downloader,
+        egress: None,
     }
 }
 

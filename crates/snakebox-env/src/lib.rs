@@ -17,6 +17,7 @@
 mod cache;
 mod env_vars;
 mod error;
+mod install;
 mod interpreter;
 mod uv;
 
@@ -26,8 +27,13 @@ pub use cache::{
 };
 pub use env_vars::{EnvVars, UvEnvironment};
 pub use error::{EnvError, UvStderr};
+pub use install::{
+    BuildSettings, PACKAGE_CODE_CWD, check_requirement_strings, check_requirement_urls,
+    compile_invocation, hand_to_package_code, installed_packages, is_missing_wheel,
+    point_scripts_at_venv, site_packages, take_back_from_package_code,
+};
 pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
 pub use uv::{
-    DirectUvRunner, IntoUvRunner, Uv, UvInvocation, UvOutput, UvRunFuture, UvRunner,
-    install_read_only_paths, pip_list_args,
+    DirectUvRunner, Egress, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput,
+    UvRunFuture, UvRunner, install_read_only_paths, pip_list_args,
 };

@@ -258,6 +258,43 @@ pub struct UvInvocation {
     pub timeout: Duration,
     /// Short name for messages, e.g. `uv pip install`.
     pub label: String,
+    /// Whose code runs: trusted uv only, or package code (see [`Role`]).
+    pub role: Role,
+    /// With `network`: reach it only through this egress proxy (the sandbox keeps its own
+    /// network namespace). `None`: the host network.
+    pub egress: Option<Egress>,
+}
+
+/// How a sandboxed invocation reaches the network through an
+/// [`snakebox_sandbox::EgressProxy`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Egress {
+    /// The proxy's Unix socket on the host (mounted at [`snakebox_sandbox::SOCKET_INSIDE`]).
+    pub socket: PathBuf,
+    /// An interpreter visible inside, to run the bridge (isolated: `-I -S`).
+    pub python: PathBuf,
+}
+
+/// What an invocation may execute, which decides the sandbox it gets.
+///
+/// The rule (DESIGN.md §3): a dependency's build and import-time code is as untrusted as the
+/// user's script. Only [`Role::Downloader`] holds credentials, network and write access to
+/// uv's cache, and it must never run package code; everything that does is
+/// [`Role::PackageCode`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Role {
+    /// Trusted uv resolving, downloading and unpacking wheels (no build, no bytecode
+    /// compilation, no interpreter of an environment that has packages). The installer's uid.
+    #[default]
+    Downloader,
+    /// Anything that runs package code (bytecode compilation, sdist builds): a run's identity
+    /// and limits, no network, no credentials, uv's cache never mounted.
+    PackageCode {
+        /// The sandbox identity (a leased run uid under a root server).
+        identity: snakebox_sandbox::Identity,
+        /// The run limits (wall time = the install timeout).
+        limits: snakebox_sandbox::Limits,
+    },
 }
 
 /// What one uv invocation did.
@@ -294,6 +331,32 @@ pub trait UvRunner: Send + Sync + fmt::Debug {
     /// (its cache, the build directory) must belong to it.
     fn writer_ids(&self) -> Option<(u32, u32)> {
         None
+    }
+
+    /// An identity for one [`Role::PackageCode`] invocation: never the installer's uid (which
+    /// owns uv's cache). Keep the returned value until the invocation's files are handed back.
+    fn package_identity(&self) -> PackageIdentity {
+        PackageIdentity::default()
+    }
+}
+
+/// The identity package code runs under, with the lease that reserves its host uid.
+#[derive(Debug)]
+pub struct PackageIdentity {
+    /// For [`Role::PackageCode`].
+    pub identity: snakebox_sandbox::Identity,
+    /// Its host uid/gid when it is not the server's (the directories it writes must be its).
+    pub host_ids: Option<(u32, u32)>,
+    _lease: Option<snakebox_sandbox::IdentityLease>,
+}
+
+impl Default for PackageIdentity {
+    fn default() -> Self {
+        Self {
+            identity: snakebox_sandbox::Identity::Untrusted,
+            host_ids: None,
+            _lease: None,
+        }
     }
 }
 
@@ -389,7 +452,8 @@ pub fn pip_list_args(python: OsString) -> Vec<OsString> {
 }
 
 /// The read-only paths an install sandbox needs besides the system view: uv's directory, the
-/// interpreter (its prefix, and its `bin` directory when that lies elsewhere) and, with network,
+/// interpreter (its prefix, and its `bin` directory when that lies elsewhere), local
+/// `UV_FIND_LINKS` directories and, with network,
 /// certificate bundles configured outside `/etc/ssl` (the sandbox's view has `/etc/ssl/certs`
 /// and, with network, the resolver files).
 #[must_use]
@@ -400,6 +464,8 @@ pub fn install_read_only_paths(
     network: bool,
 ) -> Vec<PathBuf> {
     let mut read_only = vec![uv.dir().to_path_buf(), interpreter.prefix.clone()];
+    // Local find-links directories (the operator's wheelhouse) are a package source too.
+    read_only.extend(crate::install::local_find_links(&uv_env.index_urls()));
     if let Some(bin) = interpreter.executable.parent()
         && !bin.starts_with(&interpreter.prefix)
     {
@@ -418,10 +484,30 @@ pub fn install_read_only_paths(
 }
 
 impl UvInvocation {
+    /// The command to run in the sandbox: the program, behind the bridge to the egress proxy
+    /// when the invocation has one.
+    pub fn command(&self) -> snakebox_sandbox::SandboxCommand {
+        let command = snakebox_sandbox::SandboxCommand {
+            program: self.program.clone(),
+            args: self.args.clone(),
+            control_channel: false,
+        };
+        match &self.egress {
+            Some(egress) if self.network => snakebox_sandbox::bridged_command(
+                &egress.python,
+                Path::new(snakebox_sandbox::SOCKET_INSIDE),
+                &command,
+            ),
+            _ => command,
+        }
+    }
+
     /// The sandbox policy of this invocation (pure, so it can be read and tested): every
-    /// read-only and writable path mounted at its own path, network as asked, the invocation's
-    /// environment and nothing else, the timeout as the wall-time limit. No memory or process
-    /// limit: resolvers and build backends are trusted and sometimes large.
+    /// read-only and writable path mounted at its own path, the invocation's environment and
+    /// nothing else, the timeout as the wall-time limit. A [`Role::Downloader`] runs trusted uv
+    /// only (no package code), as the installer's uid, with network as asked and no memory or
+    /// process limit (resolvers are sometimes large); a [`Role::PackageCode`] invocation gets
+    /// its own identity, a run's limits and never the network.
     pub fn policy(&self) -> snakebox_sandbox::Policy {
         use snakebox_sandbox::{Limits, Mount, Policy};
         let mount = |path: &PathBuf, writable: bool| Mount {
@@ -435,10 +521,36 @@ impl UvInvocation {
             .map(|path| mount(path, false))
             .collect();
         mounts.extend(self.writable.iter().map(|path| mount(path, true)));
+        if let Some(egress) = self.egress.as_ref().filter(|_| self.network) {
+            mounts.push(Mount {
+                host: egress.socket.clone(),
+                dest: PathBuf::from(snakebox_sandbox::SOCKET_INSIDE),
+                writable: false,
+            });
+        }
+        let mut env = self.env.clone();
+        if self.egress.is_some() {
+            env.retain(|(name, _)| !name.to_ascii_lowercase().ends_with("_proxy"));
+            env.extend(snakebox_sandbox::EgressProxy::proxy_env());
+        }
+        if let Role::PackageCode { identity, limits } = &self.role {
+            return Policy {
+                mounts,
+                network: false,
+                env: self.env.clone(),
+                cwd: self.cwd.clone(),
+                limits: Limits {
+                    wall_time: self.timeout,
+                    max_output_bytes: MAX_SANDBOXED_OUTPUT,
+                    ..limits.clone()
+                },
+                identity: *identity,
+            };
+        }
         Policy {
             mounts,
-            network: self.network,
-            env: self.env.clone(),
+            network: self.network && self.egress.is_none(),
+            env,
             cwd: self.cwd.clone(),
             limits: Limits {
                 wall_time: self.timeout,
@@ -465,11 +577,7 @@ const MAX_SANDBOXED_OUTPUT: u64 = 4 * 1024 * 1024;
 impl UvRunner for snakebox_sandbox::Sandbox {
     fn run<'a>(&'a self, invocation: &'a UvInvocation) -> UvRunFuture<'a> {
         Box::pin(async move {
-            let command = snakebox_sandbox::SandboxCommand {
-                program: invocation.program.clone(),
-                args: invocation.args.clone(),
-                control_channel: false,
-            };
+            let command = invocation.command();
             let outcome = snakebox_sandbox::Sandbox::run(
                 self,
                 &invocation.policy(),
@@ -488,6 +596,14 @@ impl UvRunner for snakebox_sandbox::Sandbox {
                     command: invocation.label.clone(),
                     timeout: invocation.timeout,
                 }),
+                snakebox_sandbox::Termination::MemoryLimit => Err(EnvError::LimitReached {
+                    command: invocation.label.clone(),
+                    limit: "memory",
+                }),
+                snakebox_sandbox::Termination::CpuLimit => Err(EnvError::LimitReached {
+                    command: invocation.label.clone(),
+                    limit: "CPU time",
+                }),
                 _ => Ok(UvOutput {
                     exit_code: outcome.exit_code,
                     stdout: outcome.stdout.text.into_bytes(),
@@ -503,5 +619,14 @@ impl UvRunner for snakebox_sandbox::Sandbox {
 
     fn writer_ids(&self) -> Option<(u32, u32)> {
         self.host_ids(snakebox_sandbox::Identity::Installer)
+    }
+
+    fn package_identity(&self) -> PackageIdentity {
+        let lease = self.lease_identity();
+        PackageIdentity {
+            identity: lease.identity(),
+            host_ids: lease.host_ids(),
+            _lease: Some(lease),
+        }
     }
 }

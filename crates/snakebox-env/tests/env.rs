@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime};
 use pep508_rs::Requirement;
 use snakebox_env::{
     CacheConfig, DirectUvRunner, EnvCache, EnvError, EnvVars, Interpreter, Interpreters,
-    PruneReason, Uv, UvInvocation, UvRunFuture, UvRunner,
+    PruneReason, Role, Uv, UvInvocation, UvRunFuture, UvRunner,
 };
 use snakebox_sandbox::{BackendKind, Sandbox, SandboxConfig};
 
@@ -171,6 +171,8 @@ async fn direct_runner_passes_only_the_given_environment() {
         writable: Vec::new(),
         timeout: Duration::from_secs(10),
         label: "env".to_owned(),
+        role: snakebox_env::Role::Downloader,
+        egress: None,
     };
     let output = DirectUvRunner.run(&invocation).await.unwrap();
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "ONLY=this");
@@ -296,15 +298,21 @@ async fn concurrent_ensures_of_one_key_build_once() {
     assert_ne!(bare.root, envs[0].root);
     assert_eq!(runner.builds.load(Ordering::SeqCst), 2);
 
-    // What uv was given: only the install has network; writes go to the build directory and
-    // uv's cache; nothing from this process's environment beyond the allow-list.
+    // What was run: the trusted download (wheels only, no compilation: it runs no package
+    // code) has network and writes the build directory and uv's cache; compiling runs package
+    // code, so it is a run: no network, no credentials, no cache, the environment only.
     let seen = runner.seen.lock().unwrap().clone();
     let labels: Vec<&str> = seen.iter().map(|i| i.label.as_str()).collect();
     assert_eq!(
         labels,
-        ["uv venv", "uv pip install", "uv pip list", "uv venv"]
+        [
+            "uv venv",
+            "uv pip install",
+            "compile the packages (runs their code)",
+            "uv venv"
+        ]
     );
-    for invocation in &seen {
+    for invocation in seen.iter().filter(|i| i.role == Role::Downloader) {
         assert_eq!(invocation.network, invocation.label == "uv pip install");
         assert_eq!(invocation.writable.len(), 2);
         assert!(invocation.writable[0].starts_with(data.path().join(".tmp")));
@@ -327,13 +335,30 @@ async fn concurrent_ensures_of_one_key_build_once() {
             );
         }
     }
-    // The install may write the build directory and uv's cache, nothing else; certificates and
-    // resolver files come from the sandbox's own system view.
     let install = &seen[1];
     assert!(install.network);
+    assert!(install.args.iter().any(|a| a == "--no-build"));
+    assert!(!install.args.iter().any(|a| a == "--compile-bytecode"));
     assert_eq!(install.writable.len(), 2);
     assert!(install.writable.iter().any(|p| p.ends_with("uv-cache")));
     assert!(install.writable.iter().all(|p| p.starts_with(data.path())));
+
+    let compile = &seen[2];
+    assert!(matches!(compile.role, Role::PackageCode { .. }));
+    assert!(!compile.network);
+    assert_eq!(compile.writable.len(), 1);
+    assert!(compile.writable[0].ends_with("env"));
+    assert!(!compile.read_only.iter().any(|p| p.ends_with("uv-cache")));
+    assert!(
+        compile
+            .env
+            .contains(&("HOME".to_owned(), "/tmp".to_owned()))
+    );
+    assert!(!compile.env.iter().any(|(k, _)| k.starts_with("UV_INDEX")));
+    let policy = compile.policy();
+    assert!(!policy.network);
+    assert!(policy.limits.memory_bytes.is_some() && policy.limits.max_processes.is_some());
+    assert_eq!(policy.limits.wall_time, compile.timeout);
 }
 
 #[tokio::test]

@@ -37,6 +37,10 @@ pub(crate) enum RlimitKind {
     Nproc,
     /// `RLIMIT_CORE`: always 0, no core dumps for the host's crash handler (P-06).
     Core,
+    /// `RLIMIT_MSGQUEUE`: POSIX message-queue bytes of the uid (fork servers; see there).
+    Msgqueue,
+    /// `RLIMIT_SIGPENDING`: queued signals of the uid (fork servers; see there).
+    Sigpending,
 }
 
 impl RlimitKind {
@@ -48,6 +52,8 @@ impl RlimitKind {
             Self::As => libc::RLIMIT_AS,
             Self::Nproc => libc::RLIMIT_NPROC,
             Self::Core => libc::RLIMIT_CORE,
+            Self::Msgqueue => libc::RLIMIT_MSGQUEUE,
+            Self::Sigpending => libc::RLIMIT_SIGPENDING,
         }
     }
 
@@ -61,6 +67,8 @@ impl RlimitKind {
             Self::As => "RLIMIT_AS",
             Self::Nproc => "RLIMIT_NPROC",
             Self::Core => "RLIMIT_CORE",
+            Self::Msgqueue => "RLIMIT_MSGQUEUE",
+            Self::Sigpending => "RLIMIT_SIGPENDING",
         }
     }
 }
@@ -134,10 +142,6 @@ pub(crate) struct Staging {
     pub(crate) root: CString,
     /// What to bind into it.
     pub(crate) mounts: Vec<StagedMount>,
-    /// Keep receiving the host's mount events (the namespace is a slave of the host's, not
-    /// private): the fork server must see each run's scratch mount, made after it started,
-    /// under the run directories. It still sends nothing back to the host.
-    pub(crate) receive_host_mounts: bool,
 }
 
 /// Everything the child does before `exec`, prepared by the parent.
@@ -286,16 +290,11 @@ unsafe fn stage(staging: &Staging) -> io::Result<()> {
     // SAFETY: raw system calls on NUL-terminated strings prepared by the parent.
     unsafe {
         check(libc::unshare(libc::CLONE_NEWNS))?;
-        let propagation = if staging.receive_host_mounts {
-            libc::MS_SLAVE
-        } else {
-            libc::MS_PRIVATE
-        };
         check(libc::mount(
             std::ptr::null(),
             c"/".as_ptr(),
             std::ptr::null(),
-            libc::MS_REC | propagation,
+            libc::MS_REC | libc::MS_PRIVATE,
             std::ptr::null(),
         ))?;
         check(libc::mount(

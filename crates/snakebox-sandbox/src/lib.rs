@@ -15,6 +15,7 @@
 mod capture;
 mod cgroup;
 mod child;
+mod egress;
 mod error;
 mod host;
 mod live;
@@ -32,6 +33,10 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::egress::{
+    BRIDGE_PORT, EgressDecision, EgressProxy, EgressRules, SOCKET_INSIDE, bridged_command,
+    is_public,
+};
 pub use crate::error::{CgroupError, NamespaceError, SandboxError, SeccompError, SpawnError};
 pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
 pub use crate::native::forkserver::{
@@ -412,7 +417,7 @@ impl Sandbox {
                 before_user_code: true,
             }
             .into()),
-            Some(native) => native.start_fork_server(spec),
+            Some(native) => native.start_fork_server(spec, self.lease_identity()),
         }
     }
 

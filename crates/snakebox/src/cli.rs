@@ -131,6 +131,16 @@ pub struct EngineArgs {
     /// Network for runs [default: off].
     #[arg(long, env = "SNAKEBOX_NETWORK", value_enum)]
     pub network: Option<NetworkArg>,
+    /// Build dependencies that publish no wheel from their source distribution. A build runs
+    /// the package's own code: it is sandboxed like a run (run limits, no credentials) and has
+    /// no network, so sdists and their build requirements must be in a local `UV_FIND_LINKS`
+    /// directory [default: off, wheels only].
+    #[arg(long, env = "SNAKEBOX_ALLOW_SDIST_BUILDS")]
+    pub allow_sdist_builds: bool,
+    /// Time limit of each step of an environment build, in seconds (also the wall time of the
+    /// package code it runs) [default: 300].
+    #[arg(long, env = "SNAKEBOX_INSTALL_TIMEOUT", value_name = "SECONDS")]
+    pub install_timeout: Option<u64>,
     /// Memory per run, e.g. `512MiB`, `2G`, or `unlimited` [default: 1GiB].
     #[arg(long, env = "SNAKEBOX_MEMORY_LIMIT", value_name = "SIZE")]
     pub memory_limit: Option<String>,

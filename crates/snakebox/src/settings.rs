@@ -46,6 +46,8 @@ struct FileSettings {
     session_max_interpreters: Option<usize>,
     artifact_max_age_hours: Option<u64>,
     artifact_max_size: Option<SizeOrNumber>,
+    allow_sdist_builds: Option<bool>,
+    install_timeout: Option<u64>,
 }
 
 /// TOML lets sizes be written as `1073741824` or `"1GiB"`.
@@ -154,6 +156,13 @@ pub(crate) fn resolve(args: &EngineArgs) -> anyhow::Result<EngineConfig> {
     }
     config.fork_server = args.fork_server.or(file.fork_server) != Some(Switch::Off);
     config.network = args.network.or(file.network) == Some(NetworkArg::On);
+    config.allow_sdist_builds = args.allow_sdist_builds || file.allow_sdist_builds.unwrap_or(false);
+    if let Some(seconds) = args.install_timeout.or(file.install_timeout) {
+        if seconds == 0 {
+            bail!("--install-timeout must be at least 1 second\nhint: the default is 300");
+        }
+        config.install_timeout = Duration::from_secs(seconds);
+    }
 
     let pick = |cli: &Option<String>, file: Option<SizeOrNumber>| {
         cli.clone().or(file.map(SizeOrNumber::into_text))
@@ -352,7 +361,7 @@ mod tests {
         let path = dir.path().join("config.toml");
         fs_err::write(
             &path,
-            "max_timeout = 120\ndefault_timeout = 10\nmemory_limit = \"256MiB\"\nnetwork = \"on\"\nfork_server = \"off\"\n",
+            "max_timeout = 120\ndefault_timeout = 10\nmemory_limit = \"256MiB\"\nnetwork = \"on\"\nfork_server = \"off\"\nallow_sdist_builds = true\ninstall_timeout = 90\n",
         )
         .unwrap();
         let args = EngineArgs {
@@ -366,15 +375,23 @@ mod tests {
         assert_eq!(config.memory_bytes, Some(256 << 20));
         assert!(config.network);
         assert!(!config.fork_server);
+        assert!(config.allow_sdist_builds);
+        assert_eq!(config.install_timeout, Duration::from_secs(90));
         assert_eq!(config.backend, BackendKind::Native);
-        // On unless turned off.
+        // On unless turned off; wheels only unless builds are allowed.
         let empty = dir.path().join("empty.toml");
         fs_err::write(&empty, "").unwrap();
         let args = EngineArgs {
             config: Some(empty),
             ..EngineArgs::default()
         };
-        assert!(resolve(&args).unwrap().fork_server);
+        let config = resolve(&args).unwrap();
+        assert!(config.fork_server);
+        assert!(!config.allow_sdist_builds);
+        assert_eq!(
+            config.install_timeout,
+            snakebox_env::DEFAULT_INSTALL_TIMEOUT
+        );
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! A session's virtual environment and its package installs.
 //!
-//! Installs run `uv pip install` into the session's venv through the installer sandbox
-//! (network on, the installer's uid, uv's shared cache writable), as environment builds do;
-//! the session's code sees the venv read-only. An install runs in its own task so that one
+//! Installs have two steps, as environment builds do (SECURITY.md, "Installs and builds"):
+//! `uv pip install` downloads and unpacks wheels into the session's venv through the installer
+//! sandbox (the installer's uid, uv's shared cache, network only through the egress proxy),
+//! running no package code; then the venv is byte-compiled as package code, sandboxed like a
+//! run. The session's code sees the venv read-only. An install runs in its own task so that one
 //! that outlasts the client's patience is not lost: it finishes, and `list_packages` reports
 //! it. Kept apart because it is the only part of sessions that uses the network and uv.
 
@@ -12,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use snakebox_env::{Interpreter, Uv, UvEnvironment, UvInvocation};
-use snakebox_sandbox::{Identity, OutputChunk, Sandbox, SandboxCommand, Termination};
+use snakebox_sandbox::{Identity, OutputChunk, Sandbox, Termination};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
@@ -36,6 +38,8 @@ pub(super) struct Installer {
     pub(super) interpreter: Interpreter,
     pub(super) env_dir: PathBuf,
     pub(super) venv: PathBuf,
+    /// A run's limits, for the package code an install runs (compilation).
+    pub(super) limits: snakebox_sandbox::Limits,
 }
 impl Installer {
     /// Run one uv step in the installer sandbox; uv's stderr goes to `progress`.
@@ -52,6 +56,20 @@ impl Installer {
             &self.uv_env,
             network,
         );
+        // Downloads reach the configured indexes and public addresses only, through the egress
+        // proxy; the sandbox keeps its own network namespace (catalogue D-02).
+        let proxy = if network && self.sandbox.report().isolation_active && !self.uv_env.has_proxy()
+        {
+            let rules = snakebox_sandbox::EgressRules::for_urls(&self.uv_env.index_urls(), true);
+            Some(
+                snakebox_sandbox::EgressProxy::start(rules).map_err(|err| ErrorInfo {
+                    message: format!("could not start the egress proxy for `{label}`: {err}"),
+                    hint: Some("check that the temporary directory is writable".into()),
+                })?,
+            )
+        } else {
+            None
+        };
         let invocation = UvInvocation {
             program: self.uv.path.clone(),
             args,
@@ -62,12 +80,13 @@ impl Installer {
             writable: vec![self.env_dir.clone(), self.uv_cache.clone()],
             timeout: INSTALL_TIMEOUT,
             label: label.to_owned(),
+            role: snakebox_env::Role::Downloader,
+            egress: proxy.as_ref().map(|proxy| snakebox_env::Egress {
+                socket: proxy.path().to_path_buf(),
+                python: self.interpreter.executable.clone(),
+            }),
         };
-        let command = SandboxCommand {
-            program: invocation.program.clone(),
-            args: invocation.args.clone(),
-            control_channel: false,
-        };
+        let command = invocation.command();
         let _slot = Arc::clone(&self.slots)
             .acquire_owned()
             .await
@@ -98,6 +117,12 @@ impl Installer {
                 hint: Some("install fewer packages at once".into()),
             }),
             _ if outcome.exit_code == Some(0) => Ok((outcome.stdout.text.into_bytes(), stderr)),
+            _ if snakebox_env::is_missing_wheel(stderr.as_bytes()) => Err(ErrorInfo {
+                message: format!("`{label}` failed: {}", stderr.trim()),
+                hint: Some(
+                    "a requirement has no wheel for this Python, and sessions install wheels only: building from source runs the package's own build code. Pin a version that publishes a wheel".into(),
+                ),
+            }),
             _ => Err(ErrorInfo {
                 message: format!("`{label}` failed: {}", stderr.trim()),
                 hint: Some(
@@ -127,43 +152,53 @@ impl Installer {
 
     /// Install `requirements`; returns what is installed afterwards, the venv's size and the
     /// end of uv's log.
+    ///
+    /// Two steps, because a package's code is untrusted (SECURITY.md, "Installs and builds"):
+    /// uv downloads and unpacks wheels only, into the venv as the prefix of the *base*
+    /// interpreter, so that it queries that interpreter and never the venv's (whose packages'
+    /// `.pth` files would run in the installer); then the venv is byte-compiled as package
+    /// code, sandboxed like a run. What is installed is read from the `.dist-info` directories.
     pub(super) async fn install(
         &self,
         requirements: &[String],
         progress: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<(Vec<Package>, u64, String), ErrorInfo> {
-        let python: std::ffi::OsString = self.venv.join("bin").join("python").into();
         let mut log = String::new();
         if !requirements.is_empty() {
+            // Never fetch from host loopback, private or metadata addresses (catalogue D-02).
+            snakebox_env::check_requirement_strings(requirements, &self.uv_env)
+                .await
+                .map_err(|err| ErrorInfo {
+                    message: crate::describe(&err),
+                    hint: err.hint(),
+                })?;
             let mut args: Vec<std::ffi::OsString> = vec![
                 "pip".into(),
                 "install".into(),
                 "--python".into(),
-                python.clone(),
+                self.interpreter.executable.clone().into(),
+                "--prefix".into(),
+                self.venv.clone().into(),
                 "--link-mode".into(),
-                "hardlink".into(),
-                "--compile-bytecode".into(),
+                "copy".into(),
+                // No sdist is built: building runs the package's code.
+                "--no-build".into(),
             ];
             args.extend(requirements.iter().map(Into::into));
             let (_, stderr) = self.uv("uv pip install", args, true, progress).await?;
             log = stderr;
+            let (venv, base) = (self.venv.clone(), self.interpreter.executable.clone());
+            tokio::task::spawn_blocking(move || snakebox_env::point_scripts_at_venv(&venv, &base))
+                .await
+                .map_err(|err| io_error("fix the installed scripts", &std::io::Error::other(err)))?
+                .map_err(|err| io_error("fix the installed scripts", &err))?;
+            self.compile().await?;
         }
-        let (listing, _) = self
-            .uv(
-                "uv pip list",
-                snakebox_env::pip_list_args(python),
-                false,
-                None,
-            )
-            .await?;
-        let mut packages: Vec<Package> = serde_json::from_slice::<Vec<serde_json::Value>>(&listing)
-            .unwrap_or_default()
+        let mut packages: Vec<Package> = snakebox_env::installed_packages(&self.venv)
             .into_iter()
-            .filter_map(|p| {
-                Some(Package {
-                    name: p.get("name")?.as_str()?.to_owned(),
-                    version: p.get("version")?.as_str()?.to_owned(),
-                })
+            .map(|p| Package {
+                name: p.name,
+                version: p.version,
             })
             .collect();
         packages.sort_by(|a, b| a.name.cmp(&b.name));
@@ -172,6 +207,88 @@ impl Installer {
             .await
             .unwrap_or(0);
         Ok((packages, bytes, tail(&log, 2000)))
+    }
+
+    /// Byte-compile the venv as package code: a leased run uid (the venv's directories are
+    /// handed to it, its files are not writable by it), the run limits, no network, no
+    /// credentials, `HOME=/tmp`, uv's cache not mounted. Afterwards everything is the
+    /// installer's again. A file that does not compile is not an error; a limit is.
+    async fn compile(&self) -> Result<(), ErrorInfo> {
+        let lease = self.sandbox.lease_identity();
+        let installer = self.sandbox.host_ids(Identity::Installer);
+        let (venv, ids) = (self.venv.clone(), lease.host_ids());
+        tokio::task::spawn_blocking(move || snakebox_env::hand_to_package_code(&venv, ids))
+            .await
+            .map_err(|err| {
+                io_error(
+                    "prepare the venv for compiling",
+                    &std::io::Error::other(err),
+                )
+            })?
+            .map_err(|err| io_error("prepare the venv for compiling", &err))?;
+        let read_only =
+            snakebox_env::install_read_only_paths(&self.uv, &self.interpreter, &self.uv_env, false);
+        let outcome = match snakebox_env::compile_invocation(
+            &self.venv,
+            read_only,
+            lease.identity(),
+            self.limits.clone(),
+            INSTALL_TIMEOUT,
+        ) {
+            Some(invocation) => Some(
+                self.sandbox
+                    .run(
+                        &invocation.policy(),
+                        &invocation.command(),
+                        CancellationToken::new(),
+                        None,
+                    )
+                    .await,
+            ),
+            None => None,
+        };
+        if let Some(ids) = installer {
+            let venv = self.venv.clone();
+            tokio::task::spawn_blocking(move || {
+                snakebox_env::take_back_from_package_code(&venv, ids)
+            })
+            .await
+            .map_err(|err| {
+                io_error(
+                    "take the venv back after compiling",
+                    &std::io::Error::other(err),
+                )
+            })?
+            .map_err(|err| io_error("take the venv back after compiling", &err))?;
+        }
+        drop(lease);
+        let limit = match outcome {
+            None => return Ok(()),
+            Some(Err(err)) => {
+                return Err(ErrorInfo {
+                    message: format!(
+                        "compiling the packages could not start: {}",
+                        crate::describe(&err)
+                    ),
+                    hint: err.hint(),
+                });
+            }
+            Some(Ok(outcome)) => match outcome.termination {
+                Termination::TimedOut => "time",
+                Termination::MemoryLimit => "memory",
+                Termination::CpuLimit => "CPU time",
+                _ => return Ok(()),
+            },
+        };
+        Err(ErrorInfo {
+            message: format!(
+                "compiling the installed packages (which runs their code) reached the {limit} limit and was stopped"
+            ),
+            hint: Some(
+                "a package's own code ran while it was compiled and used more than a run may; the run limits apply to it too"
+                    .into(),
+            ),
+        })
     }
 }
 /// Let any uid read (and traverse) the venv; returns its size. Links are never followed
@@ -251,6 +368,7 @@ impl Engine {
             interpreter: interpreter.clone(),
             env_dir: paths.env.clone(),
             venv: paths.venv.clone(),
+            limits: self.limits(INSTALL_TIMEOUT),
         })
     }
 

@@ -1,33 +1,34 @@
 """snakebox fork server: one pre-initialised interpreter that forks a fresh sandbox per run.
 
-It runs inside a bubblewrap sandbox of its own (read-only system view, the environment, no
-network, no host processes) as root, like the server, with only the capabilities it needs to
-set runs up (mount and unshare, set uid, loopback, reach the run directories), and never runs
-user code: every run happens in a child that gave all of that up first.
+It holds no more than a run does. The server starts it with bubblewrap exactly as it starts a
+run, as an unprivileged host uid of its own: its own user namespace (where it is uid 65534 with
+no capabilities), pid, mount, network, ipc, uts and cgroup namespaces, a read-only system view,
+no-new-privs, a seccomp program, a cgroup with a run's limits. Its seccomp program is a run's
+with three exceptions, each needed to build a run's sandbox: `unshare` with exactly the flags
+below, `mount`/`umount2`, and `move_mount` (to attach the run's directories). Everything of the
+environment it imports, `.pth` lines and `sitecustomize` included, therefore runs with that
+power and nothing more: no capability outside namespaces it made itself, no host network, no
+view of any run directory (each run's directories reach it only as detached mounts of that
+run's own, sent with the request).
 
-It imports the run module once (the slow part of a cold start), then waits for requests on
-a private SEQPACKET socket: one message per run, a JSON object with the run's descriptors
-(stdout, stderr, control channel, the run's cgroup `tasks` files) attached. For each request
-it makes a new pid namespace and forks the run's pid 1 into it, which:
+It imports the run module once (the slow part of a cold start), then waits for requests on a
+private SEQPACKET socket: one message per run, `run <n>`, with descriptors attached: stdout,
+stderr and control channel of the run, a pipe holding the run's request (JSON, read only by the
+forked child: the fork server's own memory never holds any run's data), the run's directories
+as detached mounts, and the run's cgroup `tasks` files. For each request it forks a child that:
 
-1. joins the run's cgroups, sets its rlimits, and enters new mount, network, ipc, uts and
-   cgroup namespaces;
-2. binds the run's own directories (host-side scratch, already size-capped) at their places,
-   mounts fresh size-capped /tmp and /dev/shm, detaches the directory that showed every run
-   directory (so nothing of another run is reachable), mounts a fresh /proc (the new pid
-   namespace only, with the read-only covers bubblewrap puts on it), brings up loopback;
-3. drops to the run's host uid, makes a user namespace of its own as that uid (in which it
-   appears as 65534; its per-uid kernel counters are then its own), drops every capability,
-   sets no_new_privs and installs the server's seccomp programs;
-4. forks the run itself (pid 2), and from then on only reaps, as bubblewrap's init does, and
-   ends the way the run ended.
+1. joins the run's cgroups, reads the request, and makes new user, mount, pid, network, ipc,
+   uts and cgroup namespaces (mapping only its own uid, as 65534);
+2. forks the run's pid 1, which attaches the run's directories, mounts fresh size-capped /tmp
+   and /dev/shm, a devpts instance of its own, a fresh /proc with bubblewrap's read-only covers, sets the run's share of
+   per-user kernel counters, brings up loopback, drops every capability and installs the run's
+   seccomp programs (on top of the fork server's own);
+3. pid 1 forks the run itself (pid 2), and from then on only reaps, as bubblewrap's init does,
+   and passes the run's wait status back.
 
-The run calls the module's `main()` and ends as the interpreter's exit would (see
-`_finish`). The server supervises it as any other run: it owns the pipes and the cgroup, and
-kills the run through the cgroup.
-
-Messages to the server: `ready`, `exit <id> <wait status>` (of the run's pid 1) and
-`fail <id> <reason>` (setup went wrong before user code ran).
+Messages to the server: `ready`; `exit <n> <wait status>` (of the run, pid 2) or
+`fail <n> <reason>` (setup went wrong before user code ran), sent by the child; and
+`gone <n> <wait status>` (of the child itself), sent by the fork server when it reaped it.
 """
 
 import ctypes
@@ -43,13 +44,8 @@ import socket
 import struct
 import sys
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWCGROUP = 0x02000000
-CLONE_NEWUTS = 0x04000000
-CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
-CLONE_NEWNET = 0x40000000
+# Exactly these, in one call: the only `unshare` the fork server's seccomp program allows.
+UNSHARE_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
 
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
@@ -60,10 +56,12 @@ MS_BIND = 0x1000
 MS_MOVE = 0x2000
 MS_REC = 0x4000
 MS_PRIVATE = 0x40000
-MNT_DETACH = 0x2
+
+AT_FDCWD = -100
+MOVE_MOUNT_F_EMPTY_PATH = 0x4
+SYS_MOVE_MOUNT = 429
 
 PR_SET_PDEATHSIG = 1
-PR_SET_DUMPABLE = 4
 PR_SET_SECCOMP = 22
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
@@ -76,24 +74,23 @@ SIOCGIFFLAGS = 0x8913
 SIOCSIFFLAGS = 0x8914
 IFF_UP = 0x1
 
-# Where the server's run directories appear inside this sandbox (this program's own files are
-# there too); each run detaches it before any user code runs.
-RUNS = "/run/snakebox/runs"
+# The uid the fork server has in its own user namespace, and each run in its own.
+SANDBOX_ID = 65534
 # An empty mount point where a run builds a fresh tmpfs before moving it into place.
 SPARE = "/run/snakebox/spare"
 
 # bubblewrap's read-only covers on a fresh /proc.
 PROC_COVERS = ("sys", "sysrq-trigger", "irq", "bus")
 
-MAX_MESSAGE = 1 << 20
+MAX_MESSAGE = 4096
 MAX_FDS = 16
+MAX_REQUEST = 1 << 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 _libc.unshare.argtypes = [ctypes.c_int]
-_libc.setns.argtypes = [ctypes.c_int, ctypes.c_int]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+_libc.syscall.restype = ctypes.c_long
 
 
 class SetupError(Exception):
@@ -119,8 +116,15 @@ def _mount(source, target, fstype, flags, data=None):
     )
 
 
-def _bind(source, target, writable):
-    _mount(source, target, None, MS_BIND | MS_REC)
+def _attach(mount_fd, target, writable):
+    """Attach a detached mount (made by the server from the run's own directory) at `target`,
+    then make it nosuid, nodev and, unless writable, read-only."""
+    _check(
+        0
+        if _libc.syscall(SYS_MOVE_MOUNT, mount_fd, b"", AT_FDCWD, target.encode(), MOVE_MOUNT_F_EMPTY_PATH) == 0
+        else -1,
+        "attach %s" % target,
+    )
     flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV
     if not writable:
         flags |= MS_RDONLY
@@ -135,13 +139,13 @@ class _Fprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
 
-def _load_programs(paths):
+def _load_programs(fds):
     programs = []
-    for path in paths:
-        with open(path, "rb") as handle:
+    for fd in fds:
+        with os.fdopen(fd, "rb") as handle:
             code = handle.read()
         if not code or len(code) % 8:
-            raise SetupError("seccomp program %s is malformed" % path)
+            raise SetupError("seccomp program on fd %d is malformed" % fd)
         buffer = ctypes.create_string_buffer(code, len(code))
         programs.append((buffer, _Fprog(len(code) // 8, ctypes.addressof(buffer))))
     return programs
@@ -165,7 +169,7 @@ def _mount_points_below(target):
 
 
 # What is mounted below each tmpfs target, read once in the fork server (its mount table
-# changes only below RUNS, where the runs' scratch mounts come and go).
+# never changes).
 _BELOW = {}
 
 
@@ -221,17 +225,28 @@ def _write(path, text):
         os.close(fd)
 
 
+def _read_all(fd, limit):
+    chunks = []
+    size = 0
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise SetupError("the request is too large")
+        chunks.append(chunk)
+
+
 class ForkServer:
-    def __init__(self, sock_fd, module_path, seccomp_paths):
+    def __init__(self, sock_fd, module_path, program_fds):
         # The socket moves off fd 3, which each run's control channel takes.
         fd = os.dup(sock_fd)
         os.close(sock_fd)
         os.set_inheritable(fd, False)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=fd)
-        self.programs = _load_programs(seccomp_paths)
-        self.pid = os.getpid()
+        self.programs = _load_programs(program_fds)
         self.children = {}
-        self.pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
         import importlib.util
 
         spec = importlib.util.spec_from_file_location("snakebox_run_module", module_path)
@@ -242,7 +257,7 @@ class ForkServer:
         import __future__  # noqa: F401
 
         for target in ("/tmp", "/dev/shm"):
-            _BELOW[target] = [p for p in _mount_points_below(target) if not p.startswith(RUNS + "/")]
+            _BELOW[target] = _mount_points_below(target)
 
     def send(self, text):
         try:
@@ -272,9 +287,7 @@ class ForkServer:
             if self.sock not in ready:
                 continue
             try:
-                message, ancillary, _, _ = self.sock.recvmsg(
-                    MAX_MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4)
-                )
+                message, ancillary, _, _ = self.sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4))
             except InterruptedError:
                 continue
             fds = []
@@ -284,26 +297,16 @@ class ForkServer:
                     fds.extend(struct.unpack("%di" % (usable // 4), data[:usable]))
             if not message:
                 return 0
-            try:
-                request = json.loads(message)
-                run_id = str(request["id"])
-            except (ValueError, KeyError, TypeError):
+            words = message.split()
+            if len(words) != 2 or words[0] != b"run" or not words[1].isdigit() or len(fds) < 4:
                 for fd in fds:
                     os.close(fd)
                 continue
-            # The run's process is pid 1 of a pid namespace of its own: made here, entered by
-            # the fork. (Back in our own pid namespace first: a second unshare is refused while
-            # the previous run's namespace is still the one for our children.)
-            failed = None
-            if _libc.setns(self.pid_ns, CLONE_NEWPID) != 0 or _libc.unshare(CLONE_NEWPID) != 0:
-                failed = "new pid namespace: %s" % os.strerror(ctypes.get_errno())
-            else:
-                try:
-                    pid = os.fork()
-                except OSError as err:
-                    failed = "fork: %s" % err
-            if failed is not None:
-                self.send("fail %s %s" % (run_id, failed))
+            run_id = words[1].decode()
+            try:
+                pid = os.fork()
+            except OSError as err:
+                self.send("fail %s fork: %s" % (run_id, err))
                 for fd in fds:
                     os.close(fd)
                 continue
@@ -312,7 +315,7 @@ class ForkServer:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 os.close(wake_r)
                 os.close(wake_w)
-                return self.child(request, fds)
+                return self.child(run_id, fds)
             self.children[pid] = run_id
             for fd in fds:
                 os.close(fd)
@@ -327,26 +330,69 @@ class ForkServer:
                 return
             run_id = self.children.pop(pid, None)
             if run_id is not None:
-                self.send("exit %s %d" % (run_id, status))
+                self.send("gone %s %d" % (run_id, status))
 
-    def child(self, request, fds):
-        """The run's process: pid 1 of the fresh pid namespace the fork server made for it."""
-        run_id = str(request["id"])
+    def child(self, run_id, fds):
+        """The run's keeper: makes the run's namespaces, forks its pid 1 into them, and reports
+        how the run ended. Returns only in the run itself (pid 2)."""
         try:
-            self.enter(request, fds)
+            request, status_r, status_w = self.enter_namespaces(fds)
+            pid1 = os.fork()
         except Exception as err:  # noqa: BLE001 - reported to the server
             self.send("fail %s %s" % (run_id, err))
             os._exit(127)
+        if pid1 == 0:
+            os.close(status_r)
+            return self.pid1(request, fds, status_w)
+        os.close(status_w)
+        # (The request and cgroup descriptors are closed already; their numbers may be reused.)
+        for fd in fds[:3] + fds[4 : 4 + int(request["mounts"])]:
+            os.close(fd)
+        report = _read_all(status_r, MAX_MESSAGE).decode("utf-8", "replace")
+        _, status = os.waitpid(pid1, 0)
+        if report.startswith("exit ") or report.startswith("fail "):
+            kind, _, rest = report.partition(" ")
+            self.send("%s %s %s" % (kind, run_id, rest))
+        else:
+            # Pid 1 ended without a word: killed (a time-out or a cancel goes through the
+            # run's cgroup), so the run was too.
+            self.send("exit %s %d" % (run_id, status))
+        os._exit(0)
+
+    def enter_namespaces(self, fds):
+        request_fd = fds[3]
+        request = json.loads(_read_all(request_fd, MAX_REQUEST))
+        os.close(request_fd)
+        mounts = int(request["mounts"])
+        cgroups = int(request["cgroups"])
+        for fd in fds[4 + mounts : 4 + mounts + cgroups]:
+            os.write(fd, b"0")
+            os.close(fd)
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        uid, gid = os.geteuid(), os.getegid()
+        _check(_libc.unshare(UNSHARE_FLAGS), "unshare")
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", "%d %d 1" % (SANDBOX_ID, uid))
+        _write("/proc/self/gid_map", "%d %d 1" % (SANDBOX_ID, gid))
+        for kind, soft, hard in request["rlimits"]:
+            resource.setrlimit(kind, (soft, hard))
+        status_r, status_w = os.pipe()
+        return request, status_r, status_w
+
+    def pid1(self, request, fds, status_w):
+        """Pid 1 of the run's pid namespace: set the sandbox up, fork the run, reap."""
         try:
-            self.sock.close()
-        except OSError:
-            pass
-        # As in a bubblewrap sandbox, pid 1 is a small init that reaps orphans and passes on
-        # how the run ended; the run itself is pid 2, so that signals it sends itself (and
-        # alarms) act as they do anywhere else (the kernel ignores those sent to a pid 1).
-        pid = os.fork()
+            self.setup(request, fds, status_w)
+            pid = os.fork()
+        except Exception as err:  # noqa: BLE001 - reported through the keeper
+            try:
+                os.write(status_w, ("fail %s" % err).encode("utf-8", "replace")[:MAX_MESSAGE])
+            except OSError:
+                pass
+            os._exit(127)
         if pid != 0:
-            _init(pid)
+            _init(pid, status_w)
+        os.close(status_w)
         sys.argv = list(request["argv"])
         sys.path[0] = os.path.dirname(sys.argv[0])
         code = 1
@@ -355,28 +401,23 @@ class ForkServer:
         finally:
             _finish(code)
 
-    def enter(self, request, fds):
-        count = int(request["cgroups"])
+    def setup(self, request, fds, status_w):
         stdout, stderr, control = fds[0], fds[1], fds[2]
-        for fd in fds[3 : 3 + count]:
-            os.write(fd, b"0")
-            os.close(fd)
+        mount_fds = fds[4 : 4 + int(request["mounts"])]
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        for kind, soft, hard in request["rlimits"]:
-            resource.setrlimit(kind, (soft, hard))
-        # The pid namespace was made by the fork server (this process is its pid 1); the
-        # others are entered here. None of them is the fork server's.
-        _check(
-            _libc.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWCGROUP),
-            "unshare",
-        )
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
-        for source, target, writable in request["binds"]:
-            _bind(RUNS + "/" + source, target, writable)
+        for fd, (target, writable) in zip(mount_fds, request["targets"]):
+            _attach(fd, target, writable)
+            os.close(fd)
         for target, size in request["tmpfs"]:
             _fresh_tmpfs(target, size)
-        _check(_libc.umount2(RUNS.encode(), MNT_DETACH), "umount %s" % RUNS)
+        # A devpts instance of its own: terminals another run opens are not in its /dev/pts.
+        _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        # The run's share of the per-user counters the kernel keeps for the fork server's
+        # host uid (every run of this fork server charges them to that uid).
+        for name, value in request["user_limits"]:
+            _write("/proc/sys/user/" + name, "%d" % value)
         for name in PROC_COVERS:
             path = "/proc/" + name
             if os.path.exists(path):
@@ -392,18 +433,6 @@ class ForkServer:
         for fd in (null, stdout, stderr, control):
             if fd > 3:
                 os.close(fd)
-        uid = int(request["uid"])
-        os.setgroups([])
-        os.setresgid(uid, uid, uid)
-        os.setresuid(uid, uid, uid)
-        # The uid change made the process non-dumpable, which leaves its /proc files (uid_map
-        # among them) to root; as the run's own uid it may then write its own maps.
-        _prctl(PR_SET_DUMPABLE, 1)
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        _check(_libc.unshare(CLONE_NEWUSER), "unshare user")
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", "65534 %d 1" % uid)
-        _write("/proc/self/gid_map", "65534 %d 1" % uid)
         _drop_capabilities()
         os.setsid()
         os.chdir(request["cwd"])
@@ -413,7 +442,7 @@ class ForkServer:
                 _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(program), 0, 0),
                 "seccomp",
             )
-        keep = {0, 1, 2, 3, self.sock.fileno()}
+        keep = {0, 1, 2, 3, status_w}
         for fd in _open_fds():
             if fd not in keep:
                 try:
@@ -422,10 +451,9 @@ class ForkServer:
                     pass
 
 
-def _init(main):
-    """Pid 1 of a run: reap every child until `main` ends, then end the same way (a death by
-    signal N as exit status 128 + N, as bubblewrap reports it). The rest of the namespace dies
-    with it."""
+def _init(main, status_w):
+    """Pid 1 of a run: reap every child until `main` ends, then pass its wait status on. The
+    rest of the namespace dies with it."""
     for fd in (0, 1, 2, 3):
         try:
             os.close(fd)
@@ -439,9 +467,11 @@ def _init(main):
         except ChildProcessError:
             os._exit(255)
         if pid == main:
-            if os.WIFSIGNALED(status):
-                os._exit(128 + os.WTERMSIG(status))
-            os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 255)
+            try:
+                os.write(status_w, b"exit %d" % status)
+            except OSError:
+                pass
+            os._exit(0)
 
 
 def _finish(code):
@@ -478,7 +508,7 @@ def _open_fds():
 
 
 def main():
-    server = ForkServer(int(sys.argv[1]), sys.argv[2], sys.argv[3:])
+    server = ForkServer(int(sys.argv[1]), sys.argv[2], [int(fd) for fd in sys.argv[3:]])
     return server.serve()
 
 

@@ -3,30 +3,32 @@
 //!
 //! Starting bubblewrap and an interpreter for every run costs 25-40 ms of CPU, which caps two
 //! cores at well under 100 runs a second. The fork server pays that once: an interpreter of one
-//! environment, with the run module imported, waits inside a sandbox of its own (the same
-//! system view, environment, variables and `/dev` as a run's, no network, no host processes).
-//! For each run it forks a child that enters new mount, pid, network, ipc, uts, cgroup and user
-//! namespaces, binds the run's own directories, mounts a fresh `/proc`, `/tmp` and `/dev/shm`,
-//! takes the run's own host uid, drops every capability, sets no_new_privs and installs our
-//! seccomp programs before any user code runs (`forkserver.py` has the steps). The server
-//! supervises the run as it does any other: it owns the run's pipes and cgroup, so output caps,
-//! limits, time-outs and the kill path are the same.
+//! environment, with the run module imported, waits in a sandbox, and each run is a fork of it
+//! that makes its own namespaces, attaches its own directories, mounts a fresh `/proc`, `/tmp`
+//! and `/dev/shm`, drops every capability and installs a run's seccomp programs before any of
+//! its code runs (`forkserver.py` has the steps). The server supervises the run as any other:
+//! it owns the run's pipes and cgroup, so output caps, limits, time-outs and the kill path are
+//! the same.
 //!
-//! **Its privileges.** The fork server runs as root, like the server, with only the
-//! capabilities it needs to set runs up ([`policy::ZYGOTE_CAPS`]), in a sandbox of its own
-//! (read-only root, its own mount, pid, network, ipc, uts and cgroup namespaces). It never runs
-//! user code and takes no input but the server's requests. Each run, before any of its code
-//! runs, switches to its leased host uid and makes a user namespace of its own as that uid (in
-//! which it is 65534, as in a cold run): the same user-namespace ancestry as a run bubblewrap
-//! starts as that uid, so its per-uid kernel counters (inotify instances, RLIMIT_NPROC, ...)
-//! are its own. A fork server in a user namespace of its own would make every run's
-//! namespace a descendant of it, and the kernel charges those counters to each ancestor's
-//! owner: all runs would then share one.
+//! **It holds no more than a run.** Everything the fork server's interpreter imports is code a
+//! caller chose (an environment's `.pth` lines and `sitecustomize` run when it starts; a later
+//! version preloads the environment's own modules), so its sandbox is a run's: bubblewrap
+//! started as an unprivileged host uid leased for the fork server's lifetime, its own user
+//! namespace (uid 65534, no capabilities), every other namespace new, no network, no-new-privs,
+//! a cgroup with a run's limits, and a run's seccomp program with three exceptions that only
+//! matter inside namespaces it makes itself ([`super::seccomp::Holder::ForkServer`]). It sees
+//! no run directory: each run's directories reach it as detached mounts of that run's own
+//! (`open_tree`), sent with the request together with the request itself (in a memfd that only
+//! the forked child reads, so the fork server's memory never holds a run's data).
 //!
-//! **The run directories** (`<data>/runs/<server pid>`) are bound into its sandbox, hidden from
-//! every run (each child detaches them before user code runs). The server mounts a tmpfs there,
-//! shared, and the fork server's sandbox is a slave of it, so that each run's size-capped
-//! scratch mount, made after the fork server started, shows up there.
+//! **What its runs share.** Every run it forks is its fork: the same interpreter memory (the
+//! same hash seed, address layout and stack canary), and the fork server's host uid, under a
+//! user namespace of its own nested in the fork server's. Per-user kernel counters (inotify
+//! instances and watches) are charged to that uid, so each run gets an equal share of them
+//! (the host's per-user limit divided by the concurrency cap plus one) and a run that takes
+//! all of its share leaves the others theirs. What an environment's own code does in
+//! the fork server, it could do in each of that environment's runs anyway; a fork server
+//! serves one environment.
 
 use std::collections::HashMap;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
@@ -41,17 +43,17 @@ use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 
 use super::{NativeBackend, NativeTeardown, join_file, pidfd_kill, pidfd_open, policy};
-use crate::cgroup::CgroupSet;
-use crate::child::{pipe, rlimits_for};
+use crate::cgroup::{CgroupSet, RunCgroup};
+use crate::child::{Rlimit, RlimitKind, memfd_with, pipe, rlimits_for};
 use crate::error::{SandboxError, SpawnError};
 use crate::supervise::{DirectChild, outcome, supervise};
-use crate::{Identity, LEASED_UID_BASE, LEASED_UIDS, Limits, Mount, Outcome, OutputChunk, Policy};
+use crate::{Identity, IdentityLease, Limits, Mount, Outcome, OutputChunk, Policy};
 
 /// The tmpfs of the run directories: scripts and the runner only (input files and the run's
 /// own files are in each run's capped scratch mount below it).
 const RUNS_ROOT_OPTIONS: &str = "mode=0755,size=1g,nr_inodes=1048576";
-/// Where the run directories appear inside the fork server's sandbox (each run detaches it).
-const RUNS_INSIDE: &str = "/run/snakebox/runs";
+/// Where the fork server's own program appears inside its sandbox (read-only).
+const FILES_INSIDE: &str = "/run/snakebox/forkserver";
 /// An empty mount point each run builds its fresh `/tmp` on (see `forkserver.py`).
 const SPARE_INSIDE: &str = "/run/snakebox/spare";
 /// The fork server program.
@@ -65,21 +67,32 @@ const KILLED_REPORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest message from the fork server.
 const MESSAGE_MAX: usize = 64 * 1024;
 
+/// The CPU a fork server may use (thousandths of a core): a fork costs it well under a
+/// millisecond, so this serves hundreds of runs a second, while code of its environment that
+/// keeps running in it (a thread a `.pth` line started) can take no more than this.
+const FORK_SERVER_MILLICORES: u64 = 250;
+
+/// The fork server's own share of the per-user kernel counters of its uid, besides one per run
+/// it may serve at once.
+const SHARES_EXTRA: u64 = 1;
+
 /// Descriptors the fork server's bwrap command needs (see `NativeBackend::prepare`).
 pub(crate) struct ZygoteSetup {
     /// Its end of the request socket (fd 3 inside).
     pub(crate) socket: OwnedFd,
-    /// Mount points each run binds its directories on.
+    /// Mount points each run attaches its directories on.
     pub(crate) mount_points: Vec<PathBuf>,
 }
 
 /// How a forked run ended, as the fork server reported it.
 #[derive(Debug)]
 enum Report {
-    /// Its wait status.
+    /// The run's wait status (of its pid 2, the script's process).
     Exit(i32),
     /// Its setup failed before user code ran.
     Fail(String),
+    /// The run's keeper ended (its wait status) without a report: killed with the run.
+    Gone(i32),
 }
 
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Report>>>>;
@@ -100,15 +113,17 @@ pub struct ForkServerSpec {
     pub runs_root: PathBuf,
     /// Where runs mount their directories inside (created empty in the fork server's view).
     pub mount_points: Vec<PathBuf>,
+    /// How many runs it may serve at once: each gets an equal share of the per-user kernel
+    /// counters charged to the fork server's uid.
+    pub concurrent_runs: usize,
 }
 
-/// One run for the fork server.
+/// One run for the fork server. It runs as the fork server's identity
+/// ([`ForkServer::host_ids`] must own its writable directories).
 #[derive(Debug, Clone)]
 pub struct ForkRun {
-    /// The run's own directories (host paths below the spec's `runs_root`).
+    /// The run's own directories (host paths, each attached at its destination).
     pub mounts: Vec<Mount>,
-    /// Whose run: must be a leased identity.
-    pub identity: Identity,
     /// Its limits (`wall_time` counts from the request).
     pub limits: Limits,
     /// `sys.argv` of the module's `main()`; `argv[0]`'s directory is `sys.path[0]`.
@@ -127,23 +142,32 @@ pub struct ForkServer {
     socket: OwnedFd,
     waiters: Waiters,
     alive: Arc<AtomicBool>,
-    runs_root: PathBuf,
     cgroups: Arc<CgroupSet>,
+    /// Its own cgroup (a run's limits), killed and removed when it stops.
+    _cgroup: RunCgroup,
+    /// Its host uid, for its lifetime (its runs have it too).
+    lease: IdentityLease,
+    /// Each run's share of the per-user kernel counters (`/proc/sys/user` name, value).
+    user_limits: Vec<(&'static str, u64)>,
+    /// Each run's share of the message-queue and pending-signal limits.
+    run_rlimits: Vec<Rlimit>,
     files: PathBuf,
     next: AtomicU64,
 }
 
 impl NativeBackend {
-    /// Start a fork server (see the module documentation). Blocks until it is ready (it has
-    /// imported its modules), at most [`READY_TIMEOUT`].
+    /// Start a fork server (see the module documentation) as `lease`'s host uid, which it
+    /// keeps for its lifetime. Blocks until it is ready (it has imported its modules), at most
+    /// [`READY_TIMEOUT`].
     pub(crate) fn start_fork_server(
         &self,
         spec: &ForkServerSpec,
+        lease: IdentityLease,
     ) -> Result<ForkServer, SandboxError> {
         let fail = |message: String| fork_server_error(message, true);
         if !self.drop_privileges {
             return Err(fail(
-                "it needs a server running as root (to map the runs' uids)".into(),
+                "it needs a server running as root (it runs as a host uid of its own)".into(),
             ));
         }
         let Some(cgroups) = self.cgroups.clone() else {
@@ -151,25 +175,23 @@ impl NativeBackend {
                 "it needs cgroups (runs are killed and limited through them)".into(),
             ));
         };
-        mount_runs_root(&spec.runs_root).map_err(|err| {
-            fail(format!(
-                "could not mount the run directories at `{}`: {err}",
-                spec.runs_root.display()
-            ))
-        })?;
+        let Identity::Leased(_) = lease.identity() else {
+            return Err(fail("no host uid of its own is free".into()));
+        };
         let files = write_files(&spec.runs_root, &spec.module_source)
             .map_err(|err| fail(format!("could not write its program: {err}")))?;
-        let inside = Path::new(RUNS_INSIDE).join(files.file_name().unwrap_or_default());
         let (ours, theirs) =
             seqpacket_pair().map_err(|err| fail(format!("could not make its socket: {err}")))?;
 
         let mut policy = spec.policy.clone();
         policy.network = false;
+        policy.identity = lease.identity();
         policy.mounts.push(Mount {
-            host: spec.runs_root.clone(),
-            dest: RUNS_INSIDE.into(),
-            writable: true,
+            host: files.clone(),
+            dest: FILES_INSIDE.into(),
+            writable: false,
         });
+        let inside = Path::new(FILES_INSIDE);
         let command = crate::SandboxCommand {
             program: spec.python.clone(),
             args: vec![
@@ -177,8 +199,8 @@ impl NativeBackend {
                 inside.join("forkserver.py").into_os_string(),
                 policy::CONTROL_FD.to_string().into(),
                 inside.join("module.py").into_os_string(),
-                format!("/proc/self/fd/{}", policy::SECCOMP_EPERM_FD).into(),
-                format!("/proc/self/fd/{}", policy::SECCOMP_ENOSYS_FD).into(),
+                policy::RUN_SECCOMP_EPERM_FD.to_string().into(),
+                policy::RUN_SECCOMP_ENOSYS_FD.to_string().into(),
             ],
             control_channel: false,
         };
@@ -191,7 +213,21 @@ impl NativeBackend {
                 .chain([PathBuf::from(SPARE_INSIDE)])
                 .collect(),
         };
-        let mut prepared = self.prepare(&policy, &command, None, Some(setup))?;
+        // Its own cgroup, with a run's limits: what its interpreter imports is caller-chosen
+        // code, bounded like a run's. Its CPU share is smaller: it lives on between calls,
+        // and all it does then is fork (a run's own CPU is charged to the run's cgroup).
+        let cgroup = cgroups.create_run(&Limits {
+            cpu_millicores: Some(
+                policy
+                    .limits
+                    .cpu_millicores
+                    .map_or(FORK_SERVER_MILLICORES, |run| {
+                        run.min(FORK_SERVER_MILLICORES)
+                    }),
+            ),
+            ..policy.limits.clone()
+        })?;
+        let mut prepared = self.prepare(&policy, &command, Some(&cgroup), Some(setup))?;
         prepared
             .command
             .stdout(Stdio::null())
@@ -214,8 +250,21 @@ impl NativeBackend {
             socket: ours,
             waiters: Arc::new(Mutex::new(HashMap::new())),
             alive: Arc::new(AtomicBool::new(false)),
-            runs_root: spec.runs_root.clone(),
             cgroups,
+            _cgroup: cgroup,
+            lease,
+            user_limits: user_limit_shares(shares(spec.concurrent_runs)),
+            run_rlimits: shared_rlimits()
+                .into_iter()
+                .map(|(kind, value)| {
+                    let share = (value / shares(spec.concurrent_runs)).max(1);
+                    Rlimit {
+                        kind,
+                        soft: share,
+                        hard: share,
+                    }
+                })
+                .collect(),
             files,
             next: AtomicU64::new(1),
         };
@@ -249,11 +298,81 @@ impl NativeBackend {
     }
 }
 
+/// The fork server's own rlimits: a run's, without the CPU-time limit (which would end it
+/// after that much CPU over its whole life).
+pub(crate) fn rlimits(limits: &Limits, memory: bool, processes: bool) -> Vec<Rlimit> {
+    let without_cpu = Limits {
+        cpu_time: None,
+        ..limits.clone()
+    };
+    rlimits_for(&without_cpu, memory, processes)
+}
+
+/// The server's own message-queue and pending-signal limits (what a cold run inherits): the
+/// kernel counts them for the fork server's uid across all its runs, so each run gets a share.
+fn shared_rlimits() -> Vec<(RlimitKind, u64)> {
+    [RlimitKind::Msgqueue, RlimitKind::Sigpending]
+        .into_iter()
+        .filter_map(|kind| {
+            let mut limit = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: 0,
+            };
+            // SAFETY: getrlimit fills the struct we own.
+            let ok = unsafe { libc::getrlimit(kind.resource(), &mut limit) } == 0;
+            (ok && limit.rlim_cur != libc::RLIM_INFINITY).then_some((kind, limit.rlim_cur))
+        })
+        .collect()
+}
+
+/// How many equal shares the per-user kernel counters of a fork server's uid are cut into:
+/// one per run it may serve at once, and its own.
+fn shares(concurrent_runs: usize) -> u64 {
+    u64::try_from(concurrent_runs)
+        .unwrap_or(u64::MAX)
+        .saturating_add(SHARES_EXTRA)
+        .max(1)
+}
+
+/// Each run's share of the per-user inotify limits, which the kernel counts for the fork
+/// server's uid across all its runs, up to the host's per-user limits.
+fn user_limit_shares(shares: u64) -> Vec<(&'static str, u64)> {
+    [
+        (
+            "max_inotify_instances",
+            "/proc/sys/fs/inotify/max_user_instances",
+        ),
+        (
+            "max_inotify_watches",
+            "/proc/sys/fs/inotify/max_user_watches",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(name, host)| {
+        let total: u64 = fs_err::read_to_string(host).ok()?.trim().parse().ok()?;
+        Some((name, (total / shares).max(1)))
+    })
+    .collect()
+}
+
 impl ForkServer {
     /// Whether it is still serving.
     #[must_use]
     pub fn is_alive(&self) -> bool {
         self.alive.load(Ordering::SeqCst)
+    }
+
+    /// The host uid and gid it and every run it forks have: the owner a run's writable
+    /// directories must have.
+    #[must_use]
+    pub fn host_ids(&self) -> Option<(u32, u32)> {
+        self.lease.host_ids()
+    }
+
+    /// The identity of its runs (for a run that must be started another way after all).
+    #[must_use]
+    pub fn identity(&self) -> Identity {
+        self.lease.identity()
     }
 
     /// Run one request in a fresh sandbox forked from the fork server, supervised like
@@ -273,32 +392,25 @@ impl ForkServer {
         if !self.is_alive() {
             return Err(fail("it is not running".into()));
         }
-        let Identity::Leased(uid) = run.identity else {
-            return Err(fail("a forked run needs a leased uid".into()));
-        };
-        if !(LEASED_UID_BASE..LEASED_UID_BASE + LEASED_UIDS).contains(&uid) {
-            return Err(fail(format!("uid `{uid}` is not a leased one")));
-        }
-        let mut binds = Vec::with_capacity(run.mounts.len());
-        for mount in &run.mounts {
-            let relative = mount
-                .host
-                .strip_prefix(&self.runs_root)
-                .map_err(|_| fail(format!("`{}` is not a run directory", mount.host.display())))?;
-            binds.push(serde_json::json!([
-                relative.to_string_lossy(),
-                mount.dest.to_string_lossy(),
-                mount.writable
-            ]));
-        }
         let started = Instant::now();
-        let cgroup = self.cgroups.create_run(&run.limits)?;
         let mut fds: Vec<OwnedFd> = Vec::new();
         let (stdout_read, stdout_write) = pipe().map_err(desc("stdout"))?;
         let (stderr_read, stderr_write) = pipe().map_err(desc("stderr"))?;
         let (control_read, control_write) = pipe().map_err(desc("control channel"))?;
         fds.extend([stdout_write, stderr_write, control_write]);
+        // The run's own directories, as detached mounts: the fork server sees no others.
+        let mut mounts = Vec::with_capacity(run.mounts.len());
+        for mount in &run.mounts {
+            mounts.push(
+                detached_mount(&mount.host).map_err(|source| SpawnError::Path {
+                    path: mount.host.clone(),
+                    source,
+                })?,
+            );
+        }
+        let cgroup = self.cgroups.create_run(&run.limits)?;
         let procs = cgroup.procs_files();
+        let mut joins = Vec::with_capacity(procs.len());
         for file in &procs {
             let path = join_file(file);
             let opened = fs_err::OpenOptions::new()
@@ -308,34 +420,45 @@ impl ForkServer {
                     path: path.clone(),
                     source,
                 })?;
-            fds.push(OwnedFd::from(opened.into_parts().0));
+            joins.push(OwnedFd::from(opened.into_parts().0));
         }
-        let rlimits: Vec<serde_json::Value> =
-            rlimits_for(&run.limits, !cgroup.limits_memory(), !cgroup.limits_pids())
-                .iter()
-                .map(|limit| {
-                    let value = |v: u64| {
-                        if v == libc::RLIM_INFINITY {
-                            -1
-                        } else {
-                            i64::try_from(v).unwrap_or(i64::MAX)
-                        }
-                    };
-                    serde_json::json!([limit.kind.resource(), value(limit.soft), value(limit.hard)])
-                })
-                .collect();
+        let mut rlimits = rlimits_for(&run.limits, !cgroup.limits_memory(), !cgroup.limits_pids());
+        rlimits.extend(self.run_rlimits.iter().copied());
+        let rlimits: Vec<serde_json::Value> = rlimits
+            .iter()
+            .map(|limit| {
+                let value = |v: u64| {
+                    if v == libc::RLIM_INFINITY {
+                        -1
+                    } else {
+                        i64::try_from(v).unwrap_or(i64::MAX)
+                    }
+                };
+                serde_json::json!([limit.kind.resource(), value(limit.soft), value(limit.hard)])
+            })
+            .collect();
         let scratch = run.limits.scratch_bytes;
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
         let request = serde_json::json!({
-            "id": id,
-            "uid": uid,
             "argv": run.argv,
             "cwd": run.cwd.to_string_lossy(),
-            "binds": binds,
+            "mounts": mounts.len(),
+            "targets": run
+                .mounts
+                .iter()
+                .map(|m| serde_json::json!([m.dest.to_string_lossy(), m.writable]))
+                .collect::<Vec<_>>(),
+            "cgroups": joins.len(),
             "tmpfs": [["/tmp", scratch], ["/dev/shm", scratch]],
             "rlimits": rlimits,
-            "cgroups": procs.len(),
+            "user_limits": self.user_limits,
         });
+        fds.push(
+            memfd_with(c"run-request", request.to_string().as_bytes())
+                .map_err(desc("run request"))?,
+        );
+        fds.extend(mounts);
+        fds.extend(joins);
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (report_tx, report_rx) = oneshot::channel();
         self.lock_waiters().insert(id, report_tx);
         let teardown = Arc::new(NativeTeardown {
@@ -343,7 +466,7 @@ impl ForkServer {
             sandbox_pid: AtomicI32::new(0),
             cgroup: Some(cgroup),
         });
-        if let Err(err) = send_with_fds(&self.socket, request.to_string().as_bytes(), &fds) {
+        if let Err(err) = send_with_fds(&self.socket, format!("run {id}").as_bytes(), &fds) {
             self.lock_waiters().remove(&id);
             return Err(fail(format!("could not send the request: {err}")));
         }
@@ -379,8 +502,8 @@ impl ForkServer {
             other => other.into(),
         })?;
         tokio::task::spawn_blocking(move || crate::supervise::Teardown::release(teardown.as_ref()));
-        // The run's pid 1 reports a death by signal N as exit status 128 + N, as bwrap does.
-        Ok(outcome(raw, &run.limits, true, memory_hit))
+        // The report is the script process's own wait status: an exit code is an exit code.
+        Ok(outcome(raw, &run.limits, false, memory_hit))
     }
 
     fn lock_waiters(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Report>>> {
@@ -391,7 +514,8 @@ impl ForkServer {
 impl Drop for ForkServer {
     fn drop(&mut self) {
         self.alive.store(false, Ordering::SeqCst);
-        // Its keeper thread reaps it.
+        // Its keeper thread reaps it; anything it left in its cgroup is killed when the
+        // cgroup is removed (dropped right after this).
         pidfd_kill(&self.process);
         let _ = fs_err::remove_dir_all(&self.files);
     }
@@ -427,7 +551,9 @@ impl DirectChild for Forked {
         };
         self.report = None;
         match report {
-            Ok(Report::Exit(status)) => Ok(std::process::ExitStatus::from_raw(status)),
+            Ok(Report::Exit(status) | Report::Gone(status)) => {
+                Ok(std::process::ExitStatus::from_raw(status))
+            }
             Ok(Report::Fail(reason)) => {
                 Err(std::io::Error::other(format!("{SETUP_FAILED}: {reason}")))
             }
@@ -443,12 +569,10 @@ impl DirectChild for Forked {
     }
 }
 
-/// Mount a fresh tmpfs on `dir`, the server's run directories, and make it a shared mount:
-/// mounts made below it later (each run's scratch) then reach the fork server's sandbox, a
-/// slave of it. In memory, like the runs' scratch: making and removing a run directory costs
-/// no disk inode allocation (a measurable share of a run's CPU on ext4). Call it before any
-/// run directory exists (what is there already is covered). Done once per directory;
-/// [`unmount_runs_root`] undoes it (the engine's clean-up calls it).
+/// Mount a fresh tmpfs on `dir`, the server's run directories: making and removing a run
+/// directory then costs no disk inode allocation (a measurable share of a run's CPU on ext4).
+/// Call it before any run directory exists (what is there already is covered). Done once per
+/// directory; [`unmount_runs_root`] undoes it (the engine's clean-up calls it).
 ///
 /// # Errors
 /// When the directory cannot be created or mounted (the server is not root).
@@ -468,16 +592,6 @@ pub fn mount_runs_root(dir: &Path) -> std::io::Result<()> {
         Some(RUNS_ROOT_OPTIONS),
     )
     .map_err(std::io::Error::from)?;
-    if let Err(err) = mount(
-        None::<&str>,
-        dir,
-        None::<&str>,
-        MsFlags::MS_SHARED,
-        None::<&str>,
-    ) {
-        let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
-        return Err(err.into());
-    }
     mounted.push(dir.to_path_buf());
     Ok(())
 }
@@ -487,8 +601,33 @@ pub fn unmount_runs_root(dir: &Path) {
     let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
 }
 
+/// A detached copy of the mount tree at `path` (`open_tree` with `OPEN_TREE_CLONE`): what a
+/// forked run attaches as one of its directories. The fork server it passes through cannot
+/// attach it anywhere (it has no capability in its own mount namespace) and sees nothing else
+/// of the run directories.
+fn detached_mount(path: &Path) -> std::io::Result<OwnedFd> {
+    use std::os::unix::ffi::OsStrExt;
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::other("the path holds a NUL byte"))?;
+    // SAFETY: open_tree reads a NUL-terminated path and returns a fresh descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_RECURSIVE as libc::c_uint,
+        )
+    };
+    match i32::try_from(fd) {
+        // SAFETY: a fresh descriptor owned only here.
+        Ok(fd) if fd >= 0 => Ok(unsafe { OwnedFd::from_raw_fd(fd) }),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
 /// Write the fork server's program and the run module into a fresh directory below
-/// `runs_root` (readable by the fork server's uid).
+/// `runs_root` (readable by the fork server's uid; bound read-only into its sandbox).
 fn write_files(runs_root: &Path, module: &str) -> std::io::Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     static COUNT: AtomicU64 = AtomicU64::new(0);
@@ -638,10 +777,15 @@ fn read_reports(socket: &OwnedFd, waiters: &Waiters, alive: &AtomicBool) {
             continue;
         };
         let rest = parts.next().unwrap_or_default();
+        let status = || rest.trim().parse::<i32>().ok();
         let report = match kind {
-            "exit" => match rest.trim().parse::<i32>() {
-                Ok(status) => Report::Exit(status),
-                Err(_) => continue,
+            "exit" => match status() {
+                Some(status) => Report::Exit(status),
+                None => continue,
+            },
+            "gone" => match status() {
+                Some(status) => Report::Gone(status),
+                None => continue,
             },
             "fail" => Report::Fail(rest.to_string()),
             _ => continue,

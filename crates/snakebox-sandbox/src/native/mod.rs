@@ -34,8 +34,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use self::policy::{
-    ARGS_FD, CONTROL_FD, GROUP, GROUP_FD, HOSTS, HOSTS_FD, INFO_FD, PASSWD, PASSWD_FD, SANDBOX_GID,
-    SANDBOX_UID, SECCOMP_ENOSYS_FD, SECCOMP_EPERM_FD, SystemView,
+    ARGS_FD, CONTROL_FD, GROUP, GROUP_FD, HOSTS, HOSTS_FD, INFO_FD, PASSWD, PASSWD_FD,
+    RUN_SECCOMP_ENOSYS_FD, RUN_SECCOMP_EPERM_FD, SANDBOX_GID, SANDBOX_UID, SECCOMP_ENOSYS_FD,
+    SECCOMP_EPERM_FD, SystemView,
 };
 use crate::cgroup::{CgroupSet, RunCgroup};
 use crate::child::{ChildPlan, StagedMount, Staging, memfd_with, pipe, raise_fd, rlimits_for};
@@ -66,6 +67,9 @@ pub(crate) struct NativeBackend {
     view: SystemView,
     seccomp_eperm: Vec<u8>,
     seccomp_enosys: Vec<u8>,
+    /// The fork server's own programs (see [`seccomp::Holder::ForkServer`]).
+    fork_server_eperm: Vec<u8>,
+    fork_server_enosys: Vec<u8>,
     /// Whether we switch bwrap to an unprivileged host uid (the server is root).
     drop_privileges: bool,
     staging: Option<PathBuf>,
@@ -129,7 +133,8 @@ impl NativeBackend {
             })?;
         let version = String::from_utf8_lossy(&version.stdout).trim().to_string();
         seccomp_available()?;
-        let programs = seccomp::programs()?;
+        let programs = seccomp::programs(seccomp::Holder::Run)?;
+        let fork_server_programs = seccomp::programs(seccomp::Holder::ForkServer)?;
         let (drop_privileges, staging) = if is_root() {
             let root = PathBuf::from(STAGING_ROOT);
             fs_err::create_dir_all(&root).map_err(|source| NamespaceError::Staging {
@@ -156,6 +161,8 @@ impl NativeBackend {
             view: policy::probe_system_view(),
             seccomp_eperm: seccomp::SeccompPrograms::to_bytes(&programs.eperm),
             seccomp_enosys: seccomp::SeccompPrograms::to_bytes(&programs.enosys),
+            fork_server_eperm: seccomp::SeccompPrograms::to_bytes(&fork_server_programs.eperm),
+            fork_server_enosys: seccomp::SeccompPrograms::to_bytes(&fork_server_programs.enosys),
             drop_privileges,
             staging,
             cgroups,
@@ -247,7 +254,7 @@ impl NativeBackend {
     pub(crate) fn report(&self) -> BackendReport {
         let host_uid = match self.host_ids(Identity::Untrusted) {
             Some((uid, _)) => format!(
-                "host uid: bwrap and the command run as an unprivileged host uid: one of their own per one-shot run ({}-{}), {uid} for sessions, {INSTALLER_UID} for installs (the server is root; sources are staged in a private mount namespace at {STAGING_ROOT})",
+                "host uid: bwrap and the command run as an unprivileged host uid: one of their own per one-shot run and per fork server, shared by the runs it forks ({}-{}), {uid} for sessions, {INSTALLER_UID} for installs (the server is root; sources are staged in a private mount namespace at {STAGING_ROOT})",
                 crate::LEASED_UID_BASE,
                 crate::LEASED_UID_BASE + crate::LEASED_UIDS - 1
             ),
@@ -359,7 +366,6 @@ impl NativeBackend {
                 plan.staging = Some(Staging {
                     root: cstring(root.as_os_str().as_bytes())?,
                     mounts: staged,
-                    receive_host_mounts: zygote.is_some(),
                 });
             }
         } else {
@@ -383,13 +389,30 @@ impl NativeBackend {
             ARGS_FD,
             "bwrap arguments",
         )?;
+        // The sandbox's own programs; a fork server also gets a run's, which it installs in
+        // each run it forks (on top of its own).
+        let (eperm, enosys) = if zygote.is_some() {
+            map(
+                memfd_with(c"seccomp-eperm", &self.seccomp_eperm).map_err(desc("seccomp"))?,
+                RUN_SECCOMP_EPERM_FD,
+                "seccomp",
+            )?;
+            map(
+                memfd_with(c"seccomp-enosys", &self.seccomp_enosys).map_err(desc("seccomp"))?,
+                RUN_SECCOMP_ENOSYS_FD,
+                "seccomp",
+            )?;
+            (&self.fork_server_eperm, &self.fork_server_enosys)
+        } else {
+            (&self.seccomp_eperm, &self.seccomp_enosys)
+        };
         map(
-            memfd_with(c"seccomp-eperm", &self.seccomp_eperm).map_err(desc("seccomp"))?,
+            memfd_with(c"seccomp-eperm", eperm).map_err(desc("seccomp"))?,
             SECCOMP_EPERM_FD,
             "seccomp",
         )?;
         map(
-            memfd_with(c"seccomp-enosys", &self.seccomp_enosys).map_err(desc("seccomp"))?,
+            memfd_with(c"seccomp-enosys", enosys).map_err(desc("seccomp"))?,
             SECCOMP_ENOSYS_FD,
             "seccomp",
         )?;
@@ -425,10 +448,11 @@ impl NativeBackend {
         let limits = &policy.limits;
         let memory_by_cgroup = cgroup.is_some_and(RunCgroup::limits_memory);
         let pids_by_cgroup = cgroup.is_some_and(RunCgroup::limits_pids);
-        if !is_zygote {
-            // (Each run forked by the fork server sets its own.)
-            plan.rlimits = rlimits_for(limits, !memory_by_cgroup, !pids_by_cgroup);
-        }
+        plan.rlimits = if is_zygote {
+            forkserver::rlimits(limits, !memory_by_cgroup, !pids_by_cgroup)
+        } else {
+            rlimits_for(limits, !memory_by_cgroup, !pids_by_cgroup)
+        };
         plan.cgroup_procs = match cgroup {
             Some(cg) => cg
                 .procs_files()
@@ -437,12 +461,7 @@ impl NativeBackend {
                 .collect::<Result<_, _>>()?,
             None => Vec::new(),
         };
-        // The fork server stays root (with few capabilities): see `forkserver.rs`.
-        plan.drop_to = if is_zygote {
-            None
-        } else {
-            self.host_ids(policy.identity)
-        };
+        plan.drop_to = self.host_ids(policy.identity);
 
         let mut cmd = std::process::Command::new(&self.bwrap);
         cmd.args(policy::bwrap_argv(command))

@@ -39,16 +39,12 @@ pub(crate) const GROUP_FD: i32 = 9;
 /// `--ro-bind-data` for the synthetic `/etc/hosts`.
 pub(crate) const HOSTS_FD: i32 = 10;
 
-/// Capabilities the fork server keeps (it runs as root), to give each run its own namespaces,
-/// mounts and uid: mount and unshare, switching uids, bringing up loopback, and reaching the
-/// run directories (owned by the runs' uids) to bind them. Every other one is dropped.
-pub(crate) const ZYGOTE_CAPS: &[&str] = &[
-    "CAP_SYS_ADMIN",
-    "CAP_SETUID",
-    "CAP_SETGID",
-    "CAP_NET_ADMIN",
-    "CAP_DAC_OVERRIDE",
-];
+/// A fork server's copy of a run's seccomp programs (guard + EPERM list), which it installs
+/// in each run it forks: its own programs are at [`SECCOMP_EPERM_FD`] and
+/// [`SECCOMP_ENOSYS_FD`], as a run's are.
+pub(crate) const RUN_SECCOMP_EPERM_FD: i32 = 11;
+/// A fork server's copy of a run's ENOSYS program (see [`RUN_SECCOMP_EPERM_FD`]).
+pub(crate) const RUN_SECCOMP_ENOSYS_FD: i32 = 12;
 
 /// Synthetic `/etc/passwd`: the sandbox user only (and root, which some tools look up).
 /// Never the host's file: its user names are not the sandbox's business.
@@ -125,15 +121,8 @@ pub(crate) enum SetupOp {
     UnshareUser,
     /// `--unshare-cgroup`: explicit, so it fails instead of being skipped (`--unshare-all` only tries).
     UnshareCgroup,
-    /// `--unshare-NAME` for one namespace (the fork server lists them: it cannot use
-    /// `--unshare-all`, which includes the user namespace).
-    Unshare(&'static str),
-    /// `--cap-add CAP`.
-    CapAdd(&'static str),
     /// `--dir DEST`: an empty directory (a mount point for later mounts).
     Dir(PathBuf),
-    /// `--chmod MODE PATH`.
-    Chmod(u32, PathBuf),
     /// `--share-net`: keep the host network (only when the policy allows network).
     ShareNet,
     /// `--disable-userns`: no nested user namespaces (K-02).
@@ -278,15 +267,13 @@ pub(crate) fn setup_ops(
     Ok(ops)
 }
 
-/// The setup of the fork server's sandbox: a run's setup (same system view, environment,
-/// variables, /proc, /dev, limits on /tmp) with four differences. It keeps the host's user
-/// namespace and root (bwrap runs as root) with only [`ZYGOTE_CAPS`], where a run gets a user
-/// namespace of its own, an unprivileged uid and no capabilities: each run then makes its user
-/// namespace as its own host uid, so that its per-uid kernel counters are its own,
-/// which they would not be below a user namespace shared by every run. It has no seccomp
-/// program (each run installs the programs itself, after its setup); user namespaces stay
-/// possible (each run makes one; the run's seccomp program forbids any further); and
-/// `mount_points` are created for the mounts each run adds. Never the host network.
+/// The setup of the fork server's sandbox: exactly a run's (the same user namespace as an
+/// unprivileged host uid of its own, uid 65534 inside, no capabilities, the same system view,
+/// environment, variables, /proc, /dev and limits on /tmp, no-new-privs, seccomp) with three
+/// differences. Its seccomp programs are the fork server's ([`super::seccomp::Holder`]), which
+/// the server puts at the same descriptors; user namespaces stay possible (each run it forks
+/// makes one, nested in the fork server's, and the run's own programs forbid any further);
+/// and `mount_points` are created for the directories each run attaches. Never the network.
 pub(crate) fn zygote_ops(
     policy: &Policy,
     view: &SystemView,
@@ -297,53 +284,22 @@ pub(crate) fn zygote_ops(
     for point in mount_points {
         check_sandbox_path(point)?;
     }
+    let offline = Policy {
+        network: false,
+        ..policy.clone()
+    };
     let mut ops = Vec::new();
-    for op in setup_ops(policy, view, mount_sources)? {
+    for op in setup_ops(&offline, view, mount_sources)? {
         match op {
-            UnshareAll => ops.extend(["pid", "net", "ipc", "uts"].map(Unshare)),
-            UnshareCgroup => ops.push(Unshare("cgroup")),
-            UnshareUser | DisableUserns | Uid(_) | Gid(_) | SeccompFd(_) | ShareNet => {}
-            CapDropAll => ops.extend(ZYGOTE_CAPS.iter().map(|cap| CapAdd(cap))),
+            DisableUserns => {}
             RemountRo(root) => {
                 ops.extend(mount_points.iter().cloned().map(Dir));
-                // bwrap may make the directories leading to a mount point private (0700). The
-                // runs have other uids: they must be able to pass.
-                ops.extend(traversable(&ops).into_iter().map(|dir| Chmod(0o755, dir)));
                 ops.push(RemountRo(root));
             }
             other => ops.push(other),
         }
     }
     Ok(ops)
-}
-
-/// The directories bwrap created on its root to reach the destinations of `ops`: every
-/// ancestor of a destination that is not itself mounted or inside a mount (those are host
-/// directories, never to be changed).
-fn traversable(ops: &[SetupOp]) -> Vec<PathBuf> {
-    use SetupOp::*;
-    let mut mounted: Vec<&Path> = Vec::new();
-    let mut dests: Vec<&Path> = Vec::new();
-    for op in ops {
-        match op {
-            RoBind(_, d) | Bind(_, d) | Proc(d) | Dev(d) | Tmpfs(d, _) => {
-                mounted.push(d);
-                dests.push(d);
-            }
-            RoData(_, d) | Symlink(_, d) | Dir(d) => dests.push(d),
-            _ => {}
-        }
-    }
-    let mut dirs: Vec<PathBuf> = dests
-        .iter()
-        .flat_map(|d| d.ancestors().skip(1))
-        .filter(|a| a.parent().is_some())
-        .filter(|a| !mounted.iter().any(|m| a.starts_with(m)))
-        .map(Path::to_path_buf)
-        .collect();
-    dirs.sort();
-    dirs.dedup();
-    dirs
 }
 
 /// Options for bwrap's `--args` descriptor (NUL-separated).
@@ -356,10 +312,7 @@ pub(crate) fn option_args(ops: &[SetupOp]) -> Vec<OsString> {
             UnshareAll => push(&[&"--unshare-all"]),
             UnshareUser => push(&[&"--unshare-user"]),
             UnshareCgroup => push(&[&"--unshare-cgroup"]),
-            Unshare(name) => push(&[&format!("--unshare-{name}")]),
-            CapAdd(cap) => push(&[&"--cap-add", cap]),
             Dir(d) => push(&[&"--dir", d]),
-            Chmod(mode, path) => push(&[&"--chmod", &format!("{mode:04o}"), path]),
             ShareNet => push(&[&"--share-net"]),
             DisableUserns => push(&[&"--disable-userns"]),
             Uid(u) => push(&[&"--uid", &u.to_string()]),
@@ -561,30 +514,35 @@ mod tests {
     }
 
     #[test]
-    fn the_fork_servers_sandbox_keeps_a_runs_isolation_but_the_hosts_user_namespace() {
+    fn the_fork_servers_sandbox_is_a_runs_with_nested_user_namespaces_allowed() {
         use SetupOp::*;
-        let mut p = policy(true);
-        p.mounts.push(Mount {
-            host: "/srv/runs/42".into(),
-            dest: "/run/snakebox/runs".into(),
-            writable: true,
-        });
+        let p = policy(true);
         let sources: Vec<PathBuf> = p.mounts.iter().map(|m| m.host.clone()).collect();
         let points = [PathBuf::from("/snakebox"), PathBuf::from("/work")];
         let ops = zygote_ops(&p, &view(), &sources, &points).unwrap();
-        // The host's user namespace (each run makes its own), a few capabilities.
-        assert!(ZYGOTE_CAPS.iter().all(|cap| ops.contains(&CapAdd(cap))));
-        for gone in [UnshareAll, UnshareUser, DisableUserns, CapDropAll, ShareNet] {
-            assert!(!ops.contains(&gone), "{gone:?}");
+        let run = setup_ops(&policy(false), &view(), &sources).unwrap();
+        // A run's isolation: every namespace new (user included), its uid, no capabilities,
+        // seccomp (the fork server's programs sit at the same descriptors).
+        for kept in [
+            UnshareAll,
+            UnshareUser,
+            UnshareCgroup,
+            Uid(SANDBOX_UID),
+            Gid(SANDBOX_GID),
+            CapDropAll,
+            NewSession,
+            DieWithParent,
+            ClearEnv,
+            SeccompFd(SECCOMP_EPERM_FD),
+            SeccompFd(SECCOMP_ENOSYS_FD),
+        ] {
+            assert!(ops.contains(&kept), "{kept:?}");
         }
-        assert!(!ops.iter().any(|op| matches!(op, Uid(_) | Gid(_))));
-        assert!(!ops.iter().any(|op| matches!(op, SeccompFd(_))));
-        // Every other namespace is new, whatever the policy says about network.
-        for ns in ["pid", "net", "ipc", "uts", "cgroup"] {
-            assert!(ops.contains(&Unshare(ns)), "{ns}");
-        }
-        // Mount points and traversable parents come before the root turns read-only; host
-        // directories (mounted ones and what is inside them) are never changed.
+        // Never the network, even when the policy allows it; nested user namespaces allowed.
+        assert!(!ops.contains(&ShareNet));
+        assert!(!ops.contains(&DisableUserns));
+        // Otherwise the same steps as a run, plus the mount points, made before the root
+        // turns read-only.
         let ro = ops
             .iter()
             .position(|op| op == &RemountRo("/".into()))
@@ -592,28 +550,8 @@ mod tests {
         for point in &points {
             assert!(ops[..ro].contains(&Dir(point.clone())));
         }
-        assert!(ops[..ro].contains(&Chmod(0o755, "/run/snakebox".into())));
-        assert!(ops[..ro].contains(&Chmod(0o755, "/opt".into())));
-        let chmods: Vec<&PathBuf> = ops
-            .iter()
-            .filter_map(|op| {
-                if let Chmod(_, path) = op {
-                    Some(path)
-                } else {
-                    None
-                }
-            })
-            .collect();
-        for path in chmods {
-            assert!(
-                !path.starts_with("/usr") && !path.starts_with("/opt/python"),
-                "{path:?}"
-            );
-            assert!(
-                !path.starts_with("/tmp/work") && path != Path::new("/"),
-                "{path:?}"
-            );
-        }
+        let extra: Vec<&SetupOp> = ops.iter().filter(|op| !run.contains(op)).collect();
+        assert!(extra.iter().all(|op| matches!(op, Dir(_))), "{extra:?}");
     }
 
     #[test]

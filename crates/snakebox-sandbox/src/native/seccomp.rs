@@ -63,6 +63,28 @@ const VSOCK_FAMILY: u64 = 40;
 /// Personalities allowed (as Docker): Linux, Linux32 variants, and the 0xffffffff query.
 const PERSONALITIES_ALLOWED: [u64; 5] = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
 
+/// The only `unshare` flags a fork server may pass (all at once): the namespaces of a run it
+/// forks. `forkserver.py` has the same value (`UNSHARE_FLAGS`).
+pub(crate) const FORK_SERVER_UNSHARE: u64 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWCGROUP
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET) as u64;
+
+/// Whose programs: a run's, or a fork server's (a run's, with what building a forked run's
+/// sandbox needs; each forked run then adds a run's programs on top).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// Any sandboxed command: user code, installers, session interpreters.
+    Run,
+    /// A fork server: may also `unshare` exactly [`FORK_SERVER_UNSHARE`] (which gives it
+    /// capabilities only inside the namespaces it makes), `mount` there, and `move_mount` the
+    /// detached mounts of a run's directories the server hands it.
+    ForkServer,
+}
+
 /// The two compiled programs, in the order bwrap should load them.
 #[derive(Debug, Clone)]
 pub(crate) struct SeccompPrograms {
@@ -119,7 +141,7 @@ fn any_bit_of_arg0(bits: &[u64]) -> Vec<SeccompRule> {
 }
 
 /// Syscalls refused with EPERM, with their argument rules (empty = always).
-fn eperm_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
+fn eperm_rules(holder: Holder) -> BTreeMap<i64, Vec<SeccompRule>> {
     use libc::*;
     // clone's low byte is the exit signal, so CLONE_NEWTIME (0x80) cannot be checked there.
     let clone_ns = [
@@ -208,7 +230,25 @@ fn eperm_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
     rules.insert(SYS_lookup_dcookie, vec![]);
 
     rules.insert(SYS_clone, any_bit_of_arg0(&clone_ns));
-    rules.insert(SYS_unshare, any_bit_of_arg0(&unshare_ns));
+    match holder {
+        Holder::Run => {
+            rules.insert(SYS_unshare, any_bit_of_arg0(&unshare_ns));
+        }
+        Holder::ForkServer => {
+            // Mounting is needed (and only possible) inside the namespaces of a run it makes.
+            rules.remove(&SYS_mount);
+            // Every unshare but the one that makes a run's namespaces, all of them at once.
+            rules.insert(
+                SYS_unshare,
+                vec![rule(vec![cond(
+                    0,
+                    SeccompCmpArgLen::Qword,
+                    SeccompCmpOp::Ne,
+                    FORK_SERVER_UNSHARE,
+                )])],
+            );
+        }
+    }
     // ioctl's request is an `unsigned int` in the kernel: compare the low 32 bits only, so
     // high garbage bits cannot dodge the rule (CVE-2019-10063).
     rules.insert(
@@ -245,8 +285,8 @@ fn eperm_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
 }
 
 /// Syscalls refused with ENOSYS (the caller is expected to fall back).
-fn enosys_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
-    [
+fn enosys_rules(holder: Holder) -> BTreeMap<i64, Vec<SeccompRule>> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = [
         CLONE3,
         OPEN_TREE,
         MOVE_MOUNT,
@@ -263,7 +303,12 @@ fn enosys_rules() -> BTreeMap<i64, Vec<SeccompRule>> {
     ]
     .into_iter()
     .map(|nr| (nr, vec![]))
-    .collect()
+    .collect();
+    if holder == Holder::ForkServer {
+        // Attaching a run's directories, which arrive as detached mounts.
+        rules.remove(&MOVE_MOUNT);
+    }
+    rules
 }
 
 fn ld_abs(offset: u32) -> sock_filter {
@@ -310,8 +355,8 @@ fn guard(audit_arch: u32) -> BpfProgram {
     ]
 }
 
-/// Compile both programs for the architecture we run on.
-pub(crate) fn programs() -> Result<SeccompPrograms, SeccompError> {
+/// Compile both programs of `holder` for the architecture we run on.
+pub(crate) fn programs(holder: Holder) -> Result<SeccompPrograms, SeccompError> {
     let (arch, audit_arch, arch_name) = target_arch()?;
     let compile = |rules, errno: i32| -> Result<BpfProgram, SeccompError> {
         let filter = SeccompFilter::new(
@@ -328,8 +373,8 @@ pub(crate) fn programs() -> Result<SeccompPrograms, SeccompError> {
         Ok(filter)
     };
     let mut eperm = guard(audit_arch);
-    eperm.extend(compile(eperm_rules(), libc::EPERM)?);
-    let enosys = compile(enosys_rules(), libc::ENOSYS)?;
+    eperm.extend(compile(eperm_rules(holder), libc::EPERM)?);
+    let enosys = compile(enosys_rules(holder), libc::ENOSYS)?;
     Ok(SeccompPrograms { eperm, enosys })
 }
 
@@ -349,7 +394,7 @@ mod tests {
 
     #[test]
     fn both_programs_compile_and_fit_the_kernel_limit() {
-        let p = programs().unwrap();
+        let p = programs(Holder::Run).unwrap();
         assert!(!p.eperm.is_empty() && p.eperm.len() < 4096);
         assert!(!p.enosys.is_empty() && p.enosys.len() < 4096);
         assert_eq!(SeccompPrograms::to_bytes(&p.eperm).len(), p.eperm.len() * 8);
@@ -367,7 +412,11 @@ mod tests {
     /// Fork, install both filters in the child, make one syscall, exit with its errno
     /// (0 when it succeeded, 200 + signal when the child was killed).
     fn errno_in_child(nr: i64, args: [u64; 4]) -> i32 {
-        let p = programs().unwrap();
+        errno_in_child_of(Holder::Run, nr, args)
+    }
+
+    fn errno_in_child_of(holder: Holder, nr: i64, args: [u64; 4]) -> i32 {
+        let p = programs(holder).unwrap();
         // SAFETY: the child only makes raw system calls (prctl/seccomp via seccompiler on
         // programs built before fork) and exits with _exit.
         unsafe {
@@ -452,6 +501,73 @@ mod tests {
             errno_in_child(libc::SYS_personality, [0xffff_ffff, 0, 0, 0]),
             0
         );
+    }
+
+    #[test]
+    fn a_fork_server_may_make_a_runs_namespaces_and_nothing_more() {
+        use Holder::ForkServer;
+        // Any other combination of namespaces, or one more bit, is refused.
+        for flags in [
+            libc::CLONE_NEWUSER as u64,
+            libc::CLONE_NEWNS as u64,
+            FORK_SERVER_UNSHARE | libc::CLONE_NEWTIME as u64,
+            FORK_SERVER_UNSHARE | (1 << 32),
+        ] {
+            assert_eq!(
+                errno_in_child_of(ForkServer, libc::SYS_unshare, [flags, 0, 0, 0]),
+                libc::EPERM,
+                "{flags:#x}"
+            );
+        }
+        // Mounting reaches the kernel (EFAULT on a bad pointer), as does move_mount (EBADF).
+        assert_eq!(
+            errno_in_child_of(ForkServer, libc::SYS_mount, [1, 1, 1, 0]),
+            libc::EFAULT
+        );
+        assert_eq!(
+            errno_in_child_of(ForkServer, MOVE_MOUNT, [u64::MAX, 0, 0, 0]),
+            libc::EFAULT
+        );
+        // The rest of a run's program stands.
+        for (nr, args, errno) in [
+            (libc::SYS_setns, [u64::MAX, 0, 0, 0], libc::EPERM),
+            (libc::SYS_umount2, [1, 0, 0, 0], libc::EPERM),
+            (libc::SYS_open_by_handle_at, [0; 4], libc::EPERM),
+            (libc::SYS_ptrace, [16, 1, 0, 0], libc::EPERM),
+            (libc::SYS_bpf, [5, 1, 128, 0], libc::EPERM),
+            (OPEN_TREE, [0; 4], libc::ENOSYS),
+            (FSOPEN, [1, 0, 0, 0], libc::ENOSYS),
+        ] {
+            assert_eq!(
+                errno_in_child_of(ForkServer, nr, args),
+                errno,
+                "syscall {nr}"
+            );
+        }
+        // A run keeps refusing what the fork server may do.
+        assert_eq!(
+            errno_in_child(libc::SYS_unshare, [FORK_SERVER_UNSHARE, 0, 0, 0]),
+            libc::EPERM
+        );
+        assert_eq!(
+            errno_in_child(MOVE_MOUNT, [u64::MAX, 0, 0, 0]),
+            libc::ENOSYS
+        );
+    }
+
+    #[test]
+    fn the_fork_server_program_unshares_what_forkserver_py_asks_for() {
+        let source = include_str!("forkserver.py");
+        let line = source
+            .lines()
+            .find(|line| line.starts_with("UNSHARE_FLAGS = "))
+            .unwrap();
+        let value = line
+            .trim_start_matches("UNSHARE_FLAGS = 0x")
+            .split_whitespace()
+            .next()
+            .unwrap();
+        assert_eq!(u64::from_str_radix(value, 16).unwrap(), FORK_SERVER_UNSHARE);
     }
 
     #[cfg(target_arch = "x86_64")]
