@@ -523,3 +523,43 @@ async def test_S02_a_killed_server_leaves_no_mount_behind(snakebox_bin, tmp_path
         data, text, is_error = await call(client, "read_file", session_id=session, path="kept.txt")
         assert not is_error and data["content"] == "kept", text
     assert not os.path.ismount(mount)
+
+
+async def test_S02_the_image_follows_a_changed_quota_when_the_files_fit(snakebox_bin, tmp_path):
+    data_dir = fresh_data_dir(tmp_path)
+    image = data_dir / "sessions-v1.img"
+
+    def fill(tag: str, files: int) -> str:
+        return FILL.format(tag=tag).replace("range(32)", f"range({files})")
+
+    async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as client:
+        session = await create(client)
+        data, text, _ = await cell(client, session, fill("a", 8))
+        assert data["stdout"].endswith("stopped ENOSPC\n"), text  # 128 MiB asked, 64 MiB quota
+        await cell(client, session, "import shutil; shutil.rmtree('fill')")
+        data, text, _ = await cell(client, session, fill("b", 2))
+        assert data["stdout"] == "written 32 stopped None\n", text
+    assert image.stat().st_size == 64 << 20
+    # A larger quota: the image grows (checked and resized before it is mounted).
+    async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "160MiB") as client:
+        report, _, _ = await call(client, "check_environment")
+        assert "160 MiB" in report["sessions"]["disk_quota"], report["sessions"]["disk_quota"]
+        data, text, _ = await cell(client, session, fill("c", 6))
+        assert data["stdout"] == "written 96 stopped None\n", text  # 128 MiB in all, past 64
+    assert image.stat().st_size == 160 << 20
+    # A quota smaller than what the files need: the image keeps its size, and says so.
+    async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as client:
+        report, _, _ = await call(client, "check_environment")
+        assert "160 MiB" in report["sessions"]["disk_quota"], report["sessions"]["disk_quota"]
+        data, text, is_error = await call(client, "list_files", session_id=session, path="fill", depth=1)
+        assert not is_error and len(data["entries"]) == 8, text
+    assert image.stat().st_size == 160 << 20
+    # Once the files fit (the session deleted), the next start shrinks it.
+    async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "160MiB") as client:
+        _, text, is_error = await call(client, "delete_session", session_id=session)
+        assert not is_error, text
+    async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as client:
+        report, _, _ = await call(client, "check_environment")
+        assert "64 MiB" in report["sessions"]["disk_quota"], report["sessions"]["disk_quota"]
+        await alive(client)
+    assert image.stat().st_size == 64 << 20
