@@ -276,8 +276,20 @@ class ProcWatch:
                             grand = posture(gpid)
                             if grand["status"]:
                                 self.grandparents[gpid] = grand
+                                self._above_reaper(grand)
                 self.event.set()
             self._stop.wait(self.interval)
+
+    def _above_reaper(self, snap: dict[str, Any]) -> None:
+        """The runner's reaper (X-01: the runner's parent, in the sandbox) sits between the
+        script and the sandbox's init: record the init above it too."""
+        if not any(part.endswith(b"runner.py") for part in snap["cmdline"]):
+            return
+        up = int(snap["status"].get("PPid", "0") or 0)
+        if up and up not in self.grandparents:
+            init = posture(up)
+            if init["status"]:
+                self.grandparents[up] = init
 
     def wait_seen(self, timeout: float) -> bool:
         return self.event.wait(timeout)

@@ -7,8 +7,7 @@ outside `os._exit(137)` looked like a SIGKILL. The runners now fork once at star
 the control channel's last line. These tests run each way a run can end on each path the
 report covers (cold bubblewrap, a pooled sandbox, a session interpreter), judged by the
 result the client gets, with proof of life (a token printed before the end) in every case.
-The forked path (the fork server) reports through its own init, which the lead is
-rewriting: its test is a strict xfail until that init writes the same report.
+The forked path (the fork server) passes on the script's own wait status instead.
 """
 
 from __future__ import annotations

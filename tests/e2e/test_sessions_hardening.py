@@ -129,6 +129,29 @@ async def test_S01_deep_and_wide_trees_never_crash_the_server(snakebox_bin, tmp_
         assert (Path("/etc") / "passwd").exists()
 
 
+async def test_S01_the_idle_reaper_deletes_a_deep_tree_and_the_server_lives(snakebox_bin, tmp_path):
+    import anyio
+
+    data_dir = fresh_data_dir(tmp_path)
+    flags = ("--session-idle-stop", "2", "--session-idle-delete", "3")
+    script = BUILD_TREE.replace("range(100)", "range(1)")
+    async with connect(snakebox_bin, data_dir, "auto", *flags) as client:
+        pid = server_pid(data_dir)
+        session = await create(client)
+        data, text, _ = await cell(client, session, script, timeout_seconds=240)
+        assert data["stdout"] == "built 1000\n", text
+        assert (host_work(data_dir, session) / "deep" / "d").is_dir()
+        for _ in range(120):
+            if not (data_dir / "sessions-v1" / session).exists():
+                break
+            await anyio.sleep(0.5)
+        assert not (data_dir / "sessions-v1" / session).exists()
+        listed, _, _ = await call(client, "list_sessions")
+        assert session not in {s["session_id"] for s in listed["sessions"]}
+        assert server_pid(data_dir) == pid
+        await alive(client)
+
+
 async def test_S01_a_one_shot_run_leaving_a_deep_tree_is_cleaned_up(snakebox_bin, tmp_path):
     data_dir = fresh_data_dir(tmp_path)
     script = BUILD_TREE.replace("range(100)", "range(5)")
@@ -470,3 +493,73 @@ async def test_S02_one_call_cannot_write_past_the_sessions_disk_quota(snakebox_b
         await call(client, "delete_session", session_id=session)
     # The image is unmounted when the last server of the data directory ends.
     assert not os.path.ismount(data_dir / "sessions-v1")
+
+
+async def test_S02_a_killed_server_leaves_no_mount_behind(snakebox_bin, tmp_path):
+    import signal
+    import time
+
+    data_dir = fresh_data_dir(tmp_path)
+    mount = data_dir / "sessions-v1"
+    client_cm = connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB")
+    client = await client_cm.__aenter__()
+    try:
+        session = await create(client)
+        await cell(client, session, "open('kept.txt', 'w').write('kept')")
+        assert os.path.ismount(mount)
+        os.kill(server_pid(data_dir), signal.SIGKILL)
+    finally:
+        try:
+            await client_cm.__aexit__(None, None, None)
+        except Exception:  # noqa: BLE001 - the server is gone: the client's exit may complain
+            pass
+    # The watchdog unmounts the image once the server is gone (SIGKILL included)...
+    deadline = time.monotonic() + 10
+    while os.path.ismount(mount) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not os.path.ismount(mount)
+    # ...and the next start mounts it again, with the session's files.
+    async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as client:
+        data, text, is_error = await call(client, "read_file", session_id=session, path="kept.txt")
+        assert not is_error and data["content"] == "kept", text
+    assert not os.path.ismount(mount)
+
+
+async def test_S02_the_image_follows_a_changed_quota_when_the_files_fit(snakebox_bin, tmp_path):
+    data_dir = fresh_data_dir(tmp_path)
+    image = data_dir / "sessions-v1.img"
+
+    def fill(tag: str, files: int) -> str:
+        return FILL.format(tag=tag).replace("range(32)", f"range({files})")
+
+    async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as client:
+        session = await create(client)
+        data, text, _ = await cell(client, session, fill("a", 8))
+        assert data["stdout"].endswith("stopped ENOSPC\n"), text  # 128 MiB asked, 64 MiB quota
+        await cell(client, session, "import shutil; shutil.rmtree('fill')")
+        data, text, _ = await cell(client, session, fill("b", 2))
+        assert data["stdout"] == "written 32 stopped None\n", text
+    assert image.stat().st_size == 64 << 20
+    # A larger quota: the image grows (checked and resized before it is mounted).
+    async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "160MiB") as client:
+        report, _, _ = await call(client, "check_environment")
+        assert "160 MiB" in report["sessions"]["disk_quota"], report["sessions"]["disk_quota"]
+        data, text, _ = await cell(client, session, fill("c", 6))
+        assert data["stdout"] == "written 96 stopped None\n", text  # 128 MiB in all, past 64
+    assert image.stat().st_size == 160 << 20
+    # A quota smaller than what the files need: the image keeps its size, and says so.
+    async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as client:
+        report, _, _ = await call(client, "check_environment")
+        assert "160 MiB" in report["sessions"]["disk_quota"], report["sessions"]["disk_quota"]
+        data, text, is_error = await call(client, "list_files", session_id=session, path="fill", depth=1)
+        assert not is_error and len(data["entries"]) == 8, text
+    assert image.stat().st_size == 160 << 20
+    # Once the files fit (the session deleted), the next start shrinks it.
+    async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "160MiB") as client:
+        _, text, is_error = await call(client, "delete_session", session_id=session)
+        assert not is_error, text
+    async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as client:
+        report, _, _ = await call(client, "check_environment")
+        assert "64 MiB" in report["sessions"]["disk_quota"], report["sessions"]["disk_quota"]
+        await alive(client)
+    assert image.stat().st_size == 64 << 20

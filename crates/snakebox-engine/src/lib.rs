@@ -18,7 +18,8 @@ mod report;
 mod result;
 mod runner;
 mod session;
-mod tree;
+/// See [`snakebox_sandbox::tree`].
+use snakebox_sandbox::tree;
 mod validate;
 
 use std::sync::{Arc, Mutex};

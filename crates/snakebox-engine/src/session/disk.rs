@@ -77,6 +77,44 @@ impl SessionDisk {
         Some(stat.blocks_available().saturating_mul(stat.fragment_size()))
     }
 
+    /// Start a small watchdog (`/bin/sh`, its own session) that unmounts the image when this
+    /// process is gone, however it ended (a SIGKILL included), unless another live server of
+    /// the data directory uses it by then (the same rule as [`SessionDisk::release`]).
+    /// Without it, a killed server would leave the image mounted until the next start.
+    pub(crate) fn watch(&self, runs: &Path) {
+        if self.enforced.is_err() {
+            return;
+        }
+        const WATCHDOG: &str = r#"while kill -0 "$1" 2>/dev/null; do sleep 1; done
+for d in "$3"/*; do p=${d##*/}; [ "$p" != "$1" ] && [ -d "/proc/$p" ] && exit 0; done
+exec umount -l "$2""#;
+        let mut command = Command::new("/bin/sh");
+        command
+            .args(["-c", WATCHDOG, "snakebox-sessions-disk-watchdog"])
+            .arg(std::process::id().to_string())
+            .arg(&self.root)
+            .arg(runs)
+            .env_clear()
+            .env("PATH", TOOL_PATH)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        // SAFETY: setsid is async-signal-safe; it only detaches the child from our process
+        // group and session, so signals meant for us do not end it first.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut command, || {
+                nix::unistd::setsid()
+                    .map(|_| ())
+                    .map_err(std::io::Error::from)
+            });
+        }
+        match command.spawn() {
+            // Not waited for: it outlives us by design (reaped by init once we are gone).
+            Ok(child) => drop(child),
+            Err(err) => tracing::warn!(%err, "could not start the sessions' disk watchdog"),
+        }
+    }
+
     /// Unmount the image unless another live server uses this data directory (its files stay
     /// in the image; the next start mounts it again). `runs` is the directory where each
     /// running server keeps `<pid>/`.
@@ -138,6 +176,50 @@ fn run(program: &str, args: &[&std::ffi::OsStr]) -> Result<(), String> {
     }
 }
 
+/// Bring the (unmounted) image to `size` bytes when `--sessions-max-disk` changed: checked
+/// with `e2fsck`, then grown or shrunk with `resize2fs` (shrinking fails, and the image keeps
+/// its size, when the sessions' files do not fit). Returns the image's size.
+fn resize(image: &Path, size: u64) -> Result<u64, String> {
+    let current = fs_err::metadata(image)
+        .map_err(|err| err.to_string())?
+        .len();
+    if current == size {
+        return Ok(current);
+    }
+    // -p: repair what is safe without asking; exit codes 0-1 mean clean or fixed.
+    let checked = Command::new("e2fsck")
+        .args(["-f", "-p"])
+        .arg(image)
+        .env_clear()
+        .env("PATH", TOOL_PATH)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|err| format!("`e2fsck` could not run: {err}"))?;
+    if !matches!(checked.status.code(), Some(0 | 1)) {
+        return Err(format!(
+            "`e2fsck` found problems: {}",
+            String::from_utf8_lossy(&checked.stdout).trim()
+        ));
+    }
+    let kib = format!("{}K", size / 1024);
+    if size > current {
+        let file = fs_err::OpenOptions::new()
+            .write(true)
+            .open(image)
+            .map_err(|err| err.to_string())?;
+        file.set_len(size).map_err(|err| err.to_string())?;
+        run("resize2fs", &[image.as_os_str(), kib.as_ref()])?;
+    } else {
+        run("resize2fs", &[image.as_os_str(), kib.as_ref()])?;
+        let file = fs_err::OpenOptions::new()
+            .write(true)
+            .open(image)
+            .map_err(|err| err.to_string())?;
+        file.set_len(size).map_err(|err| err.to_string())?;
+    }
+    Ok(size)
+}
+
 /// Make the image if it is missing, and mount it at `root` (unless it is mounted already).
 /// Sessions kept by a version without the image (files directly in `root`) are copied in.
 fn mount_image(root: &Path, image: &Path, size: u64) -> Result<u64, String> {
@@ -176,17 +258,21 @@ fn mount_image(root: &Path, image: &Path, size: u64) -> Result<u64, String> {
         )?;
         fs_err::rename(&temp, image).map_err(|err| err.to_string())?;
     }
-    let image_size = fs_err::metadata(image)
-        .map_err(|err| err.to_string())?
-        .len();
-    if image_size != size {
-        tracing::warn!(
-            image = %image.display(),
-            "the sessions' disk image is {} (made for an earlier --sessions-max-disk), not {}: the kernel bound stays the image's size; delete every session and the image to change it",
-            crate::execute::human_bytes(image_size),
-            crate::execute::human_bytes(size)
-        );
-    }
+    let image_size = match resize(image, size) {
+        Ok(resized) => resized,
+        Err(why) => {
+            let kept = fs_err::metadata(image)
+                .map_err(|err| err.to_string())?
+                .len();
+            tracing::warn!(
+                image = %image.display(),
+                "the sessions' disk image stays {} (not the {} asked for): {why}",
+                crate::execute::human_bytes(kept),
+                crate::execute::human_bytes(size)
+            );
+            kept
+        }
+    };
     // Files of sessions kept before the image existed move in after the mount.
     let legacy = fs_err::read_dir(root)
         .map_err(|err| err.to_string())?

@@ -228,6 +228,14 @@ impl Installer {
             .map_err(|err| io_error("prepare the venv for compiling", &err))?;
         let read_only =
             snakebox_env::install_read_only_paths(&self.uv, &self.interpreter, &self.uv_env, false);
+        // Package code in a sandbox of its own: a slot of the concurrency cap (V-01).
+        let _slot = Arc::clone(&self.slots)
+            .acquire_owned()
+            .await
+            .map_err(|_| ErrorInfo {
+                message: "The engine is shutting down".into(),
+                hint: None,
+            })?;
         let outcome = match snakebox_env::compile_invocation(
             &self.venv,
             read_only,

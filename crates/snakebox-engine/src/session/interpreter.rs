@@ -629,7 +629,9 @@ impl Engine {
 }
 
 /// The exit code a cell's record reports (`exit()`, an exception); 1 when the record is
-/// unreadable. Forgeable by the cell's code, which only changes its own call's status.
+/// unreadable. Forgeable by the cell's code, and by earlier cells of the same session that
+/// tamper with the runner's private references (SECURITY.md, S-04): either way only this
+/// session's own results change.
 pub(super) fn record_exit_code(answer: &[u8]) -> i32 {
     serde_json::from_slice::<serde_json::Value>(answer)
         .ok()

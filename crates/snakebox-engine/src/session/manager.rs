@@ -35,6 +35,7 @@ impl Sessions {
         // the image (see `SessionDisk::release`).
         let _ = fs_err::create_dir_all(crate::execute::server_runs_dir(data_dir));
         let disk = SessionDisk::open(&root, settings.max_disk_bytes);
+        disk.watch(&crate::execute::runs_dir(data_dir));
         let opened = fs_err::create_dir_all(&root)
             .map_err(|err| err.to_string())
             .and_then(|()| {

@@ -1,5 +1,7 @@
 //! Walking and removing trees that callers built (session workspaces, a run's `/work`, a
-//! session's virtual environment): the one place that does it, with one set of rules.
+//! session's virtual environment, an environment that package code ran in): the one place
+//! that does it, with one set of rules. It lives in this crate, the lowest that touches the
+//! host's files, so that every crate above (the engine, the environment cache) uses it.
 //!
 //! Such a tree can be anything its builder wanted: a directory chain 20 000 deep, a million
 //! entries, names of maximal length, links anywhere, directories swapped while we look. So:
@@ -35,18 +37,18 @@ const DIR_FLAGS: OFlag = OFlag::O_RDONLY
 
 /// How far a [`walk`] may go.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Caps {
+pub struct Caps {
     /// Entries examined (every name met counts, skipped ones too).
-    pub(crate) entries: u64,
+    pub entries: u64,
     /// Directory levels below the root that are entered (1: the root's own entries only).
-    pub(crate) depth: usize,
+    pub depth: usize,
     /// Wall time.
-    pub(crate) time: Duration,
+    pub time: Duration,
 }
 
 /// Why a walk stopped early, or left something out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cap {
+pub enum Cap {
     /// [`Caps::entries`] reached: the rest was not examined.
     Entries,
     /// [`Caps::time`] reached: the rest was not examined.
@@ -57,18 +59,18 @@ pub(crate) enum Cap {
 
 /// What a walk did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Walked {
+pub struct Walked {
     /// Entries examined.
-    pub(crate) entries: u64,
+    pub entries: u64,
     /// Why the walk stopped before the end (`None`: it examined everything it was asked to).
-    pub(crate) stopped: Option<Cap>,
+    pub stopped: Option<Cap>,
     /// Directories below [`Caps::depth`] were not entered.
-    pub(crate) too_deep: bool,
+    pub too_deep: bool,
 }
 
 impl Walked {
     /// Whether the result is partial, in words (`None` when it is complete).
-    pub(crate) fn note(&self, caps: &Caps, what: &str) -> Option<String> {
+    pub fn note(&self, caps: &Caps, what: &str) -> Option<String> {
         let why = match self.stopped {
             Some(Cap::Entries) => format!("it holds more than {} entries", caps.entries),
             Some(Cap::Time) => format!("walking it took more than {:?}", caps.time),
@@ -86,13 +88,20 @@ impl Walked {
 
 /// The kind of an entry, from `lstat` (links are never followed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
+pub enum Kind {
+    /// A directory.
     Directory,
+    /// A regular file.
     File,
+    /// A symbolic link (never followed).
     Symlink,
+    /// A FIFO.
     Fifo,
+    /// A socket.
     Socket,
+    /// A character or block device.
     Device,
+    /// Anything else.
     Other,
 }
 
@@ -112,28 +121,28 @@ impl Kind {
 }
 
 /// One entry met by a [`walk`].
-pub(crate) struct Entry<'a> {
+pub struct Entry<'a> {
     /// The directory that holds it (open it relative to this, never by path).
-    pub(crate) dir: BorrowedFd<'a>,
+    pub dir: BorrowedFd<'a>,
     /// Its name in that directory.
-    pub(crate) name: &'a CStr,
+    pub name: &'a CStr,
     /// `lstat` of it.
-    pub(crate) stat: &'a FileStat,
+    pub stat: &'a FileStat,
     /// 1 for the root's own entries.
-    pub(crate) depth: usize,
+    pub depth: usize,
     /// The root's device (to stay on one file system).
-    pub(crate) root_dev: u64,
+    pub root_dev: u64,
     parents: &'a [CString],
 }
 
 impl Entry<'_> {
     /// Its kind (links are not followed).
-    pub(crate) fn kind(&self) -> Kind {
+    pub fn kind(&self) -> Kind {
         Kind::of(self.stat)
     }
 
     /// Its path relative to the root, `/`-separated; `None` when a name is not UTF-8.
-    pub(crate) fn relative(&self) -> Option<String> {
+    pub fn relative(&self) -> Option<String> {
         let mut out = String::new();
         for part in self
             .parents
@@ -150,7 +159,7 @@ impl Entry<'_> {
     }
 
     /// Its path relative to the root, with names that are not UTF-8 shown lossily.
-    pub(crate) fn relative_lossy(&self) -> String {
+    pub fn relative_lossy(&self) -> String {
         let parts: Vec<String> = self
             .parents
             .iter()
@@ -164,7 +173,7 @@ impl Entry<'_> {
 
 /// What the visitor wants after an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Next {
+pub enum Next {
     /// Go on; a directory is entered (within [`Caps::depth`]).
     Descend,
     /// Go on; a directory is not entered.
@@ -205,7 +214,7 @@ fn io(err: Errno) -> std::io::Error {
 ///
 /// # Errors
 /// When `root` cannot be opened as a directory (a link there is refused).
-pub(crate) fn walk(
+pub fn walk(
     root: &Path,
     caps: &Caps,
     visit: &mut dyn FnMut(&Entry<'_>) -> Next,
@@ -218,7 +227,7 @@ pub(crate) fn walk(
 ///
 /// # Errors
 /// When `root_fd` cannot be examined.
-pub(crate) fn walk_from(
+pub fn walk_from(
     root_fd: OwnedFd,
     caps: &Caps,
     visit: &mut dyn FnMut(&Entry<'_>) -> Next,
@@ -325,7 +334,7 @@ const REMOVE_BATCH: usize = 1024;
 /// # Errors
 /// When something could not be removed (the rest is still attempted where possible), or a
 /// directory moved while it was being emptied.
-pub(crate) fn remove(path: &Path) -> std::io::Result<()> {
+pub fn remove(path: &Path) -> std::io::Result<()> {
     let meta = match fs_err::symlink_metadata(path) {
         Ok(meta) => meta,
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
