@@ -519,21 +519,21 @@ async def _report(snakebox_bin, data_dir, canaries, index):
 
 
 BOMB = r'''
-import subprocess, sys, time
+import os, subprocess, sys, time
 MARK = {mark!r}
 children = []
 for i in range(300):
     try:
-        children.append(subprocess.Popen(["/bin/sh", "-c", "sleep 120; :", MARK]))
+        children.append(subprocess.Popen(["/bin/sh", "-c", "sleep 120; :", MARK], start_new_session=True))
     except OSError:
         break
 time.sleep(1)
 # Free some of the process budget for the allocator.
 for child in children[: len(children) // 2]:
-    child.kill()
+    os.killpg(child.pid, 9)
     child.wait()
 time.sleep(0.5)
-hog = "import time\nx = []\nfor i in range(64):\n    x.append(bytearray(64 << 20))\n    time.sleep(0.05)\ntime.sleep(120)\n"
+hog = "import time\ntime.sleep(1)\nx = []\nfor i in range(64):\n    x.append(bytearray(64 << 20))\n    time.sleep(0.05)\ntime.sleep(120)\n"
 subprocess.run([sys.executable, "-c", hog, MARK + "HOG"])
 time.sleep(120)
 return write_wheel(wheel_directory, "sbxbomb", "1.0", {{"sbxbomb.py": ""}})
@@ -607,6 +607,77 @@ async def test_D03_an_opt_in_sdist_build_gets_the_run_limits(snakebox_bin, tmp_p
     time.sleep(1)
     assert marker_pids(mark) == [], "build processes survived"
     assert canaries.connections() == []
+
+
+PTH_BOMB = r'''
+import os, subprocess, sys, time
+if os.access(os.path.dirname(os.path.abspath(__file__)), os.W_OK):
+    MARK = {mark!r}
+    kids = []
+    for i in range(300):
+        try:
+            kids.append(subprocess.Popen(["/bin/sh", "-c", "sleep 120; :", MARK], start_new_session=True))
+        except OSError:
+            break
+    for kid in kids[: len(kids) // 2]:
+        os.killpg(kid.pid, 9)
+        kid.wait()
+    hog = "import time\ntime.sleep(1)\nx = []\nfor i in range(64):\n    x.append(bytearray(64 << 20))\n    time.sleep(0.05)\ntime.sleep(120)\n"
+    # -S: the allocator must not run this .pth again.
+    subprocess.run([sys.executable, "-S", "-c", hog, MARK + "HOG"])
+    time.sleep(120)
+'''
+
+
+async def test_D03_compile_time_code_gets_the_run_limits(snakebox_bin, tmp_path, canaries, index):
+    """A wheel's `.pth` that storms processes, allocates and sleeps while the environment is
+    compiled (wheels only, the default): the limits hold as for a build."""
+    mark = f"SBXPTHBOMB{secrets.token_hex(6)}"
+    index.add(wheel_bytes("sbxpthbomb", "1.0", {
+        "sbxpthbomb.pth": "import _sbxpthbomb_boot\n",
+        "_sbxpthbomb_boot.py": PTH_BOMB.format(mark=mark),
+    }))
+    seen: dict[str, Any] = {"max": 0, "hog_kib": 0, "hog_seen": 0.0, "hog_gone": 0.0}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            pids = marker_pids(mark)
+            seen["max"] = max(seen["max"], len(pids))
+            hogs = [p for p in pids if (mark + "HOG").encode() in open(f"/proc/{p}/cmdline", "rb").read()] if pids else []
+            if hogs:
+                seen["hog_seen"] = seen["hog_seen"] or time.monotonic()
+                seen["hog_kib"] = max(seen["hog_kib"], max(rss_kib(p) for p in hogs))
+            elif seen["hog_seen"] and not seen["hog_gone"]:
+                seen["hog_gone"] = time.monotonic()
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    args = ("--install-timeout", "25", "--max-processes", "48", "--memory-limit", "512MiB")
+    async with server(snakebox_bin, fresh_data_dir(tmp_path, "data"), canaries, index, *args) as client:
+        watcher.start()
+        t0 = time.monotonic()
+        data, _, is_error = await run_script(client, "print('RAN')", ["sbxpthbomb==1.0"], timeout=60)
+        wall = time.monotonic() - t0
+        stop.set()
+        watcher.join(2)
+        await alive(client)
+    error = data.get("error") or {}
+    hog_life = seen["hog_gone"] - seen["hog_seen"] if seen["hog_gone"] else None
+    print("D-03 compile:", data["status"], json.dumps(error)[:300], seen, f"hog life {hog_life}, wall {wall:.1f}s")
+    assert 10 <= seen["max"] <= 48, seen
+    # The allocator ran (seen in host /proc, growing) and was stopped within seconds, never
+    # above the limit (it asks for 4 GiB).
+    assert 64 * 1024 < seen["hog_kib"] <= 512 * 1024, seen
+    assert hog_life is not None and hog_life < 20, seen
+    # The whole compilation is stopped: by the memory limit (the kernel's OOM kill of the
+    # allocator ends the run as `memory_limit`) or, if only the allocator died, at the timeout.
+    message = error.get("message", "")
+    assert is_error and data["status"] == "setup_failed", data
+    assert "memory limit" in message or "time limit of `25s`" in message, error
+    assert wall < 60
+    time.sleep(1)
+    assert marker_pids(mark) == []
 
 
 SPY_BUILD = r'''
