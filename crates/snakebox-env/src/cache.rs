@@ -682,6 +682,7 @@ impl EnvCache {
                 if !self.build_settings.allow_sdist_builds {
                     return Err(EnvError::SdistBuildsDisabled {
                         requirements: set.lines.join(", "),
+                        packages: install::packages_without_wheels(&download.stderr),
                         source: UvStderr::from_output(&download.stderr),
                     });
                 }
