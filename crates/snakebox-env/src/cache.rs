@@ -340,6 +340,7 @@ impl EnvCache {
                 source,
             })?;
         }
+        snakebox_sandbox::EgressProxy::remove_stale();
         // Runs (possibly as an unprivileged uid) must traverse to the environments.
         add_mode(&cache.envs_dir(), 0o555).map_err(|source| EnvError::Io {
             action: "make the environments directory readable",

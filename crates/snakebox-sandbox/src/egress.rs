@@ -138,6 +138,29 @@ impl EgressProxy {
         })
     }
 
+    /// Remove the socket directories of proxies whose server is gone (killed before it could
+    /// clean up): `snakebox-egress-<pid>-…` in the temporary directory with no process `<pid>`.
+    pub fn remove_stale() {
+        let Ok(entries) = fs_err::read_dir(std::env::temp_dir()) else {
+            return;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name
+                .strip_prefix("snakebox-egress-")
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if Path::new("/proc").join(pid.to_string()).exists() {
+                continue;
+            }
+            let _ = fs_err::remove_file(entry.path().join("egress.sock"));
+            let _ = fs_err::remove_dir(entry.path());
+        }
+    }
+
     /// The socket's path.
     #[must_use]
     pub fn path(&self) -> &Path {
