@@ -23,6 +23,7 @@ import io
 import json
 import os
 import secrets
+import socket
 import tarfile
 import threading
 import time
@@ -489,6 +490,112 @@ async def test_D02_urls_met_during_resolution_go_through_the_egress_proxy_only(s
         await call(client, "delete_session", session_id=sid)
         await alive(client)
     assert canaries.connections() == [], f"the installer reached a host loopback service: {canaries.connections()}"
+
+
+class UpstreamProxy:
+    """The operator's own HTTP proxy on 127.0.0.1 (CONNECT and absolute-form forwarding),
+    wanting basic auth; records every request."""
+
+    def __init__(self, user: str, password: str) -> None:
+        self.expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.requests: list[tuple[str, str, bool]] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://{user}:{password}@127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            b.shutdown(socket.SHUT_WR)
+
+    def _handle(self, conn: socket.socket) -> None:
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = conn.recv(65536)
+            if not chunk:
+                conn.close()
+                return
+            buf += chunk
+        head, rest = buf.split(b"\r\n\r\n", 1)
+        lines = head.decode().split("\r\n")
+        method, target, version = lines[0].split(" ")
+        headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        authed = headers.get("proxy-authorization") == self.expected
+        self.requests.append((method, target, authed))
+        if not authed:
+            conn.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\nConnection: close\r\n\r\n")
+            conn.close()
+            return
+        if method == "CONNECT":
+            host, port = target.rsplit(":", 1)
+            up = socket.create_connection((host.strip("[]"), int(port)))
+            conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+        else:
+            authority, _, path = target[len("http://"):].partition("/")
+            host, _, port = authority.rpartition(":")
+            up = socket.create_connection((host.strip("[]"), int(port or 80)))
+            kept = [line for line in lines[1:] if not line.lower().startswith("proxy-")]
+            up.sendall(("\r\n".join([f"{method} /{path} {version}", *kept]) + "\r\n\r\n").encode() + rest)
+        t = threading.Thread(target=self._pipe, args=(up, conn), daemon=True)
+        t.start()
+        self._pipe(conn, up)
+        t.join(5)
+        conn.close()
+        up.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def test_D02_downloads_chain_through_the_operators_proxy_after_the_same_checks(
+    snakebox_bin, tmp_path, canaries, index, token
+):
+    """With the operator's own proxy set for uv, the download still has no host network: the
+    egress proxy checks each destination and chains what it allows through the operator's proxy
+    (with that proxy's credential, which no package code sees)."""
+    port = canaries.tcp_port
+    proxy_secret = f"proxy-canary-{secrets.token_hex(6)}"
+    upstream = UpstreamProxy("puser", proxy_secret)
+    index.add(victim_wheel())
+    index.links["sbxlure"] = [f"http://127.0.0.1:{port}/files/sbxlure-1.0-py3-none-any.whl"]
+    data_dir = fresh_data_dir(tmp_path, "data")
+    index.add(spy_wheel(canaries, index, data_dir))
+    env = {"HTTP_PROXY": upstream.url, "HTTPS_PROXY": upstream.url}
+    try:
+        async with server(snakebox_bin, data_dir, canaries, index, extra_env=env) as client:
+            data, _, is_error = await run_script(client, READ_PROOF, ["sbxvictim==1.0", "sbxspy==1.0"])
+            assert not is_error and data["status"] == "ok", data
+            proof = data["stdout"]
+            data, _, is_error = await run_script(client, "print('RAN')", ["sbxlure"], timeout=60)
+            message = json.dumps(data.get("error"))
+            assert is_error and ("403" in message or "Forbidden" in message), data
+            await alive(client)
+    finally:
+        upstream.close()
+    print("D-02 upstream saw:", upstream.requests[:6])
+    # Chained: the index was fetched through the operator's proxy, with its credential.
+    assert any(f":{index.port}/simple/sbxvictim" in target and authed for _, target, authed in upstream.requests)
+    # Checked first: the loopback link never reached the operator's proxy, nor the listener.
+    assert not any(f":{port}" in target for _, target, _ in upstream.requests), upstream.requests
+    assert canaries.connections() == []
+    # No package code saw either credential.
+    assert proxy_secret not in proof and token not in proof
 
 
 # ---------------------------------------------------------------------------------------------

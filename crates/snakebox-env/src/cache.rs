@@ -871,18 +871,14 @@ impl EnvCache {
         output
     }
 
-    /// The egress rules of a download with `network`, when it goes through the proxy: the
-    /// configured indexes and public addresses. `None` (the host network) when the installer
-    /// is not sandboxed, or when the operator configured a proxy of their own (uv then talks
-    /// to that proxy; see SECURITY.md).
+    /// The egress rules of a download with `network`, when it goes through the proxy
+    /// ([`UvEnvironment::egress_rules`]). `None` (the host network) when the installer is not
+    /// sandboxed, or when the operator's proxy cannot be chained.
     fn egress_rules(&self, network: bool) -> Option<snakebox_sandbox::EgressRules> {
-        if !network || !self.installer.is_sandboxed() || self.uv_env.has_proxy() {
+        if !network || !self.installer.is_sandboxed() {
             return None;
         }
-        Some(snakebox_sandbox::EgressRules::for_urls(
-            &self.uv_env.index_urls(),
-            true,
-        ))
+        self.uv_env.egress_rules()
     }
 
     /// Byte-compile the environment's packages. This runs package code (the interpreter
