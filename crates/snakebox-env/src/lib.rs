@@ -39,5 +39,5 @@ pub use install::{
 pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
 pub use uv::{
     DirectUvRunner, Egress, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput,
-    UvRunFuture, UvRunner, install_read_only_paths, pip_list_args,
+    UvRunFuture, UvRunner, install_read_only_paths,
 };

@@ -441,19 +441,6 @@ async fn run_direct(invocation: &UvInvocation) -> Result<UvOutput, EnvError> {
     }
 }
 
-/// Arguments of `uv pip list` for the environment of `python`, as JSON.
-#[must_use]
-pub fn pip_list_args(python: OsString) -> Vec<OsString> {
-    vec![
-        "pip".into(),
-        "list".into(),
-        "--python".into(),
-        python,
-        "--format".into(),
-        "json".into(),
-    ]
-}
-
 /// The read-only paths an install sandbox needs besides the system view: uv's directory, the
 /// interpreter (its prefix, and its `bin` directory when that lies elsewhere), local
 /// `UV_FIND_LINKS` directories and, with network,
