@@ -23,6 +23,7 @@ import io
 import json
 import os
 import secrets
+import socket
 import tarfile
 import threading
 import time
@@ -491,6 +492,112 @@ async def test_D02_urls_met_during_resolution_go_through_the_egress_proxy_only(s
     assert canaries.connections() == [], f"the installer reached a host loopback service: {canaries.connections()}"
 
 
+class UpstreamProxy:
+    """The operator's own HTTP proxy on 127.0.0.1 (CONNECT and absolute-form forwarding),
+    wanting basic auth; records every request."""
+
+    def __init__(self, user: str, password: str) -> None:
+        self.expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        self.requests: list[tuple[str, str, bool]] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://{user}:{password}@127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            b.shutdown(socket.SHUT_WR)
+
+    def _handle(self, conn: socket.socket) -> None:
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = conn.recv(65536)
+            if not chunk:
+                conn.close()
+                return
+            buf += chunk
+        head, rest = buf.split(b"\r\n\r\n", 1)
+        lines = head.decode().split("\r\n")
+        method, target, version = lines[0].split(" ")
+        headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:])}
+        authed = headers.get("proxy-authorization") == self.expected
+        self.requests.append((method, target, authed))
+        if not authed:
+            conn.sendall(b"HTTP/1.1 407 Proxy Authentication Required\r\nConnection: close\r\n\r\n")
+            conn.close()
+            return
+        if method == "CONNECT":
+            host, port = target.rsplit(":", 1)
+            up = socket.create_connection((host.strip("[]"), int(port)))
+            conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+        else:
+            authority, _, path = target[len("http://"):].partition("/")
+            host, _, port = authority.rpartition(":")
+            up = socket.create_connection((host.strip("[]"), int(port or 80)))
+            kept = [line for line in lines[1:] if not line.lower().startswith("proxy-")]
+            up.sendall(("\r\n".join([f"{method} /{path} {version}", *kept]) + "\r\n\r\n").encode() + rest)
+        t = threading.Thread(target=self._pipe, args=(up, conn), daemon=True)
+        t.start()
+        self._pipe(conn, up)
+        t.join(5)
+        conn.close()
+        up.close()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def test_D02_downloads_chain_through_the_operators_proxy_after_the_same_checks(
+    snakebox_bin, tmp_path, canaries, index, token
+):
+    """With the operator's own proxy set for uv, the download still has no host network: the
+    egress proxy checks each destination and chains what it allows through the operator's proxy
+    (with that proxy's credential, which no package code sees)."""
+    port = canaries.tcp_port
+    proxy_secret = f"proxy-canary-{secrets.token_hex(6)}"
+    upstream = UpstreamProxy("puser", proxy_secret)
+    index.add(victim_wheel())
+    index.links["sbxlure"] = [f"http://127.0.0.1:{port}/files/sbxlure-1.0-py3-none-any.whl"]
+    data_dir = fresh_data_dir(tmp_path, "data")
+    index.add(spy_wheel(canaries, index, data_dir))
+    env = {"HTTP_PROXY": upstream.url, "HTTPS_PROXY": upstream.url}
+    try:
+        async with server(snakebox_bin, data_dir, canaries, index, extra_env=env) as client:
+            data, _, is_error = await run_script(client, READ_PROOF, ["sbxvictim==1.0", "sbxspy==1.0"])
+            assert not is_error and data["status"] == "ok", data
+            proof = data["stdout"]
+            data, _, is_error = await run_script(client, "print('RAN')", ["sbxlure"], timeout=60)
+            message = json.dumps(data.get("error"))
+            assert is_error and ("403" in message or "Forbidden" in message), data
+            await alive(client)
+    finally:
+        upstream.close()
+    print("D-02 upstream saw:", upstream.requests[:6])
+    # Chained: the index was fetched through the operator's proxy, with its credential.
+    assert any(f":{index.port}/simple/sbxvictim" in target and authed for _, target, authed in upstream.requests)
+    # Checked first: the loopback link never reached the operator's proxy, nor the listener.
+    assert not any(f":{port}" in target for _, target, _ in upstream.requests), upstream.requests
+    assert canaries.connections() == []
+    # No package code saw either credential.
+    assert proxy_secret not in proof and token not in proof
+
+
 # ---------------------------------------------------------------------------------------------
 # Wheels only by default; opt-in sdist builds run sandboxed (D-03, D-04).
 # ---------------------------------------------------------------------------------------------
@@ -506,7 +613,7 @@ async def test_sdists_are_not_built_by_default_and_the_error_says_why(snakebox_b
     error = data.get("error") or {}
     print("wheels only:", json.dumps(error)[:600])
     assert is_error and data["status"] == "setup_failed", data
-    assert "sbxsrconly" in json.dumps(error)
+    assert "no wheel for this Python of `sbxsrconly`" in error.get("message", ""), error
     assert "--allow-sdist-builds" in (error.get("hint") or "")
     assert not marker.exists(), "the sdist's build code ran"
     report, _, _ = await _report(snakebox_bin, data_dir, canaries, index)
@@ -519,21 +626,21 @@ async def _report(snakebox_bin, data_dir, canaries, index):
 
 
 BOMB = r'''
-import subprocess, sys, time
+import os, subprocess, sys, time
 MARK = {mark!r}
 children = []
 for i in range(300):
     try:
-        children.append(subprocess.Popen(["/bin/sh", "-c", "sleep 120; :", MARK]))
+        children.append(subprocess.Popen(["/bin/sh", "-c", "sleep 120; :", MARK], start_new_session=True))
     except OSError:
         break
 time.sleep(1)
 # Free some of the process budget for the allocator.
 for child in children[: len(children) // 2]:
-    child.kill()
+    os.killpg(child.pid, 9)
     child.wait()
 time.sleep(0.5)
-hog = "import time\nx = []\nfor i in range(64):\n    x.append(bytearray(64 << 20))\n    time.sleep(0.05)\ntime.sleep(120)\n"
+hog = "import time\ntime.sleep(1)\nx = []\nfor i in range(64):\n    x.append(bytearray(64 << 20))\n    time.sleep(0.05)\ntime.sleep(120)\n"
 subprocess.run([sys.executable, "-c", hog, MARK + "HOG"])
 time.sleep(120)
 return write_wheel(wheel_directory, "sbxbomb", "1.0", {{"sbxbomb.py": ""}})
@@ -607,6 +714,77 @@ async def test_D03_an_opt_in_sdist_build_gets_the_run_limits(snakebox_bin, tmp_p
     time.sleep(1)
     assert marker_pids(mark) == [], "build processes survived"
     assert canaries.connections() == []
+
+
+PTH_BOMB = r'''
+import os, subprocess, sys, time
+if os.access(os.path.dirname(os.path.abspath(__file__)), os.W_OK):
+    MARK = {mark!r}
+    kids = []
+    for i in range(300):
+        try:
+            kids.append(subprocess.Popen(["/bin/sh", "-c", "sleep 120; :", MARK], start_new_session=True))
+        except OSError:
+            break
+    for kid in kids[: len(kids) // 2]:
+        os.killpg(kid.pid, 9)
+        kid.wait()
+    hog = "import time\ntime.sleep(1)\nx = []\nfor i in range(64):\n    x.append(bytearray(64 << 20))\n    time.sleep(0.05)\ntime.sleep(120)\n"
+    # -S: the allocator must not run this .pth again.
+    subprocess.run([sys.executable, "-S", "-c", hog, MARK + "HOG"])
+    time.sleep(120)
+'''
+
+
+async def test_D03_compile_time_code_gets_the_run_limits(snakebox_bin, tmp_path, canaries, index):
+    """A wheel's `.pth` that storms processes, allocates and sleeps while the environment is
+    compiled (wheels only, the default): the limits hold as for a build."""
+    mark = f"SBXPTHBOMB{secrets.token_hex(6)}"
+    index.add(wheel_bytes("sbxpthbomb", "1.0", {
+        "sbxpthbomb.pth": "import _sbxpthbomb_boot\n",
+        "_sbxpthbomb_boot.py": PTH_BOMB.format(mark=mark),
+    }))
+    seen: dict[str, Any] = {"max": 0, "hog_kib": 0, "hog_seen": 0.0, "hog_gone": 0.0}
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            pids = marker_pids(mark)
+            seen["max"] = max(seen["max"], len(pids))
+            hogs = [p for p in pids if (mark + "HOG").encode() in open(f"/proc/{p}/cmdline", "rb").read()] if pids else []
+            if hogs:
+                seen["hog_seen"] = seen["hog_seen"] or time.monotonic()
+                seen["hog_kib"] = max(seen["hog_kib"], max(rss_kib(p) for p in hogs))
+            elif seen["hog_seen"] and not seen["hog_gone"]:
+                seen["hog_gone"] = time.monotonic()
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    args = ("--install-timeout", "25", "--max-processes", "48", "--memory-limit", "512MiB")
+    async with server(snakebox_bin, fresh_data_dir(tmp_path, "data"), canaries, index, *args) as client:
+        watcher.start()
+        t0 = time.monotonic()
+        data, _, is_error = await run_script(client, "print('RAN')", ["sbxpthbomb==1.0"], timeout=60)
+        wall = time.monotonic() - t0
+        stop.set()
+        watcher.join(2)
+        await alive(client)
+    error = data.get("error") or {}
+    hog_life = seen["hog_gone"] - seen["hog_seen"] if seen["hog_gone"] else None
+    print("D-03 compile:", data["status"], json.dumps(error)[:300], seen, f"hog life {hog_life}, wall {wall:.1f}s")
+    assert 10 <= seen["max"] <= 48, seen
+    # The allocator ran (seen in host /proc, growing) and was stopped within seconds, never
+    # above the limit (it asks for 4 GiB).
+    assert 64 * 1024 < seen["hog_kib"] <= 512 * 1024, seen
+    assert hog_life is not None and hog_life < 20, seen
+    # The whole compilation is stopped: by the memory limit (the kernel's OOM kill of the
+    # allocator ends the run as `memory_limit`) or, if only the allocator died, at the timeout.
+    message = error.get("message", "")
+    assert is_error and data["status"] == "setup_failed", data
+    assert "memory limit" in message or "time limit of `25s`" in message, error
+    assert wall < 60
+    time.sleep(1)
+    assert marker_pids(mark) == []
 
 
 SPY_BUILD = r'''

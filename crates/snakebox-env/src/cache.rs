@@ -340,6 +340,7 @@ impl EnvCache {
                 source,
             })?;
         }
+        snakebox_sandbox::EgressProxy::remove_stale();
         // Runs (possibly as an unprivileged uid) must traverse to the environments.
         add_mode(&cache.envs_dir(), 0o555).map_err(|source| EnvError::Io {
             action: "make the environments directory readable",
@@ -682,6 +683,7 @@ impl EnvCache {
                 if !self.build_settings.allow_sdist_builds {
                     return Err(EnvError::SdistBuildsDisabled {
                         requirements: set.lines.join(", "),
+                        packages: install::packages_without_wheels(&download.stderr),
                         source: UvStderr::from_output(&download.stderr),
                     });
                 }
@@ -705,7 +707,8 @@ impl EnvCache {
         // 3. Ours again (neither the installer uid nor user code may change it from now on),
         //    readable by any uid (the run sandbox may not be root), then measured.
         let walk_dir = env_dir.clone();
-        let reclaim = self.installer.writer_ids().map(|_| {
+        let installer_ids = self.installer.writer_ids();
+        let reclaim = installer_ids.map(|_| {
             (
                 nix::unistd::geteuid().as_raw(),
                 nix::unistd::getegid().as_raw(),
@@ -713,7 +716,7 @@ impl EnvCache {
         });
         let size_bytes = tokio::task::spawn_blocking(move || {
             if let Some(ids) = reclaim {
-                set_owner_tree_filtered(&walk_dir, ids, true, true)?;
+                set_owner_tree_filtered(&walk_dir, ids, true, installer_ids)?;
             }
             make_readable_and_measure(&walk_dir)
         })
@@ -868,18 +871,14 @@ impl EnvCache {
         output
     }
 
-    /// The egress rules of a download with `network`, when it goes through the proxy: the
-    /// configured indexes and public addresses. `None` (the host network) when the installer
-    /// is not sandboxed, or when the operator configured a proxy of their own (uv then talks
-    /// to that proxy; see SECURITY.md).
+    /// The egress rules of a download with `network`, when it goes through the proxy
+    /// ([`UvEnvironment::egress_rules`]). `None` (the host network) when the installer is not
+    /// sandboxed, or when the operator's proxy cannot be chained.
     fn egress_rules(&self, network: bool) -> Option<snakebox_sandbox::EgressRules> {
-        if !network || !self.installer.is_sandboxed() || self.uv_env.has_proxy() {
+        if !network || !self.installer.is_sandboxed() {
             return None;
         }
-        Some(snakebox_sandbox::EgressRules::for_urls(
-            &self.uv_env.index_urls(),
-            true,
-        ))
+        self.uv_env.egress_rules()
     }
 
     /// Byte-compile the environment's packages. This runs package code (the interpreter
@@ -1210,23 +1209,25 @@ fn create_dir(path: &Path, action: &'static str) -> Result<(), EnvError> {
 /// `chown` `root` (and, when `recursive`, everything under it, without following symlinks) to
 /// `ids`, skipping what already belongs to them.
 fn set_owner_tree(root: &Path, ids: (u32, u32), recursive: bool) -> std::io::Result<()> {
-    set_owner_tree_filtered(root, ids, recursive, false)
+    set_owner_tree_filtered(root, ids, recursive, None)
 }
 
-/// [`set_owner_tree`]; with `skip_shared`, regular files with more than one link (an
-/// environment's hard links into uv's cache) keep their owner: they stay the installer's, so
-/// that uv can go on linking them (`fs.protected_hardlinks`), and never become writable by
+/// [`set_owner_tree`]; regular files with more than one link that belong to `shared_owner`
+/// (an environment's hard links into uv's cache, owned by the installer) keep their owner, so
+/// that uv can go on linking them (`fs.protected_hardlinks`); they are never writable by
 /// anyone else.
 fn set_owner_tree_filtered(
     root: &Path,
     (uid, gid): (u32, u32),
     recursive: bool,
-    skip_shared: bool,
+    shared_owner: Option<(u32, u32)>,
 ) -> std::io::Result<()> {
     let mut stack = vec![root.to_path_buf()];
     while let Some(path) = stack.pop() {
         let meta = fs_err::symlink_metadata(&path)?;
-        let shared = skip_shared && meta.is_file() && meta.nlink() > 1;
+        let shared = meta.is_file()
+            && meta.nlink() > 1
+            && shared_owner.is_some_and(|(u, g)| meta.uid() == u && meta.gid() == g);
         if !shared && (meta.uid() != uid || meta.gid() != gid) {
             std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
         }

@@ -118,12 +118,40 @@ impl UvEnvironment {
             .collect()
     }
 
-    /// Whether the operator configured a proxy for uv (`HTTP(S)_PROXY`, `ALL_PROXY`).
-    pub fn has_proxy(&self) -> bool {
-        self.passthrough.keys().any(|name| {
-            let lower = name.to_ascii_lowercase();
-            lower.ends_with("_proxy") && lower != "no_proxy"
-        })
+    /// The egress rules of a download: the configured indexes (and find-links URLs) and
+    /// public addresses, chained through the operator's own proxy when one is set for uv
+    /// (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, either case; `NO_PROXY` honoured). `None`
+    /// when that proxy cannot be chained (not `http://`): the download then uses the host
+    /// network to reach it, as uv would.
+    pub fn egress_rules(&self) -> Option<snakebox_sandbox::EgressRules> {
+        let mut rules = snakebox_sandbox::EgressRules::for_urls(&self.index_urls(), true);
+        let proxy = [
+            "HTTPS_PROXY",
+            "https_proxy",
+            "HTTP_PROXY",
+            "http_proxy",
+            "ALL_PROXY",
+            "all_proxy",
+        ]
+        .iter()
+        .find_map(|name| self.get(name));
+        if let Some(url) = proxy {
+            match snakebox_sandbox::Upstream::parse(url) {
+                Ok(upstream) => rules.upstream = Some(upstream),
+                Err(reason) => {
+                    tracing::warn!(%reason, "the operator's proxy cannot be chained: downloads use the host network to reach it");
+                    return None;
+                }
+            }
+            rules.no_proxy = ["NO_PROXY", "no_proxy"]
+                .iter()
+                .filter_map(|name| self.get(name))
+                .flat_map(|value| value.split(','))
+                .map(|entry| entry.trim().to_owned())
+                .filter(|entry| !entry.is_empty())
+                .collect();
+        }
+        Some(rules)
     }
 
     /// The index and find-links URLs uv is configured with (unredacted: for the installer's

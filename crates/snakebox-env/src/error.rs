@@ -105,10 +105,19 @@ pub enum EnvError {
     },
 
     /// A requirement has no wheel for this Python, and builds from source are off.
-    #[error("Failed to install the requirements `{requirements}` from wheels only")]
+    #[error(
+        "Failed to install the requirements `{requirements}` from wheels only: {}",
+        if packages.is_empty() {
+            "a requirement has no wheel for this Python".to_owned()
+        } else {
+            format!("no wheel for this Python of {}", backticked(packages))
+        }
+    )]
     SdistBuildsDisabled {
         /// The requirement set, one string, comma-separated.
         requirements: String,
+        /// The packages uv named as having no usable wheel.
+        packages: Vec<String>,
         /// What uv said (it names the package without a usable wheel).
         #[source]
         source: UvStderr,

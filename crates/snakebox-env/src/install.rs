@@ -89,6 +89,22 @@ pub fn is_missing_wheel(stderr: &[u8]) -> bool {
         || text.contains("--no-build")
 }
 
+/// The packages uv says need a wheel (its hint: ``Wheels are required for `NAME` because
+/// building from source is disabled``), in order, without repeats.
+pub(crate) fn packages_without_wheels(stderr: &[u8]) -> Vec<String> {
+    let text = String::from_utf8_lossy(stderr);
+    let mut names: Vec<String> = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.split("Wheels are required for `").nth(1)
+            && let Some((name, _)) = rest.split_once('`')
+            && !names.iter().any(|n| n == name)
+        {
+            names.push(name.to_owned());
+        }
+    }
+    names
+}
+
 /// `<env>/lib/pythonX.Y/site-packages`, when there is one.
 pub fn site_packages(env: &Path) -> Option<PathBuf> {
     fs_err::read_dir(env.join("lib"))
@@ -461,5 +477,11 @@ mod tests {
             b"Because foo==1.0 has no usable wheels and building from source is disabled, we can conclude"
         ));
         assert!(!is_missing_wheel(b"No solution found"));
+        assert_eq!(
+            packages_without_wheels(
+                b"hint: Wheels are required for `sbxsrconly` because building from source is disabled\nhint: Wheels are required for `b` because"
+            ),
+            ["sbxsrconly", "b"]
+        );
     }
 }

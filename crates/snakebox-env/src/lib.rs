@@ -9,10 +9,14 @@
 //!
 //! The one design decision that shapes it: an environment is built once per (interpreter,
 //! requirement set), in a temporary directory, then renamed into place and never modified
-//! again; every later run reuses it read-only. The install step runs uv with network access
-//! and write access to the build directory and uv's cache only, with an allow-listed
-//! environment ([`EnvVars`]); the run step (the engine's business) mounts the finished
-//! environment read-only ([`Environment::mounts`]) and never sees uv's cache.
+//! again; every later run reuses it read-only. A dependency's code is as untrusted as the
+//! script, so a build has two steps (the `install` module): trusted uv downloads and unpacks
+//! wheels only, with the operator's index settings ([`EnvVars`]), write access to uv's cache
+//! and the network only through an egress proxy, running no package code; then everything
+//! that runs package code (bytecode compilation, opt-in sdist builds) runs as
+//! [`Role::PackageCode`]: a run's identity and limits, no network, no credentials, uv's cache
+//! not mounted. The run step (the engine's business) mounts the finished environment
+//! read-only ([`Environment::mounts`]) and never sees uv's cache.
 
 mod cache;
 mod env_vars;
@@ -35,5 +39,5 @@ pub use install::{
 pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
 pub use uv::{
     DirectUvRunner, Egress, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput,
-    UvRunFuture, UvRunner, install_read_only_paths, pip_list_args,
+    UvRunFuture, UvRunner, install_read_only_paths,
 };

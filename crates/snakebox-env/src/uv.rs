@@ -2,11 +2,14 @@
 //!
 //! [`Uv::locate`] always ends at the real executable, never at a shim: a pyenv shim is a shell
 //! script that re-enters pyenv, which cannot work inside a sandbox and adds tens of
-//! milliseconds to every call. How uv is *run* is a [`UvRunner`]: [`DirectUvRunner`] spawns it
-//! on the host with an allow-listed environment; [`snakebox_sandbox::Sandbox`] itself is a runner
-//! that runs the same invocation under [`UvInvocation::policy`]: network on, write access to the
-//! build directory and uv's cache only. Every invocation is described as data ([`UvInvocation`]) so both runners,
-//! and test doubles, see exactly the same thing.
+//! milliseconds to every call. How uv (or anything else an install runs) is *run* is a
+//! [`UvRunner`]: [`DirectUvRunner`] spawns it on the host with an allow-listed environment;
+//! [`snakebox_sandbox::Sandbox`] itself is a runner that runs the same invocation under
+//! [`UvInvocation::policy`], which follows the invocation's [`Role`]: the trusted downloader
+//! (the installer's uid, write access to the build directory and uv's cache, the network
+//! through the egress proxy) or package code (a run's uid and limits, no network). Every
+//! invocation is described as data ([`UvInvocation`]) so both runners, and test doubles, see
+//! exactly the same thing.
 
 use std::ffi::OsString;
 use std::fmt;
@@ -436,19 +439,6 @@ async fn run_direct(invocation: &UvInvocation) -> Result<UvOutput, EnvError> {
             })
         }
     }
-}
-
-/// Arguments of `uv pip list` for the environment of `python`, as JSON.
-#[must_use]
-pub fn pip_list_args(python: OsString) -> Vec<OsString> {
-    vec![
-        "pip".into(),
-        "list".into(),
-        "--python".into(),
-        python,
-        "--format".into(),
-        "json".into(),
-    ]
 }
 
 /// The read-only paths an install sandbox needs besides the system view: uv's directory, the

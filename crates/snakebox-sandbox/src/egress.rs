@@ -12,7 +12,9 @@
 //! name itself and connects only to public addresses (never loopback, RFC 1918, CGNAT,
 //! link-local/metadata, ULA, multicast, unspecified, or an IPv6 form of one of these).
 //! It speaks `CONNECT` (TLS passes through untouched) and plain-HTTP forwarding (absolute-form
-//! requests, rewritten to origin-form, one request per connection).
+//! requests, rewritten to origin-form, one request per connection). When the operator has an
+//! HTTP proxy of their own ([`Upstream`]), allowed connections are chained through it (after
+//! the same checks), except for `NO_PROXY` hosts.
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::DirBuilderExt as _;
@@ -44,9 +46,86 @@ pub struct EgressRules {
     /// Whether other destinations on ports 80 and 443 that resolve to public addresses only
     /// are allowed.
     pub public: bool,
+    /// The operator's own HTTP proxy: allowed connections go through it (chained), except
+    /// for hosts in `no_proxy`.
+    pub upstream: Option<Upstream>,
+    /// Hosts reached directly although there is an upstream proxy (`NO_PROXY` entries:
+    /// `host`, `.domain` or `domain` for the domain and its subdomains, `*` for all).
+    pub no_proxy: Vec<String>,
+}
+
+/// An upstream HTTP proxy (`http://[user:password@]host[:port]`).
+#[derive(Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// Its host.
+    pub host: String,
+    /// Its port (default 80).
+    pub port: u16,
+    /// `Proxy-Authorization` value, from the URL's user information.
+    authorization: Option<String>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the credential.
+        f.debug_struct("Upstream")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("authorization", &self.authorization.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+impl Upstream {
+    /// Parse a proxy URL. Only `http://` proxies can be chained.
+    ///
+    /// # Errors
+    /// A text naming what is wrong with the URL (never the URL itself: it may hold a password).
+    pub fn parse(url: &str) -> Result<Upstream, String> {
+        use base64::Engine as _;
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| "only an http:// upstream proxy can be chained".to_owned())?;
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        let (userinfo, hostport) = match authority.rsplit_once('@') {
+            Some((userinfo, hostport)) => (Some(userinfo), hostport),
+            None => (None, authority),
+        };
+        let (host, port) = split_host_port(hostport)
+            .ok_or_else(|| "the proxy URL has no valid host".to_owned())?;
+        Ok(Upstream {
+            host,
+            port: port.unwrap_or(80),
+            authorization: userinfo.map(|info| {
+                format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(info)
+                )
+            }),
+        })
+    }
 }
 
 impl EgressRules {
+    /// Whether `host:port` is a configured destination.
+    fn is_configured(&self, host: &str, port: u16) -> bool {
+        self.allowed
+            .iter()
+            .any(|(h, p)| h.eq_ignore_ascii_case(host) && *p == port)
+    }
+
+    /// Whether `host` is reached without the upstream proxy.
+    fn bypasses_upstream(&self, host: &str) -> bool {
+        self.no_proxy.iter().any(|entry| {
+            let entry = entry.trim().trim_start_matches('.');
+            entry == "*"
+                || host.eq_ignore_ascii_case(entry)
+                || host
+                    .to_ascii_lowercase()
+                    .ends_with(&format!(".{}", entry.to_ascii_lowercase()))
+        })
+    }
+
     /// Rules allowing `urls`' hosts and ports (`scheme://[user@]host[:port]/…`) and, with
     /// `public`, any public address on ports 80 and 443.
     #[must_use]
@@ -54,6 +133,8 @@ impl EgressRules {
         Self {
             allowed: urls.iter().filter_map(|url| url_host_port(url)).collect(),
             public,
+            upstream: None,
+            no_proxy: Vec::new(),
         }
     }
 }
@@ -136,6 +217,29 @@ impl EgressProxy {
             task,
             decisions,
         })
+    }
+
+    /// Remove the socket directories of proxies whose server is gone (killed before it could
+    /// clean up): `snakebox-egress-<pid>-…` in the temporary directory with no process `<pid>`.
+    pub fn remove_stale() {
+        let Ok(entries) = fs_err::read_dir(std::env::temp_dir()) else {
+            return;
+        };
+        for entry in entries.filter_map(Result::ok) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = name
+                .strip_prefix("snakebox-egress-")
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if Path::new("/proc").join(pid.to_string()).exists() {
+                continue;
+            }
+            let _ = fs_err::remove_file(entry.path().join("egress.sock"));
+            let _ = fs_err::remove_dir(entry.path());
+        }
     }
 
     /// The socket's path.
@@ -278,7 +382,17 @@ async fn serve(mut client: UnixStream, rules: &EgressRules) -> Option<EgressDeci
         allowed,
         reason,
     };
-    let addresses = match resolve(&request.host, request.port, rules).await {
+    let chained = rules
+        .upstream
+        .as_ref()
+        .filter(|_| !rules.bypasses_upstream(&request.host));
+    // A configured index reached through the upstream proxy need not resolve here.
+    let resolved = if chained.is_some() && rules.is_configured(&request.host, request.port) {
+        Ok(Vec::new())
+    } else {
+        resolve(&request.host, request.port, rules).await
+    };
+    let addresses = match resolved {
         Ok(addresses) => addresses,
         Err(reason) => {
             let body = format!("snakebox egress proxy: {reason}\n");
@@ -290,18 +404,31 @@ async fn serve(mut client: UnixStream, rules: &EgressRules) -> Option<EgressDeci
             return Some(decision(false, reason));
         }
     };
-    let Some(mut upstream) = connect_any(&addresses).await else {
-        let _ = client
-            .write_all(b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\n\r\n")
-            .await;
-        return Some(decision(false, "no address answered".to_owned()));
+    let connected = match chained {
+        Some(proxy) => connect_through(proxy, &request).await,
+        None => connect_any(&addresses).await.ok_or("no address answered"),
     };
-    let sent = if request.connect {
-        client
-            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            .await
-    } else {
-        upstream.write_all(request.origin_form.as_bytes()).await
+    let mut upstream = match connected {
+        Ok(stream) => stream,
+        Err(reason) => {
+            let _ = client
+                .write_all(b"HTTP/1.1 502 Bad Gateway\r\nConnection: close\r\n\r\n")
+                .await;
+            return Some(decision(false, reason.to_owned()));
+        }
+    };
+    let sent = match (request.connect, chained) {
+        (true, _) => {
+            client
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .await
+        }
+        (false, Some(proxy)) => {
+            upstream
+                .write_all(request.proxy_form(proxy).as_bytes())
+                .await
+        }
+        (false, None) => upstream.write_all(request.origin_form.as_bytes()).await,
     };
     if sent.is_err() || upstream.write_all(&rest).await.is_err() {
         return Some(decision(true, "connection closed early".to_owned()));
@@ -310,8 +437,52 @@ async fn serve(mut client: UnixStream, rules: &EgressRules) -> Option<EgressDeci
     Some(decision(true, "allowed".to_owned()))
 }
 
-/// Read up to the end of the request head; returns (head, bytes after it).
-async fn read_head(stream: &mut UnixStream) -> Option<(String, Vec<u8>)> {
+/// A connection through the upstream proxy: for `CONNECT`, the tunnel is opened (and its
+/// answer checked) here; for plain HTTP, the caller sends the request in proxy form.
+async fn connect_through(proxy: &Upstream, request: &Request) -> Result<TcpStream, &'static str> {
+    let addresses: Vec<SocketAddr> = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        tokio::net::lookup_host((proxy.host.as_str(), proxy.port)),
+    )
+    .await
+    .map_err(|_| "resolving the upstream proxy timed out")?
+    .map_err(|_| "the upstream proxy does not resolve")?
+    .collect();
+    let mut stream = connect_any(&addresses)
+        .await
+        .ok_or("the upstream proxy did not answer")?;
+    if !request.connect {
+        return Ok(stream);
+    }
+    let target = if request.host.contains(':') {
+        format!("[{}]:{}", request.host, request.port)
+    } else {
+        format!("{}:{}", request.host, request.port)
+    };
+    let mut head = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n");
+    if let Some(authorization) = &proxy.authorization {
+        head.push_str(&format!("Proxy-Authorization: {authorization}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .map_err(|_| "the upstream proxy closed the connection")?;
+    let (answer, _) = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut stream))
+        .await
+        .ok()
+        .flatten()
+        .ok_or("the upstream proxy did not answer the CONNECT")?;
+    let status = answer.split(' ').nth(1).unwrap_or_default();
+    if status == "200" {
+        Ok(stream)
+    } else {
+        Err("the upstream proxy refused the CONNECT")
+    }
+}
+
+/// Read up to the end of a request (or response) head; returns (head, bytes after it).
+async fn read_head<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> Option<(String, Vec<u8>)> {
     let mut buf = Vec::with_capacity(4096);
     let mut chunk = [0_u8; 4096];
     loop {
@@ -336,8 +507,26 @@ struct Request {
     connect: bool,
     host: String,
     port: u16,
-    /// For plain HTTP: the head to send upstream (origin-form, `Connection: close`).
+    /// For plain HTTP: the head to send to the server (origin-form, `Connection: close`).
     origin_form: String,
+    /// For plain HTTP: the request line in absolute form (to send to an upstream proxy).
+    absolute_line: String,
+}
+
+impl Request {
+    /// The head for an upstream proxy: absolute form, the same headers, its credential.
+    fn proxy_form(&self, upstream: &Upstream) -> String {
+        let headers = self
+            .origin_form
+            .split_once("\r\n")
+            .map_or("", |(_, headers)| headers);
+        let mut head = self.absolute_line.clone();
+        if let Some(authorization) = &upstream.authorization {
+            head.push_str(&format!("Proxy-Authorization: {authorization}\r\n"));
+        }
+        head.push_str(headers);
+        head
+    }
 }
 
 impl Request {
@@ -355,6 +544,7 @@ impl Request {
                 host,
                 port: port?,
                 origin_form: String::new(),
+                absolute_line: String::new(),
             });
         }
         let rest = target.strip_prefix("http://")?;
@@ -394,6 +584,7 @@ impl Request {
             host,
             port: port.unwrap_or(80),
             origin_form,
+            absolute_line: format!("{method} {target} {version}\r\n"),
         })
     }
 }
@@ -432,10 +623,7 @@ fn url_host_port(url: &str) -> Option<(String, u16)> {
 
 /// The addresses the proxy may connect to for `host:port`, or why none.
 async fn resolve(host: &str, port: u16, rules: &EgressRules) -> Result<Vec<SocketAddr>, String> {
-    let configured = rules
-        .allowed
-        .iter()
-        .any(|(h, p)| h.eq_ignore_ascii_case(host) && *p == port);
+    let configured = rules.is_configured(host, port);
     if !configured {
         if !rules.public {
             return Err(format!("`{host}:{port}` is not a configured destination"));
@@ -584,7 +772,8 @@ mod tests {
                 connect: true,
                 host: "files.example".into(),
                 port: 443,
-                origin_form: String::new()
+                origin_form: String::new(),
+                absolute_line: String::new(),
             })
         );
         let get = Request::parse(
@@ -597,6 +786,24 @@ mod tests {
             get.origin_form,
             "GET /simple/six/?x=1 HTTP/1.1\r\nHost: 127.0.0.1:8000\r\nAuthorization: Basic abc\r\nConnection: close\r\n\r\n"
         );
+        let upstream = Upstream::parse("http://u:p@proxy.example:3128").unwrap();
+        assert_eq!(
+            (upstream.host.as_str(), upstream.port),
+            ("proxy.example", 3128)
+        );
+        assert!(!format!("{upstream:?}").contains("dTpw"));
+        assert_eq!(
+            get.proxy_form(&upstream),
+            "GET http://127.0.0.1:8000/simple/six/?x=1 HTTP/1.1\r\nProxy-Authorization: Basic dTpw\r\nHost: 127.0.0.1:8000\r\nAuthorization: Basic abc\r\nConnection: close\r\n\r\n"
+        );
+        assert!(Upstream::parse("socks5://proxy:1080").is_err());
+        let rules = EgressRules {
+            no_proxy: vec![".internal.example".into(), "localhost".into()],
+            ..EgressRules::default()
+        };
+        assert!(rules.bypasses_upstream("pkgs.internal.example"));
+        assert!(rules.bypasses_upstream("LOCALHOST"));
+        assert!(!rules.bypasses_upstream("files.example"));
         assert_eq!(
             Request::parse("GET http://[::1]/ HTTP/1.1\r\n\r\n").map(|r| (r.host, r.port)),
             Some(("::1".into(), 80))

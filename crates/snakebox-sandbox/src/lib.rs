@@ -35,8 +35,8 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::egress::{
-    BRIDGE_PORT, EgressDecision, EgressProxy, EgressRules, SOCKET_INSIDE, bridged_command,
-    is_public,
+    BRIDGE_PORT, EgressDecision, EgressProxy, EgressRules, SOCKET_INSIDE, Upstream,
+    bridged_command, is_public,
 };
 pub use crate::error::{CgroupError, NamespaceError, SandboxError, SeccompError, SpawnError};
 pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};

@@ -58,9 +58,10 @@ impl Installer {
         );
         // Downloads reach the configured indexes and public addresses only, through the egress
         // proxy; the sandbox keeps its own network namespace (catalogue D-02).
-        let proxy = if network && self.sandbox.report().isolation_active && !self.uv_env.has_proxy()
+        let rules = self.uv_env.egress_rules();
+        let proxy = if let Some(rules) =
+            rules.filter(|_| network && self.sandbox.report().isolation_active)
         {
-            let rules = snakebox_sandbox::EgressRules::for_urls(&self.uv_env.index_urls(), true);
             Some(
                 snakebox_sandbox::EgressProxy::start(rules).map_err(|err| ErrorInfo {
                     message: format!("could not start the egress proxy for `{label}`: {err}"),
