@@ -597,15 +597,18 @@ impl EnvCache {
         previous: Option<&Manifest>,
     ) -> Result<Manifest, EnvError> {
         let started = std::time::Instant::now();
-        let build = tempfile::Builder::new()
-            .prefix("build-")
-            .tempdir_in(self.tmp_dir())
-            .map_err(|source| EnvError::Io {
-                action: "create a build directory in",
-                path: self.tmp_dir(),
-                source,
-            })?;
-        let build_dir = build.path().to_path_buf();
+        let build = BuildDir(
+            tempfile::Builder::new()
+                .prefix("build-")
+                .tempdir_in(self.tmp_dir())
+                .map_err(|source| EnvError::Io {
+                    action: "create a build directory in",
+                    path: self.tmp_dir(),
+                    source,
+                })?
+                .keep(),
+        );
+        let build_dir = build.0.clone();
         let build_id = build_dir.file_name().map_or_else(
             || key.to_owned(),
             |name| name.to_string_lossy().into_owned(),
@@ -824,7 +827,7 @@ impl EnvCache {
             fs_err::rename(built, dir).map_err(io("move the new environment into", dir))?;
         }
         if !self.in_use(&old_id)
-            && let Err(err) = fs_err::remove_dir_all(&trash)
+            && let Err(err) = snakebox_sandbox::tree::remove(&trash)
         {
             tracing::warn!(error = %err, "could not delete a replaced environment; prune will retry");
         }
@@ -1181,8 +1184,21 @@ async fn read_manifest(dir: &Path) -> Option<Manifest> {
     }
 }
 
+/// A build directory, removed when dropped. Package code ran in it (bytecode compilation,
+/// builds), so it may hold any tree: it is removed without recursion and without following
+/// links ([`snakebox_sandbox::tree::remove`]), never by `remove_dir_all`.
+struct BuildDir(PathBuf);
+
+impl Drop for BuildDir {
+    fn drop(&mut self) {
+        if let Err(err) = snakebox_sandbox::tree::remove(&self.0) {
+            tracing::warn!(error = %err, path = %self.0.display(), "could not delete a build directory; the next start retries");
+        }
+    }
+}
+
 async fn delete_tree(path: PathBuf) {
-    let result = tokio::task::spawn_blocking(move || fs_err::remove_dir_all(&path)).await;
+    let result = tokio::task::spawn_blocking(move || snakebox_sandbox::tree::remove(&path)).await;
     if let Ok(Err(err)) = result {
         tracing::warn!(error = %err, "could not delete a cache directory");
     }
