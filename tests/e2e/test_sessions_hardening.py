@@ -319,6 +319,12 @@ async def test_V01_every_sandbox_kind_counts_in_the_concurrency_cap(snakebox_bin
         async def run(i: int) -> None:
             results[f"run-{i}"] = await call(client, "execute_python", script=f"import time; time.sleep(0.3); print({i})")
 
+        async def build(version: str) -> None:
+            # A new environment: its download and compile sandboxes hold a slot too.
+            results[f"build-{version}"] = await call(
+                client, "execute_python", script="import six; print(six.__version__)", dependencies=[f"six=={version}"], timeout_seconds=120
+            )
+
         try:
             async with anyio.create_task_group() as group:
                 for i in range(6):
@@ -329,10 +335,12 @@ async def test_V01_every_sandbox_kind_counts_in_the_concurrency_cap(snakebox_bin
                     group.start_soon(make, i)
                 for i in range(3):
                     group.start_soon(run, i)
+                for version in ("1.15.0", "1.14.0"):
+                    group.start_soon(build, version)
         finally:
             counter.stop()
         # Every call was answered, as it would be without the cap.
-        assert len(results) == 15
+        assert len(results) == 17
         for name, (data, text, is_error) in results.items():
             if name.startswith("validate"):
                 assert any(p.get("kind") == "syntax" or "line" in str(p) for p in data["problems"]), text
@@ -340,11 +348,13 @@ async def test_V01_every_sandbox_kind_counts_in_the_concurrency_cap(snakebox_bin
                 assert not is_error and data["state"] == "succeeded", text
             elif name.startswith("create"):
                 assert not is_error and data["session_id"], text
+            elif name.startswith("build"):
+                assert data["status"] == "ok" and data["stdout"] == name.removeprefix("build-") + "\n", text
             else:
                 assert data["status"] == "ok", text
         # Judged from outside: the load really ran (many sandboxes, two at once), and never
         # more than the cap at a time.
-        assert len(counter.seen) >= 15, counter.seen
+        assert len(counter.seen) >= 17, counter.seen
         assert counter.max_alive == 2, counter.max_alive
         await alive(client)
 
