@@ -685,10 +685,32 @@ pub(crate) struct RunDir {
     pub(crate) tmp: PathBuf,
     /// The size cap on `work`, when one is in force.
     scratch: Option<snakebox_sandbox::ScratchDir>,
-    /// The host uid the run's sandbox runs as; released after the directory is removed.
-    lease: Option<snakebox_sandbox::IdentityLease>,
-    /// The identity of a run that is not its own lease's: a forked run has its fork server's.
-    borrowed: Option<(snakebox_sandbox::Identity, Option<(u32, u32)>)>,
+    /// Whose host uid the run's sandbox runs as (none: the sandbox's default).
+    runs_as: Option<RunsAs>,
+}
+
+/// The host uid a run directory is made for.
+enum RunsAs {
+    /// A uid of the run's own, released after the directory is removed.
+    Leased(snakebox_sandbox::IdentityLease),
+    /// Another's, held elsewhere: a forked run has its fork server's.
+    Borrowed(snakebox_sandbox::Identity, Option<(u32, u32)>),
+}
+
+impl RunsAs {
+    fn identity(&self) -> snakebox_sandbox::Identity {
+        match self {
+            RunsAs::Leased(lease) => lease.identity(),
+            RunsAs::Borrowed(identity, _) => *identity,
+        }
+    }
+
+    fn host_ids(&self) -> Option<(u32, u32)> {
+        match self {
+            RunsAs::Leased(lease) => lease.host_ids(),
+            RunsAs::Borrowed(_, ids) => *ids,
+        }
+    }
 }
 
 impl RunDir {
@@ -709,8 +731,7 @@ impl RunDir {
             tmp: root.join("tmp"),
             root,
             scratch: None,
-            lease: None,
-            borrowed: None,
+            runs_as: None,
         };
         for path in [&dir.input, &dir.work, &dir.tmp] {
             fs_err::create_dir_all(path)?;
@@ -748,9 +769,6 @@ impl RunDir {
         fs_err::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
     }
 
-    /// Cap the working directory at `size_bytes` (a tmpfs owned by `owner`), so a run cannot
-    /// fill the host disk through it. Without the privilege to mount, it stays a plain
-    /// directory; `check_environment` reports whether the cap is enforced.
     /// Create the run directory of one run of user code under a host uid of its own (see
     /// [`snakebox_sandbox::Sandbox::lease_identity`]), with its working directory capped at
     /// `scratch_bytes` when set.
@@ -761,14 +779,8 @@ impl RunDir {
         script: Option<&str>,
         scratch_bytes: Option<u64>,
     ) -> std::io::Result<RunDir> {
-        let lease = sandbox.lease_identity();
-        let owner = lease.host_ids();
-        let mut dir = RunDir::create(data_dir, id, script, owner)?;
-        dir.lease = Some(lease);
-        if let Some(size) = scratch_bytes {
-            dir.cap_work(size, owner).map_err(std::io::Error::other)?;
-        }
-        Ok(dir)
+        let runs_as = RunsAs::Leased(sandbox.lease_identity());
+        RunDir::for_uid(runs_as, data_dir, id, script, scratch_bytes)
     }
 
     /// Create the run directory of one run forked by `server`: it runs as the fork server's
@@ -780,9 +792,20 @@ impl RunDir {
         script: Option<&str>,
         scratch_bytes: Option<u64>,
     ) -> std::io::Result<RunDir> {
-        let owner = server.host_ids();
+        let runs_as = RunsAs::Borrowed(server.identity(), server.host_ids());
+        RunDir::for_uid(runs_as, data_dir, id, script, scratch_bytes)
+    }
+
+    fn for_uid(
+        runs_as: RunsAs,
+        data_dir: &Path,
+        id: &str,
+        script: Option<&str>,
+        scratch_bytes: Option<u64>,
+    ) -> std::io::Result<RunDir> {
+        let owner = runs_as.host_ids();
         let mut dir = RunDir::create(data_dir, id, script, owner)?;
-        dir.borrowed = Some((server.identity(), owner));
+        dir.runs_as = Some(runs_as);
         if let Some(size) = scratch_bytes {
             dir.cap_work(size, owner).map_err(std::io::Error::other)?;
         }
@@ -791,26 +814,19 @@ impl RunDir {
 
     /// The identity the run's sandbox must use.
     pub(crate) fn identity(&self) -> snakebox_sandbox::Identity {
-        if let Some((identity, _)) = self.borrowed {
-            return identity;
-        }
-        self.lease
+        self.runs_as
             .as_ref()
-            .map_or(snakebox_sandbox::Identity::Untrusted, |lease| {
-                lease.identity()
-            })
+            .map_or(snakebox_sandbox::Identity::Untrusted, RunsAs::identity)
     }
 
     /// The host uid/gid that owns the run's writable directories, when not ours.
     pub(crate) fn owner(&self) -> Option<(u32, u32)> {
-        if let Some((_, owner)) = self.borrowed {
-            return owner;
-        }
-        self.lease
-            .as_ref()
-            .and_then(snakebox_sandbox::IdentityLease::host_ids)
+        self.runs_as.as_ref().and_then(RunsAs::host_ids)
     }
 
+    /// Cap the working directory at `size_bytes` (a tmpfs owned by `owner`), so a run cannot
+    /// fill the host disk through it. Without the privilege to mount, it stays a plain
+    /// directory; `check_environment` reports whether the cap is enforced.
     pub(crate) fn cap_work(
         &mut self,
         size_bytes: u64,
