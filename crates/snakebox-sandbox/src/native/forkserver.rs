@@ -100,16 +100,17 @@ type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Report>>>>;
 /// What the fork server is started with.
 #[derive(Debug, Clone)]
 pub struct ForkServerSpec {
-    /// The sandbox of the fork server: the environment's mounts, variables and limits on
-    /// `/tmp`, as for a run of that environment (its `identity` is ignored). No network.
+    /// The sandbox of the fork server: the environment's mounts, variables and limits, as for
+    /// a run of that environment (its `identity` and `network` are ignored: it runs as a uid
+    /// leased for it, never with network).
     pub policy: Policy,
     /// The interpreter, as seen inside.
     pub python: PathBuf,
     /// Source of the module each run executes: the fork server imports it once, and each run
     /// calls its `main()` with `sys.argv` set to the run's `argv`.
     pub module_source: String,
-    /// Where the server keeps run directories (`<data>/runs/<server pid>`): every mount of a
-    /// run must be below it.
+    /// Where the server keeps run directories (`<data>/runs/<server pid>`): the fork server's
+    /// own program is written below it (its runs' directories reach it as detached mounts).
     pub runs_root: PathBuf,
     /// Where runs mount their directories inside (created empty in the fork server's view).
     pub mount_points: Vec<PathBuf>,
