@@ -106,17 +106,27 @@ impl Engine {
     /// Never fails: what is missing is recorded and reported by [`Engine::report`] and by
     /// every execution that needs it.
     pub async fn new(config: EngineConfig) -> Engine {
-        execute::remove_stale_run_dirs(&config.data_dir);
         let sandbox = Sandbox::new(SandboxConfig {
             backend: config.backend,
             bwrap_path: config.bwrap_path.clone(),
             scratch_root: config.data_dir.join("scratch"),
         })
-        .map(Arc::new)
         .map_err(|err| Unavailable {
             message: crate::describe(&err),
             hint: err.hint(),
         });
+        Engine::assemble(config, sandbox).await
+    }
+
+    /// An engine on a sandbox made elsewhere: any [`snakebox_sandbox::Backend`] (tests hand
+    /// in a recording one). Otherwise as [`Engine::new`].
+    pub async fn with_sandbox(config: EngineConfig, sandbox: Sandbox) -> Engine {
+        Engine::assemble(config, Ok(sandbox)).await
+    }
+
+    async fn assemble(config: EngineConfig, sandbox: Result<Sandbox, Unavailable>) -> Engine {
+        execute::remove_stale_run_dirs(&config.data_dir);
+        let sandbox = sandbox.map(Arc::new);
         let uv = Uv::locate(config.uv_path.as_deref()).map_err(|err| Unavailable {
             message: crate::describe(&err),
             hint: err.hint(),

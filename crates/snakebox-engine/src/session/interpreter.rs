@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use snakebox_env::Interpreter;
 use snakebox_sandbox::{
-    BackendKind, ExchangeEnd, Identity, LiveSandbox, Mount, OutputChunk, Policy, SandboxCommand,
+    ExchangeEnd, Identity, LiveSandbox, Mount, OutputChunk, Policy, SandboxCommand,
 };
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
@@ -404,20 +404,11 @@ impl Engine {
         interpreter: &Interpreter,
         timeout: Duration,
     ) -> (Policy, PathBuf) {
-        let native = self.config.backend == BackendKind::Native;
-        let (work, tmp, runner) = if native {
-            (
-                PathBuf::from(SANDBOX_WORK_DIR),
-                PathBuf::from("/tmp"),
-                PathBuf::from(SANDBOX_INPUT_DIR).join(RUNNER_NAME),
-            )
-        } else {
-            (
-                paths.work.clone(),
-                paths.tmp.clone(),
-                paths.input.join(RUNNER_NAME),
-            )
-        };
+        let work = self.path_inside(&paths.work, SANDBOX_WORK_DIR);
+        let tmp = self.path_inside(&paths.tmp, "/tmp");
+        let runner = self
+            .path_inside(&paths.input, SANDBOX_INPUT_DIR)
+            .join(RUNNER_NAME);
         let mut mounts = vec![
             Mount {
                 host: paths.venv.clone(),
