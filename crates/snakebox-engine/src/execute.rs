@@ -55,6 +55,7 @@ impl Engine {
     /// runs are reported with status `invalid_request` or `setup_failed` and a hint.
     pub async fn execute(
         &self,
+        caller: &crate::Caller,
         request: ExecuteRequest,
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
@@ -212,7 +213,7 @@ impl Engine {
             .map(|o| o.control.as_slice())
             .unwrap_or_default();
         let collected = self
-            .collect_rich(&execution_id, &run_dir.work, baseline, control)
+            .collect_rich(caller, &execution_id, &run_dir.work, baseline, control)
             .await;
         // The run is over and its files are collected: unmounting and removing the run
         // directory need not hold up the reply.

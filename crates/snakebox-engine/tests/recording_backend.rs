@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use snakebox_engine::{Engine, EngineConfig, ExecuteRequest, Status};
+use snakebox_engine::{Caller, CreateSession, Engine, EngineConfig, ExecuteRequest, Status};
 use snakebox_sandbox::{
     Backend, BackendKind, BackendReport, LiveSandbox, OutputChunk, PendingRun, Policy, RunFuture,
     Sandbox, SandboxCommand, SandboxConfig, SandboxError,
@@ -118,7 +118,12 @@ async fn a_run_is_one_sandbox_with_the_engines_policy() {
     let data = tempfile::tempdir().unwrap();
     let (engine, calls) = engine(data.path()).await;
     let result = engine
-        .execute(request("print('hi')"), CancellationToken::new(), None)
+        .execute(
+            &Caller::local(),
+            request("print('hi')"),
+            CancellationToken::new(),
+            None,
+        )
         .await;
     assert_eq!(result.status, Status::Ok, "{result:?}");
     assert_eq!(result.stdout, "hi\n");
@@ -158,13 +163,23 @@ async fn refused_requests_never_reach_the_backend() {
     let mut asks_network = request("print('hi')");
     asks_network.network = Some(true);
     let refused = engine
-        .execute(asks_network, CancellationToken::new(), None)
+        .execute(
+            &Caller::local(),
+            asks_network,
+            CancellationToken::new(),
+            None,
+        )
         .await;
     assert_eq!(refused.status, Status::InvalidRequest, "{refused:?}");
     let mut bad_dependency = request("print('hi')");
     bad_dependency.dependencies = vec!["numpy; rm -rf /".into()];
     let refused = engine
-        .execute(bad_dependency, CancellationToken::new(), None)
+        .execute(
+            &Caller::local(),
+            bad_dependency,
+            CancellationToken::new(),
+            None,
+        )
         .await;
     assert_eq!(refused.status, Status::InvalidRequest, "{refused:?}");
     assert!(
@@ -172,4 +187,77 @@ async fn refused_requests_never_reach_the_backend() {
         "{:?}",
         calls.lock().unwrap()
     );
+}
+
+#[tokio::test]
+async fn one_caller_never_sees_anothers_sessions_or_artifacts() {
+    let data = tempfile::tempdir().unwrap();
+    let (engine, _) = engine(data.path()).await;
+    let a = Caller::tenant("team-a").unwrap();
+    let b = Caller::tenant("team-b").unwrap();
+
+    // An artifact of A's.
+    let run = engine
+        .execute(
+            &a,
+            request("open('out.txt', 'w').write('made by a')"),
+            CancellationToken::new(),
+            None,
+        )
+        .await;
+    assert_eq!(run.status, Status::Ok, "{run:?}");
+    assert_eq!(run.execution_id.len(), 32, "128-bit ids");
+    let uri = run.artifacts[0].uri.clone();
+    assert_eq!(
+        engine.read_artifact(&a, &uri).await.unwrap().data,
+        b"made by a"
+    );
+    let not_found = |err: snakebox_engine::ArtifactError| {
+        matches!(err, snakebox_engine::ArtifactError::NotFound(_))
+    };
+    assert!(not_found(engine.read_artifact(&b, &uri).await.unwrap_err()));
+    assert!(engine.list_artifacts(&b, 100).await.is_empty());
+    assert_eq!(engine.list_artifacts(&a, 100).await.len(), 1);
+
+    // A session of A's.
+    let session = engine
+        .create_session(
+            &a,
+            CreateSession {
+                python_version: None,
+                dependencies: vec![],
+                name: Some("a's".into()),
+                network: None,
+            },
+        )
+        .await
+        .unwrap();
+    let id = session.session_id.clone();
+    assert!(id.len() == 34 && id.starts_with("s-"), "128-bit ids: {id}");
+    let listed = |list: snakebox_engine::SessionList| {
+        list.sessions
+            .into_iter()
+            .map(|s| s.session_id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        listed(engine.list_sessions(&a).await.unwrap()),
+        vec![id.clone()]
+    );
+    assert!(listed(engine.list_sessions(&b).await.unwrap()).is_empty());
+    // B gets exactly what an id that never existed gets.
+    let never = "s-00000000000000000000000000000000";
+    let message = |err: snakebox_engine::ErrorInfo, id: &str| err.message.replace(id, "ID");
+    let b_delete = engine.delete_session(&b, &id).await.unwrap_err();
+    let never_delete = engine.delete_session(&b, never).await.unwrap_err();
+    assert_eq!(message(b_delete, &id), message(never_delete, never));
+    assert!(engine.read_file(&b, &id, "x.txt").await.is_err());
+    assert!(engine.reset_session(&b, &id).await.is_err());
+    // A's session is untouched by all that.
+    assert_eq!(
+        listed(engine.list_sessions(&a).await.unwrap()),
+        vec![id.clone()]
+    );
+    engine.delete_session(&a, &id).await.unwrap();
+    assert!(listed(engine.list_sessions(&a).await.unwrap()).is_empty());
 }

@@ -92,6 +92,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     });
     let result = engine
         .execute(
+            &snakebox_engine::Caller::local(),
             ExecuteRequest {
                 script,
                 dependencies: args.deps,
