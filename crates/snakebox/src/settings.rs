@@ -868,6 +868,73 @@ mod tests {
     }
 
     #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        crate::cli::Cli::command().debug_assert();
+    }
+
+    /// Every flag of earlier versions, with a value, as `serve`, `run` and `check` take them.
+    #[test]
+    fn every_flag_still_parses_for_every_command() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        let flags: Vec<String> = [
+            "--config=/etc/snakebox.toml",
+            "--python-version=3.12",
+            "--sandbox-backend=none",
+            "--max-timeout=70",
+            "--default-timeout=7",
+            "--max-output-bytes=4096",
+            "--no-warm-cache",
+            "--warm-pool=5",
+            "--fork-server=off",
+            "--uv-path=/opt/uv",
+            "--bwrap-path=/opt/bwrap",
+            "--data-dir=/srv/snakebox",
+            "--network=on",
+            "--allow-sdist-builds",
+            "--install-timeout=90",
+            "--memory-limit=2GiB",
+            "--max-processes=64",
+            "--cpu-limit=20",
+            "--cpu-cores=0.5",
+            "--scratch-limit=64MiB",
+            "--max-script-bytes=2048",
+            "--cache-max-size=1GiB",
+            "--cache-max-age-days=3",
+            "--max-concurrent-runs=3",
+            "--session-idle-stop=60",
+            "--session-idle-delete=600",
+            "--max-sessions=4",
+            "--sessions-max-disk=1GiB",
+            "--session-max-interpreters=2",
+            "--artifact-max-age-hours=2",
+            "--artifact-max-size=10MiB",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        assert_eq!(flags.len(), FLAT_KEYS.len() + 1);
+        for command in [vec!["serve"], vec!["run", "x.py"], vec!["check"]] {
+            let argv = ["snakebox"]
+                .into_iter()
+                .map(str::to_owned)
+                .chain(command.iter().map(|word| (*word).to_owned()))
+                .chain(flags.iter().cloned());
+            let cli = Cli::try_parse_from(argv).unwrap_or_else(|err| panic!("{command:?}: {err}"));
+            let args = match cli.command {
+                Command::Serve(args) => args,
+                Command::Run(run) => run.engine,
+                Command::Check(check) => check.engine,
+            };
+            assert_eq!(args.limits.memory_limit.as_deref(), Some("2GiB"));
+            assert_eq!(args.sessions.max_sessions, Some(4));
+            assert!(args.cache.no_warm_cache && args.cache.allow_sdist_builds);
+            assert_eq!(args.network.network, Some(NetworkArg::On));
+            assert_eq!(args.artifacts.artifact_max_size.as_deref(), Some("10MiB"));
+        }
+    }
+
+    #[test]
     fn sizes_parse_with_binary_units() {
         assert_eq!(parse_size("1024").unwrap(), 1024);
         assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
