@@ -501,9 +501,7 @@ fn sectioned(table: toml::Table) -> anyhow::Result<(toml::Table, Vec<FlatKey>)> 
                 }
                 sections.insert(key, section);
             }
-            (value, Some(&(flat_key, section, name))) => {
-                flat.push((key, flat_key, section, name, value));
-            }
+            (value, Some(&place)) => flat.push((place, value)),
             _ if SECTIONS.contains(&key.as_str()) => bail!(
                 "`{key}` must be a section\nhint: write `[{key}]` on a line of its own, then its keys"
             ),
@@ -511,8 +509,9 @@ fn sectioned(table: toml::Table) -> anyhow::Result<(toml::Table, Vec<FlatKey>)> 
         }
     }
     let mut moved = Vec::with_capacity(flat.len());
-    for (key, flat_key, section, name, value) in flat {
-        moved.push((flat_key, section, name));
+    for (place, value) in flat {
+        moved.push(place);
+        let (key, section, name) = place;
         let entry = sections.entry(section.to_owned()).or_default();
         if entry.contains_key(name) {
             bail!(
@@ -748,6 +747,8 @@ mod tests {
             && config.max_processes.is_none(),
         sizes_may_be_numbers: "[limits]\nmemory = 1048576\n" => |config| config.memory_bytes == Some(1 << 20),
         cores_may_be_fractions: "[limits]\ncpu_cores = 1.5\n" => |config| config.cpu_millicores == Some(1500),
+        cores_may_be_whole: "[limits]\ncpu_cores = 2\n" => |config| config.cpu_millicores == Some(2000),
+        sizes_and_counts_may_be_unlimited: "[limits]\nmemory = \"unlimited\"\ncpu_seconds = \"unlimited\"\n" => |config| config.memory_bytes.is_none() && config.cpu_time.is_none(),
         cores_may_be_unlimited: "[limits]\ncpu_cores = \"unlimited\"\n" => |config| config.cpu_millicores.is_none(),
         network_section: "[network]\nmode = \"on\"\n" => |config| config.network,
         switches_and_booleans: indoc! {r#"
