@@ -193,3 +193,19 @@ def test_unknown_sectioned_key_gets_a_did_you_mean(snakebox_bin, data_dir, tmp_p
     assert done.returncode == 2
     assert "unknown key `memroy` in `[limits]`" in done.stderr
     assert "hint: did you mean `memory`?" in done.stderr
+
+
+def test_flag_beats_environment_beats_sectioned_file(snakebox_bin, data_dir, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("[limits]\ndefault_timeout = 5\nmax_timeout = 77\n[sessions]\nmax_sessions = 6\n")
+    done = subprocess.run(
+        [str(snakebox_bin), "check", "--json", "--config", str(config), "--data-dir", str(data_dir),
+         "--max-sessions", "9"],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": "/usr/bin:/bin", "SNAKEBOX_DEFAULT_TIMEOUT": "11", "SNAKEBOX_MAX_SESSIONS": "8",
+             "HOME": str(tmp_path)},
+    )
+    assert done.returncode in (0, 1), done.stderr
+    report = json.loads(done.stdout)
+    assert report["timeouts"] == "default 11 s, maximum 77 s"
+    assert report["sessions"]["max_sessions"] == 9
