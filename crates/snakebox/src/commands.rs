@@ -97,7 +97,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 script,
                 dependencies: args.deps,
                 timeout_seconds: args.timeout,
-                python_version: args.engine.python_version.clone(),
+                python_version: args.engine.python.python_version.clone(),
                 ..ExecuteRequest::default()
             },
             cancel,
