@@ -83,6 +83,13 @@ impl Backend for Recording {
 }
 
 async fn engine(data: &Path) -> (Engine, Arc<Mutex<Vec<Call>>>) {
+    engine_with(data, |_| {}).await
+}
+
+async fn engine_with(
+    data: &Path,
+    adjust: impl FnOnce(&mut EngineConfig),
+) -> (Engine, Arc<Mutex<Vec<Call>>>) {
     let inner = Sandbox::new(SandboxConfig {
         backend: BackendKind::None,
         bwrap_path: None,
@@ -98,6 +105,7 @@ async fn engine(data: &Path) -> (Engine, Arc<Mutex<Vec<Call>>>) {
     config.warm_pool = 0;
     config.fork_server = false;
     config.warm_cache = false;
+    adjust(&mut config);
     let engine = Engine::with_sandbox(config, Sandbox::with_backend(Box::new(backend))).await;
     (engine, calls)
 }
@@ -260,4 +268,54 @@ async fn one_caller_never_sees_anothers_sessions_or_artifacts() {
     );
     engine.delete_session(&a, &id).await.unwrap();
     assert!(listed(engine.list_sessions(&a).await.unwrap()).is_empty());
+}
+
+// See: issue 12 (3): `--max-sessions` was not enforced under concurrent creates (30 created
+// with a cap of 10): the count was checked before the session was built and the row inserted
+// afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_creates_never_exceed_max_sessions() {
+    let data = tempfile::tempdir().unwrap();
+    let (engine, _) = engine_with(data.path(), |config| config.sessions.max_sessions = 3).await;
+    let engine = Arc::new(engine);
+    let caller = Caller::local();
+    // (Spawned all at once, on several threads.)
+    let creates: Vec<_> = (0..12)
+        .map(|i| {
+            let engine = Arc::clone(&engine);
+            let caller = caller.clone();
+            tokio::spawn(async move {
+                engine
+                    .create_session(
+                        &caller,
+                        CreateSession {
+                            python_version: None,
+                            dependencies: vec![],
+                            name: Some(format!("s{i}")),
+                            network: None,
+                        },
+                    )
+                    .await
+            })
+        })
+        .collect();
+    let mut created = 0;
+    let mut refused = Vec::new();
+    for create in creates {
+        match create.await.unwrap() {
+            Ok(_) => created += 1,
+            Err(err) => refused.push(err.message),
+        }
+    }
+    assert_eq!(created, 3, "{refused:?}");
+    assert!(
+        refused
+            .iter()
+            .all(|m| m.contains("the most this server allows")),
+        "{refused:?}"
+    );
+    assert_eq!(
+        engine.list_sessions(&caller).await.unwrap().sessions.len(),
+        3
+    );
 }

@@ -60,6 +60,7 @@ impl Sessions {
                     disk,
                     store,
                     slots: Mutex::default(),
+                    creating: Mutex::new(0),
                     settings,
                 });
                 if let Ok(handle) = tokio::runtime::Handle::try_current() {
@@ -151,7 +152,26 @@ pub(super) struct Manager {
     pub(super) disk: SessionDisk,
     pub(super) store: Store,
     pub(super) slots: Mutex<HashMap<String, Arc<Slot>>>,
+    /// Sessions being created (counted against `--max-sessions` before their row exists).
+    pub(super) creating: Mutex<u64>,
     pub(super) settings: SessionSettings,
+}
+
+/// A place under `--max-sessions` held while a session is being created; given back when
+/// dropped (the session's row then counts, or it failed).
+pub(super) struct CreateReservation<'a> {
+    manager: &'a Manager,
+}
+
+impl Drop for CreateReservation<'_> {
+    fn drop(&mut self) {
+        let mut creating = self
+            .manager
+            .creating
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *creating = creating.saturating_sub(1);
+    }
 }
 /// The in-memory side of one session.
 pub(super) struct Slot {
@@ -196,6 +216,28 @@ pub(super) struct SessionPaths {
     pub(super) tmp: PathBuf,
 }
 impl Manager {
+    /// Hold a place under `--max-sessions` for a session about to be created: the sessions
+    /// recorded and those being created count, checked and reserved in one step, so
+    /// concurrent creates can never exceed the cap.
+    pub(super) fn reserve_create(&self) -> Result<CreateReservation<'_>, ErrorInfo> {
+        let mut creating = self
+            .creating
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = self.store.count().map_err(db_error)? + *creating;
+        if count >= self.settings.max_sessions as u64 {
+            return Err(ErrorInfo {
+                message: format!(
+                    "There are already {count} sessions (or being created), the most this server allows ({})",
+                    self.settings.max_sessions
+                ),
+                hint: Some("delete a session you no longer need (list_sessions, delete_session); the operator can raise --max-sessions".into()),
+            });
+        }
+        *creating += 1;
+        Ok(CreateReservation { manager: self })
+    }
+
     pub(super) fn paths(&self, id: &str) -> SessionPaths {
         let root = self.root.join(id);
         SessionPaths {
@@ -438,16 +480,7 @@ impl Engine {
         }
         // The one-shot rule: the server's policy unless the caller declines it.
         let network = self.config.network && request.network != Some(false);
-        let count = manager.store.count().map_err(db_error)?;
-        if count >= manager.settings.max_sessions as u64 {
-            return Err(ErrorInfo {
-                message: format!(
-                    "There are already {count} sessions, the most this server allows ({})",
-                    manager.settings.max_sessions
-                ),
-                hint: Some("delete a session you no longer need (list_sessions, delete_session); the operator can raise --max-sessions".into()),
-            });
-        }
+        let _reservation = manager.reserve_create()?;
         manager.check_disk()?;
         let requirements = Self::parse_requirements(&request.dependencies)?;
         let interpreter = self.pick_interpreter(request.python_version.as_deref(), None)?;
