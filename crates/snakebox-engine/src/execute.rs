@@ -849,6 +849,24 @@ pub(crate) fn server_runs_dir(data_dir: &Path) -> PathBuf {
     runs_dir(data_dir).join(std::process::id().to_string())
 }
 
+/// Whether another live server (a process other than this one) uses `data_dir`: each keeps
+/// `<data>/runs/<its pid>/` while it runs.
+pub(crate) fn other_live_servers(data_dir: &Path) -> bool {
+    fs_err::read_dir(runs_dir(data_dir))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|entry| {
+            entry
+                .file_name()
+                .to_str()
+                .and_then(|name| name.parse::<u32>().ok())
+                .is_some_and(|pid| {
+                    pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists()
+                })
+        })
+}
+
 /// Remove the run directories of servers that are gone (killed before they could clean up),
 /// releasing any scratch mount left in them. Directories of live servers sharing the data
 /// directory are left alone.

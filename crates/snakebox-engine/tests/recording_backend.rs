@@ -319,3 +319,43 @@ async fn concurrent_creates_never_exceed_max_sessions() {
         3
     );
 }
+
+// See: issue 12 (5): a server killed during `create_session` left a session directory with no
+// record: never listed, never removed, not counted in disk use.
+#[tokio::test]
+async fn a_start_removes_session_files_that_were_never_recorded() {
+    let data = tempfile::tempdir().unwrap();
+    let caller = Caller::local();
+    let kept = {
+        let (engine, _) = engine(data.path()).await;
+        engine
+            .create_session(
+                &caller,
+                CreateSession {
+                    python_version: None,
+                    dependencies: vec![],
+                    name: None,
+                    network: None,
+                },
+            )
+            .await
+            .unwrap()
+            .session_id
+    };
+    let sessions = data.path().join("sessions-v1");
+    let orphan = sessions.join("s-0123456789abcdef0123456789abcdef");
+    fs_err::create_dir_all(orphan.join("work/deep/er")).unwrap();
+    fs_err::write(orphan.join("work/deep/er/f.txt"), "left behind").unwrap();
+    let (engine, _) = engine(data.path()).await;
+    assert!(
+        !orphan.exists(),
+        "the unrecorded session's files are still there"
+    );
+    assert!(
+        sessions.join(&kept).is_dir(),
+        "a recorded session's files were removed"
+    );
+    let listed = engine.list_sessions(&caller).await.unwrap().sessions;
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].session_id, kept);
+}

@@ -122,19 +122,9 @@ exec umount -l "$2""#;
         if self.enforced.is_err() || !is_mount_point(&self.root) {
             return;
         }
-        let others = fs_err::read_dir(runs)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .any(|entry| {
-                entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|name| name.parse::<u32>().ok())
-                    .is_some_and(|pid| {
-                        pid != std::process::id() && Path::new(&format!("/proc/{pid}")).exists()
-                    })
-            });
+        let others = runs
+            .parent()
+            .is_some_and(crate::execute::other_live_servers);
         if others {
             return;
         }

@@ -55,6 +55,9 @@ impl Sessions {
             });
         let inner = match opened {
             Ok(store) => {
+                if !crate::execute::other_live_servers(data_dir) {
+                    sweep_orphans(&root, &store);
+                }
                 let manager = Arc::new(Manager {
                     root,
                     disk,
@@ -621,6 +624,29 @@ impl Engine {
         drop(state);
         let row = manager.row(caller, id)?;
         Ok(self.session_info(manager, &row, false))
+    }
+}
+
+/// Remove session directories that have no record: a server killed while it was creating a
+/// session leaves one, which nothing would list, count or ever remove (issue 12). Only when
+/// no other server uses the data directory: one may be creating a session right now.
+fn sweep_orphans(root: &Path, store: &Store) {
+    let Ok(entries) = fs_err::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(id) = name.to_str() else { continue };
+        let is_dir = entry.file_type().is_ok_and(|kind| kind.is_dir());
+        if !is_dir || !id.starts_with("s-") || !super::valid_id(id) {
+            continue;
+        }
+        if let Ok(None) = store.get(id) {
+            tracing::warn!(session = %id, "removing the files of a session that was never recorded (its server stopped while creating it)");
+            if let Err(err) = crate::tree::remove(&entry.path()) {
+                tracing::warn!(session = %id, %err, "could not remove an unrecorded session's files");
+            }
+        }
     }
 }
 
