@@ -335,6 +335,37 @@ async def test_progress_messages_arrive_while_the_script_runs(client):
     assert seen[0][0] < finished - 1.5, (seen, finished)
 
 
+# See: issue 12 (9): progress notifications stopped once the output budget was spent while the
+# script kept printing, without a word.
+@pytest.mark.parametrize("in_session", [False, True])
+async def test_progress_says_when_the_output_budget_is_spent(client, in_session):
+    # 200 KiB of lines against the default budget of 100 KiB, then a last line.
+    script = "for i in range(4000):\n    print('line', i, 'x' * 40)\nprint('the end')\n"
+    seen: list[str] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(message or "")
+
+    arguments = {"script": script}
+    session = None
+    if in_session:
+        created = await client.call_tool("create_session", {})
+        session = created.structured_content["session_id"]
+        arguments["session_id"] = session
+    result = await client.call_tool("execute_python", arguments, progress_callback=on_progress)
+    if session:
+        await client.call_tool("delete_session", {"session_id": session})
+    data = result.structured_content
+    assert data["status"] == "ok" and data["stdout_truncated"], data
+    assert data["stdout"].rstrip().endswith("the end"), data["stdout"][-200:]
+    text = "".join(seen)
+    assert "line 0 " in text, seen[:3]  # proof of life: lines were streamed
+    notes = [m for m in seen if "output limit is reached" in m]
+    assert len(notes) == 1, seen[-3:]
+    assert "the end" not in text  # nothing after the budget was streamed
+    assert len(text.encode()) <= 102400 + 1024
+
+
 def _marker_pids(marker: str) -> list[int]:
     found = []
     for entry in os.listdir("/proc"):

@@ -181,6 +181,7 @@ impl LiveSandbox {
         let mut captures = [StreamCapture::new(budget), StreamCapture::new(budget)];
         let mut forwarders = [Forwarder::default(), Forwarder::default()];
         let mut forward_left = usize::try_from(budget).unwrap_or(usize::MAX);
+        let mut told_spent = false;
         let mut scanners = [Until::new(marker), Until::new(marker)];
         let mut answer = Line::expecting(marker);
         let mut keep = |index: usize, data: &[u8], captures: &mut [StreamCapture; 2]| {
@@ -191,13 +192,20 @@ impl LiveSandbox {
             if let Some(tx) = &output {
                 let allowed = forward_left.min(data.len());
                 forward_left -= allowed;
+                let stream = if index == 0 {
+                    Stream::Stdout
+                } else {
+                    Stream::Stderr
+                };
                 if let Some(text) = forwarders[index].text(data, allowed) {
-                    let stream = if index == 0 {
-                        Stream::Stdout
-                    } else {
-                        Stream::Stderr
-                    };
                     let _ = tx.send(OutputChunk { stream, text });
+                }
+                if allowed < data.len() && !told_spent {
+                    told_spent = true;
+                    let _ = tx.send(OutputChunk {
+                        stream,
+                        text: crate::supervise::BUDGET_SPENT_NOTE.into(),
+                    });
                 }
             }
         };

@@ -9,7 +9,7 @@
 use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -95,6 +95,10 @@ pub(crate) fn read_status(
         _ => (exit_code, signal),
     }
 }
+
+/// The last streamed chunk once the output budget is spent, while the command may go on
+/// printing: what follows is not streamed (the result says what it kept).
+pub(crate) const BUDGET_SPENT_NOTE: &str = "\n[snakebox: the output limit is reached; further output is not streamed, and the result keeps its beginning and end]\n";
 
 /// How long we keep reading the pipes after the tree was killed.
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
@@ -196,6 +200,7 @@ pub(crate) async fn supervise<C: DirectChild>(
         usize::try_from(budget).unwrap_or(usize::MAX),
     ));
 
+    let forward_budget_spent = Arc::new(AtomicBool::new(false));
     let out_cap = Arc::new(Mutex::new(StreamCapture::new(budget)));
     let err_cap = Arc::new(Mutex::new(StreamCapture::new(budget)));
     let mut readers = tokio::task::JoinSet::new();
@@ -206,6 +211,7 @@ pub(crate) async fn supervise<C: DirectChild>(
             out_cap.clone(),
             output.clone(),
             forward_budget.clone(),
+            forward_budget_spent.clone(),
         ));
     }
     if let Some(stderr) = stderr {
@@ -215,6 +221,7 @@ pub(crate) async fn supervise<C: DirectChild>(
             err_cap.clone(),
             output.clone(),
             forward_budget.clone(),
+            forward_budget_spent.clone(),
         ));
     }
     drop(output);
@@ -289,6 +296,7 @@ async fn drain(
     capture: Arc<Mutex<StreamCapture>>,
     output: Option<UnboundedSender<OutputChunk>>,
     forward_budget: Arc<AtomicUsize>,
+    forward_budget_spent: Arc<AtomicBool>,
 ) {
     let mut buf = vec![0u8; 64 * 1024];
     let mut forwarder = Forwarder::default();
@@ -311,6 +319,12 @@ async fn drain(
                 .min(n);
             if let Some(text) = forwarder.text(data, allowed) {
                 let _ = tx.send(OutputChunk { stream, text });
+            }
+            if allowed < n && !forward_budget_spent.swap(true, Ordering::Relaxed) {
+                let _ = tx.send(OutputChunk {
+                    stream,
+                    text: BUDGET_SPENT_NOTE.into(),
+                });
             }
         }
     }
