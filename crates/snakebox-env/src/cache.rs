@@ -313,40 +313,8 @@ impl EnvCache {
             known: Mutex::default(),
             leases: Mutex::default(),
         };
-        create_dir(&cache.config.root, "create the data directory")?;
-        for dir in [
-            cache.envs_dir(),
-            cache.used_dir(),
-            cache.uv_cache_dir(),
-            cache.tmp_dir(),
-            cache.trash_dir(),
-        ] {
-            create_dir(&dir, "create the cache directory")?;
-        }
-        // Installs may run as their own unprivileged uid: it owns uv's cache (and each build
-        // directory, below), nothing else of ours.
-        // (The whole tree is walked only when its top is not theirs yet: a one-time migration.)
-        let cache_owner = fs_err::metadata(cache.uv_cache_dir())
-            .map(|meta| (meta.uid(), meta.gid()))
-            .ok();
-        if let Some(ids) = cache
-            .installer
-            .writer_ids()
-            .filter(|ids| cache_owner != Some(*ids))
-        {
-            set_owner_tree(&cache.uv_cache_dir(), ids, true).map_err(|source| EnvError::Io {
-                action: "give uv's cache to the installer uid",
-                path: cache.uv_cache_dir(),
-                source,
-            })?;
-        }
+        cache.prepare_dirs()?;
         snakebox_sandbox::EgressProxy::remove_stale();
-        // Runs (possibly as an unprivileged uid) must traverse to the environments.
-        add_mode(&cache.envs_dir(), 0o555).map_err(|source| EnvError::Io {
-            action: "make the environments directory readable",
-            path: cache.envs_dir(),
-            source,
-        })?;
         Ok(cache)
     }
 
@@ -374,6 +342,45 @@ impl EnvCache {
     /// uv's cache directory (under the data root; never visible to runs).
     pub fn uv_cache_dir(&self) -> PathBuf {
         self.config.root.join(UV_CACHE_DIR)
+    }
+
+    /// The cache's directories, made (again) where missing, with their owners and modes: at
+    /// start, and before each build, so that a directory removed while the server runs (an
+    /// operator clearing `uv-cache`) does not fail every later build until a restart.
+    fn prepare_dirs(&self) -> Result<(), EnvError> {
+        create_dir(&self.config.root, "create the data directory")?;
+        for dir in [
+            self.envs_dir(),
+            self.used_dir(),
+            self.uv_cache_dir(),
+            self.tmp_dir(),
+            self.trash_dir(),
+        ] {
+            create_dir(&dir, "create the cache directory")?;
+        }
+        // Installs may run as their own unprivileged uid: it owns uv's cache (and each build
+        // directory), nothing else of ours. (The whole tree is walked only when its top is
+        // not theirs yet: a one-time migration, or a cache made again.)
+        let cache_owner = fs_err::metadata(self.uv_cache_dir())
+            .map(|meta| (meta.uid(), meta.gid()))
+            .ok();
+        if let Some(ids) = self
+            .installer
+            .writer_ids()
+            .filter(|ids| cache_owner != Some(*ids))
+        {
+            set_owner_tree(&self.uv_cache_dir(), ids, true).map_err(|source| EnvError::Io {
+                action: "give uv's cache to the installer uid",
+                path: self.uv_cache_dir(),
+                source,
+            })?;
+        }
+        // Runs (possibly as an unprivileged uid) must traverse to the environments.
+        add_mode(&self.envs_dir(), 0o555).map_err(|source| EnvError::Io {
+            action: "make the environments directory readable",
+            path: self.envs_dir(),
+            source,
+        })
     }
 
     fn envs_dir(&self) -> PathBuf {
@@ -597,6 +604,7 @@ impl EnvCache {
         previous: Option<&Manifest>,
     ) -> Result<Manifest, EnvError> {
         let started = std::time::Instant::now();
+        self.prepare_dirs()?;
         let build = BuildDir(
             tempfile::Builder::new()
                 .prefix("build-")
