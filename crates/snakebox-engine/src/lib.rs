@@ -13,6 +13,7 @@ mod config;
 mod execute;
 mod files;
 mod ids;
+mod lifecycle;
 mod pool;
 mod report;
 mod result;
@@ -35,6 +36,7 @@ pub use artifacts::{
 pub use config::EngineConfig;
 pub use execute::ExecuteRequest;
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES, PathError};
+pub use lifecycle::{ShutdownReport, StopReason};
 pub use pool::PoolReport;
 pub use report::{ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, WarmState};
 pub use result::{
@@ -80,6 +82,7 @@ pub struct Engine {
     sessions: session::Sessions,
     artifacts: artifacts::ArtifactStore,
     pool: pool::WarmPool,
+    lifecycle: lifecycle::Lifecycle,
 }
 
 /// How the environment cache runs package code (compilation, builds): with a run's limits.
@@ -169,6 +172,7 @@ impl Engine {
             interpreters,
             cache,
             warm: Mutex::new(warm),
+            lifecycle: lifecycle::Lifecycle::default(),
         }
     }
 

@@ -349,6 +349,14 @@ impl Sandbox {
         self.report.clone()
     }
 
+    /// Kill and remove whatever cgroups of this server's runs are left (at shutdown, after
+    /// the runs ended or were cut short). Best effort and bounded.
+    pub fn remove_own_cgroups(&self) {
+        if let Some(native) = &self.native {
+            native.remove_own_cgroups();
+        }
+    }
+
     /// The configured backend.
     pub fn kind(&self) -> BackendKind {
         self.config.backend

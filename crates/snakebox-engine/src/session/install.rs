@@ -429,6 +429,7 @@ impl Engine {
         wait: Option<Duration>,
         progress: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<InstallStatus, ErrorInfo> {
+        self.refuse_if_stopping()?;
         let manager = self.session_manager()?;
         let row = manager.row(session_id)?;
         if packages.is_empty() {

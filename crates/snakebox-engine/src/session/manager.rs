@@ -83,6 +83,27 @@ impl Sessions {
         }
     }
 
+    /// Stop every session's interpreter (the server stops; files and packages stay).
+    pub(crate) async fn stop_interpreters(&self) {
+        let Ok(manager) = &self.inner else {
+            return;
+        };
+        let slots: Vec<Arc<Slot>> = manager
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        for slot in slots {
+            slot.state
+                .lock()
+                .await
+                .stop("the server stopped since the session's last call")
+                .await;
+        }
+    }
+
     /// What `check_environment` says about sessions.
     pub(crate) fn report(&self, data_dir: &Path) -> SessionsReport {
         let defaults = SessionSettings::default();
@@ -401,6 +422,7 @@ impl Engine {
     /// # Errors
     /// Invalid arguments, caps reached, no interpreter, a failed install.
     pub async fn create_session(&self, request: CreateSession) -> Result<SessionInfo, ErrorInfo> {
+        self.refuse_if_stopping()?;
         let manager = self.session_manager()?;
         self.session_sandbox()?;
         if let Some(name) = &request.name

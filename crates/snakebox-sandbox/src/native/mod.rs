@@ -119,6 +119,13 @@ fn seccomp_available() -> Result<(), SeccompError> {
 }
 
 impl NativeBackend {
+    /// See [`crate::Sandbox::remove_own_cgroups`].
+    pub(crate) fn remove_own_cgroups(&self) {
+        if let Some(cgroups) = &self.cgroups {
+            cgroups.remove_own();
+        }
+    }
+
     /// Find bwrap, compile seccomp, prepare staging and cgroups, then start one real sandbox
     /// to prove that it works here (fail closed).
     pub(crate) fn new(config: &SandboxConfig) -> Result<Self, SandboxError> {
