@@ -709,6 +709,13 @@ pub(super) fn write_inputs(
     Ok(())
 }
 
+/// The record of a session call made while the server stops.
+fn refused(session_id: &str, error: ErrorInfo) -> ExecutionResult {
+    let mut result = ExecutionResult::not_run(ids::execution_id(), Status::SetupFailed, error);
+    result.session_id = Some(session_id.to_owned());
+    result
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -720,11 +727,4 @@ mod tests {
         assert_eq!(record_exit_code(br#"{"exit_code":3}"#), 3);
         assert_eq!(record_exit_code(b"not json"), 1);
     }
-}
-
-/// The record of a session call made while the server stops.
-fn refused(session_id: &str, error: ErrorInfo) -> ExecutionResult {
-    let mut result = ExecutionResult::not_run(ids::execution_id(), Status::SetupFailed, error);
-    result.session_id = Some(session_id.to_owned());
-    result
 }
