@@ -107,7 +107,23 @@ impl Engine {
             }
         };
         let setup_started = Instant::now();
-        let environment = match self.environment(plan.interpreter, &plan.requirements).await {
+        // A cancel (the caller's, or the server stopping) ends the setup too: dropping it
+        // kills its sandboxes and uv processes and removes its build directory.
+        let prepared = tokio::select! {
+            prepared = self.environment(plan.interpreter, &plan.requirements) => prepared,
+            () = cancel.cancelled() => {
+                return with_plan(ExecutionResult::not_run(
+                    execution_id,
+                    Status::Cancelled,
+                    ErrorInfo {
+                        message: "The call was cancelled while its environment was being prepared"
+                            .into(),
+                        hint: None,
+                    },
+                ));
+            }
+        };
+        let environment = match prepared {
             Ok(environment) => environment,
             Err(error) => {
                 return with_plan(ExecutionResult::not_run(
