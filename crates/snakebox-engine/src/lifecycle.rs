@@ -246,7 +246,7 @@ impl Engine {
         {
             report.forced = true;
         }
-        self.force_release();
+        self.release_host();
         report.duration_ms = crate::ids::millis(started.elapsed());
         tracing::info!(?report, "stopped");
         report
@@ -256,7 +256,7 @@ impl Engine {
     /// sessions' disk image, its cgroups (members SIGKILLed), its run directories (scratch
     /// and runs-root mounts detached). The last step of [`Engine::shutdown`], and what a
     /// face calls when a shutdown overran its deadline. Best effort, bounded.
-    pub fn force_release(&self) {
+    pub fn release_host(&self) {
         self.begin_shutdown(StopReason::Requested);
         if let Ok(sandbox) = &self.sandbox {
             sandbox.remove_own_cgroups();

@@ -55,12 +55,12 @@ pub(crate) async fn serve(args: &EngineArgs) -> anyhow::Result<ExitCode> {
         finished = tokio::time::timeout(DRAIN + TEARDOWN, engine.shutdown(reason, DRAIN)) => {
             if finished.is_err() {
                 tracing::warn!("shutdown took too long; forcing the release");
-                engine.force_release();
+                engine.release_host();
             }
         }
         again = stop_signal() => {
             tracing::warn!(?again, "second stop request; forcing the release");
-            engine.force_release();
+            engine.release_host();
         }
     }
     served?;
@@ -106,10 +106,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let engine = Engine::new(config).await;
     let cancel = CancellationToken::new();
     let on_interrupt = cancel.clone();
+    // SIGINT or SIGTERM kills the run (its output so far is printed; exit code 130).
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            on_interrupt.cancel();
-        }
+        stop_signal().await;
+        on_interrupt.cancel();
     });
     let result = engine
         .execute(
@@ -124,7 +124,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             None,
         )
         .await;
-    engine.release_sessions();
+    engine.release_host();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
@@ -168,7 +168,7 @@ pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let config = settings::resolve(&args.engine)?;
     let engine = Engine::new(config).await;
     let report = engine.report();
-    engine.release_sessions();
+    engine.release_host();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
