@@ -193,7 +193,7 @@ STOPS = {
 
 
 @pytest.mark.parametrize("how", list(STOPS))
-async def test_stop_is_clean(how: str, snakebox_bin: Path, lifecycle_data: Path) -> None:
+async def test_stop_is_clean(how: str, mode: str, snakebox_bin: Path, lifecycle_data: Path) -> None:
     data_dir = lifecycle_data
     assert mounts_under(data_dir) == [], "a mount under the data directory before the server started"
     run_marker = f"snakebox-lifecycle-run-{uuid.uuid4().hex}"
@@ -202,9 +202,9 @@ async def test_stop_is_clean(how: str, snakebox_bin: Path, lifecycle_data: Path)
     params = server_params(snakebox_bin, data_dir)
     owned = Owned()
     transport = owned_stdio([params.command, *params.args], params.env or {}, owned)
-    async with Client(transport, mode="legacy", read_timeout_seconds=120) as client:
+    async with Client(transport, mode=mode, read_timeout_seconds=120) as client:
         pid = owned.process.pid
-        await client.list_tools()  # see test_new_calls_are_refused_while_stopping
+        await client.list_tools()  # see test_calls_during_the_stop_are_refused_or_cancelled
         # A session with a live interpreter (and a child of it carrying a marker).
         created = await client.call_tool("create_session", {})
         assert not created.is_error, created.content
@@ -268,14 +268,16 @@ async def test_stop_is_clean(how: str, snakebox_bin: Path, lifecycle_data: Path)
     assert after == {"mounts": [], "cgroups": [], "run_dirs": [], "sandbox_processes": []}, (after, stderr)
 
 
-async def test_new_calls_are_refused_while_stopping(snakebox_bin: Path, lifecycle_data: Path) -> None:
-    """A call that arrives after the stop began is refused with a clear error (the server is
-    still answering: its drain waits for the long run's reply)."""
+async def test_calls_during_the_stop_are_refused_or_cancelled(mode: str, snakebox_bin: Path, lifecycle_data: Path) -> None:
+    """A call sent right after SIGTERM never runs to an `ok`: it is refused ("takes no new
+    calls", when the stop began first), cancelled ("the server is stopping", when it was
+    admitted just before), or gets no reply (the transport closed first). Which one is a race
+    the test cannot steer from outside; the engine's unit tests pin down the refusal itself."""
     marker = f"snakebox-lifecycle-refused-{uuid.uuid4().hex}"
     params = server_params(snakebox_bin, lifecycle_data)
     owned = Owned()
     transport = owned_stdio([params.command, *params.args], params.env or {}, owned)
-    async with Client(transport, mode="legacy", read_timeout_seconds=120) as client:
+    async with Client(transport, mode=mode, read_timeout_seconds=120) as client:
         # The SDK checks results against the tools' schemas, listing them first if it has not:
         # list now, while the server still answers.
         await client.list_tools()
@@ -297,10 +299,8 @@ async def test_new_calls_are_refused_while_stopping(snakebox_bin: Path, lifecycl
                 await owned.process.wait()
         assert replies["long"].structured_content["status"] == "cancelled"
         late = replies.get("late")
-        # The late call either raced the stop's end (the transport closed: no reply at all) or
-        # was refused clearly; it never ran.
         if late is not None:
             data = late.structured_content
-            assert data["status"] != "ok", data
-            assert "stopping" in data["error"]["message"], data
+            assert data["status"] in ("setup_failed", "cancelled"), data
+            assert "The server is stopping (it received SIGTERM)" in data["error"]["message"], data
         assert owned.process.returncode == 0
