@@ -112,6 +112,20 @@ impl Lifecycle {
         )
     }
 
+    /// See [`Engine::wait_idle`].
+    async fn wait_idle(&self, deadline: Duration) -> usize {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            let idle = self.idle.notified();
+            if self.in_flight.load(Ordering::SeqCst) == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(until, idle).await.is_err() {
+                return self.in_flight.load(Ordering::SeqCst);
+            }
+        }
+    }
+
     /// Admit a call, or refuse it when the server is stopping. The call's token fires on the
     /// caller's `cancel` or on shutdown, whichever comes first.
     pub(crate) fn enter(&self, cancel: &CancellationToken) -> Result<Call<'_>, ErrorInfo> {
@@ -204,17 +218,7 @@ impl Engine {
     /// Step 2: wait until no call is in flight, at most `deadline`. Returns how many calls
     /// were still running when it gave up.
     pub async fn wait_idle(&self, deadline: Duration) -> usize {
-        let until = tokio::time::Instant::now() + deadline;
-        loop {
-            let idle = self.lifecycle.idle.notified();
-            let running = self.lifecycle.in_flight.load(Ordering::SeqCst);
-            if running == 0 {
-                return 0;
-            }
-            if tokio::time::timeout_at(until, idle).await.is_err() {
-                return self.lifecycle.in_flight.load(Ordering::SeqCst);
-            }
-        }
+        self.lifecycle.wait_idle(deadline).await
     }
 
     /// Stop the server's work and release everything it holds on the host: steps 1 to 3 (see
@@ -318,6 +322,29 @@ mod tests {
         assert_eq!(lifecycle.in_flight.load(Ordering::SeqCst), 1);
         drop(call);
         assert_eq!(lifecycle.in_flight.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn wait_idle_returns_when_the_last_call_ends_and_is_bounded() {
+        let lifecycle = Arc::new(Lifecycle::default());
+        let caller = CancellationToken::new();
+        // Nothing in flight: at once.
+        assert_eq!(lifecycle.wait_idle(Duration::from_secs(5)).await, 0);
+        // A call that never returns: the deadline, then the count of calls cut short.
+        let stuck = lifecycle.enter(&caller).unwrap();
+        let started = Instant::now();
+        assert_eq!(lifecycle.wait_idle(Duration::from_millis(100)).await, 1);
+        assert!(started.elapsed() < Duration::from_secs(2));
+        // A call that returns while we wait: woken by it, long before the deadline.
+        let waiter = Arc::clone(&lifecycle);
+        let waiting = tokio::spawn(async move { waiter.wait_idle(Duration::from_secs(30)).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(stuck);
+        let left = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(left, 0);
     }
 
     #[tokio::test]
