@@ -160,7 +160,12 @@ impl Engine {
             config.artifact_max_age,
             config.artifact_max_bytes,
         );
-        let sessions = session::Sessions::open(&config.data_dir, config.sessions.clone());
+        let lifecycle = lifecycle::Lifecycle::default();
+        let sessions = session::Sessions::open(
+            &config.data_dir,
+            config.sessions.clone(),
+            lifecycle.stop_token(),
+        );
         Engine {
             pool: pool::WarmPool::new(config.warm_pool, config.fork_server),
             sessions,
@@ -172,7 +177,7 @@ impl Engine {
             interpreters,
             cache,
             warm: Mutex::new(warm),
-            lifecycle: lifecycle::Lifecycle::default(),
+            lifecycle,
         }
     }
 

@@ -112,6 +112,11 @@ impl Lifecycle {
         )
     }
 
+    /// Fires when the server begins to stop (for the engine's own background loops).
+    pub(crate) fn stop_token(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
     /// See [`Engine::wait_idle`].
     async fn wait_idle(&self, deadline: Duration) -> usize {
         let until = tokio::time::Instant::now() + deadline;
@@ -171,7 +176,8 @@ fn refused(reason: StopReason) -> ErrorInfo {
 impl Engine {
     /// Open the engine and start what a long-running server keeps going: cache warming and
     /// periodic pruning, the fork servers' run directories, the warm pool. The sessions'
-    /// reaper starts with the engine. Stop it all with [`Engine::shutdown`].
+    /// reaper starts with the engine (every command has one) and ends when it begins to stop.
+    /// Stop it all with [`Engine::shutdown`].
     pub async fn start(config: EngineConfig) -> Arc<Engine> {
         let engine = Arc::new(Engine::new(config).await);
         let background = Arc::clone(&engine);

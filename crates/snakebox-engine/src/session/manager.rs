@@ -28,7 +28,13 @@ use crate::{Engine, Unavailable};
 
 impl Sessions {
     /// Open the session store under `data_dir` and start the idle reaper.
-    pub(crate) fn open(data_dir: &Path, settings: SessionSettings) -> Sessions {
+    /// The reaper (idle interpreters, expired sessions) runs until `stop` fires or the
+    /// sessions are dropped.
+    pub(crate) fn open(
+        data_dir: &Path,
+        settings: SessionSettings,
+        stop: CancellationToken,
+    ) -> Sessions {
         let root = data_dir.join(SESSIONS_DIR);
         // The quota's kernel bound: the sessions' files live in an image of that size. This
         // process's run directory tells other processes of this data directory that it uses
@@ -62,7 +68,13 @@ impl Sessions {
                     settings,
                 });
                 if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    handle.spawn(reap_loop(Arc::downgrade(&manager)));
+                    let reaper = reap_loop(Arc::downgrade(&manager));
+                    handle.spawn(async move {
+                        tokio::select! {
+                            () = reaper => {}
+                            () = stop.cancelled() => {}
+                        }
+                    });
                 }
                 Ok(manager)
             }
