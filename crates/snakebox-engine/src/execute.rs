@@ -52,8 +52,30 @@ struct Plan<'a> {
 
 impl Engine {
     /// Run one script in a fresh sandbox. Always returns a record: failures before the script
-    /// runs are reported with status `invalid_request` or `setup_failed` and a hint.
+    /// runs are reported with status `invalid_request` or `setup_failed` and a hint; a call
+    /// made while the server stops is refused (`setup_failed`), one cut short by the stop is
+    /// `cancelled` and says so.
     pub async fn execute(
+        &self,
+        caller: &crate::Caller,
+        request: ExecuteRequest,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> ExecutionResult {
+        let call = match self.enter(&cancel) {
+            Ok(call) => call,
+            Err(error) => {
+                return ExecutionResult::not_run(ids::execution_id(), Status::SetupFailed, error);
+            }
+        };
+        let mut result = self
+            .execute_admitted(caller, request, call.token.clone(), output)
+            .await;
+        self.mark_stopped(&call, &mut result);
+        result
+    }
+
+    async fn execute_admitted(
         &self,
         caller: &crate::Caller,
         request: ExecuteRequest,
@@ -86,7 +108,23 @@ impl Engine {
             }
         };
         let setup_started = Instant::now();
-        let environment = match self.environment(plan.interpreter, &plan.requirements).await {
+        // A cancel (the caller's, or the server stopping) ends the setup too: dropping it
+        // kills its sandboxes and uv processes and removes its build directory.
+        let prepared = tokio::select! {
+            prepared = self.environment(plan.interpreter, &plan.requirements) => prepared,
+            () = cancel.cancelled() => {
+                return with_plan(ExecutionResult::not_run(
+                    execution_id,
+                    Status::Cancelled,
+                    ErrorInfo {
+                        message: "The call was cancelled while its environment was being prepared"
+                            .into(),
+                        hint: None,
+                    },
+                ));
+            }
+        };
+        let environment = match prepared {
             Ok(environment) => environment,
             Err(error) => {
                 return with_plan(ExecutionResult::not_run(
@@ -895,6 +933,23 @@ pub(crate) fn remove_stale_run_dirs(data_dir: &Path) {
         if let Err(err) = crate::tree::remove(&entry.path()) {
             tracing::warn!(%err, "could not remove a stale run directory");
         }
+    }
+}
+
+/// Remove this server's run directories (at shutdown, after its runs ended): what a run left
+/// (a scratch mount, files) and the fork server's mount of the whole directory.
+pub(crate) fn remove_own_run_dirs(data_dir: &Path) {
+    let dir = server_runs_dir(data_dir);
+    if let Ok(runs) = fs_err::read_dir(&dir) {
+        for run in runs.filter_map(Result::ok) {
+            snakebox_sandbox::release_stale_scratch(&run.path().join("work"));
+        }
+    }
+    snakebox_sandbox::unmount_runs_root(&dir);
+    if dir.exists()
+        && let Err(err) = crate::tree::remove(&dir)
+    {
+        tracing::warn!(%err, "could not remove this server's run directories");
     }
 }
 

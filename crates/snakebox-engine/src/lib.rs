@@ -14,6 +14,7 @@ mod config;
 mod execute;
 mod files;
 mod ids;
+mod lifecycle;
 mod pool;
 mod report;
 mod result;
@@ -37,6 +38,7 @@ pub use caller::{Caller, LOCAL_TENANT};
 pub use config::EngineConfig;
 pub use execute::ExecuteRequest;
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES, PathError};
+pub use lifecycle::{ShutdownReport, StopReason};
 pub use pool::PoolReport;
 pub use report::{ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, WarmState};
 pub use result::{
@@ -82,6 +84,7 @@ pub struct Engine {
     sessions: session::Sessions,
     artifacts: artifacts::ArtifactStore,
     pool: pool::WarmPool,
+    lifecycle: lifecycle::Lifecycle,
 }
 
 /// How the environment cache runs package code (compilation, builds): with a run's limits.
@@ -169,7 +172,12 @@ impl Engine {
             config.artifact_max_age,
             config.artifact_max_bytes,
         );
-        let sessions = session::Sessions::open(&config.data_dir, config.sessions.clone());
+        let lifecycle = lifecycle::Lifecycle::default();
+        let sessions = session::Sessions::open(
+            &config.data_dir,
+            config.sessions.clone(),
+            lifecycle.stop_token(),
+        );
         Engine {
             pool: pool::WarmPool::new(config.warm_pool, config.fork_server),
             sessions,
@@ -181,6 +189,7 @@ impl Engine {
             interpreters,
             cache,
             warm: Mutex::new(warm),
+            lifecycle,
         }
     }
 

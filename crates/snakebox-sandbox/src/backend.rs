@@ -84,6 +84,10 @@ pub trait Backend: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Kill and remove whatever this server's runs left of what the backend made for them
+    /// (cgroups), at shutdown. Best effort and bounded; nothing for a backend that makes none.
+    fn remove_own_cgroups(&self) {}
+
     /// Where the command sees a host directory that the policy mounts at `dest` (or, for
     /// scratch space such as `/tmp`, that the backend provides there): `dest` for a backend
     /// that mounts, `host` for one that runs in the host's file system view.

@@ -463,6 +463,48 @@ impl CgroupSet {
         }
     }
 
+    /// Kill what is left in this server's run cgroups and remove them (at shutdown, after its
+    /// runs ended; a run cut short by a deadline may still hold processes). Best effort,
+    /// bounded: each directory is retried for at most a second while the kernel reaps.
+    pub(crate) fn remove_own(&self) {
+        let prefix = format!("snakebox-{}-", std::process::id());
+        let parents: Vec<&PathBuf> = match self {
+            Self::V2 { parent } => vec![parent],
+            Self::V1 { memory, pids, cpu } => {
+                memory.iter().chain(pids.iter()).chain(cpu.iter()).collect()
+            }
+        };
+        for parent in parents {
+            let Ok(entries) = fs_err::read_dir(parent) else {
+                continue;
+            };
+            for entry in entries.filter_map(Result::ok) {
+                if !entry
+                    .file_name()
+                    .to_str()
+                    .is_some_and(|n| n.starts_with(&prefix))
+                {
+                    continue;
+                }
+                let dir = entry.path();
+                for _ in 0..20 {
+                    let procs =
+                        fs_err::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                    if fs_err::remove_dir(&dir).is_ok() || !dir.exists() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+            }
+        }
+    }
+
     /// Prove we can create (and remove) a child in each parent. The cpu hierarchy is optional:
     /// where we cannot create a child there, CPU bandwidth is reported as not enforced.
     fn check_writable(&mut self) -> Result<(), CgroupError> {

@@ -338,6 +338,12 @@ impl Sandbox {
         self.report.clone()
     }
 
+    /// Kill and remove whatever cgroups of this server's runs are left (at shutdown, after
+    /// the runs ended or were cut short). Best effort and bounded.
+    pub fn remove_own_cgroups(&self) {
+        self.backend.remove_own_cgroups();
+    }
+
     /// The configured backend (for reports).
     pub fn kind(&self) -> BackendKind {
         self.backend.kind()

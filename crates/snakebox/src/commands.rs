@@ -7,24 +7,32 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use snakebox_engine::{Engine, EnvironmentReport, ExecuteRequest, Status};
+use snakebox_engine::{Engine, EnvironmentReport, ExecuteRequest, Status, StopReason};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{CheckArgs, EngineArgs, RunArgs};
 use crate::settings;
 
-/// How often the environment cache is pruned while serving.
-const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+/// How long calls in flight get to return their (cancelled) records when the server stops.
+const DRAIN: Duration = Duration::from_secs(10);
+
+/// The bound on the whole teardown after the drain; past it, what is left is forced.
+const TEARDOWN: Duration = Duration::from_secs(20);
 
 /// Print an error and its causes, with `hint:` lines, to stderr.
 pub(crate) fn report_error(err: &anyhow::Error) {
     eprintln!("error: {err:#}");
 }
 
-/// `snakebox serve`: MCP over stdio.
+/// `snakebox serve`: MCP over stdio, until the client closes stdin or SIGTERM/SIGINT.
+///
+/// Stopping is clean and bounded either way (see [`snakebox_engine::Engine::shutdown`]): calls
+/// in flight are answered `cancelled`, new ones refused, then sandboxes, fork servers, mounts,
+/// cgroups and run directories are released. A second signal skips the wait and forces the
+/// release. Exit code 0 (a stop asked for is not a failure); 2 when serving failed.
 pub(crate) async fn serve(args: &EngineArgs) -> anyhow::Result<ExitCode> {
     let config = settings::resolve(args)?;
-    let engine = Arc::new(Engine::new(config).await);
+    let engine = Engine::start(config).await;
     let report = engine.report();
     if report.ready {
         tracing::info!(
@@ -39,27 +47,40 @@ pub(crate) async fn serve(args: &EngineArgs) -> anyhow::Result<ExitCode> {
             tracing::error!("executions are refused until this is fixed: {problem}");
         }
     }
-    let background = Arc::clone(&engine);
-    tokio::spawn(async move {
-        background.warm().await;
-        loop {
-            match background.prune().await {
-                Ok(pruned) => tracing::debug!(?pruned, "environment cache pruned"),
-                Err(err) => tracing::debug!(message = %err.message, "cache pruning skipped"),
+    let served = snakebox_server::serve_stdio(Arc::clone(&engine), stop_signal(), DRAIN).await;
+    let reason = served
+        .as_ref()
+        .map_or(StopReason::InputClosed, |reason| *reason);
+    tokio::select! {
+        finished = tokio::time::timeout(DRAIN + TEARDOWN, engine.shutdown(reason, DRAIN)) => {
+            if finished.is_err() {
+                tracing::warn!("shutdown took too long; forcing the release");
+                engine.release_host();
             }
-            let pruned = background.prune_artifacts().await;
-            tracing::debug!(?pruned, "artifact store pruned");
-            tokio::time::sleep(PRUNE_EVERY).await;
         }
-    });
-    // Before any request: runs started from here on are visible to the fork server.
-    engine.prepare_fork_server();
-    tokio::spawn(Arc::clone(&engine).run_warm_pool());
-    let served = snakebox_server::serve_stdio(Arc::clone(&engine)).await;
-    engine.stop_warm_pool().await;
-    engine.release_sessions();
+        again = stop_signal() => {
+            tracing::warn!(?again, "second stop request; forcing the release");
+            engine.release_host();
+        }
+    }
     served?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves on SIGTERM (systemd, Docker) or SIGINT (Ctrl-C); never when neither can be watched.
+async fn stop_signal() -> StopReason {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut terminate), Ok(mut interrupt)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::warn!("cannot watch SIGTERM/SIGINT; stop the server by closing its input");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = terminate.recv() => StopReason::Terminate,
+        _ = interrupt.recv() => StopReason::Interrupt,
+    }
 }
 
 /// `snakebox run FILE`: the script's output on our stdout/stderr, its exit code as ours.
@@ -85,10 +106,10 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let engine = Engine::new(config).await;
     let cancel = CancellationToken::new();
     let on_interrupt = cancel.clone();
+    // SIGINT or SIGTERM kills the run (its output so far is printed; exit code 130).
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            on_interrupt.cancel();
-        }
+        stop_signal().await;
+        on_interrupt.cancel();
     });
     let result = engine
         .execute(
@@ -104,7 +125,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             None,
         )
         .await;
-    engine.release_sessions();
+    engine.release_host();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&result)?);
     } else {
@@ -148,7 +169,7 @@ pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let config = settings::resolve(&args.engine)?;
     let engine = Engine::new(config).await;
     let report = engine.report();
-    engine.release_sessions();
+    engine.release_host();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

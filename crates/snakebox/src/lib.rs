@@ -42,6 +42,8 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Check(args) => commands::check(&args).await,
         }
     });
+    // Bounded: a task that never ends (a blocking read of stdin) must not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(2));
     match outcome {
         Ok(code) => code,
         Err(err) => {

@@ -431,6 +431,8 @@ impl Engine {
         wait: Option<Duration>,
         progress: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<InstallStatus, ErrorInfo> {
+        // In flight until it returns; the install itself ends when the server stops.
+        let call = self.enter(&CancellationToken::new())?;
         let manager = self.session_manager()?;
         let row = manager.row(caller, session_id)?;
         if packages.is_empty() {
@@ -468,12 +470,22 @@ impl Engine {
         let task_manager = Arc::clone(manager);
         let task_slot = Arc::clone(&slot);
         let id = row.id.clone();
+        let stop = call.token.clone();
         tokio::spawn(async move {
             let state = task_slot.state.lock().await;
             let outcome = if state.deleted {
                 Err(no_session(&id))
             } else {
-                installer.install(&requirements, progress).await
+                // Cut short only by the server stopping (the call's own cancel is not
+                // forwarded: an install goes on after its call returns). Dropping it kills
+                // its sandbox and uv.
+                tokio::select! {
+                    outcome = installer.install(&requirements, progress) => outcome,
+                    () = stop.cancelled() => Err(ErrorInfo {
+                        message: "The install was stopped because the server is stopping; the packages installed before that may be incomplete".into(),
+                        hint: Some("install the packages again once the server has been restarted".into()),
+                    }),
+                }
             };
             let mut all_requirements = task_manager
                 .store

@@ -32,7 +32,27 @@ use crate::{Engine, ExecuteRequest, ids};
 
 impl Engine {
     /// Run code in a session's live interpreter (started first when there is none).
+    /// Refused while the server stops; cut short by the stop, it is `cancelled` and says so.
     pub async fn execute_in_session(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+        request: ExecuteRequest,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> ExecutionResult {
+        let call = match self.enter(&cancel) {
+            Ok(call) => call,
+            Err(error) => return refused(session_id, error),
+        };
+        let mut result = self
+            .execute_in_session_admitted(caller, session_id, request, call.token.clone(), output)
+            .await;
+        self.mark_stopped(&call, &mut result);
+        result
+    }
+
+    async fn execute_in_session_admitted(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -504,7 +524,35 @@ impl Engine {
 
     /// Run a shell command in a sandbox over the session's workspace and environment (a
     /// separate short-lived sandbox with the same view and limits as the interpreter's).
+    /// Refused while the server stops; cut short by the stop, it is `cancelled` and says so.
     pub async fn run_command(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+        command: &str,
+        timeout_seconds: Option<i64>,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> ExecutionResult {
+        let call = match self.enter(&cancel) {
+            Ok(call) => call,
+            Err(error) => return refused(session_id, error),
+        };
+        let mut result = self
+            .run_command_admitted(
+                caller,
+                session_id,
+                command,
+                timeout_seconds,
+                call.token.clone(),
+                output,
+            )
+            .await;
+        self.mark_stopped(&call, &mut result);
+        result
+    }
+
+    async fn run_command_admitted(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -656,6 +704,13 @@ pub(super) fn write_inputs(
         })?;
     }
     Ok(())
+}
+
+/// The record of a session call made while the server stops.
+fn refused(session_id: &str, error: ErrorInfo) -> ExecutionResult {
+    let mut result = ExecutionResult::not_run(ids::execution_id(), Status::SetupFailed, error);
+    result.session_id = Some(session_id.to_owned());
+    result
 }
 
 #[cfg(test)]

@@ -29,7 +29,13 @@ use crate::{Engine, Unavailable};
 
 impl Sessions {
     /// Open the session store under `data_dir` and start the idle reaper.
-    pub(crate) fn open(data_dir: &Path, settings: SessionSettings) -> Sessions {
+    /// The reaper (idle interpreters, expired sessions) runs until `stop` fires or the
+    /// sessions are dropped.
+    pub(crate) fn open(
+        data_dir: &Path,
+        settings: SessionSettings,
+        stop: CancellationToken,
+    ) -> Sessions {
         let root = data_dir.join(SESSIONS_DIR);
         // The quota's kernel bound: the sessions' files live in an image of that size. This
         // process's run directory tells other processes of this data directory that it uses
@@ -67,7 +73,13 @@ impl Sessions {
                     settings,
                 });
                 if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    handle.spawn(reap_loop(Arc::downgrade(&manager)));
+                    let reaper = reap_loop(Arc::downgrade(&manager));
+                    handle.spawn(async move {
+                        tokio::select! {
+                            () = reaper => {}
+                            () = stop.cancelled() => {}
+                        }
+                    });
                 }
                 Ok(manager)
             }
@@ -85,6 +97,27 @@ impl Sessions {
     pub(crate) fn release(&self, data_dir: &Path) {
         if let Ok(manager) = &self.inner {
             manager.disk.release(&crate::execute::runs_dir(data_dir));
+        }
+    }
+
+    /// Stop every session's interpreter (the server stops; files and packages stay).
+    pub(crate) async fn stop_interpreters(&self) {
+        let Ok(manager) = &self.inner else {
+            return;
+        };
+        let slots: Vec<Arc<Slot>> = manager
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        for slot in slots {
+            slot.state
+                .lock()
+                .await
+                .stop("the server stopped since the session's last call")
+                .await;
         }
     }
 
@@ -463,6 +496,7 @@ impl Engine {
         caller: &Caller,
         request: CreateSession,
     ) -> Result<SessionInfo, ErrorInfo> {
+        self.refuse_if_stopping()?;
         let manager = self.session_manager()?;
         self.session_sandbox()?;
         if let Some(name) = &request.name

@@ -119,6 +119,13 @@ fn seccomp_available() -> Result<(), SeccompError> {
 }
 
 impl NativeBackend {
+    /// See [`crate::Sandbox::remove_own_cgroups`].
+    pub(crate) fn remove_own_cgroups(&self) {
+        if let Some(cgroups) = &self.cgroups {
+            cgroups.remove_own();
+        }
+    }
+
     /// Find bwrap, compile seccomp, prepare staging and cgroups, then start one real sandbox
     /// to prove that it works here (fail closed).
     pub(crate) fn new(config: &SandboxConfig) -> Result<Self, SandboxError> {
@@ -813,6 +820,10 @@ impl crate::backend::Backend for NativeBackend {
 
     fn host_ids(&self, identity: Identity) -> Option<(u32, u32)> {
         NativeBackend::host_ids(self, identity)
+    }
+
+    fn remove_own_cgroups(&self) {
+        NativeBackend::remove_own_cgroups(self);
     }
 
     /// Everything the command sees is mounted where the policy says.

@@ -1,0 +1,367 @@
+//! The serve lifecycle: what a long-running server starts ([`Engine::start`]) and how it stops
+//! ([`Engine::shutdown`]), shared by every entry point (stdio today, HTTP next).
+//!
+//! Stopping is three steps, in this order, each bounded:
+//! 1. **Refuse and cancel** ([`Engine::begin_shutdown`]): new calls are refused with a clear
+//!    error; every call in flight has its sandbox killed and is answered with status
+//!    `cancelled` and a message saying the server is stopping.
+//! 2. **Drain** ([`Engine::wait_idle`]): wait until every call in flight has returned its
+//!    record, so the face can still send the replies.
+//! 3. **Tear down** ([`Engine::shutdown`]): background tasks, the warm pool and fork servers,
+//!    session interpreters, the sessions' disk image, this server's run directories (their
+//!    scratch mounts and the runs-root mount) and its cgroups. What a deadline cut short is
+//!    forced: cgroup members are SIGKILLed, mounts detached lazily.
+//!
+//! A call "in flight" is one that holds a [`Call`] (see [`Lifecycle::enter`]): the engine's
+//! public entry points that start sandboxes take one first, so none can start after step 1.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::{Engine, EngineConfig, ErrorInfo, ExecutionResult, Status};
+
+/// How often the environment cache is pruned while serving.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// The bound on each teardown step that waits for something (a pool sandbox, an interpreter).
+const STEP_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Why the server stops, for the replies of cancelled calls and for the logs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopReason {
+    /// SIGTERM (systemd, Docker, `kill`).
+    Terminate,
+    /// SIGINT (Ctrl-C).
+    Interrupt,
+    /// The client closed the server's standard input.
+    InputClosed,
+    /// The embedding program asked (tests, a face with its own reasons).
+    Requested,
+}
+
+impl StopReason {
+    fn describe(self) -> &'static str {
+        match self {
+            StopReason::Terminate => "it received SIGTERM",
+            StopReason::Interrupt => "it received SIGINT",
+            StopReason::InputClosed => "its input was closed",
+            StopReason::Requested => "it was asked to stop",
+        }
+    }
+}
+
+/// What [`Engine::shutdown`] did, for the log line that ends a server.
+#[derive(Debug, Default, Clone)]
+pub struct ShutdownReport {
+    /// Calls still running when the drain deadline passed (their sandboxes were killed).
+    pub calls_cut_short: usize,
+    /// Whether a teardown step hit its deadline and the rest was forced.
+    pub forced: bool,
+    /// How long the whole shutdown took.
+    pub duration_ms: u64,
+}
+
+/// The engine's side of the lifecycle: the stop signal, the calls in flight, the background
+/// tasks `start` spawned.
+#[derive(Default)]
+pub(crate) struct Lifecycle {
+    /// Fired once by [`Engine::begin_shutdown`]; every call's token is a child of it.
+    stop: CancellationToken,
+    reason: Mutex<Option<StopReason>>,
+    in_flight: AtomicUsize,
+    idle: Notify,
+    background: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// One call in flight: holds the engine open for its reply. Dropped when the call returns.
+pub(crate) struct Call<'a> {
+    /// Fires when the caller cancels or the server stops.
+    pub(crate) token: CancellationToken,
+    /// Ends the task that forwards the caller's cancellation.
+    _forward: tokio_util::sync::DropGuard,
+    _counted: InFlight<'a>,
+}
+
+/// Counts one call in [`Lifecycle::in_flight`] while it lives.
+struct InFlight<'a>(&'a Lifecycle);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+impl Lifecycle {
+    fn stopping(&self) -> Option<StopReason> {
+        if !self.stop.is_cancelled() {
+            return None;
+        }
+        Some(
+            self.reason
+                .lock()
+                .ok()
+                .and_then(|reason| *reason)
+                .unwrap_or(StopReason::Requested),
+        )
+    }
+
+    /// Fires when the server begins to stop (for the engine's own background loops).
+    pub(crate) fn stop_token(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// See [`Engine::wait_idle`].
+    async fn wait_idle(&self, deadline: Duration) -> usize {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            let idle = self.idle.notified();
+            if self.in_flight.load(Ordering::SeqCst) == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(until, idle).await.is_err() {
+                return self.in_flight.load(Ordering::SeqCst);
+            }
+        }
+    }
+
+    /// Admit a call, or refuse it when the server is stopping. The call's token fires on the
+    /// caller's `cancel` or on shutdown, whichever comes first.
+    pub(crate) fn enter(&self, cancel: &CancellationToken) -> Result<Call<'_>, ErrorInfo> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let counted = InFlight(self);
+        // Checked after counting ourselves in, so `wait_idle` cannot miss a call that races
+        // with `begin_shutdown`: either it sees the count, or the call sees the stop.
+        if let Some(reason) = self.stopping() {
+            return Err(refused(reason));
+        }
+        let call_token = self.stop.child_token();
+        let token = call_token.clone();
+        let done = CancellationToken::new();
+        let watch = done.clone();
+        let caller = cancel.clone();
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                tokio::select! {
+                    () = caller.cancelled() => token.cancel(),
+                    () = watch.cancelled() => {}
+                }
+            });
+        }
+        Ok(Call {
+            token: call_token,
+            _forward: done.drop_guard(),
+            _counted: counted,
+        })
+    }
+}
+
+/// The error of a call made while the server stops.
+fn refused(reason: StopReason) -> ErrorInfo {
+    ErrorInfo {
+        message: format!(
+            "The server is stopping ({}) and takes no new calls",
+            reason.describe()
+        ),
+        hint: Some("call again once the server has been restarted".into()),
+    }
+}
+
+impl Engine {
+    /// Open the engine and start what a long-running server keeps going: cache warming and
+    /// periodic pruning, the fork servers' run directories, the warm pool. The sessions'
+    /// reaper starts with the engine (every command has one) and ends when it begins to stop.
+    /// Stop it all with [`Engine::shutdown`].
+    pub async fn start(config: EngineConfig) -> Arc<Engine> {
+        let engine = Arc::new(Engine::new(config).await);
+        let background = Arc::clone(&engine);
+        let maintenance = tokio::spawn(async move {
+            background.warm().await;
+            loop {
+                match background.prune().await {
+                    Ok(pruned) => tracing::debug!(?pruned, "environment cache pruned"),
+                    Err(err) => tracing::debug!(message = %err.message, "cache pruning skipped"),
+                }
+                let pruned = background.prune_artifacts().await;
+                tracing::debug!(?pruned, "artifact store pruned");
+                tokio::time::sleep(PRUNE_EVERY).await;
+            }
+        });
+        // Before any request: runs started from here on are visible to the fork server.
+        engine.prepare_fork_server();
+        let pool = tokio::spawn(Arc::clone(&engine).run_warm_pool());
+        if let Ok(mut tasks) = engine.lifecycle.background.lock() {
+            tasks.push(maintenance);
+            tasks.push(pool);
+        }
+        engine
+    }
+
+    /// Step 1 of stopping: refuse new calls and cancel those in flight (each is answered with
+    /// status `cancelled`). Idempotent; the first reason is kept.
+    pub fn begin_shutdown(&self, reason: StopReason) {
+        if let Ok(mut kept) = self.lifecycle.reason.lock() {
+            kept.get_or_insert(reason);
+        }
+        if !self.lifecycle.stop.is_cancelled() {
+            tracing::info!("stopping: {}", reason.describe());
+        }
+        self.lifecycle.stop.cancel();
+    }
+
+    /// Whether [`Engine::begin_shutdown`] was called.
+    #[must_use]
+    pub fn is_stopping(&self) -> bool {
+        self.lifecycle.stop.is_cancelled()
+    }
+
+    /// Step 2: wait until no call is in flight, at most `deadline`. Returns how many calls
+    /// were still running when it gave up.
+    pub async fn wait_idle(&self, deadline: Duration) -> usize {
+        self.lifecycle.wait_idle(deadline).await
+    }
+
+    /// Stop the server's work and release everything it holds on the host: steps 1 to 3 (see
+    /// the module docs). Calls in flight get `drain` to return their records; every step that
+    /// waits is bounded, then forced. Safe to call more than once.
+    pub async fn shutdown(&self, reason: StopReason, drain: Duration) -> ShutdownReport {
+        let started = Instant::now();
+        let mut report = ShutdownReport::default();
+        self.begin_shutdown(reason);
+        report.calls_cut_short = self.wait_idle(drain).await;
+        let tasks = self
+            .lifecycle
+            .background
+            .lock()
+            .map(|mut tasks| std::mem::take(&mut *tasks))
+            .unwrap_or_default();
+        for task in tasks {
+            task.abort();
+        }
+        if tokio::time::timeout(STEP_DEADLINE, self.stop_warm_pool())
+            .await
+            .is_err()
+        {
+            report.forced = true;
+        }
+        if tokio::time::timeout(STEP_DEADLINE, self.sessions.stop_interpreters())
+            .await
+            .is_err()
+        {
+            report.forced = true;
+        }
+        self.release_host();
+        report.duration_ms = crate::ids::millis(started.elapsed());
+        tracing::info!(?report, "stopped");
+        report
+    }
+
+    /// Release what this server holds on the host without waiting for anything: the
+    /// sessions' disk image, its cgroups (members SIGKILLed), its run directories (scratch
+    /// and runs-root mounts detached). The last step of [`Engine::shutdown`], and what a
+    /// face calls when a shutdown overran its deadline. Best effort, bounded.
+    pub fn release_host(&self) {
+        self.begin_shutdown(StopReason::Requested);
+        if let Ok(sandbox) = &self.sandbox {
+            sandbox.remove_own_cgroups();
+        }
+        crate::execute::remove_own_run_dirs(&self.config.data_dir);
+        // Last: interpreters killed above no longer hold the image's files.
+        self.release_sessions();
+    }
+
+    /// A record of a call cut short by shutdown says so: status `cancelled` and why.
+    pub(crate) fn mark_stopped(&self, call: &Call<'_>, result: &mut ExecutionResult) {
+        let Some(reason) = self.lifecycle.stopping() else {
+            return;
+        };
+        if !call.token.is_cancelled() || !matches!(result.status, Status::Cancelled) {
+            return;
+        }
+        let session = if result.session_id.is_some() {
+            "; the session's files and installed packages are kept, its variables are lost"
+        } else {
+            ""
+        };
+        result.error = Some(ErrorInfo {
+            message: format!(
+                "The server is stopping ({}), so the call was cancelled; output printed before that is kept{session}",
+                reason.describe()
+            ),
+            hint: Some("call again once the server has been restarted".into()),
+        });
+    }
+
+    /// Refuse a call that starts work (a session, an install) while the server stops.
+    pub(crate) fn refuse_if_stopping(&self) -> Result<(), ErrorInfo> {
+        self.lifecycle
+            .stopping()
+            .map_or(Ok(()), |reason| Err(refused(reason)))
+    }
+
+    /// Admit a call (see [`Lifecycle::enter`]).
+    pub(crate) fn enter(&self, cancel: &CancellationToken) -> Result<Call<'_>, ErrorInfo> {
+        self.lifecycle.enter(cancel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn calls_are_refused_after_stop_and_cancelled_during_it() {
+        let lifecycle = Lifecycle::default();
+        let caller = CancellationToken::new();
+        let call = lifecycle.enter(&caller).unwrap();
+        assert!(!call.token.is_cancelled());
+        lifecycle.stop.cancel();
+        assert!(call.token.is_cancelled());
+        let refused = lifecycle.enter(&caller).err().unwrap();
+        assert!(refused.message.contains("stopping"), "{}", refused.message);
+        assert_eq!(lifecycle.in_flight.load(Ordering::SeqCst), 1);
+        drop(call);
+        assert_eq!(lifecycle.in_flight.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn wait_idle_returns_when_the_last_call_ends_and_is_bounded() {
+        let lifecycle = Arc::new(Lifecycle::default());
+        let caller = CancellationToken::new();
+        // Nothing in flight: at once.
+        assert_eq!(lifecycle.wait_idle(Duration::from_secs(5)).await, 0);
+        // A call that never returns: the deadline, then the count of calls cut short.
+        let stuck = lifecycle.enter(&caller).unwrap();
+        let started = Instant::now();
+        assert_eq!(lifecycle.wait_idle(Duration::from_millis(100)).await, 1);
+        assert!(started.elapsed() < Duration::from_secs(2));
+        // A call that returns while we wait: woken by it, long before the deadline.
+        let waiter = Arc::clone(&lifecycle);
+        let waiting = tokio::spawn(async move { waiter.wait_idle(Duration::from_secs(30)).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(stuck);
+        let left = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(left, 0);
+    }
+
+    #[tokio::test]
+    async fn the_callers_cancel_reaches_the_call() {
+        let lifecycle = Lifecycle::default();
+        let caller = CancellationToken::new();
+        let call = lifecycle.enter(&caller).unwrap();
+        caller.cancel();
+        tokio::time::timeout(Duration::from_secs(5), call.token.cancelled())
+            .await
+            .unwrap();
+        assert!(!lifecycle.stop.is_cancelled());
+    }
+}
