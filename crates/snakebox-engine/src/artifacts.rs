@@ -17,7 +17,6 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::os::fd::{BorrowedFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -25,8 +24,8 @@ use nix::fcntl::{OFlag, openat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstat};
 use serde::{Deserialize, Serialize};
 
-use crate::files::{PathError, split_relative_path};
 use crate::result::{Artifact, ArtifactOrigin, InlineImage, SkippedFile};
+use snakebox_fs::RelativePath;
 
 /// The URI scheme and authority of artifacts.
 pub const URI_PREFIX: &str = "snakebox://artifacts/";
@@ -431,38 +430,29 @@ impl ArtifactStore {
     /// # Errors
     /// An invalid or unsafe URI, an artifact that does not exist (or expired), an I/O error.
     pub fn read(&self, uri: &str) -> Result<ArtifactContent, ArtifactError> {
-        let (execution_id, components) = parse_uri(uri)?;
+        let (execution_id, path) = parse_uri(uri)?;
         let dir = self.root.join(&execution_id);
         let manifest = read_manifest(&dir).ok_or_else(|| ArtifactError::NotFound(uri.into()))?;
         if self.expired(&manifest) {
             return Err(ArtifactError::NotFound(uri.into()));
         }
-        let name = components.join("/");
+        let name = path.to_string();
         let entry = manifest
             .artifacts
             .iter()
             .find(|a| a.name == name)
             .ok_or_else(|| ArtifactError::NotFound(uri.into()))?;
-        let mut path = dir.join(FILES);
-        path.extend(&components);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(|source| match source.kind() {
-                std::io::ErrorKind::NotFound => ArtifactError::NotFound(uri.into()),
-                _ => ArtifactError::Io {
-                    uri: uri.into(),
-                    source,
+        // Confined like every caller-given path, though the store is the server's own.
+        let data =
+            snakebox_fs::read(&dir.join(FILES), &path, MAX_FILE_BYTES).map_err(
+                |err| match err {
+                    snakebox_fs::FsError::NotFound { .. } => ArtifactError::NotFound(uri.into()),
+                    other => ArtifactError::Io {
+                        uri: uri.into(),
+                        source: std::io::Error::other(other.with_cause()),
+                    },
                 },
-            })?;
-        let mut data = Vec::new();
-        file.take(MAX_FILE_BYTES + 1)
-            .read_to_end(&mut data)
-            .map_err(|source| ArtifactError::Io {
-                uri: uri.into(),
-                source,
-            })?;
+            )?;
         Ok(ArtifactContent {
             uri: artifact_uri(&execution_id, &name),
             name,
@@ -781,8 +771,8 @@ pub(crate) fn artifact_uri(execution_id: &str, name: &str) -> String {
     uri
 }
 
-/// Split an artifact URI into its execution id and checked path components.
-fn parse_uri(uri: &str) -> Result<(String, Vec<String>), ArtifactError> {
+/// Split an artifact URI into its execution id and checked path.
+fn parse_uri(uri: &str) -> Result<(String, RelativePath), ArtifactError> {
     let invalid = |reason: &str| ArtifactError::InvalidUri {
         uri: uri.chars().take(200).collect(),
         reason: reason.into(),
@@ -803,9 +793,8 @@ fn parse_uri(uri: &str) -> Result<(String, Vec<String>), ArtifactError> {
         return Err(invalid("the execution id is not valid"));
     }
     let decoded = percent_decode(path).ok_or_else(|| invalid("bad percent-encoding"))?;
-    let components =
-        split_relative_path(&decoded).map_err(|err: PathError| invalid(&err.to_string()))?;
-    Ok((execution_id.to_string(), components))
+    let path = RelativePath::parse_entry(&decoded).map_err(|err| invalid(&err.to_string()))?;
+    Ok((execution_id.to_string(), path))
 }
 
 fn percent_decode(text: &str) -> Option<String> {
@@ -929,7 +918,7 @@ mod tests {
         assert_eq!(uri, "snakebox://artifacts/abc123/data/out%20file.csv");
         let (id, components) = parse_uri(&uri).unwrap();
         assert_eq!(id, "abc123");
-        assert_eq!(components, ["data", "out file.csv"]);
+        assert_eq!(components.names(), ["data", "out file.csv"]);
         for bad in [
             "file:///etc/passwd",
             "snakebox://artifacts/abc123",
