@@ -16,12 +16,11 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use nix::fcntl::{OFlag, openat};
-use nix::sys::stat::{FileStat, Mode, SFlag, fstat};
+use nix::sys::stat::FileStat;
 use serde::{Deserialize, Serialize};
 
 use crate::result::{Artifact, ArtifactOrigin, InlineImage, SkippedFile};
@@ -215,7 +214,7 @@ fn walk(root: &Path, visit: &mut dyn FnMut(&str, WalkEntry) -> bool) -> Option<S
             Kind::File if entry.stat.st_nlink > 1 => {
                 WalkEntry::Skipped("hard link (a file with several names is not copied)".into())
             }
-            Kind::File => open_regular(entry.dir, entry.name, entry.stat),
+            Kind::File => open_regular(entry),
         };
         if visit(&relative, walked) {
             Next::Skip
@@ -228,30 +227,14 @@ fn walk(root: &Path, visit: &mut dyn FnMut(&str, WalkEntry) -> bool) -> Option<S
         .and_then(|walked| walked.note(&WALK_CAPS, "the list of the working directory's files"))
 }
 
-/// Open a file that `fstatat` saw as a regular file, and check on the descriptor that it is
-/// still the same single-linked regular file (it may have been swapped in between).
-fn open_regular(dir: BorrowedFd<'_>, name: &std::ffi::CStr, seen: &FileStat) -> WalkEntry {
-    let flags = OFlag::O_RDONLY
-        | OFlag::O_NOFOLLOW
-        | OFlag::O_NONBLOCK
-        | OFlag::O_NOCTTY
-        | OFlag::O_CLOEXEC;
-    let fd = match openat(dir, name, flags, Mode::empty()) {
-        Ok(fd) => fd,
-        Err(err) => return WalkEntry::Skipped(format!("could not be opened: {err}")),
-    };
-    let Ok(stat) = fstat(&fd) else {
-        return WalkEntry::Skipped("could not be examined".into());
-    };
-    let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
-    if kind != SFlag::S_IFREG
-        || stat.st_dev != seen.st_dev
-        || stat.st_ino != seen.st_ino
-        || stat.st_nlink > 1
-    {
-        return WalkEntry::Skipped("changed while being examined".into());
+/// Open a file that the walk saw as a regular file with one link, and check on the descriptor
+/// that it is still that file with one link (it may have been swapped in between).
+fn open_regular(entry: &crate::tree::Entry<'_>) -> WalkEntry {
+    match entry.open_file() {
+        Ok(Some((fd, stat))) if stat.st_nlink <= 1 => WalkEntry::Regular { fd, stat },
+        Ok(_) => WalkEntry::Skipped("changed while being examined".into()),
+        Err(err) => WalkEntry::Skipped(format!("could not be opened: {err}")),
     }
-    WalkEntry::Regular { fd, stat }
 }
 
 /// The manifest of one execution's artifacts.
@@ -983,7 +966,11 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", work.path().join("passwd")).unwrap();
         std::os::unix::fs::symlink(outside.path(), work.path().join("dirlink")).unwrap();
         std::fs::hard_link(outside.path().join("secret"), work.path().join("hard")).unwrap();
-        nix::unistd::mkfifo(&work.path().join("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+        nix::unistd::mkfifo(
+            &work.path().join("fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
         let big = fs_err::File::create(work.path().join("sparse.bin")).unwrap();
         big.set_len(2 << 30).unwrap();
         fs_err::write(work.path().join("ok.txt"), "fine").unwrap();

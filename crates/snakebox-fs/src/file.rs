@@ -63,17 +63,26 @@ pub fn open_file(
         return Err(FsError::NotAFile { path: shown });
     };
     let dir = beneath(root, parents, None).map_err(fail)?;
+    match open_regular_at(dir.as_fd(), last).map_err(fail)? {
+        Some((fd, stat)) => Ok((std::fs::File::from(fd), stat)),
+        None => Err(FsError::NotAFile { path: shown }),
+    }
+}
+
+/// Open `name` in `dir` for reading, never through a link, never blocking on a FIFO nor
+/// taking a terminal; `None` when it is not a regular file.
+pub(crate) fn open_regular_at<P: ?Sized + nix::NixPath>(
+    dir: BorrowedFd<'_>,
+    name: &P,
+) -> nix::Result<Option<(OwnedFd, FileStat)>> {
     let flags = OFlag::O_RDONLY
         | OFlag::O_NOFOLLOW
         | OFlag::O_NONBLOCK
         | OFlag::O_NOCTTY
         | OFlag::O_CLOEXEC;
-    let fd = openat(dir.as_fd(), last, flags, Mode::empty()).map_err(fail)?;
-    let stat = fstat(&fd).map_err(fail)?;
-    if !is(&stat, SFlag::S_IFREG) {
-        return Err(FsError::NotAFile { path: shown });
-    }
-    Ok((std::fs::File::from(fd), stat))
+    let fd = openat(dir, name, flags, Mode::empty())?;
+    let stat = fstat(&fd)?;
+    Ok(is(&stat, SFlag::S_IFREG).then_some((fd, stat)))
 }
 
 /// Read the regular file `path` beneath `root`: at most `limit` bytes (a larger file is

@@ -138,6 +138,17 @@ impl Entry<'_> {
         Kind::of(self.stat)
     }
 
+    /// Open it for reading if it is still the regular file the walk saw (same device and
+    /// inode: it may have been swapped meanwhile), never through a link, never blocking on a
+    /// FIFO. `Ok(None)` when it is not, or no longer, that file.
+    ///
+    /// # Errors
+    /// When it cannot be opened or examined.
+    pub fn open_file(&self) -> nix::Result<Option<(OwnedFd, FileStat)>> {
+        Ok(crate::file::open_regular_at(self.dir, self.name)?
+            .filter(|(_, stat)| id(stat) == id(self.stat)))
+    }
+
     /// Its path relative to the root, `/`-separated; `None` when a name is not UTF-8.
     pub fn relative(&self) -> Option<String> {
         let mut out = String::new();
