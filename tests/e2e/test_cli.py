@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -91,3 +92,120 @@ def test_bad_config_values_fail_with_a_hint(snakebox_bin, data_dir, tmp_path):
     done = run(snakebox_bin, data_dir, "check", "--config", str(config))
     assert done.returncode == 2
     assert "memory-limit" in done.stderr and "hint" in done.stderr
+
+
+# One setting per section, written both ways; `network` stays off so the report holds no
+# host-dependent network probe.
+SECTIONED_CONFIG = """\
+[server]
+max_concurrent_runs = 3
+
+[python]
+uv_path = "{uv}"
+
+[network]
+mode = "off"
+
+[limits]
+max_timeout = 77
+default_timeout = 11
+memory = "256MiB"
+processes = 64
+cpu_cores = 0.5
+scratch = "64MiB"
+
+[pool]
+size = 3
+fork_server = "off"
+
+[cache]
+no_warm = true
+max_size = "2GiB"
+max_age_days = 3
+
+[sessions]
+idle_stop = 60
+max_sessions = 4
+max_interpreters = 2
+
+[artifacts]
+max_age_hours = 2
+"""
+
+FLAT_CONFIG = """\
+max_concurrent_runs = 3
+uv_path = "{uv}"
+network = "off"
+max_timeout = 77
+default_timeout = 11
+memory_limit = "256MiB"
+max_processes = 64
+cpu_cores = 0.5
+scratch_limit = "64MiB"
+warm_pool = 3
+fork_server = "off"
+no_warm_cache = true
+cache_max_size = "2GiB"
+cache_max_age_days = 3
+session_idle_stop = 60
+max_sessions = 4
+session_max_interpreters = 2
+artifact_max_age_hours = 2
+"""
+
+
+def check_json(binary: Path, data_dir: Path, config: Path) -> tuple[int, dict]:
+    done = subprocess.run(
+        [str(binary), "check", "--json", "--config", str(config), "--data-dir", str(data_dir)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode in (0, 1), done.stderr
+    return done.returncode, json.loads(done.stdout)
+
+
+def test_sectioned_and_flat_config_files_give_the_same_report(snakebox_bin, data_dir, tmp_path):
+    uv = shutil.which("uv") or "/usr/bin/false"
+    sectioned = tmp_path / "sectioned.toml"
+    sectioned.write_text(SECTIONED_CONFIG.format(uv=uv))
+    flat = tmp_path / "flat.toml"
+    flat.write_text(FLAT_CONFIG.format(uv=uv))
+    sectioned_code, sectioned_report = check_json(snakebox_bin, data_dir, sectioned)
+    flat_code, flat_report = check_json(snakebox_bin, data_dir, flat)
+    assert (sectioned_code, sectioned_report) == (flat_code, flat_report)
+    # And the file was read: these are not the defaults.
+    assert sectioned_report["timeouts"] == "default 11 s, maximum 77 s"
+    assert sectioned_report["warm_pool"]["size"] == 3
+    assert sectioned_report["sessions"]["max_sessions"] == 4
+
+
+def test_flat_key_and_its_sectioned_twin_both_set_is_refused(snakebox_bin, data_dir, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("max_timeout = 60\n[limits]\nmax_timeout = 90\n")
+    done = run(snakebox_bin, data_dir, "check", "--config", str(config))
+    assert done.returncode == 2
+    assert "`max_timeout` and `[limits] max_timeout`" in done.stderr and "hint:" in done.stderr
+
+
+def test_unknown_sectioned_key_gets_a_did_you_mean(snakebox_bin, data_dir, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("[limits]\nmemroy = \"1GiB\"\n")
+    done = run(snakebox_bin, data_dir, "check", "--config", str(config))
+    assert done.returncode == 2
+    assert "unknown key `memroy` in `[limits]`" in done.stderr
+    assert "hint: did you mean `memory`?" in done.stderr
+
+
+def test_flag_beats_environment_beats_sectioned_file(snakebox_bin, data_dir, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text("[limits]\ndefault_timeout = 5\nmax_timeout = 77\n[sessions]\nmax_sessions = 6\n")
+    done = subprocess.run(
+        [str(snakebox_bin), "check", "--json", "--config", str(config), "--data-dir", str(data_dir),
+         "--max-sessions", "9"],
+        capture_output=True, text=True, timeout=120,
+        env={"PATH": "/usr/bin:/bin", "SNAKEBOX_DEFAULT_TIMEOUT": "11", "SNAKEBOX_MAX_SESSIONS": "8",
+             "HOME": str(tmp_path)},
+    )
+    assert done.returncode in (0, 1), done.stderr
+    report = json.loads(done.stdout)
+    assert report["timeouts"] == "default 11 s, maximum 77 s"
+    assert report["sessions"]["max_sessions"] == 9

@@ -237,10 +237,18 @@ fn open_regular(entry: &crate::tree::Entry<'_>) -> WalkEntry {
     }
 }
 
+fn local_tenant() -> String {
+    crate::LOCAL_TENANT.to_owned()
+}
+
 /// The manifest of one execution's artifacts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Manifest {
     execution_id: String,
+    /// The tenant whose run made them ([`crate::Caller`]); manifests written before owners
+    /// were recorded are the local tenant's.
+    #[serde(default = "local_tenant")]
+    owner: String,
     created_unix_ms: u64,
     total_bytes: u64,
     artifacts: Vec<ManifestEntry>,
@@ -302,16 +310,18 @@ impl ArtifactStore {
     }
 
     /// Copy what the run created or changed under `work` (and the generated images) into
-    /// the store as `execution_id`'s artifacts, then apply the retention rule.
+    /// the store as `execution_id`'s artifacts, owned by `caller`, then apply the retention
+    /// rule.
     pub(crate) fn collect(
         &self,
+        caller: &crate::Caller,
         execution_id: &str,
         work: &Path,
         baseline: &Baseline,
         images: Vec<GeneratedImage>,
     ) -> Collection {
         let mut collection = Collection::default();
-        let mut entry = Entry::new(self, execution_id);
+        let mut entry = Entry::new(self, execution_id, caller.id());
         let run_budget = MAX_RUN_BYTES.min(self.max_bytes);
         let mut skipped_total = 0usize;
         let mut skip = |collection: &mut Collection, name: &str, reason: String| {
@@ -412,11 +422,16 @@ impl ArtifactStore {
     ///
     /// # Errors
     /// An invalid or unsafe URI, an artifact that does not exist (or expired), an I/O error.
-    pub fn read(&self, uri: &str) -> Result<ArtifactContent, ArtifactError> {
+    pub fn read(
+        &self,
+        caller: &crate::Caller,
+        uri: &str,
+    ) -> Result<ArtifactContent, ArtifactError> {
         let (execution_id, path) = parse_uri(uri)?;
         let dir = self.root.join(&execution_id);
         let manifest = read_manifest(&dir).ok_or_else(|| ArtifactError::NotFound(uri.into()))?;
-        if self.expired(&manifest) {
+        // Another caller's artifact is not found, exactly as one that never existed.
+        if self.expired(&manifest) || !caller.owns(&manifest.owner) {
             return Err(ArtifactError::NotFound(uri.into()));
         }
         let name = path.to_string();
@@ -446,12 +461,12 @@ impl ArtifactStore {
 
     /// The artifacts of the most recent executions, newest first, at most `limit`.
     #[must_use]
-    pub fn list(&self, limit: usize) -> Vec<Artifact> {
+    pub fn list(&self, caller: &crate::Caller, limit: usize) -> Vec<Artifact> {
         let mut manifests: Vec<Manifest> = self
             .entries()
             .into_iter()
             .filter_map(|(_, manifest)| manifest)
-            .filter(|m| !self.expired(m))
+            .filter(|m| !self.expired(m) && caller.owns(&m.owner))
             .collect();
         manifests.sort_by_key(|m| std::cmp::Reverse(m.created_unix_ms));
         manifests
@@ -547,6 +562,7 @@ impl ArtifactStore {
 struct Entry<'a> {
     store: &'a ArtifactStore,
     execution_id: String,
+    owner: String,
     temp: PathBuf,
     created: bool,
     files: Vec<(String, u64, ArtifactOrigin, String)>,
@@ -554,10 +570,11 @@ struct Entry<'a> {
 }
 
 impl<'a> Entry<'a> {
-    fn new(store: &'a ArtifactStore, execution_id: &str) -> Self {
+    fn new(store: &'a ArtifactStore, execution_id: &str, owner: &str) -> Self {
         Entry {
             store,
             execution_id: execution_id.to_string(),
+            owner: owner.to_string(),
             temp: store.root.join(format!(".tmp-{execution_id}")),
             created: false,
             files: Vec::new(),
@@ -664,6 +681,7 @@ impl<'a> Entry<'a> {
         }
         let manifest = Manifest {
             execution_id: self.execution_id.clone(),
+            owner: self.owner.clone(),
             created_unix_ms: now_ms(),
             total_bytes: self.bytes,
             artifacts: self
@@ -935,24 +953,36 @@ mod tests {
         fs_err::write(work.path().join(".cache/x"), "hidden").unwrap();
 
         let store = store(data.path());
-        let collection = store.collect("e1", work.path(), &baseline, Vec::new());
+        let collection = store.collect(
+            &crate::Caller::local(),
+            "e1",
+            work.path(),
+            &baseline,
+            Vec::new(),
+        );
         assert_eq!(names(&collection), ["changed.txt", "out/deep/result.json"]);
         assert!(collection.skipped.is_empty(), "{:?}", collection.skipped);
         let json = &collection.artifacts[1];
         assert_eq!(json.mime_type, "application/json");
         assert_eq!(json.uri, "snakebox://artifacts/e1/out/deep/result.json");
-        let content = store.read(&json.uri).unwrap();
+        let content = store.read(&crate::Caller::local(), &json.uri).unwrap();
         assert_eq!(content.data, b"{}");
         assert_eq!(
-            store.read(&collection.artifacts[0].uri).unwrap().data,
+            store
+                .read(&crate::Caller::local(), &collection.artifacts[0].uri)
+                .unwrap()
+                .data,
             b"new"
         );
         assert!(matches!(
-            store.read("snakebox://artifacts/e1/input.csv"),
+            store.read(&crate::Caller::local(), "snakebox://artifacts/e1/input.csv"),
             Err(ArtifactError::NotFound(_))
         ));
         assert!(matches!(
-            store.read("snakebox://artifacts/e1/out/../../e1/manifest.json"),
+            store.read(
+                &crate::Caller::local(),
+                "snakebox://artifacts/e1/out/../../e1/manifest.json"
+            ),
             Err(ArtifactError::InvalidUri { .. })
         ));
     }
@@ -976,7 +1006,13 @@ mod tests {
         fs_err::write(work.path().join("ok.txt"), "fine").unwrap();
 
         let store = store(data.path());
-        let collection = store.collect("e2", work.path(), &Baseline::default(), Vec::new());
+        let collection = store.collect(
+            &crate::Caller::local(),
+            "e2",
+            work.path(),
+            &Baseline::default(),
+            Vec::new(),
+        );
         assert_eq!(names(&collection), ["ok.txt"]);
         let reasons: HashMap<&str, &str> = collection
             .skipped
@@ -1010,7 +1046,13 @@ mod tests {
             data: png.clone(),
         }];
         let store = store(data.path());
-        let collection = store.collect("e3", work.path(), &Baseline::default(), images);
+        let collection = store.collect(
+            &crate::Caller::local(),
+            "e3",
+            work.path(),
+            &Baseline::default(),
+            images,
+        );
         assert_eq!(
             names(&collection),
             ["fake.png", "figure-1.png", "huge.png", "figure-1-2.png"]
@@ -1038,20 +1080,41 @@ mod tests {
         fs_err::write(work.path().join("a.bin"), vec![0u8; 1000]).unwrap();
         let small = ArtifactStore::new(data.path(), Duration::from_secs(3600), 2500);
         for id in ["r1", "r2", "r3"] {
-            small.collect(id, work.path(), &Baseline::default(), Vec::new());
+            small.collect(
+                &crate::Caller::local(),
+                id,
+                work.path(),
+                &Baseline::default(),
+                Vec::new(),
+            );
             std::thread::sleep(Duration::from_millis(5));
         }
         // 3000 bytes > 2500: the oldest went when r3 arrived.
-        assert!(small.read("snakebox://artifacts/r1/a.bin").is_err());
-        assert!(small.read("snakebox://artifacts/r2/a.bin").is_ok());
-        assert!(small.read("snakebox://artifacts/r3/a.bin").is_ok());
-        assert_eq!(small.list(10).len(), 2);
-        assert_eq!(small.list(10)[0].uri, "snakebox://artifacts/r3/a.bin");
+        assert!(
+            small
+                .read(&crate::Caller::local(), "snakebox://artifacts/r1/a.bin")
+                .is_err()
+        );
+        assert!(
+            small
+                .read(&crate::Caller::local(), "snakebox://artifacts/r2/a.bin")
+                .is_ok()
+        );
+        assert!(
+            small
+                .read(&crate::Caller::local(), "snakebox://artifacts/r3/a.bin")
+                .is_ok()
+        );
+        assert_eq!(small.list(&crate::Caller::local(), 10).len(), 2);
+        assert_eq!(
+            small.list(&crate::Caller::local(), 10)[0].uri,
+            "snakebox://artifacts/r3/a.bin"
+        );
 
         let expired = ArtifactStore::new(data.path(), Duration::ZERO, 1 << 30);
         std::thread::sleep(Duration::from_millis(5));
         assert!(matches!(
-            expired.read("snakebox://artifacts/r3/a.bin"),
+            expired.read(&crate::Caller::local(), "snakebox://artifacts/r3/a.bin"),
             Err(ArtifactError::NotFound(_))
         ));
         let report = expired.prune(None);
@@ -1069,8 +1132,13 @@ mod tests {
         for i in 0..(MAX_FILES_PER_RUN + 5) {
             fs_err::write(work.path().join(format!("f{i:04}")), "x").unwrap();
         }
-        let collection =
-            store(data.path()).collect("e4", work.path(), &Baseline::default(), Vec::new());
+        let collection = store(data.path()).collect(
+            &crate::Caller::local(),
+            "e4",
+            work.path(),
+            &Baseline::default(),
+            Vec::new(),
+        );
         assert_eq!(collection.artifacts.len(), MAX_FILES_PER_RUN);
         assert_eq!(collection.skipped.len(), 5);
     }

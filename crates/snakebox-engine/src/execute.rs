@@ -6,8 +6,7 @@ use std::time::{Duration, Instant};
 
 use snakebox_env::{Environment, Interpreter};
 use snakebox_sandbox::{
-    BackendKind, ForkRun, ForkServerSpec, Limits, Mount, OutputChunk, Policy, SandboxCommand,
-    Termination,
+    ForkRun, ForkServerSpec, Limits, Mount, OutputChunk, Policy, SandboxCommand, Termination,
 };
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
@@ -56,6 +55,7 @@ impl Engine {
     /// runs are reported with status `invalid_request` or `setup_failed` and a hint.
     pub async fn execute(
         &self,
+        caller: &crate::Caller,
         request: ExecuteRequest,
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
@@ -213,7 +213,7 @@ impl Engine {
             .map(|o| o.control.as_slice())
             .unwrap_or_default();
         let collected = self
-            .collect_rich(&execution_id, &run_dir.work, baseline, control)
+            .collect_rich(caller, &execution_id, &run_dir.work, baseline, control)
             .await;
         // The run is over and its files are collected: unmounting and removing the run
         // directory need not hold up the reply.
@@ -458,20 +458,11 @@ impl Engine {
         network: bool,
         pooled: bool,
     ) -> (Policy, SandboxCommand) {
-        let native = self.config.backend == BackendKind::Native;
-        let (script, work, tmp) = if native {
-            (
-                PathBuf::from(SANDBOX_INPUT_DIR).join(SCRIPT_NAME),
-                PathBuf::from(SANDBOX_WORK_DIR),
-                PathBuf::from("/tmp"),
-            )
-        } else {
-            (
-                run_dir.input.join(SCRIPT_NAME),
-                run_dir.work.clone(),
-                run_dir.tmp.clone(),
-            )
-        };
+        let script = self
+            .path_inside(&run_dir.input, SANDBOX_INPUT_DIR)
+            .join(SCRIPT_NAME);
+        let work = self.path_inside(&run_dir.work, SANDBOX_WORK_DIR);
+        let tmp = self.path_inside(&run_dir.tmp, "/tmp");
         let mut mounts = environment.mounts();
         mounts.extend(run_mounts(run_dir));
         let env = run_environment(&environment.root, &work, &tmp);
@@ -525,6 +516,15 @@ impl Engine {
             limits: self.limits(timeout),
             argv: runner_argv(&PathBuf::from(SANDBOX_INPUT_DIR).join(SCRIPT_NAME)),
             cwd: PathBuf::from(SANDBOX_WORK_DIR),
+        }
+    }
+
+    /// Where a sandbox command sees `host`, which its policy mounts (or its backend provides)
+    /// at `dest` (see [`snakebox_sandbox::Backend::path_inside`]).
+    pub(crate) fn path_inside(&self, host: &Path, dest: &str) -> PathBuf {
+        match &self.sandbox {
+            Ok(sandbox) => sandbox.path_inside(host, Path::new(dest)),
+            Err(_) => host.to_path_buf(),
         }
     }
 

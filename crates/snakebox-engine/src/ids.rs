@@ -5,19 +5,27 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
-/// A new execution id: unique within this host (time, process id and a counter), short and
-/// safe to use as a directory name.
+/// A new execution id: 128 random bits as 32 hex digits (path safe, never guessable).
 pub(crate) fn execution_id() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "{:012x}{:05x}{:04x}",
-        (nanos / 1000) & 0xffff_ffff_ffff,
-        std::process::id() & 0xfffff,
-        count & 0xffff
-    )
+    random_hex()
+}
+
+/// 128 random bits as 32 lowercase hex digits, from the kernel's random source. Should that
+/// ever fail, a value unique on this host (time, process id, a counter) stands in.
+pub(crate) fn random_hex() -> String {
+    let mut bytes = [0u8; 16];
+    // SAFETY: getrandom writes at most `bytes.len()` bytes into the buffer we own.
+    let got = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if usize::try_from(got).ok() != Some(bytes.len()) {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+        bytes[..8].copy_from_slice(&(nanos as u64).to_le_bytes());
+        bytes[8..12].copy_from_slice(&std::process::id().to_le_bytes());
+        bytes[12..].copy_from_slice(&(count as u32).to_le_bytes());
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Milliseconds of a duration, saturating.
@@ -35,5 +43,6 @@ mod tests {
         let b = execution_id();
         assert_ne!(a, b);
         assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_eq!(a.len(), 32, "128 bits");
     }
 }

@@ -9,6 +9,7 @@
 //! `check_environment` can say why) but refuses every execution with the reason and the fix.
 
 mod artifacts;
+mod caller;
 mod config;
 mod execute;
 mod files;
@@ -32,6 +33,7 @@ pub use artifacts::{
     ArtifactContent, ArtifactError, ArtifactPrune, ArtifactStore,
     URI_PREFIX as ARTIFACT_URI_PREFIX, URI_TEMPLATE as ARTIFACT_URI_TEMPLATE, is_text_mime,
 };
+pub use caller::{Caller, LOCAL_TENANT};
 pub use config::EngineConfig;
 pub use execute::ExecuteRequest;
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
@@ -107,17 +109,27 @@ impl Engine {
     /// Never fails: what is missing is recorded and reported by [`Engine::report`] and by
     /// every execution that needs it.
     pub async fn new(config: EngineConfig) -> Engine {
-        execute::remove_stale_run_dirs(&config.data_dir);
         let sandbox = Sandbox::new(SandboxConfig {
             backend: config.backend,
             bwrap_path: config.bwrap_path.clone(),
             scratch_root: config.data_dir.join("scratch"),
         })
-        .map(Arc::new)
         .map_err(|err| Unavailable {
             message: crate::describe(&err),
             hint: err.hint(),
         });
+        Engine::assemble(config, sandbox).await
+    }
+
+    /// An engine on a sandbox made elsewhere: any [`snakebox_sandbox::Backend`] (tests hand
+    /// in a recording one). Otherwise as [`Engine::new`].
+    pub async fn with_sandbox(config: EngineConfig, sandbox: Sandbox) -> Engine {
+        Engine::assemble(config, Ok(sandbox)).await
+    }
+
+    async fn assemble(config: EngineConfig, sandbox: Result<Sandbox, Unavailable>) -> Engine {
+        execute::remove_stale_run_dirs(&config.data_dir);
+        let sandbox = sandbox.map(Arc::new);
         let uv = Uv::locate(config.uv_path.as_deref()).map_err(|err| Unavailable {
             message: crate::describe(&err),
             hint: err.hint(),
@@ -238,14 +250,20 @@ impl Engine {
         }
     }
 
-    /// The content of an artifact (`snakebox://artifacts/<execution_id>/<path>`).
+    /// The content of one of `caller`'s artifacts (`snakebox://artifacts/<execution_id>/<path>`).
     ///
     /// # Errors
-    /// An invalid URI (absolute or `..` paths included), an unknown or expired artifact.
-    pub async fn read_artifact(&self, uri: &str) -> Result<ArtifactContent, ArtifactError> {
+    /// An invalid URI (absolute or `..` paths included), an unknown or expired artifact, or
+    /// another caller's (not found, as if it did not exist).
+    pub async fn read_artifact(
+        &self,
+        caller: &Caller,
+        uri: &str,
+    ) -> Result<ArtifactContent, ArtifactError> {
         let store = self.artifacts.clone();
         let uri = uri.to_string();
-        tokio::task::spawn_blocking(move || store.read(&uri))
+        let caller = caller.clone();
+        tokio::task::spawn_blocking(move || store.read(&caller, &uri))
             .await
             .unwrap_or_else(|err| {
                 Err(ArtifactError::Io {
@@ -255,10 +273,11 @@ impl Engine {
             })
     }
 
-    /// The artifacts of the most recent runs, newest first.
-    pub async fn list_artifacts(&self, limit: usize) -> Vec<Artifact> {
+    /// `caller`'s artifacts of the most recent runs, newest first.
+    pub async fn list_artifacts(&self, caller: &Caller, limit: usize) -> Vec<Artifact> {
         let store = self.artifacts.clone();
-        tokio::task::spawn_blocking(move || store.list(limit))
+        let caller = caller.clone();
+        tokio::task::spawn_blocking(move || store.list(&caller, limit))
             .await
             .unwrap_or_default()
     }

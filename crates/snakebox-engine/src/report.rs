@@ -223,10 +223,7 @@ impl Engine {
                 std::env::consts::ARCH,
                 kernel_release()
             ),
-            sandbox_backend: match config.backend {
-                snakebox_sandbox::BackendKind::Native => "native".into(),
-                snakebox_sandbox::BackendKind::None => "none".into(),
-            },
+            sandbox_backend: config.backend.name().into(),
             isolation_active,
             sandbox_details,
             sandbox_hint,

@@ -213,6 +213,7 @@ impl Engine {
     /// it produced in the artifact store. Must be called before `work` is removed.
     pub(crate) async fn collect_rich(
         &self,
+        caller: &crate::Caller,
         execution_id: &str,
         work: &Path,
         baseline: Baseline,
@@ -234,8 +235,11 @@ impl Engine {
         let store = self.artifacts.clone();
         let work = work.to_path_buf();
         let id = execution_id.to_string();
-        match tokio::task::spawn_blocking(move || store.collect(&id, &work, &baseline, images))
-            .await
+        let caller = caller.clone();
+        match tokio::task::spawn_blocking(move || {
+            store.collect(&caller, &id, &work, &baseline, images)
+        })
+        .await
         {
             Ok(collection) => rich.collection = collection,
             Err(err) => rich

@@ -11,7 +11,7 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_env::Interpreter;
-use snakebox_sandbox::{BackendKind, Mount, Policy, SandboxCommand, Termination};
+use snakebox_sandbox::{Mount, Policy, SandboxCommand, Termination};
 use tokio_util::sync::CancellationToken;
 
 use crate::execute::RunDir;
@@ -181,17 +181,10 @@ impl Engine {
             message: format!("Failed to prepare the check directory: {err}"),
             hint: Some("check that the data directory is writable".into()),
         })?;
-        let native = self.config.backend == BackendKind::Native;
-        let script_path = if native {
-            PathBuf::from("/snakebox/script.py")
-        } else {
-            run_dir.input.join("script.py")
-        };
-        let cwd = if native {
-            PathBuf::from("/tmp")
-        } else {
-            run_dir.tmp.clone()
-        };
+        let script_path = sandbox
+            .path_inside(&run_dir.input, std::path::Path::new("/snakebox"))
+            .join("script.py");
+        let cwd = sandbox.path_inside(&run_dir.tmp, std::path::Path::new("/tmp"));
         let policy = Policy {
             mounts: vec![
                 Mount {

@@ -12,6 +12,7 @@
 //! read top to bottom and snapshot-tested without spawning anything.
 #![deny(missing_docs)]
 
+mod backend;
 mod capture;
 mod cgroup;
 mod child;
@@ -33,6 +34,7 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+pub use crate::backend::{Backend, RunFuture};
 pub use crate::egress::{
     BRIDGE_PORT, EgressDecision, EgressProxy, EgressRules, SOCKET_INSIDE, Upstream,
     bridged_command, is_public,
@@ -299,12 +301,12 @@ pub struct BackendReport {
 }
 
 /// A configured sandbox backend. Cheap to share (`Arc<Sandbox>`); `run` may be called
-/// concurrently.
+/// concurrently. The one façade callers hold: what differs between backends is behind
+/// [`Backend`].
 #[derive(Debug)]
 pub struct Sandbox {
-    config: SandboxConfig,
+    backend: Box<dyn Backend>,
     report: BackendReport,
-    native: Option<native::NativeBackend>,
     uids: std::sync::Arc<std::sync::Mutex<UidPool>>,
 }
 
@@ -312,35 +314,22 @@ impl Sandbox {
     /// Probe the backend. Fails closed: when `Native` cannot isolate, the error says what failed
     /// and its `hint()` how to fix it. Never falls back to `None` by itself.
     pub fn new(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
-        let report = match config.backend {
-            BackendKind::None => BackendReport {
-                backend: BackendKind::None,
-                isolation_active: false,
-                details: vec![
-                    "no isolation: commands run with the server's host uid, filesystem view and network"
-                        .into(),
-                    "policy mounts are ignored and the policy cwd is a host path".into(),
-                    "clean environment, stdin /dev/null, no inherited descriptors, own session".into(),
-                ],
-                limits: none::limit_reports(),
-            },
+        Ok(match config.backend {
+            BackendKind::None => Sandbox::with_backend(Box::new(none::NoneBackend)),
             BackendKind::Native => {
-                let backend = native::NativeBackend::new(&config)?;
-                let report = backend.report();
-                return Ok(Sandbox {
-                    config,
-                    report,
-                    native: Some(backend),
-                    uids: std::sync::Arc::default(),
-                });
+                Sandbox::with_backend(Box::new(native::NativeBackend::new(&config)?))
             }
-        };
-        Ok(Sandbox {
-            config,
-            report,
-            native: None,
-            uids: std::sync::Arc::default(),
         })
+    }
+
+    /// A sandbox of any [`Backend`] (tests hand in a recording one).
+    #[must_use]
+    pub fn with_backend(backend: Box<dyn Backend>) -> Sandbox {
+        Sandbox {
+            report: backend.report(),
+            backend,
+            uids: std::sync::Arc::default(),
+        }
     }
 
     /// What the backend is, whether it isolates, and how each limit is enforced here.
@@ -348,9 +337,9 @@ impl Sandbox {
         self.report.clone()
     }
 
-    /// The configured backend.
+    /// The configured backend (for reports).
     pub fn kind(&self) -> BackendKind {
-        self.config.backend
+        self.backend.kind()
     }
 
     /// Run one command. The whole tree is killed on wall-time timeout (within a second of
@@ -363,10 +352,7 @@ impl Sandbox {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<Outcome, SandboxError> {
-        match &self.native {
-            None => none::run(policy, command, cancel, output).await,
-            Some(native) => native.run(policy, command, cancel, output).await,
-        }
+        self.backend.run(policy, command, cancel, output).await
     }
 
     /// Start a long-lived sandbox: the same isolation and limits as [`Sandbox::run`] (memory
@@ -381,10 +367,7 @@ impl Sandbox {
         policy: &Policy,
         command: &SandboxCommand,
     ) -> Result<LiveSandbox, SandboxError> {
-        match &self.native {
-            None => none::spawn(policy, command),
-            Some(native) => native.spawn(policy, command),
-        }
+        self.backend.spawn(policy, command)
     }
 
     /// Start a one-shot sandbox ahead of time (the engine's warm pool): the same isolation and
@@ -399,26 +382,17 @@ impl Sandbox {
         policy: &Policy,
         command: &SandboxCommand,
     ) -> Result<PendingRun, SandboxError> {
-        match &self.native {
-            None => none::prestart(policy, command),
-            Some(native) => native.prestart(policy, command),
-        }
+        self.backend.prestart(policy, command)
     }
 
-    /// Start a fork server for runs of one environment (see [`ForkServer`]): native backend
-    /// under a root server with cgroups only.
+    /// Start a fork server for runs of one environment (see [`ForkServer`]), as a host uid
+    /// leased for it, where the backend can fork runs (native, under a root server, with
+    /// cgroups).
     ///
     /// # Errors
     /// When this sandbox cannot have one, or it fails to start.
     pub fn start_fork_server(&self, spec: &ForkServerSpec) -> Result<ForkServer, SandboxError> {
-        match &self.native {
-            None => Err(SpawnError::ForkServer {
-                message: "it needs the native sandbox".into(),
-                before_user_code: true,
-            }
-            .into()),
-            Some(native) => native.start_fork_server(spec, self.lease_identity()),
-        }
+        self.backend.start_fork_server(spec, self.lease_identity())
     }
 
     /// The host uid and gid a sandbox of this identity runs as, when it differs from the
@@ -427,7 +401,14 @@ impl Sandbox {
     /// `chown 65534:65534` the per-run work directory).
     #[must_use]
     pub fn host_ids(&self, identity: Identity) -> Option<(u32, u32)> {
-        self.native.as_ref().and_then(|n| n.host_ids(identity))
+        self.backend.host_ids(identity)
+    }
+
+    /// Where the command sees `host`, which a policy mounts at `dest` (or, for scratch space
+    /// such as `/tmp`, which the backend provides at `dest`): see [`Backend::path_inside`].
+    #[must_use]
+    pub fn path_inside(&self, host: &std::path::Path, dest: &std::path::Path) -> PathBuf {
+        self.backend.path_inside(host, dest)
     }
 
     /// Reserve a host uid of its own for one run of user code. Where uids are not switched

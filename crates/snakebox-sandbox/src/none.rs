@@ -250,3 +250,59 @@ pub(crate) fn prestart(
         &policy.limits,
     ))
 }
+
+/// The `none` backend: commands run with the server's uid, view and network (see the module
+/// documentation). Only ever used when the operator asked for it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct NoneBackend;
+
+impl crate::backend::Backend for NoneBackend {
+    fn kind(&self) -> crate::BackendKind {
+        crate::BackendKind::None
+    }
+
+    fn report(&self) -> crate::BackendReport {
+        crate::BackendReport {
+            backend: crate::BackendKind::None,
+            isolation_active: false,
+            details: vec![
+                "no isolation: commands run with the server's host uid, filesystem view and network"
+                    .into(),
+                "policy mounts are ignored and the policy cwd is a host path".into(),
+                "clean environment, stdin /dev/null, no inherited descriptors, own session".into(),
+            ],
+            limits: limit_reports(),
+        }
+    }
+
+    fn run<'a>(
+        &'a self,
+        policy: &'a Policy,
+        command: &'a SandboxCommand,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> crate::backend::RunFuture<'a> {
+        Box::pin(run(policy, command, cancel, output))
+    }
+
+    fn spawn(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+    ) -> Result<LiveSandbox, SandboxError> {
+        spawn(policy, command)
+    }
+
+    fn prestart(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+    ) -> Result<crate::PendingRun, SandboxError> {
+        prestart(policy, command)
+    }
+
+    /// Nothing is mounted: the command sees the host's paths.
+    fn path_inside(&self, host: &std::path::Path, _dest: &std::path::Path) -> std::path::PathBuf {
+        host.to_path_buf()
+    }
+}

@@ -235,12 +235,15 @@ Example: {\"name\": \"sales-analysis\", \"dependencies\": [\"pandas>=2.2\"], \"p
     ) -> Result<CallToolResult, ErrorData> {
         let result = self
             .engine
-            .create_session(CreateSession {
-                python_version: params.python_version,
-                dependencies: params.dependencies,
-                name: params.name,
-                network: params.network,
-            })
+            .create_session(
+                &self.caller,
+                CreateSession {
+                    python_version: params.python_version,
+                    dependencies: params.dependencies,
+                    name: params.name,
+                    network: params.network,
+                },
+            )
             .await;
         Ok(answer(result, session_text))
     }
@@ -253,7 +256,7 @@ kept only while it is), plus the server's caps on sessions and their disk.",
         annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn list_sessions(&self) -> Result<CallToolResult, ErrorData> {
-        let result = self.engine.list_sessions().await;
+        let result = self.engine.list_sessions(&self.caller).await;
         Ok(answer(result, |list| {
             if list.sessions.is_empty() {
                 return "no sessions\n".to_owned();
@@ -277,10 +280,14 @@ it is stopped). This cannot be undone.\n\nExample: {\"session_id\": \"s-01234567
         Parameters(params): Parameters<SessionParams>,
     ) -> Result<CallToolResult, ErrorData> {
         let id = params.session_id;
-        let result = self.engine.delete_session(&id).await.map(|()| Done {
-            message: format!("session {id} deleted"),
-            session_id: id.clone(),
-        });
+        let result = self
+            .engine
+            .delete_session(&self.caller, &id)
+            .await
+            .map(|()| Done {
+                message: format!("session {id} deleted"),
+                session_id: id.clone(),
+            });
         Ok(answer(result, |done| format!("{}\n", done.message)))
     }
 
@@ -295,7 +302,10 @@ stays the same.\n\nExample: {\"session_id\": \"s-0123456789abcdef\"}",
         &self,
         Parameters(params): Parameters<SessionParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        let result = self.engine.reset_session(&params.session_id).await;
+        let result = self
+            .engine
+            .reset_session(&self.caller, &params.session_id)
+            .await;
         Ok(answer(result, session_text))
     }
 
@@ -322,7 +332,13 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"packages\": [\"six==1.16.0\"
         let (sender, forwarder) = progress(&context);
         let result = self
             .engine
-            .install_packages(&params.session_id, params.packages, Some(wait), sender)
+            .install_packages(
+                &self.caller,
+                &params.session_id,
+                params.packages,
+                Some(wait),
+                sender,
+            )
             .await;
         if let Some(forwarder) = forwarder
             && result
@@ -351,7 +367,10 @@ Example: {\"session_id\": \"s-0123456789abcdef\"}",
         &self,
         Parameters(params): Parameters<SessionParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        let result = self.engine.list_packages(&params.session_id).await;
+        let result = self
+            .engine
+            .list_packages(&self.caller, &params.session_id)
+            .await;
         Ok(answer(result, |list| {
             let mut text = format!("python: {}\n", list.python_version);
             for p in &list.packages {
@@ -382,6 +401,7 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"command\": \"ls -la && wc -l
         let result = self
             .engine
             .run_command(
+                &self.caller,
                 &params.session_id,
                 &params.command,
                 seconds(params.timeout_seconds),
@@ -410,6 +430,7 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"path\": \"data/input.csv\", 
         let result = self
             .engine
             .write_file(
+                &self.caller,
                 &params.session_id,
                 &params.path,
                 &params.content,
@@ -434,7 +455,7 @@ symbolic links are not followed.\n\nExample: {\"session_id\": \"s-0123456789abcd
     ) -> Result<CallToolResult, ErrorData> {
         let result = self
             .engine
-            .read_file(&params.session_id, &params.path)
+            .read_file(&self.caller, &params.session_id, &params.path)
             .await;
         Ok(answer(result, |file| {
             if file.encoding == "utf-8" {
@@ -462,7 +483,7 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"path\": \"\", \"depth\": 2}"
         let depth = params.depth.unwrap_or(3) as usize;
         let result = self
             .engine
-            .list_files(&params.session_id, &params.path, depth)
+            .list_files(&self.caller, &params.session_id, &params.path, depth)
             .await;
         Ok(answer(result, |list| {
             if list.entries.is_empty() {

@@ -19,8 +19,8 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_engine::{
-    ArtifactError, Engine, EnvironmentReport, ExecuteRequest, ExecutionResult, FileEncoding,
-    InputFile, Status, Validation,
+    ArtifactError, Caller, Engine, EnvironmentReport, ExecuteRequest, ExecutionResult,
+    FileEncoding, InputFile, Status, Validation,
 };
 use snakebox_sandbox::OutputChunk;
 
@@ -103,6 +103,9 @@ pub(crate) struct ValidateParams {
 #[derive(Clone)]
 pub struct SnakeboxServer {
     pub(crate) engine: Arc<Engine>,
+    /// Who every call of this connection is for: stdio has one caller ([`Caller::local`]); a
+    /// face with tenants makes a server per tenant ([`SnakeboxServer::for_caller`]).
+    pub(crate) caller: Caller,
     tool_router: ToolRouter<Self>,
 }
 
@@ -111,8 +114,15 @@ impl SnakeboxServer {
     /// A server over this engine.
     #[must_use]
     pub fn new(engine: Arc<Engine>) -> Self {
+        Self::for_caller(engine, Caller::local())
+    }
+
+    /// A server over this engine whose calls are all `caller`'s.
+    #[must_use]
+    pub fn for_caller(engine: Arc<Engine>, caller: Caller) -> Self {
         Self {
             engine,
+            caller,
             tool_router: Self::tool_router() + Self::session_router(),
         }
     }
@@ -187,12 +197,18 @@ progress token; cancelling the request kills the run at once. Limits: timeout_se
         let result = match params.session_id {
             Some(session_id) => {
                 self.engine
-                    .execute_in_session(&session_id, request, context.ct.clone(), sender)
+                    .execute_in_session(
+                        &self.caller,
+                        &session_id,
+                        request,
+                        context.ct.clone(),
+                        sender,
+                    )
                     .await
             }
             None => {
                 self.engine
-                    .execute(request, context.ct.clone(), sender)
+                    .execute(&self.caller, request, context.ct.clone(), sender)
                     .await
             }
         };
@@ -276,7 +292,7 @@ impl ServerHandler for SnakeboxServer {
     ) -> Result<ListResourcesResult, ErrorData> {
         let resources = self
             .engine
-            .list_artifacts(LISTED_ARTIFACTS)
+            .list_artifacts(&self.caller, LISTED_ARTIFACTS)
             .await
             .into_iter()
             .map(|artifact| {
@@ -293,7 +309,7 @@ impl ServerHandler for SnakeboxServer {
         request: ReadResourceRequestParams,
         _context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        read_artifact(&self.engine, &request.uri)
+        read_artifact(&self.engine, &self.caller, &request.uri)
             .await
             .map(ReadResourceResponse::from)
     }
@@ -337,14 +353,22 @@ pub(crate) fn execution_result(result: &ExecutionResult) -> CallToolResult {
 const LISTED_ARTIFACTS: usize = 100;
 
 /// `resources/read` of an artifact: text when it is text, base64 otherwise.
-async fn read_artifact(engine: &Engine, uri: &str) -> Result<ReadResourceResult, ErrorData> {
-    let content = engine.read_artifact(uri).await.map_err(|err| match err {
-        ArtifactError::InvalidUri { .. } => ErrorData::invalid_params(err.to_string(), None),
-        ArtifactError::NotFound(_) => {
-            ErrorData::resource_not_found(err.to_string(), Some(serde_json::json!({ "uri": uri })))
-        }
-        ArtifactError::Io { .. } => ErrorData::internal_error(err.to_string(), None),
-    })?;
+async fn read_artifact(
+    engine: &Engine,
+    caller: &Caller,
+    uri: &str,
+) -> Result<ReadResourceResult, ErrorData> {
+    let content = engine
+        .read_artifact(caller, uri)
+        .await
+        .map_err(|err| match err {
+            ArtifactError::InvalidUri { .. } => ErrorData::invalid_params(err.to_string(), None),
+            ArtifactError::NotFound(_) => ErrorData::resource_not_found(
+                err.to_string(),
+                Some(serde_json::json!({ "uri": uri })),
+            ),
+            ArtifactError::Io { .. } => ErrorData::internal_error(err.to_string(), None),
+        })?;
     let contents = if snakebox_engine::is_text_mime(&content.mime_type) {
         match String::from_utf8(content.data) {
             Ok(text) => ResourceContents::text(text, content.uri).with_mime_type(content.mime_type),

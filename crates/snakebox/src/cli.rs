@@ -84,63 +84,91 @@ pub enum Switch {
 
 /// Settings of the engine, shared by every subcommand. Each also reads an environment
 /// variable and the config file; the command line wins, then the environment, then the file.
+///
+/// The flags are grouped as the config file's sections are (one struct per section, flattened:
+/// the flags themselves are unchanged), so `settings` resolves one section at a time.
 #[derive(Debug, Clone, Default, Args)]
 pub struct EngineArgs {
-    /// Config file (TOML, keys as the long flags with `_`: `max_timeout = 120`).
+    /// Config file (TOML): sections such as `[limits]` with `max_timeout = 120`; the flat keys
+    /// of earlier versions (the long flags with `_`: `max_timeout = 120`) are read too.
     /// Default: `$XDG_CONFIG_HOME/snakebox/config.toml` when it exists.
     #[arg(long, env = "SNAKEBOX_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
-    /// Python version used when a call does not ask for one (`3.12`, `>=3.10`).
-    /// Default: the newest CPython 3 found.
-    #[arg(long, env = "SNAKEBOX_PYTHON_VERSION", value_name = "VERSION")]
-    pub python_version: Option<String>,
-    /// Isolation backend [default: native].
-    #[arg(long, env = "SNAKEBOX_SANDBOX_BACKEND", value_enum)]
-    pub sandbox_backend: Option<BackendArg>,
-    /// Largest timeout a call may ask for, in seconds [default: 300].
-    #[arg(long, env = "SNAKEBOX_MAX_TIMEOUT", value_name = "SECONDS")]
-    pub max_timeout: Option<u64>,
-    /// Timeout when a call gives none, in seconds [default: 30].
-    #[arg(long, env = "SNAKEBOX_DEFAULT_TIMEOUT", value_name = "SECONDS")]
-    pub default_timeout: Option<u64>,
-    /// Bytes of stdout + stderr kept per run (head and tail) [default: 102400].
-    #[arg(long, env = "SNAKEBOX_MAX_OUTPUT_BYTES", value_name = "BYTES")]
-    pub max_output_bytes: Option<u64>,
-    /// Do not build the default environment at start-up.
-    #[arg(long, env = "SNAKEBOX_NO_WARM_CACHE")]
-    pub no_warm_cache: bool,
-    /// Pre-started sandboxes kept ready per warm environment while serving (`0`: off)
-    /// [default: 2].
-    #[arg(long, env = "SNAKEBOX_WARM_POOL", value_name = "N")]
-    pub warm_pool: Option<usize>,
-    /// Fork runs of the environments kept warm (without network) from a pre-initialised
-    /// interpreter, each in a fresh sandbox, while serving (native sandbox, root server)
-    /// [default: on].
-    #[arg(long, env = "SNAKEBOX_FORK_SERVER", value_enum)]
-    pub fork_server: Option<Switch>,
-    /// Path to the uv binary [default: found on PATH, ~/.local/bin, or installed by pip].
-    #[arg(long, env = "SNAKEBOX_UV_PATH", value_name = "PATH")]
-    pub uv_path: Option<PathBuf>,
-    /// Path to bwrap [default: found on PATH].
-    #[arg(long, env = "SNAKEBOX_BWRAP_PATH", value_name = "PATH")]
-    pub bwrap_path: Option<PathBuf>,
+    #[command(flatten, next_help_heading = "Server")]
+    pub server: ServerArgs,
+    #[command(flatten, next_help_heading = "Python")]
+    pub python: PythonArgs,
+    #[command(flatten, next_help_heading = "Sandbox")]
+    pub sandbox: SandboxArgs,
+    #[command(flatten, next_help_heading = "Network")]
+    pub network: NetworkArgs,
+    #[command(flatten, next_help_heading = "Limits per run")]
+    pub limits: LimitsArgs,
+    #[command(flatten, next_help_heading = "Warm pool")]
+    pub pool: PoolArgs,
+    #[command(flatten, next_help_heading = "Environment cache")]
+    pub cache: CacheArgs,
+    #[command(flatten, next_help_heading = "Sessions")]
+    pub sessions: SessionsArgs,
+    #[command(flatten, next_help_heading = "Artifacts")]
+    pub artifacts: ArtifactsArgs,
+}
+
+/// The server as a whole: where its data lives and how much work runs at once (`[server]`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServerArgs {
     /// Where environments, uv's cache and run scratch live
     /// [default: /var/lib/snakebox as root, else $XDG_DATA_HOME/snakebox].
     #[arg(long, env = "SNAKEBOX_DATA_DIR", value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Runs executing at once; further calls queue [default: 8].
+    #[arg(long, env = "SNAKEBOX_MAX_CONCURRENT_RUNS", value_name = "N")]
+    pub max_concurrent_runs: Option<usize>,
+}
+
+/// Interpreters and the installer (`[python]`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct PythonArgs {
+    /// Python version used when a call does not ask for one (`3.12`, `>=3.10`).
+    /// Default: the newest CPython 3 found.
+    #[arg(long, env = "SNAKEBOX_PYTHON_VERSION", value_name = "VERSION")]
+    pub python_version: Option<String>,
+    /// Path to the uv binary [default: found on PATH, ~/.local/bin, or installed by pip].
+    #[arg(long, env = "SNAKEBOX_UV_PATH", value_name = "PATH")]
+    pub uv_path: Option<PathBuf>,
+}
+
+/// The isolation backend (`[sandbox]`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct SandboxArgs {
+    /// Isolation backend [default: native].
+    #[arg(long, env = "SNAKEBOX_SANDBOX_BACKEND", value_enum)]
+    pub sandbox_backend: Option<BackendArg>,
+    /// Path to bwrap [default: found on PATH].
+    #[arg(long, env = "SNAKEBOX_BWRAP_PATH", value_name = "PATH")]
+    pub bwrap_path: Option<PathBuf>,
+}
+
+/// What runs may reach (`[network]`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct NetworkArgs {
     /// Network for runs [default: off].
     #[arg(long, env = "SNAKEBOX_NETWORK", value_enum)]
     pub network: Option<NetworkArg>,
-    /// Build dependencies that publish no wheel from their source distribution. A build runs
-    /// the package's own code: it is sandboxed like a run (run limits, no credentials) and has
-    /// no network, so sdists and their build requirements must be in a local `UV_FIND_LINKS`
-    /// directory [default: off, wheels only].
-    #[arg(long, env = "SNAKEBOX_ALLOW_SDIST_BUILDS")]
-    pub allow_sdist_builds: bool,
-    /// Time limit of each step of an environment build, in seconds (also the wall time of the
-    /// package code it runs) [default: 300].
-    #[arg(long, env = "SNAKEBOX_INSTALL_TIMEOUT", value_name = "SECONDS")]
-    pub install_timeout: Option<u64>,
+}
+
+/// What one run may use (`[limits]`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct LimitsArgs {
+    /// Timeout when a call gives none, in seconds [default: 30].
+    #[arg(long, env = "SNAKEBOX_DEFAULT_TIMEOUT", value_name = "SECONDS")]
+    pub default_timeout: Option<u64>,
+    /// Largest timeout a call may ask for, in seconds [default: 300].
+    #[arg(long, env = "SNAKEBOX_MAX_TIMEOUT", value_name = "SECONDS")]
+    pub max_timeout: Option<u64>,
+    /// Bytes of stdout + stderr kept per run (head and tail) [default: 102400].
+    #[arg(long, env = "SNAKEBOX_MAX_OUTPUT_BYTES", value_name = "BYTES")]
+    pub max_output_bytes: Option<u64>,
     /// Memory per run, e.g. `512MiB`, `2G`, or `unlimited` [default: 1GiB].
     #[arg(long, env = "SNAKEBOX_MEMORY_LIMIT", value_name = "SIZE")]
     pub memory_limit: Option<String>,
@@ -159,15 +187,49 @@ pub struct EngineArgs {
     /// Largest script accepted [default: 1MiB].
     #[arg(long, env = "SNAKEBOX_MAX_SCRIPT_BYTES", value_name = "SIZE")]
     pub max_script_bytes: Option<String>,
+}
+
+/// Sandboxes kept ready while serving (`[pool]`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct PoolArgs {
+    /// Pre-started sandboxes kept ready per warm environment while serving (`0`: off)
+    /// [default: 2].
+    #[arg(long, env = "SNAKEBOX_WARM_POOL", value_name = "N")]
+    pub warm_pool: Option<usize>,
+    /// Fork runs of the environments kept warm (without network) from a pre-initialised
+    /// interpreter, each in a fresh sandbox, while serving (native sandbox, root server)
+    /// [default: on].
+    #[arg(long, env = "SNAKEBOX_FORK_SERVER", value_enum)]
+    pub fork_server: Option<Switch>,
+}
+
+/// Environments: how they are built and how long they are kept (`[cache]`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct CacheArgs {
+    /// Do not build the default environment at start-up.
+    #[arg(long, env = "SNAKEBOX_NO_WARM_CACHE")]
+    pub no_warm_cache: bool,
+    /// Build dependencies that publish no wheel from their source distribution. A build runs
+    /// the package's own code: it is sandboxed like a run (run limits, no credentials) and has
+    /// no network, so sdists and their build requirements must be in a local `UV_FIND_LINKS`
+    /// directory [default: off, wheels only].
+    #[arg(long, env = "SNAKEBOX_ALLOW_SDIST_BUILDS")]
+    pub allow_sdist_builds: bool,
+    /// Time limit of each step of an environment build, in seconds (also the wall time of the
+    /// package code it runs) [default: 300].
+    #[arg(long, env = "SNAKEBOX_INSTALL_TIMEOUT", value_name = "SECONDS")]
+    pub install_timeout: Option<u64>,
     /// Environment cache size above which the least recently used are removed [default: 10GiB].
     #[arg(long, env = "SNAKEBOX_CACHE_MAX_SIZE", value_name = "SIZE")]
     pub cache_max_size: Option<String>,
     /// Environments unused for this many days are removed [default: 30].
     #[arg(long, env = "SNAKEBOX_CACHE_MAX_AGE_DAYS", value_name = "DAYS")]
     pub cache_max_age_days: Option<u64>,
-    /// Runs executing at once; further calls queue [default: 8].
-    #[arg(long, env = "SNAKEBOX_MAX_CONCURRENT_RUNS", value_name = "N")]
-    pub max_concurrent_runs: Option<usize>,
+}
+
+/// Persistent sessions (`[sessions]`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct SessionsArgs {
     /// A session's interpreter idle this many seconds is stopped (files and packages stay)
     /// [default: 900].
     #[arg(long, env = "SNAKEBOX_SESSION_IDLE_STOP", value_name = "SECONDS")]
@@ -185,6 +247,11 @@ pub struct EngineArgs {
     /// recently used idle one (files and packages stay) [default: 8].
     #[arg(long, env = "SNAKEBOX_SESSION_MAX_INTERPRETERS", value_name = "N")]
     pub session_max_interpreters: Option<usize>,
+}
+
+/// Files runs produced (`[artifacts]`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct ArtifactsArgs {
     /// Artifacts (files runs produced) are removed this many hours after their run
     /// [default: 24].
     #[arg(long, env = "SNAKEBOX_ARTIFACT_MAX_AGE_HOURS", value_name = "HOURS")]

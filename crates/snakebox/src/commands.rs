@@ -92,11 +92,12 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     });
     let result = engine
         .execute(
+            &snakebox_engine::Caller::local(),
             ExecuteRequest {
                 script,
                 dependencies: args.deps,
                 timeout_seconds: args.timeout,
-                python_version: args.engine.python_version.clone(),
+                python_version: args.engine.python.python_version.clone(),
                 ..ExecuteRequest::default()
             },
             cancel,

@@ -1,6 +1,35 @@
 //! Settings resolution: command line, then environment variables (both through clap), then the
 //! config file, then defaults, merged into one [`EngineConfig`].
+//!
+//! The config file is sectioned. The sections follow what each setting governs, which is also
+//! where the engine keeps it and where the next settings will go:
+//!
+//! | section | holds | grows into |
+//! |---|---|---|
+//! | `[server]` | the data directory, runs at once | the serve lifecycle |
+//! | `[python]` | default interpreter version, the uv binary | interpreter choice per profile |
+//! | `[sandbox]` | the backend, the bwrap binary | Docker, gVisor |
+//! | `[network]` | whether runs reach the network | egress policies |
+//! | `[limits]` | what one run may use: time, output, memory, processes, CPU, scratch, script size | `[profiles]` (limit sets) |
+//! | `[pool]` | warm sandboxes and the fork server | |
+//! | `[cache]` | the environment cache: warming, builds, size and age | |
+//! | `[sessions]` | persistent sessions: idle times, count, disk, interpreters | per-tenant quotas |
+//! | `[artifacts]` | the artifact store: age and size | |
+//!
+//! `[limits]` holds only per-run bounds; server-wide capacity (`max_concurrent_runs`) is in
+//! `[server]`, and each store's retention is in the store's own section, so a per-tenant or
+//! per-profile `[limits]` can later be a copy of one table.
+//!
+//! One mechanism reads the file: the TOML table is normalised into the sectioned form
+//! ([`sectioned`]): every flat key of earlier versions (`max_timeout = 120`, the long flag with
+//! `_`) is moved to its place in its section by the one table [`FLAT_KEYS`]; a flat key and its
+//! sectioned twin both set is an error naming both; an unknown key is an error with a
+//! did-you-mean hint. Then serde reads one struct per section (`deny_unknown_fields`), and
+//! [`resolve`] runs one step per section, each taking that section's flags (a flattened clap
+//! struct, [`crate::cli`]) and that section of the file: flag or environment, else file, else
+//! default.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -9,45 +38,164 @@ use serde::Deserialize;
 use snakebox_engine::EngineConfig;
 use snakebox_sandbox::BackendKind;
 
-use crate::cli::{BackendArg, EngineArgs, NetworkArg, Switch};
+use crate::cli::{
+    ArtifactsArgs, BackendArg, CacheArgs, EngineArgs, LimitsArgs, NetworkArg, NetworkArgs,
+    PoolArgs, PythonArgs, SandboxArgs, ServerArgs, SessionsArgs, Switch,
+};
 
 /// Largest `--warm-pool`: every pooled sandbox is a waiting interpreter.
 const MAX_WARM_POOL: usize = 64;
 
-/// The config file: the same settings as the long flags, with `_` for `-`.
+/// `(flat key, section, key in the section)`.
+type FlatKey = (&'static str, &'static str, &'static str);
+
+/// Every flat key of earlier versions and its place in the sectioned file:
+/// `(flat key, section, key in the section)`. The flat key is the long flag with `_`.
+/// This is the one list of file keys: the section structs below must accept exactly these
+/// (a test checks it).
+const FLAT_KEYS: &[FlatKey] = &[
+    ("data_dir", "server", "data_dir"),
+    ("max_concurrent_runs", "server", "max_concurrent_runs"),
+    ("python_version", "python", "version"),
+    ("uv_path", "python", "uv_path"),
+    ("sandbox_backend", "sandbox", "backend"),
+    ("bwrap_path", "sandbox", "bwrap_path"),
+    ("network", "network", "mode"),
+    ("default_timeout", "limits", "default_timeout"),
+    ("max_timeout", "limits", "max_timeout"),
+    ("max_output_bytes", "limits", "max_output_bytes"),
+    ("memory_limit", "limits", "memory"),
+    ("max_processes", "limits", "processes"),
+    ("cpu_limit", "limits", "cpu_seconds"),
+    ("cpu_cores", "limits", "cpu_cores"),
+    ("scratch_limit", "limits", "scratch"),
+    ("max_script_bytes", "limits", "max_script_bytes"),
+    ("warm_pool", "pool", "size"),
+    ("fork_server", "pool", "fork_server"),
+    ("no_warm_cache", "cache", "no_warm"),
+    ("allow_sdist_builds", "cache", "allow_sdist_builds"),
+    ("install_timeout", "cache", "install_timeout"),
+    ("cache_max_size", "cache", "max_size"),
+    ("cache_max_age_days", "cache", "max_age_days"),
+    ("session_idle_stop", "sessions", "idle_stop"),
+    ("session_idle_delete", "sessions", "idle_delete"),
+    ("max_sessions", "sessions", "max_sessions"),
+    ("sessions_max_disk", "sessions", "max_disk"),
+    ("session_max_interpreters", "sessions", "max_interpreters"),
+    ("artifact_max_age_hours", "artifacts", "max_age_hours"),
+    ("artifact_max_size", "artifacts", "max_size"),
+];
+
+/// The sections, in the order the README documents them.
+const SECTIONS: &[&str] = &[
+    "server",
+    "python",
+    "sandbox",
+    "network",
+    "limits",
+    "pool",
+    "cache",
+    "sessions",
+    "artifacts",
+];
+
+/// The config file, sectioned (after [`sectioned`] has moved any flat keys in).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct FileSettings {
+    server: ServerFile,
+    python: PythonFile,
+    sandbox: SandboxFile,
+    network: NetworkFile,
+    limits: LimitsFile,
+    pool: PoolFile,
+    cache: CacheFile,
+    sessions: SessionsFile,
+    artifacts: ArtifactsFile,
+}
+
+/// `[server]`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct FileSettings {
-    python_version: Option<String>,
-    sandbox_backend: Option<BackendArg>,
-    max_timeout: Option<u64>,
-    default_timeout: Option<u64>,
-    max_output_bytes: Option<u64>,
-    no_warm_cache: Option<bool>,
-    warm_pool: Option<usize>,
-    fork_server: Option<Switch>,
-    uv_path: Option<PathBuf>,
-    bwrap_path: Option<PathBuf>,
+struct ServerFile {
     data_dir: Option<PathBuf>,
-    network: Option<NetworkArg>,
-    memory_limit: Option<SizeOrNumber>,
-    max_processes: Option<SizeOrNumber>,
-    cpu_limit: Option<SizeOrNumber>,
-    cpu_cores: Option<CoresValue>,
-    scratch_limit: Option<SizeOrNumber>,
-    max_script_bytes: Option<SizeOrNumber>,
-    cache_max_size: Option<SizeOrNumber>,
-    cache_max_age_days: Option<u64>,
     max_concurrent_runs: Option<usize>,
-    session_idle_stop: Option<u64>,
-    session_idle_delete: Option<u64>,
-    max_sessions: Option<usize>,
-    sessions_max_disk: Option<SizeOrNumber>,
-    session_max_interpreters: Option<usize>,
-    artifact_max_age_hours: Option<u64>,
-    artifact_max_size: Option<SizeOrNumber>,
+}
+
+/// `[python]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PythonFile {
+    version: Option<String>,
+    uv_path: Option<PathBuf>,
+}
+
+/// `[sandbox]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SandboxFile {
+    backend: Option<BackendArg>,
+    bwrap_path: Option<PathBuf>,
+}
+
+/// `[network]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NetworkFile {
+    mode: Option<NetworkArg>,
+}
+
+/// `[limits]`: per run.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsFile {
+    default_timeout: Option<u64>,
+    max_timeout: Option<u64>,
+    max_output_bytes: Option<u64>,
+    memory: Option<SizeOrNumber>,
+    processes: Option<SizeOrNumber>,
+    cpu_seconds: Option<SizeOrNumber>,
+    cpu_cores: Option<CoresValue>,
+    scratch: Option<SizeOrNumber>,
+    max_script_bytes: Option<SizeOrNumber>,
+}
+
+/// `[pool]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolFile {
+    size: Option<usize>,
+    fork_server: Option<Switch>,
+}
+
+/// `[cache]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CacheFile {
+    no_warm: Option<bool>,
     allow_sdist_builds: Option<bool>,
     install_timeout: Option<u64>,
+    max_size: Option<SizeOrNumber>,
+    max_age_days: Option<u64>,
+}
+
+/// `[sessions]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SessionsFile {
+    idle_stop: Option<u64>,
+    idle_delete: Option<u64>,
+    max_sessions: Option<usize>,
+    max_disk: Option<SizeOrNumber>,
+    max_interpreters: Option<usize>,
+}
+
+/// `[artifacts]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArtifactsFile {
+    max_age_hours: Option<u64>,
+    max_size: Option<SizeOrNumber>,
 }
 
 /// TOML lets sizes be written as `1073741824` or `"1GiB"`.
@@ -56,6 +204,15 @@ struct FileSettings {
 enum SizeOrNumber {
     Number(u64),
     Text(String),
+}
+
+impl SizeOrNumber {
+    fn into_text(self) -> String {
+        match self {
+            SizeOrNumber::Number(n) => n.to_string(),
+            SizeOrNumber::Text(text) => text,
+        }
+    }
 }
 
 /// TOML lets a core count be written as `1`, `1.5` or `"unlimited"`.
@@ -75,53 +232,76 @@ impl CoresValue {
     }
 }
 
-/// `1.5` → 1500 millicores; `unlimited` → no limit. At least 0.01 core.
-fn parse_cores(text: &str) -> anyhow::Result<Option<u64>> {
-    let trimmed = text.trim().to_ascii_lowercase();
-    if matches!(trimmed.as_str(), "unlimited" | "none") {
-        return Ok(None);
-    }
-    let hint = "hint: write a number of cores such as 1, 0.5 or 2, or `unlimited`";
-    let cores: f64 = trimmed
-        .parse()
-        .with_context(|| format!("invalid --cpu-cores value `{text}`\n{hint}"))?;
-    if !cores.is_finite() || !(0.01..=4096.0).contains(&cores) {
-        bail!("invalid --cpu-cores value `{text}`: out of range\n{hint}");
-    }
-    // Truncation is intended: whole millicores.
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    Ok(Some((cores * 1000.0).round() as u64))
+/// Flag (or environment) first, then the file's text form of a size or count.
+fn text_or(cli: Option<&String>, file: Option<SizeOrNumber>) -> Option<String> {
+    cli.cloned().or(file.map(SizeOrNumber::into_text))
 }
 
-impl SizeOrNumber {
-    fn into_text(self) -> String {
-        match self {
-            SizeOrNumber::Number(n) => n.to_string(),
-            SizeOrNumber::Text(text) => text,
-        }
-    }
-}
-
-/// Merge CLI/env arguments with the config file and defaults.
+/// Merge CLI/env arguments with the config file and defaults: one step per section.
 ///
 /// # Errors
 /// An unreadable or invalid config file, or a value that does not parse; the message names
 /// the setting and says what is accepted.
 pub(crate) fn resolve(args: &EngineArgs) -> anyhow::Result<EngineConfig> {
-    let file = load_file(args.config.as_deref())?;
-    let backend = match args.sandbox_backend.or(file.sandbox_backend) {
-        Some(BackendArg::None) => BackendKind::None,
-        Some(BackendArg::Native) | None => BackendKind::Native,
-    };
-    let data_dir = args
+    resolve_with(args, load_file(args.config.as_deref())?)
+}
+
+/// [`resolve`] with the file already read.
+fn resolve_with(args: &EngineArgs, file: FileSettings) -> anyhow::Result<EngineConfig> {
+    let mut config = EngineConfig::new(PathBuf::new(), BackendKind::Native);
+    resolve_server(&args.server, file.server, &mut config)?;
+    resolve_python(&args.python, file.python, &mut config);
+    resolve_sandbox(&args.sandbox, file.sandbox, &mut config);
+    resolve_network(&args.network, &file.network, &mut config);
+    resolve_limits(&args.limits, file.limits, &mut config)?;
+    resolve_pool(&args.pool, &file.pool, &mut config)?;
+    resolve_cache(&args.cache, file.cache, &mut config)?;
+    resolve_sessions(&args.sessions, file.sessions, &mut config)?;
+    resolve_artifacts(&args.artifacts, file.artifacts, &mut config)?;
+    Ok(config)
+}
+
+fn resolve_server(
+    args: &ServerArgs,
+    file: ServerFile,
+    config: &mut EngineConfig,
+) -> anyhow::Result<()> {
+    config.data_dir = args
         .data_dir
         .clone()
         .or(file.data_dir)
         .unwrap_or_else(default_data_dir);
-    let mut config = EngineConfig::new(data_dir, backend);
-    config.python_version = args.python_version.clone().or(file.python_version);
+    if let Some(runs) = args.max_concurrent_runs.or(file.max_concurrent_runs) {
+        if runs == 0 {
+            bail!("--max-concurrent-runs must be at least 1");
+        }
+        config.max_concurrent_runs = runs;
+    }
+    Ok(())
+}
+
+fn resolve_python(args: &PythonArgs, file: PythonFile, config: &mut EngineConfig) {
+    config.python_version = args.python_version.clone().or(file.version);
     config.uv_path = args.uv_path.clone().or(file.uv_path);
+}
+
+fn resolve_sandbox(args: &SandboxArgs, file: SandboxFile, config: &mut EngineConfig) {
+    config.backend = match args.sandbox_backend.or(file.backend) {
+        Some(BackendArg::None) => BackendKind::None,
+        Some(BackendArg::Native) | None => BackendKind::Native,
+    };
     config.bwrap_path = args.bwrap_path.clone().or(file.bwrap_path);
+}
+
+fn resolve_network(args: &NetworkArgs, file: &NetworkFile, config: &mut EngineConfig) {
+    config.network = args.network.or(file.mode) == Some(NetworkArg::On);
+}
+
+fn resolve_limits(
+    args: &LimitsArgs,
+    file: LimitsFile,
+    config: &mut EngineConfig,
+) -> anyhow::Result<()> {
     if let Some(seconds) = args.max_timeout.or(file.max_timeout) {
         if seconds == 0 {
             bail!("--max-timeout must be at least 1 second");
@@ -147,34 +327,16 @@ pub(crate) fn resolve(args: &EngineArgs) -> anyhow::Result<EngineConfig> {
         }
         config.max_output_bytes = bytes;
     }
-    config.warm_cache = !(args.no_warm_cache || file.no_warm_cache.unwrap_or(false));
-    if let Some(size) = args.warm_pool.or(file.warm_pool) {
-        if size > MAX_WARM_POOL {
-            bail!("--warm-pool must be at most {MAX_WARM_POOL}, got `{size}`");
-        }
-        config.warm_pool = size;
+    if let Some(text) = text_or(args.memory_limit.as_ref(), file.memory) {
+        config.memory_bytes = optional(&text, "--memory-limit (`[limits] memory`)", parse_size)?;
     }
-    config.fork_server = args.fork_server.or(file.fork_server) != Some(Switch::Off);
-    config.network = args.network.or(file.network) == Some(NetworkArg::On);
-    config.allow_sdist_builds = args.allow_sdist_builds || file.allow_sdist_builds.unwrap_or(false);
-    if let Some(seconds) = args.install_timeout.or(file.install_timeout) {
-        if seconds == 0 {
-            bail!("--install-timeout must be at least 1 second\nhint: the default is 300");
-        }
-        config.install_timeout = Duration::from_secs(seconds);
+    if let Some(text) = text_or(args.max_processes.as_ref(), file.processes) {
+        config.max_processes =
+            optional(&text, "--max-processes (`[limits] processes`)", parse_count)?;
     }
-
-    let pick = |cli: &Option<String>, file: Option<SizeOrNumber>| {
-        cli.clone().or(file.map(SizeOrNumber::into_text))
-    };
-    if let Some(text) = pick(&args.memory_limit, file.memory_limit) {
-        config.memory_bytes = optional(&text, "--memory-limit", parse_size)?;
-    }
-    if let Some(text) = pick(&args.max_processes, file.max_processes) {
-        config.max_processes = optional(&text, "--max-processes", parse_count)?;
-    }
-    if let Some(text) = pick(&args.cpu_limit, file.cpu_limit) {
-        config.cpu_time = optional(&text, "--cpu-limit", parse_count)?.map(Duration::from_secs);
+    if let Some(text) = text_or(args.cpu_limit.as_ref(), file.cpu_seconds) {
+        config.cpu_time = optional(&text, "--cpu-limit (`[limits] cpu_seconds`)", parse_count)?
+            .map(Duration::from_secs);
     }
     let cores = args
         .cpu_cores
@@ -183,64 +345,101 @@ pub(crate) fn resolve(args: &EngineArgs) -> anyhow::Result<EngineConfig> {
     if let Some(text) = cores {
         config.cpu_millicores = parse_cores(&text)?;
     }
-    if let Some(text) = pick(&args.scratch_limit, file.scratch_limit) {
-        config.scratch_bytes = optional(&text, "--scratch-limit", parse_size)?;
+    if let Some(text) = text_or(args.scratch_limit.as_ref(), file.scratch) {
+        config.scratch_bytes = optional(&text, "--scratch-limit (`[limits] scratch`)", parse_size)?;
     }
-    if let Some(text) = pick(&args.max_script_bytes, file.max_script_bytes) {
-        let bytes = parse_size(&text).with_context(|| "invalid --max-script-bytes")?;
+    if let Some(text) = text_or(args.max_script_bytes.as_ref(), file.max_script_bytes) {
+        let bytes = parse_size(&text)
+            .with_context(|| "invalid --max-script-bytes (`[limits] max_script_bytes`)")?;
         config.max_script_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
     }
-    if let Some(text) = pick(&args.cache_max_size, file.cache_max_size) {
-        config.cache_max_bytes = parse_size(&text).with_context(|| "invalid --cache-max-size")?;
+    Ok(())
+}
+
+fn resolve_pool(args: &PoolArgs, file: &PoolFile, config: &mut EngineConfig) -> anyhow::Result<()> {
+    if let Some(size) = args.warm_pool.or(file.size) {
+        if size > MAX_WARM_POOL {
+            bail!("--warm-pool must be at most {MAX_WARM_POOL}, got `{size}`");
+        }
+        config.warm_pool = size;
     }
-    if let Some(days) = args.cache_max_age_days.or(file.cache_max_age_days) {
+    config.fork_server = args.fork_server.or(file.fork_server) != Some(Switch::Off);
+    Ok(())
+}
+
+fn resolve_cache(
+    args: &CacheArgs,
+    file: CacheFile,
+    config: &mut EngineConfig,
+) -> anyhow::Result<()> {
+    config.warm_cache = !(args.no_warm_cache || file.no_warm.unwrap_or(false));
+    config.allow_sdist_builds = args.allow_sdist_builds || file.allow_sdist_builds.unwrap_or(false);
+    if let Some(seconds) = args.install_timeout.or(file.install_timeout) {
+        if seconds == 0 {
+            bail!("--install-timeout must be at least 1 second\nhint: the default is 300");
+        }
+        config.install_timeout = Duration::from_secs(seconds);
+    }
+    if let Some(text) = text_or(args.cache_max_size.as_ref(), file.max_size) {
+        config.cache_max_bytes =
+            parse_size(&text).with_context(|| "invalid --cache-max-size (`[cache] max_size`)")?;
+    }
+    if let Some(days) = args.cache_max_age_days.or(file.max_age_days) {
         config.cache_max_age = Duration::from_secs(days.saturating_mul(86_400));
     }
-    if let Some(runs) = args.max_concurrent_runs.or(file.max_concurrent_runs) {
-        if runs == 0 {
-            bail!("--max-concurrent-runs must be at least 1");
-        }
-        config.max_concurrent_runs = runs;
-    }
-    if let Some(seconds) = args.session_idle_stop.or(file.session_idle_stop) {
+    Ok(())
+}
+
+fn resolve_sessions(
+    args: &SessionsArgs,
+    file: SessionsFile,
+    config: &mut EngineConfig,
+) -> anyhow::Result<()> {
+    let sessions = &mut config.sessions;
+    if let Some(seconds) = args.session_idle_stop.or(file.idle_stop) {
         if seconds == 0 {
             bail!("--session-idle-stop must be at least 1 second");
         }
-        config.sessions.idle_stop = Duration::from_secs(seconds);
+        sessions.idle_stop = Duration::from_secs(seconds);
     }
-    if let Some(seconds) = args.session_idle_delete.or(file.session_idle_delete) {
+    if let Some(seconds) = args.session_idle_delete.or(file.idle_delete) {
         if seconds == 0 {
             bail!("--session-idle-delete must be at least 1 second");
         }
-        config.sessions.idle_delete = Duration::from_secs(seconds);
+        sessions.idle_delete = Duration::from_secs(seconds);
     }
     if let Some(count) = args.max_sessions.or(file.max_sessions) {
-        config.sessions.max_sessions = count;
+        sessions.max_sessions = count;
     }
-    if let Some(text) = pick(&args.sessions_max_disk, file.sessions_max_disk) {
-        config.sessions.max_disk_bytes =
-            parse_size(&text).with_context(|| "invalid --sessions-max-disk")?;
+    if let Some(text) = text_or(args.sessions_max_disk.as_ref(), file.max_disk) {
+        sessions.max_disk_bytes = parse_size(&text)
+            .with_context(|| "invalid --sessions-max-disk (`[sessions] max_disk`)")?;
     }
-    if let Some(count) = args
-        .session_max_interpreters
-        .or(file.session_max_interpreters)
-    {
+    if let Some(count) = args.session_max_interpreters.or(file.max_interpreters) {
         if count == 0 {
             bail!("--session-max-interpreters must be at least 1");
         }
-        config.sessions.max_interpreters = count;
+        sessions.max_interpreters = count;
     }
-    if let Some(hours) = args.artifact_max_age_hours.or(file.artifact_max_age_hours) {
+    Ok(())
+}
+
+fn resolve_artifacts(
+    args: &ArtifactsArgs,
+    file: ArtifactsFile,
+    config: &mut EngineConfig,
+) -> anyhow::Result<()> {
+    if let Some(hours) = args.artifact_max_age_hours.or(file.max_age_hours) {
         if hours == 0 {
             bail!("--artifact-max-age-hours must be at least 1");
         }
         config.artifact_max_age = Duration::from_secs(hours.saturating_mul(3600));
     }
-    if let Some(text) = pick(&args.artifact_max_size, file.artifact_max_size) {
-        config.artifact_max_bytes =
-            parse_size(&text).with_context(|| "invalid --artifact-max-size")?;
+    if let Some(text) = text_or(args.artifact_max_size.as_ref(), file.max_size) {
+        config.artifact_max_bytes = parse_size(&text)
+            .with_context(|| "invalid --artifact-max-size (`[artifacts] max_size`)")?;
     }
-    Ok(config)
+    Ok(())
 }
 
 fn load_file(explicit: Option<&Path>) -> anyhow::Result<FileSettings> {
@@ -253,12 +452,172 @@ fn load_file(explicit: Option<&Path>) -> anyhow::Result<FileSettings> {
     };
     let text = fs_err::read_to_string(&path)
         .with_context(|| "could not read the config file\nhint: check the --config path")?;
-    toml::from_str(&text).with_context(|| {
-        format!(
-            "invalid config file `{}`\nhint: keys are the long flag names with `_`, e.g. `max_timeout = 120`",
-            path.display()
+    parse_file(&text).with_context(|| format!("invalid config file `{}`", path.display()))
+}
+
+/// Parse a config file's text: TOML, normalised to the sectioned form, then the sections.
+fn parse_file(text: &str) -> anyhow::Result<FileSettings> {
+    let table: toml::Table = text.parse().map_err(|err: toml::de::Error| {
+        let message = err.to_string();
+        let message = message.trim_end();
+        // TOML itself refuses the one flat key that is also a section's name.
+        if message.contains("duplicate key") && message.contains("network") {
+            anyhow::anyhow!(
+                "{message}\nhint: the flat `network = ...` and the `[network]` section cannot both be written; write it in the section as `mode = ...`"
+            )
+        } else {
+            anyhow::anyhow!("{message}")
+        }
+    })?;
+    let (table, moved) = sectioned(table)?;
+    toml::Value::Table(table).try_into().map_err(|err: toml::de::Error| {
+        let mut message = err.to_string().trim_end().to_owned();
+        // Serde names the sectioned place; name the key as it was written.
+        for (flat, section, name) in moved {
+            message = message.replace(
+                &format!("`{section}.{name}`"),
+                &format!("`{flat}` (`[{section}] {name}`)"),
+            );
+        }
+        anyhow::anyhow!(
+            "{message}\nhint: numbers are written bare (`120`), text in quotes (`\"512MiB\"`), switches as `\"on\"` or `\"off\"`"
         )
     })
+}
+
+/// Move every flat key into its section. A flat key whose sectioned twin is also set, an
+/// unknown key, or a section that is not a table is an error with a hint. Also returns the
+/// flat keys moved, `(flat key, section, key)`, so later errors can name what was written.
+fn sectioned(table: toml::Table) -> anyhow::Result<(toml::Table, Vec<FlatKey>)> {
+    let mut sections: BTreeMap<String, toml::Table> = BTreeMap::new();
+    let mut flat = Vec::new();
+    for (key, value) in table {
+        let flat_place = FLAT_KEYS.iter().find(|(flat_key, _, _)| *flat_key == key);
+        match (value, flat_place) {
+            // A section; `network` is also a flat key, but only a table is the section.
+            (toml::Value::Table(section), _) if SECTIONS.contains(&key.as_str()) => {
+                for name in section.keys() {
+                    check_section_key(&key, name)?;
+                }
+                sections.insert(key, section);
+            }
+            (value, Some(&place)) => flat.push((place, value)),
+            _ if SECTIONS.contains(&key.as_str()) => bail!(
+                "`{key}` must be a section\nhint: write `[{key}]` on a line of its own, then its keys"
+            ),
+            _ => bail!("unknown key `{key}`\nhint: {}", top_level_hint(&key)),
+        }
+    }
+    let mut moved = Vec::with_capacity(flat.len());
+    for (place, value) in flat {
+        moved.push(place);
+        let (key, section, name) = place;
+        let entry = sections.entry(section.to_owned()).or_default();
+        if entry.contains_key(name) {
+            bail!(
+                "`{key}` and `[{section}] {name}` are the same setting, and both are set\nhint: keep `[{section}] {name}` and remove the flat `{key}`"
+            );
+        }
+        entry.insert(name.to_owned(), value);
+    }
+    let table = sections
+        .into_iter()
+        .map(|(name, section)| (name, toml::Value::Table(section)))
+        .collect();
+    Ok((table, moved))
+}
+
+/// A key inside `[section]` must be one of that section's keys.
+fn check_section_key(section: &str, name: &str) -> anyhow::Result<()> {
+    let known = FLAT_KEYS.iter().filter(|(_, s, _)| *s == section);
+    if known.clone().any(|(_, _, key)| *key == name) {
+        return Ok(());
+    }
+    let hint = if let Some((_, s, key)) = FLAT_KEYS.iter().find(|(flat, _, _)| *flat == name) {
+        // A flat key written inside a section: say where it lives.
+        format!("in a section it is `[{s}] {key}`")
+    } else if let Some((_, s, key)) = FLAT_KEYS
+        .iter()
+        .find(|(_, s, key)| *key == name && *s != section)
+    {
+        format!("`{key}` belongs in `[{s}]`")
+    } else {
+        let keys: Vec<&str> = known.map(|(_, _, key)| *key).collect();
+        match closest(name, keys.iter().copied()) {
+            Some(best) => format!("did you mean `{best}`? `[{section}]` has {}", list(&keys)),
+            None => format!("`[{section}]` has {}", list(&keys)),
+        }
+    };
+    bail!("unknown key `{name}` in `[{section}]`\nhint: {hint}")
+}
+
+/// The hint for an unknown key at the top level.
+fn top_level_hint(key: &str) -> String {
+    if let Some((_, section, name)) = FLAT_KEYS.iter().find(|(_, _, name)| *name == key) {
+        return format!("`{key}` belongs in a section: `[{section}] {name}`");
+    }
+    let candidates = FLAT_KEYS
+        .iter()
+        .map(|(flat, _, _)| *flat)
+        .chain(SECTIONS.iter().copied());
+    match closest(key, candidates) {
+        Some(best) if SECTIONS.contains(&best) => format!("did you mean the section `[{best}]`?"),
+        Some(best) => format!("did you mean `{best}`?"),
+        None => format!("the sections are {}", list(SECTIONS)),
+    }
+}
+
+/// `` `a`, `b`, `c` ``.
+fn list(keys: &[&str]) -> String {
+    keys.iter()
+        .map(|key| format!("`{key}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The candidate nearest to `word` by edit distance, if it is near enough to be a typo.
+fn closest<'a>(word: &str, candidates: impl Iterator<Item = &'a str>) -> Option<&'a str> {
+    candidates
+        .map(|candidate| (edit_distance(word, candidate), candidate))
+        .filter(|(distance, candidate)| *distance <= (candidate.len() / 3).max(2))
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate)
+}
+
+/// Levenshtein distance, by characters.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// `1.5` → 1500 millicores; `unlimited` → no limit. At least 0.01 core.
+fn parse_cores(text: &str) -> anyhow::Result<Option<u64>> {
+    let trimmed = text.trim().to_ascii_lowercase();
+    if matches!(trimmed.as_str(), "unlimited" | "none") {
+        return Ok(None);
+    }
+    let hint = "hint: write a number of cores such as 1, 0.5 or 2, or `unlimited`";
+    let cores: f64 = trimmed.parse().with_context(|| {
+        format!("invalid --cpu-cores (`[limits] cpu_cores`) value `{text}`\n{hint}")
+    })?;
+    if !cores.is_finite() || !(0.01..=4096.0).contains(&cores) {
+        bail!("invalid --cpu-cores (`[limits] cpu_cores`) value `{text}`: out of range\n{hint}");
+    }
+    // Truncation is intended: whole millicores.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(Some((cores * 1000.0).round() as u64))
 }
 
 fn default_config_path() -> Option<PathBuf> {
@@ -329,7 +688,252 @@ pub(crate) fn parse_size(text: &str) -> anyhow::Result<u64> {
 
 #[cfg(test)]
 mod tests {
+    use indoc::indoc;
+
     use super::*;
+
+    /// Parse `text` as a config file and resolve it with no flags.
+    fn resolve_text(text: &str) -> anyhow::Result<EngineConfig> {
+        resolve_with(&EngineArgs::default(), parse_file(text)?)
+    }
+
+    /// The resolved settings, comparable.
+    fn shown(config: &EngineConfig) -> String {
+        format!("{config:?}")
+    }
+
+    /// `name: file => |config| condition,` — the file is accepted and the condition holds.
+    macro_rules! accepted {
+        ($($name:ident: $text:expr => |$config:ident| $check:expr,)*) => {$(
+            #[test]
+            fn $name() {
+                let $config = match resolve_text($text) {
+                    Ok(config) => config,
+                    Err(err) => panic!("refused: {err:#}"),
+                };
+                assert!($check, "{:#?}", $config);
+            }
+        )*};
+    }
+
+    /// `name: file => ["part", ...],` — the file is refused and the message has every part.
+    macro_rules! refused {
+        ($($name:ident: $text:expr => [$($part:expr),+ $(,)?],)*) => {$(
+            #[test]
+            fn $name() {
+                let err = match resolve_text($text) {
+                    Ok(config) => panic!("accepted: {config:#?}"),
+                    Err(err) => format!("{err:#}"),
+                };
+                $(assert!(err.contains($part), "`{}` not in: {err}", $part);)+
+            }
+        )*};
+    }
+
+    accepted! {
+        empty_file_gives_the_defaults: "" => |config| shown(&config) == shown(&resolve_text("\n").unwrap())
+            && config.max_timeout == Duration::from_secs(300)
+            && config.warm_cache
+            && config.fork_server,
+        sectioned_limits: indoc! {r#"
+            [limits]
+            max_timeout = 120
+            default_timeout = 10
+            memory = "256MiB"
+            processes = "unlimited"
+        "#} => |config| config.max_timeout == Duration::from_secs(120)
+            && config.default_timeout == Duration::from_secs(10)
+            && config.memory_bytes == Some(256 << 20)
+            && config.max_processes.is_none(),
+        sizes_may_be_numbers: "[limits]\nmemory = 1048576\n" => |config| config.memory_bytes == Some(1 << 20),
+        cores_may_be_fractions: "[limits]\ncpu_cores = 1.5\n" => |config| config.cpu_millicores == Some(1500),
+        cores_may_be_whole: "[limits]\ncpu_cores = 2\n" => |config| config.cpu_millicores == Some(2000),
+        sizes_and_counts_may_be_unlimited: "[limits]\nmemory = \"unlimited\"\ncpu_seconds = \"unlimited\"\n" => |config| config.memory_bytes.is_none() && config.cpu_time.is_none(),
+        cores_may_be_unlimited: "[limits]\ncpu_cores = \"unlimited\"\n" => |config| config.cpu_millicores.is_none(),
+        network_section: "[network]\nmode = \"on\"\n" => |config| config.network,
+        switches_and_booleans: indoc! {r#"
+            [pool]
+            fork_server = "off"
+            [cache]
+            no_warm = true
+            allow_sdist_builds = true
+        "#} => |config| !config.fork_server && !config.warm_cache && config.allow_sdist_builds,
+        flat_and_sectioned_keys_mix: indoc! {r#"
+            max_timeout = 120
+            [sessions]
+            max_sessions = 3
+        "#} => |config| config.max_timeout == Duration::from_secs(120) && config.sessions.max_sessions == 3,
+        flat_key_fills_a_section_that_is_also_written: indoc! {r#"
+            max_timeout = 120
+            [limits]
+            default_timeout = 10
+        "#} => |config| config.max_timeout == Duration::from_secs(120)
+            && config.default_timeout == Duration::from_secs(10),
+    }
+
+    refused! {
+        flat_typo_gets_a_did_you_mean: "max_timeuot = 5\n" => ["unknown key `max_timeuot`", "hint: did you mean `max_timeout`?"],
+        section_typo_gets_a_did_you_mean: "[limit]\nmax_timeout = 5\n" => ["unknown key `limit`", "did you mean the section `[limits]`?"],
+        key_typo_in_a_section: "[limits]\nmemroy = \"1G\"\n" => ["unknown key `memroy` in `[limits]`", "did you mean `memory`?"],
+        unknown_key_in_a_section_lists_the_keys: "[pool]\nwhatever = 1\n" => ["unknown key `whatever` in `[pool]`", "`size`, `fork_server`"],
+        flat_key_inside_its_section: "[limits]\nmemory_limit = \"1G\"\n" => ["`memory_limit`", "in a section it is `[limits] memory`"],
+        key_in_the_wrong_section: "[limits]\nidle_stop = 5\n" => ["`idle_stop` in `[limits]`", "belongs in `[sessions]`"],
+        sectioned_key_at_the_top: "idle_stop = 5\n" => ["unknown key `idle_stop`", "`[sessions] idle_stop`"],
+        section_that_is_not_a_table: "limits = 5\n" => ["`limits` must be a section", "hint"],
+        flat_and_sectioned_twins_conflict: "max_timeout = 5\n[limits]\nmax_timeout = 6\n" => ["`max_timeout` and `[limits] max_timeout`", "both are set", "hint"],
+        renamed_twins_conflict: "memory_limit = \"1G\"\n[limits]\nmemory = \"2G\"\n" => ["`memory_limit` and `[limits] memory`"],
+        wrong_type_in_a_section: "[limits]\nmax_timeout = \"soon\"\n" => ["in `limits.max_timeout`", "hint"],
+        wrong_type_flat: "warm_pool = -1\n" => ["in `warm_pool` (`[pool] size`)", "hint"],
+        unknown_choice: "[network]\nmode = \"maybe\"\n" => ["maybe", "hint"],
+        unknown_choice_flat: "sandbox_backend = \"docker\"\n" => ["docker"],
+        bad_size_names_the_flag: "[limits]\nmemory = \"lots\"\n" => ["--memory-limit", "hint"],
+        bad_size_flat: "memory_limit = \"lots\"\n" => ["--memory-limit", "hint"],
+        zero_timeout: "[limits]\nmax_timeout = 0\n" => ["--max-timeout must be at least 1"],
+        default_above_max: "[limits]\nmax_timeout = 10\ndefault_timeout = 20\n" => ["larger than --max-timeout", "hint"],
+        not_toml: "[limits\n" => ["TOML", "limits"],
+    }
+
+    /// A value for every flat key, each different from its default.
+    const SAMPLES: &[(&str, &str)] = &[
+        ("data_dir", "\"/srv/snakebox\""),
+        ("max_concurrent_runs", "3"),
+        ("python_version", "\"3.12\""),
+        ("uv_path", "\"/opt/uv\""),
+        ("sandbox_backend", "\"none\""),
+        ("bwrap_path", "\"/opt/bwrap\""),
+        ("network", "\"on\""),
+        ("default_timeout", "7"),
+        ("max_timeout", "70"),
+        ("max_output_bytes", "4096"),
+        ("memory_limit", "\"2GiB\""),
+        ("max_processes", "64"),
+        ("cpu_limit", "20"),
+        ("cpu_cores", "0.5"),
+        ("scratch_limit", "\"64MiB\""),
+        ("max_script_bytes", "2048"),
+        ("warm_pool", "5"),
+        ("fork_server", "\"off\""),
+        ("no_warm_cache", "true"),
+        ("allow_sdist_builds", "true"),
+        ("install_timeout", "90"),
+        ("cache_max_size", "\"1GiB\""),
+        ("cache_max_age_days", "3"),
+        ("session_idle_stop", "60"),
+        ("session_idle_delete", "600"),
+        ("max_sessions", "4"),
+        ("sessions_max_disk", "\"1GiB\""),
+        ("session_max_interpreters", "2"),
+        ("artifact_max_age_hours", "2"),
+        ("artifact_max_size", "\"10MiB\""),
+    ];
+
+    #[test]
+    fn every_flat_key_and_its_sectioned_twin_resolve_alike() {
+        assert_eq!(SAMPLES.len(), FLAT_KEYS.len());
+        let defaults = shown(&resolve_text("").unwrap());
+        for &(flat, section, name) in FLAT_KEYS {
+            let value = SAMPLES
+                .iter()
+                .find(|(key, _)| *key == flat)
+                .map(|(_, value)| *value)
+                .unwrap_or_else(|| panic!("no sample for `{flat}`"));
+            let flat_form = resolve_text(&format!("{flat} = {value}\n"))
+                .unwrap_or_else(|err| panic!("`{flat}` refused: {err:#}"));
+            let sectioned_form = resolve_text(&format!("[{section}]\n{name} = {value}\n"))
+                .unwrap_or_else(|err| panic!("`[{section}] {name}` refused: {err:#}"));
+            assert_eq!(shown(&flat_form), shown(&sectioned_form), "{flat}");
+            assert_ne!(shown(&flat_form), defaults, "`{flat}` changed nothing");
+            let both = resolve_text(&format!(
+                "{flat} = {value}\n[{section}]\n{name} = {value}\n"
+            ))
+            .expect_err(flat);
+            let both = format!("{both:#}");
+            // `network` is also the section's name: TOML refuses the pair before we see it.
+            let named = if flat == "network" {
+                "`[network]` section cannot both be written".to_owned()
+            } else {
+                format!("`{flat}` and `[{section}] {name}`")
+            };
+            assert!(both.contains(&named) && both.contains("hint"), "{both}");
+        }
+    }
+
+    #[test]
+    fn sections_are_the_flat_keys_sections() {
+        for &(_, section, _) in FLAT_KEYS {
+            assert!(SECTIONS.contains(&section), "{section}");
+        }
+        for section in SECTIONS {
+            assert!(FLAT_KEYS.iter().any(|(_, s, _)| s == section), "{section}");
+        }
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        crate::cli::Cli::command().debug_assert();
+    }
+
+    /// Every flag of earlier versions, with a value, as `serve`, `run` and `check` take them.
+    #[test]
+    fn every_flag_still_parses_for_every_command() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        let flags: Vec<String> = [
+            "--config=/etc/snakebox.toml",
+            "--python-version=3.12",
+            "--sandbox-backend=none",
+            "--max-timeout=70",
+            "--default-timeout=7",
+            "--max-output-bytes=4096",
+            "--no-warm-cache",
+            "--warm-pool=5",
+            "--fork-server=off",
+            "--uv-path=/opt/uv",
+            "--bwrap-path=/opt/bwrap",
+            "--data-dir=/srv/snakebox",
+            "--network=on",
+            "--allow-sdist-builds",
+            "--install-timeout=90",
+            "--memory-limit=2GiB",
+            "--max-processes=64",
+            "--cpu-limit=20",
+            "--cpu-cores=0.5",
+            "--scratch-limit=64MiB",
+            "--max-script-bytes=2048",
+            "--cache-max-size=1GiB",
+            "--cache-max-age-days=3",
+            "--max-concurrent-runs=3",
+            "--session-idle-stop=60",
+            "--session-idle-delete=600",
+            "--max-sessions=4",
+            "--sessions-max-disk=1GiB",
+            "--session-max-interpreters=2",
+            "--artifact-max-age-hours=2",
+            "--artifact-max-size=10MiB",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        assert_eq!(flags.len(), FLAT_KEYS.len() + 1);
+        for command in [vec!["serve"], vec!["run", "x.py"], vec!["check"]] {
+            let argv = ["snakebox"]
+                .into_iter()
+                .map(str::to_owned)
+                .chain(command.iter().map(|word| (*word).to_owned()))
+                .chain(flags.iter().cloned());
+            let cli = Cli::try_parse_from(argv).unwrap_or_else(|err| panic!("{command:?}: {err}"));
+            let args = match cli.command {
+                Command::Serve(args) => args,
+                Command::Run(run) => run.engine,
+                Command::Check(check) => check.engine,
+            };
+            assert_eq!(args.limits.memory_limit.as_deref(), Some("2GiB"));
+            assert_eq!(args.sessions.max_sessions, Some(4));
+            assert!(args.cache.no_warm_cache && args.cache.allow_sdist_builds);
+            assert_eq!(args.network.network, Some(NetworkArg::On));
+            assert_eq!(args.artifacts.artifact_max_size.as_deref(), Some("10MiB"));
+        }
+    }
 
     #[test]
     fn sizes_parse_with_binary_units() {
@@ -356,19 +960,39 @@ mod tests {
     }
 
     #[test]
+    fn edit_distance_counts_edits() {
+        assert_eq!(edit_distance("max_timeout", "max_timeout"), 0);
+        assert_eq!(edit_distance("max_timeuot", "max_timeout"), 2);
+        assert_eq!(edit_distance("", "abc"), 3);
+        assert_eq!(closest("zzzzzz", ["max_timeout"].into_iter()), None);
+    }
+
+    #[test]
     fn cli_wins_over_file_and_file_over_defaults() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.toml");
         fs_err::write(
             &path,
-            "max_timeout = 120\ndefault_timeout = 10\nmemory_limit = \"256MiB\"\nnetwork = \"on\"\nfork_server = \"off\"\nallow_sdist_builds = true\ninstall_timeout = 90\n",
+            indoc! {r#"
+                install_timeout = 90
+                [limits]
+                max_timeout = 120
+                default_timeout = 10
+                memory = "256MiB"
+                [network]
+                mode = "on"
+                [pool]
+                fork_server = "off"
+                [cache]
+                allow_sdist_builds = true
+            "#},
         )
         .unwrap();
-        let args = EngineArgs {
+        let mut args = EngineArgs {
             config: Some(path),
-            default_timeout: Some(20),
             ..EngineArgs::default()
         };
+        args.limits.default_timeout = Some(20);
         let config = resolve(&args).unwrap();
         assert_eq!(config.max_timeout, Duration::from_secs(120));
         assert_eq!(config.default_timeout, Duration::from_secs(20));
@@ -395,16 +1019,16 @@ mod tests {
     }
 
     #[test]
-    fn unknown_config_keys_are_rejected_with_a_hint() {
+    fn errors_name_the_config_file() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("config.toml");
         fs_err::write(&path, "max_timeuot = 5\n").unwrap();
         let args = EngineArgs {
-            config: Some(path),
+            config: Some(path.clone()),
             ..EngineArgs::default()
         };
         let err = format!("{:#}", resolve(&args).unwrap_err());
-        assert!(err.contains("max_timeuot"), "{err}");
-        assert!(err.contains("hint"), "{err}");
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        assert!(err.contains("max_timeuot") && err.contains("hint"), "{err}");
     }
 }

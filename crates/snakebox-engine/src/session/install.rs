@@ -8,6 +8,7 @@
 //! that outlasts the client's patience is not lost: it finishes, and `list_packages` reports
 //! it. Kept apart because it is the only part of sessions that uses the network and uv.
 
+use crate::Caller;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -424,13 +425,14 @@ impl Engine {
     /// No such session, invalid requirements, an install already running, disk full.
     pub async fn install_packages(
         &self,
+        caller: &Caller,
         session_id: &str,
         packages: Vec<String>,
         wait: Option<Duration>,
         progress: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<InstallStatus, ErrorInfo> {
         let manager = self.session_manager()?;
-        let row = manager.row(session_id)?;
+        let row = manager.row(caller, session_id)?;
         if packages.is_empty() {
             return Err(ErrorInfo {
                 message: "No packages given".into(),
@@ -535,9 +537,13 @@ impl Engine {
     ///
     /// # Errors
     /// No such session.
-    pub async fn list_packages(&self, session_id: &str) -> Result<PackageList, ErrorInfo> {
+    pub async fn list_packages(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+    ) -> Result<PackageList, ErrorInfo> {
         let manager = self.session_manager()?;
-        let row = manager.row(session_id)?;
+        let row = manager.row(caller, session_id)?;
         let slot = manager.slot(&row);
         let install = slot
             .install

@@ -7,6 +7,7 @@
 //! Kept apart from the lifecycle in [`super::manager`]: this is the per-call path, and the
 //! one place that decides a session's sandbox policy.
 
+use crate::Caller;
 use crate::session::SessionRow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 use snakebox_env::Interpreter;
 use snakebox_sandbox::{
-    BackendKind, ExchangeEnd, Identity, LiveSandbox, Mount, OutputChunk, Policy, SandboxCommand,
+    ExchangeEnd, Identity, LiveSandbox, Mount, OutputChunk, Policy, SandboxCommand,
 };
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
@@ -33,6 +34,7 @@ impl Engine {
     /// Run code in a session's live interpreter (started first when there is none).
     pub async fn execute_in_session(
         &self,
+        caller: &Caller,
         session_id: &str,
         request: ExecuteRequest,
         cancel: CancellationToken,
@@ -49,7 +51,7 @@ impl Engine {
             Ok(manager) => manager,
             Err(error) => return setup(error),
         };
-        let row = match manager.row(session_id) {
+        let row = match manager.row(caller, session_id) {
             Ok(row) => row,
             Err(error) => return fail(Status::InvalidRequest, error),
         };
@@ -117,7 +119,7 @@ impl Engine {
         let setup_started = std::time::Instant::now();
         if !requirements.is_empty() {
             match self
-                .install_packages(session_id, requirements.clone(), None, None)
+                .install_packages(caller, session_id, requirements.clone(), None, None)
                 .await
             {
                 Ok(status) if status.state == InstallState::Succeeded => {}
@@ -352,7 +354,7 @@ impl Engine {
         // changed in the workspace as artifacts (also after a timeout or a crash), exactly as
         // for a one-shot run.
         let rich = self
-            .collect_rich(&execution_id, &work, baseline, &exchange.answer)
+            .collect_rich(caller, &execution_id, &work, baseline, &exchange.answer)
             .await;
         drop(state);
         rich.apply(&mut result);
@@ -404,20 +406,11 @@ impl Engine {
         interpreter: &Interpreter,
         timeout: Duration,
     ) -> (Policy, PathBuf) {
-        let native = self.config.backend == BackendKind::Native;
-        let (work, tmp, runner) = if native {
-            (
-                PathBuf::from(SANDBOX_WORK_DIR),
-                PathBuf::from("/tmp"),
-                PathBuf::from(SANDBOX_INPUT_DIR).join(RUNNER_NAME),
-            )
-        } else {
-            (
-                paths.work.clone(),
-                paths.tmp.clone(),
-                paths.input.join(RUNNER_NAME),
-            )
-        };
+        let work = self.path_inside(&paths.work, SANDBOX_WORK_DIR);
+        let tmp = self.path_inside(&paths.tmp, "/tmp");
+        let runner = self
+            .path_inside(&paths.input, SANDBOX_INPUT_DIR)
+            .join(RUNNER_NAME);
         let mut mounts = vec![
             Mount {
                 host: paths.venv.clone(),
@@ -513,6 +506,7 @@ impl Engine {
     /// separate short-lived sandbox with the same view and limits as the interpreter's).
     pub async fn run_command(
         &self,
+        caller: &Caller,
         session_id: &str,
         command: &str,
         timeout_seconds: Option<i64>,
@@ -529,7 +523,7 @@ impl Engine {
             Ok(manager) => manager,
             Err(error) => return fail(Status::SetupFailed, error),
         };
-        let row = match manager.row(session_id) {
+        let row = match manager.row(caller, session_id) {
             Ok(row) => row,
             Err(error) => return fail(Status::InvalidRequest, error),
         };

@@ -23,6 +23,7 @@ use super::{
     SessionSettings, SessionSummary, Sessions, SessionsReport, db_error, files, io_error,
     new_session_id, no_session, now_secs, packages_of, unavailable, valid_id,
 };
+use crate::Caller;
 use crate::result::ErrorInfo;
 use crate::{Engine, Unavailable};
 
@@ -207,7 +208,19 @@ impl Manager {
         }
     }
 
-    pub(super) fn row(&self, id: &str) -> Result<SessionRow, ErrorInfo> {
+    /// The session `id` of `caller`: another caller's session is not found, exactly as one
+    /// that never existed.
+    pub(super) fn row(&self, caller: &Caller, id: &str) -> Result<SessionRow, ErrorInfo> {
+        self.any_row(id).and_then(|row| {
+            caller
+                .owns(&row.owner)
+                .then_some(row)
+                .ok_or_else(|| no_session(id))
+        })
+    }
+
+    /// The session `id`, whoever owns it (the server's own work: reaping, deleting).
+    pub(super) fn any_row(&self, id: &str) -> Result<SessionRow, ErrorInfo> {
         if !valid_id(id) {
             return Err(no_session(id));
         }
@@ -400,7 +413,11 @@ impl Engine {
     ///
     /// # Errors
     /// Invalid arguments, caps reached, no interpreter, a failed install.
-    pub async fn create_session(&self, request: CreateSession) -> Result<SessionInfo, ErrorInfo> {
+    pub async fn create_session(
+        &self,
+        caller: &Caller,
+        request: CreateSession,
+    ) -> Result<SessionInfo, ErrorInfo> {
         let manager = self.session_manager()?;
         self.session_sandbox()?;
         if let Some(name) = &request.name
@@ -462,6 +479,7 @@ impl Engine {
             last_used_at: now,
             executions: 0,
             network,
+            owner: caller.id().to_owned(),
         };
         if let Err(err) = manager.store.insert(&row) {
             let _ = crate::tree::remove(&paths.root);
@@ -502,9 +520,10 @@ impl Engine {
     ///
     /// # Errors
     /// When sessions are unavailable.
-    pub async fn list_sessions(&self) -> Result<SessionList, ErrorInfo> {
+    pub async fn list_sessions(&self, caller: &Caller) -> Result<SessionList, ErrorInfo> {
         let manager = self.session_manager()?;
-        let rows = manager.store.list().map_err(db_error)?;
+        let mut rows = manager.store.list().map_err(db_error)?;
+        rows.retain(|row| caller.owns(&row.owner));
         let running = manager.running();
         let sessions = rows
             .iter()
@@ -524,9 +543,9 @@ impl Engine {
     ///
     /// # Errors
     /// No such session.
-    pub async fn delete_session(&self, id: &str) -> Result<(), ErrorInfo> {
+    pub async fn delete_session(&self, caller: &Caller, id: &str) -> Result<(), ErrorInfo> {
         let manager = self.session_manager()?;
-        let row = manager.row(id)?;
+        let row = manager.row(caller, id)?;
         delete(manager, &row.id).await
     }
 
@@ -535,9 +554,9 @@ impl Engine {
     ///
     /// # Errors
     /// No such session, a failed install.
-    pub async fn reset_session(&self, id: &str) -> Result<SessionInfo, ErrorInfo> {
+    pub async fn reset_session(&self, caller: &Caller, id: &str) -> Result<SessionInfo, ErrorInfo> {
         let manager = self.session_manager()?;
-        let row = manager.row(id)?;
+        let row = manager.row(caller, id)?;
         let interpreter = self.session_interpreter(&row)?;
         let slot = manager.slot(&row);
         replace_doomed(&slot);
@@ -567,7 +586,7 @@ impl Engine {
             .set_packages(&row.id, &row.base_requirements, &packages, venv_bytes)
             .map_err(db_error)?;
         drop(state);
-        let row = manager.row(id)?;
+        let row = manager.row(caller, id)?;
         Ok(self.session_info(manager, &row, false))
     }
 }
@@ -582,7 +601,7 @@ pub(super) fn replace_doomed(slot: &Slot) {
 }
 /// Delete a session: running calls end, the interpreter stops, files and record go.
 pub(super) async fn delete(manager: &Manager, id: &str) -> Result<(), ErrorInfo> {
-    let row = manager.row(id)?;
+    let row = manager.any_row(id)?;
     let slot = manager.slot(&row);
     replace_doomed(&slot);
     let mut state = slot.state.lock().await;

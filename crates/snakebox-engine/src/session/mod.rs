@@ -309,17 +309,7 @@ fn valid_id(id: &str) -> bool {
 }
 
 fn new_session_id() -> String {
-    let mut bytes = [0u8; 8];
-    if fs_err::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut bytes))
-        .is_err()
-    {
-        bytes = u64::from_str_radix(&ids::execution_id()[..16], 16)
-            .unwrap_or(0)
-            .to_le_bytes();
-    }
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("s-{hex}")
+    format!("s-{}", ids::random_hex())
 }
 
 fn now_secs() -> u64 {

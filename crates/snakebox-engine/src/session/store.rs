@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// The schema version written to `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 /// One session as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +37,9 @@ pub(crate) struct SessionRow {
     /// Whether the session was created with network (it still needs the server to allow it
     /// when its interpreter starts). Sessions recorded before this column: off.
     pub(crate) network: bool,
+    /// The tenant it belongs to ([`crate::Caller`]); sessions recorded before this column:
+    /// [`crate::LOCAL_TENANT`].
+    pub(crate) owner: String,
 }
 
 /// The database, behind a mutex (every statement is short).
@@ -77,7 +80,8 @@ impl Store {
                  created_at INTEGER NOT NULL,
                  last_used_at INTEGER NOT NULL,
                  executions INTEGER NOT NULL DEFAULT 0,
-                 network INTEGER NOT NULL DEFAULT 0
+                 network INTEGER NOT NULL DEFAULT 0,
+                 owner TEXT NOT NULL DEFAULT 'local'
              );",
         )?;
         // Schema 1 had no network column: its sessions get none (fail closed).
@@ -89,6 +93,17 @@ impl Store {
         if !has_network {
             conn.execute_batch(
                 "ALTER TABLE sessions ADD COLUMN network INTEGER NOT NULL DEFAULT 0;",
+            )?;
+        }
+        // Schema 2 had no owner: its sessions are the local tenant's.
+        let has_owner: bool = conn.query_row(
+            "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'owner'",
+            [],
+            |row| row.get::<_, i64>(0).map(|n| n > 0),
+        )?;
+        if !has_owner {
+            conn.execute_batch(
+                "ALTER TABLE sessions ADD COLUMN owner TEXT NOT NULL DEFAULT 'local';",
             )?;
         }
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
@@ -110,8 +125,8 @@ impl Store {
             conn.execute(
                 "INSERT INTO sessions (id, name, interpreter, python_version, base_requirements,
                      requirements, packages, venv_bytes, work_bytes, created_at, last_used_at,
-                     executions, network)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
+                     executions, network, owner)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
                 params![
                     row.id,
                     row.name,
@@ -126,6 +141,7 @@ impl Store {
                     to_i64(row.last_used_at),
                     to_i64(row.executions),
                     row.network,
+                    row.owner,
                 ],
             )
             .map(|_| ())
@@ -232,7 +248,7 @@ impl Store {
 
 const COLUMNS: &str = "id, name, interpreter, python_version, base_requirements, requirements, \
                        packages, venv_bytes, work_bytes, created_at, last_used_at, executions, \
-                       network";
+                       network, owner";
 
 fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
@@ -249,6 +265,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
         last_used_at: from_i64(row.get(10)?),
         executions: from_i64(row.get(11)?),
         network: row.get(12)?,
+        owner: row.get(13)?,
     })
 }
 
@@ -291,7 +308,10 @@ mod tests {
         .unwrap();
         drop(old);
         let store = Store::open(&path).unwrap();
-        assert!(!store.get("s-old").unwrap().unwrap().network);
+        let old = store.get("s-old").unwrap().unwrap();
+        assert!(!old.network);
+        // ... and the owner column, the local tenant's (schema 3).
+        assert_eq!(old.owner, crate::LOCAL_TENANT);
         let mut new = row("s-new", 2);
         new.network = true;
         store.insert(&new).unwrap();
@@ -323,6 +343,7 @@ mod tests {
             last_used_at,
             executions: 0,
             network: false,
+            owner: crate::LOCAL_TENANT.into(),
         }
     }
 

@@ -4,6 +4,7 @@
 //! followed) is the confined-fs crate's ([`snakebox_fs`]); this module adds the sessions' checks (size, encoding,
 //! the disk cap, the session's lock while writing) and the tools' errors and hints.
 
+use crate::Caller;
 use snakebox_fs::{FsError, RelativePath};
 use snakebox_sandbox::Identity;
 
@@ -22,13 +23,14 @@ impl Engine {
     /// No such session, a path outside the workspace, too large, disk full.
     pub async fn write_file(
         &self,
+        caller: &Caller,
         session_id: &str,
         path: &str,
         content: &str,
         encoding: Option<&str>,
     ) -> Result<FileWritten, ErrorInfo> {
         let manager = self.session_manager()?;
-        let row = manager.row(session_id)?;
+        let row = manager.row(caller, session_id)?;
         let rel = RelativePath::parse_entry(path).map_err(|err| file_error(err.into()))?;
         let content = match encoding.map(str::to_ascii_lowercase).as_deref() {
             None | Some("utf-8" | "utf8" | "text") => content.as_bytes().to_vec(),
@@ -81,9 +83,14 @@ impl Engine {
     ///
     /// # Errors
     /// No such session or file, a path outside the workspace, a symlink, too large.
-    pub async fn read_file(&self, session_id: &str, path: &str) -> Result<FileContent, ErrorInfo> {
+    pub async fn read_file(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+        path: &str,
+    ) -> Result<FileContent, ErrorInfo> {
         let manager = self.session_manager()?;
-        let row = manager.row(session_id)?;
+        let row = manager.row(caller, session_id)?;
         let work = manager.paths(&row.id).work;
         let rel = RelativePath::parse_entry(path).map_err(|err| file_error(err.into()))?;
         let data =
@@ -111,12 +118,13 @@ impl Engine {
     /// No such session or directory, a path outside the workspace.
     pub async fn list_files(
         &self,
+        caller: &Caller,
         session_id: &str,
         path: &str,
         depth: usize,
     ) -> Result<FileList, ErrorInfo> {
         let manager = self.session_manager()?;
-        let row = manager.row(session_id)?;
+        let row = manager.row(caller, session_id)?;
         let work = manager.paths(&row.id).work;
         let rel = path.to_owned();
         let depth = depth.clamp(1, 10);

@@ -768,6 +768,59 @@ impl Teardown for NativeTeardown {
     }
 }
 
+impl crate::backend::Backend for NativeBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Native
+    }
+
+    fn report(&self) -> BackendReport {
+        NativeBackend::report(self)
+    }
+
+    fn run<'a>(
+        &'a self,
+        policy: &'a Policy,
+        command: &'a SandboxCommand,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> crate::backend::RunFuture<'a> {
+        Box::pin(NativeBackend::run(self, policy, command, cancel, output))
+    }
+
+    fn spawn(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+    ) -> Result<LiveSandbox, SandboxError> {
+        NativeBackend::spawn(self, policy, command)
+    }
+
+    fn prestart(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+    ) -> Result<PendingRun, SandboxError> {
+        NativeBackend::prestart(self, policy, command)
+    }
+
+    fn start_fork_server(
+        &self,
+        spec: &forkserver::ForkServerSpec,
+        lease: crate::IdentityLease,
+    ) -> Result<forkserver::ForkServer, SandboxError> {
+        NativeBackend::start_fork_server(self, spec, lease)
+    }
+
+    fn host_ids(&self, identity: Identity) -> Option<(u32, u32)> {
+        NativeBackend::host_ids(self, identity)
+    }
+
+    /// Everything the command sees is mounted where the policy says.
+    fn path_inside(&self, _host: &std::path::Path, dest: &std::path::Path) -> PathBuf {
+        dest.to_path_buf()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::join_file;

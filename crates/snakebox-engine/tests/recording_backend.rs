@@ -1,0 +1,263 @@
+//! The engine through the sandbox seam: a recording [`Backend`] that writes down every sandbox
+//! the engine asks for and then runs it without isolation (the `none` backend does the work),
+//! so what the engine decides — policies, commands, identities, limits — is checked directly,
+//! with real uv and real interpreters behind it.
+#![allow(clippy::unwrap_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use snakebox_engine::{Caller, CreateSession, Engine, EngineConfig, ExecuteRequest, Status};
+use snakebox_sandbox::{
+    Backend, BackendKind, BackendReport, LiveSandbox, OutputChunk, PendingRun, Policy, RunFuture,
+    Sandbox, SandboxCommand, SandboxConfig, SandboxError,
+};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+/// One sandbox the engine asked for.
+#[derive(Debug, Clone)]
+struct Call {
+    kind: &'static str,
+    policy: Policy,
+    command: SandboxCommand,
+}
+
+#[derive(Debug)]
+struct Recording {
+    inner: Sandbox,
+    calls: Arc<Mutex<Vec<Call>>>,
+}
+
+impl Recording {
+    fn record(&self, kind: &'static str, policy: &Policy, command: &SandboxCommand) {
+        self.calls.lock().unwrap().push(Call {
+            kind,
+            policy: policy.clone(),
+            command: command.clone(),
+        });
+    }
+}
+
+impl Backend for Recording {
+    fn kind(&self) -> BackendKind {
+        BackendKind::None
+    }
+
+    fn report(&self) -> BackendReport {
+        self.inner.report()
+    }
+
+    fn run<'a>(
+        &'a self,
+        policy: &'a Policy,
+        command: &'a SandboxCommand,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> RunFuture<'a> {
+        self.record("run", policy, command);
+        Box::pin(self.inner.run(policy, command, cancel, output))
+    }
+
+    fn spawn(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+    ) -> Result<LiveSandbox, SandboxError> {
+        self.record("spawn", policy, command);
+        self.inner.spawn(policy, command)
+    }
+
+    fn prestart(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+    ) -> Result<PendingRun, SandboxError> {
+        self.record("prestart", policy, command);
+        self.inner.prestart(policy, command)
+    }
+
+    fn path_inside(&self, host: &Path, dest: &Path) -> PathBuf {
+        self.inner.path_inside(host, dest)
+    }
+}
+
+async fn engine(data: &Path) -> (Engine, Arc<Mutex<Vec<Call>>>) {
+    let inner = Sandbox::new(SandboxConfig {
+        backend: BackendKind::None,
+        bwrap_path: None,
+        scratch_root: data.join("scratch"),
+    })
+    .unwrap();
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let backend = Recording {
+        inner,
+        calls: Arc::clone(&calls),
+    };
+    let mut config = EngineConfig::new(data.to_path_buf(), BackendKind::None);
+    config.warm_pool = 0;
+    config.fork_server = false;
+    config.warm_cache = false;
+    let engine = Engine::with_sandbox(config, Sandbox::with_backend(Box::new(backend))).await;
+    (engine, calls)
+}
+
+fn request(script: &str) -> ExecuteRequest {
+    ExecuteRequest {
+        script: script.into(),
+        dependencies: vec![],
+        timeout_seconds: Some(20),
+        python_version: None,
+        files: vec![],
+        network: None,
+    }
+}
+
+#[tokio::test]
+async fn a_run_is_one_sandbox_with_the_engines_policy() {
+    let data = tempfile::tempdir().unwrap();
+    let (engine, calls) = engine(data.path()).await;
+    let result = engine
+        .execute(
+            &Caller::local(),
+            request("print('hi')"),
+            CancellationToken::new(),
+            None,
+        )
+        .await;
+    assert_eq!(result.status, Status::Ok, "{result:?}");
+    assert_eq!(result.stdout, "hi\n");
+    let calls = calls.lock().unwrap().clone();
+    // The environment was built first (uv's sandboxes), then the script ran in one sandbox.
+    let (last, before) = calls.split_last().unwrap();
+    assert!(!before.is_empty(), "no environment build was asked for");
+    assert!(before.iter().all(|c| c.kind == "run"));
+    assert_eq!(last.kind, "run");
+    let policy = &last.policy;
+    assert!(!policy.network, "a run has no network unless asked for");
+    assert!(last.command.control_channel);
+    assert!(
+        last.command
+            .args
+            .iter()
+            .any(|a| a.to_string_lossy().ends_with("runner.py"))
+    );
+    // The run's limits are the engine's, with the call's wall time.
+    assert_eq!(policy.limits.wall_time.as_secs(), 20);
+    // The run's working directory is writable, and it is the cwd (a host path here: the
+    // backend says where things are seen, not the engine).
+    let work = policy
+        .mounts
+        .iter()
+        .find(|m| m.writable)
+        .expect("a writable working directory");
+    assert_eq!(policy.cwd, work.host);
+    // Everything else it sees is read-only.
+    assert_eq!(policy.mounts.iter().filter(|m| m.writable).count(), 1);
+}
+
+#[tokio::test]
+async fn refused_requests_never_reach_the_backend() {
+    let data = tempfile::tempdir().unwrap();
+    let (engine, calls) = engine(data.path()).await;
+    let mut asks_network = request("print('hi')");
+    asks_network.network = Some(true);
+    let refused = engine
+        .execute(
+            &Caller::local(),
+            asks_network,
+            CancellationToken::new(),
+            None,
+        )
+        .await;
+    assert_eq!(refused.status, Status::InvalidRequest, "{refused:?}");
+    let mut bad_dependency = request("print('hi')");
+    bad_dependency.dependencies = vec!["numpy; rm -rf /".into()];
+    let refused = engine
+        .execute(
+            &Caller::local(),
+            bad_dependency,
+            CancellationToken::new(),
+            None,
+        )
+        .await;
+    assert_eq!(refused.status, Status::InvalidRequest, "{refused:?}");
+    assert!(
+        calls.lock().unwrap().is_empty(),
+        "{:?}",
+        calls.lock().unwrap()
+    );
+}
+
+#[tokio::test]
+async fn one_caller_never_sees_anothers_sessions_or_artifacts() {
+    let data = tempfile::tempdir().unwrap();
+    let (engine, _) = engine(data.path()).await;
+    let a = Caller::tenant("team-a").unwrap();
+    let b = Caller::tenant("team-b").unwrap();
+
+    // An artifact of A's.
+    let run = engine
+        .execute(
+            &a,
+            request("open('out.txt', 'w').write('made by a')"),
+            CancellationToken::new(),
+            None,
+        )
+        .await;
+    assert_eq!(run.status, Status::Ok, "{run:?}");
+    assert_eq!(run.execution_id.len(), 32, "128-bit ids");
+    let uri = run.artifacts[0].uri.clone();
+    assert_eq!(
+        engine.read_artifact(&a, &uri).await.unwrap().data,
+        b"made by a"
+    );
+    let not_found = |err: snakebox_engine::ArtifactError| {
+        matches!(err, snakebox_engine::ArtifactError::NotFound(_))
+    };
+    assert!(not_found(engine.read_artifact(&b, &uri).await.unwrap_err()));
+    assert!(engine.list_artifacts(&b, 100).await.is_empty());
+    assert_eq!(engine.list_artifacts(&a, 100).await.len(), 1);
+
+    // A session of A's.
+    let session = engine
+        .create_session(
+            &a,
+            CreateSession {
+                python_version: None,
+                dependencies: vec![],
+                name: Some("a's".into()),
+                network: None,
+            },
+        )
+        .await
+        .unwrap();
+    let id = session.session_id.clone();
+    assert!(id.len() == 34 && id.starts_with("s-"), "128-bit ids: {id}");
+    let listed = |list: snakebox_engine::SessionList| {
+        list.sessions
+            .into_iter()
+            .map(|s| s.session_id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        listed(engine.list_sessions(&a).await.unwrap()),
+        vec![id.clone()]
+    );
+    assert!(listed(engine.list_sessions(&b).await.unwrap()).is_empty());
+    // B gets exactly what an id that never existed gets.
+    let never = "s-00000000000000000000000000000000";
+    let message = |err: snakebox_engine::ErrorInfo, id: &str| err.message.replace(id, "ID");
+    let b_delete = engine.delete_session(&b, &id).await.unwrap_err();
+    let never_delete = engine.delete_session(&b, never).await.unwrap_err();
+    assert_eq!(message(b_delete, &id), message(never_delete, never));
+    assert!(engine.read_file(&b, &id, "x.txt").await.is_err());
+    assert!(engine.reset_session(&b, &id).await.is_err());
+    // A's session is untouched by all that.
+    assert_eq!(
+        listed(engine.list_sessions(&a).await.unwrap()),
+        vec![id.clone()]
+    );
+    engine.delete_session(&a, &id).await.unwrap();
+    assert!(listed(engine.list_sessions(&a).await.unwrap()).is_empty());
+}

@@ -1,0 +1,102 @@
+//! The seam between "what a run needs" and "how it is isolated": the [`Backend`] trait.
+//!
+//! Callers (the engine) hold one [`crate::Sandbox`] and never name a backend: everything that
+//! differs between bubblewrap (`native`), no isolation (`none`) and later ones (Docker, gVisor)
+//! is a method here — how a command is run once, started long-lived or ahead of time, whether
+//! runs can be forked from a pre-initialised helper, which host uid a sandbox of an identity
+//! has, and where a host directory the policy mounts is seen by the command. A backend for
+//! tests (a recording fake) implements the same trait and is handed to
+//! [`crate::Sandbox::with_backend`].
+
+use std::fmt;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{SandboxError, SpawnError};
+use crate::{
+    BackendKind, BackendReport, ForkServer, ForkServerSpec, Identity, IdentityLease, LiveSandbox,
+    Outcome, OutputChunk, PendingRun, Policy, SandboxCommand,
+};
+
+/// The future of one [`Backend::run`].
+pub type RunFuture<'a> = Pin<Box<dyn Future<Output = Result<Outcome, SandboxError>> + Send + 'a>>;
+
+/// One way of isolating commands. See the module documentation; [`crate::Sandbox`] documents
+/// what each operation promises (limits, kill path, output caps), which every backend keeps.
+pub trait Backend: Send + Sync + fmt::Debug {
+    /// Which backend this is (for reports only: callers never branch on it).
+    fn kind(&self) -> BackendKind;
+
+    /// Whether it isolates, and how each limit is enforced here.
+    fn report(&self) -> BackendReport;
+
+    /// Run one command to its end (see [`crate::Sandbox::run`]).
+    fn run<'a>(
+        &'a self,
+        policy: &'a Policy,
+        command: &'a SandboxCommand,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> RunFuture<'a>;
+
+    /// Start a long-lived sandbox (see [`crate::Sandbox::spawn`]).
+    ///
+    /// # Errors
+    /// When the sandbox cannot be set up or started.
+    fn spawn(&self, policy: &Policy, command: &SandboxCommand)
+    -> Result<LiveSandbox, SandboxError>;
+
+    /// Start a one-shot sandbox ahead of its request (see [`crate::Sandbox::prestart`]).
+    ///
+    /// # Errors
+    /// When the sandbox cannot be set up or started.
+    fn prestart(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+    ) -> Result<PendingRun, SandboxError>;
+
+    /// Start a fork server running as `lease`'s uid (an optional capability: backends
+    /// without one refuse, and runs are started the other ways).
+    ///
+    /// # Errors
+    /// When this backend cannot fork runs, or the fork server fails to start.
+    fn start_fork_server(
+        &self,
+        spec: &ForkServerSpec,
+        lease: IdentityLease,
+    ) -> Result<ForkServer, SandboxError> {
+        let _ = (spec, lease);
+        Err(SpawnError::ForkServer {
+            message: format!("the {} backend cannot fork runs", self.kind().name()),
+            before_user_code: true,
+        }
+        .into())
+    }
+
+    /// The host uid and gid a sandbox of `identity` runs as, when it is not the server's.
+    fn host_ids(&self, identity: Identity) -> Option<(u32, u32)> {
+        let _ = identity;
+        None
+    }
+
+    /// Where the command sees a host directory that the policy mounts at `dest` (or, for
+    /// scratch space such as `/tmp`, that the backend provides there): `dest` for a backend
+    /// that mounts, `host` for one that runs in the host's file system view.
+    fn path_inside(&self, host: &Path, dest: &Path) -> PathBuf;
+}
+
+impl BackendKind {
+    /// The name used in flags and reports: `native`, `none`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Native => "native",
+            BackendKind::None => "none",
+        }
+    }
+}
