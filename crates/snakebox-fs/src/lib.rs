@@ -31,6 +31,8 @@
 //! This crate depends on nothing of snakebox: the sandbox, the environment cache and the engine
 //! all sit above it.
 
+#![deny(missing_docs)]
+
 mod error;
 mod file;
 mod path;
