@@ -16,17 +16,15 @@
 
 use std::collections::HashMap;
 use std::io::Read;
-use std::os::fd::{BorrowedFd, OwnedFd};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use nix::fcntl::{OFlag, openat};
-use nix::sys::stat::{FileStat, Mode, SFlag, fstat};
+use nix::sys::stat::FileStat;
 use serde::{Deserialize, Serialize};
 
-use crate::files::{PathError, split_relative_path};
 use crate::result::{Artifact, ArtifactOrigin, InlineImage, SkippedFile};
+use snakebox_fs::RelativePath;
 
 /// The URI scheme and authority of artifacts.
 pub const URI_PREFIX: &str = "snakebox://artifacts/";
@@ -216,7 +214,7 @@ fn walk(root: &Path, visit: &mut dyn FnMut(&str, WalkEntry) -> bool) -> Option<S
             Kind::File if entry.stat.st_nlink > 1 => {
                 WalkEntry::Skipped("hard link (a file with several names is not copied)".into())
             }
-            Kind::File => open_regular(entry.dir, entry.name, entry.stat),
+            Kind::File => open_regular(entry),
         };
         if visit(&relative, walked) {
             Next::Skip
@@ -229,30 +227,14 @@ fn walk(root: &Path, visit: &mut dyn FnMut(&str, WalkEntry) -> bool) -> Option<S
         .and_then(|walked| walked.note(&WALK_CAPS, "the list of the working directory's files"))
 }
 
-/// Open a file that `fstatat` saw as a regular file, and check on the descriptor that it is
-/// still the same single-linked regular file (it may have been swapped in between).
-fn open_regular(dir: BorrowedFd<'_>, name: &std::ffi::CStr, seen: &FileStat) -> WalkEntry {
-    let flags = OFlag::O_RDONLY
-        | OFlag::O_NOFOLLOW
-        | OFlag::O_NONBLOCK
-        | OFlag::O_NOCTTY
-        | OFlag::O_CLOEXEC;
-    let fd = match openat(dir, name, flags, Mode::empty()) {
-        Ok(fd) => fd,
-        Err(err) => return WalkEntry::Skipped(format!("could not be opened: {err}")),
-    };
-    let Ok(stat) = fstat(&fd) else {
-        return WalkEntry::Skipped("could not be examined".into());
-    };
-    let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
-    if kind != SFlag::S_IFREG
-        || stat.st_dev != seen.st_dev
-        || stat.st_ino != seen.st_ino
-        || stat.st_nlink > 1
-    {
-        return WalkEntry::Skipped("changed while being examined".into());
+/// Open a file that the walk saw as a regular file with one link, and check on the descriptor
+/// that it is still that file with one link (it may have been swapped in between).
+fn open_regular(entry: &crate::tree::Entry<'_>) -> WalkEntry {
+    match entry.open_file() {
+        Ok(Some((fd, stat))) if stat.st_nlink <= 1 => WalkEntry::Regular { fd, stat },
+        Ok(_) => WalkEntry::Skipped("changed while being examined".into()),
+        Err(err) => WalkEntry::Skipped(format!("could not be opened: {err}")),
     }
-    WalkEntry::Regular { fd, stat }
 }
 
 fn local_tenant() -> String {
@@ -445,39 +427,30 @@ impl ArtifactStore {
         caller: &crate::Caller,
         uri: &str,
     ) -> Result<ArtifactContent, ArtifactError> {
-        let (execution_id, components) = parse_uri(uri)?;
+        let (execution_id, path) = parse_uri(uri)?;
         let dir = self.root.join(&execution_id);
         let manifest = read_manifest(&dir).ok_or_else(|| ArtifactError::NotFound(uri.into()))?;
         // Another caller's artifact is not found, exactly as one that never existed.
         if self.expired(&manifest) || !caller.owns(&manifest.owner) {
             return Err(ArtifactError::NotFound(uri.into()));
         }
-        let name = components.join("/");
+        let name = path.to_string();
         let entry = manifest
             .artifacts
             .iter()
             .find(|a| a.name == name)
             .ok_or_else(|| ArtifactError::NotFound(uri.into()))?;
-        let mut path = dir.join(FILES);
-        path.extend(&components);
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW)
-            .open(&path)
-            .map_err(|source| match source.kind() {
-                std::io::ErrorKind::NotFound => ArtifactError::NotFound(uri.into()),
-                _ => ArtifactError::Io {
-                    uri: uri.into(),
-                    source,
+        // Confined like every caller-given path, though the store is the server's own.
+        let data =
+            snakebox_fs::read(&dir.join(FILES), &path, MAX_FILE_BYTES).map_err(
+                |err| match err {
+                    snakebox_fs::FsError::NotFound { .. } => ArtifactError::NotFound(uri.into()),
+                    other => ArtifactError::Io {
+                        uri: uri.into(),
+                        source: std::io::Error::other(other.with_cause()),
+                    },
                 },
-            })?;
-        let mut data = Vec::new();
-        file.take(MAX_FILE_BYTES + 1)
-            .read_to_end(&mut data)
-            .map_err(|source| ArtifactError::Io {
-                uri: uri.into(),
-                source,
-            })?;
+            )?;
         Ok(ArtifactContent {
             uri: artifact_uri(&execution_id, &name),
             name,
@@ -799,8 +772,8 @@ pub(crate) fn artifact_uri(execution_id: &str, name: &str) -> String {
     uri
 }
 
-/// Split an artifact URI into its execution id and checked path components.
-fn parse_uri(uri: &str) -> Result<(String, Vec<String>), ArtifactError> {
+/// Split an artifact URI into its execution id and checked path.
+fn parse_uri(uri: &str) -> Result<(String, RelativePath), ArtifactError> {
     let invalid = |reason: &str| ArtifactError::InvalidUri {
         uri: uri.chars().take(200).collect(),
         reason: reason.into(),
@@ -821,9 +794,8 @@ fn parse_uri(uri: &str) -> Result<(String, Vec<String>), ArtifactError> {
         return Err(invalid("the execution id is not valid"));
     }
     let decoded = percent_decode(path).ok_or_else(|| invalid("bad percent-encoding"))?;
-    let components =
-        split_relative_path(&decoded).map_err(|err: PathError| invalid(&err.to_string()))?;
-    Ok((execution_id.to_string(), components))
+    let path = RelativePath::parse_entry(&decoded).map_err(|err| invalid(&err.to_string()))?;
+    Ok((execution_id.to_string(), path))
 }
 
 fn percent_decode(text: &str) -> Option<String> {
@@ -947,7 +919,7 @@ mod tests {
         assert_eq!(uri, "snakebox://artifacts/abc123/data/out%20file.csv");
         let (id, components) = parse_uri(&uri).unwrap();
         assert_eq!(id, "abc123");
-        assert_eq!(components, ["data", "out file.csv"]);
+        assert_eq!(components.names(), ["data", "out file.csv"]);
         for bad in [
             "file:///etc/passwd",
             "snakebox://artifacts/abc123",
@@ -1024,7 +996,11 @@ mod tests {
         std::os::unix::fs::symlink("/etc/passwd", work.path().join("passwd")).unwrap();
         std::os::unix::fs::symlink(outside.path(), work.path().join("dirlink")).unwrap();
         std::fs::hard_link(outside.path().join("secret"), work.path().join("hard")).unwrap();
-        nix::unistd::mkfifo(&work.path().join("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+        nix::unistd::mkfifo(
+            &work.path().join("fifo"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
         let big = fs_err::File::create(work.path().join("sparse.bin")).unwrap();
         big.set_len(2 << 30).unwrap();
         fs_err::write(work.path().join("ok.txt"), "fine").unwrap();

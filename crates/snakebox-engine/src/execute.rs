@@ -204,12 +204,12 @@ impl Engine {
         };
         let baseline = match crate::files::write(&run_dir.work, &plan.inputs, run_dir.owner()) {
             Ok(()) => crate::artifacts::Baseline::snapshot(&run_dir.work),
-            Err(message) => {
+            Err(err) => {
                 return with_plan(ExecutionResult::not_run(
                     execution_id,
                     Status::SetupFailed,
                     ErrorInfo {
-                        message: format!("Failed to write the input files: {message}"),
+                        message: format!("Failed to write the input files: {}", err.with_cause()),
                         hint: Some("check that the data directory is writable".into()),
                     },
                 ));

@@ -1,21 +1,16 @@
 //! Files in: the `files` argument of an execution, checked, decoded and written into the run's
 //! working directory before the script starts.
 //!
-//! Paths are confined by construction: only relative paths of plain components are accepted
-//! (no `/` at the start, no `..`, no `.`, no NUL, no backslash), and writing walks the
-//! directory tree one component at a time with `openat(O_NOFOLLOW)`, so nothing already in the
-//! working directory (a session's, say) can redirect a write through a symbolic link.
+//! Paths are checked and files written by the confined-fs crate ([`snakebox_fs`]): the same
+//! rules as every other caller-given path, and nothing already in the working directory (a
+//! session's, say) can redirect a write through a link.
 
 use std::collections::BTreeSet;
-use std::io::Write;
-use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
-use nix::fcntl::{OFlag, openat};
-use nix::sys::stat::{Mode, mkdirat};
-use nix::unistd::{Gid, Uid, UnlinkatFlags, fchown, unlinkat};
 use schemars::JsonSchema;
 use serde::Deserialize;
+use snakebox_fs::RelativePath;
 
 use crate::result::ErrorInfo;
 
@@ -23,10 +18,6 @@ use crate::result::ErrorInfo;
 pub const MAX_INPUT_FILES: usize = 100;
 /// Most bytes (decoded) one call may send, all files together.
 pub const MAX_INPUT_BYTES: usize = 32 << 20;
-/// Longest relative path accepted, in bytes.
-const MAX_PATH_BYTES: usize = 1024;
-/// Deepest relative path accepted, in components.
-const MAX_PATH_DEPTH: usize = 32;
 
 /// How the `content` of an input file is encoded.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
@@ -51,94 +42,35 @@ pub struct InputFile {
     pub encoding: FileEncoding,
 }
 
-/// A checked input file: validated path components and decoded bytes.
+/// A checked input file: a validated path and decoded bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DecodedFile {
-    /// Path components, each a plain name.
-    pub(crate) components: Vec<String>,
+    /// Where it goes, relative to the working directory.
+    pub(crate) path: RelativePath,
     /// The bytes to write.
     pub(crate) bytes: Vec<u8>,
 }
 
-impl DecodedFile {
-    pub(crate) fn path(&self) -> String {
-        self.components.join("/")
-    }
-}
-
-/// Why a relative path is refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PathError {
-    /// Empty path.
-    #[error("the path is empty")]
-    Empty,
-    /// Starts with `/`.
-    #[error("the path `{0}` is absolute")]
-    Absolute(String),
-    /// Has a `..` component.
-    #[error("the path `{0}` leaves the working directory (`..`)")]
-    ParentComponent(String),
-    /// Has a `.` or empty component (`a//b`, `./a`, `a/`).
-    #[error("the path `{0}` has an empty or `.` component")]
-    EmptyComponent(String),
-    /// NUL byte.
-    #[error("the path `{0}` contains a NUL character")]
-    Nul(String),
-    /// Backslash (a Windows separator would become part of a file name here).
-    #[error("the path `{0}` contains a backslash")]
-    Backslash(String),
-    /// Too long or too deep.
-    #[error("the path `{0}` is too long")]
-    TooLong(String),
-}
-
-impl PathError {
-    /// How to fix the path.
-    #[must_use]
-    pub fn hint(&self) -> &'static str {
-        match self {
-            PathError::Backslash(_) => "separate directories with `/`, e.g. `data/in.csv`",
-            _ => "give a path relative to the working directory, e.g. `data/in.csv`",
-        }
-    }
-}
-
-/// Check a relative path (used for input files and for artifact URIs) and split it into
-/// its components.
+/// Decode standard base64: padding optional, ASCII whitespace (line breaks) ignored. The one
+/// decoder of the engine (input files, the session's `write_file`).
 ///
 /// # Errors
-/// When the path is empty, absolute, has `..`, `.` or empty components, NUL, a backslash,
-/// or is longer than 1024 bytes or 32 components.
-pub(crate) fn split_relative_path(path: &str) -> Result<Vec<String>, PathError> {
-    let owned = || path.chars().take(200).collect::<String>();
-    if path.is_empty() {
-        return Err(PathError::Empty);
-    }
-    if path.contains('\0') {
-        return Err(PathError::Nul(owned().replace('\0', "\\0")));
-    }
-    if path.starts_with('/') {
-        return Err(PathError::Absolute(owned()));
-    }
-    if path.contains('\\') {
-        return Err(PathError::Backslash(owned()));
-    }
-    if path.len() > MAX_PATH_BYTES {
-        return Err(PathError::TooLong(owned()));
-    }
-    let mut components = Vec::new();
-    for component in path.split('/') {
-        match component {
-            ".." => return Err(PathError::ParentComponent(owned())),
-            "" | "." => return Err(PathError::EmptyComponent(owned())),
-            name if name.len() > 255 => return Err(PathError::TooLong(owned())),
-            name => components.push(name.to_string()),
-        }
-    }
-    if components.len() > MAX_PATH_DEPTH {
-        return Err(PathError::TooLong(owned()));
-    }
-    Ok(components)
+/// When the text is not base64.
+pub(crate) fn decode_base64(text: &str) -> Result<Vec<u8>, base64::DecodeError> {
+    use base64::Engine as _;
+    use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
+    const STANDARD_ANY_PAD: GeneralPurpose = GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        GeneralPurposeConfig::new().with_decode_padding_mode(DecodePaddingMode::Indifferent),
+    );
+    let compact: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    STANDARD_ANY_PAD.decode(compact)
+}
+
+/// Encode standard base64, with padding (the one encoder of the engine).
+pub(crate) fn encode_base64(data: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(data)
 }
 
 /// Check and decode the `files` of a request.
@@ -165,15 +97,12 @@ pub(crate) fn decode(files: &[InputFile]) -> Result<Vec<DecodedFile>, ErrorInfo>
     let mut seen_files = BTreeSet::new();
     let mut seen_dirs = BTreeSet::new();
     for file in files {
-        let components = split_relative_path(&file.path)
+        let path = RelativePath::parse_entry(&file.path)
             .map_err(|err| invalid(format!("Invalid input file path: {err}"), err.hint()))?;
         let bytes = match file.encoding {
             FileEncoding::Utf8 => file.content.as_bytes().to_vec(),
             FileEncoding::Base64 => {
-                use base64::Engine as _;
-                base64::engine::general_purpose::STANDARD_NO_PAD
-                    .decode(file.content.trim().trim_end_matches('='))
-                    .map_err(|err| {
+                decode_base64(&file.content).map_err(|err| {
                         invalid(
                             format!("The content of input file `{}` is not valid base64: {err}", file.path),
                             "encode binary content with standard base64 (A-Z, a-z, 0-9, +, /), or send text with \"encoding\": \"utf-8\"",
@@ -192,20 +121,15 @@ pub(crate) fn decode(files: &[InputFile]) -> Result<Vec<DecodedFile>, ErrorInfo>
                 "send less data, or let the script download it (when the server allows network access)",
             ));
         }
-        let joined = components.join("/");
-        let mut prefix = String::new();
-        for dir in &components[..components.len() - 1] {
-            if !prefix.is_empty() {
-                prefix.push('/');
-            }
-            prefix.push_str(dir);
+        let joined = path.to_string();
+        for prefix in path.ancestors() {
             if seen_files.contains(&prefix) {
                 return Err(invalid(
                     format!("Input file `{prefix}` is also used as a directory (by `{joined}`)"),
                     "give every input file a distinct path that is not another file's directory",
                 ));
             }
-            seen_dirs.insert(prefix.clone());
+            seen_dirs.insert(prefix);
         }
         if seen_dirs.contains(&joined) || !seen_files.insert(joined.clone()) {
             return Err(invalid(
@@ -213,86 +137,26 @@ pub(crate) fn decode(files: &[InputFile]) -> Result<Vec<DecodedFile>, ErrorInfo>
                 "give every input file a distinct path",
             ));
         }
-        decoded.push(DecodedFile { components, bytes });
+        decoded.push(DecodedFile { path, bytes });
     }
     Ok(decoded)
 }
 
-/// Write checked input files under `root`, creating directories as needed. Files and
-/// directories created are given to `owner` (the sandbox's host uid/gid) when set.
-///
-/// Never follows a symbolic link: each directory is opened with `O_NOFOLLOW | O_DIRECTORY`
-/// relative to its parent, and an existing entry at a file's path is unlinked (not
-/// truncated: it may be a hard link) before the file is created with `O_EXCL`.
+/// Write checked input files under `root` with the confined writer
+/// ([`snakebox_fs::write`]: directories created as needed, never through a link, each file
+/// renamed over whatever was at its path). What is created is given to `owner` (the sandbox's
+/// host uid/gid) when set.
 ///
 /// # Errors
-/// I/O errors, with the path in the message.
+/// The first file that could not be written.
 pub(crate) fn write(
     root: &Path,
     files: &[DecodedFile],
-    owner: Option<(u32, u32)>,
-) -> Result<(), String> {
-    if files.is_empty() {
-        return Ok(());
-    }
-    let fail = |path: &str, what: &str, err: nix::Error| format!("{what} `{path}`: {err}");
-    let dir_flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
-    let root_fd = nix::fcntl::open(root, dir_flags, Mode::empty())
-        .map_err(|err| fail(&root.display().to_string(), "Failed to open", err))?;
-    for file in files {
-        let path = file.path();
-        let (name, dirs) = file
-            .components
-            .split_last()
-            .ok_or_else(|| "empty input path".to_string())?;
-        let mut dir: OwnedFd = root_fd
-            .try_clone()
-            .map_err(|err| format!("Failed to duplicate a descriptor: {err}"))?;
-        for component in dirs {
-            match mkdirat(&dir, component.as_str(), Mode::from_bits_truncate(0o755)) {
-                Ok(()) => {
-                    if let Some((uid, gid)) = owner {
-                        nix::unistd::fchownat(
-                            &dir,
-                            component.as_str(),
-                            Some(Uid::from_raw(uid)),
-                            Some(Gid::from_raw(gid)),
-                            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-                        )
-                        .map_err(|err| fail(&path, "Failed to give the sandbox", err))?;
-                    }
-                }
-                Err(nix::Error::EEXIST) => {}
-                Err(err) => return Err(fail(&path, "Failed to create a directory for", err)),
-            }
-            dir = openat(&dir, component.as_str(), dir_flags, Mode::empty())
-                .map_err(|err| fail(&path, "Failed to open a directory of", err))?;
-        }
-        match unlinkat(&dir, name.as_str(), UnlinkatFlags::NoRemoveDir) {
-            Ok(()) | Err(nix::Error::ENOENT) => {}
-            Err(err) => return Err(fail(&path, "Failed to replace", err)),
-        }
-        let fd = openat(
-            &dir,
-            name.as_str(),
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(0o644),
-        )
-        .map_err(|err| fail(&path, "Failed to create", err))?;
-        if let Some((uid, gid)) = owner {
-            fchown(
-                fd.as_fd(),
-                Some(Uid::from_raw(uid)),
-                Some(Gid::from_raw(gid)),
-            )
-            .map_err(|err| fail(&path, "Failed to give the sandbox", err))?;
-        }
-        let mut handle = std::fs::File::from(fd);
-        handle
-            .write_all(&file.bytes)
-            .map_err(|err| format!("Failed to write `{path}`: {err}"))?;
-    }
-    Ok(())
+    owner: Option<snakebox_fs::Owner>,
+) -> Result<(), snakebox_fs::FsError> {
+    files
+        .iter()
+        .try_for_each(|file| snakebox_fs::write(root, &file.path, &file.bytes, owner).map(drop))
 }
 
 #[cfg(test)]
@@ -308,45 +172,6 @@ mod tests {
     }
 
     #[test]
-    fn relative_paths_are_split_into_plain_components() {
-        for (path, expected) in [
-            ("in.csv", vec!["in.csv"]),
-            ("data/in.csv", vec!["data", "in.csv"]),
-            ("a/b/c d.txt", vec!["a", "b", "c d.txt"]),
-            (".hidden", vec![".hidden"]),
-            ("..x/y..", vec!["..x", "y.."]),
-        ] {
-            assert_eq!(split_relative_path(path).unwrap(), expected, "{path}");
-        }
-    }
-
-    #[test]
-    fn hostile_paths_are_refused_with_the_reason() {
-        for (path, expected) in [
-            ("", PathError::Empty),
-            ("/etc/passwd", PathError::Absolute("/etc/passwd".into())),
-            ("../x", PathError::ParentComponent("../x".into())),
-            ("a/../../x", PathError::ParentComponent("a/../../x".into())),
-            ("a/..", PathError::ParentComponent("a/..".into())),
-            ("./a", PathError::EmptyComponent("./a".into())),
-            ("a//b", PathError::EmptyComponent("a//b".into())),
-            ("a/", PathError::EmptyComponent("a/".into())),
-            ("a\0b", PathError::Nul("a\\0b".into())),
-            ("a\\b", PathError::Backslash("a\\b".into())),
-        ] {
-            assert_eq!(split_relative_path(path), Err(expected), "{path:?}");
-        }
-        assert!(matches!(
-            split_relative_path("a/".repeat(40).trim_end_matches('/')),
-            Err(PathError::TooLong(_))
-        ));
-        assert!(matches!(
-            split_relative_path(&"x".repeat(300)),
-            Err(PathError::TooLong(_))
-        ));
-    }
-
-    #[test]
     fn decode_checks_count_size_duplicates_and_base64() {
         let ok = decode(&[
             text("a.txt", "hi"),
@@ -359,7 +184,7 @@ mod tests {
         .unwrap();
         assert_eq!(ok[0].bytes, b"hi");
         assert_eq!(ok[1].bytes, [0, 1, 2, 255]);
-        assert_eq!(ok[1].path(), "bin/b.dat");
+        assert_eq!(ok[1].path.to_string(), "bin/b.dat");
 
         let many: Vec<_> = (0..=MAX_INPUT_FILES)
             .map(|i| text(&format!("f{i}"), ""))
@@ -385,6 +210,28 @@ mod tests {
     }
 
     #[test]
+    fn base64_is_the_standard_with_optional_padding_and_line_breaks() {
+        for data in [
+            &b""[..],
+            b"f",
+            b"fo",
+            b"foo",
+            b"foob",
+            &[0xff, 0x00, 0x80, 0x7f],
+        ] {
+            let text = encode_base64(data);
+            assert_eq!(decode_base64(&text).unwrap(), data);
+            assert_eq!(decode_base64(text.trim_end_matches('=')).unwrap(), data);
+        }
+        assert_eq!(encode_base64(b"f"), "Zg==");
+        assert_eq!(encode_base64(&[0xff, 0x00, 0x80, 0x7f]), "/wCAfw==");
+        assert_eq!(decode_base64(" Zm9v\nYmFy\r\n").unwrap(), b"foobar");
+        for bad in ["Zm9v!", "Zg==Zg", "Z", "not base64!"] {
+            assert!(decode_base64(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
     fn write_creates_directories_and_never_follows_links() {
         let dir = tempfile::tempdir().unwrap();
         let outside = tempfile::tempdir().unwrap();
@@ -407,7 +254,7 @@ mod tests {
         );
         let through_link = decode(&[text("sub/x", "boom")]).unwrap();
         let err = write(dir.path(), &through_link, None).unwrap_err();
-        assert!(err.contains("sub/x"), "{err}");
+        assert!(err.to_string().contains("sub/x"), "{err}");
         assert!(!outside.path().join("x").exists());
     }
 }

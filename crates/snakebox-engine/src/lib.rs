@@ -20,8 +20,8 @@ mod report;
 mod result;
 mod runner;
 mod session;
-/// See [`snakebox_sandbox::tree`].
-use snakebox_sandbox::tree;
+/// See [`snakebox_fs::tree`].
+use snakebox_fs::tree;
 mod validate;
 
 use std::sync::{Arc, Mutex};
@@ -37,7 +37,7 @@ pub use artifacts::{
 pub use caller::{Caller, LOCAL_TENANT};
 pub use config::EngineConfig;
 pub use execute::ExecuteRequest;
-pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES, PathError};
+pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
 pub use lifecycle::{ShutdownReport, StopReason};
 pub use pool::PoolReport;
 pub use report::{ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, WarmState};
@@ -50,6 +50,7 @@ pub use session::{
     MAX_FILE_BYTES, PackageList, SessionInfo, SessionList, SessionSettings, SessionSummary,
     SessionsReport,
 };
+pub use snakebox_fs::PathError;
 pub use validate::{Validation, ValidationProblem};
 
 /// Why something the engine needs is not available, kept to be reported per call.

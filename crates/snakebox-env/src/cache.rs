@@ -835,7 +835,7 @@ impl EnvCache {
             fs_err::rename(built, dir).map_err(io("move the new environment into", dir))?;
         }
         if !self.in_use(&old_id)
-            && let Err(err) = snakebox_sandbox::tree::remove(&trash)
+            && let Err(err) = snakebox_fs::tree::remove(&trash)
         {
             tracing::warn!(error = %err, "could not delete a replaced environment; prune will retry");
         }
@@ -1194,19 +1194,19 @@ async fn read_manifest(dir: &Path) -> Option<Manifest> {
 
 /// A build directory, removed when dropped. Package code ran in it (bytecode compilation,
 /// builds), so it may hold any tree: it is removed without recursion and without following
-/// links ([`snakebox_sandbox::tree::remove`]), never by `remove_dir_all`.
+/// links ([`snakebox_fs::tree::remove`]), never by `remove_dir_all`.
 struct BuildDir(PathBuf);
 
 impl Drop for BuildDir {
     fn drop(&mut self) {
-        if let Err(err) = snakebox_sandbox::tree::remove(&self.0) {
+        if let Err(err) = snakebox_fs::tree::remove(&self.0) {
             tracing::warn!(error = %err, path = %self.0.display(), "could not delete a build directory; the next start retries");
         }
     }
 }
 
 async fn delete_tree(path: PathBuf) {
-    let result = tokio::task::spawn_blocking(move || snakebox_sandbox::tree::remove(&path)).await;
+    let result = tokio::task::spawn_blocking(move || snakebox_fs::tree::remove(&path)).await;
     if let Ok(Err(err)) = result {
         tracing::warn!(error = %err, "could not delete a cache directory");
     }

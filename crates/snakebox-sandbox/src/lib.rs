@@ -25,7 +25,6 @@ mod none;
 mod pending;
 mod scratch;
 mod supervise;
-pub mod tree;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

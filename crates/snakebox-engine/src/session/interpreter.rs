@@ -24,8 +24,8 @@ use tokio_util::sync::CancellationToken;
 use super::manager::{Manager, SessionPaths};
 use super::workspace::file_error;
 use super::{
-    InstallState, RUNNER_NAME, SANDBOX_INPUT_DIR, SANDBOX_WORK_DIR, SESSION_RUNNER, files,
-    io_error, make_dir, no_session, now_secs, packages_of,
+    InstallState, RUNNER_NAME, SANDBOX_INPUT_DIR, SANDBOX_WORK_DIR, SESSION_RUNNER, io_error,
+    make_dir, no_session, now_secs, packages_of,
 };
 use crate::result::{ErrorInfo, ExecutionResult, Status};
 use crate::{Engine, ExecuteRequest, ids};
@@ -693,8 +693,8 @@ pub(super) fn write_inputs(
     owner: Option<(u32, u32)>,
 ) -> Result<(), ErrorInfo> {
     for input in inputs {
-        let path = input.path();
-        files::write(work, &path, &input.bytes, owner).map_err(|err| {
+        let path = input.path.to_string();
+        snakebox_fs::write(work, &input.path, &input.bytes, owner).map_err(|err| {
             let mut error = file_error(err);
             error.message = format!(
                 "Input file `{path}` could not be written: {}",

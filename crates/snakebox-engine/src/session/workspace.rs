@@ -1,10 +1,11 @@
 //! The file tools: `write_file`, `read_file` and `list_files` in a session's workspace.
 //!
-//! The confinement itself (plain relative names walked with `O_NOFOLLOW`, never a symlink
-//! followed) is in [`super::files`]; this module adds the sessions' checks (size, encoding,
+//! The confinement itself (plain relative names resolved beneath the workspace, never a link
+//! followed) is the confined-fs crate's ([`snakebox_fs`]); this module adds the sessions' checks (size, encoding,
 //! the disk cap, the session's lock while writing) and the tools' errors and hints.
 
 use crate::Caller;
+use snakebox_fs::{FsError, RelativePath};
 use snakebox_sandbox::Identity;
 
 use super::{
@@ -12,6 +13,7 @@ use super::{
     no_session, now_secs,
 };
 use crate::Engine;
+use crate::files::{decode_base64, encode_base64};
 use crate::result::ErrorInfo;
 
 impl Engine {
@@ -29,9 +31,10 @@ impl Engine {
     ) -> Result<FileWritten, ErrorInfo> {
         let manager = self.session_manager()?;
         let row = manager.row(caller, session_id)?;
+        let rel = RelativePath::parse_entry(path).map_err(|err| file_error(err.into()))?;
         let content = match encoding.map(str::to_ascii_lowercase).as_deref() {
             None | Some("utf-8" | "utf8" | "text") => content.as_bytes().to_vec(),
-            Some("base64") => decode_base64(content).ok_or_else(|| ErrorInfo {
+            Some("base64") => decode_base64(content).map_err(|_| ErrorInfo {
                 message: "The content is not valid base64".into(),
                 hint: Some("encode binary content with standard base64 (RFC 4648)".into()),
             })?,
@@ -61,11 +64,11 @@ impl Engine {
         if state.deleted {
             return Err(no_session(session_id));
         }
-        let rel = path.to_owned();
-        let size = tokio::task::spawn_blocking(move || files::write(&work, &rel, &content, owner))
-            .await
-            .map_err(|err| io_error("write the file", &std::io::Error::other(err)))?
-            .map_err(file_error)?;
+        let size =
+            tokio::task::spawn_blocking(move || snakebox_fs::write(&work, &rel, &content, owner))
+                .await
+                .map_err(|err| io_error("write the file", &std::io::Error::other(err)))?
+                .map_err(file_error)?;
         drop(state);
         let _ = manager.store.touch(&row.id, now_secs(), false);
         manager.remeasure(&row.id).await;
@@ -89,15 +92,16 @@ impl Engine {
         let manager = self.session_manager()?;
         let row = manager.row(caller, session_id)?;
         let work = manager.paths(&row.id).work;
-        let rel = path.to_owned();
-        let data = tokio::task::spawn_blocking(move || files::read(&work, &rel, MAX_FILE_BYTES))
-            .await
-            .map_err(|err| io_error("read the file", &std::io::Error::other(err)))?
-            .map_err(file_error)?;
+        let rel = RelativePath::parse_entry(path).map_err(|err| file_error(err.into()))?;
+        let data =
+            tokio::task::spawn_blocking(move || snakebox_fs::read(&work, &rel, MAX_FILE_BYTES))
+                .await
+                .map_err(|err| io_error("read the file", &std::io::Error::other(err)))?
+                .map_err(file_error)?;
         let size = data.len() as u64;
         let (encoding, content) = match String::from_utf8(data) {
             Ok(text) => ("utf-8", text),
-            Err(err) => ("base64", base64(err.as_bytes())),
+            Err(err) => ("base64", encode_base64(err.as_bytes())),
         };
         Ok(FileContent {
             session_id: row.id,
@@ -138,100 +142,22 @@ impl Engine {
     }
 }
 
-pub(super) fn file_error(err: files::FileError) -> ErrorInfo {
+/// The reply to a failed file operation: the message and a hint for the agent.
+pub(super) fn file_error(err: FsError) -> ErrorInfo {
     let hint = match &err {
-        files::FileError::BadPath { .. } => {
+        FsError::Path(_) => {
             "paths are relative to the session's workspace (its working directory), e.g. \"data/input.csv\""
         }
-        files::FileError::NotFound { .. } => "list_files shows what is there",
-        files::FileError::Symlink { .. } => {
-            "read the link's target by its own path inside the workspace"
-        }
-        files::FileError::TooLarge { .. } => "read large files in pieces from the session's code",
+        FsError::Symlink { .. } => "read the link's target by its own path inside the workspace",
+        FsError::TooLarge { .. } => "read large files in pieces from the session's code",
         _ => "list_files shows what is there",
     };
+    let message = match &err {
+        FsError::Path(_) => format!("The path is not allowed in the session's workspace: {err}"),
+        _ => err.with_cause(),
+    };
     ErrorInfo {
-        message: err.to_string(),
+        message,
         hint: Some(hint.into()),
-    }
-}
-/// Standard base64 with padding.
-pub(super) fn base64(data: &[u8]) -> String {
-    const TABLE: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            chunk.get(1).copied().unwrap_or(0),
-            chunk.get(2).copied().unwrap_or(0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(char::from(TABLE[((n >> (18 - 6 * i)) & 63) as usize]));
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-/// Decode standard base64 (padding optional, whitespace ignored).
-pub(crate) fn decode_base64(text: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    let mut acc: u32 = 0;
-    let mut bits = 0;
-    let mut padding = false;
-    for c in text.bytes() {
-        let value = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            b'=' => {
-                padding = true;
-                continue;
-            }
-            b' ' | b'\n' | b'\r' | b'\t' => continue,
-            _ => return None,
-        };
-        if padding {
-            return None;
-        }
-        acc = (acc << 6) | u32::from(value);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push(((acc >> bits) & 0xff) as u8);
-        }
-    }
-    (bits < 6).then_some(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn base64_matches_the_standard() {
-        assert_eq!(base64(b""), "");
-        assert_eq!(base64(b"f"), "Zg==");
-        assert_eq!(base64(b"fo"), "Zm8=");
-        assert_eq!(base64(b"foo"), "Zm9v");
-        assert_eq!(base64(&[0xff, 0x00, 0x80, 0x7f]), "/wCAfw==");
-        for data in [
-            &b""[..],
-            b"f",
-            b"fo",
-            b"foo",
-            b"foob",
-            &[0xff, 0x00, 0x80, 0x7f],
-        ] {
-            assert_eq!(decode_base64(&base64(data)).as_deref(), Some(data));
-        }
-        assert_eq!(decode_base64("Zm9v\nYmFy").as_deref(), Some(&b"foobar"[..]));
-        assert_eq!(decode_base64("Zm9v!"), None);
-        assert_eq!(decode_base64("Zg==Zg"), None);
     }
 }

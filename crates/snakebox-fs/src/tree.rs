@@ -1,7 +1,7 @@
 //! Walking and removing trees that callers built (session workspaces, a run's `/work`, a
 //! session's virtual environment, an environment that package code ran in): the one place
-//! that does it, with one set of rules. It lives in this crate, the lowest that touches the
-//! host's files, so that every crate above (the engine, the environment cache) uses it.
+//! that does it, with one set of rules (the crate's, see its documentation), used by every
+//! crate above (the engine, the environment cache).
 //!
 //! Such a tree can be anything its builder wanted: a directory chain 20 000 deep, a million
 //! entries, names of maximal length, links anywhere, directories swapped while we look. So:
@@ -30,10 +30,7 @@ use nix::fcntl::{AtFlags, OFlag, openat};
 use nix::sys::stat::{FileStat, Mode, SFlag, fstat, fstatat};
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
-const DIR_FLAGS: OFlag = OFlag::O_RDONLY
-    .union(OFlag::O_DIRECTORY)
-    .union(OFlag::O_NOFOLLOW)
-    .union(OFlag::O_CLOEXEC);
+use crate::DIR_FLAGS;
 
 /// How far a [`walk`] may go.
 #[derive(Debug, Clone, Copy)]
@@ -139,6 +136,17 @@ impl Entry<'_> {
     /// Its kind (links are not followed).
     pub fn kind(&self) -> Kind {
         Kind::of(self.stat)
+    }
+
+    /// Open it for reading if it is still the regular file the walk saw (same device and
+    /// inode: it may have been swapped meanwhile), never through a link, never blocking on a
+    /// FIFO. `Ok(None)` when it is not, or no longer, that file.
+    ///
+    /// # Errors
+    /// When it cannot be opened or examined.
+    pub fn open_file(&self) -> nix::Result<Option<(OwnedFd, FileStat)>> {
+        Ok(crate::file::open_regular_at(self.dir, self.name)?
+            .filter(|(_, stat)| id(stat) == id(self.stat)))
     }
 
     /// Its path relative to the root, `/`-separated; `None` when a name is not UTF-8.
