@@ -85,8 +85,13 @@ impl Drop for ScratchDir {
         if self.mounted {
             // Detach: a lingering reference (a process that is still being reaped) must not
             // keep the directory from being removed.
-            if let Err(err) = nix::mount::umount2(&self.path, MntFlags::MNT_DETACH) {
-                tracing::warn!(path = %self.path.display(), %err, "could not unmount a scratch directory");
+            match nix::mount::umount2(&self.path, MntFlags::MNT_DETACH) {
+                // Already gone: the server's stop released every mount of its run directories
+                // (`Engine::release_host`) before this one was dropped.
+                Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
+                Err(err) => {
+                    tracing::warn!(path = %self.path.display(), %err, "could not unmount a scratch directory");
+                }
             }
         }
     }
