@@ -62,17 +62,12 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
-        let call = match self.enter(&cancel) {
-            Ok(call) => call,
-            Err(error) => {
-                return ExecutionResult::not_run(ids::execution_id(), Status::SetupFailed, error);
-            }
-        };
-        let mut result = self
-            .execute_admitted(caller, request, call.token.clone(), output)
-            .await;
-        self.mark_stopped(&call, &mut result);
-        result
+        self.tracked(
+            &cancel,
+            |error| ExecutionResult::not_run(ids::execution_id(), Status::SetupFailed, error),
+            |token| self.execute_admitted(caller, request, token, output),
+        )
+        .await
     }
 
     async fn execute_admitted(

@@ -277,7 +277,28 @@ impl Engine {
     }
 
     /// A record of a call cut short by shutdown says so: status `cancelled` and why.
-    pub(crate) fn mark_stopped(&self, call: &Call<'_>, result: &mut ExecutionResult) {
+    /// Run one call as a call in flight: refused with `refuse`'s result while the server
+    /// stops, cancelled when it starts stopping (or the caller cancels: `run` gets the token
+    /// of both), and then saying why in its result.
+    pub(crate) async fn tracked<Fut>(
+        &self,
+        cancel: &CancellationToken,
+        refuse: impl FnOnce(ErrorInfo) -> ExecutionResult,
+        run: impl FnOnce(CancellationToken) -> Fut,
+    ) -> ExecutionResult
+    where
+        Fut: std::future::Future<Output = ExecutionResult>,
+    {
+        let call = match self.enter(cancel) {
+            Ok(call) => call,
+            Err(error) => return refuse(error),
+        };
+        let mut result = run(call.token.clone()).await;
+        self.mark_stopped(&call, &mut result);
+        result
+    }
+
+    fn mark_stopped(&self, call: &Call<'_>, result: &mut ExecutionResult) {
         let Some(reason) = self.lifecycle.stopping() else {
             return;
         };

@@ -433,32 +433,37 @@ impl CgroupSet {
         })
     }
 
-    /// Remove the empty run cgroups that servers no longer alive left behind (killed before they
-    /// could clean up). Best effort: a cgroup that still holds processes is left alone.
-    fn remove_stale(&self) {
+    /// Every run cgroup of any server under our parents (`snakebox-<server pid>-…`), with the
+    /// pid of the server that made it.
+    fn run_cgroups(&self) -> Vec<(u32, PathBuf)> {
         let parents: Vec<&PathBuf> = match self {
             Self::V2 { parent } => vec![parent],
             Self::V1 { memory, pids, cpu } => {
                 memory.iter().chain(pids.iter()).chain(cpu.iter()).collect()
             }
         };
-        for parent in parents {
-            let Ok(entries) = fs_err::read_dir(parent) else {
-                continue;
-            };
-            for entry in entries.filter_map(Result::ok) {
-                let name = entry.file_name();
-                let Some(pid) = name
+        parents
+            .into_iter()
+            .filter_map(|parent| fs_err::read_dir(parent).ok())
+            .flat_map(|entries| entries.filter_map(Result::ok))
+            .filter_map(|entry| {
+                let pid = entry
+                    .file_name()
                     .to_str()
                     .and_then(|n| n.strip_prefix("snakebox-"))
                     .and_then(|rest| rest.split('-').next())
-                    .and_then(|pid| pid.parse::<u32>().ok())
-                else {
-                    continue;
-                };
-                if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-                    let _ = fs_err::remove_dir(entry.path());
-                }
+                    .and_then(|pid| pid.parse::<u32>().ok())?;
+                Some((pid, entry.path()))
+            })
+            .collect()
+    }
+
+    /// Remove the empty run cgroups that servers no longer alive left behind (killed before they
+    /// could clean up). Best effort: a cgroup that still holds processes is left alone.
+    fn remove_stale(&self) {
+        for (pid, dir) in self.run_cgroups() {
+            if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = fs_err::remove_dir(dir);
             }
         }
     }
@@ -467,40 +472,23 @@ impl CgroupSet {
     /// runs ended; a run cut short by a deadline may still hold processes). Best effort,
     /// bounded: each directory is retried for at most a second while the kernel reaps.
     pub(crate) fn remove_own(&self) {
-        let prefix = format!("snakebox-{}-", std::process::id());
-        let parents: Vec<&PathBuf> = match self {
-            Self::V2 { parent } => vec![parent],
-            Self::V1 { memory, pids, cpu } => {
-                memory.iter().chain(pids.iter()).chain(cpu.iter()).collect()
-            }
-        };
-        for parent in parents {
-            let Ok(entries) = fs_err::read_dir(parent) else {
-                continue;
-            };
-            for entry in entries.filter_map(Result::ok) {
-                if !entry
-                    .file_name()
-                    .to_str()
-                    .is_some_and(|n| n.starts_with(&prefix))
-                {
-                    continue;
+        let own = self
+            .run_cgroups()
+            .into_iter()
+            .filter(|(pid, _)| *pid == std::process::id());
+        for (_, dir) in own {
+            for _ in 0..20 {
+                let procs = fs_err::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+                for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
                 }
-                let dir = entry.path();
-                for _ in 0..20 {
-                    let procs =
-                        fs_err::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-                    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(pid),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
-                    }
-                    if fs_err::remove_dir(&dir).is_ok() || !dir.exists() {
-                        break;
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(50));
+                if fs_err::remove_dir(&dir).is_ok() || !dir.exists() {
+                    break;
                 }
+                std::thread::sleep(std::time::Duration::from_millis(50));
             }
         }
     }

@@ -190,10 +190,10 @@ impl Installer {
             let (_, stderr) = self.uv("uv pip install", args, true, progress).await?;
             log = stderr;
             let (venv, base) = (self.venv.clone(), self.interpreter.executable.clone());
-            tokio::task::spawn_blocking(move || snakebox_env::point_scripts_at_venv(&venv, &base))
-                .await
-                .map_err(|err| io_error("fix the installed scripts", &std::io::Error::other(err)))?
-                .map_err(|err| io_error("fix the installed scripts", &err))?;
+            super::blocking_io("fix the installed scripts", move || {
+                snakebox_env::point_scripts_at_venv(&venv, &base)
+            })
+            .await?;
             self.compile().await?;
         }
         let mut packages: Vec<Package> = snakebox_env::installed_packages(&self.venv)
@@ -219,15 +219,10 @@ impl Installer {
         let lease = self.sandbox.lease_identity();
         let installer = self.sandbox.host_ids(Identity::Installer);
         let (venv, ids) = (self.venv.clone(), lease.host_ids());
-        tokio::task::spawn_blocking(move || snakebox_env::hand_to_package_code(&venv, ids))
-            .await
-            .map_err(|err| {
-                io_error(
-                    "prepare the venv for compiling",
-                    &std::io::Error::other(err),
-                )
-            })?
-            .map_err(|err| io_error("prepare the venv for compiling", &err))?;
+        super::blocking_io("prepare the venv for compiling", move || {
+            snakebox_env::hand_to_package_code(&venv, ids)
+        })
+        .await?;
         let read_only =
             snakebox_env::install_read_only_paths(&self.uv, &self.interpreter, &self.uv_env, false);
         // Package code in a sandbox of its own: a slot of the concurrency cap (V-01).
@@ -259,17 +254,10 @@ impl Installer {
         };
         if let Some(ids) = installer {
             let venv = self.venv.clone();
-            tokio::task::spawn_blocking(move || {
+            super::blocking_io("take the venv back after compiling", move || {
                 snakebox_env::take_back_from_package_code(&venv, ids)
             })
-            .await
-            .map_err(|err| {
-                io_error(
-                    "take the venv back after compiling",
-                    &std::io::Error::other(err),
-                )
-            })?
-            .map_err(|err| io_error("take the venv back after compiling", &err))?;
+            .await?;
         }
         drop(lease);
         let limit = match outcome {

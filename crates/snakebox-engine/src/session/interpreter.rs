@@ -41,15 +41,12 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
-        let call = match self.enter(&cancel) {
-            Ok(call) => call,
-            Err(error) => return refused(session_id, error),
-        };
-        let mut result = self
-            .execute_in_session_admitted(caller, session_id, request, call.token.clone(), output)
-            .await;
-        self.mark_stopped(&call, &mut result);
-        result
+        self.tracked(
+            &cancel,
+            |error| refused(session_id, error),
+            |token| self.execute_in_session_admitted(caller, session_id, request, token, output),
+        )
+        .await
     }
 
     async fn execute_in_session_admitted(
@@ -178,17 +175,12 @@ impl Engine {
             .and_then(|sandbox| sandbox.host_ids(Identity::Untrusted));
         let baseline = {
             let work = work.clone();
-            tokio::task::spawn_blocking(move || {
+            super::blocking("write the input files", move || {
                 write_inputs(&work, &inputs, owner)
                     .map(|()| crate::artifacts::Baseline::snapshot(&work))
             })
             .await
-            .unwrap_or_else(|err| {
-                Err(io_error(
-                    "write the input files",
-                    &std::io::Error::other(err),
-                ))
-            })
+            .and_then(|written| written)
         };
         let baseline = match baseline {
             Ok(baseline) => baseline,
@@ -534,22 +526,21 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
-        let call = match self.enter(&cancel) {
-            Ok(call) => call,
-            Err(error) => return refused(session_id, error),
-        };
-        let mut result = self
-            .run_command_admitted(
-                caller,
-                session_id,
-                command,
-                timeout_seconds,
-                call.token.clone(),
-                output,
-            )
-            .await;
-        self.mark_stopped(&call, &mut result);
-        result
+        self.tracked(
+            &cancel,
+            |error| refused(session_id, error),
+            |token| {
+                self.run_command_admitted(
+                    caller,
+                    session_id,
+                    command,
+                    timeout_seconds,
+                    token,
+                    output,
+                )
+            },
+        )
+        .await
     }
 
     async fn run_command_admitted(

@@ -20,8 +20,8 @@ use super::disk::SessionDisk;
 use super::store::{SessionRow, Store};
 use super::{
     CreateSession, InstallState, InstallStatus, SESSIONS_DIR, SessionInfo, SessionList,
-    SessionSettings, SessionSummary, Sessions, SessionsReport, db_error, files, io_error,
-    new_session_id, no_session, now_secs, packages_of, unavailable, valid_id,
+    SessionSettings, SessionSummary, Sessions, SessionsReport, db_error, files, new_session_id,
+    no_session, now_secs, packages_of, unavailable, valid_id,
 };
 use crate::Caller;
 use crate::result::ErrorInfo;
@@ -636,12 +636,10 @@ impl Engine {
         state.cells = 0;
         let paths = manager.paths(&row.id);
         let dirs = [paths.work.clone(), paths.env.clone(), paths.tmp.clone()];
-        tokio::task::spawn_blocking(move || {
+        super::blocking_io("clear the session's files", move || {
             dirs.iter().try_for_each(|dir| crate::tree::remove(dir))
         })
-        .await
-        .map_err(|err| io_error("clear the session's files", &std::io::Error::other(err)))?
-        .map_err(|err| io_error("clear the session's files", &err))?;
+        .await?;
         let (packages, venv_bytes) = self
             .build_session(&paths, interpreter, &row.base_requirements)
             .await?;
@@ -704,10 +702,10 @@ pub(super) async fn delete(manager: &Manager, id: &str) -> Result<(), ErrorInfo>
     manager.forget(id);
     let root = manager.paths(id).root;
     drop(state);
-    tokio::task::spawn_blocking(move || crate::tree::remove(&root))
-        .await
-        .map_err(|err| io_error("delete the session's files", &std::io::Error::other(err)))?
-        .map_err(|err| io_error("delete the session's files", &err))?;
+    super::blocking_io("delete the session's files", move || {
+        crate::tree::remove(&root)
+    })
+    .await?;
     tracing::info!(session = %id, "session deleted");
     Ok(())
 }

@@ -334,6 +334,27 @@ fn db_error(err: rusqlite::Error) -> ErrorInfo {
     }
 }
 
+/// Run blocking file-system work off the async threads; should it panic, that is `action`'s
+/// error.
+async fn blocking<R: Send + 'static>(
+    action: &str,
+    work: impl FnOnce() -> R + Send + 'static,
+) -> Result<R, ErrorInfo> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|err| io_error(action, &std::io::Error::other(err)))
+}
+
+/// [`blocking`] for work that fails with an I/O error, also `action`'s error.
+async fn blocking_io<R: Send + 'static>(
+    action: &str,
+    work: impl FnOnce() -> std::io::Result<R> + Send + 'static,
+) -> Result<R, ErrorInfo> {
+    blocking(action, work)
+        .await?
+        .map_err(|err| io_error(action, &err))
+}
+
 fn io_error(action: &str, err: &std::io::Error) -> ErrorInfo {
     ErrorInfo {
         message: format!("Failed to {action}: {err}"),

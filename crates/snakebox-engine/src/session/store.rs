@@ -84,27 +84,22 @@ impl Store {
                  owner TEXT NOT NULL DEFAULT 'local'
              );",
         )?;
-        // Schema 1 had no network column: its sessions get none (fail closed).
-        let has_network: bool = conn.query_row(
-            "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'network'",
-            [],
-            |row| row.get::<_, i64>(0).map(|n| n > 0),
-        )?;
-        if !has_network {
-            conn.execute_batch(
-                "ALTER TABLE sessions ADD COLUMN network INTEGER NOT NULL DEFAULT 0;",
+        // Columns added since schema 1, with what older rows get: schema 1 had no network
+        // (its sessions get none: fail closed), schema 2 no owner (the local tenant's).
+        for (column, definition) in [
+            ("network", "INTEGER NOT NULL DEFAULT 0"),
+            ("owner", "TEXT NOT NULL DEFAULT 'local'"),
+        ] {
+            let present: bool = conn.query_row(
+                "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = ?1",
+                [column],
+                |row| row.get::<_, i64>(0).map(|n| n > 0),
             )?;
-        }
-        // Schema 2 had no owner: its sessions are the local tenant's.
-        let has_owner: bool = conn.query_row(
-            "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = 'owner'",
-            [],
-            |row| row.get::<_, i64>(0).map(|n| n > 0),
-        )?;
-        if !has_owner {
-            conn.execute_batch(
-                "ALTER TABLE sessions ADD COLUMN owner TEXT NOT NULL DEFAULT 'local';",
-            )?;
+            if !present {
+                conn.execute_batch(&format!(
+                    "ALTER TABLE sessions ADD COLUMN {column} {definition};"
+                ))?;
+            }
         }
         conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         Ok(Store {

@@ -9,8 +9,8 @@ use snakebox_fs::{FsError, RelativePath};
 use snakebox_sandbox::Identity;
 
 use super::{
-    FileContent, FileList, FileWritten, MAX_FILE_BYTES, MAX_LIST_ENTRIES, files, io_error,
-    no_session, now_secs,
+    FileContent, FileList, FileWritten, MAX_FILE_BYTES, MAX_LIST_ENTRIES, files, no_session,
+    now_secs,
 };
 use crate::Engine;
 use crate::files::{decode_base64, encode_base64};
@@ -64,11 +64,11 @@ impl Engine {
         if state.deleted {
             return Err(no_session(session_id));
         }
-        let size =
-            tokio::task::spawn_blocking(move || snakebox_fs::write(&work, &rel, &content, owner))
-                .await
-                .map_err(|err| io_error("write the file", &std::io::Error::other(err)))?
-                .map_err(file_error)?;
+        let size = super::blocking("write the file", move || {
+            snakebox_fs::write(&work, &rel, &content, owner)
+        })
+        .await?
+        .map_err(file_error)?;
         drop(state);
         let _ = manager.store.touch(&row.id, now_secs(), false);
         manager.remeasure(&row.id).await;
@@ -93,11 +93,11 @@ impl Engine {
         let row = manager.row(caller, session_id)?;
         let work = manager.paths(&row.id).work;
         let rel = RelativePath::parse_entry(path).map_err(|err| file_error(err.into()))?;
-        let data =
-            tokio::task::spawn_blocking(move || snakebox_fs::read(&work, &rel, MAX_FILE_BYTES))
-                .await
-                .map_err(|err| io_error("read the file", &std::io::Error::other(err)))?
-                .map_err(file_error)?;
+        let data = super::blocking("read the file", move || {
+            snakebox_fs::read(&work, &rel, MAX_FILE_BYTES)
+        })
+        .await?
+        .map_err(file_error)?;
         let size = data.len() as u64;
         let (encoding, content) = match String::from_utf8(data) {
             Ok(text) => ("utf-8", text),
@@ -128,11 +128,11 @@ impl Engine {
         let work = manager.paths(&row.id).work;
         let rel = path.to_owned();
         let depth = depth.clamp(1, 10);
-        let (entries, truncated) =
-            tokio::task::spawn_blocking(move || files::list(&work, &rel, depth, MAX_LIST_ENTRIES))
-                .await
-                .map_err(|err| io_error("list the directory", &std::io::Error::other(err)))?
-                .map_err(file_error)?;
+        let (entries, truncated) = super::blocking("list the directory", move || {
+            files::list(&work, &rel, depth, MAX_LIST_ENTRIES)
+        })
+        .await?
+        .map_err(file_error)?;
         Ok(FileList {
             session_id: row.id,
             path: path.to_owned(),

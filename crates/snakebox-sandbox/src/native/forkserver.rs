@@ -255,17 +255,7 @@ impl NativeBackend {
             _cgroup: cgroup,
             lease,
             user_limits: user_limit_shares(shares(spec.concurrent_runs)),
-            run_rlimits: shared_rlimits()
-                .into_iter()
-                .map(|(kind, value)| {
-                    let share = (value / shares(spec.concurrent_runs)).max(1);
-                    Rlimit {
-                        kind,
-                        soft: share,
-                        hard: share,
-                    }
-                })
-                .collect(),
+            run_rlimits: rlimit_shares(shares(spec.concurrent_runs)),
             files,
             next: AtomicU64::new(1),
         };
@@ -309,9 +299,10 @@ pub(crate) fn rlimits(limits: &Limits, memory: bool, processes: bool) -> Vec<Rli
     rlimits_for(&without_cpu, memory, processes)
 }
 
-/// The server's own message-queue and pending-signal limits (what a cold run inherits): the
-/// kernel counts them for the fork server's uid across all its runs, so each run gets a share.
-fn shared_rlimits() -> Vec<(RlimitKind, u64)> {
+/// Each run's share of the server's own message-queue and pending-signal limits (what a
+/// cold run inherits whole): the kernel counts them for the fork server's uid across all its
+/// runs.
+fn rlimit_shares(shares: u64) -> Vec<Rlimit> {
     [RlimitKind::Msgqueue, RlimitKind::Sigpending]
         .into_iter()
         .filter_map(|kind| {
@@ -321,7 +312,12 @@ fn shared_rlimits() -> Vec<(RlimitKind, u64)> {
             };
             // SAFETY: getrlimit fills the struct we own.
             let ok = unsafe { libc::getrlimit(kind.resource(), &mut limit) } == 0;
-            (ok && limit.rlim_cur != libc::RLIM_INFINITY).then_some((kind, limit.rlim_cur))
+            let share = (limit.rlim_cur / shares).max(1);
+            (ok && limit.rlim_cur != libc::RLIM_INFINITY).then_some(Rlimit {
+                kind,
+                soft: share,
+                hard: share,
+            })
         })
         .collect()
 }
