@@ -132,15 +132,15 @@ impl Engine {
         let setup_ms = ids::millis(setup_started.elapsed());
 
         // Wait for a run slot only after setup: installs do not hold back quick runs.
-        let Ok(_slot) = self.runs.acquire().await else {
-            return with_plan(ExecutionResult::not_run(
-                execution_id,
-                Status::SetupFailed,
-                ErrorInfo {
-                    message: "The engine is shutting down".into(),
-                    hint: None,
-                },
-            ));
+        let _slot = match self.sandbox_slot().await {
+            Ok(slot) => slot,
+            Err(error) => {
+                return with_plan(ExecutionResult::not_run(
+                    execution_id,
+                    Status::SetupFailed,
+                    error,
+                ));
+            }
         };
         let network_is_default = plan.network == self.config.network;
         // The default environment and network setting (the pool learns the default from its

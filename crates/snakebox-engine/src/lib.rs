@@ -53,6 +53,20 @@ pub use session::{
 pub use snakebox_fs::PathError;
 pub use validate::{Validation, ValidationProblem};
 
+/// A slot of the concurrency cap `runs` (the engine's, or a handle on it that a session's
+/// installer keeps), waited for.
+pub(crate) async fn slot_of(
+    runs: &Arc<Semaphore>,
+) -> Result<tokio::sync::OwnedSemaphorePermit, ErrorInfo> {
+    Arc::clone(runs)
+        .acquire_owned()
+        .await
+        .map_err(|_| ErrorInfo {
+            message: "The engine is shutting down".into(),
+            hint: None,
+        })
+}
+
 /// Why something the engine needs is not available, kept to be reported per call.
 #[derive(Debug, Clone)]
 struct Unavailable {
@@ -230,13 +244,7 @@ impl Engine {
     pub(crate) async fn sandbox_slot(
         &self,
     ) -> Result<tokio::sync::OwnedSemaphorePermit, ErrorInfo> {
-        Arc::clone(&self.runs)
-            .acquire_owned()
-            .await
-            .map_err(|_| ErrorInfo {
-                message: "The engine is shutting down".into(),
-                hint: None,
-            })
+        slot_of(&self.runs).await
     }
 
     async fn default_environment(&self) -> Result<snakebox_env::Environment, ErrorInfo> {

@@ -89,13 +89,7 @@ impl Installer {
             }),
         };
         let command = invocation.command();
-        let _slot = Arc::clone(&self.slots)
-            .acquire_owned()
-            .await
-            .map_err(|_| ErrorInfo {
-                message: "The engine is shutting down".into(),
-                hint: None,
-            })?;
+        let _slot = crate::slot_of(&self.slots).await?;
         let outcome = self
             .sandbox
             .run(
@@ -226,13 +220,7 @@ impl Installer {
         let read_only =
             snakebox_env::install_read_only_paths(&self.uv, &self.interpreter, &self.uv_env, false);
         // Package code in a sandbox of its own: a slot of the concurrency cap (V-01).
-        let _slot = Arc::clone(&self.slots)
-            .acquire_owned()
-            .await
-            .map_err(|_| ErrorInfo {
-                message: "The engine is shutting down".into(),
-                hint: None,
-            })?;
+        let _slot = crate::slot_of(&self.slots).await?;
         let outcome = match snakebox_env::compile_invocation(
             &self.venv,
             read_only,

@@ -186,11 +186,9 @@ impl Engine {
             Ok(baseline) => baseline,
             Err(error) => return fail(Status::InvalidRequest, error),
         };
-        let Ok(_run_slot) = self.runs.acquire().await else {
-            return setup(ErrorInfo {
-                message: "The engine is shutting down".into(),
-                hint: None,
-            });
+        let _run_slot = match self.sandbox_slot().await {
+            Ok(slot) => slot,
+            Err(error) => return setup(error),
         };
         slot.last_used.store(now_secs(), Ordering::Relaxed);
 
@@ -603,14 +601,9 @@ impl Engine {
         if let Err(error) = manager.check_disk() {
             return fail(Status::SetupFailed, error);
         }
-        let Ok(_run_slot) = self.runs.acquire().await else {
-            return fail(
-                Status::SetupFailed,
-                ErrorInfo {
-                    message: "The engine is shutting down".into(),
-                    hint: None,
-                },
-            );
+        let _run_slot = match self.sandbox_slot().await {
+            Ok(slot) => slot,
+            Err(error) => return fail(Status::SetupFailed, error),
         };
         slot.last_used.store(now_secs(), Ordering::Relaxed);
         let paths = manager.paths(&row.id);
