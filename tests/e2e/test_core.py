@@ -132,6 +132,7 @@ async def test_bad_arguments_get_clear_errors_and_the_server_keeps_serving(clien
     data, text, is_error = await call(client, "execute_python", script="print(1)", timeout_seconds=-5)
     assert is_error and data["status"] == "invalid_request"
     assert "timeout_seconds" in data["error"]["message"] and data["error"]["hint"]
+    assert data["error"]["kind"] == "invalid"
     assert "hint:" in text
 
     huge = "x = 1\n" * (50 * 1024 * 1024 // 6)
@@ -141,6 +142,7 @@ async def test_bad_arguments_get_clear_errors_and_the_server_keeps_serving(clien
 
     data, _, is_error = await call(client, "execute_python", script="print(1)", python_version="2.5")
     assert is_error and data["status"] == "setup_failed"
+    assert data["error"]["kind"] == "unavailable"
     assert "3.11" in data["error"]["message"] or "3.11" in (data["error"]["hint"] or "")
 
     data, _, is_error = await call(client, "execute_python", script="print(1)", dependencies=["numpy>="])
@@ -149,7 +151,7 @@ async def test_bad_arguments_get_clear_errors_and_the_server_keeps_serving(clien
 
     data, _, is_error = await call(client, "execute_python", script="print(1)", dependencies=["surely-not-a-real-package-snakebox-4242==1.0"], timeout_seconds=120)
     assert is_error and data["status"] == "setup_failed"
-    assert data["error"]["hint"]
+    assert data["error"]["kind"] == "failed" and data["error"]["hint"]
 
     # Proof of life after all of that.
     data, _, is_error = await call(client, "execute_python", script="print('still here')")

@@ -296,6 +296,13 @@ async def test_unknown_session_is_a_clear_error(client):
     assert is_error
     assert "No session" in data["error"]["message"]
     assert "create_session" in data["error"]["hint"]
+    # Typed (issue 11): the kind says what an HTTP face or a client can act on.
+    assert data["error"]["kind"] == "not_found" and data["status"] == "invalid_request", data
+    # The session tools answer the same kind, in their own failure shape.
+    for tool in ("delete_session", "reset_session", "list_packages"):
+        data, text, is_error = await call(client, tool, session_id="s-doesnotexist00")
+        assert is_error and data["error"]["kind"] == "not_found", (tool, data)
+        assert text.startswith("error (not_found): No session"), (tool, text)
 
 
 async def test_sessions_survive_kill_9_of_the_server(snakebox_bin: Path, tmp_path: Path):

@@ -89,6 +89,31 @@ pub enum ArtifactError {
     },
 }
 
+impl crate::error::Hint for ArtifactError {
+    fn kind(&self) -> crate::error::ErrorKind {
+        use ArtifactError as E;
+        match self {
+            E::InvalidUri { .. } => crate::error::ErrorKind::Invalid,
+            E::NotFound(_) => crate::error::ErrorKind::NotFound,
+            E::Io { .. } => crate::error::ErrorKind::Internal,
+        }
+    }
+    fn hint(&self) -> Option<String> {
+        use ArtifactError as E;
+        match self {
+            E::InvalidUri { .. } => Some(format!("artifact URIs look like `{}`", URI_TEMPLATE)),
+            E::NotFound(_) => Some(
+                "list the artifacts (resources/list) to see those that are kept; artifacts \
+                 expire after the retention period"
+                    .to_owned(),
+            ),
+            E::Io { .. } => {
+                Some("check the data directory's disk space and permissions".to_owned())
+            }
+        }
+    }
+}
+
 /// The content of one artifact.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ArtifactContent {
@@ -305,7 +330,7 @@ impl ArtifactStore {
         format!(
             "artifacts are kept {} hours, then removed; when the store exceeds {} the oldest executions' artifacts are removed first",
             self.max_age.as_secs() / 3600,
-            crate::execute::human_bytes(self.max_bytes)
+            crate::ids::human_bytes(self.max_bytes)
         )
     }
 

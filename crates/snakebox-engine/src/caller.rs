@@ -32,19 +32,17 @@ impl Caller {
     ///
     /// # Errors
     /// When the name is empty, too long or holds other characters.
-    pub fn tenant(name: &str) -> Result<Caller, crate::ErrorInfo> {
+    pub fn tenant(name: &str) -> Result<Caller, crate::EngineError> {
         let valid = !name.is_empty()
             && name.len() <= 64
             && name
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
         if !valid {
-            return Err(crate::ErrorInfo {
-                message: format!("`{name}` is not a valid tenant name"),
-                hint: Some(
-                    "use 1 to 64 characters of lowercase letters, digits, `-` and `_`".into(),
-                ),
-            });
+            return Err(crate::EngineError::invalid(
+                format!("`{name}` is not a valid tenant name"),
+                "use 1 to 64 characters of lowercase letters, digits, `-` and `_`",
+            ));
         }
         Ok(Caller {
             tenant: name.into(),

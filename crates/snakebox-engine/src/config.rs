@@ -60,7 +60,7 @@ pub struct EngineConfig {
     /// Runs executing at once; further calls wait their turn.
     pub max_concurrent_runs: usize,
     /// Persistent sessions: idle times and caps.
-    pub sessions: crate::SessionSettings,
+    pub sessions: SessionSettings,
     /// Artifacts (files a run produced) are removed this long after the run.
     pub artifact_max_age: Duration,
     /// Artifact store size quota: above it, the oldest runs' artifacts are removed first.
@@ -102,11 +102,39 @@ impl EngineConfig {
             cache_max_age: Duration::from_secs(30 * 24 * 3600),
             unpinned_freshness: Duration::from_secs(24 * 3600),
             max_concurrent_runs: 8,
-            sessions: crate::SessionSettings::default(),
+            sessions: SessionSettings::default(),
             artifact_max_age: Duration::from_secs(24 * 3600),
             artifact_max_bytes: 1024 * 1024 * 1024,
             allow_sdist_builds: false,
             install_timeout: snakebox_env::DEFAULT_INSTALL_TIMEOUT,
+        }
+    }
+}
+
+/// The operator's settings for sessions.
+#[derive(Debug, Clone)]
+pub struct SessionSettings {
+    /// A session's interpreter idle this long is stopped (variables lost, files kept).
+    pub idle_stop: Duration,
+    /// A session unused this long is deleted with its files.
+    pub idle_delete: Duration,
+    /// Sessions that may exist at once.
+    pub max_sessions: usize,
+    /// Total bytes of all sessions' workspaces and environments.
+    pub max_disk_bytes: u64,
+    /// Interpreters that may run at once: starting one more first stops the least recently
+    /// used idle one (its variables are lost; the next call says so).
+    pub max_interpreters: usize,
+}
+
+impl Default for SessionSettings {
+    fn default() -> Self {
+        SessionSettings {
+            idle_stop: Duration::from_secs(15 * 60),
+            idle_delete: Duration::from_secs(7 * 24 * 3600),
+            max_sessions: 32,
+            max_disk_bytes: 10 * 1024 * 1024 * 1024,
+            max_interpreters: 8,
         }
     }
 }

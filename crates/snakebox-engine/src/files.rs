@@ -12,7 +12,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use snakebox_fs::RelativePath;
 
-use crate::result::ErrorInfo;
+use crate::EngineError;
 
 /// Most files one call may send.
 pub const MAX_INPUT_FILES: usize = 100;
@@ -76,15 +76,11 @@ pub(crate) fn encode_base64(data: &[u8]) -> String {
 /// Check and decode the `files` of a request.
 ///
 /// # Errors
-/// An [`ErrorInfo`] with a hint naming the offending file: too many files, too many bytes,
+/// An invalid-request [`EngineError`] with a hint naming the offending file: too many files, too many bytes,
 /// a bad path, invalid base64, or the same path twice (or a file used as a directory).
-pub(crate) fn decode(files: &[InputFile]) -> Result<Vec<DecodedFile>, ErrorInfo> {
-    let invalid = |message: String, hint: &str| ErrorInfo {
-        message,
-        hint: Some(hint.to_string()),
-    };
+pub(crate) fn decode(files: &[InputFile]) -> Result<Vec<DecodedFile>, EngineError> {
     if files.len() > MAX_INPUT_FILES {
-        return Err(invalid(
+        return Err(EngineError::invalid(
             format!(
                 "{} input files were sent; at most {MAX_INPUT_FILES} are accepted",
                 files.len()
@@ -97,13 +93,14 @@ pub(crate) fn decode(files: &[InputFile]) -> Result<Vec<DecodedFile>, ErrorInfo>
     let mut seen_files = BTreeSet::new();
     let mut seen_dirs = BTreeSet::new();
     for file in files {
-        let path = RelativePath::parse_entry(&file.path)
-            .map_err(|err| invalid(format!("Invalid input file path: {err}"), err.hint()))?;
+        let path = RelativePath::parse_entry(&file.path).map_err(|err| {
+            EngineError::invalid(format!("Invalid input file path: {err}"), err.hint())
+        })?;
         let bytes = match file.encoding {
             FileEncoding::Utf8 => file.content.as_bytes().to_vec(),
             FileEncoding::Base64 => {
                 decode_base64(&file.content).map_err(|err| {
-                        invalid(
+                        EngineError::invalid(
                             format!("The content of input file `{}` is not valid base64: {err}", file.path),
                             "encode binary content with standard base64 (A-Z, a-z, 0-9, +, /), or send text with \"encoding\": \"utf-8\"",
                         )
@@ -112,7 +109,7 @@ pub(crate) fn decode(files: &[InputFile]) -> Result<Vec<DecodedFile>, ErrorInfo>
         };
         total = total.saturating_add(bytes.len());
         if total > MAX_INPUT_BYTES {
-            return Err(invalid(
+            return Err(EngineError::invalid(
                 format!(
                     "The input files add up to more than {} MiB (at `{}`)",
                     MAX_INPUT_BYTES >> 20,
@@ -124,7 +121,7 @@ pub(crate) fn decode(files: &[InputFile]) -> Result<Vec<DecodedFile>, ErrorInfo>
         let joined = path.to_string();
         for prefix in path.ancestors() {
             if seen_files.contains(&prefix) {
-                return Err(invalid(
+                return Err(EngineError::invalid(
                     format!("Input file `{prefix}` is also used as a directory (by `{joined}`)"),
                     "give every input file a distinct path that is not another file's directory",
                 ));
@@ -132,7 +129,7 @@ pub(crate) fn decode(files: &[InputFile]) -> Result<Vec<DecodedFile>, ErrorInfo>
             seen_dirs.insert(prefix);
         }
         if seen_dirs.contains(&joined) || !seen_files.insert(joined.clone()) {
-            return Err(invalid(
+            return Err(EngineError::invalid(
                 format!("Input file path `{joined}` is given twice (or is also a directory)"),
                 "give every input file a distinct path",
             ));

@@ -1,4 +1,4 @@
-//! Small helpers for identifiers and durations.
+//! Small helpers for identifiers, durations and sizes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -33,9 +33,28 @@ pub(crate) fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// `1073741824` → `1 GiB`: whole units only, as limits are written.
+pub(crate) fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = bytes;
+    let mut unit = 0;
+    while value >= 1024 && value.is_multiple_of(1024) && unit < UNITS.len() - 1 {
+        value /= 1024;
+        unit += 1;
+    }
+    format!("{value} {}", UNITS[unit])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn human_bytes_uses_whole_units() {
+        assert_eq!(human_bytes(1024 * 1024 * 1024), "1 GiB");
+        assert_eq!(human_bytes(1536), "1536 B");
+        assert_eq!(human_bytes(512 * 1024 * 1024), "512 MiB");
+    }
 
     #[test]
     fn ids_are_unique_and_path_safe() {

@@ -11,13 +11,17 @@
 mod artifacts;
 mod caller;
 mod config;
-mod execute;
+mod error;
 mod files;
+mod history;
 mod ids;
 mod lifecycle;
+mod oneshot;
+mod plan;
 mod pool;
 mod report;
 mod result;
+mod run;
 mod runner;
 mod session;
 /// See [`snakebox_fs::tree`].
@@ -35,10 +39,12 @@ pub use artifacts::{
     URI_PREFIX as ARTIFACT_URI_PREFIX, URI_TEMPLATE as ARTIFACT_URI_TEMPLATE, is_text_mime,
 };
 pub use caller::{Caller, LOCAL_TENANT};
-pub use config::EngineConfig;
-pub use execute::ExecuteRequest;
+pub use config::{EngineConfig, SessionSettings};
+pub use error::{EngineError, ErrorKind, Hint};
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
+pub use history::{RunKind, RunRecord};
 pub use lifecycle::{ShutdownReport, StopReason};
+pub use plan::ExecuteRequest;
 pub use pool::PoolReport;
 pub use report::{ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, WarmState};
 pub use result::{
@@ -47,8 +53,7 @@ pub use result::{
 };
 pub use session::{
     CreateSession, FileContent, FileEntry, FileList, FileWritten, InstallState, InstallStatus,
-    MAX_FILE_BYTES, PackageList, SessionInfo, SessionList, SessionSettings, SessionSummary,
-    SessionsReport,
+    MAX_FILE_BYTES, PackageList, SessionInfo, SessionList, SessionSummary, SessionsReport,
 };
 pub use snakebox_fs::PathError;
 pub use validate::{Validation, ValidationProblem};
@@ -57,31 +62,16 @@ pub use validate::{Validation, ValidationProblem};
 /// installer keeps), waited for.
 pub(crate) async fn slot_of(
     runs: &Arc<Semaphore>,
-) -> Result<tokio::sync::OwnedSemaphorePermit, ErrorInfo> {
-    Arc::clone(runs)
-        .acquire_owned()
-        .await
-        .map_err(|_| ErrorInfo {
-            message: "The engine is shutting down".into(),
-            hint: None,
-        })
+) -> Result<tokio::sync::OwnedSemaphorePermit, EngineError> {
+    Arc::clone(runs).acquire_owned().await.map_err(|_| {
+        EngineError::new(ErrorKind::Unavailable, "The engine is shutting down")
+            .with_hint("retry once the server has been restarted")
+    })
 }
 
-/// Why something the engine needs is not available, kept to be reported per call.
-#[derive(Debug, Clone)]
-struct Unavailable {
-    message: String,
-    hint: Option<String>,
-}
-
-impl From<&Unavailable> for ErrorInfo {
-    fn from(value: &Unavailable) -> Self {
-        ErrorInfo {
-            message: value.message.clone(),
-            hint: value.hint.clone(),
-        }
-    }
-}
+/// Why something the engine needs is not available (kind `unavailable`), kept to be reported
+/// per call.
+type Unavailable = EngineError;
 
 /// Runs Python for callers. Cheap to share behind an `Arc`.
 pub struct Engine {
@@ -100,6 +90,8 @@ pub struct Engine {
     artifacts: artifacts::ArtifactStore,
     pool: pool::WarmPool,
     lifecycle: lifecycle::Lifecycle,
+    /// The runs table: every tracked call, recorded when admitted and when it returns.
+    history: Arc<history::History>,
 }
 
 /// How the environment cache runs package code (compilation, builds): with a run's limits.
@@ -131,10 +123,7 @@ impl Engine {
             bwrap_path: config.bwrap_path.clone(),
             scratch_root: config.data_dir.join("scratch"),
         })
-        .map_err(|err| Unavailable {
-            message: crate::describe(&err),
-            hint: err.hint(),
-        });
+        .map_err(|err| unavailable(&err));
         Engine::assemble(config, sandbox).await
     }
 
@@ -145,12 +134,9 @@ impl Engine {
     }
 
     async fn assemble(config: EngineConfig, sandbox: Result<Sandbox, Unavailable>) -> Engine {
-        execute::remove_stale_run_dirs(&config.data_dir);
+        run::remove_stale_run_dirs(&config.data_dir);
         let sandbox = sandbox.map(Arc::new);
-        let uv = Uv::locate(config.uv_path.as_deref()).map_err(|err| Unavailable {
-            message: crate::describe(&err),
-            hint: err.hint(),
-        });
+        let uv = Uv::locate(config.uv_path.as_deref()).map_err(|err| unavailable(&err));
         let interpreters = match &uv {
             Ok(uv) => Interpreters::discover(uv).await,
             Err(_) => Interpreters::discover_without_uv().await,
@@ -171,10 +157,7 @@ impl Engine {
                     .with_install_timeout(config.install_timeout)
                     .with_build_settings(build_settings(&config))
             })
-            .map_err(|err| Unavailable {
-                message: crate::describe(&err),
-                hint: err.hint(),
-            }),
+            .map_err(|err| unavailable(&err)),
             (Err(missing), _) | (_, Err(missing)) => Err(missing.clone()),
         };
         let warm = if config.warm_cache {
@@ -194,6 +177,7 @@ impl Engine {
             lifecycle.stop_token(),
         );
         Engine {
+            history: Arc::new(history::History::open(&config.data_dir)),
             pool: pool::WarmPool::new(config.warm_pool, config.fork_server),
             sessions,
             artifacts,
@@ -243,22 +227,16 @@ impl Engine {
     /// A slot of `--max-concurrent-runs` for one sandbox (see [`Engine::runs`]).
     pub(crate) async fn sandbox_slot(
         &self,
-    ) -> Result<tokio::sync::OwnedSemaphorePermit, ErrorInfo> {
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, EngineError> {
         slot_of(&self.runs).await
     }
 
-    async fn default_environment(&self) -> Result<snakebox_env::Environment, ErrorInfo> {
-        let cache = self.cache.as_ref().map_err(ErrorInfo::from)?;
+    async fn default_environment(&self) -> Result<snakebox_env::Environment, EngineError> {
+        let cache = self.cache.as_ref().map_err(Clone::clone)?;
         let interpreter = self.pick_interpreter(None, None)?;
         // Building it runs uv's install sandboxes: a slot, like every sandbox.
         let _slot = self.sandbox_slot().await?;
-        cache
-            .ensure(interpreter, &[])
-            .await
-            .map_err(|err| ErrorInfo {
-                message: crate::describe(&err),
-                hint: err.hint(),
-            })
+        Ok(cache.ensure(interpreter, &[]).await?)
     }
 
     fn set_warm(&self, state: WarmState) {
@@ -276,18 +254,19 @@ impl Engine {
         &self,
         caller: &Caller,
         uri: &str,
-    ) -> Result<ArtifactContent, ArtifactError> {
+    ) -> Result<ArtifactContent, EngineError> {
         let store = self.artifacts.clone();
         let uri = uri.to_string();
         let caller = caller.clone();
-        tokio::task::spawn_blocking(move || store.read(&caller, &uri))
+        let read = tokio::task::spawn_blocking(move || store.read(&caller, &uri))
             .await
             .unwrap_or_else(|err| {
                 Err(ArtifactError::Io {
                     uri: String::new(),
                     source: std::io::Error::other(err),
                 })
-            })
+            });
+        Ok(read?)
     }
 
     /// `caller`'s artifacts of the most recent runs, newest first.
@@ -297,6 +276,35 @@ impl Engine {
         tokio::task::spawn_blocking(move || store.list(&caller, limit))
             .await
             .unwrap_or_default()
+    }
+
+    /// `caller`'s newest runs (one-shot runs, session cells and commands), newest first, at
+    /// most `limit`; a run still going has status `running`.
+    pub async fn list_runs(&self, caller: &Caller, limit: usize) -> Vec<RunRecord> {
+        let caller = caller.clone();
+        let history = Arc::clone(&self.history);
+        tokio::task::spawn_blocking(move || history.list(&caller, limit))
+            .await
+            .unwrap_or_default()
+    }
+
+    /// One of `caller`'s runs by execution id.
+    ///
+    /// # Errors
+    /// `not_found` for an id that is not one of `caller`'s runs (another caller's included,
+    /// answered exactly as an id that never existed) or that has been forgotten.
+    pub async fn run_record(&self, caller: &Caller, id: &str) -> Result<RunRecord, EngineError> {
+        let history = Arc::clone(&self.history);
+        let (who, wanted) = (caller.clone(), id.to_owned());
+        tokio::task::spawn_blocking(move || history.get(&who, &wanted))
+            .await
+            .ok()
+            .flatten()
+            .ok_or_else(|| {
+                EngineError::new(ErrorKind::NotFound, format!("No run `{id}`")).with_hint(
+                    "list the runs to see those that are kept (the newest 100,000, for 30 days)",
+                )
+            })
     }
 
     /// The artifact store (location and retention rule).
@@ -314,27 +322,20 @@ impl Engine {
     }
 
     /// Remove environments past the cache's retention rule (age, then size).
-    pub async fn prune(&self) -> Result<snakebox_env::PruneReport, ErrorInfo> {
-        let cache = self.cache.as_ref().map_err(ErrorInfo::from)?;
-        cache.prune().await.map_err(|err| ErrorInfo {
-            message: crate::describe(&err),
-            hint: err.hint(),
-        })
+    pub async fn prune(&self) -> Result<snakebox_env::PruneReport, EngineError> {
+        let cache = self.cache.as_ref().map_err(Clone::clone)?;
+        Ok(cache.prune().await?)
     }
 }
 
-/// An error and its causes on one line (`what failed: because: because`), so that a tool
-/// result says why, not only what.
-pub(crate) fn describe(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(cause_text.trim()) {
-            text.push_str(": ");
-            text.push_str(cause_text.trim());
-        }
-        source = cause.source();
+/// A part the engine needs that failed to start (the sandbox, uv, the cache): `unavailable`,
+/// whatever the part said, since no call can use it until the operator fixes it.
+fn unavailable<E: Hint>(err: &E) -> EngineError {
+    EngineError {
+        kind: ErrorKind::Unavailable,
+        message: describe(err),
+        hint: err.hint(),
     }
-    text
 }
+
+pub(crate) use error::describe;

@@ -23,7 +23,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Engine, EngineConfig, ErrorInfo, ExecutionResult, Status};
+use crate::{Engine, EngineConfig, EngineError, ErrorInfo, ErrorKind, ExecutionResult, Status};
 
 /// How often the environment cache is pruned while serving.
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
@@ -133,7 +133,7 @@ impl Lifecycle {
 
     /// Admit a call, or refuse it when the server is stopping. The call's token fires on the
     /// caller's `cancel` or on shutdown, whichever comes first.
-    pub(crate) fn enter(&self, cancel: &CancellationToken) -> Result<Call<'_>, ErrorInfo> {
+    pub(crate) fn enter(&self, cancel: &CancellationToken) -> Result<Call<'_>, EngineError> {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
         let counted = InFlight(self);
         // Checked after counting ourselves in, so `wait_idle` cannot miss a call that races
@@ -163,14 +163,15 @@ impl Lifecycle {
 }
 
 /// The error of a call made while the server stops.
-fn refused(reason: StopReason) -> ErrorInfo {
-    ErrorInfo {
-        message: format!(
+fn refused(reason: StopReason) -> EngineError {
+    EngineError::new(
+        ErrorKind::Unavailable,
+        format!(
             "The server is stopping ({}) and takes no new calls",
             reason.describe()
         ),
-        hint: Some("call again once the server has been restarted".into()),
-    }
+    )
+    .with_hint("call again once the server has been restarted")
 }
 
 impl Engine {
@@ -271,33 +272,43 @@ impl Engine {
         if let Ok(sandbox) = &self.sandbox {
             sandbox.remove_own_cgroups();
         }
-        crate::execute::remove_own_run_dirs(&self.config.data_dir);
+        crate::run::remove_own_run_dirs(&self.config.data_dir);
         // Last: interpreters killed above no longer hold the image's files.
         self.release_sessions();
+        // What the runs table has queued is written before the process exits.
+        self.history.close();
     }
 
-    /// A record of a call cut short by shutdown says so: status `cancelled` and why.
     /// Run one call as a call in flight: refused with `refuse`'s result while the server
     /// stops, cancelled when it starts stopping (or the caller cancels: `run` gets the token
     /// of both), and then saying why in its result.
+    ///
+    /// The call gets its execution id here, and is recorded in the runs table when it is
+    /// admitted and when it returns (see [`crate::history`]).
     pub(crate) async fn tracked<Fut>(
         &self,
+        caller: &crate::Caller,
+        start: crate::history::RunStart,
         cancel: &CancellationToken,
-        refuse: impl FnOnce(ErrorInfo) -> ExecutionResult,
-        run: impl FnOnce(CancellationToken) -> Fut,
+        refuse: impl FnOnce(String, EngineError) -> ExecutionResult,
+        run: impl FnOnce(String, CancellationToken) -> Fut,
     ) -> ExecutionResult
     where
         Fut: std::future::Future<Output = ExecutionResult>,
     {
+        let execution_id = crate::ids::execution_id();
         let call = match self.enter(cancel) {
             Ok(call) => call,
-            Err(error) => return refuse(error),
+            Err(error) => return refuse(execution_id, error),
         };
-        let mut result = run(call.token.clone()).await;
+        self.history.started(&execution_id, caller, start);
+        let mut result = run(execution_id, call.token.clone()).await;
         self.mark_stopped(&call, &mut result);
+        self.history.finished(&result);
         result
     }
 
+    /// A record of a call cut short by shutdown says so: status `cancelled` and why.
     fn mark_stopped(&self, call: &Call<'_>, result: &mut ExecutionResult) {
         let Some(reason) = self.lifecycle.stopping() else {
             return;
@@ -311,6 +322,7 @@ impl Engine {
             ""
         };
         result.error = Some(ErrorInfo {
+            kind: Some(ErrorKind::Cancelled),
             message: format!(
                 "The server is stopping ({}), so the call was cancelled; output printed before that is kept{session}",
                 reason.describe()
@@ -320,14 +332,14 @@ impl Engine {
     }
 
     /// Refuse a call that starts work (a session, an install) while the server stops.
-    pub(crate) fn refuse_if_stopping(&self) -> Result<(), ErrorInfo> {
+    pub(crate) fn refuse_if_stopping(&self) -> Result<(), EngineError> {
         self.lifecycle
             .stopping()
             .map_or(Ok(()), |reason| Err(refused(reason)))
     }
 
     /// Admit a call (see [`Lifecycle::enter`]).
-    pub(crate) fn enter(&self, cancel: &CancellationToken) -> Result<Call<'_>, ErrorInfo> {
+    pub(crate) fn enter(&self, cancel: &CancellationToken) -> Result<Call<'_>, EngineError> {
         self.lifecycle.enter(cancel)
     }
 }

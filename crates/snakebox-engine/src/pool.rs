@@ -37,8 +37,8 @@ use snakebox_env::Environment;
 use snakebox_sandbox::{ForkServer, PendingRun};
 
 use crate::Engine;
-use crate::execute::RunDir;
 use crate::ids;
+use crate::run::RunDir;
 
 /// Other (environment, network) pairs kept warm besides the default one.
 pub(crate) const RECENT_ENVIRONMENTS: usize = 2;
@@ -472,7 +472,7 @@ impl Engine {
         };
         drop(forks);
         if self.pool.fork_prepared.swap(false, Ordering::SeqCst) {
-            snakebox_sandbox::unmount_runs_root(&crate::execute::server_runs_dir(
+            snakebox_sandbox::unmount_runs_root(&crate::run::server_runs_dir(
                 &self.config.data_dir,
             ));
         }
@@ -498,7 +498,7 @@ impl Engine {
         {
             return;
         }
-        let dir = crate::execute::server_runs_dir(&self.config.data_dir);
+        let dir = crate::run::server_runs_dir(&self.config.data_dir);
         if let Err(err) = snakebox_sandbox::mount_runs_root(&dir) {
             let message = format!(
                 "could not mount the run directories at `{}`: {err}",

@@ -5,7 +5,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use crate::Engine;
-use crate::execute::human_bytes;
+use crate::ids::human_bytes;
 
 /// State of cache warming.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]

@@ -6,6 +6,9 @@
 use schemars::JsonSchema;
 use serde::Serialize;
 
+pub use crate::error::ErrorInfo;
+use crate::error::ErrorKind;
+
 /// How an execution ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -30,6 +33,18 @@ pub enum Status {
 }
 
 impl Status {
+    /// The status of an execution that an error of `kind` stopped before its code ran: the
+    /// request's fault (`invalid`, `not_found`) is `invalid_request`, a cancel `cancelled`,
+    /// anything else `setup_failed`.
+    #[must_use]
+    pub fn not_run(kind: ErrorKind) -> Status {
+        match kind {
+            ErrorKind::Invalid | ErrorKind::NotFound => Status::InvalidRequest,
+            ErrorKind::Cancelled => Status::Cancelled,
+            _ => Status::SetupFailed,
+        }
+    }
+
     /// The name used on the wire.
     #[must_use]
     pub fn as_str(self) -> &'static str {
@@ -44,17 +59,6 @@ impl Status {
             Status::InvalidRequest => "invalid_request",
         }
     }
-}
-
-/// An error that stopped the execution before or around the script (not the script's own
-/// exception, which is in `stderr`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
-pub struct ErrorInfo {
-    /// What went wrong.
-    pub message: String,
-    /// How to fix it, when we know.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub hint: Option<String>,
 }
 
 /// A package installed in the environment the script ran in.
@@ -223,11 +227,12 @@ impl ExecutionResult {
         self.duration_ms = crate::ids::millis(outcome.duration);
     }
 
-    /// A result for an execution that never ran.
+    /// A result for an execution that `error` stopped before its code ran; its status
+    /// follows the error's kind (`invalid_request`, `cancelled`, else `setup_failed`).
     #[must_use]
-    pub fn not_run(execution_id: String, status: Status, error: ErrorInfo) -> Self {
-        let mut result = ExecutionResult::new(execution_id, status);
-        result.error = Some(error);
+    pub fn not_run(execution_id: String, error: crate::error::EngineError) -> Self {
+        let mut result = ExecutionResult::new(execution_id, Status::not_run(error.kind));
+        result.error = Some(error.into());
         result
     }
 

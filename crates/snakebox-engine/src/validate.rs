@@ -14,8 +14,8 @@ use snakebox_env::Interpreter;
 use snakebox_sandbox::{Mount, Policy, SandboxCommand, Termination};
 use tokio_util::sync::CancellationToken;
 
-use crate::execute::RunDir;
-use crate::{Engine, ids};
+use crate::run::RunDir;
+use crate::{Engine, EngineError, ErrorKind, ids};
 
 /// The compile-only check run by the target interpreter. Prints one JSON object.
 const SYNTAX_CHECK: &str = r#"
@@ -168,8 +168,8 @@ impl Engine {
         &self,
         interpreter: &Interpreter,
         script: &str,
-    ) -> Result<Option<ValidationProblem>, crate::ErrorInfo> {
-        let sandbox = self.sandbox.as_ref().map_err(crate::ErrorInfo::from)?;
+    ) -> Result<Option<ValidationProblem>, EngineError> {
+        let sandbox = self.sandbox.as_ref().map_err(Clone::clone)?;
         let id = ids::execution_id();
         let run_dir = RunDir::create(
             &self.config.data_dir,
@@ -177,9 +177,11 @@ impl Engine {
             Some(script),
             sandbox.host_ids(snakebox_sandbox::Identity::Untrusted),
         )
-        .map_err(|err| crate::ErrorInfo {
-            message: format!("Failed to prepare the check directory: {err}"),
-            hint: Some("check that the data directory is writable".into()),
+        .map_err(|err| {
+            EngineError::internal(
+                format!("Failed to prepare the check directory: {err}"),
+                "check that the data directory is writable",
+            )
         })?;
         let script_path = sandbox
             .path_inside(&run_dir.input, std::path::Path::new("/snakebox"))
@@ -222,26 +224,25 @@ impl Engine {
         let slot = self.sandbox_slot().await?;
         let outcome = sandbox
             .run(&policy, &command, CancellationToken::new(), None)
-            .await
-            .map_err(|err| crate::ErrorInfo {
-                message: crate::describe(&err),
-                hint: err.hint(),
-            })?;
+            .await?;
         drop(slot);
         drop(run_dir);
         if outcome.termination != Termination::Exited {
-            return Err(crate::ErrorInfo {
-                message: format!("the compile check ended with {:?}", outcome.termination),
-                hint: Some("the script may be too large or too deeply nested to parse".into()),
-            });
+            return Err(EngineError::new(
+                ErrorKind::Failed,
+                format!("the compile check ended with {:?}", outcome.termination),
+            )
+            .with_hint("the script may be too large or too deeply nested to parse"));
         }
         let report: SyntaxReport =
-            serde_json::from_str(outcome.stdout.text.trim()).map_err(|err| crate::ErrorInfo {
-                message: format!(
-                    "unexpected output from the compile check ({err}): {}",
-                    outcome.stderr.text.trim()
-                ),
-                hint: None,
+            serde_json::from_str(outcome.stdout.text.trim()).map_err(|err| {
+                EngineError::new(
+                    ErrorKind::Internal,
+                    format!(
+                        "unexpected output from the compile check ({err}): {}",
+                        outcome.stderr.text.trim()
+                    ),
+                )
             })?;
         if report.ok {
             return Ok(None);

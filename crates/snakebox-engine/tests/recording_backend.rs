@@ -220,10 +220,35 @@ async fn one_caller_never_sees_anothers_sessions_or_artifacts() {
         engine.read_artifact(&a, &uri).await.unwrap().data,
         b"made by a"
     );
-    let not_found = |err: snakebox_engine::ArtifactError| {
-        matches!(err, snakebox_engine::ArtifactError::NotFound(_))
-    };
+    let not_found =
+        |err: snakebox_engine::EngineError| err.kind == snakebox_engine::ErrorKind::NotFound;
     assert!(not_found(engine.read_artifact(&b, &uri).await.unwrap_err()));
+    // A's run in the runs table: A sees it (it may still be queued for the writer), B never.
+    let mut runs = Vec::new();
+    for _ in 0..100 {
+        runs = engine.list_runs(&a, 10).await;
+        if runs.first().is_some_and(|r| r.status == "ok") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].execution_id, run.execution_id);
+    assert_eq!(runs[0].status, "ok");
+    assert_eq!(runs[0].kind, snakebox_engine::RunKind::Execute);
+    assert!(runs[0].script.contains("made by a"));
+    assert!(engine.list_runs(&b, 10).await.is_empty());
+    assert!(not_found(
+        engine.run_record(&b, &run.execution_id).await.unwrap_err()
+    ));
+    assert_eq!(
+        engine
+            .run_record(&a, &run.execution_id)
+            .await
+            .unwrap()
+            .status,
+        "ok"
+    );
     assert!(engine.list_artifacts(&b, 100).await.is_empty());
     assert_eq!(engine.list_artifacts(&a, 100).await.len(), 1);
 
@@ -255,9 +280,12 @@ async fn one_caller_never_sees_anothers_sessions_or_artifacts() {
     assert!(listed(engine.list_sessions(&b).await.unwrap()).is_empty());
     // B gets exactly what an id that never existed gets.
     let never = "s-00000000000000000000000000000000";
-    let message = |err: snakebox_engine::ErrorInfo, id: &str| err.message.replace(id, "ID");
+    let message = |err: snakebox_engine::EngineError, id: &str| {
+        (err.kind, err.message.replace(id, "ID"), err.hint)
+    };
     let b_delete = engine.delete_session(&b, &id).await.unwrap_err();
     let never_delete = engine.delete_session(&b, never).await.unwrap_err();
+    assert_eq!(b_delete.kind, snakebox_engine::ErrorKind::NotFound);
     assert_eq!(message(b_delete, &id), message(never_delete, never));
     assert!(engine.read_file(&b, &id, "x.txt").await.is_err());
     assert!(engine.reset_session(&b, &id).await.is_err());

@@ -16,8 +16,8 @@ use rmcp::{ErrorData, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_engine::{
-    CreateSession, ErrorInfo, ExecutionResult, FileContent, FileList, FileWritten, InstallState,
-    InstallStatus, PackageList, SessionInfo, SessionList,
+    CreateSession, EngineError, ErrorInfo, ExecutionResult, FileContent, FileList, FileWritten,
+    InstallState, InstallStatus, PackageList, SessionInfo, SessionList,
 };
 
 use crate::tools::{SnakeboxServer, execution_result, progress, structured};
@@ -128,14 +128,17 @@ struct Failure {
     error: ErrorInfo,
 }
 
-fn failure(error: &ErrorInfo) -> CallToolResult {
-    let mut text = format!("error: {}\n", error.message);
+/// The one mapping of an engine error on this face: a tool result with `isError: true`, the
+/// error's kind, message and hint in `structuredContent.error`, and `error:`/`hint:` lines.
+/// (Protocol errors are kept for malformed requests.)
+pub(crate) fn failure(error: &EngineError) -> CallToolResult {
+    let mut text = format!("error ({}): {}\n", error.kind.as_str(), error.message);
     if let Some(hint) = &error.hint {
         text.push_str(&format!("hint: {hint}\n"));
     }
     structured(
         &Failure {
-            error: error.clone(),
+            error: error.info(),
         },
         text,
         true,
@@ -143,7 +146,7 @@ fn failure(error: &ErrorInfo) -> CallToolResult {
 }
 
 fn answer<T: Serialize>(
-    result: Result<T, ErrorInfo>,
+    result: Result<T, EngineError>,
     text: impl Fn(&T) -> String,
 ) -> CallToolResult {
     match result {

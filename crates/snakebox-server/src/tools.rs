@@ -19,8 +19,8 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_engine::{
-    ArtifactError, Caller, Engine, EnvironmentReport, ExecuteRequest, ExecutionResult,
-    FileEncoding, InputFile, Status, Validation,
+    Caller, Engine, EnvironmentReport, ExecuteRequest, ExecutionResult, FileEncoding, InputFile,
+    Status, Validation,
 };
 use snakebox_sandbox::OutputChunk;
 
@@ -349,6 +349,22 @@ pub(crate) fn execution_result(result: &ExecutionResult) -> CallToolResult {
     reply
 }
 
+/// An engine error where the protocol wants an error, not a tool result (`resources/read`):
+/// its kind picks the JSON-RPC code, the hint travels in `data`.
+fn protocol_error(error: &snakebox_engine::EngineError, uri: &str) -> ErrorData {
+    use snakebox_engine::ErrorKind;
+    let data = Some(serde_json::json!({
+        "uri": uri,
+        "kind": error.kind,
+        "hint": error.hint,
+    }));
+    match error.kind {
+        ErrorKind::Invalid => ErrorData::invalid_params(error.message.clone(), data),
+        ErrorKind::NotFound => ErrorData::resource_not_found(error.message.clone(), data),
+        _ => ErrorData::internal_error(error.message.clone(), data),
+    }
+}
+
 /// Newest artifacts listed by `resources/list` (all stay readable through the template).
 const LISTED_ARTIFACTS: usize = 100;
 
@@ -361,14 +377,7 @@ async fn read_artifact(
     let content = engine
         .read_artifact(caller, uri)
         .await
-        .map_err(|err| match err {
-            ArtifactError::InvalidUri { .. } => ErrorData::invalid_params(err.to_string(), None),
-            ArtifactError::NotFound(_) => ErrorData::resource_not_found(
-                err.to_string(),
-                Some(serde_json::json!({ "uri": uri })),
-            ),
-            ArtifactError::Io { .. } => ErrorData::internal_error(err.to_string(), None),
-        })?;
+        .map_err(|err| protocol_error(&err, uri))?;
     let contents = if snakebox_engine::is_text_mime(&content.mime_type) {
         match String::from_utf8(content.data) {
             Ok(text) => ResourceContents::text(text, content.uri).with_mime_type(content.mime_type),

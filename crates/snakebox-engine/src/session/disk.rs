@@ -60,7 +60,7 @@ impl SessionDisk {
         match &self.enforced {
             Ok(size) => format!(
                 "enforced by the kernel while calls run: every session's files live in one ext4 image of {} (`{}`, sparse, loop-mounted at `{}`); a write past it fails with ENOSPC, so the host disk gets at most that; usable space is a little less (ext4's own metadata)",
-                crate::execute::human_bytes(*size),
+                crate::ids::human_bytes(*size),
                 self.image.display(),
                 self.root.display()
             ),
@@ -122,9 +122,7 @@ exec umount -l "$2""#;
         if self.enforced.is_err() || !is_mount_point(&self.root) {
             return;
         }
-        let others = runs
-            .parent()
-            .is_some_and(crate::execute::other_live_servers);
+        let others = runs.parent().is_some_and(crate::run::other_live_servers);
         if others {
             return;
         }
@@ -257,8 +255,8 @@ fn mount_image(root: &Path, image: &Path, size: u64) -> Result<u64, String> {
             tracing::warn!(
                 image = %image.display(),
                 "the sessions' disk image stays {} (not the {} asked for): {why}",
-                crate::execute::human_bytes(kept),
-                crate::execute::human_bytes(size)
+                crate::ids::human_bytes(kept),
+                crate::ids::human_bytes(size)
             );
             kept
         }

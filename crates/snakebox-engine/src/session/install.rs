@@ -25,7 +25,8 @@ use super::{
     now_secs, packages_of, unavailable,
 };
 use crate::Engine;
-use crate::result::{ErrorInfo, Package};
+use crate::result::Package;
+use crate::{EngineError, ErrorKind};
 
 /// Everything an install needs, owned, so it can go on after the call that asked for it.
 #[derive(Clone)]
@@ -50,7 +51,7 @@ impl Installer {
         args: Vec<std::ffi::OsString>,
         network: bool,
         progress: Option<UnboundedSender<OutputChunk>>,
-    ) -> Result<(Vec<u8>, String), ErrorInfo> {
+    ) -> Result<(Vec<u8>, String), EngineError> {
         let read_only = snakebox_env::install_read_only_paths(
             &self.uv,
             &self.interpreter,
@@ -63,12 +64,12 @@ impl Installer {
         let proxy = if let Some(rules) =
             rules.filter(|_| network && self.sandbox.report().isolation_active)
         {
-            Some(
-                snakebox_sandbox::EgressProxy::start(rules).map_err(|err| ErrorInfo {
-                    message: format!("could not start the egress proxy for `{label}`: {err}"),
-                    hint: Some("check that the temporary directory is writable".into()),
-                })?,
-            )
+            Some(snakebox_sandbox::EgressProxy::start(rules).map_err(|err| {
+                EngineError::internal(
+                    format!("could not start the egress proxy for `{label}`: {err}"),
+                    "check that the temporary directory is writable",
+                )
+            })?)
         } else {
             None
         };
@@ -99,13 +100,11 @@ impl Installer {
                 progress,
             )
             .await
-            .map_err(|err| ErrorInfo {
-                message: format!("`{label}` could not start: {}", crate::describe(&err)),
-                hint: err.hint(),
-            })?;
+            .map_err(|err| EngineError::context(&format!("`{label}` could not start"), &err))?;
         let stderr = outcome.stderr.text;
         match outcome.termination {
-            Termination::TimedOut => Err(ErrorInfo {
+            Termination::TimedOut => Err(EngineError {
+                kind: ErrorKind::Failed,
                 message: format!(
                     "`{label}` took longer than {} s and was stopped",
                     INSTALL_TIMEOUT.as_secs()
@@ -113,13 +112,15 @@ impl Installer {
                 hint: Some("install fewer packages at once".into()),
             }),
             _ if outcome.exit_code == Some(0) => Ok((outcome.stdout.text.into_bytes(), stderr)),
-            _ if snakebox_env::is_missing_wheel(stderr.as_bytes()) => Err(ErrorInfo {
+            _ if snakebox_env::is_missing_wheel(stderr.as_bytes()) => Err(EngineError {
+                kind: ErrorKind::Failed,
                 message: format!("`{label}` failed: {}", stderr.trim()),
                 hint: Some(
                     "a requirement has no wheel for this Python, and sessions install wheels only: building from source runs the package's own build code. Pin a version that publishes a wheel".into(),
                 ),
             }),
-            _ => Err(ErrorInfo {
+            _ => Err(EngineError {
+                kind: ErrorKind::Failed,
                 message: format!("`{label}` failed: {}", stderr.trim()),
                 hint: Some(
                     "check the package names and versions (PEP 508, e.g. \"pandas>=2.2\"), and that they exist for this Python version".into(),
@@ -129,7 +130,7 @@ impl Installer {
     }
 
     /// Make the empty venv.
-    pub(super) async fn create_venv(&self) -> Result<(), ErrorInfo> {
+    pub(super) async fn create_venv(&self) -> Result<(), EngineError> {
         self.uv(
             "uv venv",
             vec![
@@ -158,16 +159,11 @@ impl Installer {
         &self,
         requirements: &[String],
         progress: Option<UnboundedSender<OutputChunk>>,
-    ) -> Result<(Vec<Package>, u64, String), ErrorInfo> {
+    ) -> Result<(Vec<Package>, u64, String), EngineError> {
         let mut log = String::new();
         if !requirements.is_empty() {
             // Never fetch from host loopback, private or metadata addresses (catalogue D-02).
-            snakebox_env::check_requirement_strings(requirements, &self.uv_env)
-                .await
-                .map_err(|err| ErrorInfo {
-                    message: crate::describe(&err),
-                    hint: err.hint(),
-                })?;
+            snakebox_env::check_requirement_strings(requirements, &self.uv_env).await?;
             let mut args: Vec<std::ffi::OsString> = vec![
                 "pip".into(),
                 "install".into(),
@@ -209,7 +205,7 @@ impl Installer {
     /// handed to it, its files are not writable by it), the run limits, no network, no
     /// credentials, `HOME=/tmp`, uv's cache not mounted. Afterwards everything is the
     /// installer's again. A file that does not compile is not an error; a limit is.
-    async fn compile(&self) -> Result<(), ErrorInfo> {
+    async fn compile(&self) -> Result<(), EngineError> {
         let lease = self.sandbox.lease_identity();
         let installer = self.sandbox.host_ids(Identity::Installer);
         let (venv, ids) = (self.venv.clone(), lease.host_ids());
@@ -251,13 +247,10 @@ impl Installer {
         let limit = match outcome {
             None => return Ok(()),
             Some(Err(err)) => {
-                return Err(ErrorInfo {
-                    message: format!(
-                        "compiling the packages could not start: {}",
-                        crate::describe(&err)
-                    ),
-                    hint: err.hint(),
-                });
+                return Err(EngineError::context(
+                    "compiling the packages could not start",
+                    &err,
+                ));
             }
             Some(Ok(outcome)) => match outcome.termination {
                 Termination::TimedOut => "time",
@@ -266,7 +259,8 @@ impl Installer {
                 _ => return Ok(()),
             },
         };
-        Err(ErrorInfo {
+        Err(EngineError {
+            kind: ErrorKind::Failed,
             message: format!(
                 "compiling the installed packages (which runs their code) reached the {limit} limit and was stopped"
             ),
@@ -341,7 +335,7 @@ impl Engine {
         &self,
         interpreter: &Interpreter,
         paths: &SessionPaths,
-    ) -> Result<Installer, ErrorInfo> {
+    ) -> Result<Installer, EngineError> {
         let sandbox = self.session_sandbox()?;
         let uv = self.uv.as_ref().map_err(unavailable)?;
         let cache = self.cache.as_ref().map_err(unavailable)?;
@@ -358,13 +352,10 @@ impl Engine {
         })
     }
 
-    pub(super) fn parse_requirements(packages: &[String]) -> Result<Vec<String>, ErrorInfo> {
+    pub(super) fn parse_requirements(packages: &[String]) -> Result<Vec<String>, EngineError> {
         snakebox_script::merge_dependencies(None, packages)
             .map(|reqs| reqs.iter().map(ToString::to_string).collect())
-            .map_err(|err| ErrorInfo {
-                message: crate::describe(&err),
-                hint: err.hint(),
-            })
+            .map_err(EngineError::from)
     }
 
     /// Directories and venv of a new (or reset) session; the create-time requirements
@@ -374,7 +365,7 @@ impl Engine {
         paths: &SessionPaths,
         interpreter: &Interpreter,
         requirements: &[String],
-    ) -> Result<(Vec<Package>, u64), ErrorInfo> {
+    ) -> Result<(Vec<Package>, u64), EngineError> {
         let sandbox = self.session_sandbox()?;
         let user = sandbox.host_ids(Identity::Untrusted);
         let installer = sandbox.host_ids(Identity::Installer);
@@ -406,13 +397,14 @@ impl Engine {
         packages: Vec<String>,
         wait: Option<Duration>,
         progress: Option<UnboundedSender<OutputChunk>>,
-    ) -> Result<InstallStatus, ErrorInfo> {
+    ) -> Result<InstallStatus, EngineError> {
         // In flight until it returns; the install itself ends when the server stops.
         let call = self.enter(&CancellationToken::new())?;
         let manager = self.session_manager()?;
         let row = manager.row(caller, session_id)?;
         if packages.is_empty() {
-            return Err(ErrorInfo {
+            return Err(EngineError {
+                kind: ErrorKind::Invalid,
                 message: "No packages given".into(),
                 hint: Some(
                     "pass PEP 508 specifiers, e.g. [\"pandas>=2.2\", \"six==1.16.0\"]".into(),
@@ -425,7 +417,8 @@ impl Engine {
         let installer = self.installer(interpreter, &manager.paths(&row.id))?;
         let slot = manager.slot(&row);
         if slot.installing.swap(true, Ordering::SeqCst) {
-            return Err(ErrorInfo {
+            return Err(EngineError {
+                kind: ErrorKind::Conflict,
                 message: format!("An install is already running in session `{session_id}`"),
                 hint: Some("wait for it: list_packages shows its state".into()),
             });
@@ -457,7 +450,8 @@ impl Engine {
                 // its sandbox and uv.
                 tokio::select! {
                     outcome = installer.install(&requirements, progress) => outcome,
-                    () = stop.cancelled() => Err(ErrorInfo {
+                    () = stop.cancelled() => Err(EngineError {
+                        kind: ErrorKind::Cancelled,
                         message: "The install was stopped because the server is stopping; the packages installed before that may be incomplete".into(),
                         hint: Some("install the packages again once the server has been restarted".into()),
                     }),
@@ -497,7 +491,7 @@ impl Engine {
                     }
                     Err(error) => {
                         status.state = InstallState::Failed;
-                        status.error = Some(error);
+                        status.error = Some(error.into());
                     }
                 }
             }
@@ -529,7 +523,7 @@ impl Engine {
         &self,
         caller: &Caller,
         session_id: &str,
-    ) -> Result<PackageList, ErrorInfo> {
+    ) -> Result<PackageList, EngineError> {
         let manager = self.session_manager()?;
         let row = manager.row(caller, session_id)?;
         let slot = manager.slot(&row);

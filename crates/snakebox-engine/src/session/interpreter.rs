@@ -8,6 +8,7 @@
 //! one place that decides a session's sandbox policy.
 
 use crate::Caller;
+use crate::history::{RunKind, RunStart};
 use crate::session::SessionRow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -29,6 +30,7 @@ use super::{
 };
 use crate::result::{ErrorInfo, ExecutionResult, Status};
 use crate::{Engine, ExecuteRequest, ids};
+use crate::{EngineError, ErrorKind};
 
 impl Engine {
     /// Run code in a session's live interpreter (started first when there is none).
@@ -41,10 +43,20 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
+        let start = RunStart {
+            kind: RunKind::SessionCell,
+            session_id: Some(session_id.to_owned()),
+            script: request.script.clone(),
+            dependencies: request.dependencies.clone(),
+        };
         self.tracked(
+            caller,
+            start,
             &cancel,
-            |error| refused(session_id, error),
-            |token| self.execute_in_session_admitted(caller, session_id, request, token, output),
+            |id, error| refused(id, session_id, error),
+            |id, token| {
+                self.execute_in_session_admitted(caller, id, session_id, request, token, output)
+            },
         )
         .await
     }
@@ -52,50 +64,33 @@ impl Engine {
     async fn execute_in_session_admitted(
         &self,
         caller: &Caller,
+        execution_id: String,
         session_id: &str,
         request: ExecuteRequest,
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
-        let execution_id = ids::execution_id();
-        let fail = |status: Status, error: ErrorInfo| {
-            let mut result = ExecutionResult::not_run(execution_id.clone(), status, error);
+        let fail = |error: EngineError| {
+            let mut result = ExecutionResult::not_run(execution_id.clone(), error);
             result.session_id = Some(session_id.to_owned());
             result
         };
-        let setup = |error: ErrorInfo| fail(Status::SetupFailed, error);
         let manager = match self.session_manager() {
             Ok(manager) => manager,
-            Err(error) => return setup(error),
+            Err(error) => return fail(error),
         };
         let row = match manager.row(caller, session_id) {
             Ok(row) => row,
-            Err(error) => return fail(Status::InvalidRequest, error),
+            Err(error) => return fail(error),
         };
-        if request.script.len() > self.config.max_script_bytes || request.script.contains('\0') {
-            return fail(
-                Status::InvalidRequest,
-                ErrorInfo {
-                    message: format!(
-                        "The code must be UTF-8 text without NUL characters, at most {} bytes",
-                        self.config.max_script_bytes
-                    ),
-                    hint: Some("send shorter code; put large data in files (write_file)".into()),
-                },
-            );
-        }
-        // Input files: checked like a one-shot run's, written into the workspace below.
-        let inputs = match crate::files::decode(&request.files) {
-            Ok(inputs) => inputs,
-            Err(error) => return fail(Status::InvalidRequest, error),
+        // The checks of every execution; the session has its own interpreter and network.
+        let checked = match self.check_request(&request) {
+            Ok(checked) => checked,
+            Err(error) => return fail(error),
         };
-        let mut notes = Vec::new();
-        let timeout = match self.effective_timeout(request.timeout_seconds, &mut notes) {
-            Ok(timeout) => timeout,
-            Err((status, error)) => return fail(status, error),
-        };
+        let (inputs, timeout, mut notes) = (checked.inputs, checked.timeout, checked.notes);
         if let Err(error) = self.session_network_check(&row, request.network, &mut notes) {
-            return fail(Status::InvalidRequest, error);
+            return fail(error);
         }
         if let Some(asked) = &request.python_version
             && !row.python_version.starts_with(asked.trim())
@@ -106,33 +101,11 @@ impl Engine {
             ));
         }
         // Dependencies (argument or PEP 723 block) are installed into the session first.
-        let block = match snakebox_script::parse(&request.script) {
-            Ok(block) => block,
-            Err(err) => {
-                return fail(
-                    Status::InvalidRequest,
-                    ErrorInfo {
-                        message: crate::describe(&err),
-                        hint: err.hint(),
-                    },
-                );
-            }
-        };
-        let requirements = match snakebox_script::merge_dependencies(
-            block.as_ref().map(|b| &b.metadata),
-            &request.dependencies,
-        ) {
-            Ok(reqs) => reqs.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            Err(err) => {
-                return fail(
-                    Status::InvalidRequest,
-                    ErrorInfo {
-                        message: crate::describe(&err),
-                        hint: err.hint(),
-                    },
-                );
-            }
-        };
+        let requirements: Vec<String> = checked
+            .requirements
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         let setup_started = std::time::Instant::now();
         if !requirements.is_empty() {
             match self
@@ -141,17 +114,19 @@ impl Engine {
             {
                 Ok(status) if status.state == InstallState::Succeeded => {}
                 Ok(status) => {
-                    return setup(status.error.unwrap_or(ErrorInfo {
-                        message: "Installing the dependencies failed".into(),
-                        hint: None,
-                    }));
+                    let mut result = fail(EngineError::new(
+                        ErrorKind::Failed,
+                        "Installing the dependencies failed",
+                    ));
+                    result.error = status.error.or(result.error);
+                    return result;
                 }
-                Err(error) => return setup(error),
+                Err(error) => return fail(error),
             }
         }
         let interpreter = match self.session_interpreter(&row) {
             Ok(interpreter) => interpreter.clone(),
-            Err(error) => return setup(error),
+            Err(error) => return fail(error),
         };
         let slot = manager.slot(&row);
         let doomed = slot
@@ -161,10 +136,10 @@ impl Engine {
             .clone();
         let mut state = slot.state.lock().await;
         if state.deleted || doomed.is_cancelled() {
-            return fail(Status::InvalidRequest, no_session(session_id));
+            return fail(no_session(session_id));
         }
         if let Err(error) = manager.check_disk() {
-            return setup(error);
+            return fail(error);
         }
         // The input files, then what the workspace holds before the call: only what the
         // call creates or changes becomes an artifact.
@@ -184,11 +159,11 @@ impl Engine {
         };
         let baseline = match baseline {
             Ok(baseline) => baseline,
-            Err(error) => return fail(Status::InvalidRequest, error),
+            Err(error) => return fail(error),
         };
         let _run_slot = match self.sandbox_slot().await {
             Ok(slot) => slot,
-            Err(error) => return setup(error),
+            Err(error) => return fail(error),
         };
         slot.last_used.store(now_secs(), Ordering::Relaxed);
 
@@ -212,7 +187,7 @@ impl Engine {
                     state.cells_in_interpreter = 0;
                     fresh = true;
                 }
-                Err(error) => return setup(error),
+                Err(error) => return fail(error),
             }
         }
         if fresh && let Some(reason) = state.lost.take() {
@@ -242,10 +217,10 @@ impl Engine {
             + "\n";
         let Some(live) = state.interpreter.as_mut() else {
             watcher.abort();
-            return setup(ErrorInfo {
-                message: "The session's interpreter could not be started".into(),
-                hint: None,
-            });
+            return fail(EngineError::new(
+                ErrorKind::Internal,
+                "The session's interpreter could not be started",
+            ));
         };
         let exchange = live
             .exchange(
@@ -282,10 +257,7 @@ impl Engine {
             Err(err) => {
                 state.stop("the interpreter failed").await;
                 result.status = Status::SetupFailed;
-                result.error = Some(ErrorInfo {
-                    message: crate::describe(&err),
-                    hint: err.hint(),
-                });
+                result.error = Some(EngineError::from(err).into());
                 return result;
             }
         };
@@ -310,6 +282,7 @@ impl Engine {
                 result.status = Status::Timeout;
                 result.timed_out = true;
                 result.error = Some(ErrorInfo {
+                    kind: None,
                     message: format!(
                         "The code ran longer than its timeout of {} s; the session's interpreter was stopped: {lost}",
                         timeout.as_secs()
@@ -321,6 +294,7 @@ impl Engine {
                 state.stop("the previous call was cancelled").await;
                 result.status = Status::Cancelled;
                 result.error = Some(ErrorInfo {
+                    kind: None,
                     message: format!(
                         "The call was cancelled; the session's interpreter was stopped: {lost}"
                     ),
@@ -331,11 +305,12 @@ impl Engine {
                 state.stop("the previous call ran out of memory").await;
                 result.status = Status::MemoryLimit;
                 result.error = Some(ErrorInfo {
+                    kind: None,
                     message: format!(
                         "The session's interpreter exceeded its memory limit of {} and was stopped: {lost}",
                         self.config
                             .memory_bytes
-                            .map_or_else(|| "(unset)".to_string(), crate::execute::human_bytes)
+                            .map_or_else(|| "(unset)".to_string(), crate::ids::human_bytes)
                     ),
                     hint: Some("process the data in smaller pieces, or ask the operator to raise --memory-limit".into()),
                 });
@@ -353,6 +328,7 @@ impl Engine {
                     (None, None) => "ended".to_owned(),
                 };
                 result.error = Some(ErrorInfo {
+                    kind: None,
                     message: format!("The session's interpreter {how} during this call: {lost}"),
                     hint: Some(
                         "use exceptions or sys.exit() rather than os._exit() to stop a cell".into(),
@@ -382,18 +358,21 @@ impl Engine {
         row: &SessionRow,
         asked: Option<bool>,
         notes: &mut Vec<String>,
-    ) -> Result<(), ErrorInfo> {
+    ) -> Result<(), EngineError> {
         let has = self.session_network(row);
         match asked {
-            Some(true) if !self.config.network => Err(ErrorInfo {
+            Some(true) if !self.config.network => Err(EngineError {
+                kind: ErrorKind::Invalid,
                 message: "This call asked for network access, but this server does not allow network for runs".into(),
                 hint: Some("run without network (omit `network`), or ask the operator to start snakebox with `--network on`".into()),
             }),
-            Some(true) if !has => Err(ErrorInfo {
+            Some(true) if !has => Err(EngineError {
+                kind: ErrorKind::Conflict,
                 message: format!("This call asked for network access, but session {} was created without network", row.id),
                 hint: Some("a session's network is fixed when it is created: create a new session with `network: true`".into()),
             }),
-            Some(false) if has => Err(ErrorInfo {
+            Some(false) if has => Err(EngineError {
+                kind: ErrorKind::Conflict,
                 message: format!("This call asked to run without network, but session {} was created with network", row.id),
                 hint: Some("a session's network is fixed when it is created: omit `network` here, or create a session with `network: false`".into()),
             }),
@@ -452,7 +431,7 @@ impl Engine {
             dest: PathBuf::from(SANDBOX_WORK_DIR),
             writable: true,
         });
-        let env = crate::execute::run_environment(&paths.venv, &work, &tmp);
+        let env = crate::run::run_environment(&paths.venv, &work, &tmp);
         let mut limits = self.limits(timeout);
         // RLIMIT_CPU counts a process's whole life: for an interpreter that lives across
         // calls it would be a budget for the session, not a limit per call. Wall time per
@@ -476,7 +455,7 @@ impl Engine {
         manager: &Manager,
         row: &SessionRow,
         interpreter: &Interpreter,
-    ) -> Result<LiveSandbox, ErrorInfo> {
+    ) -> Result<LiveSandbox, EngineError> {
         let sandbox = self.session_sandbox()?;
         let paths = manager.paths(&row.id);
         let runner_path = paths.input.join(RUNNER_NAME);
@@ -503,13 +482,9 @@ impl Engine {
             args: vec!["-s".into(), runner.into_os_string()],
             control_channel: true,
         };
-        sandbox.spawn(&policy, &command).map_err(|err| ErrorInfo {
-            message: format!(
-                "Failed to start the session's interpreter: {}",
-                crate::describe(&err)
-            ),
-            hint: err.hint(),
-        })
+        sandbox
+            .spawn(&policy, &command)
+            .map_err(|err| EngineError::context("Failed to start the session's interpreter", &err))
     }
 
     /// Run a shell command in a sandbox over the session's workspace and environment (a
@@ -524,12 +499,21 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
+        let start = RunStart {
+            kind: RunKind::Command,
+            session_id: Some(session_id.to_owned()),
+            script: command.to_owned(),
+            dependencies: Vec::new(),
+        };
         self.tracked(
+            caller,
+            start,
             &cancel,
-            |error| refused(session_id, error),
-            |token| {
+            |id, error| refused(id, session_id, error),
+            |id, token| {
                 self.run_command_admitted(
                     caller,
+                    id,
                     session_id,
                     command,
                     timeout_seconds,
@@ -541,52 +525,51 @@ impl Engine {
         .await
     }
 
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the public call's arguments plus its id, passed through as they are"
+    )]
     async fn run_command_admitted(
         &self,
         caller: &Caller,
+        execution_id: String,
         session_id: &str,
         command: &str,
         timeout_seconds: Option<i64>,
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
-        let execution_id = ids::execution_id();
-        let fail = |status: Status, error: ErrorInfo| {
-            let mut result = ExecutionResult::not_run(execution_id.clone(), status, error);
+        let fail = |error: EngineError| {
+            let mut result = ExecutionResult::not_run(execution_id.clone(), error);
             result.session_id = Some(session_id.to_owned());
             result
         };
         let manager = match self.session_manager() {
             Ok(manager) => manager,
-            Err(error) => return fail(Status::SetupFailed, error),
+            Err(error) => return fail(error),
         };
         let row = match manager.row(caller, session_id) {
             Ok(row) => row,
-            Err(error) => return fail(Status::InvalidRequest, error),
+            Err(error) => return fail(error),
         };
         if command.trim().is_empty() || command.contains('\0') || command.len() > 64 * 1024 {
-            return fail(
-                Status::InvalidRequest,
-                ErrorInfo {
-                    message:
-                        "The command must be non-empty text without NUL characters, at most 64 KiB"
-                            .into(),
-                    hint: Some("for example \"ls -la\" or \"python -m pip list\"".into()),
-                },
-            );
+            return fail(EngineError::invalid(
+                "The command must be non-empty text without NUL characters, at most 64 KiB",
+                "for example \"ls -la\" or \"python -m pip list\"",
+            ));
         }
         let mut notes = Vec::new();
         let timeout = match self.effective_timeout(timeout_seconds, &mut notes) {
             Ok(timeout) => timeout,
-            Err((status, error)) => return fail(status, error),
+            Err(error) => return fail(error),
         };
         let interpreter = match self.session_interpreter(&row) {
             Ok(interpreter) => interpreter.clone(),
-            Err(error) => return fail(Status::SetupFailed, error),
+            Err(error) => return fail(error),
         };
         let sandbox = match self.session_sandbox() {
             Ok(sandbox) => Arc::clone(sandbox),
-            Err(error) => return fail(Status::SetupFailed, error),
+            Err(error) => return fail(error),
         };
         let slot = manager.slot(&row);
         let doomed = slot
@@ -596,14 +579,14 @@ impl Engine {
             .clone();
         let state = slot.state.lock().await;
         if state.deleted || doomed.is_cancelled() {
-            return fail(Status::InvalidRequest, no_session(session_id));
+            return fail(no_session(session_id));
         }
         if let Err(error) = manager.check_disk() {
-            return fail(Status::SetupFailed, error);
+            return fail(error);
         }
         let _run_slot = match self.sandbox_slot().await {
             Ok(slot) => slot,
-            Err(error) => return fail(Status::SetupFailed, error),
+            Err(error) => return fail(error),
         };
         slot.last_used.store(now_secs(), Ordering::Relaxed);
         let paths = manager.paths(&row.id);
@@ -629,17 +612,9 @@ impl Engine {
         manager.remeasure(&row.id).await;
         let outcome = match outcome {
             Ok(outcome) => outcome,
-            Err(err) => {
-                return fail(
-                    Status::SetupFailed,
-                    ErrorInfo {
-                        message: crate::describe(&err),
-                        hint: err.hint(),
-                    },
-                );
-            }
+            Err(err) => return fail(err.into()),
         };
-        let (status, error) = crate::execute::classify(&outcome, &self.config, timeout);
+        let (status, error) = crate::run::classify(&outcome, &self.config, timeout);
         let mut result = ExecutionResult::new(execution_id.clone(), status);
         result.session_id = Some(session_id.to_owned());
         result.record_outcome(outcome);
@@ -675,7 +650,7 @@ pub(super) fn write_inputs(
     work: &Path,
     inputs: &[crate::files::DecodedFile],
     owner: Option<(u32, u32)>,
-) -> Result<(), ErrorInfo> {
+) -> Result<(), EngineError> {
     for input in inputs {
         let path = input.path.to_string();
         snakebox_fs::write(work, &input.path, &input.bytes, owner).map_err(|err| {
@@ -691,8 +666,8 @@ pub(super) fn write_inputs(
 }
 
 /// The record of a session call made while the server stops.
-fn refused(session_id: &str, error: ErrorInfo) -> ExecutionResult {
-    let mut result = ExecutionResult::not_run(ids::execution_id(), Status::SetupFailed, error);
+fn refused(execution_id: String, session_id: &str, error: EngineError) -> ExecutionResult {
+    let mut result = ExecutionResult::not_run(execution_id, error);
     result.session_id = Some(session_id.to_owned());
     result
 }

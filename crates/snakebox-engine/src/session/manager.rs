@@ -24,8 +24,8 @@ use super::{
     no_session, now_secs, packages_of, unavailable, valid_id,
 };
 use crate::Caller;
-use crate::result::ErrorInfo;
-use crate::{Engine, Unavailable};
+use crate::Engine;
+use crate::{EngineError, ErrorKind};
 
 impl Sessions {
     /// Open the session store under `data_dir` and start the idle reaper.
@@ -40,9 +40,9 @@ impl Sessions {
         // The quota's kernel bound: the sessions' files live in an image of that size. This
         // process's run directory tells other processes of this data directory that it uses
         // the image (see `SessionDisk::release`).
-        let _ = fs_err::create_dir_all(crate::execute::server_runs_dir(data_dir));
+        let _ = fs_err::create_dir_all(crate::run::server_runs_dir(data_dir));
         let disk = SessionDisk::open(&root, settings.max_disk_bytes);
-        disk.watch(&crate::execute::runs_dir(data_dir));
+        disk.watch(&crate::run::runs_dir(data_dir));
         let opened = fs_err::create_dir_all(&root)
             .map_err(|err| err.to_string())
             .and_then(|()| {
@@ -61,7 +61,7 @@ impl Sessions {
             });
         let inner = match opened {
             Ok(store) => {
-                if !crate::execute::other_live_servers(data_dir) {
+                if !crate::run::other_live_servers(data_dir) {
                     sweep_orphans(&root, &store);
                 }
                 let manager = Arc::new(Manager {
@@ -83,10 +83,8 @@ impl Sessions {
                 }
                 Ok(manager)
             }
-            Err(message) => Err(Unavailable {
-                message,
-                hint: Some("check that the data directory is writable (--data-dir)".into()),
-            }),
+            Err(message) => Err(EngineError::new(ErrorKind::Unavailable, message)
+                .with_hint("check that the data directory is writable (--data-dir)")),
         };
         Sessions { inner }
     }
@@ -96,7 +94,7 @@ impl Sessions {
     /// Unmount the sessions' disk image unless another server of this data directory runs.
     pub(crate) fn release(&self, data_dir: &Path) {
         if let Ok(manager) = &self.inner {
-            manager.disk.release(&crate::execute::runs_dir(data_dir));
+            manager.disk.release(&crate::run::runs_dir(data_dir));
         }
     }
 
@@ -255,14 +253,15 @@ impl Manager {
     /// Hold a place under `--max-sessions` for a session about to be created: the sessions
     /// recorded and those being created count, checked and reserved in one step, so
     /// concurrent creates can never exceed the cap.
-    pub(super) fn reserve_create(&self) -> Result<CreateReservation<'_>, ErrorInfo> {
+    pub(super) fn reserve_create(&self) -> Result<CreateReservation<'_>, EngineError> {
         let mut creating = self
             .creating
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let count = self.store.count().map_err(db_error)? + *creating;
         if count >= self.settings.max_sessions as u64 {
-            return Err(ErrorInfo {
+            return Err(EngineError {
+                kind: ErrorKind::Quota,
                 message: format!(
                     "There are already {count} sessions (or being created), the most this server allows ({})",
                     self.settings.max_sessions
@@ -288,7 +287,7 @@ impl Manager {
 
     /// The session `id` of `caller`: another caller's session is not found, exactly as one
     /// that never existed.
-    pub(super) fn row(&self, caller: &Caller, id: &str) -> Result<SessionRow, ErrorInfo> {
+    pub(super) fn row(&self, caller: &Caller, id: &str) -> Result<SessionRow, EngineError> {
         self.any_row(id).and_then(|row| {
             caller
                 .owns(&row.owner)
@@ -298,7 +297,7 @@ impl Manager {
     }
 
     /// The session `id`, whoever owns it (the server's own work: reaping, deleting).
-    pub(super) fn any_row(&self, id: &str) -> Result<SessionRow, ErrorInfo> {
+    pub(super) fn any_row(&self, id: &str) -> Result<SessionRow, EngineError> {
         if !valid_id(id) {
             return Err(no_session(id));
         }
@@ -426,19 +425,20 @@ impl Manager {
         (free < 1 << 20).then(|| {
             format!(
                 "the sessions' disk is full (--sessions-max-disk {}, enforced while calls run): writes fail with ENOSPC (No space left on device); delete files (run_command with `rm`) or sessions",
-                crate::execute::human_bytes(self.settings.max_disk_bytes)
+                crate::ids::human_bytes(self.settings.max_disk_bytes)
             )
         })
     }
 
-    pub(super) fn check_disk(&self) -> Result<(), ErrorInfo> {
+    pub(super) fn check_disk(&self) -> Result<(), EngineError> {
         let used = self.store.total_bytes().map_err(db_error)?;
         if used >= self.settings.max_disk_bytes {
-            return Err(ErrorInfo {
+            return Err(EngineError {
+                kind: ErrorKind::Quota,
                 message: format!(
                     "Sessions use {} of disk, at or over their limit of {}",
-                    crate::execute::human_bytes(used),
-                    crate::execute::human_bytes(self.settings.max_disk_bytes)
+                    crate::ids::human_bytes(used),
+                    crate::ids::human_bytes(self.settings.max_disk_bytes)
                 ),
                 hint: Some(
                     "delete files (run_command with `rm`) or whole sessions (delete_session); the operator can raise --sessions-max-disk".into(),
@@ -461,21 +461,25 @@ impl Manager {
     }
 }
 impl Engine {
-    pub(super) fn session_manager(&self) -> Result<&Arc<Manager>, ErrorInfo> {
+    pub(super) fn session_manager(&self) -> Result<&Arc<Manager>, EngineError> {
         self.sessions.inner.as_ref().map_err(unavailable)
     }
 
-    pub(super) fn session_sandbox(&self) -> Result<&Arc<Sandbox>, ErrorInfo> {
+    pub(super) fn session_sandbox(&self) -> Result<&Arc<Sandbox>, EngineError> {
         self.sandbox.as_ref().map_err(unavailable)
     }
 
     /// The interpreter a session was made with (it must still exist on this host).
-    pub(super) fn session_interpreter(&self, row: &SessionRow) -> Result<&Interpreter, ErrorInfo> {
+    pub(super) fn session_interpreter(
+        &self,
+        row: &SessionRow,
+    ) -> Result<&Interpreter, EngineError> {
         self.interpreters
             .all()
             .iter()
             .find(|i| i.executable.as_os_str() == row.interpreter.as_str())
-            .ok_or_else(|| ErrorInfo {
+            .ok_or_else(|| EngineError {
+                kind: ErrorKind::Unavailable,
                 message: format!(
                     "The interpreter of session `{}` (`{}`, Python {}) is no longer available on this host",
                     row.id, row.interpreter, row.python_version
@@ -495,28 +499,23 @@ impl Engine {
         &self,
         caller: &Caller,
         request: CreateSession,
-    ) -> Result<SessionInfo, ErrorInfo> {
+    ) -> Result<SessionInfo, EngineError> {
         self.refuse_if_stopping()?;
         let manager = self.session_manager()?;
         self.session_sandbox()?;
         if let Some(name) = &request.name
             && (name.len() > 200 || name.chars().any(char::is_control))
         {
-            return Err(ErrorInfo {
+            return Err(EngineError {
+                kind: ErrorKind::Invalid,
                 message:
                     "The session name must be at most 200 characters, without control characters"
                         .into(),
                 hint: Some("use a short label such as \"sales-analysis\"".into()),
             });
         }
-        if request.network == Some(true) && !self.config.network {
-            return Err(ErrorInfo {
-                message: "This session asked for network access, but this server does not allow network for runs".into(),
-                hint: Some("create the session without `network` (sessions then have none), or ask the operator to start snakebox with `--network on`".into()),
-            });
-        }
         // The one-shot rule: the server's policy unless the caller declines it.
-        let network = self.config.network && request.network != Some(false);
+        let network = self.network_for(request.network, "session")?;
         let _reservation = manager.reserve_create()?;
         manager.check_disk()?;
         let requirements = Self::parse_requirements(&request.dependencies)?;
@@ -590,7 +589,7 @@ impl Engine {
     ///
     /// # Errors
     /// When sessions are unavailable.
-    pub async fn list_sessions(&self, caller: &Caller) -> Result<SessionList, ErrorInfo> {
+    pub async fn list_sessions(&self, caller: &Caller) -> Result<SessionList, EngineError> {
         let manager = self.session_manager()?;
         let mut rows = manager.store.list().map_err(db_error)?;
         rows.retain(|row| caller.owns(&row.owner));
@@ -613,7 +612,7 @@ impl Engine {
     ///
     /// # Errors
     /// No such session.
-    pub async fn delete_session(&self, caller: &Caller, id: &str) -> Result<(), ErrorInfo> {
+    pub async fn delete_session(&self, caller: &Caller, id: &str) -> Result<(), EngineError> {
         let manager = self.session_manager()?;
         let row = manager.row(caller, id)?;
         delete(manager, &row.id).await
@@ -624,7 +623,11 @@ impl Engine {
     ///
     /// # Errors
     /// No such session, a failed install.
-    pub async fn reset_session(&self, caller: &Caller, id: &str) -> Result<SessionInfo, ErrorInfo> {
+    pub async fn reset_session(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<SessionInfo, EngineError> {
         let manager = self.session_manager()?;
         let row = manager.row(caller, id)?;
         let interpreter = self.session_interpreter(&row)?;
@@ -691,7 +694,7 @@ pub(super) fn replace_doomed(slot: &Slot) {
     *doomed = CancellationToken::new();
 }
 /// Delete a session: running calls end, the interpreter stops, files and record go.
-pub(super) async fn delete(manager: &Manager, id: &str) -> Result<(), ErrorInfo> {
+pub(super) async fn delete(manager: &Manager, id: &str) -> Result<(), EngineError> {
     let row = manager.any_row(id)?;
     let slot = manager.slot(&row);
     replace_doomed(&slot);

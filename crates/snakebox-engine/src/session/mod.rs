@@ -51,7 +51,9 @@ use serde::Serialize;
 pub use self::files::FileEntry;
 use self::manager::Manager;
 use self::store::SessionRow;
+pub(crate) use crate::config::SessionSettings;
 use crate::result::{ErrorInfo, Package};
+use crate::{EngineError, ErrorKind};
 use crate::{Unavailable, ids};
 
 /// The versioned directory of sessions under the data directory.
@@ -68,34 +70,6 @@ pub const MAX_FILE_BYTES: u64 = 10 * 1024 * 1024;
 const MAX_LIST_ENTRIES: usize = 1000;
 /// Time limit of one uv step of a session install.
 const INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
-
-/// The operator's settings for sessions.
-#[derive(Debug, Clone)]
-pub struct SessionSettings {
-    /// A session's interpreter idle this long is stopped (variables lost, files kept).
-    pub idle_stop: Duration,
-    /// A session unused this long is deleted with its files.
-    pub idle_delete: Duration,
-    /// Sessions that may exist at once.
-    pub max_sessions: usize,
-    /// Total bytes of all sessions' workspaces and environments.
-    pub max_disk_bytes: u64,
-    /// Interpreters that may run at once: starting one more first stops the least recently
-    /// used idle one (its variables are lost; the next call says so).
-    pub max_interpreters: usize,
-}
-
-impl Default for SessionSettings {
-    fn default() -> Self {
-        SessionSettings {
-            idle_stop: Duration::from_secs(15 * 60),
-            idle_delete: Duration::from_secs(7 * 24 * 3600),
-            max_sessions: 32,
-            max_disk_bytes: 10 * 1024 * 1024 * 1024,
-            max_interpreters: 8,
-        }
-    }
-}
 
 /// What `create_session` asks for.
 #[derive(Debug, Clone, Default)]
@@ -318,20 +292,17 @@ fn now_secs() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-fn no_session(id: &str) -> ErrorInfo {
-    ErrorInfo {
-        message: format!("No session `{id}`"),
-        hint: Some(
-            "call list_sessions to see the sessions that exist, or create_session to start one (sessions unused for a long time are deleted)".into(),
-        ),
-    }
+fn no_session(id: &str) -> EngineError {
+    EngineError::new(ErrorKind::NotFound, format!("No session `{id}`")).with_hint(
+        "call list_sessions to see the sessions that exist, or create_session to start one (sessions unused for a long time are deleted)",
+    )
 }
 
-fn db_error(err: rusqlite::Error) -> ErrorInfo {
-    ErrorInfo {
-        message: format!("The session database failed: {err}"),
-        hint: Some("check the data directory's disk space and permissions".into()),
-    }
+fn db_error(err: rusqlite::Error) -> EngineError {
+    EngineError::internal(
+        format!("The session database failed: {err}"),
+        "check the data directory's disk space and permissions",
+    )
 }
 
 /// Run blocking file-system work off the async threads; should it panic, that is `action`'s
@@ -339,7 +310,7 @@ fn db_error(err: rusqlite::Error) -> ErrorInfo {
 async fn blocking<R: Send + 'static>(
     action: &str,
     work: impl FnOnce() -> R + Send + 'static,
-) -> Result<R, ErrorInfo> {
+) -> Result<R, EngineError> {
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|err| io_error(action, &std::io::Error::other(err)))
@@ -349,17 +320,17 @@ async fn blocking<R: Send + 'static>(
 async fn blocking_io<R: Send + 'static>(
     action: &str,
     work: impl FnOnce() -> std::io::Result<R> + Send + 'static,
-) -> Result<R, ErrorInfo> {
+) -> Result<R, EngineError> {
     blocking(action, work)
         .await?
         .map_err(|err| io_error(action, &err))
 }
 
-fn io_error(action: &str, err: &std::io::Error) -> ErrorInfo {
-    ErrorInfo {
-        message: format!("Failed to {action}: {err}"),
-        hint: Some("check the data directory's disk space and permissions".into()),
-    }
+fn io_error(action: &str, err: &std::io::Error) -> EngineError {
+    EngineError::internal(
+        format!("Failed to {action}: {err}"),
+        "check the data directory's disk space and permissions",
+    )
 }
 
 fn packages_of(row: &SessionRow) -> Vec<Package> {
@@ -372,8 +343,8 @@ fn packages_of(row: &SessionRow) -> Vec<Package> {
         .collect()
 }
 
-fn unavailable(missing: &Unavailable) -> ErrorInfo {
-    ErrorInfo::from(missing)
+fn unavailable(missing: &Unavailable) -> EngineError {
+    missing.clone()
 }
 
 fn set_owner(path: &Path, owner: Option<(u32, u32)>) -> std::io::Result<()> {

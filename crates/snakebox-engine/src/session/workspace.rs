@@ -14,7 +14,7 @@ use super::{
 };
 use crate::Engine;
 use crate::files::{decode_base64, encode_base64};
-use crate::result::ErrorInfo;
+use crate::{EngineError, ErrorKind};
 
 impl Engine {
     /// Write a file into a session's workspace (parents created).
@@ -28,25 +28,28 @@ impl Engine {
         path: &str,
         content: &str,
         encoding: Option<&str>,
-    ) -> Result<FileWritten, ErrorInfo> {
+    ) -> Result<FileWritten, EngineError> {
         let manager = self.session_manager()?;
         let row = manager.row(caller, session_id)?;
         let rel = RelativePath::parse_entry(path).map_err(|err| file_error(err.into()))?;
         let content = match encoding.map(str::to_ascii_lowercase).as_deref() {
             None | Some("utf-8" | "utf8" | "text") => content.as_bytes().to_vec(),
-            Some("base64") => decode_base64(content).map_err(|_| ErrorInfo {
+            Some("base64") => decode_base64(content).map_err(|_| EngineError {
+                kind: ErrorKind::Invalid,
                 message: "The content is not valid base64".into(),
                 hint: Some("encode binary content with standard base64 (RFC 4648)".into()),
             })?,
             Some(other) => {
-                return Err(ErrorInfo {
+                return Err(EngineError {
+                    kind: ErrorKind::Invalid,
                     message: format!("Unknown encoding `{other}`"),
                     hint: Some("use \"utf-8\" (default) or \"base64\"".into()),
                 });
             }
         };
         if content.len() as u64 > MAX_FILE_BYTES {
-            return Err(ErrorInfo {
+            return Err(EngineError {
+                kind: ErrorKind::Quota,
                 message: format!(
                     "The content is {} bytes, more than the limit of {MAX_FILE_BYTES} bytes",
                     content.len()
@@ -88,7 +91,7 @@ impl Engine {
         caller: &Caller,
         session_id: &str,
         path: &str,
-    ) -> Result<FileContent, ErrorInfo> {
+    ) -> Result<FileContent, EngineError> {
         let manager = self.session_manager()?;
         let row = manager.row(caller, session_id)?;
         let work = manager.paths(&row.id).work;
@@ -122,7 +125,7 @@ impl Engine {
         session_id: &str,
         path: &str,
         depth: usize,
-    ) -> Result<FileList, ErrorInfo> {
+    ) -> Result<FileList, EngineError> {
         let manager = self.session_manager()?;
         let row = manager.row(caller, session_id)?;
         let work = manager.paths(&row.id).work;
@@ -143,7 +146,8 @@ impl Engine {
 }
 
 /// The reply to a failed file operation: the message and a hint for the agent.
-pub(super) fn file_error(err: FsError) -> ErrorInfo {
+pub(super) fn file_error(err: FsError) -> EngineError {
+    let kind = crate::Hint::kind(&err);
     let hint = match &err {
         FsError::Path(_) => {
             "paths are relative to the session's workspace (its working directory), e.g. \"data/input.csv\""
@@ -156,7 +160,8 @@ pub(super) fn file_error(err: FsError) -> ErrorInfo {
         FsError::Path(_) => format!("The path is not allowed in the session's workspace: {err}"),
         _ => err.with_cause(),
     };
-    ErrorInfo {
+    EngineError {
+        kind,
         message,
         hint: Some(hint.into()),
     }

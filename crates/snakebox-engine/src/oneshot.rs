@@ -1,0 +1,269 @@
+//! One-shot executions: plan (see [`crate::plan`]), prepare the cached environment, launch
+//! (forked from the environment's fork server, a pre-started sandbox of the warm pool, or
+//! cold), collect, and turn the outcome into an [`ExecutionResult`].
+
+use std::time::{Duration, Instant};
+
+use snakebox_env::{Environment, Interpreter};
+use snakebox_sandbox::OutputChunk;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use crate::history::{RunKind, RunStart};
+use crate::ids;
+use crate::plan::ExecuteRequest;
+use crate::result::{ExecutionResult, Package};
+use crate::run::{RunDir, classify};
+use crate::{Engine, EngineError, ErrorKind};
+
+/// What planning decided: everything needed to prepare and run.
+struct Plan<'a> {
+    interpreter: &'a Interpreter,
+    requirements: Vec<pep508_rs::Requirement>,
+    timeout: Duration,
+    notes: Vec<String>,
+    inputs: Vec<crate::files::DecodedFile>,
+    network: bool,
+}
+
+impl Engine {
+    /// Run one script in a fresh sandbox. Always returns a record: failures before the script
+    /// runs are reported with status `invalid_request` or `setup_failed` and a hint; a call
+    /// made while the server stops is refused (`setup_failed`), one cut short by the stop is
+    /// `cancelled` and says so.
+    pub async fn execute(
+        &self,
+        caller: &crate::Caller,
+        request: ExecuteRequest,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> ExecutionResult {
+        let start = RunStart {
+            kind: RunKind::Execute,
+            session_id: None,
+            script: request.script.clone(),
+            dependencies: request.dependencies.clone(),
+        };
+        self.tracked(
+            caller,
+            start,
+            &cancel,
+            ExecutionResult::not_run,
+            |id, token| self.execute_admitted(caller, id, request, token, output),
+        )
+        .await
+    }
+
+    async fn execute_admitted(
+        &self,
+        caller: &crate::Caller,
+        execution_id: String,
+        request: ExecuteRequest,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> ExecutionResult {
+        let plan = match self.plan(&request) {
+            Ok(plan) => plan,
+            Err(error) => return ExecutionResult::not_run(execution_id, error),
+        };
+        let requested: Vec<String> = plan.requirements.iter().map(ToString::to_string).collect();
+        let timeout_seconds = plan.timeout.as_secs();
+        let with_plan = |mut result: ExecutionResult| {
+            result.python_version = Some(plan.interpreter.version.to_string());
+            result.requested_dependencies.clone_from(&requested);
+            result.timeout_seconds = timeout_seconds;
+            result.notes.clone_from(&plan.notes);
+            result
+        };
+
+        let sandbox = match &self.sandbox {
+            Ok(sandbox) => sandbox,
+            Err(missing) => {
+                return with_plan(ExecutionResult::not_run(execution_id, missing.clone()));
+            }
+        };
+        let setup_started = Instant::now();
+        // A cancel (the caller's, or the server stopping) ends the setup too: dropping it
+        // kills its sandboxes and uv processes and removes its build directory.
+        let prepared = tokio::select! {
+            prepared = self.environment(plan.interpreter, &plan.requirements) => prepared,
+            () = cancel.cancelled() => {
+                return with_plan(ExecutionResult::not_run(
+                    execution_id,
+                    EngineError::new(
+                        ErrorKind::Cancelled,
+                        "The call was cancelled while its environment was being prepared",
+                    ),
+                ));
+            }
+        };
+        let environment = match prepared {
+            Ok(environment) => environment,
+            Err(error) => return with_plan(ExecutionResult::not_run(execution_id, error)),
+        };
+        let setup_ms = ids::millis(setup_started.elapsed());
+
+        // Wait for a run slot only after setup: installs do not hold back quick runs.
+        let _slot = match self.sandbox_slot().await {
+            Ok(slot) => slot,
+            Err(error) => return with_plan(ExecutionResult::not_run(execution_id, error)),
+        };
+        let network_is_default = plan.network == self.config.network;
+        // The default environment and network setting (the pool learns the default from its
+        // first use when cache warming did not build it).
+        let is_default = plan.requirements.is_empty()
+            && network_is_default
+            && self
+                .pick_interpreter(None, None)
+                .is_ok_and(|default| default.executable == plan.interpreter.executable);
+        // Forked from the fork server of this environment when there is one; else a
+        // pre-started sandbox of the warm pool when one matches; else a cold start.
+        let (forking, warm) = match self.pool.claim(&environment, plan.network, is_default) {
+            crate::pool::Claim::Fork(forking) => (Some(forking), None),
+            crate::pool::Claim::Warm(warm) => (None, Some(*warm)),
+            crate::pool::Claim::Cold => (None, None),
+        };
+        let (run_dir, pending) = match warm {
+            Some(warm) => (
+                warm.run_dir
+                    .write_script(&request.script)
+                    .map(|()| warm.run_dir),
+                Some(warm.pending),
+            ),
+            None => (
+                match &forking {
+                    Some(forking) => RunDir::for_fork(
+                        &forking.server,
+                        &self.config.data_dir,
+                        &execution_id,
+                        Some(&request.script),
+                        self.config.scratch_bytes,
+                    ),
+                    None => RunDir::for_run(
+                        sandbox,
+                        &self.config.data_dir,
+                        &execution_id,
+                        Some(&request.script),
+                        self.config.scratch_bytes,
+                    ),
+                },
+                None,
+            ),
+        };
+        let run_dir = match run_dir {
+            Ok(dir) => dir,
+            Err(err) => {
+                return with_plan(ExecutionResult::not_run(
+                    execution_id,
+                    EngineError::internal(
+                        format!("Failed to prepare the run directory: {err}"),
+                        "check that the data directory is writable",
+                    ),
+                ));
+            }
+        };
+        let baseline = match crate::files::write(&run_dir.work, &plan.inputs, run_dir.owner()) {
+            Ok(()) => crate::artifacts::Baseline::snapshot(&run_dir.work),
+            Err(err) => {
+                return with_plan(ExecutionResult::not_run(
+                    execution_id,
+                    EngineError::context("Failed to write the input files", &err)
+                        .with_hint("check that the data directory is writable"),
+                ));
+            }
+        };
+        let mut outcome = None;
+        if let Some(forking) = &forking {
+            let forked = forking
+                .server
+                .run(
+                    &self.fork_run(&run_dir, plan.timeout),
+                    cancel.clone(),
+                    output.clone(),
+                )
+                .await;
+            match forked {
+                // No user code ran: a cold start serves the run instead.
+                Err(err) if err.retry_elsewhere() => {
+                    tracing::warn!(error = %crate::describe(&err), "fork server; running cold");
+                }
+                forked => outcome = Some(forked),
+            }
+        }
+        let outcome = match (outcome, pending) {
+            (Some(outcome), _) => outcome,
+            (None, Some(pending)) => {
+                pending
+                    .run(crate::pool::GO, plan.timeout, cancel, output)
+                    .await
+            }
+            (None, None) => {
+                let (policy, command) =
+                    self.sandbox_call(&environment, &run_dir, plan.timeout, plan.network, false);
+                sandbox.run(&policy, &command, cancel, output).await
+            }
+        };
+        let control = outcome
+            .as_ref()
+            .map(|o| o.control.as_slice())
+            .unwrap_or_default();
+        let collected = self
+            .collect_rich(caller, &execution_id, &run_dir.work, baseline, control)
+            .await;
+        // The run is over and its files are collected: unmounting and removing the run
+        // directory need not hold up the reply.
+        tokio::task::spawn_blocking(move || drop(run_dir));
+
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
+            Err(err) => return with_plan(ExecutionResult::not_run(execution_id, err.into())),
+        };
+        let (status, error) = classify(&outcome, &self.config, plan.timeout);
+        let mut result = ExecutionResult::new(execution_id, status);
+        result.record_outcome(outcome);
+        result.setup_ms = setup_ms;
+        result.resolved_dependencies = environment
+            .packages
+            .iter()
+            .map(|p| Package {
+                name: p.name.clone(),
+                version: p.version.clone(),
+            })
+            .collect();
+        result.environment_reused = environment.reused;
+        result.error = error;
+        let mut result = with_plan(result);
+        collected.apply(&mut result);
+        result
+    }
+
+    /// Check the request and decide interpreter, requirements, timeout and network.
+    fn plan(&self, request: &ExecuteRequest) -> Result<Plan<'_>, EngineError> {
+        let checked = self.check_request(request)?;
+        let network = self.network_for(request.network, "call")?;
+        let interpreter = self.pick_interpreter(
+            request.python_version.as_deref(),
+            checked.requires_python.as_ref(),
+        )?;
+        Ok(Plan {
+            interpreter,
+            requirements: checked.requirements,
+            timeout: checked.timeout,
+            notes: checked.notes,
+            inputs: checked.inputs,
+            network,
+        })
+    }
+
+    async fn environment(
+        &self,
+        interpreter: &Interpreter,
+        requirements: &[pep508_rs::Requirement],
+    ) -> Result<Environment, EngineError> {
+        let cache = self.cache.as_ref().map_err(Clone::clone)?;
+        // A build runs uv's install sandboxes: it holds a slot of the concurrency cap, released
+        // before the run takes its own (never both at once).
+        let _slot = self.sandbox_slot().await?;
+        Ok(cache.ensure(interpreter, requirements).await?)
+    }
+}

@@ -1,0 +1,190 @@
+//! Planning a call: the checks every execution makes before anything starts (the script's
+//! size, the input files, the timeout, the network asked for, the PEP 723 block merged with
+//! `dependencies`) and the choice of interpreter.
+//!
+//! One-shot runs and session cells both start here, so a request is judged the same way on
+//! either path; what differs (a one-shot run picks an interpreter and a network, a session
+//! has its own) is decided by the caller of [`Engine::check_request`].
+
+use std::time::Duration;
+
+use pep440_rs::VersionSpecifiers;
+use snakebox_env::Interpreter;
+
+use crate::files::DecodedFile;
+use crate::{Engine, EngineError, ErrorKind};
+
+/// One request to run a script.
+#[derive(Debug, Clone, Default)]
+pub struct ExecuteRequest {
+    /// Python source, possibly with a PEP 723 `# /// script` block.
+    pub script: String,
+    /// Extra requirements (PEP 508); they win over the script's on a name clash.
+    pub dependencies: Vec<String>,
+    /// Wall-time limit in seconds; `None` for the server's default.
+    pub timeout_seconds: Option<i64>,
+    /// Python version request for this call (`3.12`, `3.11.7`, `>=3.10`).
+    pub python_version: Option<String>,
+    /// Files to place in the working directory before the script runs.
+    pub files: Vec<crate::files::InputFile>,
+    /// Ask for (`true`) or decline (`false`) network access; `None` follows the server. Asking
+    /// for it on a server that does not allow network is refused with an explanation.
+    pub network: Option<bool>,
+}
+
+/// A request that passed the checks every execution makes.
+pub(crate) struct Checked {
+    /// The script's metadata merged with `dependencies` (the argument wins a name clash).
+    pub(crate) requirements: Vec<pep508_rs::Requirement>,
+    /// The script's `requires-python`, when it has one.
+    pub(crate) requires_python: Option<VersionSpecifiers>,
+    /// The wall-time limit, clamped to the server's maximum.
+    pub(crate) timeout: Duration,
+    /// Adjustments made to the request, for the result's `notes`.
+    pub(crate) notes: Vec<String>,
+    /// The input files, decoded and checked.
+    pub(crate) inputs: Vec<DecodedFile>,
+}
+
+impl Engine {
+    /// The checks every execution makes before anything starts, one-shot or in a session.
+    ///
+    /// # Errors
+    /// `invalid` with a hint: a script too large or holding a NUL, a bad input file, a bad
+    /// timeout, a malformed PEP 723 block or requirement.
+    pub(crate) fn check_request(&self, request: &ExecuteRequest) -> Result<Checked, EngineError> {
+        if request.script.len() > self.config.max_script_bytes {
+            return Err(EngineError::invalid(
+                format!(
+                    "The script is {} bytes, more than the limit of {} bytes",
+                    request.script.len(),
+                    self.config.max_script_bytes
+                ),
+                "send a shorter script; put large data in files the script reads or downloads",
+            ));
+        }
+        if request.script.contains('\0') {
+            return Err(EngineError::invalid(
+                "The script contains a NUL character",
+                "send the script as plain UTF-8 text",
+            ));
+        }
+        let inputs = crate::files::decode(&request.files)?;
+        let mut notes = Vec::new();
+        let timeout = self.effective_timeout(request.timeout_seconds, &mut notes)?;
+        let block = snakebox_script::parse(&request.script)?;
+        let metadata = block.as_ref().map(|b| &b.metadata);
+        let requirements = snakebox_script::merge_dependencies(metadata, &request.dependencies)?;
+        Ok(Checked {
+            requirements,
+            requires_python: metadata.and_then(|m| m.requires_python.clone()),
+            timeout,
+            notes,
+            inputs,
+        })
+    }
+
+    /// The network of a one-shot run (or a new session): the server's policy, unless the
+    /// call declines it; asking for more than the server allows is refused with the reason.
+    pub(crate) fn network_for(&self, asked: Option<bool>, what: &str) -> Result<bool, EngineError> {
+        if asked == Some(true) && !self.config.network {
+            return Err(EngineError::invalid(
+                format!(
+                    "This {what} asked for network access, but this server does not allow network for runs"
+                ),
+                "run without network (omit `network`; runs then have none), or ask the operator to start snakebox with `--network on`",
+            ));
+        }
+        Ok(self.config.network && asked != Some(false))
+    }
+
+    pub(crate) fn effective_timeout(
+        &self,
+        requested: Option<i64>,
+        notes: &mut Vec<String>,
+    ) -> Result<Duration, EngineError> {
+        let max = self.config.max_timeout.as_secs().max(1);
+        let Some(requested) = requested else {
+            return Ok(self.config.default_timeout.min(self.config.max_timeout));
+        };
+        let seconds = match u64::try_from(requested) {
+            Ok(seconds) if seconds > 0 => seconds,
+            _ => {
+                return Err(EngineError::invalid(
+                    format!("timeout_seconds must be at least 1, got `{requested}`"),
+                    format!("pass a whole number of seconds between 1 and {max}"),
+                ));
+            }
+        };
+        if seconds > max {
+            notes.push(format!(
+                "timeout_seconds {seconds} is above this server's maximum; {max} was used"
+            ));
+            return Ok(Duration::from_secs(max));
+        }
+        Ok(Duration::from_secs(seconds))
+    }
+
+    /// Choose the interpreter: the call's request, else the script's `requires-python`
+    /// (preferring the server default when it satisfies it), else the server default.
+    pub(crate) fn pick_interpreter(
+        &self,
+        explicit: Option<&str>,
+        requires_python: Option<&pep440_rs::VersionSpecifiers>,
+    ) -> Result<&Interpreter, EngineError> {
+        let default_request = self.config.python_version.as_deref().unwrap_or("3");
+        if let Some(request) = explicit {
+            let interpreter = self.interpreters.find(request)?;
+            if let Some(spec) = requires_python
+                && !spec.contains(&interpreter.version)
+            {
+                return Err(EngineError::invalid(
+                    format!(
+                        "Python {} (from python_version `{request}`) does not satisfy the script's requires-python `{spec}`",
+                        interpreter.version
+                    ),
+                    "drop python_version to let the script's requires-python choose, or change one of them",
+                ));
+            }
+            return Ok(interpreter);
+        }
+        if let Some(spec) = requires_python {
+            if let Ok(default) = self.interpreters.find(default_request)
+                && spec.contains(&default.version)
+            {
+                return Ok(default);
+            }
+            let candidates = self.interpreters.satisfying(spec);
+            return candidates
+                .into_iter()
+                .max_by(|a, b| a.version.cmp(&b.version))
+                .ok_or_else(|| {
+                    EngineError::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "No available Python satisfies the script's requires-python `{spec}`; available: {}",
+                            self.available_versions()
+                        ),
+                    )
+                    .with_hint(
+                        "change requires-python, or install a matching interpreter (pyenv, uv python install, or the system package manager)",
+                    )
+                });
+        }
+        Ok(self.interpreters.find(default_request)?)
+    }
+
+    pub(crate) fn available_versions(&self) -> String {
+        let versions: Vec<String> = self
+            .interpreters
+            .all()
+            .iter()
+            .map(|i| i.version.to_string())
+            .collect();
+        if versions.is_empty() {
+            "none".into()
+        } else {
+            versions.join(", ")
+        }
+    }
+}

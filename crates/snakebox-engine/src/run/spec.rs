@@ -1,0 +1,166 @@
+//! What the sandbox of one run is: its mounts, environment variables, limits, the runner's
+//! command line, and the fork server's sandbox for an environment. One-shot runs (cold,
+//! pooled, forked), session interpreters and validation all take their sandboxes from here,
+//! so every path sees the same view.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use snakebox_env::Environment;
+use snakebox_sandbox::{ForkRun, ForkServerSpec, Limits, Mount, Policy, SandboxCommand};
+
+use super::layout::{RunDir, server_runs_dir};
+use crate::Engine;
+
+/// Where the run's read-only inputs (the script) appear inside the sandbox.
+pub(crate) const SANDBOX_INPUT_DIR: &str = "/snakebox";
+/// The run's writable working directory inside the sandbox.
+pub(crate) const SANDBOX_WORK_DIR: &str = "/work";
+/// File name of the script in the input directory.
+pub(crate) const SCRIPT_NAME: &str = "script.py";
+
+impl Engine {
+    /// The sandbox policy and command of one run. Paths differ by backend: the native sandbox
+    /// sees fixed paths (`/snakebox/script.py`, `/work`); `none` runs on the host's paths.
+    /// `pooled`: the runner waits for the warm pool's request before it reads the script.
+    pub(crate) fn sandbox_call(
+        &self,
+        environment: &Environment,
+        run_dir: &RunDir,
+        timeout: Duration,
+        network: bool,
+        pooled: bool,
+    ) -> (Policy, SandboxCommand) {
+        let script = self
+            .path_inside(&run_dir.input, SANDBOX_INPUT_DIR)
+            .join(SCRIPT_NAME);
+        let work = self.path_inside(&run_dir.work, SANDBOX_WORK_DIR);
+        let tmp = self.path_inside(&run_dir.tmp, "/tmp");
+        let mut mounts = environment.mounts();
+        mounts.extend(run_mounts(run_dir));
+        let env = run_environment(&environment.root, &work, &tmp);
+        let policy = Policy {
+            mounts,
+            network,
+            env,
+            cwd: work,
+            limits: self.limits(timeout),
+            identity: run_dir.identity(),
+        };
+        // The runner executes the script and reports on the control channel (fd 3).
+        let mut args: Vec<std::ffi::OsString> = vec!["-s".into()];
+        args.extend(runner_argv(&script).into_iter().map(Into::into));
+        if pooled {
+            args.push("--wait".into());
+        }
+        let command = SandboxCommand {
+            program: environment.python.clone(),
+            args,
+            control_channel: true,
+        };
+        (policy, command)
+    }
+
+    /// The fork server's sandbox for `environment`: what a native run of it sees, except the
+    /// run's own directories (each forked run binds those) and the network (never).
+    pub(crate) fn fork_server_spec(&self, environment: &Environment) -> ForkServerSpec {
+        let work = PathBuf::from(SANDBOX_WORK_DIR);
+        ForkServerSpec {
+            policy: Policy {
+                mounts: environment.mounts(),
+                network: false,
+                env: run_environment(&environment.root, &work, Path::new("/tmp")),
+                cwd: work.clone(),
+                limits: self.limits(self.config.max_timeout),
+                identity: snakebox_sandbox::Identity::Untrusted,
+            },
+            python: environment.python.clone(),
+            module_source: crate::runner::SOURCE.to_string(),
+            runs_root: server_runs_dir(&self.config.data_dir),
+            mount_points: vec![PathBuf::from(SANDBOX_INPUT_DIR), work],
+            concurrent_runs: self.config.max_concurrent_runs,
+        }
+    }
+
+    /// One run for the fork server: the same mounts, argv and limits as a native cold run.
+    pub(crate) fn fork_run(&self, run_dir: &RunDir, timeout: Duration) -> ForkRun {
+        ForkRun {
+            mounts: run_mounts(run_dir),
+            limits: self.limits(timeout),
+            argv: runner_argv(&PathBuf::from(SANDBOX_INPUT_DIR).join(SCRIPT_NAME)),
+            cwd: PathBuf::from(SANDBOX_WORK_DIR),
+        }
+    }
+
+    /// Where a sandbox command sees `host`, which its policy mounts (or its backend provides)
+    /// at `dest` (see [`snakebox_sandbox::Backend::path_inside`]).
+    pub(crate) fn path_inside(&self, host: &Path, dest: &str) -> PathBuf {
+        match &self.sandbox {
+            Ok(sandbox) => sandbox.path_inside(host, Path::new(dest)),
+            Err(_) => host.to_path_buf(),
+        }
+    }
+
+    pub(crate) fn limits(&self, timeout: Duration) -> Limits {
+        Limits {
+            wall_time: timeout,
+            cpu_time: self.config.cpu_time,
+            memory_bytes: self.config.memory_bytes,
+            max_processes: self.config.max_processes,
+            max_output_bytes: self.config.max_output_bytes,
+            scratch_bytes: self.config.scratch_bytes,
+            file_size_bytes: self.config.file_size_bytes,
+            open_files: self.config.open_files,
+            cpu_millicores: self.config.cpu_millicores,
+        }
+    }
+}
+
+/// The run's own directories, as the native sandbox mounts them: the inputs read-only at
+/// `/snakebox`, the working directory at `/work`.
+fn run_mounts(run_dir: &RunDir) -> Vec<Mount> {
+    vec![
+        Mount {
+            host: run_dir.input.clone(),
+            dest: PathBuf::from(SANDBOX_INPUT_DIR),
+            writable: false,
+        },
+        Mount {
+            host: run_dir.work.clone(),
+            dest: PathBuf::from(SANDBOX_WORK_DIR),
+            writable: true,
+        },
+    ]
+}
+
+/// The runner's arguments (after the interpreter's options) for `script`: the runner beside
+/// it, the script, the control descriptor.
+fn runner_argv(script: &Path) -> Vec<String> {
+    let runner = script.with_file_name(crate::runner::FILE_NAME);
+    vec![
+        runner.to_string_lossy().into_owned(),
+        script.to_string_lossy().into_owned(),
+        crate::runner::CONTROL_FD.to_string(),
+    ]
+}
+
+/// The complete environment of a run (one-shot or session) using the virtual environment at
+/// `venv`: nothing is inherited from the server.
+pub(crate) fn run_environment(venv: &Path, work: &Path, tmp: &Path) -> Vec<(String, String)> {
+    let env_bin = venv.join("bin");
+    vec![
+        (
+            "PATH".into(),
+            format!("{}:/usr/local/bin:/usr/bin:/bin", env_bin.display()),
+        ),
+        ("VIRTUAL_ENV".into(), venv.display().to_string()),
+        ("HOME".into(), work.display().to_string()),
+        ("TMPDIR".into(), tmp.display().to_string()),
+        ("LANG".into(), "C.UTF-8".into()),
+        ("LC_ALL".into(), "C.UTF-8".into()),
+        ("PYTHONUNBUFFERED".into(), "1".into()),
+        ("PYTHONDONTWRITEBYTECODE".into(), "1".into()),
+        ("PYTHONIOENCODING".into(), "utf-8".into()),
+        ("MPLBACKEND".into(), "Agg".into()),
+    ]
+}
