@@ -144,6 +144,27 @@ fn now_ms() -> u64 {
 }
 
 fn open(path: &Path) -> rusqlite::Result<Connection> {
+    // Scripts may hold what a caller would not show other users of the host: the file (and
+    // the journal files SQLite makes with the same mode) is the server user's alone.
+    {
+        use fs_err::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::fs::PermissionsExt;
+        let private = || -> std::io::Result<()> {
+            fs_err::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600)
+                .open(path)?;
+            fs_err::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        };
+        private().map_err(|err| {
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
+                Some(err.to_string()),
+            )
+        })?;
+    }
     let conn = Connection::open(path)?;
     conn.busy_timeout(Duration::from_secs(5))?;
     let _: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
@@ -507,6 +528,20 @@ mod tests {
         let history = History::open(dir.path());
         let record = history.get(&Caller::local(), "dead").unwrap();
         assert_eq!(record.status, "interrupted");
+    }
+
+    #[test]
+    fn the_store_is_private_to_the_server_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let history = History::open(dir.path());
+        history.started("r1", &Caller::local(), start("secret = 1"));
+        history.close();
+        let mode = fs_err::metadata(dir.path().join(STORE_FILE))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o077, 0, "{mode:o}");
     }
 
     #[test]

@@ -33,13 +33,15 @@ pub enum Status {
 }
 
 impl Status {
-    /// The status of an execution that an error of `kind` stopped before its code ran: the
-    /// request's fault (`invalid`, `not_found`) is `invalid_request`, a cancel `cancelled`,
-    /// anything else `setup_failed`.
+    /// The status of an execution that an error of `kind` stopped before its code ran: what
+    /// the request got wrong (`invalid`, `not_found`, `conflict` with what it names) is
+    /// `invalid_request`, a cancel `cancelled`, anything else `setup_failed`.
     #[must_use]
     pub fn not_run(kind: ErrorKind) -> Status {
         match kind {
-            ErrorKind::Invalid | ErrorKind::NotFound => Status::InvalidRequest,
+            ErrorKind::Invalid | ErrorKind::NotFound | ErrorKind::Conflict => {
+                Status::InvalidRequest
+            }
             ErrorKind::Cancelled => Status::Cancelled,
             _ => Status::SetupFailed,
         }
