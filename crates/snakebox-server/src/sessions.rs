@@ -235,11 +235,13 @@ Example: {\"name\": \"sales-analysis\", \"dependencies\": [\"pandas>=2.2\"], \"p
     async fn create_session(
         &self,
         Parameters(params): Parameters<CreateSessionParams>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let caller = self.caller(&context)?;
         let result = self
             .engine
             .create_session(
-                &self.caller,
+                &caller,
                 CreateSession {
                     python_version: params.python_version,
                     dependencies: params.dependencies,
@@ -258,8 +260,12 @@ kept only while it is), plus the server's caps on sessions and their disk.",
         output_schema = schema_for_output::<SessionList>(),
         annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn list_sessions(&self) -> Result<CallToolResult, ErrorData> {
-        let result = self.engine.list_sessions(&self.caller).await;
+    async fn list_sessions(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let caller = self.caller(&context)?;
+        let result = self.engine.list_sessions(&caller).await;
         Ok(answer(result, |list| {
             if list.sessions.is_empty() {
                 return "no sessions\n".to_owned();
@@ -281,11 +287,13 @@ it is stopped). This cannot be undone.\n\nExample: {\"session_id\": \"s-01234567
     async fn delete_session(
         &self,
         Parameters(params): Parameters<SessionParams>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let caller = self.caller(&context)?;
         let id = params.session_id;
         let result = self
             .engine
-            .delete_session(&self.caller, &id)
+            .delete_session(&caller, &id)
             .await
             .map(|()| Done {
                 message: format!("session {id} deleted"),
@@ -304,11 +312,10 @@ stays the same.\n\nExample: {\"session_id\": \"s-0123456789abcdef\"}",
     async fn reset_session(
         &self,
         Parameters(params): Parameters<SessionParams>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let result = self
-            .engine
-            .reset_session(&self.caller, &params.session_id)
-            .await;
+        let caller = self.caller(&context)?;
+        let result = self.engine.reset_session(&caller, &params.session_id).await;
         Ok(answer(result, session_text))
     }
 
@@ -326,6 +333,7 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"packages\": [\"six==1.16.0\"
         Parameters(params): Parameters<InstallParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let caller = self.caller(&context)?;
         let wait = match params.wait_seconds {
             Some(value) if value.is_finite() && value >= 0.0 => {
                 Duration::from_secs_f64(value.min(3600.0))
@@ -336,7 +344,7 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"packages\": [\"six==1.16.0\"
         let result = self
             .engine
             .install_packages(
-                &self.caller,
+                &caller,
                 &params.session_id,
                 params.packages,
                 Some(wait),
@@ -369,11 +377,10 @@ Example: {\"session_id\": \"s-0123456789abcdef\"}",
     async fn list_packages(
         &self,
         Parameters(params): Parameters<SessionParams>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let result = self
-            .engine
-            .list_packages(&self.caller, &params.session_id)
-            .await;
+        let caller = self.caller(&context)?;
+        let result = self.engine.list_packages(&caller, &params.session_id).await;
         Ok(answer(result, |list| {
             let mut text = format!("python: {}\n", list.python_version);
             for p in &list.packages {
@@ -400,11 +407,12 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"command\": \"ls -la && wc -l
         Parameters(params): Parameters<CommandParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let caller = self.caller(&context)?;
         let (sender, forwarder) = progress(&context);
         let result = self
             .engine
             .run_command(
-                &self.caller,
+                &caller,
                 &params.session_id,
                 &params.command,
                 seconds(params.timeout_seconds),
@@ -429,11 +437,13 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"path\": \"data/input.csv\", 
     async fn write_file(
         &self,
         Parameters(params): Parameters<WriteFileParams>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let caller = self.caller(&context)?;
         let result = self
             .engine
             .write_file(
-                &self.caller,
+                &caller,
                 &params.session_id,
                 &params.path,
                 &params.content,
@@ -455,10 +465,12 @@ symbolic links are not followed.\n\nExample: {\"session_id\": \"s-0123456789abcd
     async fn read_file(
         &self,
         Parameters(params): Parameters<ReadFileParams>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let caller = self.caller(&context)?;
         let result = self
             .engine
-            .read_file(&self.caller, &params.session_id, &params.path)
+            .read_file(&caller, &params.session_id, &params.path)
             .await;
         Ok(answer(result, |file| {
             if file.encoding == "utf-8" {
@@ -482,11 +494,13 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"path\": \"\", \"depth\": 2}"
     async fn list_files(
         &self,
         Parameters(params): Parameters<ListFilesParams>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let caller = self.caller(&context)?;
         let depth = params.depth.unwrap_or(3) as usize;
         let result = self
             .engine
-            .list_files(&self.caller, &params.session_id, &params.path, depth)
+            .list_files(&caller, &params.session_id, &params.path, depth)
             .await;
         Ok(answer(result, |list| {
             if list.entries.is_empty() {

@@ -103,9 +103,10 @@ pub(crate) struct ValidateParams {
 #[derive(Clone)]
 pub struct SnakeboxServer {
     pub(crate) engine: Arc<Engine>,
-    /// Who every call of this connection is for: stdio has one caller ([`Caller::local`]); a
-    /// face with tenants makes a server per tenant ([`SnakeboxServer::for_caller`]).
-    pub(crate) caller: Caller,
+    /// Who every call of this connection is for: stdio has one caller ([`Caller::local`]).
+    /// `None` on a face with tenants ([`SnakeboxServer::per_request`]): each request carries
+    /// its own, put there by the face after it authenticated the request.
+    caller: Option<Caller>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -122,9 +123,40 @@ impl SnakeboxServer {
     pub fn for_caller(engine: Arc<Engine>, caller: Caller) -> Self {
         Self {
             engine,
-            caller,
+            caller: Some(caller),
             tool_router: Self::tool_router() + Self::session_router(),
         }
+    }
+
+    /// A server over this engine for a face with tenants: every request must carry its
+    /// [`Caller`] in the extensions of its HTTP request parts (an HTTP face inserts it after
+    /// authenticating the request). A request without one is refused, never served as
+    /// anyone's.
+    #[must_use]
+    pub fn per_request(engine: Arc<Engine>) -> Self {
+        Self {
+            engine,
+            caller: None,
+            tool_router: Self::tool_router() + Self::session_router(),
+        }
+    }
+
+    /// Who `context`'s request is for.
+    pub(crate) fn caller(&self, context: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
+        if let Some(fixed) = self.caller.as_ref() {
+            return Ok(fixed.clone());
+        }
+        context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Caller>())
+            .cloned()
+            .ok_or_else(|| {
+                ErrorData::internal_error(
+                    "the request carries no authenticated tenant; it was not served",
+                    None,
+                )
+            })
     }
 
     #[tool(
@@ -193,22 +225,17 @@ progress token; cancelling the request kills the run at once. Limits: timeout_se
                 .collect(),
             network: params.network,
         };
+        let caller = self.caller(&context)?;
         let (sender, forwarder) = progress(&context);
         let result = match params.session_id {
             Some(session_id) => {
                 self.engine
-                    .execute_in_session(
-                        &self.caller,
-                        &session_id,
-                        request,
-                        context.ct.clone(),
-                        sender,
-                    )
+                    .execute_in_session(&caller, &session_id, request, context.ct.clone(), sender)
                     .await
             }
             None => {
                 self.engine
-                    .execute(&self.caller, request, context.ct.clone(), sender)
+                    .execute(&caller, request, context.ct.clone(), sender)
                     .await
             }
         };
@@ -288,11 +315,12 @@ impl ServerHandler for SnakeboxServer {
     async fn list_resources(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
+        let caller = self.caller(&context)?;
         let resources = self
             .engine
-            .list_artifacts(&self.caller, LISTED_ARTIFACTS)
+            .list_artifacts(&caller, LISTED_ARTIFACTS)
             .await
             .into_iter()
             .map(|artifact| {
@@ -307,9 +335,10 @@ impl ServerHandler for SnakeboxServer {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        read_artifact(&self.engine, &self.caller, &request.uri)
+        let caller = self.caller(&context)?;
+        read_artifact(&self.engine, &caller, &request.uri)
             .await
             .map(ReadResourceResponse::from)
     }

@@ -16,12 +16,83 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Serve MCP over stdio (for Claude Code, Claude Desktop, Cursor, Codex, ...).
-    Serve(EngineArgs),
+    /// Serve MCP over stdio (for Claude Code, Claude Desktop, Cursor, Codex, ...), or over
+    /// HTTP with `--http` (streamable HTTP at /mcp, API keys for tenants).
+    Serve(ServeArgs),
+    /// Manage the API keys of the HTTP face: each key names a tenant.
+    Keys(KeysArgs),
     /// Run a script through the same engine and print its output (exit code passed through).
     Run(RunArgs),
     /// Report what `check_environment` reports, with a fix for anything missing.
     Check(CheckArgs),
+}
+
+/// Arguments of `snakebox serve`.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    #[command(flatten, next_help_heading = "HTTP")]
+    pub http: HttpArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// The HTTP face (`[http]`): where it listens and who may reach it.
+#[derive(Debug, Clone, Default, Args)]
+pub struct HttpArgs {
+    /// Serve MCP over HTTP instead of stdio, on ADDR [default: 127.0.0.1:8000, or `[http]
+    /// addr`]. Without API keys only a loopback address is served (see `snakebox keys`).
+    #[arg(long, env = "SNAKEBOX_HTTP", value_name = "ADDR", num_args = 0..=1, default_missing_value = "")]
+    pub http: Option<String>,
+    /// The URL clients use to reach the server (behind a proxy or a name): its host is
+    /// accepted in `Host` and its origin in `Origin`.
+    #[arg(long, env = "SNAKEBOX_PUBLIC_URL", value_name = "URL")]
+    pub public_url: Option<String>,
+    /// Another `Host` to accept (a name, or name:port), repeatable.
+    #[arg(long = "allowed-host", value_name = "HOST")]
+    pub allowed_hosts: Vec<String>,
+    /// A browser origin allowed to call the server (`https://app.example.com`), repeatable.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    pub allowed_origins: Vec<String>,
+    /// Serve without API keys on a non-loopback address (a proxy in front authenticates).
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+}
+
+/// Arguments of `snakebox keys`.
+#[derive(Debug, Args)]
+pub struct KeysArgs {
+    /// What to do with the keys.
+    #[command(subcommand)]
+    pub action: KeysAction,
+}
+
+/// `snakebox keys add | list | revoke`; each reads the data directory from the same flags,
+/// environment and config file as `serve`.
+#[derive(Debug, Subcommand)]
+pub enum KeysAction {
+    /// Make a key for a tenant and print it once (its last line is the key alone).
+    Add {
+        /// The tenant its calls are for: 1-64 of `a-z`, `0-9`, `-`, `_`.
+        #[arg(long)]
+        tenant: String,
+        #[command(flatten)]
+        engine: Box<EngineArgs>,
+    },
+    /// List the keys (masked) with their ids and tenants.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        engine: Box<EngineArgs>,
+    },
+    /// Revoke a key by id: it stops working at the next request.
+    Revoke {
+        /// The key's id, as `keys list` shows it (`k-…`).
+        id: String,
+        #[command(flatten)]
+        engine: Box<EngineArgs>,
+    },
 }
 
 /// Arguments of `snakebox run`.
@@ -259,4 +330,16 @@ pub struct ArtifactsArgs {
     /// Artifact store size above which the oldest runs' artifacts are removed [default: 1GiB].
     #[arg(long, env = "SNAKEBOX_ARTIFACT_MAX_SIZE", value_name = "SIZE")]
     pub artifact_max_size: Option<String>,
+}
+
+impl KeysAction {
+    /// The engine settings (for the data directory).
+    #[must_use]
+    pub fn engine(&self) -> &EngineArgs {
+        match self {
+            KeysAction::Add { engine, .. }
+            | KeysAction::List { engine, .. }
+            | KeysAction::Revoke { engine, .. } => engine,
+        }
+    }
 }

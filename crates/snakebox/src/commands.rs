@@ -1,4 +1,4 @@
-//! The subcommands: `serve`, `run`, `check`.
+//! The subcommands: `serve` (stdio or HTTP), `run`, `check`, `keys`.
 #![allow(clippy::print_stdout, clippy::print_stderr)] // The CLI's job is to print.
 
 use std::io::{Read, Write};
@@ -10,7 +10,7 @@ use anyhow::Context;
 use snakebox_engine::{Engine, EnvironmentReport, ExecuteRequest, Status, StopReason};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{CheckArgs, EngineArgs, RunArgs};
+use crate::cli::{CheckArgs, KeysAction, KeysArgs, RunArgs, ServeArgs};
 use crate::settings;
 
 /// How long calls in flight get to return their (cancelled) records when the server stops.
@@ -30,8 +30,11 @@ pub(crate) fn report_error(err: &anyhow::Error) {
 /// in flight are answered `cancelled`, new ones refused, then sandboxes, fork servers, mounts,
 /// cgroups and run directories are released. A second signal skips the wait and forces the
 /// release. Exit code 0 (a stop asked for is not a failure); 2 when serving failed.
-pub(crate) async fn serve(args: &EngineArgs) -> anyhow::Result<ExitCode> {
-    let config = settings::resolve(args)?;
+pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
+    let (config, http) = settings::resolve_serve(args)?;
+    if let Some(http) = http {
+        return serve_http(config, http).await;
+    }
     let engine = Engine::start(config).await;
     let report = engine.report();
     if report.ready {
@@ -64,6 +67,117 @@ pub(crate) async fn serve(args: &EngineArgs) -> anyhow::Result<ExitCode> {
         }
     }
     served?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `snakebox serve --http`: MCP over streamable HTTP until SIGTERM/SIGINT, stopped as cleanly
+/// as stdio: calls in flight are answered `cancelled`, then the listener closes and the engine
+/// releases the host.
+async fn serve_http(
+    config: snakebox_engine::EngineConfig,
+    http: snakebox_http::HttpConfig,
+) -> anyhow::Result<ExitCode> {
+    let engine = Engine::start(config).await;
+    let report = engine.report();
+    if !report.ready {
+        for problem in &report.problems {
+            tracing::error!("executions are refused until this is fixed: {problem}");
+        }
+    }
+    let stop = CancellationToken::new();
+    let mut serving = tokio::spawn({
+        let (engine, stop) = (Arc::clone(&engine), stop.clone());
+        async move { snakebox_http::serve(engine, &http, stop).await }
+    });
+    let reason = tokio::select! {
+        reason = stop_signal() => reason,
+        served = &mut serving => {
+            // It stopped by itself: it could not start (an address in use, no keys).
+            engine.shutdown(StopReason::Requested, Duration::ZERO).await;
+            let error = match served {
+                Ok(Ok(())) => anyhow::anyhow!("the HTTP server stopped by itself"),
+                Ok(Err(err)) => {
+                    let hint = err.hint();
+                    with_hint(&err, &hint)
+                }
+                Err(join) => anyhow::anyhow!(join).context("the HTTP server failed"),
+            };
+            return Err(error);
+        }
+    };
+    engine.begin_shutdown(reason);
+    let cut_short = engine.wait_idle(DRAIN).await;
+    if cut_short > 0 {
+        tracing::warn!(cut_short, "calls still running after the drain deadline");
+    }
+    // Their replies are written: close the listener and the connections.
+    stop.cancel();
+    if tokio::time::timeout(DRAIN, &mut serving).await.is_err() {
+        serving.abort();
+    }
+    tokio::select! {
+        finished = tokio::time::timeout(TEARDOWN, engine.shutdown(reason, Duration::ZERO)) => {
+            if finished.is_err() {
+                tracing::warn!("shutdown took too long; forcing the release");
+                engine.release_host();
+            }
+        }
+        again = stop_signal() => {
+            tracing::warn!(?again, "second stop request; forcing the release");
+            engine.release_host();
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// An error with its causes on one line, then a `hint:` line.
+fn with_hint(err: &dyn std::error::Error, hint: &str) -> anyhow::Error {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
+    }
+    anyhow::anyhow!("{text}\nhint: {hint}")
+}
+
+/// `snakebox keys add | list | revoke`: the HTTP face's API keys, in the data directory.
+pub(crate) fn keys(args: &KeysArgs) -> anyhow::Result<ExitCode> {
+    let config = settings::resolve(args.action.engine())?;
+    let store = snakebox_http::KeyStore::new(&config.data_dir);
+    let failed = |err: snakebox_http::KeyError| with_hint(&err, &err.hint());
+    match &args.action {
+        KeysAction::Add { tenant, .. } => {
+            let made = store.add(tenant).map_err(failed)?;
+            eprintln!(
+                "made key {} for tenant `{}`; it is shown once, below: clients send it as `Authorization: Bearer <key>`",
+                made.info.id, made.info.tenant
+            );
+            println!("{}", made.key);
+        }
+        KeysAction::List { json, .. } => {
+            let keys = store.list().map_err(failed)?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&keys)?);
+            } else if keys.is_empty() {
+                println!("no keys (make one with `snakebox keys add --tenant NAME`)");
+            } else {
+                for key in keys {
+                    let state = key
+                        .revoked_at
+                        .map_or_else(|| "live".to_owned(), |at| format!("revoked at {at}"));
+                    println!(
+                        "{}  {}  tenant={}  created at {}  {state}",
+                        key.id, key.masked, key.tenant, key.created_at
+                    );
+                }
+            }
+        }
+        KeysAction::Revoke { id, .. } => {
+            let key = store.revoke(id).map_err(failed)?;
+            println!("revoked {} ({}, tenant {})", key.id, key.masked, key.tenant);
+        }
+    }
     Ok(ExitCode::SUCCESS)
 }
 

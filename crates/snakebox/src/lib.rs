@@ -38,6 +38,7 @@ pub fn run(cli: Cli) -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => commands::serve(&args).await,
+            Command::Keys(args) => commands::keys(&args),
             Command::Run(args) => commands::run(args).await,
             Command::Check(args) => commands::check(&args).await,
         }

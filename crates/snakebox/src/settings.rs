@@ -15,6 +15,7 @@
 //! | `[cache]` | the environment cache: warming, builds, size and age | |
 //! | `[sessions]` | persistent sessions: idle times, count, disk, interpreters | per-tenant quotas |
 //! | `[artifacts]` | the artifact store: age and size | |
+//! | `[http]` | `serve --http`: address, public URL, allowed hosts and origins | tenants, quotas |
 //!
 //! `[limits]` holds only per-run bounds; server-wide capacity (`max_concurrent_runs`) is in
 //! `[server]`, and each store's retention is in the store's own section, so a per-tenant or
@@ -39,8 +40,8 @@ use snakebox_engine::EngineConfig;
 use snakebox_sandbox::BackendKind;
 
 use crate::cli::{
-    ArtifactsArgs, BackendArg, CacheArgs, EngineArgs, LimitsArgs, NetworkArg, NetworkArgs,
-    PoolArgs, PythonArgs, SandboxArgs, ServerArgs, SessionsArgs, Switch,
+    ArtifactsArgs, BackendArg, CacheArgs, EngineArgs, HttpArgs, LimitsArgs, NetworkArg,
+    NetworkArgs, PoolArgs, PythonArgs, SandboxArgs, ServeArgs, ServerArgs, SessionsArgs, Switch,
 };
 
 /// Largest `--warm-pool`: every pooled sandbox is a waiting interpreter.
@@ -86,6 +87,16 @@ const FLAT_KEYS: &[FlatKey] = &[
     ("artifact_max_size", "artifacts", "max_size"),
 ];
 
+/// Keys that exist only in their section (added after the file became sectioned, so they
+/// have no flat form): `(section, key)`.
+const SECTION_KEYS: &[(&str, &str)] = &[
+    ("http", "addr"),
+    ("http", "public_url"),
+    ("http", "allowed_hosts"),
+    ("http", "allowed_origins"),
+    ("http", "insecure_no_auth"),
+];
+
 /// The sections, in the order the README documents them.
 const SECTIONS: &[&str] = &[
     "server",
@@ -97,6 +108,7 @@ const SECTIONS: &[&str] = &[
     "cache",
     "sessions",
     "artifacts",
+    "http",
 ];
 
 /// The config file, sectioned (after [`sectioned`] has moved any flat keys in).
@@ -112,6 +124,20 @@ struct FileSettings {
     cache: CacheFile,
     sessions: SessionsFile,
     artifacts: ArtifactsFile,
+    http: HttpFile,
+}
+
+/// `[http]`: read by `serve --http` only.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HttpFile {
+    addr: Option<String>,
+    public_url: Option<String>,
+    #[serde(default)]
+    allowed_hosts: Vec<String>,
+    #[serde(default)]
+    allowed_origins: Vec<String>,
+    insecure_no_auth: Option<bool>,
 }
 
 /// `[server]`.
@@ -235,6 +261,52 @@ impl CoresValue {
 /// Flag (or environment) first, then the file's text form of a size or count.
 fn text_or(cli: Option<&String>, file: Option<SizeOrNumber>) -> Option<String> {
     cli.cloned().or(file.map(SizeOrNumber::into_text))
+}
+
+/// `serve`'s settings: the engine's, and the HTTP face's when `--http` (or `SNAKEBOX_HTTP`)
+/// asks for it (`None`: stdio). One read of the config file for both.
+///
+/// # Errors
+/// As [`resolve`]; also an address that does not parse, or a public URL that is not one.
+pub(crate) fn resolve_serve(
+    args: &ServeArgs,
+) -> anyhow::Result<(EngineConfig, Option<snakebox_http::HttpConfig>)> {
+    let mut file = load_file(args.engine.config.as_deref())?;
+    let http_file = std::mem::take(&mut file.http);
+    let engine = resolve_with(&args.engine, file)?;
+    let http = resolve_http(&args.http, http_file)?;
+    Ok((engine, http))
+}
+
+/// The default address of `serve --http`.
+const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8000";
+
+fn resolve_http(
+    args: &HttpArgs,
+    file: HttpFile,
+) -> anyhow::Result<Option<snakebox_http::HttpConfig>> {
+    let Some(flag) = &args.http else {
+        return Ok(None);
+    };
+    let addr = Some(flag.as_str())
+        .filter(|addr| !addr.is_empty())
+        .map(str::to_owned)
+        .or(file.addr)
+        .unwrap_or_else(|| DEFAULT_HTTP_ADDR.to_owned());
+    let addr = addr.parse().with_context(|| {
+        format!("invalid --http address `{addr}`\nhint: write an IP address and a port, e.g. `127.0.0.1:8000` or `0.0.0.0:8000`")
+    })?;
+    let mut allowed_hosts = file.allowed_hosts;
+    allowed_hosts.extend(args.allowed_hosts.iter().cloned());
+    let mut allowed_origins = file.allowed_origins;
+    allowed_origins.extend(args.allowed_origins.iter().cloned());
+    Ok(Some(snakebox_http::HttpConfig {
+        addr,
+        public_url: args.public_url.clone().or(file.public_url),
+        allowed_hosts,
+        allowed_origins,
+        insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
+    }))
 }
 
 /// Merge CLI/env arguments with the config file and defaults: one step per section.
@@ -529,8 +601,12 @@ fn sectioned(table: toml::Table) -> anyhow::Result<(toml::Table, Vec<FlatKey>)> 
 
 /// A key inside `[section]` must be one of that section's keys.
 fn check_section_key(section: &str, name: &str) -> anyhow::Result<()> {
-    let known = FLAT_KEYS.iter().filter(|(_, s, _)| *s == section);
-    if known.clone().any(|(_, _, key)| *key == name) {
+    let known = FLAT_KEYS
+        .iter()
+        .map(|&(flat, s, key)| (flat, s, key))
+        .chain(SECTION_KEYS.iter().map(|&(s, key)| ("", s, key)))
+        .filter(|(_, s, _)| *s == section);
+    if known.clone().any(|(_, _, key)| key == name) {
         return Ok(());
     }
     let hint = if let Some((_, s, key)) = FLAT_KEYS.iter().find(|(flat, _, _)| *flat == name) {
@@ -542,7 +618,7 @@ fn check_section_key(section: &str, name: &str) -> anyhow::Result<()> {
     {
         format!("`{key}` belongs in `[{s}]`")
     } else {
-        let keys: Vec<&str> = known.map(|(_, _, key)| *key).collect();
+        let keys: Vec<&str> = known.map(|(_, _, key)| key).collect();
         match closest(name, keys.iter().copied()) {
             Some(best) => format!("did you mean `{best}`? `[{section}]` has {}", list(&keys)),
             None => format!("`[{section}]` has {}", list(&keys)),
@@ -864,7 +940,11 @@ mod tests {
             assert!(SECTIONS.contains(&section), "{section}");
         }
         for section in SECTIONS {
-            assert!(FLAT_KEYS.iter().any(|(_, s, _)| s == section), "{section}");
+            assert!(
+                FLAT_KEYS.iter().any(|(_, s, _)| s == section)
+                    || SECTION_KEYS.iter().any(|(s, _)| s == section),
+                "{section}"
+            );
         }
     }
 
@@ -923,9 +1003,10 @@ mod tests {
                 .chain(flags.iter().cloned());
             let cli = Cli::try_parse_from(argv).unwrap_or_else(|err| panic!("{command:?}: {err}"));
             let args = match cli.command {
-                Command::Serve(args) => args,
+                Command::Serve(serve) => serve.engine,
                 Command::Run(run) => run.engine,
                 Command::Check(check) => check.engine,
+                Command::Keys(keys) => keys.action.engine().clone(),
             };
             assert_eq!(args.limits.memory_limit.as_deref(), Some("2GiB"));
             assert_eq!(args.sessions.max_sessions, Some(4));

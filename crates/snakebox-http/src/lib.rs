@@ -1,0 +1,191 @@
+//! The HTTP face of snakebox: the same MCP handler and engine as stdio, served over
+//! streamable HTTP to clients on the network, with API keys that name a tenant.
+//!
+//! What this crate owns is the edge: everything a request meets before the MCP handler sees
+//! it, in one order for every route ([`edge`]): the `Host` allowlist (DNS rebinding), the
+//! `Origin` check (browsers), JSON on POSTs (a browser's "simple" cross-site POST is
+//! refused), a body limit, then authentication (`Authorization: Bearer sbx_…` → the key's
+//! tenant, [`keys`]). The tenant travels to the handler as a [`snakebox_engine::Caller`] in
+//! the request's extensions ([`snakebox_server::SnakeboxServer::per_request`]), so every
+//! session, run and artifact it touches is its own and another tenant's ids are "not found".
+//!
+//! It must not know how code runs: it calls the MCP handler, which calls the engine. rmcp does
+//! the MCP framing (`StreamableHttpService`, stateless: both protocol eras); its own `Host`
+//! check is replaced by ours, which covers every route.
+//!
+//! Without any API key, a server bound to loopback serves one local tenant without
+//! authentication (a developer's machine); bound elsewhere it refuses to start unless told
+//! `--insecure-no-auth`. Keys made while it runs take effect at once.
+
+pub mod edge;
+pub mod keys;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any_service, get};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use snakebox_engine::Engine;
+use snakebox_server::SnakeboxServer;
+use tokio_util::sync::CancellationToken;
+
+pub use edge::Edge;
+pub use keys::{KeyError, KeyInfo, KeyStore, NewKey};
+
+/// Largest request body accepted (a script is at most a few MiB; input files ride along).
+pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// How the HTTP face is set up (`[http]` in the config file, `serve --http` flags).
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Where to listen.
+    pub addr: SocketAddr,
+    /// The URL clients use to reach the server, when it is behind a proxy or a name: its host
+    /// is allowed in `Host`, its origin in `Origin`.
+    pub public_url: Option<String>,
+    /// More `Host` values to accept (names or `name:port`), besides loopback names and the
+    /// public URL's host.
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins allowed to call (`https://app.example.com`), besides the server's own.
+    pub allowed_origins: Vec<String>,
+    /// Serve without API keys on a non-loopback address (everyone is the local tenant).
+    pub insecure_no_auth: bool,
+}
+
+/// Why the HTTP face cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    /// A non-loopback bind without keys and without `--insecure-no-auth`.
+    #[error(
+        "Refusing to serve on `{0}` without authentication: it is not a loopback address and no API key exists"
+    )]
+    NoAuth(SocketAddr),
+    /// The key store failed.
+    #[error(transparent)]
+    Keys(#[from] KeyError),
+    /// The address could not be bound, or serving failed.
+    #[error("Failed to serve HTTP on `{addr}`")]
+    Io {
+        /// The address.
+        addr: SocketAddr,
+        /// The system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `--public-url` is not a URL with a host.
+    #[error("The public URL `{0}` is not an http(s) URL with a host")]
+    PublicUrl(String),
+}
+
+impl HttpError {
+    /// How to fix it.
+    #[must_use]
+    pub fn hint(&self) -> String {
+        match self {
+            HttpError::NoAuth(_) => "make a key with `snakebox keys add --tenant NAME` (clients send it as `Authorization: Bearer sbx_…`), bind to 127.0.0.1, or pass --insecure-no-auth if a proxy in front authenticates".into(),
+            HttpError::Keys(err) => err.hint(),
+            HttpError::Io { .. } => "check that the address is free (another server on that port?) and that this user may bind it".into(),
+            HttpError::PublicUrl(_) => "pass the URL clients use, e.g. `https://snakebox.example.com`".into(),
+        }
+    }
+}
+
+/// The routes, behind the edge: what [`serve`] serves (tests call it directly).
+///
+/// # Errors
+/// A bad public URL, or a non-loopback bind without authentication.
+pub fn router(
+    engine: Arc<Engine>,
+    config: &HttpConfig,
+    keys: KeyStore,
+    stop: CancellationToken,
+) -> Result<Router, HttpError> {
+    let edge = Edge::new(config, keys)?;
+    let mcp_config = {
+        let mut mcp = StreamableHttpServerConfig::default()
+            // Ours covers every route; rmcp's covers only its own.
+            .disable_allowed_hosts()
+            .disable_allowed_origins();
+        // Stateless: no server-side MCP sessions to lose or to tie to a tenant; snakebox's
+        // own sessions are addressed by `session_id` arguments.
+        mcp.legacy_session_mode = false;
+        mcp.json_response = true;
+        mcp.cancellation_token = stop.child_token();
+        mcp
+    };
+    let handler = SnakeboxServer::per_request(Arc::clone(&engine));
+    let mcp = StreamableHttpService::new(
+        move || Ok(handler.clone()),
+        Arc::new(NeverSessionManager::default()),
+        mcp_config,
+    );
+    let ready_engine = Arc::clone(&engine);
+    let router = Router::new()
+        .route_service("/mcp", any_service(mcp.clone()))
+        // Clients configured with `…/sse` try streamable HTTP there first.
+        .route_service("/sse", any_service(mcp))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let engine = Arc::clone(&ready_engine);
+                async move { readiness(&engine) }
+            }),
+        )
+        .fallback(|| async {
+            (
+                StatusCode::NOT_FOUND,
+                "no such route; MCP is served at /mcp (streamable HTTP)\n",
+            )
+        });
+    Ok(edge.wrap(router))
+}
+
+/// `/readyz`: 200 when runs can be served, else 503 with the reasons.
+fn readiness(engine: &Engine) -> Response {
+    let report = engine.report();
+    let body = serde_json::json!({
+        "ready": report.ready,
+        "problems": report.problems,
+    });
+    let status = if report.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+/// Serve until `stop` is cancelled, then stop taking requests and let those in flight finish
+/// (the engine's own shutdown answers them `cancelled`).
+///
+/// # Errors
+/// The address cannot be bound, the key store cannot be read, or authentication would be off
+/// on a non-loopback address.
+pub async fn serve(
+    engine: Arc<Engine>,
+    config: &HttpConfig,
+    stop: CancellationToken,
+) -> Result<(), HttpError> {
+    let keys = KeyStore::new(&engine.config().data_dir);
+    let router = router(Arc::clone(&engine), config, keys, stop.clone())?;
+    let listener = tokio::net::TcpListener::bind(config.addr)
+        .await
+        .map_err(|source| HttpError::Io {
+            addr: config.addr,
+            source,
+        })?;
+    let bound = listener.local_addr().unwrap_or(config.addr);
+    tracing::info!(%bound, "serving MCP over HTTP at http://{bound}/mcp");
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move { stop.cancelled().await })
+        .await
+        .map_err(|source| HttpError::Io {
+            addr: config.addr,
+            source,
+        })
+}
