@@ -1,0 +1,315 @@
+//! The edge of the HTTP face, request by request through the real router (a real engine on
+//! the `none` backend behind it: what is under test is what a request meets before and around
+//! the MCP handler): foreign `Host` and `Origin` refused on every route, JSON required on
+//! POSTs, keys required once one exists (401 with `WWW-Authenticate`), and one tenant's
+//! artifacts "not found" for another.
+#![allow(clippy::unwrap_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use serde_json::{Value, json};
+use snakebox_engine::{Engine, EngineConfig};
+use snakebox_http::{HttpConfig, HttpError, KeyStore};
+use snakebox_sandbox::BackendKind;
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
+
+const ROUTES: [&str; 5] = ["/mcp", "/sse", "/healthz", "/readyz", "/nope"];
+
+async fn engine(data: &std::path::Path) -> Arc<Engine> {
+    let mut config = EngineConfig::new(data.to_path_buf(), BackendKind::None);
+    config.warm_pool = 0;
+    config.fork_server = false;
+    config.warm_cache = false;
+    Arc::new(Engine::new(config).await)
+}
+
+fn config(addr: &str) -> HttpConfig {
+    HttpConfig {
+        addr: addr.parse::<SocketAddr>().unwrap(),
+        public_url: Some("https://snakebox.example.com".into()),
+        allowed_hosts: vec![],
+        allowed_origins: vec!["https://app.example.com".into()],
+        insecure_no_auth: false,
+    }
+}
+
+async fn router(data: &std::path::Path) -> Router {
+    let engine = engine(data).await;
+    snakebox_http::router(
+        engine,
+        &config("127.0.0.1:0"),
+        KeyStore::new(data),
+        CancellationToken::new(),
+    )
+    .unwrap()
+}
+
+fn rpc(method: &str, params: Value) -> Request<Body> {
+    Request::post("/mcp")
+        .header(header::HOST, "127.0.0.1:8000")
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT, "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2025-06-18")
+        .body(Body::from(
+            json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string(),
+        ))
+        .unwrap()
+}
+
+fn with_key(mut request: Request<Body>, key: &str) -> Request<Body> {
+    request.headers_mut().insert(
+        header::AUTHORIZATION,
+        format!("Bearer {key}").parse().unwrap(),
+    );
+    request
+}
+
+async fn send(
+    router: &Router,
+    request: Request<Body>,
+) -> (StatusCode, axum::http::HeaderMap, Value) {
+    let response = router.clone().oneshot(request).await.unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 24)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    // A JSON body, or the JSON of the last `data:` line of an event stream.
+    let body = serde_json::from_str(&text).unwrap_or_else(|_| {
+        text.lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .filter_map(|data| serde_json::from_str(data.trim()).ok())
+            .last()
+            .unwrap_or(Value::String(text.into_owned()))
+    });
+    (status, headers, body)
+}
+
+#[tokio::test]
+async fn every_route_refuses_a_foreign_host_with_a_hint() {
+    let data = tempfile::tempdir().unwrap();
+    let router = router(data.path()).await;
+    for path in ROUTES {
+        for host in [
+            "evil.example",
+            "evil.example:8000",
+            "127.0.0.1.evil.example",
+        ] {
+            let request = Request::get(path)
+                .header(header::HOST, host)
+                .body(Body::empty())
+                .unwrap();
+            let (status, _, body) = send(&router, request).await;
+            assert_eq!(status, StatusCode::FORBIDDEN, "{path} {host}");
+            assert!(
+                body["hint"].as_str().unwrap().contains("--allowed-host"),
+                "{body}"
+            );
+        }
+        // Proof that the route is there for an allowed host (the probes answer at once).
+        let request = Request::get(path)
+            .header(header::HOST, "localhost:8000")
+            .body(Body::empty())
+            .unwrap();
+        let (status, _, _) = send(&router, request).await;
+        assert_ne!(status, StatusCode::FORBIDDEN, "{path}");
+    }
+    // The public URL's host is allowed too.
+    let request = Request::get("/healthz")
+        .header(header::HOST, "snakebox.example.com")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&router, request).await.0, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_foreign_origin_is_refused_on_every_route_and_allowed_ones_pass() {
+    let data = tempfile::tempdir().unwrap();
+    let router = router(data.path()).await;
+    for path in ROUTES {
+        let request = Request::get(path)
+            .header(header::HOST, "127.0.0.1:8000")
+            .header(header::ORIGIN, "https://evil.example")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(
+            send(&router, request).await.0,
+            StatusCode::FORBIDDEN,
+            "{path}"
+        );
+    }
+    for origin in [
+        "http://127.0.0.1:8000",
+        "https://app.example.com",
+        "https://snakebox.example.com",
+    ] {
+        let mut request = rpc("tools/list", json!({}));
+        request
+            .headers_mut()
+            .insert(header::ORIGIN, origin.parse().unwrap());
+        let (status, _, body) = send(&router, request).await;
+        assert_eq!(status, StatusCode::OK, "{origin}: {body}");
+    }
+}
+
+#[tokio::test]
+async fn posts_must_be_json() {
+    let data = tempfile::tempdir().unwrap();
+    let router = router(data.path()).await;
+    for content_type in [
+        None,
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+    ] {
+        for path in ["/mcp", "/sse"] {
+            let mut request = Request::post(path).header(header::HOST, "127.0.0.1");
+            if let Some(content_type) = content_type {
+                request = request.header(header::CONTENT_TYPE, content_type);
+            }
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
+            let (status, _, body) = send(&router, request.body(Body::from(body)).unwrap()).await;
+            assert_eq!(
+                status,
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "{path} {content_type:?}"
+            );
+            assert!(body["hint"].as_str().unwrap().contains("application/json"));
+        }
+    }
+}
+
+#[tokio::test]
+async fn once_a_key_exists_every_mcp_request_needs_a_live_one() {
+    let data = tempfile::tempdir().unwrap();
+    let router = router(data.path()).await;
+    let keys = KeyStore::new(data.path());
+    // No key yet, loopback: the local tenant, without authentication.
+    let (status, _, body) = send(&router, rpc("tools/list", json!({}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["result"]["tools"].as_array().unwrap().len() > 5);
+
+    let made = keys.add("team-a").unwrap();
+    // From now on a key is needed: none, a wrong one, another scheme.
+    for request in [
+        rpc("tools/list", json!({})),
+        with_key(rpc("tools/list", json!({})), "sbx_0000"),
+        with_key(
+            rpc("tools/list", json!({})),
+            &made.key[..made.key.len() - 1],
+        ),
+    ] {
+        let (status, headers, body) = send(&router, request).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+        assert_eq!(
+            headers.get(header::WWW_AUTHENTICATE).unwrap(),
+            "Bearer realm=\"snakebox\""
+        );
+        assert!(body["hint"].as_str().unwrap().contains("snakebox keys add"));
+    }
+    // `?api_key=` is for GET /sse only.
+    let mut request = rpc("tools/list", json!({}));
+    *request.uri_mut() = format!("/mcp?api_key={}", made.key).parse().unwrap();
+    assert_eq!(send(&router, request).await.0, StatusCode::UNAUTHORIZED);
+    // The probes stay open.
+    let probe = Request::get("/healthz")
+        .header(header::HOST, "127.0.0.1")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&router, probe).await.0, StatusCode::OK);
+    // The right key works; revoked, it stops at the next request.
+    let (status, _, _) = send(&router, with_key(rpc("tools/list", json!({})), &made.key)).await;
+    assert_eq!(status, StatusCode::OK);
+    keys.revoke(&made.info.id).unwrap();
+    let (status, _, _) = send(&router, with_key(rpc("tools/list", json!({})), &made.key)).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn a_public_bind_without_keys_refuses_to_start_unless_told() {
+    let data = tempfile::tempdir().unwrap();
+    let engine = engine(data.path()).await;
+    let keys = KeyStore::new(data.path());
+    let refused = snakebox_http::router(
+        Arc::clone(&engine),
+        &config("0.0.0.0:8000"),
+        keys.clone(),
+        CancellationToken::new(),
+    );
+    let Err(err) = refused else {
+        panic!("served a public address without keys");
+    };
+    assert!(matches!(err, HttpError::NoAuth(_)), "{err}");
+    assert!(err.hint().contains("snakebox keys add"));
+    let mut insecure = config("0.0.0.0:8000");
+    insecure.insecure_no_auth = true;
+    assert!(
+        snakebox_http::router(
+            Arc::clone(&engine),
+            &insecure,
+            keys.clone(),
+            CancellationToken::new()
+        )
+        .is_ok()
+    );
+    // With a key, a public bind starts and requires it.
+    let made = keys.add("team-a").unwrap();
+    let router = snakebox_http::router(
+        engine,
+        &config("0.0.0.0:8000"),
+        keys,
+        CancellationToken::new(),
+    )
+    .unwrap();
+    assert_eq!(
+        send(&router, rpc("tools/list", json!({}))).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    let (status, _, _) = send(&router, with_key(rpc("tools/list", json!({})), &made.key)).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test]
+async fn one_tenants_artifacts_and_runs_are_not_found_for_another() {
+    let data = tempfile::tempdir().unwrap();
+    let router = router(data.path()).await;
+    let keys = KeyStore::new(data.path());
+    let a = keys.add("team-a").unwrap().key;
+    let b = keys.add("team-b").unwrap().key;
+    let run = rpc(
+        "tools/call",
+        json!({"name": "execute_python", "arguments": {"script": "open('out.txt', 'w').write('made by a')"}}),
+    );
+    let (status, _, body) = send(&router, with_key(run, &a)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let result = &body["result"]["structuredContent"];
+    assert_eq!(result["status"], "ok", "{body}");
+    let uri = result["artifacts"][0]["uri"].as_str().unwrap().to_owned();
+
+    let read = |key: &str| with_key(rpc("resources/read", json!({"uri": uri})), key);
+    let (_, _, mine) = send(&router, read(&a)).await;
+    assert_eq!(mine["result"]["contents"][0]["text"], "made by a", "{mine}");
+    let (_, _, theirs) = send(&router, read(&b)).await;
+    assert!(
+        theirs["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("No artifact"),
+        "{theirs}"
+    );
+    assert!(theirs.get("result").is_none(), "{theirs}");
+    // B lists nothing of A's.
+    let (_, _, listed) = send(&router, with_key(rpc("resources/list", json!({})), &b)).await;
+    assert_eq!(listed["result"]["resources"], json!([]), "{listed}");
+    let (_, _, listed) = send(&router, with_key(rpc("resources/list", json!({})), &a)).await;
+    assert_eq!(
+        listed["result"]["resources"].as_array().unwrap().len(),
+        1,
+        "{listed}"
+    );
+}

@@ -1,0 +1,213 @@
+"""The HTTP face (issue 14) with a real client: the official MCP Python SDK's streamable HTTP
+transport against `snakebox serve --http`, in both protocol eras, with API keys made by
+`snakebox keys add`.
+
+- a tenant runs a script (with progress notifications streamed back), works in a session and
+  reads its artifact;
+- another tenant's key sees none of it: its session, artifact and run are "not found";
+- a request without a key, or with a revoked one, gets 401 (the SDK raises);
+- SIGTERM stops the server cleanly (exit 0) with nothing of it left running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import urllib.error
+import urllib.request
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import AsyncIterator
+
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+from conftest import MODES, call, have_bwrap
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_key(binary: Path, data: Path, tenant: str) -> str:
+    done = subprocess.run(
+        [str(binary), "keys", "add", "--tenant", tenant, "--data-dir", str(data)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    key = done.stdout.strip().splitlines()[-1]
+    assert key.startswith("sbx_") and len(key) == 68, done
+    assert key not in done.stderr
+    return key
+
+
+@contextlib.contextmanager
+def http_server(binary: Path, data: Path, *args: str):
+    port = free_port()
+    proc = subprocess.Popen(
+        [str(binary), "serve", "--http", f"127.0.0.1:{port}", "--data-dir", str(data), "--no-warm-cache", *args],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SNAKEBOX_LOG": "warn"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+                break
+            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
+            time.sleep(0.1)
+        yield proc, f"http://127.0.0.1:{port}"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def raw_post(url: str, key: str | None) -> tuple[int, dict[str, str], str]:
+    """A tools/list POST without the SDK: what the server really answers."""
+    request = urllib.request.Request(
+        f"{url}/mcp",
+        data=json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode(),
+        headers={"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
+                 **({"Authorization": f"Bearer {key}"} if key else {})},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read().decode()
+
+
+@contextlib.asynccontextmanager
+async def connect(url: str, key: str | None, mode: str) -> AsyncIterator[Client]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    http = create_mcp_http_client(headers=headers)
+    async with http, Client(streamable_http_client(f"{url}/mcp", http_client=http), mode=mode, read_timeout_seconds=300) as client:
+        yield client
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_tenants_work_over_http_and_never_see_each_other(snakebox_bin: Path, tmp_path: Path, mode: str):
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    marker = uuid.uuid4().hex
+    with http_server(snakebox_bin, data) as (proc, url):
+        async with connect(url, key_a, mode) as a:
+            # A run whose printed lines stream back as progress notifications.
+            progress: list[str] = []
+
+            async def on_progress(_progress: float, _total: float | None, message: str | None) -> None:
+                if message:
+                    progress.append(message)
+
+            result = await a.call_tool(
+                "execute_python",
+                {"script": f"import time\nfor i in range(3):\n    print('{marker}', i, flush=True)\n    time.sleep(0.3)\nopen('out.txt', 'w').write('made by a')"},
+                progress_callback=on_progress,
+            )
+            run = result.structured_content
+            assert run["status"] == "ok" and marker in run["stdout"], run
+            assert any(marker in line for line in progress), progress
+            uri = run["artifacts"][0]["uri"]
+            content = await a.read_resource(uri)
+            assert content.contents[0].text == "made by a"
+            session, text, is_error = await call(a, "create_session", name="http")
+            assert not is_error, text
+            sid = session["session_id"]
+            cell, text, _ = await call(a, "execute_python", script="x = 41\nx + 1", session_id=sid)
+            assert cell["result"]["json"] == 42, text
+
+        async with connect(url, key_b, mode) as b:
+            listed, _, _ = await call(b, "list_sessions")
+            assert listed["sessions"] == [], listed
+            for tool in ("delete_session", "list_packages"):
+                data_b, text, is_error = await call(b, tool, session_id=sid)
+                assert is_error and data_b["error"]["kind"] == "not_found", (tool, text)
+            cell_b, text, is_error = await call(b, "execute_python", script="1", session_id=sid)
+            assert is_error and cell_b["error"]["kind"] == "not_found", text
+            with pytest.raises(Exception) as refused:
+                await b.read_resource(uri)
+            assert "No artifact" in str(refused.value)
+            resources = await b.list_resources()
+            assert resources.resources == []
+
+        # A's session is untouched by all that.
+        async with connect(url, key_a, mode) as a:
+            cell, text, _ = await call(a, "execute_python", script="x", session_id=sid)
+            assert cell["result"]["json"] == 41, text
+            await call(a, "delete_session", session_id=sid)
+        assert proc.poll() is None
+
+
+async def test_requests_without_a_live_key_are_refused(snakebox_bin: Path, tmp_path: Path):
+    data = tmp_path / "data"
+    key = make_key(snakebox_bin, data, "team-a")
+    with http_server(snakebox_bin, data) as (proc, url):
+        for wrong in (None, "sbx_" + "0" * 64):
+            # The SDK's client fails (it reports a generic error response)...
+            with pytest.raises(Exception):
+                async with connect(url, wrong, "legacy") as client:
+                    await client.list_tools()
+            # ...and what the server answered is a 401 with the Bearer challenge and a hint.
+            status, headers, body = raw_post(url, wrong)
+            assert status == 401, (status, body)
+            assert headers.get("www-authenticate") == 'Bearer realm="snakebox"', headers
+            assert "snakebox keys add" in json.loads(body)["hint"]
+        async with connect(url, key, "legacy") as client:
+            tools = await client.list_tools()
+            assert any(t.name == "execute_python" for t in tools.tools)
+        # Revoked: refused from the next request on, without a restart.
+        key_id = subprocess.run(
+            [str(snakebox_bin), "keys", "list", "--json", "--data-dir", str(data)],
+            capture_output=True, text=True, check=True,
+        ).stdout
+        (entry,) = json.loads(key_id)
+        assert entry["masked"].startswith("sbx_") and key not in key_id
+        subprocess.run([str(snakebox_bin), "keys", "revoke", entry["id"], "--data-dir", str(data)], check=True, capture_output=True)
+        with pytest.raises(Exception):
+            async with connect(url, key, "legacy") as client:
+                await client.list_tools()
+        assert raw_post(url, key)[0] == 401
+        assert proc.poll() is None
+
+
+async def test_sigterm_stops_the_http_server_cleanly(snakebox_bin: Path, tmp_path: Path):
+    data = tmp_path / "data"
+    with http_server(snakebox_bin, data) as (proc, url):
+        async with connect(url, None, "legacy") as client:
+            ok, _, _ = await call(client, "execute_python", script="print('before the stop')")
+            assert ok["status"] == "ok", ok
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+        pid = proc.pid
+    assert not (data / "runs" / str(pid)).exists()
+    # Nothing of it keeps running (the sessions' disk watchdog notices the exit within a
+    # second or two and ends too).
+    deadline = time.monotonic() + 20
+    while True:
+        leftovers = subprocess.run(["pgrep", "-f", str(data)], capture_output=True, text=True).stdout.split()
+        described = {pid: Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:200]
+                     for pid in leftovers if Path(f"/proc/{pid}").exists()}
+        if not described or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert described == {}, described
