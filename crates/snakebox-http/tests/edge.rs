@@ -85,7 +85,7 @@ async fn send(
         text.lines()
             .filter_map(|line| line.strip_prefix("data:"))
             .filter_map(|data| serde_json::from_str(data.trim()).ok())
-            .last()
+            .next_back()
             .unwrap_or(Value::String(text.into_owned()))
     });
     (status, headers, body)
