@@ -118,7 +118,10 @@ impl Engine {
                 .is_ok_and(|default| default.executable == plan.interpreter.executable);
         // Forked from the fork server of this environment when there is one; else a
         // pre-started sandbox of the warm pool when one matches; else a cold start.
-        let (forking, warm) = match self.pool.claim(&environment, plan.network, is_default) {
+        let (forking, warm) = match self
+            .pool
+            .claim(caller, &environment, plan.network, is_default)
+        {
             crate::pool::Claim::Fork(forking) => (Some(forking), None),
             crate::pool::Claim::Warm(warm) => (None, Some(*warm)),
             crate::pool::Claim::Cold => (None, None),

@@ -47,11 +47,41 @@ pub(crate) const GO: &[u8] = b"go\n";
 /// How long the refill waits after a failed start before trying again.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
 
-/// What a pooled sandbox is for: a cached environment and a network setting.
+/// What a pooled sandbox or a fork server is for: a cached environment, a network setting,
+/// and whose runs may share it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Key {
     environment: String,
     network: bool,
+    /// `None` for an environment without packages: nothing a caller chose is imported ahead
+    /// of the run. Otherwise the tenant: a fork server has run the environment's import-time
+    /// code, which could leave state (a shared mapping) that every later fork inherits, so
+    /// tenants never share one (SECURITY.md, "Forked runs").
+    tenant: Option<String>,
+}
+
+impl Key {
+    fn of(environment: &Environment, network: bool, caller: &crate::Caller) -> Key {
+        Key::from_parts(
+            &environment.key,
+            !environment.packages.is_empty(),
+            network,
+            caller,
+        )
+    }
+
+    fn from_parts(
+        environment: &str,
+        has_packages: bool,
+        network: bool,
+        caller: &crate::Caller,
+    ) -> Key {
+        Key {
+            environment: environment.to_owned(),
+            network,
+            tenant: has_packages.then(|| caller.id().to_owned()),
+        }
+    }
 }
 
 /// An environment kept warm.
@@ -242,6 +272,7 @@ impl WarmPool {
     /// of the pool, or cold. Records the use either way (see [`WarmPool::note_use`]).
     pub(crate) fn claim(
         &self,
+        caller: &crate::Caller,
         environment: &Environment,
         network: bool,
         is_default: bool,
@@ -249,10 +280,7 @@ impl WarmPool {
         if !self.active() {
             return Claim::Cold;
         }
-        let key = Key {
-            environment: environment.key.clone(),
-            network,
-        };
+        let key = Key::of(environment, network, caller);
         let root = dir_id(&environment.root);
         let (claim, discarded) = {
             let mut inner = self.lock();
@@ -396,10 +424,7 @@ impl Engine {
             match self.default_environment().await {
                 Ok(environment) => {
                     pool.lock().default = Some(Target {
-                        key: Key {
-                            environment: environment.key.clone(),
-                            network: self.config.network,
-                        },
+                        key: Key::of(&environment, self.config.network, &crate::Caller::local()),
                         environment,
                     });
                 }
@@ -562,4 +587,32 @@ impl Engine {
 fn dir_id(path: &std::path::Path) -> Option<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Key;
+    use crate::Caller;
+
+    #[test]
+    fn tenants_share_nothing_warm_of_an_environment_with_packages() {
+        let (a, b) = (
+            Caller::tenant("team-a").unwrap(),
+            Caller::tenant("team-b").unwrap(),
+        );
+        // With packages (their import-time code ran in the fork server): one per tenant.
+        assert_ne!(
+            Key::from_parts("env", true, false, &a),
+            Key::from_parts("env", true, false, &b)
+        );
+        assert_eq!(
+            Key::from_parts("env", true, false, &a),
+            Key::from_parts("env", true, false, &a)
+        );
+        // A bare environment imports nothing a caller chose: shared.
+        assert_eq!(
+            Key::from_parts("env", false, false, &a),
+            Key::from_parts("env", false, false, &b)
+        );
+    }
 }
