@@ -211,3 +211,55 @@ async def test_sigterm_stops_the_http_server_cleanly(snakebox_bin: Path, tmp_pat
             break
         time.sleep(0.5)
     assert described == {}, described
+
+
+async def test_legacy_sse_with_a_key_in_the_url_and_sessions_bound_to_their_tenant(snakebox_bin: Path, tmp_path: Path):
+    """Seed 002's users connect through `supergateway --sse http://HOST/sse?api_key=KEY`: the
+    SDK's SSE client, given the same URL, runs a tool; its session id is useless to another
+    tenant, and without a key the stream is refused."""
+    from mcp.client.sse import sse_client
+
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    sessions: list[str] = []
+    with http_server(snakebox_bin, data) as (proc, url):
+        transport = sse_client(f"{url}/sse?api_key={key_a}", on_session_created=sessions.append)
+        async with Client(transport, mode="legacy", read_timeout_seconds=120) as client:
+            run, text, is_error = await call(client, "execute_python", script="print(6 * 7)")
+            assert not is_error and run["stdout"] == "42\n", text
+            created, text, _ = await call(client, "create_session", name="over-sse")
+            sid = created["session_id"]
+            assert sessions, "no SSE session id was announced"
+            # Another tenant's key cannot post into A's SSE session...
+            message = {"jsonrpc": "2.0", "id": 99, "method": "tools/list"}
+            status, _, body = raw_request(f"{url}/messages?sessionId={sessions[0]}", message, key_b)
+            assert status == 404 and "no such SSE session" in body, (status, body)
+            # ...nor can a made-up session id be posted to.
+            status, _, _ = raw_request(f"{url}/messages?sessionId={'0' * 32}", message, None)
+            assert status == 404
+            # A's session (made over SSE) is A's over streamable HTTP too, and not B's.
+        async with connect(url, key_b, "legacy") as b:
+            refused, _, is_error = await call(b, "list_packages", session_id=sid)
+            assert is_error and refused["error"]["kind"] == "not_found", refused
+        async with connect(url, key_a, "legacy") as a:
+            listed, _, _ = await call(a, "list_sessions")
+            assert [s["session_id"] for s in listed["sessions"]] == [sid], listed
+        # Without a key, no stream.
+        status, headers, _ = raw_request(f"{url}/sse", None, None, method="GET")
+        assert status == 401 and "bearer" in headers.get("www-authenticate", "").lower()
+        assert proc.poll() is None
+
+
+def raw_request(url: str, message: dict | None, key: str | None, method: str = "POST") -> tuple[int, dict[str, str], str]:
+    request = urllib.request.Request(
+        url,
+        data=json.dumps(message).encode() if message is not None else None,
+        headers={"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})},
+        method=method,
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read(200).decode()
+    except urllib.error.HTTPError as err:
+        return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read().decode()

@@ -9,7 +9,10 @@
 //! 4. **Authentication**, for every route but `/healthz` and `/readyz`: a live API key as
 //!    `Authorization: Bearer sbx_…` (401 with `WWW-Authenticate` otherwise); the key's tenant
 //!    goes into the request's extensions as a [`Caller`]. A server without any key serves the
-//!    local tenant when it is bound to loopback (or told `--insecure-no-auth`).
+//!    local tenant when it is bound to loopback (or told `--insecure-no-auth`). A legacy SSE
+//!    post (`/messages`) without a key is let through to its handler, which accepts it only for
+//!    an open session: the session id, handed out on an authenticated `GET /sse`, is its
+//!    credential.
 //!
 //! Refusals are JSON (`{"error": …, "hint": …}`) and say how to fix the request.
 
@@ -250,7 +253,11 @@ async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) 
             );
         }
     }
-    if !OPEN_ROUTES.contains(&request.uri().path()) {
+    // A legacy SSE post may come without a key: its session id (128 random bits, handed out
+    // on an authenticated `GET /sse` and bound to that tenant) is its credential. With a key,
+    // the key must be valid and the session its tenant's (checked by the handler).
+    let session_post = request.uri().path() == "/messages" && bearer(request.headers()).is_none();
+    if !OPEN_ROUTES.contains(&request.uri().path()) && !session_post {
         match edge.authenticate(&request) {
             Ok(caller) => {
                 request.extensions_mut().insert(caller);

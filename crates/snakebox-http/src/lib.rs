@@ -19,6 +19,7 @@
 
 pub mod edge;
 pub mod keys;
+mod sse;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,7 +27,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any_service, get};
+use axum::routing::{any_service, get, post};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use snakebox_engine::Engine;
@@ -124,10 +125,18 @@ pub fn router(
         mcp_config,
     );
     let ready_engine = Arc::clone(&engine);
+    let legacy = sse::SseSessions::new(Arc::clone(&engine), stop.child_token());
     let router = Router::new()
         .route_service("/mcp", any_service(mcp.clone()))
-        // Clients configured with `…/sse` try streamable HTTP there first.
-        .route_service("/sse", any_service(mcp))
+        // `GET /sse` is the legacy SSE transport; clients configured with `…/sse` that speak
+        // streamable HTTP POST there first.
+        .route(
+            "/sse",
+            get(sse::open)
+                .post_service(mcp)
+                .with_state(Arc::clone(&legacy)),
+        )
+        .route("/messages", post(sse::post).with_state(legacy))
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",
