@@ -263,3 +263,87 @@ def raw_request(url: str, message: dict | None, key: str | None, method: str = "
             return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read(200).decode()
     except urllib.error.HTTPError as err:
         return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read().decode()
+
+
+async def test_quotas_per_tenant_refuse_with_a_hint_and_never_starve_another(snakebox_bin: Path, tmp_path: Path):
+    """`[tenants]` quotas, judged from what each tenant's client gets: past its runs per
+    minute a tenant is refused (`quota`, with when to retry) while another is served; past its
+    sessions, `create_session` is refused; and with one slot per tenant, another tenant's call
+    runs while the busy tenant's calls wait on its own queue. A client that goes away takes its
+    calls with it: the runs are stopped, not left to their timeout."""
+    import anyio
+
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    args = ("--max-concurrent-runs", "2", "--tenant-max-concurrent-runs", "1",
+            "--tenant-runs-per-minute", "5", "--tenant-max-sessions", "1")
+    with http_server(snakebox_bin, data, *args) as (proc, url):
+        async with connect(url, key_a, "legacy") as a, connect(url, key_b, "legacy") as b:
+            # Per minute: A's fifth call in the minute is its last.
+            for i in range(5):
+                ok, text, _ = await call(a, "execute_python", script=f"print({i})")
+                assert ok["status"] == "ok", text
+            refused, text, is_error = await call(a, "execute_python", script="print(5)")
+            assert is_error and refused["error"]["kind"] == "quota", text
+            assert "retry after" in refused["error"]["message"] and "runs_per_minute" in refused["error"]["hint"]
+            still, text, _ = await call(b, "execute_python", script="print('b is served')")
+            assert still["status"] == "ok", text
+            # Sessions: one per tenant.
+            first, text, is_error = await call(b, "create_session")
+            assert not is_error, text
+            second, text, is_error = await call(b, "create_session")
+            assert is_error and second["error"]["kind"] == "quota", text
+            assert "max_sessions" in second["error"]["hint"]
+
+    # Fairness, with fresh allowances: C fills its one slot and queues two more; D's call is not
+    # behind them. Then C's client goes away mid-run.
+    key_c = make_key(snakebox_bin, data, "team-c")
+    key_d = make_key(snakebox_bin, data, "team-d")
+    marker = uuid.uuid4().hex
+    with http_server(snakebox_bin, data, *args) as (proc, url):
+        done_c: list[str] = []
+        d_finished_with: list[int] = []
+        async with connect(url, key_c, "legacy") as c, connect(url, key_d, "legacy") as d:
+
+            async def slow_c(i: int) -> None:
+                script = (
+                    "import subprocess, sys, time\n"
+                    f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', '{marker}'])\n"
+                    f"time.sleep(120)\nprint({i})"
+                )
+                data_c, _, _ = await call(c, "execute_python", script=script, timeout_seconds=200)
+                done_c.append(data_c["status"])
+
+            async with anyio.create_task_group() as group:
+                for i in range(3):
+                    group.start_soon(slow_c, i)
+                # Proof of life: C's first run is running (its child is seen from the host).
+                with anyio.fail_after(120):
+                    while not marker_alive(marker):
+                        await anyio.sleep(0.2)
+                quick, text, _ = await call(d, "execute_python", script="print('d ran')")
+                assert quick["status"] == "ok" and quick["stdout"] == "d ran\n", text
+                d_finished_with.append(len(done_c))
+                group.cancel_scope.cancel()
+        assert d_finished_with == [0], "D waited behind C's runs"
+        # C's client is gone: its runs are stopped (no process of theirs is left) well before
+        # their two minutes, and the server keeps serving.
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and marker_alive(marker):
+            time.sleep(0.5)
+        assert not marker_alive(marker), "the runs of a client that went away kept running"
+        async with connect(url, key_d, "legacy") as d:
+            alive, _, _ = await call(d, "execute_python", script="print('still serving')")
+            assert alive["status"] == "ok"
+        assert proc.poll() is None
+
+
+def marker_alive(marker: str) -> bool:
+    """Whether a process whose command line holds `marker` runs (a script's, seen from the host)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    return True
+    return False

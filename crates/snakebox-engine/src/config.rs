@@ -61,6 +61,8 @@ pub struct EngineConfig {
     pub max_concurrent_runs: usize,
     /// Persistent sessions: idle times and caps.
     pub sessions: SessionSettings,
+    /// What one tenant may take of the server (runs at once, runs per minute, sessions).
+    pub tenants: crate::TenantQuotas,
     /// Artifacts (files a run produced) are removed this long after the run.
     pub artifact_max_age: Duration,
     /// Artifact store size quota: above it, the oldest runs' artifacts are removed first.
@@ -103,6 +105,7 @@ impl EngineConfig {
             unpinned_freshness: Duration::from_secs(24 * 3600),
             max_concurrent_runs: 8,
             sessions: SessionSettings::default(),
+            tenants: crate::TenantQuotas::default(),
             artifact_max_age: Duration::from_secs(24 * 3600),
             artifact_max_bytes: 1024 * 1024 * 1024,
             allow_sdist_builds: false,

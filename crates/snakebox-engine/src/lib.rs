@@ -24,6 +24,7 @@ mod result;
 mod run;
 mod runner;
 mod session;
+mod tenants;
 /// See [`snakebox_fs::tree`].
 use snakebox_fs::tree;
 mod validate;
@@ -56,6 +57,7 @@ pub use session::{
     MAX_FILE_BYTES, PackageList, SessionInfo, SessionList, SessionSummary, SessionsReport,
 };
 pub use snakebox_fs::PathError;
+pub use tenants::TenantQuotas;
 pub use validate::{Validation, ValidationProblem};
 
 /// A slot of the concurrency cap `runs` (the engine's, or a handle on it that a session's
@@ -92,6 +94,8 @@ pub struct Engine {
     lifecycle: lifecycle::Lifecycle,
     /// The runs table: every tracked call, recorded when admitted and when it returns.
     history: Arc<history::History>,
+    /// What each tenant holds of the server, against its quotas.
+    tenants: tenants::Tenants,
 }
 
 /// How the environment cache runs package code (compilation, builds): with a run's limits.
@@ -178,6 +182,7 @@ impl Engine {
         );
         Engine {
             history: Arc::new(history::History::open(&config.data_dir)),
+            tenants: tenants::Tenants::new(config.tenants.clone()),
             pool: pool::WarmPool::new(config.warm_pool, config.fork_server),
             sessions,
             artifacts,

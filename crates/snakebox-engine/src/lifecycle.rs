@@ -302,7 +302,23 @@ impl Engine {
             Err(error) => return refuse(execution_id, error),
         };
         self.history.started(&execution_id, caller, start);
-        let mut result = run(execution_id, call.token.clone()).await;
+        // The tenant's quotas: a call past its minute is refused; past its runs at once, it
+        // waits on its own queue (or until the call is cancelled).
+        let admitted = tokio::select! {
+            admitted = self.tenants.admit(caller) => admitted,
+            () = call.token.cancelled() => Err(EngineError::new(
+                ErrorKind::Cancelled,
+                "The call was cancelled while it waited for its tenant's turn",
+            )),
+        };
+        let mut result = match admitted {
+            Ok(admitted) => {
+                let result = run(execution_id, call.token.clone()).await;
+                drop(admitted);
+                result
+            }
+            Err(error) => refuse(execution_id, error),
+        };
         self.mark_stopped(&call, &mut result);
         self.history.finished(&result);
         result

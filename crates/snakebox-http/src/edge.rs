@@ -265,7 +265,24 @@ async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) 
             Err(refused) => return *refused,
         }
     }
-    next.run(request).await
+    // Calls of this request stop when it goes away: the guard travels with the response
+    // body, which is dropped once sent or when the client disconnects.
+    let gone = tokio_util::sync::CancellationToken::new();
+    request
+        .extensions_mut()
+        .insert(snakebox_server::RequestGone(gone.clone()));
+    let response = next.run(request).await;
+    let guard = gone.drop_guard();
+    response.map(|body| {
+        let stream = futures_util::stream::unfold(
+            (body.into_data_stream(), guard),
+            |(mut data, guard)| async move {
+                let chunk = futures_util::StreamExt::next(&mut data).await?;
+                Some((chunk, (data, guard)))
+            },
+        );
+        axum::body::Body::from_stream(stream)
+    })
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@ use snakebox_engine::{Engine, StopReason};
 use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
-pub use tools::SnakeboxServer;
+pub use tools::{RequestGone, SnakeboxServer};
 
 /// Largest JSON-RPC line read from stdio. Larger than any script we accept, so an oversized
 /// script reaches the tool and gets a clear error instead of being dropped by the transport.

@@ -416,7 +416,7 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"command\": \"ls -la && wc -l
                 &params.session_id,
                 &params.command,
                 seconds(params.timeout_seconds),
-                context.ct.clone(),
+                self.call_token(&context),
                 sender,
             )
             .await;

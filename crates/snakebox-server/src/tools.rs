@@ -23,6 +23,7 @@ use snakebox_engine::{
     Status, Validation,
 };
 use snakebox_sandbox::OutputChunk;
+use tokio_util::sync::CancellationToken;
 
 const INSTRUCTIONS: &str = "snakebox runs Python in a fresh, isolated sandbox for every call. \
 Declare third-party packages with `dependencies` (PEP 508, pinned: [\"pandas>=2.2\"]) or a PEP 723 \
@@ -99,6 +100,12 @@ pub(crate) struct ValidateParams {
     pub python_version: Option<String>,
 }
 
+/// Put by an HTTP face into a request's extensions, and cancelled when the request goes away
+/// (its response is dropped: the client disconnected). Calls of that request are cancelled
+/// with it.
+#[derive(Debug, Clone)]
+pub struct RequestGone(pub CancellationToken);
+
 /// The MCP server: one engine shared by every request.
 #[derive(Clone)]
 pub struct SnakeboxServer {
@@ -139,6 +146,28 @@ impl SnakeboxServer {
             caller: None,
             tool_router: Self::tool_router() + Self::session_router(),
         }
+    }
+
+    /// The cancel token of a call: cancelled by an MCP cancellation, and on HTTP also when the
+    /// request goes away (the client disconnected: [`RequestGone`]), so a run nobody waits for
+    /// is stopped rather than left to its timeout.
+    pub(crate) fn call_token(&self, context: &RequestContext<RoleServer>) -> CancellationToken {
+        let token = context.ct.child_token();
+        let gone = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<RequestGone>())
+            .cloned();
+        if let Some(RequestGone(gone)) = gone {
+            let call = token.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = gone.cancelled() => call.cancel(),
+                    () = call.cancelled() => {}
+                }
+            });
+        }
+        token
     }
 
     /// Who `context`'s request is for.
@@ -230,12 +259,18 @@ progress token; cancelling the request kills the run at once. Limits: timeout_se
         let result = match params.session_id {
             Some(session_id) => {
                 self.engine
-                    .execute_in_session(&caller, &session_id, request, context.ct.clone(), sender)
+                    .execute_in_session(
+                        &caller,
+                        &session_id,
+                        request,
+                        self.call_token(&context),
+                        sender,
+                    )
                     .await
             }
             None => {
                 self.engine
-                    .execute(&caller, request, context.ct.clone(), sender)
+                    .execute(&caller, request, self.call_token(&context), sender)
                     .await
             }
         };

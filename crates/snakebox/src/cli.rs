@@ -183,6 +183,8 @@ pub struct EngineArgs {
     pub sessions: SessionsArgs,
     #[command(flatten, next_help_heading = "Artifacts")]
     pub artifacts: ArtifactsArgs,
+    #[command(flatten, next_help_heading = "Quotas per tenant")]
+    pub tenants: TenantsArgs,
 }
 
 /// The server as a whole: where its data lives and how much work runs at once (`[server]`).
@@ -330,6 +332,23 @@ pub struct ArtifactsArgs {
     /// Artifact store size above which the oldest runs' artifacts are removed [default: 1GiB].
     #[arg(long, env = "SNAKEBOX_ARTIFACT_MAX_SIZE", value_name = "SIZE")]
     pub artifact_max_size: Option<String>,
+}
+
+/// What one tenant (one API key's, on `serve --http`) may take of the server (`[tenants]`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct TenantsArgs {
+    /// Runs of one tenant at once; more wait on the tenant's own queue, so the other slots
+    /// stay free for other tenants [default: unlimited on stdio; with --http, one less than
+    /// --max-concurrent-runs].
+    #[arg(long, env = "SNAKEBOX_TENANT_MAX_CONCURRENT_RUNS", value_name = "N")]
+    pub tenant_max_concurrent_runs: Option<usize>,
+    /// Runs one tenant may start per minute; more are refused with when to retry
+    /// [default: unlimited].
+    #[arg(long, env = "SNAKEBOX_TENANT_RUNS_PER_MINUTE", value_name = "N")]
+    pub tenant_runs_per_minute: Option<u32>,
+    /// Sessions one tenant may have at once [default: unlimited; --max-sessions holds for all].
+    #[arg(long, env = "SNAKEBOX_TENANT_MAX_SESSIONS", value_name = "N")]
+    pub tenant_max_sessions: Option<usize>,
 }
 
 impl KeysAction {

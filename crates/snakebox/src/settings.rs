@@ -15,7 +15,8 @@
 //! | `[cache]` | the environment cache: warming, builds, size and age | |
 //! | `[sessions]` | persistent sessions: idle times, count, disk, interpreters | per-tenant quotas |
 //! | `[artifacts]` | the artifact store: age and size | |
-//! | `[http]` | `serve --http`: address, public URL, allowed hosts and origins | tenants, quotas |
+//! | `[tenants]` | what one tenant may take: runs at once, runs per minute, sessions | per-tenant profiles |
+//! | `[http]` | `serve --http`: address, public URL, allowed hosts and origins | |
 //!
 //! `[limits]` holds only per-run bounds; server-wide capacity (`max_concurrent_runs`) is in
 //! `[server]`, and each store's retention is in the store's own section, so a per-tenant or
@@ -42,6 +43,7 @@ use snakebox_sandbox::BackendKind;
 use crate::cli::{
     ArtifactsArgs, BackendArg, CacheArgs, EngineArgs, HttpArgs, LimitsArgs, NetworkArg,
     NetworkArgs, PoolArgs, PythonArgs, SandboxArgs, ServeArgs, ServerArgs, SessionsArgs, Switch,
+    TenantsArgs,
 };
 
 /// Largest `--warm-pool`: every pooled sandbox is a waiting interpreter.
@@ -95,6 +97,9 @@ const SECTION_KEYS: &[(&str, &str)] = &[
     ("http", "allowed_hosts"),
     ("http", "allowed_origins"),
     ("http", "insecure_no_auth"),
+    ("tenants", "max_concurrent_runs"),
+    ("tenants", "runs_per_minute"),
+    ("tenants", "max_sessions"),
 ];
 
 /// The sections, in the order the README documents them.
@@ -108,6 +113,7 @@ const SECTIONS: &[&str] = &[
     "cache",
     "sessions",
     "artifacts",
+    "tenants",
     "http",
 ];
 
@@ -124,7 +130,17 @@ struct FileSettings {
     cache: CacheFile,
     sessions: SessionsFile,
     artifacts: ArtifactsFile,
+    tenants: TenantsFile,
     http: HttpFile,
+}
+
+/// `[tenants]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantsFile {
+    max_concurrent_runs: Option<usize>,
+    runs_per_minute: Option<u32>,
+    max_sessions: Option<usize>,
 }
 
 /// `[http]`: read by `serve --http` only.
@@ -273,8 +289,13 @@ pub(crate) fn resolve_serve(
 ) -> anyhow::Result<(EngineConfig, Option<snakebox_http::HttpConfig>)> {
     let mut file = load_file(args.engine.config.as_deref())?;
     let http_file = std::mem::take(&mut file.http);
-    let engine = resolve_with(&args.engine, file)?;
+    let mut engine = resolve_with(&args.engine, file)?;
     let http = resolve_http(&args.http, http_file)?;
+    // Several tenants share the server: by default none may take every slot.
+    if http.is_some() && engine.tenants.max_concurrent_runs.is_none() {
+        engine.tenants.max_concurrent_runs =
+            Some(engine.max_concurrent_runs.saturating_sub(1).max(1));
+    }
     Ok((engine, http))
 }
 
@@ -330,6 +351,7 @@ fn resolve_with(args: &EngineArgs, file: FileSettings) -> anyhow::Result<EngineC
     resolve_cache(&args.cache, file.cache, &mut config)?;
     resolve_sessions(&args.sessions, file.sessions, &mut config)?;
     resolve_artifacts(&args.artifacts, file.artifacts, &mut config)?;
+    resolve_tenants(&args.tenants, &file.tenants, &mut config)?;
     Ok(config)
 }
 
@@ -510,6 +532,30 @@ fn resolve_artifacts(
     if let Some(text) = text_or(args.artifact_max_size.as_ref(), file.max_size) {
         config.artifact_max_bytes = parse_size(&text)
             .with_context(|| "invalid --artifact-max-size (`[artifacts] max_size`)")?;
+    }
+    Ok(())
+}
+
+fn resolve_tenants(
+    args: &TenantsArgs,
+    file: &TenantsFile,
+    config: &mut EngineConfig,
+) -> anyhow::Result<()> {
+    let quotas = &mut config.tenants;
+    quotas.max_concurrent_runs = args.tenant_max_concurrent_runs.or(file.max_concurrent_runs);
+    quotas.runs_per_minute = args.tenant_runs_per_minute.or(file.runs_per_minute);
+    quotas.max_sessions = args.tenant_max_sessions.or(file.max_sessions);
+    for (name, value) in [
+        ("--tenant-max-concurrent-runs", quotas.max_concurrent_runs),
+        (
+            "--tenant-runs-per-minute",
+            quotas.runs_per_minute.map(|n| n as usize),
+        ),
+        ("--tenant-max-sessions", quotas.max_sessions),
+    ] {
+        if value == Some(0) {
+            bail!("{name} must be at least 1\nhint: leave it unset for no per-tenant bound");
+        }
     }
     Ok(())
 }
@@ -827,6 +873,10 @@ mod tests {
         sizes_and_counts_may_be_unlimited: "[limits]\nmemory = \"unlimited\"\ncpu_seconds = \"unlimited\"\n" => |config| config.memory_bytes.is_none() && config.cpu_time.is_none(),
         cores_may_be_unlimited: "[limits]\ncpu_cores = \"unlimited\"\n" => |config| config.cpu_millicores.is_none(),
         network_section: "[network]\nmode = \"on\"\n" => |config| config.network,
+        tenants_section: "[tenants]\nmax_concurrent_runs = 2\nruns_per_minute = 60\nmax_sessions = 3\n" => |config| config.tenants.max_concurrent_runs == Some(2)
+            && config.tenants.runs_per_minute == Some(60)
+            && config.tenants.max_sessions == Some(3),
+        no_tenant_quotas_by_default: "" => |config| config.tenants == snakebox_engine::TenantQuotas::default(),
         switches_and_booleans: indoc! {r#"
             [pool]
             fork_server = "off"
@@ -867,6 +917,8 @@ mod tests {
         zero_timeout: "[limits]\nmax_timeout = 0\n" => ["--max-timeout must be at least 1"],
         default_above_max: "[limits]\nmax_timeout = 10\ndefault_timeout = 20\n" => ["larger than --max-timeout", "hint"],
         not_toml: "[limits\n" => ["TOML", "limits"],
+        zero_tenant_quota: "[tenants]\nmax_sessions = 0\n" => ["--tenant-max-sessions must be at least 1", "hint"],
+        tenant_key_typo: "[tenants]\nmax_session = 2\n" => ["unknown key `max_session` in `[tenants]`", "did you mean `max_sessions`?"],
     }
 
     /// A value for every flat key, each different from its default.

@@ -69,7 +69,7 @@ impl Sessions {
                     disk,
                     store,
                     slots: Mutex::default(),
-                    creating: Mutex::new(0),
+                    creating: Mutex::new(HashMap::new()),
                     settings,
                 });
                 if let Ok(handle) = tokio::runtime::Handle::try_current() {
@@ -187,7 +187,8 @@ pub(super) struct Manager {
     pub(super) store: Store,
     pub(super) slots: Mutex<HashMap<String, Arc<Slot>>>,
     /// Sessions being created (counted against `--max-sessions` before their row exists).
-    pub(super) creating: Mutex<u64>,
+    /// Sessions being created, by owner (counted with the recorded ones against the caps).
+    pub(super) creating: Mutex<HashMap<String, u64>>,
     pub(super) settings: SessionSettings,
 }
 
@@ -195,6 +196,7 @@ pub(super) struct Manager {
 /// dropped (the session's row then counts, or it failed).
 pub(super) struct CreateReservation<'a> {
     manager: &'a Manager,
+    owner: String,
 }
 
 impl Drop for CreateReservation<'_> {
@@ -204,7 +206,12 @@ impl Drop for CreateReservation<'_> {
             .creating
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *creating = creating.saturating_sub(1);
+        if let Some(count) = creating.get_mut(&self.owner) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                creating.remove(&self.owner);
+            }
+        }
     }
 }
 /// The in-memory side of one session.
@@ -253,12 +260,35 @@ impl Manager {
     /// Hold a place under `--max-sessions` for a session about to be created: the sessions
     /// recorded and those being created count, checked and reserved in one step, so
     /// concurrent creates can never exceed the cap.
-    pub(super) fn reserve_create(&self) -> Result<CreateReservation<'_>, EngineError> {
+    /// Count a session `caller` is about to create against the server's cap and the
+    /// tenant's (`tenant_max`), in one step with the sessions already recorded, so
+    /// concurrent creates cannot pass either cap.
+    pub(super) fn reserve_create(
+        &self,
+        caller: &Caller,
+        tenant_max: Option<usize>,
+    ) -> Result<CreateReservation<'_>, EngineError> {
         let mut creating = self
             .creating
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let count = self.store.count().map_err(db_error)? + *creating;
+        let owner = caller.id().to_owned();
+        if let Some(limit) = tenant_max {
+            let owned = self.store.count_owned(&owner).map_err(db_error)?
+                + creating.get(&owner).copied().unwrap_or(0);
+            if owned >= limit as u64 {
+                return Err(EngineError::new(
+                    ErrorKind::Quota,
+                    format!(
+                        "Tenant `{owner}` has {owned} sessions (or being created), the most a tenant may have ({limit})"
+                    ),
+                )
+                .with_hint(
+                    "delete a session you no longer need (list_sessions, delete_session); the operator can raise `[tenants] max_sessions`",
+                ));
+            }
+        }
+        let count = self.store.count().map_err(db_error)? + creating.values().sum::<u64>();
         if count >= self.settings.max_sessions as u64 {
             return Err(EngineError {
                 kind: ErrorKind::Quota,
@@ -269,8 +299,11 @@ impl Manager {
                 hint: Some("delete a session you no longer need (list_sessions, delete_session); the operator can raise --max-sessions".into()),
             });
         }
-        *creating += 1;
-        Ok(CreateReservation { manager: self })
+        *creating.entry(owner.clone()).or_default() += 1;
+        Ok(CreateReservation {
+            manager: self,
+            owner,
+        })
     }
 
     pub(super) fn paths(&self, id: &str) -> SessionPaths {
@@ -516,7 +549,7 @@ impl Engine {
         }
         // The one-shot rule: the server's policy unless the caller declines it.
         let network = self.network_for(request.network, "session")?;
-        let _reservation = manager.reserve_create()?;
+        let _reservation = manager.reserve_create(caller, self.config.tenants.max_sessions)?;
         manager.check_disk()?;
         let requirements = Self::parse_requirements(&request.dependencies)?;
         let interpreter = self.pick_interpreter(request.python_version.as_deref(), None)?;

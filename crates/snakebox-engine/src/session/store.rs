@@ -173,6 +173,18 @@ impl Store {
         })
     }
 
+    /// Sessions of one owner.
+    pub(crate) fn count_owned(&self, owner: &str) -> rusqlite::Result<u64> {
+        self.with(|conn| {
+            conn.query_row(
+                "SELECT COUNT(*) FROM sessions WHERE owner = ?1",
+                [owner],
+                |row| row.get::<_, i64>(0),
+            )
+            .map(from_i64)
+        })
+    }
+
     /// Bytes of every session's venv and workspace, as last measured.
     pub(crate) fn total_bytes(&self) -> rusqlite::Result<u64> {
         self.with(|conn| {
