@@ -23,14 +23,16 @@ mod env_vars;
 mod error;
 mod install;
 mod interpreter;
+pub mod space;
 mod uv;
+mod verify;
 
 pub use cache::{
     CacheConfig, CacheStats, DEFAULT_INSTALL_TIMEOUT, EnvCache, Environment, MANIFEST_FILE,
     PruneReason, PruneReport, PrunedEnvironment, ResolvedPackage,
 };
 pub use env_vars::{EnvVars, UvEnvironment};
-pub use error::{EnvError, UvStderr};
+pub use error::{EnvError, NO_SPACE_HINT, UvStderr};
 pub use install::{
     BuildSettings, PACKAGE_CODE_CWD, check_requirement_strings, check_requirement_urls,
     compile_invocation, hand_to_package_code, installed_packages, is_missing_wheel,
@@ -41,3 +43,4 @@ pub use uv::{
     DirectUvRunner, Egress, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput,
     UvRunFuture, UvRunner, install_read_only_paths,
 };
+pub use verify::{Mismatch, check_records, is_damaged_compile};

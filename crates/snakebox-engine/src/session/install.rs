@@ -104,6 +104,9 @@ impl Installer {
                 hint: err.hint(),
             })?;
         let stderr = outcome.stderr.text;
+        let full = (outcome.exit_code != Some(0))
+            .then(|| self.out_of_space(&stderr))
+            .flatten();
         match outcome.termination {
             Termination::TimedOut => Err(ErrorInfo {
                 message: format!(
@@ -113,6 +116,15 @@ impl Installer {
                 hint: Some("install fewer packages at once".into()),
             }),
             _ if outcome.exit_code == Some(0) => Ok((outcome.stdout.text.into_bytes(), stderr)),
+            _ if full.is_some() => Err(ErrorInfo {
+                message: format!(
+                    "`{label}` failed: {} is out of space ({} left): {}",
+                    full.unwrap_or_default(),
+                    self.space_left(),
+                    stderr.trim()
+                ),
+                hint: Some(self.space_hint()),
+            }),
             _ if snakebox_env::is_missing_wheel(stderr.as_bytes()) => Err(ErrorInfo {
                 message: format!("`{label}` failed: {}", stderr.trim()),
                 hint: Some(
@@ -126,6 +138,37 @@ impl Installer {
                 ),
             }),
         }
+    }
+
+    /// Which disk a failed step filled, when it failed for lack of space: the step said so
+    /// (`ENOSPC`, `EDQUOT`), or the session's disk or the data directory is nearly full.
+    fn out_of_space(&self, said: &str) -> Option<&'static str> {
+        use snakebox_env::space;
+        let session_low = space::is_low_on_space(&self.env_dir);
+        let cache_low = space::is_low_on_space(&self.uv_cache);
+        if !(space::says_no_space(said) || session_low || cache_low) {
+            return None;
+        }
+        Some(if cache_low && !session_low {
+            "the data directory (uv's cache)"
+        } else {
+            "the session's disk"
+        })
+    }
+
+    fn space_left(&self) -> String {
+        snakebox_env::space::available_bytes(&self.env_dir)
+            .map_or_else(|| "unknown".into(), snakebox_env::space::human_bytes)
+    }
+
+    /// What to do when an install ran out of space.
+    fn space_hint(&self) -> String {
+        format!(
+            "delete files (run_command with `rm`) or whole sessions (delete_session) to free \
+             the session's disk, whose size the operator sets with --sessions-max-disk; for \
+             the data directory: {}",
+            snakebox_env::NO_SPACE_HINT
+        )
     }
 
     /// Make the empty venv.
@@ -263,6 +306,31 @@ impl Installer {
                 Termination::TimedOut => "time",
                 Termination::MemoryLimit => "memory",
                 Termination::CpuLimit => "CPU time",
+                // A file that does not compile is not an error; a full disk (short writes
+                // leave truncated `.pyc` files, which the compile step reports) is.
+                _ if outcome.exit_code != Some(0) => {
+                    let said = outcome.stderr.text;
+                    if let Some(full) = self.out_of_space(&said) {
+                        return Err(ErrorInfo {
+                            message: format!(
+                                "compiling the installed packages failed: {full} is out of space ({} left): {}",
+                                self.space_left(),
+                                said.trim()
+                            ),
+                            hint: Some(self.space_hint()),
+                        });
+                    }
+                    if snakebox_env::is_damaged_compile(outcome.exit_code) {
+                        return Err(ErrorInfo {
+                            message: format!(
+                                "compiling the installed packages left damaged files: {}",
+                                said.trim()
+                            ),
+                            hint: Some("install the packages again; if it keeps failing, check the disk for errors and free space".into()),
+                        });
+                    }
+                    return Ok(());
+                }
                 _ => return Ok(()),
             },
         };
