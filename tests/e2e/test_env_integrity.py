@@ -310,3 +310,32 @@ async def test_a_build_that_runs_out_of_space_says_so_and_works_once_there_is_ro
             again, text, is_error = await run(client, script, ["sbxbig==1.0"], timeout=180)
             assert not is_error and again["status"] == "ok", text
             assert again["stdout"] == "big 4096\n" and again["environment_reused"] is False, again
+
+
+# See: issue 12 (7): space errors in `install_packages`/`create_session` were told to "check the
+# package names and versions". The sessions' disk is an image of `--sessions-max-disk`.
+async def test_session_installs_that_run_out_of_space_say_so(snakebox_bin, tmp_path, index):
+    index.add(big_wheel())
+    data_dir = fresh(tmp_path, "data")
+    async with server(snakebox_bin, data_dir, index, "--sessions-max-disk", "16MiB") as client:
+        created, text, is_error = await call(client, "create_session", dependencies=["sbxbig==1.0"])
+        error = created.get("error") or {}
+        print("create_session:", json.dumps(error)[:1200])
+        assert is_error, text
+        assert "out of space" in error.get("message", ""), error
+        assert "--sessions-max-disk" in (error.get("hint") or "") and "package names" not in (error.get("hint") or ""), error
+
+        created, text, is_error = await call(client, "create_session")
+        assert not is_error, text
+        session = created["session_id"]
+        data, text, is_error = await call(client, "install_packages", session_id=session, packages=["sbxbig==1.0"], wait_seconds=240)
+        error = data.get("error") or {}
+        print("install_packages:", json.dumps(error)[:1200])
+        assert data["state"] == "failed", text
+        assert "out of space" in error.get("message", ""), error
+        hint = error.get("hint") or ""
+        assert "--sessions-max-disk" in hint and "package names" not in hint and "TLS" not in hint, error
+        # The damaged compiled file was removed: the session runs, and imports the package
+        # (compiled in memory) instead of failing with `marshal data too short`.
+        ran, text, _ = await call(client, "execute_python", session_id=session, script="import sbxbig; print(sbxbig.VALUE)")
+        assert ran["status"] == "ok" and ran["stdout"] == "big\n", text

@@ -756,6 +756,8 @@ impl EnvCache {
         previous: Option<&Manifest>,
     ) -> Result<Manifest, EnvError> {
         let started = std::time::Instant::now();
+        // Milliseconds of the download, compile and verify steps (for the log).
+        let mut steps = [0_u128; 3];
         let build_dir = build_dir.to_path_buf();
         let build_id = build_dir.file_name().map_or_else(
             || key.to_owned(),
@@ -818,6 +820,7 @@ impl EnvCache {
             } else {
                 "copy"
             };
+            let step = std::time::Instant::now();
             let download = self
                 .run_uv(
                     "uv pip install",
@@ -828,8 +831,11 @@ impl EnvCache {
                 )
                 .await?;
             if download.success() {
+                steps[0] = step.elapsed().as_millis();
+                let step = std::time::Instant::now();
                 self.compile(&env_dir, &package_identity, interpreter, set)
                     .await?;
+                steps[1] = step.elapsed().as_millis();
             } else if install::is_missing_wheel(&download.stderr) {
                 if !self.build_settings.allow_sdist_builds {
                     return Err(EnvError::SdistBuildsDisabled {
@@ -886,6 +892,7 @@ impl EnvCache {
         // 4. Verified: every installed file against its distribution's RECORD (host code
         //    reading files, executing nothing; the compiled files were checked in the
         //    compile step). A damaged environment is never published.
+        let step = std::time::Instant::now();
         if let Some(site) = install::site_packages(&env_dir) {
             let mismatches =
                 tokio::task::spawn_blocking(move || crate::verify::check_records(&site))
@@ -913,6 +920,8 @@ impl EnvCache {
                 });
             }
         }
+
+        steps[2] = step.elapsed().as_millis();
 
         // 5. The manifest, written before the environment becomes visible.
         let manifest = Manifest {
@@ -964,7 +973,7 @@ impl EnvCache {
                 source: std::io::Error::other("missing or unreadable manifest"),
             });
         }
-        tracing::info!(%key, requirements = ?set.lines, elapsed_ms = started.elapsed().as_millis(), "built environment");
+        tracing::info!(%key, requirements = ?set.lines, elapsed_ms = started.elapsed().as_millis(), download_ms = steps[0], compile_ms = steps[1], verify_ms = steps[2], "built environment");
         Ok(manifest)
     }
 

@@ -288,7 +288,10 @@ impl EnvError {
                  inside the sandbox"
                     .to_owned()
             })),
-            Self::NoSpace { .. } => Some(NO_SPACE_HINT.to_owned()),
+            Self::NoSpace { .. } => Some(format!(
+                "{NO_SPACE_HINT}. Nothing of the failed build was kept: call again once there \
+                 is room"
+            )),
             Self::Incomplete { cache_cleaned, .. } => Some(if *cache_cleaned {
                 "the environment was not kept, and uv's cached copies of the damaged packages \
                  were removed: call again to build it afresh (they are downloaded again)"
@@ -314,8 +317,7 @@ impl EnvError {
 pub const NO_SPACE_HINT: &str = "free space on that file system, or raise or move the data \
      directory (`--data-dir`, `data_dir` in `[server]`); unused environments are removed by \
      pruning, which runs at start and hourly: lower `--cache-max-size` or \
-     `--cache-max-age-days` to keep fewer. Nothing broken was kept: call again once there is \
-     room";
+     `--cache-max-age-days` to keep fewer";
 
 /// uv's standard error, trimmed, used as the cause of a failed uv step.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -43,4 +43,6 @@ pub use uv::{
     DirectUvRunner, Egress, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput,
     UvRunFuture, UvRunner, install_read_only_paths,
 };
-pub use verify::{Mismatch, check_records, is_damaged_compile};
+pub use verify::{
+    Mismatch, check_records, damaged_compile, is_damaged_compile, remove_damaged_pycs,
+};

@@ -83,6 +83,48 @@ pub(crate) fn damaged_pycs(stderr: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Remove the damaged `.pyc` files [`COMPILE_AND_CHECK`] reported (`damaged`, as
+/// `<path under site-packages>: <reason>`) from `site_packages`, so that imports compile the
+/// modules in memory instead of failing on them. Only `__pycache__/*.pyc` entries are
+/// touched, resolved beneath `site_packages` without following links (package code may have
+/// planted any tree there). Returns how many were removed.
+pub fn remove_damaged_pycs(site_packages: &Path, damaged: &[String]) -> usize {
+    let Ok(root) = snakebox_fs::open_root(site_packages, "site-packages") else {
+        return 0;
+    };
+    let mut removed = 0;
+    for line in damaged {
+        let path = line
+            .split_once(": ")
+            .map_or(line.as_str(), |(path, _)| path);
+        let Ok(relative) = RelativePath::parse(path) else {
+            continue;
+        };
+        let Some((name, parents)) = relative.split_last() else {
+            continue;
+        };
+        if !name.ends_with(".pyc") || parents.last().map(String::as_str) != Some("__pycache__") {
+            continue;
+        }
+        let Ok(parent) = RelativePath::parse(&parents.join("/")) else {
+            continue;
+        };
+        let Ok(dir) = snakebox_fs::open_dir(root.as_fd(), &parent) else {
+            continue;
+        };
+        if nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir).is_ok() {
+            removed += 1;
+        }
+    }
+    removed
+}
+
+/// Whether the compile step ([`crate::compile_invocation`]) said its compiled files are
+/// damaged; the files it named (for [`remove_damaged_pycs`]).
+pub fn damaged_compile(exit_code: Option<i32>, stderr: &str) -> Option<Vec<String>> {
+    is_damaged_compile(exit_code).then(|| damaged_pycs(stderr))
+}
+
 /// One installed file that does not match its distribution's `RECORD`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mismatch {
@@ -318,7 +360,7 @@ mod tests {
     fn the_compile_step_reports_a_truncated_pyc() {
         let python = Path::new("/usr/bin/python3");
         if !python.exists() {
-            eprintln!("skipped: no /usr/bin/python3");
+            // No interpreter on this machine: nothing to run the script with.
             return;
         }
         let site = tempfile::tempdir().unwrap();
@@ -355,6 +397,13 @@ mod tests {
             "{damaged:?}"
         );
         assert!(damaged[0].contains("marshal data too short"), "{damaged:?}");
+        // Removed (and nothing outside `__pycache__`), so that imports compile it in memory.
+        let outside = format!("{}: planted", "demo/__init__.py");
+        assert_eq!(
+            remove_damaged_pycs(site.path(), &[damaged[0].clone(), outside]),
+            1
+        );
+        assert!(!pyc.exists() && package.join("__init__.py").exists());
     }
 
     #[test]

@@ -310,20 +310,40 @@ impl Installer {
                 // leave truncated `.pyc` files, which the compile step reports) is.
                 _ if outcome.exit_code != Some(0) => {
                     let said = outcome.stderr.text;
+                    // Compiled files cut short (a full disk) are removed: the packages then
+                    // import, compiled in memory, instead of failing.
+                    let damaged = snakebox_env::damaged_compile(outcome.exit_code, &said);
+                    let removed = match (&damaged, snakebox_env::site_packages(&self.venv)) {
+                        (Some(files), Some(site)) => {
+                            let files = files.clone();
+                            super::blocking_io("remove damaged compiled files", move || {
+                                Ok(snakebox_env::remove_damaged_pycs(&site, &files))
+                            })
+                            .await?
+                        }
+                        _ => 0,
+                    };
+                    let note = if removed > 0 {
+                        format!(
+                            "; {removed} damaged compiled file(s) were removed (imports compile those modules in memory)"
+                        )
+                    } else {
+                        String::new()
+                    };
                     if let Some(full) = self.out_of_space(&said) {
                         return Err(ErrorInfo {
                             message: format!(
-                                "compiling the installed packages failed: {full} is out of space ({} left): {}",
+                                "compiling the installed packages failed: {full} is out of space ({} left){note}: {}",
                                 self.space_left(),
                                 said.trim()
                             ),
                             hint: Some(self.space_hint()),
                         });
                     }
-                    if snakebox_env::is_damaged_compile(outcome.exit_code) {
+                    if damaged.is_some() {
                         return Err(ErrorInfo {
                             message: format!(
-                                "compiling the installed packages left damaged files: {}",
+                                "compiling the installed packages left damaged files{note}: {}",
                                 said.trim()
                             ),
                             hint: Some("install the packages again; if it keeps failing, check the disk for errors and free space".into()),
