@@ -339,3 +339,32 @@ async def test_session_installs_that_run_out_of_space_say_so(snakebox_bin, tmp_p
         # (compiled in memory) instead of failing with `marshal data too short`.
         ran, text, _ = await call(client, "execute_python", session_id=session, script="import sbxbig; print(sbxbig.VALUE)")
         assert ran["status"] == "ok" and ran["stdout"] == "big\n", text
+
+
+# See: issue 12 (1): an environment published broken (before environments were verified) was
+# reused until pruning. One without the manifest's `verified` mark is rebuilt at its next use.
+async def test_an_environment_published_before_verification_is_rebuilt_not_reused(snakebox_bin, tmp_path, index):
+    index.add(wheel_bytes("sbxold", "1.0", {"sbxold/__init__.py": 'VALUE = "old"\n' + "X = 1\n" * 300}))
+    data_dir = fresh(tmp_path, "data")
+    script = "import sbxold; print(sbxold.VALUE)"
+    async with server(snakebox_bin, data_dir, index) as client:
+        first, text, is_error = await run(client, script, ["sbxold==1.0"])
+        assert not is_error and first["stdout"] == "old\n", text
+    # From outside: make it look like an environment of an earlier version, published with a
+    # truncated compiled file (what a full disk left).
+    [env] = [p for p in (data_dir / "environments-v1").iterdir()
+             if json.loads((p / "snakebox-env.json").read_text())["requirements"] == ["sbxold==1.0"]]
+    manifest_path = env / "snakebox-env.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest.pop("verified", None)
+    manifest_path.chmod(0o644)
+    manifest_path.write_text(json.dumps(manifest))
+    [pyc] = list(env.glob("lib/python*/site-packages/sbxold/__pycache__/__init__.*.pyc"))
+    os.truncate(pyc, 40)
+    async with server(snakebox_bin, data_dir, index) as client:
+        again, text, is_error = await run(client, script, ["sbxold==1.0"])
+        assert not is_error and again["status"] == "ok" and again["stdout"] == "old\n", text
+        assert again["environment_reused"] is False
+        # Rebuilt and verified: reused from now on.
+        third, text, is_error = await run(client, script, ["sbxold==1.0"])
+        assert not is_error and third["environment_reused"] is True, text

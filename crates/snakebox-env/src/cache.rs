@@ -15,7 +15,8 @@
 //! The key is a hash of the interpreter's real path and full version, the sorted normalised
 //! requirement strings, and the index settings uv runs with. An environment is built in
 //! `installs-v1/builds`, verified (the `verify` module: installed files against their
-//! `RECORD`, compiled files loadable; a build that fails it is not kept), given its manifest
+//! `RECORD`, compiled files loadable; a build that fails it is not kept, and one published by
+//! an earlier version without that check is rebuilt at its next use), given its manifest
 //! and made world-readable, then renamed into place in one step;
 //! once there it is never modified (uv's cache-poisoning lesson: a half-written or patched
 //! environment must never be visible under a key). A requirement set with anything but exact
@@ -227,6 +228,11 @@ struct Manifest {
     /// Seconds since the Unix epoch.
     created_at: u64,
     size_bytes: u64,
+    /// Whether the environment passed the checks of the `verify` module before it was
+    /// published. Environments built by versions without them (`false` when absent) are
+    /// rebuilt at their next use, not trusted: one of them may hold a truncated file.
+    #[serde(default)]
+    verified: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -485,11 +491,15 @@ impl EnvCache {
         let dir = self.envs_dir().join(&key);
         let existing = self.existing(&key, &dir).await;
         if let Some(manifest) = &existing {
-            if self.is_fresh(manifest) {
+            if self.is_fresh(manifest) && manifest.verified {
                 self.touch(&key);
                 return Ok(self.environment(dir, Arc::clone(manifest), interpreter, true));
             }
-            tracing::info!(%key, "re-resolving an unpinned requirement set");
+            if manifest.verified {
+                tracing::info!(%key, "re-resolving an unpinned requirement set");
+            } else {
+                tracing::info!(%key, "rebuilding an environment built before environments were verified");
+            }
         }
         install::check_requirement_urls(requirements, &self.uv_env.index_urls()).await?;
         let manifest = Arc::new(
@@ -942,6 +952,7 @@ impl EnvCache {
             uv_version: self.uv.version.clone(),
             created_at: now_secs(),
             size_bytes,
+            verified: true,
         };
         let manifest_path = env_dir.join(MANIFEST_FILE);
         let json = serde_json::to_vec_pretty(&manifest).map_err(|source| EnvError::UvOutput {

@@ -15,8 +15,11 @@
 //! and the network only through an egress proxy, running no package code; then everything
 //! that runs package code (bytecode compilation, opt-in sdist builds) runs as
 //! [`Role::PackageCode`]: a run's identity and limits, no network, no credentials, uv's cache
-//! not mounted. The run step (the engine's business) mounts the finished environment
-//! read-only ([`Environment::mounts`]) and never sees uv's cache.
+//! not mounted. A new environment is published only after it is verified (the `verify`
+//! module: installed files against their `RECORD`, compiled files loadable); a build that
+//! fails, for lack of space included ([`space`]), leaves nothing behind. The run step (the
+//! engine's business) mounts the finished environment read-only ([`Environment::mounts`])
+//! and never sees uv's cache.
 
 mod cache;
 mod env_vars;
