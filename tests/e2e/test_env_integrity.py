@@ -169,8 +169,8 @@ async def test_environments_hard_link_uvs_cache_and_no_caller_code_writes_throug
     # Owned by the downloader's uid, writable by nobody else; no code ever ran as that uid.
     assert info.st_uid == INSTALLER_UID and info.st_mode & 0o022 == 0, oct(info.st_mode)
     assert proof["uid"] not in (0, INSTALLER_UID) and seen["uid"] not in (0, INSTALLER_UID)
-    # (Inside the sandbox's user namespace the owner shows as the overflow uid.)
-    assert proof["nlink"] > 1 and proof["owner"] != proof["uid"] or proof["owner"] == 65534
+    # Package code saw the link too (its owner shows as the overflow uid in its namespace).
+    assert proof["nlink"] > 1, proof
     # Package code (compile step): write, truncate, chmod and open for writing all fail.
     assert proof["append"] == 13 and proof["truncate"] == 13 and proof["open_rw"] == 13, proof
     assert proof["chmod"] == 1, proof
@@ -368,3 +368,20 @@ async def test_an_environment_published_before_verification_is_rebuilt_not_reuse
         # Rebuilt and verified: reused from now on.
         third, text, is_error = await run(client, script, ["sbxold==1.0"])
         assert not is_error and third["environment_reused"] is True, text
+
+
+# See: issue 12 (7): every uv error carried uv's deprecation warning for `UV_NATIVE_TLS` (set by
+# snakebox when the client starts it with a stripped environment), and it was read as a TLS
+# error.
+async def test_uv_errors_carry_no_deprecation_warning_and_get_no_tls_hint(snakebox_bin, tmp_path, index):
+    data_dir = fresh(tmp_path, "data")
+    async with server(snakebox_bin, data_dir, index) as client:
+        data, text, is_error = await run(client, "print('RAN')", ["sbxnosuchpackage==1.0"])
+        ok, _, _ = await run(client, "print('alive')", [])
+    error = data.get("error") or {}
+    print("unknown package:", json.dumps(error)[:800])
+    assert is_error and data["status"] == "setup_failed" and "RAN" not in (data.get("stdout") or ""), text
+    assert "sbxnosuchpackage" in error.get("message", ""), error
+    assert "deprecated" not in error.get("message", "") and "UV_NATIVE_TLS" not in error.get("message", ""), error
+    assert "TLS" not in (error.get("hint") or ""), error
+    assert ok["stdout"] == "alive\n"
