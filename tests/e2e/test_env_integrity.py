@@ -385,3 +385,32 @@ async def test_uv_errors_carry_no_deprecation_warning_and_get_no_tls_hint(snakeb
     assert "deprecated" not in error.get("message", "") and "UV_NATIVE_TLS" not in error.get("message", ""), error
     assert "TLS" not in (error.get("hint") or ""), error
     assert ok["stdout"] == "alive\n"
+
+
+# See: issue 12 (1): a session install is checked too: a damaged file copied from uv's cache
+# is reported by the install, not by an import later.
+async def test_a_session_install_of_a_damaged_cached_file_is_reported(snakebox_bin, tmp_path, index):
+    index.add(wheel_bytes("sbxsesscorrupt", "1.0", {"sbxsesscorrupt/__init__.py": CORRUPT_SOURCE}))
+    data_dir = fresh(tmp_path, "data")
+    async with server(snakebox_bin, data_dir, index) as client:
+        first, text, is_error = await run(client, "import sbxsesscorrupt; print(sbxsesscorrupt.VALUE)", ["sbxsesscorrupt==1.0"])
+        assert not is_error and first["stdout"] == "intact\n", text
+        cached = find_in_cache(data_dir, "sbxsesscorrupt/__init__.py")
+        assert cached, "the wheel is not in uv's cache"
+        for path in cached:
+            os.truncate(path, 20)
+        created, text, is_error = await call(client, "create_session")
+        assert not is_error, text
+        data, text, _ = await call(client, "install_packages", session_id=created["session_id"], packages=["sbxsesscorrupt==1.0"], wait_seconds=240)
+        error = data.get("error") or {}
+        print("session install:", json.dumps(error)[:800])
+        assert data["state"] == "failed", text
+        assert "damaged or missing" in error.get("message", "") and "sbxsesscorrupt/__init__.py" in error.get("message", ""), error
+        assert "reset_session" in (error.get("hint") or ""), error
+        assert "copies in uv's cache were removed" in error.get("message", ""), error
+        assert not find_in_cache(data_dir, "sbxsesscorrupt/__init__.py")
+        # The cause is gone: a new session installs it intact.
+        created, text, is_error = await call(client, "create_session", dependencies=["sbxsesscorrupt==1.0"])
+        assert not is_error, text
+        ran, text, _ = await call(client, "execute_python", session_id=created["session_id"], script="import sbxsesscorrupt; print(sbxsesscorrupt.VALUE)")
+        assert ran["status"] == "ok" and ran["stdout"] == "intact\n", text

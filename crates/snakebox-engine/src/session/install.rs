@@ -232,6 +232,7 @@ impl Installer {
             })
             .await?;
             self.compile().await?;
+            self.verify().await?;
         }
         let mut packages: Vec<Package> = snakebox_env::installed_packages(&self.venv)
             .into_iter()
@@ -246,6 +247,63 @@ impl Installer {
             .await
             .unwrap_or(0);
         Ok((packages, bytes, tail(&log, 2000)))
+    }
+
+    /// Check every installed file against its distribution's `RECORD` (host code reading
+    /// files beneath the venv, executing nothing): a short write (a full disk) or a damaged
+    /// file in uv's cache is reported now, not by an import later.
+    async fn verify(&self) -> Result<(), ErrorInfo> {
+        let Some(site) = snakebox_env::site_packages(&self.venv) else {
+            return Ok(());
+        };
+        let mismatches = super::blocking_io("verify the installed packages", move || {
+            snakebox_env::check_records(&site)
+        })
+        .await?;
+        if mismatches.is_empty() {
+            return Ok(());
+        }
+        let shown: Vec<String> = mismatches.iter().take(3).map(ToString::to_string).collect();
+        let said = shown.join("; ");
+        if let Some(full) = self.out_of_space(&said) {
+            return Err(ErrorInfo {
+                message: format!(
+                    "{} installed file(s) are damaged or missing ({full} is out of space, {} left): {said}",
+                    mismatches.len(),
+                    self.space_left()
+                ),
+                hint: Some(self.space_hint()),
+            });
+        }
+        // The damaged copies leave uv's cache, so that installing again downloads them.
+        let mut names: Vec<std::ffi::OsString> = mismatches
+            .iter()
+            .map(|m| {
+                m.distribution
+                    .rsplit_once('-')
+                    .map_or(m.distribution.as_str(), |(name, _)| name)
+                    .into()
+            })
+            .collect();
+        names.dedup();
+        let mut args: Vec<std::ffi::OsString> = vec!["cache".into(), "clean".into()];
+        args.extend(names);
+        let cleaned = self.uv("uv cache clean", args, false, None).await.is_ok();
+        Err(ErrorInfo {
+            message: format!(
+                "{} installed file(s) are damaged or missing{}: {said}",
+                mismatches.len(),
+                if cleaned {
+                    " (their packages' copies in uv's cache were removed)"
+                } else {
+                    ""
+                }
+            ),
+            hint: Some(
+                "the session's packages are incomplete: reset_session rebuilds its venv with the packages it was created with (install the others again afterwards), or start a new session; if it keeps failing, check the disk for errors and free space"
+                    .into(),
+            ),
+        })
     }
 
     /// Byte-compile the venv as package code: a leased run uid (the venv's directories are
