@@ -623,11 +623,17 @@ async def bench_numpy(setup: Setup, sb: Snakebox, rows: dict[str, Row]) -> str:
     return version
 
 
-async def bench_first_run(setup: Setup, sb: Snakebox, rows: dict[str, Row], numpy_version: str) -> None:
+async def bench_first_run(
+    setup: Setup, sb: Snakebox, rows: dict[str, Row], numpy_version: str, other: Snakebox | None = None
+) -> None:
     """A requirement set in uv's cache (numpy, downloaded above) but never installed: every round
-    uses a new set (an always-true marker makes the key distinct, the pin stays exact)."""
+    uses a new set (an always-true marker makes the key distinct, the pin stays exact). With
+    `other` (the `--compare` build, its own data directory, numpy put in its cache first), the
+    same set is timed on it in the same round, the two servers taking turns going first."""
     env = setup.uv_env()
     tag = os.getpid()
+    if other is not None:
+        await other.execute("import numpy", [f"numpy=={numpy_version}"])
     for i in range(setup.install_rounds):
         spec = f"numpy=={numpy_version}; platform_machine != 'bench{tag}x{i}'"
         for row, extra in (("uv_pip_install_bare", []), ("uv_pip_install_compile_bare", ["--compile-bytecode"])):
@@ -645,8 +651,17 @@ async def bench_first_run(setup: Setup, sb: Snakebox, rows: dict[str, Row], nump
         async def first() -> None:
             result.update(await sb.execute("import numpy", [spec]))
 
+        async def first_other() -> None:
+            assert other is not None
+            result_other.update(await other.execute("import numpy", [spec]))
+
+        result_other: dict[str, Any] = {}
+        if other is not None and i % 2 == 1:
+            rows["snakebox_first_run_other"].samples.append(await timed(first_other))
         rows["snakebox_first_run"].samples.append(await timed(first))
-        if result.get("environment_reused"):
+        if other is not None and i % 2 == 0:
+            rows["snakebox_first_run_other"].samples.append(await timed(first_other))
+        if result.get("environment_reused") or result_other.get("environment_reused"):
             raise RuntimeError("the first-run case reused an environment: the set was not new")
         shutil.rmtree(venv, ignore_errors=True)
         log(f"first run {i + 1}/{setup.install_rounds}")
@@ -802,6 +817,9 @@ def make_rows() -> dict[str, Row]:
             baseline="uv_pip_install_bare",
             target=f"≤ {TARGET_FIRST_RUN_RATIO}×",
         ),
+        "snakebox_first_run_other": Row(
+            "snakebox first run of a new set in uv's cache, `--compare` build", baseline="snakebox_first_run"
+        ),
         "throughput_8_servers": Row(
             "**throughput, 8 clients (8 stdio servers)**", unit="runs/s", target=f"≥ {TARGET_RUNS_PER_S:g} runs/s"
         ),
@@ -870,7 +888,17 @@ async def main_async(args: argparse.Namespace) -> int:
             if "numpy" not in setup.skip:
                 version = await bench_numpy(setup, sb, rows)
                 if "first" not in setup.skip:
-                    await bench_first_run(setup, sb, rows, version)
+                    async with contextlib.AsyncExitStack() as stack:
+                        other = None
+                        if args.compare:
+                            other_binary = work / "snakebox-compare-first"
+                            shutil.copy2(args.compare, other_binary)
+                            other_data = work / "data-compare-first"
+                            other_data.mkdir(mode=0o755)
+                            other = await stack.enter_async_context(
+                                Snakebox(other_binary, other_data, python_version, args.mode)
+                            )
+                        await bench_first_run(setup, sb, rows, version, other)
             if "memory" not in setup.skip:
                 await asyncio.sleep(1)
                 before, hwm_before = rss_kib(pid), rss_kib(pid, "VmHWM")
@@ -929,7 +957,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--snakebox", help="snakebox binary (default: target/release/snakebox; copied before use)")
     parser.add_argument(
-        "--compare", help="a second snakebox binary: its print('hi') row is sampled in the same rounds (before/after)"
+        "--compare",
+        help="a second snakebox binary: its print('hi') and first-run rows are sampled in the same rounds (before/after)",
     )
     parser.add_argument("--python-version", help="e.g. 3.12 (default: the newest CPython 3 found, as snakebox picks)")
     parser.add_argument("--uv", help="uv binary (default: found on PATH, pyenv shims resolved)")

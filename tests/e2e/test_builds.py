@@ -292,7 +292,7 @@ if os.access(site, os.W_OK) and not os.path.exists(proof):
 
 def spy_wheel(canaries: Canaries, index: Index, data_dir: Path) -> tuple[str, bytes]:
     params = json.dumps({"port": canaries.tcp_port, "index_port": index.port, "home": str(canaries.home),
-                         "cache": str(data_dir / "uv-cache")})
+                         "cache": str(data_dir / "installs-v1" / "uv-cache")})
     return wheel_bytes("sbxspy", "1.0", {
         "sbxspy_hook.pth": "import _sbxspy_boot\n",
         "_sbxspy_boot.py": SPY_BOOT.format(params=params),
@@ -806,7 +806,7 @@ async def test_D04_an_opt_in_sdist_build_gets_no_secret_and_no_network(snakebox_
     data_dir = fresh_data_dir(tmp_path, "data")
     links = tmp_path / "links"
     links.mkdir()
-    body = SPY_BUILD.format(home=str(canaries.home), cache=str(data_dir / "uv-cache"), port=canaries.tcp_port, index_port=index.port)
+    body = SPY_BUILD.format(home=str(canaries.home), cache=str(data_dir / "installs-v1" / "uv-cache"), port=canaries.tcp_port, index_port=index.port)
     name, blob = sdist_bytes("sbxbuildspy", "1.0", body)
     (links / name).write_bytes(blob)
     for path in (tmp_path, links, links / name):
@@ -823,7 +823,7 @@ async def test_D04_an_opt_in_sdist_build_gets_no_secret_and_no_network(snakebox_
     assert not any("INDEX" in k for k in seen["env"]), seen["env"]
     assert seen["home"] == "/tmp" and seen["uid"] not in (0, 65533)
     assert all(v != 0 for v in seen["connect"].values()), seen["connect"]
-    assert seen["files"][str(data_dir / "uv-cache")] == "False"
+    assert seen["files"][str(data_dir / "installs-v1" / "uv-cache")] == "False"
     assert canaries.connections() == []
 
 

@@ -178,7 +178,10 @@ impl Hint for snakebox_env::EnvError {
             E::InvalidPythonRequest { .. } | E::ForbiddenUrl { .. } => ErrorKind::Invalid,
             // The interpreter asked for is not on this host: the request may be fine elsewhere.
             E::NoMatchingInterpreter { .. } => ErrorKind::Unavailable,
+            // The data directory's disk is full: nothing the request can change.
+            E::NoSpace { .. } => ErrorKind::Unavailable,
             E::InstallFailed { .. }
+            | E::Incomplete { .. }
             | E::SdistBuildsDisabled { .. }
             | E::BuildFailed { .. }
             | E::Timeout { .. }

@@ -261,7 +261,7 @@ impl Engine {
                     config.unpinned_freshness.as_secs() / 3600
                 ),
                 installs: format!(
-                    "wheels are downloaded by uv without running package code, through an egress proxy (the configured indexes and public addresses only); package code (bytecode compilation{}) runs sandboxed as a run: run limits, wall time {} s, no network, no credentials, uv's cache not mounted; {}",
+                    "wheels are downloaded by uv without running package code, through an egress proxy (the configured indexes and public addresses only); package code (bytecode compilation{}) runs sandboxed as a run: run limits, wall time {} s, no network, no credentials, uv's cache not mounted; a new environment is published only after its installed files match their RECORD and its compiled files load; {}",
                     if config.allow_sdist_builds {
                         ", sdist builds"
                     } else {

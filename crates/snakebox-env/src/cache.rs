@@ -6,14 +6,18 @@
 //! ```text
 //! <root>/environments-v1/<key>/       a complete venv + snakebox-env.json (its manifest)
 //! <root>/last-used-v1/<key>           empty file; its mtime is the last time the env was handed out
-//! <root>/uv-cache/                    uv's cache (written by trusted uv only, never by package code)
-//! <root>/.tmp/build-<random>/         builds in progress (the env, the requirements file)
+//! <root>/installs-v1/                 one mount for the downloader, so uv hard-links:
+//!          uv-cache/                  uv's cache (written by trusted uv only, never by package code)
+//!          builds/build-<random>/     builds in progress (the env, the requirements file)
 //! <root>/.trash/                      environments being deleted
 //! ```
 //!
 //! The key is a hash of the interpreter's real path and full version, the sorted normalised
 //! requirement strings, and the index settings uv runs with. An environment is built in
-//! `.tmp`, given its manifest and made world-readable, then renamed into place in one step;
+//! `installs-v1/builds`, verified (the `verify` module: installed files against their
+//! `RECORD`, compiled files loadable; a build that fails it is not kept, and one published by
+//! an earlier version without that check is rebuilt at its next use), given its manifest
+//! and made world-readable, then renamed into place in one step;
 //! once there it is never modified (uv's cache-poisoning lesson: a half-written or patched
 //! environment must never be visible under a key). A requirement set with anything but exact
 //! pins is re-resolved once its environment is older than
@@ -48,8 +52,15 @@ use crate::uv::{IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvRunner}
 /// Version of the on-disk layout; part of the directory names.
 const ENVIRONMENTS_DIR: &str = "environments-v1";
 const LAST_USED_DIR: &str = "last-used-v1";
+/// uv's cache and the builds in progress, under one directory: the downloader's sandbox
+/// mounts it whole, so that uv can hard-link from its cache into a build (a hard link cannot
+/// cross mounts, even two binds of one file system).
+const INSTALLS_DIR: &str = "installs-v1";
 const UV_CACHE_DIR: &str = "uv-cache";
-const TMP_DIR: &str = ".tmp";
+const BUILDS_DIR: &str = "builds";
+/// Where uv's cache and the builds were before `installs-v1` (moved at start).
+const OLD_UV_CACHE_DIR: &str = "uv-cache";
+const OLD_TMP_DIR: &str = ".tmp";
 const TRASH_DIR: &str = ".trash";
 /// The manifest's file name inside each environment.
 pub const MANIFEST_FILE: &str = "snakebox-env.json";
@@ -217,6 +228,11 @@ struct Manifest {
     /// Seconds since the Unix epoch.
     created_at: u64,
     size_bytes: u64,
+    /// Whether the environment passed the checks of the `verify` module before it was
+    /// published. Environments built by versions without them (`false` when absent) are
+    /// rebuilt at their next use, not trusted: one of them may hold a truncated file.
+    #[serde(default)]
+    verified: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -313,6 +329,7 @@ impl EnvCache {
             known: Mutex::default(),
             leases: Mutex::default(),
         };
+        cache.migrate_layout();
         cache.prepare_dirs()?;
         snakebox_sandbox::EgressProxy::remove_stale();
         Ok(cache)
@@ -341,7 +358,31 @@ impl EnvCache {
 
     /// uv's cache directory (under the data root; never visible to runs).
     pub fn uv_cache_dir(&self) -> PathBuf {
-        self.config.root.join(UV_CACHE_DIR)
+        self.installs_dir().join(UV_CACHE_DIR)
+    }
+
+    /// The directory holding uv's cache and the builds (the downloader's one writable mount).
+    fn installs_dir(&self) -> PathBuf {
+        self.config.root.join(INSTALLS_DIR)
+    }
+
+    /// Move uv's cache from where earlier versions kept it (`<root>/uv-cache`) and remove
+    /// their abandoned builds (`<root>/.tmp`).
+    fn migrate_layout(&self) {
+        let old_cache = self.config.root.join(OLD_UV_CACHE_DIR);
+        if old_cache.is_dir() && !self.uv_cache_dir().exists() {
+            let moved = fs_err::create_dir_all(self.installs_dir())
+                .and_then(|()| fs_err::rename(&old_cache, self.uv_cache_dir()));
+            if let Err(err) = moved {
+                tracing::warn!(error = %err, "could not move uv's cache into installs-v1; it is filled again");
+            }
+        }
+        let old_tmp = self.config.root.join(OLD_TMP_DIR);
+        if old_tmp.is_dir()
+            && let Err(err) = snakebox_fs::tree::remove(&old_tmp)
+        {
+            tracing::warn!(error = %err, path = %old_tmp.display(), "could not remove old build directories");
+        }
     }
 
     /// The cache's directories, made (again) where missing, with their owners and modes: at
@@ -352,6 +393,7 @@ impl EnvCache {
         for dir in [
             self.envs_dir(),
             self.used_dir(),
+            self.installs_dir(),
             self.uv_cache_dir(),
             self.tmp_dir(),
             self.trash_dir(),
@@ -392,7 +434,7 @@ impl EnvCache {
     }
 
     fn tmp_dir(&self) -> PathBuf {
-        self.config.root.join(TMP_DIR)
+        self.installs_dir().join(BUILDS_DIR)
     }
 
     fn trash_dir(&self) -> PathBuf {
@@ -449,11 +491,15 @@ impl EnvCache {
         let dir = self.envs_dir().join(&key);
         let existing = self.existing(&key, &dir).await;
         if let Some(manifest) = &existing {
-            if self.is_fresh(manifest) {
+            if self.is_fresh(manifest) && manifest.verified {
                 self.touch(&key);
                 return Ok(self.environment(dir, Arc::clone(manifest), interpreter, true));
             }
-            tracing::info!(%key, "re-resolving an unpinned requirement set");
+            if manifest.verified {
+                tracing::info!(%key, "re-resolving an unpinned requirement set");
+            } else {
+                tracing::info!(%key, "rebuilding an environment built before environments were verified");
+            }
         }
         install::check_requirement_urls(requirements, &self.uv_env.index_urls()).await?;
         let manifest = Arc::new(
@@ -594,7 +640,9 @@ impl EnvCache {
             .unwrap_or(0)
     }
 
-    /// Build into `.tmp`, then rename into place (replacing `previous` atomically if any).
+    /// Build in `installs-v1/builds`, verify, then rename into place (replacing `previous`
+    /// atomically if any). A build that fails, for lack of space included, leaves nothing
+    /// behind: its directory is removed, and a later call builds afresh.
     async fn build(
         &self,
         key: &str,
@@ -603,9 +651,7 @@ impl EnvCache {
         set: &RequirementSet,
         previous: Option<&Manifest>,
     ) -> Result<Manifest, EnvError> {
-        let started = std::time::Instant::now();
-        self.prepare_dirs()?;
-        let build = BuildDir(
+        let made = self.prepare_dirs().and_then(|()| {
             tempfile::Builder::new()
                 .prefix("build-")
                 .tempdir_in(self.tmp_dir())
@@ -613,10 +659,116 @@ impl EnvCache {
                     action: "create a build directory in",
                     path: self.tmp_dir(),
                     source,
-                })?
-                .keep(),
+                })
+        });
+        let build = match made {
+            Ok(dir) => BuildDir(dir.keep()),
+            Err(err) => return Err(self.classify_failure(err, set)),
+        };
+        let result = self
+            .build_in(&build.0, key, dir, interpreter, set, previous)
+            .await;
+        // Judged before the build directory is removed (that frees the space it took).
+        let result = match result {
+            Ok(manifest) => Ok(manifest),
+            Err(err) => {
+                let err = self.classify_failure(err, set);
+                Err(self.clean_damaged(err, &build.0, interpreter).await)
+            }
+        };
+        drop(build);
+        result
+    }
+
+    /// A failed build's error, told as a lack of space when it was one: uv or the compiler
+    /// said so, or (for failures that can be a silent short write) the data directory's file
+    /// system is nearly full.
+    fn classify_failure(&self, err: EnvError, set: &RequirementSet) -> EnvError {
+        if matches!(err, EnvError::NoSpace { .. }) {
+            return err;
+        }
+        let mut text = err.to_string();
+        let mut source = std::error::Error::source(&err);
+        while let Some(cause) = source {
+            text.push('\n');
+            text.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        let silent_kind = matches!(
+            err,
+            EnvError::Incomplete { .. } | EnvError::Io { .. } | EnvError::VenvFailed { .. }
         );
-        let build_dir = build.0.clone();
+        let available = crate::space::available_bytes(&self.tmp_dir());
+        let low = available.is_some_and(|bytes| bytes < crate::space::LOW_SPACE_BYTES);
+        if crate::space::says_no_space(&text) || (silent_kind && low) {
+            return EnvError::NoSpace {
+                step: format!("build the environment for `{}`", set.lines.join(", ")),
+                path: self.config.root.clone(),
+                available,
+                source: UvStderr(text),
+            };
+        }
+        err
+    }
+
+    /// After a verification failure (not for lack of space): remove uv's cached copies of the
+    /// distributions whose installed files were damaged, so that the next build downloads
+    /// them again instead of linking the same damaged files.
+    async fn clean_damaged(
+        &self,
+        err: EnvError,
+        build_dir: &Path,
+        interpreter: &Interpreter,
+    ) -> EnvError {
+        let EnvError::Incomplete {
+            requirements,
+            problems,
+            packages,
+            cache_cleaned: false,
+        } = err
+        else {
+            return err;
+        };
+        let mut cache_cleaned = false;
+        if !packages.is_empty() {
+            let mut args: Vec<OsString> = vec!["cache".into(), "clean".into()];
+            args.extend(packages.iter().map(Into::into));
+            match self
+                .run_uv("uv cache clean", args, build_dir, interpreter, false)
+                .await
+            {
+                Ok(output) if output.success() => cache_cleaned = true,
+                Ok(output) => tracing::warn!(
+                    stderr = %String::from_utf8_lossy(&output.stderr),
+                    "could not remove damaged packages from uv's cache"
+                ),
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not remove damaged packages from uv's cache");
+                }
+            }
+        }
+        EnvError::Incomplete {
+            requirements,
+            problems,
+            packages,
+            cache_cleaned,
+        }
+    }
+
+    /// [`EnvCache::build`]'s steps, in `build_dir` (removed by the caller).
+    async fn build_in(
+        &self,
+        build_dir: &Path,
+        key: &str,
+        dir: &Path,
+        interpreter: &Interpreter,
+        set: &RequirementSet,
+        previous: Option<&Manifest>,
+    ) -> Result<Manifest, EnvError> {
+        let started = std::time::Instant::now();
+        // Milliseconds of the download, compile and verify steps (for the log).
+        let mut steps = [0_u128; 3];
+        let build_dir = build_dir.to_path_buf();
         let build_id = build_dir.file_name().map_or_else(
             || key.to_owned(),
             |name| name.to_string_lossy().into_owned(),
@@ -678,6 +830,7 @@ impl EnvCache {
             } else {
                 "copy"
             };
+            let step = std::time::Instant::now();
             let download = self
                 .run_uv(
                     "uv pip install",
@@ -688,8 +841,11 @@ impl EnvCache {
                 )
                 .await?;
             if download.success() {
-                self.compile(&env_dir, &package_identity, interpreter)
+                steps[0] = step.elapsed().as_millis();
+                let step = std::time::Instant::now();
+                self.compile(&env_dir, &package_identity, interpreter, set)
                     .await?;
+                steps[1] = step.elapsed().as_millis();
             } else if install::is_missing_wheel(&download.stderr) {
                 if !self.build_settings.allow_sdist_builds {
                     return Err(EnvError::SdistBuildsDisabled {
@@ -743,7 +899,41 @@ impl EnvCache {
             source,
         })?;
 
-        // 4. The manifest, written before the environment becomes visible.
+        // 4. Verified: every installed file against its distribution's RECORD (host code
+        //    reading files, executing nothing; the compiled files were checked in the
+        //    compile step). A damaged environment is never published.
+        let step = std::time::Instant::now();
+        if let Some(site) = install::site_packages(&env_dir) {
+            let mismatches =
+                tokio::task::spawn_blocking(move || crate::verify::check_records(&site))
+                    .await
+                    .map_err(|err| {
+                        io("verify the new environment", &env_dir)(std::io::Error::other(err))
+                    })?
+                    .map_err(io("verify the new environment", &env_dir))?;
+            if !mismatches.is_empty() {
+                let mut packages: Vec<String> = mismatches
+                    .iter()
+                    .map(|m| {
+                        m.distribution
+                            .rsplit_once('-')
+                            .map_or(m.distribution.as_str(), |(name, _)| name)
+                            .to_owned()
+                    })
+                    .collect();
+                packages.dedup();
+                return Err(EnvError::Incomplete {
+                    requirements: set.lines.join(", "),
+                    problems: mismatches.iter().map(ToString::to_string).collect(),
+                    packages,
+                    cache_cleaned: false,
+                });
+            }
+        }
+
+        steps[2] = step.elapsed().as_millis();
+
+        // 5. The manifest, written before the environment becomes visible.
         let manifest = Manifest {
             schema: MANIFEST_SCHEMA,
             key: key.to_owned(),
@@ -762,6 +952,7 @@ impl EnvCache {
             uv_version: self.uv.version.clone(),
             created_at: now_secs(),
             size_bytes,
+            verified: true,
         };
         let manifest_path = env_dir.join(MANIFEST_FILE);
         let json = serde_json::to_vec_pretty(&manifest).map_err(|source| EnvError::UvOutput {
@@ -781,10 +972,9 @@ impl EnvCache {
             source,
         })?;
 
-        // 5. Into place, atomically.
+        // 6. Into place, atomically.
         if !self.place(&env_dir, dir, previous)? {
             // Another process sharing this data root placed the same key first: use theirs.
-            drop(build);
             if let Some(theirs) = read_manifest(dir).await.filter(|m| m.key == key) {
                 return Ok(theirs);
             }
@@ -794,8 +984,7 @@ impl EnvCache {
                 source: std::io::Error::other("missing or unreadable manifest"),
             });
         }
-        drop(build);
-        tracing::info!(%key, requirements = ?set.lines, elapsed_ms = started.elapsed().as_millis(), "built environment");
+        tracing::info!(%key, requirements = ?set.lines, elapsed_ms = started.elapsed().as_millis(), download_ms = steps[0], compile_ms = steps[1], verify_ms = steps[2], "built environment");
         Ok(manifest)
     }
 
@@ -868,7 +1057,9 @@ impl EnvCache {
             cwd: build_dir.to_path_buf(),
             network,
             read_only,
-            writable: vec![build_dir.to_path_buf(), self.uv_cache_dir()],
+            // One mount holding the build directory and uv's cache, so that uv can hard-link
+            // (`installs-v1`: nothing else is in it).
+            writable: vec![self.installs_dir()],
             timeout: self.install_timeout,
             label: label.to_owned(),
             role: Role::Downloader,
@@ -902,6 +1093,7 @@ impl EnvCache {
         env_dir: &Path,
         identity: &PackageIdentity,
         interpreter: &Interpreter,
+        set: &RequirementSet,
     ) -> Result<(), EnvError> {
         let walk_dir = env_dir.to_path_buf();
         let ids = identity.host_ids;
@@ -923,10 +1115,27 @@ impl EnvCache {
             return Ok(());
         };
         let output = self.installer.run(&invocation).await?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        if !output.success() && crate::space::says_no_space(&stderr) {
+            return Err(EnvError::NoSpace {
+                step: format!("compile the environment for `{}`", set.lines.join(", ")),
+                path: self.config.root.clone(),
+                available: crate::space::available_bytes(env_dir),
+                source: UvStderr::from_output(&output.stderr),
+            });
+        }
+        if output.exit_code == Some(crate::verify::DAMAGED_PYC_EXIT) {
+            return Err(EnvError::Incomplete {
+                requirements: set.lines.join(", "),
+                problems: crate::verify::damaged_pycs(&stderr),
+                packages: Vec::new(),
+                cache_cleaned: false,
+            });
+        }
         if !output.success() {
             tracing::warn!(
                 exit_code = ?output.exit_code,
-                stderr = %String::from_utf8_lossy(&output.stderr),
+                stderr = %stderr,
                 "some files of the environment did not compile"
             );
         }

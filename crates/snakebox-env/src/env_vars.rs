@@ -25,6 +25,11 @@ impl EnvVars {
     pub const UV_NO_PROGRESS: &'static str = "UV_NO_PROGRESS";
     /// Disable colour codes in uv's messages.
     pub const NO_COLOR: &'static str = "NO_COLOR";
+    /// Load TLS roots from the platform's store (uv's `--system-certs`).
+    pub const UV_SYSTEM_CERTS: &'static str = "UV_SYSTEM_CERTS";
+    /// The deprecated name of [`EnvVars::UV_SYSTEM_CERTS`]: accepted from the operator, never
+    /// passed to uv.
+    pub const UV_NATIVE_TLS: &'static str = "UV_NATIVE_TLS";
     /// The pyenv root (read to find pyenv's interpreters and the real uv behind a shim).
     pub const PYENV_ROOT: &'static str = "PYENV_ROOT";
 
@@ -42,6 +47,9 @@ impl EnvVars {
         "UV_FIND_LINKS",
         "UV_INDEX_STRATEGY",
         "UV_KEYRING_PROVIDER",
+        "UV_SYSTEM_CERTS",
+        // Deprecated by uv (it warns in every message): read, and passed on as
+        // `UV_SYSTEM_CERTS` ([`UvEnvironment::for_uv`]).
         "UV_NATIVE_TLS",
         "UV_HTTP_TIMEOUT",
         "UV_CONCURRENT_DOWNLOADS",
@@ -203,15 +211,28 @@ impl UvEnvironment {
             (EnvVars::UV_NO_PROGRESS.to_owned(), "1".to_owned()),
             (EnvVars::NO_COLOR.to_owned(), "1".to_owned()),
         ];
-        env.extend(self.passthrough.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env.extend(
+            self.passthrough
+                .iter()
+                .filter(|(k, _)| k.as_str() != EnvVars::UV_NATIVE_TLS)
+                .map(|(k, v)| (k.clone(), v.clone())),
+        );
+        // The deprecated name is passed on under the new one: uv prints a deprecation warning
+        // in every message otherwise (and hints were read from it).
+        if self.get(EnvVars::UV_SYSTEM_CERTS).is_none()
+            && let Some(value) = self.get(EnvVars::UV_NATIVE_TLS)
+        {
+            env.push((EnvVars::UV_SYSTEM_CERTS.to_owned(), value.to_owned()));
+        }
         // With no certificate setting at all, trust the system's store: an organisation's CA
         // (a TLS-intercepting proxy, a private index) is installed there, not in uv's bundle.
         // MCP clients often start servers with a stripped environment, so this is the common case.
         if self.get("SSL_CERT_FILE").is_none()
             && self.get("SSL_CERT_DIR").is_none()
-            && self.get("UV_NATIVE_TLS").is_none()
+            && self.get(EnvVars::UV_SYSTEM_CERTS).is_none()
+            && self.get(EnvVars::UV_NATIVE_TLS).is_none()
         {
-            env.push(("UV_NATIVE_TLS".to_owned(), "1".to_owned()));
+            env.push((EnvVars::UV_SYSTEM_CERTS.to_owned(), "1".to_owned()));
         }
         env
     }
@@ -304,9 +325,25 @@ mod tests {
             "/etc/ssl/certs/ca.pem".to_owned()
         )));
         assert!(vars.contains(&("UV_CACHE_DIR".to_owned(), "/data/uv-cache".to_owned())));
+        // A certificate file is set: the system store is not added.
+        assert!(vars.iter().all(|(k, _)| k != "UV_SYSTEM_CERTS"));
         assert_eq!(
             env.index_settings(),
             vec!["UV_INDEX_URL=https://mirror.example/simple".to_owned()]
         );
+    }
+
+    // See: issue 12 (7): uv warns about `UV_NATIVE_TLS` in every message (and the warning was
+    // taken for a TLS error); it is never passed to uv.
+    #[test]
+    fn no_deprecated_variable_reaches_uv() {
+        let stripped = UvEnvironment::from_vars([]).for_uv(Path::new("/c"));
+        assert!(stripped.contains(&("UV_SYSTEM_CERTS".to_owned(), "1".to_owned())));
+        let operator = UvEnvironment::from_vars([("UV_NATIVE_TLS".to_owned(), "true".to_owned())])
+            .for_uv(Path::new("/c"));
+        assert!(operator.contains(&("UV_SYSTEM_CERTS".to_owned(), "true".to_owned())));
+        for vars in [stripped, operator] {
+            assert!(vars.iter().all(|(k, _)| k != "UV_NATIVE_TLS"), "{vars:?}");
+        }
     }
 }

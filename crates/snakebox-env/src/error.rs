@@ -154,6 +154,45 @@ pub enum EnvError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 
+    /// A build ran out of disk space (or quota) on the file system of the data directory.
+    #[error(
+        "Failed to {step}: the file system of `{}` is out of space ({} left)",
+        path.display(),
+        available.map_or_else(|| "unknown".to_owned(), crate::space::human_bytes)
+    )]
+    NoSpace {
+        /// The step that failed, e.g. `install the requirements \`six==1.16.0\``.
+        step: String,
+        /// The directory whose file system is full (the data directory, a session's venv).
+        path: PathBuf,
+        /// Bytes left there when the failure was seen.
+        available: Option<u64>,
+        /// What the failing step said.
+        #[source]
+        source: UvStderr,
+    },
+
+    /// A new environment failed its check (installed files against their `RECORD`, compiled
+    /// files loadable) and was not published.
+    #[error(
+        "Failed to verify the new environment for `{requirements}`: {} damaged or missing \
+         file(s), e.g. {}",
+        problems.len(),
+        backticked(&problems.iter().take(3).cloned().collect::<Vec<_>>())
+    )]
+    Incomplete {
+        /// The requirement set, one string, comma-separated.
+        requirements: String,
+        /// What is wrong, one entry per file.
+        problems: Vec<String>,
+        /// The distributions whose installed files are damaged (empty when only compiled
+        /// files are).
+        packages: Vec<String>,
+        /// Whether uv's cached copies of the damaged distributions were removed (a retry then
+        /// downloads them again).
+        cache_cleaned: bool,
+    },
+
     /// A file-system operation on the cache failed.
     #[error("Failed to {action} `{}`", path.display())]
     Io {
@@ -249,6 +288,22 @@ impl EnvError {
                  inside the sandbox"
                     .to_owned()
             })),
+            Self::NoSpace { .. } => Some(format!(
+                "{NO_SPACE_HINT}. Nothing of the failed build was kept: call again once there \
+                 is room"
+            )),
+            Self::Incomplete { cache_cleaned, .. } => Some(if *cache_cleaned {
+                "the environment was not kept, and uv's cached copies of the damaged packages \
+                 were removed: call again to build it afresh (they are downloaded again)"
+                    .to_owned()
+            } else {
+                "the environment was not kept; call again to build it afresh. If it keeps \
+                 failing, check the data directory's disk for errors and free space"
+                    .to_owned()
+            }),
+            Self::Io { source, .. } if crate::space::says_no_space(&source.to_string()) => {
+                Some(NO_SPACE_HINT.to_owned())
+            }
             Self::Io { .. } => Some(
                 "check that the data directory exists, is writable, and is on a local file \
                  system"
@@ -257,6 +312,12 @@ impl EnvError {
         }
     }
 }
+
+/// What to do when a build or an install runs out of space.
+pub const NO_SPACE_HINT: &str = "free space on that file system, or raise or move the data \
+     directory (`--data-dir`, `data_dir` in `[server]`); unused environments are removed by \
+     pruning, which runs at start and hourly: lower `--cache-max-size` or \
+     `--cache-max-age-days` to keep fewer";
 
 /// uv's standard error, trimmed, used as the cause of a failed uv step.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -293,7 +354,7 @@ impl UvStderr {
 
 /// A hint for a failed install, from what uv said.
 fn install_hint(stderr: &str) -> String {
-    // uv's own warnings (e.g. a deprecated setting such as `UV_NATIVE_TLS`) are not the cause.
+    // uv's own warnings (e.g. a deprecated setting) are not the cause.
     let lower = stderr
         .lines()
         .filter(|line| !line.trim_start().starts_with("warning:"))
@@ -308,9 +369,11 @@ fn install_hint(stderr: &str) -> String {
         "no version satisfies the requirements for this Python; loosen the version \
          specifiers or pick another Python version"
             .to_owned()
-    } else if lower.contains("certificate") || lower.contains("ssl") || lower.contains("tls") {
+    } else if crate::space::says_no_space(&lower) {
+        NO_SPACE_HINT.to_owned()
+    } else if is_tls_error(&lower) {
         "the package index's TLS certificate was rejected; set `SSL_CERT_FILE` (or \
-         `UV_NATIVE_TLS=1`) in the server's environment"
+         `UV_SYSTEM_CERTS=1`) in the server's environment"
             .to_owned()
     } else if lower.contains("dns")
         || lower.contains("connect")
@@ -327,10 +390,75 @@ fn install_hint(stderr: &str) -> String {
     }
 }
 
+/// Whether uv's (lower-cased, warnings removed) message is about TLS itself: a certificate
+/// or handshake failure, not a word that merely contains `tls` or `ssl`.
+fn is_tls_error(lower: &str) -> bool {
+    [
+        "certificate",
+        "unknownissuer",
+        "tls handshake",
+        "handshake failure",
+        "ssl error",
+        "ssl routines",
+        "invalid peer",
+    ]
+    .iter()
+    .any(|needle| lower.contains(needle))
+}
+
 fn backticked(items: &[String]) -> String {
     items
         .iter()
         .map(|item| format!("`{item}`"))
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// uv's deprecation warnings are in every error of a uv started with such a variable.
+    const WARNING: &str = "warning: The `UV_NATIVE_TLS` environment variable is deprecated and \
+        will be removed in a future release. Use `UV_SYSTEM_CERTS` instead.";
+
+    // See: issue 12 (7): a build that failed for lack of space was told its TLS certificate
+    // had been rejected.
+    #[test]
+    fn hints_follow_the_real_cause() {
+        let space = format!(
+            "{WARNING}\nerror: Failed to install: six-1.16.0-py2.py3-none-any.whl\n  Caused by: \
+             failed to write to file `/d/six.py`: No space left on device (os error 28)"
+        );
+        assert_eq!(install_hint(&space), NO_SPACE_HINT);
+        let tls = "error: Request failed after 3 retries\n  Caused by: invalid peer certificate: \
+                   UnknownIssuer";
+        assert!(
+            install_hint(tls).contains("TLS certificate"),
+            "{}",
+            install_hint(tls)
+        );
+        let missing = format!(
+            "{WARNING}\n  × No solution found when resolving dependencies:\n  ╰─▶ Because \
+             nosuchpkg was not found in the package registry"
+        );
+        assert!(install_hint(&missing).contains("spelling"));
+        // Words that only contain `tls` or `ssl` are not TLS errors.
+        let other = "error: Failed to read `/opt/settls/sslpkg.whl`: corrupt deflate stream";
+        assert!(
+            !install_hint(other).contains("TLS"),
+            "{}",
+            install_hint(other)
+        );
+    }
+
+    #[test]
+    fn io_errors_from_a_full_disk_get_the_space_hint() {
+        let err = EnvError::Io {
+            action: "write the environment manifest",
+            path: PathBuf::from("/d/m.json"),
+            source: std::io::Error::from_raw_os_error(28),
+        };
+        assert_eq!(err.hint().as_deref(), Some(NO_SPACE_HINT));
+    }
 }

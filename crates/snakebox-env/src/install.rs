@@ -259,11 +259,12 @@ pub fn point_scripts_at_venv(venv: &Path, base: &Path) -> std::io::Result<()> {
 
 /// The arguments of byte-compilation: the environment's own interpreter (it processes the
 /// environment's `.pth` files: package code) compiling its `site-packages`.
+/// The script compiles with `compileall`, then loads every `.pyc` it has (the `verify`
+/// module): a truncated one is reported (exit status 3), never left for imports to find.
 pub(crate) fn compile_args(site_packages: &Path) -> Vec<OsString> {
     vec![
-        "-m".into(),
-        "compileall".into(),
-        "-q".into(),
+        "-c".into(),
+        crate::verify::COMPILE_AND_CHECK.into(),
         site_packages.as_os_str().to_owned(),
     ]
 }

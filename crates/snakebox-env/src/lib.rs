@@ -15,22 +15,27 @@
 //! and the network only through an egress proxy, running no package code; then everything
 //! that runs package code (bytecode compilation, opt-in sdist builds) runs as
 //! [`Role::PackageCode`]: a run's identity and limits, no network, no credentials, uv's cache
-//! not mounted. The run step (the engine's business) mounts the finished environment
-//! read-only ([`Environment::mounts`]) and never sees uv's cache.
+//! not mounted. A new environment is published only after it is verified (the `verify`
+//! module: installed files against their `RECORD`, compiled files loadable); a build that
+//! fails, for lack of space included ([`space`]), leaves nothing behind. The run step (the
+//! engine's business) mounts the finished environment read-only ([`Environment::mounts`])
+//! and never sees uv's cache.
 
 mod cache;
 mod env_vars;
 mod error;
 mod install;
 mod interpreter;
+pub mod space;
 mod uv;
+mod verify;
 
 pub use cache::{
     CacheConfig, CacheStats, DEFAULT_INSTALL_TIMEOUT, EnvCache, Environment, MANIFEST_FILE,
     PruneReason, PruneReport, PrunedEnvironment, ResolvedPackage,
 };
 pub use env_vars::{EnvVars, UvEnvironment};
-pub use error::{EnvError, UvStderr};
+pub use error::{EnvError, NO_SPACE_HINT, UvStderr};
 pub use install::{
     BuildSettings, PACKAGE_CODE_CWD, check_requirement_strings, check_requirement_urls,
     compile_invocation, hand_to_package_code, installed_packages, is_missing_wheel,
@@ -40,4 +45,7 @@ pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
 pub use uv::{
     DirectUvRunner, Egress, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput,
     UvRunFuture, UvRunner, install_read_only_paths,
+};
+pub use verify::{
+    Mismatch, check_records, damaged_compile, is_damaged_compile, remove_damaged_pycs,
 };

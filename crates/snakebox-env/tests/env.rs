@@ -251,7 +251,10 @@ async fn six_builds_once_imports_and_is_reused() {
     let stats = cache.stats();
     assert_eq!(stats.environments, 1);
     assert!(stats.bytes > 0);
-    assert_eq!(stats.uv_cache_dir, data.path().join("uv-cache"));
+    assert_eq!(
+        stats.uv_cache_dir,
+        data.path().join("installs-v1").join("uv-cache")
+    );
 }
 
 #[tokio::test]
@@ -314,12 +317,16 @@ async fn concurrent_ensures_of_one_key_build_once() {
     );
     for invocation in seen.iter().filter(|i| i.role == Role::Downloader) {
         assert_eq!(invocation.network, invocation.label == "uv pip install");
-        assert_eq!(invocation.writable.len(), 2);
-        assert!(invocation.writable[0].starts_with(data.path().join(".tmp")));
-        assert_eq!(invocation.writable[1], data.path().join("uv-cache"));
+        // One mount holding the build directory and uv's cache, so that uv can hard-link.
+        assert_eq!(invocation.writable, [data.path().join("installs-v1")]);
+        assert!(
+            invocation
+                .cwd
+                .starts_with(data.path().join("installs-v1/builds"))
+        );
         assert!(invocation.read_only.contains(&python.prefix));
         let policy = invocation.policy();
-        assert_eq!(policy.mounts.iter().filter(|m| m.writable).count(), 2);
+        assert_eq!(policy.mounts.iter().filter(|m| m.writable).count(), 1);
         assert!(policy.mounts.iter().all(|m| m.host == m.dest));
         for (name, _) in &invocation.env {
             let fixed = [
@@ -339,16 +346,28 @@ async fn concurrent_ensures_of_one_key_build_once() {
     assert!(install.network);
     assert!(install.args.iter().any(|a| a == "--no-build"));
     assert!(!install.args.iter().any(|a| a == "--compile-bytecode"));
-    assert_eq!(install.writable.len(), 2);
-    assert!(install.writable.iter().any(|p| p.ends_with("uv-cache")));
-    assert!(install.writable.iter().all(|p| p.starts_with(data.path())));
+    assert_eq!(install.writable.len(), 1);
+    assert!(
+        install.env.contains(&(
+            "UV_CACHE_DIR".to_owned(),
+            data.path()
+                .join("installs-v1/uv-cache")
+                .display()
+                .to_string()
+        ))
+    );
 
     let compile = &seen[2];
     assert!(matches!(compile.role, Role::PackageCode { .. }));
     assert!(!compile.network);
     assert_eq!(compile.writable.len(), 1);
     assert!(compile.writable[0].ends_with("env"));
-    assert!(!compile.read_only.iter().any(|p| p.ends_with("uv-cache")));
+    assert!(
+        !compile
+            .read_only
+            .iter()
+            .any(|p| p.ends_with("uv-cache") || p.ends_with("installs-v1"))
+    );
     assert!(
         compile
             .env

@@ -102,6 +102,9 @@ impl Installer {
             .await
             .map_err(|err| EngineError::context(&format!("`{label}` could not start"), &err))?;
         let stderr = outcome.stderr.text;
+        let full = (outcome.exit_code != Some(0))
+            .then(|| self.out_of_space(&stderr))
+            .flatten();
         match outcome.termination {
             Termination::TimedOut => Err(EngineError {
                 kind: ErrorKind::Failed,
@@ -112,6 +115,16 @@ impl Installer {
                 hint: Some("install fewer packages at once".into()),
             }),
             _ if outcome.exit_code == Some(0) => Ok((outcome.stdout.text.into_bytes(), stderr)),
+            _ if full.is_some() => Err(EngineError {
+                kind: ErrorKind::Quota,
+                message: format!(
+                    "`{label}` failed: {} is out of space ({} left): {}",
+                    full.unwrap_or_default(),
+                    self.space_left(),
+                    stderr.trim()
+                ),
+                hint: Some(self.space_hint()),
+            }),
             _ if snakebox_env::is_missing_wheel(stderr.as_bytes()) => Err(EngineError {
                 kind: ErrorKind::Failed,
                 message: format!("`{label}` failed: {}", stderr.trim()),
@@ -127,6 +140,37 @@ impl Installer {
                 ),
             }),
         }
+    }
+
+    /// Which disk a failed step filled, when it failed for lack of space: the step said so
+    /// (`ENOSPC`, `EDQUOT`), or the session's disk or the data directory is nearly full.
+    fn out_of_space(&self, said: &str) -> Option<&'static str> {
+        use snakebox_env::space;
+        let session_low = space::is_low_on_space(&self.env_dir);
+        let cache_low = space::is_low_on_space(&self.uv_cache);
+        if !(space::says_no_space(said) || session_low || cache_low) {
+            return None;
+        }
+        Some(if cache_low && !session_low {
+            "the data directory (uv's cache)"
+        } else {
+            "the session's disk"
+        })
+    }
+
+    fn space_left(&self) -> String {
+        snakebox_env::space::available_bytes(&self.env_dir)
+            .map_or_else(|| "unknown".into(), snakebox_env::space::human_bytes)
+    }
+
+    /// What to do when an install ran out of space.
+    fn space_hint(&self) -> String {
+        format!(
+            "delete files (run_command with `rm`) or whole sessions (delete_session) to free \
+             the session's disk, whose size the operator sets with --sessions-max-disk; for \
+             the data directory: {}",
+            snakebox_env::NO_SPACE_HINT
+        )
     }
 
     /// Make the empty venv.
@@ -185,6 +229,7 @@ impl Installer {
             })
             .await?;
             self.compile().await?;
+            self.verify().await?;
         }
         let mut packages: Vec<Package> = snakebox_env::installed_packages(&self.venv)
             .into_iter()
@@ -199,6 +244,65 @@ impl Installer {
             .await
             .unwrap_or(0);
         Ok((packages, bytes, tail(&log, 2000)))
+    }
+
+    /// Check every installed file against its distribution's `RECORD` (host code reading
+    /// files beneath the venv, executing nothing): a short write (a full disk) or a damaged
+    /// file in uv's cache is reported now, not by an import later.
+    async fn verify(&self) -> Result<(), EngineError> {
+        let Some(site) = snakebox_env::site_packages(&self.venv) else {
+            return Ok(());
+        };
+        let mismatches = super::blocking_io("verify the installed packages", move || {
+            snakebox_env::check_records(&site)
+        })
+        .await?;
+        if mismatches.is_empty() {
+            return Ok(());
+        }
+        let shown: Vec<String> = mismatches.iter().take(3).map(ToString::to_string).collect();
+        let said = shown.join("; ");
+        if let Some(full) = self.out_of_space(&said) {
+            return Err(EngineError {
+                kind: ErrorKind::Quota,
+                message: format!(
+                    "{} installed file(s) are damaged or missing ({full} is out of space, {} left): {said}",
+                    mismatches.len(),
+                    self.space_left()
+                ),
+                hint: Some(self.space_hint()),
+            });
+        }
+        // The damaged copies leave uv's cache, so that installing again downloads them.
+        let mut names: Vec<std::ffi::OsString> = mismatches
+            .iter()
+            .map(|m| {
+                m.distribution
+                    .rsplit_once('-')
+                    .map_or(m.distribution.as_str(), |(name, _)| name)
+                    .into()
+            })
+            .collect();
+        names.dedup();
+        let mut args: Vec<std::ffi::OsString> = vec!["cache".into(), "clean".into()];
+        args.extend(names);
+        let cleaned = self.uv("uv cache clean", args, false, None).await.is_ok();
+        Err(EngineError {
+            kind: ErrorKind::Failed,
+            message: format!(
+                "{} installed file(s) are damaged or missing{}: {said}",
+                mismatches.len(),
+                if cleaned {
+                    " (their packages' copies in uv's cache were removed)"
+                } else {
+                    ""
+                }
+            ),
+            hint: Some(
+                "the session's packages are incomplete: reset_session rebuilds its venv with the packages it was created with (install the others again afterwards), or start a new session; if it keeps failing, check the disk for errors and free space"
+                    .into(),
+            ),
+        })
     }
 
     /// Byte-compile the venv as package code: a leased run uid (the venv's directories are
@@ -256,6 +360,53 @@ impl Installer {
                 Termination::TimedOut => "time",
                 Termination::MemoryLimit => "memory",
                 Termination::CpuLimit => "CPU time",
+                // A file that does not compile is not an error; a full disk (short writes
+                // leave truncated `.pyc` files, which the compile step reports) is.
+                _ if outcome.exit_code != Some(0) => {
+                    let said = outcome.stderr.text;
+                    // Compiled files cut short (a full disk) are removed: the packages then
+                    // import, compiled in memory, instead of failing.
+                    let damaged = snakebox_env::damaged_compile(outcome.exit_code, &said);
+                    let removed = match (&damaged, snakebox_env::site_packages(&self.venv)) {
+                        (Some(files), Some(site)) => {
+                            let files = files.clone();
+                            super::blocking_io("remove damaged compiled files", move || {
+                                Ok(snakebox_env::remove_damaged_pycs(&site, &files))
+                            })
+                            .await?
+                        }
+                        _ => 0,
+                    };
+                    let note = if removed > 0 {
+                        format!(
+                            "; {removed} damaged compiled file(s) were removed (imports compile those modules in memory)"
+                        )
+                    } else {
+                        String::new()
+                    };
+                    if let Some(full) = self.out_of_space(&said) {
+                        return Err(EngineError {
+                            kind: ErrorKind::Quota,
+                            message: format!(
+                                "compiling the installed packages failed: {full} is out of space ({} left){note}: {}",
+                                self.space_left(),
+                                said.trim()
+                            ),
+                            hint: Some(self.space_hint()),
+                        });
+                    }
+                    if damaged.is_some() {
+                        return Err(EngineError {
+                            kind: ErrorKind::Failed,
+                            message: format!(
+                                "compiling the installed packages left damaged files{note}: {}",
+                                said.trim()
+                            ),
+                            hint: Some("install the packages again; if it keeps failing, check the disk for errors and free space".into()),
+                        });
+                    }
+                    return Ok(());
+                }
                 _ => return Ok(()),
             },
         };
