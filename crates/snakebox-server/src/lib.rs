@@ -7,26 +7,20 @@
 //! tool results with `isError: true` and a hint; protocol errors are kept for malformed
 //! requests only. The same handler serves every transport.
 
+mod frames;
 mod sessions;
 mod tools;
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use rmcp::transport::async_rw::AsyncRwTransport;
-use rmcp::{RoleServer, ServiceExt};
+use rmcp::ServiceExt;
 use snakebox_engine::{Engine, StopReason};
-use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
+pub use frames::DEFAULT_MAX_FRAME_BYTES;
 pub use tools::SnakeboxServer;
-
-/// Largest JSON-RPC line read from stdio. Larger than any script we accept, so an oversized
-/// script reaches the tool and gets a clear error instead of being dropped by the transport.
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Serve MCP over stdin/stdout until the client closes our input or `stop` resolves (a
 /// signal, in the binary). Either way the engine stops taking calls and cancels those in
@@ -34,21 +28,24 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// this returns, waiting at most `drain` for them. The caller then releases the host with
 /// [`Engine::shutdown`].
 ///
+/// Messages pass through the stdio framing ([`frames`]): one per line, at most
+/// `max_frame_bytes` long, each answered per JSON-RPC 2.0 before rmcp sees it.
+///
 /// # Errors
 /// When the transport fails to start or breaks.
 pub async fn serve_stdio(
     engine: Arc<Engine>,
     stop: impl Future<Output = StopReason>,
     drain: Duration,
+    max_frame_bytes: usize,
 ) -> anyhow::Result<StopReason> {
-    let (stdin, stdout) = rmcp::transport::io::stdio_pipes();
     let input_closed = CancellationToken::new();
-    let stdin = NotifyEof {
-        inner: stdin,
-        eof: input_closed.clone(),
-    };
-    let transport = AsyncRwTransport::<RoleServer, _, _>::new(stdin, stdout)
-        .with_max_line_length(MAX_MESSAGE_BYTES);
+    let transport = frames::start(
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        max_frame_bytes,
+        input_closed.clone(),
+    );
     tokio::pin!(stop);
     let service = tokio::select! {
         service = SnakeboxServer::new(Arc::clone(&engine)).serve(transport) => service?,
@@ -85,30 +82,4 @@ pub async fn serve_stdio(
     }
     waiting.await?;
     Ok(reason)
-}
-
-/// Standard input that tells when it reaches its end: the client closed it, the server stops
-/// at once (rmcp only waits a few seconds for the replies of calls in flight).
-struct NotifyEof<R> {
-    inner: R,
-    eof: CancellationToken,
-}
-
-impl<R: AsyncRead + Unpin> AsyncRead for NotifyEof<R> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let wants = buf.remaining() > 0;
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = &polled
-            && wants
-            && buf.filled().len() == before
-        {
-            self.eof.cancel();
-        }
-        polled
-    }
 }

@@ -31,8 +31,8 @@ pub(crate) fn report_error(err: &anyhow::Error) {
 /// cgroups and run directories are released. A second signal skips the wait and forces the
 /// release. Exit code 0 (a stop asked for is not a failure); 2 when serving failed.
 pub(crate) async fn serve(args: &EngineArgs) -> anyhow::Result<ExitCode> {
-    let config = settings::resolve(args)?;
-    let engine = Engine::start(config).await;
+    let settings = settings::resolve(args)?;
+    let engine = Engine::start(settings.engine).await;
     let report = engine.report();
     if report.ready {
         tracing::info!(
@@ -47,7 +47,13 @@ pub(crate) async fn serve(args: &EngineArgs) -> anyhow::Result<ExitCode> {
             tracing::error!("executions are refused until this is fixed: {problem}");
         }
     }
-    let served = snakebox_server::serve_stdio(Arc::clone(&engine), stop_signal(), DRAIN).await;
+    let served = snakebox_server::serve_stdio(
+        Arc::clone(&engine),
+        stop_signal(),
+        DRAIN,
+        settings.max_frame_bytes,
+    )
+    .await;
     let reason = served
         .as_ref()
         .map_or(StopReason::InputClosed, |reason| *reason);
@@ -102,7 +108,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             )
         })?
     };
-    let config = settings::resolve(&args.engine)?;
+    let config = settings::resolve(&args.engine)?.engine;
     let engine = Engine::new(config).await;
     let cancel = CancellationToken::new();
     let on_interrupt = cancel.clone();
@@ -166,7 +172,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 /// `snakebox check`: the environment report; exit 1 when executions cannot run.
 pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
-    let config = settings::resolve(&args.engine)?;
+    let config = settings::resolve(&args.engine)?.engine;
     let engine = Engine::new(config).await;
     let report = engine.report();
     engine.release_host();
