@@ -20,6 +20,8 @@
 //!    serde_json's 128 levels, a lone UTF-16 surrogate such as `"\ud800"`); a notification
 //!    or response it refuses is dropped, as rmcp itself would.
 
+use std::borrow::Cow;
+
 use rmcp::model::{ClientJsonRpcMessage, ClientNotification, ClientRequest, ErrorData, RequestId};
 use serde::de::{Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
@@ -88,14 +90,19 @@ impl Reply {
 pub(crate) fn classify(line: &[u8]) -> Verdict {
     // RFC 8259 §8.1 lets a parser ignore a byte order mark; rmcp does.
     let line = line.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(line);
-    if line.iter().all(u8::is_ascii_whitespace) {
+    if line
+        .iter()
+        .all(|byte| matches!(byte, b' ' | b'\t' | b'\r' | b'\n'))
+    {
         return Verdict::Skip;
     }
     let text = match std::str::from_utf8(line) {
         Ok(text) => text,
         Err(err) => {
-            let valid = &line[..err.valid_up_to()];
-            let id = std::str::from_utf8(valid).ok().and_then(recover_id);
+            // Bytes that are not UTF-8 break a string, not the structure around it: read the
+            // id from the text with them replaced, unless they were in the id itself.
+            let id = recover_id(&String::from_utf8_lossy(line))
+                .filter(|id| !id.get().contains(char::REPLACEMENT_CHARACTER));
             return Verdict::Reply(Reply::parse_error(
                 id,
                 format!(
@@ -152,8 +159,9 @@ impl<'de> Deserialize<'de> for Members<'de> {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
                 let mut members = Members::default();
-                while let Some(key) = map.next_key::<String>()? {
-                    let slot = match key.as_str() {
+                while let Some(key) = map.next_key::<&'de RawValue>()? {
+                    let key = key_name(key);
+                    let slot = match key.as_deref().unwrap_or_default() {
                         "jsonrpc" => &mut members.jsonrpc,
                         "id" => &mut members.id,
                         "method" => &mut members.method,
@@ -168,7 +176,9 @@ impl<'de> Deserialize<'de> for Members<'de> {
                     };
                     let value: &'de RawValue = map.next_value()?;
                     if slot.is_some() {
-                        members.repeated.get_or_insert(key);
+                        members
+                            .repeated
+                            .get_or_insert_with(|| key.unwrap_or_default().into_owned());
                     } else {
                         *slot = Some(value);
                     }
@@ -180,21 +190,44 @@ impl<'de> Deserialize<'de> for Members<'de> {
     }
 }
 
+/// A member's name from its raw text; `None` when it cannot be read (a lone surrogate).
+fn key_name(raw: &RawValue) -> Option<Cow<'_, str>> {
+    let text = raw.get();
+    match text
+        .strip_prefix('"')
+        .and_then(|rest| rest.strip_suffix('"'))
+    {
+        Some(name) if !name.contains('\\') => Some(Cow::Borrowed(name)),
+        _ => serde_json::from_str::<String>(text).ok().map(Cow::Owned),
+    }
+}
+
 /// The id of a JSON object that may be cut short or broken after it: read up to the error,
-/// keeping the first `id` member that is a string or a number.
+/// keeping the first `id` member that is a string or a number and is followed by `,` or `}`
+/// (a number cut short, `12` of `123`, would be another request's id).
 pub(crate) fn recover_id(text: &str) -> Option<Box<RawValue>> {
-    struct IdVisitor<'s>(&'s mut Option<Box<RawValue>>);
-    impl<'de> Visitor<'de> for IdVisitor<'_> {
+    struct IdVisitor<'s, 't> {
+        text: &'t str,
+        found: &'s mut Option<Box<RawValue>>,
+    }
+    impl<'de> Visitor<'de> for IdVisitor<'_, '_> {
         type Value = ();
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("an object")
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-            while let Some(key) = map.next_key::<String>()? {
-                if key == "id" && self.0.is_none() {
+            while let Some(key) = map.next_key::<&'de RawValue>()? {
+                if key_name(key).as_deref() == Some("id") && self.found.is_none() {
                     let value: &'de RawValue = map.next_value()?;
-                    if is_string_or_number(value) {
-                        *self.0 = Some(value.to_owned());
+                    let end = (value.get().as_ptr() as usize)
+                        .saturating_sub(self.text.as_ptr() as usize)
+                        + value.get().len();
+                    let ended = self
+                        .text
+                        .get(end..)
+                        .is_some_and(|rest| rest.trim_start().starts_with([',', '}']));
+                    if is_string_or_number(value) && ended {
+                        *self.found = Some(value.to_owned());
                     }
                 } else {
                     map.next_value::<IgnoredAny>()?;
@@ -206,7 +239,10 @@ pub(crate) fn recover_id(text: &str) -> Option<Box<RawValue>> {
     let mut found = None;
     let mut deserializer = serde_json::Deserializer::from_str(text);
     // The error is expected (that is why the id is recovered); what was read before it counts.
-    let _ = deserializer.deserialize_map(IdVisitor(&mut found));
+    let _ = deserializer.deserialize_map(IdVisitor {
+        text,
+        found: &mut found,
+    });
     found
 }
 
@@ -293,7 +329,7 @@ fn classify_object(text: &str) -> Verdict {
         let Ok(method) = serde_json::from_str::<String>(method_raw.get()) else {
             return invalid(
                 format!(
-                    "Invalid request: `method` must be a string, not `{}`",
+                    "Invalid request: `method` must be a string of valid Unicode, not `{}`",
                     method_raw.get()
                 ),
                 "name the method as a string, such as \"tools/call\"",
@@ -537,7 +573,14 @@ mod tests {
         two_messages_on_one_line: br#"{"jsonrpc":"2.0","id":10,"method":"ping"}{"jsonrpc":"2.0","id":11,"method":"ping"}"# => "reply -32700 10",
         single_quotes: b"{'jsonrpc':'2.0','id':1}" => "reply -32700 null",
         invalid_utf8_in_a_string: b"{\"jsonrpc\":\"2.0\",\"id\":12,\"method\":\"ping\",\"params\":{\"x\":\"\xff\xfe\"}}" => "reply -32700 12",
-        invalid_utf8_before_the_id: b"{\"x\":\"\xc3\",\"id\":13}" => "reply -32700 null",
+        invalid_utf8_before_the_id: b"{\"x\":\"\xc3\",\"jsonrpc\":\"2.0\",\"id\":13,\"method\":\"ping\"}" => "reply -32700 13",
+        invalid_utf8_in_the_id: b"{\"jsonrpc\":\"2.0\",\"id\":\"a\xffb\",\"method\":\"ping\"}" => "reply -32700 null",
+        invalid_utf8_cuts_the_id_short: b"{\"jsonrpc\":\"2.0\",\"id\":12\xff3,\"method\":\"ping\"}" => "reply -32700 null",
+        cut_short_inside_the_id: br#"{"jsonrpc":"2.0","id":12"# => "reply -32700 null",
+        cut_short_just_after_the_id: br#"{"jsonrpc":"2.0","id":"ab","# => "reply -32700 \"ab\"",
+        form_feed_is_not_json_whitespace: b"\x0c" => "reply -32700 null",
+        lone_surrogate_in_a_key: br#"{"\ud800":1,"jsonrpc":"2.0","id":32,"method":"ping"}"# => "reply -32600 32",
+        escaped_member_names_count: br#"{"jsonrpc":"2.0","\u0069d":33,"method":"ping"}"# => "forward 33",
         broken_batch: b"[{\"id\":1}" => "reply -32700 null",
         nan: b"NaN" => "reply -32700 null",
 
