@@ -534,3 +534,21 @@ def test_memory_returns_after_a_line_over_the_limit(snakebox_bin: Path, data_dir
         assert after - baseline < 12 * 1024, f"VmRSS {baseline} KiB before, {after} KiB after a 64 MiB line"
     finally:
         server.close()
+
+
+def test_messages_before_initialize_do_not_end_the_connection(snakebox_bin: Path, data_dir: Path) -> None:
+    """rmcp ends the connection when the first message is a notification or a response; the
+    framing holds those back until the session has begun."""
+    server = RawServer(snakebox_bin, data_dir)
+    try:
+        server.send_json({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        server.send_json({"jsonrpc": "2.0", "id": "stray", "result": {}})
+        server.send(b"not json")
+        before, pong = server.call("ping", None, "early")
+        assert "result" in pong, pong
+        assert [m["error"]["code"] for m in before] == [-32700], before
+        server.initialize()
+        _, tools = server.call("tools/list", None, "list")
+        assert "execute_python" in {tool["name"] for tool in tools["result"]["tools"]}, tools
+    finally:
+        server.close()

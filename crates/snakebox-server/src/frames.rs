@@ -17,7 +17,9 @@
 //! rest itself; one writer task owns stdout and writes whole lines only, rmcp's and ours.
 //! The ids of requests in flight are kept (with their raw text, so the reply carries the id
 //! exactly as the client wrote it, `1.0` stays `1.0`) until rmcp answers them or the client
-//! cancels them; a request reusing one of them is answered at once with an error.
+//! cancels them; a request reusing one of them is answered at once with an error. Until
+//! rmcp's session has begun, notifications and responses are held back: rmcp would end the
+//! connection on them.
 //!
 //! It is stdio-specific: the HTTP face gets its bodies whole from axum.
 
@@ -25,11 +27,14 @@ mod classify;
 mod codec;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use rmcp::RoleServer;
-use rmcp::model::{ClientJsonRpcMessage, ClientNotification, RequestId, ServerJsonRpcMessage};
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientNotification, ClientRequest, RequestId, ServerJsonRpcMessage,
+};
 use rmcp::transport::Transport;
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -58,14 +63,30 @@ struct Outgoing {
     written: Option<oneshot::Sender<()>>,
 }
 
-/// Requests in flight, by the id rmcp knows them by, with the id's raw text.
-type InFlight = Arc<Mutex<HashMap<RequestId, Box<RawValue>>>>;
+/// What the reader and rmcp's replies share.
+#[derive(Default)]
+struct State {
+    /// Requests in flight, by the id rmcp knows them by.
+    in_flight: Mutex<HashMap<RequestId, Pending>>,
+    /// rmcp has begun a session: it took an `initialize`, or answered a request other than
+    /// `ping` and `server/discover` in full. Before that rmcp ends the whole connection on a
+    /// notification or a response (rmcp 3.9, `serve_server`), so those are held back.
+    open: AtomicBool,
+}
+
+/// A request in flight.
+struct Pending {
+    /// Its id as the client wrote it.
+    raw: Box<RawValue>,
+    /// A full answer to it means rmcp's session has begun.
+    opens: bool,
+}
 
 /// The rmcp side of the layer: a [`Transport`] over channels. [`start`] makes it.
 pub(crate) struct FramedStdio {
     incoming: mpsc::Receiver<ClientJsonRpcMessage>,
     outgoing: mpsc::Sender<Outgoing>,
-    in_flight: InFlight,
+    state: Arc<State>,
 }
 
 /// Start the layer over `input` and `output` (stdin and stdout, or test pipes): the reader
@@ -83,20 +104,20 @@ where
 {
     let (to_rmcp, incoming) = mpsc::channel(OUTGOING);
     let (outgoing, lines) = mpsc::channel(OUTGOING);
-    let in_flight = InFlight::default();
+    let state = Arc::new(State::default());
     tokio::spawn(write_lines(output, lines));
     tokio::spawn(read_frames(
         input,
         max_frame_bytes,
         to_rmcp,
         outgoing.clone(),
-        Arc::clone(&in_flight),
+        Arc::clone(&state),
         eof,
     ));
     FramedStdio {
         incoming,
         outgoing,
-        in_flight,
+        state,
     }
 }
 
@@ -107,7 +128,7 @@ impl Transport<RoleServer> for FramedStdio {
         &mut self,
         item: ServerJsonRpcMessage,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        let line = render(&item, &self.in_flight);
+        let line = render(&item, &self.state);
         let outgoing = self.outgoing.clone();
         async move {
             let closed = || std::io::Error::new(std::io::ErrorKind::BrokenPipe, "stdout is closed");
@@ -135,13 +156,19 @@ impl Transport<RoleServer> for FramedStdio {
 
 /// One line of rmcp's output. A reply ends its request's time in flight and carries the id
 /// as the client wrote it.
-fn render(item: &ServerJsonRpcMessage, in_flight: &InFlight) -> Result<Vec<u8>, serde_json::Error> {
+fn render(item: &ServerJsonRpcMessage, state: &State) -> Result<Vec<u8>, serde_json::Error> {
     let id = match item {
         ServerJsonRpcMessage::Response(response) => Some(&response.id),
         ServerJsonRpcMessage::Error(error) => error.id.as_ref(),
         _ => None,
     };
-    let raw = id.and_then(|id| lock(in_flight).remove(id));
+    let pending = id.and_then(|id| lock(state).remove(id));
+    if let Some(Pending { opens: true, .. }) = &pending
+        && matches!(item, ServerJsonRpcMessage::Response(_))
+    {
+        state.open.store(true, Ordering::Release);
+    }
+    let raw = pending.map(|pending| pending.raw);
     let mut line = match raw {
         Some(raw) if raw.get() != serde_json::to_string(&id)?.as_str() => {
             // The client wrote the id otherwise (`1.0`, `"\u0041"`): give it back as written.
@@ -170,9 +197,10 @@ fn render(item: &ServerJsonRpcMessage, in_flight: &InFlight) -> Result<Vec<u8>, 
     Ok(line)
 }
 
-fn lock(in_flight: &InFlight) -> std::sync::MutexGuard<'_, HashMap<RequestId, Box<RawValue>>> {
+fn lock(state: &State) -> std::sync::MutexGuard<'_, HashMap<RequestId, Pending>> {
     // A panic while holding the lock leaves a map that is still whole.
-    in_flight
+    state
+        .in_flight
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
@@ -200,7 +228,7 @@ async fn read_frames<R: AsyncRead + Unpin>(
     max_frame_bytes: usize,
     to_rmcp: mpsc::Sender<ClientJsonRpcMessage>,
     outgoing: mpsc::Sender<Outgoing>,
-    in_flight: InFlight,
+    state: Arc<State>,
     eof: CancellationToken,
 ) {
     let mut frames = FramedRead::with_capacity(input, FrameCodec::new(max_frame_bytes), 64 * 1024);
@@ -226,8 +254,9 @@ async fn read_frames<R: AsyncRead + Unpin>(
             }
             Verdict::Reply(reply) => reply_line(&[reply], false),
             Verdict::Batch(replies) => reply_line(&replies, true),
-            Verdict::Forward { message, id } => match admit(&message, id, &in_flight) {
-                Ok(()) => {
+            Verdict::Forward { message, id } => match admit(&message, id, &state) {
+                Ok(false) => continue,
+                Ok(true) => {
                     if to_rmcp.send(*message).await.is_err() {
                         // rmcp has stopped reading: the service is gone.
                         break;
@@ -256,13 +285,15 @@ async fn read_frames<R: AsyncRead + Unpin>(
     eof.cancel();
 }
 
-/// A request enters the in-flight table, unless its id is already there; a cancellation
-/// takes its request out (rmcp sends no reply to a cancelled request).
+/// Whether a message goes to rmcp. A request enters the in-flight table, unless its id is
+/// already there (then it is answered here); a cancellation takes its request out (rmcp
+/// sends no reply to a cancelled request); a notification or response before rmcp's session
+/// has begun is held back (no reply is owed to either).
 fn admit(
     message: &ClientJsonRpcMessage,
     raw: Option<Box<RawValue>>,
-    in_flight: &InFlight,
-) -> Result<(), Reply> {
+    state: &State,
+) -> Result<bool, Reply> {
     match message {
         ClientJsonRpcMessage::Request(request) => {
             let raw = match raw {
@@ -275,7 +306,7 @@ fn admit(
                     )
                 })?,
             };
-            let mut table = lock(in_flight);
+            let mut table = lock(state);
             if table.contains_key(&request.id) {
                 return Err(Reply::invalid(
                     Some(raw),
@@ -286,18 +317,33 @@ fn admit(
                     "give every request its own id; an id may be used again once its reply has arrived",
                 ));
             }
-            table.insert(request.id.clone(), raw);
+            let opens = match &request.request {
+                ClientRequest::InitializeRequest(_) => {
+                    state.open.store(true, Ordering::Release);
+                    false
+                }
+                ClientRequest::PingRequest(_) | ClientRequest::DiscoverRequest(_) => false,
+                _ => true,
+            };
+            table.insert(request.id.clone(), Pending { raw, opens });
+            Ok(true)
+        }
+        _ if !state.open.load(Ordering::Acquire) => {
+            tracing::warn!(
+                "a notification or response before `initialize` was dropped (it would end the connection)"
+            );
+            Ok(false)
         }
         ClientJsonRpcMessage::Notification(notification) => {
             if let ClientNotification::CancelledNotification(cancelled) = &notification.notification
                 && let Some(id) = &cancelled.params.request_id
             {
-                lock(in_flight).remove(id);
+                lock(state).remove(id);
             }
+            Ok(true)
         }
-        _ => {}
+        _ => Ok(true),
     }
-    Ok(())
 }
 
 /// The reply to a line over the limit: its id when the head holds one, the limit, a hint.
@@ -345,5 +391,113 @@ fn release_memory() {
     // SAFETY: `malloc_trim` only returns free memory to the system; it takes no pointers.
     unsafe {
         libc::malloc_trim(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::ServiceExt;
+    use serde_json::{Value, json};
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    use super::*;
+
+    /// A server with rmcp's default handlers (ping, empty lists).
+    #[derive(Clone)]
+    struct Plain;
+    impl rmcp::ServerHandler for Plain {}
+
+    /// The layer and a plain rmcp server over in-memory pipes: (client's writer, client's
+    /// line reader, the end-of-input token).
+    async fn served(
+        limit: usize,
+    ) -> (
+        tokio::io::DuplexStream,
+        tokio::io::Lines<BufReader<tokio::io::DuplexStream>>,
+        CancellationToken,
+    ) {
+        let (client_out, server_in) = tokio::io::duplex(1 << 16);
+        let (server_out, client_in) = tokio::io::duplex(1 << 16);
+        let eof = CancellationToken::new();
+        let transport = start(server_in, server_out, limit, eof.clone());
+        tokio::spawn(async move {
+            if let Ok(service) = Plain.serve(transport).await {
+                let _ = service.waiting().await;
+            }
+        });
+        (client_out, BufReader::new(client_in).lines(), eof)
+    }
+
+    async fn reply(lines: &mut tokio::io::Lines<BufReader<tokio::io::DuplexStream>>) -> String {
+        tokio::time::timeout(std::time::Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("a reply in time")
+            .expect("readable")
+            .expect("a line")
+    }
+
+    #[tokio::test]
+    async fn the_layer_answers_what_rmcp_cannot_take_and_forwards_the_rest() {
+        let (mut input, mut lines, eof) = served(1024).await;
+        let init = json!({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"}}});
+        let frames = [
+            init.to_string(),
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#.to_owned(),
+            "not json".to_owned(),
+            r#"{"jsonrpc":"2.0","method":"notifications/whatever"}"#.to_owned(),
+            format!(
+                r#"{{"jsonrpc":"2.0","id":"big","method":"ping","params":{{"pad":"{}"}}}}"#,
+                "x".repeat(2000)
+            ),
+        ];
+        for frame in &frames {
+            input
+                .write_all(format!("{frame}\n").as_bytes())
+                .await
+                .unwrap();
+        }
+        let mut got: Vec<Value> = Vec::new();
+        for _ in 0..3 {
+            got.push(serde_json::from_str(&reply(&mut lines).await).unwrap());
+        }
+        let by_id = |id: Value| got.iter().find(|m| m["id"] == id).cloned();
+        assert!(
+            by_id(json!(0)).is_some_and(|m| m.get("result").is_some()),
+            "{got:?}"
+        );
+        assert_eq!(
+            by_id(Value::Null).unwrap()["error"]["code"],
+            -32700,
+            "{got:?}"
+        );
+        let big = by_id(json!("big")).unwrap();
+        assert_eq!(big["error"]["code"], -32600);
+        assert_eq!(big["error"]["data"]["limit_bytes"], 1024);
+
+        // An id written as a float comes back as written; rmcp knows it as 7.
+        input
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":7.0,\"method\":\"ping\"}\n")
+            .await
+            .unwrap();
+        assert_eq!(
+            reply(&mut lines).await,
+            r#"{"jsonrpc":"2.0","id":7.0,"result":{}}"#
+        );
+        input
+            .write_all(b"{\"jsonrpc\":\"2.0\",\"id\":\"\\u0041\",\"method\":\"ping\"}\n")
+            .await
+            .unwrap();
+        assert_eq!(
+            reply(&mut lines).await,
+            r#"{"jsonrpc":"2.0","id":"\u0041","result":{}}"#
+        );
+
+        // The end of input ends the stream and says so.
+        drop(input);
+        tokio::time::timeout(std::time::Duration::from_secs(10), eof.cancelled())
+            .await
+            .expect("end of input seen");
     }
 }
