@@ -91,12 +91,14 @@ pub(crate) struct FramedStdio {
 
 /// Start the layer over `input` and `output` (stdin and stdout, or test pipes): the reader
 /// and writer tasks, and the transport to hand to rmcp. `eof` is cancelled when the input
-/// ends.
+/// ends; rmcp's input ends when `release` is cancelled after that (the caller answers the
+/// calls in flight first: rmcp gives them only 5 s once its input has ended).
 pub(crate) fn start<R, W>(
     input: R,
     output: W,
     max_frame_bytes: usize,
     eof: CancellationToken,
+    release: CancellationToken,
 ) -> FramedStdio
 where
     R: AsyncRead + Send + Unpin + 'static,
@@ -113,6 +115,7 @@ where
         outgoing.clone(),
         Arc::clone(&state),
         eof,
+        release,
     ));
     FramedStdio {
         incoming,
@@ -230,6 +233,7 @@ async fn read_frames<R: AsyncRead + Unpin>(
     outgoing: mpsc::Sender<Outgoing>,
     state: Arc<State>,
     eof: CancellationToken,
+    release: CancellationToken,
 ) {
     let mut frames = FramedRead::with_capacity(input, FrameCodec::new(max_frame_bytes), 64 * 1024);
     while let Some(frame) = frames.next().await {
@@ -283,6 +287,8 @@ async fn read_frames<R: AsyncRead + Unpin>(
         }
     }
     eof.cancel();
+    release.cancelled().await;
+    drop(to_rmcp);
 }
 
 /// Whether a message goes to rmcp. A request enters the in-flight table, unless its id is
@@ -419,7 +425,7 @@ mod tests {
         let (client_out, server_in) = tokio::io::duplex(1 << 16);
         let (server_out, client_in) = tokio::io::duplex(1 << 16);
         let eof = CancellationToken::new();
-        let transport = start(server_in, server_out, limit, eof.clone());
+        let transport = start(server_in, server_out, limit, eof.clone(), eof.clone());
         tokio::spawn(async move {
             if let Ok(service) = Plain.serve(transport).await {
                 let _ = service.waiting().await;

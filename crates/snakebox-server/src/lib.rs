@@ -40,18 +40,30 @@ pub async fn serve_stdio(
     max_frame_bytes: usize,
 ) -> anyhow::Result<StopReason> {
     let input_closed = CancellationToken::new();
+    // Once a session runs, rmcp is told of the end of input only after the calls in flight
+    // have been answered: rmcp waits just 5 s for replies once its input ends.
+    let release = CancellationToken::new();
+    let _release_on_return = release.clone().drop_guard();
+    // rmcp's pipes: non-blocking when stdin and stdout are pipes (as MCP clients start us).
+    let (stdin, stdout) = rmcp::transport::io::stdio_pipes();
     let transport = frames::start(
-        tokio::io::stdin(),
-        tokio::io::stdout(),
+        stdin,
+        stdout,
         max_frame_bytes,
         input_closed.clone(),
+        release.clone(),
     );
-    tokio::pin!(stop);
-    let service = tokio::select! {
-        service = SnakeboxServer::new(Arc::clone(&engine)).serve(transport) => service?,
-        reason = &mut stop => {
-            engine.begin_shutdown(reason);
-            return Ok(reason);
+    let serving = SnakeboxServer::new(Arc::clone(&engine)).serve(transport);
+    tokio::pin!(serving, stop);
+    let service = loop {
+        tokio::select! {
+            service = &mut serving => break service?,
+            reason = &mut stop => {
+                engine.begin_shutdown(reason);
+                return Ok(reason);
+            }
+            // Before a session, nothing is in flight: rmcp sees the end at once.
+            () = input_closed.cancelled(), if !release.is_cancelled() => release.cancel(),
         }
     };
     let cancel = service.cancellation_token();
@@ -75,9 +87,11 @@ pub async fn serve_stdio(
             "calls still running after the drain deadline; their replies are lost"
         );
     }
-    // At end of input the service is already draining its replies; on a signal, ask it to
-    // (it sends the replies that are ready, then closes).
-    if reason != StopReason::InputClosed {
+    // At end of input, let rmcp see it now (the replies are out); on a signal, ask the
+    // service to stop (it sends the replies that are ready, then closes).
+    if reason == StopReason::InputClosed {
+        release.cancel();
+    } else {
         cancel.cancel();
     }
     waiting.await?;
