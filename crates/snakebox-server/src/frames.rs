@@ -33,7 +33,8 @@ use std::sync::{Arc, Mutex};
 use futures::StreamExt;
 use rmcp::RoleServer;
 use rmcp::model::{
-    ClientJsonRpcMessage, ClientNotification, ClientRequest, RequestId, ServerJsonRpcMessage,
+    ClientJsonRpcMessage, ClientNotification, ClientRequest, GetMeta, ProtocolVersion, RequestId,
+    ServerJsonRpcMessage,
 };
 use rmcp::transport::Transport;
 use serde::Serialize;
@@ -66,20 +67,11 @@ struct Outgoing {
 /// What the reader and rmcp's replies share.
 #[derive(Default)]
 struct State {
-    /// Requests in flight, by the id rmcp knows them by.
-    in_flight: Mutex<HashMap<RequestId, Pending>>,
-    /// rmcp has begun a session: it took an `initialize`, or answered a request other than
-    /// `ping` and `server/discover` in full. Before that rmcp ends the whole connection on a
+    /// Requests in flight, by the id rmcp knows them by, with the id as the client wrote it.
+    in_flight: Mutex<HashMap<RequestId, Box<RawValue>>>,
+    /// rmcp has begun a session. Before that rmcp ends the whole connection on a
     /// notification or a response (rmcp 3.9, `serve_server`), so those are held back.
     open: AtomicBool,
-}
-
-/// A request in flight.
-struct Pending {
-    /// Its id as the client wrote it.
-    raw: Box<RawValue>,
-    /// A full answer to it means rmcp's session has begun.
-    opens: bool,
 }
 
 /// The rmcp side of the layer: a [`Transport`] over channels. [`start`] makes it.
@@ -165,13 +157,7 @@ fn render(item: &ServerJsonRpcMessage, state: &State) -> Result<Vec<u8>, serde_j
         ServerJsonRpcMessage::Error(error) => error.id.as_ref(),
         _ => None,
     };
-    let pending = id.and_then(|id| lock(state).remove(id));
-    if let Some(Pending { opens: true, .. }) = &pending
-        && matches!(item, ServerJsonRpcMessage::Response(_))
-    {
-        state.open.store(true, Ordering::Release);
-    }
-    let raw = pending.map(|pending| pending.raw);
+    let raw = id.and_then(|id| lock(state).remove(id));
     let mut line = match raw {
         Some(raw) if raw.get() != serde_json::to_string(&id)?.as_str() => {
             // The client wrote the id otherwise (`1.0`, `"\u0041"`): give it back as written.
@@ -200,7 +186,7 @@ fn render(item: &ServerJsonRpcMessage, state: &State) -> Result<Vec<u8>, serde_j
     Ok(line)
 }
 
-fn lock(state: &State) -> std::sync::MutexGuard<'_, HashMap<RequestId, Pending>> {
+fn lock(state: &State) -> std::sync::MutexGuard<'_, HashMap<RequestId, Box<RawValue>>> {
     // A panic while holding the lock leaves a map that is still whole.
     state
         .in_flight
@@ -323,15 +309,10 @@ fn admit(
                     "give every request its own id; an id may be used again once its reply has arrived",
                 ));
             }
-            let opens = match &request.request {
-                ClientRequest::InitializeRequest(_) => {
-                    state.open.store(true, Ordering::Release);
-                    false
-                }
-                ClientRequest::PingRequest(_) | ClientRequest::DiscoverRequest(_) => false,
-                _ => true,
-            };
-            table.insert(request.id.clone(), Pending { raw, opens });
+            table.insert(request.id.clone(), raw);
+            if begins_session(&request.request) {
+                state.open.store(true, Ordering::Release);
+            }
             Ok(true)
         }
         _ if !state.open.load(Ordering::Acquire) => {
@@ -349,6 +330,24 @@ fn admit(
             Ok(true)
         }
         _ => Ok(true),
+    }
+}
+
+/// Whether rmcp begins a session on this request (rmcp 3.9, `serve_server`): an
+/// `initialize`, or (MCP 2026-07-28, no handshake) a request other than `ping` and
+/// `server/discover` that carries the protocol version and the client's capabilities in its
+/// `_meta`. rmcp answers any other request before a session on its own and keeps waiting.
+fn begins_session(request: &ClientRequest) -> bool {
+    match request {
+        ClientRequest::InitializeRequest(_) => true,
+        ClientRequest::PingRequest(_) | ClientRequest::DiscoverRequest(_) => false,
+        request => {
+            let meta = request.get_meta();
+            meta.protocol_version().is_some()
+                && meta
+                    .missing_required_keys(&ProtocolVersion::V_2026_07_28)
+                    .is_empty()
+        }
     }
 }
 
