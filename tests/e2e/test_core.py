@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from mcp import MCPError
 
 from conftest import call, connect, process_rss_kib, server_pid
 
@@ -135,10 +136,16 @@ async def test_bad_arguments_get_clear_errors_and_the_server_keeps_serving(clien
     assert data["error"]["kind"] == "invalid"
     assert "hint:" in text
 
-    huge = "x = 1\n" * (50 * 1024 * 1024 // 6)
+    # Over the script limit (1 MiB): the tool says so.
+    huge = "x = 1\n" * (4 * 1024 * 1024 // 6)
     data, _, is_error = await call(client, "execute_python", script=huge)
     assert is_error and data["status"] == "invalid_request"
     assert "bytes" in data["error"]["message"]
+
+    # Over the message limit (16 MiB): the stdio framing answers with an error naming it.
+    with pytest.raises(MCPError) as raised:
+        await call(client, "execute_python", script="x = 1\n" * (50 * 1024 * 1024 // 6))
+    assert raised.value.error.code == -32600 and "16777216" in raised.value.error.message
 
     data, _, is_error = await call(client, "execute_python", script="print(1)", python_version="2.5")
     assert is_error and data["status"] == "setup_failed"

@@ -7,26 +7,20 @@
 //! tool results with `isError: true` and a hint; protocol errors are kept for malformed
 //! requests only. The same handler serves every transport.
 
+mod frames;
 mod sessions;
 mod tools;
 
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use rmcp::transport::async_rw::AsyncRwTransport;
-use rmcp::{RoleServer, ServiceExt};
+use rmcp::ServiceExt;
 use snakebox_engine::{Engine, StopReason};
-use tokio::io::{AsyncRead, ReadBuf};
 use tokio_util::sync::CancellationToken;
 
+pub use frames::DEFAULT_MAX_FRAME_BYTES;
 pub use tools::{RequestGone, SnakeboxServer};
-
-/// Largest JSON-RPC line read from stdio. Larger than any script we accept, so an oversized
-/// script reaches the tool and gets a clear error instead of being dropped by the transport.
-pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
 /// Serve MCP over stdin/stdout until the client closes our input or `stop` resolves (a
 /// signal, in the binary). Either way the engine stops taking calls and cancels those in
@@ -34,27 +28,42 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// this returns, waiting at most `drain` for them. The caller then releases the host with
 /// [`Engine::shutdown`].
 ///
+/// Messages pass through the stdio framing ([`frames`]): one per line, at most
+/// `max_frame_bytes` long, each answered per JSON-RPC 2.0 before rmcp sees it.
+///
 /// # Errors
 /// When the transport fails to start or breaks.
 pub async fn serve_stdio(
     engine: Arc<Engine>,
     stop: impl Future<Output = StopReason>,
     drain: Duration,
+    max_frame_bytes: usize,
 ) -> anyhow::Result<StopReason> {
-    let (stdin, stdout) = rmcp::transport::io::stdio_pipes();
     let input_closed = CancellationToken::new();
-    let stdin = NotifyEof {
-        inner: stdin,
-        eof: input_closed.clone(),
-    };
-    let transport = AsyncRwTransport::<RoleServer, _, _>::new(stdin, stdout)
-        .with_max_line_length(MAX_MESSAGE_BYTES);
-    tokio::pin!(stop);
-    let service = tokio::select! {
-        service = SnakeboxServer::new(Arc::clone(&engine)).serve(transport) => service?,
-        reason = &mut stop => {
-            engine.begin_shutdown(reason);
-            return Ok(reason);
+    // Once a session runs, rmcp is told of the end of input only after the calls in flight
+    // have been answered: rmcp waits just 5 s for replies once its input ends.
+    let release = CancellationToken::new();
+    let _release_on_return = release.clone().drop_guard();
+    // rmcp's pipes: non-blocking when stdin and stdout are pipes (as MCP clients start us).
+    let (stdin, stdout) = rmcp::transport::io::stdio_pipes();
+    let transport = frames::start(
+        stdin,
+        stdout,
+        max_frame_bytes,
+        input_closed.clone(),
+        release.clone(),
+    );
+    let serving = SnakeboxServer::new(Arc::clone(&engine)).serve(transport);
+    tokio::pin!(serving, stop);
+    let service = loop {
+        tokio::select! {
+            service = &mut serving => break service?,
+            reason = &mut stop => {
+                engine.begin_shutdown(reason);
+                return Ok(reason);
+            }
+            // Before a session, nothing is in flight: rmcp sees the end at once.
+            () = input_closed.cancelled(), if !release.is_cancelled() => release.cancel(),
         }
     };
     let cancel = service.cancellation_token();
@@ -78,37 +87,13 @@ pub async fn serve_stdio(
             "calls still running after the drain deadline; their replies are lost"
         );
     }
-    // At end of input the service is already draining its replies; on a signal, ask it to
-    // (it sends the replies that are ready, then closes).
-    if reason != StopReason::InputClosed {
+    // At end of input, let rmcp see it now (the replies are out); on a signal, ask the
+    // service to stop (it sends the replies that are ready, then closes).
+    if reason == StopReason::InputClosed {
+        release.cancel();
+    } else {
         cancel.cancel();
     }
     waiting.await?;
     Ok(reason)
-}
-
-/// Standard input that tells when it reaches its end: the client closed it, the server stops
-/// at once (rmcp only waits a few seconds for the replies of calls in flight).
-struct NotifyEof<R> {
-    inner: R,
-    eof: CancellationToken,
-}
-
-impl<R: AsyncRead + Unpin> AsyncRead for NotifyEof<R> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        let wants = buf.remaining() > 0;
-        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
-        if let Poll::Ready(Ok(())) = &polled
-            && wants
-            && buf.filled().len() == before
-        {
-            self.eof.cancel();
-        }
-        polled
-    }
 }

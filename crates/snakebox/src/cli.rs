@@ -197,6 +197,10 @@ pub struct ServerArgs {
     /// Runs executing at once; further calls queue [default: 8].
     #[arg(long, env = "SNAKEBOX_MAX_CONCURRENT_RUNS", value_name = "N")]
     pub max_concurrent_runs: Option<usize>,
+    /// Largest MCP message `serve` reads from stdin (one line); a larger one is answered with
+    /// an error naming this limit [default: 16MiB, or twice --max-script-bytes if larger].
+    #[arg(long, env = "SNAKEBOX_MAX_FRAME_BYTES", value_name = "SIZE")]
+    pub max_frame_bytes: Option<String>,
 }
 
 /// Interpreters and the installer (`[python]`).

@@ -31,11 +31,11 @@ pub(crate) fn report_error(err: &anyhow::Error) {
 /// cgroups and run directories are released. A second signal skips the wait and forces the
 /// release. Exit code 0 (a stop asked for is not a failure); 2 when serving failed.
 pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
-    let (config, http) = settings::resolve_serve(args)?;
+    let (settings, http) = settings::resolve_serve(args)?;
     if let Some(http) = http {
-        return serve_http(config, http).await;
+        return serve_http(settings.engine, http).await;
     }
-    let engine = Engine::start(config).await;
+    let engine = Engine::start(settings.engine).await;
     let report = engine.report();
     if report.ready {
         tracing::info!(
@@ -50,7 +50,13 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::error!("executions are refused until this is fixed: {problem}");
         }
     }
-    let served = snakebox_server::serve_stdio(Arc::clone(&engine), stop_signal(), DRAIN).await;
+    let served = snakebox_server::serve_stdio(
+        Arc::clone(&engine),
+        stop_signal(),
+        DRAIN,
+        settings.max_frame_bytes,
+    )
+    .await;
     let reason = served
         .as_ref()
         .map_or(StopReason::InputClosed, |reason| *reason);
@@ -144,7 +150,7 @@ fn with_hint(err: &dyn std::error::Error, hint: &str) -> anyhow::Error {
 /// `snakebox keys add | list | revoke`: the HTTP face's API keys, in the data directory.
 pub(crate) fn keys(args: &KeysArgs) -> anyhow::Result<ExitCode> {
     let config = settings::resolve(args.action.engine())?;
-    let store = snakebox_http::KeyStore::new(&config.data_dir);
+    let store = snakebox_http::KeyStore::new(&config.engine.data_dir);
     let failed = |err: snakebox_http::KeyError| with_hint(&err, &err.hint());
     match &args.action {
         KeysAction::Add { tenant, .. } => {
@@ -216,7 +222,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             )
         })?
     };
-    let config = settings::resolve(&args.engine)?;
+    let config = settings::resolve(&args.engine)?.engine;
     let engine = Engine::new(config).await;
     let cancel = CancellationToken::new();
     let on_interrupt = cancel.clone();
@@ -280,7 +286,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 
 /// `snakebox check`: the environment report; exit 1 when executions cannot run.
 pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
-    let config = settings::resolve(&args.engine)?;
+    let config = settings::resolve(&args.engine)?.engine;
     let engine = Engine::new(config).await;
     let report = engine.report();
     engine.release_host();

@@ -6,7 +6,7 @@
 //!
 //! | section | holds | grows into |
 //! |---|---|---|
-//! | `[server]` | the data directory, runs at once | the serve lifecycle |
+//! | `[server]` | the data directory, runs at once, the largest stdio message | the serve lifecycle |
 //! | `[python]` | default interpreter version, the uv binary | interpreter choice per profile |
 //! | `[sandbox]` | the backend, the bwrap binary | Docker, gVisor |
 //! | `[network]` | whether runs reach the network | egress policies |
@@ -59,6 +59,7 @@ type FlatKey = (&'static str, &'static str, &'static str);
 const FLAT_KEYS: &[FlatKey] = &[
     ("data_dir", "server", "data_dir"),
     ("max_concurrent_runs", "server", "max_concurrent_runs"),
+    ("max_frame_bytes", "server", "max_frame_bytes"),
     ("python_version", "python", "version"),
     ("uv_path", "python", "uv_path"),
     ("sandbox_backend", "sandbox", "backend"),
@@ -162,6 +163,7 @@ struct HttpFile {
 struct ServerFile {
     data_dir: Option<PathBuf>,
     max_concurrent_runs: Option<usize>,
+    max_frame_bytes: Option<SizeOrNumber>,
 }
 
 /// `[python]`.
@@ -286,17 +288,18 @@ fn text_or(cli: Option<&String>, file: Option<SizeOrNumber>) -> Option<String> {
 /// As [`resolve`]; also an address that does not parse, or a public URL that is not one.
 pub(crate) fn resolve_serve(
     args: &ServeArgs,
-) -> anyhow::Result<(EngineConfig, Option<snakebox_http::HttpConfig>)> {
+) -> anyhow::Result<(Settings, Option<snakebox_http::HttpConfig>)> {
     let mut file = load_file(args.engine.config.as_deref())?;
     let http_file = std::mem::take(&mut file.http);
-    let mut engine = resolve_with(&args.engine, file)?;
+    let mut settings = resolve_with(&args.engine, file)?;
     let http = resolve_http(&args.http, http_file)?;
     // Several tenants share the server: by default none may take every slot.
+    let engine = &mut settings.engine;
     if http.is_some() && engine.tenants.max_concurrent_runs.is_none() {
         engine.tenants.max_concurrent_runs =
             Some(engine.max_concurrent_runs.saturating_sub(1).max(1));
     }
-    Ok((engine, http))
+    Ok((settings, http))
 }
 
 /// The default address of `serve --http`.
@@ -330,18 +333,30 @@ fn resolve_http(
     }))
 }
 
+/// The resolved settings: the engine's, and those of `serve`'s stdio face.
+#[derive(Debug)]
+pub(crate) struct Settings {
+    pub(crate) engine: EngineConfig,
+    /// Largest message read from stdin (`[server] max_frame_bytes`).
+    pub(crate) max_frame_bytes: usize,
+}
+
 /// Merge CLI/env arguments with the config file and defaults: one step per section.
 ///
 /// # Errors
 /// An unreadable or invalid config file, or a value that does not parse; the message names
 /// the setting and says what is accepted.
-pub(crate) fn resolve(args: &EngineArgs) -> anyhow::Result<EngineConfig> {
+pub(crate) fn resolve(args: &EngineArgs) -> anyhow::Result<Settings> {
     resolve_with(args, load_file(args.config.as_deref())?)
 }
 
 /// [`resolve`] with the file already read.
-fn resolve_with(args: &EngineArgs, file: FileSettings) -> anyhow::Result<EngineConfig> {
+fn resolve_with(args: &EngineArgs, mut file: FileSettings) -> anyhow::Result<Settings> {
     let mut config = EngineConfig::new(PathBuf::new(), BackendKind::Native);
+    let frame = text_or(
+        args.server.max_frame_bytes.as_ref(),
+        file.server.max_frame_bytes.take(),
+    );
     resolve_server(&args.server, file.server, &mut config)?;
     resolve_python(&args.python, file.python, &mut config);
     resolve_sandbox(&args.sandbox, file.sandbox, &mut config);
@@ -352,7 +367,34 @@ fn resolve_with(args: &EngineArgs, file: FileSettings) -> anyhow::Result<EngineC
     resolve_sessions(&args.sessions, file.sessions, &mut config)?;
     resolve_artifacts(&args.artifacts, file.artifacts, &mut config)?;
     resolve_tenants(&args.tenants, &file.tenants, &mut config)?;
-    Ok(config)
+    let max_frame_bytes = resolve_frame(frame.as_deref(), config.max_script_bytes)?;
+    Ok(Settings {
+        engine: config,
+        max_frame_bytes,
+    })
+}
+
+/// The largest stdio message: at least 64 KiB and at most 1 GiB (it is held whole while it is
+/// read), and room for a script at the script limit. By default 16 MiB (a 10 MiB session
+/// file in base64 fits), or twice the script limit when that is larger.
+fn resolve_frame(text: Option<&str>, max_script_bytes: usize) -> anyhow::Result<usize> {
+    let Some(text) = text else {
+        return Ok(snakebox_server::DEFAULT_MAX_FRAME_BYTES.max(max_script_bytes.saturating_mul(2)));
+    };
+    let bytes = parse_size(text)
+        .with_context(|| "invalid --max-frame-bytes (`[server] max_frame_bytes`)")?;
+    if !(64 << 10..=1 << 30).contains(&bytes) {
+        bail!(
+            "--max-frame-bytes must be between 64KiB and 1GiB, got `{text}`\nhint: the default is 16MiB"
+        );
+    }
+    let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+    if bytes <= max_script_bytes {
+        bail!(
+            "--max-frame-bytes (`{text}`) leaves no room for a script of --max-script-bytes ({max_script_bytes} bytes)\nhint: make --max-frame-bytes larger than --max-script-bytes (twice it leaves room for JSON escapes), or lower --max-script-bytes"
+        );
+    }
+    Ok(bytes)
 }
 
 fn resolve_server(
@@ -815,13 +857,18 @@ mod tests {
     use super::*;
 
     /// Parse `text` as a config file and resolve it with no flags.
-    fn resolve_text(text: &str) -> anyhow::Result<EngineConfig> {
+    fn resolve_settings(text: &str) -> anyhow::Result<Settings> {
         resolve_with(&EngineArgs::default(), parse_file(text)?)
     }
 
+    /// The engine's part of [`resolve_settings`].
+    fn resolve_text(text: &str) -> anyhow::Result<EngineConfig> {
+        resolve_settings(text).map(|settings| settings.engine)
+    }
+
     /// The resolved settings, comparable.
-    fn shown(config: &EngineConfig) -> String {
-        format!("{config:?}")
+    fn shown(settings: &Settings) -> String {
+        format!("{settings:?}")
     }
 
     /// `name: file => |config| condition,` — the file is accepted and the condition holds.
@@ -853,7 +900,7 @@ mod tests {
     }
 
     accepted! {
-        empty_file_gives_the_defaults: "" => |config| shown(&config) == shown(&resolve_text("\n").unwrap())
+        empty_file_gives_the_defaults: "" => |config| format!("{config:?}") == format!("{:?}", resolve_text("\n").unwrap())
             && config.max_timeout == Duration::from_secs(300)
             && config.warm_cache
             && config.fork_server,
@@ -919,12 +966,16 @@ mod tests {
         not_toml: "[limits\n" => ["TOML", "limits"],
         zero_tenant_quota: "[tenants]\nmax_sessions = 0\n" => ["--tenant-max-sessions must be at least 1", "hint"],
         tenant_key_typo: "[tenants]\nmax_session = 2\n" => ["unknown key `max_session` in `[tenants]`", "did you mean `max_sessions`?"],
+        frame_limit_too_small: "[server]\nmax_frame_bytes = \"1K\"\n" => ["--max-frame-bytes must be between 64KiB and 1GiB", "hint"],
+        frame_limit_not_a_size: "[server]\nmax_frame_bytes = \"big\"\n" => ["--max-frame-bytes", "hint"],
+        frame_limit_below_the_script_limit: "[server]\nmax_frame_bytes = \"1MiB\"\n[limits]\nmax_script_bytes = \"2MiB\"\n" => ["leaves no room for a script", "hint"],
     }
 
     /// A value for every flat key, each different from its default.
     const SAMPLES: &[(&str, &str)] = &[
         ("data_dir", "\"/srv/snakebox\""),
         ("max_concurrent_runs", "3"),
+        ("max_frame_bytes", "\"4MiB\""),
         ("python_version", "\"3.12\""),
         ("uv_path", "\"/opt/uv\""),
         ("sandbox_backend", "\"none\""),
@@ -958,16 +1009,16 @@ mod tests {
     #[test]
     fn every_flat_key_and_its_sectioned_twin_resolve_alike() {
         assert_eq!(SAMPLES.len(), FLAT_KEYS.len());
-        let defaults = shown(&resolve_text("").unwrap());
+        let defaults = shown(&resolve_settings("").unwrap());
         for &(flat, section, name) in FLAT_KEYS {
             let value = SAMPLES
                 .iter()
                 .find(|(key, _)| *key == flat)
                 .map(|(_, value)| *value)
                 .unwrap_or_else(|| panic!("no sample for `{flat}`"));
-            let flat_form = resolve_text(&format!("{flat} = {value}\n"))
+            let flat_form = resolve_settings(&format!("{flat} = {value}\n"))
                 .unwrap_or_else(|err| panic!("`{flat}` refused: {err:#}"));
-            let sectioned_form = resolve_text(&format!("[{section}]\n{name} = {value}\n"))
+            let sectioned_form = resolve_settings(&format!("[{section}]\n{name} = {value}\n"))
                 .unwrap_or_else(|err| panic!("`[{section}] {name}` refused: {err:#}"));
             assert_eq!(shown(&flat_form), shown(&sectioned_form), "{flat}");
             assert_ne!(shown(&flat_form), defaults, "`{flat}` changed nothing");
@@ -984,6 +1035,14 @@ mod tests {
             };
             assert!(both.contains(&named) && both.contains("hint"), "{both}");
         }
+    }
+
+    #[test]
+    fn the_frame_limit_defaults_to_16_mib_or_twice_the_script_limit() {
+        let frame = |text: &str| resolve_settings(text).unwrap().max_frame_bytes;
+        assert_eq!(frame(""), 16 << 20);
+        assert_eq!(frame("[limits]\nmax_script_bytes = \"12MiB\"\n"), 24 << 20);
+        assert_eq!(frame("[server]\nmax_frame_bytes = \"2MiB\"\n"), 2 << 20);
     }
 
     #[test]
@@ -1036,6 +1095,7 @@ mod tests {
             "--cache-max-size=1GiB",
             "--cache-max-age-days=3",
             "--max-concurrent-runs=3",
+            "--max-frame-bytes=4MiB",
             "--session-idle-stop=60",
             "--session-idle-delete=600",
             "--max-sessions=4",
@@ -1126,7 +1186,7 @@ mod tests {
             ..EngineArgs::default()
         };
         args.limits.default_timeout = Some(20);
-        let config = resolve(&args).unwrap();
+        let config = resolve(&args).unwrap().engine;
         assert_eq!(config.max_timeout, Duration::from_secs(120));
         assert_eq!(config.default_timeout, Duration::from_secs(20));
         assert_eq!(config.memory_bytes, Some(256 << 20));
@@ -1142,7 +1202,7 @@ mod tests {
             config: Some(empty),
             ..EngineArgs::default()
         };
-        let config = resolve(&args).unwrap();
+        let config = resolve(&args).unwrap().engine;
         assert!(config.fork_server);
         assert!(!config.allow_sdist_builds);
         assert_eq!(
