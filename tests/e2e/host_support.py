@@ -18,10 +18,15 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import anyio
-from mcp import types
+from mcp import Client, types
 from mcp.shared.message import SessionMessage
 
 from attacks_support import marker_pids
+from conftest import server_params
+
+# How long the processes of a server that stopped or was killed may take to end (sandboxes
+# die with it; the sessions' disk watchdog notices within a second).
+GONE_WITHIN = 30.0
 
 
 @dataclass
@@ -222,3 +227,51 @@ def cgroup_members(paths: list[str]) -> dict[str, str]:
 
 def fd_count(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+# ---------------------------------------------------------------------------------------------
+# A server the test owns, stopped or killed from outside.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    client: Client
+    owned: Owned
+    data_dir: Path
+    stopped_cleanly: bool = False
+    pending: list[Any] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.owned.process.pid
+
+    async def call(self, tool: str, **arguments: Any) -> dict[str, Any]:
+        result = await self.client.call_tool(tool, arguments)
+        assert result.structured_content is not None, result.content
+        return result.structured_content
+
+
+@contextlib.asynccontextmanager
+async def serve(snakebox_bin: Path, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> AsyncIterator[Server]:
+    """A server on `data_dir`, spoken to by the official client over a stdio transport this
+    module owns. Left normally, it is stopped cleanly (stdin closed) and must exit with 0
+    leaving nothing behind: no process naming its data directory, no mount, cgroup or run
+    directory of it."""
+    params = server_params(snakebox_bin, data_dir, *args, env=env)
+    owned = Owned()
+    async with Client(owned_stdio([params.command, *params.args], params.env or {}, owned), mode="legacy", read_timeout_seconds=300) as client:
+        server = Server(client, owned, data_dir)
+        await client.list_tools()  # the SDK checks results against the tools' schemas
+        yield server
+        if owned.process.returncode is None:
+            await owned.close_stdin()
+            with anyio.fail_after(30):
+                await owned.process.wait()
+            server.stopped_cleanly = True
+    if server.stopped_cleanly:
+        stderr = b"".join(owned.stderr).decode(errors="replace")
+        assert owned.process.returncode == 0, stderr
+        await wait_for(lambda: not mentioning(str(data_dir)), GONE_WITHIN, "the stopped server's processes to end")
+        after = holdings(data_dir, server.pid, [])
+        assert after == {"mounts": [], "cgroups": [], "run_dirs": [], "sandbox_processes": []}, (after, stderr)

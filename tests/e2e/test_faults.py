@@ -35,32 +35,32 @@ import http.server
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 import anyio
 import pytest
-from mcp import Client
 
 from attacks_support import marker_pids
-from conftest import have_bwrap, server_params
+from conftest import have_bwrap
 from host_support import (
-    Owned,
+    GONE_WITHIN,
     Proc,
+    Server,
     cgroup_members,
     cgroups_of,
     descendants,
-    holdings,
     mentioning,
     mounts_under,
-    owned_stdio,
     run_dirs_of,
     wait_for,
 )
+from host_support import serve as serve_on
 from test_builds import wheel_bytes
 
 pytestmark = [
@@ -69,9 +69,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="mounts, cgroups, the fork server and the sessions' disk need a root server"),
 ]
 
-# How long the processes of a killed server may take to die (the sandboxes die with it; the
-# sessions' disk watchdog notices within a second).
-GONE_WITHIN = 30.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,12 +199,16 @@ def index() -> Any:
 
 
 @pytest.fixture
-def data(tmp_path: Path) -> Path:
+def data(tmp_path: Path) -> Any:
     """A data directory of the test's own: everything in it belongs to the servers it starts."""
     path = tmp_path / "data"
     path.mkdir()
     path.chmod(0o755)
-    return path
+    yield path
+    # A test that failed half-way leaves its server killed, and with it (by design, until the
+    # next start on this directory) a run directory's tmpfs: not on the machine's disk.
+    for point in reversed(mounts_under(path)):
+        subprocess.run(["umount", "-l", point], check=False)
 
 
 @contextlib.asynccontextmanager
@@ -238,46 +239,9 @@ async def opened_gates(pkg: Package) -> AsyncIterator[None]:
 # ---------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Server:
-    client: Client
-    owned: Owned
-    data_dir: Path
-    stopped_cleanly: bool = False
-    pending: list[Any] = field(default_factory=list)
-
-    @property
-    def pid(self) -> int:
-        return self.owned.process.pid
-
-    async def call(self, tool: str, **arguments: Any) -> dict[str, Any]:
-        result = await self.client.call_tool(tool, arguments)
-        assert result.structured_content is not None, result.content
-        return result.structured_content
-
-
-@contextlib.asynccontextmanager
-async def serve(snakebox_bin: Path, data_dir: Path, index: GatedIndex | None, *args: str) -> AsyncIterator[Server]:
-    """A server on `data_dir` (uv pointed at the gated index). Left normally, it is stopped
-    cleanly (stdin closed) and must exit with 0 leaving nothing behind."""
-    env = {"UV_INDEX_URL": index.url} if index else {}
-    params = server_params(snakebox_bin, data_dir, *args, env=env)
-    owned = Owned()
-    async with Client(owned_stdio([params.command, *params.args], params.env or {}, owned), mode="legacy", read_timeout_seconds=300) as client:
-        server = Server(client, owned, data_dir)
-        await client.list_tools()  # the SDK checks results against the tools' schemas
-        yield server
-        if owned.process.returncode is None:
-            await owned.close_stdin()
-            with anyio.fail_after(30):
-                await owned.process.wait()
-            server.stopped_cleanly = True
-    if server.stopped_cleanly:
-        stderr = b"".join(owned.stderr).decode(errors="replace")
-        assert owned.process.returncode == 0, stderr
-        await wait_for(lambda: not mentioning(str(data_dir)), GONE_WITHIN, "the stopped server's processes to end")
-        after = holdings(data_dir, server.pid, [])
-        assert after == {"mounts": [], "cgroups": [], "run_dirs": [], "sandbox_processes": []}, (after, stderr)
+def serve(snakebox_bin: Path, data_dir: Path, index: GatedIndex | None, *args: str) -> Any:
+    """A server on `data_dir` with uv pointed at the gated index."""
+    return serve_on(snakebox_bin, data_dir, *args, env={"UV_INDEX_URL": index.url} if index else None)
 
 
 @contextlib.asynccontextmanager
