@@ -464,6 +464,9 @@ async def cell(server: Server, session_id: str, code: str) -> dict[str, Any]:
     return await server.call("execute_python", script=code, session_id=session_id, timeout_seconds=60)
 
 
+# See: issue 12: a server killed while package code compiled a session's venv left the venv
+# owned by that run's leased uid, and every later install of a new package failed with
+# "Permission denied" (until a reset).
 @pytest.mark.parametrize("stage", ["download", "compile"])
 async def test_kill_server_while_installing_into_a_session(stage, snakebox_bin, data, index):
     pkg = package(f"sbxfault-sinst-{stage}", gate_compile=stage == "compile")
