@@ -152,6 +152,9 @@ def _read(path: str, limit: int = 1 << 20) -> bytes:
 def marker_pids(marker: str) -> list[int]:
     """Host pids whose cmdline or environ carries the marker (our own process excluded)."""
     token = marker.encode()
+    # An empty marker is in every command line: never a match (callers kill what this finds).
+    if len(token) < 8:
+        raise ValueError(f"marker {marker!r} is too short to name a run's processes")
     found = []
     me = os.getpid()
     for entry in os.listdir("/proc"):

@@ -20,22 +20,21 @@ while these tests need the server's pid and to be the ones who stop it.
 from __future__ import annotations
 
 import contextlib
-import glob
 import os
 import signal
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 import anyio
 import pytest
-from mcp import Client, types
-from mcp.shared.message import SessionMessage
+from mcp import Client
 
 from attacks_support import marker_pids
 from conftest import have_bwrap, server_params
+# Re-exported: other test modules import them from here too.
+from host_support import Owned, cgroups_of, holdings, mounts_under, owned_stdio, run_dirs_of, wait_for  # noqa: F401
 
 pytestmark = [
     pytest.mark.anyio,
@@ -58,122 +57,6 @@ import subprocess, sys
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", {marker!r}])
 "alive"
 """
-
-
-@dataclass
-class Owned:
-    """The server process behind an `owned_stdio` transport."""
-
-    process: Any = None
-    stdin_closed: bool = False
-    stderr: list[bytes] = field(default_factory=list)
-
-    async def close_stdin(self) -> None:
-        self.stdin_closed = True
-        await self.process.stdin.aclose()
-
-
-@contextlib.asynccontextmanager
-async def owned_stdio(argv: list[str], env: dict[str, str], owned: Owned) -> AsyncIterator[Any]:
-    """An MCP stdio transport for `mcp.Client` over a process we spawn and keep."""
-    process = await anyio.open_process(argv, env=env)
-    owned.process = process
-    to_client, from_server = anyio.create_memory_object_stream[SessionMessage | Exception](16)
-    to_server, from_client = anyio.create_memory_object_stream[SessionMessage](16)
-
-    async def read_stdout() -> None:
-        buffer = b""
-        async with to_client:
-            with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-                async for chunk in process.stdout:
-                    buffer += chunk
-                    *lines, buffer = buffer.split(b"\n")
-                    for line in lines:
-                        if line.strip():
-                            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-                            await to_client.send(SessionMessage(message))
-
-    async def read_stderr() -> None:
-        with contextlib.suppress(anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            async for chunk in process.stderr:
-                owned.stderr.append(chunk)
-
-    async def write_stdin() -> None:
-        async with from_client:
-            async for message in from_client:
-                if owned.stdin_closed:
-                    continue
-                data = message.message.model_dump_json(by_alias=True, exclude_unset=True) + "\n"
-                with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-                    await process.stdin.send(data.encode())
-
-    async with anyio.create_task_group() as tasks:
-        tasks.start_soon(read_stdout)
-        tasks.start_soon(read_stderr)
-        tasks.start_soon(write_stdin)
-        try:
-            yield from_server, to_server
-        finally:
-            if process.returncode is None:
-                process.kill()
-                with anyio.CancelScope(shield=True):
-                    await process.wait()
-            tasks.cancel_scope.cancel()
-
-
-# ---------------------------------------------------------------------------------------------
-# What a server holds on the host, counted from outside.
-# ---------------------------------------------------------------------------------------------
-
-
-def mounts_under(data_dir: Path) -> list[str]:
-    """Mount points at or below the data directory, from our own mountinfo (the host's view)."""
-    root = str(data_dir.resolve())
-    points = []
-    with open("/proc/self/mountinfo") as mountinfo:
-        for line in mountinfo:
-            point = line.split()[4].replace("\\040", " ")
-            if point == root or point.startswith(root + "/"):
-                points.append(point)
-    return points
-
-
-def cgroups_of(pid: int) -> list[str]:
-    """The server's run cgroups: `snakebox-<pid>-*` at each hierarchy's root and below the
-    cgroup the server itself sits in (cgroup v1 nests delegated memory cgroups)."""
-    parents = set(glob.glob("/sys/fs/cgroup/*")) | {"/sys/fs/cgroup"}
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/cgroup") as own:
-        for line in own:
-            _, controllers, path = line.strip().split(":", 2)
-            for controller in (controllers.removeprefix("name=").split(",") if controllers else ["unified"]):
-                parents.add(f"/sys/fs/cgroup/{controller}{path}".rstrip("/"))
-    found: set[str] = set()
-    for parent in parents:
-        found.update(glob.glob(f"{parent}/snakebox-{pid}-*"))
-    return sorted(found)
-
-
-def run_dirs_of(data_dir: Path, pid: int) -> list[str]:
-    own = data_dir / "runs" / str(pid)
-    if not own.exists():
-        return []
-    return [str(own), *(str(p) for p in own.iterdir())]
-
-
-def holdings(data_dir: Path, pid: int, markers: list[str]) -> dict[str, list]:
-    return {
-        "mounts": mounts_under(data_dir),
-        "cgroups": cgroups_of(pid),
-        "run_dirs": run_dirs_of(data_dir, pid),
-        "sandbox_processes": [p for marker in markers for p in marker_pids(marker)],
-    }
-
-
-async def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await anyio.sleep(0.1)
 
 
 @pytest.fixture(scope="module")

@@ -221,6 +221,7 @@ impl Installer {
                 "--no-build".into(),
             ];
             args.extend(requirements.iter().map(Into::into));
+            self.reclaim_venv().await?;
             let (_, stderr) = self.uv("uv pip install", args, true, progress).await?;
             log = stderr;
             let (venv, base) = (self.venv.clone(), self.interpreter.executable.clone());
@@ -303,6 +304,20 @@ impl Installer {
                     .into(),
             ),
         })
+    }
+
+    /// Give the venv back to the installer uid if an earlier compile never did: a server
+    /// killed while package code compiled the venv left it owned by that run's uid, and uv
+    /// could then write nothing new into it (issue 12). Only what differs is changed.
+    async fn reclaim_venv(&self) -> Result<(), EngineError> {
+        let Some(ids) = self.sandbox.host_ids(Identity::Installer) else {
+            return Ok(());
+        };
+        let venv = self.venv.clone();
+        super::blocking_io("give the venv back to the installer", move || {
+            snakebox_env::take_back_from_package_code(&venv, ids)
+        })
+        .await
     }
 
     /// Byte-compile the venv as package code: a leased run uid (the venv's directories are
