@@ -1,9 +1,23 @@
-"""Network policy per call: off by default; a call asking for network on a server that does not
-allow it is refused with the reason; on a server that allows it, a call may still opt out."""
+"""Network policy (issue 13): off by default; a call asking for network on a server that does not
+allow it is refused with the reason; with `on` or `allow:`, runs keep their own network namespace
+and reach out only through the server's per-run proxy, whose every decision is in `network_log`.
+
+The test hosts live in a network namespace these tests create (a veth pair, 198.51.100.0/24, a
+documentation range): dnsmasq answers the test names, small Python listeners serve and record.
+Only those addresses are ever contacted; the private and loopback addresses below are ones the
+proxy must refuse before connecting anywhere."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -30,15 +44,277 @@ async def test_asking_for_network_on_a_server_without_it_is_refused(client):
     assert data["stdout"].strip() == '["lo"]'
 
 
-async def test_a_server_with_network_gives_it_unless_the_call_opts_out(snakebox_bin, data_dir, mode):
-    if host_interfaces() == ["lo"]:
-        pytest.skip("this host has only loopback: a shared network namespace looks the same as a new one")
-    async with connect(snakebox_bin, data_dir, mode, "--network", "on") as client:
-        shared, _, _ = await call(client, "execute_python", script=INTERFACES)
-        assert shared["status"] == "ok", shared
-        assert shared["stdout"].strip() != '["lo"]'
-        offline, _, _ = await call(client, "execute_python", script=INTERFACES, network=False)
-        assert offline["status"] == "ok", offline
-        assert offline["stdout"].strip() == '["lo"]'
+
+NS = f"snbt-{os.getpid()}"
+HOST_SIDE, NS_SIDE = f"snbh{os.getpid() % 100000}", f"snbn{os.getpid() % 100000}"
+DNS, WEB = "198.51.100.2", "198.51.100.3"
+
+# A listener on each port: records every connection it accepts in `<dir>/<port>.log`; port 80
+# answers HTTP with a marker.
+HOSTS = textwrap.dedent("""
+    import socket, sys, threading
+    log_dir = sys.argv[1]
+    def serve(port):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((sys.argv[2], port))
+        s.listen(16)
+        while True:
+            c, peer = s.accept()
+            with open(f"{log_dir}/{port}.log", "a") as f:
+                f.write(f"{peer[0]}\\n")
+            if port == 80:
+                c.recv(65536)
+                body = b"hello from the allowed test host"
+                c.sendall(b"HTTP/1.0 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n" % len(body) + body)
+            c.close()
+    for port in (80, 443, 8080):
+        threading.Thread(target=serve, args=(port,), daemon=True).start()
+    print("ready", flush=True)
+    threading.Event().wait()
+""")
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def test_hosts(tmp_path_factory: pytest.TempPathFactory):
+    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("dnsmasq"):
+        pytest.skip("needs root, iproute2 and dnsmasq (scripts/install-deps installs them)")
+    logs = tmp_path_factory.mktemp("test-hosts")
+    logs.chmod(0o777)
+    processes: list[subprocess.Popen] = []
+    try:
+        _ip("netns", "add", NS)
+        _ip("link", "add", HOST_SIDE, "type", "veth", "peer", "name", NS_SIDE)
+        _ip("link", "set", NS_SIDE, "netns", NS)
+        _ip("addr", "add", "198.51.100.1/24", "dev", HOST_SIDE)
+        _ip("link", "set", HOST_SIDE, "up")
+        inside = ["ip", "netns", "exec", NS]
+        for args in (["link", "set", "lo", "up"], ["addr", "add", f"{DNS}/24", "dev", NS_SIDE],
+                     ["addr", "add", f"{WEB}/24", "dev", NS_SIDE], ["link", "set", NS_SIDE, "up"]):
+            subprocess.run([*inside, "ip", *args], check=True, capture_output=True)
+        processes.append(subprocess.Popen(
+            [*inside, "dnsmasq", "--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces",
+             f"--listen-address={DNS}", "--port=53",
+             f"--address=/allowed.test/{WEB}", f"--address=/other.test/{WEB}",
+             "--address=/loop.test/127.0.0.1", "--address=/meta.test/169.254.169.254",
+             "--address=/private.test/10.1.2.3", "--address=/mapped.test/::ffff:127.0.0.1"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        hosts = subprocess.Popen([*inside, sys.executable, "-c", HOSTS, str(logs), WEB],
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        processes.append(hosts)
+        assert hosts.stdout is not None and hosts.stdout.readline().strip() == "ready"
+        time.sleep(0.5)  # dnsmasq binds
+        yield logs
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+        subprocess.run(["ip", "link", "del", HOST_SIDE], capture_output=True)
+        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+
+
+def connections(logs: Path, port: int) -> int:
+    path = logs / f"{port}.log"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+class LoopbackListener:
+    """A listener on the host's 127.0.0.1 that records every connection it accepts."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+
+FETCH = """
+import json, os, socket, urllib.request
+def fetch(url):
+    try:
+        return urllib.request.urlopen(url, timeout=20).read().decode()
+    except Exception as err:
+        return "failed: " + type(err).__name__ + ": " + str(err)[:200]
+out = {"interfaces": sorted(n for _, n in socket.if_nameindex()), "proxy": os.environ.get("HTTPS_PROXY")}
+"""
+
+
+def server_args(*policy: str) -> list[str]:
+    return ["--network", *policy, "--network-resolvers", DNS]
+
+
+async def test_on_reaches_an_allowed_name_but_never_the_hosts_loopback(snakebox_bin, data_dir, mode, test_hosts):
+    listener = LoopbackListener()
+    port = listener.port
+    script = FETCH + f"""
+out["allowed"] = fetch("http://allowed.test/")
+for name, url in [("literal", "http://127.0.0.1:{port}/"), ("localhost", "http://localhost:{port}/"),
+                  ("short", "http://127.1:{port}/"), ("hex", "http://0x7f000001:{port}/"),
+                  ("decimal", "http://2130706433/"), ("mapped_literal", "http://[::ffff:127.0.0.1]:{port}/"),
+                  ("loop_name", "http://loop.test/"), ("metadata", "http://meta.test/"),
+                  ("private", "http://private.test/"), ("mapped_name", "http://mapped.test/"),
+                  ("port", "http://allowed.test:8080/")]:
+    out[name] = fetch(url)
+s = socket.socket()
+s.settimeout(3)
+try:
+    s.connect(("127.0.0.1", {port}))
+    out["direct"] = "connected"
+except OSError as err:
+    out["direct"] = "refused: " + str(err)
+print(json.dumps(out))
+"""
+    async with connect(snakebox_bin, data_dir, mode, *server_args("on")) as client:
+        data, text, _ = await call(client, "execute_python", script=script)
+        assert data["status"] == "ok", data
+        import json
+
+        out = json.loads(data["stdout"])
+        # Its own network namespace, and the proxy variables set by snakebox.
+        assert out["interfaces"] == ["lo"]
+        assert out["proxy"] == "http://127.0.0.1:3128"
+        # Proof of life: the allowed name is reachable through the proxy.
+        assert out["allowed"] == "hello from the allowed test host", out
+        for name in ("literal", "localhost", "short", "hex", "decimal", "mapped_literal", "loop_name",
+                     "metadata", "private", "mapped_name", "port", "direct"):
+            assert out[name].startswith(("failed", "refused")), (name, out[name])
+        log = data["network_log"]
+        allowed = [e for e in log if e["allowed"]]
+        assert [(e["host"], e["port"]) for e in allowed] == [("allowed.test", 80)], log
+        assert allowed[0]["bytes_received"] > 0 and allowed[0]["address"] == f"{WEB}:80"
+        reasons = {(e["host"], e["port"]): e["reason"] for e in log if not e["allowed"]}
+        assert "IP address" in reasons[("127.0.0.1", port)]
+        assert "IP address" in reasons[("127.1", port)]
+        assert "IP address" in reasons[("0x7f000001", port)]
+        assert "IP address" in reasons[("2130706433", 80)]
+        assert "IP address" in reasons[("::ffff:127.0.0.1", port)]
+        assert "loopback" in reasons[("loop.test", 80)]
+        assert "metadata" in reasons[("meta.test", 80)]
+        assert "RFC 1918" in reasons[("private.test", 80)]
+        assert "IPv4-mapped" in reasons[("mapped.test", 80)] or "loopback" in reasons[("mapped.test", 80)]
+        assert "port 8080 is not allowed" in reasons[("allowed.test", 8080)]
+        assert "blocked by policy" in text and "allowed allowed.test:80" in text
         report, _, _ = await call(client, "check_environment")
-        assert report["network"] is True
+        assert report["network_policy"] == "on"
+        assert "own network namespace" in report["network_enforcement"]
+    # Judged from outside: the host's loopback listener saw nothing, the test host's port 8080
+    # neither; the allowed host saw the run.
+    assert listener.accepted == 0
+    assert connections(test_hosts, 8080) == 0
+    assert connections(test_hosts, 80) >= 1
+
+
+async def test_allow_lists_narrowing_and_sni(snakebox_bin, data_dir, mode, test_hosts):
+    before_443 = connections(test_hosts, 443)
+    script = FETCH + """
+out["allowed"] = fetch("http://allowed.test/")
+out["other"] = fetch("http://other.test/")
+import ssl
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+for name, sni in [("sni_mismatch", "other.test"), ("sni_missing", None)]:
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\\r\\nHost: allowed.test:443\\r\\n\\r\\n")
+    head = s.recv(4096)
+    try:
+        ctx.wrap_socket(s, server_hostname=sni).close()
+        out[name] = "handshake done"
+    except (OSError, ssl.SSLError) as err:
+        out[name] = "failed: " + type(err).__name__
+print(json.dumps(out))
+"""
+    import json
+
+    async with connect(snakebox_bin, data_dir, mode, *server_args("allow:allowed.test,*.sub.test")) as client:
+        data, _, _ = await call(client, "execute_python", script=script)
+        assert data["status"] == "ok", data
+        out = json.loads(data["stdout"])
+        assert out["allowed"] == "hello from the allowed test host", out
+        assert out["other"].startswith("failed"), out
+        assert out["sni_mismatch"].startswith("failed") and out["sni_missing"].startswith("failed"), out
+        reasons = [e["reason"] for e in data["network_log"] if not e["allowed"]]
+        assert any("`other.test` is not in this run's allowlist" in r for r in reasons), reasons
+        assert any("TLS server name `other.test` differs" in r for r in reasons), reasons
+        assert any("SNI missing" in r for r in reasons), reasons
+        # A call may narrow the policy, never widen it.
+        narrowed, _, _ = await call(client, "execute_python", script=FETCH + 'out["allowed"] = fetch("http://allowed.test/")\nprint(json.dumps(out))\n',
+                                    allowed_domains=["x.sub.test"])
+        assert narrowed["status"] == "ok", narrowed
+        assert json.loads(narrowed["stdout"])["allowed"].startswith("failed")
+        assert "allowlist" in narrowed["network_log"][0]["reason"]
+        wider, _, is_error = await call(client, "execute_python", script="print(1)", allowed_domains=["other.test"])
+        assert is_error and wider["status"] == "invalid_request"
+        assert "does not allow" in wider["error"]["message"] and wider["error"]["hint"]
+        report, _, _ = await call(client, "check_environment")
+        assert report["network_policy"] == "allow:allowed.test,*.sub.test"
+    # The mismatched and missing server names were refused before any connection to port 443.
+    assert connections(test_hosts, 443) == before_443
+
+
+async def test_sessions_use_the_proxy_and_the_socket_goes_with_the_run(snakebox_bin, tmp_path, mode, test_hosts):
+    import json
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    data_dir.chmod(0o755)
+    script = FETCH + 'out["allowed"] = fetch("http://allowed.test/")\nout["loop"] = fetch("http://loop.test/")\nprint(json.dumps(out))\n'
+    async with connect(snakebox_bin, data_dir, mode, *server_args("on")) as client:
+        data, _, _ = await call(client, "execute_python", script=script)
+        assert data["status"] == "ok", data
+        assert json.loads(data["stdout"])["allowed"] == "hello from the allowed test host"
+        # The run's proxy socket is gone with the run.
+        sockets = [p for p in (data_dir / "runs").rglob("egress.sock")] if (data_dir / "runs").exists() else []
+        assert not any(data["execution_id"] in str(p) for p in sockets), sockets
+        assert len(sockets) <= 2, sockets  # at most those of the pooled sandboxes waiting
+        session, _, _ = await call(client, "create_session")
+        sid = session["session_id"]
+        cell, _, _ = await call(client, "execute_python", session_id=sid, script=script)
+        assert cell["status"] == "ok", cell
+        out = json.loads(cell["stdout"])
+        assert out["interfaces"] == ["lo"] and out["allowed"] == "hello from the allowed test host", out
+        assert out["loop"].startswith("failed")
+        assert [e["allowed"] for e in cell["network_log"]] == [True, False], cell["network_log"]
+
+
+@pytest.mark.parametrize("launch", ["forked", "pooled"])
+async def test_every_launch_path_has_its_own_proxy_and_log(snakebox_bin, tmp_path, mode, test_hosts, launch):
+    """Cold, then forked (fork server) or pooled (warm pool) runs: each reaches the allowed
+    host through a proxy of its own, so each log holds exactly its own connection."""
+    import json
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    data_dir.chmod(0o755)
+    extra = ["--fork-server", "off"] if launch == "pooled" else []
+    async with connect(snakebox_bin, data_dir, mode, *server_args("on"), *extra) as client:
+        for i in range(6):
+            script = FETCH + f'out["allowed"] = fetch("http://allowed.test/?run={i}")\nprint(json.dumps(out))\n'
+            data, _, _ = await call(client, "execute_python", script=script)
+            assert data["status"] == "ok", data
+            out = json.loads(data["stdout"])
+            assert out["interfaces"] == ["lo"] and out["allowed"] == "hello from the allowed test host", (i, out)
+            assert [(e["host"], e["allowed"]) for e in data["network_log"]] == [("allowed.test", True)], (i, data["network_log"])
+            if i == 0:
+                time.sleep(3)  # let the pool learn the default and start its sandboxes
+        report, _, _ = await call(client, "check_environment")
+        pool = report["warm_pool"]
+        if launch == "forked":
+            assert pool["forked"] >= 1, pool
+        else:
+            assert pool["served"] >= 1, pool

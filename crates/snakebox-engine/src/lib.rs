@@ -16,6 +16,7 @@ mod files;
 mod history;
 mod ids;
 mod lifecycle;
+mod network;
 mod oneshot;
 mod plan;
 mod pool;
@@ -44,6 +45,7 @@ pub use error::{EngineError, ErrorKind, Hint};
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
 pub use history::{RunKind, RunRecord};
 pub use lifecycle::{ShutdownReport, StopReason};
+pub use network::{NetworkLogEntry, NetworkPolicy, ProxySettings};
 pub use plan::ExecuteRequest;
 pub use pool::PoolReport;
 pub use report::{ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, WarmState};
@@ -92,6 +94,8 @@ pub struct Engine {
     lifecycle: lifecycle::Lifecycle,
     /// The runs table: every tracked call, recorded when admitted and when it returns.
     history: Arc<history::History>,
+    /// The run proxy's resolver, made on first use.
+    resolver: network::ResolverCell,
 }
 
 /// How the environment cache runs package code (compilation, builds): with a run's limits.
@@ -178,6 +182,7 @@ impl Engine {
         );
         Engine {
             history: Arc::new(history::History::open(&config.data_dir)),
+            resolver: network::ResolverCell::default(),
             pool: pool::WarmPool::new(config.warm_pool, config.fork_server),
             sessions,
             artifacts,

@@ -118,6 +118,7 @@ fn request(script: &str) -> ExecuteRequest {
         python_version: None,
         files: vec![],
         network: None,
+        allowed_domains: vec![],
     }
 }
 

@@ -71,6 +71,15 @@ pub(crate) struct ExecuteParams {
     /// `session_id`, the session's network was fixed at its creation: asking for anything else
     /// is refused with the reason.
     pub network: Option<bool>,
+    /// Narrow the server's network policy for this run to these host names (`api.example.com`,
+    /// or `*.example.com` for any name below it), e.g. `["pypi.org", "files.pythonhosted.org"]`.
+    /// Each must be allowed by the server's policy (see `check_environment`); asking for more
+    /// is refused with the reason. Runs reach the network through a proxy (HTTP_PROXY and
+    /// ALL_PROXY are set; urllib, requests, httpx and pip use it): host names only, public
+    /// addresses only, ports 80 and 443 by default. Every connection, allowed or refused, is
+    /// listed in the result's `network_log` with the reason.
+    #[serde(default)]
+    pub allowed_domains: Vec<String>,
 }
 
 /// One input file of `execute_python`.
@@ -192,6 +201,7 @@ progress token; cancelling the request kills the run at once. Limits: timeout_se
                 })
                 .collect(),
             network: params.network,
+            allowed_domains: params.allowed_domains,
         };
         let (sender, forwarder) = progress(&context);
         let result = match params.session_id {

@@ -39,8 +39,8 @@ use snakebox_engine::EngineConfig;
 use snakebox_sandbox::BackendKind;
 
 use crate::cli::{
-    ArtifactsArgs, BackendArg, CacheArgs, EngineArgs, LimitsArgs, NetworkArg, NetworkArgs,
-    PoolArgs, PythonArgs, SandboxArgs, ServerArgs, SessionsArgs, Switch,
+    ArtifactsArgs, BackendArg, CacheArgs, EngineArgs, LimitsArgs, NetworkArgs, PoolArgs,
+    PythonArgs, SandboxArgs, ServerArgs, SessionsArgs, Switch,
 };
 
 /// Largest `--warm-pool`: every pooled sandbox is a waiting interpreter.
@@ -61,6 +61,8 @@ const FLAT_KEYS: &[FlatKey] = &[
     ("sandbox_backend", "sandbox", "backend"),
     ("bwrap_path", "sandbox", "bwrap_path"),
     ("network", "network", "mode"),
+    ("network_resolvers", "network", "resolvers"),
+    ("network_ports", "network", "ports"),
     ("default_timeout", "limits", "default_timeout"),
     ("max_timeout", "limits", "max_timeout"),
     ("max_output_bytes", "limits", "max_output_bytes"),
@@ -142,7 +144,9 @@ struct SandboxFile {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NetworkFile {
-    mode: Option<NetworkArg>,
+    mode: Option<String>,
+    resolvers: Option<String>,
+    ports: Option<String>,
 }
 
 /// `[limits]`: per run.
@@ -252,7 +256,7 @@ fn resolve_with(args: &EngineArgs, file: FileSettings) -> anyhow::Result<EngineC
     resolve_server(&args.server, file.server, &mut config)?;
     resolve_python(&args.python, file.python, &mut config);
     resolve_sandbox(&args.sandbox, file.sandbox, &mut config);
-    resolve_network(&args.network, &file.network, &mut config);
+    resolve_network(&args.network, &file.network, &mut config)?;
     resolve_limits(&args.limits, file.limits, &mut config)?;
     resolve_pool(&args.pool, &file.pool, &mut config)?;
     resolve_cache(&args.cache, file.cache, &mut config)?;
@@ -293,8 +297,52 @@ fn resolve_sandbox(args: &SandboxArgs, file: SandboxFile, config: &mut EngineCon
     config.bwrap_path = args.bwrap_path.clone().or(file.bwrap_path);
 }
 
-fn resolve_network(args: &NetworkArgs, file: &NetworkFile, config: &mut EngineConfig) {
-    config.network = args.network.or(file.mode) == Some(NetworkArg::On);
+fn resolve_network(
+    args: &NetworkArgs,
+    file: &NetworkFile,
+    config: &mut EngineConfig,
+) -> anyhow::Result<()> {
+    if let Some(mode) = args.network.as_ref().or(file.mode.as_ref()) {
+        config.network = snakebox_engine::NetworkPolicy::parse(mode).map_err(|reason| {
+            anyhow::anyhow!(
+                "--network: {reason}\nhint: for example `--network allow:pypi.org,files.pythonhosted.org`"
+            )
+        })?;
+    }
+    if let Some(list) = args.network_resolvers.as_ref().or(file.resolvers.as_ref()) {
+        config.network_proxy.resolvers = list
+            .split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .map(|item| {
+                item.parse::<std::net::SocketAddr>()
+                    .or_else(|_| {
+                        item.parse::<std::net::IpAddr>()
+                            .map(|ip| std::net::SocketAddr::new(ip, 53))
+                    })
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "--network-resolvers: `{item}` is not an IP address or IP:PORT\nhint: for example `--network-resolvers 192.0.2.53,192.0.2.54:5353`"
+                        )
+                    })
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
+    if let Some(list) = args.network_ports.as_ref().or(file.ports.as_ref()) {
+        config.network_proxy.ports = list
+            .split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .map(|item| {
+                item.parse::<u16>().ok().filter(|port| *port > 0).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--network-ports: `{item}` is not a port number\nhint: for example `--network-ports 80,443,8443`"
+                    )
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
+    Ok(())
 }
 
 fn resolve_limits(
@@ -750,7 +798,8 @@ mod tests {
         cores_may_be_whole: "[limits]\ncpu_cores = 2\n" => |config| config.cpu_millicores == Some(2000),
         sizes_and_counts_may_be_unlimited: "[limits]\nmemory = \"unlimited\"\ncpu_seconds = \"unlimited\"\n" => |config| config.memory_bytes.is_none() && config.cpu_time.is_none(),
         cores_may_be_unlimited: "[limits]\ncpu_cores = \"unlimited\"\n" => |config| config.cpu_millicores.is_none(),
-        network_section: "[network]\nmode = \"on\"\n" => |config| config.network,
+        network_section: "[network]\nmode = \"on\"\n" => |config| config.network == snakebox_engine::NetworkPolicy::On,
+        network_allowlist: "[network]\nmode = \"allow:pypi.org,*.example.com\"\nresolvers = \"198.51.100.2\"\nports = \"443\"\n" => |config| config.network == snakebox_engine::NetworkPolicy::Allow(vec!["pypi.org".into(), "*.example.com".into()]) && config.network_proxy.resolvers == vec!["198.51.100.2:53".parse().unwrap()] && config.network_proxy.ports == vec![443],
         switches_and_booleans: indoc! {r#"
             [pool]
             fork_server = "off"
@@ -802,6 +851,8 @@ mod tests {
         ("sandbox_backend", "\"none\""),
         ("bwrap_path", "\"/opt/bwrap\""),
         ("network", "\"on\""),
+        ("network_resolvers", "\"198.51.100.2\""),
+        ("network_ports", "\"443,8443\""),
         ("default_timeout", "7"),
         ("max_timeout", "70"),
         ("max_output_bytes", "4096"),
@@ -893,6 +944,8 @@ mod tests {
             "--bwrap-path=/opt/bwrap",
             "--data-dir=/srv/snakebox",
             "--network=on",
+            "--network-resolvers=198.51.100.2",
+            "--network-ports=443",
             "--allow-sdist-builds",
             "--install-timeout=90",
             "--memory-limit=2GiB",
@@ -930,7 +983,7 @@ mod tests {
             assert_eq!(args.limits.memory_limit.as_deref(), Some("2GiB"));
             assert_eq!(args.sessions.max_sessions, Some(4));
             assert!(args.cache.no_warm_cache && args.cache.allow_sdist_builds);
-            assert_eq!(args.network.network, Some(NetworkArg::On));
+            assert_eq!(args.network.network.as_deref(), Some("on"));
             assert_eq!(args.artifacts.artifact_max_size.as_deref(), Some("10MiB"));
         }
     }
@@ -997,7 +1050,7 @@ mod tests {
         assert_eq!(config.max_timeout, Duration::from_secs(120));
         assert_eq!(config.default_timeout, Duration::from_secs(20));
         assert_eq!(config.memory_bytes, Some(256 << 20));
-        assert!(config.network);
+        assert_eq!(config.network, snakebox_engine::NetworkPolicy::On);
         assert!(!config.fork_server);
         assert!(config.allow_sdist_builds);
         assert_eq!(config.install_timeout, Duration::from_secs(90));

@@ -220,6 +220,9 @@ pub(super) struct Slot {
 #[derive(Default)]
 pub(super) struct SlotState {
     pub(super) interpreter: Option<LiveSandbox>,
+    /// The session's network proxy (sessions with network, while the server runs): its
+    /// socket is in the session's input directory; each call takes its log.
+    pub(super) proxy: Option<snakebox_sandbox::RunProxy>,
     /// Cells run by the current interpreter.
     pub(super) cells_in_interpreter: u64,
     /// Cells run in this session (all interpreters).
@@ -515,7 +518,8 @@ impl Engine {
             });
         }
         // The one-shot rule: the server's policy unless the caller declines it.
-        let network = self.network_for(request.network, "session")?;
+        // A session takes the server's whole policy (`allowed_domains` is per call only).
+        let network = self.network_for(request.network, &[], "session")?.is_some();
         let _reservation = manager.reserve_create()?;
         manager.check_disk()?;
         let requirements = Self::parse_requirements(&request.dependencies)?;
@@ -582,7 +586,7 @@ impl Engine {
     /// Whether a session's code has network now: it was created with network and the server
     /// (as started now: the policy may have changed across a restart) still allows it.
     pub(super) fn session_network(&self, row: &SessionRow) -> bool {
-        row.network && self.config.network
+        row.network && self.config.network.allows_network()
     }
 
     /// Every session.
