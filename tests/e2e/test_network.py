@@ -47,7 +47,34 @@ async def test_asking_for_network_on_a_server_without_it_is_refused(client):
 
 NS = f"snbt-{os.getpid()}"
 HOST_SIDE, NS_SIDE = f"snbh{os.getpid() % 100000}", f"snbn{os.getpid() % 100000}"
-DNS, WEB = "198.51.100.2", "198.51.100.3"
+DNS, WEB, REBIND_DNS = "198.51.100.2", "198.51.100.3", "198.51.100.4"
+
+# A name server that answers each name below `rebind.test` with the test host first and with
+# loopback after (DNS rebinding); every other query gets an empty answer.
+REBINDER = textwrap.dedent("""
+    import socket, struct, sys
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((sys.argv[1], 53))
+    print("ready", flush=True)
+    answered = {}
+    while True:
+        query, peer = s.recvfrom(512)
+        ident, flags, qd = struct.unpack(">HHH", query[:6])
+        i, labels = 12, []
+        while query[i]:
+            labels.append(query[i + 1 : i + 1 + query[i]].decode().lower())
+            i += 1 + query[i]
+        qtype = struct.unpack(">H", query[i + 1 : i + 3])[0]
+        question = query[12 : i + 5]
+        answers = b""
+        name = ".".join(labels)
+        if name.endswith(".rebind.test") and qtype == 1:
+            address = sys.argv[2] if name not in answered else "127.0.0.1"
+            answered[name] = True
+            answers = bytes([0xC0, 0x0C]) + struct.pack(">HHIH", 1, 1, 0, 4) + socket.inet_aton(address)
+        head = struct.pack(">HHHHHH", ident, 0x8180, 1, 1 if answers else 0, 0, 0)
+        s.sendto(head + question + answers, peer)
+""")
 
 # A listener on each port: records every connection it accepts in `<dir>/<port>.log`; port 80
 # answers HTTP with a marker.
@@ -94,7 +121,8 @@ def test_hosts(tmp_path_factory: pytest.TempPathFactory):
         _ip("link", "set", HOST_SIDE, "up")
         inside = ["ip", "netns", "exec", NS]
         for args in (["link", "set", "lo", "up"], ["addr", "add", f"{DNS}/24", "dev", NS_SIDE],
-                     ["addr", "add", f"{WEB}/24", "dev", NS_SIDE], ["link", "set", NS_SIDE, "up"]):
+                     ["addr", "add", f"{WEB}/24", "dev", NS_SIDE], ["addr", "add", f"{REBIND_DNS}/24", "dev", NS_SIDE],
+                     ["link", "set", NS_SIDE, "up"]):
             subprocess.run([*inside, "ip", *args], check=True, capture_output=True)
         processes.append(subprocess.Popen(
             [*inside, "dnsmasq", "--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces",
@@ -107,6 +135,10 @@ def test_hosts(tmp_path_factory: pytest.TempPathFactory):
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         processes.append(hosts)
         assert hosts.stdout is not None and hosts.stdout.readline().strip() == "ready"
+        rebinder = subprocess.Popen([*inside, sys.executable, "-c", REBINDER, REBIND_DNS, WEB],
+                                    stdout=subprocess.PIPE, text=True)
+        processes.append(rebinder)
+        assert rebinder.stdout is not None and rebinder.stdout.readline().strip() == "ready"
         time.sleep(0.5)  # dnsmasq binds
         yield logs
     finally:
@@ -228,7 +260,7 @@ import ssl
 ctx = ssl.create_default_context()
 ctx.check_hostname = False
 ctx.verify_mode = ssl.CERT_NONE
-for name, sni in [("sni_mismatch", "other.test"), ("sni_missing", None)]:
+for name, sni in [("sni_mismatch", "other.test"), ("sni_missing", None), ("sni_match", "allowed.test")]:
     s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
     s.sendall(b"CONNECT allowed.test:443 HTTP/1.1\\r\\nHost: allowed.test:443\\r\\n\\r\\n")
     head = s.recv(4096)
@@ -252,6 +284,10 @@ print(json.dumps(out))
         assert any("`other.test` is not in this run's allowlist" in r for r in reasons), reasons
         assert any("TLS server name `other.test` differs" in r for r in reasons), reasons
         assert any("SNI missing" in r for r in reasons), reasons
+        # The matching server name passes: the proxy connected to the test host's port 443
+        # (a plain listener there ends the handshake, so the client sees a failure).
+        matched = [e for e in data["network_log"] if e["allowed"] and e["port"] == 443]
+        assert [e["host"] for e in matched] == ["allowed.test"], data["network_log"]
         # A call may narrow the policy, never widen it.
         narrowed, _, _ = await call(client, "execute_python", script=FETCH + 'out["allowed"] = fetch("http://allowed.test/")\nprint(json.dumps(out))\n',
                                     allowed_domains=["x.sub.test"])
@@ -263,8 +299,9 @@ print(json.dumps(out))
         assert "does not allow" in wider["error"]["message"] and wider["error"]["hint"]
         report, _, _ = await call(client, "check_environment")
         assert report["network_policy"] == "allow:allowed.test,*.sub.test"
-    # The mismatched and missing server names were refused before any connection to port 443.
-    assert connections(test_hosts, 443) == before_443
+    # The mismatched and missing server names were refused before any connection to port 443;
+    # the matching one made exactly one.
+    assert connections(test_hosts, 443) == before_443 + 1
 
 
 async def test_sessions_use_the_proxy_and_the_socket_goes_with_the_run(snakebox_bin, tmp_path, mode, test_hosts):
@@ -316,5 +353,57 @@ async def test_every_launch_path_has_its_own_proxy_and_log(snakebox_bin, tmp_pat
         pool = report["warm_pool"]
         if launch == "forked":
             assert pool["forked"] >= 1, pool
+            # No run is in flight and no sandbox is pooled beside a fork server: no proxy
+            # socket is left in the run directories.
+            assert list((data_dir / "runs").rglob("egress.sock")) == []
         else:
             assert pool["served"] >= 1, pool
+
+
+
+async def test_a_name_that_rebinds_to_loopback_is_refused(snakebox_bin, data_dir, mode, test_hosts):
+    """The proxy resolves each connection once and checks the answer it connects to: a name
+    that answered the test host first and loopback next is refused the second time."""
+    import json
+
+    listener = LoopbackListener()
+    name = f"{mode}.rebind.test"
+    script = FETCH + f'out["first"] = fetch("http://{name}/")\nout["second"] = fetch("http://{name}/")\nprint(json.dumps(out))\n'
+    async with connect(snakebox_bin, data_dir, mode, "--network", "on", "--network-resolvers", REBIND_DNS) as client:
+        data, _, _ = await call(client, "execute_python", script=script)
+        assert data["status"] == "ok", data
+        out = json.loads(data["stdout"])
+        assert out["first"] == "hello from the allowed test host", out
+        assert out["second"].startswith("failed"), out
+        log = data["network_log"]
+        assert [e["allowed"] for e in log] == [True, False], log
+        assert "127.0.0.1 (loopback)" in log[1]["reason"], log
+    assert listener.accepted == 0
+
+
+async def test_session_policy_and_commands_use_the_proxy(snakebox_bin, tmp_path, mode, test_hosts):
+    """A session narrowed at creation keeps that policy; its shell commands go through the
+    same proxy (an isolated interpreter bridges first)."""
+    import json
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    data_dir.chmod(0o755)
+    async with connect(snakebox_bin, data_dir, mode, *server_args("allow:allowed.test,other.test")) as client:
+        wider, _, is_error = await call(client, "create_session", allowed_domains=["evil.test"])
+        assert is_error and "does not allow" in wider["error"]["message"], wider
+        session, text, _ = await call(client, "create_session", allowed_domains=["allowed.test"])
+        assert session["allowed_domains"] == ["allowed.test"] and "only allowed.test" in text, session
+        sid = session["session_id"]
+        cell, _, _ = await call(client, "execute_python", session_id=sid, script=FETCH + 'out["a"] = fetch("http://allowed.test/")\nout["o"] = fetch("http://other.test/")\nprint(json.dumps(out))\n')
+        assert cell["status"] == "ok", cell
+        out = json.loads(cell["stdout"])
+        assert out["a"] == "hello from the allowed test host" and out["o"].startswith("failed"), out
+        assert "allowlist" in cell["network_log"][1]["reason"]
+        command = "python -c \"import urllib.request; print(urllib.request.urlopen('http://allowed.test/', timeout=20).read().decode())\""
+        ran, _, _ = await call(client, "run_command", session_id=sid, command=command)
+        assert ran["status"] == "ok", ran
+        assert ran["stdout"].strip() == "hello from the allowed test host"
+        assert [(e["host"], e["allowed"]) for e in ran["network_log"]] == [("allowed.test", True)]
+        narrowed, _, is_error = await call(client, "execute_python", session_id=sid, script="1", allowed_domains=["allowed.test"])
+        assert is_error and "fixed when it was created" in narrowed["error"]["message"]

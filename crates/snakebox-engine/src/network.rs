@@ -332,7 +332,7 @@ impl Engine {
 
 /// Whether the server's `names` cover a requested `pattern` (every name the pattern matches
 /// is allowed by the server).
-fn covers(server: &Names, pattern: &str) -> bool {
+pub(crate) fn covers(server: &Names, pattern: &str) -> bool {
     match server {
         Names::Any => true,
         Names::Only(allowed) => match pattern.strip_prefix("*.") {

@@ -262,6 +262,7 @@ async fn one_caller_never_sees_anothers_sessions_or_artifacts() {
                 dependencies: vec![],
                 name: Some("a's".into()),
                 network: None,
+                allowed_domains: vec![],
             },
         )
         .await
@@ -322,6 +323,7 @@ async fn concurrent_creates_never_exceed_max_sessions() {
                             dependencies: vec![],
                             name: Some(format!("s{i}")),
                             network: None,
+                            allowed_domains: vec![],
                         },
                     )
                     .await
@@ -365,6 +367,7 @@ async fn a_start_removes_session_files_that_were_never_recorded() {
                     dependencies: vec![],
                     name: None,
                     network: None,
+                    allowed_domains: vec![],
                 },
             )
             .await

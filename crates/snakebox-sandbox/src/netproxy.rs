@@ -1369,4 +1369,105 @@ mod tests {
             }
         }
     }
+
+    /// A real proxy on a real socket, to a real listener on loopback (allowed here only by
+    /// the operator's exception and raw-address switch): CONNECT and SOCKS5 tunnels carry
+    /// bytes both ways and are logged with their counts; the connection cap refuses the third.
+    #[tokio::test]
+    async fn tunnels_are_logged_and_capped() {
+        let target = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = target.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = target.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0_u8; 5];
+                    if stream.read_exact(&mut buf).await.is_ok() {
+                        let _ = stream.write_all(b"pong!").await;
+                    }
+                });
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let mut rules = NetRules::new(Names::Any);
+        rules.ports = vec![port];
+        rules.allow_ip_literals = true;
+        rules.exceptions = vec!["127.0.0.0/8".parse().unwrap()];
+        rules.caps.connections = 2;
+        let proxy = RunProxy::start(dir.path(), rules, NetResolver::new(&[]).unwrap()).unwrap();
+        let socket = dir.path().join(SOCKET_NAME);
+
+        let mut http = UnixStream::connect(&socket).await.unwrap();
+        http.write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut head = [0_u8; 39];
+        http.read_exact(&mut head).await.unwrap();
+        assert!(head.starts_with(b"HTTP/1.1 200"));
+        http.write_all(b"ping!").await.unwrap();
+        let mut answer = [0_u8; 5];
+        http.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"pong!");
+
+        let mut socks = UnixStream::connect(&socket).await.unwrap();
+        let mut request = vec![5, 1, 0, 5, 1, 0, 1, 127, 0, 0, 1];
+        request.extend_from_slice(&port.to_be_bytes());
+        socks.write_all(&request).await.unwrap();
+        let mut reply = [0_u8; 12];
+        socks.read_exact(&mut reply).await.unwrap();
+        assert_eq!(&reply[..4], &[5, 0, 5, 0], "greeting and success");
+        socks.write_all(b"ping!").await.unwrap();
+        socks.read_exact(&mut answer).await.unwrap();
+        assert_eq!(&answer, b"pong!");
+
+        let mut third = UnixStream::connect(&socket).await.unwrap();
+        third
+            .write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let mut refused = String::new();
+        third.read_to_string(&mut refused).await.unwrap();
+        assert!(refused.starts_with("HTTP/1.1 403"), "{refused}");
+        assert!(refused.contains("cap of 2 connections"), "{refused}");
+
+        let log = proxy.take_log();
+        assert_eq!(log.len(), 3, "{log:?}");
+        assert!(log[..2].iter().all(|d| d.allowed
+            && d.bytes_sent == 5
+            && d.bytes_received == 5
+            && d.address.as_deref() == Some(format!("127.0.0.1:{port}").as_str())));
+        assert!(!log[2].allowed);
+        assert!(proxy.log().is_empty(), "taken");
+        drop(proxy);
+        assert!(!socket.exists(), "the socket goes with the proxy");
+    }
+
+    /// The same loopback target without the operator's exception: refused before any
+    /// connection, in both protocols, and a name is never resolved when the port is wrong.
+    #[tokio::test]
+    async fn loopback_is_refused_without_an_exception() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rules = NetRules::new(Names::Any);
+        rules.allow_ip_literals = true;
+        let proxy = RunProxy::start(dir.path(), rules, NetResolver::new(&[]).unwrap()).unwrap();
+        let socket = dir.path().join(SOCKET_NAME);
+        let mut http = UnixStream::connect(&socket).await.unwrap();
+        http.write_all(b"GET http://127.0.0.1/ HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut refused = String::new();
+        http.read_to_string(&mut refused).await.unwrap();
+        assert!(refused.contains("127.0.0.1 (loopback)"), "{refused}");
+        let mut socks = UnixStream::connect(&socket).await.unwrap();
+        let mut request = vec![5, 1, 0, 5, 1, 0, 3, 9];
+        request.extend_from_slice(b"localhost");
+        request.extend_from_slice(&22_u16.to_be_bytes());
+        socks.write_all(&request).await.unwrap();
+        let mut reply = [0_u8; 12];
+        socks.read_exact(&mut reply).await.unwrap();
+        assert_eq!(&reply[..4], &[5, 0, 5, 2], "not allowed by ruleset");
+        let log = proxy.log();
+        assert_eq!(log.len(), 2);
+        assert_eq!(log[1].host, "localhost");
+        assert!(log[1].reason.contains("port 22 is not allowed"), "{log:?}");
+    }
 }

@@ -154,6 +154,14 @@ pub struct NetworkArgs {
     /// Ports runs may reach through the proxy, comma-separated [default: 80,443].
     #[arg(long, env = "SNAKEBOX_NETWORK_PORTS", value_name = "PORTS")]
     pub network_ports: Option<String>,
+    /// Let runs name destinations by IP address (their address is still checked: loopback,
+    /// private and metadata addresses stay refused) [default: names only].
+    #[arg(long, env = "SNAKEBOX_NETWORK_ALLOW_IP_LITERALS")]
+    pub network_allow_ip_literals: bool,
+    /// Address ranges runs may reach although they are not public, comma-separated CIDR
+    /// (e.g. an internal package mirror at `10.20.0.0/16`) [default: none].
+    #[arg(long, env = "SNAKEBOX_NETWORK_EXCEPTIONS", value_name = "CIDRS")]
+    pub network_exceptions: Option<String>,
 }
 
 /// What one run may use (`[limits]`).

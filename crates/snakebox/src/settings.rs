@@ -63,6 +63,8 @@ const FLAT_KEYS: &[FlatKey] = &[
     ("network", "network", "mode"),
     ("network_resolvers", "network", "resolvers"),
     ("network_ports", "network", "ports"),
+    ("network_allow_ip_literals", "network", "allow_ip_literals"),
+    ("network_exceptions", "network", "exceptions"),
     ("default_timeout", "limits", "default_timeout"),
     ("max_timeout", "limits", "max_timeout"),
     ("max_output_bytes", "limits", "max_output_bytes"),
@@ -147,6 +149,8 @@ struct NetworkFile {
     mode: Option<String>,
     resolvers: Option<String>,
     ports: Option<String>,
+    allow_ip_literals: Option<bool>,
+    exceptions: Option<String>,
 }
 
 /// `[limits]`: per run.
@@ -339,6 +343,28 @@ fn resolve_network(
                         "--network-ports: `{item}` is not a port number\nhint: for example `--network-ports 80,443,8443`"
                     )
                 })
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
+    config.network_proxy.allow_ip_literals =
+        args.network_allow_ip_literals || file.allow_ip_literals.unwrap_or(false);
+    if let Some(list) = args
+        .network_exceptions
+        .as_ref()
+        .or(file.exceptions.as_ref())
+    {
+        config.network_proxy.exceptions = list
+            .split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .map(|item| {
+                item.parse::<ipnet::IpNet>()
+                    .or_else(|_| item.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "--network-exceptions: `{item}` is not an address range\nhint: write CIDR ranges such as `10.20.0.0/16,fd00:1::/64`"
+                        )
+                    })
             })
             .collect::<anyhow::Result<_>>()?;
     }
@@ -853,6 +879,8 @@ mod tests {
         ("network", "\"on\""),
         ("network_resolvers", "\"198.51.100.2\""),
         ("network_ports", "\"443,8443\""),
+        ("network_allow_ip_literals", "true"),
+        ("network_exceptions", "\"10.20.0.0/16\""),
         ("default_timeout", "7"),
         ("max_timeout", "70"),
         ("max_output_bytes", "4096"),
@@ -946,6 +974,8 @@ mod tests {
             "--network=on",
             "--network-resolvers=198.51.100.2",
             "--network-ports=443",
+            "--network-allow-ip-literals",
+            "--network-exceptions=10.20.0.0/16",
             "--allow-sdist-builds",
             "--install-timeout=90",
             "--memory-limit=2GiB",

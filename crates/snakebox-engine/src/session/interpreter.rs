@@ -687,7 +687,7 @@ impl Engine {
         if network != crate::run::RunNetwork::Proxy || proxy.is_some() {
             return Ok(());
         }
-        let Some(names) = self.config.network.names() else {
+        let Some(names) = self.session_names(row) else {
             return Ok(());
         };
         let paths = manager.paths(&row.id);

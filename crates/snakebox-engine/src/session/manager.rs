@@ -517,9 +517,16 @@ impl Engine {
                 hint: Some("use a short label such as \"sales-analysis\"".into()),
             });
         }
-        // The one-shot rule: the server's policy unless the caller declines it.
-        // A session takes the server's whole policy (`allowed_domains` is per call only).
-        let network = self.network_for(request.network, &[], "session")?.is_some();
+        // The one-shot rule: the server's policy unless the caller declines or narrows it;
+        // fixed for the session's life.
+        let names = self.network_for(request.network, &request.allowed_domains, "session")?;
+        let network = names.is_some();
+        let network_names = match names {
+            Some(snakebox_sandbox::Names::Only(list)) if !request.allowed_domains.is_empty() => {
+                list
+            }
+            _ => Vec::new(),
+        };
         let _reservation = manager.reserve_create()?;
         manager.check_disk()?;
         let requirements = Self::parse_requirements(&request.dependencies)?;
@@ -552,6 +559,7 @@ impl Engine {
             last_used_at: now,
             executions: 0,
             network,
+            network_names,
             owner: caller.id().to_owned(),
         };
         if let Err(err) = manager.store.insert(&row) {
@@ -579,6 +587,7 @@ impl Engine {
             size_bytes: row.venv_bytes + row.work_bytes,
             interpreter_running: running,
             network: self.session_network(row),
+            allowed_domains: row.network_names.clone(),
             executions: row.executions,
         }
     }
@@ -587,6 +596,26 @@ impl Engine {
     /// (as started now: the policy may have changed across a restart) still allows it.
     pub(super) fn session_network(&self, row: &SessionRow) -> bool {
         row.network && self.config.network.allows_network()
+    }
+
+    /// The names a session's code may reach now: none without network; the names it was
+    /// narrowed to at creation that the server (as started now) still allows; or the
+    /// server's whole policy.
+    pub(super) fn session_names(&self, row: &SessionRow) -> Option<snakebox_sandbox::Names> {
+        if !self.session_network(row) {
+            return None;
+        }
+        let server = self.config.network.names()?;
+        if row.network_names.is_empty() {
+            return Some(server);
+        }
+        Some(snakebox_sandbox::Names::Only(
+            row.network_names
+                .iter()
+                .filter(|name| crate::network::covers(&server, name))
+                .cloned()
+                .collect(),
+        ))
     }
 
     /// Every session.
