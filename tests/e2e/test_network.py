@@ -91,8 +91,10 @@ HOSTS = textwrap.dedent("""
             with open(f"{log_dir}/{port}.log", "a") as f:
                 f.write(f"{peer[0]}\\n")
             if port == 80:
-                c.recv(65536)
+                request = c.recv(65536)
                 body = b"hello from the allowed test host"
+                if b"X-Echo-Host" in request:
+                    body = [l for l in request.split(b"\\r\\n") if l.lower().startswith(b"host:")][0][5:].strip()
                 c.sendall(b"HTTP/1.0 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n" % len(body) + body)
             c.close()
     for port in (80, 443, 8080):
@@ -407,3 +409,58 @@ async def test_session_policy_and_commands_use_the_proxy(snakebox_bin, tmp_path,
         assert [(e["host"], e["allowed"]) for e in ran["network_log"]] == [("allowed.test", True)]
         narrowed, _, is_error = await call(client, "execute_python", session_id=sid, script="1", allowed_domains=["allowed.test"])
         assert is_error and "fixed when it was created" in narrowed["error"]["message"]
+
+
+
+async def test_N09_allowlist_bypasses_are_refused(snakebox_bin, data_dir, mode, test_hosts):
+    """Catalogue N-09 against the test hosts: apex and lookalike names, an absolute URI that
+    disagrees with its Host header (both ways), SOCKS5 with a raw address, the IPv6 literal
+    form, and ignoring the proxy altogether."""
+    import json
+
+    before_80 = connections(test_hosts, 80)
+    script = FETCH + f"""
+for name in ["sub.test", "evilallowed.test", "allowed.test.evil.test", "x.sub.test.evil.test"]:
+    out[name] = fetch("http://" + name + "/")
+def raw(request):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    s.sendall(request)
+    data = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            return data.decode(errors="replace")
+        data += chunk
+out["uri_other_host_allowed"] = raw(b"GET http://other.test/ HTTP/1.1\\r\\nHost: allowed.test\\r\\n\\r\\n")
+out["uri_allowed_host_other"] = raw(b"GET http://allowed.test/ HTTP/1.1\\r\\nHost: other.test\\r\\nX-Echo-Host: 1\\r\\n\\r\\n")
+out["connect_v6"] = raw(b"CONNECT [::1]:443 HTTP/1.1\\r\\n\\r\\n")
+out["socks_ip"] = list(raw(bytes([5, 1, 0, 5, 1, 0, 1, 198, 51, 100, 3, 0, 80])).encode()[:4])
+s = socket.socket()
+s.settimeout(3)
+try:
+    s.connect(("{WEB}", 80))
+    out["direct"] = "connected"
+except OSError as err:
+    out["direct"] = "refused: " + str(err)
+print(json.dumps(out))
+"""
+    async with connect(snakebox_bin, data_dir, mode, *server_args("allow:allowed.test,*.sub.test")) as client:
+        data, _, _ = await call(client, "execute_python", script=script)
+        assert data["status"] == "ok", data
+        out = json.loads(data["stdout"])
+        for name in ["sub.test", "evilallowed.test", "allowed.test.evil.test", "x.sub.test.evil.test"]:
+            assert out[name].startswith("failed: HTTPError"), (name, out[name])
+        assert out["uri_other_host_allowed"].startswith("HTTP/1.1 403"), out
+        # The Host header the test host saw is the checked name, not the client's.
+        assert out["uri_allowed_host_other"].startswith("HTTP/1.0 200"), out
+        assert out["uri_allowed_host_other"].endswith("\r\n\r\nallowed.test"), out
+        assert out["connect_v6"].startswith("HTTP/1.1 403"), out
+        assert out["socks_ip"] == [5, 0, 5, 2], out
+        assert out["direct"].startswith("refused"), out
+        reasons = {e["host"]: e["reason"] for e in data["network_log"] if not e["allowed"]}
+        for name in ["sub.test", "evilallowed.test", "allowed.test.evil.test", "x.sub.test.evil.test", "other.test"]:
+            assert "allowlist" in reasons[name], (name, reasons)
+        assert "IP address" in reasons["::1"] and "IP address" in reasons[WEB]
+        assert [e["host"] for e in data["network_log"] if e["allowed"]] == ["allowed.test"]
+    # Only the one allowed request reached the test host.
+    assert connections(test_hosts, 80) == before_80 + 1

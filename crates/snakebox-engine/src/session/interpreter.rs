@@ -375,7 +375,8 @@ impl Engine {
     /// The policy of a session's sandboxes (interpreter and commands) over its workspace.
     /// A call's `network` against the session's, with the one-shot rules: asking for more than
     /// the server allows is refused with the reason; a session's network is fixed at creation
-    /// (its interpreter lives in one network namespace), so a call cannot change it either way.
+    /// (its interpreter lives in one network namespace), so a call cannot change it either way:
+    /// asking is the request's fault (`invalid`, status `invalid_request`) with a hint.
     pub(super) fn session_network_check(
         &self,
         row: &SessionRow,
@@ -390,12 +391,12 @@ impl Engine {
                 hint: Some("run without network (omit `network`), or ask the operator to start snakebox with `--network on`".into()),
             }),
             Some(true) if !has => Err(EngineError {
-                kind: ErrorKind::Conflict,
+                kind: ErrorKind::Invalid,
                 message: format!("This call asked for network access, but session {} was created without network", row.id),
                 hint: Some("a session's network is fixed when it is created: create a new session with `network: true`".into()),
             }),
             Some(false) if has => Err(EngineError {
-                kind: ErrorKind::Conflict,
+                kind: ErrorKind::Invalid,
                 message: format!("This call asked to run without network, but session {} was created with network", row.id),
                 hint: Some("a session's network is fixed when it is created: omit `network` here, or create a session with `network: false`".into()),
             }),
