@@ -32,6 +32,18 @@ def host_interfaces() -> list[str]:
     return sorted(name for _, name in socket.if_nameindex())
 
 
+async def test_the_narrowing_arguments_have_plain_schemas(client):
+    """`allowed_domains` is a plain list of strings (no oneOf/$ref: some model APIs reject them)."""
+    import json
+
+    tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    for name in ("execute_python", "create_session"):
+        schema = tools[name].input_schema["properties"]["allowed_domains"]
+        assert schema["type"] == "array" and schema["items"] == {"type": "string"}, schema
+        text = json.dumps(schema)
+        assert "oneOf" not in text and "$ref" not in text and "anyOf" not in text, text
+
+
 async def test_asking_for_network_on_a_server_without_it_is_refused(client):
     data, text, is_error = await call(client, "execute_python", script="print('never runs')", network=True)
     assert is_error and data["status"] == "invalid_request"

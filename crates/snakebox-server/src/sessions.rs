@@ -37,7 +37,7 @@ pub(crate) struct CreateSessionParams {
     /// A short label to recognise the session by, e.g. `"sales-analysis"`.
     pub name: Option<String>,
     /// Network for the session's whole life, as for `execute_python`: `true` asks for it
-    /// (refused unless the server runs with `--network on`), `false` declines it. Default: the
+    /// (refused unless the server allows network), `false` declines it. Default: the
     /// server's policy (off unless the operator turned it on). The result's `network` says what
     /// is in effect; a call cannot change it later.
     pub network: Option<bool>,
