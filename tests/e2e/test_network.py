@@ -105,15 +105,43 @@ HOSTS = textwrap.dedent("""
             if port == 80:
                 request = c.recv(65536)
                 body = b"hello from the allowed test host"
+                kind = b"text/plain"
+                if request.startswith(b"GET /simple/snbtpkg/"):
+                    body = b'<a href="/files/snbtpkg-1.0-py3-none-any.whl">snbtpkg-1.0-py3-none-any.whl</a>'
+                    kind = b"text/html"
+                elif request.startswith(b"GET /files/snbtpkg-1.0-py3-none-any.whl"):
+                    body = open(f"{log_dir}/snbtpkg-1.0-py3-none-any.whl", "rb").read()
                 if b"X-Echo-Host" in request:
                     body = [l for l in request.split(b"\\r\\n") if l.lower().startswith(b"host:")][0][5:].strip()
-                c.sendall(b"HTTP/1.0 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n" % len(body) + body)
+                c.sendall(b"HTTP/1.0 200 OK\\r\\nContent-Type: %s\\r\\nContent-Length: %d\\r\\n\\r\\n" % (kind, len(body)) + body)
             c.close()
     for port in (80, 443, 8080):
         threading.Thread(target=serve, args=(port,), daemon=True).start()
     print("ready", flush=True)
     threading.Event().wait()
 """)
+
+
+def make_wheel(path: Path) -> None:
+    """A one-module wheel for the test index (pure Python, py3-none-any)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    files = {
+        "snbtpkg/__init__.py": b"VALUE = 'from the local index'\n",
+        "snbtpkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: snbtpkg\nVersion: 1.0\n",
+        "snbtpkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: snakebox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = ""
+    for name, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record += f"{name},sha256={digest},{len(data)}\n"
+    record += "snbtpkg-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, data in files.items():
+            wheel.writestr(name, data)
+        wheel.writestr("snbtpkg-1.0.dist-info/RECORD", record)
 
 
 def _ip(*args: str) -> None:
@@ -145,6 +173,7 @@ def test_hosts(tmp_path_factory: pytest.TempPathFactory):
              "--address=/loop.test/127.0.0.1", "--address=/meta.test/169.254.169.254",
              "--address=/private.test/10.1.2.3", "--address=/mapped.test/::ffff:127.0.0.1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        make_wheel(logs / "snbtpkg-1.0-py3-none-any.whl")
         hosts = subprocess.Popen([*inside, sys.executable, "-c", HOSTS, str(logs), WEB],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         processes.append(hosts)
@@ -476,3 +505,38 @@ print(json.dumps(out))
         assert [e["host"] for e in data["network_log"] if e["allowed"]] == ["allowed.test"]
     # Only the one allowed request reached the test host.
     assert connections(test_hosts, 80) == before_80 + 1
+
+
+
+async def test_requests_and_pip_use_the_proxy_unchanged(snakebox_bin, data_dir, mode, test_hosts):
+    """requests and pip (installed in the run's environment from the configured index) reach an
+    allowed test host through the proxy with no configuration: pip installs a wheel from a
+    simple index the test host serves."""
+    import json
+
+    script = """
+import json, os, subprocess, sys, requests
+out = {"requests": requests.get("http://allowed.test/", timeout=20).text}
+other = requests.get("http://other.test/", timeout=20)
+out["other"] = [other.status_code, "allowlist" in other.text]
+pip = subprocess.run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-cache-dir",
+                      "--target", "/tmp/pkgs", "--index-url", "http://allowed.test/simple/", "--trusted-host", "allowed.test", "snbtpkg==1.0"],
+                     capture_output=True, text=True)
+out["pip"] = pip.returncode
+if pip.returncode:
+    print(pip.stdout[-3000:], pip.stderr[-3000:], file=sys.stderr)
+sys.path.insert(0, "/tmp/pkgs")
+import snbtpkg
+out["imported"] = snbtpkg.VALUE
+print(json.dumps(out))
+"""
+    async with connect(snakebox_bin, data_dir, mode, *server_args("allow:allowed.test")) as client:
+        data, _, _ = await call(client, "execute_python", script=script,
+                                dependencies=["requests>=2.31", "pip>=24"], timeout_seconds=120)
+        assert data["status"] == "ok", (data["stderr"], data["network_log"])
+        out = json.loads(data["stdout"])
+        # The refusal of a plain-HTTP request is the proxy's 403, whose body says why.
+        assert out == {"requests": "hello from the allowed test host", "other": [403, True], "pip": 0,
+                       "imported": "from the local index"}, data
+        paths = [e for e in data["network_log"] if e["allowed"]]
+        assert all(e["host"] == "allowed.test" for e in paths) and len(paths) >= 3, data["network_log"]
