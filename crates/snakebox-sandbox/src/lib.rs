@@ -47,7 +47,7 @@ pub use crate::native::forkserver::{
 };
 pub use crate::netproxy::{
     Hello, Names, NetCaps, NetDecision, NetResolver, NetRules, RunProxy, SOCKET_NAME,
-    client_hello_sni, name_matches, run_proxy_env,
+    check_parsers, client_hello_sni, name_matches, run_proxy_env,
 };
 pub use crate::pending::PendingRun;
 pub use crate::scratch::{ScratchDir, release_stale_scratch};

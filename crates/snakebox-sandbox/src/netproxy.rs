@@ -1101,6 +1101,49 @@ async fn check_client_hello(
     }
 }
 
+/// Every parser of the run proxy on one input, with their invariants (the fuzz target and
+/// the stable smoke test call it): the ClientHello reader, the proxy request parser and the
+/// IP-literal recogniser are total (no panic on any input) and what they accept is sane.
+///
+/// # Panics
+/// When an invariant does not hold (that is the point: the fuzzer reports it).
+pub fn check_parsers(data: &[u8]) {
+    if let Hello::Name(name) = client_hello_sni(data) {
+        assert_eq!(
+            data.first(),
+            Some(&0x16),
+            "a server name from a non-handshake record"
+        );
+        assert!(name.len() < 1 << 16);
+    }
+    if let Ok(request) = parse_http_request(data) {
+        assert!(
+            !request.target.host.is_empty(),
+            "a request with an empty host"
+        );
+        assert_eq!(request.target.host, normalize_host(&request.target.host));
+        if !request.connect {
+            assert!(request.origin_form.ends_with("Connection: close\r\n\r\n"));
+            assert!(request.origin_form.contains("\r\nHost: "));
+        }
+    }
+    if let Ok(text) = std::str::from_utf8(data) {
+        let literal = ip_literal(text);
+        if text.parse::<IpAddr>().is_ok() {
+            assert!(literal.is_some(), "an address taken for a name");
+        }
+        // A name whose last label is not a number is never taken for an address.
+        let last = text.trim_end_matches('.').rsplit('.').next().unwrap_or("");
+        if is_host_name(text)
+            && last
+                .chars()
+                .any(|c| !c.is_ascii_hexdigit() && c != 'x' && c != 'X')
+        {
+            assert!(literal.is_none(), "a name taken for an address");
+        }
+    }
+}
+
 /// What the first bytes of a TLS connection say about its server name.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Hello {
@@ -1355,6 +1398,15 @@ mod tests {
     }
 
     #[test]
+    fn a_real_client_hello_is_read() {
+        // A TLS 1.3 ClientHello as CPython's ssl module sends it (key share, supported
+        // versions, ALPN...), for `allowed.test`.
+        let hello = include_bytes!("../tests/data/client-hello-tls13.bin");
+        assert_eq!(client_hello_sni(hello), Hello::Name("allowed.test".into()));
+        check_parsers(hello);
+    }
+
+    #[test]
     fn the_client_hello_parser_is_total() {
         // Every truncation and every single-byte change of a real record: no panic.
         let hello = client_hello(Some("allowed.test"));
@@ -1365,7 +1417,7 @@ mod tests {
             for value in [0_u8, 1, 0x7f, 0xff] {
                 let mut changed = hello.clone();
                 changed[at] = value;
-                let _ = client_hello_sni(&changed);
+                check_parsers(&changed);
             }
         }
     }
