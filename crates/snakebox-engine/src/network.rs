@@ -52,7 +52,8 @@ impl NetworkPolicy {
             .collect();
         if names.is_empty() {
             return Err(
-                "`allow:` needs at least one name, e.g. `allow:pypi.org,*.example.com`".into(),
+                "`allow:` needs at least one name, e.g. `allow:api.example.com,*.example.com`"
+                    .into(),
             );
         }
         for name in &names {
@@ -220,7 +221,7 @@ impl Engine {
             check_pattern(&name).map_err(|reason| {
                 EngineError::invalid(
                     format!("allowed_domains: {reason}"),
-                    "list host names such as `pypi.org` or patterns such as `*.example.com`",
+                    "list host names such as `api.example.com` or patterns such as `*.example.com`",
                 )
             })?;
             if !covers(&server, &name) {
@@ -356,9 +357,9 @@ mod tests {
         assert_eq!(NetworkPolicy::parse("off"), Ok(NetworkPolicy::Off));
         assert_eq!(NetworkPolicy::parse("on"), Ok(NetworkPolicy::On));
         assert_eq!(
-            NetworkPolicy::parse("allow:PyPI.org., *.example.com"),
+            NetworkPolicy::parse("allow:API.Example.com., *.example.com"),
             Ok(NetworkPolicy::Allow(vec![
-                "pypi.org".into(),
+                "api.example.com".into(),
                 "*.example.com".into()
             ]))
         );
@@ -376,14 +377,14 @@ mod tests {
 
     #[test]
     fn a_call_may_only_narrow() {
-        let server = Names::Only(vec!["pypi.org".into(), "*.example.com".into()]);
-        assert!(covers(&server, "pypi.org"));
-        assert!(covers(&server, "a.example.com"));
-        assert!(covers(&server, "*.example.com"));
-        assert!(covers(&server, "*.b.example.com"));
-        assert!(!covers(&server, "example.com"));
-        assert!(!covers(&server, "files.pypi.org"));
-        assert!(!covers(&server, "*.pypi.org"));
+        let server = Names::Only(vec!["api.example.com".into(), "*.example.org".into()]);
+        assert!(covers(&server, "api.example.com"));
+        assert!(covers(&server, "a.example.org"));
+        assert!(covers(&server, "*.example.org"));
+        assert!(covers(&server, "*.b.example.org"));
+        assert!(!covers(&server, "example.org"));
+        assert!(!covers(&server, "v2.api.example.com"));
+        assert!(!covers(&server, "*.api.example.com"));
         assert!(!covers(&server, "evil.com"));
         assert!(covers(&Names::Any, "anything.test"));
     }

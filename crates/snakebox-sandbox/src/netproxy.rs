@@ -1229,7 +1229,7 @@ mod tests {
             ("host.99999999999", Some("0.0.0.0")),
             ("1.2.3.4.5", Some("0.0.0.0")),
             ("example.com", None),
-            ("pypi.org", None),
+            ("api.example.com", None),
             ("0x.example", None),
             ("123.example", None),
         ];
@@ -1281,16 +1281,16 @@ mod tests {
 
     #[test]
     fn names_match_exactly_or_below_a_wildcard() {
-        let names = Names::Only(vec!["pypi.org".into(), "*.example.com".into()]);
+        let names = Names::Only(vec!["api.example.com".into(), "*.example.org".into()]);
         for (host, allowed) in [
-            ("pypi.org", true),
-            ("PyPI.org.", true),
-            ("files.pypi.org", false),
-            ("a.example.com", true),
-            ("a.b.example.com", true),
-            ("example.com", false),
-            ("badexample.com", false),
-            ("example.com.evil.test", false),
+            ("api.example.com", true),
+            ("API.Example.com.", true),
+            ("v2.api.example.com", false),
+            ("a.example.org", true),
+            ("a.b.example.org", true),
+            ("example.org", false),
+            ("badexample.org", false),
+            ("example.org.evil.test", false),
         ] {
             assert_eq!(names.allows(&normalize_host(host)), allowed, "{host}");
         }

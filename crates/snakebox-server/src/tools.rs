@@ -72,7 +72,7 @@ pub(crate) struct ExecuteParams {
     /// is refused with the reason.
     pub network: Option<bool>,
     /// Narrow the server's network policy for this run to these host names (`api.example.com`,
-    /// or `*.example.com` for any name below it), e.g. `["pypi.org", "files.pythonhosted.org"]`.
+    /// or `*.example.com` for any name below it), e.g. `["api.example.com", "files.example.org"]`.
     /// Each must be allowed by the server's policy (see `check_environment`); asking for more
     /// is refused with the reason. Runs reach the network through a proxy (HTTP_PROXY and
     /// ALL_PROXY are set; urllib, requests, httpx and pip use it): host names only, public
@@ -144,7 +144,7 @@ of the script; they are installed once and cached, so repeated calls are fast. T
 off unless the server allows it; when it does, the code reaches it through a proxy (HTTP_PROXY is \
 set: urllib, requests, httpx and pip work unchanged), host names only, and `network_log` in the \
 result lists every connection, allowed or blocked, with the reason; `allowed_domains` narrows it \
-(e.g. [\"pypi.org\"]).\n\n\
+(e.g. [\"api.example.com\"]).\n\n\
 To keep variables, files and packages between calls, create a session (`create_session`) and \
 pass its `session_id`: the code then runs in that session's live interpreter, like a notebook \
 cell (the session's workspace is the working directory).\n\n\

@@ -309,7 +309,7 @@ fn resolve_network(
     if let Some(mode) = args.network.as_ref().or(file.mode.as_ref()) {
         config.network = snakebox_engine::NetworkPolicy::parse(mode).map_err(|reason| {
             anyhow::anyhow!(
-                "--network: {reason}\nhint: for example `--network allow:pypi.org,files.pythonhosted.org`"
+                "--network: {reason}\nhint: for example `--network allow:api.example.com,files.example.org`"
             )
         })?;
     }
@@ -825,7 +825,7 @@ mod tests {
         sizes_and_counts_may_be_unlimited: "[limits]\nmemory = \"unlimited\"\ncpu_seconds = \"unlimited\"\n" => |config| config.memory_bytes.is_none() && config.cpu_time.is_none(),
         cores_may_be_unlimited: "[limits]\ncpu_cores = \"unlimited\"\n" => |config| config.cpu_millicores.is_none(),
         network_section: "[network]\nmode = \"on\"\n" => |config| config.network == snakebox_engine::NetworkPolicy::On,
-        network_allowlist: "[network]\nmode = \"allow:pypi.org,*.example.com\"\nresolvers = \"198.51.100.2\"\nports = \"443\"\n" => |config| config.network == snakebox_engine::NetworkPolicy::Allow(vec!["pypi.org".into(), "*.example.com".into()]) && config.network_proxy.resolvers == vec!["198.51.100.2:53".parse().unwrap()] && config.network_proxy.ports == vec![443],
+        network_allowlist: "[network]\nmode = \"allow:api.example.com,*.example.com\"\nresolvers = \"198.51.100.2\"\nports = \"443\"\n" => |config| config.network == snakebox_engine::NetworkPolicy::Allow(vec!["api.example.com".into(), "*.example.com".into()]) && config.network_proxy.resolvers == vec!["198.51.100.2:53".parse().unwrap()] && config.network_proxy.ports == vec![443],
         switches_and_booleans: indoc! {r#"
             [pool]
             fork_server = "off"
