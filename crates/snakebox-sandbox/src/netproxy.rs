@@ -881,13 +881,22 @@ pub(crate) fn parse_http_request(head: &[u8]) -> Result<HttpRequest, String> {
     }
     let method = request.method.unwrap_or_default();
     let path = request.path.unwrap_or_default();
+    // A host that is only dots names nothing (found by the fuzzer: `http://.:8080/`).
+    let named = |host: &str| {
+        let host = normalize_host(host);
+        if host.is_empty() {
+            Err("the request names no host".to_owned())
+        } else {
+            Ok(host)
+        }
+    };
     if method.eq_ignore_ascii_case("CONNECT") {
         let (host, port) = split_host_port(path).ok_or("CONNECT needs host:port")?;
         let port = port.ok_or("CONNECT needs host:port")?;
         return Ok(HttpRequest {
             connect: true,
             target: Target {
-                host: normalize_host(&host),
+                host: named(&host)?,
                 port,
             },
             origin_form: String::new(),
@@ -935,7 +944,7 @@ pub(crate) fn parse_http_request(head: &[u8]) -> Result<HttpRequest, String> {
     Ok(HttpRequest {
         connect: false,
         target: Target {
-            host: normalize_host(&host),
+            host: named(&host)?,
             port: port.unwrap_or(80),
         },
         origin_form,
@@ -1344,6 +1353,9 @@ mod tests {
             b"CONNECT host HTTP/1.1\r\n\r\n",
             b"GET http://host:99999/ HTTP/1.1\r\n\r\n",
             b"GET https://host/ HTTP/1.1\r\n\r\n",
+            // See: the fuzz target net_parsers (a host that normalises to nothing).
+            b"GET http://.:8080/ HTTP/1.1\r\n\r\n",
+            b"CONNECT ..:443 HTTP/1.1\r\n\r\n",
             b"\x00\x01 garbage\r\n\r\n",
         ] {
             assert!(
