@@ -92,7 +92,10 @@ REBINDER = textwrap.dedent("""
 # answers HTTP with a marker.
 HOSTS = textwrap.dedent("""
     import socket, sys, threading
+    import ssl
     log_dir = sys.argv[1]
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(f"{log_dir}/host.pem", f"{log_dir}/host.key")
     def serve(port):
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -102,6 +105,15 @@ HOSTS = textwrap.dedent("""
             c, peer = s.accept()
             with open(f"{log_dir}/{port}.log", "a") as f:
                 f.write(f"{peer[0]}\\n")
+            if port == 443:
+                try:
+                    c.settimeout(10)
+                    c = tls.wrap_socket(c, server_side=True)
+                    c.recv(65536)
+                    body = b"hello over TLS from the allowed test host"
+                    c.sendall(b"HTTP/1.0 200 OK\\r\\nContent-Length: %d\\r\\n\\r\\n" % len(body) + body)
+                except OSError:
+                    pass
             if port == 80:
                 request = c.recv(65536)
                 body = b"hello from the allowed test host"
@@ -120,6 +132,25 @@ HOSTS = textwrap.dedent("""
     print("ready", flush=True)
     threading.Event().wait()
 """)
+
+
+def make_certificates(directory: Path) -> None:
+    """A test CA (`ca.pem`) and a certificate for `allowed.test` signed by it (`host.pem`)."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=directory)
+
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    # Python 3.13's default context checks strictly (VERIFY_X509_STRICT): critical CA
+    # constraints, key usages, an authority key identifier on the leaf.
+    openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=snakebox test CA",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    openssl("req", *curve, "-keyout", "host.key", "-out", "host.csr", "-subj", "/CN=allowed.test")
+    (directory / "san.ext").write_text(
+        "subjectAltName=DNS:allowed.test\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=serverAuth\nauthorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n"
+    )
+    openssl("x509", "-req", "-in", "host.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "host.pem", "-days", "2", "-extfile", "san.ext")
 
 
 def make_wheel(path: Path) -> None:
@@ -174,6 +205,7 @@ def test_hosts(tmp_path_factory: pytest.TempPathFactory):
              "--address=/private.test/10.1.2.3", "--address=/mapped.test/::ffff:127.0.0.1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         make_wheel(logs / "snbtpkg-1.0-py3-none-any.whl")
+        make_certificates(logs)
         hosts = subprocess.Popen([*inside, sys.executable, "-c", HOSTS, str(logs), WEB],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         processes.append(hosts)
@@ -540,3 +572,32 @@ print(json.dumps(out))
                        "imported": "from the local index"}, data
         paths = [e for e in data["network_log"] if e["allowed"]]
         assert all(e["host"] == "allowed.test" for e in paths) and len(paths) >= 3, data["network_log"]
+
+
+
+async def test_https_to_an_allowed_name_verifies_end_to_end(snakebox_bin, data_dir, mode, test_hosts):
+    """TLS passes through the proxy untouched: urllib verifies the test host's certificate
+    (signed by a CA the call hands the run as an input file) through CONNECT."""
+    import json
+
+    ca = (test_hosts / "ca.pem").read_text()
+    script = FETCH + """
+import ssl
+ctx = ssl.create_default_context(cafile="ca.pem")
+out["https"] = urllib.request.urlopen("https://allowed.test/", timeout=20, context=ctx).read().decode()
+try:
+    urllib.request.urlopen("https://other.test/", timeout=20, context=ctx)
+    out["other"] = "reached"
+except Exception as err:
+    out["other"] = "failed: " + type(err).__name__
+print(json.dumps(out))
+"""
+    async with connect(snakebox_bin, data_dir, mode, *server_args("allow:allowed.test")) as client:
+        data, _, _ = await call(client, "execute_python", script=script, files=[{"path": "ca.pem", "content": ca}])
+        assert data["status"] == "ok", (data["stderr"], data["network_log"])
+        out = json.loads(data["stdout"])
+        assert out["https"] == "hello over TLS from the allowed test host", out
+        assert out["other"].startswith("failed"), out
+        log = [(e["host"], e["port"], e["allowed"]) for e in data["network_log"]]
+        assert log == [("allowed.test", 443, True), ("other.test", 443, False)], data["network_log"]
+        assert data["network_log"][0]["bytes_received"] > 0
