@@ -210,7 +210,7 @@ async def test_warm_pool_zero_runs_everything_cold(snakebox_bin, data_dir):
 
 async def test_a_call_with_another_network_setting_runs_cold(snakebox_bin, data_dir):
     interfaces = "import json, socket\nprint(json.dumps(sorted(n for _, n in socket.if_nameindex())))\n"
-    async with connect(snakebox_bin, data_dir, "legacy", "--network", "on") as client:
+    async with connect(snakebox_bin, data_dir, "legacy", "--network", "on", *POOL_ONLY) as client:
         await call(client, "execute_python", script="print('warm')")
         await wait_ready(client, 2)
         before = await pool_state(client)

@@ -171,7 +171,11 @@ async def test_S01_a_one_shot_run_leaving_a_deep_tree_is_cleaned_up(snakebox_bin
 # --- S-03: session network ------------------------------------------------------------------
 
 CONNECT = """
-import socket
+import socket, urllib.request
+try:
+    urllib.request.urlopen('http://127.0.0.1:{port}/', timeout=5)
+except Exception as err:
+    print('proxy' if 'HTTP_PROXY' in __import__('os').environ else 'no proxy', type(err).__name__)
 s = socket.socket()
 s.settimeout(3)
 try:
@@ -204,7 +208,8 @@ async def test_S03_sessions_follow_the_one_shot_network_rules(snakebox_bin, tmp_
             assert not is_error and offline["network"] is False, text
             assert "network: off" in text
             data, text, _ = await cell(client, offline["session_id"], CONNECT.format(port=port))
-            assert data["status"] == "ok" and data["stdout"] == f"refused {errno.ECONNREFUSED}\n", text
+            assert data["status"] == "ok" and data["stdout"] == f"no proxy URLError\nrefused {errno.ECONNREFUSED}\n", text
+            assert data["network_log"] == []
             await call(client, "write_file", session_id=offline["session_id"], path="probe.py",
                        content=CONNECT.format(port=port))
             command, text, _ = await call(client, "run_command", session_id=offline["session_id"],
@@ -216,13 +221,17 @@ async def test_S03_sessions_follow_the_one_shot_network_rules(snakebox_bin, tmp_
             assert is_error and data["status"] == "invalid_request", text
             assert "created without network" in data["error"]["message"], text
 
-            # The default on this server is network, as for one-shot runs: the listener works
-            # (proof that the refusal above was the session's policy).
+            # The default on this server is network, as for one-shot runs: the session's code
+            # has the proxy (proof that the refusal above was the session's policy), and the
+            # proxy never reaches the host's loopback either (issue 13): its own namespace
+            # refuses the direct connection, the proxy the address, and the log says why.
             online, text, is_error = await call(client, "create_session")
             assert not is_error and online["network"] is True, text
             data, text, _ = await cell(client, online["session_id"], CONNECT.format(port=port))
-            assert data["stdout"] == "connected\n", text
-            assert len(listener.connections) == 1
+            assert data["stdout"] == f"proxy HTTPError\nrefused {errno.ECONNREFUSED}\n", text
+            assert [(e["host"], e["allowed"]) for e in data["network_log"]] == [("127.0.0.1", False)], text
+            assert "IP address" in data["network_log"][0]["reason"]
+            assert listener.connections == []
             # A call cannot drop it for one cell either: refused with the reason.
             data, text, is_error = await cell(client, online["session_id"], "print(1)", network=False)
             assert is_error and data["status"] == "invalid_request", text
@@ -237,9 +246,9 @@ async def test_S03_sessions_follow_the_one_shot_network_rules(snakebox_bin, tmp_
             listed, _, _ = await call(client, "list_sessions")
             assert all(s["network"] is False for s in listed["sessions"]), listed
             data, text, _ = await cell(client, online["session_id"], CONNECT.format(port=port))
-            assert data["stdout"] == f"refused {errno.ECONNREFUSED}\n", text
+            assert data["stdout"] == f"no proxy URLError\nrefused {errno.ECONNREFUSED}\n", text
             assert any("does not allow network now" in note for note in data["notes"]), data["notes"]
-            assert len(listener.connections) == 1
+            assert listener.connections == []
             # Asking for more than the server allows is refused, at creation and per call.
             data, text, is_error = await call(client, "create_session", network=True)
             assert is_error and "--network on" in data["error"]["hint"], text

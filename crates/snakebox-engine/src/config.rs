@@ -41,8 +41,11 @@ pub struct EngineConfig {
     pub open_files: Option<u64>,
     /// CPU bandwidth per run in thousandths of a core (`None`: unlimited).
     pub cpu_millicores: Option<u64>,
-    /// Whether runs may use the network.
-    pub network: bool,
+    /// The network policy of runs (`off`, `on`, `allow:` names).
+    pub network: crate::NetworkPolicy,
+    /// How the run proxy checks destinations (ports, raw addresses, exceptions, resolvers,
+    /// caps).
+    pub network_proxy: crate::ProxySettings,
     /// Pre-started sandboxes kept ready per warm environment (`0`: no warm pool). See
     /// the `pool` module.
     pub warm_pool: usize,
@@ -96,7 +99,8 @@ impl EngineConfig {
             file_size_bytes: Some(256 * 1024 * 1024),
             open_files: Some(1024),
             cpu_millicores: Some(1000),
-            network: false,
+            network: crate::NetworkPolicy::Off,
+            network_proxy: crate::ProxySettings::default(),
             warm_pool: 2,
             fork_server: true,
             warm_cache: true,

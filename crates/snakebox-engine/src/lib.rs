@@ -16,6 +16,7 @@ mod files;
 mod history;
 mod ids;
 mod lifecycle;
+mod network;
 mod oneshot;
 mod plan;
 mod pool;
@@ -45,6 +46,7 @@ pub use error::{EngineError, ErrorKind, Hint};
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
 pub use history::{RunKind, RunRecord};
 pub use lifecycle::{ShutdownReport, StopReason};
+pub use network::{NetworkLogEntry, NetworkPolicy, ProxySettings};
 pub use plan::ExecuteRequest;
 pub use pool::PoolReport;
 pub use report::{ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, WarmState};
@@ -96,6 +98,8 @@ pub struct Engine {
     history: Arc<history::History>,
     /// What each tenant holds of the server, against its quotas.
     tenants: tenants::Tenants,
+    /// The run proxy's resolver, made on first use.
+    resolver: network::ResolverCell,
 }
 
 /// How the environment cache runs package code (compilation, builds): with a run's limits.
@@ -183,6 +187,7 @@ impl Engine {
         Engine {
             history: Arc::new(history::History::open(&config.data_dir)),
             tenants: tenants::Tenants::new(config.tenants.clone()),
+            resolver: network::ResolverCell::default(),
             pool: pool::WarmPool::new(config.warm_pool, config.fork_server),
             sessions,
             artifacts,

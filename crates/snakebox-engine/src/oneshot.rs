@@ -23,7 +23,8 @@ struct Plan<'a> {
     timeout: Duration,
     notes: Vec<String>,
     inputs: Vec<crate::files::DecodedFile>,
-    network: bool,
+    /// The names the run may reach (`None`: no network).
+    network: Option<snakebox_sandbox::Names>,
 }
 
 impl Engine {
@@ -108,7 +109,8 @@ impl Engine {
             Ok(slot) => slot,
             Err(error) => return with_plan(ExecutionResult::not_run(execution_id, error)),
         };
-        let network_is_default = plan.network == self.config.network;
+        let network_is_default = plan.network == self.config.network.names();
+        let has_network = plan.network.is_some();
         // The default environment and network setting (the pool learns the default from its
         // first use when cache warming did not build it).
         let is_default = plan.requirements.is_empty()
@@ -118,21 +120,30 @@ impl Engine {
                 .is_ok_and(|default| default.executable == plan.interpreter.executable);
         // Forked from the fork server of this environment when there is one; else a
         // pre-started sandbox of the warm pool when one matches; else a cold start.
-        let (forking, warm) = match self
-            .pool
-            .claim(caller, &environment, plan.network, is_default)
-        {
+        // A call that narrows the server's network policy runs cold: pooled sandboxes and
+        // fork servers are kept for the whole policy.
+        let claim = if has_network && !network_is_default {
+            crate::pool::Claim::Cold
+        } else {
+            self.pool
+                .claim(caller, &environment, has_network, is_default)
+        };
+        let (forking, warm) = match claim {
             crate::pool::Claim::Fork(forking) => (Some(forking), None),
             crate::pool::Claim::Warm(warm) => (None, Some(*warm)),
             crate::pool::Claim::Cold => (None, None),
         };
+        let mut proxy = None;
         let (run_dir, pending) = match warm {
-            Some(warm) => (
-                warm.run_dir
-                    .write_script(&request.script)
-                    .map(|()| warm.run_dir),
-                Some(warm.pending),
-            ),
+            Some(warm) => {
+                proxy = warm.proxy;
+                (
+                    warm.run_dir
+                        .write_script(&request.script)
+                        .map(|()| warm.run_dir),
+                    Some(warm.pending),
+                )
+            }
             None => (
                 match &forking {
                     Some(forking) => RunDir::for_fork(
@@ -165,6 +176,15 @@ impl Engine {
                 ));
             }
         };
+        let network = self.run_network(has_network);
+        if let (crate::run::RunNetwork::Proxy, None, Some(names)) =
+            (network, &proxy, plan.network.clone())
+        {
+            match self.start_run_proxy(&run_dir.input, names) {
+                Ok(started) => proxy = Some(started),
+                Err(error) => return with_plan(ExecutionResult::not_run(execution_id, error)),
+            }
+        }
         let baseline = match crate::files::write(&run_dir.work, &plan.inputs, run_dir.owner()) {
             Ok(()) => crate::artifacts::Baseline::snapshot(&run_dir.work),
             Err(err) => {
@@ -180,7 +200,11 @@ impl Engine {
             let forked = forking
                 .server
                 .run(
-                    &self.fork_run(&run_dir, plan.timeout),
+                    &self.fork_run(
+                        &run_dir,
+                        plan.timeout,
+                        network == crate::run::RunNetwork::Proxy,
+                    ),
                     cancel.clone(),
                     output.clone(),
                 )
@@ -202,7 +226,7 @@ impl Engine {
             }
             (None, None) => {
                 let (policy, command) =
-                    self.sandbox_call(&environment, &run_dir, plan.timeout, plan.network, false);
+                    self.sandbox_call(&environment, &run_dir, plan.timeout, network, false);
                 sandbox.run(&policy, &command, cancel, output).await
             }
         };
@@ -213,6 +237,13 @@ impl Engine {
         let collected = self
             .collect_rich(caller, &execution_id, &run_dir.work, baseline, control)
             .await;
+        // The run is over: its proxy goes (its connections are closed, its socket removed)
+        // and its log is the run's.
+        let network_log = proxy
+            .as_ref()
+            .map(crate::network::log_of)
+            .unwrap_or_default();
+        drop(proxy);
         // The run is over and its files are collected: unmounting and removing the run
         // directory need not hold up the reply.
         tokio::task::spawn_blocking(move || drop(run_dir));
@@ -234,6 +265,7 @@ impl Engine {
             })
             .collect();
         result.environment_reused = environment.reused;
+        result.network_log = network_log;
         result.error = error;
         let mut result = with_plan(result);
         collected.apply(&mut result);
@@ -243,7 +275,7 @@ impl Engine {
     /// Check the request and decide interpreter, requirements, timeout and network.
     fn plan(&self, request: &ExecuteRequest) -> Result<Plan<'_>, EngineError> {
         let checked = self.check_request(request)?;
-        let network = self.network_for(request.network, "call")?;
+        let network = self.network_for(request.network, &request.allowed_domains, "call")?;
         let interpreter = self.pick_interpreter(
             request.python_version.as_deref(),
             checked.requires_python.as_ref(),

@@ -30,6 +30,9 @@ pub struct ExecuteRequest {
     /// Ask for (`true`) or decline (`false`) network access; `None` follows the server. Asking
     /// for it on a server that does not allow network is refused with an explanation.
     pub network: Option<bool>,
+    /// Narrow the server's network policy to these names (`name` or `*.suffix`), each of
+    /// which the server's policy must allow; empty: the server's whole policy.
+    pub allowed_domains: Vec<String>,
 }
 
 /// A request that passed the checks every execution makes.
@@ -82,20 +85,6 @@ impl Engine {
             notes,
             inputs,
         })
-    }
-
-    /// The network of a one-shot run (or a new session): the server's policy, unless the
-    /// call declines it; asking for more than the server allows is refused with the reason.
-    pub(crate) fn network_for(&self, asked: Option<bool>, what: &str) -> Result<bool, EngineError> {
-        if asked == Some(true) && !self.config.network {
-            return Err(EngineError::invalid(
-                format!(
-                    "This {what} asked for network access, but this server does not allow network for runs"
-                ),
-                "run without network (omit `network`; runs then have none), or ask the operator to start snakebox with `--network on`",
-            ));
-        }
-        Ok(self.config.network && asked != Some(false))
     }
 
     pub(crate) fn effective_timeout(

@@ -16,7 +16,7 @@
 //! each of the [`RECENT_ENVIRONMENTS`] most recently used other (environment, network) pairs.
 //! A call nothing in the pool matches runs cold, as before.
 //!
-//! **Fork servers.** Runs of an environment kept warm without network are forked instead
+//! **Fork servers.** Runs of an environment kept warm are forked instead
 //! (when `fork_server` is on and the sandbox can have one: native, root, cgroups): one
 //! interpreter of that environment with the runner imported waits in a sandbox of its own,
 //! and each run is a child of it in a fresh sandbox of its own — new namespaces, its own host
@@ -100,6 +100,9 @@ pub(crate) struct Warm {
     root: Option<(u64, u64)>,
     pub(crate) run_dir: RunDir,
     pub(crate) pending: PendingRun,
+    /// The proxy of a sandbox kept with network (the server's whole policy): its log is the
+    /// log of the one run this sandbox serves.
+    pub(crate) proxy: Option<snakebox_sandbox::RunProxy>,
 }
 
 /// A fork server of one environment kept warm.
@@ -130,7 +133,7 @@ struct Discarded {
 
 #[derive(Default)]
 struct Inner {
-    /// Running fork servers, one per environment kept warm (without network).
+    /// Running fork servers, one per (environment, network setting) kept warm.
     forks: Vec<Arc<Forking>>,
     /// Why the last fork server start failed, and when.
     fork_error: Option<(String, std::time::Instant)>,
@@ -176,7 +179,7 @@ pub struct PoolReport {
     pub cold_starts: u64,
     /// The last failure to start a pooled sandbox, if any.
     pub last_error: Option<String>,
-    /// Fork servers running now, one per environment kept warm without network
+    /// Fork servers running now, one per (environment, network setting) kept warm
     /// (`--fork-server`); 0 when it is off, none started yet, or unavailable here.
     pub fork_servers: usize,
     /// Runs forked since start.
@@ -364,7 +367,7 @@ impl WarmPool {
             .default
             .iter()
             .chain(inner.recent.iter())
-            .find(|target| !target.key.network && !Self::forks(&inner, &target.key))
+            .find(|target| !Self::forks(&inner, &target.key))
             .cloned()
     }
 
@@ -424,7 +427,11 @@ impl Engine {
             match self.default_environment().await {
                 Ok(environment) => {
                     pool.lock().default = Some(Target {
-                        key: Key::of(&environment, self.config.network, &crate::Caller::local()),
+                        key: Key::of(
+                            &environment,
+                            self.config.network.allows_network(),
+                            &crate::Caller::local(),
+                        ),
                         environment,
                     });
                 }
@@ -563,11 +570,21 @@ impl Engine {
             self.config.scratch_bytes,
         )
         .map_err(|err| format!("could not prepare a run directory: {err}"))?;
+        // A sandbox kept with network gets its proxy now, with the server's whole policy
+        // (a call that narrows it runs cold).
+        let network = self.run_network(target.key.network);
+        let proxy = match (network, self.config.network.names()) {
+            (crate::run::RunNetwork::Proxy, Some(names)) => Some(
+                self.start_run_proxy(&run_dir.input, names)
+                    .map_err(|err| err.message)?,
+            ),
+            _ => None,
+        };
         let (policy, command) = self.sandbox_call(
             &target.environment,
             &run_dir,
             self.config.max_timeout,
-            target.key.network,
+            network,
             true,
         );
         let root = dir_id(&target.environment.root);
@@ -579,6 +596,7 @@ impl Engine {
             root,
             run_dir,
             pending,
+            proxy,
         })
     }
 }

@@ -99,6 +99,10 @@ pub struct EnvironmentReport {
     pub sandbox_hint: Option<String>,
     /// Whether runs may use the network.
     pub network: bool,
+    /// The network policy of runs: `off`, `on` or `allow:NAME,...`.
+    pub network_policy: String,
+    /// How the network policy is enforced here (namespace, proxy, checks, caps).
+    pub network_enforcement: String,
     /// uv path and version, or why it is missing.
     pub uv: String,
     /// How to fix a missing uv.
@@ -160,13 +164,7 @@ impl Engine {
                 "cpu_bandwidth" => config
                     .cpu_millicores
                     .map_or_else(unlimited, |m| format!("{}.{:03} cores", m / 1000, m % 1000)),
-                "network" => {
-                    if config.network {
-                        "on".into()
-                    } else {
-                        "off".into()
-                    }
-                }
+                "network" => config.network.describe(),
                 _ => String::new(),
             }
         };
@@ -227,7 +225,9 @@ impl Engine {
             isolation_active,
             sandbox_details,
             sandbox_hint,
-            network: config.network,
+            network: config.network.allows_network(),
+            network_policy: config.network.describe(),
+            network_enforcement: self.network_enforcement(),
             uv,
             uv_hint,
             default_python: config

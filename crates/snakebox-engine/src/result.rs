@@ -125,6 +125,10 @@ pub struct ExecutionResult {
     pub artifacts: Vec<Artifact>,
     /// Files of the working directory that were not kept, with the reason.
     pub skipped_files: Vec<SkippedFile>,
+    /// Every connection the run asked the network proxy for, allowed or refused, with the
+    /// reason and the bytes moved: tells a policy block from a network error. Empty when the
+    /// run had no network or made no connection.
+    pub network_log: Vec<crate::NetworkLogEntry>,
     /// Images also returned inline as `image` content (bounded in size and number).
     #[serde(skip)]
     pub inline_images: Vec<InlineImage>,
@@ -265,6 +269,7 @@ impl ExecutionResult {
             exception: None,
             artifacts: Vec::new(),
             skipped_files: Vec::new(),
+            network_log: Vec::new(),
             inline_images: Vec::new(),
             session_id: None,
             fresh_interpreter: false,
@@ -319,6 +324,27 @@ impl ExecutionResult {
                 "skipped file: {} ({})\n",
                 skipped.name, skipped.reason
             ));
+        }
+        if !self.network_log.is_empty() {
+            out.push_str("--- network ---\n");
+            for entry in &self.network_log {
+                if entry.allowed {
+                    out.push_str(&format!(
+                        "allowed {}:{} ({} bytes sent, {} received)\n",
+                        entry.host, entry.port, entry.bytes_sent, entry.bytes_received
+                    ));
+                } else if entry.reason.starts_with("network error") {
+                    out.push_str(&format!(
+                        "failed {}:{}: {}\n",
+                        entry.host, entry.port, entry.reason
+                    ));
+                } else {
+                    out.push_str(&format!(
+                        "blocked by policy {}:{}: {}\n",
+                        entry.host, entry.port, entry.reason
+                    ));
+                }
+            }
         }
         if let Some(code) = self.exit_code {
             out.push_str(&format!("--- exit_code: {code} ---\n"));

@@ -474,6 +474,154 @@ def _wait_for_request():
     return request == b"go\n"
 
 
+BRIDGE_PORT = 3128
+_BRIDGE_BUFFER = 1 << 20
+
+
+def start_bridge(socket_path, port=BRIDGE_PORT):
+    """Network policy `on` or `allow:`: the run's one way out.
+
+    The run keeps its own network namespace (loopback only). This listens on
+    127.0.0.1:`port` and forwards each connection, byte for byte, to the server's proxy at
+    `socket_path` (a Unix socket in the run's input directory), which decides and logs every
+    destination. It runs before any user code, in a child process that holds nothing but
+    its two sockets, and ends when this process ends (its lifeline pipe closes). The proxy
+    variables (HTTP_PROXY, HTTPS_PROXY, ALL_PROXY) point here.
+    """
+    import socket
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen(128)
+    lifeline_r, lifeline_w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(lifeline_r)
+        listener.close()
+        _keep.append(lifeline_w)
+        url = "http://127.0.0.1:%d" % port
+        for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+            os.environ[name] = url
+            os.environ[name.lower()] = url
+        os.environ["NO_PROXY"] = os.environ["no_proxy"] = ""
+        return
+    code = 0
+    try:
+        null = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(null, fd)
+        keep = {0, 1, 2, listener.fileno(), lifeline_r}
+        try:
+            open_fds = [int(name) for name in os.listdir("/proc/self/fd")]
+        except OSError:
+            open_fds = list(range(3, 1024))
+        for fd in open_fds:
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        _bridge_serve(listener, socket_path, lifeline_r)
+    except BaseException:  # noqa: BLE001 - the bridge ends; the run sees connections refused
+        code = 1
+    os._exit(code)
+
+
+class _Side:
+    __slots__ = ("sock", "peer", "out", "eof", "events")
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.peer = None
+        self.out = bytearray()
+        self.eof = False
+        self.events = 0
+
+
+def _bridge_serve(listener, socket_path, lifeline):
+    import selectors
+    import socket
+
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(lifeline, selectors.EVENT_READ, "lifeline")
+
+    def close(side):
+        for one in (side, side.peer):
+            if one.events:
+                selector.unregister(one.sock)
+                one.events = 0
+            one.sock.close()
+
+    def update(side):
+        events = 0
+        if not side.eof and len(side.peer.out) < _BRIDGE_BUFFER:
+            events |= selectors.EVENT_READ
+        if side.out:
+            events |= selectors.EVENT_WRITE
+        if events == side.events:
+            return
+        if side.events and events:
+            selector.modify(side.sock, events, side)
+        elif events:
+            selector.register(side.sock, events, side)
+        else:
+            selector.unregister(side.sock)
+        side.events = events
+
+    while True:
+        for key, mask in selector.select():
+            if key.data == "lifeline":
+                return
+            if key.data == "accept":
+                try:
+                    client, _ = listener.accept()
+                except OSError:
+                    continue
+                upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    upstream.connect(socket_path)
+                except OSError:
+                    client.close()
+                    upstream.close()
+                    continue
+                client.setblocking(False)
+                upstream.setblocking(False)
+                a, b = _Side(client), _Side(upstream)
+                a.peer, b.peer = b, a
+                update(a)
+                update(b)
+                continue
+            side = key.data
+            if side.events == 0:
+                continue
+            try:
+                if mask & selectors.EVENT_READ and not side.eof:
+                    data = side.sock.recv(65536)
+                    if data:
+                        side.peer.out += data
+                    else:
+                        side.eof = True
+                        if not side.peer.out:
+                            side.peer.sock.shutdown(socket.SHUT_WR)
+                if mask & selectors.EVENT_WRITE and side.out:
+                    sent = side.sock.send(side.out)
+                    del side.out[:sent]
+                    if not side.out and side.peer.eof:
+                        side.sock.shutdown(socket.SHUT_WR)
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                close(side)
+                continue
+            if side.eof and side.peer.eof and not side.out and not side.peer.out:
+                close(side)
+                continue
+            update(side)
+            update(side.peer)
+
+
 END_REPORT_TAG = b"\x1esnakebox-end "
 # Signals a reaper ignores: code in the run that signals its whole process group must not end
 # the reaper before it reported (SIGKILL cannot be ignored; then no report comes, and a status
@@ -550,7 +698,11 @@ def main():
     except OSError:
         private = None
 
-    if sys.argv[3:] == ["--wait"] and not _wait_for_request():
+    options = sys.argv[3:]
+    if "--proxy" in options:
+        # Before any user code: the run's way out (see `start_bridge`).
+        start_bridge(options[options.index("--proxy") + 1])
+    if "--wait" in options and not _wait_for_request():
         return 0
 
     with open(script_path, "rb") as handle:

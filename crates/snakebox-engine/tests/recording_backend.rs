@@ -118,6 +118,7 @@ fn request(script: &str) -> ExecuteRequest {
         python_version: None,
         files: vec![],
         network: None,
+        allowed_domains: vec![],
     }
 }
 
@@ -261,6 +262,7 @@ async fn one_caller_never_sees_anothers_sessions_or_artifacts() {
                 dependencies: vec![],
                 name: Some("a's".into()),
                 network: None,
+                allowed_domains: vec![],
             },
         )
         .await
@@ -321,6 +323,7 @@ async fn concurrent_creates_never_exceed_max_sessions() {
                             dependencies: vec![],
                             name: Some(format!("s{i}")),
                             network: None,
+                            allowed_domains: vec![],
                         },
                     )
                     .await
@@ -364,6 +367,7 @@ async fn a_start_removes_session_files_that_were_never_recorded() {
                     dependencies: vec![],
                     name: None,
                     network: None,
+                    allowed_domains: vec![],
                 },
             )
             .await

@@ -139,7 +139,8 @@ impl EgressRules {
     }
 }
 
-/// One decision of the proxy (for logs and, later, a run's `network_log`).
+/// One decision of the installer's egress proxy (for logs; runs have their own proxy and log:
+/// [`crate::RunProxy`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct EgressDecision {
     /// Host as asked.

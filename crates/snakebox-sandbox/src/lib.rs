@@ -21,6 +21,7 @@ mod error;
 mod host;
 mod live;
 mod native;
+mod netproxy;
 mod none;
 mod pending;
 mod scratch;
@@ -43,6 +44,10 @@ pub use crate::error::{CgroupError, NamespaceError, SandboxError, SeccompError, 
 pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
 pub use crate::native::forkserver::{
     ForkRun, ForkServer, ForkServerSpec, mount_runs_root, unmount_runs_root,
+};
+pub use crate::netproxy::{
+    Hello, Names, NetCaps, NetDecision, NetResolver, NetRules, RunProxy, SOCKET_NAME,
+    check_parsers, client_hello_sni, name_matches, run_proxy_env,
 };
 pub use crate::pending::PendingRun;
 pub use crate::scratch::{ScratchDir, release_stale_scratch};

@@ -37,10 +37,16 @@ pub(crate) struct CreateSessionParams {
     /// A short label to recognise the session by, e.g. `"sales-analysis"`.
     pub name: Option<String>,
     /// Network for the session's whole life, as for `execute_python`: `true` asks for it
-    /// (refused unless the server runs with `--network on`), `false` declines it. Default: the
+    /// (refused unless the server allows network), `false` declines it. Default: the
     /// server's policy (off unless the operator turned it on). The result's `network` says what
     /// is in effect; a call cannot change it later.
     pub network: Option<bool>,
+    /// Narrow the server's network policy for the session's whole life to these host names
+    /// (`api.example.com`, or `*.example.com`), each allowed by the server's policy (see
+    /// `check_environment`); asking for more is refused with the reason. Its code reaches the
+    /// network through the server's proxy; each call's `network_log` lists every connection.
+    #[serde(default)]
+    pub allowed_domains: Vec<String>,
 }
 
 /// Arguments naming one session.
@@ -170,7 +176,7 @@ fn session_text(info: &SessionInfo) -> String {
         .map(|p| format!("{}=={}", p.name, p.version))
         .collect();
     format!(
-        "session_id: {}{}\npython: {}\npackages: {}\ninterpreter running: {}\nnetwork: {}\n",
+        "session_id: {}{}\npython: {}\npackages: {}\ninterpreter running: {}\nnetwork: {}{}\n",
         info.session_id,
         info.name
             .as_ref()
@@ -183,7 +189,12 @@ fn session_text(info: &SessionInfo) -> String {
             packages.join(", ")
         },
         info.interpreter_running,
-        if info.network { "on" } else { "off" }
+        if info.network { "on" } else { "off" },
+        if info.network && !info.allowed_domains.is_empty() {
+            format!(" (only {})", info.allowed_domains.join(", "))
+        } else {
+            String::new()
+        }
     )
 }
 
@@ -247,6 +258,7 @@ Example: {\"name\": \"sales-analysis\", \"dependencies\": [\"pandas>=2.2\"], \"p
                     dependencies: params.dependencies,
                     name: params.name,
                     network: params.network,
+                    allowed_domains: params.allowed_domains,
                 },
             )
             .await;

@@ -66,12 +66,21 @@ pub(crate) struct ExecuteParams {
     /// and cannot be forged; other sessions and calls are never affected. `reset_session` (or
     /// any restart of the interpreter) removes such tampering.
     pub session_id: Option<String>,
-    /// Set `true` to ask for network access (refused unless the server runs with
-    /// `--network on`; see `check_environment`), `false` to run offline on a server that allows
+    /// Set `true` to ask for network access (refused unless the server allows network; see
+    /// `network_policy` in `check_environment`), `false` to run offline on a server that allows
     /// network. Default: the server's policy (off unless the operator turned it on). With
     /// `session_id`, the session's network was fixed at its creation: asking for anything else
     /// is refused with the reason.
     pub network: Option<bool>,
+    /// Narrow the server's network policy for this run to these host names (`api.example.com`,
+    /// or `*.example.com` for any name below it), e.g. `["api.example.com", "files.example.org"]`.
+    /// Each must be allowed by the server's policy (see `check_environment`); asking for more
+    /// is refused with the reason. Runs reach the network through a proxy (HTTP_PROXY and
+    /// ALL_PROXY are set; urllib, requests, httpx and pip use it): host names only, public
+    /// addresses only, ports 80 and 443 by default. Every connection, allowed or refused, is
+    /// listed in the result's `network_log` with the reason.
+    #[serde(default)]
+    pub allowed_domains: Vec<String>,
 }
 
 /// One input file of `execute_python`.
@@ -193,7 +202,10 @@ impl SnakeboxServer {
 Each call starts clean: no files or variables survive between calls. Packages come from \
 `dependencies` (PEP 508, pin versions: [\"requests>=2.31\"]) or from a PEP 723 block at the top \
 of the script; they are installed once and cached, so repeated calls are fast. The network is \
-off unless the server allows it.\n\n\
+off unless the server allows it; when it does, the code reaches it through a proxy (HTTP_PROXY is \
+set: urllib, requests, httpx and pip work unchanged), host names only, and `network_log` in the \
+result lists every connection, allowed or blocked, with the reason; `allowed_domains` narrows it \
+(e.g. [\"api.example.com\"]).\n\n\
 To keep variables, files and packages between calls, create a session (`create_session`) and \
 pass its `session_id`: the code then runs in that session's live interpreter, like a notebook \
 cell (the session's workspace is the working directory).\n\n\
@@ -253,6 +265,7 @@ progress token; cancelling the request kills the run at once. Limits: timeout_se
                 })
                 .collect(),
             network: params.network,
+            allowed_domains: params.allowed_domains,
         };
         let caller = self.caller(&context)?;
         let (sender, forwarder) = progress(&context);

@@ -133,16 +133,6 @@ pub enum BackendArg {
     None,
 }
 
-/// Network policy for runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum NetworkArg {
-    /// Runs get their own empty network namespace (default).
-    Off,
-    /// Runs share the host network.
-    On,
-}
-
 /// A feature switch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -229,9 +219,26 @@ pub struct SandboxArgs {
 /// What runs may reach (`[network]`).
 #[derive(Debug, Clone, Default, Args)]
 pub struct NetworkArgs {
-    /// Network for runs [default: off].
-    #[arg(long, env = "SNAKEBOX_NETWORK", value_enum)]
-    pub network: Option<NetworkArg>,
+    /// Network for runs: `off` (own namespace, loopback only), `on` (any public host name,
+    /// through the run proxy) or `allow:NAME[,NAME...]` (only these names; `*.example.com`
+    /// for any name below it) [default: off].
+    #[arg(long, env = "SNAKEBOX_NETWORK", value_name = "POLICY")]
+    pub network: Option<String>,
+    /// Name servers the run proxy asks, comma-separated `IP` or `IP:PORT`
+    /// [default: the host's resolv.conf].
+    #[arg(long, env = "SNAKEBOX_NETWORK_RESOLVERS", value_name = "ADDRESSES")]
+    pub network_resolvers: Option<String>,
+    /// Ports runs may reach through the proxy, comma-separated [default: 80,443].
+    #[arg(long, env = "SNAKEBOX_NETWORK_PORTS", value_name = "PORTS")]
+    pub network_ports: Option<String>,
+    /// Let runs name destinations by IP address (their address is still checked: loopback,
+    /// private and metadata addresses stay refused) [default: names only].
+    #[arg(long, env = "SNAKEBOX_NETWORK_ALLOW_IP_LITERALS")]
+    pub network_allow_ip_literals: bool,
+    /// Address ranges runs may reach although they are not public, comma-separated CIDR
+    /// (e.g. an internal package mirror at `10.20.0.0/16`) [default: none].
+    #[arg(long, env = "SNAKEBOX_NETWORK_EXCEPTIONS", value_name = "CIDRS")]
+    pub network_exceptions: Option<String>,
 }
 
 /// What one run may use (`[limits]`).

@@ -41,9 +41,8 @@ use snakebox_engine::EngineConfig;
 use snakebox_sandbox::BackendKind;
 
 use crate::cli::{
-    ArtifactsArgs, BackendArg, CacheArgs, EngineArgs, HttpArgs, LimitsArgs, NetworkArg,
-    NetworkArgs, PoolArgs, PythonArgs, SandboxArgs, ServeArgs, ServerArgs, SessionsArgs, Switch,
-    TenantsArgs,
+    ArtifactsArgs, BackendArg, CacheArgs, EngineArgs, HttpArgs, LimitsArgs, NetworkArgs, PoolArgs,
+    PythonArgs, SandboxArgs, ServeArgs, ServerArgs, SessionsArgs, Switch, TenantsArgs,
 };
 
 /// Largest `--warm-pool`: every pooled sandbox is a waiting interpreter.
@@ -65,6 +64,10 @@ const FLAT_KEYS: &[FlatKey] = &[
     ("sandbox_backend", "sandbox", "backend"),
     ("bwrap_path", "sandbox", "bwrap_path"),
     ("network", "network", "mode"),
+    ("network_resolvers", "network", "resolvers"),
+    ("network_ports", "network", "ports"),
+    ("network_allow_ip_literals", "network", "allow_ip_literals"),
+    ("network_exceptions", "network", "exceptions"),
     ("default_timeout", "limits", "default_timeout"),
     ("max_timeout", "limits", "max_timeout"),
     ("max_output_bytes", "limits", "max_output_bytes"),
@@ -186,7 +189,11 @@ struct SandboxFile {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct NetworkFile {
-    mode: Option<NetworkArg>,
+    mode: Option<String>,
+    resolvers: Option<String>,
+    ports: Option<String>,
+    allow_ip_literals: Option<bool>,
+    exceptions: Option<String>,
 }
 
 /// `[limits]`: per run.
@@ -360,7 +367,7 @@ fn resolve_with(args: &EngineArgs, mut file: FileSettings) -> anyhow::Result<Set
     resolve_server(&args.server, file.server, &mut config)?;
     resolve_python(&args.python, file.python, &mut config);
     resolve_sandbox(&args.sandbox, file.sandbox, &mut config);
-    resolve_network(&args.network, &file.network, &mut config);
+    resolve_network(&args.network, &file.network, &mut config)?;
     resolve_limits(&args.limits, file.limits, &mut config)?;
     resolve_pool(&args.pool, &file.pool, &mut config)?;
     resolve_cache(&args.cache, file.cache, &mut config)?;
@@ -429,8 +436,74 @@ fn resolve_sandbox(args: &SandboxArgs, file: SandboxFile, config: &mut EngineCon
     config.bwrap_path = args.bwrap_path.clone().or(file.bwrap_path);
 }
 
-fn resolve_network(args: &NetworkArgs, file: &NetworkFile, config: &mut EngineConfig) {
-    config.network = args.network.or(file.mode) == Some(NetworkArg::On);
+fn resolve_network(
+    args: &NetworkArgs,
+    file: &NetworkFile,
+    config: &mut EngineConfig,
+) -> anyhow::Result<()> {
+    if let Some(mode) = args.network.as_ref().or(file.mode.as_ref()) {
+        config.network = snakebox_engine::NetworkPolicy::parse(mode).map_err(|reason| {
+            anyhow::anyhow!(
+                "--network: {reason}\nhint: for example `--network allow:api.example.com,files.example.org`"
+            )
+        })?;
+    }
+    if let Some(list) = args.network_resolvers.as_ref().or(file.resolvers.as_ref()) {
+        config.network_proxy.resolvers = list
+            .split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .map(|item| {
+                item.parse::<std::net::SocketAddr>()
+                    .or_else(|_| {
+                        item.parse::<std::net::IpAddr>()
+                            .map(|ip| std::net::SocketAddr::new(ip, 53))
+                    })
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "--network-resolvers: `{item}` is not an IP address or IP:PORT\nhint: for example `--network-resolvers 192.0.2.53,192.0.2.54:5353`"
+                        )
+                    })
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
+    if let Some(list) = args.network_ports.as_ref().or(file.ports.as_ref()) {
+        config.network_proxy.ports = list
+            .split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .map(|item| {
+                item.parse::<u16>().ok().filter(|port| *port > 0).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "--network-ports: `{item}` is not a port number\nhint: for example `--network-ports 80,443,8443`"
+                    )
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
+    config.network_proxy.allow_ip_literals =
+        args.network_allow_ip_literals || file.allow_ip_literals.unwrap_or(false);
+    if let Some(list) = args
+        .network_exceptions
+        .as_ref()
+        .or(file.exceptions.as_ref())
+    {
+        config.network_proxy.exceptions = list
+            .split(',')
+            .map(str::trim)
+            .filter(|item| !item.is_empty())
+            .map(|item| {
+                item.parse::<ipnet::IpNet>()
+                    .or_else(|_| item.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "--network-exceptions: `{item}` is not an address range\nhint: write CIDR ranges such as `10.20.0.0/16,fd00:1::/64`"
+                        )
+                    })
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
+    Ok(())
 }
 
 fn resolve_limits(
@@ -919,7 +992,8 @@ mod tests {
         cores_may_be_whole: "[limits]\ncpu_cores = 2\n" => |config| config.cpu_millicores == Some(2000),
         sizes_and_counts_may_be_unlimited: "[limits]\nmemory = \"unlimited\"\ncpu_seconds = \"unlimited\"\n" => |config| config.memory_bytes.is_none() && config.cpu_time.is_none(),
         cores_may_be_unlimited: "[limits]\ncpu_cores = \"unlimited\"\n" => |config| config.cpu_millicores.is_none(),
-        network_section: "[network]\nmode = \"on\"\n" => |config| config.network,
+        network_section: "[network]\nmode = \"on\"\n" => |config| config.network == snakebox_engine::NetworkPolicy::On,
+        network_allowlist: "[network]\nmode = \"allow:api.example.com,*.example.com\"\nresolvers = \"198.51.100.2\"\nports = \"443\"\n" => |config| config.network == snakebox_engine::NetworkPolicy::Allow(vec!["api.example.com".into(), "*.example.com".into()]) && config.network_proxy.resolvers == vec!["198.51.100.2:53".parse().unwrap()] && config.network_proxy.ports == vec![443],
         tenants_section: "[tenants]\nmax_concurrent_runs = 2\nruns_per_minute = 60\nmax_sessions = 3\n" => |config| config.tenants.max_concurrent_runs == Some(2)
             && config.tenants.runs_per_minute == Some(60)
             && config.tenants.max_sessions == Some(3),
@@ -981,6 +1055,10 @@ mod tests {
         ("sandbox_backend", "\"none\""),
         ("bwrap_path", "\"/opt/bwrap\""),
         ("network", "\"on\""),
+        ("network_resolvers", "\"198.51.100.2\""),
+        ("network_ports", "\"443,8443\""),
+        ("network_allow_ip_literals", "true"),
+        ("network_exceptions", "\"10.20.0.0/16\""),
         ("default_timeout", "7"),
         ("max_timeout", "70"),
         ("max_output_bytes", "4096"),
@@ -1084,6 +1162,10 @@ mod tests {
             "--bwrap-path=/opt/bwrap",
             "--data-dir=/srv/snakebox",
             "--network=on",
+            "--network-resolvers=198.51.100.2",
+            "--network-ports=443",
+            "--network-allow-ip-literals",
+            "--network-exceptions=10.20.0.0/16",
             "--allow-sdist-builds",
             "--install-timeout=90",
             "--memory-limit=2GiB",
@@ -1123,7 +1205,7 @@ mod tests {
             assert_eq!(args.limits.memory_limit.as_deref(), Some("2GiB"));
             assert_eq!(args.sessions.max_sessions, Some(4));
             assert!(args.cache.no_warm_cache && args.cache.allow_sdist_builds);
-            assert_eq!(args.network.network, Some(NetworkArg::On));
+            assert_eq!(args.network.network.as_deref(), Some("on"));
             assert_eq!(args.artifacts.artifact_max_size.as_deref(), Some("10MiB"));
         }
     }
@@ -1190,7 +1272,7 @@ mod tests {
         assert_eq!(config.max_timeout, Duration::from_secs(120));
         assert_eq!(config.default_timeout, Duration::from_secs(20));
         assert_eq!(config.memory_bytes, Some(256 << 20));
-        assert!(config.network);
+        assert_eq!(config.network, snakebox_engine::NetworkPolicy::On);
         assert!(!config.fork_server);
         assert!(config.allow_sdist_builds);
         assert_eq!(config.install_timeout, Duration::from_secs(90));

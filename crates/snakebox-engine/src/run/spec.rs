@@ -19,7 +19,39 @@ pub(crate) const SANDBOX_WORK_DIR: &str = "/work";
 /// File name of the script in the input directory.
 pub(crate) const SCRIPT_NAME: &str = "script.py";
 
+/// How a run reaches the network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RunNetwork {
+    /// Not at all: its own network namespace, loopback only.
+    Off,
+    /// Through its proxy: its own network namespace, and the runner bridges
+    /// `127.0.0.1:3128` to the proxy's socket in the input directory before any user code.
+    Proxy,
+    /// The host's network (the `none` backend, which isolates nothing).
+    Host,
+}
+
+/// The runner's option that starts the bridge to the proxy socket (see `runner.py`).
+pub(crate) fn proxy_args() -> [String; 2] {
+    [
+        "--proxy".to_owned(),
+        PathBuf::from(SANDBOX_INPUT_DIR)
+            .join(snakebox_sandbox::SOCKET_NAME)
+            .to_string_lossy()
+            .into_owned(),
+    ]
+}
+
 impl Engine {
+    /// How a run with (`true`) or without network reaches it on this server.
+    pub(crate) fn run_network(&self, network: bool) -> crate::run::RunNetwork {
+        match (network, self.network_proxied()) {
+            (false, _) => RunNetwork::Off,
+            (true, true) => RunNetwork::Proxy,
+            (true, false) => RunNetwork::Host,
+        }
+    }
+
     /// The sandbox policy and command of one run. Paths differ by backend: the native sandbox
     /// sees fixed paths (`/snakebox/script.py`, `/work`); `none` runs on the host's paths.
     /// `pooled`: the runner waits for the warm pool's request before it reads the script.
@@ -28,7 +60,7 @@ impl Engine {
         environment: &Environment,
         run_dir: &RunDir,
         timeout: Duration,
-        network: bool,
+        network: RunNetwork,
         pooled: bool,
     ) -> (Policy, SandboxCommand) {
         let script = self
@@ -41,7 +73,7 @@ impl Engine {
         let env = run_environment(&environment.root, &work, &tmp);
         let policy = Policy {
             mounts,
-            network,
+            network: network == RunNetwork::Host,
             env,
             cwd: work,
             limits: self.limits(timeout),
@@ -50,6 +82,9 @@ impl Engine {
         // The runner executes the script and reports on the control channel (fd 3).
         let mut args: Vec<std::ffi::OsString> = vec!["-s".into()];
         args.extend(runner_argv(&script).into_iter().map(Into::into));
+        if network == RunNetwork::Proxy {
+            args.extend(proxy_args().into_iter().map(Into::into));
+        }
         if pooled {
             args.push("--wait".into());
         }
@@ -83,11 +118,16 @@ impl Engine {
     }
 
     /// One run for the fork server: the same mounts, argv and limits as a native cold run.
-    pub(crate) fn fork_run(&self, run_dir: &RunDir, timeout: Duration) -> ForkRun {
+    /// `proxied`: the run reaches the network through its proxy (see [`RunNetwork::Proxy`]).
+    pub(crate) fn fork_run(&self, run_dir: &RunDir, timeout: Duration, proxied: bool) -> ForkRun {
+        let mut argv = runner_argv(&PathBuf::from(SANDBOX_INPUT_DIR).join(SCRIPT_NAME));
+        if proxied {
+            argv.extend(proxy_args());
+        }
         ForkRun {
             mounts: run_mounts(run_dir),
             limits: self.limits(timeout),
-            argv: runner_argv(&PathBuf::from(SANDBOX_INPUT_DIR).join(SCRIPT_NAME)),
+            argv,
             cwd: PathBuf::from(SANDBOX_WORK_DIR),
         }
     }

@@ -92,6 +92,14 @@ impl Engine {
         if let Err(error) = self.session_network_check(&row, request.network, &mut notes) {
             return fail(error);
         }
+        if !request.allowed_domains.is_empty() {
+            return fail(EngineError::invalid(
+                format!(
+                    "allowed_domains cannot be used with a session: session {session_id}'s network policy was fixed when it was created"
+                ),
+                "drop allowed_domains here, or run the code as a one-shot call (without session_id) to narrow the network",
+            ));
+        }
         if let Some(asked) = &request.python_version
             && !row.python_version.starts_with(asked.trim())
         {
@@ -181,6 +189,9 @@ impl Engine {
                 }
             }
             manager.make_room(&row.id).await;
+            if let Err(error) = self.ensure_session_proxy(manager, &row, &mut state.proxy) {
+                return fail(error);
+            }
             match self.start_interpreter(manager, &row, &interpreter) {
                 Ok(live) => {
                     state.interpreter = Some(live);
@@ -232,6 +243,17 @@ impl Engine {
             )
             .await;
         watcher.abort();
+        let network_log = state
+            .proxy
+            .as_ref()
+            .map(|proxy| {
+                proxy
+                    .take_log()
+                    .into_iter()
+                    .map(crate::NetworkLogEntry::from)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
         state.cells = cell;
         state.cells_in_interpreter += 1;
         let _ = manager.store.touch(&row.id, now_secs(), true);
@@ -252,6 +274,7 @@ impl Engine {
         result.timeout_seconds = timeout.as_secs();
         result.setup_ms = setup_ms;
         result.notes = notes;
+        result.network_log = network_log;
         let exchange = match exchange {
             Ok(exchange) => exchange,
             Err(err) => {
@@ -352,7 +375,8 @@ impl Engine {
     /// The policy of a session's sandboxes (interpreter and commands) over its workspace.
     /// A call's `network` against the session's, with the one-shot rules: asking for more than
     /// the server allows is refused with the reason; a session's network is fixed at creation
-    /// (its interpreter lives in one network namespace), so a call cannot change it either way.
+    /// (its interpreter lives in one network namespace), so a call cannot change it either way:
+    /// asking is the request's fault (`invalid`, status `invalid_request`) with a hint.
     pub(super) fn session_network_check(
         &self,
         row: &SessionRow,
@@ -361,18 +385,18 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let has = self.session_network(row);
         match asked {
-            Some(true) if !self.config.network => Err(EngineError {
+            Some(true) if !self.config.network.allows_network() => Err(EngineError {
                 kind: ErrorKind::Invalid,
                 message: "This call asked for network access, but this server does not allow network for runs".into(),
                 hint: Some("run without network (omit `network`), or ask the operator to start snakebox with `--network on`".into()),
             }),
             Some(true) if !has => Err(EngineError {
-                kind: ErrorKind::Conflict,
+                kind: ErrorKind::Invalid,
                 message: format!("This call asked for network access, but session {} was created without network", row.id),
                 hint: Some("a session's network is fixed when it is created: create a new session with `network: true`".into()),
             }),
             Some(false) if has => Err(EngineError {
-                kind: ErrorKind::Conflict,
+                kind: ErrorKind::Invalid,
                 message: format!("This call asked to run without network, but session {} was created with network", row.id),
                 hint: Some("a session's network is fixed when it is created: omit `network` here, or create a session with `network: false`".into()),
             }),
@@ -390,7 +414,7 @@ impl Engine {
 
     pub(super) fn session_policy(
         &self,
-        network: bool,
+        network: crate::run::RunNetwork,
         paths: &SessionPaths,
         interpreter: &Interpreter,
         timeout: Duration,
@@ -440,7 +464,7 @@ impl Engine {
         (
             Policy {
                 mounts,
-                network,
+                network: network == crate::run::RunNetwork::Host,
                 env,
                 cwd: work,
                 limits,
@@ -471,15 +495,16 @@ impl Engine {
             fs_err::set_permissions(&core, std::fs::Permissions::from_mode(0o644))
         })()
         .map_err(|err| io_error("write the session runner", &err))?;
-        let (policy, runner) = self.session_policy(
-            self.session_network(row),
-            &paths,
-            interpreter,
-            self.config.max_timeout,
-        );
+        let network = self.run_network(self.session_network(row));
+        let (policy, runner) =
+            self.session_policy(network, &paths, interpreter, self.config.max_timeout);
+        let mut args = vec!["-s".into(), runner.into_os_string()];
+        if network == crate::run::RunNetwork::Proxy {
+            args.extend(crate::run::proxy_args().into_iter().map(Into::into));
+        }
         let command = SandboxCommand {
             program: paths.venv.join("bin").join("python"),
-            args: vec!["-s".into(), runner.into_os_string()],
+            args,
             control_channel: true,
         };
         sandbox
@@ -577,9 +602,12 @@ impl Engine {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone();
-        let state = slot.state.lock().await;
+        let mut state = slot.state.lock().await;
         if state.deleted || doomed.is_cancelled() {
             return fail(no_session(session_id));
+        }
+        if let Err(error) = self.ensure_session_proxy(manager, &row, &mut state.proxy) {
+            return fail(error);
         }
         if let Err(error) = manager.check_disk() {
             return fail(error);
@@ -590,13 +618,22 @@ impl Engine {
         };
         slot.last_used.store(now_secs(), Ordering::Relaxed);
         let paths = manager.paths(&row.id);
-        let (policy, _) =
-            self.session_policy(self.session_network(&row), &paths, &interpreter, timeout);
-        let shell = SandboxCommand {
+        let network = self.run_network(self.session_network(&row));
+        let (mut policy, _) = self.session_policy(network, &paths, &interpreter, timeout);
+        let mut shell = SandboxCommand {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), command.into()],
             control_channel: false,
         };
+        if network == crate::run::RunNetwork::Proxy {
+            // The shell has no runner: an isolated interpreter starts the same bridge first.
+            shell = snakebox_sandbox::bridged_command(
+                &paths.venv.join("bin").join("python"),
+                &PathBuf::from(SANDBOX_INPUT_DIR).join(snakebox_sandbox::SOCKET_NAME),
+                &shell,
+            );
+            policy.env.extend(snakebox_sandbox::run_proxy_env());
+        }
         let call = doomed.child_token();
         let watcher = {
             let call = call.clone();
@@ -607,6 +644,17 @@ impl Engine {
         };
         let outcome = sandbox.run(&policy, &shell, call, output).await;
         watcher.abort();
+        let network_log = state
+            .proxy
+            .as_ref()
+            .map(|proxy| {
+                proxy
+                    .take_log()
+                    .into_iter()
+                    .map(crate::NetworkLogEntry::from)
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
         let _ = manager.store.touch(&row.id, now_secs(), false);
         drop(state);
         manager.remeasure(&row.id).await;
@@ -624,8 +672,30 @@ impl Engine {
         result.environment_reused = true;
         result.error = error;
         result.notes = notes;
+        result.network_log = network_log;
         result.notes.extend(manager.disk_note());
         result
+    }
+
+    /// Start the session's proxy when it has network through one and has none running.
+    fn ensure_session_proxy(
+        &self,
+        manager: &Manager,
+        row: &SessionRow,
+        proxy: &mut Option<snakebox_sandbox::RunProxy>,
+    ) -> Result<(), EngineError> {
+        let network = self.run_network(self.session_network(row));
+        if network != crate::run::RunNetwork::Proxy || proxy.is_some() {
+            return Ok(());
+        }
+        let Some(names) = self.session_names(row) else {
+            return Ok(());
+        };
+        let paths = manager.paths(&row.id);
+        make_dir(&paths.input, 0o755, None)
+            .map_err(|err| io_error("create the session's input directory", &err))?;
+        *proxy = Some(self.start_run_proxy(&paths.input, names)?);
+        Ok(())
     }
 }
 

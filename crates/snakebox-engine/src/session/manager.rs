@@ -227,6 +227,9 @@ pub(super) struct Slot {
 #[derive(Default)]
 pub(super) struct SlotState {
     pub(super) interpreter: Option<LiveSandbox>,
+    /// The session's network proxy (sessions with network, while the server runs): its
+    /// socket is in the session's input directory; each call takes its log.
+    pub(super) proxy: Option<snakebox_sandbox::RunProxy>,
     /// Cells run by the current interpreter.
     pub(super) cells_in_interpreter: u64,
     /// Cells run in this session (all interpreters).
@@ -547,8 +550,16 @@ impl Engine {
                 hint: Some("use a short label such as \"sales-analysis\"".into()),
             });
         }
-        // The one-shot rule: the server's policy unless the caller declines it.
-        let network = self.network_for(request.network, "session")?;
+        // The one-shot rule: the server's policy unless the caller declines or narrows it;
+        // fixed for the session's life.
+        let names = self.network_for(request.network, &request.allowed_domains, "session")?;
+        let network = names.is_some();
+        let network_names = match names {
+            Some(snakebox_sandbox::Names::Only(list)) if !request.allowed_domains.is_empty() => {
+                list
+            }
+            _ => Vec::new(),
+        };
         let _reservation = manager.reserve_create(caller, self.config.tenants.max_sessions)?;
         manager.check_disk()?;
         let requirements = Self::parse_requirements(&request.dependencies)?;
@@ -581,6 +592,7 @@ impl Engine {
             last_used_at: now,
             executions: 0,
             network,
+            network_names,
             owner: caller.id().to_owned(),
         };
         if let Err(err) = manager.store.insert(&row) {
@@ -608,6 +620,7 @@ impl Engine {
             size_bytes: row.venv_bytes + row.work_bytes,
             interpreter_running: running,
             network: self.session_network(row),
+            allowed_domains: row.network_names.clone(),
             executions: row.executions,
         }
     }
@@ -615,7 +628,27 @@ impl Engine {
     /// Whether a session's code has network now: it was created with network and the server
     /// (as started now: the policy may have changed across a restart) still allows it.
     pub(super) fn session_network(&self, row: &SessionRow) -> bool {
-        row.network && self.config.network
+        row.network && self.config.network.allows_network()
+    }
+
+    /// The names a session's code may reach now: none without network; the names it was
+    /// narrowed to at creation that the server (as started now) still allows; or the
+    /// server's whole policy.
+    pub(super) fn session_names(&self, row: &SessionRow) -> Option<snakebox_sandbox::Names> {
+        if !self.session_network(row) {
+            return None;
+        }
+        let server = self.config.network.names()?;
+        if row.network_names.is_empty() {
+            return Some(server);
+        }
+        Some(snakebox_sandbox::Names::Only(
+            row.network_names
+                .iter()
+                .filter(|name| crate::network::covers(&server, name))
+                .cloned()
+                .collect(),
+        ))
     }
 
     /// Every session.

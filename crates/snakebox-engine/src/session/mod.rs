@@ -84,6 +84,9 @@ pub struct CreateSession {
     /// server allows network), `Some(false)` declines it, `None` follows the server, exactly
     /// as for a one-shot run.
     pub network: Option<bool>,
+    /// Narrow the server's network policy for the session's whole life to these names
+    /// (each allowed by the server's policy), as `allowed_domains` of a one-shot run.
+    pub allowed_domains: Vec<String>,
 }
 
 /// One session, as listed.
@@ -110,6 +113,9 @@ pub struct SessionInfo {
     /// Whether its code has network now: taken at creation, and only while the server
     /// allows network.
     pub network: bool,
+    /// The names its code may reach when narrowed at creation (`allowed_domains`); empty:
+    /// the server's whole policy.
+    pub allowed_domains: Vec<String>,
     /// Cells run so far.
     pub executions: u64,
 }

@@ -70,6 +70,9 @@ def main():
     # The interpreter's parent reports how it really ended (an `os._exit(137)` is an exit
     # code, not a SIGKILL) on the control channel; see `runner.report_end_from_parent`.
     runner.report_end_from_parent(3)
+    if sys.argv[1:2] == ["--proxy"]:
+        # Before any cell: the session's way out (see `runner.start_bridge`).
+        runner.start_bridge(sys.argv[2])
     requests = os.fdopen(_private(0), "rb", buffering=0)
     devnull = os.open(os.devnull, os.O_RDONLY)
     if devnull != 0:

@@ -12,7 +12,7 @@ use std::sync::Mutex;
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// The schema version written to `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 /// One session as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +37,9 @@ pub(crate) struct SessionRow {
     /// Whether the session was created with network (it still needs the server to allow it
     /// when its interpreter starts). Sessions recorded before this column: off.
     pub(crate) network: bool,
+    /// The names it was narrowed to at creation (`allowed_domains`); empty: the server's
+    /// whole policy. Sessions recorded before this column: the server's whole policy.
+    pub(crate) network_names: Vec<String>,
     /// The tenant it belongs to ([`crate::Caller`]); sessions recorded before this column:
     /// [`crate::LOCAL_TENANT`].
     pub(crate) owner: String,
@@ -81,7 +84,8 @@ impl Store {
                  last_used_at INTEGER NOT NULL,
                  executions INTEGER NOT NULL DEFAULT 0,
                  network INTEGER NOT NULL DEFAULT 0,
-                 owner TEXT NOT NULL DEFAULT 'local'
+                 owner TEXT NOT NULL DEFAULT 'local',
+                 network_names TEXT NOT NULL DEFAULT '[]'
              );",
         )?;
         // Columns added since schema 1, with what older rows get: schema 1 had no network
@@ -89,6 +93,7 @@ impl Store {
         for (column, definition) in [
             ("network", "INTEGER NOT NULL DEFAULT 0"),
             ("owner", "TEXT NOT NULL DEFAULT 'local'"),
+            ("network_names", "TEXT NOT NULL DEFAULT '[]'"),
         ] {
             let present: bool = conn.query_row(
                 "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = ?1",
@@ -120,8 +125,8 @@ impl Store {
             conn.execute(
                 "INSERT INTO sessions (id, name, interpreter, python_version, base_requirements,
                      requirements, packages, venv_bytes, work_bytes, created_at, last_used_at,
-                     executions, network, owner)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14)",
+                     executions, network, owner, network_names)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
                 params![
                     row.id,
                     row.name,
@@ -137,6 +142,7 @@ impl Store {
                     to_i64(row.executions),
                     row.network,
                     row.owner,
+                    to_json(&row.network_names),
                 ],
             )
             .map(|_| ())
@@ -255,7 +261,7 @@ impl Store {
 
 const COLUMNS: &str = "id, name, interpreter, python_version, base_requirements, requirements, \
                        packages, venv_bytes, work_bytes, created_at, last_used_at, executions, \
-                       network, owner";
+                       network, owner, network_names";
 
 fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
@@ -273,6 +279,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
         executions: from_i64(row.get(11)?),
         network: row.get(12)?,
         owner: row.get(13)?,
+        network_names: from_json(&row.get::<_, String>(14)?),
     })
 }
 
@@ -350,6 +357,7 @@ mod tests {
             last_used_at,
             executions: 0,
             network: false,
+            network_names: Vec::new(),
             owner: crate::LOCAL_TENANT.into(),
         }
     }

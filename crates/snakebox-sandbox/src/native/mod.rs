@@ -272,7 +272,7 @@ impl NativeBackend {
         };
         let details = vec![
             format!("bubblewrap: {} ({})", self.bwrap.display(), self.version),
-            "namespaces: user, mount, pid, ipc, uts, cgroup, net (net shared only when the policy allows network); nested user namespaces disabled".into(),
+            "namespaces: user, mount, pid, ipc, uts, cgroup, net (runs always get their own; a run with network reaches out only through its proxy); nested user namespaces disabled".into(),
             format!("sandbox uid/gid {SANDBOX_UID}/{SANDBOX_GID}, hostname sandbox, no capabilities, new session, die-with-parent"),
             host_uid,
             seccomp::summary(),
@@ -328,7 +328,7 @@ impl NativeBackend {
             ),
             r("file_size_bytes", true, "RLIMIT_FSIZE".into()),
             r("open_files", true, "RLIMIT_NOFILE".into()),
-            r("network", true, "network namespace (loopback only) unless the policy allows network".into()),
+            r("network", true, "network namespace (loopback only); with network, only through the run proxy".into()),
         ]
     }
 

@@ -1,0 +1,391 @@
+//! Network policy of runs: the operator's policy (`off`, `on`, `allow:` names), what one call
+//! may ask for (only less), and the per-run proxy that enforces it.
+//!
+//! A run with network never shares the host's network namespace (when the sandbox isolates):
+//! it keeps its own, loopback only, and reaches out only through a
+//! [`snakebox_sandbox::RunProxy`] listening in its input directory, bridged inside to
+//! `127.0.0.1:3128` by the runner before any user code. The proxy's decisions become the
+//! result's `network_log`.
+
+use std::net::SocketAddr;
+use std::sync::OnceLock;
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use snakebox_sandbox::{Names, NetCaps, NetDecision, NetResolver, NetRules, RunProxy};
+
+use crate::{Engine, EngineError, ErrorKind};
+
+/// The operator's network policy for runs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum NetworkPolicy {
+    /// No network: own namespace, loopback only, no proxy.
+    #[default]
+    Off,
+    /// Any host name (public addresses only), through the proxy.
+    On,
+    /// Only these names (`name` or `*.suffix`), through the proxy.
+    Allow(Vec<String>),
+}
+
+impl NetworkPolicy {
+    /// Parse `off`, `on` or `allow:NAME[,NAME…]`.
+    ///
+    /// # Errors
+    /// A message naming what is wrong.
+    pub fn parse(text: &str) -> Result<NetworkPolicy, String> {
+        let text = text.trim();
+        match text {
+            "off" => return Ok(NetworkPolicy::Off),
+            "on" => return Ok(NetworkPolicy::On),
+            _ => {}
+        }
+        let Some(list) = text.strip_prefix("allow:") else {
+            return Err(format!(
+                "`{text}` is not a network policy: use `off`, `on` or `allow:NAME[,NAME...]`"
+            ));
+        };
+        let names: Vec<String> = list
+            .split(',')
+            .map(|name| name.trim().trim_end_matches('.').to_ascii_lowercase())
+            .filter(|name| !name.is_empty())
+            .collect();
+        if names.is_empty() {
+            return Err(
+                "`allow:` needs at least one name, e.g. `allow:api.example.com,*.example.com`"
+                    .into(),
+            );
+        }
+        for name in &names {
+            check_pattern(name)?;
+        }
+        Ok(NetworkPolicy::Allow(names))
+    }
+
+    /// Whether runs may have network at all.
+    #[must_use]
+    pub fn allows_network(&self) -> bool {
+        *self != NetworkPolicy::Off
+    }
+
+    /// The names it allows (`None` when off).
+    #[must_use]
+    pub fn names(&self) -> Option<Names> {
+        match self {
+            NetworkPolicy::Off => None,
+            NetworkPolicy::On => Some(Names::Any),
+            NetworkPolicy::Allow(names) => Some(Names::Only(names.clone())),
+        }
+    }
+
+    /// As written in settings: `off`, `on`, `allow:a,b`.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        match self {
+            NetworkPolicy::Off => "off".into(),
+            NetworkPolicy::On => "on".into(),
+            NetworkPolicy::Allow(names) => format!("allow:{}", names.join(",")),
+        }
+    }
+}
+
+/// A name pattern: a host name, or `*.` and a host name.
+fn check_pattern(pattern: &str) -> Result<(), String> {
+    let name = pattern.strip_prefix("*.").unwrap_or(pattern);
+    let valid = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        })
+        && name.parse::<std::net::IpAddr>().is_err();
+    if valid {
+        Ok(())
+    } else {
+        Err(format!(
+            "`{pattern}` is not a host name or `*.domain` pattern"
+        ))
+    }
+}
+
+/// How the proxy checks destinations beyond the names (the operator's `[network]` settings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxySettings {
+    /// Ports runs may reach (default 80 and 443).
+    pub ports: Vec<u16>,
+    /// Accept IP literals as destinations (their address class is still checked).
+    pub allow_ip_literals: bool,
+    /// Address ranges reachable although not public.
+    pub exceptions: Vec<ipnet::IpNet>,
+    /// Name servers the proxy asks (`ip` or `ip:port`); empty: the host's resolv.conf.
+    pub resolvers: Vec<SocketAddr>,
+    /// Per-run caps.
+    pub caps: NetCaps,
+}
+
+impl Default for ProxySettings {
+    fn default() -> Self {
+        Self {
+            ports: vec![80, 443],
+            allow_ip_literals: false,
+            exceptions: Vec::new(),
+            resolvers: Vec::new(),
+            caps: NetCaps::default(),
+        }
+    }
+}
+
+/// One decision of the run's proxy, as the result reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct NetworkLogEntry {
+    /// The destination asked for (a name, or an address).
+    pub host: String,
+    /// The port asked for.
+    pub port: u16,
+    /// Whether the connection was made.
+    pub allowed: bool,
+    /// `allowed`, or why not: a policy refusal, or `network error: …`.
+    pub reason: String,
+    /// The address connected to.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Bytes sent by the run.
+    pub bytes_sent: u64,
+    /// Bytes received by the run.
+    pub bytes_received: u64,
+}
+
+impl From<NetDecision> for NetworkLogEntry {
+    fn from(d: NetDecision) -> Self {
+        Self {
+            host: d.host,
+            port: d.port,
+            allowed: d.allowed,
+            reason: d.reason,
+            address: d.address,
+            bytes_sent: d.bytes_sent,
+            bytes_received: d.bytes_received,
+        }
+    }
+}
+
+/// The proxy's log as result entries.
+pub(crate) fn log_of(proxy: &RunProxy) -> Vec<NetworkLogEntry> {
+    proxy.log().into_iter().map(Into::into).collect()
+}
+
+/// The engine's resolver, made on first use.
+#[derive(Default)]
+pub(crate) struct ResolverCell(OnceLock<Result<NetResolver, String>>);
+
+impl Engine {
+    /// The names a run gets: the server's policy, narrowed by the call (`network: false`
+    /// declines it, `allowed_domains` asks for a subset); asking for more is refused with
+    /// the reason. `None`: no network.
+    pub(crate) fn network_for(
+        &self,
+        asked: Option<bool>,
+        allowed_domains: &[String],
+        what: &str,
+    ) -> Result<Option<Names>, EngineError> {
+        let policy = &self.config.network;
+        if asked == Some(false) {
+            if !allowed_domains.is_empty() {
+                return Err(EngineError::invalid(
+                    format!("This {what} set `network: false` and also `allowed_domains`"),
+                    "omit `network` (or set it to true) to use `allowed_domains`, or drop `allowed_domains`",
+                ));
+            }
+            return Ok(None);
+        }
+        let Some(server) = policy.names() else {
+            if asked == Some(true) || !allowed_domains.is_empty() {
+                return Err(EngineError::invalid(
+                    format!(
+                        "This {what} asked for network access, but this server does not allow network for runs"
+                    ),
+                    "run without network (omit `network` and `allowed_domains`), or ask the operator to start snakebox with `--network on` or `--network allow:NAME`",
+                ));
+            }
+            return Ok(None);
+        };
+        if allowed_domains.is_empty() {
+            return Ok(Some(server));
+        }
+        let mut asked_names = Vec::new();
+        for name in allowed_domains {
+            let name = name.trim().trim_end_matches('.').to_ascii_lowercase();
+            check_pattern(&name).map_err(|reason| {
+                EngineError::invalid(
+                    format!("allowed_domains: {reason}"),
+                    "list host names such as `api.example.com` or patterns such as `*.example.com`",
+                )
+            })?;
+            if !covers(&server, &name) {
+                return Err(EngineError::invalid(
+                    format!(
+                        "This {what} asked for `{name}` in allowed_domains, which this server's network policy ({}) does not allow",
+                        policy.describe()
+                    ),
+                    "a call may only narrow the server's policy: ask for names it allows, or ask the operator to add the name",
+                ));
+            }
+            asked_names.push(name);
+        }
+        Ok(Some(Names::Only(asked_names)))
+    }
+
+    /// The rules of a run allowed `names`.
+    pub(crate) fn net_rules(&self, names: Names) -> NetRules {
+        let settings = &self.config.network_proxy;
+        NetRules {
+            names,
+            ports: settings.ports.clone(),
+            allow_ip_literals: settings.allow_ip_literals,
+            exceptions: settings.exceptions.clone(),
+            caps: settings.caps.clone(),
+        }
+    }
+
+    /// Whether runs with network go through the proxy (the sandbox isolates: always, except
+    /// with the `none` backend, where runs share the host's network).
+    pub(crate) fn network_proxied(&self) -> bool {
+        self.sandbox
+            .as_ref()
+            .is_ok_and(|sandbox| sandbox.report().isolation_active)
+    }
+
+    /// Start the proxy of one run (or session) in `dir`, its input directory.
+    pub(crate) fn start_run_proxy(
+        &self,
+        dir: &std::path::Path,
+        names: Names,
+    ) -> Result<RunProxy, EngineError> {
+        let resolver = self
+            .resolver
+            .0
+            .get_or_init(|| NetResolver::new(&self.config.network_proxy.resolvers))
+            .clone()
+            .map_err(|message| {
+                EngineError::new(
+                    ErrorKind::Unavailable,
+                    format!("The network proxy cannot resolve names: {message}"),
+                )
+                .with_hint("check /etc/resolv.conf, or set `resolvers` in the `[network]` settings")
+            })?;
+        RunProxy::start(dir, self.net_rules(names), resolver).map_err(|err| {
+            EngineError::internal(
+                format!("Failed to start the run's network proxy: {err}"),
+                "check that the data directory is writable",
+            )
+        })
+    }
+
+    /// How the policy is enforced, for `check_environment`.
+    pub(crate) fn network_enforcement(&self) -> String {
+        let policy = &self.config.network;
+        if !policy.allows_network() {
+            return "off: each run has its own network namespace with loopback only".into();
+        }
+        if !self.network_proxied() {
+            return format!(
+                "{}: NOT enforced: the `none` backend shares the host's network with runs",
+                policy.describe()
+            );
+        }
+        let settings = &self.config.network_proxy;
+        let ports: Vec<String> = settings.ports.iter().map(ToString::to_string).collect();
+        let resolver = if settings.resolvers.is_empty() {
+            "the host's resolv.conf".to_owned()
+        } else {
+            let shown: Vec<String> = settings.resolvers.iter().map(ToString::to_string).collect();
+            shown.join(", ")
+        };
+        format!(
+            "{}: each run has its own network namespace (loopback only); its one way out is a proxy in the server (HTTP CONNECT, plain HTTP, SOCKS5 with remote DNS) reached through a per-run Unix socket bridged to 127.0.0.1:{} inside, with HTTP(S)_PROXY/ALL_PROXY set; host names only{}, ports {}, names resolved once by the proxy ({resolver}) and loopback, link-local/metadata, private, CGNAT, ULA and this server's own addresses refused{}; TLS server name checked on 443; caps per run: {} connections, {} bytes, {} s per connection",
+            policy.describe(),
+            snakebox_sandbox::BRIDGE_PORT,
+            if settings.allow_ip_literals {
+                " (IP literals allowed by the operator)"
+            } else {
+                ""
+            },
+            ports.join(", "),
+            if settings.exceptions.is_empty() {
+                String::new()
+            } else {
+                let shown: Vec<String> = settings
+                    .exceptions
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect();
+                format!(" except {}", shown.join(", "))
+            },
+            settings.caps.connections,
+            settings.caps.bytes,
+            settings.caps.connection_time.as_secs(),
+        )
+    }
+}
+
+/// Whether the server's `names` cover a requested `pattern` (every name the pattern matches
+/// is allowed by the server).
+pub(crate) fn covers(server: &Names, pattern: &str) -> bool {
+    match server {
+        Names::Any => true,
+        Names::Only(allowed) => match pattern.strip_prefix("*.") {
+            None => allowed
+                .iter()
+                .any(|a| snakebox_sandbox::name_matches(a, pattern)),
+            Some(suffix) => allowed.iter().any(|a| {
+                a.strip_prefix("*.")
+                    .is_some_and(|own| suffix == own || suffix.ends_with(&format!(".{own}")))
+            }),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_parse() {
+        assert_eq!(NetworkPolicy::parse("off"), Ok(NetworkPolicy::Off));
+        assert_eq!(NetworkPolicy::parse("on"), Ok(NetworkPolicy::On));
+        assert_eq!(
+            NetworkPolicy::parse("allow:API.Example.com., *.example.com"),
+            Ok(NetworkPolicy::Allow(vec![
+                "api.example.com".into(),
+                "*.example.com".into()
+            ]))
+        );
+        for bad in [
+            "maybe",
+            "allow:",
+            "allow:,",
+            "allow:127.0.0.1",
+            "allow:a b",
+            "allow:*",
+        ] {
+            assert!(NetworkPolicy::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_call_may_only_narrow() {
+        let server = Names::Only(vec!["api.example.com".into(), "*.example.org".into()]);
+        assert!(covers(&server, "api.example.com"));
+        assert!(covers(&server, "a.example.org"));
+        assert!(covers(&server, "*.example.org"));
+        assert!(covers(&server, "*.b.example.org"));
+        assert!(!covers(&server, "example.org"));
+        assert!(!covers(&server, "v2.api.example.com"));
+        assert!(!covers(&server, "*.api.example.com"));
+        assert!(!covers(&server, "evil.com"));
+        assert!(covers(&Names::Any, "anything.test"));
+    }
+}
