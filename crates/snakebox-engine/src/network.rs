@@ -177,6 +177,14 @@ pub(crate) fn log_of(proxy: &RunProxy) -> Vec<NetworkLogEntry> {
     proxy.log().into_iter().map(Into::into).collect()
 }
 
+/// The log of a session's proxy since the last call, as result entries (the proxy lives on
+/// with the session; each call reports only its own decisions). None without a proxy.
+pub(crate) fn take_log_of(proxy: Option<&RunProxy>) -> Vec<NetworkLogEntry> {
+    proxy.map_or_else(Vec::new, |proxy| {
+        proxy.take_log().into_iter().map(Into::into).collect()
+    })
+}
+
 /// The engine's resolver, made on first use.
 #[derive(Default)]
 pub(crate) struct ResolverCell(OnceLock<Result<NetResolver, String>>);

@@ -105,8 +105,21 @@ fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// `bytes` random bytes from the kernel, as hex.
-fn random_hex(bytes: usize) -> std::io::Result<String> {
+/// A key as listed, from a row of `id, tenant, masked, created_at, revoked_at`.
+fn key_info(row: &rusqlite::Row<'_>) -> rusqlite::Result<KeyInfo> {
+    Ok(KeyInfo {
+        id: row.get(0)?,
+        tenant: row.get(1)?,
+        masked: row.get(2)?,
+        created_at: u64::try_from(row.get::<_, i64>(3)?).unwrap_or(0),
+        revoked_at: row
+            .get::<_, Option<i64>>(4)?
+            .and_then(|v| u64::try_from(v).ok()),
+    })
+}
+
+/// `bytes` random bytes from the kernel, as hex (keys, key ids, SSE session ids).
+pub(crate) fn random_hex(bytes: usize) -> std::io::Result<String> {
     use std::io::Read;
     let mut buffer = vec![0u8; bytes];
     fs_err::File::open("/dev/urandom")?.read_exact(&mut buffer)?;
@@ -230,17 +243,7 @@ impl KeyStore {
             )
             .map_err(|e| self.store_error(e))?;
         let rows = statement
-            .query_map([], |row| {
-                Ok(KeyInfo {
-                    id: row.get(0)?,
-                    tenant: row.get(1)?,
-                    masked: row.get(2)?,
-                    created_at: u64::try_from(row.get::<_, i64>(3)?).unwrap_or(0),
-                    revoked_at: row
-                        .get::<_, Option<i64>>(4)?
-                        .and_then(|v| u64::try_from(v).ok()),
-                })
-            })
+            .query_map([], key_info)
             .and_then(Iterator::collect)
             .map_err(|e| self.store_error(e))?;
         Ok(rows)
@@ -261,9 +264,7 @@ impl KeyStore {
         if changed == 0 {
             return Err(KeyError::NotFound(id.to_owned()));
         }
-        self.list()?
-            .into_iter()
-            .find(|key| key.id == id)
+        self.get(id)?
             .ok_or_else(|| KeyError::NotFound(id.to_owned()))
     }
 
@@ -311,7 +312,7 @@ impl KeyStore {
         Ok(found.and_then(|tenant| Caller::tenant(&tenant).ok()))
     }
 
-    /// The key with this id, if any (for tests and `keys list`).
+    /// The key with this id, if any.
     ///
     /// # Errors
     /// A store that cannot be read.
@@ -320,17 +321,7 @@ impl KeyStore {
         conn.query_row(
             "SELECT id, tenant, masked, created_at, revoked_at FROM keys WHERE id = ?1",
             [id],
-            |row| {
-                Ok(KeyInfo {
-                    id: row.get(0)?,
-                    tenant: row.get(1)?,
-                    masked: row.get(2)?,
-                    created_at: u64::try_from(row.get::<_, i64>(3)?).unwrap_or(0),
-                    revoked_at: row
-                        .get::<_, Option<i64>>(4)?
-                        .and_then(|v| u64::try_from(v).ok()),
-                })
-            },
+            key_info,
         )
         .optional()
         .map_err(|e| self.store_error(e))

@@ -80,12 +80,7 @@ fn refusal(status: StatusCode, error: &str, hint: &str) -> Response {
 }
 
 fn session_id() -> Option<String> {
-    use std::io::Read;
-    let mut bytes = [0u8; 16];
-    fs_err::File::open("/dev/urandom")
-        .and_then(|mut random| random.read_exact(&mut bytes))
-        .ok()?;
-    Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    crate::keys::random_hex(16).ok()
 }
 
 impl SseSessions {

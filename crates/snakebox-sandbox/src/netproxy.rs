@@ -38,7 +38,6 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 
-use crate::BRIDGE_PORT;
 
 /// The proxy socket's file name in the run's input directory (so it appears at
 /// `/snakebox/egress.sock` inside on every launch path: cold, pooled, forked, sessions).
@@ -391,24 +390,11 @@ impl Drop for RunProxy {
 }
 
 /// The proxy variables a run needs: `HTTP(S)_PROXY` and `ALL_PROXY` (both spellings) at the
-/// bridge, and an empty `NO_PROXY`. The same port also speaks SOCKS5 (`socks5h://`).
+/// bridge, and an empty `NO_PROXY`. The same port also speaks SOCKS5 (`socks5h://`). The
+/// bridge is the installer's too, so these are [`crate::EgressProxy::proxy_env`]'s.
 #[must_use]
 pub fn run_proxy_env() -> Vec<(String, String)> {
-    let url = format!("http://127.0.0.1:{BRIDGE_PORT}");
-    let mut env: Vec<(String, String)> = [
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "ALL_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "all_proxy",
-    ]
-    .iter()
-    .map(|name| ((*name).to_owned(), url.clone()))
-    .collect();
-    env.push(("NO_PROXY".to_owned(), String::new()));
-    env.push(("no_proxy".to_owned(), String::new()));
-    env
+    crate::EgressProxy::proxy_env()
 }
 
 /// The host's own interface addresses (refused as destinations: a service bound to one of

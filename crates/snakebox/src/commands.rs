@@ -60,18 +60,7 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let reason = served
         .as_ref()
         .map_or(StopReason::InputClosed, |reason| *reason);
-    tokio::select! {
-        finished = tokio::time::timeout(DRAIN + TEARDOWN, engine.shutdown(reason, DRAIN)) => {
-            if finished.is_err() {
-                tracing::warn!("shutdown took too long; forcing the release");
-                engine.release_host();
-            }
-        }
-        again = stop_signal() => {
-            tracing::warn!(?again, "second stop request; forcing the release");
-            engine.release_host();
-        }
-    }
+    release(&engine, reason, DRAIN, DRAIN + TEARDOWN).await;
     served?;
     Ok(ExitCode::SUCCESS)
 }
@@ -121,8 +110,15 @@ async fn serve_http(
     if tokio::time::timeout(DRAIN, &mut serving).await.is_err() {
         serving.abort();
     }
+    release(&engine, reason, Duration::ZERO, TEARDOWN).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The end of either face: the engine's shutdown (calls get `drain` to return), bounded by
+/// `bound`; past it, or on a second stop signal, the release is forced.
+async fn release(engine: &Engine, reason: StopReason, drain: Duration, bound: Duration) {
     tokio::select! {
-        finished = tokio::time::timeout(TEARDOWN, engine.shutdown(reason, Duration::ZERO)) => {
+        finished = tokio::time::timeout(bound, engine.shutdown(reason, drain)) => {
             if finished.is_err() {
                 tracing::warn!("shutdown took too long; forcing the release");
                 engine.release_host();
@@ -133,7 +129,6 @@ async fn serve_http(
             engine.release_host();
         }
     }
-    Ok(ExitCode::SUCCESS)
 }
 
 /// An error with its causes on one line, then a `hint:` line.

@@ -243,17 +243,7 @@ impl Engine {
             )
             .await;
         watcher.abort();
-        let network_log = state
-            .proxy
-            .as_ref()
-            .map(|proxy| {
-                proxy
-                    .take_log()
-                    .into_iter()
-                    .map(crate::NetworkLogEntry::from)
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
+        let network_log = crate::network::take_log_of(state.proxy.as_ref());
         state.cells = cell;
         state.cells_in_interpreter += 1;
         let _ = manager.store.touch(&row.id, now_secs(), true);
@@ -644,17 +634,7 @@ impl Engine {
         };
         let outcome = sandbox.run(&policy, &shell, call, output).await;
         watcher.abort();
-        let network_log = state
-            .proxy
-            .as_ref()
-            .map(|proxy| {
-                proxy
-                    .take_log()
-                    .into_iter()
-                    .map(crate::NetworkLogEntry::from)
-                    .collect::<Vec<_>>()
-            })
-            .unwrap_or_default();
+        let network_log = crate::network::take_log_of(state.proxy.as_ref());
         let _ = manager.store.touch(&row.id, now_secs(), false);
         drop(state);
         manager.remeasure(&row.id).await;
