@@ -38,7 +38,6 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 
-
 /// The proxy socket's file name in the run's input directory (so it appears at
 /// `/snakebox/egress.sock` inside on every launch path: cold, pooled, forked, sessions).
 pub const SOCKET_NAME: &str = "egress.sock";
