@@ -1,0 +1,163 @@
+"""Real clients against `snakebox serve --http` (issue 14): the official TypeScript SDK over
+streamable HTTP and legacy SSE, the Inspector CLI, supergateway relaying legacy SSE to stdio
+(how seed 002's Claude Desktop users connect), and the agent CLIs' own health checks
+(`claude mcp list`, `gemini mcp list`) — each with an API key, and each refused without one.
+
+The clients are the npm packages pinned in tests/clients/package.json, installed into
+target/clients by scripts/install-clients (scripts/test runs it), with the Node.js 22 they
+need from the same place. Nothing here talks to anything but the server on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+from conftest import REPO, call, have_bwrap
+from test_http import http_server, make_key
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
+]
+
+CLIENTS = REPO / "target" / "clients" / "node_modules" / ".bin"
+
+
+@pytest.fixture(scope="module")
+def served(snakebox_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """One server with one tenant's key: (base URL, key)."""
+    if not (CLIENTS / "node").exists():
+        pytest.fail("the real MCP clients are not installed: run scripts/install-clients")
+    data = tmp_path_factory.mktemp("clients") / "data"
+    key = make_key(snakebox_bin, data, "clients")
+    with http_server(snakebox_bin, data) as (proc, url):
+        yield url, key
+        assert proc.poll() is None, "the server died under the clients"
+
+
+def client_env(home: Path, **extra: str) -> dict[str, str]:
+    """The clients' environment: their own Node first on PATH, a fresh HOME for their config."""
+    home.mkdir(parents=True, exist_ok=True)
+    return {
+        "PATH": f"{CLIENTS}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "HOME": str(home),
+        "NO_COLOR": "1",
+        "NODE_PATH": str(CLIENTS.parent),
+        **extra,
+    }
+
+
+def run_client(args: list[str], env: dict[str, str], cwd: Path, timeout: int = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("transport", ["http", "sse"])
+def test_typescript_sdk_runs_a_script_a_session_and_reads_an_artifact(served: tuple[str, str], tmp_path: Path, transport: str):
+    url, key = served
+    marker = uuid.uuid4().hex
+    # The script imports the SDK from target/clients: run it from there.
+    script = REPO / "tests" / "clients" / "ts_sdk_flow.mjs"
+    work = CLIENTS.parent.parent / f"flow-{uuid.uuid4().hex}.mjs"
+    work.write_text(script.read_text())
+    try:
+        done = run_client(["node", str(work), transport, url, key, marker], client_env(tmp_path / "home"), CLIENTS.parent.parent)
+    finally:
+        work.unlink()
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["server"]["name"] == "snakebox"
+    assert {"execute_python", "create_session", "check_environment"} <= set(report["tools"])
+    run = report["run"]
+    assert run["status"] == "ok" and run["stdout"].count(marker) == 3, run
+    # Printed lines arrived as progress notifications while the script ran.
+    assert marker in "".join(report["progress"]), report["progress"]
+    assert report["runLinks"] and report["runLinks"][0].startswith("snakebox://artifacts/")
+    assert report["artifactText"] == "from ts"
+    assert report["cell"]["result"]["json"] == 42, report["cell"]
+
+
+def test_inspector_cli_lists_and_calls_tools_with_a_key(served: tuple[str, str], tmp_path: Path):
+    url, key = served
+    env = client_env(tmp_path / "home")
+    inspector = ["mcp-inspector", "--cli"]
+    header = ["--header", f"Authorization: Bearer {key}"]
+
+    listed = run_client([*inspector, f"{url}/mcp", "--transport", "http", *header, "--method", "tools/list"], env, tmp_path)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    names = {tool["name"] for tool in json.loads(listed.stdout)["tools"]}
+    assert {"execute_python", "list_sessions"} <= names
+
+    for target, extra in ((f"{url}/mcp", ["--transport", "http", *header]), (f"{url}/sse?api_key={key}", ["--transport", "sse"])):
+        called = run_client(
+            [*inspector, target, *extra, "--method", "tools/call", "--tool-name", "execute_python",
+             "--tool-arg", "script=print(6 * 7)"],
+            env, tmp_path,
+        )
+        assert called.returncode == 0, (target, called.stderr[-3000:])
+        result = json.loads(called.stdout)
+        assert result["structuredContent"]["status"] == "ok", result
+        assert result["structuredContent"]["stdout"] == "42\n", result
+
+    # With a wrong key the Inspector fails: it takes the 401's Bearer challenge as "needs
+    # authorization" (and, having no TTY, does not start an OAuth flow).
+    refused = run_client([*inspector, f"{url}/mcp", "--transport", "http", "--header", "Authorization: Bearer sbx_wrong",
+                          "--method", "tools/list", "--stored-auth-only"], env, tmp_path)
+    assert refused.returncode != 0
+    assert "401" in refused.stdout + refused.stderr or "auth_required" in refused.stdout + refused.stderr, refused
+
+
+async def test_supergateway_relays_legacy_sse_to_a_stdio_client(served: tuple[str, str], tmp_path: Path):
+    url, key = served
+    marker = uuid.uuid4().hex
+    env = client_env(tmp_path / "home")
+    params = StdioServerParameters(command=str(CLIENTS / "supergateway"), args=["--sse", f"{url}/sse?api_key={key}", "--logLevel", "none"], env=env)
+    async with Client(stdio_client(params), read_timeout_seconds=300) as client:
+        tools = await client.list_tools()
+        assert any(tool.name == "execute_python" for tool in tools.tools)
+        result, text, is_error = await call(client, "execute_python", script=f"print('{marker}')")
+        assert not is_error and result["stdout"] == f"{marker}\n", text
+
+
+def test_claude_code_lists_the_server_connected(served: tuple[str, str], tmp_path: Path):
+    url, key = served
+    env = client_env(tmp_path / "home")
+    for name, transport, target, header in (
+        ("sbx-http", "http", f"{url}/mcp", ["--header", f"Authorization: Bearer {key}"]),
+        ("sbx-sse", "sse", f"{url}/sse?api_key={key}", []),
+        ("sbx-badkey", "http", f"{url}/mcp", ["--header", "Authorization: Bearer sbx_wrong"]),
+    ):
+        added = run_client(["claude", "mcp", "add", "--scope", "user", "--transport", transport, name, target, *header], env, tmp_path)
+        assert added.returncode == 0, (name, added.stdout, added.stderr)
+    listed = run_client(["claude", "mcp", "list"], env, tmp_path)
+    lines = {line.split(":", 1)[0]: line for line in listed.stdout.splitlines() if line.startswith("sbx-")}
+    assert "Connected" in lines.get("sbx-http", ""), listed.stdout
+    assert "Connected" in lines.get("sbx-sse", ""), listed.stdout
+    assert "Connected" not in lines.get("sbx-badkey", "Connected") and "401" in lines["sbx-badkey"], listed.stdout
+
+
+def test_gemini_cli_lists_the_server_connected(served: tuple[str, str], tmp_path: Path):
+    url, key = served
+    # The CLI shows user-level servers only in a trusted folder.
+    env = client_env(tmp_path / "home", GEMINI_CLI_TRUST_WORKSPACE="true")
+    for name, args in (
+        ("sbx-http", ["-t", "http", "-H", f"Authorization: Bearer {key}", "sbx-http", f"{url}/mcp"]),
+        ("sbx-sse", ["-t", "sse", "sbx-sse", f"{url}/sse?api_key={key}"]),
+        ("sbx-badkey", ["-t", "http", "-H", "Authorization: Bearer sbx_wrong", "sbx-badkey", f"{url}/mcp"]),
+    ):
+        added = run_client(["gemini", "mcp", "add", "-s", "user", *args], env, tmp_path)
+        assert added.returncode == 0, (name, added.stdout, added.stderr)
+    listed = run_client(["gemini", "mcp", "list"], env, tmp_path)
+    text = listed.stdout + listed.stderr
+    lines = {name: line for line in text.splitlines() for name in ("sbx-http", "sbx-sse", "sbx-badkey") if f" {name}:" in line}
+    assert "Connected" in lines.get("sbx-http", ""), text
+    assert "Connected" in lines.get("sbx-sse", ""), text
+    assert "Connected" not in lines.get("sbx-badkey", "Connected"), text
