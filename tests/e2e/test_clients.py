@@ -161,3 +161,27 @@ def test_gemini_cli_lists_the_server_connected(served: tuple[str, str], tmp_path
     assert "Connected" in lines.get("sbx-http", ""), text
     assert "Connected" in lines.get("sbx-sse", ""), text
     assert "Connected" not in lines.get("sbx-badkey", "Connected"), text
+
+
+def test_the_official_conformance_suite_passes_what_applies(snakebox_bin: Path, tmp_path: Path):
+    """The MCP conformance suite's server scenarios against the fixtures of the hidden
+    `--conformance-fixtures` flag. Those that do not apply to snakebox are the baseline
+    (tests/clients/conformance-not-applicable.yml, each with why): one of them passing fails
+    the run too, so the list stays true."""
+    if not (CLIENTS / "conformance").exists():
+        pytest.fail("the real MCP clients are not installed: run scripts/install-clients")
+    baseline = REPO / "tests" / "clients" / "conformance-not-applicable.yml"
+    with http_server(snakebox_bin, tmp_path / "data", "--conformance-fixtures") as (proc, url):
+        done = run_client(
+            ["conformance", "server", "--url", f"{url}/mcp", "--expected-failures", str(baseline)],
+            client_env(tmp_path / "home"), tmp_path, timeout=600,
+        )
+        assert proc.poll() is None
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    assert "Baseline check passed" in output, output[-4000:]
+    # What snakebox does is among what passed: content of every kind, errors, progress,
+    # resources, and the DNS-rebinding guard.
+    for scenario in ("tools-call-image", "tools-call-error", "tools-call-with-progress",
+                     "resources-read-binary", "dns-rebinding-protection"):
+        assert f"✓ {scenario}:" in output, (scenario, output[-4000:])

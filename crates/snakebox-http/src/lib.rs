@@ -55,6 +55,8 @@ pub struct HttpConfig {
     pub allowed_origins: Vec<String>,
     /// Serve without API keys on a non-loopback address (everyone is the local tenant).
     pub insecure_no_auth: bool,
+    /// Also serve the MCP conformance suite's fixtures (a hidden flag, for that suite only).
+    pub conformance_fixtures: bool,
 }
 
 /// Why the HTTP face cannot start.
@@ -119,6 +121,11 @@ pub fn router(
         mcp
     };
     let handler = SnakeboxServer::per_request(Arc::clone(&engine));
+    let handler = if config.conformance_fixtures {
+        handler.with_conformance_fixtures()
+    } else {
+        handler
+    };
     let mcp = StreamableHttpService::new(
         move || Ok(handler.clone()),
         Arc::new(NeverSessionManager::default()),

@@ -35,6 +35,7 @@ fn config(addr: &str) -> HttpConfig {
         allowed_hosts: vec![],
         allowed_origins: vec!["https://app.example.com".into()],
         insecure_no_auth: false,
+        conformance_fixtures: false,
     }
 }
 

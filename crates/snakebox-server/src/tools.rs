@@ -124,6 +124,8 @@ pub struct SnakeboxServer {
     /// its own, put there by the face after it authenticated the request.
     caller: Option<Caller>,
     tool_router: ToolRouter<Self>,
+    /// Whether the conformance suite's fixtures are served too ([`crate::conformance`]).
+    fixtures: bool,
 }
 
 #[tool_router]
@@ -141,6 +143,7 @@ impl SnakeboxServer {
             engine,
             caller: Some(caller),
             tool_router: Self::tool_router() + Self::session_router(),
+            fixtures: false,
         }
     }
 
@@ -154,7 +157,19 @@ impl SnakeboxServer {
             engine,
             caller: None,
             tool_router: Self::tool_router() + Self::session_router(),
+            fixtures: false,
         }
+    }
+
+    /// This server with the MCP conformance suite's fixture tools and resources beside its
+    /// own (see [`crate::conformance`]; the hidden `serve --conformance-fixtures`).
+    #[must_use]
+    pub fn with_conformance_fixtures(mut self) -> Self {
+        if !self.fixtures {
+            self.tool_router += crate::conformance::router();
+            self.fixtures = true;
+        }
+        self
     }
 
     /// The cancel token of a call: cancelled by an MCP cancellation, and on HTTP also when the
@@ -357,7 +372,11 @@ impl ServerHandler for SnakeboxServer {
                  URIs come in execute_python results (artifacts, resource_link content). {}.",
                 self.engine.artifact_store().retention()
             ));
-        Ok(ListResourceTemplatesResult::with_all_items(vec![template]))
+        let mut templates = vec![template];
+        if self.fixtures {
+            templates.push(crate::conformance::template());
+        }
+        Ok(ListResourceTemplatesResult::with_all_items(templates))
     }
 
     async fn list_resources(
@@ -376,7 +395,12 @@ impl ServerHandler for SnakeboxServer {
                     .with_mime_type(artifact.mime_type)
                     .with_size(artifact.size)
             })
-            .collect();
+            .collect::<Vec<_>>();
+        let resources = if self.fixtures {
+            [resources, crate::conformance::resources()].concat()
+        } else {
+            resources
+        };
         Ok(ListResourcesResult::with_all_items(resources))
     }
 
@@ -386,6 +410,9 @@ impl ServerHandler for SnakeboxServer {
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
         let caller = self.caller(&context)?;
+        if self.fixtures && crate::conformance::is_fixture_uri(&request.uri) {
+            return crate::conformance::read(&request.uri).map(ReadResourceResponse::from);
+        }
         read_artifact(&self.engine, &caller, &request.uri)
             .await
             .map(ReadResourceResponse::from)

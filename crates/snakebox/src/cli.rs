@@ -56,6 +56,10 @@ pub struct HttpArgs {
     /// Serve without API keys on a non-loopback address (a proxy in front authenticates).
     #[arg(long)]
     pub insecure_no_auth: bool,
+    /// Also serve the MCP conformance suite's fixture tools and resources (for the suite's
+    /// test only: tests/clients/conformance-not-applicable.yml).
+    #[arg(long, hide = true)]
+    pub conformance_fixtures: bool,
 }
 
 /// Arguments of `snakebox keys`.

@@ -337,6 +337,7 @@ fn resolve_http(
         allowed_hosts,
         allowed_origins,
         insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
+        conformance_fixtures: args.conformance_fixtures,
     }))
 }
 
