@@ -56,5 +56,13 @@ const cell = await client.callTool({
 report.cell = cell.structuredContent;
 await client.callTool({ name: "delete_session", arguments: { session_id: sid } });
 
+// An error path: the session is gone. The SDK must hand back the result (not throw a schema
+// error), with snakebox's message and hint in the text a model is shown.
+const gone = await client.callTool({ name: "list_packages", arguments: { session_id: sid } });
+report.errorResult = {
+  isError: gone.isError,
+  text: gone.content.filter((c) => c.type === "text").map((c) => c.text).join(""),
+};
+
 await client.close();
 process.stdout.write(`${JSON.stringify(report)}\n`);

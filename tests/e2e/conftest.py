@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -78,11 +79,26 @@ async def client(snakebox_bin: Path, data_dir: Path, mode: str) -> AsyncIterator
 
 
 async def call(client: Client, tool: str, **arguments: Any) -> tuple[dict[str, Any], str, bool]:
-    """Call a tool; return (structuredContent, text, isError)."""
+    """Call a tool; return (structuredContent, text, isError).
+
+    A tool that could not do what was asked answers `isError` with no structuredContent (it
+    would not match the tool's outputSchema) and says why in its text; for those, the first
+    item is `{"error": {"kind", "message", "hint"}}` read back from that text, so tests judge
+    exactly what a model is shown."""
     result = await client.call_tool(tool, arguments)
     text = "".join(block.text for block in result.content if getattr(block, "type", "") == "text")
+    if result.structured_content is None and result.is_error:
+        return {"error": error_from_text(text)}, text, True
     assert result.structured_content is not None, f"{tool} returned no structuredContent: {text}"
     return result.structured_content, text, bool(result.is_error)
+
+
+def error_from_text(text: str) -> dict[str, Any]:
+    """`error (KIND): MESSAGE` and `hint: HINT` lines of an error result, as a dict."""
+    match = re.match(r"error \((\w+)\): (.*?)(?:\nhint: (.*))?\n?$", text, re.S)
+    assert match, f"not an error text: {text!r}"
+    kind, message, hint = match.groups()
+    return {"kind": kind, "message": message, "hint": hint}
 
 
 def have_bwrap() -> bool:

@@ -83,6 +83,11 @@ def test_typescript_sdk_runs_a_script_a_session_and_reads_an_artifact(served: tu
     assert report["runLinks"] and report["runLinks"][0].startswith("snakebox://artifacts/")
     assert report["artifactText"] == "from ts"
     assert report["cell"]["result"]["json"] == 42, report["cell"]
+    # A tool that cannot do what was asked: an error result the SDK accepts, with the kind,
+    # the message and the hint intact.
+    gone = report["errorResult"]
+    assert gone["isError"] is True, gone
+    assert gone["text"].startswith("error (not_found): ") and "\nhint: " in gone["text"], gone
 
 
 def test_inspector_cli_lists_and_calls_tools_with_a_key(served: tuple[str, str], tmp_path: Path):

@@ -16,8 +16,8 @@ use rmcp::{ErrorData, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_engine::{
-    CreateSession, EngineError, ErrorInfo, ExecutionResult, FileContent, FileList, FileWritten,
-    InstallState, InstallStatus, PackageList, SessionInfo, SessionList,
+    CreateSession, EngineError, ExecutionResult, FileContent, FileList, FileWritten, InstallState,
+    InstallStatus, PackageList, SessionInfo, SessionList,
 };
 
 use crate::tools::{SnakeboxServer, execution_result, progress, structured};
@@ -128,27 +128,19 @@ pub(crate) struct Done {
     pub message: String,
 }
 
-/// Why a session tool could not do what was asked.
-#[derive(Debug, Serialize, JsonSchema)]
-struct Failure {
-    error: ErrorInfo,
-}
-
-/// The one mapping of an engine error on this face: a tool result with `isError: true`, the
-/// error's kind, message and hint in `structuredContent.error`, and `error:`/`hint:` lines.
+/// The one mapping of an engine error on this face: a tool result with `isError: true` whose
+/// text says the error's kind, message and hint (`error (KIND): …` and `hint: …` lines).
 /// (Protocol errors are kept for malformed requests.)
+///
+/// It carries no `structuredContent`: that must match the tool's `outputSchema` (the
+/// TypeScript SDK checks it and turns a mismatch into a -32602 that hides the message), and
+/// an error is not the tool's output. Clients accept an error result without it.
 pub(crate) fn failure(error: &EngineError) -> CallToolResult {
     let mut text = format!("error ({}): {}\n", error.kind.as_str(), error.message);
     if let Some(hint) = &error.hint {
         text.push_str(&format!("hint: {hint}\n"));
     }
-    structured(
-        &Failure {
-            error: error.info(),
-        },
-        text,
-        true,
-    )
+    CallToolResult::error(vec![rmcp::model::ContentBlock::text(text)])
 }
 
 fn answer<T: Serialize>(
