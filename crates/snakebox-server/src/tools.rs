@@ -214,44 +214,32 @@ impl SnakeboxServer {
 
     #[tool(
         description = "Run a Python script in a fresh sandbox and return what a notebook would show.\n\n\
-Each call starts clean: no files or variables survive between calls. Packages come from \
-`dependencies` (PEP 508, pin versions: [\"requests>=2.31\"]) or from a PEP 723 block at the top \
-of the script; they are installed once and cached, so repeated calls are fast. The network is \
-off unless the server allows it; when it does, the code reaches it through a proxy (HTTP_PROXY is \
-set: urllib, requests, httpx and pip work unchanged), host names only, and `network_log` in the \
-result lists every connection, allowed or blocked, with the reason; `allowed_domains` narrows it \
-(e.g. [\"api.example.com\"]).\n\n\
-To keep variables, files and packages between calls, create a session (`create_session`) and \
-pass its `session_id`: the code then runs in that session's live interpreter, like a notebook \
-cell (the session's workspace is the working directory).\n\n\
-What comes back:\n\
-- stdout and stderr (head and tail kept if long), exit_code, status (ok, error, timeout, \
-cancelled, memory_limit, cpu_limit, setup_failed, invalid_request), duration, Python version, \
-installed packages.\n\
-- result: the value of the last expression, like a notebook cell (`repr`, and `json` when it \
-is plain data), and names: the top-level names the script defined.\n\
-- exception: type, message, line and a traceback of your own code (file `script.py`) when \
-it raises.\n\
-- images: matplotlib figures (plt.show() or simply left open), a PIL image as the last \
-expression, and PNG/JPEG/SVG files the script saves come back as image content (up to 4 \
-images of at most 1 MiB each inline; every image is also an artifact).\n\
-- artifacts: every file the script creates or changes in its working directory (up to 100 \
-files, 64 MiB each), listed with name, size and MIME type and returned as resource links \
-`snakebox://artifacts/<execution_id>/<path>`; fetch one with resources/read. Artifacts are \
-kept for a limited time (see check_environment). (In a session, files stay in its workspace \
-instead: use read_file.)\n\n\
-Files in: pass `files` to create inputs in the working directory first (relative paths; \
-text, or base64 with \"encoding\": \"base64\"; up to 100 files, 32 MiB in total).\n\n\
 Examples:\n\
 {\"script\": \"import numpy as np\\nnp.arange(3).sum()\", \"dependencies\": [\"numpy>=1.26\"]} \
 -> result.json = 3\n\
-{\"script\": \"import csv\\nrows = list(csv.reader(open('data/in.csv')))\\nlen(rows)\", \
-\"files\": [{\"path\": \"data/in.csv\", \"content\": \"a,b\\n1,2\\n\"}]}\n\
-{\"script\": \"import matplotlib.pyplot as plt\\nplt.plot([1, 4, 9])\\nplt.savefig('plot.svg')\\nplt.show()\", \
-\"dependencies\": [\"matplotlib==3.10.3\"]} -> a PNG image, plus plot.svg as an image and an artifact\n\n\
-Long runs: printed lines are streamed as progress notifications when the request carries a \
-progress token; cancelling the request kills the run at once. Limits: timeout_seconds \
-(default 30), output size, memory and processes; see check_environment.",
+{\"script\": \"import csv\\nlen(list(csv.reader(open('in.csv'))))\", \
+\"files\": [{\"path\": \"in.csv\", \"content\": \"a,b\\n1,2\\n\"}]} -> result.json = 2\n\
+{\"script\": \"import matplotlib.pyplot as plt\\nplt.plot([1, 4, 9])\\nplt.show()\", \
+\"dependencies\": [\"matplotlib==3.10.3\"]} -> a PNG image\n\n\
+Each call starts clean. Packages come from `dependencies` \
+(PEP 508; pin versions) or a PEP 723 block at the top of the script; they are installed once \
+and cached. To keep variables, files and packages between calls, create a session \
+(`create_session`) and pass its `session_id`: the code runs in its live interpreter.\n\n\
+Returns: stdout and stderr (head and tail kept if long), exit_code, status (ok, error, \
+timeout, cancelled, memory_limit, cpu_limit, setup_failed, invalid_request); result (the last \
+expression's repr, and json when plain data); exception (type, \
+message, line, traceback of `script.py`); images (matplotlib figures, a PIL image as the last \
+expression, saved PNG/JPEG/SVG files; up to 4 inline, each also an artifact); artifacts \
+(files the script created or changed in its working directory, as resource links \
+`snakebox://artifacts/<execution_id>/<path>` to fetch with resources/read, kept for a limited \
+time; in a session use read_file).\n\n\
+`files` creates inputs in the working directory first (text, or base64 with \"encoding\": \
+\"base64\"). The network is off unless the server allows it; then it goes through a proxy \
+(HTTP_PROXY is set: urllib, requests, httpx and pip work), host names only, `network_log` \
+lists every connection with why it was allowed or blocked, and `allowed_domains` narrows it. \
+Printed lines stream as progress notifications when the request has a progress token; \
+cancelling the request kills the run. Limits (timeout_seconds, default 30; output, memory, \
+processes): see check_environment.",
         output_schema = schema_for_output::<ExecutionResult>(),
         annotations(read_only_hint = false, destructive_hint = false, open_world_hint = false)
     )]
@@ -557,4 +545,25 @@ pub(crate) fn progress(
         }
     });
     (Some(sender), Some(forwarder))
+}
+
+#[cfg(test)]
+mod description_tests {
+    use super::SnakeboxServer;
+
+    /// Claude Code cuts tool descriptions at 2,048 characters: keep each within it, so the
+    /// examples (first) are never lost.
+    #[test]
+    fn every_tool_description_fits_the_shortest_client_limit() {
+        let tools = (SnakeboxServer::tool_router() + SnakeboxServer::session_router()).list_all();
+        assert!(tools.len() >= 13);
+        for tool in tools {
+            let length = tool.description.as_deref().map_or(0, |d| d.chars().count());
+            assert!(
+                (1..=2048).contains(&length),
+                "{}: {length} characters",
+                tool.name
+            );
+        }
+    }
 }
