@@ -251,3 +251,19 @@ async def test_check_environment_reports_backend_limits_and_pythons(client):
     assert "uv" in data and data["uv"]
     assert data["ready"] is True
     assert data["cache"]["retention"]
+
+
+async def test_arguments_a_client_adds_are_ignored_and_typos_refused(client):
+    """Gemini CLI adds `wait_for_previous` to every call: the call runs, and the result says
+    the argument was ignored. A misspelled argument of ours is refused with the one meant,
+    never silently dropped (the code would run outside the session the caller named)."""
+    result, text, is_error = await call(client, "execute_python", script="print('ran')", wait_for_previous=True)
+    assert not is_error and result["stdout"] == "ran\n", text
+    assert any("wait_for_previous" in note for note in result["notes"]), result["notes"]
+    assert "ignored argument `wait_for_previous`" in text
+    listed, text, is_error = await call(client, "list_sessions", wait_for_previous=True)
+    assert not is_error and "sessions" in listed and "wait_for_previous" in text
+
+    with pytest.raises(MCPError) as refused:
+        await client.call_tool("execute_python", {"script": "print(1)", "sesion_id": "s-0123"})
+    assert "did you mean `session_id`" in str(refused.value)

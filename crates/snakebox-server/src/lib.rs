@@ -7,6 +7,7 @@
 //! tool results with `isError: true` and a hint; protocol errors are kept for malformed
 //! requests only. The same handler serves every transport.
 
+mod arguments;
 mod conformance;
 mod frames;
 mod sessions;

@@ -337,6 +337,28 @@ whether it is enforced here, network policy, available Python versions, and the 
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SnakeboxServer {
+    /// Every call: arguments a client added on its own are set aside (and named in the
+    /// result), misspelled ones refused ([`crate::arguments`]), then the tool runs.
+    async fn call_tool(
+        &self,
+        mut request: rmcp::model::CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        let ignored = match (
+            self.tool_router.get(&request.name),
+            request.arguments.as_mut(),
+        ) {
+            (Some(tool), Some(arguments)) => crate::arguments::set_aside_foreign(tool, arguments)?,
+            _ => Vec::new(),
+        };
+        let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
+        let mut response = self.tool_router.call(tcc).await?;
+        if let rmcp::model::CallToolResponse::Complete(result) = &mut response {
+            crate::arguments::note_ignored(result, &ignored);
+        }
+        Ok(response)
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(
             ServerCapabilities::builder()

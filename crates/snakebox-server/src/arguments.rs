@@ -1,0 +1,178 @@
+//! Arguments a client added on its own, told apart from a caller's typos.
+//!
+//! Some clients put arguments of their own into every tool call (Gemini CLI adds
+//! `wait_for_previous`). Refusing unknown fields would make every such call fail, and
+//! accepting anything would let a misspelled argument (`sesion_id`) be silently dropped, so
+//! the code runs somewhere the caller did not mean. One rule for every tool, applied before
+//! its parameters are read: an argument the tool's input schema does not name is refused
+//! when it looks like one it does name (a hint says which), and otherwise set aside; the
+//! result then says which arguments were ignored.
+
+use rmcp::ErrorData;
+use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Tool};
+
+/// Take out of `arguments` those `tool` does not know. Returns their names (sorted).
+///
+/// # Errors
+/// An unknown argument that looks like a misspelling of a known one (`invalid_params`, with
+/// the argument the caller probably meant).
+pub(crate) fn set_aside_foreign(
+    tool: &Tool,
+    arguments: &mut JsonObject,
+) -> Result<Vec<String>, ErrorData> {
+    let known: Vec<&str> = tool
+        .input_schema
+        .get("properties")
+        .and_then(serde_json::Value::as_object)
+        .map(|properties| properties.keys().map(String::as_str).collect())
+        .unwrap_or_default();
+    let mut foreign: Vec<String> = arguments
+        .keys()
+        .filter(|key| !known.contains(&key.as_str()))
+        .cloned()
+        .collect();
+    foreign.sort();
+    for name in &foreign {
+        if let Some(meant) = known.iter().find(|known| looks_like(name, known)) {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "unknown argument `{name}` for {}; did you mean `{meant}`? (arguments: {})",
+                    tool.name,
+                    known.join(", ")
+                ),
+                None,
+            ));
+        }
+    }
+    for name in &foreign {
+        arguments.remove(name);
+    }
+    Ok(foreign)
+}
+
+/// Say in the result which arguments were ignored: a `notes` entry when the structured result
+/// has notes (execute_python, run_command), and a text line either way.
+pub(crate) fn note_ignored(result: &mut CallToolResult, ignored: &[String]) {
+    if ignored.is_empty() {
+        return;
+    }
+    let names = ignored
+        .iter()
+        .map(|name| format!("`{name}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let note = format!("ignored argument {names}: not one of this tool's (a client added it)");
+    if let Some(notes) = result
+        .structured_content
+        .as_mut()
+        .and_then(|content| content.get_mut("notes"))
+        .and_then(serde_json::Value::as_array_mut)
+    {
+        notes.push(serde_json::Value::String(note.clone()));
+    }
+    result
+        .content
+        .push(ContentBlock::text(format!("note: {note}\n")));
+}
+
+/// Whether `name` is probably a misspelling of `known`: the same once case, `_` and `-` are
+/// ignored, or at most two edits apart (one for short names).
+fn looks_like(name: &str, known: &str) -> bool {
+    let fold = |s: &str| {
+        s.chars()
+            .filter(|c| *c != '_' && *c != '-')
+            .flat_map(char::to_lowercase)
+            .collect::<Vec<char>>()
+    };
+    let (a, b) = (fold(name), fold(known));
+    if a == b {
+        return true;
+    }
+    let allowed = if b.len() <= 5 { 1 } else { 2 };
+    a.len().abs_diff(b.len()) <= allowed && edit_distance(&a, &b) <= allowed
+}
+
+/// Levenshtein distance (small inputs: argument names).
+fn edit_distance(a: &[char], b: &[char]) -> usize {
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut current = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = previous[j] + usize::from(ca != cb);
+            current.push(substitute.min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+
+    fn tool() -> Tool {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {"script": {}, "session_id": {}, "timeout_seconds": {}, "files": {}},
+        });
+        let serde_json::Value::Object(schema) = schema else {
+            unreachable!("an object literal")
+        };
+        Tool::new("execute_python", "runs", Arc::new(schema))
+    }
+
+    fn arguments(value: serde_json::Value) -> JsonObject {
+        match value {
+            serde_json::Value::Object(map) => map,
+            _ => JsonObject::new(),
+        }
+    }
+
+    #[test]
+    fn a_clients_own_argument_is_set_aside_and_named() {
+        let mut args = arguments(serde_json::json!({"script": "1", "wait_for_previous": true}));
+        let ignored = set_aside_foreign(&tool(), &mut args).ok();
+        assert_eq!(ignored, Some(vec!["wait_for_previous".to_owned()]));
+        assert_eq!(args.keys().collect::<Vec<_>>(), ["script"]);
+    }
+
+    #[test]
+    fn a_misspelled_argument_is_refused_with_the_one_meant() {
+        for typo in [
+            "sesion_id",
+            "sessionId",
+            "SESSION-ID",
+            "timeout_second",
+            "fils",
+        ] {
+            let mut args = arguments(serde_json::json!({"script": "1", typo: "x"}));
+            let refused = set_aside_foreign(&tool(), &mut args).err();
+            let message = refused.map(|e| e.message.to_string()).unwrap_or_default();
+            assert!(message.contains("did you mean"), "{typo}: {message}");
+        }
+        // Far from every known name: set aside, not refused.
+        let mut args = arguments(serde_json::json!({"script": "1", "trace_id": "x"}));
+        assert!(set_aside_foreign(&tool(), &mut args).is_ok());
+    }
+
+    #[test]
+    fn the_note_goes_into_notes_and_the_text() {
+        let mut result = CallToolResult::success(vec![ContentBlock::text("out")]);
+        result.structured_content = Some(serde_json::json!({"notes": []}));
+        note_ignored(&mut result, &["wait_for_previous".to_owned()]);
+        let notes = result
+            .structured_content
+            .as_ref()
+            .and_then(|c| c["notes"].as_array().cloned())
+            .unwrap_or_default();
+        assert_eq!(notes.len(), 1);
+        assert!(
+            notes[0]
+                .as_str()
+                .is_some_and(|n| n.contains("wait_for_previous"))
+        );
+        assert_eq!(result.content.len(), 2);
+    }
+}
