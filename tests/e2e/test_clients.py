@@ -79,7 +79,7 @@ def test_typescript_sdk_runs_a_script_a_session_and_reads_an_artifact(served: tu
     run = report["run"]
     assert run["status"] == "ok" and run["stdout"].count(marker) == 3, run
     # Printed lines arrived as progress notifications while the script ran.
-    assert marker in "".join(report["progress"]), report["progress"]
+    assert report["progress"] == [f"{marker} {i}\n" for i in range(3)], report["progress"]
     assert report["runLinks"] and report["runLinks"][0].startswith("snakebox://artifacts/")
     assert report["artifactText"] == "from ts"
     assert report["cell"]["result"]["json"] == 42, report["cell"]

@@ -333,6 +333,8 @@ async def test_progress_messages_arrive_while_the_script_runs(client):
     assert "tick 0" in text and "tick 2" in text, seen
     # Streamed, not sent at the end: the first tick came well before the run finished.
     assert seen[0][0] < finished - 1.5, (seen, finished)
+    # Whole lines, never the pieces the pipe delivered ('tick', ' ', '0'): issue 16 (8).
+    assert [message for _, message in seen] == ["tick 0\n", "tick 1\n", "tick 2\n"], seen
 
 
 # See: issue 12 (9): progress notifications stopped once the output budget was spent while the

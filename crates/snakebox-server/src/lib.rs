@@ -10,6 +10,7 @@
 mod arguments;
 mod conformance;
 mod frames;
+mod progress;
 mod sessions;
 mod tools;
 

@@ -10,9 +10,8 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolResult, ContentBlock, Implementation, ListResourceTemplatesResult, ListResourcesResult,
-    PaginatedRequestParams, ProgressNotificationParam, ReadResourceRequestParams,
-    ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ResourceTemplate,
-    ServerCapabilities, ServerConfig,
+    PaginatedRequestParams, ReadResourceRequestParams, ReadResourceResponse, ReadResourceResult,
+    Resource, ResourceContents, ResourceTemplate, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
@@ -553,19 +552,12 @@ pub(crate) fn progress(
     let Some(token) = context.meta.get_progress_token() else {
         return (None, None);
     };
-    let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<OutputChunk>();
-    let peer = context.peer.clone();
-    let forwarder = tokio::spawn(async move {
-        let mut count = 0.0_f64;
-        while let Some(chunk) = receiver.recv().await {
-            count += 1.0;
-            let mut param = ProgressNotificationParam::new(token.clone(), count);
-            param.message = Some(chunk.text);
-            if peer.notify_progress(param).await.is_err() {
-                break;
-            }
-        }
-    });
+    let (sender, receiver) = tokio::sync::mpsc::unbounded_channel::<OutputChunk>();
+    let forwarder = tokio::spawn(crate::progress::forward(
+        context.peer.clone(),
+        token,
+        receiver,
+    ));
     (Some(sender), Some(forwarder))
 }
 
