@@ -7,6 +7,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import pytest
+
 
 def run(binary: Path, data_dir: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -209,3 +211,18 @@ def test_flag_beats_environment_beats_sectioned_file(snakebox_bin, data_dir, tmp
     report = json.loads(done.stdout)
     assert report["timeouts"] == "default 11 s, maximum 77 s"
     assert report["sessions"]["max_sessions"] == 9
+
+
+@pytest.mark.parametrize("version", ["3.99", "banana"])
+def test_a_default_python_that_is_not_here_is_refused_at_start(snakebox_bin, data_dir, version):
+    """issue 16 (8): the server started and `check` said ready, then every call failed."""
+    checked = run(snakebox_bin, data_dir, "check", "--python-version", version)
+    assert checked.returncode == 1, checked.stdout
+    assert "ready:     NO" in checked.stdout
+    assert "default Python (--python-version or [python] version) is not usable" in checked.stdout
+    served = subprocess.run(
+        [str(snakebox_bin), "serve", "--data-dir", str(data_dir), "--python-version", version],
+        input="", capture_output=True, text=True, timeout=60,
+    )
+    assert served.returncode != 0
+    assert "is not usable" in served.stderr and "hint: " in served.stderr, served.stderr

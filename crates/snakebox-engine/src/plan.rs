@@ -163,6 +163,32 @@ impl Engine {
         Ok(self.interpreters.find(default_request)?)
     }
 
+    /// Whether the server's default Python (`--python-version`, `[python] version`) names an
+    /// interpreter that is here: a settings mistake (`3.99`, `banana`) would otherwise fail
+    /// every call that does not name its own version.
+    ///
+    /// # Errors
+    /// The request does not parse, or no usable interpreter matches it.
+    pub fn check_default_python(&self) -> Result<(), EngineError> {
+        let Some(request) = self.config.python_version.as_deref() else {
+            return Ok(());
+        };
+        self.interpreters.find(request).map(|_| ()).map_err(|err| {
+            let err = EngineError::from(err);
+            let fixed = EngineError::new(
+                err.kind,
+                format!(
+                    "the server's default Python (--python-version or [python] version) is not usable: {}",
+                    err.message
+                ),
+            );
+            match err.hint {
+                Some(hint) => fixed.with_hint(hint),
+                None => fixed,
+            }
+        })
+    }
+
     pub(crate) fn available_versions(&self) -> String {
         let versions: Vec<String> = self
             .interpreters

@@ -203,7 +203,13 @@ impl Engine {
             }
             problems.push(line);
         }
-        if self.interpreters.all().is_empty() {
+        if let Err(err) = self.check_default_python() {
+            let mut line = err.message;
+            if let Some(hint) = &err.hint {
+                line.push_str(&format!(" (hint: {hint})"));
+            }
+            problems.push(line);
+        } else if self.interpreters.all().is_empty() {
             problems.push(
                 "No Python interpreter was found (hint: install one with pyenv, `uv python install`, or the system package manager)"
                     .into(),

@@ -36,6 +36,7 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         return serve_http(settings.engine, http).await;
     }
     let engine = Engine::start(settings.engine).await;
+    fail_on_bad_default_python(&engine)?;
     let report = engine.report();
     if report.ready {
         tracing::info!(
@@ -73,6 +74,7 @@ async fn serve_http(
     http: snakebox_http::HttpConfig,
 ) -> anyhow::Result<ExitCode> {
     let engine = Engine::start(config).await;
+    fail_on_bad_default_python(&engine)?;
     let report = engine.report();
     if !report.ready {
         for problem in &report.problems {
@@ -219,6 +221,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let config = settings::resolve(&args.engine)?.engine;
     let engine = Engine::new(config).await;
+    fail_on_bad_default_python(&engine)?;
     let cancel = CancellationToken::new();
     let on_interrupt = cancel.clone();
     // SIGINT or SIGTERM kills the run (its output so far is printed; exit code 130).
@@ -280,6 +283,18 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// `snakebox check`: the environment report; exit 1 when executions cannot run.
+/// A server whose default Python is not here would fail every call: refuse to start, saying
+/// which setting to fix (`check` reports it as a problem instead).
+fn fail_on_bad_default_python(engine: &Engine) -> anyhow::Result<()> {
+    engine.check_default_python().map_err(|err| {
+        engine.release_host();
+        match err.hint {
+            Some(hint) => anyhow::anyhow!("{}\nhint: {hint}", err.message),
+            None => anyhow::anyhow!("{}", err.message),
+        }
+    })
+}
+
 pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let config = settings::resolve(&args.engine)?.engine;
     let engine = Engine::new(config).await;
