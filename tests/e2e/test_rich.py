@@ -262,6 +262,8 @@ async def test_a_matplotlib_plot_arrives_as_an_image(client):
     data = result.structured_content
     assert data["status"] == "ok", data
     assert "non-interactive" not in data["stderr"]  # show() was handled, not warned about
+    # fontconfig finds its configuration (issue 16 (8): every run printed a Fontconfig error).
+    assert "Fontconfig" not in data["stderr"], data["stderr"]
     figures = [a for a in data["artifacts"] if a["origin"] == "figure"]
     assert [f["name"] for f in figures] == ["figure-1.png", "figure-2.png"]
     assert all(f["inline"] and f["mime_type"] == "image/png" for f in figures)

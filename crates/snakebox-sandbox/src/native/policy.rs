@@ -68,13 +68,15 @@ pub(crate) struct SystemView {
     pub(crate) etc_network: Vec<PathBuf>,
 }
 
-/// `/etc` entries Python and TLS need.
+/// `/etc` entries Python, TLS and font rendering need (fontconfig's configuration: without
+/// it every matplotlib run printed `Fontconfig error: Cannot load default config file`).
 pub(crate) const ETC_ALWAYS: &[&str] = &[
     "/etc/ld.so.cache",
     "/etc/localtime",
     "/etc/ssl/certs",
     "/etc/ssl/openssl.cnf",
     "/etc/mime.types",
+    "/etc/fonts",
 ];
 /// `/etc` entries for name resolution, only with network.
 pub(crate) const ETC_NETWORK: &[&str] = &[
