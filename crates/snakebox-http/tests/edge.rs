@@ -35,6 +35,7 @@ fn config(addr: &str) -> HttpConfig {
         allowed_hosts: vec![],
         allowed_origins: vec!["https://app.example.com".into()],
         insecure_no_auth: false,
+        link_ttl: snakebox_http::DEFAULT_LINK_TTL,
     }
 }
 

@@ -115,6 +115,19 @@ pub(crate) struct ValidateParams {
 #[derive(Debug, Clone)]
 pub struct RequestGone(pub CancellationToken);
 
+/// Signed download URLs of artifacts, made by an HTTP face (which serves them).
+pub trait DownloadLinks: Send + Sync {
+    /// The URL that downloads `caller`'s artifact `name` of `execution_id`, if one can be
+    /// made.
+    fn url(&self, caller: &Caller, execution_id: &str, name: &str) -> Option<String>;
+}
+
+/// Put by an HTTP face into a request's extensions: that request's results carry each
+/// artifact's download URL (`download_url`) beside its `resource_link`. Results on stdio,
+/// where no request carries one, are unchanged.
+#[derive(Clone)]
+pub struct Downloads(pub Arc<dyn DownloadLinks>);
+
 /// The MCP server: one engine shared by every request.
 #[derive(Clone)]
 pub struct SnakeboxServer {
@@ -179,6 +192,25 @@ impl SnakeboxServer {
         token
     }
 
+    /// An execution's record as the tool result: on HTTP, with the download URL of each
+    /// artifact for `caller` (see [`Downloads`]).
+    pub(crate) fn execution_reply(
+        context: &RequestContext<RoleServer>,
+        caller: &Caller,
+        mut result: ExecutionResult,
+    ) -> CallToolResult {
+        let downloads = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Downloads>());
+        if let Some(Downloads(links)) = downloads {
+            for artifact in &mut result.artifacts {
+                artifact.download_url = links.url(caller, &result.execution_id, &artifact.name);
+            }
+        }
+        execution_result(&result)
+    }
+
     /// Who `context`'s request is for.
     pub(crate) fn caller(&self, context: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
         if let Some(fixed) = self.caller.as_ref() {
@@ -222,7 +254,8 @@ expression, and PNG/JPEG/SVG files the script saves come back as image content (
 images of at most 1 MiB each inline; every image is also an artifact).\n\
 - artifacts: every file the script creates or changes in its working directory (up to 100 \
 files, 64 MiB each), listed with name, size and MIME type and returned as resource links \
-`snakebox://artifacts/<execution_id>/<path>`; fetch one with resources/read. Artifacts are \
+`snakebox://artifacts/<execution_id>/<path>`; fetch one with resources/read (over HTTP each \
+also has a `download_url`, an expiring link a plain GET downloads). Artifacts are \
 kept for a limited time (see check_environment). (In a session, files stay in its workspace \
 instead: use read_file.)\n\n\
 Files in: pass `files` to create inputs in the working directory first (relative paths; \
@@ -291,7 +324,7 @@ progress token; cancelling the request kills the run at once. Limits: timeout_se
             // Every chunk is sent before the result, so progress never trails the answer.
             let _ = forwarder.await;
         }
-        Ok(execution_result(&result))
+        Ok(Self::execution_reply(&context, &caller, result))
     }
 
     #[tool(
@@ -417,10 +450,16 @@ pub(crate) fn execution_result(result: &ExecutionResult) -> CallToolResult {
             Resource::new(artifact.uri.clone(), artifact.name.clone())
                 .with_mime_type(artifact.mime_type.clone())
                 .with_size(artifact.size)
-                .with_description(format!(
-                    "produced by execution {} (read it with resources/read)",
-                    result.execution_id
-                )),
+                .with_description(match &artifact.download_url {
+                    Some(url) => format!(
+                        "produced by execution {} (read it with resources/read, or download it with a plain GET of {url})",
+                        result.execution_id
+                    ),
+                    None => format!(
+                        "produced by execution {} (read it with resources/read)",
+                        result.execution_id
+                    ),
+                }),
         ));
     }
     reply

@@ -56,6 +56,10 @@ pub struct HttpArgs {
     /// Serve without API keys on a non-loopback address (a proxy in front authenticates).
     #[arg(long)]
     pub insecure_no_auth: bool,
+    /// Seconds the download links in results stay valid [default: 3600, or `[http]
+    /// link_ttl`].
+    #[arg(long, env = "SNAKEBOX_LINK_TTL", value_name = "S")]
+    pub link_ttl: Option<u64>,
 }
 
 /// Arguments of `snakebox keys`.
