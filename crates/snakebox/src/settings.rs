@@ -945,6 +945,42 @@ mod tests {
 
     use super::*;
 
+    #[test]
+    fn download_links_live_an_hour_unless_told_and_within_bounds() {
+        let serving = HttpArgs {
+            http: Some(String::new()),
+            ..HttpArgs::default()
+        };
+        let ttl = |args: &HttpArgs, text: &str| {
+            let file = parse_file(text).map(|mut file| std::mem::take(&mut file.http));
+            resolve_http(args, file.unwrap_or_else(|err| panic!("{err:#}")))
+                .map(|http| http.map(|http| http.link_ttl))
+        };
+        assert_eq!(
+            ttl(&serving, "").unwrap_or_else(|err| panic!("{err:#}")),
+            Some(snakebox_http::DEFAULT_LINK_TTL)
+        );
+        assert_eq!(
+            ttl(&serving, "[http]\nlink_ttl = 600\n").unwrap_or_else(|err| panic!("{err:#}")),
+            Some(Duration::from_secs(600))
+        );
+        let flag = HttpArgs {
+            link_ttl: Some(60),
+            ..serving.clone()
+        };
+        assert_eq!(
+            ttl(&flag, "[http]\nlink_ttl = 600\n").unwrap_or_else(|err| panic!("{err:#}")),
+            Some(Duration::from_secs(60))
+        );
+        for bad in ["0", "99999999"] {
+            let err = ttl(&serving, &format!("[http]\nlink_ttl = {bad}\n"))
+                .err()
+                .map(|err| format!("{err:#}"))
+                .unwrap_or_default();
+            assert!(err.contains("--link-ttl") && err.contains("hint:"), "{err}");
+        }
+    }
+
     /// Parse `text` as a config file and resolve it with no flags.
     fn resolve_settings(text: &str) -> anyhow::Result<Settings> {
         resolve_with(&EngineArgs::default(), parse_file(text)?)
