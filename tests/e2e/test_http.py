@@ -284,8 +284,11 @@ async def test_legacy_sse_with_a_key_in_the_url_and_sessions_bound_to_their_tena
     with http_server(snakebox_bin, data) as (proc, url):
         transport = sse_client(f"{url}/sse?api_key={key_a}", on_session_created=sessions.append)
         async with Client(transport, mode="legacy", read_timeout_seconds=120) as client:
-            run, text, is_error = await call(client, "execute_python", script="print(6 * 7)")
+            run, text, is_error = await call(client, "execute_python", script="print(6 * 7)\nopen('sse.txt', 'w').write('over sse')")
             assert not is_error and run["stdout"] == "42\n", text
+            # Results over legacy SSE carry download links too.
+            status, _, body = plain_get(run["artifacts"][0]["download_url"])
+            assert (status, body) == (200, b"over sse"), (status, body)
             created, text, _ = await call(client, "create_session", name="over-sse")
             sid = created["session_id"]
             assert sessions, "no SSE session id was announced"

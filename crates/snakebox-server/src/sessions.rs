@@ -435,7 +435,7 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"command\": \"ls -la && wc -l
         if let Some(forwarder) = forwarder {
             let _ = forwarder.await;
         }
-        Ok(Self::execution_reply(&context, &caller, result))
+        Ok(self.execution_reply(&context, &caller, result))
     }
 
     #[tool(

@@ -136,6 +136,9 @@ pub struct SnakeboxServer {
     /// `None` on a face with tenants ([`SnakeboxServer::per_request`]): each request carries
     /// its own, put there by the face after it authenticated the request.
     caller: Option<Caller>,
+    /// Download links for every call of this connection (a legacy SSE stream opened over
+    /// HTTP); a request's own [`Downloads`] comes first.
+    downloads: Option<Downloads>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -153,8 +156,16 @@ impl SnakeboxServer {
         Self {
             engine,
             caller: Some(caller),
+            downloads: None,
             tool_router: Self::tool_router() + Self::session_router(),
         }
+    }
+
+    /// This server, with download links in the results of every call (see [`Downloads`]).
+    #[must_use]
+    pub fn with_downloads(mut self, downloads: Downloads) -> Self {
+        self.downloads = Some(downloads);
+        self
     }
 
     /// A server over this engine for a face with tenants: every request must carry its
@@ -166,6 +177,7 @@ impl SnakeboxServer {
         Self {
             engine,
             caller: None,
+            downloads: None,
             tool_router: Self::tool_router() + Self::session_router(),
         }
     }
@@ -195,6 +207,7 @@ impl SnakeboxServer {
     /// An execution's record as the tool result: on HTTP, with the download URL of each
     /// artifact for `caller` (see [`Downloads`]).
     pub(crate) fn execution_reply(
+        &self,
         context: &RequestContext<RoleServer>,
         caller: &Caller,
         mut result: ExecutionResult,
@@ -202,7 +215,8 @@ impl SnakeboxServer {
         let downloads = context
             .extensions
             .get::<http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<Downloads>());
+            .and_then(|parts| parts.extensions.get::<Downloads>())
+            .or(self.downloads.as_ref());
         if let Some(Downloads(links)) = downloads {
             for artifact in &mut result.artifacts {
                 artifact.download_url = links.url(caller, &result.execution_id, &artifact.name);
@@ -324,7 +338,7 @@ progress token; cancelling the request kills the run at once. Limits: timeout_se
             // Every chunk is sent before the result, so progress never trails the answer.
             let _ = forwarder.await;
         }
-        Ok(Self::execution_reply(&context, &caller, result))
+        Ok(self.execution_reply(&context, &caller, result))
     }
 
     #[tool(
