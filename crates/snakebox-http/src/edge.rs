@@ -258,7 +258,7 @@ async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) 
     // on an authenticated `GET /sse` and bound to that tenant) is its credential. With a key,
     // the key must be valid and the session its tenant's (checked by the handler).
     let session_post = request.uri().path() == "/messages" && bearer(request.headers()).is_none();
-    let download = request.method() == Method::GET
+    let download = matches!(*request.method(), Method::GET | Method::HEAD)
         && request.uri().path().starts_with(crate::links::ROUTE_PREFIX);
     if !OPEN_ROUTES.contains(&request.uri().path()) && !session_post && !download {
         match edge.authenticate(&request) {

@@ -146,6 +146,16 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
         "{disposition}"
     );
 
+    // HEAD answers the same head, without the body.
+    let head = Request::head(path_of(&url))
+        .header(header::HOST, "127.0.0.1:8000")
+        .body(Body::empty())
+        .unwrap();
+    let (status, head_headers, body) = send(&router, head).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(head_headers[header::CONTENT_LENGTH], "768");
+    assert!(body.is_empty());
+
     // Tampered: another signature, another path, another expiry, no signature at all.
     let path = path_of(&url).to_owned();
     let (base, sig) = path.rsplit_once("&sig=").unwrap();
