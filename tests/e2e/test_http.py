@@ -190,6 +190,64 @@ async def test_requests_without_a_live_key_are_refused(snakebox_bin: Path, tmp_p
         assert proc.poll() is None
 
 
+def plain_get(url: str, key: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    """A GET without the SDK (a browser or curl downloading a link, a Prometheus scrape)."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, {k.lower(): v for k, v in response.headers.items()}, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()
+
+
+def runs_ok(metrics: str) -> float:
+    """`snakebox_runs_total{kind="execute",status="ok"}` in Prometheus text (0 when absent)."""
+    total = 0.0
+    for line in metrics.splitlines():
+        if line.startswith("snakebox_runs_total{") and 'kind="execute"' in line and 'status="ok"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_signed_download_links_and_metrics(snakebox_bin: Path, tmp_path: Path, mode: str):
+    data = tmp_path / "data"
+    key = make_key(snakebox_bin, data, "team-a")
+    payload = os.urandom(200_000)
+    with http_server(snakebox_bin, data) as (proc, url):
+        status, headers, before = plain_get(f"{url}/metrics", key)
+        assert status == 200 and headers["content-type"].startswith("text/plain"), (status, before)
+        assert plain_get(f"{url}/metrics")[0] == 401  # a key exists: the scrape needs one
+        before = before.decode()
+        assert "# TYPE snakebox_sessions gauge" in before, before
+        async with connect(url, key, mode) as client:
+            run, text, _ = await call(
+                client, "execute_python",
+                script=f"import base64\nopen('report out.bin', 'wb').write(base64.b64decode({__import__('base64').b64encode(payload).decode()!r}))",
+            )
+        assert run["status"] == "ok", text
+        (artifact,) = run["artifacts"]
+        link = artifact["download_url"]
+        assert link.startswith(f"{url}/files/{run['execution_id']}/report%20out.bin?"), link
+        assert key not in link and f"download: {link}" in text
+        # A plain GET, no key: the exact bytes, as an attachment that is never rendered.
+        status, headers, body = plain_get(link)
+        assert status == 200 and body == payload, status
+        assert headers["content-length"] == str(len(payload))
+        assert headers["content-disposition"].startswith('attachment; filename="report_out.bin"'), headers
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["content-security-policy"] == "sandbox"
+        # One changed character of the signature: 403.
+        tampered = link[:-1] + ("0" if link[-1] != "0" else "1")
+        assert plain_get(tampered)[0] == 403
+        status, _, after = plain_get(f"{url}/metrics", key)
+        assert status == 200
+        after = after.decode()
+        assert runs_ok(after) == runs_ok(before) + 1, after
+        assert "snakebox_http_requests_total{" in after and "team-a" not in after
+        assert proc.poll() is None
+
+
 async def test_sigterm_stops_the_http_server_cleanly(snakebox_bin: Path, tmp_path: Path):
     data = tmp_path / "data"
     with http_server(snakebox_bin, data) as (proc, url):
@@ -226,8 +284,11 @@ async def test_legacy_sse_with_a_key_in_the_url_and_sessions_bound_to_their_tena
     with http_server(snakebox_bin, data) as (proc, url):
         transport = sse_client(f"{url}/sse?api_key={key_a}", on_session_created=sessions.append)
         async with Client(transport, mode="legacy", read_timeout_seconds=120) as client:
-            run, text, is_error = await call(client, "execute_python", script="print(6 * 7)")
+            run, text, is_error = await call(client, "execute_python", script="print(6 * 7)\nopen('sse.txt', 'w').write('over sse')")
             assert not is_error and run["stdout"] == "42\n", text
+            # Results over legacy SSE carry download links too.
+            status, _, body = plain_get(run["artifacts"][0]["download_url"])
+            assert (status, body) == (200, b"over sse"), (status, body)
             created, text, _ = await call(client, "create_session", name="over-sse")
             sid = created["session_id"]
             assert sessions, "no SSE session id was announced"

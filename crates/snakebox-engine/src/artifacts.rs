@@ -127,6 +127,19 @@ pub struct ArtifactContent {
     pub data: Vec<u8>,
 }
 
+/// One artifact opened for a download (see [`ArtifactStore::open`]).
+#[derive(Debug)]
+pub struct ArtifactFile {
+    /// Path relative to the run's working directory.
+    pub name: String,
+    /// MIME type.
+    pub mime_type: String,
+    /// Its size in bytes when opened (the store never changes a kept file).
+    pub size: u64,
+    /// The file, at its start.
+    pub file: std::fs::File,
+}
+
 /// An image the runner produced (a figure, or the last expression), already decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct GeneratedImage {
@@ -443,15 +456,13 @@ impl ArtifactStore {
         collection
     }
 
-    /// The content of the artifact named by `uri`.
-    ///
-    /// # Errors
-    /// An invalid or unsafe URI, an artifact that does not exist (or expired), an I/O error.
-    pub fn read(
+    /// The manifest entry of the artifact named by `uri`, when `caller` may read it: its
+    /// execution's directory, its checked path and its entry.
+    fn find(
         &self,
         caller: &crate::Caller,
         uri: &str,
-    ) -> Result<ArtifactContent, ArtifactError> {
+    ) -> Result<(PathBuf, RelativePath, ManifestEntry), ArtifactError> {
         let (execution_id, path) = parse_uri(uri)?;
         let dir = self.root.join(&execution_id);
         let manifest = read_manifest(&dir).ok_or_else(|| ArtifactError::NotFound(uri.into()))?;
@@ -462,25 +473,66 @@ impl ArtifactStore {
         let name = path.to_string();
         let entry = manifest
             .artifacts
-            .iter()
+            .into_iter()
             .find(|a| a.name == name)
             .ok_or_else(|| ArtifactError::NotFound(uri.into()))?;
+        Ok((dir, path, entry))
+    }
+
+    /// The content of the artifact named by `uri`.
+    ///
+    /// # Errors
+    /// An invalid or unsafe URI, an artifact that does not exist (or expired), an I/O error.
+    pub fn read(
+        &self,
+        caller: &crate::Caller,
+        uri: &str,
+    ) -> Result<ArtifactContent, ArtifactError> {
+        let (dir, path, entry) = self.find(caller, uri)?;
         // Confined like every caller-given path, though the store is the server's own.
-        let data =
-            snakebox_fs::read(&dir.join(FILES), &path, MAX_FILE_BYTES).map_err(
-                |err| match err {
-                    snakebox_fs::FsError::NotFound { .. } => ArtifactError::NotFound(uri.into()),
-                    other => ArtifactError::Io {
-                        uri: uri.into(),
-                        source: std::io::Error::other(other.with_cause()),
-                    },
-                },
-            )?;
+        let data = snakebox_fs::read(&dir.join(FILES), &path, MAX_FILE_BYTES)
+            .map_err(|err| fs_error(uri, err))?;
+        let execution_id = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         Ok(ArtifactContent {
-            uri: artifact_uri(&execution_id, &name),
-            name,
-            mime_type: entry.mime_type.clone(),
+            uri: artifact_uri(&execution_id, &entry.name),
+            name: entry.name,
+            mime_type: entry.mime_type,
             data,
+        })
+    }
+
+    /// The artifact `path` of `execution_id`, opened for reading as a stream (a download):
+    /// the same checks as [`ArtifactStore::read`], without reading it whole.
+    ///
+    /// # Errors
+    /// An invalid execution id or path (`..` included), an artifact that does not exist (or
+    /// expired, or is another caller's), an I/O error.
+    pub fn open(
+        &self,
+        caller: &crate::Caller,
+        execution_id: &str,
+        path: &str,
+    ) -> Result<ArtifactFile, ArtifactError> {
+        if execution_id.contains(['/', '?', '#', '%']) {
+            return Err(ArtifactError::InvalidUri {
+                uri: execution_id.chars().take(200).collect(),
+                reason: "the execution id is not valid".into(),
+            });
+        }
+        let uri = artifact_uri(execution_id, path);
+        let (dir, path, entry) = self.find(caller, &uri)?;
+        let root = snakebox_fs::open_root(&dir.join(FILES), &entry.name)
+            .map_err(|err| fs_error(&uri, err))?;
+        let (file, stat) = snakebox_fs::open_file(std::os::fd::AsFd::as_fd(&root), &path)
+            .map_err(|err| fs_error(&uri, err))?;
+        Ok(ArtifactFile {
+            size: u64::try_from(stat.st_size).unwrap_or(0),
+            name: entry.name,
+            mime_type: entry.mime_type,
+            file,
         })
     }
 
@@ -504,6 +556,7 @@ impl ArtifactStore {
                     uri: artifact_uri(&m.execution_id, &a.name),
                     origin: origin_from(&a.origin),
                     inline: false,
+                    download_url: None,
                 })
             })
             .take(limit)
@@ -735,6 +788,7 @@ impl<'a> Entry<'a> {
                 uri: artifact_uri(&self.execution_id, name),
                 origin: *origin,
                 inline,
+                download_url: None,
             })
             .collect();
         Ok(Some((artifacts, inline)))
@@ -795,6 +849,17 @@ pub(crate) fn artifact_uri(execution_id: &str, name: &str) -> String {
         }
     }
     uri
+}
+
+/// A failure of the confined reader, as an artifact error.
+fn fs_error(uri: &str, err: snakebox_fs::FsError) -> ArtifactError {
+    match err {
+        snakebox_fs::FsError::NotFound { .. } => ArtifactError::NotFound(uri.into()),
+        other => ArtifactError::Io {
+            uri: uri.into(),
+            source: std::io::Error::other(other.with_cause()),
+        },
+    }
 }
 
 /// Split an artifact URI into its execution id and checked path.

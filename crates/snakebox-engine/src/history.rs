@@ -53,7 +53,7 @@ pub enum RunKind {
 }
 
 impl RunKind {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RunKind::Execute => "execute",
             RunKind::SessionCell => "session_cell",

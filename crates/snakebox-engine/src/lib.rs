@@ -25,6 +25,7 @@ mod result;
 mod run;
 mod runner;
 mod session;
+pub mod telemetry;
 mod tenants;
 /// See [`snakebox_fs::tree`].
 use snakebox_fs::tree;
@@ -37,7 +38,7 @@ use snakebox_sandbox::{Sandbox, SandboxConfig};
 use tokio::sync::Semaphore;
 
 pub use artifacts::{
-    ArtifactContent, ArtifactError, ArtifactPrune, ArtifactStore,
+    ArtifactContent, ArtifactError, ArtifactFile, ArtifactPrune, ArtifactStore,
     URI_PREFIX as ARTIFACT_URI_PREFIX, URI_TEMPLATE as ARTIFACT_URI_TEMPLATE, is_text_mime,
 };
 pub use caller::{Caller, LOCAL_TENANT};
@@ -67,6 +68,7 @@ pub use validate::{Validation, ValidationProblem};
 pub(crate) async fn slot_of(
     runs: &Arc<Semaphore>,
 ) -> Result<tokio::sync::OwnedSemaphorePermit, EngineError> {
+    let _queued = telemetry::Queued::enter();
     Arc::clone(runs).acquire_owned().await.map_err(|_| {
         EngineError::new(ErrorKind::Unavailable, "The engine is shutting down")
             .with_hint("retry once the server has been restarted")
@@ -277,6 +279,31 @@ impl Engine {
                 })
             });
         Ok(read?)
+    }
+
+    /// One of `caller`'s artifacts opened for a download: `path` of `execution_id` (as an
+    /// artifact URI names it, decoded).
+    ///
+    /// # Errors
+    /// As [`Engine::read_artifact`].
+    pub async fn open_artifact(
+        &self,
+        caller: &Caller,
+        execution_id: &str,
+        path: &str,
+    ) -> Result<ArtifactFile, EngineError> {
+        let store = self.artifacts.clone();
+        let (caller, execution_id, path) =
+            (caller.clone(), execution_id.to_owned(), path.to_owned());
+        let opened = tokio::task::spawn_blocking(move || store.open(&caller, &execution_id, &path))
+            .await
+            .unwrap_or_else(|err| {
+                Err(ArtifactError::Io {
+                    uri: String::new(),
+                    source: std::io::Error::other(err),
+                })
+            });
+        Ok(opened?)
     }
 
     /// `caller`'s artifacts of the most recent runs, newest first.

@@ -117,6 +117,11 @@ impl Lifecycle {
         self.stop.clone()
     }
 
+    /// Calls in flight now.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
     /// See [`Engine::wait_idle`].
     async fn wait_idle(&self, deadline: Duration) -> usize {
         let until = tokio::time::Instant::now() + deadline;
@@ -301,9 +306,11 @@ impl Engine {
             Ok(call) => call,
             Err(error) => return refuse(execution_id, error),
         };
+        let kind = start.kind;
         self.history.started(&execution_id, caller, start);
         // The tenant's quotas: a call past its minute is refused; past its runs at once, it
         // waits on its own queue (or until the call is cancelled).
+        let queued = crate::telemetry::Queued::enter();
         let admitted = tokio::select! {
             admitted = self.tenants.admit(caller) => admitted,
             () = call.token.cancelled() => Err(EngineError::new(
@@ -311,6 +318,7 @@ impl Engine {
                 "The call was cancelled while it waited for its tenant's turn",
             )),
         };
+        drop(queued);
         let mut result = match admitted {
             Ok(admitted) => {
                 let result = run(execution_id, call.token.clone()).await;
@@ -321,6 +329,7 @@ impl Engine {
         };
         self.mark_stopped(&call, &mut result);
         self.history.finished(&result);
+        crate::telemetry::run_finished(kind, &result);
         result
     }
 

@@ -181,6 +181,11 @@ pub struct Artifact {
     pub origin: ArtifactOrigin,
     /// Whether it is also in the reply as inline `image` content.
     pub inline: bool,
+    /// Over HTTP only: a signed, expiring URL that downloads it with a plain `GET`, no API
+    /// key (the link is the credential; it expires, see the server's `[http]` settings).
+    /// Absent on stdio.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub download_url: Option<String>,
 }
 
 /// Where an artifact came from.
@@ -317,6 +322,9 @@ impl ExecutionResult {
                     "{} ({} bytes, {}) {}\n",
                     artifact.name, artifact.size, artifact.mime_type, artifact.uri
                 ));
+                if let Some(url) = &artifact.download_url {
+                    out.push_str(&format!("  download: {url}\n"));
+                }
             }
         }
         for skipped in &self.skipped_files {

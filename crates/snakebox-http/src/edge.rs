@@ -6,7 +6,8 @@
 //!    (403): no web page may drive the tools from a user's browser.
 //! 3. **POST bodies** must be `application/json` (415), so a browser's "simple" cross-site
 //!    form or `text/plain` POST never reaches a handler, and not larger than the limit (413).
-//! 4. **Authentication**, for every route but `/healthz` and `/readyz`: a live API key as
+//! 4. **Authentication**, for every route but `/healthz`, `/readyz` and download links
+//!    (`/files/…`, whose signature is their credential: [`crate::links`]): a live API key as
 //!    `Authorization: Bearer sbx_…` (401 with `WWW-Authenticate` otherwise); the key's tenant
 //!    goes into the request's extensions as a [`Caller`]. A server without any key serves the
 //!    local tenant when it is bound to loopback (or told `--insecure-no-auth`). A legacy SSE
@@ -257,7 +258,9 @@ async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) 
     // on an authenticated `GET /sse` and bound to that tenant) is its credential. With a key,
     // the key must be valid and the session its tenant's (checked by the handler).
     let session_post = request.uri().path() == "/messages" && bearer(request.headers()).is_none();
-    if !OPEN_ROUTES.contains(&request.uri().path()) && !session_post {
+    let download = matches!(*request.method(), Method::GET | Method::HEAD)
+        && request.uri().path().starts_with(crate::links::ROUTE_PREFIX);
+    if !OPEN_ROUTES.contains(&request.uri().path()) && !session_post && !download {
         match edge.authenticate(&request) {
             Ok(caller) => {
                 request.extensions_mut().insert(caller);

@@ -13,16 +13,24 @@
 //! the MCP framing (`StreamableHttpService`, stateless: both protocol eras); its own `Host`
 //! check is replaced by ours, which covers every route.
 //!
+//! Two more routes: `/metrics` ([`scrape`], Prometheus text; behind the same key as MCP)
+//! and signed, expiring download links of artifacts ([`links`], `/files/…`: the link's
+//! signature is its credential, no key). On HTTP, results carry each artifact's link
+//! (`download_url`) beside its MCP `resource_link`.
+//!
 //! Without any API key, a server bound to loopback serves one local tenant without
 //! authentication (a developer's machine); bound elsewhere it refuses to start unless told
 //! `--insecure-no-auth`. Keys made while it runs take effect at once.
 
 pub mod edge;
 pub mod keys;
+pub mod links;
+mod scrape;
 mod sse;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
@@ -36,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use edge::Edge;
 pub use keys::{KeyError, KeyInfo, KeyStore, NewKey};
+pub use links::{DEFAULT_LINK_TTL, LinkError, LinkSigner};
 
 /// Largest request body accepted (a script is at most a few MiB; input files ride along).
 pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
@@ -57,6 +66,8 @@ pub struct HttpConfig {
     pub insecure_no_auth: bool,
     /// Also serve the MCP conformance suite's fixtures (a hidden flag, for that suite only).
     pub conformance_fixtures: bool,
+    /// How long the download links in results stay valid.
+    pub link_ttl: Duration,
 }
 
 /// Why the HTTP face cannot start.
@@ -82,6 +93,9 @@ pub enum HttpError {
     /// `--public-url` is not a URL with a host.
     #[error("The public URL `{0}` is not an http(s) URL with a host")]
     PublicUrl(String),
+    /// The download links' secret cannot be read or made.
+    #[error(transparent)]
+    Links(#[from] LinkError),
 }
 
 impl HttpError {
@@ -93,14 +107,17 @@ impl HttpError {
             HttpError::Keys(err) => err.hint(),
             HttpError::Io { .. } => "check that the address is free (another server on that port?) and that this user may bind it".into(),
             HttpError::PublicUrl(_) => "pass the URL clients use, e.g. `https://snakebox.example.com`".into(),
+            HttpError::Links(err) => err.hint(),
         }
     }
 }
 
-/// The routes, behind the edge: what [`serve`] serves (tests call it directly).
+/// The routes, behind the edge: what [`serve`] serves (tests call it directly). The first
+/// call installs the process's metrics recorder.
 ///
 /// # Errors
-/// A bad public URL, or a non-loopback bind without authentication.
+/// A bad public URL, a non-loopback bind without authentication, a download-link secret
+/// that cannot be read or made.
 pub fn router(
     engine: Arc<Engine>,
     config: &HttpConfig,
@@ -108,6 +125,17 @@ pub fn router(
     stop: CancellationToken,
 ) -> Result<Router, HttpError> {
     let edge = Edge::new(config, keys)?;
+    let links = Arc::new(links::Links {
+        signer: LinkSigner::load_or_create(&engine.config().data_dir)?,
+        ttl: config.link_ttl,
+        public_url: config
+            .public_url
+            .as_ref()
+            .map(|url| url.trim_end_matches('/').to_owned()),
+        fallback_base: format!("http://{}", config.addr),
+    });
+    // Installed before anything records, so the first run is counted.
+    let _ = scrape::handle();
     let mcp_config = {
         let mut mcp = StreamableHttpServerConfig::default()
             // Ours covers every route; rmcp's covers only its own.
@@ -132,6 +160,7 @@ pub fn router(
         mcp_config,
     );
     let ready_engine = Arc::clone(&engine);
+    let files_engine = Arc::clone(&engine);
     let legacy = sse::SseSessions::new(Arc::clone(&engine), stop.child_token());
     let router = Router::new()
         .route_service("/mcp", any_service(mcp.clone()))
@@ -152,13 +181,21 @@ pub fn router(
                 async move { readiness(&engine) }
             }),
         )
+        .route("/metrics", get(scrape::metrics).with_state(engine))
+        .route(
+            "/files/{execution_id}/{*path}",
+            get(links::download).with_state((files_engine, Arc::clone(&links))),
+        )
         .fallback(|| async {
             (
                 StatusCode::NOT_FOUND,
                 "no such route; MCP is served at /mcp (streamable HTTP)\n",
             )
-        });
-    Ok(edge.wrap(router))
+        })
+        .layer(axum::middleware::from_fn_with_state(links, links::attach));
+    Ok(edge
+        .wrap(router)
+        .layer(axum::middleware::from_fn(scrape::count)))
 }
 
 /// `/readyz`: 200 when runs can be served, else 503 with the reasons.
@@ -188,7 +225,8 @@ pub async fn serve(
     stop: CancellationToken,
 ) -> Result<(), HttpError> {
     let keys = KeyStore::new(&engine.config().data_dir);
-    let router = router(Arc::clone(&engine), config, keys, stop.clone())?;
+    // Checked before binding: a refused configuration never holds the port.
+    Edge::new(config, keys.clone())?;
     let listener = tokio::net::TcpListener::bind(config.addr)
         .await
         .map_err(|source| HttpError::Io {
@@ -196,6 +234,12 @@ pub async fn serve(
             source,
         })?;
     let bound = listener.local_addr().unwrap_or(config.addr);
+    // Links without a public URL or a Host fall back to the address really bound (port 0).
+    let bound_config = HttpConfig {
+        addr: bound,
+        ..config.clone()
+    };
+    let router = router(Arc::clone(&engine), &bound_config, keys, stop.clone())?;
     tracing::info!(%bound, "serving MCP over HTTP at http://{bound}/mcp");
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { stop.cancelled().await })

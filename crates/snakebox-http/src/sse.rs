@@ -97,6 +97,7 @@ impl SseSessions {
 pub(crate) async fn open(
     State(sessions): State<Arc<SseSessions>>,
     Extension(caller): Extension<Caller>,
+    downloads: Option<Extension<snakebox_server::Downloads>>,
 ) -> Response {
     let Some(id) = session_id() else {
         return refusal(
@@ -119,7 +120,10 @@ pub(crate) async fn open(
                 to_server,
             },
         );
-    let server = SnakeboxServer::for_caller(Arc::clone(&sessions.engine), caller);
+    let mut server = SnakeboxServer::for_caller(Arc::clone(&sessions.engine), caller);
+    if let Some(Extension(downloads)) = downloads {
+        server = server.with_downloads(downloads);
+    }
     let token = service_token.clone();
     tokio::spawn(async move {
         let transport = (

@@ -36,6 +36,7 @@ fn config(addr: &str) -> HttpConfig {
         allowed_origins: vec!["https://app.example.com".into()],
         insecure_no_auth: false,
         conformance_fixtures: false,
+        link_ttl: snakebox_http::DEFAULT_LINK_TTL,
     }
 }
 

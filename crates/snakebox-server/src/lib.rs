@@ -23,7 +23,7 @@ use snakebox_engine::{Engine, StopReason};
 use tokio_util::sync::CancellationToken;
 
 pub use frames::DEFAULT_MAX_FRAME_BYTES;
-pub use tools::{RequestGone, SnakeboxServer};
+pub use tools::{DownloadLinks, Downloads, RequestGone, SnakeboxServer};
 
 /// Serve MCP over stdin/stdout until the client closes our input or `stop` resolves (a
 /// signal, in the binary). Either way the engine stops taking calls and cancels those in

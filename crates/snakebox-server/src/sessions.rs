@@ -20,7 +20,7 @@ use snakebox_engine::{
     InstallStatus, PackageList, SessionInfo, SessionList,
 };
 
-use crate::tools::{SnakeboxServer, execution_result, progress, structured};
+use crate::tools::{SnakeboxServer, progress, structured};
 
 /// How long `install_packages` waits by default before answering "still running".
 const DEFAULT_INSTALL_WAIT: Duration = Duration::from_secs(50);
@@ -427,7 +427,7 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"command\": \"ls -la && wc -l
         if let Some(forwarder) = forwarder {
             let _ = forwarder.await;
         }
-        Ok(execution_result(&result))
+        Ok(self.execution_reply(&context, &caller, result))
     }
 
     #[tool(

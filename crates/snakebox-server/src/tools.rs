@@ -114,6 +114,19 @@ pub(crate) struct ValidateParams {
 #[derive(Debug, Clone)]
 pub struct RequestGone(pub CancellationToken);
 
+/// Signed download URLs of artifacts, made by an HTTP face (which serves them).
+pub trait DownloadLinks: Send + Sync {
+    /// The URL that downloads `caller`'s artifact `name` of `execution_id`, if one can be
+    /// made.
+    fn url(&self, caller: &Caller, execution_id: &str, name: &str) -> Option<String>;
+}
+
+/// Put by an HTTP face into a request's extensions: that request's results carry each
+/// artifact's download URL (`download_url`) beside its `resource_link`. Results on stdio,
+/// where no request carries one, are unchanged.
+#[derive(Clone)]
+pub struct Downloads(pub Arc<dyn DownloadLinks>);
+
 /// The MCP server: one engine shared by every request.
 #[derive(Clone)]
 pub struct SnakeboxServer {
@@ -122,6 +135,9 @@ pub struct SnakeboxServer {
     /// `None` on a face with tenants ([`SnakeboxServer::per_request`]): each request carries
     /// its own, put there by the face after it authenticated the request.
     caller: Option<Caller>,
+    /// Download links for every call of this connection (a legacy SSE stream opened over
+    /// HTTP); a request's own [`Downloads`] comes first.
+    downloads: Option<Downloads>,
     tool_router: ToolRouter<Self>,
     /// Whether the conformance suite's fixtures are served too ([`crate::conformance`]).
     fixtures: bool,
@@ -141,9 +157,17 @@ impl SnakeboxServer {
         Self {
             engine,
             caller: Some(caller),
+            downloads: None,
             tool_router: Self::tool_router() + Self::session_router(),
             fixtures: false,
         }
+    }
+
+    /// This server, with download links in the results of every call (see [`Downloads`]).
+    #[must_use]
+    pub fn with_downloads(mut self, downloads: Downloads) -> Self {
+        self.downloads = Some(downloads);
+        self
     }
 
     /// A server over this engine for a face with tenants: every request must carry its
@@ -155,6 +179,7 @@ impl SnakeboxServer {
         Self {
             engine,
             caller: None,
+            downloads: None,
             tool_router: Self::tool_router() + Self::session_router(),
             fixtures: false,
         }
@@ -191,6 +216,27 @@ impl SnakeboxServer {
             });
         }
         token
+    }
+
+    /// An execution's record as the tool result: on HTTP, with the download URL of each
+    /// artifact for `caller` (see [`Downloads`]).
+    pub(crate) fn execution_reply(
+        &self,
+        context: &RequestContext<RoleServer>,
+        caller: &Caller,
+        mut result: ExecutionResult,
+    ) -> CallToolResult {
+        let downloads = context
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Downloads>())
+            .or(self.downloads.as_ref());
+        if let Some(Downloads(links)) = downloads {
+            for artifact in &mut result.artifacts {
+                artifact.download_url = links.url(caller, &result.execution_id, &artifact.name);
+            }
+        }
+        execution_result(&result)
     }
 
     /// Who `context`'s request is for.
@@ -230,8 +276,8 @@ expression's repr, and json when plain data); exception (type, \
 message, line, traceback of `script.py`); images (matplotlib figures, a PIL image as the last \
 expression, saved PNG/JPEG/SVG files; up to 4 inline, each also an artifact); artifacts \
 (files the script created or changed in its working directory, as resource links \
-`snakebox://artifacts/<execution_id>/<path>` to fetch with resources/read, kept for a limited \
-time; in a session use read_file).\n\n\
+`snakebox://artifacts/<execution_id>/<path>` to fetch with resources/read, and over HTTP a \
+`download_url`; kept for a limited time; in a session use read_file).\n\n\
 `files` creates inputs in the working directory first (text, or base64 with \"encoding\": \
 \"base64\"). The network is off unless the server allows it; then it goes through a proxy \
 (HTTP_PROXY is set: urllib, requests, httpx and pip work), host names only, `network_log` \
@@ -293,7 +339,7 @@ processes): see check_environment.",
             // Every chunk is sent before the result, so progress never trails the answer.
             let _ = forwarder.await;
         }
-        Ok(execution_result(&result))
+        Ok(self.execution_reply(&context, &caller, result))
     }
 
     #[tool(
@@ -453,10 +499,16 @@ pub(crate) fn execution_result(result: &ExecutionResult) -> CallToolResult {
             Resource::new(artifact.uri.clone(), artifact.name.clone())
                 .with_mime_type(artifact.mime_type.clone())
                 .with_size(artifact.size)
-                .with_description(format!(
-                    "produced by execution {} (read it with resources/read)",
-                    result.execution_id
-                )),
+                .with_description(match &artifact.download_url {
+                    Some(url) => format!(
+                        "produced by execution {} (read it with resources/read, or download it with a plain GET of {url})",
+                        result.execution_id
+                    ),
+                    None => format!(
+                        "produced by execution {} (read it with resources/read)",
+                        result.execution_id
+                    ),
+                }),
         ));
     }
     reply

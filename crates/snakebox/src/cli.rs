@@ -60,6 +60,10 @@ pub struct HttpArgs {
     /// test only: tests/clients/conformance-not-applicable.yml).
     #[arg(long, hide = true)]
     pub conformance_fixtures: bool,
+    /// Seconds the download links in results stay valid [default: 3600, or `[http]
+    /// link_ttl`].
+    #[arg(long, env = "SNAKEBOX_LINK_TTL", value_name = "S")]
+    pub link_ttl: Option<u64>,
 }
 
 /// Arguments of `snakebox keys`.

@@ -16,7 +16,7 @@
 //! | `[sessions]` | persistent sessions: idle times, count, disk, interpreters | per-tenant quotas |
 //! | `[artifacts]` | the artifact store: age and size | |
 //! | `[tenants]` | what one tenant may take: runs at once, runs per minute, sessions | per-tenant profiles |
-//! | `[http]` | `serve --http`: address, public URL, allowed hosts and origins | |
+//! | `[http]` | `serve --http`: address, public URL, allowed hosts and origins, download links' lifetime | |
 //!
 //! `[limits]` holds only per-run bounds; server-wide capacity (`max_concurrent_runs`) is in
 //! `[server]`, and each store's retention is in the store's own section, so a per-tenant or
@@ -101,6 +101,7 @@ const SECTION_KEYS: &[(&str, &str)] = &[
     ("http", "allowed_hosts"),
     ("http", "allowed_origins"),
     ("http", "insecure_no_auth"),
+    ("http", "link_ttl"),
     ("tenants", "max_concurrent_runs"),
     ("tenants", "runs_per_minute"),
     ("tenants", "max_sessions"),
@@ -158,6 +159,7 @@ struct HttpFile {
     #[serde(default)]
     allowed_origins: Vec<String>,
     insecure_no_auth: Option<bool>,
+    link_ttl: Option<u64>,
 }
 
 /// `[server]`.
@@ -309,6 +311,10 @@ pub(crate) fn resolve_serve(
     Ok((settings, http))
 }
 
+/// Shortest and longest validity of a download link, in seconds.
+const LINK_TTL_MIN: u64 = 10;
+const LINK_TTL_MAX: u64 = 30 * 86_400;
+
 /// The default address of `serve --http`.
 const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8000";
 
@@ -331,6 +337,15 @@ fn resolve_http(
     allowed_hosts.extend(args.allowed_hosts.iter().cloned());
     let mut allowed_origins = file.allowed_origins;
     allowed_origins.extend(args.allowed_origins.iter().cloned());
+    let link_ttl = match args.link_ttl.or(file.link_ttl) {
+        None => snakebox_http::DEFAULT_LINK_TTL,
+        Some(seconds) if (LINK_TTL_MIN..=LINK_TTL_MAX).contains(&seconds) => {
+            Duration::from_secs(seconds)
+        }
+        Some(seconds) => anyhow::bail!(
+            "invalid --link-ttl `{seconds}`\nhint: give the seconds a download link stays valid, from {LINK_TTL_MIN} to {LINK_TTL_MAX} (30 days), e.g. 3600"
+        ),
+    };
     Ok(Some(snakebox_http::HttpConfig {
         addr,
         public_url: args.public_url.clone().or(file.public_url),
@@ -338,6 +353,7 @@ fn resolve_http(
         allowed_origins,
         insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
         conformance_fixtures: args.conformance_fixtures,
+        link_ttl,
     }))
 }
 
@@ -929,6 +945,42 @@ mod tests {
     use indoc::indoc;
 
     use super::*;
+
+    #[test]
+    fn download_links_live_an_hour_unless_told_and_within_bounds() {
+        let serving = HttpArgs {
+            http: Some(String::new()),
+            ..HttpArgs::default()
+        };
+        let ttl = |args: &HttpArgs, text: &str| {
+            let file = parse_file(text).map(|mut file| std::mem::take(&mut file.http));
+            resolve_http(args, file.unwrap_or_else(|err| panic!("{err:#}")))
+                .map(|http| http.map(|http| http.link_ttl))
+        };
+        assert_eq!(
+            ttl(&serving, "").unwrap_or_else(|err| panic!("{err:#}")),
+            Some(snakebox_http::DEFAULT_LINK_TTL)
+        );
+        assert_eq!(
+            ttl(&serving, "[http]\nlink_ttl = 600\n").unwrap_or_else(|err| panic!("{err:#}")),
+            Some(Duration::from_secs(600))
+        );
+        let flag = HttpArgs {
+            link_ttl: Some(60),
+            ..serving.clone()
+        };
+        assert_eq!(
+            ttl(&flag, "[http]\nlink_ttl = 600\n").unwrap_or_else(|err| panic!("{err:#}")),
+            Some(Duration::from_secs(60))
+        );
+        for bad in ["0", "99999999"] {
+            let err = ttl(&serving, &format!("[http]\nlink_ttl = {bad}\n"))
+                .err()
+                .map(|err| format!("{err:#}"))
+                .unwrap_or_default();
+            assert!(err.contains("--link-ttl") && err.contains("hint:"), "{err}");
+        }
+    }
 
     /// Parse `text` as a config file and resolve it with no flags.
     fn resolve_settings(text: &str) -> anyhow::Result<Settings> {

@@ -1,0 +1,94 @@
+//! What the engine measures, through the `metrics` facade: counters and histograms recorded
+//! where things happen (a call admitted, waiting, returned), and gauges of state that
+//! [`Engine::publish_gauges`] refreshes from a snapshot when a face exports them.
+//!
+//! The engine never depends on an exporter: without a recorder installed (stdio, `run`,
+//! tests) every macro is a no-op. The HTTP face installs a Prometheus recorder and serves
+//! `/metrics`. No label carries a tenant, a script, a session id or a path: what is exported
+//! is the server's aggregate state only.
+
+use metrics::{counter, gauge, histogram};
+
+use crate::Engine;
+use crate::history::RunKind;
+use crate::result::ExecutionResult;
+
+/// Calls that ran (or were refused) code, by kind and final status.
+pub const RUNS_TOTAL: &str = "snakebox_runs_total";
+/// Wall time of a call's run itself, by kind.
+pub const RUN_DURATION: &str = "snakebox_run_duration_seconds";
+/// Time spent preparing a call's environment, by kind.
+pub const RUN_SETUP: &str = "snakebox_run_setup_seconds";
+/// Work waiting for a slot: a call for its tenant's turn, any sandbox (a run, an install,
+/// a build) for one of `--max-concurrent-runs`.
+pub const CALLS_QUEUED: &str = "snakebox_calls_queued";
+
+/// Record the end of one tracked call.
+pub(crate) fn run_finished(kind: RunKind, result: &ExecutionResult) {
+    let kind = kind.as_str();
+    counter!(RUNS_TOTAL, "kind" => kind, "status" => result.status.as_str()).increment(1);
+    #[allow(clippy::cast_precision_loss)]
+    {
+        histogram!(RUN_DURATION, "kind" => kind).record(result.duration_ms as f64 / 1000.0);
+        histogram!(RUN_SETUP, "kind" => kind).record(result.setup_ms as f64 / 1000.0);
+    }
+}
+
+/// Counts one call in [`CALLS_QUEUED`] while it lives (dropped when the wait ends, however
+/// it ends: a slot, a refusal, a cancellation).
+pub(crate) struct Queued(());
+
+impl Queued {
+    pub(crate) fn enter() -> Queued {
+        gauge!(CALLS_QUEUED).increment(1.0);
+        Queued(())
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        gauge!(CALLS_QUEUED).decrement(1.0);
+    }
+}
+
+#[allow(clippy::cast_precision_loss)]
+fn set(name: &'static str, value: usize) {
+    gauge!(name).set(value as f64);
+}
+
+impl Engine {
+    /// Refresh the gauges of the engine's state from a snapshot: calls in flight, sandbox
+    /// slots, sessions, the warm pool and fork servers, the environment cache. A face calls
+    /// it before it exports (the cache's size is read from its manifests on disk, so call it
+    /// off the async threads).
+    pub fn publish_gauges(&self) {
+        set("snakebox_calls_in_flight", self.lifecycle.in_flight());
+        let total = self.config.max_concurrent_runs.max(1);
+        set("snakebox_sandbox_slots", total);
+        set(
+            "snakebox_sandbox_slots_busy",
+            total.saturating_sub(self.runs.available_permits()),
+        );
+        let sessions = self.sessions.report(&self.config.data_dir);
+        set("snakebox_sessions", sessions.count);
+        set(
+            "snakebox_session_interpreters_running",
+            sessions.running_interpreters,
+        );
+        #[allow(clippy::cast_precision_loss)]
+        gauge!("snakebox_sessions_disk_bytes").set(sessions.used_disk_bytes as f64);
+        let pool = self.pool_report();
+        set("snakebox_pool_size", pool.size);
+        set("snakebox_pool_ready", pool.ready);
+        set("snakebox_fork_servers", pool.fork_servers);
+        counter!("snakebox_pool_served_total").absolute(pool.served);
+        counter!("snakebox_pool_cold_starts_total").absolute(pool.cold_starts);
+        counter!("snakebox_forked_runs_total").absolute(pool.forked);
+        if let Ok(cache) = &self.cache {
+            let stats = cache.stats();
+            set("snakebox_env_cache_environments", stats.environments);
+            #[allow(clippy::cast_precision_loss)]
+            gauge!("snakebox_env_cache_bytes").set(stats.bytes as f64);
+        }
+    }
+}
