@@ -144,13 +144,13 @@ impl Default for ProxySettings {
 
 impl ProxySettings {
     /// What installs may reach beyond the configured indexes, for the environment cache and
-    /// session installs (the same resolver and exceptions as runs).
+    /// session installs (the same exceptions as runs; names are resolved by the host's
+    /// resolver, as uv's own would be).
     #[must_use]
     pub fn install_network(&self) -> snakebox_env::InstallNetwork {
         snakebox_env::InstallNetwork {
             hosts: self.install_hosts.clone(),
             exceptions: self.exceptions.clone(),
-            resolvers: self.resolvers.clone(),
         }
     }
 

@@ -6,7 +6,6 @@
 //! reach uv or a package's build script. `PIP_*` variables are not passed: uv does not read them.
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::path::Path;
 
 /// Names of the environment variables this crate reads or sets.
@@ -96,8 +95,6 @@ pub struct InstallNetwork {
     pub hosts: Option<Vec<String>>,
     /// Address ranges installs may reach although they are not public.
     pub exceptions: Vec<ipnet::IpNet>,
-    /// Name servers the install proxy asks (empty: the host's resolv.conf).
-    pub resolvers: Vec<SocketAddr>,
 }
 
 impl UvEnvironment {
@@ -167,7 +164,6 @@ impl UvEnvironment {
         let mut rules =
             snakebox_sandbox::EgressRules::for_urls(&self.index_urls(), self.install.hosts.clone());
         rules.exceptions.clone_from(&self.install.exceptions);
-        rules.resolvers.clone_from(&self.install.resolvers);
         let proxy = [
             "HTTPS_PROXY",
             "https_proxy",

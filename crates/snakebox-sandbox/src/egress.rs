@@ -11,11 +11,10 @@
 //! otherwise, with `install_hosts` set, only those hosts (names, `*.suffix` patterns or
 //! addresses), else any host, on ports 80 and 443, and then only to public addresses (the
 //! run proxy's address checks, the operator's `exceptions` honoured; TLS server names checked
-//! on 443). Allowed connections are chained through the operator's own `http://` proxy when
+//! on 443). Names are resolved with the host's resolver, as uv's own would be. Allowed connections are chained through the operator's own `http://` proxy when
 //! one is set ([`Upstream`]), except for `NO_PROXY` hosts. Installs are not capped by the run
 //! caps (their wall time is the install timeout).
 
-use std::net::SocketAddr;
 use std::os::unix::fs::DirBuilderExt as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -52,8 +51,6 @@ pub struct EgressRules {
     pub hosts: Option<Vec<String>>,
     /// Address ranges installs may reach although they are not public.
     pub exceptions: Vec<IpNet>,
-    /// Name servers the proxy asks (empty: the host's resolv.conf).
-    pub resolvers: Vec<SocketAddr>,
     /// The operator's own HTTP proxy: allowed connections go through it (chained), except
     /// for hosts in `no_proxy`.
     pub upstream: Option<Upstream>,
@@ -92,7 +89,8 @@ impl EgressRules {
 
     /// Why `host:port` (a direct URL's, checked before anything runs) is not an install
     /// destination by name, or `None` when it may be (a configured index, or any host when
-    /// `install_hosts` is unset, or a listed one). Its addresses are checked separately.
+    /// `install_hosts` is unset, or a listed one). Its port and addresses are checked
+    /// separately.
     #[must_use]
     pub fn refuses_host(&self, host: &str, port: u16) -> Option<String> {
         let rules = self.net_rules();
@@ -111,11 +109,8 @@ impl EgressRules {
                 }
             ));
         }
-        if !rules.ports.contains(&port) {
-            return Some(format!(
-                "port {port} of `{host}` (installs reach ports 80 and 443, or a configured index)"
-            ));
-        }
+        // The port and the addresses are the proxy's to check (the caller checks addresses
+        // too, to say which one is not public).
         None
     }
 }
@@ -150,7 +145,9 @@ impl EgressProxy {
             .mode(0o711)
             .create(&dir)
             .map_err(|err| std::io::Error::new(err.kind(), format!("{}: {err}", dir.display())))?;
-        let started = NetResolver::new(&rules.resolvers)
+        // The host's resolver, as uv's own would be: `[network] resolvers` are the runs'
+        // (an operator may point runs at a filtering name server that knows no index).
+        let started = NetResolver::new(&[])
             .map_err(std::io::Error::other)
             .and_then(|resolver| RunProxy::start(&dir, rules.net_rules(), resolver));
         match started {
@@ -361,7 +358,6 @@ mod tests {
         // Unset: any host by name (its addresses are checked when it is reached).
         assert_eq!(rules.refuses_host("files.example", 443), None);
         assert_eq!(rules.refuses_host("127.0.0.1", 8000), None);
-        assert!(rules.refuses_host("files.example", 22).is_some());
         let listed = EgressRules::for_urls(
             &["http://127.0.0.1:8000/simple".into()],
             Some(vec![
