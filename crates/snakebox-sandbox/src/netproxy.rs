@@ -1677,6 +1677,17 @@ mod tests {
             get.origin_form,
             "GET /v1?q=1 HTTP/1.1\r\nHost: api.test:8080\r\nAccept: */*\r\nConnection: close\r\n\r\n"
         );
+        // For an upstream proxy: the absolute form, its credential, the same headers.
+        let upstream = Upstream::parse("http://u:p@proxy.example:3128").unwrap();
+        assert!(
+            !format!("{upstream:?}").contains("dTpw"),
+            "no credential in Debug"
+        );
+        assert_eq!(
+            get.proxy_form(&upstream),
+            "GET http://api.test:8080/v1?q=1 HTTP/1.1\r\nProxy-Authorization: Basic dTpw\r\nHost: api.test:8080\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        );
+        assert!(Upstream::parse("socks5://proxy.example:1080").is_err());
         let bare = parse_http_request(b"GET http://[::1] HTTP/1.0\r\n\r\n").unwrap();
         assert_eq!((bare.target.host.as_str(), bare.target.port), ("::1", 80));
         for bad in [
@@ -1839,6 +1850,44 @@ mod tests {
 
     /// The same loopback target without the operator's exception: refused before any
     /// connection, in both protocols, and a name is never resolved when the port is wrong.
+    #[test]
+    fn no_proxy_and_trusted_destinations_are_matched() {
+        let mut rules = NetRules::new(Names::Any);
+        rules.upstream = Some(Upstream::parse("http://proxy.example:3128").unwrap());
+        rules.no_proxy = vec![".internal.example".into(), "localhost".into()];
+        rules.trusted = vec![("Index.Example".into(), 8000)];
+        assert!(rules.upstream_for("pkgs.internal.example").is_none());
+        assert!(rules.upstream_for("internal.example").is_none());
+        assert!(rules.upstream_for("localhost").is_none());
+        assert!(rules.upstream_for("files.example").is_some());
+        assert!(rules.upstream_for("notinternal.example").is_some());
+        assert!(rules.is_trusted("index.example.", 8000));
+        assert!(!rules.is_trusted("index.example", 80));
+    }
+
+    /// Under an allowlist an address is held to the list as a name is (raw addresses
+    /// allowed): only a listed one passes to the address checks.
+    #[tokio::test]
+    async fn an_allowlist_holds_addresses_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rules = NetRules::new(Names::Only(vec!["203.0.113.7".into()]));
+        rules.allow_ip_literals = true;
+        rules.ports = vec![9];
+        let proxy = RunProxy::start(dir.path(), rules, NetResolver::new(&[]).unwrap()).unwrap();
+        let socket = dir.path().join(SOCKET_NAME);
+        let mut http = UnixStream::connect(&socket).await.unwrap();
+        http.write_all(b"CONNECT 203.0.113.8:9 HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut refused = String::new();
+        http.read_to_string(&mut refused).await.unwrap();
+        assert!(
+            refused.contains("`203.0.113.8` is not in this run's allowlist"),
+            "{refused}"
+        );
+        drop(proxy);
+    }
+
     #[tokio::test]
     async fn loopback_is_refused_without_an_exception() {
         let dir = tempfile::tempdir().unwrap();
