@@ -60,6 +60,11 @@ async def test_asking_for_network_on_a_server_without_it_is_refused(client):
 NS = f"snbt-{os.getpid()}"
 HOST_SIDE, NS_SIDE = f"snbh{os.getpid() % 100000}", f"snbn{os.getpid() % 100000}"
 DNS, WEB, REBIND_DNS = "198.51.100.2", "198.51.100.3", "198.51.100.4"
+# The package host: a simple index on PKGS:8000 whose pages link the wheels on PKGS:80 (another
+# destination for the install proxy), and FAR:80; one server that records each request's Host.
+# Installs resolve names with the host's resolver (not the test name server), so these are
+# addresses.
+PKGS, FAR = "198.51.100.5", "198.51.100.6"
 
 # A name server that answers each name below `rebind.test` with the test host first and with
 # loopback after (DNS rebinding); every other query gets an empty answer.
@@ -153,26 +158,66 @@ def make_certificates(directory: Path) -> None:
             "-out", "host.pem", "-days", "2", "-extfile", "san.ext")
 
 
-def make_wheel(path: Path) -> None:
+def make_wheel(path: Path, name: str = "snbtpkg", value: str = "from the local index") -> None:
     """A one-module wheel for the test index (pure Python, py3-none-any)."""
     import base64
     import hashlib
     import zipfile
 
     files = {
-        "snbtpkg/__init__.py": b"VALUE = 'from the local index'\n",
-        "snbtpkg-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: snbtpkg\nVersion: 1.0\n",
-        "snbtpkg-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: snakebox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{name}/__init__.py": f"VALUE = {value!r}\n".encode(),
+        f"{name}-1.0.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.0\n".encode(),
+        f"{name}-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: snakebox-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
     record = ""
-    for name, data in files.items():
+    for member, data in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record += f"{name},sha256={digest},{len(data)}\n"
-    record += "snbtpkg-1.0.dist-info/RECORD,,\n"
+        record += f"{member},sha256={digest},{len(data)}\n"
+    record += f"{name}-1.0.dist-info/RECORD,,\n"
     with zipfile.ZipFile(path, "w") as wheel:
-        for name, data in files.items():
-            wheel.writestr(name, data)
-        wheel.writestr("snbtpkg-1.0.dist-info/RECORD", record)
+        for member, data in files.items():
+            wheel.writestr(member, data)
+        wheel.writestr(f"{name}-1.0.dist-info/RECORD", record)
+
+
+# The package host: `/simple/<name>/` links `http://<argv[2]>/files/<wheel>`; `/files/<wheel>`
+# serves the wheels in the log directory; every request's Host is appended to `pkgs.log`.
+PACKAGE_HOST = textwrap.dedent("""
+    import hashlib, http.server, os, sys
+    log_dir = sys.argv[1]
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+        def do_HEAD(self):
+            self.do_GET(head=True)
+        def do_GET(self, head=False):
+            with open(f"{log_dir}/pkgs.log", "a") as f:
+                f.write(f"{self.headers.get('Host', '')} {self.path}\\n")
+            parts = [p for p in self.path.split("?")[0].split("/") if p]
+            wheels = {n: n for n in os.listdir(log_dir) if n.endswith(".whl")}
+            if len(parts) == 2 and parts[0] == "simple":
+                links = [f'<a href="http://{sys.argv[2]}/files/{n}#sha256={hashlib.sha256(open(f"{log_dir}/{n}", "rb").read()).hexdigest()}">{n}</a>'
+                         for n in wheels if n.split("-")[0] == parts[1]]
+                body, kind = ("<html><body>" + "".join(links) + "</body></html>").encode(), "text/html"
+            elif len(parts) == 2 and parts[0] == "files" and parts[1] in wheels:
+                body, kind = open(f"{log_dir}/{parts[1]}", "rb").read(), "application/octet-stream"
+            else:
+                self.send_response(404)
+                self.end_headers()
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if not head:
+                self.wfile.write(body)
+    import threading
+    for address, port in [(sys.argv[2], 80), (sys.argv[2], 8000), (sys.argv[3], 80)]:
+        server = http.server.ThreadingHTTPServer((address, port), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    print("ready", flush=True)
+    threading.Event().wait()
+""")
 
 
 def _ip(*args: str) -> None:
@@ -195,6 +240,7 @@ def test_hosts(tmp_path_factory: pytest.TempPathFactory):
         inside = ["ip", "netns", "exec", NS]
         for args in (["link", "set", "lo", "up"], ["addr", "add", f"{DNS}/24", "dev", NS_SIDE],
                      ["addr", "add", f"{WEB}/24", "dev", NS_SIDE], ["addr", "add", f"{REBIND_DNS}/24", "dev", NS_SIDE],
+                     ["addr", "add", f"{PKGS}/24", "dev", NS_SIDE], ["addr", "add", f"{FAR}/24", "dev", NS_SIDE],
                      ["link", "set", NS_SIDE, "up"]):
             subprocess.run([*inside, "ip", *args], check=True, capture_output=True)
         processes.append(subprocess.Popen(
@@ -205,7 +251,12 @@ def test_hosts(tmp_path_factory: pytest.TempPathFactory):
              "--address=/private.test/10.1.2.3", "--address=/mapped.test/::ffff:127.0.0.1"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         make_wheel(logs / "snbtpkg-1.0-py3-none-any.whl")
+        make_wheel(logs / "snbtfar-1.0-py3-none-any.whl", "snbtfar", "from the files host")
         make_certificates(logs)
+        packages = subprocess.Popen([*inside, sys.executable, "-c", PACKAGE_HOST, str(logs), PKGS, FAR],
+                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        processes.append(packages)
+        assert packages.stdout is not None and packages.stdout.readline().strip() == "ready"
         hosts = subprocess.Popen([*inside, sys.executable, "-c", HOSTS, str(logs), WEB],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         processes.append(hosts)
@@ -601,3 +652,127 @@ print(json.dumps(out))
         log = [(e["host"], e["port"], e["allowed"]) for e in data["network_log"]]
         assert log == [("allowed.test", 443, True), ("other.test", 443, False)], data["network_log"]
         assert data["network_log"][0]["bytes_received"] > 0
+
+
+
+def package_requests(logs: Path) -> list[str]:
+    """`host path` of every request the package host answered."""
+    path = logs / "pkgs.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def fresh_data_dir(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / name
+    path.mkdir()
+    path.chmod(0o755)
+    return path
+
+
+INSTALL_ENV = {"UV_INDEX_URL": f"http://{PKGS}:8000/simple"}
+
+
+async def test_installs_reach_the_index_and_exactly_the_install_hosts(snakebox_bin, tmp_path, mode, test_hosts):
+    """Issue 13: installs go through the run proxy's machinery with the install rules. The
+    configured index (PKGS:8000) is always reached; its page links the wheel on PKGS:80, a
+    destination reached only when `[network] install_hosts` names it; with another host
+    listed the download is refused by the proxy, and the error names the host, the reason and
+    `install_hosts`. A direct URL to a host not listed (FAR) is refused before anything runs."""
+    import json
+
+    script = "import snbtfar\nprint(snbtfar.VALUE)\n"
+    # Named in install_hosts: the index page, then the wheel from the files host.
+    async with connect(snakebox_bin, fresh_data_dir(tmp_path, "listed"), mode,
+                       "--network-install-hosts", PKGS, env=INSTALL_ENV) as client:
+        data, _, _ = await call(client, "execute_python", script=script, dependencies=["snbtfar==1.0"], timeout_seconds=60)
+        assert data["status"] == "ok", data
+        assert data["stdout"].strip() == "from the files host"
+        report, _, _ = await call(client, "check_environment")
+        assert f"only {PKGS}" in report["install_network"], report["install_network"]
+        assert PKGS in report["cache"]["installs"], report["cache"]["installs"]
+        # A direct URL whose host is not listed: refused by name before uv runs.
+        before = package_requests(test_hosts)
+        direct = f"snbtfar @ http://{FAR}/files/snbtfar-1.0-py3-none-any.whl"
+        data, _, is_error = await call(client, "execute_python", script=script, dependencies=[direct])
+        assert is_error and data["status"] in ("setup_failed", "invalid_request"), data
+        message = json.dumps(data["error"])
+        assert f"`{FAR}`, which is not an install host" in data["error"]["message"], message
+        assert "install_hosts" in data["error"]["hint"], message
+        session, _, _ = await call(client, "create_session")
+        installed, _, is_error = await call(client, "install_packages", session_id=session["session_id"], packages=[direct])
+        assert is_error and f"`{FAR}`, which is not an install host" in json.dumps(installed), installed
+        assert not any(line.startswith(FAR) for line in package_requests(test_hosts)[len(before):])
+    hosts_seen = {line.split()[0] for line in package_requests(test_hosts)}
+    assert {f"{PKGS}:8000", PKGS} <= hosts_seen, hosts_seen
+
+    # Another host listed: the index is still reached, the files host is not; uv only sees a
+    # 403, and the error says what the proxy refused and why.
+    before = package_requests(test_hosts)
+    async with connect(snakebox_bin, fresh_data_dir(tmp_path, "other"), mode,
+                       "--network-install-hosts", "198.51.100.7", env=INSTALL_ENV) as client:
+        data, _, is_error = await call(client, "execute_python", script=script, dependencies=["snbtfar==1.0"], timeout_seconds=60)
+        assert is_error and data["status"] == "setup_failed", data
+        message = data["error"]["message"]
+        assert f"install proxy refused `{PKGS}:80`" in message, message
+        assert f"`{PKGS}` is not in the install hosts" in message, message
+        assert "install_hosts" in data["error"]["hint"], data["error"]
+        # The same refusal for a session's install.
+        session, _, _ = await call(client, "create_session")
+        installed, _, is_error = await call(client, "install_packages", session_id=session["session_id"], packages=["snbtfar==1.0"])
+        assert is_error and f"install proxy refused `{PKGS}:80`" in json.dumps(installed), installed
+    seen = package_requests(test_hosts)[len(before):]
+    assert any(line.startswith(f"{PKGS}:8000 /simple/snbtfar") for line in seen), seen
+    assert not any(line.split()[0] in (PKGS, FAR) for line in seen), seen
+
+
+async def test_the_connection_cap_is_a_setting(snakebox_bin, tmp_path, mode, test_hosts):
+    """`[network] max_connections`: with 1, a run's second connection is refused and logged
+    with the cap; check_environment reports the caps in force."""
+    import json
+
+    script = FETCH + 'out["first"] = fetch("http://allowed.test/")\nout["second"] = fetch("http://allowed.test/")\nprint(json.dumps(out))\n'
+    async with connect(snakebox_bin, fresh_data_dir(tmp_path, "capped"), mode, *server_args("on"),
+                       "--network-max-connections", "1", "--network-max-bytes", "1MiB",
+                       "--network-max-connection-seconds", "30") as client:
+        data, _, _ = await call(client, "execute_python", script=script)
+        assert data["status"] == "ok", data
+        out = json.loads(data["stdout"])
+        assert out["first"] == "hello from the allowed test host", out
+        assert out["second"].startswith("failed"), out
+        log = data["network_log"]
+        assert [(e["host"], e["allowed"]) for e in log] == [("allowed.test", True), ("allowed.test", False)], log
+        assert "cap of 1 connections" in log[1]["reason"], log
+        report, _, _ = await call(client, "check_environment")
+        assert report["network_caps"] == {"connections": 1, "bytes": 1 << 20, "connection_seconds": 30}, report["network_caps"]
+        assert "1 connections, 1048576 bytes, 30 s per connection" in report["network_enforcement"]
+
+
+async def test_a_narrowed_call_is_forked_with_its_own_narrowed_proxy(snakebox_bin, tmp_path, mode, test_hosts):
+    """A call that narrows the policy (`allowed_domains`) no longer runs cold: it is forked
+    from the environment's fork server (which holds no network), and its own proxy has the
+    narrowed list. It takes no pooled sandbox (their proxies hold the whole policy)."""
+    import json
+
+    script = FETCH + 'out["a"] = fetch("http://allowed.test/")\nout["o"] = fetch("http://other.test/")\nprint(json.dumps(out))\n'
+    async with connect(snakebox_bin, fresh_data_dir(tmp_path, "narrowed"), mode,
+                       *server_args("allow:allowed.test,other.test")) as client:
+        whole, _, _ = await call(client, "execute_python", script=script)
+        assert whole["status"] == "ok", whole
+        assert json.loads(whole["stdout"])["o"] == "hello from the allowed test host"
+        forked_before = None
+        for attempt in range(20):
+            report, _, _ = await call(client, "check_environment")
+            if report["warm_pool"].get("fork_servers"):
+                forked_before = report["warm_pool"]["forked"]
+                break
+            time.sleep(0.5)
+        assert forked_before is not None, report["warm_pool"]
+        for _ in range(2):
+            data, _, _ = await call(client, "execute_python", script=script, allowed_domains=["allowed.test"])
+            assert data["status"] == "ok", data
+            out = json.loads(data["stdout"])
+            assert out["a"] == "hello from the allowed test host" and out["o"].startswith("failed"), out
+            log = data["network_log"]
+            assert [(e["host"], e["allowed"]) for e in log] == [("allowed.test", True), ("other.test", False)], log
+            assert "allowlist" in log[1]["reason"], log
+        report, _, _ = await call(client, "check_environment")
+        assert report["warm_pool"]["forked"] >= forked_before + 2, report["warm_pool"]

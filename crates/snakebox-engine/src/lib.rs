@@ -47,10 +47,13 @@ pub use error::{EngineError, ErrorKind, Hint};
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
 pub use history::{RunKind, RunRecord};
 pub use lifecycle::{ShutdownReport, StopReason};
-pub use network::{NetworkLogEntry, NetworkPolicy, ProxySettings};
+pub use network::{NetworkLogEntry, NetworkPolicy, ProxySettings, parse_install_hosts};
 pub use plan::ExecuteRequest;
 pub use pool::PoolReport;
-pub use report::{ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, WarmState};
+pub use report::{
+    ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, NetworkCapsReport,
+    WarmState,
+};
 pub use result::{
     Artifact, ArtifactOrigin, ErrorInfo, ExceptionInfo, ExecutionResult, InlineImage, Package,
     SkippedFile, Status, ValueRepr,
@@ -152,7 +155,7 @@ impl Engine {
             Err(_) => Interpreters::discover_without_uv().await,
         };
         let cache = match (&uv, &sandbox) {
-            (Ok(uv), Ok(sandbox)) => EnvCache::new(
+            (Ok(uv), Ok(sandbox)) => EnvCache::with_uv_environment(
                 CacheConfig {
                     root: config.data_dir.clone(),
                     max_bytes: config.cache_max_bytes,
@@ -161,6 +164,10 @@ impl Engine {
                 },
                 uv.clone(),
                 Arc::clone(sandbox),
+                // Installs go through the run proxy's machinery with the install rules: the
+                // configured indexes, `install_hosts`, the runs' resolver and exceptions.
+                snakebox_env::UvEnvironment::from_process()
+                    .with_install_network(config.network_proxy.install_network()),
             )
             .map(|cache| {
                 cache

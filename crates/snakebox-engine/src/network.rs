@@ -124,6 +124,9 @@ pub struct ProxySettings {
     pub resolvers: Vec<SocketAddr>,
     /// Per-run caps.
     pub caps: NetCaps,
+    /// Hosts installs may reach besides the configured indexes (`name`, `*.suffix`, or an
+    /// address); `None`: any host on ports 80 and 443 whose addresses are public.
+    pub install_hosts: Option<Vec<String>>,
 }
 
 impl Default for ProxySettings {
@@ -134,8 +137,56 @@ impl Default for ProxySettings {
             exceptions: Vec::new(),
             resolvers: Vec::new(),
             caps: NetCaps::default(),
+            install_hosts: None,
         }
     }
+}
+
+impl ProxySettings {
+    /// What installs may reach beyond the configured indexes, for the environment cache and
+    /// session installs (the same exceptions as runs; names are resolved by the host's
+    /// resolver, as uv's own would be).
+    #[must_use]
+    pub fn install_network(&self) -> snakebox_env::InstallNetwork {
+        snakebox_env::InstallNetwork {
+            hosts: self.install_hosts.clone(),
+            exceptions: self.exceptions.clone(),
+        }
+    }
+
+    /// How installs reach the network, for `check_environment`.
+    #[must_use]
+    pub fn describe_installs(&self) -> String {
+        match &self.install_hosts {
+            None => "the configured package indexes (wherever they are) and any host on ports 80 and 443 whose addresses are public ([network] install_hosts unset)".to_owned(),
+            Some(hosts) if hosts.is_empty() => "the configured package indexes only ([network] install_hosts is empty)".to_owned(),
+            Some(hosts) => format!(
+                "the configured package indexes (wherever they are) and only {} on ports 80 and 443, at public addresses ([network] install_hosts)",
+                hosts.join(", ")
+            ),
+        }
+    }
+}
+
+/// Parse `[network] install_hosts`: comma-separated host names, `*.suffix` patterns or IP
+/// addresses (an empty list: the configured indexes only).
+///
+/// # Errors
+/// A message naming the entry that is none of these.
+pub fn parse_install_hosts(text: &str) -> Result<Vec<String>, String> {
+    text.split(',')
+        .map(|item| item.trim().trim_end_matches('.').to_ascii_lowercase())
+        .filter(|item| !item.is_empty())
+        .map(|item| {
+            let bare = item.trim_start_matches('[').trim_end_matches(']');
+            if let Ok(ip) = bare.parse::<std::net::IpAddr>() {
+                return Ok(ip.to_string());
+            }
+            check_pattern(&item).map(|()| item.clone()).map_err(|_| {
+                format!("`{item}` is not a host name, `*.domain` pattern or IP address")
+            })
+        })
+        .collect()
 }
 
 /// One decision of the run's proxy, as the result reports it.
@@ -250,11 +301,11 @@ impl Engine {
     pub(crate) fn net_rules(&self, names: Names) -> NetRules {
         let settings = &self.config.network_proxy;
         NetRules {
-            names,
             ports: settings.ports.clone(),
             allow_ip_literals: settings.allow_ip_literals,
             exceptions: settings.exceptions.clone(),
             caps: settings.caps.clone(),
+            ..NetRules::new(names)
         }
     }
 
@@ -313,7 +364,7 @@ impl Engine {
             shown.join(", ")
         };
         format!(
-            "{}: each run has its own network namespace (loopback only); its one way out is a proxy in the server (HTTP CONNECT, plain HTTP, SOCKS5 with remote DNS) reached through a per-run Unix socket bridged to 127.0.0.1:{} inside, with HTTP(S)_PROXY/ALL_PROXY set; host names only{}, ports {}, names resolved once by the proxy ({resolver}) and loopback, link-local/metadata, private, CGNAT, ULA and this server's own addresses refused{}; TLS server name checked on 443; caps per run: {} connections, {} bytes, {} s per connection",
+            "{}: each run has its own network namespace (loopback only); its one way out is a proxy in the server (HTTP CONNECT, plain HTTP, SOCKS5 with remote DNS) reached through a per-run Unix socket bridged to 127.0.0.1:{} inside, with HTTP(S)_PROXY/ALL_PROXY set; host names only{}, ports {}, names resolved once by the proxy ({resolver}) and loopback, link-local/metadata, private, CGNAT, ULA and this server's own addresses refused{}; TLS server name checked on 443; caps per run ([network] max_connections, max_bytes, max_connection_seconds): {} connections, {} bytes, {} s per connection",
             policy.describe(),
             snakebox_sandbox::BRIDGE_PORT,
             if settings.allow_ip_literals {

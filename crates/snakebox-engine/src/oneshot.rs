@@ -120,14 +120,15 @@ impl Engine {
                 .is_ok_and(|default| default.executable == plan.interpreter.executable);
         // Forked from the fork server of this environment when there is one; else a
         // pre-started sandbox of the warm pool when one matches; else a cold start.
-        // A call that narrows the server's network policy runs cold: pooled sandboxes and
-        // fork servers are kept for the whole policy.
-        let claim = if has_network && !network_is_default {
-            crate::pool::Claim::Cold
-        } else {
-            self.pool
-                .claim(caller, &environment, has_network, is_default)
-        };
+        // A call that narrows the server's network policy may fork (a fork server holds no
+        // network: each forked run gets its own proxy, started below with the call's names)
+        // but takes no pooled sandbox: that one's proxy was started with the whole policy
+        // before its environment's import-time code ran, and narrowing it afterwards could
+        // not take back a connection that code opened.
+        let narrowed = has_network && !network_is_default;
+        let claim = self
+            .pool
+            .claim(caller, &environment, has_network, is_default, narrowed);
         let (forking, warm) = match claim {
             crate::pool::Claim::Fork(forking) => (Some(forking), None),
             crate::pool::Claim::Warm(warm) => (None, Some(*warm)),

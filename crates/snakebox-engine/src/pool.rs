@@ -279,6 +279,7 @@ impl WarmPool {
         environment: &Environment,
         network: bool,
         is_default: bool,
+        narrowed: bool,
     ) -> Claim {
         if !self.active() {
             return Claim::Cold;
@@ -302,6 +303,8 @@ impl WarmPool {
                 .cloned();
             let claim = match fork {
                 Some(fork) => Claim::Fork(fork),
+                // A pooled sandbox's proxy has the whole policy (see `prestart`).
+                None if narrowed => Claim::Cold,
                 None => {
                     let mut taken = None;
                     let mut stale = Vec::new();

@@ -71,6 +71,18 @@ pub struct CacheReport {
     pub warm: WarmState,
 }
 
+/// The caps of a run's network proxy (`[network]` `max_connections`, `max_bytes`,
+/// `max_connection_seconds`).
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct NetworkCapsReport {
+    /// Connections one run (or session call) may open.
+    pub connections: u64,
+    /// Bytes one run may move through its proxy, both directions together.
+    pub bytes: u64,
+    /// Seconds one connection may stay open.
+    pub connection_seconds: u64,
+}
+
 /// The artifact store.
 #[derive(Debug, Clone, Serialize, JsonSchema)]
 pub struct ArtifactsReport {
@@ -103,6 +115,10 @@ pub struct EnvironmentReport {
     pub network_policy: String,
     /// How the network policy is enforced here (namespace, proxy, checks, caps).
     pub network_enforcement: String,
+    /// The caps of each run's network proxy.
+    pub network_caps: NetworkCapsReport,
+    /// What installs may download from (`[network] install_hosts`).
+    pub install_network: String,
     /// uv path and version, or why it is missing.
     pub uv: String,
     /// How to fix a missing uv.
@@ -234,6 +250,12 @@ impl Engine {
             network: config.network.allows_network(),
             network_policy: config.network.describe(),
             network_enforcement: self.network_enforcement(),
+            network_caps: NetworkCapsReport {
+                connections: config.network_proxy.caps.connections,
+                bytes: config.network_proxy.caps.bytes,
+                connection_seconds: config.network_proxy.caps.connection_time.as_secs(),
+            },
+            install_network: config.network_proxy.describe_installs(),
             uv,
             uv_hint,
             default_python: config
@@ -267,7 +289,8 @@ impl Engine {
                     config.unpinned_freshness.as_secs() / 3600
                 ),
                 installs: format!(
-                    "wheels are downloaded by uv without running package code, through an egress proxy (the configured indexes and public addresses only); package code (bytecode compilation{}) runs sandboxed as a run: run limits, wall time {} s, no network, no credentials, uv's cache not mounted; a new environment is published only after its installed files match their RECORD and its compiled files load; {}",
+                    "wheels are downloaded by uv without running package code, through the install proxy (the run proxy's checks with the install rules: {}); package code (bytecode compilation{}) runs sandboxed as a run: run limits, wall time {} s, no network, no credentials, uv's cache not mounted; a new environment is published only after its installed files match their RECORD and its compiled files load; {}",
+                    config.network_proxy.describe_installs(),
                     if config.allow_sdist_builds {
                         ", sdist builds"
                     } else {

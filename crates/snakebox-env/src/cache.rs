@@ -356,6 +356,11 @@ impl EnvCache {
         &self.config
     }
 
+    /// uv's settings and the install network settings, as every build uses them.
+    pub fn uv_environment(&self) -> &UvEnvironment {
+        &self.uv_env
+    }
+
     /// uv's cache directory (under the data root; never visible to runs).
     pub fn uv_cache_dir(&self) -> PathBuf {
         self.installs_dir().join(UV_CACHE_DIR)
@@ -501,7 +506,7 @@ impl EnvCache {
                 tracing::info!(%key, "rebuilding an environment built before environments were verified");
             }
         }
-        install::check_requirement_urls(requirements, &self.uv_env.index_urls()).await?;
+        install::check_requirement_urls(requirements, &self.uv_env).await?;
         let manifest = Arc::new(
             self.build(&key, &dir, interpreter, &set, existing.as_deref())
                 .await?,
@@ -1045,7 +1050,7 @@ impl EnvCache {
         // egress proxy; its sandbox keeps its own network namespace (catalogue D-02).
         let proxy = match self.egress_rules(network) {
             Some(rules) => Some(
-                snakebox_sandbox::EgressProxy::start(rules)
+                snakebox_sandbox::EgressProxy::start(&rules)
                     .map_err(io("start the egress proxy in", &std::env::temp_dir()))?,
             ),
             None => None,
@@ -1068,7 +1073,10 @@ impl EnvCache {
                 python: interpreter.executable.clone(),
             }),
         };
-        let output = self.installer.run(&invocation).await;
+        let mut output = self.installer.run(&invocation).await;
+        if let (Some(proxy), Ok(output)) = (&proxy, &mut output) {
+            crate::uv::explain_refusals(proxy, output);
+        }
         drop(proxy);
         output
     }

@@ -78,10 +78,23 @@ impl EnvVars {
 }
 
 /// A snapshot of the allow-listed variables, taken once (at startup), so every uv invocation
-/// sees the same settings and the cache key is stable.
+/// sees the same settings and the cache key is stable; with the operator's install network
+/// settings ([`InstallNetwork`]) beside them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct UvEnvironment {
     passthrough: BTreeMap<String, String>,
+    install: InstallNetwork,
+}
+
+/// What installs may reach beyond the configured indexes (the operator's `[network]`
+/// settings; not part of the cache key: they decide where files may come from, not which).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstallNetwork {
+    /// `install_hosts`: only these hosts besides the indexes (`name`, `*.suffix`, or an
+    /// address); `None`: any host on ports 80 and 443 whose addresses are public.
+    pub hosts: Option<Vec<String>>,
+    /// Address ranges installs may reach although they are not public.
+    pub exceptions: Vec<ipnet::IpNet>,
 }
 
 impl UvEnvironment {
@@ -100,7 +113,22 @@ impl UvEnvironment {
                 EnvVars::PASSTHROUGH.contains(&name.as_str()) && !value.is_empty()
             })
             .collect();
-        Self { passthrough }
+        Self {
+            passthrough,
+            install: InstallNetwork::default(),
+        }
+    }
+
+    /// What installs may reach beyond the configured indexes.
+    pub fn install_network(&self) -> &InstallNetwork {
+        &self.install
+    }
+
+    /// The same, with `install` deciding what installs may reach beyond the indexes.
+    #[must_use]
+    pub fn with_install_network(mut self, install: InstallNetwork) -> Self {
+        self.install = install;
+        self
     }
 
     /// The value of one allow-listed variable, if it was set.
@@ -126,13 +154,16 @@ impl UvEnvironment {
             .collect()
     }
 
-    /// The egress rules of a download: the configured indexes (and find-links URLs) and
-    /// public addresses, chained through the operator's own proxy when one is set for uv
-    /// (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, either case; `NO_PROXY` honoured). `None`
-    /// when that proxy cannot be chained (not `http://`): the download then uses the host
-    /// network to reach it, as uv would.
+    /// The egress rules of a download: the configured indexes (and find-links URLs), and the
+    /// install hosts (or, without them, public addresses on ports 80 and 443), chained
+    /// through the operator's own proxy when one is set for uv (`HTTPS_PROXY`, `HTTP_PROXY`,
+    /// `ALL_PROXY`, either case; `NO_PROXY` honoured). `None` when that proxy cannot be
+    /// chained (not `http://`): the download then uses the host network to reach it, as uv
+    /// would.
     pub fn egress_rules(&self) -> Option<snakebox_sandbox::EgressRules> {
-        let mut rules = snakebox_sandbox::EgressRules::for_urls(&self.index_urls(), true);
+        let mut rules =
+            snakebox_sandbox::EgressRules::for_urls(&self.index_urls(), self.install.hosts.clone());
+        rules.exceptions.clone_from(&self.install.exceptions);
         let proxy = [
             "HTTPS_PROXY",
             "https_proxy",

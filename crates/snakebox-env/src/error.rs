@@ -277,10 +277,15 @@ impl EnvError {
                  pin a version that publishes a wheel for this Python"
                     .to_owned(),
             ),
+            Self::ForbiddenUrl { reason, .. } if reason.contains("install_hosts") => {
+                Some(INSTALL_HOSTS_HINT.to_owned())
+            }
             Self::ForbiddenUrl { .. } => Some(
                 "installs may fetch from the configured package indexes and from public \
-                 addresses only; host loopback, private ranges and metadata addresses are \
-                 refused. Publish the file on the configured index, or use a public URL"
+                 addresses only (and only from `[network] install_hosts` when it is set); host \
+                 loopback, private ranges and metadata addresses are refused unless `[network] \
+                 exceptions` covers them. Publish the file on the configured index, or use a \
+                 public URL"
                     .to_owned(),
             ),
             Self::Sandbox { sandbox_hint, .. } => Some(sandbox_hint.clone().unwrap_or_else(|| {
@@ -353,6 +358,12 @@ impl UvStderr {
 }
 
 /// A hint for a failed install, from what uv said.
+/// The hint of an install the install proxy refused.
+pub const INSTALL_HOSTS_HINT: &str = "installs reach the configured package indexes and, when \
+    `[network] install_hosts` (`--network-install-hosts`) is set, only the hosts it lists \
+    (otherwise any host on ports 80 and 443 at a public address); add the host the proxy \
+    refused to `install_hosts`, or publish the file on the configured index";
+
 fn install_hint(stderr: &str) -> String {
     // uv's own warnings (e.g. a deprecated setting) are not the cause.
     let lower = stderr
@@ -361,7 +372,9 @@ fn install_hint(stderr: &str) -> String {
         .collect::<Vec<_>>()
         .join("\n")
         .to_lowercase();
-    if lower.contains("not found in the package registry")
+    if lower.contains("snakebox's install proxy refused") {
+        INSTALL_HOSTS_HINT.to_owned()
+    } else if lower.contains("not found in the package registry")
         || lower.contains("was not found in the package registry")
     {
         "check the spelling of the package name (the index has no package of that name)".to_owned()
@@ -450,6 +463,12 @@ mod tests {
             "{}",
             install_hint(other)
         );
+        // See: issue 13: a download the install proxy refused is explained by the policy, not
+        // as an unreachable index (uv only saw a 403).
+        let refused = "error: Failed to download `pkg`\n  Caused by: HTTP status client error \
+                       (403 Forbidden)\nsnakebox's install proxy refused `files.test:80`: \
+                       `files.test` is not in the install hosts (`[network] install_hosts`)";
+        assert_eq!(install_hint(refused), INSTALL_HOSTS_HINT);
     }
 
     #[test]

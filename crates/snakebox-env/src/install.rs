@@ -317,20 +317,28 @@ pub(crate) fn build_env() -> Vec<(String, String)> {
     env
 }
 
-/// Refuse a requirement whose URL points at host loopback, a private range, a link-local or
-/// metadata address (or a name resolving to one), unless it is on a configured index's host
-/// and port. Names are resolved here; uv resolves again later (a name that changes its answer
-/// in between is not caught: see SECURITY.md).
+/// Refuse a requirement whose URL points at a host the install proxy would refuse: one not
+/// in `[network] install_hosts` when that is set, or at host loopback, a private range, a
+/// link-local or metadata address (or a name resolving to one) unless the operator's
+/// exceptions cover it; a configured index's host and port are always accepted. Names are
+/// resolved here; uv resolves again later (a name that changes its answer in between is not
+/// caught here, but the proxy checks again: see SECURITY.md).
 ///
 /// # Errors
-/// [`EnvError::ForbiddenUrl`] for the first requirement whose URL points at a non-public
-/// address.
+/// [`EnvError::ForbiddenUrl`] for the first requirement whose URL points at a host not
+/// allowed or at a non-public address.
 pub async fn check_requirement_urls(
     requirements: &[Requirement],
-    index_urls: &[String],
+    uv_env: &crate::UvEnvironment,
 ) -> Result<(), EnvError> {
+    let index_urls = uv_env.index_urls();
     let allowed: Vec<(String, Option<u16>)> =
         index_urls.iter().filter_map(|url| host_port(url)).collect();
+    let rules = snakebox_sandbox::EgressRules::for_urls(
+        &index_urls,
+        uv_env.install_network().hosts.clone(),
+    );
+    let exceptions = &uv_env.install_network().exceptions;
     for requirement in requirements {
         let Some(VersionOrUrl::Url(url)) = &requirement.version_or_url else {
             continue;
@@ -356,6 +364,9 @@ pub async fn check_requirement_urls(
             requirement: requirement.to_string(),
             reason,
         };
+        if let Some(reason) = port.and_then(|port| rules.refuses_host(&host, port)) {
+            return Err(forbidden(reason));
+        }
         let addresses: Vec<IpAddr> = match host.parse::<IpAddr>() {
             Ok(ip) => vec![ip],
             Err(_) => {
@@ -371,10 +382,9 @@ pub async fn check_requirement_urls(
                 }
             }
         };
-        if let Some(ip) = addresses
-            .iter()
-            .find(|ip| !snakebox_sandbox::is_public(**ip))
-        {
+        if let Some(ip) = addresses.iter().find(|ip| {
+            !snakebox_sandbox::is_public(**ip) && !exceptions.iter().any(|n| n.contains(*ip))
+        }) {
             return Err(forbidden(format!("a non-public address (`{ip}`)")));
         }
     }
@@ -396,7 +406,7 @@ pub async fn check_requirement_strings(
         .iter()
         .filter_map(|text| Requirement::from_str(text).ok())
         .collect();
-    check_requirement_urls(&parsed, &uv_env.index_urls()).await
+    check_requirement_urls(&parsed, uv_env).await
 }
 
 /// `(host, port)` of a URL given as text (for comparing with the configured indexes).
@@ -449,7 +459,10 @@ mod tests {
     #[tokio::test]
     async fn urls_at_loopback_private_and_metadata_are_refused_unless_an_index() {
         use std::str::FromStr as _;
-        let index = vec!["http://u:p@127.0.0.1:8000/simple".to_owned()];
+        let index = crate::UvEnvironment::from_vars([(
+            "UV_INDEX_URL".to_owned(),
+            "http://u:p@127.0.0.1:8000/simple".to_owned(),
+        )]);
         for bad in [
             "evil @ http://127.0.0.1:9/evil-1.0-py3-none-any.whl",
             "evil @ http://[::1]:9/evil-1.0-py3-none-any.whl",
@@ -470,6 +483,26 @@ mod tests {
             Requirement::from_str("six==1.16.0").unwrap(),
         ];
         check_requirement_urls(&ok, &index).await.unwrap();
+        // See: issue 13 (installs: exactly the configured hosts). With `install_hosts`, a
+        // direct URL elsewhere is refused by name before anything runs; the index still passes.
+        let listed = index.with_install_network(crate::InstallNetwork {
+            hosts: Some(vec!["files.example".into()]),
+            ..crate::InstallNetwork::default()
+        });
+        let elsewhere = vec![
+            Requirement::from_str("evil @ https://other.example/evil-1.0-py3-none-any.whl")
+                .unwrap(),
+        ];
+        let err = check_requirement_urls(&elsewhere, &listed)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("`other.example`, which is not an install host")
+                && err.to_string().contains("files.example"),
+            "{err}"
+        );
+        check_requirement_urls(&ok, &listed).await.unwrap();
     }
 
     #[test]

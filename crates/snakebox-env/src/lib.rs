@@ -34,8 +34,8 @@ pub use cache::{
     CacheConfig, CacheStats, DEFAULT_INSTALL_TIMEOUT, EnvCache, Environment, MANIFEST_FILE,
     PruneReason, PruneReport, PrunedEnvironment, ResolvedPackage,
 };
-pub use env_vars::{EnvVars, UvEnvironment};
-pub use error::{EnvError, NO_SPACE_HINT, UvStderr};
+pub use env_vars::{EnvVars, InstallNetwork, UvEnvironment};
+pub use error::{EnvError, INSTALL_HOSTS_HINT, NO_SPACE_HINT, UvStderr};
 pub use install::{
     BuildSettings, PACKAGE_CODE_CWD, check_requirement_strings, check_requirement_urls,
     compile_invocation, hand_to_package_code, installed_packages, is_missing_wheel,
@@ -44,7 +44,7 @@ pub use install::{
 pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
 pub use uv::{
     DirectUvRunner, Egress, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput,
-    UvRunFuture, UvRunner, install_read_only_paths,
+    UvRunFuture, UvRunner, explain_refusals, install_read_only_paths,
 };
 pub use verify::{
     Mismatch, check_records, damaged_compile, is_damaged_compile, remove_damaged_pycs,

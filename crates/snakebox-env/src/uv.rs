@@ -278,6 +278,22 @@ pub struct Egress {
     pub python: PathBuf,
 }
 
+/// When a download failed and its install proxy refused connections, append the refusals
+/// (host, port, reason) to uv's stderr, so the error says what the policy decided (uv only
+/// sees a `403`).
+pub fn explain_refusals(proxy: &snakebox_sandbox::EgressProxy, output: &mut UvOutput) {
+    if output.success() {
+        return;
+    }
+    if let Some(text) = proxy.explain() {
+        if !output.stderr.ends_with(b"\n") && !output.stderr.is_empty() {
+            output.stderr.push(b'\n');
+        }
+        output.stderr.extend_from_slice(text.as_bytes());
+        output.stderr.push(b'\n');
+    }
+}
+
 /// What an invocation may execute, which decides the sandbox it gets.
 ///
 /// The rule (DESIGN.md §3): a dependency's build and import-time code is as untrusted as the

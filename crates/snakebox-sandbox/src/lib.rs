@@ -37,8 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use crate::backend::{Backend, RunFuture};
 pub use crate::egress::{
-    BRIDGE_PORT, EgressDecision, EgressProxy, EgressRules, SOCKET_INSIDE, Upstream,
-    bridged_command, is_public,
+    BRIDGE_PORT, EgressProxy, EgressRules, SOCKET_INSIDE, bridged_command, is_ip_literal,
 };
 pub use crate::error::{CgroupError, NamespaceError, SandboxError, SeccompError, SpawnError};
 pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
@@ -46,8 +45,8 @@ pub use crate::native::forkserver::{
     ForkRun, ForkServer, ForkServerSpec, mount_runs_root, unmount_runs_root,
 };
 pub use crate::netproxy::{
-    Hello, Names, NetCaps, NetDecision, NetResolver, NetRules, RunProxy, SOCKET_NAME,
-    check_parsers, client_hello_sni, name_matches, run_proxy_env,
+    Hello, Names, NetCaps, NetDecision, NetResolver, NetRules, Purpose, RunProxy, SOCKET_NAME,
+    Upstream, check_parsers, client_hello_sni, is_public, name_matches, run_proxy_env,
 };
 pub use crate::pending::PendingRun;
 pub use crate::scratch::{ScratchDir, release_stale_scratch};

@@ -25,6 +25,10 @@
 //!    the client's first bytes are read and checked *before* the proxy connects anywhere;
 //! 6. per-run caps: connections, bytes (both directions, all connections together), and the
 //!    time one connection may stay open.
+//!
+//! Installs use the same proxy with other rules ([`NetRules::trusted`] for the configured
+//! package indexes, which skip steps 1-4, and [`NetRules::upstream`] to chain through the
+//! operator's own HTTP proxy): see [`crate::EgressRules`].
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd as _;
@@ -119,11 +123,59 @@ pub struct NetRules {
     pub exceptions: Vec<IpNet>,
     /// Per-run caps.
     pub caps: NetCaps,
+    /// Destinations the operator configured, as `(host, port)` (the package indexes of an
+    /// install): allowed on their own port whatever their name, spelling or address (an index
+    /// may be on loopback or a private range). Steps 1-4 do not apply to them.
+    pub trusted: Vec<(String, u16)>,
+    /// The operator's own HTTP proxy: allowed connections are chained through it (after the
+    /// same checks), except to hosts in [`NetRules::no_proxy`]. Never serialised (it may hold
+    /// a credential).
+    #[serde(skip)]
+    pub upstream: Option<Upstream>,
+    /// Hosts reached directly although there is an upstream proxy (`NO_PROXY` entries:
+    /// `host`, `.domain` or `domain` for the domain and its subdomains, `*` for all).
+    pub no_proxy: Vec<String>,
+    /// Whom the proxy serves, for its messages.
+    pub purpose: Purpose,
+}
+
+/// Whom a proxy serves: a run (or session), or an install (the downloader).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Purpose {
+    /// A run or a session: its allowlist is the network policy, narrowed by the call.
+    #[default]
+    Run,
+    /// An install: its allowlist is `[network] install_hosts` (besides the indexes).
+    Install,
+}
+
+impl Purpose {
+    fn allowlist(self) -> &'static str {
+        match self {
+            Purpose::Run => "this run's allowlist",
+            Purpose::Install => "the install hosts (`[network] install_hosts`)",
+        }
+    }
+
+    fn who(self) -> &'static str {
+        match self {
+            Purpose::Run => "runs",
+            Purpose::Install => "installs",
+        }
+    }
+
+    fn whose(self) -> &'static str {
+        match self {
+            Purpose::Run => "the run's",
+            Purpose::Install => "the install's",
+        }
+    }
 }
 
 impl NetRules {
     /// The rules of policy `on` (`Names::Any`) or `allow:` with the defaults: ports 80 and
-    /// 443, names only, no exceptions, default caps.
+    /// 443, names only, no exceptions, default caps, nothing trusted, no upstream proxy.
     #[must_use]
     pub fn new(names: Names) -> Self {
         Self {
@@ -132,7 +184,83 @@ impl NetRules {
             allow_ip_literals: false,
             exceptions: Vec::new(),
             caps: NetCaps::default(),
+            trusted: Vec::new(),
+            upstream: None,
+            no_proxy: Vec::new(),
+            purpose: Purpose::Run,
         }
+    }
+
+    /// Whether `host:port` is one of the operator's configured destinations.
+    #[must_use]
+    pub fn is_trusted(&self, host: &str, port: u16) -> bool {
+        let host = normalize_host(host);
+        self.trusted
+            .iter()
+            .any(|(h, p)| normalize_host(h) == host && *p == port)
+    }
+
+    /// The upstream proxy a connection to `host` goes through, if any (`NO_PROXY` honoured).
+    #[must_use]
+    pub fn upstream_for(&self, host: &str) -> Option<&Upstream> {
+        let bypass = self.no_proxy.iter().any(|entry| {
+            let entry = entry.trim().trim_start_matches('.').to_ascii_lowercase();
+            entry == "*" || name_matches(&entry, host) || name_matches(&format!("*.{entry}"), host)
+        });
+        self.upstream.as_ref().filter(|_| !bypass)
+    }
+}
+
+/// An upstream HTTP proxy (`http://[user:password@]host[:port]`): the operator's own, which
+/// installs are chained through.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Upstream {
+    /// Its host.
+    pub host: String,
+    /// Its port (default 80).
+    pub port: u16,
+    /// `Proxy-Authorization` value, from the URL's user information.
+    authorization: Option<String>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the credential.
+        f.debug_struct("Upstream")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("authorization", &self.authorization.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+impl Upstream {
+    /// Parse a proxy URL. Only `http://` proxies can be chained.
+    ///
+    /// # Errors
+    /// A text naming what is wrong with the URL (never the URL itself: it may hold a password).
+    pub fn parse(url: &str) -> Result<Upstream, String> {
+        use base64::Engine as _;
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| "only an http:// upstream proxy can be chained".to_owned())?;
+        let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+        let (userinfo, hostport) = match authority.rsplit_once('@') {
+            Some((userinfo, hostport)) => (Some(userinfo), hostport),
+            None => (None, authority),
+        };
+        let (host, port) = split_host_port(hostport)
+            .ok_or_else(|| "the proxy URL has no valid host".to_owned())?;
+        Ok(Upstream {
+            host,
+            port: port.unwrap_or(80),
+            authorization: userinfo.map(|info| {
+                format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode(info)
+                )
+            }),
+        })
     }
 }
 
@@ -518,7 +646,11 @@ async fn serve_http(mut client: UnixStream, shared: &Shared, first: u8) {
             }
         }
     } else {
-        early = [request.origin_form.as_bytes(), &early].concat();
+        let head = match shared.rules.upstream_for(&target.host) {
+            Some(upstream) => request.proxy_form(upstream),
+            None => request.origin_form.clone(),
+        };
+        early = [head.as_bytes(), &early].concat();
     }
     tunnel(client, shared, &target, &addresses, &early, protocol).await;
 }
@@ -594,34 +726,26 @@ async fn tunnel(
     early: &[u8],
     protocol: Protocol,
 ) {
-    let mut connected = None;
-    for address in addresses {
-        if let Ok(Ok(stream)) =
-            tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await
-        {
-            connected = Some((stream, *address));
-            break;
+    let connected = match shared.rules.upstream_for(&target.host) {
+        Some(proxy) => connect_through(proxy, target, protocol != Protocol::PlainHttp).await,
+        None => connect_direct(target, addresses).await,
+    };
+    let (upstream, address, reason) = match connected {
+        Ok(connected) => connected,
+        Err(reason) => {
+            if protocol == Protocol::PlainHttp {
+                let _ = client.write_all(&http_reply(502, &reason)).await;
+            }
+            shared.record(denied(target, reason));
+            return;
         }
-    }
-    let Some((upstream, address)) = connected else {
-        let shown: Vec<String> = addresses.iter().map(ToString::to_string).collect();
-        let reason = format!(
-            "network error: no address of `{}` answered ({})",
-            target.host,
-            shown.join(", ")
-        );
-        if protocol == Protocol::PlainHttp {
-            let _ = client.write_all(&http_reply(502, &reason)).await;
-        }
-        shared.record(denied(target, reason));
-        return;
     };
     let (sent, received) = shared.record(NetDecision {
         host: target.host.clone(),
         port: target.port,
         allowed: true,
-        reason: "allowed".to_owned(),
-        address: Some(address.to_string()),
+        reason: reason.to_owned(),
+        address: Some(address),
         bytes_sent: 0,
         bytes_received: 0,
     });
@@ -639,6 +763,107 @@ async fn tunnel(
         tokio::join!(outgoing, incoming);
     };
     let _ = tokio::time::timeout(shared.rules.caps.connection_time, both).await;
+}
+
+/// A stream to the destination: the first checked address that answers. Returns the stream,
+/// the address and the reason logged.
+async fn connect_direct(
+    target: &Target,
+    addresses: &[SocketAddr],
+) -> Result<(TcpStream, String, &'static str), String> {
+    for address in addresses {
+        if let Ok(Ok(stream)) =
+            tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await
+        {
+            return Ok((stream, address.to_string(), "allowed"));
+        }
+    }
+    let shown: Vec<String> = addresses.iter().map(ToString::to_string).collect();
+    Err(format!(
+        "network error: no address of `{}` answered ({})",
+        target.host,
+        shown.join(", ")
+    ))
+}
+
+/// A stream to the destination through the operator's proxy: for a tunnel (`CONNECT`,
+/// SOCKS5) the proxy is asked to `CONNECT` (with its credential) and must answer 200; for
+/// plain HTTP the caller sends the request in proxy form. The operator's proxy is resolved
+/// by the system's resolver and not checked: it is the operator's choice.
+async fn connect_through(
+    proxy: &Upstream,
+    target: &Target,
+    tunnel: bool,
+) -> Result<(TcpStream, String, &'static str), String> {
+    let shown = format!("the operator's proxy {}:{}", proxy.host, proxy.port);
+    let addresses: Vec<SocketAddr> = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        tokio::net::lookup_host((proxy.host.as_str(), proxy.port)),
+    )
+    .await
+    .map_err(|_| format!("network error: resolving {shown} timed out"))?
+    .map_err(|err| format!("network error: {shown} does not resolve: {err}"))?
+    .collect();
+    let mut connected = None;
+    for address in &addresses {
+        if let Ok(Ok(stream)) =
+            tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(address)).await
+        {
+            connected = Some(stream);
+            break;
+        }
+    }
+    let mut stream = connected.ok_or_else(|| format!("network error: {shown} did not answer"))?;
+    let reason = "allowed (through the operator's proxy)";
+    if !tunnel {
+        return Ok((stream, shown, reason));
+    }
+    let authority = if target.host.contains(':') {
+        format!("[{}]:{}", target.host, target.port)
+    } else {
+        format!("{}:{}", target.host, target.port)
+    };
+    let mut head = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
+    if let Some(authorization) = &proxy.authorization {
+        head.push_str(&format!("Proxy-Authorization: {authorization}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .map_err(|err| format!("network error: {shown} closed the connection: {err}"))?;
+    // Read the answer byte by byte up to its end: nothing after it may be lost.
+    let mut answer = Vec::new();
+    let read = async {
+        let mut byte = [0_u8; 1];
+        while !answer.ends_with(b"\r\n\r\n") && answer.len() < MAX_HEAD {
+            if stream.read(&mut byte).await.ok()? == 0 {
+                return None;
+            }
+            answer.push(byte[0]);
+        }
+        Some(())
+    };
+    if tokio::time::timeout(HEAD_TIMEOUT, read)
+        .await
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        return Err(format!("network error: {shown} did not answer the CONNECT"));
+    }
+    let status = String::from_utf8_lossy(&answer)
+        .split(' ')
+        .nth(1)
+        .unwrap_or_default()
+        .to_owned();
+    if status == "200" {
+        Ok((stream, shown, reason))
+    } else {
+        Err(format!(
+            "network error: {shown} refused the CONNECT (status {status})"
+        ))
+    }
 }
 
 /// Whether `n` more bytes fit in the run's byte cap (and count them).
@@ -668,43 +893,53 @@ where
 }
 
 /// The checks of the module documentation, steps 1-4 and the connection cap: the addresses
-/// to connect to, or why not.
+/// to connect to, or why not. A trusted destination (a configured index) skips steps 1-4;
+/// one reached through the upstream proxy is not even resolved here (empty addresses).
 async fn decide(shared: &Shared, target: &Target) -> Verdict {
     let rules = &shared.rules;
+    let purpose = rules.purpose;
     let host = target.host.as_str();
+    let trusted = rules.is_trusted(host, target.port);
     let literal = ip_literal(host);
-    if literal.is_some() && !rules.allow_ip_literals {
-        return Err(format!(
-            "`{host}` is an IP address: only host names are allowed (this server does not allow raw addresses)"
-        ));
-    }
-    if literal.is_none() {
-        if !is_host_name(host) {
+    if !trusted {
+        if literal.is_some() && !rules.allow_ip_literals {
+            return Err(format!(
+                "`{host}` is an IP address: only host names are allowed (this server does not allow raw addresses)"
+            ));
+        }
+        if literal.is_none() && !is_host_name(host) {
             return Err(format!("`{host}` is not a valid host name"));
         }
+        // An address is held to the allowlist as a name is: only listed, unless any name is.
         if !rules.names.allows(host) {
-            return Err(format!("`{host}` is not in this run's allowlist"));
+            return Err(format!("`{host}` is not in {}", purpose.allowlist()));
         }
-    }
-    if !rules.ports.contains(&target.port) {
-        let ports: Vec<String> = rules.ports.iter().map(ToString::to_string).collect();
-        return Err(format!(
-            "port {} is not allowed (allowed: {})",
-            target.port,
-            ports.join(", ")
-        ));
+        if !rules.ports.contains(&target.port) {
+            let ports: Vec<String> = rules.ports.iter().map(ToString::to_string).collect();
+            return Err(format!(
+                "port {} is not allowed (allowed: {})",
+                target.port,
+                ports.join(", ")
+            ));
+        }
     }
     if shared.connections.fetch_add(1, Ordering::Relaxed) >= rules.caps.connections {
         return Err(format!(
-            "the run's cap of {} connections is reached",
+            "{} cap of {} connections is reached",
+            purpose.whose(),
             rules.caps.connections
         ));
     }
     if shared.bytes.load(Ordering::Relaxed) >= rules.caps.bytes {
         return Err(format!(
-            "the run's cap of {} bytes through the proxy is reached",
+            "{} cap of {} bytes through the proxy is reached",
+            purpose.whose(),
             rules.caps.bytes
         ));
+    }
+    // A configured index behind the operator's proxy need not resolve here.
+    if trusted && rules.upstream_for(host).is_some() {
+        return Ok(Vec::new());
     }
     let found = match literal {
         Some(ip) => vec![ip],
@@ -715,10 +950,11 @@ async fn decide(shared: &Shared, target: &Target) -> Verdict {
     }
     // Every address must pass: a name that answers with a private address besides public
     // ones is refused whole.
-    for ip in &found {
+    for ip in found.iter().filter(|_| !trusted) {
         if let Some(class) = refused_class(*ip, &shared.own_addresses, &rules.exceptions) {
             return Err(format!(
-                "`{host}` resolves to {ip} ({class}), which runs may not reach"
+                "`{host}` resolves to {ip} ({class}), which {} may not reach",
+                purpose.who()
             ));
         }
     }
@@ -729,7 +965,7 @@ async fn decide(shared: &Shared, target: &Target) -> Verdict {
 }
 
 /// Why `ip` may not be reached, or `None` when it may: not public (see
-/// [`crate::is_public`]) or one of the server's own addresses, unless an exception covers it.
+/// [`is_public`]) or one of the server's own addresses, unless an exception covers it.
 pub(crate) fn refused_class(
     ip: IpAddr,
     own: &[IpAddr],
@@ -738,7 +974,7 @@ pub(crate) fn refused_class(
     if exceptions.iter().any(|net| net.contains(&ip)) {
         return None;
     }
-    if crate::is_public(ip) {
+    if is_public(ip) {
         return (own.contains(&ip)).then_some("an address of this server");
     }
     let v4 = match ip {
@@ -763,6 +999,59 @@ pub(crate) fn refused_class(
             _ => "a reserved IPv6 range or an IPv6 form of a refused IPv4 address",
         },
     })
+}
+
+/// Whether an address is public: not loopback, unspecified, private (RFC 1918), CGNAT,
+/// link-local (metadata services live at 169.254.169.254), multicast, broadcast, reserved
+/// (240/4, 198.18/15, 192.0.0/24), ULA, site-local, or an IPv6 form of one of these
+/// (IPv4-mapped, -compatible, NAT64, 6to4). Documentation ranges count as public: they reach
+/// no host service, and some networks route them to real servers.
+#[must_use]
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let [a, b, ..] = v4.octets();
+            !(v4.is_loopback()
+                || v4.is_unspecified()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+                || a == 0
+                || (a == 100 && (64..128).contains(&b))
+                || (a == 198 && (b == 18 || b == 19))
+                || a >= 240
+                || (a == 192 && b == 0))
+        }
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public(IpAddr::V4(v4));
+            }
+            let embedded = |hi: u16, lo: u16| {
+                let [a, b] = hi.to_be_bytes();
+                let [c, d] = lo.to_be_bytes();
+                IpAddr::V4(std::net::Ipv4Addr::new(a, b, c, d))
+            };
+            // IPv4-compatible (::a.b.c.d), NAT64 (64:ff9b::/96) and 6to4 (2002::/16) embed an
+            // IPv4 address a gateway may forward to.
+            if s[..6] == [0, 0, 0, 0, 0, 0] && !v6.is_loopback() && !v6.is_unspecified() {
+                return is_public(embedded(s[6], s[7]));
+            }
+            if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                return is_public(embedded(s[6], s[7]));
+            }
+            if s[0] == 0x2002 {
+                return is_public(embedded(s[1], s[2]));
+            }
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (s[0] & 0xfe00) == 0xfc00
+                || (s[0] & 0xffc0) == 0xfe80
+                || (s[0] & 0xffc0) == 0xfec0)
+        }
+    }
 }
 
 /// The address `host` spells, in any of the forms resolvers and URL parsers accept:
@@ -853,6 +1142,25 @@ pub(crate) struct HttpRequest {
     /// For plain HTTP: the head to send to the server (origin form, `Host` set to the checked
     /// authority, `Connection: close`, proxy headers dropped).
     pub(crate) origin_form: String,
+    /// For plain HTTP: the request line in absolute form (for an upstream proxy).
+    pub(crate) proxy_line: String,
+}
+
+impl HttpRequest {
+    /// The head for an upstream proxy: the absolute-form request line, its credential, then
+    /// the origin form's headers.
+    fn proxy_form(&self, upstream: &Upstream) -> String {
+        let headers = self
+            .origin_form
+            .split_once("\r\n")
+            .map_or("", |(_, headers)| headers);
+        let mut head = self.proxy_line.clone();
+        if let Some(authorization) = &upstream.authorization {
+            head.push_str(&format!("Proxy-Authorization: {authorization}\r\n"));
+        }
+        head.push_str(headers);
+        head
+    }
 }
 
 /// Parse a proxy request head (`CONNECT host:port` or `METHOD http://host[:port]/path`).
@@ -885,6 +1193,7 @@ pub(crate) fn parse_http_request(head: &[u8]) -> Result<HttpRequest, String> {
                 port,
             },
             origin_form: String::new(),
+            proxy_line: String::new(),
         });
     }
     let rest = path
@@ -933,11 +1242,12 @@ pub(crate) fn parse_http_request(head: &[u8]) -> Result<HttpRequest, String> {
             port: port.unwrap_or(80),
         },
         origin_form,
+        proxy_line: format!("{method} http://{authority}{tail} HTTP/{version}\r\n"),
     })
 }
 
 /// `host[:port]` or `[v6][:port]` (the brackets are kept off the host).
-fn split_host_port(authority: &str) -> Option<(String, Option<u16>)> {
+pub(crate) fn split_host_port(authority: &str) -> Option<(String, Option<u16>)> {
     if let Some(v6) = authority.strip_prefix('[') {
         let (host, rest) = v6.split_once(']')?;
         let port = match rest.strip_prefix(':') {
@@ -1065,6 +1375,8 @@ async fn check_client_hello(
                             .to_owned(),
                     );
                 }
+                // Clients send no server name for an address (RFC 6066): nothing to compare.
+                Hello::NoName if ip_literal(host).is_some() => return Ok(()),
                 Hello::NoName => {
                     return Err(format!(
                         "the TLS ClientHello names no server (SNI missing); it must name `{host}`"
@@ -1206,6 +1518,41 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_public_addresses_are_public() {
+        let cases = [
+            ("127.0.0.1", false),
+            ("127.1.2.3", false),
+            ("10.1.2.3", false),
+            ("172.16.0.1", false),
+            ("192.168.1.1", false),
+            ("169.254.169.254", false),
+            ("100.64.0.1", false),
+            ("0.0.0.0", false),
+            ("224.0.0.1", false),
+            ("255.255.255.255", false),
+            ("::1", false),
+            ("::", false),
+            ("::ffff:127.0.0.1", false),
+            ("::ffff:169.254.169.254", false),
+            ("::127.0.0.1", false),
+            ("64:ff9b::a9fe:a9fe", false),
+            ("2002:7f00:1::", false),
+            ("fd00::1", false),
+            ("fe80::1", false),
+            ("ff02::1", false),
+            ("93.184.215.14", true),
+            ("203.0.113.80", true),
+            ("151.101.0.223", true),
+            ("2a04:4e42::223", true),
+            ("::ffff:151.101.0.223", true),
+        ];
+        for (text, public) in cases {
+            let ip: IpAddr = text.parse().unwrap();
+            assert_eq!(is_public(ip), public, "{text}");
+        }
+    }
+
+    #[test]
     fn ip_literals_in_every_spelling_are_found() {
         let cases = [
             ("127.0.0.1", Some("127.0.0.1")),
@@ -1330,6 +1677,17 @@ mod tests {
             get.origin_form,
             "GET /v1?q=1 HTTP/1.1\r\nHost: api.test:8080\r\nAccept: */*\r\nConnection: close\r\n\r\n"
         );
+        // For an upstream proxy: the absolute form, its credential, the same headers.
+        let upstream = Upstream::parse("http://u:p@proxy.example:3128").unwrap();
+        assert!(
+            !format!("{upstream:?}").contains("dTpw"),
+            "no credential in Debug"
+        );
+        assert_eq!(
+            get.proxy_form(&upstream),
+            "GET http://api.test:8080/v1?q=1 HTTP/1.1\r\nProxy-Authorization: Basic dTpw\r\nHost: api.test:8080\r\nAccept: */*\r\nConnection: close\r\n\r\n"
+        );
+        assert!(Upstream::parse("socks5://proxy.example:1080").is_err());
         let bare = parse_http_request(b"GET http://[::1] HTTP/1.0\r\n\r\n").unwrap();
         assert_eq!((bare.target.host.as_str(), bare.target.port), ("::1", 80));
         for bad in [
@@ -1492,6 +1850,44 @@ mod tests {
 
     /// The same loopback target without the operator's exception: refused before any
     /// connection, in both protocols, and a name is never resolved when the port is wrong.
+    #[test]
+    fn no_proxy_and_trusted_destinations_are_matched() {
+        let mut rules = NetRules::new(Names::Any);
+        rules.upstream = Some(Upstream::parse("http://proxy.example:3128").unwrap());
+        rules.no_proxy = vec![".internal.example".into(), "localhost".into()];
+        rules.trusted = vec![("Index.Example".into(), 8000)];
+        assert!(rules.upstream_for("pkgs.internal.example").is_none());
+        assert!(rules.upstream_for("internal.example").is_none());
+        assert!(rules.upstream_for("localhost").is_none());
+        assert!(rules.upstream_for("files.example").is_some());
+        assert!(rules.upstream_for("notinternal.example").is_some());
+        assert!(rules.is_trusted("index.example.", 8000));
+        assert!(!rules.is_trusted("index.example", 80));
+    }
+
+    /// Under an allowlist an address is held to the list as a name is (raw addresses
+    /// allowed): only a listed one passes to the address checks.
+    #[tokio::test]
+    async fn an_allowlist_holds_addresses_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rules = NetRules::new(Names::Only(vec!["203.0.113.7".into()]));
+        rules.allow_ip_literals = true;
+        rules.ports = vec![9];
+        let proxy = RunProxy::start(dir.path(), rules, NetResolver::new(&[]).unwrap()).unwrap();
+        let socket = dir.path().join(SOCKET_NAME);
+        let mut http = UnixStream::connect(&socket).await.unwrap();
+        http.write_all(b"CONNECT 203.0.113.8:9 HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut refused = String::new();
+        http.read_to_string(&mut refused).await.unwrap();
+        assert!(
+            refused.contains("`203.0.113.8` is not in this run's allowlist"),
+            "{refused}"
+        );
+        drop(proxy);
+    }
+
     #[tokio::test]
     async fn loopback_is_refused_without_an_exception() {
         let dir = tempfile::tempdir().unwrap();

@@ -247,6 +247,25 @@ pub struct NetworkArgs {
     /// (e.g. an internal package mirror at `10.20.0.0/16`) [default: none].
     #[arg(long, env = "SNAKEBOX_NETWORK_EXCEPTIONS", value_name = "CIDRS")]
     pub network_exceptions: Option<String>,
+    /// Hosts installs may download from besides the configured package indexes,
+    /// comma-separated names, `*.example.com` patterns or addresses (empty: the indexes only)
+    /// [default: any host on ports 80 and 443 at a public address].
+    #[arg(long, env = "SNAKEBOX_NETWORK_INSTALL_HOSTS", value_name = "HOSTS")]
+    pub network_install_hosts: Option<String>,
+    /// Connections one run (or session call) may open through its proxy [default: 256].
+    #[arg(long, env = "SNAKEBOX_NETWORK_MAX_CONNECTIONS", value_name = "N")]
+    pub network_max_connections: Option<u64>,
+    /// Bytes one run may move through its proxy, both directions together, e.g. `1GiB`
+    /// [default: 1GiB].
+    #[arg(long, env = "SNAKEBOX_NETWORK_MAX_BYTES", value_name = "SIZE")]
+    pub network_max_bytes: Option<String>,
+    /// Seconds one connection through a run's proxy may stay open [default: 600].
+    #[arg(
+        long,
+        env = "SNAKEBOX_NETWORK_MAX_CONNECTION_SECONDS",
+        value_name = "SECONDS"
+    )]
+    pub network_max_connection_seconds: Option<u64>,
 }
 
 /// What one run may use (`[limits]`).

@@ -9,7 +9,7 @@
 //! | `[server]` | the data directory, runs at once, the largest stdio message | the serve lifecycle |
 //! | `[python]` | default interpreter version, the uv binary | interpreter choice per profile |
 //! | `[sandbox]` | the backend, the bwrap binary | Docker, gVisor |
-//! | `[network]` | whether runs reach the network | egress policies |
+//! | `[network]` | what runs and installs may reach, the run proxy's caps | egress policies |
 //! | `[limits]` | what one run may use: time, output, memory, processes, CPU, scratch, script size | `[profiles]` (limit sets) |
 //! | `[pool]` | warm sandboxes and the fork server | |
 //! | `[cache]` | the environment cache: warming, builds, size and age | |
@@ -68,6 +68,14 @@ const FLAT_KEYS: &[FlatKey] = &[
     ("network_ports", "network", "ports"),
     ("network_allow_ip_literals", "network", "allow_ip_literals"),
     ("network_exceptions", "network", "exceptions"),
+    ("network_install_hosts", "network", "install_hosts"),
+    ("network_max_connections", "network", "max_connections"),
+    ("network_max_bytes", "network", "max_bytes"),
+    (
+        "network_max_connection_seconds",
+        "network",
+        "max_connection_seconds",
+    ),
     ("default_timeout", "limits", "default_timeout"),
     ("max_timeout", "limits", "max_timeout"),
     ("max_output_bytes", "limits", "max_output_bytes"),
@@ -196,6 +204,10 @@ struct NetworkFile {
     ports: Option<String>,
     allow_ip_literals: Option<bool>,
     exceptions: Option<String>,
+    install_hosts: Option<String>,
+    max_connections: Option<u64>,
+    max_bytes: Option<SizeOrNumber>,
+    max_connection_seconds: Option<u64>,
 }
 
 /// `[limits]`: per run.
@@ -384,7 +396,7 @@ fn resolve_with(args: &EngineArgs, mut file: FileSettings) -> anyhow::Result<Set
     resolve_server(&args.server, file.server, &mut config)?;
     resolve_python(&args.python, file.python, &mut config);
     resolve_sandbox(&args.sandbox, file.sandbox, &mut config);
-    resolve_network(&args.network, &file.network, &mut config)?;
+    resolve_network(&args.network, file.network, &mut config)?;
     resolve_limits(&args.limits, file.limits, &mut config)?;
     resolve_pool(&args.pool, &file.pool, &mut config)?;
     resolve_cache(&args.cache, file.cache, &mut config)?;
@@ -455,9 +467,23 @@ fn resolve_sandbox(args: &SandboxArgs, file: SandboxFile, config: &mut EngineCon
 
 fn resolve_network(
     args: &NetworkArgs,
-    file: &NetworkFile,
+    file: NetworkFile,
     config: &mut EngineConfig,
 ) -> anyhow::Result<()> {
+    resolve_network_caps(args, &file, config)?;
+    if let Some(list) = args
+        .network_install_hosts
+        .as_ref()
+        .or(file.install_hosts.as_ref())
+    {
+        config.network_proxy.install_hosts = Some(
+            snakebox_engine::parse_install_hosts(list).map_err(|reason| {
+                anyhow::anyhow!(
+                    "--network-install-hosts: {reason}\nhint: for example `--network-install-hosts files.example.org,*.cdn.example.org` (the configured package indexes are always allowed)"
+                )
+            })?,
+        );
+    }
     if let Some(mode) = args.network.as_ref().or(file.mode.as_ref()) {
         config.network = snakebox_engine::NetworkPolicy::parse(mode).map_err(|reason| {
             anyhow::anyhow!(
@@ -519,6 +545,48 @@ fn resolve_network(
                     })
             })
             .collect::<anyhow::Result<_>>()?;
+    }
+    Ok(())
+}
+
+/// The run proxy's caps: connections, bytes and seconds per connection, each at least 1.
+fn resolve_network_caps(
+    args: &NetworkArgs,
+    file: &NetworkFile,
+    config: &mut EngineConfig,
+) -> anyhow::Result<()> {
+    let caps = &mut config.network_proxy.caps;
+    if let Some(n) = args.network_max_connections.or(file.max_connections) {
+        if n == 0 {
+            bail!(
+                "--network-max-connections must be at least 1\nhint: run without network instead (`network: false`), or raise it"
+            );
+        }
+        caps.connections = n;
+    }
+    let bytes = args
+        .network_max_bytes
+        .clone()
+        .or(file.max_bytes.as_ref().map(|value| match value {
+            SizeOrNumber::Number(n) => n.to_string(),
+            SizeOrNumber::Text(text) => text.clone(),
+        }));
+    if let Some(text) = bytes {
+        let n = parse_size(&text)
+            .with_context(|| "invalid --network-max-bytes (`[network] max_bytes`)")?;
+        if n == 0 {
+            bail!("--network-max-bytes must be at least 1 byte\nhint: the default is 1GiB");
+        }
+        caps.bytes = n;
+    }
+    if let Some(seconds) = args
+        .network_max_connection_seconds
+        .or(file.max_connection_seconds)
+    {
+        if seconds == 0 {
+            bail!("--network-max-connection-seconds must be at least 1\nhint: the default is 600");
+        }
+        caps.connection_time = Duration::from_secs(seconds);
     }
     Ok(())
 }
@@ -1046,6 +1114,10 @@ mod tests {
         sizes_and_counts_may_be_unlimited: "[limits]\nmemory = \"unlimited\"\ncpu_seconds = \"unlimited\"\n" => |config| config.memory_bytes.is_none() && config.cpu_time.is_none(),
         cores_may_be_unlimited: "[limits]\ncpu_cores = \"unlimited\"\n" => |config| config.cpu_millicores.is_none(),
         network_section: "[network]\nmode = \"on\"\n" => |config| config.network == snakebox_engine::NetworkPolicy::On,
+        network_caps: "[network]\nmax_connections = 1\nmax_bytes = \"2MiB\"\nmax_connection_seconds = 5\n" => |config| config.network_proxy.caps == snakebox_sandbox::NetCaps { connections: 1, bytes: 2 << 20, connection_time: Duration::from_secs(5) },
+        install_hosts: "[network]\ninstall_hosts = \"Files.Example.org., *.cdn.example.org, 198.51.100.7\"\n" => |config| config.network_proxy.install_hosts == Some(vec!["files.example.org".into(), "*.cdn.example.org".into(), "198.51.100.7".into()]),
+        install_hosts_empty: "[network]\ninstall_hosts = \"\"\n" => |config| config.network_proxy.install_hosts == Some(Vec::new()),
+        install_hosts_unset: "" => |config| config.network_proxy.install_hosts.is_none() && config.network_proxy.caps == snakebox_sandbox::NetCaps::default(),
         network_allowlist: "[network]\nmode = \"allow:api.example.com,*.example.com\"\nresolvers = \"198.51.100.2\"\nports = \"443\"\n" => |config| config.network == snakebox_engine::NetworkPolicy::Allow(vec!["api.example.com".into(), "*.example.com".into()]) && config.network_proxy.resolvers == vec!["198.51.100.2:53".parse().unwrap()] && config.network_proxy.ports == vec![443],
         tenants_section: "[tenants]\nmax_concurrent_runs = 2\nruns_per_minute = 60\nmax_sessions = 3\n" => |config| config.tenants.max_concurrent_runs == Some(2)
             && config.tenants.runs_per_minute == Some(60)
@@ -1085,6 +1157,9 @@ mod tests {
         wrong_type_in_a_section: "[limits]\nmax_timeout = \"soon\"\n" => ["in `limits.max_timeout`", "hint"],
         wrong_type_flat: "warm_pool = -1\n" => ["in `warm_pool` (`[pool] size`)", "hint"],
         unknown_choice: "[network]\nmode = \"maybe\"\n" => ["maybe", "hint"],
+        bad_install_host: "[network]\ninstall_hosts = \"files example\"\n" => ["--network-install-hosts", "`files example`", "hint"],
+        zero_connections: "[network]\nmax_connections = 0\n" => ["--network-max-connections must be at least 1", "hint"],
+        bad_network_bytes: "[network]\nmax_bytes = \"lots\"\n" => ["--network-max-bytes", "hint"],
         unknown_choice_flat: "sandbox_backend = \"docker\"\n" => ["docker"],
         bad_size_names_the_flag: "[limits]\nmemory = \"lots\"\n" => ["--memory-limit", "hint"],
         bad_size_flat: "memory_limit = \"lots\"\n" => ["--memory-limit", "hint"],
@@ -1112,6 +1187,10 @@ mod tests {
         ("network_ports", "\"443,8443\""),
         ("network_allow_ip_literals", "true"),
         ("network_exceptions", "\"10.20.0.0/16\""),
+        ("network_install_hosts", "\"files.example.org\""),
+        ("network_max_connections", "8"),
+        ("network_max_bytes", "\"64MiB\""),
+        ("network_max_connection_seconds", "30"),
         ("default_timeout", "7"),
         ("max_timeout", "70"),
         ("max_output_bytes", "4096"),
@@ -1219,6 +1298,10 @@ mod tests {
             "--network-ports=443",
             "--network-allow-ip-literals",
             "--network-exceptions=10.20.0.0/16",
+            "--network-install-hosts=files.example.org",
+            "--network-max-connections=8",
+            "--network-max-bytes=64MiB",
+            "--network-max-connection-seconds=30",
             "--allow-sdist-builds",
             "--install-timeout=90",
             "--memory-limit=2GiB",

@@ -64,7 +64,7 @@ impl Installer {
         let proxy = if let Some(rules) =
             rules.filter(|_| network && self.sandbox.report().isolation_active)
         {
-            Some(snakebox_sandbox::EgressProxy::start(rules).map_err(|err| {
+            Some(snakebox_sandbox::EgressProxy::start(&rules).map_err(|err| {
                 EngineError::internal(
                     format!("could not start the egress proxy for `{label}`: {err}"),
                     "check that the temporary directory is writable",
@@ -101,7 +101,15 @@ impl Installer {
             )
             .await
             .map_err(|err| EngineError::context(&format!("`{label}` could not start"), &err))?;
-        let stderr = outcome.stderr.text;
+        // What the install proxy refused, when the step failed (uv only saw a 403).
+        let refused = proxy
+            .as_ref()
+            .and_then(snakebox_sandbox::EgressProxy::explain)
+            .filter(|_| outcome.exit_code != Some(0));
+        let stderr = match &refused {
+            Some(text) => format!("{}\n{text}", outcome.stderr.text.trim_end()),
+            None => outcome.stderr.text,
+        };
         let full = (outcome.exit_code != Some(0))
             .then(|| self.out_of_space(&stderr))
             .flatten();
@@ -124,6 +132,11 @@ impl Installer {
                     stderr.trim()
                 ),
                 hint: Some(self.space_hint()),
+            }),
+            _ if refused.is_some() => Err(EngineError {
+                kind: ErrorKind::Failed,
+                message: format!("`{label}` failed: {}", stderr.trim()),
+                hint: Some(snakebox_env::INSTALL_HOSTS_HINT.into()),
             }),
             _ if snakebox_env::is_missing_wheel(stderr.as_bytes()) => Err(EngineError {
                 kind: ErrorKind::Failed,
@@ -509,7 +522,7 @@ impl Engine {
             sandbox: Arc::clone(sandbox),
             slots: Arc::clone(&self.runs),
             uv: uv.clone(),
-            uv_env: UvEnvironment::from_process(),
+            uv_env: cache.uv_environment().clone(),
             uv_cache: cache.uv_cache_dir(),
             interpreter: interpreter.clone(),
             env_dir: paths.env.clone(),
