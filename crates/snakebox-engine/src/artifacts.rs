@@ -840,15 +840,22 @@ fn origin_from(name: &str) -> ArtifactOrigin {
 /// `snakebox://artifacts/<execution_id>/<path>`, each path segment percent-encoded.
 #[must_use]
 pub(crate) fn artifact_uri(execution_id: &str, name: &str) -> String {
-    let mut uri = format!("{URI_PREFIX}{execution_id}/");
+    format!("{URI_PREFIX}{execution_id}/{}", encode_artifact_path(name))
+}
+
+/// An artifact's path as URIs and download links write it: unreserved characters and `/`
+/// as they are, every other byte percent-encoded.
+#[must_use]
+pub fn encode_artifact_path(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
     for byte in name.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~' | b'/') {
-            uri.push(char::from(byte));
+            out.push(char::from(byte));
         } else {
-            uri.push_str(&format!("%{byte:02X}"));
+            out.push_str(&format!("%{byte:02X}"));
         }
     }
-    uri
+    out
 }
 
 /// A failure of the confined reader, as an artifact error.

@@ -93,23 +93,12 @@ fn now_unix() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// `name` as it is written in a link's path: unreserved characters and `/` as they are,
-/// every other byte percent-encoded (as artifact URIs write it).
-fn encode_path(name: &str) -> String {
-    let mut out = String::with_capacity(name.len());
-    for byte in name.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'.' | b'_' | b'~' | b'/') {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
-
 /// The path of the link to `name` of `execution_id`.
 fn link_path(execution_id: &str, name: &str) -> String {
-    format!("{ROUTE_PREFIX}{execution_id}/{}", encode_path(name))
+    format!(
+        "{ROUTE_PREFIX}{execution_id}/{}",
+        snakebox_engine::encode_artifact_path(name)
+    )
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -442,7 +431,7 @@ fn disposition(name: &str) -> HeaderValue {
         .collect();
     let value = format!(
         "attachment; filename=\"{plain}\"; filename*=UTF-8''{}",
-        encode_path(name).replace('/', "%2F")
+        snakebox_engine::encode_artifact_path(name).replace('/', "%2F")
     );
     HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static("attachment"))
 }
