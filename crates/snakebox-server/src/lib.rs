@@ -11,6 +11,7 @@ mod arguments;
 mod conformance;
 mod frames;
 mod progress;
+mod schemas;
 mod sessions;
 mod tools;
 

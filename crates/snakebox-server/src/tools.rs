@@ -158,7 +158,7 @@ impl SnakeboxServer {
             engine,
             caller: Some(caller),
             downloads: None,
-            tool_router: Self::tool_router() + Self::session_router(),
+            tool_router: Self::all_tools(),
             fixtures: false,
         }
     }
@@ -180,9 +180,17 @@ impl SnakeboxServer {
             engine,
             caller: None,
             downloads: None,
-            tool_router: Self::tool_router() + Self::session_router(),
+            tool_router: Self::all_tools(),
             fixtures: false,
         }
+    }
+
+    /// Every tool of snakebox, with schemas every client's validator takes
+    /// ([`crate::schemas`]).
+    fn all_tools() -> ToolRouter<Self> {
+        let mut tools = Self::tool_router() + Self::session_router();
+        crate::schemas::make_plain(&mut tools);
+        tools
     }
 
     /// This server with the MCP conformance suite's fixture tools and resources beside its
