@@ -6,6 +6,7 @@ binary and the official MCP client in both protocol eras."""
 from __future__ import annotations
 
 import base64
+import struct
 import json
 import os
 import signal
@@ -470,3 +471,38 @@ async def test_tool_description_explains_files_values_and_images(client):
     schema = tools["execute_python"].output_schema["properties"]
     for field in ("result", "names", "exception", "artifacts", "skipped_files"):
         assert field in schema, field
+
+
+async def test_images_are_never_inlined_larger_than_providers_take(client):
+    """issue 16 (8): a 9000 px image was inlined as is, and providers refuse over 8000 px. A
+    figure is rendered to fit; an image file that does not fit is kept as an artifact, not
+    inlined, and a note says why."""
+    script = textwrap.dedent(
+        """\
+        import struct, zlib
+        import matplotlib.pyplot as plt
+        fig = plt.figure(figsize=(90, 10), dpi=100)  # 9000 x 1000 px as asked
+        plt.plot([1, 2, 3])
+
+        def png(width, height):
+            raw = b"".join(b"\\0" + bytes(width) for _ in range(height))
+            chunk = lambda kind, body: struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+            header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+            return b"\\x89PNG\\r\\n\\x1a\\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
+
+        open("huge.png", "wb").write(png(9000, 9000))
+        open("small.png", "wb").write(png(10, 10))
+        """
+    )
+    result = await client.call_tool(
+        "execute_python", {"script": script, "dependencies": [MATPLOTLIB], "timeout_seconds": 300}
+    )
+    data = result.structured_content
+    assert data["status"] == "ok", data
+    inline = {a["name"]: a["inline"] for a in data["artifacts"]}
+    assert inline == {"figure-1.png": True, "huge.png": False, "small.png": True}, inline
+    for image in images(result):
+        raw = base64.b64decode(image.data)
+        width, height = struct.unpack(">II", raw[16:24])
+        assert max(width, height) <= 8000, (width, height)
+    assert any("huge.png (9000x9000 px) is not shown inline" in note for note in data["notes"]), data["notes"]

@@ -438,9 +438,10 @@ impl ArtifactStore {
             ));
         }
         match entry.finish() {
-            Ok(Some((artifacts, inline))) => {
+            Ok(Some((artifacts, inline, notes))) => {
                 collection.artifacts = artifacts;
                 collection.inline = inline;
+                collection.notes.extend(notes);
             }
             Ok(None) => {}
             Err(err) => {
@@ -721,9 +722,10 @@ impl<'a> Entry<'a> {
             .unwrap_or_default()
     }
 
-    /// Write the manifest, rename the entry into place and pick the inline images.
+    /// Write the manifest, rename the entry into place and pick the inline images (with a
+    /// note for each image left out for its size in pixels).
     #[allow(clippy::type_complexity)]
-    fn finish(self) -> Result<Option<(Vec<Artifact>, Vec<InlineImage>)>, String> {
+    fn finish(self) -> Result<Option<(Vec<Artifact>, Vec<InlineImage>, Vec<String>)>, String> {
         if self.files.is_empty() {
             return Ok(None);
         }
@@ -735,6 +737,7 @@ impl<'a> Entry<'a> {
             ArtifactOrigin::File => 2,
         });
         let mut inline = Vec::new();
+        let mut notes = Vec::new();
         let mut inline_flags = vec![false; self.files.len()];
         for i in order {
             if inline.len() >= MAX_INLINE_IMAGES {
@@ -750,6 +753,15 @@ impl<'a> Entry<'a> {
             let Some(mime) = image_mime(&data, name) else {
                 continue;
             };
+            if let Some((width, height)) = pixel_size(&data)
+                && width.max(height) > MAX_INLINE_PIXELS
+            {
+                notes.push(format!(
+                    "{name} ({width}x{height} px) is not shown inline: model providers refuse \
+                     images over {MAX_INLINE_PIXELS} px on a side; it is kept as an artifact"
+                ));
+                continue;
+            }
             inline_flags[i] = true;
             inline.push(InlineImage {
                 mime_type: mime.to_string(),
@@ -791,7 +803,7 @@ impl<'a> Entry<'a> {
                 download_url: None,
             })
             .collect();
-        Ok(Some((artifacts, inline)))
+        Ok(Some((artifacts, inline, notes)))
     }
 }
 
@@ -925,6 +937,55 @@ fn is_image_name(name: &str) -> bool {
     )
 }
 
+/// The width and height of a PNG, GIF or JPEG image, from its header; `None` for other
+/// formats (and for a header too short or malformed to say).
+pub(crate) fn pixel_size(data: &[u8]) -> Option<(u32, u32)> {
+    let be16 = |at: usize| {
+        Some(u32::from(u16::from_be_bytes([
+            *data.get(at)?,
+            *data.get(at + 1)?,
+        ])))
+    };
+    if data.starts_with(b"\x89PNG\r\n\x1a\n") {
+        let word = |at: usize| Some(u32::from_be_bytes(data.get(at..at + 4)?.try_into().ok()?));
+        return Some((word(16)?, word(20)?));
+    }
+    if data.starts_with(b"GIF8") {
+        let le16 = |at: usize| {
+            Some(u32::from(u16::from_le_bytes([
+                *data.get(at)?,
+                *data.get(at + 1)?,
+            ])))
+        };
+        return Some((le16(6)?, le16(8)?));
+    }
+    if !data.starts_with(&[0xff, 0xd8]) {
+        return None;
+    }
+    // JPEG: walk the segments to the first start-of-frame (SOF0..SOF15 but DHT, JPG, DAC).
+    let mut at = 2;
+    loop {
+        while *data.get(at)? != 0xff {
+            at += 1;
+        }
+        while *data.get(at)? == 0xff {
+            at += 1;
+        }
+        let marker = *data.get(at)?;
+        at += 1;
+        if (0xc0..=0xcf).contains(&marker) && ![0xc4, 0xc8, 0xcc].contains(&marker) {
+            return Some((be16(at + 5)?, be16(at + 3)?));
+        }
+        if marker == 0xd9 || marker == 0xda {
+            return None;
+        }
+        at += usize::try_from(be16(at)?).ok()?;
+    }
+}
+
+/// Model providers refuse images larger than this on a side.
+pub(crate) const MAX_INLINE_PIXELS: u32 = 8000;
+
 /// The MIME type of image bytes, checked against their content (a `.png` that is not a PNG
 /// is not sent as an image).
 pub(crate) fn image_mime(data: &[u8], name: &str) -> Option<&'static str> {
@@ -992,6 +1053,30 @@ pub fn is_text_mime(mime: &str) -> bool {
                 | "application/toml"
                 | "image/svg+xml"
         )
+}
+
+#[cfg(test)]
+mod pixel_tests {
+    use super::pixel_size;
+
+    #[test]
+    fn sizes_are_read_from_png_gif_and_jpeg_headers() {
+        let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR".to_vec();
+        png.extend_from_slice(&9000_u32.to_be_bytes());
+        png.extend_from_slice(&30_u32.to_be_bytes());
+        assert_eq!(pixel_size(&png), Some((9000, 30)));
+        let gif = b"GIF89a\x40\x1f\x02\x00";
+        assert_eq!(pixel_size(gif), Some((8000, 2)));
+        // SOI, an APP0 segment of 4 bytes, then SOF0: length, precision, height 600, width 800.
+        let jpeg = [
+            0xff, 0xd8, 0xff, 0xe0, 0x00, 0x04, 0x00, 0x00, 0xff, 0xc0, 0x00, 0x11, 0x08, 0x02,
+            0x58, 0x03, 0x20,
+        ];
+        assert_eq!(pixel_size(&jpeg), Some((800, 600)));
+        assert_eq!(pixel_size(b"\x89PNG\r\n\x1a\n"), None);
+        assert_eq!(pixel_size(&[0xff, 0xd8, 0xff]), None);
+        assert_eq!(pixel_size(b"<svg/>"), None);
+    }
 }
 
 #[cfg(test)]

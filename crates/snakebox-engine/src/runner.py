@@ -42,6 +42,8 @@ MAX_IMAGES = 16
 # A figure is re-rendered at a lower resolution until it fits INLINE_TARGET (the engine's
 # inline bound); past IMAGE_MAX_BYTES it is dropped, past the total it is not rendered.
 INLINE_TARGET = 1 << 20
+# Model providers refuse images larger than this on a side (artifacts.rs MAX_INLINE_PIXELS).
+MAX_PIXELS = 8000
 IMAGE_MAX_BYTES = 4 << 20
 IMAGES_TOTAL_BYTES = 10 << 20
 
@@ -76,8 +78,15 @@ def _add_image(data, name, source):
 
 
 def _render_figure(figure):
-    """PNG bytes of a matplotlib figure, downscaled until it fits the inline bound."""
+    """PNG bytes of a matplotlib figure, downscaled until it fits the inline bound, and never
+    more than MAX_PIXELS on a side (model providers refuse larger images)."""
     dpi = figure.get_dpi() or 100
+    try:
+        longest = max(figure.get_size_inches())
+        if longest * dpi > MAX_PIXELS:
+            dpi = MAX_PIXELS / longest
+    except Exception:  # noqa: BLE001 - an odd figure keeps its own dpi
+        pass
     data = b""
     for scale in (1.0, 0.6, 0.35):
         buffer = io.BytesIO()
