@@ -10,6 +10,7 @@ host directory, host /proc, listeners on host loopback, the server still answeri
 from __future__ import annotations
 
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -558,6 +559,11 @@ async def test_S02_the_image_follows_a_changed_quota_when_the_files_fit(snakebox
         await cell(client, session, "import shutil; shutil.rmtree('fill')")
         data, text, _ = await cell(client, session, fill("b", 2))
         assert data["stdout"] == "written 32 stopped None\n", text
+        # Something of this server outlives it a little inside the image (as dying
+        # interpreters do): its lazy unmount is not over when the next server starts, and that
+        # one must wait for it before it resizes (the old mount's last superblock write undid
+        # the resize: ENOSPC at 64 MiB, seen in CI).
+        holder = subprocess.Popen(["sleep", "3"], cwd=data_dir / "sessions-v1")
     assert image.stat().st_size == 64 << 20
     # A larger quota: the image grows (checked and resized before it is mounted).
     async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "160MiB") as client:
@@ -565,6 +571,7 @@ async def test_S02_the_image_follows_a_changed_quota_when_the_files_fit(snakebox
         assert "160 MiB" in report["sessions"]["disk_quota"], report["sessions"]["disk_quota"]
         data, text, _ = await cell(client, session, fill("c", 6))
         assert data["stdout"] == "written 96 stopped None\n", text  # 128 MiB in all, past 64
+    assert holder.wait(timeout=10) == 0
     assert image.stat().st_size == 160 << 20
     # A quota smaller than what the files need: the image keeps its size, and says so.
     async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as client:

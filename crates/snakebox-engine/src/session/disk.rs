@@ -208,6 +208,41 @@ fn resize(image: &Path, size: u64) -> Result<u64, String> {
     Ok(size)
 }
 
+/// How long a start waits for an earlier server's loop device on the image to go.
+const DETACH_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Wait until no loop device has `image` as its backing file.
+///
+/// # Errors
+/// One still does after `limit`.
+fn wait_until_detached(image: &Path, limit: std::time::Duration) -> Result<(), String> {
+    let deadline = std::time::Instant::now() + limit;
+    while loop_device_of(image).is_some() {
+        if std::time::Instant::now() >= deadline {
+            return Err(format!(
+                "the image is still attached to {} (an earlier server's sandboxes still hold it); \
+                 stop what still runs from that server, or `losetup -d` it",
+                loop_device_of(image).unwrap_or_default()
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// The loop device (`/dev/loopN`) whose backing file is `image`, if any.
+fn loop_device_of(image: &Path) -> Option<String> {
+    let image = fs_err::canonicalize(image).ok()?;
+    std::fs::read_dir("/sys/block")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).ok()?;
+            (Path::new(backing.trim_end()) == image)
+                .then(|| format!("/dev/{}", entry.file_name().to_string_lossy()))
+        })
+}
+
 /// Make the image if it is missing, and mount it at `root` (unless it is mounted already).
 /// Sessions kept by a version without the image (files directly in `root`) are copied in.
 fn mount_image(root: &Path, image: &Path, size: u64) -> Result<u64, String> {
@@ -222,6 +257,10 @@ fn mount_image(root: &Path, image: &Path, size: u64) -> Result<u64, String> {
         let stat = nix::sys::statvfs::statvfs(root).map_err(|err| err.to_string())?;
         return Ok(stat.blocks().saturating_mul(stat.fragment_size()));
     }
+    // An earlier server's lazy unmount may not be over (its interpreters still dying hold
+    // files, so its loop device is still attached): checking, resizing or mounting the image
+    // now would race the old mount's last superblock write, which would undo a resize.
+    wait_until_detached(image, DETACH_WAIT)?;
     let size = size.max(32 << 20);
     if !image.exists() {
         let temp = image.with_extension("img.new");
