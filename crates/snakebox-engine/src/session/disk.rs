@@ -233,11 +233,11 @@ fn wait_until_detached(image: &Path, limit: std::time::Duration) -> Result<(), S
 /// The loop device (`/dev/loopN`) whose backing file is `image`, if any.
 fn loop_device_of(image: &Path) -> Option<String> {
     let image = fs_err::canonicalize(image).ok()?;
-    std::fs::read_dir("/sys/block")
+    fs_err::read_dir("/sys/block")
         .ok()?
         .flatten()
         .find_map(|entry| {
-            let backing = std::fs::read_to_string(entry.path().join("loop/backing_file")).ok()?;
+            let backing = fs_err::read_to_string(entry.path().join("loop/backing_file")).ok()?;
             (Path::new(backing.trim_end()) == image)
                 .then(|| format!("/dev/{}", entry.file_name().to_string_lossy()))
         })
