@@ -317,6 +317,20 @@ impl Engine {
             })
     }
 
+    /// The result one of `caller`'s finished runs returned (stdout, stderr, result value,
+    /// exception, artifacts, network log), as the JSON the tool answered with; `None` while it
+    /// runs, for another caller's run (as for an unknown id), for runs recorded before results
+    /// were kept, and for a result too large to keep.
+    pub async fn run_output(&self, caller: &Caller, id: &str) -> Option<serde_json::Value> {
+        let history = Arc::clone(&self.history);
+        let (who, wanted) = (caller.clone(), id.to_owned());
+        let json = tokio::task::spawn_blocking(move || history.output(&who, &wanted))
+            .await
+            .ok()
+            .flatten()?;
+        serde_json::from_str(&json).ok()
+    }
+
     /// The artifact store (location and retention rule).
     #[must_use]
     pub fn artifact_store(&self) -> &ArtifactStore {
