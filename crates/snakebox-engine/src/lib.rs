@@ -49,7 +49,9 @@ pub use lifecycle::{ShutdownReport, StopReason};
 pub use network::{NetworkLogEntry, NetworkPolicy, ProxySettings};
 pub use plan::ExecuteRequest;
 pub use pool::PoolReport;
-pub use report::{ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, WarmState};
+pub use report::{
+    ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, LimitStatus, WarmState,
+};
 pub use result::{
     Artifact, ArtifactOrigin, ErrorInfo, ExceptionInfo, ExecutionResult, InlineImage, Package,
     SkippedFile, Status, ValueRepr,
