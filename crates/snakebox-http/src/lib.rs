@@ -17,7 +17,7 @@
 //! authentication (a developer's machine); bound elsewhere it refuses to start unless told
 //! `--insecure-no-auth`. Keys made while it runs take effect at once.
 //!
-//! The web UI ([`ui`], mounted at `/ui/` in [`router`]) reads the same engine for a logged-in
+//! The web UI (`ui`, mounted at `/ui/` in [`router`]) reads the same engine for a logged-in
 //! tenant: runs, sessions, artifacts, the environment.
 
 pub mod edge;

@@ -426,6 +426,12 @@ async fn a_second_tenant_sees_none_of_the_firsts_runs_sessions_or_artifacts() {
         assert_eq!(reply.status, StatusCode::NOT_FOUND, "{path}");
         assert!(!reply.text().contains("secret of a"), "{path}");
     }
+    // The environment page shows session counts, not A's sessions.
+    let environment = get(&router, "/ui/environment", Some(&cookie_b))
+        .await
+        .text();
+    assert!(!environment.contains(&session), "{environment}");
+    assert!(!environment.contains("a-session"), "{environment}");
     // B cannot delete A's session, even with a valid form of its own.
     let csrf_b = get(&router, "/ui/runs", Some(&cookie_b)).await.csrf();
     let delete = post(

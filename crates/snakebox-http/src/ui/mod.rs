@@ -75,7 +75,8 @@ pub(crate) fn slash() -> axum::routing::MethodRouter {
 }
 
 /// Headers on every UI response: the policy, no framing, no sniffing, no caching, no
-/// referrer (URLs hold run and session ids).
+/// referrer to other origins (URLs hold run and session ids; `no-referrer` would make the
+/// browser send `Origin: null` on the UI's own forms).
 async fn protect(request: Request, next: Next) -> Response {
     let mut response = next.run(request).await;
     let headers = response.headers_mut();
@@ -90,7 +91,7 @@ async fn protect(request: Request, next: Next) -> Response {
     );
     headers.insert(
         header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
+        HeaderValue::from_static("same-origin"),
     );
     headers
         .entry(header::CACHE_CONTROL)

@@ -627,6 +627,8 @@ struct SessionPage {
     created: String,
     files: Vec<FileRow>,
     files_truncated: bool,
+    /// Its cells and commands among the tenant's newest runs, newest first.
+    cells: Vec<RunRow>,
 }
 
 async fn session(
@@ -674,8 +676,17 @@ async fn session(
         (true, true) => "the server's policy".to_owned(),
         (true, false) => format!("only {}", info.allowed_domains.join(", ")),
     };
+    let cells = ui
+        .engine
+        .list_runs(&ui_session.caller, RUNS_LISTED)
+        .await
+        .iter()
+        .filter(|record| record.session_id.as_deref() == Some(info.session_id.as_str()))
+        .map(run_row)
+        .collect();
     render(&SessionPage {
         chrome: chrome(&ui, &ui_session),
+        cells,
         installed,
         executions: info.executions,
         network,
@@ -866,7 +877,12 @@ async fn environment(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response 
         },
         Section {
             title: "Sessions",
-            rows: rows_of(&report.sessions),
+            // The report lists every tenant's sessions; a tenant sees only the counts here
+            // (its own sessions are on the sessions page).
+            rows: rows_of(&report.sessions)
+                .into_iter()
+                .filter(|(key, _)| key != "sessions")
+                .collect(),
         },
         Section {
             title: "Warm pool",
