@@ -82,7 +82,32 @@ try {
   const cookie = cookies.find((c) => c.name === "snakebox_ui");
   check("cookie", cookie && { httpOnly: cookie.httpOnly, sameSite: cookie.sameSite, path: cookie.path });
 
+  // A long run started over MCP: found running, cancelled from its page, seen to end.
+  let runningHref = null;
+  for (let i = 0; i < 120 && !runningHref; i++) {
+    await page.goto(`${url}/ui/runs`);
+    runningHref = await page.$eval("#runs", (table) => {
+      const row = [...table.querySelectorAll("tbody tr")].find((tr) => tr.querySelector(".status.running"));
+      return row ? row.querySelector("a").getAttribute("href") : null;
+    }).catch(() => null);
+    if (!runningHref) await page.waitForTimeout(500);
+  }
+  check("runningFound", Boolean(runningHref));
+  await page.goto(`${url}${runningHref}`);
+  check("runningStatus", (await page.textContent("#run-status")).trim());
+  await shot(page, "run-running");
+  await Promise.all([page.waitForNavigation(), page.click("#cancel")]);
+  let ended = "running";
+  for (let i = 0; i < 60 && ended === "running"; i++) {
+    await page.goto(`${url}${runningHref}`);
+    ended = (await page.textContent("#run-status")).trim();
+    if (ended === "running") await page.waitForTimeout(500);
+  }
+  check("cancelledStatus", ended);
+  check("cancelledId", runningHref.split("/").pop());
+
   // The runs list, newest first, with the run made over MCP.
+  await page.goto(`${url}/ui/runs`);
   const runLinks = await page.$$eval("#runs tbody tr td:first-child a", (as) => as.map((a) => a.getAttribute("href")));
   check("runsListed", runLinks);
   await shot(page, "runs");

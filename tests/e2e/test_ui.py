@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import subprocess
+import threading
 import urllib.request
 import uuid
 from pathlib import Path
@@ -95,6 +96,15 @@ def test_the_ui_in_a_browser(snakebox_bin: Path, tmp_path: Path):
         call_tool(url, key_a, "write_file", {"session_id": session_id, "path": "notes.txt", "content": "notes of A"})
         call_tool(url, key_a, "execute_python", {"session_id": session_id, "script": "x = 41\nprint(x + 1)"})
 
+        # A long run, to be cancelled from the UI while it runs.
+        long_run: dict = {}
+
+        def run_long() -> None:
+            script = "import time\nprint('long run started', flush=True)\ntime.sleep(120)\n"
+            long_run.update(call_tool(url, key_a, "execute_python", {"script": script, "timeout_seconds": 300}))
+
+        waiter = threading.Thread(target=run_long, daemon=True)
+        waiter.start()
         args = {
             "url": url, "keyA": key_a, "keyB": key_b, "runId": run["execution_id"],
             "errorRunId": failed["execution_id"], "sessionId": session_id, "sessionName": name,
@@ -111,6 +121,7 @@ def test_the_ui_in_a_browser(snakebox_bin: Path, tmp_path: Path):
             )
         finally:
             work.unlink()
+        waiter.join(timeout=60)
         assert proc.poll() is None, "the server died under the browser"
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -121,8 +132,14 @@ def test_the_ui_in_a_browser(snakebox_bin: Path, tmp_path: Path):
     assert checks["unauthenticatedGoesToLogin"] == "/ui/login"
     assert "not valid" in checks["wrongKeyMessage"]
     assert checks["cookie"] == {"httpOnly": True, "sameSite": "Strict", "path": "/ui"}
+    # The long run: found running, cancelled from its page, and its MCP call answered so.
+    assert checks["runningFound"] and checks["runningStatus"] == "running"
+    assert checks["cancelledStatus"] == "cancelled"
+    assert long_run.get("status") == "cancelled", long_run
+    assert checks["cancelledId"] == long_run["execution_id"]
     # The run: listed, newest first, with its stdout on its page.
     runs = checks["runsListed"]
+    assert runs[0] == f"/ui/runs/{long_run['execution_id']}", runs
     assert f"/ui/runs/{run['execution_id']}" in runs
     assert runs.index(f"/ui/runs/{failed['execution_id']}") < runs.index(f"/ui/runs/{run['execution_id']}")
     assert f"hello from the UI test {marker}" in checks["stdout"]
@@ -161,4 +178,4 @@ def test_the_ui_in_a_browser(snakebox_bin: Path, tmp_path: Path):
     SHOTS.mkdir(parents=True, exist_ok=True)
     for shot in sorted(shots.glob("*.png")):
         shutil.copyfile(shot, SHOTS / shot.name)
-    assert len(list(shots.glob("*.png"))) >= 9
+    assert len(list(shots.glob("*.png"))) >= 10

@@ -102,6 +102,9 @@ pub struct Engine {
     tenants: tenants::Tenants,
     /// The run proxy's resolver, made on first use.
     resolver: network::ResolverCell,
+    /// The tracked calls running now, by execution id: their owner and the token that
+    /// cancels them ([`Engine::cancel_run`]).
+    running: lifecycle::RunningCalls,
 }
 
 /// How the environment cache runs package code (compilation, builds): with a run's limits.
@@ -190,6 +193,7 @@ impl Engine {
             history: Arc::new(history::History::open(&config.data_dir)),
             tenants: tenants::Tenants::new(config.tenants.clone()),
             resolver: network::ResolverCell::default(),
+            running: lifecycle::RunningCalls::default(),
             pool: pool::WarmPool::new(config.warm_pool, config.fork_server),
             sessions,
             artifacts,

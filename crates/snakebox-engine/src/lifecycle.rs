@@ -87,6 +87,52 @@ pub(crate) struct Call<'a> {
     _counted: InFlight<'a>,
 }
 
+/// The tracked calls running now: execution id → (owner, the call's token).
+#[derive(Default)]
+pub(crate) struct RunningCalls {
+    calls: Arc<Mutex<std::collections::HashMap<String, (crate::Caller, CancellationToken)>>>,
+}
+
+/// Removes its call from [`RunningCalls`] when the call ends (or its future is dropped).
+pub(crate) struct RunningGuard {
+    calls: Arc<Mutex<std::collections::HashMap<String, (crate::Caller, CancellationToken)>>>,
+    id: String,
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        lock(&self.calls).remove(&self.id);
+    }
+}
+
+impl RunningCalls {
+    fn add(&self, id: &str, caller: &crate::Caller, token: &CancellationToken) -> RunningGuard {
+        lock(&self.calls).insert(id.to_owned(), (caller.clone(), token.clone()));
+        RunningGuard {
+            calls: Arc::clone(&self.calls),
+            id: id.to_owned(),
+        }
+    }
+
+    /// Cancel `caller`'s running call `id`; whether there was one.
+    fn cancel(&self, caller: &crate::Caller, id: &str) -> bool {
+        let calls = lock(&self.calls);
+        match calls.get(id) {
+            Some((owner, token)) if owner == caller => {
+                token.cancel();
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Counts one call in [`Lifecycle::in_flight`] while it lives.
 struct InFlight<'a>(&'a Lifecycle);
 
@@ -302,6 +348,7 @@ impl Engine {
             Err(error) => return refuse(execution_id, error),
         };
         self.history.started(&execution_id, caller, start);
+        let _running = self.running.add(&execution_id, caller, &call.token);
         // The tenant's quotas: a call past its minute is refused; past its runs at once, it
         // waits on its own queue (or until the call is cancelled).
         let admitted = tokio::select! {
@@ -322,6 +369,23 @@ impl Engine {
         self.mark_stopped(&call, &mut result);
         self.history.finished(&result);
         result
+    }
+
+    /// Cancel one of `caller`'s calls that is running now, by its execution id (a one-shot
+    /// run, a session cell or a command): its sandbox is stopped and its call answers
+    /// `cancelled`, as when its client cancels it.
+    ///
+    /// # Errors
+    /// `not_found` for an id that is not one of `caller`'s running calls (another caller's
+    /// included, answered exactly as an id that never existed, or one that has ended).
+    pub fn cancel_run(&self, caller: &crate::Caller, id: &str) -> Result<(), EngineError> {
+        if self.running.cancel(caller, id) {
+            return Ok(());
+        }
+        Err(
+            EngineError::new(ErrorKind::NotFound, format!("No running run `{id}`"))
+                .with_hint("it has ended (or never existed): list the runs to see how it ended"),
+        )
     }
 
     /// A record of a call cut short by shutdown says so: status `cancelled` and why.

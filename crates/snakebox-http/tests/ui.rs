@@ -473,3 +473,77 @@ async fn a_second_tenant_sees_none_of_the_firsts_runs_sessions_or_artifacts() {
     let sessions_a = get(&router, "/ui/sessions", Some(&cookie_a)).await.text();
     assert!(!sessions_a.contains("a-session"), "{sessions_a}");
 }
+
+#[tokio::test]
+async fn a_running_run_is_cancelled_from_its_page_by_its_tenant_only() {
+    let data = tempfile::tempdir().unwrap();
+    let router = router(data.path()).await;
+    let keys = KeyStore::new(data.path());
+    let a = keys.add("team-a").unwrap().key;
+    let b = keys.add("team-b").unwrap().key;
+    let started = std::time::Instant::now();
+    let long = {
+        let (router, a) = (router.clone(), a.clone());
+        tokio::spawn(async move {
+            let script = "import time\nprint('started', flush=True)\ntime.sleep(60)\n";
+            call_tool(&router, &a, "execute_python", json!({"script": script})).await
+        })
+    };
+    let cookie_a = log_in(&router, &a).await;
+    let mut id = None;
+    for _ in 0..300 {
+        let list = get(&router, "/ui/runs", Some(&cookie_a)).await.text();
+        if list.contains("status running") {
+            let at = list.find("href=\"/ui/runs/").unwrap() + "href=\"/ui/runs/".len();
+            id = Some(list[at..].split('"').next().unwrap().to_owned());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let id = id.expect("the run is listed as running");
+    let page = get(&router, &format!("/ui/runs/{id}"), Some(&cookie_a)).await;
+    assert!(page.text().contains("id=\"cancel\""), "{}", page.text());
+    let csrf_a = page.csrf();
+
+    // B cannot cancel it, even with a valid form of its own; A needs its token.
+    let cookie_b = log_in(&router, &b).await;
+    let csrf_b = get(&router, "/ui/runs", Some(&cookie_b)).await.csrf();
+    let cancel = format!("/ui/runs/{id}/cancel");
+    let theirs = post(
+        &router,
+        &cancel,
+        Some(&cookie_b),
+        Some(ORIGIN),
+        &format!("csrf={csrf_b}"),
+    )
+    .await;
+    assert_eq!(theirs.status, StatusCode::NOT_FOUND);
+    let no_token = post(&router, &cancel, Some(&cookie_a), Some(ORIGIN), "").await;
+    assert_eq!(no_token.status, StatusCode::FORBIDDEN);
+    assert!(!long.is_finished(), "still running after the refusals");
+
+    let mine = post(
+        &router,
+        &cancel,
+        Some(&cookie_a),
+        Some(ORIGIN),
+        &format!("csrf={csrf_a}"),
+    )
+    .await;
+    assert_eq!(mine.status, StatusCode::SEE_OTHER, "{}", mine.text());
+    let result = long.await.unwrap();
+    assert_eq!(result["status"], "cancelled", "{result}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(40));
+    let page = get(&router, &format!("/ui/runs/{id}"), Some(&cookie_a)).await;
+    assert!(page.text().contains(">cancelled<"), "{}", page.text());
+    // Ended: nothing left to cancel.
+    let again = post(
+        &router,
+        &cancel,
+        Some(&cookie_a),
+        Some(ORIGIN),
+        &format!("csrf={csrf_a}"),
+    )
+    .await;
+    assert_eq!(again.status, StatusCode::NOT_FOUND);
+}

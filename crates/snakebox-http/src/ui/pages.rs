@@ -31,6 +31,7 @@ pub(super) fn routes() -> Router<Arc<Ui>> {
         .route("/logout", axum::routing::post(log_out))
         .route("/runs", get(runs))
         .route("/runs/{id}", get(run))
+        .route("/runs/{id}/cancel", axum::routing::post(run_cancel))
         .route("/runs/{id}/download/{*path}", get(run_download))
         .route("/runs/{id}/image/{*path}", get(run_image))
         .route("/sessions", get(sessions))
@@ -424,6 +425,7 @@ fn output_view(run_id: &str, output: &Value) -> OutputView {
 #[template(path = "ui/run.html")]
 struct RunPage {
     chrome: Option<Chrome>,
+    csrf: String,
     run: RunRow,
     script: String,
     script_truncated: bool,
@@ -446,12 +448,40 @@ async fn run(State(ui): State<Arc<Ui>>, headers: HeaderMap, Path(id): Path<Strin
         .map(|output| output_view(&record.execution_id, &output));
     render(&RunPage {
         chrome: chrome(&ui, &session),
+        csrf: session.csrf.clone(),
         refresh: record.status == "running",
         script: record.script.clone(),
         script_truncated: record.script_truncated,
         run: run_row(&record),
         output,
     })
+}
+
+async fn run_cancel(
+    State(ui): State<Arc<Ui>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Form(form): Form<HashMap<String, String>>,
+) -> Response {
+    let session = match ui.session(&headers) {
+        Ok(session) => session,
+        Err(response) => return *response,
+    };
+    if let Err(refused) = ui.check_post(
+        &headers,
+        Some(&session),
+        form.get("csrf").map(String::as_str),
+    ) {
+        return *refused;
+    }
+    match ui.engine.cancel_run(&session.caller, &id) {
+        Ok(()) => Redirect::to(&format!("/ui/runs/{}", format::url_path(&id))).into_response(),
+        Err(err) => error_page(
+            StatusCode::NOT_FOUND,
+            &err.message,
+            err.hint.as_deref().unwrap_or("list the runs"),
+        ),
+    }
 }
 
 /// Bytes a run or session produced, as a download that is never rendered in the UI's origin.
