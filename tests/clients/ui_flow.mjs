@@ -95,15 +95,16 @@ try {
   check("runningFound", Boolean(runningHref));
   await page.goto(`${url}${runningHref}`);
   check("runningStatus", (await page.textContent("#run-status")).trim());
+  // Its output streams into the page while it runs.
+  await page.locator("#live-stdout", { hasText: "long run started" }).waitFor({ timeout: 30000 });
+  check("liveStdout", await page.textContent("#live-stdout"));
   await shot(page, "run-running");
-  await Promise.all([page.waitForNavigation(), page.click("#cancel")]);
-  let ended = "running";
-  for (let i = 0; i < 60 && ended === "running"; i++) {
-    await page.goto(`${url}${runningHref}`);
-    ended = (await page.textContent("#run-status")).trim();
-    if (ended === "running") await page.waitForTimeout(500);
-  }
+  await page.click("#cancel");
+  // The stream ends with the run, and the page reloads to show how it ended.
+  await page.locator("#run-status:not(.running)").waitFor({ timeout: 30000 });
+  const ended = (await page.locator("#run-status").textContent()).trim();
   check("cancelledStatus", ended);
+  check("cancelledStdout", await page.locator("#stdout").textContent());
   check("cancelledId", runningHref.split("/").pop());
 
   // The runs list, newest first, with the run made over MCP.

@@ -2,7 +2,8 @@
 playwright-core (tests/clients/ui_flow.mjs, installed into target/clients by
 scripts/install-clients; Chromium by scripts/install-deps).
 
-A server with two tenants' keys; tenant A makes runs (one printing a marker and writing a PNG
+A server with two tenants' keys; tenant A starts a long run (the browser sees its output
+stream in live and cancels it from its page) and makes runs (one printing a marker and writing a PNG
 made with pure Python, a binary file and an SVG; one raising) and a session with a file, over
 MCP as raw JSON POSTs. The browser logs in with A's key, finds the run in the list and on its
 page with its stdout, sees the PNG inline (and the SVG not), downloads artifacts and compares
@@ -134,7 +135,9 @@ def test_the_ui_in_a_browser(snakebox_bin: Path, tmp_path: Path):
     assert checks["cookie"] == {"httpOnly": True, "sameSite": "Strict", "path": "/ui"}
     # The long run: found running, cancelled from its page, and its MCP call answered so.
     assert checks["runningFound"] and checks["runningStatus"] == "running"
+    assert "long run started" in checks["liveStdout"]
     assert checks["cancelledStatus"] == "cancelled"
+    assert "long run started" in checks["cancelledStdout"]
     assert long_run.get("status") == "cancelled", long_run
     assert checks["cancelledId"] == long_run["execution_id"]
     # The run: listed, newest first, with its stdout on its page.

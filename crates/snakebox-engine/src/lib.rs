@@ -45,7 +45,7 @@ pub use config::{EngineConfig, SessionSettings};
 pub use error::{EngineError, ErrorKind, Hint};
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
 pub use history::{RunKind, RunRecord};
-pub use lifecycle::{ShutdownReport, StopReason};
+pub use lifecycle::{LIVE_MAX_BYTES, LiveOutput, ShutdownReport, StopReason};
 pub use network::{NetworkLogEntry, NetworkPolicy, ProxySettings};
 pub use plan::ExecuteRequest;
 pub use pool::PoolReport;

@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use snakebox_sandbox::OutputChunk;
 use tokio::sync::Notify;
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -87,15 +89,53 @@ pub(crate) struct Call<'a> {
     _counted: InFlight<'a>,
 }
 
-/// The tracked calls running now: execution id → (owner, the call's token).
+/// What a running call has printed so far, for a live view (the web UI); at most
+/// [`LIVE_MAX_BYTES`] of each stream are kept (the run's own result keeps its usual caps).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LiveOutput {
+    /// Standard output so far.
+    pub stdout: String,
+    /// Standard error so far.
+    pub stderr: String,
+    /// Whether more was printed than is kept here.
+    pub truncated: bool,
+}
+
+/// Bytes of each stream a live view keeps.
+pub const LIVE_MAX_BYTES: usize = 1024 * 1024;
+
+impl LiveOutput {
+    fn push(&mut self, chunk: &OutputChunk) {
+        let text = match chunk.stream {
+            snakebox_sandbox::Stream::Stdout => &mut self.stdout,
+            snakebox_sandbox::Stream::Stderr => &mut self.stderr,
+        };
+        if text.len() + chunk.text.len() > LIVE_MAX_BYTES {
+            self.truncated = true;
+            return;
+        }
+        text.push_str(&chunk.text);
+    }
+}
+
+/// One tracked call running now.
+struct Running {
+    owner: crate::Caller,
+    token: CancellationToken,
+    live: Arc<Mutex<LiveOutput>>,
+}
+
+type RunningMap = Arc<Mutex<std::collections::HashMap<String, Running>>>;
+
+/// The tracked calls running now, by execution id.
 #[derive(Default)]
 pub(crate) struct RunningCalls {
-    calls: Arc<Mutex<std::collections::HashMap<String, (crate::Caller, CancellationToken)>>>,
+    calls: RunningMap,
 }
 
 /// Removes its call from [`RunningCalls`] when the call ends (or its future is dropped).
 pub(crate) struct RunningGuard {
-    calls: Arc<Mutex<std::collections::HashMap<String, (crate::Caller, CancellationToken)>>>,
+    calls: RunningMap,
     id: String,
 }
 
@@ -107,7 +147,14 @@ impl Drop for RunningGuard {
 
 impl RunningCalls {
     fn add(&self, id: &str, caller: &crate::Caller, token: &CancellationToken) -> RunningGuard {
-        lock(&self.calls).insert(id.to_owned(), (caller.clone(), token.clone()));
+        lock(&self.calls).insert(
+            id.to_owned(),
+            Running {
+                owner: caller.clone(),
+                token: token.clone(),
+                live: Arc::default(),
+            },
+        );
         RunningGuard {
             calls: Arc::clone(&self.calls),
             id: id.to_owned(),
@@ -118,12 +165,57 @@ impl RunningCalls {
     fn cancel(&self, caller: &crate::Caller, id: &str) -> bool {
         let calls = lock(&self.calls);
         match calls.get(id) {
-            Some((owner, token)) if owner == caller => {
-                token.cancel();
+            Some(running) if running.owner == *caller => {
+                running.token.cancel();
                 true
             }
             _ => false,
         }
+    }
+
+    fn live(&self, id: &str) -> Option<Arc<Mutex<LiveOutput>>> {
+        lock(&self.calls)
+            .get(id)
+            .map(|running| Arc::clone(&running.live))
+    }
+
+    fn live_of(&self, caller: &crate::Caller, id: &str) -> Option<LiveOutput> {
+        let calls = lock(&self.calls);
+        let running = calls.get(id).filter(|running| running.owner == *caller)?;
+        Some(lock(&running.live).clone())
+    }
+}
+
+impl Engine {
+    /// The output sender a tracked call's run gets: every chunk is also kept in the call's
+    /// live output ([`Engine::live_output`]), then passed on to `output` (the client's
+    /// progress notifications) when there is one.
+    pub(crate) fn live_tee(
+        &self,
+        id: &str,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Option<UnboundedSender<OutputChunk>> {
+        let Some(live) = self.running.live(id) else {
+            return output;
+        };
+        let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<OutputChunk>();
+        tokio::spawn(async move {
+            while let Some(chunk) = receiver.recv().await {
+                lock(&live).push(&chunk);
+                if let Some(output) = &output {
+                    // The client may be gone; the run goes on and its live view with it.
+                    let _ = output.send(chunk);
+                }
+            }
+        });
+        Some(sender)
+    }
+
+    /// What one of `caller`'s calls has printed so far, while it runs (`None` once it has
+    /// ended, and for another caller's call, as for an id that never existed).
+    #[must_use]
+    pub fn live_output(&self, caller: &crate::Caller, id: &str) -> Option<LiveOutput> {
+        self.running.live_of(caller, id)
     }
 }
 

@@ -475,7 +475,7 @@ async fn a_second_tenant_sees_none_of_the_firsts_runs_sessions_or_artifacts() {
 }
 
 #[tokio::test]
-async fn a_running_run_is_cancelled_from_its_page_by_its_tenant_only() {
+async fn a_running_runs_output_streams_live_and_it_is_cancelled_by_its_tenant_only() {
     let data = tempfile::tempdir().unwrap();
     let router = router(data.path()).await;
     let keys = KeyStore::new(data.path());
@@ -505,6 +505,34 @@ async fn a_running_run_is_cancelled_from_its_page_by_its_tenant_only() {
     assert!(page.text().contains("id=\"cancel\""), "{}", page.text());
     let csrf_a = page.csrf();
 
+    // Its output streams live, as Server-Sent Events.
+    let request = Request::get(format!("/ui/runs/{id}/live"))
+        .header(header::HOST, HOST)
+        .header(header::COOKIE, &cookie_a)
+        .body(Body::empty())
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        response.headers()[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
+    let mut stream = response.into_body().into_data_stream();
+    let mut seen = String::new();
+    let streamed = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
+            seen.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            if seen.contains("started") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(streamed.is_ok(), "{seen}");
+    assert!(seen.contains("event: output"), "{seen}");
+
     // B cannot cancel it, even with a valid form of its own; A needs its token.
     let cookie_b = log_in(&router, &b).await;
     let csrf_b = get(&router, "/ui/runs", Some(&cookie_b)).await.csrf();
@@ -518,6 +546,8 @@ async fn a_running_run_is_cancelled_from_its_page_by_its_tenant_only() {
     )
     .await;
     assert_eq!(theirs.status, StatusCode::NOT_FOUND);
+    let live_b = get(&router, &format!("/ui/runs/{id}/live"), Some(&cookie_b)).await;
+    assert_eq!(live_b.status, StatusCode::NOT_FOUND);
     let no_token = post(&router, &cancel, Some(&cookie_a), Some(ORIGIN), "").await;
     assert_eq!(no_token.status, StatusCode::FORBIDDEN);
     assert!(!long.is_finished(), "still running after the refusals");
@@ -532,6 +562,17 @@ async fn a_running_run_is_cancelled_from_its_page_by_its_tenant_only() {
     .await;
     assert_eq!(mine.status, StatusCode::SEE_OTHER, "{}", mine.text());
     let result = long.await.unwrap();
+    // The live stream says the run ended.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
+            seen.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            if seen.contains("event: end") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "{seen}");
     assert_eq!(result["status"], "cancelled", "{result}");
     assert!(started.elapsed() < std::time::Duration::from_secs(40));
     let page = get(&router, &format!("/ui/runs/{id}"), Some(&cookie_a)).await;

@@ -32,6 +32,7 @@ pub(super) fn routes() -> Router<Arc<Ui>> {
         .route("/runs", get(runs))
         .route("/runs/{id}", get(run))
         .route("/runs/{id}/cancel", axum::routing::post(run_cancel))
+        .route("/runs/{id}/live", get(run_live))
         .route("/runs/{id}/download/{*path}", get(run_download))
         .route("/runs/{id}/image/{*path}", get(run_image))
         .route("/sessions", get(sessions))
@@ -455,6 +456,74 @@ async fn run(State(ui): State<Arc<Ui>>, headers: HeaderMap, Path(id): Path<Strin
         run: run_row(&record),
         output,
     })
+}
+
+/// How often a live view looks for new output.
+const LIVE_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// A running run's output as Server-Sent Events: `output` events with what was printed since
+/// the last one (`{"stdout": …, "stderr": …}`), then `end` once the run has ended (the page
+/// then reloads to show its result); `gone` at once when it is not running here.
+async fn run_live(
+    State(ui): State<Arc<Ui>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Response {
+    use axum::response::sse::{Event, KeepAlive, Sse};
+    let session = match ui.session(&headers) {
+        Ok(session) => session,
+        Err(response) => return *response,
+    };
+    if ui.engine.run_record(&session.caller, &id).await.is_err() {
+        return not_found("run");
+    }
+    // (sent stdout bytes, sent stderr bytes, finished)
+    let state = (ui, session.caller, id, 0usize, 0usize, false, true);
+    let events = futures_util::stream::unfold(
+        state,
+        |(ui, caller, id, out, err, done, first)| async move {
+            if done {
+                return None;
+            }
+            loop {
+                let Some(live) = ui.engine.live_output(&caller, &id) else {
+                    let event = Event::default()
+                        .event(if first { "gone" } else { "end" })
+                        .data("{}");
+                    return Some((
+                        Ok::<Event, std::convert::Infallible>(event),
+                        (ui, caller, id, out, err, true, false),
+                    ));
+                };
+                let (new_out, new_err) = (
+                    live.stdout.get(out..).unwrap_or_default(),
+                    live.stderr.get(err..).unwrap_or_default(),
+                );
+                if !new_out.is_empty() || !new_err.is_empty() || first {
+                    let data = serde_json::json!({
+                        "stdout": new_out,
+                        "stderr": new_err,
+                        "truncated": live.truncated,
+                    });
+                    let event = Event::default().event("output").data(data.to_string());
+                    let next = (
+                        ui,
+                        caller,
+                        id,
+                        live.stdout.len(),
+                        live.stderr.len(),
+                        false,
+                        false,
+                    );
+                    return Some((Ok(event), next));
+                }
+                tokio::time::sleep(LIVE_POLL).await;
+            }
+        },
+    );
+    Sse::new(events)
+        .keep_alive(KeepAlive::default())
+        .into_response()
 }
 
 async fn run_cancel(
