@@ -143,6 +143,9 @@ try {
   await shot(page, "sessions");
   await page.click(`a[href="/ui/sessions/${sessionId}"]`);
   await page.waitForURL(`${url}/ui/sessions/${sessionId}`);
+  // Upload a file from the browser into the session's workspace.
+  await page.setInputFiles("#upload-file", { name: "upload.txt", mimeType: "text/plain", buffer: Buffer.from(`uploaded ${marker}`) });
+  await Promise.all([page.waitForURL(`${url}/ui/sessions/${sessionId}`), page.click("#upload")]);
   check("sessionFiles", await page.$$eval("#files tbody tr td:first-child", (tds) => tds.map((td) => td.textContent.trim())));
   check("sessionCells", await page.$$eval("#cells tbody tr", (rows) => rows.length));
   await shot(page, "session");

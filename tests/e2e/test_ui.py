@@ -158,7 +158,7 @@ def test_the_ui_in_a_browser(snakebox_bin: Path, tmp_path: Path):
     assert "ZeroDivisionError" in checks["traceback"] and "ratio" in checks["traceback"]
     # The session: listed, its file, deleted after confirmation.
     assert checks["sessionListed"] is True
-    assert "notes.txt" in checks["sessionFiles"], checks["sessionFiles"]
+    assert {"notes.txt", "upload.txt"} <= set(checks["sessionFiles"]), checks["sessionFiles"]
     assert checks["sessionCells"] == 1
     assert checks["sessionFile"] == "notes of A"
     assert checks["sessionGone"] is True

@@ -443,6 +443,49 @@ async fn a_second_tenant_sees_none_of_the_firsts_runs_sessions_or_artifacts() {
     )
     .await;
     assert_eq!(delete.status, StatusCode::NOT_FOUND);
+    let reset = post(
+        &router,
+        &format!("/ui/sessions/{session}/reset"),
+        Some(&cookie_b),
+        Some(ORIGIN),
+        &format!("csrf={csrf_b}"),
+    )
+    .await;
+    assert_eq!(reset.status, StatusCode::NOT_FOUND);
+
+    // A resets it after confirming: the workspace is empty again, the id stays.
+    let confirm = get(
+        &router,
+        &format!("/ui/sessions/{session}/reset"),
+        Some(&cookie_a),
+    )
+    .await;
+    assert_eq!(confirm.status, StatusCode::OK);
+    assert!(confirm.text().contains("id=\"confirm-reset\""));
+    let reset = post(
+        &router,
+        &format!("/ui/sessions/{session}/reset"),
+        Some(&cookie_a),
+        Some(ORIGIN),
+        &format!("csrf={}", confirm.csrf()),
+    )
+    .await;
+    assert_eq!(reset.status, StatusCode::SEE_OTHER, "{}", reset.text());
+    assert_eq!(
+        reset.header(header::LOCATION),
+        format!("/ui/sessions/{session}")
+    );
+    let file = get(
+        &router,
+        &format!("/ui/sessions/{session}/download/notes.txt"),
+        Some(&cookie_a),
+    )
+    .await;
+    assert_eq!(
+        file.status,
+        StatusCode::NOT_FOUND,
+        "the workspace was emptied"
+    );
 
     // A deletes it: the confirmation page's form, then it is gone.
     let confirm = get(
@@ -587,4 +630,100 @@ async fn a_running_runs_output_streams_live_and_it_is_cancelled_by_its_tenant_on
     )
     .await;
     assert_eq!(again.status, StatusCode::NOT_FOUND);
+}
+
+fn multipart(csrf: Option<&str>, name: &str, data: &[u8]) -> (String, Vec<u8>) {
+    let boundary = "snakeboxtestboundary";
+    let mut body = Vec::new();
+    if let Some(csrf) = csrf {
+        body.extend_from_slice(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"csrf\"\r\n\r\n{csrf}\r\n"
+            )
+            .as_bytes(),
+        );
+    }
+    body.extend_from_slice(
+        format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{name}\"\r\nContent-Type: application/octet-stream\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    body.extend_from_slice(data);
+    body.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+    (format!("multipart/form-data; boundary={boundary}"), body)
+}
+
+async fn upload(router: &Router, path: &str, cookie: &str, form: (String, Vec<u8>)) -> Reply {
+    let request = Request::post(path)
+        .header(header::HOST, HOST)
+        .header(header::ORIGIN, ORIGIN)
+        .header(header::COOKIE, cookie)
+        .header(header::CONTENT_TYPE, form.0)
+        .body(Body::from(form.1))
+        .unwrap();
+    send(router, request).await
+}
+
+#[tokio::test]
+async fn files_are_uploaded_into_a_session_by_its_tenant_only() {
+    let data = tempfile::tempdir().unwrap();
+    let router = router(data.path()).await;
+    let keys = KeyStore::new(data.path());
+    let a = keys.add("team-a").unwrap().key;
+    let b = keys.add("team-b").unwrap().key;
+    let created = call_tool(&router, &a, "create_session", json!({})).await;
+    let session = created["session_id"].as_str().unwrap().to_owned();
+    let bytes: Vec<u8> = (0..=255u8).cycle().take(3000).collect();
+    let target = format!("/ui/sessions/{session}/upload");
+
+    let cookie_a = log_in(&router, &a).await;
+    let csrf_a = get(&router, &format!("/ui/sessions/{session}"), Some(&cookie_a))
+        .await
+        .csrf();
+    let no_token = upload(
+        &router,
+        &target,
+        &cookie_a,
+        multipart(None, "up.bin", &bytes),
+    )
+    .await;
+    assert_eq!(no_token.status, StatusCode::FORBIDDEN);
+    let cookie_b = log_in(&router, &b).await;
+    let csrf_b = get(&router, "/ui/runs", Some(&cookie_b)).await.csrf();
+    let theirs = upload(
+        &router,
+        &target,
+        &cookie_b,
+        multipart(Some(&csrf_b), "up.bin", &bytes),
+    )
+    .await;
+    assert_eq!(theirs.status, StatusCode::NOT_FOUND);
+
+    let mine = upload(
+        &router,
+        &target,
+        &cookie_a,
+        multipart(Some(&csrf_a), "up.bin", &bytes),
+    )
+    .await;
+    assert_eq!(mine.status, StatusCode::SEE_OTHER, "{}", mine.text());
+    let back = get(
+        &router,
+        &format!("/ui/sessions/{session}/download/up.bin"),
+        Some(&cookie_a),
+    )
+    .await;
+    assert_eq!(back.body, bytes);
+    let listed = get(&router, &format!("/ui/sessions/{session}"), Some(&cookie_a)).await;
+    assert!(listed.text().contains("up.bin"));
+    // A name that leaves the workspace is refused.
+    let escape = upload(
+        &router,
+        &target,
+        &cookie_a,
+        multipart(Some(&csrf_a), "../../escape.bin", &bytes),
+    )
+    .await;
+    assert_eq!(escape.status, StatusCode::BAD_REQUEST, "{}", escape.text());
 }

@@ -39,8 +39,21 @@ pub(super) fn routes() -> Router<Arc<Ui>> {
         .route("/sessions/{id}", get(session))
         .route("/sessions/{id}/download/{*path}", get(session_download))
         .route(
+            "/sessions/{id}/upload",
+            axum::routing::post(session_upload).layer(axum::extract::DefaultBodyLimit::max(
+                usize::try_from(snakebox_engine::MAX_FILE_BYTES).unwrap_or(usize::MAX) + 64 * 1024,
+            )),
+        )
+        .route(
             "/sessions/{id}/delete",
-            get(session_delete_form).post(session_delete),
+            get(|ui, headers, id| session_confirm(ui, headers, id, Change::Delete)).post(
+                |ui, headers, id, form| session_change(ui, headers, id, form, Change::Delete),
+            ),
+        )
+        .route(
+            "/sessions/{id}/reset",
+            get(|ui, headers, id| session_confirm(ui, headers, id, Change::Reset))
+                .post(|ui, headers, id, form| session_change(ui, headers, id, form, Change::Reset)),
         )
         .route("/environment", get(environment))
         .route("/clients", get(clients))
@@ -719,6 +732,7 @@ struct FileRow {
 #[template(path = "ui/session.html")]
 struct SessionPage {
     chrome: Option<Chrome>,
+    csrf: String,
     session: SessionRow,
     installed: String,
     executions: u64,
@@ -785,6 +799,7 @@ async fn session(
         .collect();
     render(&SessionPage {
         chrome: chrome(&ui, &ui_session),
+        csrf: ui_session.csrf.clone(),
         cells,
         installed,
         executions: info.executions,
@@ -820,19 +835,132 @@ async fn session_download(
     download(&path, data)
 }
 
+/// A file uploaded into a session's workspace (a multipart form: `csrf`, `file`, and
+/// optionally `path`, where to put it; else the file's own name).
+async fn session_upload(
+    State(ui): State<Arc<Ui>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    mut multipart: axum::extract::Multipart,
+) -> Response {
+    let session = match ui.session(&headers) {
+        Ok(session) => session,
+        Err(response) => return *response,
+    };
+    // The Origin first, before the body is read.
+    if let Err(refused) = ui.check_post(&headers, None, None) {
+        return *refused;
+    }
+    let (mut csrf, mut path, mut file) = (None, None, None);
+    loop {
+        let field = match multipart.next_field().await {
+            Ok(Some(field)) => field,
+            Ok(None) => break,
+            Err(err) => {
+                return error_page(
+                    err.status(),
+                    &format!("The upload could not be read: {}", err.body_text()),
+                    "upload one file of at most 10 MiB",
+                );
+            }
+        };
+        let name = field.name().unwrap_or_default().to_owned();
+        let file_name = field.file_name().map(str::to_owned);
+        let Ok(bytes) = field.bytes().await else {
+            return error_page(
+                StatusCode::BAD_REQUEST,
+                "The upload could not be read",
+                "upload one file of at most 10 MiB",
+            );
+        };
+        match name.as_str() {
+            "csrf" => csrf = Some(String::from_utf8_lossy(&bytes).into_owned()),
+            "path" => path = Some(String::from_utf8_lossy(&bytes).trim().to_owned()),
+            "file" => file = Some((file_name.unwrap_or_default(), bytes)),
+            _ => {}
+        }
+    }
+    if let Err(refused) = ui.check_post(&headers, Some(&session), csrf.as_deref()) {
+        return *refused;
+    }
+    let Some((file_name, bytes)) = file else {
+        return error_page(
+            StatusCode::BAD_REQUEST,
+            "The form carried no file",
+            "choose a file to upload",
+        );
+    };
+    let target = path.filter(|path| !path.is_empty()).unwrap_or(file_name);
+    let content = {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(&bytes)
+    };
+    match ui
+        .engine
+        .write_file(&session.caller, &id, &target, &content, Some("base64"))
+        .await
+    {
+        Ok(_) => Redirect::to(&format!("/ui/sessions/{}", format::url_path(&id))).into_response(),
+        Err(err) if err.kind == snakebox_engine::ErrorKind::NotFound => not_found("session"),
+        Err(err) => error_page(
+            StatusCode::BAD_REQUEST,
+            &err.message,
+            err.hint.as_deref().unwrap_or("try again"),
+        ),
+    }
+}
+
+/// What a confirmed POST does to a session.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    Delete,
+    Reset,
+}
+
+impl Change {
+    fn action(self) -> &'static str {
+        match self {
+            Change::Delete => "delete",
+            Change::Reset => "reset",
+        }
+    }
+
+    fn verb(self) -> &'static str {
+        match self {
+            Change::Delete => "Delete",
+            Change::Reset => "Reset",
+        }
+    }
+
+    fn explanation(self) -> &'static str {
+        match self {
+            Change::Delete => {
+                "Its interpreter is stopped (a call running in it ends now), and its files and packages are removed. This cannot be undone."
+            }
+            Change::Reset => {
+                "It goes back to how it was created: a new interpreter (variables are lost; a call running in it ends now), an empty workspace, only the packages given at creation. Its id stays."
+            }
+        }
+    }
+}
+
 #[derive(Template)]
-#[template(path = "ui/session_delete.html")]
-struct DeletePage {
+#[template(path = "ui/session_confirm.html")]
+struct ConfirmPage {
     chrome: Option<Chrome>,
     name: String,
     href: String,
     csrf: String,
+    action: &'static str,
+    verb: &'static str,
+    explanation: &'static str,
 }
 
-async fn session_delete_form(
+async fn session_confirm(
     State(ui): State<Arc<Ui>>,
     headers: HeaderMap,
     Path(id): Path<String>,
+    change: Change,
 ) -> Response {
     let session = match ui.session(&headers) {
         Ok(session) => session,
@@ -842,19 +970,23 @@ async fn session_delete_form(
         return not_found("session");
     };
     let row = session_row(&info);
-    render(&DeletePage {
+    render(&ConfirmPage {
         chrome: chrome(&ui, &session),
         csrf: session.csrf.clone(),
         name: row.name,
         href: row.href,
+        action: change.action(),
+        verb: change.verb(),
+        explanation: change.explanation(),
     })
 }
 
-async fn session_delete(
+async fn session_change(
     State(ui): State<Arc<Ui>>,
     headers: HeaderMap,
     Path(id): Path<String>,
     Form(form): Form<HashMap<String, String>>,
+    change: Change,
 ) -> Response {
     let session = match ui.session(&headers) {
         Ok(session) => session,
@@ -867,12 +999,24 @@ async fn session_delete(
     ) {
         return *refused;
     }
-    match ui.engine.delete_session(&session.caller, &id).await {
-        Ok(()) => Redirect::to("/ui/sessions").into_response(),
+    let done = match change {
+        Change::Delete => ui
+            .engine
+            .delete_session(&session.caller, &id)
+            .await
+            .map(|()| "/ui/sessions".to_owned()),
+        Change::Reset => ui
+            .engine
+            .reset_session(&session.caller, &id)
+            .await
+            .map(|_| format!("/ui/sessions/{}", format::url_path(&id))),
+    };
+    match done {
+        Ok(to) => Redirect::to(&to).into_response(),
         Err(err) if err.kind == snakebox_engine::ErrorKind::NotFound => not_found("session"),
         Err(err) => error_page(
             StatusCode::INTERNAL_SERVER_ERROR,
-            &err.to_string(),
+            &err.message,
             err.hint.as_deref().unwrap_or("try again"),
         ),
     }
