@@ -1218,6 +1218,199 @@ mod tests {
         assert!(!is_ui_path("/uix") && !is_ui_path("/mcp"));
     }
 
+    /// Template snapshots: each page rendered from fixed data, so a change to what a page
+    /// shows (or to how it escapes) is a reviewed diff.
+    mod snapshots {
+        use super::*;
+
+        fn chrome() -> Option<Chrome> {
+            Some(Chrome {
+                tenant: "team-a".into(),
+                csrf: "c0ffee".into(),
+                keyless: false,
+            })
+        }
+
+        fn record(id: &str, status: &str, script: &str) -> RunRecord {
+            RunRecord {
+                execution_id: id.into(),
+                kind: RunKind::Execute,
+                session_id: None,
+                started_at_ms: 1_700_000_000_000,
+                status: status.into(),
+                duration_ms: (status != "running").then_some(1234),
+                setup_ms: Some(56),
+                exit_code: (status != "running").then_some(1),
+                python_version: Some("3.12.7".into()),
+                dependencies: vec!["numpy==2.1.0".into()],
+                script: script.into(),
+                script_truncated: false,
+            }
+        }
+
+        fn session_info() -> SessionInfo {
+            SessionInfo {
+                session_id: "s-0123".into(),
+                name: Some("analysis <1>".into()),
+                python_version: "3.12.7".into(),
+                created_at: 1_700_000_000,
+                last_used_at: 1_700_000_600,
+                requested_packages: vec!["pandas".into()],
+                packages: vec![],
+                size_bytes: 123_456,
+                interpreter_running: true,
+                network: false,
+                allowed_domains: vec![],
+                executions: 3,
+            }
+        }
+
+        #[test]
+        fn login_page() {
+            insta::assert_snapshot!(
+                LoginPage {
+                    chrome: None,
+                    problem: Some("That key is not valid".into()),
+                }
+                .render()
+                .unwrap()
+            );
+        }
+
+        #[test]
+        fn runs_page() {
+            let runs = vec![
+                run_row(&record("r2", "running", "import time\ntime.sleep(9)")),
+                run_row(&record("r1", "error", "# setup\nprint('<b>hi</b>')")),
+            ];
+            insta::assert_snapshot!(
+                RunsPage {
+                    chrome: chrome(),
+                    runs,
+                    refresh: true,
+                }
+                .render()
+                .unwrap()
+            );
+        }
+
+        #[test]
+        fn finished_run_page() {
+            let output = serde_json::json!({
+                "stdout": "<script>alert(1)</script>\n",
+                "stderr": "warning\n",
+                "result": {"type_name": "int", "repr": "42"},
+                "exception": {"type_name": "ZeroDivisionError", "message": "division by zero",
+                              "traceback": "Traceback (most recent call last):\n  File \"<script>\", line 1\n"},
+                "error": {"message": "The script raised", "hint": "read the traceback"},
+                "notes": ["a note"],
+                "artifacts": [
+                    {"name": "plot.png", "size": 2048, "mime_type": "image/png",
+                     "uri": "snakebox://artifacts/r1/plot.png"},
+                    {"name": "out dir/page.svg", "size": 71, "mime_type": "image/svg+xml",
+                     "uri": "snakebox://artifacts/r1/out dir/page.svg"},
+                ],
+                "network_log": [{"host": "pypi.org", "port": 443, "allowed": true,
+                                 "reason": "allowed by policy", "bytes_sent": 10, "bytes_received": 2048}],
+            });
+            insta::assert_snapshot!(
+                RunPage {
+                    chrome: chrome(),
+                    csrf: "c0ffee".into(),
+                    run: run_row(&record("r1", "error", "print(1/0)")),
+                    script: "print(1/0)".into(),
+                    script_truncated: false,
+                    refresh: false,
+                    output: Some(output_view("r1", &output)),
+                }
+                .render()
+                .unwrap()
+            );
+        }
+
+        #[test]
+        fn running_run_page() {
+            insta::assert_snapshot!(
+                RunPage {
+                    chrome: chrome(),
+                    csrf: "c0ffee".into(),
+                    run: run_row(&record("r2", "running", "import time")),
+                    script: "import time".into(),
+                    script_truncated: true,
+                    refresh: true,
+                    output: None,
+                }
+                .render()
+                .unwrap()
+            );
+        }
+
+        #[test]
+        fn sessions_and_session_pages() {
+            let info = session_info();
+            insta::assert_snapshot!(
+                "sessions",
+                SessionsPage {
+                    chrome: chrome(),
+                    sessions: vec![session_row(&info)],
+                    problem: None,
+                }
+                .render()
+                .unwrap()
+            );
+            insta::assert_snapshot!(
+                "session",
+                SessionPage {
+                    chrome: chrome(),
+                    csrf: "c0ffee".into(),
+                    session: session_row(&info),
+                    installed: "pandas==2.2.3".into(),
+                    executions: 3,
+                    network: "off".into(),
+                    created: format::utc_secs(info.created_at),
+                    files: vec![FileRow {
+                        path: "data/in.csv".into(),
+                        kind: "file".into(),
+                        size: "10 B".into(),
+                        download: Some("/ui/sessions/s-0123/download/data/in.csv".into()),
+                    }],
+                    files_truncated: false,
+                    cells: vec![run_row(&record("r3", "ok", "x = 1"))],
+                }
+                .render()
+                .unwrap()
+            );
+            insta::assert_snapshot!(
+                "session_delete",
+                ConfirmPage {
+                    chrome: chrome(),
+                    name: "analysis <1>".into(),
+                    href: "/ui/sessions/s-0123".into(),
+                    csrf: "c0ffee".into(),
+                    action: Change::Delete.action(),
+                    verb: Change::Delete.verb(),
+                    explanation: Change::Delete.explanation(),
+                }
+                .render()
+                .unwrap()
+            );
+        }
+
+        #[test]
+        fn clients_page() {
+            insta::assert_snapshot!(
+                ClientsPage {
+                    chrome: chrome(),
+                    base: "https://snakebox.example.com".into(),
+                    keyed: true,
+                    clients: configs("https://snakebox.example.com", true),
+                }
+                .render()
+                .unwrap()
+            );
+        }
+    }
+
     #[test]
     fn output_is_escaped_in_pages() {
         let page = ErrorPage {
