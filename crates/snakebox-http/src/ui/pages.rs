@@ -742,6 +742,42 @@ struct SessionPage {
     files_truncated: bool,
     /// Its cells and commands among the tenant's newest runs, newest first.
     cells: Vec<RunRow>,
+    /// The last install: its state, what it asked for, why it failed, the end of uv's log.
+    install: Option<InstallView>,
+}
+
+struct InstallView {
+    state: &'static str,
+    requested: String,
+    when: String,
+    error: Option<String>,
+    log_tail: String,
+    running: bool,
+}
+
+fn install_view(status: &snakebox_engine::InstallStatus) -> Option<InstallView> {
+    use snakebox_engine::InstallState;
+    let state = match status.state {
+        InstallState::None => return None,
+        InstallState::Running => "running",
+        InstallState::Succeeded => "succeeded",
+        InstallState::Failed => "failed",
+    };
+    Some(InstallView {
+        state,
+        requested: status.requested.join(", "),
+        when: match (status.started_at, status.finished_at) {
+            (_, Some(end)) => format!("finished {}", format::utc_secs(end)),
+            (Some(start), None) => format!("started {}", format::utc_secs(start)),
+            (None, None) => String::new(),
+        },
+        error: status.error.as_ref().map(|error| match &error.hint {
+            Some(hint) => format!("{} (hint: {hint})", error.message),
+            None => error.message.clone(),
+        }),
+        log_tail: status.log_tail.clone(),
+        running: state == "running",
+    })
 }
 
 async fn session(
@@ -797,7 +833,14 @@ async fn session(
         .filter(|record| record.session_id.as_deref() == Some(info.session_id.as_str()))
         .map(run_row)
         .collect();
+    let install = ui
+        .engine
+        .list_packages(&ui_session.caller, &id)
+        .await
+        .ok()
+        .and_then(|list| install_view(&list.install));
     render(&SessionPage {
+        install,
         chrome: chrome(&ui, &ui_session),
         csrf: ui_session.csrf.clone(),
         cells,
@@ -1376,6 +1419,14 @@ mod tests {
                     }],
                     files_truncated: false,
                     cells: vec![run_row(&record("r3", "ok", "x = 1"))],
+                    install: Some(InstallView {
+                        state: "running",
+                        requested: "pandas".into(),
+                        when: "started 2023-11-14 22:13:20".into(),
+                        error: None,
+                        log_tail: "Resolved 6 packages".into(),
+                        running: true,
+                    }),
                 }
                 .render()
                 .unwrap()
