@@ -727,3 +727,36 @@ async fn files_are_uploaded_into_a_session_by_its_tenant_only() {
     .await;
     assert_eq!(escape.status, StatusCode::BAD_REQUEST, "{}", escape.text());
 }
+
+#[tokio::test]
+async fn the_ui_is_behind_the_edges_host_and_origin_checks() {
+    let data = tempfile::tempdir().unwrap();
+    let router = router(data.path()).await;
+    let key = KeyStore::new(data.path()).add("team-a").unwrap().key;
+    for path in ["/ui", "/ui/", "/ui/login", "/ui/runs", "/ui/static/ui.css"] {
+        let request = Request::get(path)
+            .header(header::HOST, "evil.example")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(
+            send(&router, request).await.status,
+            StatusCode::FORBIDDEN,
+            "{path}"
+        );
+    }
+    // A page of another origin cannot log in (DNS rebinding or a cross-site form).
+    let request = Request::post("/ui/login")
+        .header(header::HOST, "evil.example")
+        .header(header::ORIGIN, "http://evil.example")
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .body(Body::from(format!("key={key}")))
+        .unwrap();
+    let reply = send(&router, request).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert!(reply.header(header::SET_COOKIE).is_empty());
+    // The static files are there for an allowed host, and carry the policy too.
+    let css = get(&router, "/ui/static/ui.css", None).await;
+    assert_eq!(css.status, StatusCode::OK);
+    assert!(css.header(header::CONTENT_TYPE).starts_with("text/css"));
+    assert!(!css.header(header::CONTENT_SECURITY_POLICY).is_empty());
+}
