@@ -1353,7 +1353,7 @@ mod tests {
                     {"name": "out dir/page.svg", "size": 71, "mime_type": "image/svg+xml",
                      "uri": "snakebox://artifacts/r1/out dir/page.svg"},
                 ],
-                "network_log": [{"host": "pypi.org", "port": 443, "allowed": true,
+                "network_log": [{"host": "data.example.org", "port": 443, "allowed": true,
                                  "reason": "allowed by policy", "bytes_sent": 10, "bytes_received": 2048}],
             });
             insta::assert_snapshot!(
