@@ -30,13 +30,15 @@ use crate::result::ExecutionResult;
 /// The database file under the data directory.
 const STORE_FILE: &str = "store-v1.db";
 /// The schema version written to `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 /// Runs kept, newest first.
 pub(crate) const MAX_ROWS: u64 = 100_000;
 /// Runs older than this are forgotten.
 pub(crate) const MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The part of each script (or command) that is kept.
 pub(crate) const MAX_SCRIPT_BYTES: usize = 64 * 1024;
+/// Largest result kept with a run (stdout and stderr are already bounded by the runner).
+const MAX_OUTPUT_BYTES: usize = 4 * 1024 * 1024;
 /// Writes between two prunings of old rows.
 const PRUNE_EVERY_WRITES: u64 = 1000;
 
@@ -126,6 +128,8 @@ enum Op {
         setup_ms: u64,
         exit_code: Option<i32>,
         python_version: Option<String>,
+        /// The result as JSON, when it fits in [`MAX_OUTPUT_BYTES`].
+        output: Option<String>,
     },
 }
 
@@ -188,6 +192,16 @@ fn open(path: &Path) -> rusqlite::Result<Connection> {
          );
          CREATE INDEX IF NOT EXISTS runs_by_owner ON runs (owner, started_at_ms DESC);",
     )?;
+    // Version 2 keeps each finished run's whole record (what the web UI shows): a column
+    // added in place, empty for the runs recorded before.
+    let has_output: bool = conn.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('runs') WHERE name = 'output'",
+        [],
+        |row| row.get(0),
+    )?;
+    if !has_output {
+        conn.execute_batch("ALTER TABLE runs ADD COLUMN output TEXT")?;
+    }
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     Ok(conn)
 }
@@ -265,10 +279,11 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<()> {
             setup_ms,
             exit_code,
             python_version,
+            output,
         } => {
             conn.execute(
                 "UPDATE runs SET status = ?2, duration_ms = ?3, setup_ms = ?4, exit_code = ?5,
-                     python_version = ?6
+                     python_version = ?6, output = ?7
                  WHERE execution_id = ?1",
                 params![
                     id,
@@ -277,6 +292,7 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<()> {
                     i64::try_from(*setup_ms).unwrap_or(i64::MAX),
                     exit_code,
                     python_version,
+                    output,
                 ],
             )?;
         }
@@ -403,6 +419,9 @@ impl History {
             setup_ms: result.setup_ms,
             exit_code: result.exit_code,
             python_version: result.python_version.clone(),
+            output: serde_json::to_string(result)
+                .ok()
+                .filter(|json| json.len() <= MAX_OUTPUT_BYTES),
         });
     }
 
@@ -447,6 +466,22 @@ impl History {
                 .collect()
         })
         .unwrap_or_default()
+    }
+
+    /// The result a finished run of `caller`'s returned, as JSON (`None` for another
+    /// caller's run, one still running, one recorded before results were kept, or one whose
+    /// result was larger than [`MAX_OUTPUT_BYTES`]).
+    pub(crate) fn output(&self, caller: &Caller, id: &str) -> Option<String> {
+        self.read(|conn| {
+            conn.query_row(
+                "SELECT output FROM runs WHERE owner = ?1 AND execution_id = ?2",
+                params![caller.id(), id],
+                |row| row.get::<_, Option<String>>(0),
+            )
+            .optional()
+        })
+        .flatten()
+        .flatten()
     }
 
     /// One of `caller`'s runs (another caller's is `None`, as if it did not exist).
@@ -494,6 +529,7 @@ mod tests {
         result.duration_ms = 12;
         result.exit_code = Some(0);
         result.python_version = Some("3.11.2".into());
+        result.stdout = "1\n".into();
         history.finished(&result);
         history.started("r2", &a, start(&"é".repeat(MAX_SCRIPT_BYTES)));
         history.close();
@@ -508,9 +544,15 @@ mod tests {
         let r2 = history.get(&a, "r2").unwrap();
         assert_eq!(r2.status, "running");
         assert!(r2.script_truncated && r2.script.len() <= MAX_SCRIPT_BYTES);
+        // The whole result is kept once it ends.
+        let output: serde_json::Value =
+            serde_json::from_str(&history.output(&a, "r1").unwrap()).unwrap();
+        assert_eq!(output["stdout"], "1\n");
+        assert!(history.output(&a, "r2").is_none());
         // Another caller sees nothing, and gets nothing by id.
         assert!(history.list(&b, 10).is_empty());
         assert!(history.get(&b, "r1").is_none());
+        assert!(history.output(&b, "r1").is_none());
     }
 
     #[test]
@@ -528,6 +570,37 @@ mod tests {
         let history = History::open(dir.path());
         let record = history.get(&Caller::local(), "dead").unwrap();
         assert_eq!(record.status, "interrupted");
+    }
+
+    #[test]
+    fn a_version_1_store_gains_the_output_column() {
+        let dir = tempfile::tempdir().unwrap();
+        let conn = Connection::open(dir.path().join(STORE_FILE)).unwrap();
+        conn.execute_batch(
+            "CREATE TABLE runs (execution_id TEXT PRIMARY KEY, owner TEXT NOT NULL,
+                 kind TEXT NOT NULL, session_id TEXT, started_at_ms INTEGER NOT NULL,
+                 server_pid INTEGER NOT NULL, status TEXT NOT NULL, duration_ms INTEGER,
+                 setup_ms INTEGER, exit_code INTEGER, python_version TEXT,
+                 dependencies TEXT NOT NULL, script TEXT NOT NULL,
+                 script_truncated INTEGER NOT NULL);
+",
+        )
+        .unwrap();
+        conn.execute(
+            "INSERT INTO runs (execution_id, owner, kind, started_at_ms, server_pid, status,
+                 dependencies, script, script_truncated)
+             VALUES ('old', 'local', 'execute', ?1, 1, 'ok', '[]', 'x', 0)",
+            params![i64::try_from(now_ms()).unwrap()],
+        )
+        .unwrap();
+        drop(conn);
+        let history = History::open(dir.path());
+        assert_eq!(history.get(&Caller::local(), "old").unwrap().status, "ok");
+        assert!(history.output(&Caller::local(), "old").is_none());
+        history.started("new", &Caller::local(), start("print(1)"));
+        history.finished(&ExecutionResult::new("new".into(), Status::Ok));
+        history.close();
+        assert!(history.output(&Caller::local(), "new").is_some());
     }
 
     #[test]

@@ -47,13 +47,13 @@ pub use config::{EngineConfig, SessionSettings};
 pub use error::{EngineError, ErrorKind, Hint};
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
 pub use history::{RunKind, RunRecord};
-pub use lifecycle::{ShutdownReport, StopReason};
+pub use lifecycle::{LIVE_MAX_BYTES, LiveOutput, ShutdownReport, StopReason};
 pub use network::{NetworkLogEntry, NetworkPolicy, ProxySettings, parse_install_hosts};
 pub use plan::ExecuteRequest;
 pub use pool::PoolReport;
 pub use report::{
-    ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, NetworkCapsReport,
-    WarmState,
+    ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, LimitStatus,
+    NetworkCapsReport, WarmState,
 };
 pub use result::{
     Artifact, ArtifactOrigin, ErrorInfo, ExceptionInfo, ExecutionResult, InlineImage, Package,
@@ -106,6 +106,9 @@ pub struct Engine {
     tenants: tenants::Tenants,
     /// The run proxy's resolver, made on first use.
     resolver: network::ResolverCell,
+    /// The tracked calls running now, by execution id: their owner and the token that
+    /// cancels them ([`Engine::cancel_run`]).
+    running: lifecycle::RunningCalls,
 }
 
 /// How the environment cache runs package code (compilation, builds): with a run's limits.
@@ -198,6 +201,7 @@ impl Engine {
             history: Arc::new(history::History::open(&config.data_dir)),
             tenants: tenants::Tenants::new(config.tenants.clone()),
             resolver: network::ResolverCell::default(),
+            running: lifecycle::RunningCalls::default(),
             pool: pool::WarmPool::new(config.warm_pool, config.fork_server),
             sessions,
             artifacts,
@@ -350,6 +354,20 @@ impl Engine {
                     "list the runs to see those that are kept (the newest 100,000, for 30 days)",
                 )
             })
+    }
+
+    /// The result one of `caller`'s finished runs returned (stdout, stderr, result value,
+    /// exception, artifacts, network log), as the JSON the tool answered with; `None` while it
+    /// runs, for another caller's run (as for an unknown id), for runs recorded before results
+    /// were kept, and for a result too large to keep.
+    pub async fn run_output(&self, caller: &Caller, id: &str) -> Option<serde_json::Value> {
+        let history = Arc::clone(&self.history);
+        let (who, wanted) = (caller.clone(), id.to_owned());
+        let json = tokio::task::spawn_blocking(move || history.output(&who, &wanted))
+            .await
+            .ok()
+            .flatten()?;
+        serde_json::from_str(&json).ok()
     }
 
     /// The artifact store (location and retention rule).

@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use snakebox_sandbox::OutputChunk;
 use tokio::sync::Notify;
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -85,6 +87,142 @@ pub(crate) struct Call<'a> {
     /// Ends the task that forwards the caller's cancellation.
     _forward: tokio_util::sync::DropGuard,
     _counted: InFlight<'a>,
+}
+
+/// What a running call has printed so far, for a live view (the web UI); at most
+/// [`LIVE_MAX_BYTES`] of each stream are kept (the run's own result keeps its usual caps).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LiveOutput {
+    /// Standard output so far.
+    pub stdout: String,
+    /// Standard error so far.
+    pub stderr: String,
+    /// Whether more was printed than is kept here.
+    pub truncated: bool,
+}
+
+/// Bytes of each stream a live view keeps.
+pub const LIVE_MAX_BYTES: usize = 1024 * 1024;
+
+impl LiveOutput {
+    fn push(&mut self, chunk: &OutputChunk) {
+        let text = match chunk.stream {
+            snakebox_sandbox::Stream::Stdout => &mut self.stdout,
+            snakebox_sandbox::Stream::Stderr => &mut self.stderr,
+        };
+        if text.len() + chunk.text.len() > LIVE_MAX_BYTES {
+            self.truncated = true;
+            return;
+        }
+        text.push_str(&chunk.text);
+    }
+}
+
+/// One tracked call running now.
+struct Running {
+    owner: crate::Caller,
+    token: CancellationToken,
+    live: Arc<Mutex<LiveOutput>>,
+}
+
+type RunningMap = Arc<Mutex<std::collections::HashMap<String, Running>>>;
+
+/// The tracked calls running now, by execution id.
+#[derive(Default)]
+pub(crate) struct RunningCalls {
+    calls: RunningMap,
+}
+
+/// Removes its call from [`RunningCalls`] when the call ends (or its future is dropped).
+pub(crate) struct RunningGuard {
+    calls: RunningMap,
+    id: String,
+}
+
+impl Drop for RunningGuard {
+    fn drop(&mut self) {
+        lock(&self.calls).remove(&self.id);
+    }
+}
+
+impl RunningCalls {
+    fn add(&self, id: &str, caller: &crate::Caller, token: &CancellationToken) -> RunningGuard {
+        lock(&self.calls).insert(
+            id.to_owned(),
+            Running {
+                owner: caller.clone(),
+                token: token.clone(),
+                live: Arc::default(),
+            },
+        );
+        RunningGuard {
+            calls: Arc::clone(&self.calls),
+            id: id.to_owned(),
+        }
+    }
+
+    /// Cancel `caller`'s running call `id`; whether there was one.
+    fn cancel(&self, caller: &crate::Caller, id: &str) -> bool {
+        let calls = lock(&self.calls);
+        match calls.get(id) {
+            Some(running) if running.owner == *caller => {
+                running.token.cancel();
+                true
+            }
+            _ => false,
+        }
+    }
+
+    fn live(&self, id: &str) -> Option<Arc<Mutex<LiveOutput>>> {
+        lock(&self.calls)
+            .get(id)
+            .map(|running| Arc::clone(&running.live))
+    }
+
+    fn live_of(&self, caller: &crate::Caller, id: &str) -> Option<LiveOutput> {
+        let calls = lock(&self.calls);
+        let running = calls.get(id).filter(|running| running.owner == *caller)?;
+        Some(lock(&running.live).clone())
+    }
+}
+
+impl Engine {
+    /// The output sender a tracked call's run gets: every chunk is also kept in the call's
+    /// live output ([`Engine::live_output`]), then passed on to `output` (the client's
+    /// progress notifications) when there is one.
+    pub(crate) fn live_tee(
+        &self,
+        id: &str,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Option<UnboundedSender<OutputChunk>> {
+        let Some(live) = self.running.live(id) else {
+            return output;
+        };
+        let (sender, mut receiver) = tokio::sync::mpsc::unbounded_channel::<OutputChunk>();
+        tokio::spawn(async move {
+            while let Some(chunk) = receiver.recv().await {
+                lock(&live).push(&chunk);
+                if let Some(output) = &output {
+                    // The client may be gone; the run goes on and its live view with it.
+                    let _ = output.send(chunk);
+                }
+            }
+        });
+        Some(sender)
+    }
+
+    /// What one of `caller`'s calls has printed so far, while it runs (`None` once it has
+    /// ended, and for another caller's call, as for an id that never existed).
+    #[must_use]
+    pub fn live_output(&self, caller: &crate::Caller, id: &str) -> Option<LiveOutput> {
+        self.running.live_of(caller, id)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Counts one call in [`Lifecycle::in_flight`] while it lives.
@@ -308,6 +446,7 @@ impl Engine {
         };
         let kind = start.kind;
         self.history.started(&execution_id, caller, start);
+        let _running = self.running.add(&execution_id, caller, &call.token);
         // The tenant's quotas: a call past its minute is refused; past its runs at once, it
         // waits on its own queue (or until the call is cancelled).
         let queued = crate::telemetry::Queued::enter();
@@ -331,6 +470,23 @@ impl Engine {
         self.history.finished(&result);
         crate::telemetry::run_finished(kind, &result);
         result
+    }
+
+    /// Cancel one of `caller`'s calls that is running now, by its execution id (a one-shot
+    /// run, a session cell or a command): its sandbox is stopped and its call answers
+    /// `cancelled`, as when its client cancels it.
+    ///
+    /// # Errors
+    /// `not_found` for an id that is not one of `caller`'s running calls (another caller's
+    /// included, answered exactly as an id that never existed, or one that has ended).
+    pub fn cancel_run(&self, caller: &crate::Caller, id: &str) -> Result<(), EngineError> {
+        if self.running.cancel(caller, id) {
+            return Ok(());
+        }
+        Err(
+            EngineError::new(ErrorKind::NotFound, format!("No running run `{id}`"))
+                .with_hint("it has ended (or never existed): list the runs to see how it ended"),
+        )
     }
 
     /// A record of a call cut short by shutdown says so: status `cancelled` and why.

@@ -50,7 +50,10 @@ impl Engine {
             start,
             &cancel,
             ExecutionResult::not_run,
-            |id, token| self.execute_admitted(caller, id, request, token, output),
+            |id, token| {
+                let output = self.live_tee(&id, output);
+                self.execute_admitted(caller, id, request, token, output)
+            },
         )
         .await
     }

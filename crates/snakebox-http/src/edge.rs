@@ -15,6 +15,10 @@
 //!    an open session: the session id, handed out on an authenticated `GET /sse`, is its
 //!    credential.
 //!
+//! The web UI (`/ui/…`) passes steps 1 and 2 and the body limit like every route; it
+//! authenticates by its own session cookie and checks each form's CSRF token and `Origin`
+//! itself (`ui/auth.rs`), so steps 3 (JSON) and 4 (Bearer key) do not apply to it.
+//!
 //! Refusals are JSON (`{"error": …, "hint": …}`) and say how to fix the request.
 
 use std::collections::BTreeSet;
@@ -111,6 +115,16 @@ impl Edge {
             keyless_local,
             keys,
         })
+    }
+
+    /// The key store (the web UI logs in with it).
+    pub(crate) fn keys(&self) -> KeyStore {
+        self.keys.clone()
+    }
+
+    /// Whether the local tenant is served when no key exists.
+    pub(crate) fn keyless_local(&self) -> bool {
+        self.keyless_local
     }
 
     /// `router` behind the edge.
@@ -233,8 +247,11 @@ async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) 
             );
         }
     }
+    // The web UI authenticates by its own cookie and posts URL-encoded forms, each checked
+    // for its CSRF token and Origin (`ui/auth.rs`); Host, Origin and the body limit apply.
+    let ui = crate::ui::is_ui_path(request.uri().path());
     if request.method() == Method::POST {
-        if !is_json(request.headers()) {
+        if !ui && !is_json(request.headers()) {
             return refusal(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "POST bodies must be JSON",
@@ -260,7 +277,7 @@ async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) 
     let session_post = request.uri().path() == "/messages" && bearer(request.headers()).is_none();
     let download = matches!(*request.method(), Method::GET | Method::HEAD)
         && request.uri().path().starts_with(crate::links::ROUTE_PREFIX);
-    if !OPEN_ROUTES.contains(&request.uri().path()) && !session_post && !download {
+    if !OPEN_ROUTES.contains(&request.uri().path()) && !session_post && !download && !ui {
         match edge.authenticate(&request) {
             Ok(caller) => {
                 request.extensions_mut().insert(caller);

@@ -292,7 +292,20 @@ impl KeyStore {
         if !presented.starts_with(KEY_PREFIX) {
             return Ok(None);
         }
-        let wanted = hash(presented);
+        self.authenticate_hash(&hash(presented))
+    }
+
+    /// The SHA-256 of a presented key: what the store keeps, and what a web UI session keeps
+    /// to check at each request that its key is still live.
+    pub(crate) fn hash_of(presented: &str) -> [u8; 32] {
+        hash(presented)
+    }
+
+    /// The tenant of the live key whose SHA-256 is `wanted`.
+    ///
+    /// # Errors
+    /// A store that cannot be read.
+    pub(crate) fn authenticate_hash(&self, wanted: &[u8; 32]) -> Result<Option<Caller>, KeyError> {
         let conn = self.open()?;
         let mut statement = conn
             .prepare("SELECT tenant, hash FROM keys WHERE revoked_at IS NULL")
@@ -305,7 +318,7 @@ impl KeyStore {
         // a guess came.
         let mut found = None;
         for (tenant, stored) in &live {
-            if same(&wanted, stored) {
+            if same(wanted, stored) {
                 found = Some(tenant.clone());
             }
         }

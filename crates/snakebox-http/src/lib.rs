@@ -21,12 +21,16 @@
 //! Without any API key, a server bound to loopback serves one local tenant without
 //! authentication (a developer's machine); bound elsewhere it refuses to start unless told
 //! `--insecure-no-auth`. Keys made while it runs take effect at once.
+//!
+//! The web UI (`ui`, mounted at `/ui/` in [`router`]) reads the same engine for a logged-in
+//! tenant: runs, sessions, artifacts, the environment.
 
 pub mod edge;
 pub mod keys;
 pub mod links;
 mod scrape;
 mod sse;
+mod ui;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -173,6 +177,17 @@ pub fn router(
                 .with_state(Arc::clone(&legacy)),
         )
         .route("/messages", post(sse::post).with_state(legacy))
+        // The web UI (its own module tree, `ui/`): cookie sessions and CSRF-checked forms.
+        .route("/ui/", ui::slash())
+        .nest(
+            "/ui",
+            ui::router(
+                Arc::clone(&engine),
+                edge.keys(),
+                edge.keyless_local(),
+                config.public_url.clone(),
+            ),
+        )
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",

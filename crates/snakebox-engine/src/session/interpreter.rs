@@ -55,6 +55,7 @@ impl Engine {
             &cancel,
             |id, error| refused(id, session_id, error),
             |id, token| {
+                let output = self.live_tee(&id, output);
                 self.execute_in_session_admitted(caller, id, session_id, request, token, output)
             },
         )
@@ -526,6 +527,7 @@ impl Engine {
             &cancel,
             |id, error| refused(id, session_id, error),
             |id, token| {
+                let output = self.live_tee(&id, output);
                 self.run_command_admitted(
                     caller,
                     id,

@@ -1,0 +1,138 @@
+//! How values read on a page: times, durations, sizes, paths in URLs, downloads' names.
+
+/// Milliseconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
+pub(crate) fn utc_ms(ms: u64) -> String {
+    utc_secs(ms / 1000)
+}
+
+/// Seconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
+pub(crate) fn utc_secs(secs: u64) -> String {
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// A duration in milliseconds, as people read it.
+pub(crate) fn duration(ms: Option<u64>) -> String {
+    match ms {
+        None => "—".into(),
+        Some(ms) if ms < 1000 => format!("{ms} ms"),
+        Some(ms) if ms < 60_000 => format!("{:.1} s", ms as f64 / 1000.0),
+        Some(ms) => format!("{} min {} s", ms / 60_000, ms % 60_000 / 1000),
+    }
+}
+
+/// A size in bytes, as people read it.
+pub(crate) fn bytes(n: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// A relative path for a URL: every byte but unreserved ones and `/` percent-encoded.
+pub(crate) fn url_path(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for byte in path.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// `Content-Disposition: attachment` for a file named `path` (its last part): a plain ASCII
+/// `filename` for old clients and the exact name as `filename*`.
+pub(crate) fn attachment(path: &str) -> String {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let plain: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-._".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let plain = if plain.is_empty() {
+        "download".into()
+    } else {
+        plain
+    };
+    format!(
+        "attachment; filename=\"{plain}\"; filename*=UTF-8''{}",
+        url_path(name).replace('/', "%2F")
+    )
+}
+
+/// The first line of a script, cut to `max` characters, for a list.
+pub(crate) fn summary(script: &str, max: usize) -> String {
+    let line = script
+        .lines()
+        .map(str::trim)
+        .find(|line| !line.is_empty() && !line.starts_with('#'))
+        .unwrap_or("");
+    if line.chars().count() > max {
+        let cut: String = line.chars().take(max).collect();
+        format!("{cut}…")
+    } else {
+        line.to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_are_utc_calendar_dates() {
+        assert_eq!(utc_secs(0), "1970-01-01 00:00:00");
+        assert_eq!(utc_secs(951_782_400), "2000-02-29 00:00:00");
+        assert_eq!(utc_ms(1_700_000_000_123), "2023-11-14 22:13:20");
+    }
+
+    #[test]
+    fn sizes_and_durations_read_well() {
+        assert_eq!(bytes(10), "10 B");
+        assert_eq!(bytes(1536), "1.5 KiB");
+        assert_eq!(duration(Some(12)), "12 ms");
+        assert_eq!(duration(Some(1500)), "1.5 s");
+        assert_eq!(duration(Some(61_000)), "1 min 1 s");
+        assert_eq!(duration(None), "—");
+    }
+
+    #[test]
+    fn paths_and_names_are_encoded() {
+        assert_eq!(url_path("out/a b.png"), "out/a%20b.png");
+        assert_eq!(
+            attachment("out/\"x\".svg"),
+            "attachment; filename=\"_x_.svg\"; filename*=UTF-8''%22x%22.svg"
+        );
+        assert_eq!(summary("# c\n\nprint(1)\n", 40), "print(1)");
+    }
+}
