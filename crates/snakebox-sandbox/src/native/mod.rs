@@ -44,10 +44,11 @@ use crate::error::{NamespaceError, SandboxError, SeccompError, SpawnError};
 use crate::live::LiveSandbox;
 use crate::none::FD_SOURCE_MIN;
 use crate::pending::PendingRun;
-use crate::supervise::{Teardown, outcome, supervise};
+use crate::process::{ProcessBackend, Started};
+use crate::supervise::Teardown;
 use crate::{
-    BackendKind, BackendReport, Identity, LimitReport, Limits, Outcome, OutputChunk, Policy,
-    SandboxCommand, SandboxConfig,
+    BackendKind, BackendReport, Identity, LimitReport, Limits, OutputChunk, Policy, SandboxCommand,
+    SandboxConfig,
 };
 
 /// Host uid/gid of install sandboxes under a root server: not the one user code runs as, so a
@@ -488,7 +489,9 @@ impl NativeBackend {
             control_read,
         })
     }
+}
 
+impl ProcessBackend for NativeBackend {
     /// Start one command in a fresh sandbox: its own cgroup (for the sandbox's whole life),
     /// bwrap spawned, and a task that learns the sandbox's pid 1 for the kill path. With
     /// `requests`, the command's stdin is a private pipe from us (a long-lived sandbox reads its
@@ -533,100 +536,11 @@ impl NativeBackend {
             child,
             teardown,
             control_read,
-            info_task,
+            info_task: Some(info_task),
             started,
+            shell_style_signals: true,
         })
     }
-
-    /// Run one command in a fresh sandbox.
-    pub(crate) async fn run(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-        cancel: CancellationToken,
-        output: Option<UnboundedSender<OutputChunk>>,
-    ) -> Result<Outcome, SandboxError> {
-        let Started {
-            mut child,
-            teardown,
-            control_read,
-            info_task,
-            started,
-        } = self.start(policy, command, false)?;
-        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-        let raw = supervise(
-            child,
-            stdout,
-            stderr,
-            control_read,
-            &policy.limits,
-            cancel,
-            output,
-            teardown.as_ref(),
-            started,
-        )
-        .await;
-        info_task.abort();
-        let memory_hit = teardown.memory_exceeded();
-        let raw = raw?;
-        teardown.release();
-        Ok(outcome(raw, &policy.limits, true, memory_hit))
-    }
-
-    /// Start a long-lived sandbox (see [`crate::LiveSandbox`]).
-    pub(crate) fn spawn(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-    ) -> Result<LiveSandbox, SandboxError> {
-        let Started {
-            child,
-            teardown,
-            control_read,
-            info_task,
-            started: _,
-        } = self.start(policy, command, true)?;
-        LiveSandbox::new(
-            child,
-            teardown,
-            control_read,
-            Some(info_task),
-            true,
-            &policy.limits,
-        )
-    }
-
-    /// Start a one-shot sandbox that waits for its request (see [`crate::PendingRun`]).
-    pub(crate) fn prestart(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-    ) -> Result<PendingRun, SandboxError> {
-        let Started {
-            child,
-            teardown,
-            control_read,
-            info_task,
-            started: _,
-        } = self.start(policy, command, true)?;
-        Ok(PendingRun::new(
-            child,
-            teardown,
-            control_read,
-            Some(info_task),
-            true,
-            &policy.limits,
-        ))
-    }
-}
-
-/// A sandbox that has just been started.
-struct Started {
-    child: tokio::process::Child,
-    teardown: Arc<NativeTeardown>,
-    control_read: Option<OwnedFd>,
-    info_task: tokio::task::JoinHandle<()>,
-    started: Instant,
 }
 
 /// A prepared bwrap command with the descriptors that must live until it is spawned.
@@ -791,7 +705,7 @@ impl crate::backend::Backend for NativeBackend {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> crate::backend::RunFuture<'a> {
-        Box::pin(NativeBackend::run(self, policy, command, cancel, output))
+        Box::pin(self.run_process(policy, command, cancel, output))
     }
 
     fn spawn(
@@ -799,7 +713,7 @@ impl crate::backend::Backend for NativeBackend {
         policy: &Policy,
         command: &SandboxCommand,
     ) -> Result<LiveSandbox, SandboxError> {
-        NativeBackend::spawn(self, policy, command)
+        self.spawn_process(policy, command)
     }
 
     fn prestart(
@@ -807,7 +721,7 @@ impl crate::backend::Backend for NativeBackend {
         policy: &Policy,
         command: &SandboxCommand,
     ) -> Result<PendingRun, SandboxError> {
-        NativeBackend::prestart(self, policy, command)
+        self.prestart_process(policy, command)
     }
 
     fn start_fork_server(
