@@ -14,16 +14,12 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Instant;
 
-use tokio::sync::mpsc::UnboundedSender;
-use tokio_util::sync::CancellationToken;
-
 use crate::child::{ChildPlan, pipe, raise_fd, rlimits_for};
 use crate::error::{SandboxError, SpawnError};
 use crate::host::{RealHost, kill_tree};
-use crate::live::LiveSandbox;
 use crate::process::{ProcessBackend, Started};
 use crate::supervise::Teardown;
-use crate::{LimitReport, Limits, OutputChunk, Policy, SandboxCommand};
+use crate::{LimitReport, Limits, Policy, SandboxCommand};
 
 /// Descriptors handed to the child are first moved at least this high, above every target.
 pub(crate) const FD_SOURCE_MIN: i32 = 64;
@@ -201,31 +197,7 @@ impl crate::backend::Backend for NoneBackend {
         }
     }
 
-    fn run<'a>(
-        &'a self,
-        policy: &'a Policy,
-        command: &'a SandboxCommand,
-        cancel: CancellationToken,
-        output: Option<UnboundedSender<OutputChunk>>,
-    ) -> crate::backend::RunFuture<'a> {
-        Box::pin(self.run_process(policy, command, cancel, output))
-    }
-
-    fn spawn(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-    ) -> Result<LiveSandbox, SandboxError> {
-        self.spawn_process(policy, command)
-    }
-
-    fn prestart(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-    ) -> Result<crate::PendingRun, SandboxError> {
-        self.prestart_process(policy, command)
-    }
+    crate::process::process_backend_methods!();
 
     /// Nothing is mounted: the command sees the host's paths.
     fn path_inside(&self, host: &std::path::Path, _dest: &std::path::Path) -> std::path::PathBuf {

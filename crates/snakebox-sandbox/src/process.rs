@@ -4,8 +4,8 @@
 //! how it starts the process ([`ProcessBackend::start`]); what a started process becomes is
 //! the same for all of them: run to its end under the supervisor ([`Started::run`]), a
 //! long-lived sandbox ([`Started::into_live`]) or a one-shot sandbox waiting for its request
-//! ([`Started::into_pending`]). The provided methods of [`ProcessBackend`] chain the two, so
-//! a process backend's [`crate::Backend`] methods are one line each.
+//! ([`Started::into_pending`]). The provided methods of [`ProcessBackend`] chain the two, and
+//! [`process_backend_methods`] writes a process backend's [`crate::Backend`] methods from them.
 //!
 //! This is a helper layer below the [`crate::Backend`] trait, not part of it: a backend whose
 //! sandbox is not a local child (a container driven through an engine's API) implements
@@ -139,3 +139,38 @@ pub(crate) trait ProcessBackend {
             .into_pending(&policy.limits))
     }
 }
+
+/// The [`crate::Backend`] methods `run`, `spawn` and `prestart` of a [`ProcessBackend`], for
+/// use inside its `impl Backend` block.
+macro_rules! process_backend_methods {
+    () => {
+        fn run<'a>(
+            &'a self,
+            policy: &'a crate::Policy,
+            command: &'a crate::SandboxCommand,
+            cancel: tokio_util::sync::CancellationToken,
+            output: Option<tokio::sync::mpsc::UnboundedSender<crate::OutputChunk>>,
+        ) -> crate::backend::RunFuture<'a> {
+            Box::pin(crate::process::ProcessBackend::run_process(
+                self, policy, command, cancel, output,
+            ))
+        }
+
+        fn spawn(
+            &self,
+            policy: &crate::Policy,
+            command: &crate::SandboxCommand,
+        ) -> Result<crate::LiveSandbox, crate::SandboxError> {
+            crate::process::ProcessBackend::spawn_process(self, policy, command)
+        }
+
+        fn prestart(
+            &self,
+            policy: &crate::Policy,
+            command: &crate::SandboxCommand,
+        ) -> Result<crate::PendingRun, crate::SandboxError> {
+            crate::process::ProcessBackend::prestart_process(self, policy, command)
+        }
+    };
+}
+pub(crate) use process_backend_methods;

@@ -30,8 +30,6 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
-use tokio::sync::mpsc::UnboundedSender;
-use tokio_util::sync::CancellationToken;
 
 use self::policy::{
     ARGS_FD, CONTROL_FD, GROUP, GROUP_FD, HOSTS, HOSTS_FD, INFO_FD, PASSWD, PASSWD_FD,
@@ -41,13 +39,11 @@ use self::policy::{
 use crate::cgroup::{CgroupSet, RunCgroup};
 use crate::child::{ChildPlan, StagedMount, Staging, memfd_with, pipe, raise_fd, rlimits_for};
 use crate::error::{NamespaceError, SandboxError, SeccompError, SpawnError};
-use crate::live::LiveSandbox;
 use crate::none::FD_SOURCE_MIN;
-use crate::pending::PendingRun;
 use crate::process::{ProcessBackend, Started};
 use crate::supervise::Teardown;
 use crate::{
-    BackendKind, BackendReport, Identity, LimitReport, Limits, OutputChunk, Policy, SandboxCommand,
+    BackendKind, BackendReport, Identity, LimitReport, Limits, Policy, SandboxCommand,
     SandboxConfig,
 };
 
@@ -698,31 +694,7 @@ impl crate::backend::Backend for NativeBackend {
         NativeBackend::report(self)
     }
 
-    fn run<'a>(
-        &'a self,
-        policy: &'a Policy,
-        command: &'a SandboxCommand,
-        cancel: CancellationToken,
-        output: Option<UnboundedSender<OutputChunk>>,
-    ) -> crate::backend::RunFuture<'a> {
-        Box::pin(self.run_process(policy, command, cancel, output))
-    }
-
-    fn spawn(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-    ) -> Result<LiveSandbox, SandboxError> {
-        self.spawn_process(policy, command)
-    }
-
-    fn prestart(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-    ) -> Result<PendingRun, SandboxError> {
-        self.prestart_process(policy, command)
-    }
+    crate::process::process_backend_methods!();
 
     fn start_fork_server(
         &self,
