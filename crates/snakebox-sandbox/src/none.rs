@@ -12,12 +12,11 @@
 
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::Instant;
 
 use crate::child::{ChildPlan, pipe, raise_fd, rlimits_for};
 use crate::error::{SandboxError, SpawnError};
 use crate::host::{RealHost, kill_tree};
-use crate::process::{ProcessBackend, Started};
+use crate::process::{ProcessBackend, Started, spawn_child};
 use crate::supervise::Teardown;
 use crate::{LimitReport, Limits, Policy, SandboxCommand};
 
@@ -149,13 +148,7 @@ impl ProcessBackend for NoneBackend {
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(&mut std_cmd, move || plan.apply());
         }
-        let mut cmd = tokio::process::Command::from(std_cmd);
-        cmd.kill_on_drop(true);
-        let started = Instant::now();
-        let child = cmd.spawn().map_err(|source| SpawnError::Start {
-            program: command.program.clone(),
-            source,
-        })?;
+        let (child, started) = spawn_child(std_cmd, &command.program)?;
         // The child has its copy; ours must go or the control channel never reaches EOF.
         drop(control_write);
         let leader = child

@@ -19,7 +19,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::SandboxError;
+use crate::error::{SandboxError, SpawnError};
 use crate::live::LiveSandbox;
 use crate::pending::PendingRun;
 use crate::supervise::{Teardown, outcome, supervise};
@@ -92,6 +92,22 @@ impl Started {
     pub(crate) fn into_pending(self, limits: &Limits) -> PendingRun {
         PendingRun::new(self, limits)
     }
+}
+
+/// Spawn the prepared `command` (whose program is `program`, for the error), killed when the
+/// child is dropped; with the instant just before the spawn, from which the wall time counts.
+pub(crate) fn spawn_child(
+    command: std::process::Command,
+    program: &std::path::Path,
+) -> Result<(tokio::process::Child, Instant), SpawnError> {
+    let mut command = tokio::process::Command::from(command);
+    command.kill_on_drop(true);
+    let started = Instant::now();
+    let child = command.spawn().map_err(|source| SpawnError::Start {
+        program: program.to_path_buf(),
+        source,
+    })?;
+    Ok((child, started))
 }
 
 /// A backend whose sandbox is a local child process: it says how to start one; running,

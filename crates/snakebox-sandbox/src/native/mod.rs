@@ -40,7 +40,7 @@ use crate::cgroup::{CgroupSet, RunCgroup};
 use crate::child::{ChildPlan, StagedMount, Staging, memfd_with, pipe, raise_fd, rlimits_for};
 use crate::error::{NamespaceError, SandboxError, SeccompError, SpawnError};
 use crate::none::FD_SOURCE_MIN;
-use crate::process::{ProcessBackend, Started};
+use crate::process::{ProcessBackend, Started, spawn_child};
 use crate::supervise::Teardown;
 use crate::{
     BackendKind, BackendReport, Identity, LimitReport, Limits, Policy, SandboxCommand,
@@ -512,13 +512,7 @@ impl ProcessBackend for NativeBackend {
         if requests {
             std_cmd.stdin(Stdio::piped());
         }
-        let mut cmd = tokio::process::Command::from(std_cmd);
-        cmd.kill_on_drop(true);
-        let started = Instant::now();
-        let child = cmd.spawn().map_err(|source| SpawnError::Start {
-            program: self.bwrap.clone(),
-            source,
-        })?;
+        let (child, started) = spawn_child(std_cmd, &self.bwrap)?;
         // The child has its copies; ours must go (pipes reach EOF, memfds are freed).
         drop(keep_until_spawned);
 
