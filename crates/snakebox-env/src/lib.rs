@@ -49,7 +49,7 @@ pub use pipeline::{
 };
 pub use uv::{
     DirectUvRunner, Egress, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput,
-    UvRunFuture, UvRunner, install_read_only_paths,
+    UvRunFuture, UvRunner, install_read_only_paths, run_sandboxed,
 };
 pub use verify::{
     Mismatch, check_records, damaged_compile, is_damaged_compile, remove_damaged_pycs,

@@ -20,7 +20,7 @@ use std::time::Duration;
 use snakebox_env::{
     DownloadTarget, EnvError, InstallPipeline, Interpreter, Uv, UvEnvironment, UvRunner,
 };
-use snakebox_sandbox::{Identity, OutputChunk, Sandbox, Termination};
+use snakebox_sandbox::{Identity, OutputChunk, Sandbox};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
@@ -85,32 +85,29 @@ impl Installer {
                     "check that the temporary directory is writable",
                 )
             })?;
-        let command = step.invocation.command();
         let _slot = crate::slot_of(&self.slots).await?;
-        let outcome = self
-            .sandbox
-            .run(
-                &step.invocation.policy(),
-                &command,
-                CancellationToken::new(),
-                progress,
-            )
+        let output = match snakebox_env::run_sandboxed(&self.sandbox, &step.invocation, progress)
             .await
-            .map_err(|err| EngineError::context(&format!("`{label}` could not start"), &err))?;
-        let stderr = outcome.stderr.text;
-        let full = (outcome.exit_code != Some(0))
+        {
+            Ok(output) => output,
+            Err(EnvError::Timeout { .. }) => {
+                return Err(EngineError {
+                    kind: ErrorKind::Failed,
+                    message: format!(
+                        "`{label}` took longer than {} s and was stopped",
+                        INSTALL_TIMEOUT.as_secs()
+                    ),
+                    hint: Some("install fewer packages at once".into()),
+                });
+            }
+            Err(err) => return Err(could_not_start(&format!("`{label}` could not start"), &err)),
+        };
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        let full = (!output.success())
             .then(|| self.out_of_space(&stderr))
             .flatten();
-        match outcome.termination {
-            Termination::TimedOut => Err(EngineError {
-                kind: ErrorKind::Failed,
-                message: format!(
-                    "`{label}` took longer than {} s and was stopped",
-                    INSTALL_TIMEOUT.as_secs()
-                ),
-                hint: Some("install fewer packages at once".into()),
-            }),
-            _ if outcome.exit_code == Some(0) => Ok((outcome.stdout.text.into_bytes(), stderr)),
+        match output.exit_code {
+            Some(0) => Ok((output.stdout, stderr)),
             _ if full.is_some() => Err(EngineError {
                 kind: ErrorKind::Quota,
                 message: format!(
@@ -311,7 +308,7 @@ impl Installer {
             Err(EnvError::Timeout { .. }) => "time",
             Err(EnvError::LimitReached { limit, .. }) => limit,
             Err(err @ EnvError::Sandbox { .. }) => {
-                return Err(EngineError::context(
+                return Err(could_not_start(
                     "compiling the packages could not start",
                     &err,
                 ));
@@ -380,6 +377,17 @@ impl Installer {
         })
     }
 }
+/// A step whose sandbox could not start, told as the sandbox's own error (its kind: internal,
+/// unavailable or invalid), as when the session ran the sandbox itself.
+fn could_not_start(context: &str, err: &EnvError) -> EngineError {
+    if let EnvError::Sandbox { source, .. } = err
+        && let Some(sandbox) = source.downcast_ref::<snakebox_sandbox::SandboxError>()
+    {
+        return EngineError::context(context, sandbox);
+    }
+    EngineError::context(context, err)
+}
+
 /// Let any uid read (and traverse) the venv; returns its size. Links are never followed
 /// (the walk and the mode changes go through [`crate::tree`] and `fchmodat` without
 /// following).
