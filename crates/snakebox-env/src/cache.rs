@@ -47,7 +47,8 @@ use crate::env_vars::UvEnvironment;
 use crate::error::{EnvError, UvStderr};
 use crate::install::{self, BuildSettings};
 use crate::interpreter::Interpreter;
-use crate::uv::{IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvRunner};
+use crate::pipeline::{DownloadTarget, InstallPipeline, requirements_file_args, venv_python};
+use crate::uv::{IntoUvRunner, PackageIdentity, Uv, UvInvocation, UvRunner};
 
 /// Version of the on-disk layout; part of the directory names.
 const ENVIRONMENTS_DIR: &str = "environments-v1";
@@ -364,6 +365,17 @@ impl EnvCache {
     /// uv's cache directory (under the data root; never visible to runs).
     pub fn uv_cache_dir(&self) -> PathBuf {
         self.installs_dir().join(UV_CACHE_DIR)
+    }
+
+    /// The install pipeline for environments of `interpreter` (shared with sessions).
+    fn pipeline<'a>(&'a self, interpreter: &'a Interpreter) -> InstallPipeline<'a> {
+        InstallPipeline {
+            uv: &self.uv,
+            uv_env: &self.uv_env,
+            interpreter,
+            uv_cache: self.uv_cache_dir(),
+            timeout: self.install_timeout,
+        }
     }
 
     /// The directory holding uv's cache and the builds (the downloader's one writable mount).
@@ -736,8 +748,7 @@ impl EnvCache {
         };
         let mut cache_cleaned = false;
         if !packages.is_empty() {
-            let mut args: Vec<OsString> = vec!["cache".into(), "clean".into()];
-            args.extend(packages.iter().map(Into::into));
+            let args = InstallPipeline::cache_clean_args(&packages);
             match self
                 .run_uv("uv cache clean", args, build_dir, interpreter, false)
                 .await
@@ -791,14 +802,7 @@ impl EnvCache {
         let venv = self
             .run_uv(
                 "uv venv",
-                vec![
-                    "venv".into(),
-                    "--relocatable".into(),
-                    "--no-project".into(),
-                    "--python".into(),
-                    interpreter.executable.clone().into(),
-                    env_dir.clone().into(),
-                ],
+                self.pipeline(interpreter).venv_args(&env_dir, true),
                 &build_dir,
                 interpreter,
                 false,
@@ -826,7 +830,7 @@ impl EnvCache {
                     path: requirements_file.clone(),
                     source,
                 })?;
-            let python: OsString = env_dir.join("bin").join("python").into();
+            let python = venv_python(&env_dir);
             let package_identity = self.installer.package_identity();
             // Hard links share inodes with uv's cache: only safe when package code runs as
             // another uid than the files' owner. Without uid switching, copy.
@@ -839,7 +843,11 @@ impl EnvCache {
             let download = self
                 .run_uv(
                     "uv pip install",
-                    install::download_args(&python, &requirements_file, link_mode),
+                    self.pipeline(interpreter).download_args(
+                        DownloadTarget::FreshVenv(&python),
+                        link_mode,
+                        requirements_file_args(&requirements_file),
+                    ),
                     &build_dir,
                     interpreter,
                     true,
@@ -908,32 +916,14 @@ impl EnvCache {
         //    reading files, executing nothing; the compiled files were checked in the
         //    compile step). A damaged environment is never published.
         let step = std::time::Instant::now();
-        if let Some(site) = install::site_packages(&env_dir) {
-            let mismatches =
-                tokio::task::spawn_blocking(move || crate::verify::check_records(&site))
-                    .await
-                    .map_err(|err| {
-                        io("verify the new environment", &env_dir)(std::io::Error::other(err))
-                    })?
-                    .map_err(io("verify the new environment", &env_dir))?;
-            if !mismatches.is_empty() {
-                let mut packages: Vec<String> = mismatches
-                    .iter()
-                    .map(|m| {
-                        m.distribution
-                            .rsplit_once('-')
-                            .map_or(m.distribution.as_str(), |(name, _)| name)
-                            .to_owned()
-                    })
-                    .collect();
-                packages.dedup();
-                return Err(EnvError::Incomplete {
-                    requirements: set.lines.join(", "),
-                    problems: mismatches.iter().map(ToString::to_string).collect(),
-                    packages,
-                    cache_cleaned: false,
-                });
-            }
+        let mismatches = InstallPipeline::verify(&env_dir).await?;
+        if !mismatches.is_empty() {
+            return Err(EnvError::Incomplete {
+                requirements: set.lines.join(", "),
+                problems: mismatches.iter().map(ToString::to_string).collect(),
+                packages: InstallPipeline::damaged_distributions(&mismatches),
+                cache_cleaned: false,
+            });
         }
 
         steps[2] = step.elapsed().as_millis();
@@ -1044,51 +1034,24 @@ impl EnvCache {
         interpreter: &Interpreter,
         network: bool,
     ) -> Result<crate::uv::UvOutput, EnvError> {
-        let read_only =
-            crate::uv::install_read_only_paths(&self.uv, interpreter, &self.uv_env, network);
-        // The download reaches the configured indexes and public addresses only, through the
-        // egress proxy; its sandbox keeps its own network namespace (catalogue D-02).
-        let proxy = match self.egress_rules(network) {
-            Some(rules) => Some(
-                snakebox_sandbox::EgressProxy::start(&rules)
-                    .map_err(io("start the egress proxy in", &std::env::temp_dir()))?,
-            ),
-            None => None,
-        };
-        let invocation = UvInvocation {
-            program: self.uv.path.clone(),
-            args,
-            env: self.uv_env.for_uv(&self.uv_cache_dir()),
-            cwd: build_dir.to_path_buf(),
-            network,
-            read_only,
-            // One mount holding the build directory and uv's cache, so that uv can hard-link
-            // (`installs-v1`: nothing else is in it).
-            writable: vec![self.installs_dir()],
-            timeout: self.install_timeout,
-            label: label.to_owned(),
-            role: Role::Downloader,
-            egress: proxy.as_ref().map(|proxy| crate::uv::Egress {
-                socket: proxy.path().to_path_buf(),
-                python: interpreter.executable.clone(),
-            }),
-        };
-        let mut output = self.installer.run(&invocation).await;
-        if let (Some(proxy), Ok(output)) = (&proxy, &mut output) {
-            crate::uv::explain_refusals(proxy, output);
+        // One mount holding the build directory and uv's cache, so that uv can hard-link
+        // (`installs-v1`: nothing else is in it).
+        let step = self
+            .pipeline(interpreter)
+            .downloader(
+                label,
+                args,
+                build_dir,
+                vec![self.installs_dir()],
+                network,
+                self.installer.is_sandboxed(),
+            )
+            .map_err(io("start the egress proxy in", &std::env::temp_dir()))?;
+        let mut output = self.installer.run(&step.invocation).await;
+        if let Ok(output) = &mut output {
+            let _refused = step.explain_refusals(output);
         }
-        drop(proxy);
         output
-    }
-
-    /// The egress rules of a download with `network`, when it goes through the proxy
-    /// ([`UvEnvironment::egress_rules`]). `None` (the host network) when the installer is not
-    /// sandboxed, or when the operator's proxy cannot be chained.
-    fn egress_rules(&self, network: bool) -> Option<snakebox_sandbox::EgressRules> {
-        if !network || !self.installer.is_sandboxed() {
-            return None;
-        }
-        self.uv_env.egress_rules()
     }
 
     /// Byte-compile the environment's packages. This runs package code (the interpreter
@@ -1103,26 +1066,19 @@ impl EnvCache {
         interpreter: &Interpreter,
         set: &RequirementSet,
     ) -> Result<(), EnvError> {
-        let walk_dir = env_dir.to_path_buf();
-        let ids = identity.host_ids;
-        tokio::task::spawn_blocking(move || install::hand_to_package_code(&walk_dir, ids))
-            .await
-            .map_err(|err| {
-                io("prepare the environment for compiling", env_dir)(std::io::Error::other(err))
-            })?
-            .map_err(io("prepare the environment for compiling", env_dir))?;
-        let read_only =
-            crate::uv::install_read_only_paths(&self.uv, interpreter, &self.uv_env, false);
-        let Some(invocation) = install::compile_invocation(
-            env_dir,
-            read_only,
-            identity.identity,
-            self.build_settings.limits.clone(),
-            self.install_timeout,
-        ) else {
+        let Some(output) = self
+            .pipeline(interpreter)
+            .compile(
+                self.installer.as_ref(),
+                env_dir,
+                identity,
+                self.build_settings.limits.clone(),
+                None,
+            )
+            .await?
+        else {
             return Ok(());
         };
-        let output = self.installer.run(&invocation).await?;
         let stderr = String::from_utf8_lossy(&output.stderr);
         if !output.success() && crate::space::says_no_space(&stderr) {
             return Err(EnvError::NoSpace {
@@ -1173,18 +1129,18 @@ impl EnvCache {
         }
         let mut read_only = find_links.clone();
         read_only.push(requirements_file.to_path_buf());
-        let invocation = self.package_code_invocation(
+        let invocation = self.pipeline(interpreter).package_code(
             "build from source (runs the packages' build code)",
             self.uv.path.clone(),
             install::build_args(
-                env_dir.join("bin").join("python").as_os_str(),
+                venv_python(env_dir).as_os_str(),
                 requirements_file,
                 &find_links,
             ),
             env_dir,
             read_only,
-            identity,
-            interpreter,
+            identity.identity,
+            self.build_settings.limits.clone(),
         );
         let invocation = UvInvocation {
             env: install::build_env(),
@@ -1198,39 +1154,6 @@ impl EnvCache {
             });
         }
         Ok(())
-    }
-
-    /// One invocation that runs package code, writing only `env_dir`.
-    #[allow(clippy::too_many_arguments)]
-    fn package_code_invocation(
-        &self,
-        label: &str,
-        program: PathBuf,
-        args: Vec<OsString>,
-        env_dir: &Path,
-        extra_read_only: Vec<PathBuf>,
-        identity: &PackageIdentity,
-        interpreter: &Interpreter,
-    ) -> UvInvocation {
-        let mut read_only =
-            crate::uv::install_read_only_paths(&self.uv, interpreter, &self.uv_env, false);
-        read_only.extend(extra_read_only);
-        UvInvocation {
-            program,
-            args,
-            env: UvEnvironment::for_package_code(),
-            cwd: PathBuf::from(install::PACKAGE_CODE_CWD),
-            network: false,
-            read_only,
-            writable: vec![env_dir.to_path_buf()],
-            timeout: self.install_timeout,
-            label: label.to_owned(),
-            role: Role::PackageCode {
-                identity: identity.identity,
-                limits: self.build_settings.limits.clone(),
-            },
-            egress: None,
-        }
     }
 
     /// Counts and sizes of the cached environments.

@@ -4,14 +4,14 @@
 //! lines, which the interpreter runs at start-up, also while byte-compiling) are code the
 //! caller chose, exactly as untrusted as the script (DESIGN.md §3). So an install is split:
 //!
-//! 1. **Download** ([`Role::Downloader`]): trusted uv resolves, downloads and unpacks *wheels
+//! 1. **Download** ([`crate::Role::Downloader`]): trusted uv resolves, downloads and unpacks *wheels
 //!    only* (`--no-build`) into the environment, with the operator's index settings and
 //!    credentials and write access to uv's cache. Nothing in this step runs package code: no
 //!    build, no `--compile-bytecode`, and no interpreter of an environment that already holds
 //!    packages (uv's interpreter query runs `python -I`, which processes `.pth` files, so the
 //!    download always targets a fresh, empty venv; what got installed is read from the
 //!    `.dist-info` directories here, never by asking that interpreter).
-//! 2. **Package code** ([`Role::PackageCode`]): byte-compiling (`python -m compileall` with
+//! 2. **Package code** ([`crate::Role::PackageCode`]): byte-compiling (`python -m compileall` with
 //!    the environment's interpreter) and, only when the operator allowed it, building sdists.
 //!    It runs as a run's identity (never the uid that owns uv's cache), with a run's limits,
 //!    no network, no credentials, `HOME` in its scratch, and uv's cache not mounted. The
@@ -29,7 +29,6 @@ use snakebox_sandbox::Limits;
 
 use crate::cache::ResolvedPackage;
 use crate::error::EnvError;
-use crate::uv::{Role, UvInvocation};
 
 /// How package code (compilation, builds) is run: the run limits, and whether sdists may be
 /// built at all.
@@ -59,26 +58,6 @@ impl Default for BuildSettings {
             allow_sdist_builds: false,
         }
     }
-}
-
-/// Arguments of the download step: wheels only, no bytecode compilation.
-pub(crate) fn download_args(
-    python: &OsStr,
-    requirements_file: &Path,
-    link_mode: &str,
-) -> Vec<OsString> {
-    vec![
-        "pip".into(),
-        "install".into(),
-        "--python".into(),
-        python.to_owned(),
-        "--link-mode".into(),
-        link_mode.into(),
-        // No sdist is built here: building runs the package's code.
-        "--no-build".into(),
-        "-r".into(),
-        requirements_file.as_os_str().to_owned(),
-    ]
 }
 
 /// Whether uv refused because a requirement has no usable wheel (builds being disabled).
@@ -174,34 +153,6 @@ pub fn hand_to_package_code(env: &Path, ids: Option<(u32, u32)>) -> std::io::Res
         }
     }
     Ok(())
-}
-
-/// The invocation that byte-compiles `env` (`None` when it has no `site-packages`): the
-/// environment's own interpreter, as package code ([`Role::PackageCode`]): `identity`,
-/// `limits`, wall time `timeout`, no network, `HOME=/tmp`, only `env` writable (prepare it
-/// with [`hand_to_package_code`] first), never uv's cache.
-#[must_use]
-pub fn compile_invocation(
-    env: &Path,
-    read_only: Vec<PathBuf>,
-    identity: snakebox_sandbox::Identity,
-    limits: Limits,
-    timeout: Duration,
-) -> Option<UvInvocation> {
-    let site_packages = site_packages(env)?;
-    Some(UvInvocation {
-        program: env.join("bin").join("python"),
-        args: compile_args(&site_packages),
-        env: crate::UvEnvironment::for_package_code(),
-        cwd: PathBuf::from(PACKAGE_CODE_CWD),
-        network: false,
-        read_only,
-        writable: vec![env.to_path_buf()],
-        timeout,
-        label: COMPILE_LABEL.to_owned(),
-        role: Role::PackageCode { identity, limits },
-        egress: None,
-    })
 }
 
 /// The label of the compilation step (its errors say that it runs package code).

@@ -10,7 +10,8 @@
 //! The one design decision that shapes it: an environment is built once per (interpreter,
 //! requirement set), in a temporary directory, then renamed into place and never modified
 //! again; every later run reuses it read-only. A dependency's code is as untrusted as the
-//! script, so a build has two steps (the `install` module): trusted uv downloads and unpacks
+//! script, so a build has two steps (the `install` module; the steps are one pipeline,
+//! [`InstallPipeline`], that the engine's session installs use too): trusted uv downloads and unpacks
 //! wheels only, with the operator's index settings ([`EnvVars`]), write access to uv's cache
 //! and the network only through an egress proxy, running no package code; then everything
 //! that runs package code (bytecode compilation, opt-in sdist builds) runs as
@@ -26,6 +27,7 @@ mod env_vars;
 mod error;
 mod install;
 mod interpreter;
+mod pipeline;
 pub mod space;
 mod uv;
 mod verify;
@@ -38,13 +40,16 @@ pub use env_vars::{EnvVars, InstallNetwork, UvEnvironment};
 pub use error::{EnvError, INSTALL_HOSTS_HINT, NO_SPACE_HINT, UvStderr};
 pub use install::{
     BuildSettings, PACKAGE_CODE_CWD, check_requirement_strings, check_requirement_urls,
-    compile_invocation, hand_to_package_code, installed_packages, is_missing_wheel,
-    point_scripts_at_venv, site_packages, take_back_from_package_code,
+    hand_to_package_code, installed_packages, is_missing_wheel, point_scripts_at_venv,
+    site_packages, take_back_from_package_code,
 };
 pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
+pub use pipeline::{
+    DownloadTarget, DownloaderStep, InstallPipeline, requirements_file_args, venv_python,
+};
 pub use uv::{
     DirectUvRunner, Egress, IntoUvRunner, PackageIdentity, Role, Uv, UvInvocation, UvOutput,
-    UvRunFuture, UvRunner, explain_refusals, install_read_only_paths,
+    UvRunFuture, UvRunner, explain_refusals, install_read_only_paths, run_sandboxed,
 };
 pub use verify::{
     Mismatch, check_records, damaged_compile, is_damaged_compile, remove_damaged_pycs,

@@ -582,41 +582,7 @@ const MAX_SANDBOXED_OUTPUT: u64 = 4 * 1024 * 1024;
 /// `Arc<Sandbox>` to [`crate::EnvCache::new`] as is.
 impl UvRunner for snakebox_sandbox::Sandbox {
     fn run<'a>(&'a self, invocation: &'a UvInvocation) -> UvRunFuture<'a> {
-        Box::pin(async move {
-            let command = invocation.command();
-            let outcome = snakebox_sandbox::Sandbox::run(
-                self,
-                &invocation.policy(),
-                &command,
-                tokio_util::sync::CancellationToken::new(),
-                None,
-            )
-            .await
-            .map_err(|source| EnvError::Sandbox {
-                command: invocation.label.clone(),
-                sandbox_hint: source.hint(),
-                source: Box::new(source),
-            })?;
-            match outcome.termination {
-                snakebox_sandbox::Termination::TimedOut => Err(EnvError::Timeout {
-                    command: invocation.label.clone(),
-                    timeout: invocation.timeout,
-                }),
-                snakebox_sandbox::Termination::MemoryLimit => Err(EnvError::LimitReached {
-                    command: invocation.label.clone(),
-                    limit: "memory",
-                }),
-                snakebox_sandbox::Termination::CpuLimit => Err(EnvError::LimitReached {
-                    command: invocation.label.clone(),
-                    limit: "CPU time",
-                }),
-                _ => Ok(UvOutput {
-                    exit_code: outcome.exit_code,
-                    stdout: outcome.stdout.text.into_bytes(),
-                    stderr: outcome.stderr.text.into_bytes(),
-                }),
-            }
-        })
+        Box::pin(run_sandboxed(self, invocation, None))
     }
 
     fn is_sandboxed(&self) -> bool {
@@ -634,5 +600,52 @@ impl UvRunner for snakebox_sandbox::Sandbox {
             host_ids: lease.host_ids(),
             _lease: Some(lease),
         }
+    }
+}
+
+/// Run one invocation in `sandbox` to its end, uv's output streamed to `progress` while it
+/// runs (what [`UvRunner::run`] does for a [`snakebox_sandbox::Sandbox`], without progress).
+///
+/// # Errors
+/// When the sandbox cannot start ([`EnvError::Sandbox`]), the invocation reached its wall
+/// time ([`EnvError::Timeout`]) or another limit ([`EnvError::LimitReached`]). A non-zero exit
+/// is not an error here: callers read the output.
+pub async fn run_sandboxed(
+    sandbox: &snakebox_sandbox::Sandbox,
+    invocation: &UvInvocation,
+    progress: Option<tokio::sync::mpsc::UnboundedSender<snakebox_sandbox::OutputChunk>>,
+) -> Result<UvOutput, EnvError> {
+    let command = invocation.command();
+    let outcome = sandbox
+        .run(
+            &invocation.policy(),
+            &command,
+            tokio_util::sync::CancellationToken::new(),
+            progress,
+        )
+        .await
+        .map_err(|source| EnvError::Sandbox {
+            command: invocation.label.clone(),
+            sandbox_hint: source.hint(),
+            source: Box::new(source),
+        })?;
+    match outcome.termination {
+        snakebox_sandbox::Termination::TimedOut => Err(EnvError::Timeout {
+            command: invocation.label.clone(),
+            timeout: invocation.timeout,
+        }),
+        snakebox_sandbox::Termination::MemoryLimit => Err(EnvError::LimitReached {
+            command: invocation.label.clone(),
+            limit: "memory",
+        }),
+        snakebox_sandbox::Termination::CpuLimit => Err(EnvError::LimitReached {
+            command: invocation.label.clone(),
+            limit: "CPU time",
+        }),
+        _ => Ok(UvOutput {
+            exit_code: outcome.exit_code,
+            stdout: outcome.stdout.text.into_bytes(),
+            stderr: outcome.stderr.text.into_bytes(),
+        }),
     }
 }

@@ -63,8 +63,8 @@ pub(crate) const DAMAGED_PYC_MARKER: &str = "snakebox-damaged-pyc:";
 /// [`COMPILE_AND_CHECK`]'s exit status when a `.pyc` does not load.
 pub(crate) const DAMAGED_PYC_EXIT: i32 = 3;
 
-/// Whether the compile step ([`crate::compile_invocation`]) exited saying that compiled files
-/// are damaged (truncated, unloadable).
+/// Whether the compile step ([`crate::InstallPipeline::compile_invocation`]) exited saying
+/// that compiled files are damaged (truncated, unloadable).
 pub fn is_damaged_compile(exit_code: Option<i32>) -> bool {
     exit_code == Some(DAMAGED_PYC_EXIT)
 }
@@ -119,8 +119,8 @@ pub fn remove_damaged_pycs(site_packages: &Path, damaged: &[String]) -> usize {
     removed
 }
 
-/// Whether the compile step ([`crate::compile_invocation`]) said its compiled files are
-/// damaged; the files it named (for [`remove_damaged_pycs`]).
+/// Whether the compile step ([`crate::InstallPipeline::compile_invocation`]) said its
+/// compiled files are damaged; the files it named (for [`remove_damaged_pycs`]).
 pub fn damaged_compile(exit_code: Option<i32>, stderr: &str) -> Option<Vec<String>> {
     is_damaged_compile(exit_code).then(|| damaged_pycs(stderr))
 }

@@ -24,6 +24,7 @@ mod native;
 mod netproxy;
 mod none;
 mod pending;
+mod process;
 mod scratch;
 mod supervise;
 

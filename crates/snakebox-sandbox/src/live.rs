@@ -17,7 +17,6 @@
 //! - the wall-time limit is per request: when it is reached (or the caller cancels), the whole
 //!   tree is killed, like a one-shot run, and the sandbox is dead from then on.
 
-use std::os::fd::OwnedFd;
 use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::capture::{Forwarder, StreamCapture, finish_pair};
 use crate::error::{SandboxError, SpawnError};
+use crate::process::Started;
 use crate::supervise::{CONTROL_MAX_BYTES, EndReport, Teardown, read_status};
 use crate::{Captured, Limits, OutputChunk, Stream};
 
@@ -100,17 +100,10 @@ impl std::fmt::Debug for LiveSandbox {
 }
 
 impl LiveSandbox {
-    /// Wrap a freshly started child. `shell_style_signals`: the direct child reports a signal
-    /// death of the command as exit code `128 + signal` (bwrap does).
-    pub(crate) fn new(
-        mut child: tokio::process::Child,
-        teardown: Arc<dyn Teardown>,
-        control: Option<OwnedFd>,
-        info_task: Option<tokio::task::JoinHandle<()>>,
-        shell_style_signals: bool,
-        limits: &Limits,
-    ) -> Result<LiveSandbox, SandboxError> {
-        let control = match control {
+    /// Wrap a freshly started child (see [`crate::process::Started::into_live`]).
+    pub(crate) fn new(started: Started, limits: &Limits) -> Result<LiveSandbox, SandboxError> {
+        let mut child = started.child;
+        let control = match started.control_read {
             Some(fd) => Some(tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(
                 |source| SpawnError::Descriptor {
                     what: "control channel",
@@ -124,11 +117,11 @@ impl LiveSandbox {
             stdout: child.stdout.take(),
             stderr: child.stderr.take(),
             child,
-            teardown,
+            teardown: started.teardown,
             control,
             carry: Default::default(),
-            info_task,
-            shell_style_signals,
+            info_task: started.info_task,
+            shell_style_signals: started.shell_style_signals,
             max_output_bytes: limits.max_output_bytes,
             dead: false,
         })

@@ -11,17 +11,14 @@
 //! `Policy::mounts` are ignored and `Policy::cwd` is taken as a *host* path.
 
 use std::process::Stdio;
-use std::time::Instant;
-
-use tokio::sync::mpsc::UnboundedSender;
-use tokio_util::sync::CancellationToken;
+use std::sync::Arc;
 
 use crate::child::{ChildPlan, pipe, raise_fd, rlimits_for};
 use crate::error::{SandboxError, SpawnError};
 use crate::host::{RealHost, kill_tree};
-use crate::live::LiveSandbox;
-use crate::supervise::{Teardown, outcome, supervise};
-use crate::{LimitReport, Limits, Outcome, OutputChunk, Policy, SandboxCommand};
+use crate::process::{ProcessBackend, Started, spawn_child};
+use crate::supervise::Teardown;
+use crate::{LimitReport, Limits, Policy, SandboxCommand};
 
 /// Descriptors handed to the child are first moved at least this high, above every target.
 pub(crate) const FD_SOURCE_MIN: i32 = 64;
@@ -103,152 +100,70 @@ pub(crate) fn limit_reports() -> Vec<LimitReport> {
     ]
 }
 
-/// A command started without isolation.
-struct Started {
-    child: tokio::process::Child,
-    teardown: SessionTeardown,
-    control_read: Option<std::os::fd::OwnedFd>,
-    started: Instant,
-}
+impl ProcessBackend for NoneBackend {
+    /// Start `command` without isolation; with `requests`, its stdin is a private pipe from us.
+    fn start(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+        requests: bool,
+    ) -> Result<Started, SandboxError> {
+        let limits: &Limits = &policy.limits;
+        let mut std_cmd = std::process::Command::new(&command.program);
+        std_cmd
+            .args(&command.args)
+            .env_clear()
+            .envs(policy.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&policy.cwd)
+            .stdin(if requests {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
 
-/// Start `command` without isolation; with `requests`, its stdin is a private pipe from us.
-fn start(
-    policy: &Policy,
-    command: &SandboxCommand,
-    requests: bool,
-) -> Result<Started, SandboxError> {
-    let limits: &Limits = &policy.limits;
-    let mut std_cmd = std::process::Command::new(&command.program);
-    std_cmd
-        .args(&command.args)
-        .env_clear()
-        .envs(policy.env.iter().map(|(k, v)| (k, v)))
-        .current_dir(&policy.cwd)
-        .stdin(if requests {
-            Stdio::piped()
+        let mut plan = ChildPlan {
+            rlimits: rlimits_for(limits, true, !is_root()),
+            subreaper: true,
+            ..ChildPlan::default()
+        };
+        let mut control_write = None;
+        let control_read = if command.control_channel {
+            let (r, w) = pipe().map_err(|source| SpawnError::Descriptor {
+                what: "control channel",
+                source,
+            })?;
+            let w = raise_fd(w, FD_SOURCE_MIN).map_err(|source| SpawnError::Descriptor {
+                what: "control channel",
+                source,
+            })?;
+            plan.fd_map.push((std::os::fd::AsRawFd::as_raw_fd(&w), 3));
+            control_write = Some(w);
+            Some(r)
         } else {
-            Stdio::null()
+            None
+        };
+        // SAFETY: `apply` only makes async-signal-safe system calls on data prepared above.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut std_cmd, move || plan.apply());
+        }
+        let (child, started) = spawn_child(std_cmd, &command.program)?;
+        // The child has its copy; ours must go or the control channel never reaches EOF.
+        drop(control_write);
+        let leader = child
+            .id()
+            .and_then(|id| i32::try_from(id).ok())
+            .unwrap_or(0);
+        Ok(Started {
+            child,
+            teardown: Arc::new(SessionTeardown { leader }),
+            control_read,
+            info_task: None,
+            started,
+            shell_style_signals: false,
         })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-
-    let mut plan = ChildPlan {
-        rlimits: rlimits_for(limits, true, !is_root()),
-        subreaper: true,
-        ..ChildPlan::default()
-    };
-    let mut control_write = None;
-    let control_read = if command.control_channel {
-        let (r, w) = pipe().map_err(|source| SpawnError::Descriptor {
-            what: "control channel",
-            source,
-        })?;
-        let w = raise_fd(w, FD_SOURCE_MIN).map_err(|source| SpawnError::Descriptor {
-            what: "control channel",
-            source,
-        })?;
-        plan.fd_map.push((std::os::fd::AsRawFd::as_raw_fd(&w), 3));
-        control_write = Some(w);
-        Some(r)
-    } else {
-        None
-    };
-    // SAFETY: `apply` only makes async-signal-safe system calls on data prepared above.
-    unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut std_cmd, move || plan.apply());
     }
-    let mut cmd = tokio::process::Command::from(std_cmd);
-    cmd.kill_on_drop(true);
-    let started = Instant::now();
-    let child = cmd.spawn().map_err(|source| SpawnError::Start {
-        program: command.program.clone(),
-        source,
-    })?;
-    // The child has its copy; ours must go or the control channel never reaches EOF.
-    drop(control_write);
-    let leader = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .unwrap_or(0);
-    Ok(Started {
-        child,
-        teardown: SessionTeardown { leader },
-        control_read,
-        started,
-    })
-}
-
-/// Run `command` without isolation.
-pub(crate) async fn run(
-    policy: &Policy,
-    command: &SandboxCommand,
-    cancel: CancellationToken,
-    output: Option<UnboundedSender<OutputChunk>>,
-) -> Result<Outcome, SandboxError> {
-    let limits: &Limits = &policy.limits;
-    let Started {
-        mut child,
-        teardown,
-        control_read,
-        started,
-    } = start(policy, command, false)?;
-    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-    let raw = supervise(
-        child,
-        stdout,
-        stderr,
-        control_read,
-        limits,
-        cancel,
-        output,
-        &teardown,
-        started,
-    )
-    .await?;
-    Ok(outcome(raw, limits, false, teardown.memory_exceeded()))
-}
-
-/// Start a long-lived command without isolation (see [`crate::LiveSandbox`]).
-pub(crate) fn spawn(
-    policy: &Policy,
-    command: &SandboxCommand,
-) -> Result<LiveSandbox, SandboxError> {
-    let Started {
-        child,
-        teardown,
-        control_read,
-        started: _,
-    } = start(policy, command, true)?;
-    LiveSandbox::new(
-        child,
-        std::sync::Arc::new(teardown),
-        control_read,
-        None,
-        false,
-        &policy.limits,
-    )
-}
-
-/// Start a one-shot command without isolation that waits for its request (see
-/// [`crate::PendingRun`]).
-pub(crate) fn prestart(
-    policy: &Policy,
-    command: &SandboxCommand,
-) -> Result<crate::PendingRun, SandboxError> {
-    let Started {
-        child,
-        teardown,
-        control_read,
-        started: _,
-    } = start(policy, command, true)?;
-    Ok(crate::PendingRun::new(
-        child,
-        std::sync::Arc::new(teardown),
-        control_read,
-        None,
-        false,
-        &policy.limits,
-    ))
 }
 
 /// The `none` backend: commands run with the server's uid, view and network (see the module
@@ -275,31 +190,7 @@ impl crate::backend::Backend for NoneBackend {
         }
     }
 
-    fn run<'a>(
-        &'a self,
-        policy: &'a Policy,
-        command: &'a SandboxCommand,
-        cancel: CancellationToken,
-        output: Option<UnboundedSender<OutputChunk>>,
-    ) -> crate::backend::RunFuture<'a> {
-        Box::pin(run(policy, command, cancel, output))
-    }
-
-    fn spawn(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-    ) -> Result<LiveSandbox, SandboxError> {
-        spawn(policy, command)
-    }
-
-    fn prestart(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-    ) -> Result<crate::PendingRun, SandboxError> {
-        prestart(policy, command)
-    }
+    crate::process::process_backend_methods!();
 
     /// Nothing is mounted: the command sees the host's paths.
     fn path_inside(&self, host: &std::path::Path, _dest: &std::path::Path) -> std::path::PathBuf {

@@ -19,6 +19,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::SandboxError;
+use crate::process::Started;
 use crate::supervise::{Teardown, outcome, supervise};
 use crate::{Limits, Outcome, OutputChunk};
 
@@ -48,20 +49,13 @@ impl std::fmt::Debug for PendingRun {
 }
 
 impl PendingRun {
-    pub(crate) fn new(
-        child: tokio::process::Child,
-        teardown: Arc<dyn Teardown>,
-        control: Option<OwnedFd>,
-        info_task: Option<tokio::task::JoinHandle<()>>,
-        shell_style_signals: bool,
-        limits: &Limits,
-    ) -> PendingRun {
+    pub(crate) fn new(started: Started, limits: &Limits) -> PendingRun {
         PendingRun {
-            child: Some(child),
-            teardown,
-            control,
-            info_task,
-            shell_style_signals,
+            child: Some(started.child),
+            teardown: started.teardown,
+            control: started.control_read,
+            info_task: started.info_task,
+            shell_style_signals: started.shell_style_signals,
             limits: limits.clone(),
             started: Instant::now(),
             released: false,

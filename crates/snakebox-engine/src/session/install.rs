@@ -6,7 +6,10 @@
 //! running no package code; then the venv is byte-compiled as package code, sandboxed like a
 //! run. The session's code sees the venv read-only. An install runs in its own task so that one
 //! that outlasts the client's patience is not lost: it finishes, and `list_packages` reports
-//! it. Kept apart because it is the only part of sessions that uses the network and uv.
+//! it. Kept apart because it is the only part of sessions that uses the network and uv. The
+//! steps themselves are the environment cache's ([`snakebox_env::InstallPipeline`]); what is
+//! here is what only a session does: install into its existing venv incrementally, stream
+//! uv's progress, repair what it can in place, and tell failures in a session's terms.
 
 use crate::Caller;
 use std::path::{Path, PathBuf};
@@ -14,8 +17,10 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use snakebox_env::{Interpreter, Uv, UvEnvironment, UvInvocation};
-use snakebox_sandbox::{Identity, OutputChunk, Sandbox, Termination};
+use snakebox_env::{
+    DownloadTarget, EnvError, InstallPipeline, Interpreter, Uv, UvEnvironment, UvRunner,
+};
+use snakebox_sandbox::{Identity, OutputChunk, Sandbox};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +49,18 @@ pub(super) struct Installer {
     pub(super) limits: snakebox_sandbox::Limits,
 }
 impl Installer {
+    /// The shared install pipeline (the environment cache's too), for this session's
+    /// interpreter.
+    fn pipeline(&self) -> InstallPipeline<'_> {
+        InstallPipeline {
+            uv: &self.uv,
+            uv_env: &self.uv_env,
+            interpreter: &self.interpreter,
+            uv_cache: self.uv_cache.clone(),
+            timeout: INSTALL_TIMEOUT,
+        }
+    }
+
     /// Run one uv step in the installer sandbox; uv's stderr goes to `progress`.
     pub(super) async fn uv(
         &self,
@@ -52,77 +69,48 @@ impl Installer {
         network: bool,
         progress: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<(Vec<u8>, String), EngineError> {
-        let read_only = snakebox_env::install_read_only_paths(
-            &self.uv,
-            &self.interpreter,
-            &self.uv_env,
-            network,
-        );
-        // Downloads reach the configured indexes and public addresses only, through the egress
-        // proxy; the sandbox keeps its own network namespace (catalogue D-02).
-        let rules = self.uv_env.egress_rules();
-        let proxy = if let Some(rules) =
-            rules.filter(|_| network && self.sandbox.report().isolation_active)
-        {
-            Some(snakebox_sandbox::EgressProxy::start(&rules).map_err(|err| {
+        let step = self
+            .pipeline()
+            .downloader(
+                label,
+                args,
+                &self.env_dir,
+                vec![self.env_dir.clone(), self.uv_cache.clone()],
+                network,
+                self.sandbox.report().isolation_active,
+            )
+            .map_err(|err| {
                 EngineError::internal(
                     format!("could not start the egress proxy for `{label}`: {err}"),
                     "check that the temporary directory is writable",
                 )
-            })?)
-        } else {
-            None
-        };
-        let invocation = UvInvocation {
-            program: self.uv.path.clone(),
-            args,
-            env: self.uv_env.for_uv(&self.uv_cache),
-            cwd: self.env_dir.clone(),
-            network,
-            read_only,
-            writable: vec![self.env_dir.clone(), self.uv_cache.clone()],
-            timeout: INSTALL_TIMEOUT,
-            label: label.to_owned(),
-            role: snakebox_env::Role::Downloader,
-            egress: proxy.as_ref().map(|proxy| snakebox_env::Egress {
-                socket: proxy.path().to_path_buf(),
-                python: self.interpreter.executable.clone(),
-            }),
-        };
-        let command = invocation.command();
+            })?;
         let _slot = crate::slot_of(&self.slots).await?;
-        let outcome = self
-            .sandbox
-            .run(
-                &invocation.policy(),
-                &command,
-                CancellationToken::new(),
-                progress,
-            )
-            .await
-            .map_err(|err| EngineError::context(&format!("`{label}` could not start"), &err))?;
+        let mut output =
+            match snakebox_env::run_sandboxed(&self.sandbox, &step.invocation, progress).await {
+                Ok(output) => output,
+                Err(EnvError::Timeout { .. }) => {
+                    return Err(EngineError {
+                        kind: ErrorKind::Failed,
+                        message: format!(
+                            "`{label}` took longer than {} s and was stopped",
+                            INSTALL_TIMEOUT.as_secs()
+                        ),
+                        hint: Some("install fewer packages at once".into()),
+                    });
+                }
+                Err(err) => {
+                    return Err(could_not_start(&format!("`{label}` could not start"), &err));
+                }
+            };
         // What the install proxy refused, when the step failed (uv only saw a 403).
-        let refused = proxy
-            .as_ref()
-            .and_then(snakebox_sandbox::EgressProxy::explain)
-            .filter(|_| outcome.exit_code != Some(0));
-        let stderr = match &refused {
-            Some(text) => format!("{}\n{text}", outcome.stderr.text.trim_end()),
-            None => outcome.stderr.text,
-        };
-        let full = (outcome.exit_code != Some(0))
+        let refused = step.explain_refusals(&mut output);
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        let full = (!output.success())
             .then(|| self.out_of_space(&stderr))
             .flatten();
-        match outcome.termination {
-            Termination::TimedOut => Err(EngineError {
-                kind: ErrorKind::Failed,
-                message: format!(
-                    "`{label}` took longer than {} s and was stopped",
-                    INSTALL_TIMEOUT.as_secs()
-                ),
-                hint: Some("install fewer packages at once".into()),
-            }),
-            _ if outcome.exit_code == Some(0) => Ok((outcome.stdout.text.into_bytes(), stderr)),
+        match output.exit_code {
+            Some(0) => Ok((output.stdout, stderr)),
             _ if full.is_some() => Err(EngineError {
                 kind: ErrorKind::Quota,
                 message: format!(
@@ -133,7 +121,7 @@ impl Installer {
                 ),
                 hint: Some(self.space_hint()),
             }),
-            _ if refused.is_some() => Err(EngineError {
+            _ if refused => Err(EngineError {
                 kind: ErrorKind::Failed,
                 message: format!("`{label}` failed: {}", stderr.trim()),
                 hint: Some(snakebox_env::INSTALL_HOSTS_HINT.into()),
@@ -190,13 +178,7 @@ impl Installer {
     pub(super) async fn create_venv(&self) -> Result<(), EngineError> {
         self.uv(
             "uv venv",
-            vec![
-                "venv".into(),
-                "--no-project".into(),
-                "--python".into(),
-                self.interpreter.executable.clone().into(),
-                self.venv.clone().into(),
-            ],
+            self.pipeline().venv_args(&self.venv, false),
             false,
             None,
         )
@@ -221,19 +203,11 @@ impl Installer {
         if !requirements.is_empty() {
             // Never fetch from host loopback, private or metadata addresses (catalogue D-02).
             snakebox_env::check_requirement_strings(requirements, &self.uv_env).await?;
-            let mut args: Vec<std::ffi::OsString> = vec![
-                "pip".into(),
-                "install".into(),
-                "--python".into(),
-                self.interpreter.executable.clone().into(),
-                "--prefix".into(),
-                self.venv.clone().into(),
-                "--link-mode".into(),
-                "copy".into(),
-                // No sdist is built: building runs the package's code.
-                "--no-build".into(),
-            ];
-            args.extend(requirements.iter().map(Into::into));
+            let args = self.pipeline().download_args(
+                DownloadTarget::Prefix(&self.venv),
+                "copy",
+                requirements.iter().map(Into::into),
+            );
             self.reclaim_venv().await?;
             let (_, stderr) = self.uv("uv pip install", args, true, progress).await?;
             log = stderr;
@@ -264,13 +238,7 @@ impl Installer {
     /// files beneath the venv, executing nothing): a short write (a full disk) or a damaged
     /// file in uv's cache is reported now, not by an import later.
     async fn verify(&self) -> Result<(), EngineError> {
-        let Some(site) = snakebox_env::site_packages(&self.venv) else {
-            return Ok(());
-        };
-        let mismatches = super::blocking_io("verify the installed packages", move || {
-            snakebox_env::check_records(&site)
-        })
-        .await?;
+        let mismatches = InstallPipeline::verify(&self.venv).await?;
         if mismatches.is_empty() {
             return Ok(());
         }
@@ -288,18 +256,8 @@ impl Installer {
             });
         }
         // The damaged copies leave uv's cache, so that installing again downloads them.
-        let mut names: Vec<std::ffi::OsString> = mismatches
-            .iter()
-            .map(|m| {
-                m.distribution
-                    .rsplit_once('-')
-                    .map_or(m.distribution.as_str(), |(name, _)| name)
-                    .into()
-            })
-            .collect();
-        names.dedup();
-        let mut args: Vec<std::ffi::OsString> = vec!["cache".into(), "clean".into()];
-        args.extend(names);
+        let names = InstallPipeline::damaged_distributions(&mismatches);
+        let args = InstallPipeline::cache_clean_args(&names);
         let cleaned = self.uv("uv cache clean", args, false, None).await.is_ok();
         Err(EngineError {
             kind: ErrorKind::Failed,
@@ -338,63 +296,40 @@ impl Installer {
     /// credentials, `HOME=/tmp`, uv's cache not mounted. Afterwards everything is the
     /// installer's again. A file that does not compile is not an error; a limit is.
     async fn compile(&self) -> Result<(), EngineError> {
-        let lease = self.sandbox.lease_identity();
+        let identity = UvRunner::package_identity(self.sandbox.as_ref());
         let installer = self.sandbox.host_ids(Identity::Installer);
-        let (venv, ids) = (self.venv.clone(), lease.host_ids());
-        super::blocking_io("prepare the venv for compiling", move || {
-            snakebox_env::hand_to_package_code(&venv, ids)
-        })
-        .await?;
-        let read_only =
-            snakebox_env::install_read_only_paths(&self.uv, &self.interpreter, &self.uv_env, false);
         // Package code in a sandbox of its own: a slot of the concurrency cap (V-01).
         let _slot = crate::slot_of(&self.slots).await?;
-        let outcome = match snakebox_env::compile_invocation(
-            &self.venv,
-            read_only,
-            lease.identity(),
-            self.limits.clone(),
-            INSTALL_TIMEOUT,
-        ) {
-            Some(invocation) => Some(
-                self.sandbox
-                    .run(
-                        &invocation.policy(),
-                        &invocation.command(),
-                        CancellationToken::new(),
-                        None,
-                    )
-                    .await,
-            ),
-            None => None,
-        };
-        if let Some(ids) = installer {
-            let venv = self.venv.clone();
-            super::blocking_io("take the venv back after compiling", move || {
-                snakebox_env::take_back_from_package_code(&venv, ids)
-            })
-            .await?;
-        }
-        drop(lease);
-        let limit = match outcome {
-            None => return Ok(()),
-            Some(Err(err)) => {
-                return Err(EngineError::context(
+        let compiled = self
+            .pipeline()
+            .compile(
+                self.sandbox.as_ref(),
+                &self.venv,
+                &identity,
+                self.limits.clone(),
+                installer,
+            )
+            .await;
+        drop(identity);
+        let limit = match compiled {
+            Ok(None) => return Ok(()),
+            Err(EnvError::Timeout { .. }) => "time",
+            Err(EnvError::LimitReached { limit, .. }) => limit,
+            Err(err @ EnvError::Sandbox { .. }) => {
+                return Err(could_not_start(
                     "compiling the packages could not start",
                     &err,
                 ));
             }
-            Some(Ok(outcome)) => match outcome.termination {
-                Termination::TimedOut => "time",
-                Termination::MemoryLimit => "memory",
-                Termination::CpuLimit => "CPU time",
+            Err(err) => return Err(err.into()),
+            Ok(Some(output)) => match output.exit_code {
                 // A file that does not compile is not an error; a full disk (short writes
                 // leave truncated `.pyc` files, which the compile step reports) is.
-                _ if outcome.exit_code != Some(0) => {
-                    let said = outcome.stderr.text;
+                code if code != Some(0) => {
+                    let said = String::from_utf8_lossy(&output.stderr).into_owned();
                     // Compiled files cut short (a full disk) are removed: the packages then
                     // import, compiled in memory, instead of failing.
-                    let damaged = snakebox_env::damaged_compile(outcome.exit_code, &said);
+                    let damaged = snakebox_env::damaged_compile(code, &said);
                     let removed = match (&damaged, snakebox_env::site_packages(&self.venv)) {
                         (Some(files), Some(site)) => {
                             let files = files.clone();
@@ -450,6 +385,17 @@ impl Installer {
         })
     }
 }
+/// A step whose sandbox could not start, told as the sandbox's own error (its kind: internal,
+/// unavailable or invalid), as when the session ran the sandbox itself.
+fn could_not_start(context: &str, err: &EnvError) -> EngineError {
+    if let EnvError::Sandbox { source, .. } = err
+        && let Some(sandbox) = source.downcast_ref::<snakebox_sandbox::SandboxError>()
+    {
+        return EngineError::context(context, sandbox);
+    }
+    EngineError::context(context, err)
+}
+
 /// Let any uid read (and traverse) the venv; returns its size. Links are never followed
 /// (the walk and the mode changes go through [`crate::tree`] and `fchmodat` without
 /// following).

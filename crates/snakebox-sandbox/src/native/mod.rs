@@ -30,8 +30,6 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
-use tokio::sync::mpsc::UnboundedSender;
-use tokio_util::sync::CancellationToken;
 
 use self::policy::{
     ARGS_FD, CONTROL_FD, GROUP, GROUP_FD, HOSTS, HOSTS_FD, INFO_FD, PASSWD, PASSWD_FD,
@@ -41,13 +39,12 @@ use self::policy::{
 use crate::cgroup::{CgroupSet, RunCgroup};
 use crate::child::{ChildPlan, StagedMount, Staging, memfd_with, pipe, raise_fd, rlimits_for};
 use crate::error::{NamespaceError, SandboxError, SeccompError, SpawnError};
-use crate::live::LiveSandbox;
 use crate::none::FD_SOURCE_MIN;
-use crate::pending::PendingRun;
-use crate::supervise::{Teardown, outcome, supervise};
+use crate::process::{ProcessBackend, Started, spawn_child};
+use crate::supervise::Teardown;
 use crate::{
-    BackendKind, BackendReport, Identity, LimitReport, Limits, Outcome, OutputChunk, Policy,
-    SandboxCommand, SandboxConfig,
+    BackendKind, BackendReport, Identity, LimitReport, Limits, Policy, SandboxCommand,
+    SandboxConfig,
 };
 
 /// Host uid/gid of install sandboxes under a root server: not the one user code runs as, so a
@@ -488,7 +485,9 @@ impl NativeBackend {
             control_read,
         })
     }
+}
 
+impl ProcessBackend for NativeBackend {
     /// Start one command in a fresh sandbox: its own cgroup (for the sandbox's whole life),
     /// bwrap spawned, and a task that learns the sandbox's pid 1 for the kill path. With
     /// `requests`, the command's stdin is a private pipe from us (a long-lived sandbox reads its
@@ -513,13 +512,7 @@ impl NativeBackend {
         if requests {
             std_cmd.stdin(Stdio::piped());
         }
-        let mut cmd = tokio::process::Command::from(std_cmd);
-        cmd.kill_on_drop(true);
-        let started = Instant::now();
-        let child = cmd.spawn().map_err(|source| SpawnError::Start {
-            program: self.bwrap.clone(),
-            source,
-        })?;
+        let (child, started) = spawn_child(std_cmd, &self.bwrap)?;
         // The child has its copies; ours must go (pipes reach EOF, memfds are freed).
         drop(keep_until_spawned);
 
@@ -533,100 +526,11 @@ impl NativeBackend {
             child,
             teardown,
             control_read,
-            info_task,
+            info_task: Some(info_task),
             started,
+            shell_style_signals: true,
         })
     }
-
-    /// Run one command in a fresh sandbox.
-    pub(crate) async fn run(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-        cancel: CancellationToken,
-        output: Option<UnboundedSender<OutputChunk>>,
-    ) -> Result<Outcome, SandboxError> {
-        let Started {
-            mut child,
-            teardown,
-            control_read,
-            info_task,
-            started,
-        } = self.start(policy, command, false)?;
-        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-        let raw = supervise(
-            child,
-            stdout,
-            stderr,
-            control_read,
-            &policy.limits,
-            cancel,
-            output,
-            teardown.as_ref(),
-            started,
-        )
-        .await;
-        info_task.abort();
-        let memory_hit = teardown.memory_exceeded();
-        let raw = raw?;
-        teardown.release();
-        Ok(outcome(raw, &policy.limits, true, memory_hit))
-    }
-
-    /// Start a long-lived sandbox (see [`crate::LiveSandbox`]).
-    pub(crate) fn spawn(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-    ) -> Result<LiveSandbox, SandboxError> {
-        let Started {
-            child,
-            teardown,
-            control_read,
-            info_task,
-            started: _,
-        } = self.start(policy, command, true)?;
-        LiveSandbox::new(
-            child,
-            teardown,
-            control_read,
-            Some(info_task),
-            true,
-            &policy.limits,
-        )
-    }
-
-    /// Start a one-shot sandbox that waits for its request (see [`crate::PendingRun`]).
-    pub(crate) fn prestart(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-    ) -> Result<PendingRun, SandboxError> {
-        let Started {
-            child,
-            teardown,
-            control_read,
-            info_task,
-            started: _,
-        } = self.start(policy, command, true)?;
-        Ok(PendingRun::new(
-            child,
-            teardown,
-            control_read,
-            Some(info_task),
-            true,
-            &policy.limits,
-        ))
-    }
-}
-
-/// A sandbox that has just been started.
-struct Started {
-    child: tokio::process::Child,
-    teardown: Arc<NativeTeardown>,
-    control_read: Option<OwnedFd>,
-    info_task: tokio::task::JoinHandle<()>,
-    started: Instant,
 }
 
 /// A prepared bwrap command with the descriptors that must live until it is spawned.
@@ -784,31 +688,7 @@ impl crate::backend::Backend for NativeBackend {
         NativeBackend::report(self)
     }
 
-    fn run<'a>(
-        &'a self,
-        policy: &'a Policy,
-        command: &'a SandboxCommand,
-        cancel: CancellationToken,
-        output: Option<UnboundedSender<OutputChunk>>,
-    ) -> crate::backend::RunFuture<'a> {
-        Box::pin(NativeBackend::run(self, policy, command, cancel, output))
-    }
-
-    fn spawn(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-    ) -> Result<LiveSandbox, SandboxError> {
-        NativeBackend::spawn(self, policy, command)
-    }
-
-    fn prestart(
-        &self,
-        policy: &Policy,
-        command: &SandboxCommand,
-    ) -> Result<PendingRun, SandboxError> {
-        NativeBackend::prestart(self, policy, command)
-    }
+    crate::process::process_backend_methods!();
 
     fn start_fork_server(
         &self,

@@ -1,0 +1,192 @@
+//! What every backend whose sandbox is a local child process shares, written once.
+//!
+//! Such a backend (native: bubblewrap; none: the command itself) differs from another only in
+//! how it starts the process ([`ProcessBackend::start`]); what a started process becomes is
+//! the same for all of them: run to its end under the supervisor ([`Started::run`]), a
+//! long-lived sandbox ([`Started::into_live`]) or a one-shot sandbox waiting for its request
+//! ([`Started::into_pending`]). The provided methods of [`ProcessBackend`] chain the two, and
+//! [`process_backend_methods`] writes a process backend's [`crate::Backend`] methods from them.
+//!
+//! This is a helper layer below the [`crate::Backend`] trait, not part of it: a backend whose
+//! sandbox is not a local child (a container driven through an engine's API) implements
+//! `Backend` directly and never names `tokio::process::Child`.
+
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{SandboxError, SpawnError};
+use crate::live::LiveSandbox;
+use crate::pending::PendingRun;
+use crate::supervise::{Teardown, outcome, supervise};
+use crate::{Limits, Outcome, OutputChunk, Policy, SandboxCommand};
+
+/// A sandbox process that has just been started, with what its end needs.
+pub(crate) struct Started {
+    /// The direct child: its end is the end of the run.
+    pub(crate) child: tokio::process::Child,
+    /// Kills the whole tree, tells whether memory ran out, frees what the run held.
+    pub(crate) teardown: Arc<dyn Teardown>,
+    /// Our end of the command's control channel, when it has one.
+    pub(crate) control_read: Option<OwnedFd>,
+    /// A task that learns what the kill path needs after the start (native: the sandbox's
+    /// pid 1); aborted once the run is over.
+    pub(crate) info_task: Option<JoinHandle<()>>,
+    /// Just before the process was spawned (the wall time counts from here).
+    pub(crate) started: Instant,
+    /// The direct child reports a signal death of the command as exit code `128 + signal`
+    /// (bwrap does; a command run as is does not).
+    pub(crate) shell_style_signals: bool,
+}
+
+impl Started {
+    /// Supervise the process to its end (see [`crate::Sandbox::run`]): the info task is
+    /// aborted, the memory verdict read before the teardown releases what the run held (its
+    /// cgroup), and the release happens only when supervision worked.
+    pub(crate) async fn run(
+        self,
+        limits: &Limits,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<Outcome, SandboxError> {
+        let Started {
+            mut child,
+            teardown,
+            control_read,
+            info_task,
+            started,
+            shell_style_signals,
+        } = self;
+        let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+        let raw = supervise(
+            child,
+            stdout,
+            stderr,
+            control_read,
+            limits,
+            cancel,
+            output,
+            teardown.as_ref(),
+            started,
+        )
+        .await;
+        if let Some(task) = info_task {
+            task.abort();
+        }
+        let memory_hit = teardown.memory_exceeded();
+        let raw = raw?;
+        teardown.release();
+        Ok(outcome(raw, limits, shell_style_signals, memory_hit))
+    }
+
+    /// The process as a long-lived sandbox (see [`LiveSandbox`]).
+    pub(crate) fn into_live(self, limits: &Limits) -> Result<LiveSandbox, SandboxError> {
+        LiveSandbox::new(self, limits)
+    }
+
+    /// The process as a one-shot sandbox waiting for its request (see [`PendingRun`]).
+    pub(crate) fn into_pending(self, limits: &Limits) -> PendingRun {
+        PendingRun::new(self, limits)
+    }
+}
+
+/// Spawn the prepared `command` (whose program is `program`, for the error), killed when the
+/// child is dropped; with the instant just before the spawn, from which the wall time counts.
+pub(crate) fn spawn_child(
+    command: std::process::Command,
+    program: &std::path::Path,
+) -> Result<(tokio::process::Child, Instant), SpawnError> {
+    let mut command = tokio::process::Command::from(command);
+    command.kill_on_drop(true);
+    let started = Instant::now();
+    let child = command.spawn().map_err(|source| SpawnError::Start {
+        program: program.to_path_buf(),
+        source,
+    })?;
+    Ok((child, started))
+}
+
+/// A backend whose sandbox is a local child process: it says how to start one; running,
+/// keeping and pre-starting it are provided.
+pub(crate) trait ProcessBackend {
+    /// Start `command` under `policy`. With `requests`, its stdin is a private pipe from us
+    /// (a long-lived or pre-started sandbox reads its requests there); otherwise `/dev/null`.
+    fn start(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+        requests: bool,
+    ) -> Result<Started, SandboxError>;
+
+    /// Run one command to its end (see [`crate::Sandbox::run`]).
+    async fn run_process(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<Outcome, SandboxError> {
+        self.start(policy, command, false)?
+            .run(&policy.limits, cancel, output)
+            .await
+    }
+
+    /// Start a long-lived sandbox (see [`crate::Sandbox::spawn`]).
+    fn spawn_process(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+    ) -> Result<LiveSandbox, SandboxError> {
+        self.start(policy, command, true)?.into_live(&policy.limits)
+    }
+
+    /// Start a one-shot sandbox ahead of its request (see [`crate::Sandbox::prestart`]).
+    fn prestart_process(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+    ) -> Result<PendingRun, SandboxError> {
+        Ok(self
+            .start(policy, command, true)?
+            .into_pending(&policy.limits))
+    }
+}
+
+/// The [`crate::Backend`] methods `run`, `spawn` and `prestart` of a [`ProcessBackend`], for
+/// use inside its `impl Backend` block.
+macro_rules! process_backend_methods {
+    () => {
+        fn run<'a>(
+            &'a self,
+            policy: &'a crate::Policy,
+            command: &'a crate::SandboxCommand,
+            cancel: tokio_util::sync::CancellationToken,
+            output: Option<tokio::sync::mpsc::UnboundedSender<crate::OutputChunk>>,
+        ) -> crate::backend::RunFuture<'a> {
+            Box::pin(crate::process::ProcessBackend::run_process(
+                self, policy, command, cancel, output,
+            ))
+        }
+
+        fn spawn(
+            &self,
+            policy: &crate::Policy,
+            command: &crate::SandboxCommand,
+        ) -> Result<crate::LiveSandbox, crate::SandboxError> {
+            crate::process::ProcessBackend::spawn_process(self, policy, command)
+        }
+
+        fn prestart(
+            &self,
+            policy: &crate::Policy,
+            command: &crate::SandboxCommand,
+        ) -> Result<crate::PendingRun, crate::SandboxError> {
+            crate::process::ProcessBackend::prestart_process(self, policy, command)
+        }
+    };
+}
+pub(crate) use process_backend_methods;
