@@ -988,7 +988,8 @@ pub(crate) const MAX_INLINE_PIXELS: u32 = 8000;
 
 /// The MIME type of image bytes, checked against their content (a `.png` that is not a PNG
 /// is not sent as an image).
-pub(crate) fn image_mime(data: &[u8], name: &str) -> Option<&'static str> {
+#[must_use]
+pub fn image_mime(data: &[u8], name: &str) -> Option<&'static str> {
     if data.starts_with(b"\x89PNG\r\n\x1a\n") {
         Some("image/png")
     } else if data.starts_with(&[0xff, 0xd8, 0xff]) {

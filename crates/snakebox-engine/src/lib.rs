@@ -40,7 +40,7 @@ use tokio::sync::Semaphore;
 pub use artifacts::{
     ArtifactContent, ArtifactError, ArtifactFile, ArtifactPrune, ArtifactStore,
     URI_PREFIX as ARTIFACT_URI_PREFIX, URI_TEMPLATE as ARTIFACT_URI_TEMPLATE, encode_artifact_path,
-    is_text_mime,
+    image_mime, is_text_mime,
 };
 pub use caller::{Caller, LOCAL_TENANT};
 pub use config::{EngineConfig, SessionSettings};

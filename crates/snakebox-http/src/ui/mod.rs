@@ -115,6 +115,22 @@ impl Ui {
         })
     }
 
+    /// The session of a state-changing form: logged in, from the server's own `Origin`, with
+    /// the session's CSRF token in its `csrf` field.
+    fn session_for_form(
+        &self,
+        headers: &HeaderMap,
+        form: &std::collections::HashMap<String, String>,
+    ) -> Result<UiSession, Box<Response>> {
+        let session = self.session(headers)?;
+        self.check_post(
+            headers,
+            Some(&session),
+            form.get("csrf").map(String::as_str),
+        )?;
+        Ok(session)
+    }
+
     /// A POST's checks: the server's own `Origin`, and the session's CSRF token in the form.
     fn check_post(
         &self,

@@ -203,15 +203,7 @@ async fn log_out(
     headers: HeaderMap,
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
-    let session = match ui.session(&headers) {
-        Ok(session) => session,
-        Err(response) => return *response,
-    };
-    if let Err(refused) = ui.check_post(
-        &headers,
-        Some(&session),
-        form.get("csrf").map(String::as_str),
-    ) {
+    if let Err(refused) = ui.session_for_form(&headers, &form) {
         return *refused;
     }
     ui.sessions.log_out(&headers);
@@ -545,17 +537,10 @@ async fn run_cancel(
     Path(id): Path<String>,
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
-    let session = match ui.session(&headers) {
+    let session = match ui.session_for_form(&headers, &form) {
         Ok(session) => session,
-        Err(response) => return *response,
+        Err(refused) => return *refused,
     };
-    if let Err(refused) = ui.check_post(
-        &headers,
-        Some(&session),
-        form.get("csrf").map(String::as_str),
-    ) {
-        return *refused;
-    }
     match ui.engine.cancel_run(&session.caller, &id) {
         Ok(()) => Redirect::to(&format!("/ui/runs/{}", format::url_path(&id))).into_response(),
         Err(err) => error_page(
@@ -612,17 +597,10 @@ async fn run_download(
     }
 }
 
-/// The raster image type of `data`, by its first bytes.
+/// The raster image type of `data`, by its first bytes (PNG, JPEG, GIF, WebP: never SVG).
 fn raster_type(data: &[u8]) -> Option<&'static str> {
-    if data.starts_with(b"\x89PNG\r\n\x1a\n") {
-        Some("image/png")
-    } else if data.starts_with(&[0xff, 0xd8, 0xff]) {
-        Some("image/jpeg")
-    } else if data.starts_with(b"GIF87a") || data.starts_with(b"GIF89a") {
-        Some("image/gif")
-    } else {
-        None
-    }
+    // No file name: an SVG is never recognised, whatever it is called.
+    snakebox_engine::image_mime(data, "")
 }
 
 async fn run_image(
@@ -1031,17 +1009,10 @@ async fn session_change(
     Form(form): Form<HashMap<String, String>>,
     change: Change,
 ) -> Response {
-    let session = match ui.session(&headers) {
+    let session = match ui.session_for_form(&headers, &form) {
         Ok(session) => session,
-        Err(response) => return *response,
+        Err(refused) => return *refused,
     };
-    if let Err(refused) = ui.check_post(
-        &headers,
-        Some(&session),
-        form.get("csrf").map(String::as_str),
-    ) {
-        return *refused;
-    }
     let done = match change {
         Change::Delete => ui
             .engine
