@@ -135,10 +135,15 @@ async def test_tenants_work_over_http_and_never_see_each_other(snakebox_bin: Pat
             sid = session["session_id"]
             cell, text, _ = await call(a, "execute_python", script="x = 41\nx + 1", session_id=sid)
             assert cell["result"]["json"] == 42, text
+            report, _, _ = await call(a, "check_environment")
+            assert [s["session_id"] for s in report["sessions"]["sessions"]] == [sid], report["sessions"]
 
         async with connect(url, key_b, mode) as b:
             listed, _, _ = await call(b, "list_sessions")
             assert listed["sessions"] == [], listed
+            # check_environment lists the caller's own sessions only (it listed every tenant's).
+            report, _, _ = await call(b, "check_environment")
+            assert report["sessions"]["sessions"] == [], report["sessions"]
             for tool in ("delete_session", "list_packages"):
                 data_b, text, is_error = await call(b, tool, session_id=sid)
                 assert is_error and data_b["error"]["kind"] == "not_found", (tool, text)

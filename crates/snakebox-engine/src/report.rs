@@ -4,8 +4,8 @@
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use crate::Engine;
 use crate::ids::human_bytes;
+use crate::{Caller, Engine};
 
 /// State of cache warming.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
@@ -146,8 +146,19 @@ pub struct EnvironmentReport {
 }
 
 impl Engine {
-    /// Describe this host and configuration.
+    /// Describe this host and configuration, for the operator: every tenant's sessions are
+    /// listed (the `check` command, the server's own log, `/readyz`).
     pub fn report(&self) -> EnvironmentReport {
+        self.report_listing(None)
+    }
+
+    /// [`Engine::report`] as `caller` may see it: the sessions listed are its own (the counts
+    /// and the disk stay the server's). What `check_environment` answers.
+    pub fn report_for(&self, caller: &Caller) -> EnvironmentReport {
+        self.report_listing(Some(caller))
+    }
+
+    fn report_listing(&self, viewer: Option<&Caller>) -> EnvironmentReport {
         let config = &self.config;
         let (isolation_active, sandbox_details, sandbox_hint, backend_limits) = match &self.sandbox
         {
@@ -310,7 +321,7 @@ impl Engine {
                 retention: self.artifacts.retention(),
                 limits: crate::artifacts::limits_text(),
             },
-            sessions: self.sessions.report(&config.data_dir),
+            sessions: self.sessions.report(&config.data_dir, viewer),
             warm_pool: self.pool_report(),
             ready: problems.is_empty(),
             problems,

@@ -69,7 +69,7 @@ impl Engine {
             "snakebox_sandbox_slots_busy",
             total.saturating_sub(self.runs.available_permits()),
         );
-        let sessions = self.sessions.report(&self.config.data_dir);
+        let sessions = self.sessions.report(&self.config.data_dir, None);
         set("snakebox_sessions", sessions.count);
         set(
             "snakebox_session_interpreters_running",

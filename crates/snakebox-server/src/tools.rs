@@ -382,8 +382,12 @@ whether it is enforced here, network policy, available Python versions, and the 
         output_schema = schema_for_output::<EnvironmentReport>(),
         annotations(read_only_hint = true, open_world_hint = false)
     )]
-    async fn check_environment(&self) -> Result<CallToolResult, ErrorData> {
-        let report = self.engine.report();
+    async fn check_environment(
+        &self,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let caller = self.caller(&context)?;
+        let report = self.engine.report_for(&caller);
         Ok(structured(&report, report_text(&report), false))
     }
 }

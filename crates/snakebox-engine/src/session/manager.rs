@@ -120,7 +120,8 @@ impl Sessions {
     }
 
     /// What `check_environment` says about sessions.
-    pub(crate) fn report(&self, data_dir: &Path) -> SessionsReport {
+    /// `viewer`: list only that caller's sessions (`None`: every one, for the operator).
+    pub(crate) fn report(&self, data_dir: &Path, viewer: Option<&Caller>) -> SessionsReport {
         let defaults = SessionSettings::default();
         let mut report = SessionsReport {
             available: false,
@@ -165,6 +166,7 @@ impl Sessions {
         report.used_disk_bytes = rows.iter().map(|r| r.venv_bytes + r.work_bytes).sum();
         report.sessions = rows
             .iter()
+            .filter(|row| viewer.is_none_or(|caller| caller.owns(&row.owner)))
             .take(50)
             .map(|row| SessionSummary {
                 session_id: row.id.clone(),

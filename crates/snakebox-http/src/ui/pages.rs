@@ -1076,7 +1076,7 @@ async fn environment(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response 
         Ok(session) => session,
         Err(response) => return *response,
     };
-    let report = ui.engine.report();
+    let report = ui.engine.report_for(&session.caller);
     let yes_no = |flag: bool| if flag { "yes" } else { "no" }.to_owned();
     let sandbox = {
         let mut rows = vec![
