@@ -83,6 +83,17 @@ pub(crate) struct RunStart {
     pub(crate) dependencies: Vec<String>,
 }
 
+/// Which of a caller's runs to list, newest first.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunQuery {
+    /// At most this many.
+    pub limit: usize,
+    /// Only those older than this run (an execution id of the caller's): the next page.
+    pub before: Option<String>,
+    /// Only the cells and commands of this session.
+    pub session_id: Option<String>,
+}
+
 /// One run as recorded.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
 pub struct RunRecord {
@@ -453,14 +464,25 @@ impl History {
     }
 
     /// `caller`'s newest runs, newest first.
-    pub(crate) fn list(&self, caller: &Caller, limit: usize) -> Vec<RunRecord> {
+    pub(crate) fn list(&self, caller: &Caller, query: &RunQuery) -> Vec<RunRecord> {
         self.read(|conn| {
+            // `before` names a run of the caller's: only runs older than it (the next page);
+            // an unknown id compares with NULL, so the page is empty.
             let mut statement = conn.prepare(
-                "SELECT * FROM runs WHERE owner = ?1 ORDER BY started_at_ms DESC, rowid DESC LIMIT ?2",
+                "SELECT * FROM runs WHERE owner = ?1
+                   AND (?2 IS NULL OR session_id = ?2)
+                   AND (?3 IS NULL OR (started_at_ms, rowid) <
+                        (SELECT started_at_ms, rowid FROM runs WHERE owner = ?1 AND execution_id = ?3))
+                 ORDER BY started_at_ms DESC, rowid DESC LIMIT ?4",
             )?;
             statement
                 .query_map(
-                    params![caller.id(), i64::try_from(limit).unwrap_or(i64::MAX)],
+                    params![
+                        caller.id(),
+                        query.session_id,
+                        query.before,
+                        i64::try_from(query.limit).unwrap_or(i64::MAX)
+                    ],
                     record_of,
                 )?
                 .collect()
@@ -518,6 +540,64 @@ mod tests {
         }
     }
 
+    fn newest(limit: usize) -> RunQuery {
+        RunQuery {
+            limit,
+            ..RunQuery::default()
+        }
+    }
+
+    #[test]
+    fn pages_go_back_in_time_and_a_session_lists_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let history = History::open(dir.path());
+        let a = Caller::tenant("a").unwrap();
+        for i in 0..5 {
+            let mut run = start("1");
+            if i % 2 == 0 {
+                run.session_id = Some("s-1".into());
+            }
+            history.started(&format!("r{i}"), &a, run);
+        }
+        history.close();
+        let ids = |query: RunQuery| -> Vec<String> {
+            history
+                .list(&a, &query)
+                .into_iter()
+                .map(|r| r.execution_id)
+                .collect()
+        };
+        assert_eq!(ids(newest(2)), ["r4", "r3"]);
+        let next = RunQuery {
+            before: Some("r3".into()),
+            ..newest(2)
+        };
+        assert_eq!(ids(next), ["r2", "r1"]);
+        let last = RunQuery {
+            before: Some("r1".into()),
+            ..newest(2)
+        };
+        assert_eq!(ids(last), ["r0"]);
+        let session = RunQuery {
+            session_id: Some("s-1".into()),
+            ..newest(10)
+        };
+        assert_eq!(ids(session), ["r4", "r2", "r0"]);
+        // Another caller's run as the cursor: nothing (it is not found for this caller).
+        let b = Caller::tenant("b").unwrap();
+        assert!(
+            history
+                .list(
+                    &b,
+                    &RunQuery {
+                        before: Some("r3".into()),
+                        ..newest(10)
+                    }
+                )
+                .is_empty()
+        );
+    }
+
     #[test]
     fn records_a_run_from_start_to_end_for_its_owner_only() {
         let dir = tempfile::tempdir().unwrap();
@@ -534,7 +614,7 @@ mod tests {
         history.started("r2", &a, start(&"é".repeat(MAX_SCRIPT_BYTES)));
         history.close();
 
-        let listed = history.list(&a, 10);
+        let listed = history.list(&a, &newest(10));
         assert_eq!(listed.len(), 2, "{listed:?}");
         let r1 = history.get(&a, "r1").unwrap();
         assert_eq!(r1.status, "ok");
@@ -550,7 +630,7 @@ mod tests {
         assert_eq!(output["stdout"], "1\n");
         assert!(history.output(&a, "r2").is_none());
         // Another caller sees nothing, and gets nothing by id.
-        assert!(history.list(&b, 10).is_empty());
+        assert!(history.list(&b, &newest(10)).is_empty());
         assert!(history.get(&b, "r1").is_none());
         assert!(history.output(&b, "r1").is_none());
     }
@@ -625,6 +705,6 @@ mod tests {
         let history = History::open(dir.path());
         history.started("r1", &Caller::local(), start("print(1)"));
         history.close();
-        assert!(history.list(&Caller::local(), 10).is_empty());
+        assert!(history.list(&Caller::local(), &newest(10)).is_empty());
     }
 }

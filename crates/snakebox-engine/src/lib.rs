@@ -46,7 +46,7 @@ pub use caller::{Caller, LOCAL_TENANT};
 pub use config::{EngineConfig, SessionSettings};
 pub use error::{EngineError, ErrorKind, Hint};
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
-pub use history::{RunKind, RunRecord};
+pub use history::{RunKind, RunQuery, RunRecord};
 pub use lifecycle::{LIVE_MAX_BYTES, LiveOutput, ShutdownReport, StopReason};
 pub use network::{NetworkLogEntry, NetworkPolicy, ProxySettings, parse_install_hosts};
 pub use plan::ExecuteRequest;
@@ -327,12 +327,12 @@ impl Engine {
             .unwrap_or_default()
     }
 
-    /// `caller`'s newest runs (one-shot runs, session cells and commands), newest first, at
-    /// most `limit`; a run still going has status `running`.
-    pub async fn list_runs(&self, caller: &Caller, limit: usize) -> Vec<RunRecord> {
+    /// `caller`'s runs (one-shot runs, session cells and commands) that `query` selects,
+    /// newest first; a run still going has status `running`.
+    pub async fn list_runs(&self, caller: &Caller, query: RunQuery) -> Vec<RunRecord> {
         let caller = caller.clone();
         let history = Arc::clone(&self.history);
-        tokio::task::spawn_blocking(move || history.list(&caller, limit))
+        tokio::task::spawn_blocking(move || history.list(&caller, &query))
             .await
             .unwrap_or_default()
     }

@@ -227,7 +227,15 @@ async fn one_caller_never_sees_anothers_sessions_or_artifacts() {
     // A's run in the runs table: A sees it (it may still be queued for the writer), B never.
     let mut runs = Vec::new();
     for _ in 0..100 {
-        runs = engine.list_runs(&a, 10).await;
+        runs = engine
+            .list_runs(
+                &a,
+                snakebox_engine::RunQuery {
+                    limit: 10,
+                    ..Default::default()
+                },
+            )
+            .await;
         if runs.first().is_some_and(|r| r.status == "ok") {
             break;
         }
@@ -238,7 +246,18 @@ async fn one_caller_never_sees_anothers_sessions_or_artifacts() {
     assert_eq!(runs[0].status, "ok");
     assert_eq!(runs[0].kind, snakebox_engine::RunKind::Execute);
     assert!(runs[0].script.contains("made by a"));
-    assert!(engine.list_runs(&b, 10).await.is_empty());
+    assert!(
+        engine
+            .list_runs(
+                &b,
+                snakebox_engine::RunQuery {
+                    limit: 10,
+                    ..Default::default()
+                }
+            )
+            .await
+            .is_empty()
+    );
     assert!(not_found(
         engine.run_record(&b, &run.execution_id).await.unwrap_err()
     ));

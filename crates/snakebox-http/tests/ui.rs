@@ -770,3 +770,58 @@ async fn the_ui_is_behind_the_edges_host_and_origin_checks() {
     assert!(css.header(header::CONTENT_TYPE).starts_with("text/css"));
     assert!(!css.header(header::CONTENT_SECURITY_POLICY).is_empty());
 }
+
+#[tokio::test]
+async fn the_runs_list_pages_back_and_a_session_page_lists_its_own_cells() {
+    let data = tempfile::tempdir().unwrap();
+    let router = router(data.path()).await;
+    let key = KeyStore::new(data.path()).add("team-a").unwrap().key;
+    let session = call_tool(&router, &key, "create_session", json!({})).await;
+    let sid = session["session_id"].as_str().unwrap().to_owned();
+    let mut ids = Vec::new();
+    for script in ["print(1)", "print(2)", "print(3)"] {
+        let result = call_tool(&router, &key, "execute_python", json!({"script": script})).await;
+        ids.push(result["execution_id"].as_str().unwrap().to_owned());
+    }
+    let cell = call_tool(
+        &router,
+        &key,
+        "execute_python",
+        json!({"script": "x = 1", "session_id": sid}),
+    )
+    .await;
+    let cell_id = cell["execution_id"].as_str().unwrap().to_owned();
+    let cookie = log_in(&router, &key).await;
+    // The runs table is written by a batching writer: wait until the cell is listed.
+    let mut list = String::new();
+    for _ in 0..50 {
+        list = get(&router, "/ui/runs", Some(&cookie)).await.text();
+        if list.contains(&cell_id) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(ids.iter().all(|id| list.contains(id.as_str())), "{list}");
+    // The page before the newest one-shot run: the two older ones, not it, not the cell.
+    let older = get(
+        &router,
+        &format!("/ui/runs?before={}", ids[2]),
+        Some(&cookie),
+    )
+    .await
+    .text();
+    assert!(
+        older.contains(&ids[0]) && older.contains(&ids[1]),
+        "{older}"
+    );
+    assert!(
+        !older.contains(&ids[2]) && !older.contains(&cell_id),
+        "{older}"
+    );
+    // A session's page lists its cell and none of the one-shot runs.
+    let page = get(&router, &format!("/ui/sessions/{sid}"), Some(&cookie))
+        .await
+        .text();
+    assert!(page.contains(&cell_id), "{page}");
+    assert!(ids.iter().all(|id| !page.contains(id.as_str())), "{page}");
+}

@@ -9,12 +9,13 @@ use std::sync::Arc;
 
 use askama::Template;
 use axum::Router;
-use axum::extract::{Form, Path, State};
+use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::routing::get;
+use serde::Deserialize;
 use serde_json::Value;
-use snakebox_engine::{Caller, RunKind, RunRecord, SessionInfo};
+use snakebox_engine::{Caller, RunKind, RunQuery, RunRecord, SessionInfo};
 
 use super::Ui;
 use super::auth::{NoSession, UiSession};
@@ -274,20 +275,43 @@ struct RunsPage {
     chrome: Option<Chrome>,
     runs: Vec<RunRow>,
     refresh: bool,
+    /// The link to the next (older) page, when this one is full.
+    older: Option<String>,
 }
 
-async fn runs(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+/// `?before=ID`: the page of runs older than run ID.
+#[derive(Deserialize)]
+struct RunsPaging {
+    before: Option<String>,
+}
+
+async fn runs(
+    State(ui): State<Arc<Ui>>,
+    headers: HeaderMap,
+    Query(paging): Query<RunsPaging>,
+) -> Response {
     let session = match ui.session(&headers) {
         Ok(session) => session,
         Err(response) => return *response,
     };
-    let records = ui.engine.list_runs(&session.caller, RUNS_LISTED).await;
+    let query = RunQuery {
+        limit: RUNS_LISTED,
+        before: paging.before.clone(),
+        session_id: None,
+    };
+    let records = ui.engine.list_runs(&session.caller, query).await;
+    let older = (records.len() == RUNS_LISTED)
+        .then(|| records.last())
+        .flatten()
+        .map(|last| format!("/ui/runs?before={}", format::url_path(&last.execution_id)));
     let runs: Vec<RunRow> = records.iter().map(run_row).collect();
-    let refresh = runs.iter().any(|run| run.status == "running");
+    // Only the newest page refreshes itself while something runs.
+    let refresh = paging.before.is_none() && runs.iter().any(|run| run.status == "running");
     render(&RunsPage {
         chrome: chrome(&ui, &session),
         runs,
         refresh,
+        older,
     })
 }
 
@@ -803,12 +827,16 @@ async fn session(
         (true, true) => "the server's policy".to_owned(),
         (true, false) => format!("only {}", info.allowed_domains.join(", ")),
     };
+    let query = RunQuery {
+        limit: RUNS_LISTED,
+        before: None,
+        session_id: Some(info.session_id.clone()),
+    };
     let cells = ui
         .engine
-        .list_runs(&ui_session.caller, RUNS_LISTED)
+        .list_runs(&ui_session.caller, query)
         .await
         .iter()
-        .filter(|record| record.session_id.as_deref() == Some(info.session_id.as_str()))
         .map(run_row)
         .collect();
     let install = ui
@@ -1302,6 +1330,7 @@ mod tests {
                     chrome: chrome(),
                     runs,
                     refresh: true,
+                    older: Some("/ui/runs?before=r1".into()),
                 }
                 .render()
                 .unwrap()
