@@ -71,6 +71,17 @@ fn bare_host(authority: &str) -> String {
     }
 }
 
+/// Whether a bare host (as [`bare_host`] writes it) names this machine's loopback interface.
+fn names_loopback(host: &str) -> bool {
+    host == "localhost"
+        || host.ends_with(".localhost")
+        || host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 /// The scheme, host and port of an `http(s)://…` URL, as an `Origin` header writes them.
 fn origin_of(url: &str) -> Option<String> {
     let (scheme, rest) = url.split_once("://")?;
@@ -105,9 +116,24 @@ impl Edge {
         for origin in &config.allowed_origins {
             origins.insert(origin.trim().trim_end_matches('/').to_ascii_lowercase());
         }
-        let keyless_local = loopback || config.insecure_no_auth;
+        // A loopback bind named by a public URL or an allowed host that is not loopback is
+        // reachable from elsewhere (through a reverse proxy): it needs keys like any other.
+        let exposed_as = config
+            .public_url
+            .iter()
+            .filter_map(|url| origin_of(url))
+            .map(|origin| {
+                let authority = origin.split_once("://").map_or("", |(_, a)| a).to_owned();
+                bare_host(&authority)
+            })
+            .chain(config.allowed_hosts.iter().map(|host| bare_host(host)))
+            .find(|host| !names_loopback(host));
+        let keyless_local = (loopback && exposed_as.is_none()) || config.insecure_no_auth;
         if !keyless_local && !keys.any_live()? {
-            return Err(HttpError::NoAuth(config.addr));
+            return Err(match exposed_as {
+                Some(host) if loopback => HttpError::NoAuthBehindProxy(host),
+                _ => HttpError::NoAuth(config.addr),
+            });
         }
         Ok(Edge {
             hosts,

@@ -82,6 +82,12 @@ pub enum HttpError {
         "Refusing to serve on `{0}` without authentication: it is not a loopback address and no API key exists"
     )]
     NoAuth(SocketAddr),
+    /// A loopback bind published under another name (`--public-url`, `--allowed-host`), without
+    /// keys and without `--insecure-no-auth`.
+    #[error(
+        "Refusing to serve as `{0}` without authentication: the bind is loopback, but clients reach it under that name (a reverse proxy), and no API key exists"
+    )]
+    NoAuthBehindProxy(String),
     /// The key store failed.
     #[error(transparent)]
     Keys(#[from] KeyError),
@@ -107,6 +113,7 @@ impl HttpError {
     #[must_use]
     pub fn hint(&self) -> String {
         match self {
+            HttpError::NoAuthBehindProxy(_) => "make a key with `snakebox keys add --tenant NAME` (clients send it as `Authorization: Bearer sbx_…`), or pass --insecure-no-auth if the proxy in front authenticates".into(),
             HttpError::NoAuth(_) => "make a key with `snakebox keys add --tenant NAME` (clients send it as `Authorization: Bearer sbx_…`), bind to 127.0.0.1, or pass --insecure-no-auth if a proxy in front authenticates".into(),
             HttpError::Keys(err) => err.hint(),
             HttpError::Io { .. } => "check that the address is free (another server on that port?) and that this user may bind it".into(),

@@ -40,11 +40,15 @@ fn config(addr: &str) -> HttpConfig {
     }
 }
 
+/// A loopback bind published as `snakebox.example.com` by a proxy that authenticates (so
+/// `--insecure-no-auth`: without a key, the local tenant).
 async fn router(data: &std::path::Path) -> Router {
     let engine = engine(data).await;
+    let mut config = config("127.0.0.1:0");
+    config.insecure_no_auth = true;
     snakebox_http::router(
         engine,
-        &config("127.0.0.1:0"),
+        &config,
         KeyStore::new(data),
         CancellationToken::new(),
     )
@@ -249,6 +253,49 @@ async fn a_public_bind_without_keys_refuses_to_start_unless_told() {
     };
     assert!(matches!(err, HttpError::NoAuth(_)), "{err}");
     assert!(err.hint().contains("snakebox keys add"));
+    // A loopback bind that clients reach under a public name (a reverse proxy) is public too.
+    let mut proxied = config("127.0.0.1:8000");
+    proxied.allowed_origins.clear();
+    let Err(err) = snakebox_http::router(
+        Arc::clone(&engine),
+        &proxied,
+        keys.clone(),
+        CancellationToken::new(),
+    ) else {
+        panic!("served keyless behind a public URL");
+    };
+    assert!(
+        matches!(err, HttpError::NoAuthBehindProxy(ref host) if host == "snakebox.example.com"),
+        "{err}"
+    );
+    assert!(err.hint().contains("--insecure-no-auth"), "{}", err.hint());
+    proxied.public_url = None;
+    proxied.allowed_hosts = vec!["sandbox.internal:8000".into()];
+    assert!(matches!(
+        snakebox_http::router(
+            Arc::clone(&engine),
+            &proxied,
+            keys.clone(),
+            CancellationToken::new()
+        ),
+        Err(HttpError::NoAuthBehindProxy(_))
+    ));
+    // Loopback names stay keyless.
+    proxied.public_url = Some("http://localhost:8000/".into());
+    proxied.allowed_hosts = vec![
+        "127.0.0.2".into(),
+        "[::1]:8000".into(),
+        "ui.localhost".into(),
+    ];
+    assert!(
+        snakebox_http::router(
+            Arc::clone(&engine),
+            &proxied,
+            keys.clone(),
+            CancellationToken::new()
+        )
+        .is_ok()
+    );
     let mut insecure = config("0.0.0.0:8000");
     insecure.insecure_no_auth = true;
     assert!(

@@ -225,8 +225,9 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
 #[tokio::test]
 async fn links_use_the_public_url_and_survive_a_restart() {
     let data = tempfile::tempdir().unwrap();
-    let first = router(data.path(), Some("https://snakebox.example.com/")).await;
+    // Published under a public URL, the server needs a key before it starts.
     let key = KeyStore::new(data.path()).add("team-a").unwrap().key;
+    let first = router(data.path(), Some("https://snakebox.example.com/")).await;
     let result = run(&first, &key, SCRIPT).await;
     let url = result["structuredContent"]["artifacts"][0]["download_url"]
         .as_str()

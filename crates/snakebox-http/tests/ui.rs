@@ -577,6 +577,46 @@ async fn a_running_runs_output_streams_live_and_it_is_cancelled_by_its_tenant_on
     assert!(streamed.is_ok(), "{seen}");
     assert!(seen.contains("event: output"), "{seen}");
 
+    // A stream whose login ends (here, a log-out) ends too, while the run goes on.
+    let cookie_a2 = log_in(&router, &a).await;
+    let csrf_a2 = get(&router, "/ui/runs", Some(&cookie_a2)).await.csrf();
+    let request = Request::get(format!("/ui/runs/{id}/live"))
+        .header(header::HOST, HOST)
+        .header(header::COOKIE, &cookie_a2)
+        .body(Body::empty())
+        .unwrap();
+    let mut stream_a2 = router
+        .clone()
+        .oneshot(request)
+        .await
+        .unwrap()
+        .into_body()
+        .into_data_stream();
+    let out = post(
+        &router,
+        "/ui/logout",
+        Some(&cookie_a2),
+        Some(ORIGIN),
+        &format!("csrf={csrf_a2}"),
+    )
+    .await;
+    assert_eq!(out.status, StatusCode::SEE_OTHER);
+    let mut seen_a2 = String::new();
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        while let Some(chunk) = futures_util::StreamExt::next(&mut stream_a2).await {
+            seen_a2.push_str(&String::from_utf8_lossy(&chunk.unwrap()));
+            if seen_a2.contains("event: end") {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "{seen_a2}");
+    assert!(
+        !long.is_finished(),
+        "the run goes on after its viewer logged out"
+    );
+
     // B cannot cancel it, even with a valid form of its own; A needs its token.
     let cookie_b = log_in(&router, &b).await;
     let csrf_b = get(&router, "/ui/runs", Some(&cookie_b)).await.csrf();

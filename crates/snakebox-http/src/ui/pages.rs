@@ -489,6 +489,8 @@ async fn run(State(ui): State<Arc<Ui>>, headers: HeaderMap, Path(id): Path<Strin
 
 /// How often a live view looks for new output.
 const LIVE_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+/// How often a live-output stream checks that its login still holds.
+const LIVE_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A running run's output as Server-Sent Events: `output` events with what was printed since
 /// the last one (`{"stdout": …, "stderr": …}`), then `end` once the run has ended (the page
@@ -506,50 +508,74 @@ async fn run_live(
     if ui.engine.run_record(&session.caller, &id).await.is_err() {
         return not_found("run");
     }
-    // (sent stdout bytes, sent stderr bytes, finished)
-    let state = (ui, session.caller, id, 0usize, 0usize, false, true);
-    let events = futures_util::stream::unfold(
-        state,
-        |(ui, caller, id, out, err, done, first)| async move {
-            if done {
-                return None;
-            }
-            loop {
-                let Some(live) = ui.engine.live_output(&caller, &id) else {
-                    let event = Event::default()
-                        .event(if first { "gone" } else { "end" })
-                        .data("{}");
-                    return Some((
-                        Ok::<Event, std::convert::Infallible>(event),
-                        (ui, caller, id, out, err, true, false),
-                    ));
-                };
-                let (new_out, new_err) = (
-                    live.stdout.get(out..).unwrap_or_default(),
-                    live.stderr.get(err..).unwrap_or_default(),
-                );
-                if !new_out.is_empty() || !new_err.is_empty() || first {
-                    let data = serde_json::json!({
-                        "stdout": new_out,
-                        "stderr": new_err,
-                        "truncated": live.truncated,
-                    });
-                    let event = Event::default().event("output").data(data.to_string());
-                    let next = (
-                        ui,
-                        caller,
-                        id,
-                        live.stdout.len(),
-                        live.stderr.len(),
-                        false,
-                        false,
-                    );
-                    return Some((Ok(event), next));
+    /// Where the stream is.
+    struct Follow {
+        ui: Arc<Ui>,
+        headers: HeaderMap,
+        caller: snakebox_engine::Caller,
+        id: String,
+        /// Stdout and stderr bytes sent so far.
+        sent: (usize, usize),
+        /// When the login was last checked.
+        checked: std::time::Instant,
+        first: bool,
+        done: bool,
+    }
+    let follow = Follow {
+        ui,
+        headers,
+        caller: session.caller,
+        id,
+        sent: (0, 0),
+        checked: std::time::Instant::now(),
+        first: true,
+        done: false,
+    };
+    let events = futures_util::stream::unfold(follow, |mut follow| async move {
+        if follow.done {
+            return None;
+        }
+        loop {
+            // A log-out or a revoked key ends the stream (the page reloads to the login).
+            if follow.checked.elapsed() >= LIVE_RECHECK {
+                follow.checked = std::time::Instant::now();
+                let still = follow
+                    .ui
+                    .sessions
+                    .get(&follow.headers)
+                    .is_ok_and(|session| session.caller == follow.caller);
+                if !still {
+                    follow.done = true;
+                    let event = Event::default().event("end").data("{}");
+                    return Some((Ok::<Event, std::convert::Infallible>(event), follow));
                 }
-                tokio::time::sleep(LIVE_POLL).await;
             }
-        },
-    );
+            let Some(live) = follow.ui.engine.live_output(&follow.caller, &follow.id) else {
+                let event = Event::default()
+                    .event(if follow.first { "gone" } else { "end" })
+                    .data("{}");
+                follow.done = true;
+                return Some((Ok(event), follow));
+            };
+            let (out, err) = follow.sent;
+            let (new_out, new_err) = (
+                live.stdout.get(out..).unwrap_or_default(),
+                live.stderr.get(err..).unwrap_or_default(),
+            );
+            if !new_out.is_empty() || !new_err.is_empty() || follow.first {
+                let data = serde_json::json!({
+                    "stdout": new_out,
+                    "stderr": new_err,
+                    "truncated": live.truncated,
+                });
+                let event = Event::default().event("output").data(data.to_string());
+                follow.sent = (live.stdout.len(), live.stderr.len());
+                follow.first = false;
+                return Some((Ok(event), follow));
+            }
+            tokio::time::sleep(LIVE_POLL).await;
+        }
+    });
     Sse::new(events)
         .keep_alive(KeepAlive::default())
         .into_response()
