@@ -28,9 +28,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
-import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,6 +39,9 @@ from typing import Any
 import httpx2 as httpx
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "e2e"))
+from http_support import http_server, make_key  # noqa: E402
+
 SCRIPT = "import time\nstart = time.time()\nprint('hi')\nprint(start, time.time())"
 
 
@@ -52,12 +52,6 @@ def percentile(values: list[float], q: float) -> float:
     k = (len(ordered) - 1) * q
     lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -78,36 +72,6 @@ class Tenant:
             now += step
             best = max(best, now)
         return best
-
-
-def make_key(binary: Path, data: Path, tenant: str) -> str:
-    done = subprocess.run([str(binary), "keys", "add", "--tenant", tenant, "--data-dir", str(data)], capture_output=True, text=True, check=True)
-    return done.stdout.strip().splitlines()[-1]
-
-
-@contextlib.contextmanager
-def http_server(binary: Path, data: Path, args: list[str]):
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(binary), "serve", "--http", f"127.0.0.1:{port}", "--data-dir", str(data), *args],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SNAKEBOX_LOG": "warn"},
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            if proc.poll() is not None:
-                raise RuntimeError("the server exited at start")
-            time.sleep(0.1)
-        yield proc, f"http://127.0.0.1:{port}"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 async def call(http: httpx.AsyncClient, url: str, key: str, n: int) -> dict[str, Any]:
@@ -227,7 +191,7 @@ def main() -> int:
         name = "burst" if i == 0 else f"tenant-{i}"
         tenants.append(Tenant(name, make_key(binary, data, name), burst if i == 0 else small))
     problems: list[str] = []
-    with http_server(binary, data, ["--tenant-max-concurrent-runs", str(args.tenant_max_concurrent_runs)]) as (proc, url):
+    with http_server(binary, data, "--tenant-max-concurrent-runs", str(args.tenant_max_concurrent_runs)) as (proc, url):
         for tenant in tenants:  # warm: each tenant's first call
             asyncio.run(load(url, [Tenant(tenant.name, tenant.key, 1)], 0.01))
         elapsed = asyncio.run(load(url, tenants, args.seconds))
@@ -263,7 +227,7 @@ def main() -> int:
         data2 = work / "data-rpm"
         greedy = Tenant("greedy", make_key(binary, data2, "greedy"), 4)
         polite = Tenant("polite", make_key(binary, data2, "polite"), 1)
-        with http_server(binary, data2, ["--tenant-runs-per-minute", str(args.tenant_runs_per_minute)]) as (proc, url):
+        with http_server(binary, data2, "--tenant-runs-per-minute", str(args.tenant_runs_per_minute)) as (proc, url):
             asyncio.run(load(url, [greedy, polite], 10))
         served = len(greedy.latencies_ms)
         print(f"\nruns per minute {args.tenant_runs_per_minute}, 10 s: greedy served {served}, refused {greedy.quota_refusals} "

@@ -22,7 +22,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from conftest import REPO, call, have_bwrap
-from test_http import http_server, make_key
+from http_support import http_server, make_key
 
 pytestmark = [
     pytest.mark.anyio,

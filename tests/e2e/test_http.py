@@ -17,7 +17,6 @@ import os
 import urllib.error
 import urllib.request
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -30,54 +29,12 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from conftest import MODES, call, have_bwrap
+from http_support import http_server, make_key
 
 pytestmark = [
     pytest.mark.anyio,
     pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def make_key(binary: Path, data: Path, tenant: str) -> str:
-    done = subprocess.run(
-        [str(binary), "keys", "add", "--tenant", tenant, "--data-dir", str(data)],
-        capture_output=True, text=True, timeout=60, check=True,
-    )
-    key = done.stdout.strip().splitlines()[-1]
-    assert key.startswith("sbx_") and len(key) == 68, done
-    assert key not in done.stderr
-    return key
-
-
-@contextlib.contextmanager
-def http_server(binary: Path, data: Path, *args: str):
-    port = free_port()
-    proc = subprocess.Popen(
-        [str(binary), "serve", "--http", f"127.0.0.1:{port}", "--data-dir", str(data), "--no-warm-cache", *args],
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SNAKEBOX_LOG": "warn"},
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-            assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else "exited"
-            time.sleep(0.1)
-        yield proc, f"http://127.0.0.1:{port}"
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def raw_post(url: str, key: str | None) -> tuple[int, dict[str, str], str]:
@@ -241,7 +198,7 @@ async def test_signed_download_links_and_metrics(snakebox_bin: Path, tmp_path: P
         assert headers["content-length"] == str(len(payload))
         assert headers["content-disposition"].startswith('attachment; filename="report_out.bin"'), headers
         assert headers["x-content-type-options"] == "nosniff"
-        assert headers["content-security-policy"] == "sandbox"
+        assert headers["content-security-policy"] == "sandbox; default-src 'none'"
         # One changed character of the signature: 403.
         tampered = link[:-1] + ("0" if link[-1] != "0" else "1")
         assert plain_get(tampered)[0] == 403

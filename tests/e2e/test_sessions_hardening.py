@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import call, connect, have_bwrap, server_pid
+from http_support import free_port
 
 pytestmark = [
     pytest.mark.anyio,
@@ -185,14 +186,6 @@ try:
 except OSError as err:
     print('refused', err.errno)
 """
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def test_S03_sessions_follow_the_one_shot_network_rules(snakebox_bin, tmp_path):

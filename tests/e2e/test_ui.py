@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, have_bwrap
-from test_http import http_server, make_key
+from http_support import http_server, make_key
 
 pytestmark = pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed")
 

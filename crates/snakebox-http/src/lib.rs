@@ -25,6 +25,7 @@
 //! The web UI (`ui`, mounted at `/ui/` in [`router`]) reads the same engine for a logged-in
 //! tenant: runs, sessions, artifacts, the environment.
 
+mod download;
 pub mod edge;
 pub mod keys;
 pub mod links;

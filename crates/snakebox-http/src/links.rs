@@ -392,48 +392,9 @@ pub(crate) async fn download(
     ));
     let mut response = Response::new(body);
     let headers = response.headers_mut();
-    let mime = HeaderValue::from_str(&opened.mime_type)
-        .unwrap_or(HeaderValue::from_static("application/octet-stream"));
-    headers.insert(header::CONTENT_TYPE, mime);
+    crate::download::attachment_headers(headers, &file_name, &opened.mime_type);
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(opened.size));
-    headers.insert(header::CONTENT_DISPOSITION, disposition(&file_name));
-    headers.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    headers.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("sandbox"),
-    );
-    headers.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("private, no-store"),
-    );
-    headers.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
     response
-}
-
-/// `attachment`, with the file's name: a plain ASCII fallback and the exact name in
-/// RFC 5987 form.
-fn disposition(name: &str) -> HeaderValue {
-    let plain: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_graphic() && c != '"' && c != '\\' && c != ';' && c != '%' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let value = format!(
-        "attachment; filename=\"{plain}\"; filename*=UTF-8''{}",
-        snakebox_engine::encode_artifact_path(name).replace('/', "%2F")
-    );
-    HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static("attachment"))
 }
 
 #[cfg(test)]

@@ -136,7 +136,10 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
     assert_eq!(body, expected);
     assert_eq!(headers[header::CONTENT_LENGTH], "768");
     assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
-    assert_eq!(headers[header::CONTENT_SECURITY_POLICY], "sandbox");
+    assert_eq!(
+        headers[header::CONTENT_SECURITY_POLICY],
+        "sandbox; default-src 'none'"
+    );
     let disposition = headers[header::CONTENT_DISPOSITION].to_str().unwrap();
     assert!(
         disposition.starts_with("attachment; filename=\"data_b.bin\""),

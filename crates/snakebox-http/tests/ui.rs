@@ -107,6 +107,26 @@ async fn post(
 }
 
 /// Log in with `key`; the cookie to send back.
+/// The page at `path`, fetched every 100 ms (at most `tries` times) until `ready` holds for it:
+/// the runs table is written by a batching writer, so a row appears a moment after its call.
+async fn page_when(
+    router: &Router,
+    path: &str,
+    cookie: &str,
+    tries: usize,
+    ready: impl Fn(&str) -> bool,
+) -> String {
+    let mut page = get(router, path, Some(cookie)).await.text();
+    for _ in 1..tries {
+        if ready(&page) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        page = get(router, path, Some(cookie)).await.text();
+    }
+    page
+}
+
 async fn log_in(router: &Router, key: &str) -> String {
     let reply = post(
         router,
@@ -534,17 +554,13 @@ async fn a_running_runs_output_streams_live_and_it_is_cancelled_by_its_tenant_on
         })
     };
     let cookie_a = log_in(&router, &a).await;
-    let mut id = None;
-    for _ in 0..300 {
-        let list = get(&router, "/ui/runs", Some(&cookie_a)).await.text();
-        if list.contains("status running") {
-            let at = list.find("href=\"/ui/runs/").unwrap() + "href=\"/ui/runs/".len();
-            id = Some(list[at..].split('"').next().unwrap().to_owned());
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    let id = id.expect("the run is listed as running");
+    let list = page_when(&router, "/ui/runs", &cookie_a, 300, |list| {
+        list.contains("status running")
+    })
+    .await;
+    assert!(list.contains("status running"), "{list}");
+    let at = list.find("href=\"/ui/runs/").unwrap() + "href=\"/ui/runs/".len();
+    let id = list[at..].split('"').next().unwrap().to_owned();
     let page = get(&router, &format!("/ui/runs/{id}"), Some(&cookie_a)).await;
     assert!(page.text().contains("id=\"cancel\""), "{}", page.text());
     let csrf_a = page.csrf();
@@ -661,15 +677,11 @@ async fn a_running_runs_output_streams_live_and_it_is_cancelled_by_its_tenant_on
     assert!(started.elapsed() < std::time::Duration::from_secs(40));
     // The runs table is written by a batching writer: the row says `cancelled` a moment
     // after the call returned.
-    let mut page = get(&router, &format!("/ui/runs/{id}"), Some(&cookie_a)).await;
-    for _ in 0..50 {
-        if page.text().contains(">cancelled<") {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-        page = get(&router, &format!("/ui/runs/{id}"), Some(&cookie_a)).await;
-    }
-    assert!(page.text().contains(">cancelled<"), "{}", page.text());
+    let page = page_when(&router, &format!("/ui/runs/{id}"), &cookie_a, 50, |page| {
+        page.contains(">cancelled<")
+    })
+    .await;
+    assert!(page.contains(">cancelled<"), "{page}");
     // Ended: nothing left to cancel.
     let again = post(
         &router,
@@ -833,14 +845,10 @@ async fn the_runs_list_pages_back_and_a_session_page_lists_its_own_cells() {
     let cell_id = cell["execution_id"].as_str().unwrap().to_owned();
     let cookie = log_in(&router, &key).await;
     // The runs table is written by a batching writer: wait until the cell is listed.
-    let mut list = String::new();
-    for _ in 0..50 {
-        list = get(&router, "/ui/runs", Some(&cookie)).await.text();
-        if list.contains(&cell_id) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
+    let list = page_when(&router, "/ui/runs", &cookie, 50, |list| {
+        list.contains(&cell_id)
+    })
+    .await;
     assert!(ids.iter().all(|id| list.contains(id.as_str())), "{list}");
     // The page before the newest one-shot run: the two older ones, not it, not the cell.
     let older = get(

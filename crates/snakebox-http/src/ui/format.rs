@@ -53,42 +53,7 @@ pub(crate) fn bytes(n: u64) -> String {
 }
 
 /// A relative path for a URL: every byte but unreserved ones and `/` percent-encoded.
-pub(crate) fn url_path(path: &str) -> String {
-    let mut out = String::with_capacity(path.len());
-    for byte in path.bytes() {
-        if byte.is_ascii_alphanumeric() || b"-._~/".contains(&byte) {
-            out.push(char::from(byte));
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
-
-/// `Content-Disposition: attachment` for a file named `path` (its last part): a plain ASCII
-/// `filename` for old clients and the exact name as `filename*`.
-pub(crate) fn attachment(path: &str) -> String {
-    let name = path.rsplit('/').next().unwrap_or(path);
-    let plain: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || "-._".contains(c) {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    let plain = if plain.is_empty() {
-        "download".into()
-    } else {
-        plain
-    };
-    format!(
-        "attachment; filename=\"{plain}\"; filename*=UTF-8''{}",
-        url_path(name).replace('/', "%2F")
-    )
-}
+pub(crate) use snakebox_engine::encode_artifact_path as url_path;
 
 /// The first line of a script, cut to `max` characters, for a list.
 pub(crate) fn summary(script: &str, max: usize) -> String {
@@ -129,10 +94,6 @@ mod tests {
     #[test]
     fn paths_and_names_are_encoded() {
         assert_eq!(url_path("out/a b.png"), "out/a%20b.png");
-        assert_eq!(
-            attachment("out/\"x\".svg"),
-            "attachment; filename=\"_x_.svg\"; filename*=UTF-8''%22x%22.svg"
-        );
         assert_eq!(summary("# c\n\nprint(1)\n", 40), "print(1)");
     }
 }

@@ -603,23 +603,9 @@ async fn run_cancel(
 
 /// Bytes a run or session produced, as a download that is never rendered in the UI's origin.
 fn download(name: &str, data: Vec<u8>) -> Response {
-    let disposition = HeaderValue::from_str(&format::attachment(name))
-        .unwrap_or_else(|_| HeaderValue::from_static("attachment"));
-    (
-        [
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/octet-stream"),
-            ),
-            (header::CONTENT_DISPOSITION, disposition),
-            (
-                header::CONTENT_SECURITY_POLICY,
-                HeaderValue::from_static("sandbox; default-src 'none'"),
-            ),
-        ],
-        data,
-    )
-        .into_response()
+    let mut response = data.into_response();
+    crate::download::attachment_headers(response.headers_mut(), name, "application/octet-stream");
+    response
 }
 
 async fn read_artifact(
