@@ -31,6 +31,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, AsyncIterator
 
+import anyio
 import pytest
 
 from attacks_support import Canaries, assert_no_leak, marker_pids, plant_canaries, posture, remove_canaries
@@ -126,6 +127,8 @@ class Index:
         self.files: dict[str, bytes] = {}
         self.links: dict[str, list[str]] = {}
         self.requests: list[tuple[str, bool]] = []
+        # Seconds to wait before serving a file (a slow download).
+        self.delays: dict[str, float] = {}
         expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
         index = self
 
@@ -161,6 +164,7 @@ class Index:
                     self.send_response(200)
                     self.send_header("Content-Type", "text/html")
                 elif len(parts) == 2 and parts[0] == "files" and parts[1] in index.files:
+                    time.sleep(index.delays.get(parts[1], 0))
                     body = index.files[parts[1]]
                     self.send_response(200)
                     self.send_header("Content-Type", "application/octet-stream")
@@ -879,3 +883,40 @@ async def test_D04_D05_session_install_code_gets_no_secret_and_cannot_touch_the_
         fresh = json.loads(data["stdout"])
     assert later == fresh and later["value"] == "clean" and not later["pwned"], (later, fresh)
     assert canaries.connections() == []
+
+
+async def test_a_running_session_install_shows_its_progress_as_it_goes(snakebox_bin, tmp_path, canaries, index):
+    """`list_packages` (and the web UI's session page, which reads it) shows uv's output of an
+    install while it is still running, not only once it has ended."""
+    name, blob = wheel_bytes("sbxslow", "1.0", {"sbxslow.py": "X = 1"})
+    index.add((name, blob))
+    index.delays[name] = 8
+    data_dir = fresh_data_dir(tmp_path, "data")
+    async with server(snakebox_bin, data_dir, canaries, index) as client:
+        data, _, is_error = await call(client, "create_session")
+        assert not is_error, data
+        session = data["session_id"]
+        data, _, is_error = await call(client, "install_packages", session_id=session, packages=["sbxslow==1.0"],
+                                       wait_seconds=1)
+        assert not is_error and data["state"] == "running", data
+        live = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            listing, _, _ = await call(client, "list_packages", session_id=session)
+            install = listing["install"]
+            if install["state"] != "running":
+                break
+            if "Resolved" in install["log_tail"]:
+                live = install["log_tail"]
+                break
+            await anyio.sleep(0.2)
+        # uv resolved, and the download (8 s) is still going: its output so far is there.
+        assert live is not None, f"no resolution in the output while running: {install}"
+        while time.monotonic() < deadline:
+            listing, _, _ = await call(client, "list_packages", session_id=session)
+            if listing["install"]["state"] != "running":
+                break
+            await anyio.sleep(0.5)
+        assert listing["install"]["state"] == "succeeded", listing
+        data, _, is_error = await call(client, "execute_python", session_id=session, script="import sbxslow; print(sbxslow.X)")
+        assert not is_error and data["stdout"] == "1\n", data

@@ -560,6 +560,27 @@ impl Engine {
             status.error = None;
             status.log_tail.clear();
         }
+        // uv's output goes to the caller's progress and, as it comes, to the install's log
+        // tail, so `list_packages` (and the web UI) show a running install's progress.
+        let (relay_tx, mut relay_rx) = tokio::sync::mpsc::unbounded_channel::<OutputChunk>();
+        let relay_slot = Arc::clone(&slot);
+        tokio::spawn(async move {
+            while let Some(chunk) = relay_rx.recv().await {
+                {
+                    let mut status = relay_slot
+                        .install
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if status.state == InstallState::Running {
+                        append_tail(&mut status.log_tail, &chunk.text);
+                    }
+                }
+                if let Some(progress) = &progress {
+                    let _ = progress.send(chunk);
+                }
+            }
+        });
+        let progress = Some(relay_tx);
         let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
         let task_manager = Arc::clone(manager);
         let task_slot = Arc::clone(&slot);
@@ -664,5 +685,37 @@ impl Engine {
             requested_packages: row.requirements.clone(),
             install,
         })
+    }
+}
+
+/// Most of a running install's output kept in its status (the end of it).
+const LIVE_LOG_TAIL: usize = 16 * 1024;
+
+/// Appends `text` to `tail`, keeping its last [`LIVE_LOG_TAIL`] bytes (cut at a character).
+fn append_tail(tail: &mut String, text: &str) {
+    tail.push_str(text);
+    if tail.len() > LIVE_LOG_TAIL {
+        let mut cut = tail.len() - LIVE_LOG_TAIL;
+        while !tail.is_char_boundary(cut) {
+            cut += 1;
+        }
+        tail.drain(..cut);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_live_tail_keeps_the_end_and_whole_characters() {
+        let mut tail = String::new();
+        append_tail(&mut tail, "Resolved 1 package\n");
+        assert_eq!(tail, "Resolved 1 package\n");
+        append_tail(&mut tail, &"é".repeat(LIVE_LOG_TAIL));
+        assert!(tail.len() <= LIVE_LOG_TAIL && tail.len() >= LIVE_LOG_TAIL - 1);
+        assert!(tail.chars().all(|c| c == 'é'));
+        append_tail(&mut tail, "Installed\n");
+        assert!(tail.ends_with("éInstalled\n"));
     }
 }
