@@ -7,7 +7,7 @@ import { readFile } from "node:fs/promises";
 import path from "node:path";
 
 const args = JSON.parse(process.argv[2]);
-const { url, keyA, keyB, runId, errorRunId, sessionId, sessionName, marker, shots, downloads } = args;
+const { url, keyA, keyB, runId, figureRunId, errorRunId, sessionId, sessionName, marker, shots, downloads } = args;
 
 const report = { console: [], csp: [], pageErrors: [], checks: {} };
 const check = (name, value) => { report.checks[name] = value; };
@@ -122,6 +122,13 @@ try {
   check("image", image);
   check("inlineImages", await page.$$eval("img.artifact", (imgs) => imgs.map((i) => i.getAttribute("src"))));
   await shot(page, "run");
+  // A matplotlib figure, shown inline and decoded by the browser.
+  await page.goto(`${url}/ui/runs/${figureRunId}`);
+  await page.waitForFunction(() => [...document.querySelectorAll("img.artifact")].every((img) => img.complete));
+  check("figure", await page.$$eval("img.artifact", (imgs) => imgs.map((img) => ({
+    src: img.getAttribute("src"), width: img.naturalWidth, height: img.naturalHeight }))));
+  await shot(page, "run-figure");
+  await page.goto(`${url}/ui/runs/${runId}`);
   for (const name of ["data.bin", "dot.png", "page.svg"]) {
     const [download] = await Promise.all([
       page.waitForEvent("download"),

@@ -366,6 +366,10 @@ print(json.dumps(out))
         assert "RFC 1918" in reasons[("private.test", 80)]
         assert "IPv4-mapped" in reasons[("mapped.test", 80)] or "loopback" in reasons[("mapped.test", 80)]
         assert "port 8080 is not allowed" in reasons[("allowed.test", 8080)]
+        # Each refusal is a security event of the run too, with its reason.
+        denied = [e["detail"] for e in data["events"] if e["kind"] == "network_denied"]
+        assert len(denied) == len(reasons), data["events"]
+        assert "allowed.test:8080: " + reasons[("allowed.test", 8080)] in denied
         assert "blocked by policy" in text and "allowed allowed.test:80" in text
         report, _, _ = await call(client, "check_environment")
         assert report["network_policy"] == "on"

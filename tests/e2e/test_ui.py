@@ -35,6 +35,9 @@ CLIENTS = REPO / "target" / "clients"
 CHROMIUM = Path("/usr/bin/chromium")
 SHOTS = REPO / "docs" / "ui"
 
+MATPLOTLIB = "matplotlib==3.10.3"
+
+
 def make_png() -> bytes:
     """A 48x32 RGB PNG made without any library (the run writes the same bytes)."""
     import struct
@@ -88,6 +91,10 @@ def test_the_ui_in_a_browser(snakebox_bin: Path, tmp_path: Path):
         run = call_tool(url, key_a, "execute_python",
                         {"script": f"print('hello from the UI test', {marker!r})\n" + PNG_SCRIPT})
         assert run["status"] == "ok", run
+        figure_script = "import matplotlib.pyplot as plt\nplt.plot([1, 4, 9, 16])\nplt.title('squares')\nplt.show()\n"
+        figure = call_tool(url, key_a, "execute_python",
+                           {"script": figure_script, "dependencies": [MATPLOTLIB], "timeout_seconds": 300})
+        assert figure["status"] == "ok", figure
         failed = call_tool(url, key_a, "execute_python",
                            {"script": "def ratio(a, b):\n    return a / b\n\nprint(ratio(1, 0))\n"})
         assert failed["exception"]["type_name"] == "ZeroDivisionError", failed
@@ -107,7 +114,7 @@ def test_the_ui_in_a_browser(snakebox_bin: Path, tmp_path: Path):
         waiter = threading.Thread(target=run_long, daemon=True)
         waiter.start()
         args = {
-            "url": url, "keyA": key_a, "keyB": key_b, "runId": run["execution_id"],
+            "url": url, "keyA": key_a, "keyB": key_b, "runId": run["execution_id"], "figureRunId": figure["execution_id"],
             "errorRunId": failed["execution_id"], "sessionId": session_id, "sessionName": name,
             "marker": marker, "shots": str(shots), "downloads": str(downloads),
         }
@@ -150,6 +157,9 @@ def test_the_ui_in_a_browser(snakebox_bin: Path, tmp_path: Path):
     # The PNG inline, decoded by the browser; the SVG never inline.
     assert checks["image"]["width"] == 48 and checks["image"]["height"] == 32, checks["image"]
     assert all("page.svg" not in src for src in checks["inlineImages"])
+    # The matplotlib figure: inline, and a real picture of matplotlib's default size (640x480).
+    assert [(i["src"].rsplit("/", 1)[-1], i["width"], i["height"]) for i in checks["figure"]] == [
+        ("figure-1.png", 640, 480)], checks["figure"]
     # Downloads: exact bytes, under their names.
     assert bytes.fromhex(checks["download:data.bin"]["hex"]) == bytes(range(256)) * 16
     assert bytes.fromhex(checks["download:dot.png"]["hex"]) == make_png()

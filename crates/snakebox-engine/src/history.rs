@@ -24,6 +24,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 use schemars::JsonSchema;
 use serde::Serialize;
 
+use std::collections::HashMap;
+
+use crate::audit::{AuditEntry, AuditLog};
 use crate::caller::Caller;
 use crate::result::ExecutionResult;
 
@@ -141,6 +144,7 @@ enum Op {
         python_version: Option<String>,
         /// The result as JSON, when it fits in [`MAX_OUTPUT_BYTES`].
         output: Option<String>,
+        events: Vec<crate::SecurityEvent>,
     },
 }
 
@@ -291,6 +295,7 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<()> {
             exit_code,
             python_version,
             output,
+            ..
         } => {
             conn.execute(
                 "UPDATE runs SET status = ?2, duration_ms = ?3, setup_ms = ?4, exit_code = ?5,
@@ -311,15 +316,103 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// The writer: waits for an operation, then applies it with everything queued behind it in
-/// one transaction. Ends when every sender is gone.
-fn write_loop(mut conn: Connection, ops: mpsc::Receiver<Op>) {
+/// Who made a call that has started and not finished, for its `finished` audit line.
+struct Pending {
+    tenant: String,
+    kind: RunKind,
+    session_id: Option<String>,
+}
+
+/// The audit log's line for `op` (see [`crate::audit`]).
+fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
+    let mut entry = AuditEntry {
+        at_ms: now_ms(),
+        phase: String::new(),
+        execution_id: String::new(),
+        tenant: String::new(),
+        kind: String::new(),
+        session_id: None,
+        code_sha256: None,
+        code_bytes: None,
+        dependencies: Vec::new(),
+        status: None,
+        duration_ms: None,
+        setup_ms: None,
+        exit_code: None,
+        python_version: None,
+        events: Vec::new(),
+    };
+    match op {
+        Op::Started {
+            id,
+            owner,
+            started_at_ms,
+            start,
+        } => {
+            pending.insert(
+                id.clone(),
+                Pending {
+                    tenant: owner.clone(),
+                    kind: start.kind,
+                    session_id: start.session_id.clone(),
+                },
+            );
+            entry.at_ms = *started_at_ms;
+            entry.phase = "started".into();
+            entry.execution_id.clone_from(id);
+            entry.tenant.clone_from(owner);
+            entry.kind = start.kind.as_str().into();
+            entry.session_id.clone_from(&start.session_id);
+            entry.code_sha256 = Some(crate::audit::code_hash(&start.script));
+            entry.code_bytes = Some(start.script.len() as u64);
+            entry.dependencies.clone_from(&start.dependencies);
+        }
+        Op::Finished {
+            id,
+            status,
+            duration_ms,
+            setup_ms,
+            exit_code,
+            python_version,
+            events,
+            ..
+        } => {
+            if let Some(who) = pending.remove(id) {
+                entry.tenant = who.tenant;
+                entry.kind = who.kind.as_str().into();
+                entry.session_id = who.session_id;
+            }
+            entry.phase = "finished".into();
+            entry.execution_id.clone_from(id);
+            entry.status = Some(status.clone());
+            entry.duration_ms = Some(*duration_ms);
+            entry.setup_ms = Some(*setup_ms);
+            entry.exit_code = *exit_code;
+            entry.python_version.clone_from(python_version);
+            entry.events.clone_from(events);
+        }
+    }
+    entry
+}
+
+/// The writer: waits for an operation, then appends it to the audit log and applies it to
+/// the runs table with everything queued behind it in one transaction. Ends when every
+/// sender is gone. Without a runs table (it could not be opened) the audit log is still
+/// written.
+fn write_loop(mut conn: Option<Connection>, mut audit: AuditLog, ops: mpsc::Receiver<Op>) {
     let mut writes = 0u64;
+    let mut pending = HashMap::new();
     while let Ok(first) = ops.recv() {
         let mut batch = vec![first];
         while let Ok(more) = ops.try_recv() {
             batch.push(more);
         }
+        for op in &batch {
+            audit.append(&audit_entry(op, &mut pending));
+        }
+        let Some(conn) = conn.as_mut() else {
+            continue;
+        };
         let written = conn.transaction().and_then(|tx| {
             for op in &batch {
                 apply(&tx, op)?;
@@ -332,7 +425,7 @@ fn write_loop(mut conn: Connection, ops: mpsc::Receiver<Op>) {
         writes += batch.len() as u64;
         if writes >= PRUNE_EVERY_WRITES {
             writes = 0;
-            if let Err(err) = prune(&conn) {
+            if let Err(err) = prune(conn) {
                 tracing::warn!(%err, "could not prune the runs table");
             }
         }
@@ -384,16 +477,17 @@ impl History {
                 Ok(conn)
             });
         let writer = match opened {
-            Ok(conn) => conn,
+            Ok(conn) => Some(conn),
             Err(err) => {
-                tracing::warn!(%err, path = %path.display(), "the runs table is not available; runs are not recorded");
-                return history;
+                tracing::warn!(%err, path = %path.display(), "the runs table is not available; runs are not recorded (the audit log still is)");
+                None
             }
         };
+        let audit = AuditLog::new(data_dir);
         let (send, receive) = mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("snakebox-history".into())
-            .spawn(move || write_loop(writer, receive));
+            .spawn(move || write_loop(writer, audit, receive));
         match thread {
             Ok(thread) => {
                 *lock(&history.writer) = Some(send);
@@ -433,6 +527,7 @@ impl History {
             output: serde_json::to_string(result)
                 .ok()
                 .filter(|json| json.len() <= MAX_OUTPUT_BYTES),
+            events: result.events.clone(),
         });
     }
 

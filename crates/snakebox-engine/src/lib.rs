@@ -9,9 +9,11 @@
 //! `check_environment` can say why) but refuses every execution with the reason and the fix.
 
 mod artifacts;
+mod audit;
 mod caller;
 mod config;
 mod error;
+mod events;
 mod files;
 mod history;
 mod ids;
@@ -42,9 +44,11 @@ pub use artifacts::{
     URI_PREFIX as ARTIFACT_URI_PREFIX, URI_TEMPLATE as ARTIFACT_URI_TEMPLATE, encode_artifact_path,
     image_mime, is_text_mime,
 };
+pub use audit::{AUDIT_DIR, AuditEntry, audit_files, read_audit, utc_text};
 pub use caller::{Caller, LOCAL_TENANT};
 pub use config::{EngineConfig, SessionSettings};
 pub use error::{EngineError, ErrorKind, Hint};
+pub use events::{EventKind, SecurityEvent};
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
 pub use history::{RunKind, RunQuery, RunRecord};
 pub use lifecycle::{LIVE_MAX_BYTES, LiveOutput, ShutdownReport, StopReason};

@@ -467,6 +467,7 @@ impl Engine {
             Err(error) => refuse(execution_id, error),
         };
         self.mark_stopped(&call, &mut result);
+        result.events = result.derive_events();
         self.history.finished(&result);
         crate::telemetry::run_finished(kind, &result);
         result

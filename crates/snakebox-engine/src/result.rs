@@ -8,6 +8,7 @@ use serde::Serialize;
 
 pub use crate::error::ErrorInfo;
 use crate::error::ErrorKind;
+use crate::events::{EventKind, MAX_NETWORK_EVENTS, SecurityEvent, event};
 
 /// How an execution ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
@@ -129,6 +130,10 @@ pub struct ExecutionResult {
     /// reason and the bytes moved: tells a policy block from a network error. Empty when the
     /// run had no network or made no connection.
     pub network_log: Vec<crate::NetworkLogEntry>,
+    /// What the server stopped or refused, and why: a limit reached (time, memory, CPU,
+    /// output), a connection the network policy refused, a quota, a sandbox that could not be
+    /// set up. Empty when nothing was.
+    pub events: Vec<crate::SecurityEvent>,
     /// Images also returned inline as `image` content (bounded in size and number).
     #[serde(skip)]
     pub inline_images: Vec<InlineImage>,
@@ -275,6 +280,7 @@ impl ExecutionResult {
             artifacts: Vec::new(),
             skipped_files: Vec::new(),
             network_log: Vec::new(),
+            events: Vec::new(),
             inline_images: Vec::new(),
             session_id: None,
             fresh_interpreter: false,
@@ -426,5 +432,158 @@ mod terminal_tests {
         assert_eq!(terminal_safe("a\x1b[2Jb\n\tc"), "a\\x1b[2Jb\n\tc");
         assert_eq!(terminal_safe("\u{9b}31m"), "\\x9b31m");
         assert_eq!(terminal_safe("caf\u{e9} \u{1f40d}"), "caf\u{e9} \u{1f40d}");
+    }
+}
+
+impl ExecutionResult {
+    /// The security events of this finished call, in the order they are reported.
+    #[must_use]
+    pub(crate) fn derive_events(&self) -> Vec<SecurityEvent> {
+        let result = self;
+        let mut events = Vec::new();
+        let error = result.error.as_ref();
+        let message = || error.map_or(String::new(), |e| e.message.clone());
+        match result.status {
+            Status::Timeout => events.push(event(
+                EventKind::Timeout,
+                format!(
+                    "the run reached its time limit of {} s and was stopped",
+                    result.timeout_seconds
+                ),
+            )),
+            Status::MemoryLimit => events.push(event(EventKind::MemoryLimit, {
+                let message = message();
+                if message.is_empty() {
+                    "the run reached its memory limit and was stopped".to_owned()
+                } else {
+                    message
+                }
+            })),
+            Status::CpuLimit => events.push(event(EventKind::CpuLimit, {
+                let message = message();
+                if message.is_empty() {
+                    "the run reached its CPU-time limit and was stopped".to_owned()
+                } else {
+                    message
+                }
+            })),
+            Status::SetupFailed => events.push(event(EventKind::SetupFailed, message())),
+            _ => {}
+        }
+        if error.and_then(|e| e.kind) == Some(ErrorKind::Quota) {
+            events.push(event(EventKind::QuotaRefused, message()));
+        }
+        let cut: Vec<&str> = [
+            (result.stdout_truncated, "stdout"),
+            (result.stderr_truncated, "stderr"),
+        ]
+        .into_iter()
+        .filter_map(|(cut, name)| cut.then_some(name))
+        .collect();
+        if !cut.is_empty() {
+            events.push(event(
+                EventKind::OutputLimit,
+                format!(
+                    "{} passed the output limit: its middle was cut, the head and tail kept",
+                    cut.join(" and ")
+                ),
+            ));
+        }
+        let denied: Vec<_> = result
+            .network_log
+            .iter()
+            .filter(|entry| !entry.allowed && !entry.reason.starts_with("network error"))
+            .collect();
+        for entry in denied.iter().take(MAX_NETWORK_EVENTS) {
+            events.push(event(
+                EventKind::NetworkDenied,
+                format!("{}:{}: {}", entry.host, entry.port, entry.reason),
+            ));
+        }
+        if denied.len() > MAX_NETWORK_EVENTS {
+            events.push(event(
+                EventKind::NetworkDenied,
+                format!(
+                    "{} more refused connections (see network_log)",
+                    denied.len() - MAX_NETWORK_EVENTS
+                ),
+            ));
+        }
+        events
+    }
+}
+
+#[cfg(test)]
+mod event_tests {
+    use super::*;
+
+    fn derive(result: &ExecutionResult) -> Vec<crate::SecurityEvent> {
+        result.derive_events()
+    }
+    use crate::NetworkLogEntry;
+    use crate::error::ErrorInfo;
+    use crate::events::EventKind;
+
+    fn entry(host: &str, allowed: bool, reason: &str) -> NetworkLogEntry {
+        NetworkLogEntry {
+            host: host.into(),
+            port: 443,
+            allowed,
+            reason: reason.into(),
+            address: None,
+            bytes_sent: 0,
+            bytes_received: 0,
+        }
+    }
+
+    #[test]
+    fn a_clean_run_has_no_events() {
+        let mut result = ExecutionResult::new("e".into(), Status::Ok);
+        result.network_log = vec![entry("a.test", true, "allowed")];
+        assert!(derive(&result).is_empty());
+        // The script's own failure is not a decision of the server's.
+        assert!(derive(&ExecutionResult::new("e".into(), Status::Error)).is_empty());
+    }
+
+    #[test]
+    fn limits_refusals_and_cuts_are_reported() {
+        let mut result = ExecutionResult::new("e".into(), Status::Timeout);
+        result.timeout_seconds = 3;
+        result.stdout_truncated = true;
+        result.network_log = vec![
+            entry("blocked.test", false, "not in the allowlist"),
+            entry("down.test", false, "network error: connection refused"),
+        ];
+        let events = derive(&result);
+        let kinds: Vec<_> = events.iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                EventKind::Timeout,
+                EventKind::OutputLimit,
+                EventKind::NetworkDenied
+            ]
+        );
+        assert!(events[0].detail.contains("3 s"));
+        assert_eq!(events[2].detail, "blocked.test:443: not in the allowlist");
+
+        let mut quota = ExecutionResult::new("e".into(), Status::InvalidRequest);
+        quota.error = Some(ErrorInfo {
+            message: "The tenant's runs per minute are used up".into(),
+            hint: None,
+            kind: Some(ErrorKind::Quota),
+        });
+        assert_eq!(derive(&quota)[0].kind, EventKind::QuotaRefused);
+    }
+
+    #[test]
+    fn a_flood_of_refusals_is_summed_up() {
+        let mut result = ExecutionResult::new("e".into(), Status::Ok);
+        result.network_log = (0..50)
+            .map(|i| entry(&format!("h{i}.test"), false, "private address"))
+            .collect();
+        let events = derive(&result);
+        assert_eq!(events.len(), MAX_NETWORK_EVENTS + 1);
+        assert!(events[MAX_NETWORK_EVENTS].detail.starts_with("30 more"));
     }
 }

@@ -23,10 +23,16 @@ pub const RUN_SETUP: &str = "snakebox_run_setup_seconds";
 /// a build) for one of `--max-concurrent-runs`.
 pub const CALLS_QUEUED: &str = "snakebox_calls_queued";
 
+/// Security events of tracked calls, by kind (see [`crate::events`]).
+pub const SECURITY_EVENTS_TOTAL: &str = "snakebox_security_events_total";
+
 /// Record the end of one tracked call.
 pub(crate) fn run_finished(kind: RunKind, result: &ExecutionResult) {
     let kind = kind.as_str();
     counter!(RUNS_TOTAL, "kind" => kind, "status" => result.status.as_str()).increment(1);
+    for event in &result.events {
+        counter!(SECURITY_EVENTS_TOTAL, "kind" => event.kind.as_str()).increment(1);
+    }
     #[allow(clippy::cast_precision_loss)]
     {
         histogram!(RUN_DURATION, "kind" => kind).record(result.duration_ms as f64 / 1000.0);

@@ -25,6 +25,9 @@ pub enum Command {
     Run(RunArgs),
     /// Report what `check_environment` reports, with a fix for anything missing.
     Check(CheckArgs),
+    /// Query the audit log: every call (who, what code by hash, how it ended, what was
+    /// stopped or refused), oldest first.
+    Audit(AuditArgs),
 }
 
 /// Arguments of `snakebox serve`.
@@ -125,6 +128,33 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 pub struct CheckArgs {
     /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// Arguments of `snakebox audit`.
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Only this tenant's calls (`local` for the stdio and keyless tenant).
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// Only calls that ended so: ok, error, timeout, cancelled, memory_limit, cpu_limit,
+    /// setup_failed, invalid_request (or `running`: started, not finished).
+    #[arg(long)]
+    pub status: Option<String>,
+    /// Only calls with a security event of this kind: timeout, memory_limit, cpu_limit,
+    /// output_limit, network_denied, quota_refused, setup_failed.
+    #[arg(long)]
+    pub event: Option<String>,
+    /// Only calls started within this long before now: `90s`, `30m`, `12h`, `7d`.
+    #[arg(long, value_name = "DURATION")]
+    pub since: Option<String>,
+    /// At most this many calls, the newest.
+    #[arg(long, default_value_t = 100)]
+    pub limit: usize,
+    /// Print one JSON object per call.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]

@@ -1,4 +1,4 @@
-//! The subcommands: `serve` (stdio or HTTP), `run`, `check`, `keys`.
+//! The subcommands: `serve` (stdio or HTTP), `run`, `check`, `keys`, `audit`.
 #![allow(clippy::print_stdout, clippy::print_stderr)] // The CLI's job is to print.
 
 use std::io::{Read, Write};
@@ -10,7 +10,7 @@ use anyhow::Context;
 use snakebox_engine::{Engine, EnvironmentReport, ExecuteRequest, Status, StopReason};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{CheckArgs, KeysAction, KeysArgs, RunArgs, ServeArgs};
+use crate::cli::{AuditArgs, CheckArgs, KeysAction, KeysArgs, RunArgs, ServeArgs};
 use crate::settings;
 
 /// How long calls in flight get to return their (cancelled) records when the server stops.
@@ -180,6 +180,177 @@ pub(crate) fn keys(args: &KeysArgs) -> anyhow::Result<ExitCode> {
             let key = store.revoke(id).map_err(failed)?;
             println!("revoked {} ({}, tenant {})", key.id, key.masked, key.tenant);
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `90s`, `30m`, `12h`, `7d` as milliseconds.
+fn parse_since(text: &str) -> anyhow::Result<u64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let seconds = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => 0,
+    };
+    match number.parse::<u64>() {
+        Ok(n) if seconds > 0 => Ok(n.saturating_mul(seconds).saturating_mul(1000)),
+        _ => Err(anyhow::anyhow!(
+            "`--since {text}` is not a duration\nhint: write a number and a unit: `90s`, `30m`, `12h` or `7d`"
+        )),
+    }
+}
+
+/// One call of the audit log: its `started` line merged with its `finished` line.
+#[derive(Debug, serde::Serialize)]
+struct AuditedCall {
+    #[serde(flatten)]
+    entry: snakebox_engine::AuditEntry,
+    /// When it started, in milliseconds since the Unix epoch (its `started` line's time).
+    started_at_ms: Option<u64>,
+    /// When it finished (its `finished` line's time).
+    finished_at_ms: Option<u64>,
+}
+
+/// `snakebox audit`: the calls of the audit log that match, oldest first.
+pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
+    const EVENTS: [&str; 7] = [
+        "timeout",
+        "memory_limit",
+        "cpu_limit",
+        "output_limit",
+        "network_denied",
+        "quota_refused",
+        "setup_failed",
+    ];
+    if let Some(kind) = &args.event
+        && !EVENTS.contains(&kind.as_str())
+    {
+        return Err(anyhow::anyhow!(
+            "`--event {kind}` is not a kind of security event\nhint: use one of: {}",
+            EVENTS.join(", ")
+        ));
+    }
+    let since = args.since.as_deref().map(parse_since).transpose()?;
+    let config = settings::resolve(&args.engine)?;
+    let data_dir = &config.engine.data_dir;
+    let (entries, bad) = snakebox_engine::read_audit(data_dir).map_err(|err| {
+        with_hint(
+            &err,
+            &format!(
+                "the log is {}/{}/ and private to the server's user: run this as that user",
+                data_dir.display(),
+                snakebox_engine::AUDIT_DIR
+            ),
+        )
+    })?;
+    let mut order: Vec<String> = Vec::new();
+    let mut calls: std::collections::HashMap<String, AuditedCall> =
+        std::collections::HashMap::new();
+    for entry in entries {
+        let at = entry.at_ms;
+        let started = entry.phase == "started";
+        match calls.get_mut(&entry.execution_id) {
+            Some(call) if !started => {
+                call.finished_at_ms = Some(at);
+                let merged = &mut call.entry;
+                merged.phase = entry.phase;
+                merged.status = entry.status;
+                merged.duration_ms = entry.duration_ms;
+                merged.setup_ms = entry.setup_ms;
+                merged.exit_code = entry.exit_code;
+                merged.python_version = entry.python_version;
+                merged.events = entry.events;
+            }
+            _ => {
+                order.push(entry.execution_id.clone());
+                calls.insert(
+                    entry.execution_id.clone(),
+                    AuditedCall {
+                        started_at_ms: started.then_some(at),
+                        finished_at_ms: (!started).then_some(at),
+                        entry,
+                    },
+                );
+            }
+        }
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+    let matching: Vec<&AuditedCall> = order
+        .iter()
+        .filter_map(|id| calls.get(id))
+        .filter(|call| {
+            let entry = &call.entry;
+            let status = entry.status.as_deref().unwrap_or("running");
+            args.tenant.as_ref().is_none_or(|t| &entry.tenant == t)
+                && args.status.as_ref().is_none_or(|s| s == status)
+                && args
+                    .event
+                    .as_ref()
+                    .is_none_or(|kind| entry.events.iter().any(|e| e.kind.as_str() == kind))
+                && since.is_none_or(|window| {
+                    let at = call.started_at_ms.or(call.finished_at_ms).unwrap_or(0);
+                    at.saturating_add(window) >= now
+                })
+        })
+        .collect();
+    let shown = &matching[matching.len().saturating_sub(args.limit)..];
+    let mut out = std::io::stdout().lock();
+    for call in shown {
+        if args.json {
+            writeln!(out, "{}", serde_json::to_string(call)?)?;
+            continue;
+        }
+        let entry = &call.entry;
+        let at = call.started_at_ms.or(call.finished_at_ms).unwrap_or(0) / 1000;
+        let status = entry.status.as_deref().unwrap_or("running");
+        let duration = entry
+            .duration_ms
+            .map_or_else(String::new, |ms| format!(" {ms} ms"));
+        let code = entry
+            .code_sha256
+            .as_deref()
+            .map_or_else(String::new, |hash| {
+                format!(
+                    " code {}… ({} B)",
+                    &hash[..hash.len().min(12)],
+                    entry.code_bytes.unwrap_or(0)
+                )
+            });
+        let events = if entry.events.is_empty() {
+            String::new()
+        } else {
+            let kinds: Vec<&str> = entry.events.iter().map(|e| e.kind.as_str()).collect();
+            format!(" events: {}", kinds.join(", "))
+        };
+        writeln!(
+            out,
+            "{}  {}  {}  {}  {status}{duration}{code}{events}",
+            snakebox_engine::utc_text(at),
+            entry.execution_id,
+            entry.tenant,
+            entry.kind
+        )?;
+    }
+    if !args.json && shown.is_empty() {
+        writeln!(
+            out,
+            "no calls match (the audit log is under {}/{}/)",
+            data_dir.display(),
+            snakebox_engine::AUDIT_DIR
+        )?;
+    }
+    if bad > 0 {
+        eprintln!(
+            "note: {bad} line(s) of the audit log could not be read (cut by a full disk?) and were skipped"
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1336,6 +1336,7 @@ mod tests {
                 Command::Serve(serve) => serve.engine,
                 Command::Run(run) => run.engine,
                 Command::Check(check) => check.engine,
+                Command::Audit(audit) => audit.engine,
                 Command::Keys(keys) => keys.action.engine().clone(),
             };
             assert_eq!(args.limits.memory_limit.as_deref(), Some("2GiB"));

@@ -5,27 +5,8 @@ pub(crate) fn utc_ms(ms: u64) -> String {
     utc_secs(ms / 1000)
 }
 
-/// Seconds since the Unix epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
-pub(crate) fn utc_secs(secs: u64) -> String {
-    let days = i64::try_from(secs / 86_400).unwrap_or(0);
-    let rem = secs % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
+/// Unix seconds as `YYYY-MM-DD HH:MM:SS` (UTC).
+pub(crate) use snakebox_engine::utc_text as utc_secs;
 
 /// A duration in milliseconds, as people read it.
 pub(crate) fn duration(ms: Option<u64>) -> String {

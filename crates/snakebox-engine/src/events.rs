@@ -1,0 +1,68 @@
+//! Security events: what the server saw a call's code run into — a limit, a refused
+//! connection, a refusal of policy, a sandbox that could not be set up. Derived once, from a
+//! call's finished record (`ExecutionResult::derive_events`), in the one place every tracked
+//! call passes (`Engine::tracked`), so the caller (`events` in the result), the runs table, the
+//! audit log and the `snakebox_security_events_total` counter all tell the same story.
+//!
+//! Only what the server observes is reported. What it cannot see (a `fork` refused with
+//! `EAGAIN` at the process limit, a write refused by a full scratch space) is felt by the
+//! script as an error of its own.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Most `network_denied` events kept per call (the network log has them all).
+pub(crate) const MAX_NETWORK_EVENTS: usize = 20;
+
+/// What kind of decision or limit it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// The wall-time limit ended the run.
+    Timeout,
+    /// The memory limit ended the run.
+    MemoryLimit,
+    /// The CPU-time limit ended the run.
+    CpuLimit,
+    /// Output past the output limit was cut.
+    OutputLimit,
+    /// The network policy refused a connection.
+    NetworkDenied,
+    /// A cap of the server or the tenant refused the call (quota, rate, sessions, disk).
+    QuotaRefused,
+    /// The sandbox or the environment could not be set up; the code never ran.
+    SetupFailed,
+}
+
+impl EventKind {
+    /// The name used on the wire and as the metric's label.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Timeout => "timeout",
+            EventKind::MemoryLimit => "memory_limit",
+            EventKind::CpuLimit => "cpu_limit",
+            EventKind::OutputLimit => "output_limit",
+            EventKind::NetworkDenied => "network_denied",
+            EventKind::QuotaRefused => "quota_refused",
+            EventKind::SetupFailed => "setup_failed",
+        }
+    }
+}
+
+/// One decision the server made about a call, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct SecurityEvent {
+    /// timeout, memory_limit, cpu_limit, output_limit, network_denied, quota_refused or
+    /// setup_failed.
+    pub kind: EventKind,
+    /// What happened, for a person.
+    pub detail: String,
+}
+
+pub(crate) fn event(kind: EventKind, detail: impl Into<String>) -> SecurityEvent {
+    SecurityEvent {
+        kind,
+        detail: detail.into(),
+    }
+}

@@ -1,0 +1,120 @@
+"""Security events and the audit log (issue 18), judged from outside: the result's `events`,
+the JSON-lines file under the data directory, `snakebox audit` with its filters, and the
+Prometheus counter of events over HTTP.
+
+- a run stopped at its memory limit, one stopped at its time limit with its output cut, and a
+  clean run: each result carries exactly its events;
+- every call has a `started` and a `finished` line with the tenant, the code's SHA-256 and
+  size, and how it ended; the files are the server user's alone;
+- `snakebox audit` filters by tenant, status, event and time, prints JSON, and refuses a bad
+  filter with a hint;
+- over HTTP, two tenants' calls are told apart and `/metrics` counts the events by kind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import call, connect, have_bwrap
+from http_support import http_server, make_key
+from test_http import plain_get
+
+pytestmark = [
+    pytest.mark.anyio,
+    pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
+]
+
+HOG = "x = []\nwhile True:\n    x.append(bytearray(16 << 20))\n"
+FLOOD = "import sys, time\nsys.stdout.write('y' * 300000)\nsys.stdout.flush()\ntime.sleep(60)\n"
+CLEAN = "print('clean')"
+
+
+def audit(binary: Path, data: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(binary), "audit", "--data-dir", str(data), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def audit_json(binary: Path, data: Path, *args: str) -> list[dict]:
+    done = audit(binary, data, "--json", *args)
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
+async def test_events_are_returned_and_every_call_is_audited(snakebox_bin, tmp_path, mode):
+    data = tmp_path / "data"
+    args = ("--memory-limit", "256MiB", "--max-output-bytes", "100000")
+    async with connect(snakebox_bin, data, mode, *args) as client:
+        hog, _, _ = await call(client, "execute_python", script=HOG, timeout_seconds=60)
+        flood, _, _ = await call(client, "execute_python", script=FLOOD, timeout_seconds=2)
+        clean, _, _ = await call(client, "execute_python", script=CLEAN)
+    assert hog["status"] == "memory_limit", hog
+    assert [e["kind"] for e in hog["events"]] == ["memory_limit"], hog["events"]
+    assert flood["status"] == "timeout" and flood["stdout_truncated"], flood
+    assert [e["kind"] for e in flood["events"]] == ["timeout", "output_limit"], flood["events"]
+    assert "2 s" in flood["events"][0]["detail"]
+    assert clean["status"] == "ok" and clean["events"] == [], clean
+
+    # The log: two lines per call, private to the server's user.
+    log_dir = data / "audit"
+    assert stat.S_IMODE(log_dir.stat().st_mode) == 0o700
+    log_file = log_dir / "audit.jsonl"
+    assert stat.S_IMODE(log_file.stat().st_mode) == 0o600
+    lines = [json.loads(line) for line in log_file.read_text().splitlines()]
+    by_id: dict[str, list[dict]] = {}
+    for line in lines:
+        by_id.setdefault(line["execution_id"], []).append(line)
+    for result, script in ((hog, HOG), (flood, FLOOD), (clean, CLEAN)):
+        started, finished = by_id[result["execution_id"]]
+        assert started["phase"] == "started" and finished["phase"] == "finished"
+        assert started["tenant"] == finished["tenant"] == "local"
+        assert started["kind"] == "execute"
+        assert started["code_sha256"] == hashlib.sha256(script.encode()).hexdigest()
+        assert started["code_bytes"] == len(script.encode())
+        assert finished["status"] == result["status"]
+        assert finished["events"] if result["events"] else "events" not in finished
+        assert started["at_ms"] <= finished["at_ms"]
+    assert CLEAN not in log_file.read_text(), "scripts are kept by hash only"
+
+    # The command: one call per line, oldest first, filtered.
+    everything = audit_json(snakebox_bin, data)
+    assert [c["execution_id"] for c in everything] == [hog["execution_id"], flood["execution_id"], clean["execution_id"]]
+    assert everything[0]["phase"] == "finished" and everything[0]["started_at_ms"] <= everything[0]["finished_at_ms"]
+    assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--event", "output_limit")] == [flood["execution_id"]]
+    assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--status", "memory_limit")] == [hog["execution_id"]]
+    assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--limit", "1")] == [clean["execution_id"]]
+    assert len(audit_json(snakebox_bin, data, "--since", "1h")) == 3
+    assert audit_json(snakebox_bin, data, "--tenant", "someone-else") == []
+    text = audit(snakebox_bin, data)
+    assert text.returncode == 0 and len(text.stdout.splitlines()) == 3, text
+    assert "memory_limit" in text.stdout.splitlines()[0] and "events: memory_limit" in text.stdout
+    for bad, hint in ((("--event", "explosion"), "use one of"), (("--since", "soon"), "`30m`")):
+        done = audit(snakebox_bin, data, *bad)
+        assert done.returncode != 0 and hint in done.stderr, done.stderr
+
+
+def test_tenants_are_audited_apart_and_events_are_counted(snakebox_bin, tmp_path):
+    from test_ui import call_tool
+
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    with http_server(snakebox_bin, data) as (_proc, url):
+        slow = call_tool(url, key_a, "execute_python", {"script": "import time; time.sleep(30)", "timeout_seconds": 1})
+        fine = call_tool(url, key_b, "execute_python", {"script": CLEAN})
+        status, _, metrics = plain_get(f"{url}/metrics", key_a)
+    assert slow["status"] == "timeout" and fine["status"] == "ok"
+    assert status == 200
+    counted = [line for line in metrics.decode().splitlines()
+               if line.startswith("snakebox_security_events_total{") and 'kind="timeout"' in line]
+    assert counted and float(counted[0].rsplit(" ", 1)[1]) == 1.0, counted
+    a = audit_json(snakebox_bin, data, "--tenant", "team-a")
+    b = audit_json(snakebox_bin, data, "--tenant", "team-b")
+    assert [c["execution_id"] for c in a] == [slow["execution_id"]]
+    assert [c["execution_id"] for c in b] == [fine["execution_id"]]
+    assert a[0]["events"][0]["kind"] == "timeout"
