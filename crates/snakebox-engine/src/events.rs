@@ -32,6 +32,9 @@ pub enum EventKind {
     QuotaRefused,
     /// The sandbox or the environment could not be set up; the code never ran.
     SetupFailed,
+    /// An import of the script's own code outside its `allowed_imports` (refused before the
+    /// run, or stopped by the runner's import guard).
+    ImportBlocked,
 }
 
 impl EventKind {
@@ -46,6 +49,7 @@ impl EventKind {
             EventKind::NetworkDenied => "network_denied",
             EventKind::QuotaRefused => "quota_refused",
             EventKind::SetupFailed => "setup_failed",
+            EventKind::ImportBlocked => "import_blocked",
         }
     }
 }
@@ -53,8 +57,8 @@ impl EventKind {
 /// One decision the server made about a call, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SecurityEvent {
-    /// timeout, memory_limit, cpu_limit, output_limit, network_denied, quota_refused or
-    /// setup_failed.
+    /// timeout, memory_limit, cpu_limit, output_limit, network_denied, quota_refused,
+    /// setup_failed or import_blocked.
     pub kind: EventKind,
     /// What happened, for a person.
     pub detail: String,
@@ -65,4 +69,13 @@ pub(crate) fn event(kind: EventKind, detail: impl Into<String>) -> SecurityEvent
         kind,
         detail: detail.into(),
     }
+}
+
+/// The event of an import that `allowed_imports` does not cover, at `line` of the script.
+pub(crate) fn import_blocked(module: &str, line: Option<u32>) -> SecurityEvent {
+    let at = line.map_or_else(String::new, |line| format!(" (line {line})"));
+    event(
+        EventKind::ImportBlocked,
+        format!("import of `{module}`{at} is outside allowed_imports"),
+    )
 }

@@ -69,7 +69,9 @@ pub use session::{
 };
 pub use snakebox_fs::PathError;
 pub use tenants::TenantQuotas;
-pub use validate::{Validation, ValidationProblem};
+pub use validate::{
+    ImportFound, ImportOrigin, ScriptAnalysis, Validation, ValidationProblem, import_allowed,
+};
 
 /// A slot of the concurrency cap `runs` (the engine's, or a handle on it that a session's
 /// installer keeps), waited for.

@@ -467,7 +467,9 @@ impl Engine {
             Err(error) => refuse(execution_id, error),
         };
         self.mark_stopped(&call, &mut result);
-        result.events = result.derive_events();
+        // What the run's path observed itself (blocked imports) comes first.
+        let derived = result.derive_events();
+        result.events.extend(derived);
         self.history.finished(&result);
         crate::telemetry::run_finished(kind, &result);
         result

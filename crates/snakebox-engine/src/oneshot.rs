@@ -106,6 +106,43 @@ impl Engine {
             Err(error) => return with_plan(ExecutionResult::not_run(execution_id, error)),
         };
         let setup_ms = ids::millis(setup_started.elapsed());
+        // The import policy, checked before the run: each import of the script's own code
+        // outside it is refused with its line (the runner guards the dynamic ones too).
+        if let Some(allowed) = &request.allowed_imports {
+            match self
+                .imports_outside(plan.interpreter, &request.script, allowed)
+                .await
+            {
+                Ok(blocked) if blocked.is_empty() => {}
+                Ok(blocked) => {
+                    let listed: Vec<String> = blocked
+                        .iter()
+                        .map(|(module, line)| format!("`{module}` (line {line})"))
+                        .collect();
+                    let mut result = with_plan(ExecutionResult::not_run(
+                        execution_id,
+                        EngineError::new(
+                            ErrorKind::Invalid,
+                            format!(
+                                "The script imports what allowed_imports does not allow: {}",
+                                listed.join(", ")
+                            ),
+                        )
+                        .with_hint(
+                            "remove those imports, or run without allowed_imports (validate_script lists every import with its line)",
+                        ),
+                    ));
+                    result.events = blocked
+                        .iter()
+                        .map(|(module, line)| {
+                            crate::events::import_blocked(module, u32::try_from(*line).ok())
+                        })
+                        .collect();
+                    return result;
+                }
+                Err(error) => return with_plan(ExecutionResult::not_run(execution_id, error)),
+            }
+        }
 
         // Wait for a run slot only after setup: installs do not hold back quick runs.
         let _slot = match self.sandbox_slot().await {
@@ -180,6 +217,17 @@ impl Engine {
                 ));
             }
         };
+        if let Some(allowed) = &request.allowed_imports
+            && let Err(err) = run_dir.write_import_policy(allowed)
+        {
+            return with_plan(ExecutionResult::not_run(
+                execution_id,
+                EngineError::internal(
+                    format!("Failed to write the run's import policy: {err}"),
+                    "check that the data directory is writable",
+                ),
+            ));
+        }
         let network = self.run_network(has_network);
         if let (crate::run::RunNetwork::Proxy, None, Some(names)) =
             (network, &proxy, plan.network.clone())

@@ -33,6 +33,11 @@ pub struct ExecuteRequest {
     /// Narrow the server's network policy to these names (`name` or `*.suffix`), each of
     /// which the server's policy must allow; empty: the server's whole policy.
     pub allowed_domains: Vec<String>,
+    /// Module names the script's own code may import (a name covers its submodules);
+    /// `None`: no import policy. Checked before the run (each import statement and literal
+    /// dynamic import outside it is refused with its line) and while it runs (the runner
+    /// refuses the import and reports it).
+    pub allowed_imports: Option<Vec<String>>,
 }
 
 /// A request that passed the checks every execution makes.
@@ -73,6 +78,24 @@ impl Engine {
             ));
         }
         let inputs = crate::files::decode(&request.files)?;
+        for name in request.allowed_imports.iter().flatten() {
+            let valid = !name.is_empty()
+                && name.split('.').all(|part| {
+                    part.chars()
+                        .next()
+                        .is_some_and(|c| c.is_alphabetic() || c == '_')
+                        && part.chars().all(|c| c.is_alphanumeric() || c == '_')
+                });
+            if !valid {
+                return Err(EngineError::new(
+                    ErrorKind::Invalid,
+                    format!("`{name}` in allowed_imports is not a module name"),
+                )
+                .with_hint(
+                    "give module names as Python writes them: `numpy`, `os.path`, `matplotlib.pyplot`",
+                ));
+            }
+        }
         let mut notes = Vec::new();
         let timeout = self.effective_timeout(request.timeout_seconds, &mut notes)?;
         let block = snakebox_script::parse(&request.script)?;

@@ -47,8 +47,12 @@ MAX_PIXELS = 8000
 IMAGE_MAX_BYTES = 4 << 20
 IMAGES_TOTAL_BYTES = 10 << 20
 
+IMPORT_POLICY_FILE = "imports.json"
+MAX_BLOCKED = 20
+
 _images = []
 _images_bytes = 0
+_blocked = []
 _notes = []
 _captured_figures = []
 _keep = []
@@ -457,6 +461,52 @@ def run_code(
     return record, value
 
 
+def _install_import_policy(allowed):
+    """The import guard of `allowed_imports`: an import that the script's own code makes (an
+    `import` statement, `__import__` or `importlib.import_module`, anywhere in script.py) of a
+    module that no allowed name covers raises ImportError and is reported. Imports that
+    libraries make for themselves are not checked. A guard rail for code that plays by the
+    rules, not a boundary: the sandbox is that.
+    """
+    import builtins
+    import importlib
+
+    allowed = tuple(str(name) for name in allowed)
+
+    def check(name, depth):
+        try:
+            frame = sys._getframe(depth)
+        except ValueError:
+            return
+        if frame.f_code.co_filename != SCRIPT_NAME:
+            return
+        name = str(name)
+        if any(name == entry or name.startswith(entry + ".") for entry in allowed):
+            return
+        if len(_blocked) < MAX_BLOCKED:
+            _blocked.append({"module": name, "line": frame.f_lineno})
+        raise ImportError(
+            "import of %r is blocked: it is not in allowed_imports (%s)" % (name, ", ".join(allowed) or "none"),
+            name=name,
+        )
+
+    original_import = builtins.__import__
+    original_import_module = importlib.import_module
+
+    def guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if level == 0:
+            check(name, 2)
+        return original_import(name, globals, locals, fromlist, level)
+
+    def guarded_import_module(name, package=None):
+        if not str(name).startswith("."):
+            check(name, 2)
+        return original_import_module(name, package)
+
+    builtins.__import__ = guarded_import
+    importlib.import_module = guarded_import_module
+
+
 def _wait_for_request():
     """Warm pool: block until the engine's one request arrives on stdin (a private pipe).
 
@@ -716,6 +766,10 @@ def main():
 
     with open(script_path, "rb") as handle:
         raw = handle.read()
+    policy_path = os.path.join(os.path.dirname(script_path), IMPORT_POLICY_FILE)
+    if os.path.exists(policy_path):
+        with open(policy_path, "rb") as handle:
+            _install_import_policy(json.loads(handle.read().decode("utf-8"))["allowed"])
     source = raw.decode("utf-8-sig", errors="surrogateescape")
 
     main_module = types.ModuleType("__main__")
@@ -750,6 +804,7 @@ def main():
         record, _ = run_code(source, SCRIPT_NAME, namespace)
         exit_code = record["exit_code"]
     finally:
+        record["blocked_imports"] = list(_blocked)
         _flush()
         if private is not None:
             try:

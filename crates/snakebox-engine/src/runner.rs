@@ -24,6 +24,8 @@ use crate::result::{ArtifactOrigin, ExceptionInfo, ExecutionResult, ValueRepr};
 pub(crate) const SOURCE: &str = include_str!("runner.py");
 /// Its file name in the input directory.
 pub(crate) const FILE_NAME: &str = "runner.py";
+/// The run's import policy, beside the script (see `runner.py`, `_install_import_policy`).
+pub(crate) const IMPORT_POLICY_FILE: &str = "imports.json";
 /// The descriptor the sandbox gives the control channel.
 pub(crate) const CONTROL_FD: &str = "3";
 
@@ -48,6 +50,14 @@ struct RawRecord {
     exception: Option<RawException>,
     images: Vec<RawImage>,
     notes: Vec<String>,
+    blocked_imports: Vec<RawBlocked>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RawBlocked {
+    module: String,
+    line: Option<u32>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -82,6 +92,8 @@ pub(crate) struct Record {
     pub(crate) exception: Option<ExceptionInfo>,
     pub(crate) images: Vec<GeneratedImage>,
     pub(crate) notes: Vec<String>,
+    /// Imports of the script's own code that its import policy refused.
+    pub(crate) blocked_imports: Vec<(String, Option<u32>)>,
 }
 
 impl Record {
@@ -172,12 +184,19 @@ impl Record {
                 data,
             });
         }
+        let blocked_imports = raw
+            .blocked_imports
+            .into_iter()
+            .take(MAX_NOTES)
+            .map(|blocked| (cap(blocked.module, NAME_MAX_BYTES), blocked.line))
+            .collect();
         Record {
             value,
             names,
             exception,
             images,
             notes,
+            blocked_imports,
         }
     }
 }
@@ -198,6 +217,12 @@ impl Rich {
             result.names = record.names;
             result.exception = record.exception;
             result.notes.extend(record.notes);
+            result.events.extend(
+                record
+                    .blocked_imports
+                    .into_iter()
+                    .map(|(module, line)| crate::events::import_blocked(&module, line)),
+            );
         }
         result.notes.extend(self.notes);
         result.notes.extend(self.collection.notes);

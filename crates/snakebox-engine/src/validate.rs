@@ -17,22 +17,161 @@ use tokio_util::sync::CancellationToken;
 use crate::run::RunDir;
 use crate::{Engine, EngineError, ErrorKind, ids};
 
-/// The compile-only check run by the target interpreter. Prints one JSON object.
+/// The check run by the target interpreter: `compile()` (parses, never executes), then a walk
+/// of the syntax tree for what the script imports and how large it is. Prints one JSON
+/// object.
 const SYNTAX_CHECK: &str = r#"
-import json, sys
+import ast, json, sys
 path = sys.argv[1]
 with open(path, "rb") as f:
     source = f.read()
 try:
     compile(source, "<script>", "exec", dont_inherit=True)
-    print(json.dumps({"ok": True}))
+    tree = ast.parse(source)
 except SyntaxError as e:
     print(json.dumps({"ok": False, "kind": type(e).__name__, "message": e.msg,
                       "line": e.lineno, "column": e.offset, "text": (e.text or "").rstrip()}))
+    raise SystemExit(0)
 except (ValueError, RecursionError, MemoryError) as e:
     print(json.dumps({"ok": False, "kind": type(e).__name__, "message": str(e),
                       "line": None, "column": None, "text": ""}))
+    raise SystemExit(0)
+imports, functions, classes = [], 0, 0
+def literal(call):
+    if call.args and isinstance(call.args[0], ast.Constant) and isinstance(call.args[0].value, str):
+        return call.args[0].value
+for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+        imports += [{"module": a.name, "line": node.lineno, "how": "import"} for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        imports.append({"module": node.module, "line": node.lineno, "how": "from"})
+    elif isinstance(node, ast.Call):
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        if name in ("__import__", "import_module") and literal(node) and not literal(node).startswith("."):
+            imports.append({"module": literal(node), "line": node.lineno, "how": name})
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        functions += 1
+    elif isinstance(node, ast.ClassDef):
+        classes += 1
+imports.sort(key=lambda i: i["line"])
+stdlib = sorted(getattr(sys, "stdlib_module_names", ()) or sys.builtin_module_names)
+print(json.dumps({"ok": True, "imports": imports, "functions": functions, "classes": classes,
+                  "lines": len(source.splitlines()), "stdlib": stdlib}))
 "#;
+
+/// Import names whose distribution has another name (the common ones), so an import of a
+/// declared dependency is not reported as undeclared.
+const IMPORT_ALIASES: [(&str, &str); 22] = [
+    ("PIL", "pillow"),
+    ("sklearn", "scikit-learn"),
+    ("skimage", "scikit-image"),
+    ("yaml", "pyyaml"),
+    ("cv2", "opencv-python"),
+    ("bs4", "beautifulsoup4"),
+    ("dateutil", "python-dateutil"),
+    ("attr", "attrs"),
+    ("dotenv", "python-dotenv"),
+    ("jwt", "pyjwt"),
+    ("Crypto", "pycryptodome"),
+    ("serial", "pyserial"),
+    ("magic", "python-magic"),
+    ("docx", "python-docx"),
+    ("pptx", "python-pptx"),
+    ("fitz", "pymupdf"),
+    ("git", "gitpython"),
+    ("OpenSSL", "pyopenssl"),
+    ("google.protobuf", "protobuf"),
+    ("mpl_toolkits", "matplotlib"),
+    ("pkg_resources", "setuptools"),
+    ("zmq", "pyzmq"),
+];
+
+/// Where an imported module comes from, as far as the check can tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ImportOrigin {
+    /// The target Python's standard library.
+    Stdlib,
+    /// A declared dependency (by its name, or a well-known import name of it).
+    Dependency,
+    /// Neither: a missing dependency, or a module the call brings itself (`files`).
+    Undeclared,
+}
+
+/// One import the script makes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct ImportFound {
+    /// The module, as written (`os.path`, `numpy`).
+    pub module: String,
+    /// 1-based line.
+    pub line: usize,
+    /// `import`, `from`, `__import__` or `import_module` (a string literal argument).
+    pub how: String,
+    /// stdlib, dependency or undeclared.
+    pub origin: ImportOrigin,
+    /// False when `allowed_imports` was given and does not cover it.
+    pub allowed: bool,
+}
+
+/// The script's size and shape.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct ScriptAnalysis {
+    /// Lines of source.
+    pub lines: usize,
+    /// Function definitions (nested ones included).
+    pub functions: usize,
+    /// Class definitions.
+    pub classes: usize,
+    /// Import statements and literal dynamic imports.
+    pub imports: usize,
+}
+
+/// Whether `allowed` (module names; a name covers its submodules) covers `module`.
+#[must_use]
+pub fn import_allowed(module: &str, allowed: &[String]) -> bool {
+    allowed.iter().any(|entry| {
+        let entry = entry.trim();
+        module == entry
+            || module
+                .strip_prefix(entry)
+                .is_some_and(|rest| rest.starts_with('.'))
+    })
+}
+
+/// A distribution name, normalized (PEP 503, with `_` for `-`, as import names are).
+fn normalized(name: &str) -> String {
+    name.to_ascii_lowercase().replace(['-', '.'], "_")
+}
+
+/// The origin of `module` given the interpreter's standard library and the declared
+/// requirements.
+fn origin_of(module: &str, stdlib: &[String], dependencies: &[String]) -> ImportOrigin {
+    let top = module.split('.').next().unwrap_or(module);
+    if stdlib.iter().any(|name| name == top) || top == "__future__" {
+        return ImportOrigin::Stdlib;
+    }
+    let declared: Vec<String> = dependencies
+        .iter()
+        .filter_map(|spec| {
+            let name: String = spec
+                .trim()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
+                .collect();
+            (!name.is_empty()).then(|| normalized(&name))
+        })
+        .collect();
+    let by_alias = IMPORT_ALIASES
+        .iter()
+        .filter(|(import, _)| module == *import || top == *import)
+        .any(|(_, dist)| declared.contains(&normalized(dist)));
+    if by_alias || declared.contains(&normalized(top)) {
+        ImportOrigin::Dependency
+    } else {
+        ImportOrigin::Undeclared
+    }
+}
 
 /// One problem found in a script.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
@@ -60,6 +199,21 @@ pub struct Validation {
     pub python_version: Option<String>,
     /// The merged requirement list the script would run with (when it parses).
     pub dependencies: Vec<String>,
+    /// What the script imports, with the line, where each comes from, and whether
+    /// `allowed_imports` covers it (when the script parses).
+    pub imports: Vec<ImportFound>,
+    /// Its size and shape (when it parses).
+    pub analysis: Option<ScriptAnalysis>,
+    /// What to change before running it (undeclared dependencies, imports outside the
+    /// policy).
+    pub recommendations: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct RawImport {
+    module: String,
+    line: usize,
+    how: String,
 }
 
 #[derive(Deserialize)]
@@ -73,16 +227,37 @@ struct SyntaxReport {
     column: Option<usize>,
     #[serde(default)]
     text: String,
+    #[serde(default)]
+    imports: Vec<RawImport>,
+    #[serde(default)]
+    functions: usize,
+    #[serde(default)]
+    classes: usize,
+    #[serde(default)]
+    lines: usize,
+    #[serde(default)]
+    stdlib: Vec<String>,
+}
+
+/// What the interpreter's check found.
+struct Checked {
+    syntax_error: Option<ValidationProblem>,
+    imports: Vec<RawImport>,
+    analysis: Option<ScriptAnalysis>,
+    stdlib: Vec<String>,
 }
 
 impl Engine {
     /// Check a script without running it: metadata, requirements, `requires-python` against
-    /// the interpreters here, and Python syntax for the target version.
+    /// the interpreters here, Python syntax for the target version, and what it imports
+    /// (against `allowed_imports`, when given: each import outside it is a problem with its
+    /// line).
     pub async fn validate(
         &self,
         script: &str,
         dependencies: &[String],
         python_version: Option<&str>,
+        allowed_imports: Option<&[String]>,
     ) -> Validation {
         let problem = |kind: &str, message: String, hint: Option<String>| ValidationProblem {
             kind: kind.into(),
@@ -105,6 +280,9 @@ impl Engine {
                 )],
                 python_version: None,
                 dependencies: Vec::new(),
+                imports: Vec::new(),
+                analysis: None,
+                recommendations: Vec::new(),
             };
         }
         let available: Vec<pep440_rs::Version> = self
@@ -130,7 +308,7 @@ impl Engine {
 
         let block = snakebox_script::parse(script).ok().flatten();
         let metadata = block.as_ref().map(|b| &b.metadata);
-        let merged = snakebox_script::merge_dependencies(metadata, dependencies)
+        let merged: Vec<String> = snakebox_script::merge_dependencies(metadata, dependencies)
             .map(|reqs| reqs.iter().map(ToString::to_string).collect())
             .unwrap_or_default();
         let requires_python = metadata.and_then(|m| m.requires_python.as_ref());
@@ -144,10 +322,27 @@ impl Engine {
                 None
             }
         };
+        let mut imports = Vec::new();
+        let mut analysis = None;
+        let mut recommendations = Vec::new();
         if let Some(interpreter) = interpreter {
             match self.syntax_check(interpreter, script).await {
-                Ok(Some(found)) => problems.push(found),
-                Ok(None) => {}
+                Ok(checked) => {
+                    problems.extend(checked.syntax_error);
+                    analysis = checked.analysis;
+                    imports = checked
+                        .imports
+                        .into_iter()
+                        .map(|raw| ImportFound {
+                            origin: origin_of(&raw.module, &checked.stdlib, &merged),
+                            allowed: allowed_imports
+                                .is_none_or(|allowed| import_allowed(&raw.module, allowed)),
+                            module: raw.module,
+                            line: raw.line,
+                            how: raw.how,
+                        })
+                        .collect();
+                }
                 Err(error) => problems.push(problem(
                     "check_failed",
                     format!("Python syntax could not be checked: {}", error.message),
@@ -155,20 +350,83 @@ impl Engine {
                 )),
             }
         }
+        for found in imports.iter().filter(|found| !found.allowed) {
+            problems.push(ValidationProblem {
+                kind: "import_not_allowed".into(),
+                message: format!("`{}` is not in allowed_imports", found.module),
+                line: Some(found.line),
+                column: None,
+                hint: Some(format!(
+                    "remove the import, or add `{}` to allowed_imports if the operator allows it",
+                    found.module.split('.').next().unwrap_or(&found.module)
+                )),
+            });
+        }
+        let mut undeclared: Vec<&ImportFound> = Vec::new();
+        for found in &imports {
+            let top = found.module.split('.').next().unwrap_or(&found.module);
+            if found.origin == ImportOrigin::Undeclared
+                && !undeclared
+                    .iter()
+                    .any(|seen| seen.module.split('.').next() == Some(top))
+            {
+                undeclared.push(found);
+            }
+        }
+        for found in undeclared {
+            let top = found.module.split('.').next().unwrap_or(&found.module);
+            recommendations.push(format!(
+                "Line {}: `{}` is neither in the standard library nor a declared dependency: add its package to `dependencies` (or the script's `# /// script` block), unless the call brings it in `files`",
+                found.line, top
+            ));
+        }
+        if imports.iter().any(|found| !found.allowed) {
+            recommendations.push(
+                "Remove the imports outside allowed_imports: the run would refuse them".into(),
+            );
+        }
         Validation {
             valid: problems.is_empty(),
             problems,
             python_version: interpreter.map(|i| i.version.to_string()),
             dependencies: merged,
+            imports,
+            analysis,
+            recommendations,
         }
     }
 
-    /// Compile the script with the target interpreter in the sandbox; `Some` on a syntax error.
+    /// The imports of `script` (module, line) that `allowed` does not cover, found by the
+    /// target interpreter's parser in the sandbox.
+    ///
+    /// # Errors
+    /// The script does not parse, or the check could not run.
+    pub(crate) async fn imports_outside(
+        &self,
+        interpreter: &Interpreter,
+        script: &str,
+        allowed: &[String],
+    ) -> Result<Vec<(String, usize)>, EngineError> {
+        let checked = self.syntax_check(interpreter, script).await?;
+        if let Some(problem) = checked.syntax_error {
+            // The run reports syntax errors itself, with its traceback.
+            tracing::debug!(message = %problem.message, "import check: the script does not parse");
+            return Ok(Vec::new());
+        }
+        Ok(checked
+            .imports
+            .into_iter()
+            .filter(|found| !import_allowed(&found.module, allowed))
+            .map(|found| (found.module, found.line))
+            .collect())
+    }
+
+    /// Compile the script with the target interpreter in the sandbox, and list its imports.
     async fn syntax_check(
         &self,
         interpreter: &Interpreter,
         script: &str,
-    ) -> Result<Option<ValidationProblem>, EngineError> {
+    ) -> Result<Checked, EngineError> {
         let sandbox = self.sandbox.as_ref().map_err(Clone::clone)?;
         let id = ids::execution_id();
         let run_dir = RunDir::create(
@@ -245,7 +503,17 @@ impl Engine {
                 )
             })?;
         if report.ok {
-            return Ok(None);
+            return Ok(Checked {
+                syntax_error: None,
+                analysis: Some(ScriptAnalysis {
+                    lines: report.lines,
+                    functions: report.functions,
+                    classes: report.classes,
+                    imports: report.imports.len(),
+                }),
+                imports: report.imports,
+                stdlib: report.stdlib,
+            });
         }
         let mut message = format!(
             "{}: {} (Python {})",
@@ -254,7 +522,7 @@ impl Engine {
         if !report.text.is_empty() {
             message.push_str(&format!("\n    {}", report.text.trim()));
         }
-        Ok(Some(ValidationProblem {
+        let syntax_error = Some(ValidationProblem {
             kind: "syntax_error".into(),
             message,
             line: report.line,
@@ -264,6 +532,12 @@ impl Engine {
                 interpreter.version.release().first().copied().unwrap_or(3),
                 interpreter.version.release().get(1).copied().unwrap_or(0)
             )),
-        }))
+        });
+        Ok(Checked {
+            syntax_error,
+            imports: Vec::new(),
+            analysis: None,
+            stdlib: Vec::new(),
+        })
     }
 }

@@ -119,6 +119,7 @@ fn request(script: &str) -> ExecuteRequest {
         files: vec![],
         network: None,
         allowed_domains: vec![],
+        allowed_imports: None,
     }
 }
 

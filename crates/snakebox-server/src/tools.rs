@@ -80,6 +80,12 @@ pub(crate) struct ExecuteParams {
     /// listed in the result's `network_log` with the reason.
     #[serde(default)]
     pub allowed_domains: Vec<String>,
+    /// Only these modules may be imported by the script's own code (a name covers its
+    /// submodules: `os` allows `os.path`), e.g. `["math", "json", "numpy"]`. An import outside
+    /// them is refused before the run, with its line (`invalid_request`), and stopped while it
+    /// runs (`ImportError`); each is an `import_blocked` event. Libraries' own imports are not
+    /// checked. A guard rail, not the security boundary (the sandbox is). Not with `session_id`.
+    pub allowed_imports: Option<Vec<String>>,
 }
 
 /// One input file of `execute_python`.
@@ -106,6 +112,10 @@ pub(crate) struct ValidateParams {
     pub dependencies: Vec<String>,
     /// Python version to check the syntax against (default: what `execute_python` would use).
     pub python_version: Option<String>,
+    /// Module names the script may import (a name covers its submodules: `os` allows
+    /// `os.path`); each import outside them is a problem with its line. Absent: no import
+    /// policy.
+    pub allowed_imports: Option<Vec<String>>,
 }
 
 /// Put by an HTTP face into a request's extensions, and cancelled when the request goes away
@@ -322,6 +332,7 @@ processes): see check_environment.",
                 .collect(),
             network: params.network,
             allowed_domains: params.allowed_domains,
+            allowed_imports: params.allowed_imports,
         };
         let caller = self.caller(&context)?;
         let (sender, forwarder) = progress(&context);
@@ -354,8 +365,11 @@ processes): see check_environment.",
         description = "Check a Python script without running it and list every problem found: \
 malformed PEP 723 metadata (bad TOML, two blocks, wrong types such as `dependencies = \"x\"`), \
 invalid PEP 508 dependency specifiers, a `requires-python` that no available interpreter \
-satisfies, and Python syntax errors (with line and column) for the target version. No code \
-runs and nothing is installed.\n\nExample: {\"script\": \"print('hi'\", \"dependencies\": [\"numpy>=\"]}",
+satisfies, Python syntax errors (with line and column) for the target version, and imports \
+outside `allowed_imports` (with their line). Also lists what the script imports (stdlib, a \
+declared dependency, or undeclared: a missing dependency), its size, and recommendations. No \
+code runs and nothing is installed.\n\nExample: {\"script\": \"import numpy\\nprint('hi'\", \
+\"dependencies\": [\"numpy>=\"], \"allowed_imports\": [\"numpy\", \"math\"]}",
         output_schema = schema_for_output::<Validation>(),
         annotations(read_only_hint = true, open_world_hint = false)
     )]
@@ -369,6 +383,7 @@ runs and nothing is installed.\n\nExample: {\"script\": \"print('hi'\", \"depend
                 &params.script,
                 &params.dependencies,
                 params.python_version.as_deref(),
+                params.allowed_imports.as_deref(),
             )
             .await;
         Ok(structured(&validation, validation_text(&validation), false))
@@ -578,13 +593,14 @@ async fn read_artifact(
 }
 
 fn validation_text(validation: &Validation) -> String {
-    if validation.valid {
-        return format!(
+    let mut text = if validation.valid {
+        format!(
             "valid: no problems found (Python {})\n",
             validation.python_version.as_deref().unwrap_or("unknown")
-        );
-    }
-    let mut text = format!("invalid: {} problem(s)\n", validation.problems.len());
+        )
+    } else {
+        format!("invalid: {} problem(s)\n", validation.problems.len())
+    };
     for problem in &validation.problems {
         let location = match (problem.line, problem.column) {
             (Some(line), Some(column)) => format!(" (line {line}, column {column})"),
@@ -598,6 +614,27 @@ fn validation_text(validation: &Validation) -> String {
         if let Some(hint) = &problem.hint {
             text.push_str(&format!("  hint: {hint}\n"));
         }
+    }
+    if let Some(analysis) = &validation.analysis {
+        text.push_str(&format!(
+            "analysis: {} lines, {} functions, {} classes, {} imports\n",
+            analysis.lines, analysis.functions, analysis.classes, analysis.imports
+        ));
+    }
+    for found in &validation.imports {
+        let origin = match found.origin {
+            snakebox_engine::ImportOrigin::Stdlib => "stdlib",
+            snakebox_engine::ImportOrigin::Dependency => "dependency",
+            snakebox_engine::ImportOrigin::Undeclared => "undeclared",
+        };
+        let refused = if found.allowed { "" } else { ", not allowed" };
+        text.push_str(&format!(
+            "- import {} (line {}, {origin}{refused})\n",
+            found.module, found.line
+        ));
+    }
+    for recommendation in &validation.recommendations {
+        text.push_str(&format!("recommendation: {recommendation}\n"));
     }
     text
 }

@@ -100,6 +100,16 @@ impl RunDir {
         fs_err::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
     }
 
+    /// Write the run's import policy beside the script (`imports.json`: the module names its
+    /// own code may import), which the runner reads before the script starts.
+    pub(crate) fn write_import_policy(&self, allowed: &[String]) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.input.join(crate::runner::IMPORT_POLICY_FILE);
+        let policy = serde_json::json!({ "allowed": allowed });
+        fs_err::write(&path, policy.to_string())?;
+        fs_err::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
+    }
+
     /// Create the run directory of one run of user code under a host uid of its own (see
     /// [`snakebox_sandbox::Sandbox::lease_identity`]), with its working directory capped at
     /// `scratch_bytes` when set.

@@ -101,6 +101,14 @@ impl Engine {
                 "drop allowed_domains here, or run the code as a one-shot call (without session_id) to narrow the network",
             ));
         }
+        if request.allowed_imports.is_some() {
+            return fail(EngineError::invalid(
+                format!(
+                    "allowed_imports cannot be used with a session yet: session {session_id}'s interpreter already holds what earlier cells imported"
+                ),
+                "drop allowed_imports here, or run the code as a one-shot call (without session_id) under an import policy",
+            ));
+        }
         if let Some(asked) = &request.python_version
             && !row.python_version.starts_with(asked.trim())
         {
