@@ -53,7 +53,7 @@ pub use plan::ExecuteRequest;
 pub use pool::PoolReport;
 pub use report::{
     ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, LimitStatus,
-    NetworkCapsReport, WarmState,
+    NetworkCapsReport, WarmPhase, WarmReport, WarmState,
 };
 pub use result::{
     Artifact, ArtifactOrigin, ErrorInfo, ExceptionInfo, ExecutionResult, InlineImage, Package,
