@@ -179,6 +179,7 @@ impl Hint for snakebox_env::EnvError {
             // The data directory's disk is full: nothing the request can change.
             E::NoSpace { .. } => ErrorKind::Unavailable,
             E::InstallFailed { .. }
+            | E::PythonInstallFailed { .. }
             | E::Incomplete { .. }
             | E::SdistBuildsDisabled { .. }
             | E::BuildFailed { .. }

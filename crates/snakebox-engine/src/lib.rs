@@ -43,7 +43,7 @@ pub use artifacts::{
     image_mime, is_text_mime,
 };
 pub use caller::{Caller, LOCAL_TENANT};
-pub use config::{EngineConfig, SessionSettings};
+pub use config::{EngineConfig, PythonDownloads, SessionSettings};
 pub use error::{EngineError, ErrorKind, Hint};
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
 pub use history::{RunKind, RunQuery, RunRecord};
@@ -88,7 +88,11 @@ pub struct Engine {
     config: EngineConfig,
     sandbox: Result<Arc<Sandbox>, Unavailable>,
     uv: Result<Uv, Unavailable>,
-    interpreters: Interpreters,
+    /// The interpreters found on this host; replaced when one is downloaded
+    /// ([`Engine::provide_python`]). Read through [`Engine::interpreters`].
+    interpreters: std::sync::RwLock<Arc<Interpreters>>,
+    /// One `uv python install` at a time.
+    python_installs: tokio::sync::Mutex<()>,
     cache: Result<EnvCache, Unavailable>,
     /// `--max-concurrent-runs`: every sandbox that does work holds one while it runs (a run,
     /// a session call or command, an install or environment build, a validation compile).
@@ -209,7 +213,8 @@ impl Engine {
             config,
             sandbox,
             uv,
-            interpreters,
+            interpreters: std::sync::RwLock::new(Arc::new(interpreters)),
+            python_installs: tokio::sync::Mutex::new(()),
             cache,
             warm: Mutex::new(warm),
             lifecycle,
@@ -260,7 +265,7 @@ impl Engine {
         let interpreter = self.pick_interpreter(None, None)?;
         // Building it runs uv's install sandboxes: a slot, like every sandbox.
         let _slot = self.sandbox_slot().await?;
-        Ok(cache.ensure(interpreter, &[]).await?)
+        Ok(cache.ensure(&interpreter, &[]).await?)
     }
 
     fn set_warm(&self, state: WarmState) {

@@ -174,6 +174,9 @@ pub struct EnvironmentReport {
     pub default_python: String,
     /// Interpreters found.
     pub pythons: Vec<InterpreterReport>,
+    /// Whether a version asked for and not found here is downloaded (`automatic`) or refused
+    /// (`never`; the operator can add one with `snakebox python install`).
+    pub python_downloads: crate::PythonDownloads,
     /// Limits: configured value, whether enforced, and how.
     pub limits: Vec<LimitStatus>,
     /// Default and maximum timeout in seconds.
@@ -283,7 +286,7 @@ impl Engine {
                 line.push_str(&format!(" (hint: {hint})"));
             }
             problems.push(line);
-        } else if self.interpreters.all().is_empty() {
+        } else if self.interpreters().all().is_empty() {
             problems.push(
                 "No Python interpreter was found (hint: install one with pyenv, `uv python install`, or the system package manager)"
                     .into(),
@@ -320,8 +323,9 @@ impl Engine {
                 .python_version
                 .clone()
                 .unwrap_or_else(|| "newest available CPython 3".into()),
+            python_downloads: config.python_downloads,
             pythons: self
-                .interpreters
+                .interpreters()
                 .all()
                 .iter()
                 .map(|i| InterpreterReport {

@@ -108,7 +108,7 @@ impl Engine {
             };
         }
         let available: Vec<pep440_rs::Version> = self
-            .interpreters
+            .interpreters()
             .all()
             .iter()
             .map(|i| i.version.clone())
@@ -144,7 +144,7 @@ impl Engine {
                 None
             }
         };
-        if let Some(interpreter) = interpreter {
+        if let Some(interpreter) = &interpreter {
             match self.syntax_check(interpreter, script).await {
                 Ok(Some(found)) => problems.push(found),
                 Ok(None) => {}
