@@ -203,3 +203,15 @@ async def test_automatic_downloads_fetch_the_version_a_call_asks_for(snakebox_bi
         assert "No download found" in data["error"]["message"] and "download source" in data["error"]["hint"], data
         data, _, is_error = await call(client, "execute_python", script="print('alive')")
         assert not is_error and data["stdout"] == "alive\n"
+
+
+async def test_automatic_downloads_fetch_a_missing_default_at_start(snakebox_bin: Path, mirror: tuple[Path, str], tmp_path: Path):
+    """`--python-version` names a version the host lacks: with downloads on, the server
+    fetches it before it starts serving (without, it refuses to start: test_cli.py)."""
+    root, version = mirror
+    minor = ".".join(version.split(".")[:2])
+    env = server_env(tmp_path / "home", root)
+    args = ["--uv-path", str(real_uv()), "--python-downloads", "automatic", "--python-version", minor]
+    async with connect(snakebox_bin, tmp_path / "data", "auto", *args, env=env) as client:
+        data, text, is_error = await call(client, "execute_python", script=WHERE)
+        assert not is_error and data["python_version"] == version, text

@@ -236,6 +236,19 @@ impl Engine {
         Ok(())
     }
 
+    /// At start, with `python_downloads = "automatic"`: download the server's default Python
+    /// (`--python-version`) when no interpreter here has it, before
+    /// [`Engine::check_default_python`] judges it.
+    ///
+    /// # Errors
+    /// The download failed.
+    pub async fn provide_default_python(&self) -> Result<(), EngineError> {
+        match self.config.python_version.as_deref() {
+            Some(request) => self.provide_python(Some(request), None).await,
+            None => Ok(()),
+        }
+    }
+
     /// Whether the server's default Python (`--python-version`, `[python] version`) names an
     /// interpreter that is here: a settings mistake (`3.99`, `banana`) would otherwise fail
     /// every call that does not name its own version.

@@ -38,7 +38,7 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         return serve_http(settings.engine, http).await;
     }
     let engine = Engine::start(settings.engine).await;
-    fail_on_bad_default_python(&engine)?;
+    fail_on_bad_default_python(&engine).await?;
     let report = engine.report();
     if report.ready {
         tracing::info!(
@@ -76,7 +76,7 @@ async fn serve_http(
     http: snakebox_http::HttpConfig,
 ) -> anyhow::Result<ExitCode> {
     let engine = Engine::start(config).await;
-    fail_on_bad_default_python(&engine)?;
+    fail_on_bad_default_python(&engine).await?;
     let report = engine.report();
     if !report.ready {
         for problem in &report.problems {
@@ -223,7 +223,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let config = settings::resolve(&args.engine)?.engine;
     let engine = Engine::new(config).await;
-    fail_on_bad_default_python(&engine)?;
+    fail_on_bad_default_python(&engine).await?;
     let cancel = CancellationToken::new();
     let on_interrupt = cancel.clone();
     // SIGINT or SIGTERM kills the run (its output so far is printed; exit code 130).
@@ -287,14 +287,18 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 /// `snakebox check`: the environment report; exit 1 when executions cannot run.
 /// A server whose default Python is not here would fail every call: refuse to start, saying
 /// which setting to fix (`check` reports it as a problem instead).
-fn fail_on_bad_default_python(engine: &Engine) -> anyhow::Result<()> {
-    engine.check_default_python().map_err(|err| {
-        engine.release_host();
-        match err.hint {
-            Some(hint) => anyhow::anyhow!("{}\nhint: {hint}", err.message),
-            None => anyhow::anyhow!("{}", err.message),
-        }
-    })
+/// With `python_downloads = "automatic"` a missing default is downloaded first.
+async fn fail_on_bad_default_python(engine: &Engine) -> anyhow::Result<()> {
+    let provided = engine.provide_default_python().await;
+    provided
+        .and_then(|()| engine.check_default_python())
+        .map_err(|err| {
+            engine.release_host();
+            match err.hint {
+                Some(hint) => anyhow::anyhow!("{}\nhint: {hint}", err.message),
+                None => anyhow::anyhow!("{}", err.message),
+            }
+        })
 }
 
 pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
