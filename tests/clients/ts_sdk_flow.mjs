@@ -64,5 +64,39 @@ report.errorResult = {
   text: gone.content.filter((c) => c.type === "text").map((c) => c.text).join(""),
 };
 
+// Every tool called the way a model bound by the published schemas calls it (OpenAI strict,
+// Gemini): every argument present, those it does not mean to give as `null`. The SDK checks
+// each structured result against the tool's output schema (Ajv) and throws on a mismatch.
+const nulls = (name, given) => {
+  const schema = tools.tools.find((tool) => tool.name === name).inputSchema;
+  const args = Object.fromEntries(Object.keys(schema.properties ?? {}).map((key) => [key, null]));
+  return { ...args, ...given };
+};
+const strict = {};
+const strictCall = async (name, given) => {
+  const result = await client.callTool({ name, arguments: nulls(name, given) });
+  strict[name] = {
+    isError: result.isError ?? false,
+    structured: result.structuredContent ?? null,
+    text: result.content.filter((c) => c.type === "text").map((c) => c.text).join(""),
+  };
+  return result;
+};
+const created = await strictCall("create_session", {});
+const strictSid = created.structuredContent.session_id;
+await strictCall("execute_python", { script: "print('strict')" });
+await strictCall("validate_script", { script: "1 + 1" });
+await strictCall("check_environment", {});
+await strictCall("list_sessions", {});
+await strictCall("write_file", { session_id: strictSid, path: "in.txt", content: "abc" });
+await strictCall("read_file", { session_id: strictSid, path: "in.txt" });
+await strictCall("list_files", { session_id: strictSid });
+await strictCall("run_command", { session_id: strictSid, command: "cat in.txt" });
+await strictCall("list_packages", { session_id: strictSid });
+await strictCall("reset_session", { session_id: strictSid });
+await strictCall("delete_session", { session_id: strictSid });
+report.strict = strict;
+report.listedTools = report.tools;
+
 await client.close();
 process.stdout.write(`${JSON.stringify(report)}\n`);

@@ -133,7 +133,7 @@ async def test_input_files_are_read_by_the_script_and_not_returned_unless_change
     assert [a["name"] for a in data["artifacts"]] == ["notes.txt"]
     assert await read_text(client, data["artifacts"][0]["uri"]) == "first\nmore\n"
     # stdio results carry no download link (those are the HTTP face's).
-    assert "download_url" not in data["artifacts"][0], data["artifacts"]
+    assert data["artifacts"][0]["download_url"] is None, data["artifacts"]
 
 
 async def test_hostile_input_paths_are_refused_with_hints(client):

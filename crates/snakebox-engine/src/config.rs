@@ -7,6 +7,29 @@ use std::time::Duration;
 use snakebox_sandbox::BackendKind;
 
 /// Everything the engine needs to know from the operator.
+/// `python_downloads`: whether the server downloads a Python version it lacks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum PythonDownloads {
+    /// Never (the default): a missing version is refused, naming the fix.
+    #[default]
+    Never,
+    /// When a call asks for a version no interpreter here has, `uv python install` it
+    /// (from python-build-standalone, or `UV_PYTHON_INSTALL_MIRROR`), then use it.
+    Automatic,
+}
+
+impl PythonDownloads {
+    /// The setting's name in the config file and on the command line.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Never => "never",
+            Self::Automatic => "automatic",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
     /// Root of snakebox's own data: environments, uv cache, scratch directories.
@@ -19,6 +42,9 @@ pub struct EngineConfig {
     pub uv_path: Option<PathBuf>,
     /// Default Python version request (`3.12`, `>=3.10`); `None` means the newest CPython found.
     pub python_version: Option<String>,
+    /// Whether a version a call asks for and this host lacks is downloaded (`uv python
+    /// install`) instead of refused.
+    pub python_downloads: PythonDownloads,
     /// Timeout applied when a call gives none.
     pub default_timeout: Duration,
     /// Largest timeout a call may ask for (larger requests are clamped, with a note).
@@ -88,6 +114,7 @@ impl EngineConfig {
             bwrap_path: None,
             uv_path: None,
             python_version: None,
+            python_downloads: PythonDownloads::Never,
             default_timeout: Duration::from_secs(30),
             max_timeout: Duration::from_secs(300),
             max_output_bytes: 102_400,

@@ -66,13 +66,11 @@ impl ErrorKind {
 pub struct ErrorInfo {
     /// What went wrong.
     pub message: String,
-    /// How to fix it, when we know.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// How to fix it, when we know (else `null`).
     pub hint: Option<String>,
     /// What kind of failure stopped the call (`invalid`, `not_found`, `conflict`, `quota`,
-    /// `unavailable`, `failed`, `cancelled`, `internal`); absent when the run itself ended it
+    /// `unavailable`, `failed`, `cancelled`, `internal`); `null` when the run itself ended it
     /// (a limit, a timeout: see `status`).
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub kind: Option<crate::ErrorKind>,
 }
 
@@ -181,6 +179,7 @@ impl Hint for snakebox_env::EnvError {
             // The data directory's disk is full: nothing the request can change.
             E::NoSpace { .. } => ErrorKind::Unavailable,
             E::InstallFailed { .. }
+            | E::PythonInstallFailed { .. }
             | E::Incomplete { .. }
             | E::SdistBuildsDisabled { .. }
             | E::BuildFailed { .. }

@@ -46,7 +46,7 @@ pub use artifacts::{
 };
 pub use audit::{AUDIT_DIR, AuditEntry, audit_files, read_audit, utc_text};
 pub use caller::{Caller, LOCAL_TENANT};
-pub use config::{EngineConfig, SessionSettings};
+pub use config::{EngineConfig, PythonDownloads, SessionSettings};
 pub use error::{EngineError, ErrorKind, Hint};
 pub use events::{EventKind, SecurityEvent};
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
@@ -57,7 +57,7 @@ pub use plan::ExecuteRequest;
 pub use pool::PoolReport;
 pub use report::{
     ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, LimitStatus,
-    NetworkCapsReport, WarmState,
+    NetworkCapsReport, WarmPhase, WarmReport, WarmState,
 };
 pub use result::{
     Artifact, ArtifactOrigin, ErrorInfo, ExceptionInfo, ExecutionResult, InlineImage, Package,
@@ -94,7 +94,11 @@ pub struct Engine {
     config: EngineConfig,
     sandbox: Result<Arc<Sandbox>, Unavailable>,
     uv: Result<Uv, Unavailable>,
-    interpreters: Interpreters,
+    /// The interpreters found on this host; replaced when one is downloaded
+    /// ([`Engine::provide_python`]). Read through [`Engine::interpreters`].
+    interpreters: std::sync::RwLock<Arc<Interpreters>>,
+    /// One `uv python install` at a time.
+    python_installs: tokio::sync::Mutex<()>,
     cache: Result<EnvCache, Unavailable>,
     /// `--max-concurrent-runs`: every sandbox that does work holds one while it runs (a run,
     /// a session call or command, an install or environment build, a validation compile).
@@ -215,7 +219,8 @@ impl Engine {
             config,
             sandbox,
             uv,
-            interpreters,
+            interpreters: std::sync::RwLock::new(Arc::new(interpreters)),
+            python_installs: tokio::sync::Mutex::new(()),
             cache,
             warm: Mutex::new(warm),
             lifecycle,
@@ -266,7 +271,7 @@ impl Engine {
         let interpreter = self.pick_interpreter(None, None)?;
         // Building it runs uv's install sandboxes: a slot, like every sandbox.
         let _slot = self.sandbox_slot().await?;
-        Ok(cache.ensure(interpreter, &[]).await?)
+        Ok(cache.ensure(&interpreter, &[]).await?)
     }
 
     fn set_warm(&self, state: WarmState) {

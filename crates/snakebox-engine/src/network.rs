@@ -200,8 +200,7 @@ pub struct NetworkLogEntry {
     pub allowed: bool,
     /// `allowed`, or why not: a policy refusal, or `network error: …`.
     pub reason: String,
-    /// The address connected to.
-    #[serde(skip_serializing_if = "Option::is_none")]
+    /// The address connected to (`null` when no connection was made).
     pub address: Option<String>,
     /// Bytes sent by the run.
     pub bytes_sent: u64,

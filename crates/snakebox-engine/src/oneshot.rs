@@ -17,8 +17,8 @@ use crate::run::{RunDir, classify};
 use crate::{Engine, EngineError, ErrorKind};
 
 /// What planning decided: everything needed to prepare and run.
-struct Plan<'a> {
-    interpreter: &'a Interpreter,
+struct Plan {
+    interpreter: Interpreter,
     requirements: Vec<pep508_rs::Requirement>,
     timeout: Duration,
     notes: Vec<String>,
@@ -66,6 +66,22 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
+        // With `python_downloads = "automatic"`, a version this host lacks is fetched first
+        // (a malformed script is left to the plan to report).
+        let requires_python = snakebox_script::parse(&request.script)
+            .ok()
+            .flatten()
+            .and_then(|block| block.metadata.requires_python);
+        let provided = tokio::select! {
+            provided = self.provide_python(request.python_version.as_deref(), requires_python.as_ref()) => provided,
+            () = cancel.cancelled() => Err(EngineError::new(
+                ErrorKind::Cancelled,
+                "The call was cancelled while its Python was being downloaded",
+            )),
+        };
+        if let Err(error) = provided {
+            return ExecutionResult::not_run(execution_id, error);
+        }
         let plan = match self.plan(&request) {
             Ok(plan) => plan,
             Err(error) => return ExecutionResult::not_run(execution_id, error),
@@ -90,7 +106,7 @@ impl Engine {
         // A cancel (the caller's, or the server stopping) ends the setup too: dropping it
         // kills its sandboxes and uv processes and removes its build directory.
         let prepared = tokio::select! {
-            prepared = self.environment(plan.interpreter, &plan.requirements) => prepared,
+            prepared = self.environment(&plan.interpreter, &plan.requirements) => prepared,
             () = cancel.cancelled() => {
                 return with_plan(ExecutionResult::not_run(
                     execution_id,
@@ -110,7 +126,7 @@ impl Engine {
         // outside it is refused with its line (the runner guards the dynamic ones too).
         if let Some(allowed) = &request.allowed_imports {
             match self
-                .imports_outside(plan.interpreter, &request.script, allowed)
+                .imports_outside(&plan.interpreter, &request.script, allowed)
                 .await
             {
                 Ok(blocked) if blocked.is_empty() => {}
@@ -325,7 +341,7 @@ impl Engine {
     }
 
     /// Check the request and decide interpreter, requirements, timeout and network.
-    fn plan(&self, request: &ExecuteRequest) -> Result<Plan<'_>, EngineError> {
+    fn plan(&self, request: &ExecuteRequest) -> Result<Plan, EngineError> {
         let checked = self.check_request(request)?;
         let network = self.network_for(request.network, &request.allowed_domains, "call")?;
         let interpreter = self.pick_interpreter(

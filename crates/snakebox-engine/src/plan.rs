@@ -137,16 +137,47 @@ impl Engine {
         Ok(Duration::from_secs(seconds))
     }
 
+    /// The interpreters found on this host (a snapshot: a download replaces the list).
+    pub(crate) fn interpreters(&self) -> std::sync::Arc<snakebox_env::Interpreters> {
+        self.interpreters.read().map_or_else(
+            |poisoned| poisoned.into_inner().clone(),
+            |list| list.clone(),
+        )
+    }
+
+    /// A version request no interpreter here satisfies, said with the fix: the operator can
+    /// add it (`snakebox python install`, or `python_downloads = "automatic"`).
+    fn missing_python(&self, request: &str, what: &str) -> EngineError {
+        EngineError::new(
+            ErrorKind::Unavailable,
+            format!(
+                "Python {request} ({what}) is not on this host; available: {}",
+                self.available_versions()
+            ),
+        )
+        .with_hint(format!(
+            "ask for one of the available versions; or the server's operator adds it: set \
+             python_downloads = \"automatic\" (or --python-downloads automatic) or run \
+             `snakebox python install {request}`"
+        ))
+    }
+
     /// Choose the interpreter: the call's request, else the script's `requires-python`
     /// (preferring the server default when it satisfies it), else the server default.
     pub(crate) fn pick_interpreter(
         &self,
         explicit: Option<&str>,
         requires_python: Option<&pep440_rs::VersionSpecifiers>,
-    ) -> Result<&Interpreter, EngineError> {
+    ) -> Result<Interpreter, EngineError> {
+        let interpreters = self.interpreters();
         let default_request = self.config.python_version.as_deref().unwrap_or("3");
         if let Some(request) = explicit {
-            let interpreter = self.interpreters.find(request)?;
+            let interpreter = interpreters.find(request).map_err(|err| match err {
+                snakebox_env::EnvError::NoMatchingInterpreter { .. } => {
+                    self.missing_python(request, "from python_version")
+                }
+                other => other.into(),
+            })?;
             if let Some(spec) = requires_python
                 && !spec.contains(&interpreter.version)
             {
@@ -158,32 +189,87 @@ impl Engine {
                     "drop python_version to let the script's requires-python choose, or change one of them",
                 ));
             }
-            return Ok(interpreter);
+            return Ok(interpreter.clone());
         }
         if let Some(spec) = requires_python {
-            if let Ok(default) = self.interpreters.find(default_request)
+            if let Ok(default) = interpreters.find(default_request)
                 && spec.contains(&default.version)
             {
-                return Ok(default);
+                return Ok(default.clone());
             }
-            let candidates = self.interpreters.satisfying(spec);
+            let candidates = interpreters.satisfying(spec);
             return candidates
                 .into_iter()
                 .max_by(|a, b| a.version.cmp(&b.version))
+                .cloned()
                 .ok_or_else(|| {
-                    EngineError::new(
-                        ErrorKind::Unavailable,
-                        format!(
-                            "No available Python satisfies the script's requires-python `{spec}`; available: {}",
-                            self.available_versions()
-                        ),
-                    )
-                    .with_hint(
-                        "change requires-python, or install a matching interpreter (pyenv, uv python install, or the system package manager)",
-                    )
+                    self.missing_python(&spec.to_string(), "the script's requires-python")
                 });
         }
-        Ok(self.interpreters.find(default_request)?)
+        Ok(interpreters.find(default_request)?.clone())
+    }
+
+    /// With `python_downloads = "automatic"`, download the Python a call asks for when no
+    /// interpreter here has it: `uv python install` (one at a time), then find the
+    /// interpreters again, so that [`Engine::pick_interpreter`] takes the new one. Does
+    /// nothing when the version is here, when downloads are off (the pick then refuses with
+    /// the fix), or for a request that is not a version (the pick says what is wrong).
+    ///
+    /// # Errors
+    /// The download failed (uv's message, with a hint).
+    pub(crate) async fn provide_python(
+        &self,
+        explicit: Option<&str>,
+        requires_python: Option<&pep440_rs::VersionSpecifiers>,
+    ) -> Result<(), EngineError> {
+        if self.config.python_downloads != crate::PythonDownloads::Automatic {
+            return Ok(());
+        }
+        let missing = |interpreters: &snakebox_env::Interpreters| -> Option<String> {
+            match (explicit, requires_python) {
+                (Some(request), _) => matches!(
+                    interpreters.find(request),
+                    Err(snakebox_env::EnvError::NoMatchingInterpreter { .. })
+                )
+                .then(|| request.to_owned()),
+                (None, Some(spec)) => interpreters
+                    .satisfying(spec)
+                    .is_empty()
+                    .then(|| spec.to_string()),
+                (None, None) => None,
+            }
+        };
+        if missing(&self.interpreters()).is_none() {
+            return Ok(());
+        }
+        let Ok(uv) = &self.uv else {
+            return Ok(()); // the pick reports the missing interpreter (and uv's absence)
+        };
+        let _one_at_a_time = self.python_installs.lock().await;
+        // Another call may have installed it while this one waited.
+        let Some(request) = missing(&self.interpreters()) else {
+            return Ok(());
+        };
+        tracing::info!(%request, "downloading a Python version a call asked for (python_downloads = automatic)");
+        snakebox_env::install_python(uv, &request).await?;
+        let found = snakebox_env::Interpreters::discover(uv).await;
+        if let Ok(mut interpreters) = self.interpreters.write() {
+            *interpreters = std::sync::Arc::new(found);
+        }
+        Ok(())
+    }
+
+    /// At start, with `python_downloads = "automatic"`: download the server's default Python
+    /// (`--python-version`) when no interpreter here has it, before
+    /// [`Engine::check_default_python`] judges it.
+    ///
+    /// # Errors
+    /// The download failed.
+    pub async fn provide_default_python(&self) -> Result<(), EngineError> {
+        match self.config.python_version.as_deref() {
+            Some(request) => self.provide_python(Some(request), None).await,
+            None => Ok(()),
+        }
     }
 
     /// Whether the server's default Python (`--python-version`, `[python] version`) names an
@@ -196,7 +282,7 @@ impl Engine {
         let Some(request) = self.config.python_version.as_deref() else {
             return Ok(());
         };
-        self.interpreters.find(request).map(|_| ()).map_err(|err| {
+        self.interpreters().find(request).map(|_| ()).map_err(|err| {
             let err = EngineError::from(err);
             let fixed = EngineError::new(
                 err.kind,
@@ -214,7 +300,7 @@ impl Engine {
 
     pub(crate) fn available_versions(&self) -> String {
         let versions: Vec<String> = self
-            .interpreters
+            .interpreters()
             .all()
             .iter()
             .map(|i| i.version.to_string())

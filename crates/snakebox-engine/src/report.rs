@@ -7,9 +7,11 @@ use serde::Serialize;
 use crate::ids::human_bytes;
 use crate::{Caller, Engine};
 
-/// State of cache warming.
+/// State of cache warming. On the wire one flat object ([`WarmReport`]): a tagged union
+/// would be a `oneOf`, which the model providers' schema rules refuse.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
-#[serde(tag = "state", rename_all = "snake_case")]
+#[serde(into = "WarmReport")]
+#[schemars(with = "WarmReport")]
 pub enum WarmState {
     /// `--no-warm-cache` was given.
     Disabled,
@@ -27,6 +29,51 @@ pub enum WarmState {
         /// Why.
         message: String,
     },
+}
+
+/// Cache warming as `check_environment` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+pub struct WarmReport {
+    /// `disabled` (`--no-warm-cache`), `pending`, `running`, `ready` or `failed` (executions
+    /// will retry and report the reason).
+    pub state: WarmPhase,
+    /// How long warming took, once `ready`.
+    pub duration_ms: Option<u64>,
+    /// Why warming failed, when `failed`.
+    pub message: Option<String>,
+}
+
+/// The phase of cache warming.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WarmPhase {
+    /// `--no-warm-cache` was given.
+    Disabled,
+    /// Not started yet.
+    Pending,
+    /// Building the default environment now.
+    Running,
+    /// The default environment is ready.
+    Ready,
+    /// Warming failed.
+    Failed,
+}
+
+impl From<WarmState> for WarmReport {
+    fn from(state: WarmState) -> Self {
+        let (state, duration_ms, message) = match state {
+            WarmState::Disabled => (WarmPhase::Disabled, None, None),
+            WarmState::Pending => (WarmPhase::Pending, None, None),
+            WarmState::Running => (WarmPhase::Running, None, None),
+            WarmState::Ready { duration_ms } => (WarmPhase::Ready, Some(duration_ms), None),
+            WarmState::Failed { message } => (WarmPhase::Failed, None, Some(message)),
+        };
+        Self {
+            state,
+            duration_ms,
+            message,
+        }
+    }
 }
 
 /// One interpreter found on this host.
@@ -127,6 +174,9 @@ pub struct EnvironmentReport {
     pub default_python: String,
     /// Interpreters found.
     pub pythons: Vec<InterpreterReport>,
+    /// Whether a version asked for and not found here is downloaded (`automatic`) or refused
+    /// (`never`; the operator can add one with `snakebox python install`).
+    pub python_downloads: crate::PythonDownloads,
     /// Limits: configured value, whether enforced, and how.
     pub limits: Vec<LimitStatus>,
     /// Default and maximum timeout in seconds.
@@ -236,7 +286,7 @@ impl Engine {
                 line.push_str(&format!(" (hint: {hint})"));
             }
             problems.push(line);
-        } else if self.interpreters.all().is_empty() {
+        } else if self.interpreters().all().is_empty() {
             problems.push(
                 "No Python interpreter was found (hint: install one with pyenv, `uv python install`, or the system package manager)"
                     .into(),
@@ -273,8 +323,9 @@ impl Engine {
                 .python_version
                 .clone()
                 .unwrap_or_else(|| "newest available CPython 3".into()),
+            python_downloads: config.python_downloads,
             pythons: self
-                .interpreters
+                .interpreters()
                 .all()
                 .iter()
                 .map(|i| InterpreterReport {

@@ -188,8 +188,8 @@ pub struct Artifact {
     pub inline: bool,
     /// Over HTTP only: a signed, expiring URL that downloads it with a plain `GET`, no API
     /// key (the link is the credential; it expires, see the server's `[http]` settings).
-    /// Absent on stdio.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// `null` on stdio.
+    #[serde(default)]
     pub download_url: Option<String>,
 }
 

@@ -286,7 +286,7 @@ impl Engine {
             };
         }
         let available: Vec<pep440_rs::Version> = self
-            .interpreters
+            .interpreters()
             .all()
             .iter()
             .map(|i| i.version.clone())
@@ -325,7 +325,7 @@ impl Engine {
         let mut imports = Vec::new();
         let mut analysis = None;
         let mut recommendations = Vec::new();
-        if let Some(interpreter) = interpreter {
+        if let Some(interpreter) = &interpreter {
             match self.syntax_check(interpreter, script).await {
                 Ok(checked) => {
                     problems.extend(checked.syntax_error);

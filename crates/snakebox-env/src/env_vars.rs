@@ -19,8 +19,15 @@ impl EnvVars {
     pub const HOME: &'static str = "HOME";
     /// uv's cache directory (always ours, under the data root).
     pub const UV_CACHE_DIR: &'static str = "UV_CACHE_DIR";
-    /// Never let uv download an interpreter (we always pass an explicit one).
+    /// Never let uv download an interpreter on its own (we always pass an explicit one);
+    /// `manual` for `uv python install` ([`crate::install_python`]).
     pub const UV_PYTHON_DOWNLOADS: &'static str = "UV_PYTHON_DOWNLOADS";
+    /// Where `uv python install` fetches interpreters from instead of python-build-standalone's
+    /// releases (`<mirror>/<build>/<archive>`; `file://` for a local directory).
+    pub const UV_PYTHON_INSTALL_MIRROR: &'static str = "UV_PYTHON_INSTALL_MIRROR";
+    /// A JSON list of interpreter downloads replacing the one built into uv (an
+    /// organisation's own builds).
+    pub const UV_PYTHON_DOWNLOADS_JSON_URL: &'static str = "UV_PYTHON_DOWNLOADS_JSON_URL";
     /// Disable uv's progress bars (its stderr is captured).
     pub const UV_NO_PROGRESS: &'static str = "UV_NO_PROGRESS";
     /// Disable colour codes in uv's messages.
@@ -53,6 +60,16 @@ impl EnvVars {
         "UV_NATIVE_TLS",
         "UV_HTTP_TIMEOUT",
         "UV_CONCURRENT_DOWNLOADS",
+        // Where interpreters are downloaded from (`snakebox python install`, and
+        // `python_downloads = "automatic"`): the operator's choice of source, like an index.
+        // Of uv's other `UV_PYTHON_*` variables none is passed: `UV_PYTHON_INSTALL_DIR` would
+        // let the server and `snakebox python install` disagree on where interpreters are;
+        // `UV_PYTHON`, `UV_PYTHON_PREFERENCE` and `UV_PYTHON_DOWNLOADS` would change which
+        // interpreter uv takes or whether it downloads (snakebox decides both);
+        // `UV_PYTHON_INSTALL_BIN`/`_REGISTRY` write outside uv's directory; PyPy and
+        // GraalPy mirrors serve interpreters snakebox does not use.
+        "UV_PYTHON_INSTALL_MIRROR",
+        "UV_PYTHON_DOWNLOADS_JSON_URL",
         "SSL_CERT_FILE",
         "SSL_CERT_DIR",
         "REQUESTS_CA_BUNDLE",
@@ -347,9 +364,24 @@ mod tests {
                 "/etc/ssl/certs/ca.pem".to_owned(),
             ),
             ("PATH".to_owned(), "/home/me/bin:/usr/bin".to_owned()),
+            (
+                "UV_PYTHON_INSTALL_MIRROR".to_owned(),
+                "file:///srv/pbs".to_owned(),
+            ),
+            ("UV_PYTHON_INSTALL_DIR".to_owned(), "/elsewhere".to_owned()),
+            ("UV_PYTHON".to_owned(), "3.8".to_owned()),
         ]);
         let vars = env.for_uv(Path::new("/data/uv-cache"));
         assert!(vars.iter().all(|(k, _)| k != "AWS_SECRET_ACCESS_KEY"));
+        // The interpreter download source passes; what would move or pick interpreters not.
+        assert!(vars.contains(&(
+            "UV_PYTHON_INSTALL_MIRROR".to_owned(),
+            "file:///srv/pbs".to_owned()
+        )));
+        assert!(
+            vars.iter()
+                .all(|(k, _)| k != "UV_PYTHON_INSTALL_DIR" && k != "UV_PYTHON")
+        );
         assert!(vars.contains(&("PATH".to_owned(), EnvVars::MINIMAL_PATH.to_owned())));
         assert!(vars.contains(&(
             "SSL_CERT_FILE".to_owned(),

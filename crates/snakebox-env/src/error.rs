@@ -56,6 +56,17 @@ pub enum EnvError {
         available: Vec<String>,
     },
 
+    /// `uv python install` failed (a version the download source does not offer, no access
+    /// to it, no space).
+    #[error("Failed to install Python `{request}` with uv")]
+    PythonInstallFailed {
+        /// The version asked for, e.g. `3.14`.
+        request: String,
+        /// What uv said (trimmed).
+        #[source]
+        source: UvStderr,
+    },
+
     /// `uv venv` failed.
     #[error("Failed to create the virtual environment at `{}`", path.display())]
     VenvFailed {
@@ -237,6 +248,18 @@ impl EnvError {
                     available.join(", ")
                 )
             }),
+            Self::PythonInstallFailed { source, .. } => {
+                Some(if source.0.contains("No download found") {
+                    "the download source does not offer this version: ask for another, or point \
+                 UV_PYTHON_INSTALL_MIRROR (or UV_PYTHON_DOWNLOADS_JSON_URL) at a source that has it"
+                        .to_owned()
+                } else {
+                    "check that the download source is reachable from this host (set \
+                 UV_PYTHON_INSTALL_MIRROR to a mirror, `file://` for a local directory) and \
+                 that the disk has space"
+                        .to_owned()
+                })
+            }
             Self::VenvFailed { .. } => Some(
                 "check that the interpreter still exists and that the cache directory is \
                  writable"

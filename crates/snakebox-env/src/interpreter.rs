@@ -383,7 +383,52 @@ fn listing_invocation(uv: &Uv, args: &[&str]) -> UvInvocation {
     }
 }
 
-/// Paths of the interpreters uv knows (installed ones only; uv cannot download here anyway).
+/// The longest `uv python install` may take (an interpreter is tens of megabytes).
+pub const PYTHON_INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Install CPython `request` (`3.14`, `3.12.7`) with `uv python install` into uv's own
+/// Python directory, where [`Interpreters::discover`] finds it (`uv python dir`, the same
+/// environment). From python-build-standalone's releases, or what the operator configured
+/// (`UV_PYTHON_INSTALL_MIRROR`, `UV_PYTHON_DOWNLOADS_JSON_URL`, passed through
+/// [`UvEnvironment`]). Trusted uv on the host, as the listing calls above: it downloads and
+/// unpacks an archive of the operator's source and runs nothing of it; the interpreter
+/// first runs when discovery asks it its version. `--no-bin`: nothing is written to
+/// `~/.local/bin`. Returns uv's report (its stderr).
+///
+/// # Errors
+/// [`EnvError::InvalidPythonRequest`] for a request that is not a version;
+/// [`EnvError::PythonInstallFailed`] with what uv said.
+pub async fn install_python(uv: &Uv, request: &str) -> Result<String, EnvError> {
+    // A version (prefix or specifiers) only: never an option or a path for uv.
+    PythonRequest::parse(request)?;
+    let request = request.trim();
+    if request.starts_with('-') || request.contains(['/', '\\']) {
+        return Err(EnvError::InvalidPythonRequest {
+            request: request.to_owned(),
+            source: "expected a Python version such as `3.14`".into(),
+        });
+    }
+    let mut invocation = listing_invocation(uv, &["python", "install", "--no-bin", request]);
+    invocation.timeout = PYTHON_INSTALL_TIMEOUT;
+    invocation.network = true;
+    for (name, value) in &mut invocation.env {
+        if name == EnvVars::UV_PYTHON_DOWNLOADS {
+            // `never` refuses even an explicit install; `manual` allows only those.
+            "manual".clone_into(value);
+        }
+    }
+    let output = DirectUvRunner.run(&invocation).await?;
+    if output.success() {
+        Ok(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+    } else {
+        Err(EnvError::PythonInstallFailed {
+            request: request.to_owned(),
+            source: crate::error::UvStderr::from_output(&output.stderr),
+        })
+    }
+}
+
+/// Paths of the interpreters uv knows (installed ones only; uv never downloads one by itself).
 async fn uv_python_list(uv: &Uv) -> Vec<PathBuf> {
     let invocation = listing_invocation(
         uv,

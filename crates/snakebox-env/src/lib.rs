@@ -43,7 +43,9 @@ pub use install::{
     hand_to_package_code, installed_packages, is_missing_wheel, point_scripts_at_venv,
     site_packages, take_back_from_package_code,
 };
-pub use interpreter::{Interpreter, Interpreters, SkippedInterpreter};
+pub use interpreter::{
+    Interpreter, Interpreters, PYTHON_INSTALL_TIMEOUT, SkippedInterpreter, install_python,
+};
 pub use pipeline::{
     DownloadTarget, DownloaderStep, InstallPipeline, requirements_file_args, venv_python,
 };

@@ -32,8 +32,7 @@ pub(crate) struct CreateSessionParams {
     /// Python version, e.g. `"3.12"` (default: the server's).
     pub python_version: Option<String>,
     /// Packages to install at creation, PEP 508, e.g. `["pandas>=2.2"]`.
-    #[serde(default)]
-    pub dependencies: Vec<String>,
+    pub dependencies: Option<Vec<String>>,
     /// A short label to recognise the session by, e.g. `"sales-analysis"`.
     pub name: Option<String>,
     /// Network for the session's whole life, as for `execute_python`: `true` asks for it
@@ -45,8 +44,7 @@ pub(crate) struct CreateSessionParams {
     /// (`api.example.com`, or `*.example.com`), each allowed by the server's policy (see
     /// `check_environment`); asking for more is refused with the reason. Its code reaches the
     /// network through the server's proxy; each call's `network_log` lists every connection.
-    #[serde(default)]
-    pub allowed_domains: Vec<String>,
+    pub allowed_domains: Option<Vec<String>>,
 }
 
 /// Arguments naming one session.
@@ -113,8 +111,7 @@ pub(crate) struct ListFilesParams {
     /// The session's id.
     pub session_id: String,
     /// Directory relative to the workspace (default: the workspace itself).
-    #[serde(default)]
-    pub path: String,
+    pub path: Option<String>,
     /// Levels to descend (default 3, at most 10).
     pub depth: Option<u32>,
 }
@@ -247,10 +244,10 @@ Example: {\"name\": \"sales-analysis\", \"dependencies\": [\"pandas>=2.2\"], \"p
                 &caller,
                 CreateSession {
                     python_version: params.python_version,
-                    dependencies: params.dependencies,
+                    dependencies: params.dependencies.unwrap_or_default(),
                     name: params.name,
                     network: params.network,
-                    allowed_domains: params.allowed_domains,
+                    allowed_domains: params.allowed_domains.unwrap_or_default(),
                 },
             )
             .await;
@@ -504,7 +501,12 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"path\": \"\", \"depth\": 2}"
         let depth = params.depth.unwrap_or(3) as usize;
         let result = self
             .engine
-            .list_files(&caller, &params.session_id, &params.path, depth)
+            .list_files(
+                &caller,
+                &params.session_id,
+                params.path.as_deref().unwrap_or_default(),
+                depth,
+            )
             .await;
         Ok(answer(result, |list| {
             if list.entries.is_empty() {

@@ -31,7 +31,8 @@ expression, plots as images, and files the script writes (read them with `resour
 input files with `files`. For work that spans calls (variables, files, installed packages), \
 `create_session` once and pass its `session_id` to `execute_python`. Call `check_environment` to \
 see available Python versions, limits and whether the network is allowed (it is off by default). \
-Use `validate_script` to check a script without running it.";
+Use `validate_script` to check a script without running it. An optional argument may be \
+`null` or left out: both mean the default.";
 
 /// Arguments of `execute_python`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -42,8 +43,7 @@ pub(crate) struct ExecuteParams {
     pub script: String,
     /// Extra packages as PEP 508 specifiers, e.g. `["numpy>=1.26", "pandas==2.2.2"]`. They are
     /// merged with the script's PEP 723 dependencies; on a name clash these win.
-    #[serde(default)]
-    pub dependencies: Vec<String>,
+    pub dependencies: Option<Vec<String>>,
     /// Wall-clock limit in seconds (default 30; larger values are clamped to the server maximum).
     pub timeout_seconds: Option<f64>,
     /// Python version for this call, e.g. `"3.12"` (default: the server's). Must satisfy the
@@ -53,8 +53,7 @@ pub(crate) struct ExecuteParams {
     /// `[{"path": "data/in.csv", "content": "a,b\n1,2\n"}]`. Paths are relative (no `/` at the
     /// start, no `..`); at most 100 files and 32 MiB in total. Binary files: base64 content
     /// with `"encoding": "base64"`.
-    #[serde(default)]
-    pub files: Vec<FileParam>,
+    pub files: Option<Vec<FileParam>>,
     /// Run in this persistent session (from `create_session`) instead of a fresh sandbox:
     /// variables, imports, files and packages from earlier calls are kept. Earlier code of the
     /// same session shares the process that reports each cell: names it replaces (`sys.exit`,
@@ -78,8 +77,7 @@ pub(crate) struct ExecuteParams {
     /// ALL_PROXY are set; urllib, requests, httpx and pip use it): host names only, public
     /// addresses only, ports 80 and 443 by default. Every connection, allowed or refused, is
     /// listed in the result's `network_log` with the reason.
-    #[serde(default)]
-    pub allowed_domains: Vec<String>,
+    pub allowed_domains: Option<Vec<String>>,
     /// Only these modules may be imported by the script's own code (a name covers its
     /// submodules: `os` allows `os.path`), e.g. `["math", "json", "numpy"]`. An import outside
     /// them is refused before the run, with its line (`invalid_request`), and stopped while it
@@ -97,8 +95,7 @@ pub(crate) struct FileParam {
     /// The file's content: text, or base64 when `encoding` is `base64`.
     pub content: String,
     /// `utf-8` (default) or `base64`.
-    #[serde(default)]
-    pub encoding: FileEncoding,
+    pub encoding: Option<FileEncoding>,
 }
 
 /// Arguments of `validate_script`.
@@ -108,8 +105,7 @@ pub(crate) struct ValidateParams {
     /// Python source to check (with or without a PEP 723 block).
     pub script: String,
     /// Extra packages as PEP 508 specifiers, checked like `execute_python`'s.
-    #[serde(default)]
-    pub dependencies: Vec<String>,
+    pub dependencies: Option<Vec<String>>,
     /// Python version to check the syntax against (default: what `execute_python` would use).
     pub python_version: Option<String>,
     /// Module names the script may import (a name covers its submodules: `os` allows
@@ -197,7 +193,7 @@ impl SnakeboxServer {
 
     /// Every tool of snakebox, with schemas every client's validator takes
     /// ([`crate::schemas`]).
-    fn all_tools() -> ToolRouter<Self> {
+    pub(crate) fn all_tools() -> ToolRouter<Self> {
         let mut tools = Self::tool_router() + Self::session_router();
         crate::schemas::make_plain(&mut tools);
         tools
@@ -318,20 +314,21 @@ processes): see check_environment.",
         };
         let request = ExecuteRequest {
             script: params.script,
-            dependencies: params.dependencies,
+            dependencies: params.dependencies.unwrap_or_default(),
             timeout_seconds,
             python_version: params.python_version,
             files: params
                 .files
+                .unwrap_or_default()
                 .into_iter()
                 .map(|file| InputFile {
                     path: file.path,
                     content: file.content,
-                    encoding: file.encoding,
+                    encoding: file.encoding.unwrap_or_default(),
                 })
                 .collect(),
             network: params.network,
-            allowed_domains: params.allowed_domains,
+            allowed_domains: params.allowed_domains.unwrap_or_default(),
             allowed_imports: params.allowed_imports,
         };
         let caller = self.caller(&context)?;
@@ -381,7 +378,7 @@ code runs and nothing is installed.\n\nExample: {\"script\": \"import numpy\\npr
             .engine
             .validate(
                 &params.script,
-                &params.dependencies,
+                params.dependencies.as_deref().unwrap_or_default(),
                 params.python_version.as_deref(),
                 params.allowed_imports.as_deref(),
             )
@@ -670,7 +667,7 @@ mod description_tests {
     /// examples (first) are never lost.
     #[test]
     fn every_tool_description_fits_the_shortest_client_limit() {
-        let tools = (SnakeboxServer::tool_router() + SnakeboxServer::session_router()).list_all();
+        let tools = SnakeboxServer::all_tools().list_all();
         assert!(tools.len() >= 13);
         for tool in tools {
             let length = tool.description.as_deref().map_or(0, |d| d.chars().count());

@@ -28,6 +28,29 @@ pub enum Command {
     /// Query the audit log: every call (who, what code by hash, how it ended, what was
     /// stopped or refused), oldest first.
     Audit(AuditArgs),
+    /// Manage the Python interpreters snakebox can use.
+    Python(PythonCommandArgs),
+}
+
+/// Arguments of `snakebox python`.
+#[derive(Debug, Args)]
+pub struct PythonCommandArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub action: PythonAction,
+}
+
+/// `snakebox python install`.
+#[derive(Debug, Subcommand)]
+pub enum PythonAction {
+    /// Download a CPython version with uv (from python-build-standalone, or
+    /// UV_PYTHON_INSTALL_MIRROR) into uv's Python directory, where the server finds it.
+    Install {
+        /// The version, e.g. `3.14` or `3.12.7`.
+        version: String,
+        #[command(flatten)]
+        engine: Box<EngineArgs>,
+    },
 }
 
 /// Arguments of `snakebox serve`.
@@ -241,6 +264,20 @@ pub struct PythonArgs {
     /// Path to the uv binary [default: found on PATH, ~/.local/bin, or installed by pip].
     #[arg(long, env = "SNAKEBOX_UV_PATH", value_name = "PATH")]
     pub uv_path: Option<PathBuf>,
+    /// Whether a Python version a call asks for and this host lacks is downloaded with uv
+    /// (`automatic`) or refused (`never`) [default: never].
+    #[arg(long, env = "SNAKEBOX_PYTHON_DOWNLOADS", value_enum)]
+    pub python_downloads: Option<PythonDownloadsArg>,
+}
+
+/// `--python-downloads`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PythonDownloadsArg {
+    /// Refuse a missing version, naming the fix (`snakebox python install`).
+    Never,
+    /// Download a missing version when a call asks for it.
+    Automatic,
 }
 
 /// The isolation backend (`[sandbox]`).

@@ -1,4 +1,4 @@
-//! The subcommands: `serve` (stdio or HTTP), `run`, `check`, `keys`, `audit`.
+//! The subcommands: `serve` (stdio or HTTP), `run`, `check`, `keys`, `audit`, `python install`.
 #![allow(clippy::print_stdout, clippy::print_stderr)] // The CLI's job is to print.
 
 use std::io::{Read, Write};
@@ -10,7 +10,9 @@ use anyhow::Context;
 use snakebox_engine::{Engine, EnvironmentReport, ExecuteRequest, Status, StopReason};
 use tokio_util::sync::CancellationToken;
 
-use crate::cli::{AuditArgs, CheckArgs, KeysAction, KeysArgs, RunArgs, ServeArgs};
+use crate::cli::{
+    AuditArgs, CheckArgs, KeysAction, KeysArgs, PythonAction, PythonCommandArgs, RunArgs, ServeArgs,
+};
 use crate::settings;
 
 /// How long calls in flight get to return their (cancelled) records when the server stops.
@@ -36,7 +38,7 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         return serve_http(settings.engine, http).await;
     }
     let engine = Engine::start(settings.engine).await;
-    fail_on_bad_default_python(&engine)?;
+    fail_on_bad_default_python(&engine).await?;
     let report = engine.report();
     if report.ready {
         tracing::info!(
@@ -74,7 +76,7 @@ async fn serve_http(
     http: snakebox_http::HttpConfig,
 ) -> anyhow::Result<ExitCode> {
     let engine = Engine::start(config).await;
-    fail_on_bad_default_python(&engine)?;
+    fail_on_bad_default_python(&engine).await?;
     let report = engine.report();
     if !report.ready {
         for problem in &report.problems {
@@ -392,7 +394,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let config = settings::resolve(&args.engine)?.engine;
     let engine = Engine::new(config).await;
-    fail_on_bad_default_python(&engine)?;
+    fail_on_bad_default_python(&engine).await?;
     let cancel = CancellationToken::new();
     let on_interrupt = cancel.clone();
     // SIGINT or SIGTERM kills the run (its output so far is printed; exit code 130).
@@ -456,14 +458,18 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
 /// `snakebox check`: the environment report; exit 1 when executions cannot run.
 /// A server whose default Python is not here would fail every call: refuse to start, saying
 /// which setting to fix (`check` reports it as a problem instead).
-fn fail_on_bad_default_python(engine: &Engine) -> anyhow::Result<()> {
-    engine.check_default_python().map_err(|err| {
-        engine.release_host();
-        match err.hint {
-            Some(hint) => anyhow::anyhow!("{}\nhint: {hint}", err.message),
-            None => anyhow::anyhow!("{}", err.message),
-        }
-    })
+/// With `python_downloads = "automatic"` a missing default is downloaded first.
+async fn fail_on_bad_default_python(engine: &Engine) -> anyhow::Result<()> {
+    let provided = engine.provide_default_python().await;
+    provided
+        .and_then(|()| engine.check_default_python())
+        .map_err(|err| {
+            engine.release_host();
+            match err.hint {
+                Some(hint) => anyhow::anyhow!("{}\nhint: {hint}", err.message),
+                None => anyhow::anyhow!("{}", err.message),
+            }
+        })
 }
 
 pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
@@ -513,6 +519,15 @@ fn print_report(report: &EnvironmentReport) {
             python.version, python.path, python.source
         );
     }
+    println!(
+        "           downloads: {}",
+        match report.python_downloads {
+            snakebox_engine::PythonDownloads::Automatic =>
+                "automatic (a missing version is fetched with uv when a call asks for it)",
+            snakebox_engine::PythonDownloads::Never =>
+                "never (add a version with `snakebox python install 3.14`)",
+        }
+    );
     println!("timeouts:  {}", report.timeouts);
     println!("limits:");
     for limit in &report.limits {
@@ -594,5 +609,50 @@ fn print_report(report: &EnvironmentReport) {
         for problem in &report.problems {
             println!("  - {problem}");
         }
+    }
+}
+
+/// `snakebox python install VERSION`: `uv python install` with the server's uv and
+/// environment (`UV_PYTHON_INSTALL_MIRROR` passed through), into uv's Python directory, then
+/// the interpreters found as the server finds them, to show it is there.
+pub(crate) async fn python(args: PythonCommandArgs) -> anyhow::Result<ExitCode> {
+    let PythonAction::Install { version, engine } = args.action;
+    let config = settings::resolve(&engine)?.engine;
+    let with_hint = |err: snakebox_env::EnvError| {
+        let hint = err.hint();
+        let mut text = format!("{err}");
+        let mut source = std::error::Error::source(&err);
+        while let Some(cause) = source {
+            text.push_str(&format!(": {cause}"));
+            source = cause.source();
+        }
+        if let Some(hint) = hint {
+            text.push_str(&format!("\nhint: {hint}"));
+        }
+        anyhow::anyhow!(text)
+    };
+    let uv = snakebox_env::Uv::locate(config.uv_path.as_deref()).map_err(with_hint)?;
+    eprintln!("installing Python {version} with uv {}", uv.version);
+    let said = snakebox_env::install_python(&uv, &version)
+        .await
+        .map_err(with_hint)?;
+    if !said.is_empty() {
+        eprintln!("{said}");
+    }
+    let interpreters = snakebox_env::Interpreters::discover(&uv).await;
+    match interpreters.find(&version) {
+        Ok(found) => {
+            println!(
+                "Python {} is ready: {} ({}); snakebox uses it for calls that ask for `{version}`",
+                found.version,
+                found.executable.display(),
+                found.source
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(err) => Err(anyhow::anyhow!(
+            "uv installed Python {version}, but snakebox does not find it: {err}\nhint: check `uv python dir` (snakebox looks where uv installs for this user: HOME={})",
+            std::env::var("HOME").unwrap_or_default()
+        )),
     }
 }

@@ -42,6 +42,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Run(args) => commands::run(args).await,
             Command::Check(args) => commands::check(&args).await,
             Command::Audit(args) => commands::audit(&args),
+            Command::Python(args) => commands::python(args).await,
         }
     });
     // Bounded: a task that never ends (a blocking read of stdin) must not hold the exit.

@@ -42,7 +42,8 @@ use snakebox_sandbox::BackendKind;
 
 use crate::cli::{
     ArtifactsArgs, BackendArg, CacheArgs, EngineArgs, HttpArgs, LimitsArgs, NetworkArgs, PoolArgs,
-    PythonArgs, SandboxArgs, ServeArgs, ServerArgs, SessionsArgs, Switch, TenantsArgs,
+    PythonArgs, PythonDownloadsArg, SandboxArgs, ServeArgs, ServerArgs, SessionsArgs, Switch,
+    TenantsArgs,
 };
 
 /// Largest `--warm-pool`: every pooled sandbox is a waiting interpreter.
@@ -61,6 +62,7 @@ const FLAT_KEYS: &[FlatKey] = &[
     ("max_frame_bytes", "server", "max_frame_bytes"),
     ("python_version", "python", "version"),
     ("uv_path", "python", "uv_path"),
+    ("python_downloads", "python", "downloads"),
     ("sandbox_backend", "sandbox", "backend"),
     ("bwrap_path", "sandbox", "bwrap_path"),
     ("network", "network", "mode"),
@@ -185,6 +187,7 @@ struct ServerFile {
 struct PythonFile {
     version: Option<String>,
     uv_path: Option<PathBuf>,
+    downloads: Option<PythonDownloadsArg>,
 }
 
 /// `[sandbox]`.
@@ -455,6 +458,10 @@ fn resolve_server(
 fn resolve_python(args: &PythonArgs, file: PythonFile, config: &mut EngineConfig) {
     config.python_version = args.python_version.clone().or(file.version);
     config.uv_path = args.uv_path.clone().or(file.uv_path);
+    config.python_downloads = match args.python_downloads.or(file.downloads) {
+        Some(PythonDownloadsArg::Automatic) => snakebox_engine::PythonDownloads::Automatic,
+        Some(PythonDownloadsArg::Never) | None => snakebox_engine::PythonDownloads::Never,
+    };
 }
 
 fn resolve_sandbox(args: &SandboxArgs, file: SandboxFile, config: &mut EngineConfig) {
@@ -1180,6 +1187,7 @@ mod tests {
         ("max_frame_bytes", "\"4MiB\""),
         ("python_version", "\"3.12\""),
         ("uv_path", "\"/opt/uv\""),
+        ("python_downloads", "\"automatic\""),
         ("sandbox_backend", "\"none\""),
         ("bwrap_path", "\"/opt/bwrap\""),
         ("network", "\"on\""),
@@ -1291,6 +1299,7 @@ mod tests {
             "--warm-pool=5",
             "--fork-server=off",
             "--uv-path=/opt/uv",
+            "--python-downloads=automatic",
             "--bwrap-path=/opt/bwrap",
             "--data-dir=/srv/snakebox",
             "--network=on",
@@ -1325,7 +1334,12 @@ mod tests {
         .map(str::to_owned)
         .to_vec();
         assert_eq!(flags.len(), FLAT_KEYS.len() + 1);
-        for command in [vec!["serve"], vec!["run", "x.py"], vec!["check"]] {
+        for command in [
+            vec!["serve"],
+            vec!["run", "x.py"],
+            vec!["check"],
+            vec!["python", "install", "3.14"],
+        ] {
             let argv = ["snakebox"]
                 .into_iter()
                 .map(str::to_owned)
@@ -1338,7 +1352,15 @@ mod tests {
                 Command::Check(check) => check.engine,
                 Command::Audit(audit) => audit.engine,
                 Command::Keys(keys) => keys.action.engine().clone(),
+                Command::Python(python) => {
+                    let crate::cli::PythonAction::Install { engine, .. } = python.action;
+                    *engine
+                }
             };
+            assert_eq!(
+                args.python.python_downloads,
+                Some(crate::cli::PythonDownloadsArg::Automatic)
+            );
             assert_eq!(args.limits.memory_limit.as_deref(), Some("2GiB"));
             assert_eq!(args.sessions.max_sessions, Some(4));
             assert!(args.cache.no_warm_cache && args.cache.allow_sdist_builds);

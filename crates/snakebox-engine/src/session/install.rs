@@ -539,7 +539,7 @@ impl Engine {
         let requirements = Self::parse_requirements(&packages)?;
         manager.check_disk()?;
         let interpreter = self.session_interpreter(&row)?;
-        let installer = self.installer(interpreter, &manager.paths(&row.id))?;
+        let installer = self.installer(&interpreter, &manager.paths(&row.id))?;
         let slot = manager.slot(&row);
         if slot.installing.swap(true, Ordering::SeqCst) {
             return Err(EngineError {

@@ -508,14 +508,12 @@ impl Engine {
     }
 
     /// The interpreter a session was made with (it must still exist on this host).
-    pub(super) fn session_interpreter(
-        &self,
-        row: &SessionRow,
-    ) -> Result<&Interpreter, EngineError> {
-        self.interpreters
+    pub(super) fn session_interpreter(&self, row: &SessionRow) -> Result<Interpreter, EngineError> {
+        self.interpreters()
             .all()
             .iter()
             .find(|i| i.executable.as_os_str() == row.interpreter.as_str())
+            .cloned()
             .ok_or_else(|| EngineError {
                 kind: ErrorKind::Unavailable,
                 message: format!(
@@ -565,10 +563,14 @@ impl Engine {
         let _reservation = manager.reserve_create(caller, self.config.tenants.max_sessions)?;
         manager.check_disk()?;
         let requirements = Self::parse_requirements(&request.dependencies)?;
+        self.provide_python(request.python_version.as_deref(), None)
+            .await?;
         let interpreter = self.pick_interpreter(request.python_version.as_deref(), None)?;
         let id = new_session_id();
         let paths = manager.paths(&id);
-        let built = self.build_session(&paths, interpreter, &requirements).await;
+        let built = self
+            .build_session(&paths, &interpreter, &requirements)
+            .await;
         let (packages, venv_bytes) = match built {
             Ok(built) => built,
             Err(err) => {
@@ -712,7 +714,7 @@ impl Engine {
         })
         .await?;
         let (packages, venv_bytes) = self
-            .build_session(&paths, interpreter, &row.base_requirements)
+            .build_session(&paths, &interpreter, &row.base_requirements)
             .await?;
         let now = now_secs();
         manager.store.reset(&row.id, now).map_err(db_error)?;
