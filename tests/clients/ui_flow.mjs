@@ -118,6 +118,7 @@ try {
   await page.waitForURL(`${url}/ui/runs/${runId}`);
   check("stdout", await page.textContent("#stdout"));
   check("status", (await page.textContent("#run-status")).trim());
+  check("usage", await page.locator("#usage").textContent().catch(() => null));
   const image = await page.$eval("img.artifact", (img) => ({ src: img.getAttribute("src"), width: img.naturalWidth, height: img.naturalHeight }));
   check("image", image);
   check("inlineImages", await page.$$eval("img.artifact", (imgs) => imgs.map((i) => i.getAttribute("src"))));

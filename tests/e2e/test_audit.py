@@ -33,6 +33,22 @@ pytestmark = [
 HOG = "x = []\nwhile True:\n    x.append(bytearray(16 << 20))\n"
 FLOOD = "import sys, time\nsys.stdout.write('y' * 300000)\nsys.stdout.flush()\ntime.sleep(60)\n"
 CLEAN = "print('clean')"
+FORKS = """import os, time
+children, refused = [], 0
+for _ in range(64):
+    try:
+        pid = os.fork()
+    except OSError:
+        refused += 1
+        continue
+    if pid == 0:
+        time.sleep(3)
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+print("refused", refused)
+"""
 
 
 def audit(binary: Path, data: Path, *args: str) -> subprocess.CompletedProcess:
@@ -48,11 +64,21 @@ def audit_json(binary: Path, data: Path, *args: str) -> list[dict]:
 
 async def test_events_are_returned_and_every_call_is_audited(snakebox_bin, tmp_path, mode):
     data = tmp_path / "data"
-    args = ("--memory-limit", "256MiB", "--max-output-bytes", "100000")
+    args = ("--memory-limit", "256MiB", "--max-output-bytes", "100000", "--max-processes", "24")
     async with connect(snakebox_bin, data, mode, *args) as client:
         hog, _, _ = await call(client, "execute_python", script=HOG, timeout_seconds=60)
         flood, _, _ = await call(client, "execute_python", script=FLOOD, timeout_seconds=2)
         clean, _, _ = await call(client, "execute_python", script=CLEAN)
+        forks, _, _ = await call(client, "execute_python", script=FORKS, timeout_seconds=60)
+    # The process limit: the script saw its forks refused, and the server counted them.
+    assert forks["status"] == "ok", forks
+    refused = int(forks["stdout"].split()[-1])
+    assert refused > 0, forks
+    assert [e["kind"] for e in forks["events"]] == ["process_limit"], forks["events"]
+    assert forks["resource_usage"]["process_limit_hits"] >= refused, forks["resource_usage"]
+    # Memory as the host measured it: the hog reached its limit, the clean run far less.
+    assert hog["resource_usage"]["peak_memory_bytes"] >= 200 << 20, hog["resource_usage"]
+    assert 0 < clean["resource_usage"]["peak_memory_bytes"] < 128 << 20, clean["resource_usage"]
     assert hog["status"] == "memory_limit", hog
     assert [e["kind"] for e in hog["events"]] == ["memory_limit"], hog["events"]
     assert flood["status"] == "timeout" and flood["stdout_truncated"], flood
@@ -69,7 +95,7 @@ async def test_events_are_returned_and_every_call_is_audited(snakebox_bin, tmp_p
     by_id: dict[str, list[dict]] = {}
     for line in lines:
         by_id.setdefault(line["execution_id"], []).append(line)
-    for result, script in ((hog, HOG), (flood, FLOOD), (clean, CLEAN)):
+    for result, script in ((hog, HOG), (flood, FLOOD), (clean, CLEAN), (forks, FORKS)):
         started, finished = by_id[result["execution_id"]]
         assert started["phase"] == "started" and finished["phase"] == "finished"
         assert started["tenant"] == finished["tenant"] == "local"
@@ -83,15 +109,18 @@ async def test_events_are_returned_and_every_call_is_audited(snakebox_bin, tmp_p
 
     # The command: one call per line, oldest first, filtered.
     everything = audit_json(snakebox_bin, data)
-    assert [c["execution_id"] for c in everything] == [hog["execution_id"], flood["execution_id"], clean["execution_id"]]
+    assert [c["execution_id"] for c in everything] == [hog["execution_id"], flood["execution_id"], clean["execution_id"],
+                                                       forks["execution_id"]]
+    assert everything[0]["resource_usage"]["peak_memory_bytes"] == hog["resource_usage"]["peak_memory_bytes"]
     assert everything[0]["phase"] == "finished" and everything[0]["started_at_ms"] <= everything[0]["finished_at_ms"]
     assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--event", "output_limit")] == [flood["execution_id"]]
     assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--status", "memory_limit")] == [hog["execution_id"]]
-    assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--limit", "1")] == [clean["execution_id"]]
-    assert len(audit_json(snakebox_bin, data, "--since", "1h")) == 3
+    assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--limit", "1")] == [forks["execution_id"]]
+    assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--event", "process_limit")] == [forks["execution_id"]]
+    assert len(audit_json(snakebox_bin, data, "--since", "1h")) == 4
     assert audit_json(snakebox_bin, data, "--tenant", "someone-else") == []
     text = audit(snakebox_bin, data)
-    assert text.returncode == 0 and len(text.stdout.splitlines()) == 3, text
+    assert text.returncode == 0 and len(text.stdout.splitlines()) == 4, text
     assert "memory_limit" in text.stdout.splitlines()[0] and "events: memory_limit" in text.stdout
     for bad, hint in ((("--event", "explosion"), "use one of"), (("--since", "soon"), "`30m`")):
         done = audit(snakebox_bin, data, *bad)

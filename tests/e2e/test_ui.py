@@ -154,6 +154,8 @@ def test_the_ui_in_a_browser(snakebox_bin: Path, tmp_path: Path):
     assert runs.index(f"/ui/runs/{failed['execution_id']}") < runs.index(f"/ui/runs/{run['execution_id']}")
     assert f"hello from the UI test {marker}" in checks["stdout"]
     assert checks["status"] == "ok"
+    # What the run used, as the host measured it (the memory cgroup's peak).
+    assert checks["usage"] and "Peak memory" in checks["usage"] and "MiB" in checks["usage"], checks["usage"]
     # The PNG inline, decoded by the browser; the SVG never inline.
     assert checks["image"]["width"] == 48 and checks["image"]["height"] == 32, checks["image"]
     assert all("page.svg" not in src for src in checks["inlineImages"])

@@ -70,6 +70,9 @@ pub struct AuditEntry {
     /// The Python version it ran with (`finished`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python_version: Option<String>,
+    /// What the run used, where the host measured it (`finished`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_usage: Option<crate::ResourceUse>,
     /// What the server stopped or refused (`finished`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<SecurityEvent>,
@@ -254,6 +257,7 @@ mod tests {
             setup_ms: None,
             exit_code: None,
             python_version: None,
+            resource_usage: None,
             events: vec![],
         }
     }

@@ -4,9 +4,9 @@
 //! call passes (`Engine::tracked`), so the caller (`events` in the result), the runs table, the
 //! audit log and the `snakebox_security_events_total` counter all tell the same story.
 //!
-//! Only what the server observes is reported. What it cannot see (a `fork` refused with
-//! `EAGAIN` at the process limit, a write refused by a full scratch space) is felt by the
-//! script as an error of its own.
+//! Only what the server observes is reported. What it cannot see (a write refused by a full
+//! scratch space; forks refused at the process limit where no pids cgroup counts them) is
+//! felt by the script as an error of its own.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -26,6 +26,8 @@ pub enum EventKind {
     CpuLimit,
     /// Output past the output limit was cut.
     OutputLimit,
+    /// New processes or threads were refused at the process limit.
+    ProcessLimit,
     /// The network policy refused a connection.
     NetworkDenied,
     /// A cap of the server or the tenant refused the call (quota, rate, sessions, disk).
@@ -38,6 +40,19 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// Every kind, in the order the documentation lists them.
+    pub const ALL: [EventKind; 9] = [
+        EventKind::Timeout,
+        EventKind::MemoryLimit,
+        EventKind::CpuLimit,
+        EventKind::OutputLimit,
+        EventKind::ProcessLimit,
+        EventKind::NetworkDenied,
+        EventKind::QuotaRefused,
+        EventKind::SetupFailed,
+        EventKind::ImportBlocked,
+    ];
+
     /// The name used on the wire and as the metric's label.
     #[must_use]
     pub fn as_str(self) -> &'static str {
@@ -46,6 +61,7 @@ impl EventKind {
             EventKind::MemoryLimit => "memory_limit",
             EventKind::CpuLimit => "cpu_limit",
             EventKind::OutputLimit => "output_limit",
+            EventKind::ProcessLimit => "process_limit",
             EventKind::NetworkDenied => "network_denied",
             EventKind::QuotaRefused => "quota_refused",
             EventKind::SetupFailed => "setup_failed",
@@ -57,8 +73,8 @@ impl EventKind {
 /// One decision the server made about a call, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SecurityEvent {
-    /// timeout, memory_limit, cpu_limit, output_limit, network_denied, quota_refused,
-    /// setup_failed or import_blocked.
+    /// timeout, memory_limit, cpu_limit, output_limit, process_limit, network_denied,
+    /// quota_refused, setup_failed or import_blocked.
     pub kind: EventKind,
     /// What happened, for a person.
     pub detail: String,
@@ -78,4 +94,18 @@ pub(crate) fn import_blocked(module: &str, line: Option<u32>) -> SecurityEvent {
         EventKind::ImportBlocked,
         format!("import of `{module}`{at} is outside allowed_imports"),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kind_is_listed_once_under_its_wire_name() {
+        for kind in EventKind::ALL {
+            let wire = serde_json::to_value(kind).unwrap();
+            assert_eq!(wire, kind.as_str());
+            assert_eq!(EventKind::ALL.iter().filter(|k| **k == kind).count(), 1);
+        }
+    }
 }

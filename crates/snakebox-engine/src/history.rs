@@ -145,6 +145,7 @@ enum Op {
         /// The result as JSON, when it fits in [`MAX_OUTPUT_BYTES`].
         output: Option<String>,
         events: Vec<crate::SecurityEvent>,
+        usage: crate::ResourceUse,
     },
 }
 
@@ -340,6 +341,7 @@ fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
         setup_ms: None,
         exit_code: None,
         python_version: None,
+        resource_usage: None,
         events: Vec::new(),
     };
     match op {
@@ -375,6 +377,7 @@ fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
             exit_code,
             python_version,
             events,
+            usage,
             ..
         } => {
             if let Some(who) = pending.remove(id) {
@@ -390,6 +393,8 @@ fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
             entry.exit_code = *exit_code;
             entry.python_version.clone_from(python_version);
             entry.events.clone_from(events);
+            entry.resource_usage =
+                Some(*usage).filter(|usage| *usage != crate::ResourceUse::default());
         }
     }
     entry
@@ -528,6 +533,7 @@ impl History {
                 .ok()
                 .filter(|json| json.len() <= MAX_OUTPUT_BYTES),
             events: result.events.clone(),
+            usage: result.resource_usage,
         });
     }
 

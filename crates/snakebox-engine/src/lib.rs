@@ -61,7 +61,7 @@ pub use report::{
 };
 pub use result::{
     Artifact, ArtifactOrigin, ErrorInfo, ExceptionInfo, ExecutionResult, InlineImage, Package,
-    SkippedFile, Status, ValueRepr,
+    ResourceUse, SkippedFile, Status, ValueRepr,
 };
 pub use session::{
     CreateSession, FileContent, FileEntry, FileList, FileWritten, InstallState, InstallStatus,

@@ -73,6 +73,18 @@ pub struct Package {
     pub version: String,
 }
 
+/// What a run used, as the host measured it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize, JsonSchema)]
+pub struct ResourceUse {
+    /// The most memory its processes held at once, in bytes (RSS and page cache charged to
+    /// the run).
+    pub peak_memory_bytes: Option<u64>,
+    /// CPU time of all its processes, in milliseconds (hosts with cgroup v2).
+    pub cpu_time_ms: Option<u64>,
+    /// How many times a new process or thread was refused at the process limit.
+    pub process_limit_hits: Option<u64>,
+}
+
 /// The complete record of one `execute_python` call.
 #[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
 pub struct ExecutionResult {
@@ -130,6 +142,9 @@ pub struct ExecutionResult {
     /// reason and the bytes moved: tells a policy block from a network error. Empty when the
     /// run had no network or made no connection.
     pub network_log: Vec<crate::NetworkLogEntry>,
+    /// What the run used, as the host measured it from its cgroup (each `null` where this
+    /// host cannot measure it, or when nothing ran).
+    pub resource_usage: ResourceUse,
     /// What the server stopped or refused, and why: a limit reached (time, memory, CPU,
     /// output), a connection the network policy refused, a quota, a sandbox that could not be
     /// set up. Empty when nothing was.
@@ -241,6 +256,12 @@ impl ExecutionResult {
         self.stderr = outcome.stderr.text;
         self.timed_out = outcome.termination == Termination::TimedOut;
         self.duration_ms = crate::ids::millis(outcome.duration);
+        let usage = outcome.usage;
+        self.resource_usage = ResourceUse {
+            peak_memory_bytes: usage.peak_memory_bytes,
+            cpu_time_ms: usage.cpu_time_ms,
+            process_limit_hits: usage.process_limit_hits,
+        };
     }
 
     /// A result for an execution that `error` stopped before its code ran; its status
@@ -281,6 +302,7 @@ impl ExecutionResult {
             skipped_files: Vec::new(),
             network_log: Vec::new(),
             events: Vec::new(),
+            resource_usage: ResourceUse::default(),
             inline_images: Vec::new(),
             session_id: None,
             fresh_interpreter: false,
@@ -472,6 +494,18 @@ impl ExecutionResult {
         }
         if error.and_then(|e| e.kind) == Some(ErrorKind::Quota) {
             events.push(event(EventKind::QuotaRefused, message()));
+        }
+        if let Some(hits) = result
+            .resource_usage
+            .process_limit_hits
+            .filter(|&hits| hits > 0)
+        {
+            events.push(event(
+                EventKind::ProcessLimit,
+                format!(
+                    "{hits} new process(es) or thread(s) were refused at the process limit (EAGAIN)"
+                ),
+            ));
         }
         let cut: Vec<&str> = [
             (result.stdout_truncated, "stdout"),

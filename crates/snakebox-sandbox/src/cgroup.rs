@@ -19,6 +19,17 @@ use crate::error::CgroupError;
 pub(crate) struct CgroupStats {
     /// OOM kills inside the cgroup.
     pub(crate) oom_kills: u64,
+    /// Peak memory charged (v1 `memory.max_usage_in_bytes`, v2 `memory.peak`).
+    pub(crate) peak_memory_bytes: Option<u64>,
+    /// CPU time in microseconds (v2 `cpu.stat` `usage_usec`; v1's `cpu` controller has none).
+    pub(crate) cpu_usec: Option<u64>,
+    /// Forks refused at `pids.max` (`pids.events` `max`).
+    pub(crate) pids_max_hits: Option<u64>,
+}
+
+/// The number in a one-value file.
+fn number(path: &Path) -> Option<u64> {
+    fs_err::read_to_string(path).ok()?.trim().parse().ok()
 }
 
 /// One run's cgroup(s), whatever the version.
@@ -205,7 +216,19 @@ impl CgroupManager for V1 {
             .and_then(|d| fs_err::read_to_string(d.join("memory.oom_control")).ok())
             .and_then(|t| keyed(&t, "oom_kill"))
             .unwrap_or(0);
-        CgroupStats { oom_kills }
+        CgroupStats {
+            oom_kills,
+            peak_memory_bytes: self
+                .memory
+                .as_ref()
+                .and_then(|d| number(&d.join("memory.max_usage_in_bytes"))),
+            cpu_usec: None,
+            pids_max_hits: self
+                .pids
+                .as_ref()
+                .and_then(|d| fs_err::read_to_string(d.join("pids.events")).ok())
+                .and_then(|t| keyed(&t, "max")),
+        }
     }
     fn kill(&self) {
         kill_loop(self);
@@ -265,7 +288,16 @@ impl CgroupManager for V2 {
             .ok()
             .and_then(|t| keyed(&t, "oom_kill"))
             .unwrap_or(0);
-        CgroupStats { oom_kills }
+        CgroupStats {
+            oom_kills,
+            peak_memory_bytes: number(&self.dir.join("memory.peak")),
+            cpu_usec: fs_err::read_to_string(self.dir.join("cpu.stat"))
+                .ok()
+                .and_then(|t| keyed(&t, "usage_usec")),
+            pids_max_hits: fs_err::read_to_string(self.dir.join("pids.events"))
+                .ok()
+                .and_then(|t| keyed(&t, "max")),
+        }
     }
     fn kill(&self) {
         // cgroup.kill (Linux 5.14) kills atomically, forks included; fall back to a sweep.
@@ -651,6 +683,15 @@ impl RunCgroup {
     /// Whether the kernel OOM-killed something in the run.
     pub(crate) fn oom_killed(&self) -> bool {
         self.manager.stats().oom_kills > 0
+    }
+    /// What the run used so far (read before the cgroup is removed).
+    pub(crate) fn usage(&self) -> crate::ResourceUsage {
+        let stats = self.manager.stats();
+        crate::ResourceUsage {
+            peak_memory_bytes: stats.peak_memory_bytes.filter(|&bytes| bytes > 0),
+            cpu_time_ms: stats.cpu_usec.map(|usec| usec / 1000),
+            process_limit_hits: stats.pids_max_hits,
+        }
     }
     /// Pids still inside.
     pub(crate) fn pids(&self) -> Vec<i32> {

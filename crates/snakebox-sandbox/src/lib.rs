@@ -228,6 +228,18 @@ pub enum Termination {
     CpuLimit,
 }
 
+/// What a run used, as the host measured it from the run's cgroup. `None` where this host
+/// cannot tell (no cgroup for it, or a kernel without the counter).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ResourceUsage {
+    /// The most memory the run's processes held at once (RSS and page cache charged to it).
+    pub peak_memory_bytes: Option<u64>,
+    /// CPU time of all the run's processes (cgroup v2 `cpu.stat`).
+    pub cpu_time_ms: Option<u64>,
+    /// How many times a `fork`/`clone` was refused at the process limit.
+    pub process_limit_hits: Option<u64>,
+}
+
 /// What one run did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Outcome {
@@ -245,6 +257,8 @@ pub struct Outcome {
     pub control: Vec<u8>,
     /// Wall-clock duration.
     pub duration: Duration,
+    /// What it used, where the host measures it.
+    pub usage: ResourceUsage,
 }
 
 // ---------------------------------------------------------------------------------------------

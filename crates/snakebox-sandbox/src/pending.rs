@@ -137,13 +137,20 @@ impl PendingRun {
             task.abort();
         }
         let memory_hit = self.teardown.memory_exceeded();
+        let usage = self.teardown.usage();
         let raw = raw?;
         // Everything of the run is dead (supervision swept twice); removing its cgroup need
         // not hold up the result.
         let teardown = Arc::clone(&self.teardown);
         tokio::task::spawn_blocking(move || teardown.release());
         self.released = true;
-        Ok(outcome(raw, &limits, self.shell_style_signals, memory_hit))
+        Ok(outcome(
+            raw,
+            &limits,
+            self.shell_style_signals,
+            memory_hit,
+            usage,
+        ))
     }
 }
 

@@ -78,9 +78,10 @@ impl Started {
             task.abort();
         }
         let memory_hit = teardown.memory_exceeded();
+        let usage = teardown.usage();
         let raw = raw?;
         teardown.release();
-        Ok(outcome(raw, limits, shell_style_signals, memory_hit))
+        Ok(outcome(raw, limits, shell_style_signals, memory_hit, usage))
     }
 
     /// The process as a long-lived sandbox (see [`LiveSandbox`]).

@@ -113,6 +113,10 @@ pub(crate) trait Teardown: Send + Sync {
     fn memory_exceeded(&self) -> bool {
         false
     }
+    /// What the run used, as far as this host measures it (before `release`).
+    fn usage(&self) -> crate::ResourceUsage {
+        crate::ResourceUsage::default()
+    }
     /// Free what the run held once everything is dead (its cgroup). Idempotent.
     fn release(&self) {}
 }
@@ -359,6 +363,7 @@ pub(crate) fn outcome(
     limits: &Limits,
     shell_style_signals: bool,
     memory_hit: bool,
+    usage: crate::ResourceUsage,
 ) -> crate::Outcome {
     let report = EndReport::take(&mut run.control);
     let ending = classify(&run, limits, shell_style_signals, memory_hit, report);
@@ -370,6 +375,7 @@ pub(crate) fn outcome(
         stderr: run.stderr,
         control: run.control,
         duration: run.duration,
+        usage,
     }
 }
 

@@ -168,7 +168,8 @@ pub struct AuditArgs {
     #[arg(long)]
     pub status: Option<String>,
     /// Only calls with a security event of this kind: timeout, memory_limit, cpu_limit,
-    /// output_limit, network_denied, quota_refused, setup_failed.
+    /// output_limit, process_limit, network_denied, quota_refused, setup_failed,
+    /// import_blocked.
     #[arg(long)]
     pub event: Option<String>,
     /// Only calls started within this long before now: `90s`, `30m`, `12h`, `7d`.

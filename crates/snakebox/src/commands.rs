@@ -221,21 +221,16 @@ struct AuditedCall {
 
 /// `snakebox audit`: the calls of the audit log that match, oldest first.
 pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
-    const EVENTS: [&str; 7] = [
-        "timeout",
-        "memory_limit",
-        "cpu_limit",
-        "output_limit",
-        "network_denied",
-        "quota_refused",
-        "setup_failed",
-    ];
+    let kinds: Vec<&str> = snakebox_engine::EventKind::ALL
+        .iter()
+        .map(|kind| kind.as_str())
+        .collect();
     if let Some(kind) = &args.event
-        && !EVENTS.contains(&kind.as_str())
+        && !kinds.contains(&kind.as_str())
     {
         return Err(anyhow::anyhow!(
             "`--event {kind}` is not a kind of security event\nhint: use one of: {}",
-            EVENTS.join(", ")
+            kinds.join(", ")
         ));
     }
     let since = args.since.as_deref().map(parse_since).transpose()?;
@@ -267,6 +262,7 @@ pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
                 merged.setup_ms = entry.setup_ms;
                 merged.exit_code = entry.exit_code;
                 merged.python_version = entry.python_version;
+                merged.resource_usage = entry.resource_usage;
                 merged.events = entry.events;
             }
             _ => {

@@ -347,6 +347,10 @@ struct OutputView {
     notes: Vec<String>,
     artifacts: Vec<ArtifactView>,
     network: Vec<NetworkView>,
+    /// What it used (label, value), where the host measured it.
+    usage: Vec<(&'static str, String)>,
+    /// Security events (kind, detail).
+    events: Vec<(String, String)>,
 }
 
 fn text(value: &Value, key: &str) -> String {
@@ -411,7 +415,32 @@ fn output_view(run_id: &str, output: &Value) -> OutputView {
         })
         .collect();
     let flag = |key: &str| output.get(key).and_then(Value::as_bool) == Some(true);
+    let measured = |key: &str| {
+        output
+            .get("resource_usage")
+            .and_then(|usage| usage.get(key))
+            .and_then(Value::as_u64)
+    };
+    let mut usage = Vec::new();
+    if let Some(bytes) = measured("peak_memory_bytes") {
+        usage.push(("Peak memory", format::bytes(bytes)));
+    }
+    if let Some(ms) = measured("cpu_time_ms") {
+        usage.push(("CPU time", format::duration(Some(ms))));
+    }
+    if let Some(hits) = measured("process_limit_hits").filter(|&hits| hits > 0) {
+        usage.push(("Processes refused at the limit", hits.to_string()));
+    }
+    let events = output
+        .get("events")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|event| (text(event, "kind"), text(event, "detail")))
+        .collect();
     OutputView {
+        usage,
+        events,
         stdout: text(output, "stdout"),
         stdout_truncated: flag("stdout_truncated"),
         stderr: text(output, "stderr"),
@@ -1367,6 +1396,10 @@ mod tests {
                 ],
                 "network_log": [{"host": "data.example.org", "port": 443, "allowed": true,
                                  "reason": "allowed by policy", "bytes_sent": 10, "bytes_received": 2048}],
+                "resource_usage": {"peak_memory_bytes": 52428800, "cpu_time_ms": null,
+                                   "process_limit_hits": 3},
+                "events": [{"kind": "process_limit",
+                            "detail": "3 new process(es) or thread(s) were refused at the process limit (EAGAIN)"}],
             });
             insta::assert_snapshot!(
                 RunPage {

@@ -490,6 +490,7 @@ impl ForkServer {
         )
         .await;
         let memory_hit = crate::supervise::Teardown::memory_exceeded(teardown.as_ref());
+        let usage = crate::supervise::Teardown::usage(teardown.as_ref());
         let raw = raw.map_err(|err| match err {
             SpawnError::Wait { source, .. } if source.kind() == std::io::ErrorKind::Other => {
                 let message = source.to_string();
@@ -500,7 +501,7 @@ impl ForkServer {
         })?;
         tokio::task::spawn_blocking(move || crate::supervise::Teardown::release(teardown.as_ref()));
         // The report is the script process's own wait status: an exit code is an exit code.
-        Ok(outcome(raw, &run.limits, false, memory_hit))
+        Ok(outcome(raw, &run.limits, false, memory_hit, usage))
     }
 
     fn lock_waiters(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Report>>> {

@@ -665,6 +665,13 @@ impl Teardown for NativeTeardown {
         self.cgroup.as_ref().is_some_and(RunCgroup::oom_killed)
     }
 
+    fn usage(&self) -> crate::ResourceUsage {
+        self.cgroup
+            .as_ref()
+            .map(RunCgroup::usage)
+            .unwrap_or_default()
+    }
+
     fn release(&self) {
         if let Some(cg) = &self.cgroup {
             let left = cg.pids();
