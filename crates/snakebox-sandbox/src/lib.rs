@@ -27,6 +27,7 @@ mod pending;
 mod process;
 mod scratch;
 mod supervise;
+mod watchdog;
 
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::SandboxError;
 use crate::process::Started;
-use crate::supervise::{Teardown, outcome, supervise};
+use crate::supervise::{Teardown, finish_status_task, outcome, setup_failure, supervise};
 use crate::{Limits, Outcome, OutputChunk};
 
 /// A started sandbox waiting for its one request; see the module documentation.
@@ -133,9 +133,7 @@ impl PendingRun {
             started,
         )
         .await;
-        if let Some(task) = self.info_task.take() {
-            task.abort();
-        }
+        finish_status_task(self.info_task.take()).await;
         let memory_hit = self.teardown.memory_exceeded();
         let raw = raw?;
         // Everything of the run is dead (supervision swept twice); removing its cgroup need
@@ -143,6 +141,9 @@ impl PendingRun {
         let teardown = Arc::clone(&self.teardown);
         tokio::task::spawn_blocking(move || teardown.release());
         self.released = true;
+        if let Some(err) = setup_failure(&raw, self.teardown.as_ref()) {
+            return Err(err);
+        }
         Ok(outcome(raw, &limits, self.shell_style_signals, memory_hit))
     }
 }

@@ -1,0 +1,123 @@
+//! The memory limit where no memory cgroup is available: a watchdog over the run's processes.
+//!
+//! Why not `RLIMIT_AS`: it limits address space, not memory, and libraries that reserve large
+//! address ranges up front (polars, duckdb, anything on jemalloc or mimalloc, the JVM, Go)
+//! fail at start under a 1 GiB address-space limit while using a fraction of it. So without
+//! a memory cgroup (a normal user on a cgroup v1 host, or v2 without delegation) the
+//! supervisor samples the resident anonymous memory of every process in the sandbox's PID
+//! namespace (all descendants of its pid 1) and kills the sandbox when the sum exceeds the
+//! limit; the run is then reported as `memory_limit`, as an OOM kill in a cgroup is.
+//!
+//! What this measures and what it does not (reported in `check_environment`): the sum of
+//! `RssAnon` (from `/proc/<pid>/statm`: resident minus file-backed and shared pages) of each
+//! process, sampled every [`INTERVAL`]. Page cache and mapped files are not counted (the
+//! kernel can reclaim them); `/tmp` and `/dev/shm` are size-capped tmpfs of their own; pages
+//! shared copy-on-write after `fork` are counted once per process (so the sum errs high, never
+//! low). A burst between two samples can overshoot the limit briefly; memory the kernel holds
+//! for a process without mapping it (pipe buffers, unmapped memfd contents) is not seen. The
+//! sandbox's processes have `oom_score_adj` 1000, so if the host itself runs out of memory,
+//! the kernel kills them before anything else.
+
+use std::time::Duration;
+
+/// How often the tree is sampled.
+pub(crate) const INTERVAL: Duration = Duration::from_millis(100);
+
+/// Most processes walked per sample (a fork bomb is held by the process limit long before).
+const MAX_PROCESSES: usize = 4096;
+
+/// The pids of `root` and all its descendants, found through each thread's `children` file
+/// (children are listed under the thread that forked them). In a PID namespace every process
+/// of the sandbox descends from its pid 1: orphans are re-parented to it.
+pub(crate) fn tree(root: i32) -> Vec<i32> {
+    let mut out = vec![root];
+    let mut next = 0;
+    while next < out.len() && out.len() < MAX_PROCESSES {
+        let pid = out[next];
+        next += 1;
+        let Ok(tasks) = fs_err::read_dir(format!("/proc/{pid}/task")) else {
+            continue;
+        };
+        for task in tasks.filter_map(Result::ok) {
+            let path = task.path().join("children");
+            let Ok(children) = fs_err::read_to_string(&path) else {
+                continue;
+            };
+            out.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|c| c.parse::<i32>().ok()),
+            );
+        }
+    }
+    out
+}
+
+/// Resident anonymous bytes of one process, from `/proc/<pid>/statm` (`resident - shared`
+/// pages, where "shared" is file-backed and shmem pages), or `None` when it is gone.
+pub(crate) fn anon_bytes(pid: i32) -> Option<u64> {
+    let statm = fs_err::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    parse_statm_anon(&statm, page_size())
+}
+
+/// `resident - shared` of a `statm` line, in bytes.
+pub(crate) fn parse_statm_anon(statm: &str, page: u64) -> Option<u64> {
+    let mut fields = statm.split_whitespace().skip(1);
+    let resident: u64 = fields.next()?.parse().ok()?;
+    let shared: u64 = fields.next()?.parse().ok()?;
+    Some(resident.saturating_sub(shared) * page)
+}
+
+/// The resident anonymous memory of the tree rooted at `root`, in bytes.
+pub(crate) fn tree_anon_bytes(root: i32) -> u64 {
+    tree(root).into_iter().filter_map(anon_bytes).sum()
+}
+
+fn page_size() -> u64 {
+    // SAFETY: sysconf has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    u64::try_from(size).unwrap_or(4096)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statm_anon_is_resident_minus_shared() {
+        assert_eq!(
+            parse_statm_anon("1000 300 100 5 0 250 0\n", 4096),
+            Some(200 * 4096)
+        );
+        assert_eq!(parse_statm_anon("1000 10 100 5 0 250 0", 4096), Some(0));
+        assert_eq!(parse_statm_anon("garbage", 4096), None);
+    }
+
+    #[test]
+    fn a_child_is_found_and_its_memory_counted() {
+        // A real child that touches 64 MiB of anonymous memory, then waits.
+        let mut child = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import sys,time; b=bytearray(64<<20); print('ok', flush=True); time.sleep(30)",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.as_mut().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        assert_eq!(line.trim(), "ok");
+        let me = i32::try_from(std::process::id()).unwrap();
+        let pid = i32::try_from(child.id()).unwrap();
+        assert!(tree(me).contains(&pid), "the child is in our tree");
+        let bytes = anon_bytes(pid).unwrap();
+        assert!(bytes >= 64 << 20, "{bytes} bytes");
+        assert!(tree_anon_bytes(me) >= bytes);
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+}
