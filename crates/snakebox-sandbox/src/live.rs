@@ -88,6 +88,8 @@ pub struct LiveSandbox {
     shell_style_signals: bool,
     max_output_bytes: u64,
     dead: bool,
+    /// Where a sandbox that never started is noted (set by [`crate::Sandbox::spawn`]).
+    pub(crate) health: Option<std::sync::Arc<crate::health::StartHealth>>,
 }
 
 impl std::fmt::Debug for LiveSandbox {
@@ -124,6 +126,7 @@ impl LiveSandbox {
             shell_style_signals: started.shell_style_signals,
             max_output_bytes: limits.max_output_bytes,
             dead: false,
+            health: None,
         })
     }
 
@@ -385,10 +388,17 @@ impl LiveSandbox {
         let (stdout, stderr) = finish_pair(&captures[0], &captures[1], budget);
         if never_ran {
             // The sandbox's own setup failed (see `supervise::setup_failure`).
-            return Err(crate::error::NamespaceError::SetupFailed {
+            let err: SandboxError = crate::error::NamespaceError::SetupFailed {
                 stderr: stderr.text.trim().to_string(),
             }
-            .into());
+            .into();
+            if let Some(health) = &self.health {
+                health.note(Err(&err));
+            }
+            return Err(err);
+        }
+        if let Some(health) = &self.health {
+            health.note(Ok(()));
         }
         Ok(Exchange {
             end,

@@ -34,6 +34,8 @@ pub struct PendingRun {
     started: Instant,
     /// The cgroup's release was handed to a background task.
     released: bool,
+    /// Where a sandbox that never started is noted (set by [`crate::Sandbox::prestart`]).
+    pub(crate) health: Option<Arc<crate::health::StartHealth>>,
 }
 
 impl std::fmt::Debug for PendingRun {
@@ -59,6 +61,7 @@ impl PendingRun {
             limits: limits.clone(),
             started: Instant::now(),
             released: false,
+            health: None,
         }
     }
 
@@ -141,10 +144,14 @@ impl PendingRun {
         let teardown = Arc::clone(&self.teardown);
         tokio::task::spawn_blocking(move || teardown.release());
         self.released = true;
-        if let Some(err) = setup_failure(&raw, self.teardown.as_ref()) {
-            return Err(err);
+        let result = match setup_failure(&raw, self.teardown.as_ref()) {
+            Some(err) => Err(err),
+            None => Ok(outcome(raw, &limits, self.shell_style_signals, memory_hit)),
+        };
+        if let Some(health) = &self.health {
+            health.note(result.as_ref().map(|_| ()));
         }
-        Ok(outcome(raw, &limits, self.shell_style_signals, memory_hit))
+        result
     }
 }
 

@@ -365,9 +365,17 @@ async fn a_sandbox_that_never_started_is_a_setup_error_not_exit_1() {
     );
     assert!(err.to_string().contains("bwrap: "), "{err}");
     assert!(err.hint().is_some());
+    // Until a sandbox starts again, the report is not ready (check_environment).
+    let (failure, hint) = sb.start_failure().expect("the failure is remembered");
+    assert!(
+        failure.contains("could not start") && failure.contains("chdir"),
+        "{failure}"
+    );
+    assert!(hint.is_some());
 
     let forged = "import sys\nsys.stderr.write('bwrap: Creating new namespace failed: Resource temporarily unavailable\\n')\nsys.exit(1)";
     let out = run(&sb, &pol(&mounts), &py_cmd(&py, forged, false)).await;
     assert_eq!(out.exit_code, Some(1), "{out:?}");
     assert_eq!(out.termination, Termination::Exited);
+    assert_eq!(sb.start_failure(), None, "a sandbox started since");
 }
