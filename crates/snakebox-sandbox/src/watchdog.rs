@@ -73,6 +73,48 @@ pub(crate) fn tree_anon_bytes(root: i32) -> u64 {
     tree(root).into_iter().filter_map(anon_bytes).sum()
 }
 
+/// Whether the process behind `pidfd` has not exited (a pidfd turns readable when it does).
+pub(crate) fn pidfd_alive(pidfd: &std::os::fd::OwnedFd) -> bool {
+    let mut poll = libc::pollfd {
+        fd: std::os::fd::AsRawFd::as_raw_fd(pidfd),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll on one descriptor we own, with a zero timeout.
+    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+    ready == 0
+}
+
+/// Threads of every process whose real uid is `uid`: what the kernel counts against
+/// RLIMIT_NPROC at the host level (read from `/proc/<pid>/status`; processes that vanish
+/// meanwhile are skipped).
+pub(crate) fn threads_of_uid(uid: u32) -> u64 {
+    let Ok(dir) = fs_err::read_dir("/proc") else {
+        return 0;
+    };
+    dir.filter_map(Result::ok)
+        .filter(|e| {
+            e.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter_map(|e| fs_err::read_to_string(e.path().join("status")).ok())
+        .filter_map(|status| parse_status_threads(&status, uid))
+        .sum()
+}
+
+/// `Threads:` of a `/proc/<pid>/status` whose real uid (first `Uid:` field) is `uid`.
+pub(crate) fn parse_status_threads(status: &str, uid: u32) -> Option<u64> {
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+    };
+    (field("Uid:")?.parse::<u32>().ok()? == uid).then_some(())?;
+    field("Threads:")?.parse().ok()
+}
+
 fn page_size() -> u64 {
     // SAFETY: sysconf has no preconditions.
     let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
@@ -91,6 +133,17 @@ mod tests {
         );
         assert_eq!(parse_statm_anon("1000 10 100 5 0 250 0", 4096), Some(0));
         assert_eq!(parse_statm_anon("garbage", 4096), None);
+    }
+
+    #[test]
+    fn status_threads_count_for_the_real_uid_only() {
+        let status = "Name:\tpython3\nUid:\t1001\t1001\t1001\t1001\nThreads:\t201\n";
+        assert_eq!(parse_status_threads(status, 1001), Some(201));
+        assert_eq!(parse_status_threads(status, 0), None);
+        assert_eq!(parse_status_threads("Uid:\t5\t5\t5\t5\n", 5), None);
+        // SAFETY: getuid has no preconditions.
+        let me = unsafe { libc::getuid() };
+        assert!(threads_of_uid(me) >= 1, "this test's own threads count");
     }
 
     #[test]

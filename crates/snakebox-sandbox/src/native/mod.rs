@@ -780,23 +780,11 @@ impl NativeTeardown {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         // Only a sandbox that is still alive (its pid not reused) was over the limit.
-        if let Some(fd) = pidfd.as_ref().filter(|fd| pidfd_alive(fd)) {
+        if let Some(fd) = pidfd.as_ref().filter(|fd| crate::watchdog::pidfd_alive(fd)) {
             self.memory_hit.store(true, Ordering::SeqCst);
             pidfd_kill(fd);
         }
     }
-}
-
-/// Whether the process behind `pidfd` has not exited (a pidfd turns readable when it does).
-fn pidfd_alive(pidfd: &OwnedFd) -> bool {
-    let mut poll = libc::pollfd {
-        fd: pidfd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    // SAFETY: poll on one descriptor we own, with a zero timeout.
-    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
-    ready == 0
 }
 
 impl Teardown for NativeTeardown {
