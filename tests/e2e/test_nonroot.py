@@ -217,3 +217,49 @@ async def test_a_normal_user_with_200_threads_runs_scripts_polars_and_is_limited
         assert user_threads(user.pw_uid) >= 200
         result, text, _ = await call(client, "execute_python", script="print(6 * 7)")
         assert result["status"] == "ok" and result["stdout"] == "42\n", text
+
+
+@pytest.mark.anyio
+async def test_a_sandbox_that_cannot_start_is_setup_failed_and_not_ready(user, tools):
+    """bwrap's own failure (here `Creating new namespace failed`, as when the user is out of
+    processes) is `setup_failed` with bubblewrap's message and a hint, never the script's
+    `exit 1`; check_environment is not ready until a sandbox starts again. A wrapper in front
+    of the real bwrap fails exactly as bwrap does while a flag file exists."""
+    flag = Path(user.pw_dir) / "bwrap-fails"
+    wrapper = tools / "bwrap"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"if [ -e {flag} ]; then\n"
+        "  echo 'bwrap: Creating new namespace failed: Resource temporarily unavailable' >&2\n"
+        "  exit 1\n"
+        "fi\n"
+        f"exec {shutil.which('bwrap')} \"$@\"\n"
+    )
+    wrapper.chmod(0o755)
+    params = server(user, tools)
+    # Cold runs only: a sandbox pre-started before the flag would start fine.
+    params.args.extend(["--bwrap-path", str(wrapper), "--warm-pool", "0"])
+    async with Client(params, mode="auto", read_timeout_seconds=300) as client:
+        result, text, _ = await call(client, "execute_python", script="print('before')")
+        assert result["status"] == "ok" and result["stdout"] == "before\n", text
+
+        flag.touch()
+        try:
+            result, text, is_error = await call(client, "execute_python", script="print('never')")
+            assert is_error, text
+            # An error the model can act on: bubblewrap's words and a hint, not exit code 1.
+            assert result["status"] == "setup_failed" and result["exit_code"] is None, result
+            assert "Creating new namespace failed" in result["error"]["message"], result
+            assert "ulimit -u" in result["error"]["hint"], result
+            assert "Creating new namespace failed" in text and "hint: " in text, text
+            assert result["stdout"] == "" and "never" not in text
+            report, _, _ = await call(client, "check_environment")
+            assert report["ready"] is False, report
+            assert any("could not start" in problem for problem in report["problems"]), report["problems"]
+        finally:
+            flag.unlink()
+
+        result, text, _ = await call(client, "execute_python", script="print('after')")
+        assert result["status"] == "ok" and result["stdout"] == "after\n", text
+        report, _, _ = await call(client, "check_environment")
+        assert report["ready"] is True, report["problems"]

@@ -695,11 +695,12 @@ impl RunCgroup {
     pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
         self.manager.procs_files()
     }
-    /// Whether memory is limited here (else RLIMIT_AS stands in).
+    /// Whether memory is limited here (else the supervisor's watchdog stands in).
     pub(crate) fn limits_memory(&self) -> bool {
         self.manager.limits().0
     }
-    /// Whether processes are limited here (else RLIMIT_NPROC stands in).
+    /// Whether processes are limited here (else RLIMIT_NPROC stands in: on the run's host uid,
+    /// or set inside its user namespace for a normal user's server).
     pub(crate) fn limits_pids(&self) -> bool {
         self.manager.limits().1
     }

@@ -72,7 +72,8 @@ pub struct Limits {
     pub wall_time: Duration,
     /// CPU time (all processes of the run).
     pub cpu_time: Option<Duration>,
-    /// Memory (RSS + page cache charged to the run, or address space under rlimits).
+    /// Memory (RSS + page cache charged to the run's cgroup; without a memory cgroup, the
+    /// resident anonymous memory of its processes, sampled by the supervisor's watchdog).
     pub memory_bytes: Option<u64>,
     /// Processes and threads alive at once.
     pub max_processes: Option<u64>,
