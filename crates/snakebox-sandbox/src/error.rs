@@ -183,7 +183,7 @@ impl CgroupError {
     pub fn hint(&self) -> Option<String> {
         match self {
             Self::Write { .. } | Self::Create { .. } => Some(
-                "delegate a writable cgroup to the server (systemd: `Delegate=yes`; docker: `--cgroupns=private` with a writable /sys/fs/cgroup); limits fall back to rlimits meanwhile"
+                "delegate a writable cgroup to the server (systemd: `Delegate=yes`, for a normal user `systemd-run --user --scope -p Delegate=yes snakebox serve`; docker: `--cgroupns=private` with a writable /sys/fs/cgroup); meanwhile memory is limited by the supervisor's watchdog and processes by RLIMIT_NPROC"
                     .into(),
             ),
             Self::Remove { .. } => {
