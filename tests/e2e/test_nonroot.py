@@ -148,7 +148,7 @@ async def test_a_normal_user_with_200_threads_runs_scripts_polars_and_is_limited
         assert limits["max_processes"]["enforced"], limits
         assert "user namespace" in limits["max_processes"]["mechanism"], limits
         assert limits["memory"]["enforced"], limits
-        assert "RssAnon" in limits["memory"]["mechanism"], limits
+        assert "RssAnon + RssShmem" in limits["memory"]["mechanism"], limits
         assert any("host uid: bwrap runs as the server's own uid" in d for d in report["sandbox_details"])
 
         # A plain run succeeds while the user's other process holds 200 threads (before, every
@@ -177,6 +177,14 @@ async def test_a_normal_user_with_200_threads_runs_scripts_polars_and_is_limited
         assert result["status"] == "memory_limit", text
         assert result["stdout"].startswith("alive"), text
         assert processes_with(marker) == []
+        # Shared anonymous memory (Python's `mmap.mmap(-1, n)` is MAP_SHARED) counts too.
+        shared = (
+            f"import mmap\nMARK = '{marker}'\nm = mmap.mmap(-1, 3 << 30)\nprint('alive', flush=True)\n"
+            "for i in range(0, 3 << 30, 1 << 20):\n    m[i:i + (1 << 20)] = b'\\x01' * (1 << 20)\nprint('filled 3 GiB')\n"
+        )
+        result, text, _ = await call(client, "execute_python", script=shared, timeout_seconds=60)
+        assert result["status"] == "memory_limit", text
+        assert result["stdout"] == "alive\n", text
 
         # A fork bomb is contained: the run's processes stop at the limit (counted from
         # outside while the run holds them), the host can still start processes, and nothing

@@ -9,11 +9,12 @@
 //! limit; the run is then reported as `memory_limit`, as an OOM kill in a cgroup is.
 //!
 //! What this measures and what it does not (reported in `check_environment`): the sum of
-//! `RssAnon` (from `/proc/<pid>/statm`: resident minus file-backed and shared pages) of each
-//! process, sampled every [`INTERVAL`]. Page cache and mapped files are not counted (the
-//! kernel can reclaim them); `/tmp` and `/dev/shm` are size-capped tmpfs of their own; pages
-//! shared copy-on-write after `fork` are counted once per process (so the sum errs high, never
-//! low). A burst between two samples can overshoot the limit briefly; memory the kernel holds
+//! `RssAnon` and `RssShmem` (from `/proc/<pid>/status`: private anonymous memory, and shared
+//! anonymous memory such as `mmap(MAP_SHARED | MAP_ANONYMOUS)`, Python's `mmap.mmap(-1, n)`)
+//! of each process, sampled every [`INTERVAL`]. Page cache and mapped files are not counted
+//! (the kernel can reclaim them); `/tmp` and `/dev/shm` are size-capped tmpfs of their own;
+//! pages shared between processes (copy-on-write after `fork`, a shared mapping) are counted
+//! once per process that has them resident (so the sum errs high, never low). A burst between two samples can overshoot the limit briefly; memory the kernel holds
 //! for a process without mapping it (pipe buffers, unmapped memfd contents) is not seen. The
 //! sandbox's processes have `oom_score_adj` 1000, so if the host itself runs out of memory,
 //! the kernel kills them before anything else.
@@ -53,19 +54,26 @@ pub(crate) fn tree(root: i32) -> Vec<i32> {
     out
 }
 
-/// Resident anonymous bytes of one process, from `/proc/<pid>/statm` (`resident - shared`
-/// pages, where "shared" is file-backed and shmem pages), or `None` when it is gone.
+/// Resident anonymous bytes of one process (`RssAnon + RssShmem` of `/proc/<pid>/status`),
+/// or `None` when it is gone.
 pub(crate) fn anon_bytes(pid: i32) -> Option<u64> {
-    let statm = fs_err::read_to_string(format!("/proc/{pid}/statm")).ok()?;
-    parse_statm_anon(&statm, page_size())
+    let status = fs_err::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status_anon(&status)
 }
 
-/// `resident - shared` of a `statm` line, in bytes.
-pub(crate) fn parse_statm_anon(statm: &str, page: u64) -> Option<u64> {
-    let mut fields = statm.split_whitespace().skip(1);
-    let resident: u64 = fields.next()?.parse().ok()?;
-    let shared: u64 = fields.next()?.parse().ok()?;
-    Some(resident.saturating_sub(shared) * page)
+/// `RssAnon + RssShmem` of a `/proc/<pid>/status`, in bytes (`None` for a kernel thread or
+/// a zombie, which have no such lines).
+pub(crate) fn parse_status_anon(status: &str) -> Option<u64> {
+    let kib = |name: &str| -> Option<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((kib("RssAnon:")? + kib("RssShmem:").unwrap_or(0)) * 1024)
 }
 
 /// The resident anonymous memory of the tree rooted at `root`, in bytes.
@@ -115,24 +123,17 @@ pub(crate) fn parse_status_threads(status: &str, uid: u32) -> Option<u64> {
     field("Threads:")?.parse().ok()
 }
 
-fn page_size() -> u64 {
-    // SAFETY: sysconf has no preconditions.
-    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    u64::try_from(size).unwrap_or(4096)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn statm_anon_is_resident_minus_shared() {
-        assert_eq!(
-            parse_statm_anon("1000 300 100 5 0 250 0\n", 4096),
-            Some(200 * 4096)
-        );
-        assert_eq!(parse_statm_anon("1000 10 100 5 0 250 0", 4096), Some(0));
-        assert_eq!(parse_statm_anon("garbage", 4096), None);
+    fn anonymous_memory_is_private_plus_shared_anonymous() {
+        let status =
+            "VmRSS:\t  5000 kB\nRssAnon:\t  3000 kB\nRssFile:\t  1500 kB\nRssShmem:\t   500 kB\n";
+        assert_eq!(parse_status_anon(status), Some(3500 * 1024));
+        assert_eq!(parse_status_anon("RssAnon:\t 7 kB\n"), Some(7 * 1024));
+        assert_eq!(parse_status_anon("Name:\tkthreadd\n"), None);
     }
 
     #[test]

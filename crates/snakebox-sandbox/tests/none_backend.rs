@@ -205,4 +205,9 @@ async fn memory_is_resident_use_not_address_space() {
     let out = run(&sb, &p, &py(&interpreter, hog, false)).await;
     assert_eq!(out.stdout.text, "alive\n", "{out:?}");
     assert_eq!(out.termination, Termination::MemoryLimit, "{out:?}");
+    // Shared anonymous memory (Python's default for `mmap.mmap(-1, n)`) counts too.
+    let shared = "import mmap\nm = mmap.mmap(-1, 2 << 30)\nprint('alive', flush=True)\nfor i in range(0, 2 << 30, 1 << 20): m[i:i + (1 << 20)] = b'\\x01' * (1 << 20)\nprint('filled 2 GiB')";
+    let out = run(&sb, &p, &py(&interpreter, shared, false)).await;
+    assert_eq!(out.stdout.text, "alive\n", "{out:?}");
+    assert_eq!(out.termination, Termination::MemoryLimit, "{out:?}");
 }
