@@ -192,9 +192,13 @@ impl NativeBackend {
             }
             Err(e) => (
                 None,
-                format!(
-                    "cgroups unusable ({e}): memory is limited by the supervisor's watchdog and processes by RLIMIT_NPROC (see the limits)"
-                ),
+                match e.hint() {
+                    // The hint says how to get cgroups and what stands in meanwhile.
+                    Some(hint) => format!("cgroups unusable ({e}); to have them, {hint}"),
+                    None => format!(
+                        "cgroups unusable ({e}): memory is limited by the supervisor's watchdog and processes by RLIMIT_NPROC (see the limits)"
+                    ),
+                },
             ),
         };
         let nproc_in_sandbox = nproc_in_sandbox(
