@@ -280,6 +280,15 @@ impl Engine {
             }
             problems.push(line);
         }
+        if let Ok(sandbox) = &self.sandbox
+            && let Some((message, hint)) = sandbox.start_failure()
+        {
+            let mut line = message;
+            if let Some(hint) = hint {
+                line.push_str(&format!(" (hint: {hint})"));
+            }
+            problems.push(line);
+        }
         if let Err(err) = self.check_default_python() {
             let mut line = err.message;
             if let Some(hint) = &err.hint {

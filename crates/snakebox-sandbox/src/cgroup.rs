@@ -380,6 +380,56 @@ fn join_hierarchy(mount: &CgroupMount, path: &str) -> PathBuf {
     mount.mount_point.join(rel.trim_start_matches('/'))
 }
 
+/// Whether our own v2 cgroup `dir` was delegated to us: a normal user owns it only when
+/// systemd made it for a unit with `Delegate=yes` (a user service or `systemd-run --user
+/// --scope -p Delegate=yes`), or an administrator handed it over. (For root, owning proves
+/// nothing: a service's cgroup without `Delegate=yes` is systemd's to manage, so root needs
+/// its controllers enabled already.)
+fn delegated_to_us(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    euid != 0
+        && fs_err::metadata(dir.join("cgroup.subtree_control")).is_ok_and(|m| m.uid() == euid)
+        && fs_err::metadata(dir.join("cgroup.procs")).is_ok_and(|m| m.uid() == euid)
+}
+
+/// Hand the memory and pids controllers (and cpu, when offered) of a delegated cgroup `dir`
+/// to its children. cgroup v2 allows that only while `dir` itself holds no process ("no
+/// internal processes"), so the server (`pid`) first moves itself into a leaf of its own,
+/// `snakebox-server`; run cgroups are then made beside it. Fails (and changes nothing the
+/// kernel would keep) when another process still lives in `dir`.
+pub(crate) fn enable_delegated(dir: &Path, pid: u32) -> Result<(), CgroupError> {
+    let controllers = read(&dir.join("cgroup.controllers"))?;
+    let offered: Vec<&str> = controllers.split_whitespace().collect();
+    for needed in ["memory", "pids"] {
+        if !offered.contains(&needed) {
+            return Err(CgroupError::NotFound {
+                controller: needed.into(),
+            });
+        }
+    }
+    let leaf = dir.join("snakebox-server");
+    if let Err(source) = fs_err::create_dir(&leaf)
+        && source.kind() != std::io::ErrorKind::AlreadyExists
+    {
+        return Err(CgroupError::Create { path: leaf, source });
+    }
+    let write = |path: PathBuf, value: &str| -> Result<(), CgroupError> {
+        fs_err::write(&path, value).map_err(|source| CgroupError::Write {
+            path,
+            value: value.into(),
+            source,
+        })
+    };
+    write(leaf.join("cgroup.procs"), &pid.to_string())?;
+    let subtree = dir.join("cgroup.subtree_control");
+    if offered.contains(&"cpu") && write(subtree.clone(), "+memory +pids +cpu").is_ok() {
+        return Ok(());
+    }
+    write(subtree, "+memory +pids")
+}
+
 /// The parent directories new run cgroups are created in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum CgroupSet {
@@ -443,6 +493,15 @@ impl CgroupSet {
             let enabled: Vec<&str> = subtree.split_whitespace().collect();
             if enabled.contains(&"memory") && enabled.contains(&"pids") {
                 return Ok(Self::V2 { parent: dir });
+            }
+            if delegated_to_us(&dir) {
+                match enable_delegated(&dir, std::process::id()) {
+                    Ok(()) => return Ok(Self::V2 { parent: dir }),
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "a cgroup v2 subtree is delegated to us, but its controllers could not be enabled for runs; start snakebox as the only process of the unit (`systemd-run --user --scope -p Delegate=yes snakebox serve`)"
+                    ),
+                }
             }
         }
         let v1 = |controller: &str| -> Option<PathBuf> {
@@ -668,11 +727,12 @@ impl RunCgroup {
     pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
         self.manager.procs_files()
     }
-    /// Whether memory is limited here (else RLIMIT_AS stands in).
+    /// Whether memory is limited here (else the supervisor's watchdog stands in).
     pub(crate) fn limits_memory(&self) -> bool {
         self.manager.limits().0
     }
-    /// Whether processes are limited here (else RLIMIT_NPROC stands in).
+    /// Whether processes are limited here (else RLIMIT_NPROC stands in: on the run's host uid,
+    /// or set inside its user namespace for a normal user's server).
     pub(crate) fn limits_pids(&self) -> bool {
         self.manager.limits().1
     }
@@ -734,6 +794,35 @@ mod tests {
                 cpu: None,
             }
         );
+    }
+
+    #[test]
+    fn a_delegated_subtree_gets_a_server_leaf_and_its_controllers_enabled() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
+        fs_err::write(dir.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        fs_err::write(dir.join("cgroup.subtree_control"), "").unwrap();
+        enable_delegated(dir, 4242).unwrap();
+        assert_eq!(
+            fs_err::read_to_string(dir.join("snakebox-server/cgroup.procs")).unwrap(),
+            "4242"
+        );
+        assert_eq!(
+            fs_err::read_to_string(dir.join("cgroup.subtree_control")).unwrap(),
+            "+memory +pids +cpu"
+        );
+        // Idempotent (a restarted server finds its leaf), and refused without memory.
+        enable_delegated(dir, 4243).unwrap();
+        fs_err::write(dir.join("cgroup.controllers"), "cpu pids\n").unwrap();
+        assert!(matches!(
+            enable_delegated(dir, 4244),
+            Err(CgroupError::NotFound { controller }) if controller == "memory"
+        ));
+        // Owned by root, a cgroup is never taken as delegated (to root or anyone else).
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            assert!(!delegated_to_us(dir));
+        }
     }
 
     #[test]

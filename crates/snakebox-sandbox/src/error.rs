@@ -183,7 +183,7 @@ impl CgroupError {
     pub fn hint(&self) -> Option<String> {
         match self {
             Self::Write { .. } | Self::Create { .. } => Some(
-                "delegate a writable cgroup to the server (systemd: `Delegate=yes`; docker: `--cgroupns=private` with a writable /sys/fs/cgroup); limits fall back to rlimits meanwhile"
+                "delegate a writable cgroup to the server (systemd: `Delegate=yes`, for a normal user `systemd-run --user --scope -p Delegate=yes snakebox serve`; docker: `--cgroupns=private` with a writable /sys/fs/cgroup); meanwhile memory is limited by the supervisor's watchdog and processes by RLIMIT_NPROC"
                     .into(),
             ),
             Self::Remove { .. } => {
@@ -218,6 +218,12 @@ pub enum NamespaceError {
     )]
     SandboxRefused {
         /// bwrap's stderr, trimmed.
+        stderr: String,
+    },
+    /// A run's sandbox stopped before its command ran; bwrap said why.
+    #[error("Failed to start the sandbox: bubblewrap stopped before the command ran: `{stderr}`")]
+    SetupFailed {
+        /// bwrap's stderr (its end), trimmed.
         stderr: String,
     },
     /// The probe sandbox started but a property did not hold.
@@ -269,6 +275,13 @@ impl NamespaceError {
                     format!("check bubblewrap's message above; {NONE}")
                 },
             ),
+            Self::SetupFailed { stderr } if stderr.contains("Resource temporarily unavailable") || stderr.contains("No space left on device") => Some(
+                "the server's user ran out of processes or user namespaces: check `ulimit -u` and `sysctl user.max_user_namespaces` for the user running snakebox, and what else that user runs; `snakebox check` shows how the process limit is enforced here".into(),
+            ),
+            Self::SetupFailed { stderr } => Self::SandboxRefused {
+                stderr: stderr.clone(),
+            }
+            .hint(),
             Self::NotIsolated { .. } => Some(format!("report this as a bug, {NONE}")),
             Self::Staging { .. } => {
                 Some("run the server as root, or as a user that can read every mounted path".into())

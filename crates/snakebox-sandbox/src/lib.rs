@@ -18,6 +18,7 @@ mod cgroup;
 mod child;
 mod egress;
 mod error;
+mod health;
 mod host;
 mod live;
 mod native;
@@ -27,6 +28,7 @@ mod pending;
 mod process;
 mod scratch;
 mod supervise;
+mod watchdog;
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -70,7 +72,8 @@ pub struct Limits {
     pub wall_time: Duration,
     /// CPU time (all processes of the run).
     pub cpu_time: Option<Duration>,
-    /// Memory (RSS + page cache charged to the run, or address space under rlimits).
+    /// Memory (RSS + page cache charged to the run's cgroup; without a memory cgroup, the
+    /// resident anonymous memory of its processes, sampled by the supervisor's watchdog).
     pub memory_bytes: Option<u64>,
     /// Processes and threads alive at once.
     pub max_processes: Option<u64>,
@@ -327,6 +330,7 @@ pub struct Sandbox {
     backend: Box<dyn Backend>,
     report: BackendReport,
     uids: std::sync::Arc<std::sync::Mutex<UidPool>>,
+    health: std::sync::Arc<health::StartHealth>,
 }
 
 impl Sandbox {
@@ -348,12 +352,21 @@ impl Sandbox {
             report: backend.report(),
             backend,
             uids: std::sync::Arc::default(),
+            health: std::sync::Arc::default(),
         }
     }
 
     /// What the backend is, whether it isolates, and how each limit is enforced here.
     pub fn report(&self) -> BackendReport {
         self.report.clone()
+    }
+
+    /// When the last sandbox could not start and none has started since (the server's user
+    /// out of processes or user namespaces, say): what failed and the hint. `check_environment`
+    /// is then not ready.
+    #[must_use]
+    pub fn start_failure(&self) -> Option<(String, Option<String>)> {
+        self.health.failure()
     }
 
     /// Kill and remove whatever cgroups of this server's runs are left (at shutdown, after
@@ -377,7 +390,9 @@ impl Sandbox {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<Outcome, SandboxError> {
-        self.backend.run(policy, command, cancel, output).await
+        let result = self.backend.run(policy, command, cancel, output).await;
+        self.health.note(result.as_ref().map(|_| ()));
+        result
     }
 
     /// Start a long-lived sandbox: the same isolation and limits as [`Sandbox::run`] (memory
@@ -392,7 +407,9 @@ impl Sandbox {
         policy: &Policy,
         command: &SandboxCommand,
     ) -> Result<LiveSandbox, SandboxError> {
-        self.backend.spawn(policy, command)
+        let mut live = self.backend.spawn(policy, command)?;
+        live.health = Some(std::sync::Arc::clone(&self.health));
+        Ok(live)
     }
 
     /// Start a one-shot sandbox ahead of time (the engine's warm pool): the same isolation and
@@ -407,7 +424,9 @@ impl Sandbox {
         policy: &Policy,
         command: &SandboxCommand,
     ) -> Result<PendingRun, SandboxError> {
-        self.backend.prestart(policy, command)
+        let mut pending = self.backend.prestart(policy, command)?;
+        pending.health = Some(std::sync::Arc::clone(&self.health));
+        Ok(pending)
     }
 
     /// Start a fork server for runs of one environment (see [`ForkServer`]), as a host uid

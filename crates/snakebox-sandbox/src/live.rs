@@ -88,6 +88,8 @@ pub struct LiveSandbox {
     shell_style_signals: bool,
     max_output_bytes: u64,
     dead: bool,
+    /// Where a sandbox that never started is noted (set by [`crate::Sandbox::spawn`]).
+    pub(crate) health: Option<std::sync::Arc<crate::health::StartHealth>>,
 }
 
 impl std::fmt::Debug for LiveSandbox {
@@ -124,6 +126,7 @@ impl LiveSandbox {
             shell_style_signals: started.shell_style_signals,
             max_output_bytes: limits.max_output_bytes,
             dead: false,
+            health: None,
         })
     }
 
@@ -350,6 +353,7 @@ impl LiveSandbox {
 
         let mut end = ended.unwrap_or(ExchangeEnd::Exited);
         let (mut exit_code, mut signal) = (None, None);
+        let mut never_ran = false;
         if end != ExchangeEnd::Answered {
             // Nothing of the sandbox may outlive a failed exchange.
             self.teardown.kill_all();
@@ -367,6 +371,10 @@ impl LiveSandbox {
             self.teardown.kill_all();
             let report = EndReport::take(&mut control_tail.0);
             (exit_code, signal) = read_status(status, self.shell_style_signals, report);
+            if end == ExchangeEnd::Exited {
+                crate::supervise::finish_status_task(self.info_task.take()).await;
+                never_ran = status.code() == Some(1) && self.teardown.setup_failed();
+            }
             if end == ExchangeEnd::Exited && self.teardown.memory_exceeded() {
                 end = ExchangeEnd::MemoryLimit;
             }
@@ -378,6 +386,20 @@ impl LiveSandbox {
             self.dead = true;
         }
         let (stdout, stderr) = finish_pair(&captures[0], &captures[1], budget);
+        if never_ran {
+            // The sandbox's own setup failed (see `supervise::setup_failure`).
+            let err: SandboxError = crate::error::NamespaceError::SetupFailed {
+                stderr: stderr.text.trim().to_string(),
+            }
+            .into();
+            if let Some(health) = &self.health {
+                health.note(Err(&err));
+            }
+            return Err(err);
+        }
+        if let Some(health) = &self.health {
+            health.note(Ok(()));
+        }
         Ok(Exchange {
             end,
             exit_code,

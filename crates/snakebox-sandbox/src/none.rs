@@ -5,13 +5,18 @@
 //! What it still guarantees: a clean environment (only `Policy::env`), stdin from `/dev/null`,
 //! no inherited descriptors, its own session, capped output, and a wall-time / cancellation kill
 //! of the whole tree (process group, then every process in the same session or descended from
-//! the child). Limits are best effort: rlimits (RLIMIT_AS for memory, RLIMIT_NPROC only when not
-//! root) — `report()` says so.
+//! the child). Limits are best effort — `report()` says so: memory by the supervisor's watchdog
+//! over the command's tree (see `crate::watchdog`; the command is a child subreaper, so its
+//! orphans stay in the tree), processes by RLIMIT_NPROC set to the user's current thread count
+//! plus the limit (not when root, where it does not apply): there is no user namespace to count
+//! the run's processes apart from the user's others.
 //!
 //! `Policy::mounts` are ignored and `Policy::cwd` is taken as a *host* path.
 
+use std::os::fd::OwnedFd;
 use std::process::Stdio;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::child::{ChildPlan, pipe, raise_fd, rlimits_for};
 use crate::error::{SandboxError, SpawnError};
@@ -27,12 +32,53 @@ pub(crate) const FD_SOURCE_MIN: i32 = 64;
 #[derive(Debug)]
 struct SessionTeardown {
     leader: i32,
+    /// The memory watchdog killed the tree.
+    memory_hit: Arc<AtomicBool>,
 }
 
 impl Teardown for SessionTeardown {
     fn kill_all(&self) {
         if self.leader > 0 {
             kill_tree(&RealHost, self.leader, 8);
+        }
+    }
+
+    fn memory_exceeded(&self) -> bool {
+        self.memory_hit.load(Ordering::SeqCst)
+    }
+}
+
+/// Sample the tree of `leader` (our child, watched through `pidfd`) until it exits; above
+/// `limit` bytes, kill it and raise `hit`.
+async fn watch_memory(leader: i32, pidfd: OwnedFd, limit: u64, hit: Arc<AtomicBool>) {
+    // A pidfd turns readable when its process exits: the watch ends with the command, so
+    // the supervisor (which waits for this task) is not held up.
+    // SAFETY: an OwnedFd keeps its one descriptor open until the AsyncFd drops it.
+    let Ok(exited) = (unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
+    }) else {
+        return;
+    };
+    let mut tick = tokio::time::interval(crate::watchdog::INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = exited.readable() => return,
+            _ = tick.tick() => {}
+        }
+        let pidfd = exited.get_ref();
+        // Not reaped until the supervisor waits for it, so `leader` is still ours here.
+        if !crate::watchdog::pidfd_alive(pidfd) {
+            return;
+        }
+        let over =
+            tokio::task::spawn_blocking(move || crate::watchdog::tree_anon_bytes(leader) > limit)
+                .await
+                .unwrap_or(false);
+        if over && crate::watchdog::pidfd_alive(pidfd) {
+            hit.store(true, Ordering::SeqCst);
+            let _ = tokio::task::spawn_blocking(move || kill_tree(&RealHost, leader, 8)).await;
+            return;
         }
     }
 }
@@ -48,7 +94,7 @@ pub(crate) fn limit_reports() -> Vec<LimitReport> {
         ("RLIMIT_NPROC is ignored for root: not enforced", false)
     } else {
         (
-            "RLIMIT_NPROC (counts every process of the server's uid)",
+            "RLIMIT_NPROC set to the server's user's current thread count plus the limit, at the start of each run (best effort: the user's other processes and concurrent runs move the count)",
             true,
         )
     };
@@ -76,7 +122,7 @@ pub(crate) fn limit_reports() -> Vec<LimitReport> {
         r(
             "memory",
             true,
-            "RLIMIT_AS per process (best effort: address space, not RSS; tmpfs not counted)",
+            "the supervisor sums the resident anonymous memory (RssAnon + RssShmem) of the command's process tree every 100 ms and kills the tree above the limit (best effort: a burst between samples overshoots; files and page cache not counted)",
         ),
         r("max_processes", nproc.1, nproc.0),
         r(
@@ -123,8 +169,17 @@ impl ProcessBackend for NoneBackend {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
 
+        // RLIMIT_NPROC counts every thread of the user: relative to what the user runs now.
+        let nproc = limits.max_processes.filter(|_| !is_root()).map(|n| {
+            // SAFETY: getuid has no preconditions.
+            n + crate::watchdog::threads_of_uid(unsafe { libc::getuid() })
+        });
+        let rlimit_limits = Limits {
+            max_processes: nproc,
+            ..limits.clone()
+        };
         let mut plan = ChildPlan {
-            rlimits: rlimits_for(limits, true, !is_root()),
+            rlimits: rlimits_for(&rlimit_limits, false, nproc.is_some()),
             subreaper: true,
             ..ChildPlan::default()
         };
@@ -155,11 +210,21 @@ impl ProcessBackend for NoneBackend {
             .id()
             .and_then(|id| i32::try_from(id).ok())
             .unwrap_or(0);
+        let memory_hit = Arc::new(AtomicBool::new(false));
+        let info_task = match (limits.memory_bytes, crate::native::pidfd_open(leader)) {
+            (Some(limit), Ok(pidfd)) if leader > 0 => Some(tokio::spawn(watch_memory(
+                leader,
+                pidfd,
+                limit,
+                Arc::clone(&memory_hit),
+            ))),
+            _ => None,
+        };
         Ok(Started {
             child,
-            teardown: Arc::new(SessionTeardown { leader }),
+            teardown: Arc::new(SessionTeardown { leader, memory_hit }),
             control_read,
-            info_task: None,
+            info_task,
             started,
             shell_style_signals: false,
         })

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::SandboxError;
 use crate::process::Started;
-use crate::supervise::{Teardown, outcome, supervise};
+use crate::supervise::{Teardown, finish_status_task, outcome, setup_failure, supervise};
 use crate::{Limits, Outcome, OutputChunk};
 
 /// A started sandbox waiting for its one request; see the module documentation.
@@ -34,6 +34,8 @@ pub struct PendingRun {
     started: Instant,
     /// The cgroup's release was handed to a background task.
     released: bool,
+    /// Where a sandbox that never started is noted (set by [`crate::Sandbox::prestart`]).
+    pub(crate) health: Option<Arc<crate::health::StartHealth>>,
 }
 
 impl std::fmt::Debug for PendingRun {
@@ -59,6 +61,7 @@ impl PendingRun {
             limits: limits.clone(),
             started: Instant::now(),
             released: false,
+            health: None,
         }
     }
 
@@ -133,9 +136,7 @@ impl PendingRun {
             started,
         )
         .await;
-        if let Some(task) = self.info_task.take() {
-            task.abort();
-        }
+        finish_status_task(self.info_task.take()).await;
         let memory_hit = self.teardown.memory_exceeded();
         let usage = self.teardown.usage();
         let raw = raw?;
@@ -144,13 +145,20 @@ impl PendingRun {
         let teardown = Arc::clone(&self.teardown);
         tokio::task::spawn_blocking(move || teardown.release());
         self.released = true;
-        Ok(outcome(
-            raw,
-            &limits,
-            self.shell_style_signals,
-            memory_hit,
-            usage,
-        ))
+        let result = match setup_failure(&raw, self.teardown.as_ref()) {
+            Some(err) => Err(err),
+            None => Ok(outcome(
+                raw,
+                &limits,
+                self.shell_style_signals,
+                memory_hit,
+                usage,
+            )),
+        };
+        if let Some(health) = &self.health {
+            health.note(result.as_ref().map(|_| ()));
+        }
+        result
     }
 }
 

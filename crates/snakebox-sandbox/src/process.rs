@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::{SandboxError, SpawnError};
 use crate::live::LiveSandbox;
 use crate::pending::PendingRun;
-use crate::supervise::{Teardown, outcome, supervise};
+use crate::supervise::{Teardown, finish_status_task, outcome, setup_failure, supervise};
 use crate::{Limits, Outcome, OutputChunk, Policy, SandboxCommand};
 
 /// A sandbox process that has just been started, with what its end needs.
@@ -74,13 +74,14 @@ impl Started {
             started,
         )
         .await;
-        if let Some(task) = info_task {
-            task.abort();
-        }
+        finish_status_task(info_task).await;
         let memory_hit = teardown.memory_exceeded();
         let usage = teardown.usage();
         let raw = raw?;
         teardown.release();
+        if let Some(err) = setup_failure(&raw, teardown.as_ref()) {
+            return Err(err);
+        }
         Ok(outcome(raw, limits, shell_style_signals, memory_hit, usage))
     }
 

@@ -119,6 +119,45 @@ pub(crate) trait Teardown: Send + Sync {
     }
     /// Free what the run held once everything is dead (its cgroup). Idempotent.
     fn release(&self) {}
+    /// Whether the sandbox never executed the command (its own setup failed), read after the
+    /// direct child ended and [`finish_status_task`] returned. Backends that cannot tell say no.
+    fn setup_failed(&self) -> bool {
+        false
+    }
+}
+
+/// Let the task that follows the sandbox's status (native: bwrap's JSON status) read to its
+/// end, which comes when the direct child has ended, then stop it; bounded.
+pub(crate) async fn finish_status_task(task: Option<tokio::task::JoinHandle<()>>) {
+    if let Some(mut task) = task
+        && tokio::time::timeout(Duration::from_secs(5), &mut task)
+            .await
+            .is_err()
+    {
+        task.abort();
+    }
+}
+
+/// The error to return instead of an outcome when the direct child ended with status 1
+/// without the sandbox ever executing the command: bwrap's own setup failed (for example
+/// `Creating new namespace failed`), which must not read as the command's `exit 1`.
+pub(crate) fn setup_failure(
+    run: &RawRun,
+    teardown: &dyn Teardown,
+) -> Option<crate::error::SandboxError> {
+    (run.stop == Stop::Exited && run.status.code() == Some(1) && teardown.setup_failed()).then(
+        || {
+            let text = run.stderr.text.trim();
+            let start = text.len().saturating_sub(2000);
+            let start = (start..text.len())
+                .find(|&i| text.is_char_boundary(i))
+                .unwrap_or(text.len());
+            crate::error::NamespaceError::SetupFailed {
+                stderr: text[start..].to_string(),
+            }
+            .into()
+        },
+    )
 }
 
 /// The process whose end is the end of a run: a spawned child (bwrap, or the command itself

@@ -340,3 +340,42 @@ async fn missing_bwrap_fails_closed_with_a_hint() {
     let hint = err.hint().unwrap();
     assert!(hint.contains("apt-get install bubblewrap") && hint.contains("--sandbox-backend none"));
 }
+
+// See: issue 16 (item 5): bwrap's own failure (`Creating new namespace failed`) was reported as
+// the script's `exit 1`. A sandbox whose setup fails is an error naming bwrap's message, while
+// a command that exits 1 after printing the same words is still the command's exit 1.
+#[tokio::test]
+async fn a_sandbox_that_never_started_is_a_setup_error_not_exit_1() {
+    let (sb, py, mounts) = setup_or_skip!();
+    let mut p = pol(&mounts);
+    p.cwd = "/snakebox-no-such-directory".into();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let err = sb
+        .run(&p, &py_cmd(&py, "print('ran')", false), cancel, None)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            snakebox_sandbox::SandboxError::Namespace(
+                snakebox_sandbox::NamespaceError::SetupFailed { .. }
+            )
+        ),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("bwrap: "), "{err}");
+    assert!(err.hint().is_some());
+    // Until a sandbox starts again, the report is not ready (check_environment).
+    let (failure, hint) = sb.start_failure().expect("the failure is remembered");
+    assert!(
+        failure.contains("could not start") && failure.contains("chdir"),
+        "{failure}"
+    );
+    assert!(hint.is_some());
+
+    let forged = "import sys\nsys.stderr.write('bwrap: Creating new namespace failed: Resource temporarily unavailable\\n')\nsys.exit(1)";
+    let out = run(&sb, &pol(&mounts), &py_cmd(&py, forged, false)).await;
+    assert_eq!(out.exit_code, Some(1), "{out:?}");
+    assert_eq!(out.termination, Termination::Exited);
+    assert_eq!(sb.start_failure(), None, "a sandbox started since");
+}

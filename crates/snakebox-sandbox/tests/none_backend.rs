@@ -183,3 +183,31 @@ async fn cpu_rlimit_ends_a_busy_loop_as_cpu_limit() {
     assert_eq!(out.stdout.text, "spin\n");
     assert_eq!(out.termination, Termination::CpuLimit, "{out:?}");
 }
+
+// See: issue 16 (item 5): RLIMIT_AS stood in for memory and broke libraries that reserve
+// address space. The watchdog lets a large reservation through and stops real use.
+#[tokio::test]
+async fn memory_is_resident_use_not_address_space() {
+    let Some((interpreter, _)) = python() else {
+        eprintln!("skipped: no python3.11 interpreter on this host");
+        return;
+    };
+    let sb = none_sandbox();
+    let mut p = policy(&std::env::temp_dir(), vec![]);
+    p.limits.memory_bytes = Some(256 << 20);
+    // 4 GiB of address space reserved, a few pages touched: fine.
+    let reserve = "import mmap\nm = mmap.mmap(-1, 4 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)\nm[0] = 1\nprint('reserved', flush=True)";
+    let out = run(&sb, &p, &py(&interpreter, reserve, false)).await;
+    assert_eq!(out.stdout.text, "reserved\n", "{out:?}");
+    assert_eq!(out.termination, Termination::Exited, "{out:?}");
+    let hog =
+        "print('alive', flush=True)\nchunks = []\nwhile True: chunks.append(b'\\x01' * (16 << 20))";
+    let out = run(&sb, &p, &py(&interpreter, hog, false)).await;
+    assert_eq!(out.stdout.text, "alive\n", "{out:?}");
+    assert_eq!(out.termination, Termination::MemoryLimit, "{out:?}");
+    // Shared anonymous memory (Python's default for `mmap.mmap(-1, n)`) counts too.
+    let shared = "import mmap\nm = mmap.mmap(-1, 2 << 30)\nprint('alive', flush=True)\nfor i in range(0, 2 << 30, 1 << 20): m[i:i + (1 << 20)] = b'\\x01' * (1 << 20)\nprint('filled 2 GiB')";
+    let out = run(&sb, &p, &py(&interpreter, shared, false)).await;
+    assert_eq!(out.stdout.text, "alive\n", "{out:?}");
+    assert_eq!(out.termination, Termination::MemoryLimit, "{out:?}");
+}

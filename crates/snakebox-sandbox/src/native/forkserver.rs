@@ -462,6 +462,11 @@ impl ForkServer {
             sandbox_pidfd: Mutex::new(None),
             sandbox_pid: AtomicI32::new(0),
             cgroup: Some(cgroup),
+            // Fork servers exist only with cgroups: memory is the cgroup's, and a run forked
+            // here reports its own start failures.
+            memory_watch: None,
+            memory_hit: std::sync::atomic::AtomicBool::new(false),
+            command_ran: std::sync::atomic::AtomicBool::new(true),
         });
         if let Err(err) = send_with_fds(&self.socket, format!("run {id}").as_bytes(), &fds) {
             self.lock_waiters().remove(&id);

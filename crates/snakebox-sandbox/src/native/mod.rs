@@ -26,7 +26,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::AsyncReadExt;
@@ -72,6 +72,42 @@ pub(crate) struct NativeBackend {
     staging: Option<PathBuf>,
     cgroups: Option<Arc<CgroupSet>>,
     cgroup_note: String,
+    /// Where the process limit is set inside the sandbox's own user namespace (the server is
+    /// not root and has no pids cgroup): `prlimit` runs first in the sandbox, lowers
+    /// RLIMIT_NPROC there and executes the command. See [`nproc_in_sandbox`].
+    nproc_in_sandbox: Option<PathBuf>,
+}
+
+/// `prlimit` (util-linux), run as the sandbox's first command where the process limit is an
+/// RLIMIT_NPROC set inside the sandbox's user namespace.
+const PRLIMIT: &str = "/usr/bin/prlimit";
+
+/// Where RLIMIT_NPROC is set, when no pids cgroup limits processes and the server is not root.
+///
+/// Since Linux 5.14 the kernel counts RLIMIT_NPROC per user namespace ("ucounts"): a fork is
+/// checked against the process's own limit with the count of its uid *in its own user
+/// namespace*, and at each ancestor namespace against the limit its creator had when it made
+/// the namespace. So the limit must not be set on bwrap (it would be stored for the host
+/// level, where every process of the user counts: an IDE with 150 threads made every run fail
+/// with `Creating new namespace failed`); it is set by the sandbox's first command, after the
+/// namespaces exist, and then counts the run's processes only. Verified on the dev machines
+/// (Linux 6.x): with 200 threads of the same user outside, a sandbox with RLIMIT_NPROC 64 set
+/// inside forks up to 62 children (pid 1 and the shell count too). Before 5.14 the counter
+/// was per host uid and this degrades to the old behaviour, which the report says.
+fn nproc_in_sandbox(root: bool, pids_cgroup: bool) -> Option<PathBuf> {
+    let prlimit = PathBuf::from(PRLIMIT);
+    (!root && !pids_cgroup && prlimit.is_file()).then_some(prlimit)
+}
+
+/// Whether the running kernel is at least `major.minor` (unknown: no).
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = fs_err::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    found >= (major, minor)
 }
 
 fn is_root() -> bool {
@@ -156,10 +192,24 @@ impl NativeBackend {
             }
             Err(e) => (
                 None,
-                format!("cgroups unusable ({e}); limits fall back to rlimits"),
+                match e.hint() {
+                    // The hint says how to get cgroups and what stands in meanwhile.
+                    Some(hint) => format!("cgroups unusable ({e}); to have them, {hint}"),
+                    None => format!(
+                        "cgroups unusable ({e}): memory is limited by the supervisor's watchdog and processes by RLIMIT_NPROC (see the limits)"
+                    ),
+                },
             ),
         };
+        let nproc_in_sandbox = nproc_in_sandbox(
+            drop_privileges,
+            cgroups
+                .as_deref()
+                .and_then(CgroupSet::pids_mechanism)
+                .is_some(),
+        );
         let backend = Self {
+            nproc_in_sandbox,
             bwrap,
             version,
             view: policy::probe_system_view(),
@@ -176,7 +226,9 @@ impl NativeBackend {
         Ok(backend)
     }
 
-    /// Start `/usr/bin/id -u` in a real sandbox and check it ran as the sandbox user.
+    /// Start `/usr/bin/id -u` in a real sandbox and check it ran as the sandbox user. Where
+    /// the process limit is set inside the sandbox, the probe sets one too, so that a server
+    /// whose runs could not start does not start either.
     fn probe(&self) -> Result<(), SandboxError> {
         let program = ["/usr/bin/id", "/bin/id"]
             .into_iter()
@@ -197,7 +249,7 @@ impl NativeBackend {
                 wall_time: Duration::from_secs(10),
                 cpu_time: None,
                 memory_bytes: None,
-                max_processes: None,
+                max_processes: self.nproc_in_sandbox.as_ref().map(|_| 16),
                 max_output_bytes: 4096,
                 scratch_bytes: Some(1 << 20),
                 file_size_bytes: None,
@@ -297,8 +349,14 @@ impl NativeBackend {
         let pids = self.cgroups.as_deref().and_then(CgroupSet::pids_mechanism);
         let nproc_note = if self.drop_privileges {
             "RLIMIT_NPROC on the run's own host uid (shared by sessions, which all run as 65534)"
+        } else if self.nproc_in_sandbox.is_some() {
+            if kernel_at_least(5, 14) {
+                "RLIMIT_NPROC set inside the sandbox's own user namespace (by `prlimit` before the command): the kernel counts the run's processes and threads only, not the user's others (per-user-namespace counts, Linux 5.14+)"
+            } else {
+                "RLIMIT_NPROC set inside the sandbox (this kernel is older than 5.14 and counts every process of the server's uid against it: a user with many processes makes runs fail)"
+            }
         } else {
-            "RLIMIT_NPROC on the server's uid (shared with the server's processes)"
+            "RLIMIT_NPROC on the server's uid (counts every process of the server's user)"
         };
         vec![
             r("wall_time", true, "supervisor timer; SIGKILL of the sandbox's pid 1 (PID namespace), bwrap and the run cgroup".into()),
@@ -311,7 +369,7 @@ impl NativeBackend {
                     cpu.unwrap_or_else(|| "not enforced: no writable cpu cgroup here".into()),
                 )
             },
-            r("memory", true, memory.unwrap_or_else(|| "RLIMIT_AS per process (fallback: address space, not RSS)".into())),
+            r("memory", true, memory.unwrap_or_else(|| format!("no memory cgroup: the supervisor sums the resident anonymous memory (RssAnon + RssShmem) of the sandbox's processes every {} ms and kills the sandbox above the limit (status memory_limit); a burst between samples can overshoot briefly, /tmp and /dev/shm are capped by scratch_bytes, page cache is not counted; address space is not limited (RLIMIT_AS breaks polars, duckdb and other libraries that reserve it)", crate::watchdog::INTERVAL.as_millis()))),
             r("max_processes", true, pids.unwrap_or_else(|| nproc_note.into())),
             r("max_output_bytes", true, "supervisor capture, head and tail, shared budget".into()),
             r(
@@ -452,10 +510,18 @@ impl NativeBackend {
         let limits = &policy.limits;
         let memory_by_cgroup = cgroup.is_some_and(RunCgroup::limits_memory);
         let pids_by_cgroup = cgroup.is_some_and(RunCgroup::limits_pids);
+        // The process limit inside the sandbox's user namespace, when that is where it goes
+        // (see `nproc_in_sandbox`): not on bwrap, where it would count the user's processes.
+        let nproc_inside = match (&self.nproc_in_sandbox, limits.max_processes) {
+            (Some(prlimit), Some(n)) if !pids_by_cgroup && !is_zygote => Some((prlimit, n)),
+            _ => None,
+        };
         plan.rlimits = if is_zygote {
             forkserver::rlimits(limits, !memory_by_cgroup, !pids_by_cgroup)
         } else {
-            rlimits_for(limits, !memory_by_cgroup, !pids_by_cgroup)
+            // Memory without a cgroup is the supervisor's watchdog (crate::watchdog), not
+            // RLIMIT_AS.
+            rlimits_for(limits, false, !pids_by_cgroup && nproc_inside.is_none())
         };
         plan.cgroup_procs = match cgroup {
             Some(cg) => cg
@@ -467,6 +533,22 @@ impl NativeBackend {
         };
         plan.drop_to = self.host_ids(policy.identity);
 
+        let wrapped;
+        let command = match nproc_inside {
+            Some((prlimit, n)) => {
+                let mut args: Vec<std::ffi::OsString> =
+                    vec![format!("--nproc={n}:{n}").into(), "--".into()];
+                args.push(command.program.clone().into_os_string());
+                args.extend(command.args.iter().cloned());
+                wrapped = SandboxCommand {
+                    program: prlimit.clone(),
+                    args,
+                    control_channel: command.control_channel,
+                };
+                &wrapped
+            }
+            None => command,
+        };
         let mut cmd = std::process::Command::new(&self.bwrap);
         cmd.args(policy::bwrap_argv(command))
             .env_clear()
@@ -516,12 +598,19 @@ impl ProcessBackend for NativeBackend {
         // The child has its copies; ours must go (pipes reach EOF, memfds are freed).
         drop(keep_until_spawned);
 
+        let memory_watch = policy
+            .limits
+            .memory_bytes
+            .filter(|_| !cgroup.as_ref().is_some_and(RunCgroup::limits_memory));
         let teardown = Arc::new(NativeTeardown {
             sandbox_pidfd: std::sync::Mutex::new(None),
             sandbox_pid: AtomicI32::new(0),
             cgroup,
+            memory_watch,
+            memory_hit: AtomicBool::new(false),
+            command_ran: AtomicBool::new(false),
         });
-        let info_task = tokio::spawn(read_info(info_read, teardown.clone()));
+        let info_task = tokio::spawn(follow_status(info_read, teardown.clone()));
         Ok(Started {
             child,
             teardown,
@@ -582,32 +671,43 @@ fn wait_with_timeout(
     }
 }
 
-/// Read bwrap's `--info-fd` JSON and remember the sandbox's pid 1 as a pidfd.
-async fn read_info(fd: OwnedFd, teardown: Arc<NativeTeardown>) {
-    let Ok(mut pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
+/// Follow bwrap's `--json-status-fd` until bwrap exits: remember the sandbox's pid 1 as a
+/// pidfd (first line), note whether the command was executed (the `exit-code` line, which
+/// bwrap writes only when the sandbox's setup finished), and meanwhile, where memory is the
+/// watchdog's, sample the sandbox's processes and kill it above the limit.
+async fn follow_status(fd: OwnedFd, teardown: Arc<NativeTeardown>) {
+    use tokio::io::AsyncBufReadExt;
+    let Ok(pipe) = tokio::net::unix::pipe::Receiver::from_owned_fd(fd) else {
         return;
     };
-    let mut text = Vec::new();
-    let _ = (&mut pipe).take(64 * 1024).read_to_end(&mut text).await;
-    let text = String::from_utf8_lossy(&text);
-    let pid = text
-        .split("\"child-pid\":")
-        .nth(1)
-        .and_then(|rest| {
-            rest.trim_start()
-                .split(|c: char| !c.is_ascii_digit())
-                .next()
-        })
-        .and_then(|n| n.parse::<i32>().ok());
-    if let Some(pid) = pid {
-        if let Ok(fd) = pidfd_open(pid) {
-            *teardown
-                .sandbox_pidfd
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(fd);
+    let mut lines = tokio::io::BufReader::new(pipe.take(64 * 1024)).lines();
+    let mut tick = tokio::time::interval(crate::watchdog::INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let watching = teardown.memory_watch.is_some()
+            && teardown.sandbox_pid.load(Ordering::SeqCst) > 0
+            && !teardown.memory_hit.load(Ordering::SeqCst);
+        tokio::select! {
+            line = lines.next_line() => match line {
+                Ok(Some(line)) => teardown.status_line(&line),
+                // bwrap exited (only it holds the write end): the sandbox is gone.
+                _ => return,
+            },
+            // procfs reads are served from memory (a few small files per sample): done
+            // here, not on the blocking pool, whose hand-off costs more than the reads.
+            _ = tick.tick(), if watching => teardown.check_memory(),
         }
-        teardown.sandbox_pid.store(pid, Ordering::SeqCst);
     }
+}
+
+/// The number after `"key":` in one line of bwrap's JSON status.
+fn json_number(line: &str, key: &str) -> Option<i32> {
+    let rest = line.split(&format!("\"{key}\":")).nth(1)?;
+    rest.trim_start()
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// A pidfd of process `pid`: signals sent through it can never reach a later process that
@@ -644,6 +744,50 @@ struct NativeTeardown {
     sandbox_pidfd: std::sync::Mutex<Option<OwnedFd>>,
     sandbox_pid: AtomicI32,
     cgroup: Option<RunCgroup>,
+    /// The memory limit the watchdog enforces (no memory cgroup), in bytes.
+    memory_watch: Option<u64>,
+    /// The watchdog killed the sandbox for its memory.
+    memory_hit: AtomicBool,
+    /// bwrap reported the command's exit code: its setup finished and the command ran.
+    command_ran: AtomicBool,
+}
+
+impl NativeTeardown {
+    /// One line of bwrap's JSON status.
+    fn status_line(&self, line: &str) {
+        if let Some(pid) = json_number(line, "child-pid") {
+            if let Ok(fd) = pidfd_open(pid) {
+                *self
+                    .sandbox_pidfd
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(fd);
+            }
+            self.sandbox_pid.store(pid, Ordering::SeqCst);
+        }
+        if json_number(line, "exit-code").is_some() {
+            self.command_ran.store(true, Ordering::SeqCst);
+        }
+    }
+
+    /// One watchdog sample: kill the sandbox when its processes hold more than the limit.
+    fn check_memory(&self) {
+        let (Some(limit), pid) = (self.memory_watch, self.sandbox_pid.load(Ordering::SeqCst))
+        else {
+            return;
+        };
+        if pid <= 0 || crate::watchdog::tree_anon_bytes(pid) <= limit {
+            return;
+        }
+        let pidfd = self
+            .sandbox_pidfd
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Only a sandbox that is still alive (its pid not reused) was over the limit.
+        if let Some(fd) = pidfd.as_ref().filter(|fd| crate::watchdog::pidfd_alive(fd)) {
+            self.memory_hit.store(true, Ordering::SeqCst);
+            pidfd_kill(fd);
+        }
+    }
 }
 
 impl Teardown for NativeTeardown {
@@ -662,7 +806,12 @@ impl Teardown for NativeTeardown {
     }
 
     fn memory_exceeded(&self) -> bool {
-        self.cgroup.as_ref().is_some_and(RunCgroup::oom_killed)
+        self.memory_hit.load(Ordering::SeqCst)
+            || self.cgroup.as_ref().is_some_and(RunCgroup::oom_killed)
+    }
+
+    fn setup_failed(&self) -> bool {
+        !self.command_ran.load(Ordering::SeqCst)
     }
 
     fn usage(&self) -> crate::ResourceUsage {

@@ -26,7 +26,10 @@ pub(crate) const CONTROL_FD: i32 = 3;
 /// `--args`: every option (with environment values) travels here, not in argv, so that
 /// neither host `ps` nor the sandbox's `/proc/1/cmdline` shows them (catalogue I-03).
 pub(crate) const ARGS_FD: i32 = 4;
-/// `--info-fd`: bwrap reports the sandbox's pid 1 (its host pid) here.
+/// `--json-status-fd` (runs) or `--info-fd` (the fork server): bwrap reports the sandbox's
+/// pid 1 (its host pid) here; with `--json-status-fd` also the command's exit code, written
+/// only when its setup finished and the command was executed (so a run whose sandbox never
+/// started is told from a command that exited 1).
 pub(crate) const INFO_FD: i32 = 5;
 /// `--add-seccomp-fd`: guard + EPERM program.
 pub(crate) const SECCOMP_EPERM_FD: i32 = 6;
@@ -165,6 +168,8 @@ pub(crate) enum SetupOp {
     Chdir(PathBuf),
     /// `--info-fd FD`.
     InfoFd(i32),
+    /// `--json-status-fd FD`.
+    StatusFd(i32),
     /// `--add-seccomp-fd FD`.
     SeccompFd(i32),
 }
@@ -261,7 +266,7 @@ pub(crate) fn setup_ops(
     //    the sandbox user (who owns it) could fill memory outside the capped /tmp.
     ops.push(RemountRo("/".into()));
     ops.push(Chdir(policy.cwd.clone()));
-    ops.push(InfoFd(INFO_FD));
+    ops.push(StatusFd(INFO_FD));
     // 7. Seccomp last: bwrap installs it right before exec, after all setup syscalls (mount,
     //    pivot_root, ...) that the program forbids.
     ops.push(SeccompFd(SECCOMP_EPERM_FD));
@@ -294,6 +299,8 @@ pub(crate) fn zygote_ops(
     for op in setup_ops(&offline, view, mount_sources)? {
         match op {
             DisableUserns => {}
+            // The fork server's bwrap is watched through its pidfd; it needs the pid only.
+            StatusFd(fd) => ops.push(InfoFd(fd)),
             RemountRo(root) => {
                 ops.extend(mount_points.iter().cloned().map(Dir));
                 ops.push(RemountRo(root));
@@ -336,6 +343,7 @@ pub(crate) fn option_args(ops: &[SetupOp]) -> Vec<OsString> {
             RemountRo(d) => push(&[&"--remount-ro", d]),
             Chdir(d) => push(&[&"--chdir", d]),
             InfoFd(fd) => push(&[&"--info-fd", &fd.to_string()]),
+            StatusFd(fd) => push(&[&"--json-status-fd", &fd.to_string()]),
             SeccompFd(fd) => push(&[&"--add-seccomp-fd", &fd.to_string()]),
         }
     }
@@ -552,8 +560,13 @@ mod tests {
         for point in &points {
             assert!(ops[..ro].contains(&Dir(point.clone())));
         }
+        // Its status is bwrap's `--info-fd` (the pid only), a run's `--json-status-fd`.
+        assert!(ops.contains(&InfoFd(INFO_FD)) && run.contains(&StatusFd(INFO_FD)));
         let extra: Vec<&SetupOp> = ops.iter().filter(|op| !run.contains(op)).collect();
-        assert!(extra.iter().all(|op| matches!(op, Dir(_))), "{extra:?}");
+        assert!(
+            extra.iter().all(|op| matches!(op, Dir(_) | InfoFd(_))),
+            "{extra:?}"
+        );
     }
 
     #[test]

@@ -1,0 +1,273 @@
+"""snakebox run by a normal user, as most people run their agent (issue 16, item 5).
+
+The test creates an unprivileged user (CI runs as root), gives it what a user would have
+(a home, its own data directory, a readable uv and snakebox binary, the system Python) and
+starts the real server as that user, while an ordinary process of the same user holds 200
+threads (as a browser or an IDE does). On a host without usable cgroups for that user (the dev
+and CI machines: cgroup v1, owned by root) the limits are the non-root ones: RLIMIT_NPROC set
+inside each sandbox's own user namespace, and the supervisor's memory watchdog. Judged from
+outside: the user's thread count, the processes carrying a run's marker in /proc, the server
+answering after each attack.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterator
+
+import anyio
+import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
+
+from conftest import call, have_bwrap
+
+USER = "snakebox-e2e"
+
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="creating a test user needs root"),
+    pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
+    pytest.mark.skipif(shutil.which("useradd") is None or shutil.which("runuser") is None, reason="useradd/runuser missing"),
+    pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no system python3 for the user"),
+]
+
+
+def real_uv() -> Path:
+    """The uv binary itself (not a pyenv shim, which a normal user cannot run)."""
+    candidates = [os.environ.get("SNAKEBOX_UV_PATH")]
+    if shutil.which("pyenv"):
+        candidates.append(subprocess.run(["pyenv", "which", "uv"], capture_output=True, text=True).stdout.strip())
+    candidates.append(shutil.which("uv"))
+    for candidate in filter(None, candidates):
+        path = Path(candidate).resolve()
+        if path.is_file() and path.read_bytes()[:4] == b"\x7fELF":
+            return path
+    pytest.skip("no uv binary found")
+
+
+def user_threads(uid: int) -> int:
+    """Threads of every process of `uid`, counted from /proc (what RLIMIT_NPROC counts)."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid == uid:
+                total += len(os.listdir(entry / "task"))
+        except OSError:
+            continue
+    return total
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "cmdline").read_bytes() or marker.encode() in (entry / "environ").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def user() -> Iterator[pwd.struct_passwd]:
+    """A fresh unprivileged user with a home of its own, removed afterwards."""
+    subprocess.run(["userdel", "-r", USER], capture_output=True)
+    home = Path(f"/tmp/{USER}-{secrets.token_hex(4)}")
+    subprocess.run(["useradd", "--create-home", "--home-dir", str(home), "--shell", "/usr/sbin/nologin", USER], check=True)
+    entry = pwd.getpwnam(USER)
+    try:
+        yield entry
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", USER], capture_output=True)
+        time.sleep(0.5)
+        subprocess.run(["userdel", "-r", USER], capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tools(user: pwd.struct_passwd, snakebox_bin: Path) -> Path:
+    """uv and snakebox where the user can run them: the checkout and uv may live under /root,
+    which a normal user cannot enter (the README's non-root section says the same)."""
+    tools = Path(user.pw_dir) / "bin"
+    tools.mkdir(mode=0o755, exist_ok=True)
+    shutil.copy2(real_uv(), tools / "uv")
+    shutil.copy2(snakebox_bin, tools / "snakebox")
+    for binary in (tools / "uv", tools / "snakebox"):
+        binary.chmod(0o755)
+    return tools
+
+
+@pytest.fixture(scope="module")
+def busy_user(user: pwd.struct_passwd) -> Iterator[int]:
+    """An ordinary process of the user with 200 sleeping threads, for the whole module."""
+    code = (
+        "import threading, time\n"
+        "for _ in range(200): threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+        "print('started', flush=True)\n"
+        "time.sleep(3600)\n"
+    )
+    process = subprocess.Popen(
+        ["runuser", "-u", USER, "--", "/usr/bin/python3", "-c", code], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None and process.stdout.readline().strip() == "started"
+    assert user_threads(user.pw_uid) >= 200
+    try:
+        yield process.pid
+    finally:
+        process.kill()
+        process.wait()
+
+
+def server(user: pwd.struct_passwd, tools: Path) -> StdioServerParameters:
+    data = Path(user.pw_dir) / "data"
+    return StdioServerParameters(
+        command=shutil.which("runuser") or "/usr/sbin/runuser",
+        args=["-u", USER, "--", str(tools / "snakebox"), "serve", "--data-dir", str(data), "--no-warm-cache", "--uv-path", str(tools / "uv")],
+        env={"SNAKEBOX_LOG": "warn", "PATH": "/usr/bin:/bin", "HOME": user.pw_dir},
+        cwd=user.pw_dir,
+    )
+
+
+@pytest.mark.anyio
+async def test_a_normal_user_with_200_threads_runs_scripts_polars_and_is_limited(user, tools, busy_user):
+    async with Client(server(user, tools), mode="auto", read_timeout_seconds=300) as client:
+        # What is enforced, and how, is said; runs can start, so the server says it is ready.
+        report, _, _ = await call(client, "check_environment")
+        assert report["ready"] is True, report
+        limits = {limit["name"]: limit for limit in report["limits"]}
+        assert limits["max_processes"]["enforced"], limits
+        assert "user namespace" in limits["max_processes"]["mechanism"], limits
+        assert limits["memory"]["enforced"], limits
+        assert "RssAnon + RssShmem" in limits["memory"]["mechanism"], limits
+        assert any("host uid: bwrap runs as the server's own uid" in d for d in report["sandbox_details"])
+
+        # A plain run succeeds while the user's other process holds 200 threads (before, every
+        # run failed with bwrap's `Creating new namespace failed`, reported as exit 1).
+        result, text, _ = await call(client, "execute_python", script="import os\nprint('uid', os.getuid())")
+        assert result["status"] == "ok", text
+        assert result["stdout"] == "uid 65534\n"
+        assert user_threads(user.pw_uid) >= 200, "the busy process was alive during the run"
+
+        # polars (a PEP 723 dependency) at the default memory limit: it reserves address space,
+        # which RLIMIT_AS (the old fallback) refused at 1 GiB.
+        script = (
+            "# /// script\n# dependencies = [\"polars>=1.0\"]\n# ///\n"
+            "import polars as pl\n"
+            "df = pl.DataFrame({'a': list(range(200_000)), 'b': [i % 7 for i in range(200_000)]})\n"
+            "print(df.group_by('b').agg(pl.col('a').sum()).sort('b')['a'].sum())\n"
+        )
+        result, text, _ = await call(client, "execute_python", script=script, timeout_seconds=240)
+        assert result["status"] == "ok", text
+        assert result["stdout"].strip() == str(sum(range(200_000))), text
+
+        # A memory hog is stopped by the watchdog and reported as memory_limit.
+        marker = f"snakebox-hog-{secrets.token_hex(4)}"
+        hog = f"MARK = '{marker}'\nprint('alive', flush=True)\nchunks = []\nwhile True:\n    chunks.append(bytearray(32 << 20))\n"
+        result, text, _ = await call(client, "execute_python", script=hog, timeout_seconds=60)
+        assert result["status"] == "memory_limit", text
+        assert result["stdout"].startswith("alive"), text
+        assert processes_with(marker) == []
+        # Shared anonymous memory (Python's `mmap.mmap(-1, n)` is MAP_SHARED) counts too.
+        shared = (
+            f"import mmap\nMARK = '{marker}'\nm = mmap.mmap(-1, 3 << 30)\nprint('alive', flush=True)\n"
+            "for i in range(0, 3 << 30, 1 << 20):\n    m[i:i + (1 << 20)] = b'\\x01' * (1 << 20)\nprint('filled 3 GiB')\n"
+        )
+        result, text, _ = await call(client, "execute_python", script=shared, timeout_seconds=60)
+        assert result["status"] == "memory_limit", text
+        assert result["stdout"] == "alive\n", text
+
+        # A fork bomb is contained: the run's processes stop at the limit (counted from
+        # outside while the run holds them), the host can still start processes, and nothing
+        # of the run outlives it.
+        marker = f"snakebox-bomb-{secrets.token_hex(4)}"
+        bomb = (
+            f"import os, sys, time\nMARK = '{marker}'\nn = 0\n"
+            "while True:\n"
+            "    try:\n"
+            "        if os.fork() == 0:\n"
+            f"            os.execve('/bin/sleep', ['/bin/sleep', '30'], {{'MARK': '{marker}'}})\n"
+            "        n += 1\n"
+            "    except OSError as e:\n"
+            "        print('stopped after', n, 'forks:', e.errno, flush=True)\n"
+            "        break\n"
+            "time.sleep(4)\n"
+        )
+        peak = 0
+        outcome: dict = {}
+
+        async def run_bomb() -> None:
+            outcome["result"], outcome["text"], _ = await call(client, "execute_python", script=bomb, timeout_seconds=30)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(run_bomb)
+            while "result" not in outcome:
+                peak = max(peak, len(processes_with(marker)))
+                await anyio.sleep(0.2)
+        result, text = outcome["result"], outcome["text"]
+        assert result["status"] == "ok", text
+        forks = int(result["stdout"].split()[2])
+        assert 10 < forks < 128, text
+        assert 10 < peak <= 128, f"{peak} processes with the marker at once"
+        assert subprocess.run(["/bin/true"]).returncode == 0
+        assert processes_with(marker) == []
+
+        # The user's own process was never touched, and the server still answers.
+        assert user_threads(user.pw_uid) >= 200
+        result, text, _ = await call(client, "execute_python", script="print(6 * 7)")
+        assert result["status"] == "ok" and result["stdout"] == "42\n", text
+
+
+@pytest.mark.anyio
+async def test_a_sandbox_that_cannot_start_is_setup_failed_and_not_ready(user, tools):
+    """bwrap's own failure (here `Creating new namespace failed`, as when the user is out of
+    processes) is `setup_failed` with bubblewrap's message and a hint, never the script's
+    `exit 1`; check_environment is not ready until a sandbox starts again. A wrapper in front
+    of the real bwrap fails exactly as bwrap does while a flag file exists."""
+    flag = Path(user.pw_dir) / "bwrap-fails"
+    wrapper = tools / "bwrap"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"if [ -e {flag} ]; then\n"
+        "  echo 'bwrap: Creating new namespace failed: Resource temporarily unavailable' >&2\n"
+        "  exit 1\n"
+        "fi\n"
+        f"exec {shutil.which('bwrap')} \"$@\"\n"
+    )
+    wrapper.chmod(0o755)
+    params = server(user, tools)
+    # Cold runs only: a sandbox pre-started before the flag would start fine.
+    params.args.extend(["--bwrap-path", str(wrapper), "--warm-pool", "0"])
+    async with Client(params, mode="auto", read_timeout_seconds=300) as client:
+        result, text, _ = await call(client, "execute_python", script="print('before')")
+        assert result["status"] == "ok" and result["stdout"] == "before\n", text
+
+        flag.touch()
+        try:
+            result, text, is_error = await call(client, "execute_python", script="print('never')")
+            assert is_error, text
+            # An error the model can act on: bubblewrap's words and a hint, not exit code 1.
+            assert result["status"] == "setup_failed" and result["exit_code"] is None, result
+            assert "Creating new namespace failed" in result["error"]["message"], result
+            assert "ulimit -u" in result["error"]["hint"], result
+            assert "Creating new namespace failed" in text and "hint: " in text, text
+            assert result["stdout"] == "" and "never" not in text
+            report, _, _ = await call(client, "check_environment")
+            assert report["ready"] is False, report
+            assert any("could not start" in problem for problem in report["problems"]), report["problems"]
+        finally:
+            flag.unlink()
+
+        result, text, _ = await call(client, "execute_python", script="print('after')")
+        assert result["status"] == "ok" and result["stdout"] == "after\n", text
+        report, _, _ = await call(client, "check_environment")
+        assert report["ready"] is True, report["problems"]
