@@ -1,7 +1,8 @@
 """Installing where users are: the `snakebox-mcp` wheel (pyproject.toml, maturin's `bin`
 bindings) built and run with `uvx` from a local file, as a user would run it from the package
 index. The wheel is built in the dev profile, which reuses the debug build the suite already
-made (a release build costs minutes); `scripts/build-wheel` builds the release one the same way."""
+made (a release build costs minutes); `scripts/build-wheel` builds the release one the same way,
+and `SNAKEBOX_WHEEL=dist/snakebox_mcp-….whl` runs these tests against that one instead."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ def _uvx() -> list[str]:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    given = os.environ.get("SNAKEBOX_WHEEL")
+    if given:
+        return Path(given).resolve()
     maturin = Path(sys.executable).parent / "maturin"
     assert maturin.exists(), "maturin is installed by tests/e2e/requirements.txt"
     out = tmp_path_factory.mktemp("dist")
