@@ -1,9 +1,9 @@
 # snakebox's HTTP service in a container, built from source:
 #   docker build -t snakebox .
+#   docker run --rm -v snakebox-data:/var/lib/snakebox snakebox keys add --tenant me
 #   docker run -d --name snakebox -p 127.0.0.1:8000:8000 -v snakebox-data:/var/lib/snakebox \
 #     --security-opt seccomp=unconfined --security-opt apparmor=unconfined \
 #     --security-opt systempaths=unconfined snakebox
-#   docker exec snakebox snakebox keys add --tenant me
 # Runs go into bubblewrap sandboxes inside the container, which needs user namespaces and a
 # fresh /proc there: hence the three --security-opt (README, "Install": "Docker", says what
 # they cost). The server runs as the unprivileged user `snakebox`. Python is the image's
@@ -33,9 +33,10 @@ USER snakebox
 ENV SNAKEBOX_DATA_DIR=/var/lib/snakebox
 VOLUME /var/lib/snakebox
 EXPOSE 8000
-# Bound to every address of the container, so an API key is required (`snakebox keys add`,
-# above). /readyz needs none: 503 (unhealthy) while runs would be refused, e.g. when the
-# sandbox cannot start for want of the --security-opt above.
+# Bound to every address of the container, so it starts only once an API key exists
+# (`snakebox keys add`, above). /readyz needs none: 503 (unhealthy) while runs would be
+# refused, e.g. when the sandbox cannot start for want of the --security-opt above.
+# Port 8000: change it here too if CMD binds another.
 HEALTHCHECK CMD ["python3", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/readyz', timeout=5)"]
 ENTRYPOINT ["snakebox"]
 CMD ["serve", "--http", "0.0.0.0:8000"]
