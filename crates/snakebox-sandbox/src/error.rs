@@ -267,6 +267,10 @@ impl NamespaceError {
                     format!(
                         "enable unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone=1`, `sysctl user.max_user_namespaces=15000`, on Ubuntu also `sysctl kernel.apparmor_restrict_unprivileged_userns=0`); inside a Docker container run it with `--security-opt seccomp=unconfined --security-opt systempaths=unconfined`, plus `--security-opt apparmor=unconfined` where AppArmor confines containers (README, \"Install\"), or use the host; {NONE}"
                     )
+                } else if stderr.contains("Unknown option") {
+                    format!(
+                        "this bubblewrap is too old: snakebox needs 0.8 or newer (`--disable-userns`; Debian 12 and Ubuntu 24.04 ship one, Debian 11 has 0.4); install a newer one and pass `--bwrap-path`, {NONE}"
+                    )
                 } else {
                     format!("check bubblewrap's message above; {NONE}")
                 },
@@ -351,5 +355,12 @@ mod tests {
         assert!(
             !hint_for("bwrap: execvp python3: No such file or directory").contains("unconfined")
         );
+    }
+
+    #[test]
+    fn an_old_bubblewrap_is_named_as_the_cause() {
+        // What Debian 11's bubblewrap 0.4.1 prints.
+        let hint = hint_for("bwrap: Unknown option --disable-userns");
+        assert!(hint.contains("0.8 or newer"), "{hint}");
     }
 }
