@@ -264,12 +264,18 @@ impl NamespaceError {
                 "install bubblewrap (`apt-get install bubblewrap`), {NONE}"
             )),
             Self::SandboxRefused { stderr } => Some(
+                // bubblewrap 0.8 says "No permissions to create new namespace", older ones
+                // "No permissions to creating new namespace".
                 if stderr.contains("setting up uid map")
-                    || stderr.contains("No permissions to creating new namespace")
+                    || stderr.contains("No permissions to creat")
                     || stderr.contains("Operation not permitted")
                 {
                     format!(
-                        "enable unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone=1`, `sysctl user.max_user_namespaces=15000`, on Ubuntu also `sysctl kernel.apparmor_restrict_unprivileged_userns=0`); inside a container run it with `--security-opt seccomp=unconfined` or use the host; {NONE}"
+                        "enable unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone=1`, `sysctl user.max_user_namespaces=15000`, on Ubuntu also `sysctl kernel.apparmor_restrict_unprivileged_userns=0`); inside a Docker container run it with `--security-opt seccomp=unconfined --security-opt systempaths=unconfined`, plus `--security-opt apparmor=unconfined` where AppArmor confines containers (README, \"Install\"), or use the host; {NONE}"
+                    )
+                } else if stderr.contains("Unknown option") {
+                    format!(
+                        "this bubblewrap is too old: snakebox needs 0.8 or newer (`--disable-userns`; Debian 12 and Ubuntu 24.04 ship one, Debian 11 has 0.4); install a newer one and pass `--bwrap-path`, {NONE}"
                     )
                 } else {
                     format!("check bubblewrap's message above; {NONE}")
@@ -331,5 +337,43 @@ impl SandboxError {
             Self::Cgroup(e) => e.hint(),
             Self::Namespace(e) => e.hint(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NamespaceError;
+
+    fn hint_for(stderr: &str) -> String {
+        NamespaceError::SandboxRefused {
+            stderr: stderr.to_owned(),
+        }
+        .hint()
+        .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_refused_namespace_in_a_container_gets_the_docker_flags() {
+        // What bubblewrap 0.8 prints in a container with Docker's default seccomp profile,
+        // then with it off but /proc masked.
+        for stderr in [
+            "bwrap: No permissions to create new namespace, likely because the kernel does not allow non-privileged user namespaces.",
+            "bwrap: No permissions to creating new namespace, likely because the kernel does not allow non-privileged user namespaces.",
+            "bwrap: Can't mount proc on /newroot/proc: Operation not permitted",
+        ] {
+            let hint = hint_for(stderr);
+            assert!(hint.contains("seccomp=unconfined"), "{stderr}: {hint}");
+            assert!(hint.contains("systempaths=unconfined"), "{stderr}: {hint}");
+        }
+        assert!(
+            !hint_for("bwrap: execvp python3: No such file or directory").contains("unconfined")
+        );
+    }
+
+    #[test]
+    fn an_old_bubblewrap_is_named_as_the_cause() {
+        // What Debian 11's bubblewrap 0.4.1 prints.
+        let hint = hint_for("bwrap: Unknown option --disable-userns");
+        assert!(hint.contains("0.8 or newer"), "{hint}");
     }
 }
