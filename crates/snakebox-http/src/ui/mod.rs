@@ -16,6 +16,7 @@
 mod auth;
 mod clients;
 mod format;
+mod highlight;
 mod pages;
 
 use std::sync::Arc;
