@@ -25,6 +25,27 @@ pub enum Command {
     Run(RunArgs),
     /// Report what `check_environment` reports, with a fix for anything missing.
     Check(CheckArgs),
+    /// The docker backend's run image (built locally: no registry needed).
+    Image(ImageArgs),
+}
+
+/// Arguments of `snakebox image`.
+#[derive(Debug, Args)]
+pub struct ImageArgs {
+    /// What to do with the image.
+    #[command(subcommand)]
+    pub action: ImageAction,
+}
+
+/// `snakebox image build | status`, against the engine at `DOCKER_HOST` (a `unix://`
+/// socket) or /var/run/docker.sock.
+#[derive(Debug, Subcommand)]
+pub enum ImageAction {
+    /// Build this host's run image into the engine (nothing to do when it is there). Its tag
+    /// names its content: `snakebox-run:<hash>`.
+    Build,
+    /// Say whether this host's run image is in the engine (exit code 1 when it is not).
+    Status,
 }
 
 /// Arguments of `snakebox serve`.
@@ -139,6 +160,9 @@ pub enum BackendArg {
     Native,
     /// No isolation at all: only for trusted code. Must be asked for explicitly.
     None,
+    /// A fresh container of a Docker engine per run, through the Engine API (build its
+    /// image first: `snakebox image build`). Sessions and the warm pool are not available yet.
+    Docker,
 }
 
 /// A feature switch.
@@ -222,6 +246,10 @@ pub struct SandboxArgs {
     /// Path to bwrap [default: found on PATH].
     #[arg(long, env = "SNAKEBOX_BWRAP_PATH", value_name = "PATH")]
     pub bwrap_path: Option<PathBuf>,
+    /// The docker backend's container runtime, as registered with the engine (`runsc` for
+    /// gVisor) [default: the engine's default, runc].
+    #[arg(long, env = "SNAKEBOX_DOCKER_RUNTIME", value_name = "NAME")]
+    pub docker_runtime: Option<String>,
 }
 
 /// What runs may reach (`[network]`).

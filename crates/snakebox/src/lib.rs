@@ -41,6 +41,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Keys(args) => commands::keys(&args),
             Command::Run(args) => commands::run(args).await,
             Command::Check(args) => commands::check(&args).await,
+            Command::Image(args) => commands::image(&args).await,
         }
     });
     // Bounded: a task that never ends (a blocking read of stdin) must not hold the exit.

@@ -193,6 +193,7 @@ struct PythonFile {
 struct SandboxFile {
     backend: Option<BackendArg>,
     bwrap_path: Option<PathBuf>,
+    docker_runtime: Option<String>,
 }
 
 /// `[network]`.
@@ -460,9 +461,11 @@ fn resolve_python(args: &PythonArgs, file: PythonFile, config: &mut EngineConfig
 fn resolve_sandbox(args: &SandboxArgs, file: SandboxFile, config: &mut EngineConfig) {
     config.backend = match args.sandbox_backend.or(file.backend) {
         Some(BackendArg::None) => BackendKind::None,
+        Some(BackendArg::Docker) => BackendKind::Docker,
         Some(BackendArg::Native) | None => BackendKind::Native,
     };
     config.bwrap_path = args.bwrap_path.clone().or(file.bwrap_path);
+    config.docker_runtime = args.docker_runtime.clone().or(file.docker_runtime);
 }
 
 fn resolve_network(
@@ -656,6 +659,9 @@ fn resolve_pool(args: &PoolArgs, file: &PoolFile, config: &mut EngineConfig) -> 
             bail!("--warm-pool must be at most {MAX_WARM_POOL}, got `{size}`");
         }
         config.warm_pool = size;
+    } else if config.backend == BackendKind::Docker {
+        // The docker backend has no pre-started containers yet: runs start cold.
+        config.warm_pool = 0;
     }
     config.fork_server = args.fork_server.or(file.fork_server) != Some(Switch::Off);
     Ok(())
@@ -1160,7 +1166,7 @@ mod tests {
         bad_install_host: "[network]\ninstall_hosts = \"files example\"\n" => ["--network-install-hosts", "`files example`", "hint"],
         zero_connections: "[network]\nmax_connections = 0\n" => ["--network-max-connections must be at least 1", "hint"],
         bad_network_bytes: "[network]\nmax_bytes = \"lots\"\n" => ["--network-max-bytes", "hint"],
-        unknown_choice_flat: "sandbox_backend = \"docker\"\n" => ["docker"],
+        unknown_choice_flat: "sandbox_backend = \"podman\"\n" => ["podman"],
         bad_size_names_the_flag: "[limits]\nmemory = \"lots\"\n" => ["--memory-limit", "hint"],
         bad_size_flat: "memory_limit = \"lots\"\n" => ["--memory-limit", "hint"],
         zero_timeout: "[limits]\nmax_timeout = 0\n" => ["--max-timeout must be at least 1"],
@@ -1337,6 +1343,7 @@ mod tests {
                 Command::Run(run) => run.engine,
                 Command::Check(check) => check.engine,
                 Command::Keys(keys) => keys.action.engine().clone(),
+                Command::Image(_) => unreachable!("`image` takes no engine flags"),
             };
             assert_eq!(args.limits.memory_limit.as_deref(), Some("2GiB"));
             assert_eq!(args.sessions.max_sessions, Some(4));
