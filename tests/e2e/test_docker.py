@@ -145,6 +145,11 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
                         if info and info[0]["State"]["Running"]:
                             found.update(info[0])
                     await anyio.sleep(0.2)
+            control = Path(next(m["Source"] for m in found["Mounts"] if m["Destination"] == "/.snakebox-control"))
+            control_mode = {
+                "dir": (control.stat().st_uid, control.stat().st_mode & 0o7777),
+                "fifo": ((control / "control").stat().st_uid, (control / "control").stat().st_mode & 0o7777),
+            }
             # The run's processes, from the host's /proc: the container's init and the runner.
             pid = found["State"]["Pid"]
             statuses = [Path(f"/proc/{pid}/status").read_text()]
@@ -169,7 +174,9 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
     assert host["Init"] is True
     mounts = {m["Destination"]: m for m in found["Mounts"]}
     writable = sorted(d for d, m in mounts.items() if m["RW"])
-    assert writable == ["/work"], writable
+    assert writable == ["/.snakebox-control", "/work"], writable
+    # The control directory is root's and 0711 (the run may only write to its FIFO, 0622).
+    assert control_mode["dir"] == (0, 0o711) and control_mode["fifo"] == (0, 0o622), control_mode
     assert "/var/run/docker.sock" not in {m["Source"] for m in found["Mounts"]}
     assert mounts["/usr"]["Source"] == "/usr" and not mounts["/usr"]["RW"]
     assert any("environments-v1" in m["Source"] and not m["RW"] for m in found["Mounts"]), found["Mounts"]
@@ -298,3 +305,60 @@ async def test_attack_classes_judged_from_outside(engine, snakebox_bin, data_dir
     assert not listener.connected, "a run reached the host's loopback"
     # The working directory is writable (proof the probes ran in a working sandbox).
     assert "made-here" in [a["name"] for a in data["artifacts"]], data["artifacts"]
+
+
+def runsc_registered() -> bool:
+    out = docker("info", "--format", "{{json .Runtimes}}")
+    return out.returncode == 0 and "runsc" in json.loads(out.stdout or "{}")
+
+
+async def test_gvisor_runtime_subset(engine, snakebox_bin, data_dir):
+    """`--docker-runtime runsc`: the documented subset (SECURITY.md) runs under gVisor, whose
+    kernel is not the host's."""
+    if not runsc_registered():
+        reason = "runsc is not registered with the engine (scripts/dockerd registers Debian's runsc)"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    before = set(our_containers())
+    args = (*ARGS[:4], "--max-processes", "20", "--docker-runtime", "runsc")
+    probe = textwrap.dedent(
+        """\
+        import errno, os, socket
+        print(open("/proc/version").read().strip())
+        for name, fn in [
+            ("write-usr", lambda: open("/usr/planted", "w")),
+            ("docker-sock", lambda: socket.socket(socket.AF_UNIX).connect("/var/run/docker.sock")),
+            ("shadow", lambda: open("/etc/shadow")),
+        ]:
+            try:
+                fn()
+                print(name, "ALLOWED")
+            except OSError as err:
+                print(name, "denied", errno.errorcode.get(err.errno))
+        n = 0
+        try:
+            while True:
+                if os.fork() == 0:
+                    import time; time.sleep(30); os._exit(0)
+                n += 1
+        except OSError as err:
+            print("fork", errno.errorcode[err.errno])
+        21 * 2
+        """
+    )
+    async with connect(snakebox_bin, data_dir, "auto", *args) as client:
+        report, _, _ = await call(client, "check_environment")
+        assert any("gVisor platform" in d for d in report["sandbox_details"]), report["sandbox_details"]
+        data, _, is_error = await call(client, "execute_python", script=probe)
+        assert not is_error and data["status"] == "ok", data
+        assert data["result"]["json"] == 42, data["result"]  # the control channel works
+        out = data["stdout"]
+        assert out.splitlines()[0] != Path("/proc/version").read_text().strip(), "not gVisor's kernel"
+        for name in ("write-usr", "docker-sock", "shadow"):
+            assert f"{name} denied" in out, (name, out)
+        assert "fork EAGAIN" in out, out
+        data, _, _ = await call(client, "execute_python", script="x = bytearray(1024**3)\nprint(len(x))")
+        assert data["status"] == "memory_limit", data
+    assert not Path("/usr/planted").exists()
+    assert not wait_no_containers(before), "gVisor runs left containers behind"

@@ -23,6 +23,11 @@ use crate::error::DockerError;
 use crate::native::policy::{HOSTNAME, SystemView};
 use crate::{Policy, SandboxCommand};
 
+/// The smallest pids limit of a gVisor container: under `runsc` the pids cgroup counts the
+/// sandbox's own host threads (its kernel and file proxy, ~40 at start), not the run's
+/// processes, and a smaller limit keeps the sandbox from starting at all.
+pub(crate) const RUNSC_MIN_PIDS: u64 = 256;
+
 /// Size of `/tmp` when the policy caps no scratch space (it is memory: always capped).
 const DEFAULT_TMP_BYTES: u64 = 256 << 20;
 
@@ -40,6 +45,8 @@ pub(crate) struct ContainerSpec<'a> {
     pub(crate) control_dir: Option<&'a Path>,
     /// `runsc`, or the engine's default.
     pub(crate) runtime: Option<&'a str>,
+    /// The server's label value (see [`super::SERVER_LABEL`]).
+    pub(crate) server: &'a str,
 }
 
 fn bind(host: &Path, dest: &Path, writable: bool) -> Mount {
@@ -80,10 +87,11 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
             mounts.push(bind(&m.host, &m.dest, m.writable));
         }
     }
-    // 3. The control channel: the run's own directory, read-only (its FIFO is writable
-    //    through a read-only mount; nothing else can be created there).
+    // 3. The control channel: the run's own directory, bound writable because gVisor opens
+    //    a FIFO for writing only on a writable mount; the directory is root's, mode 0711,
+    //    so the run can write to the FIFO (0622) and create, remove or rename nothing.
     if let Some(dir) = spec.control_dir {
-        mounts.push(bind(dir, Path::new(CONTROL_DIR_INSIDE), false));
+        mounts.push(bind(dir, Path::new(CONTROL_DIR_INSIDE), true));
     }
 
     // 4. The command: `/bin/sh` (the host's, read-only) opens the FIFO as descriptor 3 and
@@ -124,6 +132,14 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
     if let Some(nofile) = limits.open_files {
         ulimit("nofile", nofile, nofile);
     }
+    let gvisor = spec.runtime == Some("runsc");
+    let mut pids_limit = limits.max_processes;
+    if gvisor && let Some(processes) = limits.max_processes {
+        // gVisor's own kernel counts the run's processes against RLIMIT_NPROC; the cgroup
+        // only bounds the sandbox's host threads (see [`RUNSC_MIN_PIDS`]).
+        ulimit("nproc", processes, processes);
+        pids_limit = Some(processes.max(RUNSC_MIN_PIDS));
+    }
 
     let host_config = HostConfig {
         // 6. Isolation: no network at all, nothing shared with the host's namespaces.
@@ -141,7 +157,7 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
         // 9. Resources.
         memory: limits.memory_bytes.map(as_i64),
         memory_swap: limits.memory_bytes.map(as_i64),
-        pids_limit: limits.max_processes.map(as_i64),
+        pids_limit: pids_limit.map(as_i64),
         nano_cpus: limits
             .cpu_millicores
             .map(|m| as_i64(m.saturating_mul(1_000_000))),
@@ -180,6 +196,10 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
         attach_stdout: Some(true),
         attach_stderr: Some(true),
         tty: Some(false),
+        labels: Some(HashMap::from([(
+            super::SERVER_LABEL.to_owned(),
+            spec.server.to_owned(),
+        )])),
         host_config: Some(host_config),
         ..ContainerCreateBody::default()
     })
@@ -398,6 +418,7 @@ mod tests {
             view: &view,
             control_dir: Some(Path::new("/data/scratch/docker-a")),
             runtime: None,
+            server: "1.1",
         })
         .unwrap()
     }
@@ -452,8 +473,8 @@ mod tests {
             .iter()
             .map(|m| (m.target.clone().unwrap(), m.read_only))
             .collect();
-        // The policy's /usr is covered by the system's; the work directory is the only
-        // writable bind.
+        // The policy's /usr is covered by the system's; the work directory and the control
+        // directory (root's, 0711) are the only writable binds.
         assert_eq!(
             targets,
             vec![
@@ -461,7 +482,7 @@ mod tests {
                 ("/etc/ld.so.cache".into(), Some(true)),
                 ("/data/env".into(), Some(true)),
                 ("/work".into(), Some(false)),
-                (CONTROL_DIR_INSIDE.into(), Some(true)),
+                (CONTROL_DIR_INSIDE.into(), Some(false)),
             ]
         );
         let cmd = body.cmd.unwrap();
@@ -592,6 +613,7 @@ mod tests {
             view: &view,
             control_dir: None,
             runtime: None,
+            server: "1.1",
         });
         assert!(matches!(refused, Err(DockerError::Unsupported { .. })));
     }

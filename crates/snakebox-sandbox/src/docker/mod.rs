@@ -25,6 +25,7 @@
 pub(crate) mod hardening;
 pub(crate) mod image;
 
+use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
@@ -53,6 +54,10 @@ pub(crate) const API_VERSION: bollard::ClientVersion = bollard::ClientVersion {
     major_version: 1,
     minor_version: 41,
 };
+
+/// The label every container of ours carries: the server that made it, as
+/// `<pid>.<start time in ticks since boot>` (a pid alone may be reused).
+pub(crate) const SERVER_LABEL: &str = "snakebox.server";
 
 /// The engine's socket when `DOCKER_HOST` names no unix socket.
 pub const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
@@ -87,6 +92,8 @@ pub(crate) fn connect(socket: &str) -> Result<Docker, DockerError> {
 /// What the probe learnt about the engine (for the report).
 #[derive(Debug, Clone)]
 struct EngineFacts {
+    /// The runtime's arguments as registered with the engine (runsc: its platform).
+    runtime_args: Vec<String>,
     version: String,
     api_version: String,
     cgroup: String,
@@ -103,6 +110,8 @@ pub(crate) struct DockerBackend {
     scratch_root: PathBuf,
     facts: EngineFacts,
     runtime: Option<String>,
+    /// This server's [`SERVER_LABEL`] value.
+    server: String,
 }
 
 impl DockerBackend {
@@ -139,7 +148,30 @@ impl DockerBackend {
             scratch_root: config.scratch_root.clone(),
             facts,
             runtime,
+            server: server_identity(),
         })
+    }
+
+    fn gvisor(&self) -> bool {
+        self.runtime.as_deref() == Some("runsc")
+    }
+
+    /// What differs under gVisor (for the report).
+    fn gvisor_details(&self) -> Vec<String> {
+        if !self.gvisor() {
+            return Vec::new();
+        }
+        let platform = self
+            .facts
+            .runtime_args
+            .iter()
+            .find_map(|a| a.strip_prefix("--platform="))
+            .unwrap_or("runsc's default");
+        vec![
+            format!("gVisor platform: {platform} (runtime arguments: {})", self.facts.runtime_args.join(" ")),
+            "gVisor: the run's system calls reach gVisor's own kernel, not the host's; Docker's seccomp profile confines gVisor itself".into(),
+            "gVisor known gaps: nested user namespaces are allowed inside gVisor's kernel (the host kernel never sees them); the pids cgroup counts gVisor's threads, so processes are capped by RLIMIT_NPROC inside it".into(),
+        ]
     }
 
     fn limit_reports(&self) -> Vec<LimitReport> {
@@ -170,11 +202,19 @@ impl DockerBackend {
                 true,
                 format!("HostConfig.Memory = MemorySwap (no swap; memory cgroup, {cgroup}); OOM read from State.OOMKilled"),
             ),
-            r(
-                "max_processes",
-                true,
-                format!("HostConfig.PidsLimit (pids cgroup, {cgroup})"),
-            ),
+            if self.gvisor() {
+                r(
+                    "max_processes",
+                    true,
+                    format!("RLIMIT_NPROC inside gVisor's kernel (HostConfig.Ulimits `nproc`); the pids cgroup ({cgroup}) bounds gVisor's own host threads, at least {}", hardening::RUNSC_MIN_PIDS),
+                )
+            } else {
+                r(
+                    "max_processes",
+                    true,
+                    format!("HostConfig.PidsLimit (pids cgroup, {cgroup})"),
+                )
+            },
             r(
                 "max_output_bytes",
                 true,
@@ -203,7 +243,7 @@ impl DockerBackend {
             r(
                 "filesystem",
                 true,
-                "read-only root (the run image), host /usr and the environment bound read-only, only the working directory and /tmp writable".into(),
+                "read-only root (the run image), host /usr and the environment bound read-only; writable: /tmp and the policy's writable mounts (a run's working directory)".into(),
             ),
         ]
     }
@@ -260,6 +300,7 @@ impl DockerBackend {
             view: &self.view,
             control_dir: control.as_ref().map(|c| c.dir.as_path()),
             runtime: self.runtime.as_deref(),
+            server: &self.server,
         };
         let body = hardening::container_body(&spec)?;
         let handle = tokio::runtime::Handle::current();
@@ -278,32 +319,56 @@ impl DockerBackend {
                 what: "create the container",
                 source,
             })?;
-        // From here on the container is removed, whatever happens.
+        // From here on the container is removed, whatever happens: awaited below, or in
+        // the background when this future is dropped (cancellation by the caller).
         let mut guard = RemoveOnDrop {
             container: container.clone(),
             armed: true,
         };
+        let result = self
+            .run_created(&container, &body, policy, control.as_ref(), cancel, output)
+            .await;
+        container.remove().await;
+        guard.armed = false;
+        drop(control);
+        result
+    }
+
+    /// The rest of a run once its container exists: verify, attach, start, supervise.
+    async fn run_created(
+        &self,
+        container: &Container,
+        body: &bollard::models::ContainerCreateBody,
+        policy: &Policy,
+        control: Option<&ControlDir>,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<Outcome, SandboxError> {
+        let name = container.name.as_str();
         let inspected = self
             .docker
-            .inspect_container(&name, None)
+            .inspect_container(name, None)
             .await
             .map_err(|source| DockerError::Request {
                 what: "inspect the container",
                 source,
             })?;
-        hardening::verify(&body, &inspected)?;
+        hardening::verify(body, &inspected)?;
 
         // Our end of the control FIFO, opened before the container can open its end: read
         // without blocking, and a writer of ours held open until the run is over, so that
         // the reader sees end of file only after the container's writer is gone too.
-        let control_fds = match &control {
-            Some(dir) => Some(dir.open()?),
-            None => None,
+        let (control_read, control_hold) = match control {
+            Some(dir) => {
+                let (read, hold) = dir.open()?;
+                (Some(read), Some(hold))
+            }
+            None => (None, None),
         };
         let attach = self
             .docker
             .attach_container(
-                &name,
+                name,
                 Some(
                     bollard::query_parameters::AttachContainerOptionsBuilder::default()
                         .stream(true)
@@ -319,27 +384,26 @@ impl DockerBackend {
             })?;
         let (stdout_r, stdout_w) = tokio::io::simplex(64 * 1024);
         let (stderr_r, stderr_w) = tokio::io::simplex(64 * 1024);
-        let pump = tokio::spawn(pump(attach.output, stdout_w, stderr_w));
+        let pump = AbortOnDrop(tokio::spawn(pump(attach.output, stdout_w, stderr_w)));
         drop(attach.input);
 
         let started = Instant::now();
         self.docker
-            .start_container(&name, None)
+            .start_container(name, None)
             .await
             .map_err(|source| DockerError::Request {
                 what: "start the container",
                 source,
             })?;
-        let (control_read, control_hold) = match control_fds {
-            Some((read, hold)) => (Some(read), Some(hold)),
-            None => (None, None),
-        };
         let teardown = ContainerTeardown {
             container: container.clone(),
             control_hold: std::sync::Mutex::new(control_hold),
         };
         let child = ContainerChild {
-            wait: Some(tokio::spawn(wait_exit(self.docker.clone(), name.clone()))),
+            wait: Some(tokio::spawn(wait_exit(
+                self.docker.clone(),
+                name.to_owned(),
+            ))),
             container: container.clone(),
         };
         let raw = supervise(
@@ -354,20 +418,26 @@ impl DockerBackend {
             started,
         )
         .await;
-        pump.abort();
-        let memory_hit = match self.docker.inspect_container(&name, None).await {
+        drop(pump);
+        let memory_hit = match self.docker.inspect_container(name, None).await {
             Ok(state) => state.state.and_then(|s| s.oom_killed).unwrap_or(false),
             Err(err) => {
                 tracing::warn!(%err, container = %name, "could not inspect the ended container");
                 false
             }
         };
-        container.remove().await;
-        guard.armed = false;
-        drop(control);
         let raw = raw?;
         // The container's init (docker-init) reports a death by signal N as 128 + N.
         Ok(outcome(raw, &policy.limits, true, memory_hit))
+    }
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -384,17 +454,16 @@ async fn probe(
         source,
     };
     let version = docker.version().await.map_err(unreachable)?;
+    remove_orphans(&docker).await;
     let info = docker.info().await.map_err(unreachable)?;
+    let mut runtime_args = Vec::new();
     if let Some(runtime) = runtime {
-        let known = info
-            .runtimes
-            .as_ref()
-            .is_some_and(|runtimes| runtimes.contains_key(runtime));
-        if !known {
+        let Some(registered) = info.runtimes.as_ref().and_then(|r| r.get(runtime)) else {
             return Err(DockerError::RuntimeMissing {
                 runtime: runtime.to_owned(),
             });
-        }
+        };
+        runtime_args = registered.runtime_args.clone().unwrap_or_default();
     }
     if !image::exists(&docker, image).await? {
         return Err(DockerError::ImageMissing {
@@ -402,6 +471,7 @@ async fn probe(
         });
     }
     Ok(EngineFacts {
+        runtime_args,
         version: version.version.unwrap_or_default(),
         api_version: version.api_version.unwrap_or_default(),
         cgroup: format!(
@@ -415,6 +485,81 @@ async fn probe(
         ),
         storage_driver: info.driver.unwrap_or_default(),
     })
+}
+
+/// `<pid>.<start time>` of process `pid`, or `None` when it is gone.
+fn process_identity(pid: u32) -> Option<String> {
+    let stat = fs_err::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces) end with `)`.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    // `starttime` is field 22 of the line, the 20th after the command name.
+    let start = rest.split(' ').nth(19)?;
+    Some(format!("{pid}.{start}"))
+}
+
+/// This server's value of [`SERVER_LABEL`].
+pub(crate) fn server_identity() -> String {
+    process_identity(std::process::id()).unwrap_or_else(|| std::process::id().to_string())
+}
+
+/// Remove the containers of servers that are gone (killed before they could remove their
+/// runs' containers): a container outlives the process that asked for it.
+async fn remove_orphans(docker: &Docker) {
+    let options = bollard::query_parameters::ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&HashMap::from([("label", vec![SERVER_LABEL])]))
+        .build();
+    let Ok(containers) = docker.list_containers(Some(options)).await else {
+        return;
+    };
+    for container in containers {
+        let owner = container
+            .labels
+            .as_ref()
+            .and_then(|labels| labels.get(SERVER_LABEL))
+            .cloned()
+            .unwrap_or_default();
+        let alive = owner
+            .split('.')
+            .next()
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .and_then(process_identity)
+            .is_some_and(|now| now == owner);
+        if !alive && let Some(id) = container.id {
+            tracing::info!(container = %id, server = %owner, "removing a container left by a server that is gone");
+            remove(docker, &id).await;
+        }
+    }
+}
+
+/// Remove every container this server made (at shutdown). Blocking, bounded.
+fn remove_own_containers(socket: &str) {
+    let socket = socket.to_owned();
+    let worker = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async {
+            let Ok(docker) = connect(&socket) else { return };
+            let me = format!("{SERVER_LABEL}={}", server_identity());
+            let options = bollard::query_parameters::ListContainersOptionsBuilder::default()
+                .all(true)
+                .filters(&HashMap::from([("label", vec![me.as_str()])]))
+                .build();
+            let work = async {
+                if let Ok(containers) = docker.list_containers(Some(options)).await {
+                    for id in containers.into_iter().filter_map(|c| c.id) {
+                        remove(&docker, &id).await;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), work).await;
+        });
+    });
+    let _ = worker.join();
 }
 
 /// The host uid and gid a container of `identity` runs as (the engine does not remap users:
@@ -660,8 +805,11 @@ impl crate::backend::Backend for DockerBackend {
                     self.image
                 ),
                 "each container verified after create: non-root uid, network none, read-only root, all capabilities dropped, no-new-privileges, Docker's default seccomp profile, limits, logging driver none".into(),
-                "one fresh container per run (no warm pool, sessions or installs in containers yet)".into(),
-            ],
+                "one fresh container per run, installs included (no warm pool or sessions yet)".into(),
+            ]
+            .into_iter()
+            .chain(self.gvisor_details())
+            .collect(),
             limits: self.limit_reports(),
         }
     }
@@ -700,6 +848,11 @@ impl crate::backend::Backend for DockerBackend {
 
     fn host_ids(&self, identity: Identity) -> Option<(u32, u32)> {
         Some(host_ids(identity))
+    }
+
+    /// At shutdown: remove whatever containers of this server are left.
+    fn remove_own_cgroups(&self) {
+        remove_own_containers(&self.socket);
     }
 
     fn path_inside(&self, _host: &Path, dest: &Path) -> PathBuf {
