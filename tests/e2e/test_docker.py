@@ -362,3 +362,34 @@ async def test_gvisor_runtime_subset(engine, snakebox_bin, data_dir):
         assert data["status"] == "memory_limit", data
     assert not Path("/usr/planted").exists()
     assert not wait_no_containers(before), "gVisor runs left containers behind"
+
+
+async def test_a_killed_servers_containers_are_removed_by_the_next_one(engine, snakebox_bin, data_dir):
+    """A container outlives the server that asked for it (catalogue S: SIGKILL of the
+    supervisor); the next server on the engine removes it before it takes calls."""
+    before = set(our_containers())
+    script = "import time\nprint('up', flush=True)\ntime.sleep(300)\n"
+    proc = subprocess.Popen(
+        [str(snakebox_bin), "run", "--data-dir", str(data_dir), "--no-warm-cache", *ARGS, "--timeout", "300", "-"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    assert proc.stdin is not None
+    proc.stdin.write(script.encode())
+    proc.stdin.close()
+    deadline = time.monotonic() + 60
+    orphan: list[str] = []
+    while not orphan and time.monotonic() < deadline:
+        for name in set(our_containers()) - before:
+            if json.loads(docker("inspect", name).stdout or "[{}]")[0].get("State", {}).get("Running"):
+                orphan.append(name)
+        time.sleep(0.2)
+    assert orphan, "the run's container never ran"
+    proc.kill()
+    proc.wait()
+    assert orphan[0] in our_containers(), "the engine keeps a killed client's container running"
+    out = subprocess.run(
+        [str(snakebox_bin), "check", "--data-dir", str(data_dir), "--no-warm-cache", *ARGS],
+        capture_output=True, text=True,
+    )
+    assert out.returncode == 0, out
+    assert orphan[0] not in our_containers(), "the next server left the orphan running"

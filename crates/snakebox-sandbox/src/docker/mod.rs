@@ -56,7 +56,7 @@ pub(crate) const API_VERSION: bollard::ClientVersion = bollard::ClientVersion {
 };
 
 /// The label every container of ours carries: the server that made it, as
-/// `<pid>.<start time in ticks since boot>` (a pid alone may be reused).
+/// `<pid namespace inode>.<pid>.<start time in ticks since boot>` (a pid alone may be reused).
 pub(crate) const SERVER_LABEL: &str = "snakebox.server";
 
 /// The engine's socket when `DOCKER_HOST` names no unix socket.
@@ -487,24 +487,34 @@ async fn probe(
     })
 }
 
-/// `<pid>.<start time>` of process `pid`, or `None` when it is gone.
+/// `<pid namespace>.<pid>.<start time>` of process `pid`, or `None` when it is gone.
 fn process_identity(pid: u32) -> Option<String> {
     let stat = fs_err::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The fields after the command name (which may hold spaces) end with `)`.
     let rest = &stat[stat.rfind(')')? + 2..];
     // `starttime` is field 22 of the line, the 20th after the command name.
     let start = rest.split(' ').nth(19)?;
-    Some(format!("{pid}.{start}"))
+    Some(format!("{}.{pid}.{start}", pid_namespace()?))
+}
+
+/// The inode of our pid namespace: pids are only comparable within one.
+fn pid_namespace() -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    fs_err::metadata("/proc/self/ns/pid").ok().map(|m| m.ino())
 }
 
 /// This server's value of [`SERVER_LABEL`].
 pub(crate) fn server_identity() -> String {
-    process_identity(std::process::id()).unwrap_or_else(|| std::process::id().to_string())
+    process_identity(std::process::id()).unwrap_or_else(|| format!("0.{}.0", std::process::id()))
 }
 
 /// Remove the containers of servers that are gone (killed before they could remove their
-/// runs' containers): a container outlives the process that asked for it.
+/// runs' containers): a container outlives the process that asked for it. Only servers of
+/// our pid namespace are judged (another namespace's pids mean nothing here).
 async fn remove_orphans(docker: &Docker) {
+    let Some(namespace) = pid_namespace() else {
+        return;
+    };
     let options = bollard::query_parameters::ListContainersOptionsBuilder::default()
         .all(true)
         .filters(&HashMap::from([("label", vec![SERVER_LABEL])]))
@@ -519,10 +529,16 @@ async fn remove_orphans(docker: &Docker) {
             .and_then(|labels| labels.get(SERVER_LABEL))
             .cloned()
             .unwrap_or_default();
-        let alive = owner
-            .split('.')
-            .next()
-            .and_then(|pid| pid.parse::<u32>().ok())
+        let mut parts = owner.split('.');
+        let (Some(ns), Some(pid)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        if ns.parse::<u64>().ok() != Some(namespace) {
+            continue;
+        }
+        let alive = pid
+            .parse::<u32>()
+            .ok()
             .and_then(process_identity)
             .is_some_and(|now| now == owner);
         if !alive && let Some(id) = container.id {
@@ -857,5 +873,32 @@ impl crate::backend::Backend for DockerBackend {
 
     fn path_inside(&self, _host: &Path, dest: &Path) -> PathBuf {
         dest.to_path_buf()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_is_named_by_namespace_pid_and_start_time() {
+        let me = server_identity();
+        let parts: Vec<&str> = me.split('.').collect();
+        assert_eq!(parts.len(), 3, "{me}");
+        assert_eq!(parts[1], std::process::id().to_string());
+        assert!(parts.iter().all(|p| p.parse::<u64>().is_ok()), "{me}");
+        assert_eq!(process_identity(std::process::id()), Some(me));
+        assert_eq!(
+            process_identity(u32::MAX),
+            None,
+            "a pid that does not exist"
+        );
+    }
+
+    #[test]
+    fn containers_run_as_the_identitys_host_uid() {
+        assert_eq!(host_ids(Identity::Untrusted), (65534, 65534));
+        assert_eq!(host_ids(Identity::Installer), (65533, 65533));
+        assert_eq!(host_ids(Identity::Leased(200_007)), (200_007, 200_007));
     }
 }
