@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `[server]` | the data directory, runs at once, the largest stdio message | the serve lifecycle |
 //! | `[python]` | default interpreter version, the uv binary | interpreter choice per profile |
-//! | `[sandbox]` | the backend, the bwrap binary | Docker, gVisor |
+//! | `[sandbox]` | the backend, the bwrap binary, the docker runtime | the docker engine's socket |
 //! | `[network]` | what runs and installs may reach, the run proxy's caps | egress policies |
 //! | `[limits]` | what one run may use: time, output, memory, processes, CPU, scratch, script size | `[profiles]` (limit sets) |
 //! | `[pool]` | warm sandboxes and the fork server | |
