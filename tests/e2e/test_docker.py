@@ -169,7 +169,7 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
     assert host["Memory"] == MEMORY and host["MemorySwap"] == MEMORY
     assert host["PidsLimit"] == PIDS
     assert host["NanoCpus"] == 1_500_000_000
-    assert "size=" in host["Tmpfs"]["/tmp"]
+    assert "size=" in host["Tmpfs"]["/tmp"] and host["ShmSize"] > 0
     assert host["LogConfig"]["Type"] == "none" and not found["LogPath"]
     assert host["Init"] is True
     mounts = {m["Destination"]: m for m in found["Mounts"]}
@@ -206,7 +206,8 @@ async def test_limits_memory_pids_output_and_timeout(engine, snakebox_bin, data_
             print("fork", errno.errorcode[err.errno], "after", n)
         """
     )
-    async with connect(snakebox_bin, data_dir, "auto", *ARGS) as client:
+    network = ("--network", "on", "--network-allow-ip-literals")
+    async with connect(snakebox_bin, data_dir, "auto", *ARGS, *network) as client:
         data, _, _ = await call(client, "execute_python", script="x = bytearray(1024**3)\nprint(len(x))")
         assert data["status"] == "memory_limit", data
         data, _, _ = await call(client, "execute_python", script=fork)
@@ -219,6 +220,18 @@ async def test_limits_memory_pids_output_and_timeout(engine, snakebox_bin, data_
         )
         assert data["status"] == "timeout", data
         assert data["stdout_truncated"] and len(data["stdout"]) <= 70_000, len(data["stdout"])
+        # A run with network reaches it only through its proxy (the runner's bridge to the
+        # proxy's socket), which applies the policy: a private address is refused.
+        data, _, _ = await call(client, "execute_python", script=textwrap.dedent(
+            """\
+            import socket
+            s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+            s.sendall(b"CONNECT 10.0.0.1:443 HTTP/1.1\\r\\nHost: 10.0.0.1:443\\r\\n\\r\\n")
+            print(s.recv(64))
+            """
+        ))
+        assert data["status"] == "ok" and "403 Forbidden" in data["stdout"], data
+        assert [(e["host"], e["allowed"]) for e in data["network_log"]] == [("10.0.0.1", False)], data["network_log"]
         # Still alive after all that.
         data, _, _ = await call(client, "execute_python", script="print('alive')")
         assert data["status"] == "ok" and data["stdout"].strip() == "alive", data

@@ -162,6 +162,8 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
             .cpu_millicores
             .map(|m| as_i64(m.saturating_mul(1_000_000))),
         ulimits: Some(ulimits),
+        // /dev/shm: the container's own (private IPC), capped like /tmp.
+        shm_size: Some(as_i64(tmp_bytes)),
         tmpfs: Some(HashMap::from([(
             "/tmp".to_owned(),
             format!("rw,nosuid,nodev,size={tmp_bytes},mode=1777"),
@@ -259,6 +261,7 @@ pub(crate) fn verify(
         }
     }
     same!(tmpfs, "HostConfig.Tmpfs");
+    same!(shm_size, "HostConfig.ShmSize");
     same!(ulimits, "HostConfig.Ulimits");
 
     // Capabilities: all dropped, none added.
@@ -549,6 +552,9 @@ mod tests {
             }),
             ("HostConfig.Tmpfs", |r| {
                 r.host_config.as_mut().unwrap().tmpfs = None;
+            }),
+            ("HostConfig.ShmSize", |r| {
+                r.host_config.as_mut().unwrap().shm_size = Some(32 << 20);
             }),
             ("HostConfig.Ulimits", |r| {
                 r.host_config.as_mut().unwrap().ulimits = Some(Vec::new());

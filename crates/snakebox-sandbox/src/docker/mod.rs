@@ -223,7 +223,7 @@ impl DockerBackend {
             r(
                 "scratch_bytes",
                 true,
-                "/tmp: HostConfig.Tmpfs `size=`; the working directory: the server's size-capped tmpfs, bound".into(),
+                "/tmp: HostConfig.Tmpfs `size=`; /dev/shm: HostConfig.ShmSize; the working directory: the server's size-capped tmpfs, bound".into(),
             ),
             r(
                 "file_size_bytes",
