@@ -312,6 +312,7 @@ impl DockerBackend {
         let options = bollard::query_parameters::CreateContainerOptionsBuilder::default()
             .name(&name)
             .build();
+        let t0 = Instant::now();
         self.docker
             .create_container(Some(options), body.clone())
             .await
@@ -325,10 +326,19 @@ impl DockerBackend {
             container: container.clone(),
             armed: true,
         };
+        let created = t0.elapsed();
         let result = self
             .run_created(&container, &body, policy, control.as_ref(), cancel, output)
             .await;
+        let ran = t0.elapsed();
         container.remove().await;
+        tracing::debug!(
+            container = %name,
+            create_ms = created.as_millis(),
+            run_ms = (ran - created).as_millis(),
+            remove_ms = (t0.elapsed() - ran).as_millis(),
+            "docker run phases"
+        );
         guard.armed = false;
         drop(control);
         result
@@ -354,6 +364,7 @@ impl DockerBackend {
                 source,
             })?;
         hardening::verify(body, &inspected)?;
+        let verified = Instant::now();
 
         // Our end of the control FIFO, opened before the container can open its end: read
         // without blocking, and a writer of ours held open until the run is over, so that
@@ -419,6 +430,12 @@ impl DockerBackend {
         )
         .await;
         drop(pump);
+        tracing::debug!(
+            container = %name,
+            attach_start_ms = (started - verified).as_millis(),
+            start_to_exit_ms = started.elapsed().as_millis(),
+            "docker run: started and ended"
+        );
         let memory_hit = match self.docker.inspect_container(name, None).await {
             Ok(state) => state.state.and_then(|s| s.oom_killed).unwrap_or(false),
             Err(err) => {
