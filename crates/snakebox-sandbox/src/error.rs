@@ -325,7 +325,7 @@ pub enum DockerError {
         expected: String,
     },
     /// The policy asks for something this backend does not give runs.
-    #[error("The docker backend cannot run this policy: {reason}")]
+    #[error("The docker backend does not support this: {reason}")]
     Unsupported {
         /// What is not supported.
         reason: String,
@@ -347,6 +347,9 @@ impl DockerError {
             )),
             Self::Hardening { .. } => Some(
                 "use an engine that supports every field (Docker 20.10 or newer, API 1.41); the container was removed and nothing ran".into(),
+            ),
+            Self::Unsupported { reason } if reason.contains("as root") => Some(
+                "run the server as root, or use `--sandbox-backend native` (bubblewrap works unprivileged)".into(),
             ),
             Self::Request { .. } | Self::Unsupported { .. } => None,
         }

@@ -118,6 +118,13 @@ impl DockerBackend {
     /// Probe the engine (reachable, API 1.41 or newer, the run image present, the runtime
     /// registered). Fails closed with a hint for each.
     pub(crate) fn new(config: &crate::SandboxConfig) -> Result<DockerBackend, SandboxError> {
+        // Each run's directories are owned by its leased uid, which only root can arrange.
+        if !nix::unistd::geteuid().is_root() {
+            return Err(DockerError::Unsupported {
+                reason: "it needs a server running as root for now (each run's directories belong to the run's own uid)".into(),
+            }
+            .into());
+        }
         let socket = socket_path();
         let view = crate::native::policy::probe_system_view();
         let image = RunImage::for_view(&view).tag().to_owned();
