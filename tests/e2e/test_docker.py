@@ -297,6 +297,9 @@ async def test_attack_classes_judged_from_outside(engine, snakebox_bin, data_dir
         probe("K-02", lambda: sys_ok(libc.unshare(0x10000000)))
         probe("K-04", lambda: sys_ok(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)))
         open("/work/made-here", "w").write("ok")
+        open("/tmp/scratch", "w").write("ok")  # /tmp is writable scratch (mode 1777)
+        import resource
+        print("core", resource.getrlimit(resource.RLIMIT_CORE))
         print("DONE")
         """
     )
@@ -311,6 +314,7 @@ async def test_attack_classes_judged_from_outside(engine, snakebox_bin, data_dir
     out = data["stdout"]
     assert "DONE" in out, out
     assert "ALLOWED" not in out, out
+    assert "core (0, 0)" in out, "core dumps are off, as a hard limit"
     for name in ("F-01", "F-02", "F-04-usr", "F-04-root", "F-04-outside", "N-02", "docker-sock", "K-02", "K-04"):
         assert f"{name} denied" in out, (name, out)
     assert canary_text not in out

@@ -122,6 +122,8 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
             hard: Some(as_i64(hard)),
         });
     };
+    // No core dumps (a dump of a run's memory is written where the run cannot reach it).
+    ulimit("core", 0, 0);
     if let Some(cpu) = limits.cpu_time {
         // SIGXCPU at the limit, SIGKILL a second later (as the native backend's rlimits).
         ulimit("cpu", cpu.as_secs().max(1), cpu.as_secs().max(1) + 1);
@@ -166,7 +168,8 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
         shm_size: Some(as_i64(tmp_bytes)),
         tmpfs: Some(HashMap::from([(
             "/tmp".to_owned(),
-            format!("rw,nosuid,nodev,size={tmp_bytes},mode=1777"),
+            // `exec` as the native backend's /tmp (the engine's default is noexec).
+            format!("rw,nosuid,nodev,exec,size={tmp_bytes},mode=1777"),
         )])),
         // 10. Output only through the attach stream: nothing on the daemon's disk.
         log_config: Some(HostConfigLogConfig {
@@ -467,7 +470,7 @@ mod tests {
         assert_eq!(host.nano_cpus, Some(1_500_000_000));
         assert_eq!(
             host.tmpfs.as_ref().unwrap()["/tmp"],
-            format!("rw,nosuid,nodev,size={},mode=1777", 64 << 20)
+            format!("rw,nosuid,nodev,exec,size={},mode=1777", 64 << 20)
         );
         let targets: Vec<_> = host
             .mounts

@@ -189,7 +189,12 @@ fn archive(view: &SystemView) -> Vec<u8> {
     let mut out = Vec::new();
     for entry in &entries {
         match entry {
-            Entry::Dir(name) => tar_header(&mut out, &format!("{name}/"), b'5', 0o755, 0, None),
+            // `/tmp` is 1777 like any /tmp: the engine gives the tmpfs mounted over it the
+            // mode of the image's directory.
+            Entry::Dir(name) => {
+                let mode = if name == "tmp" { 0o1777 } else { 0o755 };
+                tar_header(&mut out, &format!("{name}/"), b'5', mode, 0, None);
+            }
             Entry::File(name, data) => {
                 tar_header(&mut out, name, b'0', 0o644, data.len(), None);
                 out.extend_from_slice(data);
