@@ -172,6 +172,7 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
     assert "size=" in host["Tmpfs"]["/tmp"] and host["ShmSize"] > 0
     assert host["LogConfig"]["Type"] == "none" and not found["LogPath"]
     assert host["Init"] is True
+    assert host["OomScoreAdj"] == 1000
     mounts = {m["Destination"]: m for m in found["Mounts"]}
     writable = sorted(d for d, m in mounts.items() if m["RW"])
     assert writable == ["/.snakebox-control", "/work"], writable

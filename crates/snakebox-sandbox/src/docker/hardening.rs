@@ -156,7 +156,9 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
         // 8. An init as pid 1 reaps what the run leaves behind and passes the command's
         //    end on (a death by signal N as 128 + N).
         init: Some(true),
-        // 9. Resources.
+        // 9. Resources. First in line for the kernel's OOM killer (P-07), as native runs: a
+        //    global OOM must take a run, not the server or the engine.
+        oom_score_adj: Some(1000),
         memory: limits.memory_bytes.map(as_i64),
         memory_swap: limits.memory_bytes.map(as_i64),
         pids_limit: pids_limit.map(as_i64),
@@ -265,6 +267,7 @@ pub(crate) fn verify(
     }
     same!(tmpfs, "HostConfig.Tmpfs");
     same!(shm_size, "HostConfig.ShmSize");
+    same!(oom_score_adj, "HostConfig.OomScoreAdj");
     same!(ulimits, "HostConfig.Ulimits");
 
     // Capabilities: all dropped, none added.
@@ -558,6 +561,9 @@ mod tests {
             }),
             ("HostConfig.ShmSize", |r| {
                 r.host_config.as_mut().unwrap().shm_size = Some(32 << 20);
+            }),
+            ("HostConfig.OomScoreAdj", |r| {
+                r.host_config.as_mut().unwrap().oom_score_adj = Some(0);
             }),
             ("HostConfig.Ulimits", |r| {
                 r.host_config.as_mut().unwrap().ulimits = Some(Vec::new());
