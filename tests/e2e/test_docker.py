@@ -173,6 +173,7 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
     assert host["LogConfig"]["Type"] == "none" and not found["LogPath"]
     assert host["Init"] is True
     assert host["OomScoreAdj"] == 1000
+    assert host["CgroupnsMode"] == "private"
     mounts = {m["Destination"]: m for m in found["Mounts"]}
     writable = sorted(d for d, m in mounts.items() if m["RW"])
     assert writable == ["/.snakebox-control", "/work"], writable
@@ -301,6 +302,7 @@ async def test_attack_classes_judged_from_outside(engine, snakebox_bin, data_dir
         open("/tmp/scratch", "w").write("ok")  # /tmp is writable scratch (mode 1777)
         import resource
         print("core", resource.getrlimit(resource.RLIMIT_CORE))
+        print("cgroups", sorted({{line.strip().split(":")[2] for line in open("/proc/self/cgroup")}}))
         print("DONE")
         """
     )
@@ -311,11 +313,12 @@ async def test_attack_classes_judged_from_outside(engine, snakebox_bin, data_dir
         listener.close()
         canary_text = canary.read_text()
         canary.unlink()
-    assert not is_error and data["status"] == "ok", data
+    assert not is_error and data["status"] == "ok", (data["exception"], data["stderr"])
     out = data["stdout"]
     assert "DONE" in out, out
     assert "ALLOWED" not in out, out
     assert "core (0, 0)" in out, "core dumps are off, as a hard limit"
+    assert "cgroups ['/']" in out, "the engine's cgroup paths are hidden (own cgroup namespace)"
     for name in ("F-01", "F-02", "F-04-usr", "F-04-root", "F-04-outside", "N-02", "docker-sock", "K-02", "K-04"):
         assert f"{name} denied" in out, (name, out)
     assert canary_text not in out

@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use bollard::models::{
-    ContainerCreateBody, ContainerInspectResponse, HostConfig, HostConfigLogConfig, Mount,
-    MountType, ResourcesUlimits,
+    ContainerCreateBody, ContainerInspectResponse, HostConfig, HostConfigCgroupnsModeEnum,
+    HostConfigLogConfig, Mount, MountType, ResourcesUlimits,
 };
 
 use super::CONTROL_DIR_INSIDE;
@@ -147,6 +147,9 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
         // 6. Isolation: no network at all, nothing shared with the host's namespaces.
         network_mode: Some("none".into()),
         ipc_mode: Some("private".into()),
+        // Its own cgroup namespace: /proc/self/cgroup shows `/`, not the engine's
+        // `/docker/<id>` (F-13, I-04).
+        cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
         // 7. Privilege: no capabilities, no way to gain any, the engine's default seccomp
         //    profile (never `unconfined`), a read-only root.
         cap_drop: Some(vec!["ALL".into()]),
@@ -268,6 +271,7 @@ pub(crate) fn verify(
     same!(tmpfs, "HostConfig.Tmpfs");
     same!(shm_size, "HostConfig.ShmSize");
     same!(oom_score_adj, "HostConfig.OomScoreAdj");
+    same!(cgroupns_mode, "HostConfig.CgroupnsMode");
     same!(ulimits, "HostConfig.Ulimits");
 
     // Capabilities: all dropped, none added.
@@ -561,6 +565,10 @@ mod tests {
             }),
             ("HostConfig.ShmSize", |r| {
                 r.host_config.as_mut().unwrap().shm_size = Some(32 << 20);
+            }),
+            ("HostConfig.CgroupnsMode", |r| {
+                r.host_config.as_mut().unwrap().cgroupns_mode =
+                    Some(HostConfigCgroupnsModeEnum::HOST);
             }),
             ("HostConfig.OomScoreAdj", |r| {
                 r.host_config.as_mut().unwrap().oom_score_adj = Some(0);
