@@ -18,9 +18,10 @@
 //! API; the container is removed (with its anonymous volumes) whatever happens, also when the
 //! run's future is dropped.
 //!
-//! Not yet here (see SECURITY.md): pre-started containers (the warm pool), long-lived
-//! containers (sessions), installs in containers, and our own seccomp program (Docker takes a
-//! JSON profile, not a BPF program: its default profile applies and is verified to be on).
+//! Installs go through `run` like any command, so the downloader and package code run in
+//! containers too. Not yet here (see SECURITY.md): pre-started containers (the warm pool),
+//! long-lived containers (sessions), and our own seccomp program (Docker takes a JSON profile,
+//! not a BPF program: its default profile applies and is verified to be on).
 
 pub(crate) mod hardening;
 pub(crate) mod image;
