@@ -38,6 +38,8 @@ pub struct EngineConfig {
     pub backend: BackendKind,
     /// Explicit `bwrap` path.
     pub bwrap_path: Option<PathBuf>,
+    /// The docker backend's runtime (`runsc`); the engine's default when `None`.
+    pub docker_runtime: Option<String>,
     /// Explicit `uv` path.
     pub uv_path: Option<PathBuf>,
     /// Default Python version request (`3.12`, `>=3.10`); `None` means the newest CPython found.
@@ -112,6 +114,7 @@ impl EngineConfig {
             data_dir,
             backend,
             bwrap_path: None,
+            docker_runtime: None,
             uv_path: None,
             python_version: None,
             python_downloads: PythonDownloads::Never,

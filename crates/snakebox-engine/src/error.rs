@@ -200,9 +200,10 @@ impl Hint for snakebox_sandbox::SandboxError {
         use snakebox_sandbox::{SandboxError, SpawnError};
         match self {
             // The host cannot isolate (namespaces, seccomp, cgroups refused): the operator's.
-            SandboxError::Namespace(_) | SandboxError::Seccomp(_) | SandboxError::Cgroup(_) => {
-                ErrorKind::Unavailable
-            }
+            SandboxError::Namespace(_)
+            | SandboxError::Seccomp(_)
+            | SandboxError::Cgroup(_)
+            | SandboxError::Docker(_) => ErrorKind::Unavailable,
             SandboxError::Spawn(SpawnError::NulByte { .. }) => ErrorKind::Invalid,
             SandboxError::Spawn(_) => ErrorKind::Internal,
         }

@@ -149,6 +149,7 @@ impl Engine {
             backend: config.backend,
             bwrap_path: config.bwrap_path.clone(),
             scratch_root: config.data_dir.join("scratch"),
+            docker_runtime: config.docker_runtime.clone(),
         })
         .map_err(|err| unavailable(&err));
         Engine::assemble(config, sandbox).await

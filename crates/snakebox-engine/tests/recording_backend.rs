@@ -94,6 +94,7 @@ async fn engine_with(
         backend: BackendKind::None,
         bwrap_path: None,
         scratch_root: data.join("scratch"),
+        docker_runtime: None,
     })
     .unwrap();
     let calls = Arc::new(Mutex::new(Vec::new()));

@@ -392,6 +392,7 @@ async fn installs_run_through_the_sandbox() {
         backend: BackendKind::None,
         bwrap_path: None,
         scratch_root: data.path().join("scratch"),
+        docker_runtime: None,
     })
     .unwrap();
     let sandbox = Arc::new(sandbox);

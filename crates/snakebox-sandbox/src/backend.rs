@@ -95,12 +95,13 @@ pub trait Backend: Send + Sync + fmt::Debug {
 }
 
 impl BackendKind {
-    /// The name used in flags and reports: `native`, `none`.
+    /// The name used in flags and reports: `native`, `none`, `docker`.
     #[must_use]
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Native => "native",
             BackendKind::None => "none",
+            BackendKind::Docker => "docker",
         }
     }
 }

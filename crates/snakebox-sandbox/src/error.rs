@@ -298,6 +298,83 @@ impl NamespaceError {
     }
 }
 
+/// The Docker engine, the run image, or one container of the docker backend.
+#[derive(Debug, thiserror::Error)]
+pub enum DockerError {
+    /// The engine did not answer on its socket (or answered an older API than we need).
+    #[error("Failed to reach the Docker engine at `{socket}`")]
+    Unreachable {
+        /// The socket we tried.
+        socket: String,
+        /// What the client saw.
+        #[source]
+        source: bollard::errors::Error,
+    },
+    /// The run image is not in the engine.
+    #[error("The docker backend's run image is missing: `{tag}`")]
+    ImageMissing {
+        /// The tag this host's image has (it is named by its content).
+        tag: String,
+    },
+    /// The configured runtime is not registered with the engine.
+    #[error("The Docker engine has no runtime `{runtime}`")]
+    RuntimeMissing {
+        /// The runtime asked for (`runsc`).
+        runtime: String,
+    },
+    /// A request to the engine failed.
+    #[error("Failed to {what} through the Docker engine")]
+    Request {
+        /// The operation (`create the container`, `import the run image`, ...).
+        what: &'static str,
+        /// What the engine answered.
+        #[source]
+        source: bollard::errors::Error,
+    },
+    /// A created container is not hardened as asked: the engine ignored or changed a field.
+    #[error(
+        "The Docker engine did not apply the hardening of the container: {field} is `{found}`, expected `{expected}`"
+    )]
+    Hardening {
+        /// The field (`HostConfig.ReadonlyRootfs`, ...).
+        field: String,
+        /// What inspecting the container showed.
+        found: String,
+        /// What we asked for.
+        expected: String,
+    },
+    /// The policy asks for something this backend does not give runs.
+    #[error("The docker backend does not support this: {reason}")]
+    Unsupported {
+        /// What is not supported.
+        reason: String,
+    },
+}
+
+impl DockerError {
+    /// How to fix it, when there is something the operator can do.
+    pub fn hint(&self) -> Option<String> {
+        match self {
+            Self::Unreachable { .. } => Some(
+                "start the engine (`scripts/dockerd` starts Debian's dockerd), check that the server may use its socket (root or the `docker` group), and that it speaks Engine API 1.41 or newer (Docker 20.10+); or use `--sandbox-backend native`".into(),
+            ),
+            Self::ImageMissing { .. } => {
+                Some("build it with `snakebox image build` (local, no registry needed)".into())
+            }
+            Self::RuntimeMissing { runtime } => Some(format!(
+                "register it with the engine (`dockerd --add-runtime {runtime}=/usr/bin/{runtime}`, or `runtimes` in daemon.json) and restart it"
+            )),
+            Self::Hardening { .. } => Some(
+                "use an engine that supports every field (Docker 20.10 or newer, API 1.41); the container was removed and nothing ran".into(),
+            ),
+            Self::Unsupported { reason } if reason.contains("as root") => Some(
+                "run the server as root, or use `--sandbox-backend native` (bubblewrap works unprivileged)".into(),
+            ),
+            Self::Request { .. } | Self::Unsupported { .. } => None,
+        }
+    }
+}
+
 /// Any failure of the sandbox, by mechanism.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -313,6 +390,9 @@ pub enum SandboxError {
     /// Namespaces and bubblewrap.
     #[error(transparent)]
     Namespace(#[from] NamespaceError),
+    /// The Docker engine (the docker backend).
+    #[error(transparent)]
+    Docker(#[from] DockerError),
 }
 
 impl SandboxError {
@@ -336,6 +416,7 @@ impl SandboxError {
             Self::Seccomp(e) => e.hint(),
             Self::Cgroup(e) => e.hint(),
             Self::Namespace(e) => e.hint(),
+            Self::Docker(e) => e.hint(),
         }
     }
 }

@@ -16,6 +16,7 @@ mod backend;
 mod capture;
 mod cgroup;
 mod child;
+mod docker;
 mod egress;
 mod error;
 mod health;
@@ -39,10 +40,15 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::backend::{Backend, RunFuture};
+pub use crate::docker::{
+    DEFAULT_SOCKET as DOCKER_DEFAULT_SOCKET, RunImage, socket_path as docker_socket,
+};
 pub use crate::egress::{
     BRIDGE_PORT, EgressProxy, EgressRules, SOCKET_INSIDE, bridged_command, is_ip_literal,
 };
-pub use crate::error::{CgroupError, NamespaceError, SandboxError, SeccompError, SpawnError};
+pub use crate::error::{
+    CgroupError, DockerError, NamespaceError, SandboxError, SeccompError, SpawnError,
+};
 pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
 pub use crate::native::forkserver::{
     ForkRun, ForkServer, ForkServerSpec, mount_runs_root, unmount_runs_root,
@@ -63,6 +69,9 @@ pub enum BackendKind {
     Native,
     /// No isolation at all. Only ever used when the operator asked for it explicitly.
     None,
+    /// A container of a Docker engine per run, through the Engine API (runc, or gVisor's
+    /// `runsc` as the runtime).
+    Docker,
 }
 
 /// Resource limits for one run. `None` means "not limited".
@@ -277,6 +286,8 @@ pub struct SandboxConfig {
     pub bwrap_path: Option<PathBuf>,
     /// Where runs leave their per-run scratch directories on the host.
     pub scratch_root: PathBuf,
+    /// The docker backend's runtime (`runsc` for gVisor); the engine's default when `None`.
+    pub docker_runtime: Option<String>,
 }
 
 /// One stream chunk, sent while the run is going (for progress notifications).
@@ -341,6 +352,9 @@ impl Sandbox {
             BackendKind::None => Sandbox::with_backend(Box::new(none::NoneBackend)),
             BackendKind::Native => {
                 Sandbox::with_backend(Box::new(native::NativeBackend::new(&config)?))
+            }
+            BackendKind::Docker => {
+                Sandbox::with_backend(Box::new(docker::DockerBackend::new(&config)?))
             }
         })
     }

@@ -83,6 +83,7 @@ async fn native_live_sandbox_keeps_state_and_dies_on_timeout() {
         backend: BackendKind::Native,
         bwrap_path: Some("/usr/bin/bwrap".into()),
         scratch_root: std::env::temp_dir(),
+        docker_runtime: None,
     })
     .unwrap();
     conversation(&sandbox).await;

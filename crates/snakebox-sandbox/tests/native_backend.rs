@@ -25,6 +25,7 @@ fn setup() -> Option<(Sandbox, PathBuf, Vec<Mount>)> {
         backend: BackendKind::Native,
         bwrap_path: Some("/usr/bin/bwrap".into()),
         scratch_root: std::env::temp_dir(),
+        docker_runtime: None,
     })
     .map_err(|e| panic!("native backend failed to start: {e}; hint: {:?}", e.hint()))
     .ok()?;
@@ -334,6 +335,7 @@ async fn missing_bwrap_fails_closed_with_a_hint() {
         backend: BackendKind::Native,
         bwrap_path: Some("/nonexistent/bwrap".into()),
         scratch_root: std::env::temp_dir(),
+        docker_runtime: None,
     })
     .unwrap_err();
     assert!(err.to_string().contains("`/nonexistent/bwrap`"), "{err}");

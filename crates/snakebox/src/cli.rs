@@ -30,6 +30,8 @@ pub enum Command {
     Audit(AuditArgs),
     /// Manage the Python interpreters snakebox can use.
     Python(PythonCommandArgs),
+    /// The docker backend's run image (built locally: no registry needed).
+    Image(ImageArgs),
 }
 
 /// Arguments of `snakebox python`.
@@ -51,6 +53,25 @@ pub enum PythonAction {
         #[command(flatten)]
         engine: Box<EngineArgs>,
     },
+}
+
+/// Arguments of `snakebox image`.
+#[derive(Debug, Args)]
+pub struct ImageArgs {
+    /// What to do with the image.
+    #[command(subcommand)]
+    pub action: ImageAction,
+}
+
+/// `snakebox image build | status`, against the engine at `DOCKER_HOST` (a `unix://`
+/// socket) or /var/run/docker.sock.
+#[derive(Debug, Subcommand)]
+pub enum ImageAction {
+    /// Build this host's run image into the engine (nothing to do when it is there). Its tag
+    /// names its content: `snakebox-run:<hash>`.
+    Build,
+    /// Say whether this host's run image is in the engine (exit code 1 when it is not).
+    Status,
 }
 
 /// Arguments of `snakebox serve`.
@@ -193,6 +214,9 @@ pub enum BackendArg {
     Native,
     /// No isolation at all: only for trusted code. Must be asked for explicitly.
     None,
+    /// A fresh container of a Docker engine per run, through the Engine API (build its
+    /// image first: `snakebox image build`). Sessions and the warm pool are not available yet.
+    Docker,
 }
 
 /// A feature switch.
@@ -290,6 +314,10 @@ pub struct SandboxArgs {
     /// Path to bwrap [default: found on PATH].
     #[arg(long, env = "SNAKEBOX_BWRAP_PATH", value_name = "PATH")]
     pub bwrap_path: Option<PathBuf>,
+    /// The docker backend's container runtime, as registered with the engine (`runsc` for
+    /// gVisor) [default: the engine's default, runc].
+    #[arg(long, env = "SNAKEBOX_DOCKER_RUNTIME", value_name = "NAME")]
+    pub docker_runtime: Option<String>,
 }
 
 /// What runs may reach (`[network]`).

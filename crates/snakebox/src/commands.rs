@@ -11,7 +11,8 @@ use snakebox_engine::{Engine, EnvironmentReport, ExecuteRequest, Status, StopRea
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{
-    AuditArgs, CheckArgs, KeysAction, KeysArgs, PythonAction, PythonCommandArgs, RunArgs, ServeArgs,
+    AuditArgs, CheckArgs, ImageAction, ImageArgs, KeysAction, KeysArgs, PythonAction,
+    PythonCommandArgs, RunArgs, ServeArgs,
 };
 use crate::settings;
 
@@ -483,6 +484,50 @@ pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// `snakebox image build | status`: the docker backend's run image (see
+/// `snakebox_sandbox::RunImage`), in the engine at `DOCKER_HOST` or the default socket.
+pub(crate) async fn image(args: &ImageArgs) -> anyhow::Result<ExitCode> {
+    let image = snakebox_sandbox::RunImage::for_host();
+    let socket = snakebox_sandbox::docker_socket();
+    let hinted = |err: snakebox_sandbox::DockerError| {
+        let mut text = err.to_string();
+        if let Some(source) = std::error::Error::source(&err) {
+            text.push_str(&format!(": {source}"));
+        }
+        if let Some(hint) = err.hint() {
+            text.push_str(&format!("\nhint: {hint}"));
+        }
+        anyhow::anyhow!(text)
+    };
+    match args.action {
+        ImageAction::Build => {
+            let built = image.build(&socket).await.map_err(hinted)?;
+            if built {
+                println!(
+                    "built {} ({} bytes imported into the engine at {socket})",
+                    image.tag(),
+                    image.archive_bytes()
+                );
+            } else {
+                println!("{} is already in the engine at {socket}", image.tag());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageAction::Status => {
+            if image.exists(&socket).await.map_err(hinted)? {
+                println!("{} is in the engine at {socket}", image.tag());
+                Ok(ExitCode::SUCCESS)
+            } else {
+                println!(
+                    "{} is missing from the engine at {socket}\nhint: build it with `snakebox image build`",
+                    image.tag()
+                );
+                Ok(ExitCode::from(1))
+            }
+        }
+    }
 }
 
 fn print_report(report: &EnvironmentReport) {

@@ -43,6 +43,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Check(args) => commands::check(&args).await,
             Command::Audit(args) => commands::audit(&args),
             Command::Python(args) => commands::python(args).await,
+            Command::Image(args) => commands::image(&args).await,
         }
     });
     // Bounded: a task that never ends (a blocking read of stdin) must not hold the exit.

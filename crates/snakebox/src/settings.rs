@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `[server]` | the data directory, runs at once, the largest stdio message | the serve lifecycle |
 //! | `[python]` | default interpreter version, the uv binary | interpreter choice per profile |
-//! | `[sandbox]` | the backend, the bwrap binary | Docker, gVisor |
+//! | `[sandbox]` | the backend, the bwrap binary, the docker runtime | the docker engine's socket |
 //! | `[network]` | what runs and installs may reach, the run proxy's caps | egress policies |
 //! | `[limits]` | what one run may use: time, output, memory, processes, CPU, scratch, script size | `[profiles]` (limit sets) |
 //! | `[pool]` | warm sandboxes and the fork server | |
@@ -196,6 +196,7 @@ struct PythonFile {
 struct SandboxFile {
     backend: Option<BackendArg>,
     bwrap_path: Option<PathBuf>,
+    docker_runtime: Option<String>,
 }
 
 /// `[network]`.
@@ -467,9 +468,11 @@ fn resolve_python(args: &PythonArgs, file: PythonFile, config: &mut EngineConfig
 fn resolve_sandbox(args: &SandboxArgs, file: SandboxFile, config: &mut EngineConfig) {
     config.backend = match args.sandbox_backend.or(file.backend) {
         Some(BackendArg::None) => BackendKind::None,
+        Some(BackendArg::Docker) => BackendKind::Docker,
         Some(BackendArg::Native) | None => BackendKind::Native,
     };
     config.bwrap_path = args.bwrap_path.clone().or(file.bwrap_path);
+    config.docker_runtime = args.docker_runtime.clone().or(file.docker_runtime);
 }
 
 fn resolve_network(
@@ -663,6 +666,9 @@ fn resolve_pool(args: &PoolArgs, file: &PoolFile, config: &mut EngineConfig) -> 
             bail!("--warm-pool must be at most {MAX_WARM_POOL}, got `{size}`");
         }
         config.warm_pool = size;
+    } else if config.backend == BackendKind::Docker {
+        // The docker backend has no pre-started containers yet: runs start cold.
+        config.warm_pool = 0;
     }
     config.fork_server = args.fork_server.or(file.fork_server) != Some(Switch::Off);
     Ok(())
@@ -1167,7 +1173,7 @@ mod tests {
         bad_install_host: "[network]\ninstall_hosts = \"files example\"\n" => ["--network-install-hosts", "`files example`", "hint"],
         zero_connections: "[network]\nmax_connections = 0\n" => ["--network-max-connections must be at least 1", "hint"],
         bad_network_bytes: "[network]\nmax_bytes = \"lots\"\n" => ["--network-max-bytes", "hint"],
-        unknown_choice_flat: "sandbox_backend = \"docker\"\n" => ["docker"],
+        unknown_choice_flat: "sandbox_backend = \"podman\"\n" => ["podman"],
         bad_size_names_the_flag: "[limits]\nmemory = \"lots\"\n" => ["--memory-limit", "hint"],
         bad_size_flat: "memory_limit = \"lots\"\n" => ["--memory-limit", "hint"],
         zero_timeout: "[limits]\nmax_timeout = 0\n" => ["--max-timeout must be at least 1"],
@@ -1356,6 +1362,7 @@ mod tests {
                     let crate::cli::PythonAction::Install { engine, .. } = python.action;
                     *engine
                 }
+                Command::Image(_) => unreachable!("`image` takes no engine flags"),
             };
             assert_eq!(
                 args.python.python_downloads,

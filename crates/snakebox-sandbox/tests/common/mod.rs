@@ -50,6 +50,7 @@ pub fn none_sandbox() -> Sandbox {
         backend: BackendKind::None,
         bwrap_path: None,
         scratch_root: std::env::temp_dir(),
+        docker_runtime: None,
     })
     .expect("the none backend always starts")
 }
