@@ -6,7 +6,8 @@
 //! the code runs somewhere the caller did not mean. One rule for every tool, applied before
 //! its parameters are read: an argument the tool's input schema does not name is refused
 //! when it looks like one it does name (a hint says which), and otherwise set aside; the
-//! result then says which arguments were ignored.
+//! result then says which arguments were ignored. An argument of the wrong type gets an
+//! error in the form of every other, naming the argument and the type it needs.
 
 use rmcp::ErrorData;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Tool};
@@ -73,6 +74,111 @@ pub(crate) fn note_ignored(result: &mut CallToolResult, ignored: &[String]) {
     result
         .content
         .push(ContentBlock::text(format!("note: {note}\n")));
+}
+
+/// rmcp's words when a tool's arguments do not deserialize into its parameters.
+const NOT_DESERIALIZED: &str = "failed to deserialize parameters: ";
+
+/// Arguments whose JSON type the tool's input schema does not allow, as hint phrases
+/// (`` `script` must be a string, not a number ``). Read before the call, kept for
+/// [`explain_unfit`].
+pub(crate) fn wrong_types(tool: &Tool, arguments: Option<&JsonObject>) -> Vec<String> {
+    let Some(arguments) = arguments else {
+        return Vec::new();
+    };
+    let properties = tool
+        .input_schema
+        .get("properties")
+        .and_then(serde_json::Value::as_object);
+    let mut wrong = Vec::new();
+    for (name, value) in arguments {
+        let Some(schema) = properties.and_then(|p| p.get(name)) else {
+            continue;
+        };
+        let mut allowed = Vec::new();
+        allowed_types(schema, &mut allowed);
+        let given = json_type(value);
+        let fits = allowed.is_empty()
+            || allowed.contains(&given)
+            || (given == "integer" && allowed.contains(&"number"));
+        if !fits {
+            let wanted: Vec<&str> = allowed.iter().copied().filter(|t| *t != "null").collect();
+            wrong.push(format!(
+                "`{name}` must be {}, not {}",
+                article(&wanted.join(" or ")),
+                article(given)
+            ));
+        }
+    }
+    wrong
+}
+
+/// When rmcp could not read a call's arguments it answers with serde's words alone, naming
+/// neither the argument nor the fix. Rewrite that result as every other error is written
+/// (`error (invalid): …` and a `hint:`), with what [`wrong_types`] found.
+pub(crate) fn explain_unfit(tool: &str, wrong: &[String], result: &mut CallToolResult) {
+    if result.is_error != Some(true) || result.structured_content.is_some() {
+        return;
+    }
+    let [ContentBlock::Text(text)] = result.content.as_slice() else {
+        return;
+    };
+    let Some(detail) = text.text.strip_prefix(NOT_DESERIALIZED) else {
+        return;
+    };
+    let hint = if wrong.is_empty() {
+        "give the arguments with the names and types of the tool's input schema (tools/list)"
+            .to_owned()
+    } else {
+        format!(
+            "{}; the tool's input schema (tools/list) gives every argument's type",
+            wrong.join("; ")
+        )
+    };
+    result.content = vec![ContentBlock::text(format!(
+        "error (invalid): The arguments do not fit {tool}: {detail}\nhint: {hint}\n"
+    ))];
+}
+
+/// The JSON types a property's schema allows (`type`, also inside `anyOf`/`oneOf`).
+fn allowed_types<'a>(schema: &'a serde_json::Value, into: &mut Vec<&'a str>) {
+    match schema.get("type") {
+        Some(serde_json::Value::String(name)) => into.push(name),
+        Some(serde_json::Value::Array(names)) => {
+            into.extend(names.iter().filter_map(serde_json::Value::as_str));
+        }
+        _ => {}
+    }
+    for key in ["anyOf", "oneOf"] {
+        for branch in schema
+            .get(key)
+            .and_then(serde_json::Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            allowed_types(branch, into);
+        }
+    }
+}
+
+fn json_type(value: &serde_json::Value) -> &'static str {
+    match value {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "boolean",
+        serde_json::Value::Number(n) if n.is_i64() || n.is_u64() => "integer",
+        serde_json::Value::Number(_) => "number",
+        serde_json::Value::String(_) => "string",
+        serde_json::Value::Array(_) => "array",
+        serde_json::Value::Object(_) => "object",
+    }
+}
+
+fn article(noun: &str) -> String {
+    match noun {
+        "null" => "null".to_owned(),
+        "array" | "object" | "integer" => format!("an {noun}"),
+        _ => format!("a {noun}"),
+    }
 }
 
 /// Whether `name` is probably a misspelling of `known`: the same once case, `_` and `-` are
@@ -155,6 +261,47 @@ mod tests {
         // Far from every known name: set aside, not refused.
         let mut args = arguments(serde_json::json!({"script": "1", "trace_id": "x"}));
         assert!(set_aside_foreign(&tool(), &mut args).is_ok());
+    }
+
+    #[test]
+    fn an_argument_of_the_wrong_type_is_named_with_the_type_it_needs() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "script": {"type": "string"},
+                "timeout_seconds": {"anyOf": [{"type": "number"}, {"type": "null"}]},
+                "files": {"anyOf": [{"type": "array"}, {"type": "null"}]},
+            },
+        });
+        let serde_json::Value::Object(schema) = schema else {
+            unreachable!("an object literal")
+        };
+        let tool = Tool::new("execute_python", "runs", Arc::new(schema));
+        let args =
+            arguments(serde_json::json!({"script": 42, "timeout_seconds": 5, "files": null}));
+        let wrong = wrong_types(&tool, Some(&args));
+        assert_eq!(wrong, ["`script` must be a string, not an integer"]);
+
+        let mut result = CallToolResult::error(vec![ContentBlock::text(
+            "failed to deserialize parameters: invalid type: integer `42`, expected a string",
+        )]);
+        explain_unfit("execute_python", &wrong, &mut result);
+        let [ContentBlock::Text(text)] = result.content.as_slice() else {
+            panic!("one text block: {result:?}")
+        };
+        assert_eq!(
+            text.text,
+            "error (invalid): The arguments do not fit execute_python: invalid type: integer \
+             `42`, expected a string\nhint: `script` must be a string, not an integer; the \
+             tool's input schema (tools/list) gives every argument's type\n"
+        );
+
+        // Any other error result is left as it is.
+        let mut other = CallToolResult::error(vec![ContentBlock::text("error (not_found): x\n")]);
+        explain_unfit("execute_python", &wrong, &mut other);
+        assert!(
+            matches!(other.content.as_slice(), [ContentBlock::Text(t)] if t.text == "error (not_found): x\n")
+        );
     }
 
     #[test]

@@ -407,7 +407,8 @@ whether it is enforced here, network policy, available Python versions, and the 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SnakeboxServer {
     /// Every call: arguments a client added on its own are set aside (and named in the
-    /// result), misspelled ones refused ([`crate::arguments`]), then the tool runs.
+    /// result), misspelled ones refused ([`crate::arguments`]), then the tool runs; arguments
+    /// that do not fit its parameters get an error naming them and the types they need.
     async fn call_tool(
         &self,
         mut request: rmcp::model::CallToolRequestParams,
@@ -420,9 +421,16 @@ impl ServerHandler for SnakeboxServer {
             (Some(tool), Some(arguments)) => crate::arguments::set_aside_foreign(tool, arguments)?,
             _ => Vec::new(),
         };
+        let wrong_types = self
+            .tool_router
+            .get(&request.name)
+            .map(|tool| crate::arguments::wrong_types(tool, request.arguments.as_ref()))
+            .unwrap_or_default();
+        let name = request.name.clone();
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         let mut response = self.tool_router.call(tcc).await?;
         if let rmcp::model::CallToolResponse::Complete(result) = &mut response {
+            crate::arguments::explain_unfit(&name, &wrong_types, result);
             crate::arguments::note_ignored(result, &ignored);
         }
         Ok(response)
