@@ -31,7 +31,7 @@ pub(crate) const MAX_FILE_BYTES: u64 = 32 * 1024 * 1024;
 pub(crate) const KEEP_ROTATED: usize = 4;
 
 /// One line of the audit log.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEntry {
     /// When, in milliseconds since the Unix epoch.
     pub at_ms: u64,
@@ -248,17 +248,9 @@ mod tests {
             execution_id: format!("e-{n}"),
             tenant: "team-a".into(),
             kind: "execute".into(),
-            session_id: None,
             code_sha256: Some(code_hash("print(1)")),
             code_bytes: Some(8),
-            dependencies: vec![],
-            status: None,
-            duration_ms: None,
-            setup_ms: None,
-            exit_code: None,
-            python_version: None,
-            resource_usage: None,
-            events: vec![],
+            ..AuditEntry::default()
         }
     }
 

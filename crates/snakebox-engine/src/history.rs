@@ -326,24 +326,6 @@ struct Pending {
 
 /// The audit log's line for `op` (see [`crate::audit`]).
 fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
-    let mut entry = AuditEntry {
-        at_ms: now_ms(),
-        phase: String::new(),
-        execution_id: String::new(),
-        tenant: String::new(),
-        kind: String::new(),
-        session_id: None,
-        code_sha256: None,
-        code_bytes: None,
-        dependencies: Vec::new(),
-        status: None,
-        duration_ms: None,
-        setup_ms: None,
-        exit_code: None,
-        python_version: None,
-        resource_usage: None,
-        events: Vec::new(),
-    };
     match op {
         Op::Started {
             id,
@@ -359,15 +341,18 @@ fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
                     session_id: start.session_id.clone(),
                 },
             );
-            entry.at_ms = *started_at_ms;
-            entry.phase = "started".into();
-            entry.execution_id.clone_from(id);
-            entry.tenant.clone_from(owner);
-            entry.kind = start.kind.as_str().into();
-            entry.session_id.clone_from(&start.session_id);
-            entry.code_sha256 = Some(crate::audit::code_hash(&start.script));
-            entry.code_bytes = Some(start.script.len() as u64);
-            entry.dependencies.clone_from(&start.dependencies);
+            AuditEntry {
+                at_ms: *started_at_ms,
+                phase: "started".into(),
+                execution_id: id.clone(),
+                tenant: owner.clone(),
+                kind: start.kind.as_str().into(),
+                session_id: start.session_id.clone(),
+                code_sha256: Some(crate::audit::code_hash(&start.script)),
+                code_bytes: Some(start.script.len() as u64),
+                dependencies: start.dependencies.clone(),
+                ..AuditEntry::default()
+            }
         }
         Op::Finished {
             id,
@@ -380,24 +365,29 @@ fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
             usage,
             ..
         } => {
-            if let Some(who) = pending.remove(id) {
-                entry.tenant = who.tenant;
-                entry.kind = who.kind.as_str().into();
-                entry.session_id = who.session_id;
+            let who = pending.remove(id);
+            AuditEntry {
+                at_ms: now_ms(),
+                phase: "finished".into(),
+                execution_id: id.clone(),
+                tenant: who.as_ref().map(|w| w.tenant.clone()).unwrap_or_default(),
+                kind: who
+                    .as_ref()
+                    .map(|w| w.kind.as_str().to_owned())
+                    .unwrap_or_default(),
+                session_id: who.and_then(|w| w.session_id),
+                status: Some(status.clone()),
+                duration_ms: Some(*duration_ms),
+                setup_ms: Some(*setup_ms),
+                exit_code: *exit_code,
+                python_version: python_version.clone(),
+                resource_usage: Some(*usage)
+                    .filter(|usage| *usage != crate::ResourceUse::default()),
+                events: events.clone(),
+                ..AuditEntry::default()
             }
-            entry.phase = "finished".into();
-            entry.execution_id.clone_from(id);
-            entry.status = Some(status.clone());
-            entry.duration_ms = Some(*duration_ms);
-            entry.setup_ms = Some(*setup_ms);
-            entry.exit_code = *exit_code;
-            entry.python_version.clone_from(python_version);
-            entry.events.clone_from(events);
-            entry.resource_usage =
-                Some(*usage).filter(|usage| *usage != crate::ResourceUse::default());
         }
     }
-    entry
 }
 
 /// The writer: waits for an operation, then appends it to the audit log and applies it to

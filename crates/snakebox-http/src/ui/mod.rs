@@ -107,11 +107,7 @@ impl Ui {
         self.sessions.get(headers).map_err(|why| {
             Box::new(match why {
                 NoSession::LogIn => Redirect::to("/ui/login").into_response(),
-                NoSession::Unavailable(hint) => pages::error_page(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "The server cannot check API keys right now",
-                    &hint,
-                ),
+                NoSession::Unavailable(hint) => pages::unavailable(&hint),
             })
         })
     }

@@ -135,12 +135,22 @@ struct LoginPage {
     problem: Option<String>,
 }
 
-fn unavailable(hint: &str) -> Response {
+/// The error page of a login that could not be checked (the key store cannot be read).
+pub(crate) fn unavailable(hint: &str) -> Response {
     error_page(
         StatusCode::SERVICE_UNAVAILABLE,
         "The server cannot check API keys right now",
         hint,
     )
+}
+
+/// The error page of a login that failed where it should not (the key store, or a session
+/// that vanished as it was made).
+fn not_logged_in(why: NoSession) -> Response {
+    match why {
+        NoSession::Unavailable(hint) => unavailable(&hint),
+        NoSession::LogIn => unavailable("try again"),
+    }
 }
 
 fn logged_in(ui: &Ui, id: &str) -> Response {
@@ -159,15 +169,13 @@ async fn login_form(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
     match ui.sessions.keyless() {
         Ok(true) => match ui.sessions.log_in_keyless() {
             Ok((_, id)) => logged_in(&ui, &id),
-            Err(NoSession::Unavailable(hint)) => unavailable(&hint),
-            Err(NoSession::LogIn) => unavailable("try again"),
+            Err(why) => not_logged_in(why),
         },
         Ok(false) => render(&LoginPage {
             chrome: None,
             problem: None,
         }),
-        Err(NoSession::Unavailable(hint)) => unavailable(&hint),
-        Err(NoSession::LogIn) => unavailable("try again"),
+        Err(why) => not_logged_in(why),
     }
 }
 
@@ -194,8 +202,7 @@ async fn log_in(
             }),
         )
             .into_response(),
-        Err(NoSession::Unavailable(hint)) => unavailable(&hint),
-        Err(NoSession::LogIn) => unavailable("try again"),
+        Err(why) => not_logged_in(why),
     }
 }
 
