@@ -157,6 +157,7 @@ async fn login_exchanges_a_key_for_a_strict_cookie_and_pages_need_it() {
         assert!(!csp.contains("unsafe-inline"), "{csp}");
         assert_eq!(page.header(header::X_FRAME_OPTIONS), "DENY");
         assert_eq!(page.header(header::X_CONTENT_TYPE_OPTIONS), "nosniff");
+        assert_eq!(page.header(header::REFERRER_POLICY), "same-origin");
         assert!(page.text().contains("team-a"), "{path}");
         assert!(
             !page.text().contains("<script>"),
@@ -302,6 +303,9 @@ async fn runs_show_their_output_and_artifacts_download_without_rendering() {
         svg.header(header::CONTENT_SECURITY_POLICY)
             .starts_with("sandbox")
     );
+    // A download's own, stricter referrer policy is kept (the UI's pages send the path to
+    // their own origin only).
+    assert_eq!(svg.header(header::REFERRER_POLICY), "no-referrer");
     assert!(
         svg.text().contains("<script>alert(1)</script>"),
         "exact bytes"
