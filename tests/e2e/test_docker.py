@@ -92,6 +92,18 @@ async def test_check_reports_the_docker_backend_and_its_image(engine, snakebox_b
     assert "PidsLimit" in limits["max_processes"]["mechanism"]
 
 
+async def test_the_image_tag_is_the_same_from_one_build_to_the_next(engine, snakebox_bin):
+    """The tag names the archive's content only (no build time, owner or user name in it):
+    a second build, by another process at another time, names the same image and finds it."""
+    first = subprocess.run([str(snakebox_bin), "image", "status"], capture_output=True, text=True)
+    time.sleep(1.1)  # a second later: an archive that carried the build time would differ
+    again = subprocess.run([str(snakebox_bin), "image", "build"], capture_output=True, text=True)
+    assert first.returncode == 0 and again.returncode == 0, (first, again)
+    tag = first.stdout.split()[0]
+    assert tag.startswith("snakebox-run:"), first.stdout
+    assert again.stdout.startswith(f"{tag} is already in the engine"), again.stdout
+
+
 async def test_a_missing_image_fails_closed_with_the_command_that_builds_it(engine, snakebox_bin, tmp_path):
     # Another engine socket: an empty engine is too slow to start here, so point at a socket
     # where no engine answers and check the hint; the image's own absence is `image status`.
