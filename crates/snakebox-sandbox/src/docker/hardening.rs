@@ -94,23 +94,24 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
         mounts.push(bind(dir, Path::new(CONTROL_DIR_INSIDE), true));
     }
 
-    // 4. The command: `/bin/sh` (the host's, read-only) opens the FIFO as descriptor 3 and
-    //    execs the command with its arguments untouched.
+    // 4. The command: `/bin/sh` (the host's, read-only) drops the `HOSTNAME` the engine adds
+    //    to every container's environment (the run's environment is the policy's alone, I-01),
+    //    opens the FIFO as descriptor 3 and execs the command with its arguments untouched.
     let program = spec.command.program.to_string_lossy().into_owned();
     let args = spec
         .command
         .args
         .iter()
         .map(|a| a.to_string_lossy().into_owned());
-    let cmd: Vec<String> = if spec.control_dir.is_some() {
-        let open = format!("exec 3>{CONTROL_DIR_INSIDE}/control && exec \"$@\"");
-        ["/bin/sh".into(), "-c".into(), open, "sh".into(), program]
-            .into_iter()
-            .chain(args)
-            .collect()
+    let script = if spec.control_dir.is_some() {
+        format!("unset HOSTNAME; exec 3>{CONTROL_DIR_INSIDE}/control && exec \"$@\"")
     } else {
-        std::iter::once(program).chain(args).collect()
+        "unset HOSTNAME; exec \"$@\"".to_owned()
     };
+    let cmd: Vec<String> = ["/bin/sh".into(), "-c".into(), script, "sh".into(), program]
+        .into_iter()
+        .chain(args)
+        .collect();
 
     // 5. Limits. Memory = memory + swap (no swap); /tmp is a size-capped tmpfs.
     let tmp_bytes = limits.scratch_bytes.unwrap_or(DEFAULT_TMP_BYTES);
@@ -525,6 +526,7 @@ mod tests {
         );
         let cmd = body.cmd.unwrap();
         assert_eq!(cmd[0], "/bin/sh");
+        assert!(cmd[2].starts_with("unset HOSTNAME;"), "{}", cmd[2]);
         assert_eq!(&cmd[4..], ["/data/env/bin/python", "-c", "print(1)"]);
     }
 
