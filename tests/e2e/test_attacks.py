@@ -1862,11 +1862,10 @@ K01_PROBES: list[tuple[str, int, list[int], str]] = [
 # K-01 rows where the sandbox lets the call reach the kernel although the catalogue's policy says
 # it must be filtered. Filled from the observed table; each is a GAP listed in SECURITY.md.
 K01_GAPS: dict[str, str] = {}
-# The same under the docker backend: rules of the native program that Docker's seccomp profile
-# cannot state (docker/seccomp.rs; SECURITY.md, the docker backend).
+# The same under the docker backend: rules of the native program that do not reach a docker run
+# (docker/seccomp.rs; SECURITY.md, the docker backend).
 _NAME_UNKNOWN = "runc drops a profile entry whose name the engine's libseccomp (2.5.4 on Debian 12) does not know"
 K01_DOCKER_GAPS: dict[str, str] = {
-    "personality_addr_no_randomize": "personality's 'none of these values' rule: runc ORs conditions on one argument",
     **{name: _NAME_UNKNOWN for name in (
         "statmount", "listmount", "lsm_set_self_attr", "setxattrat", "getxattrat", "listxattrat", "removexattrat",
     )},

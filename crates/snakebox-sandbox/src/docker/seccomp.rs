@@ -11,10 +11,11 @@
 //!   native one: libseccomp then applies its bad-architecture action (kill) to i386 calls,
 //!   and on x86_64 to x32 numbers;
 //! - every syscall of the deny lists, with EPERM or ENOSYS as `errnoRet`;
-//! - argument rules, where runc keeps their meaning: conditions on different arguments are
-//!   ANDed, but runc splits a rule with two conditions on the same argument into one rule per
-//!   condition (ORed), and a 32-bit comparison is only expressible as a masked equality. Such
-//!   a rule is left out and named in [`Profile::left_out`] (today: `personality`);
+//! - argument rules: conditions on different arguments are ANDed, a 32-bit comparison becomes
+//!   a masked equality; runc splits a rule with two conditions on the same argument into one
+//!   rule per condition (ORed), so "none of these values" (`personality`) is written as the
+//!   masked equalities that cover every other value ([`complement_cubes`]). Any other rule
+//!   runc would change is left out and named in [`Profile::left_out`] (today: none);
 //! - not the guard's "numbers above the newest known one get ENOSYS": a profile names calls,
 //!   and runc adds its ENOSYS stub only under a default action that denies.
 
@@ -45,8 +46,12 @@ pub(crate) fn summary() -> String {
     match profile() {
         Ok(p) => format!(
             "seccomp: the native backend's program as a Docker profile (only the native ABI; {}); \
-             not stated in Docker's format: {}",
-            crate::native::seccomp::summary().trim_start_matches("seccomp: "),
+             not stated in Docker's format: {}; and runc drops the entries whose names the \
+             engine's libseccomp does not know (Debian 12's: statmount, listmount, \
+             lsm_set_self_attr, the *xattrat calls, open_tree_attr)",
+            crate::native::seccomp::summary()
+                .trim_start_matches("seccomp: ")
+                .replace("unknown syscalls ENOSYS; ", ""),
             p.left_out.join("; ")
         ),
         Err(e) => format!("seccomp: no profile: {e}"),
@@ -90,8 +95,58 @@ fn arg(c: &Cond) -> Result<Value, String> {
     Ok(json!({"index": c.arg, "value": value, "valueTwo": value_two, "op": op}))
 }
 
-/// A rule's `args`, or why runc would not keep its meaning.
-fn args(rule: &Rule) -> Result<Vec<Value>, String> {
+/// "None of these values" as libseccomp can state it: the values outside the set are the
+/// branches a binary trie of the set lacks, each one masked equality on the bits down to it
+/// (at most `bits` × values of them). Returns (mask, value) pairs.
+fn complement_cubes(values: &[u64], bits: u32) -> Vec<(u64, u64)> {
+    fn walk(values: &[u64], bit: u32, above: u64, prefix: u64, out: &mut Vec<(u64, u64)>) {
+        let here = 1u64 << bit;
+        let mask = above | here;
+        for side in [0, here] {
+            let part: Vec<u64> = values
+                .iter()
+                .copied()
+                .filter(|v| v & here == side)
+                .collect();
+            if part.is_empty() {
+                out.push((mask, prefix | side));
+            } else if bit > 0 {
+                walk(&part, bit - 1, mask, prefix | side, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    if values.is_empty() {
+        out.push((0, 0));
+    } else {
+        walk(values, bits - 1, 0, 0, &mut out);
+    }
+    out
+}
+
+/// A rule as profile rules (their `args`; ORed), or why runc would not keep its meaning.
+fn args(rule: &Rule) -> Result<Vec<Vec<Value>>, String> {
+    // "Not equal to any of these", all on one argument: runc would OR the conditions (every
+    // value is unequal to one of them), so it becomes the masked equalities of its complement.
+    let first = rule.0.first().ok_or("a rule without conditions")?;
+    if rule.0.len() > 1
+        && rule
+            .0
+            .iter()
+            .all(|c| c.arg == first.arg && c.len == first.len && c.op == SeccompCmpOp::Ne)
+    {
+        let (bits, low) = match first.len {
+            SeccompCmpArgLen::Dword => (32, 0xffff_ffff),
+            SeccompCmpArgLen::Qword => (64, u64::MAX),
+        };
+        let values: Vec<u64> = rule.0.iter().map(|c| c.value & low).collect();
+        return Ok(complement_cubes(&values, bits)
+            .into_iter()
+            .map(|(mask, value)| {
+                vec![json!({"index": first.arg, "value": mask, "valueTwo": value, "op": "SCMP_CMP_MASKED_EQ"})]
+            })
+            .collect());
+    }
     let mut seen = [false; 6];
     for c in &rule.0 {
         let slot = seen
@@ -105,7 +160,7 @@ fn args(rule: &Rule) -> Result<Vec<Value>, String> {
         }
         *slot = true;
     }
-    rule.0.iter().map(arg).collect()
+    Ok(vec![rule.0.iter().map(arg).collect::<Result<_, _>>()?])
 }
 
 /// The profile of a run (the native backend's [`Holder::Run`] program).
@@ -134,11 +189,13 @@ pub(crate) fn profile() -> Result<Profile, SeccompError> {
             }
             for rule in rules {
                 match args(rule) {
-                    Ok(args) => conditional.push(json!({
-                        "names": [name],
-                        "action": "SCMP_ACT_ERRNO",
-                        "errnoRet": errno,
-                        "args": args,
+                    Ok(alternatives) => conditional.extend(alternatives.into_iter().map(|args| {
+                        json!({
+                            "names": [name],
+                            "action": "SCMP_ACT_ERRNO",
+                            "errnoRet": errno,
+                            "args": args,
+                        })
                     })),
                     Err(why) => left_out.push(format!("{name} {:?}: {why}", rule.0)),
                 }
@@ -206,10 +263,13 @@ mod tests {
                 let here = errno_of(&p, name);
                 if stated.iter().any(|n| n == name) {
                     assert!(here.iter().all(|(e, _)| i64::from(errno) == *e), "{name}");
-                    // Every rule kept, or the missing ones named.
-                    let missing = rules.len().max(1) - here.len();
+                    // Every rule kept (one or more profile rules each), or the missing ones named.
                     let named = p.left_out.iter().filter(|l| l.starts_with(name)).count();
-                    assert_eq!(missing, named, "{name}: {here:?} {:?}", p.left_out);
+                    assert!(
+                        here.len() + named >= rules.len().max(1),
+                        "{name}: {here:?} {:?}",
+                        p.left_out
+                    );
                 } else {
                     assert!(
                         p.left_out
@@ -250,15 +310,59 @@ mod tests {
             1,
             json!([{"index": 0, "value": libc::CLONE_NEWUSER, "valueTwo": libc::CLONE_NEWUSER, "op": "SCMP_CMP_MASKED_EQ"}])
         )));
-        // personality's "none of these values" is several conditions on one argument, which
-        // runc would OR: left out, and said so.
-        assert!(errno_of(&p, "personality").is_empty());
+        // personality's "none of these values": the masked equalities of its complement.
+        assert!(!errno_of(&p, "personality").is_empty());
         assert!(
-            p.left_out
-                .iter()
-                .any(|l| l.starts_with("personality") && l.contains("runc ORs them")),
+            !p.left_out.iter().any(|l| l.starts_with("personality")),
             "{:?}",
             p.left_out
+        );
+    }
+
+    /// What libseccomp does with the profile's rules of one syscall: refused when any rule's
+    /// masked equality holds.
+    fn refused(rules: &[(u64, u64)], v: u64) -> bool {
+        rules.iter().any(|&(mask, value)| v & mask == value)
+    }
+
+    #[test]
+    fn the_complement_of_a_value_set_refuses_exactly_the_other_values() {
+        let allowed = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
+        let cubes = complement_cubes(&allowed, 32);
+        assert!(cubes.len() <= 32 * allowed.len(), "{}", cubes.len());
+        for v in allowed {
+            assert!(!refused(&cubes, v), "{v:#x} is allowed");
+        }
+        // Every single bit, every neighbour of an allowed value, and a spread of others.
+        let mut probes: Vec<u64> = (0..32).map(|b| 1u64 << b).collect();
+        for v in allowed {
+            probes.extend([
+                v.wrapping_add(1) & 0xffff_ffff,
+                v.wrapping_sub(1) & 0xffff_ffff,
+            ]);
+        }
+        probes.extend((0..2000u64).map(|i| i.wrapping_mul(0x9E37_79B9) & 0xffff_ffff));
+        for v in probes {
+            assert_eq!(refused(&cubes, v), !allowed.contains(&v), "{v:#x}");
+        }
+        // The profile's own personality rules are these cubes (32-bit: the high bits are
+        // ignored, as the native program's Dword comparison does).
+        let p = profile().unwrap();
+        let from_profile: Vec<(u64, u64)> = errno_of(&p, "personality")
+            .into_iter()
+            .map(|(_, args)| {
+                let a = &args[0];
+                assert_eq!(a["op"], "SCMP_CMP_MASKED_EQ");
+                (
+                    a["value"].as_u64().unwrap(),
+                    a["valueTwo"].as_u64().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(from_profile, cubes);
+        assert!(
+            !refused(&from_profile, (1 << 40) | 0x8),
+            "high bits are not compared"
         );
     }
 }
