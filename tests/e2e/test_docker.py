@@ -32,9 +32,11 @@ pytestmark = pytest.mark.anyio
 
 MEMORY = 256 * 1024 * 1024
 PIDS = 48
-# Each run: a fresh container, memory and pids small enough to hit from a test.
+# Each run: a fresh container (cold: no warm pool, so the container a test finds is the run's),
+# memory and pids small enough to hit from a test.
 ARGS = (
     "--sandbox-backend", "docker",
+    "--warm-pool", "0",
     "--memory-limit", "256MiB",
     "--max-processes", str(PIDS),
     "--cpu-cores", "1.5",
@@ -157,9 +159,25 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
                 statuses.append(Path(f"/proc/{child}/status").read_text())
             tasks.cancel_scope.cancel()
 
+    uid = assert_hardened(found)
+    # The control directory is root's and 0711 (the run may only write to its FIFO, 0622).
+    assert control_mode["dir"] == (0, 0o711) and control_mode["fifo"] == (0, 0o622), control_mode
+    for status in statuses:
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        assert fields["CapEff"].strip() == "0000000000000000", fields["CapEff"]
+        assert fields["NoNewPrivs"].strip() == "1"
+        assert fields["Seccomp"].strip() == "2", "Docker's seccomp profile is on"
+        assert int(fields["Uid"].split()[0]) == uid
+    # Cancelled: nothing of it left, stopped or stored.
+    assert not wait_no_containers(before), "a cancelled run left its container"
+
+
+def assert_hardened(found: dict[str, Any]) -> int:
+    """Each hardening field of a container, as `docker inspect` shows it; its uid."""
     host, config = found["HostConfig"], found["Config"]
     uid = int(config["User"].split(":")[0])
     assert uid >= 1000, config["User"]
+    assert not config["OpenStdin"] and not config["AttachStdin"], "no stdin from the engine"
     assert host["NetworkMode"] == "none"
     assert host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
@@ -177,19 +195,10 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
     mounts = {m["Destination"]: m for m in found["Mounts"]}
     writable = sorted(d for d, m in mounts.items() if m["RW"])
     assert writable == ["/.snakebox-control", "/work"], writable
-    # The control directory is root's and 0711 (the run may only write to its FIFO, 0622).
-    assert control_mode["dir"] == (0, 0o711) and control_mode["fifo"] == (0, 0o622), control_mode
     assert "/var/run/docker.sock" not in {m["Source"] for m in found["Mounts"]}
     assert mounts["/usr"]["Source"] == "/usr" and not mounts["/usr"]["RW"]
     assert any("environments-v1" in m["Source"] and not m["RW"] for m in found["Mounts"]), found["Mounts"]
-    for status in statuses:
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        assert fields["CapEff"].strip() == "0000000000000000", fields["CapEff"]
-        assert fields["NoNewPrivs"].strip() == "1"
-        assert fields["Seccomp"].strip() == "2", "Docker's seccomp profile is on"
-        assert int(fields["Uid"].split()[0]) == uid
-    # Cancelled: nothing of it left, stopped or stored.
-    assert not wait_no_containers(before), "a cancelled run left its container"
+    return uid
 
 
 async def test_limits_memory_pids_output_and_timeout(engine, snakebox_bin, data_dir):
@@ -414,3 +423,67 @@ async def test_a_killed_servers_containers_are_removed_by_the_next_one(engine, s
     )
     assert out.returncode == 0, out
     assert orphan[0] not in our_containers(), "the next server left the orphan running"
+
+
+def running_containers(before: set[str]) -> dict[str, dict[str, Any]]:
+    """Our containers that run now and were not there before, by name, as inspected."""
+    found = {}
+    for name in set(our_containers()) - before:
+        info = json.loads(docker("inspect", name).stdout or "[]")
+        if info and info[0]["State"]["Running"]:
+            found[name] = info[0]
+    return found
+
+
+async def test_pooled_containers_serve_one_run_each_and_leave_nothing(engine, snakebox_bin, data_dir):
+    """The warm pool: containers started ahead, hardened like a cold run's (inspected while they
+    wait), each serving one run and then removed; what a run used is measured either way; after
+    the server exits none of its containers is left."""
+    before = set(our_containers())
+    pooled = tuple(a for a in ARGS if a not in ("--warm-pool", "0")) + ("--warm-pool", "1")
+    script = "x = bytearray(64 << 20)\nprint(sum(range(10**6)))\n"
+
+    def usage_ok(result: dict[str, Any]) -> None:
+        usage = result["resource_usage"]
+        assert usage is not None, result
+        # 64 MiB touched; the limit is 256 MiB.
+        assert 64 << 20 <= usage["peak_memory_bytes"] <= MEMORY, usage
+        assert isinstance(usage["cpu_time_ms"], int) and usage["cpu_time_ms"] >= 0, usage
+
+    async with connect(snakebox_bin, data_dir, "auto", *pooled) as client:
+        # The first call makes the default environment known (no cache warming): it runs cold.
+        first, _, _ = await call(client, "execute_python", script=script)
+        assert first["status"] == "ok" and first["stdout"].strip() == str(sum(range(10**6))), first
+        usage_ok(first)
+        with anyio.fail_after(120):
+            while (await call(client, "check_environment"))[0]["warm_pool"]["ready_default"] < 1:
+                await anyio.sleep(0.2)
+        pool = (await call(client, "check_environment"))[0]["warm_pool"]
+        assert pool["cold_starts"] == 1 and pool["served"] == 0, pool
+        waiting = running_containers(before)
+        assert len(waiting) == 1, waiting
+        [(name, container)] = waiting.items()
+        # Hardened like a cold run's container, before it is used; its stdin is our FIFO.
+        assert_hardened(container)
+        assert "0</.snakebox-control/request" in " ".join(container["Config"]["Cmd"]), container["Config"]["Cmd"]
+        control = Path(next(m["Source"] for m in container["Mounts"] if m["Destination"] == "/.snakebox-control"))
+        request = (control / "request").stat()
+        assert (request.st_uid, request.st_mode & 0o7777) == (0, 0o644), request
+
+        second, _, _ = await call(client, "execute_python", script=script)
+        assert second["status"] == "ok", second
+        usage_ok(second)
+        pool = (await call(client, "check_environment"))[0]["warm_pool"]
+        # Served by the container that was waiting before the call, which is gone after it.
+        assert pool["served"] == 1 and pool["cold_starts"] == 1, pool
+        assert name not in our_containers(), "a pooled container outlived its one run"
+        # The refill: another container, not the used one.
+        with anyio.fail_after(120):
+            while not (refill := running_containers(before)):
+                await anyio.sleep(0.2)
+        assert name not in refill
+    # The server exited: its pooled container and its cgroups are gone.
+    assert not wait_no_containers(before), "the server left containers behind"
+    seen = {name, *refill}
+    cgroups = [*Path("/sys/fs/cgroup").glob("*/snakebox-docker/*/*"), *Path("/sys/fs/cgroup").glob("snakebox-docker/*/*")]
+    assert not [p for p in cgroups if p.name in seen], cgroups

@@ -18,7 +18,7 @@ use bollard::models::{
     HostConfigLogConfig, Mount, MountType, ResourcesUlimits,
 };
 
-use super::CONTROL_DIR_INSIDE;
+use super::{CONTROL_DIR_INSIDE, REQUEST_FIFO};
 use crate::error::DockerError;
 use crate::native::policy::{HOSTNAME, SystemView};
 use crate::{Policy, SandboxCommand};
@@ -43,6 +43,9 @@ pub(crate) struct ContainerSpec<'a> {
     pub(crate) view: &'a SystemView,
     /// The host directory of the run's control FIFO, when it has a control channel.
     pub(crate) control_dir: Option<&'a Path>,
+    /// A pooled container: its stdin is the request FIFO in `control_dir` (see
+    /// `super::pooled`).
+    pub(crate) request_fifo: bool,
     /// `runsc`, or the engine's default.
     pub(crate) runtime: Option<&'a str>,
     /// The server's label value (see [`super::SERVER_LABEL`]).
@@ -102,8 +105,15 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
         .args
         .iter()
         .map(|a| a.to_string_lossy().into_owned());
+    //    A pooled container's stdin is the request FIFO, opened first (the server holds it
+    //    open for reading and writing, so neither open blocks).
     let cmd: Vec<String> = if spec.control_dir.is_some() {
-        let open = format!("exec 3>{CONTROL_DIR_INSIDE}/control && exec \"$@\"");
+        let stdin = if spec.request_fifo {
+            format!("0<{CONTROL_DIR_INSIDE}/{REQUEST_FIFO} ")
+        } else {
+            String::new()
+        };
+        let open = format!("exec {stdin}3>{CONTROL_DIR_INSIDE}/control && exec \"$@\"");
         ["/bin/sh".into(), "-c".into(), open, "sh".into(), program]
             .into_iter()
             .chain(args)
@@ -430,6 +440,7 @@ mod tests {
             user: (200_001, 200_001),
             view: &view,
             control_dir: Some(Path::new("/data/scratch/docker-a")),
+            request_fifo: false,
             runtime: None,
             server: "1.1",
         })
@@ -635,6 +646,7 @@ mod tests {
             user: (0, 0),
             view: &view,
             control_dir: None,
+            request_fifo: false,
             runtime: None,
             server: "1.1",
         });
