@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import pytest
 
-from conftest import REPO, call, connect
+from conftest import REPO, call, connect, server_pid
 
 pytestmark = pytest.mark.anyio
 
@@ -160,6 +160,7 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
             tasks.cancel_scope.cancel()
 
     uid = assert_hardened(found)
+    assert any("environments-v1" in m["Source"] and not m["RW"] for m in found["Mounts"]), found["Mounts"]
     # The control directory is root's and 0711 (the run may only write to its FIFO, 0622).
     assert control_mode["dir"] == (0, 0o711) and control_mode["fifo"] == (0, 0o622), control_mode
     for status in statuses:
@@ -197,7 +198,6 @@ def assert_hardened(found: dict[str, Any]) -> int:
     assert writable == ["/.snakebox-control", "/work"], writable
     assert "/var/run/docker.sock" not in {m["Source"] for m in found["Mounts"]}
     assert mounts["/usr"]["Source"] == "/usr" and not mounts["/usr"]["RW"]
-    assert any("environments-v1" in m["Source"] and not m["RW"] for m in found["Mounts"]), found["Mounts"]
     return uid
 
 
@@ -425,12 +425,22 @@ async def test_a_killed_servers_containers_are_removed_by_the_next_one(engine, s
     assert orphan[0] not in our_containers(), "the next server left the orphan running"
 
 
-def running_containers(before: set[str]) -> dict[str, dict[str, Any]]:
-    """Our containers that run now and were not there before, by name, as inspected."""
+def wait_gone(names: set[str], seconds: float = 20) -> set[str]:
+    """Wait until none of these containers exists; those still there."""
+    deadline = time.monotonic() + seconds
+    while (left := names & set(our_containers())) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def running_containers(before: set[str], server: int) -> dict[str, dict[str, Any]]:
+    """The containers of the server with pid `server` that run now and were not there before,
+    by name, as inspected (other servers may use the same engine meanwhile)."""
     found = {}
     for name in set(our_containers()) - before:
         info = json.loads(docker("inspect", name).stdout or "[]")
-        if info and info[0]["State"]["Running"]:
+        label = info[0]["Config"]["Labels"].get("snakebox.server", "") if info else ""
+        if info and info[0]["State"]["Running"] and label.split(".")[1:2] == [str(server)]:
             found[name] = info[0]
     return found
 
@@ -460,11 +470,12 @@ async def test_pooled_containers_serve_one_run_each_and_leave_nothing(engine, sn
                 await anyio.sleep(0.2)
         pool = (await call(client, "check_environment"))[0]["warm_pool"]
         assert pool["cold_starts"] == 1 and pool["served"] == 0, pool
-        waiting = running_containers(before)
+        waiting = running_containers(before, server_pid(data_dir))
         assert len(waiting) == 1, waiting
         [(name, container)] = waiting.items()
         # Hardened like a cold run's container, before it is used; its stdin is our FIFO.
         assert_hardened(container)
+        assert any("environments-v1" in m["Source"] and not m["RW"] for m in container["Mounts"]), container["Mounts"]
         assert "0</.snakebox-control/request" in " ".join(container["Config"]["Cmd"]), container["Config"]["Cmd"]
         control = Path(next(m["Source"] for m in container["Mounts"] if m["Destination"] == "/.snakebox-control"))
         request = (control / "request").stat()
@@ -479,11 +490,75 @@ async def test_pooled_containers_serve_one_run_each_and_leave_nothing(engine, sn
         assert name not in our_containers(), "a pooled container outlived its one run"
         # The refill: another container, not the used one.
         with anyio.fail_after(120):
-            while not (refill := running_containers(before)):
+            while not (refill := running_containers(before, server_pid(data_dir))):
                 await anyio.sleep(0.2)
         assert name not in refill
     # The server exited: its pooled container and its cgroups are gone.
-    assert not wait_no_containers(before), "the server left containers behind"
     seen = {name, *refill}
+    assert not wait_gone(seen), "the server left containers behind"
     cgroups = [*Path("/sys/fs/cgroup").glob("*/snakebox-docker/*/*"), *Path("/sys/fs/cgroup").glob("snakebox-docker/*/*")]
     assert not [p for p in cgroups if p.name in seen], cgroups
+
+
+async def test_a_session_is_one_container_until_it_is_closed(engine, snakebox_bin, data_dir):
+    """A session's interpreter is one long-lived, hardened container: state is kept across
+    calls in it; a timeout kills it (the next call starts another); delete removes it, and the
+    server's exit removes the rest."""
+    before = set(our_containers())
+    async with connect(snakebox_bin, data_dir, "auto", *ARGS) as client:
+        data, text, is_error = await call(client, "create_session", name="docker")
+        assert not is_error, text
+        session = data["session_id"]
+
+        async def run(script: str, **arguments: Any) -> dict[str, Any]:
+            data, text, _ = await call(client, "execute_python", script=script, session_id=session, **arguments)
+            return data
+
+        first = await run("import os\nx = 41\nprint('pid', os.getpid())")
+        assert first["status"] == "ok" and first["fresh_interpreter"] is True, first
+        live = running_containers(before, server_pid(data_dir))
+        assert len(live) == 1, {n: c["Config"]["Cmd"] for n, c in live.items()}
+        [(name, container)] = live.items()
+        assert_hardened(container)
+        second = await run("x + 1")
+        assert second["status"] == "ok" and second["result"]["json"] == 42, second
+        assert second["fresh_interpreter"] is False, second
+        assert set(running_containers(before, server_pid(data_dir))) == {name}, "the second call ran in the same container"
+        # Files written in the workspace are the session's (the host directory bound in).
+        third = await run("open('kept.txt', 'w').write('kept')\nprint(open('kept.txt').read())")
+        assert third["stdout"] == "kept\n", third
+
+        # A call that runs out of time kills the container; the next call gets a fresh one.
+        slow = await run("import time\ntime.sleep(60)", timeout_seconds=2)
+        assert slow["status"] == "timeout", slow
+        assert not wait_gone({name}), "the timed-out session's container is gone"
+        fresh = await run("print(open('kept.txt').read())")
+        assert fresh["status"] == "ok" and fresh["fresh_interpreter"] is True and fresh["stdout"] == "kept\n", fresh
+        [replacement] = running_containers(before, server_pid(data_dir))
+        assert replacement != name
+
+        await call(client, "delete_session", session_id=session)
+        assert not wait_gone({replacement}), "a deleted session left its container"
+
+        # Another session, left open: the server's exit removes it.
+        data, _, _ = await call(client, "create_session", name="left-open")
+        await call(client, "execute_python", script="y = 1", session_id=data["session_id"])
+        left_open = set(running_containers(before, server_pid(data_dir)))
+        assert len(left_open) == 1, "the second session's container runs"
+    assert not wait_gone(left_open), "the server left a session's container behind"
+
+
+async def test_an_idle_sessions_container_is_removed(engine, snakebox_bin, data_dir):
+    """Idle expiry stops the interpreter: its container is killed and removed through the
+    engine's API; the session lives on and its next call starts a new container."""
+    before = set(our_containers())
+    async with connect(snakebox_bin, data_dir, "auto", *ARGS, "--session-idle-stop", "2") as client:
+        data, _, _ = await call(client, "create_session", name="idle")
+        session = data["session_id"]
+        first, _, _ = await call(client, "execute_python", script="x = 1", session_id=session)
+        assert first["status"] == "ok", first
+        live = set(running_containers(before, server_pid(data_dir)))
+        assert len(live) == 1, live
+        assert not wait_gone(live, 30), "the idle session's container is still there"
+        again, _, _ = await call(client, "execute_python", script="print('back')", session_id=session)
+        assert again["status"] == "ok" and again["fresh_interpreter"] is True, again

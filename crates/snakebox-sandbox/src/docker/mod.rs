@@ -25,6 +25,7 @@
 
 pub(crate) mod hardening;
 pub(crate) mod image;
+mod live;
 mod pooled;
 mod usage;
 
@@ -49,6 +50,7 @@ use crate::{
 };
 
 pub use self::image::RunImage;
+pub(crate) use self::live::{LiveContainer, LiveParts};
 pub(crate) use self::pooled::PooledContainer;
 
 /// The Engine API version every request names. An engine older than this refuses the
@@ -574,6 +576,34 @@ impl Prepared {
     }
 }
 
+/// Drive `future` to its end on the server's runtime from a synchronous caller (the
+/// backend's `prestart` and `spawn`), blocking the caller: on a thread of its own, which may
+/// block on the runtime whichever thread called (a worker of the runtime hands its other tasks
+/// on meanwhile).
+fn block_on<F>(future: F) -> Result<F::Output, DockerError>
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    let handle = tokio::runtime::Handle::try_current().map_err(|_| DockerError::Unsupported {
+        reason: "a container started ahead needs the server's runtime".into(),
+    })?;
+    if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
+        // Its one thread would wait for itself.
+        return Err(DockerError::Unsupported {
+            reason: "a container started ahead needs a multi-threaded runtime".into(),
+        });
+    }
+    let run = || {
+        std::thread::scope(|scope| scope.spawn(|| handle.block_on(future)).join()).map_err(|_| {
+            DockerError::Unsupported {
+                reason: "starting a container panicked".into(),
+            }
+        })
+    };
+    tokio::task::block_in_place(run)
+}
+
 /// Aborts a task when dropped.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -1015,15 +1045,15 @@ impl crate::backend::Backend for DockerBackend {
         Box::pin(self.run_container(policy, command, cancel, output))
     }
 
+    /// A session's interpreter: one long-lived container (see [`live`]). Blocks until it
+    /// runs, like `prestart`.
     fn spawn(
         &self,
-        _policy: &Policy,
-        _command: &SandboxCommand,
+        policy: &Policy,
+        command: &SandboxCommand,
     ) -> Result<crate::LiveSandbox, SandboxError> {
-        Err(DockerError::Unsupported {
-            reason: "sessions (long-lived containers) are not implemented yet".into(),
-        }
-        .into())
+        let parts = live::spawn(self, policy, command)?;
+        crate::LiveSandbox::container(parts, &policy.limits)
     }
 
     /// Create and start a container ahead of its request (see [`pooled`]). Blocks until it

@@ -38,19 +38,8 @@ pub(crate) fn prestart(
     policy: &Policy,
     command: &SandboxCommand,
 ) -> Result<PooledContainer, SandboxError> {
-    let handle = tokio::runtime::Handle::try_current().map_err(|_| DockerError::Unsupported {
-        reason: "a pre-started container needs the server's runtime".into(),
-    })?;
     let created = Instant::now();
-    // A thread of its own may block on the runtime, whichever thread called us.
-    let prepared = std::thread::scope(|scope| {
-        scope
-            .spawn(|| handle.block_on(backend.start_container(policy, command, true)))
-            .join()
-    })
-    .map_err(|_| DockerError::Unsupported {
-        reason: "starting a pre-started container panicked".into(),
-    })??;
+    let prepared = super::block_on(backend.start_container(policy, command, true))??;
     Ok(PooledContainer {
         prepared,
         limits: policy.limits.clone(),
