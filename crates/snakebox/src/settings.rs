@@ -667,7 +667,9 @@ fn resolve_pool(args: &PoolArgs, file: &PoolFile, config: &mut EngineConfig) -> 
         }
         config.warm_pool = size;
     }
-    config.fork_server = args.fork_server.or(file.fork_server) != Some(Switch::Off);
+    // The docker backend cannot fork runs: its warm pool is its containers.
+    config.fork_server = args.fork_server.or(file.fork_server) != Some(Switch::Off)
+        && config.backend != BackendKind::Docker;
     Ok(())
 }
 

@@ -18,10 +18,13 @@
 //! API; the container is removed (with its anonymous volumes) whatever happens, also when the
 //! run's future is dropped.
 //!
+//! The same first half (`start_container`) makes the warm pool's containers, started ahead
+//! and fed their one request later ([`pooled`]), and a session's long-lived container
+//! ([`live`]); what a run used is read from a cgroup of its own ([`usage`]).
+//!
 //! Installs go through `run` like any command, so the downloader and package code run in
-//! containers too. Not yet here (see SECURITY.md): pre-started containers (the warm pool),
-//! long-lived containers (sessions), and our own seccomp program (Docker takes a JSON profile,
-//! not a BPF program: its default profile applies and is verified to be on).
+//! containers too. Not yet here (see SECURITY.md): our own seccomp program (Docker takes a JSON
+//! profile, not a BPF program: its default profile applies and is verified to be on).
 
 pub(crate) mod hardening;
 pub(crate) mod image;
@@ -862,9 +865,12 @@ async fn remove(docker: &Docker, name: &str) {
         .v(true)
         .build();
     match docker.remove_container(name, Some(options)).await {
+        // 404: gone already; 409: its removal is under way (the pool's discard and the
+        // shutdown's sweep may meet).
         Ok(())
         | Err(bollard::errors::Error::DockerResponseServerError {
-            status_code: 404, ..
+            status_code: 404 | 409,
+            ..
         }) => {}
         Err(err) => tracing::warn!(%err, container = %name, "could not remove a container"),
     }
