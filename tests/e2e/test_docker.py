@@ -142,10 +142,11 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
             tasks.start_soon(run)
             with anyio.fail_after(60):
                 while not found:
-                    for name in set(our_containers()) - before:
-                        info = json.loads(docker("inspect", name).stdout or "[]")
-                        if info and info[0]["State"]["Running"]:
-                            found.update(info[0])
+                    # This server's run (other servers may share the engine; this one may be
+                    # building the environment in install containers first).
+                    for info in running_containers(before, server_pid(data_dir)).values():
+                        if "/snakebox/runner.py" in info["Config"]["Cmd"]:
+                            found.update(info)
                     await anyio.sleep(0.2)
             control = Path(next(m["Source"] for m in found["Mounts"] if m["Destination"] == "/.snakebox-control"))
             control_mode = {
@@ -487,7 +488,7 @@ async def test_pooled_containers_serve_one_run_each_and_leave_nothing(engine, sn
         pool = (await call(client, "check_environment"))[0]["warm_pool"]
         # Served by the container that was waiting before the call, which is gone after it.
         assert pool["served"] == 1 and pool["cold_starts"] == 1, pool
-        assert name not in our_containers(), "a pooled container outlived its one run"
+        assert not wait_gone({name}), "a pooled container outlived its one run"
         # The refill: another container, not the used one.
         with anyio.fail_after(120):
             while not (refill := running_containers(before, server_pid(data_dir))):

@@ -7,7 +7,8 @@
 //! containers and never lets a run reach it: the socket is not mounted, runs have no network.
 //!
 //! One run, the cold path: create → inspect (the hardening, verified, see [`hardening`]) →
-//! attach → start → wait → inspect (out of memory?) → remove. The container's hardening is
+//! attach → start → wait → inspect (out of memory?) → remove (in the background, once what
+//! the run used is read). The container's hardening is
 //! decided in one place ([`hardening::container_body`]) and checked field by field after the
 //! create: an engine that ignored or changed a field (an older API, a daemon default) fails the
 //! run closed before anything started. Output is read from the attach stream only (the logging
@@ -513,7 +514,7 @@ pub(crate) struct Prepared {
 
 impl Prepared {
     /// Supervise the run to its end (the limits' wall time from `started`), then read what
-    /// it used and remove the container.
+    /// it used; the container is removed in the background.
     async fn finish(
         mut self,
         limits: &crate::Limits,
@@ -552,19 +553,17 @@ impl Prepared {
                 false
             }
         };
-        container.remove().await;
-        // The container's own cgroup went with it; its parent (ours) kept the totals.
-        let usage = self.guard.cgroup.take().map(|cgroup| {
-            let usage = cgroup.usage();
-            cgroup.remove();
-            usage
-        });
-        self.guard.armed = false;
+        // Every process of the container is dead: the totals of its parent cgroup (ours) are
+        // final, whether or not the engine removed the container's own cgroup yet.
+        let usage = self.guard.cgroup.as_ref().map(usage::RunCgroup::usage);
+        // The removal (the container, then our cgroup) need not hold up the result: the
+        // guard does it in the background; a stopping server sweeps what is left.
+        drop(self.guard);
         drop(self.control);
         tracing::debug!(
             container = %name,
             run_ms = (ended - started).as_millis(),
-            remove_ms = ended.elapsed().as_millis(),
+            after_ms = ended.elapsed().as_millis(),
             "docker run ended"
         );
         let raw = raw?;
@@ -1028,7 +1027,7 @@ impl crate::backend::Backend for DockerBackend {
                     self.image
                 ),
                 "each container verified after create: non-root uid, network none, read-only root, all capabilities dropped, no-new-privileges, Docker's default seccomp profile, limits, logging driver none".into(),
-                "one fresh container per run, installs included; with the warm pool, containers started ahead, each used for one run (no sessions yet)".into(),
+                "one fresh container per run, installs included; with the warm pool, containers started ahead, each used for one run; one long-lived container per session interpreter".into(),
                 match &self.usage_root {
                     Some(_) => "resource use (peak memory, CPU time) read from a parent cgroup of each container's own (cgroupfs driver)".into(),
                     None => "resource use not measured (the engine's cgroup driver is not cgroupfs)".into(),
