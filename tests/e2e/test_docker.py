@@ -415,6 +415,7 @@ async def test_a_killed_servers_containers_are_removed_by_the_next_one(engine, s
                 orphan.append(name)
         time.sleep(0.2)
     assert orphan, "the run's container never ran"
+    assert usage_cgroups(orphan[0]), "the run's usage cgroup exists while it runs"
     proc.kill()
     proc.wait()
     assert orphan[0] in our_containers(), "the engine keeps a killed client's container running"
@@ -424,6 +425,13 @@ async def test_a_killed_servers_containers_are_removed_by_the_next_one(engine, s
     )
     assert out.returncode == 0, out
     assert orphan[0] not in our_containers(), "the next server left the orphan running"
+    assert not usage_cgroups(orphan[0]), "the next server left the orphan's usage cgroup"
+
+
+def usage_cgroups(container: str) -> list[Path]:
+    """The parent cgroups a container's usage is read from (cgroup v1 or v2)."""
+    root = Path("/sys/fs/cgroup")
+    return [*root.glob(f"*/snakebox-docker/*/{container}"), *root.glob(f"snakebox-docker/*/{container}")]
 
 
 def wait_gone(names: set[str], seconds: float = 20) -> set[str]:

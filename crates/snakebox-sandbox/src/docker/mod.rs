@@ -725,6 +725,19 @@ async fn remove_orphans(docker: &Docker) {
             remove(docker, &id).await;
         }
     }
+    // Then the cgroups their usage was read from (see [`usage`]).
+    usage::remove_orphans(|owner| {
+        let mut parts = owner.split('.');
+        let (Some(ns), Some(pid)) = (parts.next(), parts.next()) else {
+            return false;
+        };
+        ns.parse::<u64>().ok() == Some(namespace)
+            && pid
+                .parse::<u32>()
+                .ok()
+                .and_then(process_identity)
+                .is_none_or(|now| now != owner)
+    });
 }
 
 /// Remove every container this server made (at shutdown). Blocking, bounded.

@@ -119,6 +119,30 @@ impl RunCgroup {
     }
 }
 
+/// Remove the cgroups of servers that are gone (killed before their shutdown's sweep): each
+/// server's directory under `snakebox-docker` in every hierarchy, when `gone` says so of its
+/// name (the server's label value). Their containers were removed first. Best effort.
+pub(crate) fn remove_orphans(gone: impl Fn(&str) -> bool) {
+    let unified = Path::new(CGROUP_FS).join("cgroup.controllers").exists();
+    for hierarchy in hierarchies(unified) {
+        let Ok(servers) = fs_err::read_dir(hierarchy.join(TOP)) else {
+            continue;
+        };
+        for server in servers.flatten() {
+            let name = server.file_name().to_string_lossy().into_owned();
+            if !server.path().is_dir() || !gone(&name) {
+                continue;
+            }
+            if let Ok(runs) = fs_err::read_dir(server.path()) {
+                for run in runs.flatten() {
+                    let _ = fs_err::remove_dir(run.path());
+                }
+            }
+            let _ = fs_err::remove_dir(server.path());
+        }
+    }
+}
+
 /// The cgroup hierarchies' roots: the one of cgroup v2, or each v1 controller's.
 fn hierarchies(unified: bool) -> Vec<PathBuf> {
     if unified {
