@@ -36,11 +36,11 @@ PIDS = 48
 # memory and pids small enough to hit from a test.
 ARGS = (
     "--sandbox-backend", "docker",
-    "--warm-pool", "0",
     "--memory-limit", "256MiB",
     "--max-processes", str(PIDS),
     "--cpu-cores", "1.5",
     "--max-output-bytes", "65536",
+    "--warm-pool", "0",
 )
 
 
@@ -352,6 +352,7 @@ async def test_gvisor_runtime_subset(engine, snakebox_bin, data_dir):
             pytest.fail(reason)
         pytest.skip(reason)
     before = set(our_containers())
+    # ARGS[:4]: the backend and the memory limit; the warm pool keeps its default.
     args = (*ARGS[:4], "--max-processes", "20", "--docker-runtime", "runsc")
     probe = textwrap.dedent(
         """\
@@ -391,6 +392,18 @@ async def test_gvisor_runtime_subset(engine, snakebox_bin, data_dir):
         assert "fork EAGAIN" in out, out
         data, _, _ = await call(client, "execute_python", script="x = bytearray(1024**3)\nprint(len(x))")
         assert data["status"] == "memory_limit", data
+        # The warm pool (on here: the default of 2) and a session, under gVisor too.
+        with anyio.fail_after(120):
+            while (await call(client, "check_environment"))[0]["warm_pool"]["ready_default"] < 1:
+                await anyio.sleep(0.2)
+        served = (await call(client, "check_environment"))[0]["warm_pool"]["served"]
+        data, _, _ = await call(client, "execute_python", script="print(open('/proc/version').read())")
+        assert data["status"] == "ok" and data["stdout"].strip() == out.splitlines()[0], data
+        assert (await call(client, "check_environment"))[0]["warm_pool"]["served"] == served + 1
+        session, _, _ = await call(client, "create_session", name="gvisor")
+        first, _, _ = await call(client, "execute_python", script="y = 20", session_id=session["session_id"])
+        second, _, _ = await call(client, "execute_python", script="y + 1", session_id=session["session_id"])
+        assert first["status"] == "ok" and second["result"]["json"] == 21, (first, second)
     assert not Path("/usr/planted").exists()
     assert not wait_no_containers(before), "gVisor runs left containers behind"
 
