@@ -47,10 +47,18 @@ pub(crate) fn spawn(
         .into());
     }
     let prepared = super::block_on(backend.start_container(policy, command, true))??;
-    Ok(into_parts(prepared))
+    into_parts(prepared)
 }
 
-fn into_parts(mut prepared: Prepared) -> LiveParts {
+fn into_parts(mut prepared: Prepared) -> Result<LiveParts, SandboxError> {
+    // A container started with `pooled` has both FIFOs (dropping `prepared` removes it).
+    let (Some(requests), Some(control)) = (prepared.request.take(), prepared.control_read.take())
+    else {
+        return Err(DockerError::Unsupported {
+            reason: "the session's container has no request or control channel".into(),
+        }
+        .into());
+    };
     // The guard's removal becomes the teardown's `release`.
     prepared.guard.armed = false;
     let oom = Arc::new(AtomicBool::new(false));
@@ -59,7 +67,7 @@ fn into_parts(mut prepared: Prepared) -> LiveParts {
         let (oom, container, wait) = (Arc::clone(&oom), container.clone(), prepared.wait);
         // The container's end, then whether the kernel killed it for memory (read before
         // anything removes it).
-        tokio::spawn(async move {
+        prepared.container.handle.spawn(async move {
             let status = wait.await.map_err(std::io::Error::other)?;
             if let Ok(state) = container
                 .docker
@@ -81,11 +89,7 @@ fn into_parts(mut prepared: Prepared) -> LiveParts {
             cgroup: prepared.guard.cgroup.take(),
         })),
     });
-    let (Some(requests), Some(control)) = (prepared.request.take(), prepared.control_read.take())
-    else {
-        unreachable!("a pooled container has its request and control FIFOs")
-    };
-    LiveParts {
+    Ok(LiveParts {
         child: LiveContainer {
             container,
             wait: Some(wait),
@@ -97,7 +101,7 @@ fn into_parts(mut prepared: Prepared) -> LiveParts {
         control,
         stdout: Box::new(prepared.stdout),
         stderr: Box::new(prepared.stderr),
-    }
+    })
 }
 
 /// The session container as the live sandbox's child.
