@@ -517,8 +517,16 @@ def peer_bwrap_argv(setup: Setup, cmd: list[str], script_path: Path) -> list[str
     return argv + cmd
 
 
-async def bench_print(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: Snakebox | None = None) -> None:
-    """Warm print('hi'): baselines and snakebox, round-robin."""
+async def bench_print(
+    setup: Setup,
+    sb: Snakebox,
+    rows: dict[str, Row],
+    other: Snakebox | None = None,
+    backends: dict[str, Snakebox] | None = None,
+) -> None:
+    """Warm print('hi'): baselines and snakebox, round-robin. `backends`: servers of the same
+    binary with other sandbox backends (`--backend`), by row key, sampled in the same rounds."""
+    backends = backends or {}
     hi = setup.work / "scripts" / "hi.py"
     hi.parent.mkdir(parents=True, exist_ok=True)
     hi.write_text(HI_SCRIPT)
@@ -542,6 +550,8 @@ async def bench_print(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: S
                 await raw.execute(HI)
             if other is not None:
                 await other.execute(HI, expect="hi\n")
+            for server in backends.values():
+                await server.execute(HI, expect="hi\n")
         cases: list[tuple[str, Callable[[], Awaitable[float]]]] = []
 
         async def run_sync(argv: list[str], **kw: Any) -> float:
@@ -556,6 +566,9 @@ async def bench_print(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: S
         cases.append(("snakebox_print", lambda: timed(lambda: sb.execute(HI, expect="hi\n"))))
         if other is not None:
             cases.append(("snakebox_print_other", lambda: timed(lambda: other.execute(HI, expect="hi\n"))))
+        for key, server in backends.items():
+            # No CPU column: a container's work is done by the engine's daemons, not the server.
+            cases.append((key, lambda server=server: timed(lambda: server.execute(HI, expect="hi\n"))))
         if raw is not None:
 
             async def raw_call() -> None:
@@ -884,7 +897,19 @@ async def main_async(args: argparse.Namespace) -> int:
                         other_data = work / "data-compare"
                         other_data.mkdir(mode=0o755)
                         other = await stack.enter_async_context(Snakebox(other_binary, other_data, python_version, args.mode))
-                    await bench_print(setup, sb, rows, other)
+                    backends = {}
+                    for spec in args.backend or []:
+                        name, _, extra = spec.partition("=")
+                        key = f"snakebox_print_backend_{name}"
+                        rows[key] = Row(
+                            f"snakebox `print('hi')` via MCP (SDK client), {name} (`{extra}`)", baseline="snakebox_print"
+                        )
+                        backend_data = work / f"data-{name}"
+                        backend_data.mkdir(mode=0o755)
+                        backends[key] = await stack.enter_async_context(
+                            Snakebox(binary, backend_data, python_version, args.mode, extra.split())
+                        )
+                    await bench_print(setup, sb, rows, other, backends)
             if "numpy" not in setup.skip:
                 version = await bench_numpy(setup, sb, rows)
                 if "first" not in setup.skip:
@@ -959,6 +984,13 @@ def main() -> int:
     parser.add_argument(
         "--compare",
         help="a second snakebox binary: its print('hi') and first-run rows are sampled in the same rounds (before/after)",
+    )
+    parser.add_argument(
+        "--backend",
+        action="append",
+        metavar="NAME=ARGS",
+        help="another sandbox backend's print('hi') row, sampled in the same rounds: a server of the same binary "
+        "started with ARGS (e.g. `docker=--sandbox-backend docker`; repeatable)",
     )
     parser.add_argument("--python-version", help="e.g. 3.12 (default: the newest CPython 3 found, as snakebox picks)")
     parser.add_argument("--uv", help="uv binary (default: found on PATH, pyenv shims resolved)")

@@ -26,19 +26,21 @@ from typing import Any
 import anyio
 import pytest
 
-from conftest import REPO, call, connect
+from conftest import REPO, call, connect, server_pid
 
 pytestmark = pytest.mark.anyio
 
 MEMORY = 256 * 1024 * 1024
 PIDS = 48
-# Each run: a fresh container, memory and pids small enough to hit from a test.
+# Each run: a fresh container (cold: no warm pool, so the container a test finds is the run's),
+# memory and pids small enough to hit from a test.
 ARGS = (
     "--sandbox-backend", "docker",
     "--memory-limit", "256MiB",
     "--max-processes", str(PIDS),
     "--cpu-cores", "1.5",
     "--max-output-bytes", "65536",
+    "--warm-pool", "0",
 )
 
 
@@ -152,10 +154,11 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
             tasks.start_soon(run)
             with anyio.fail_after(60):
                 while not found:
-                    for name in set(our_containers()) - before:
-                        info = json.loads(docker("inspect", name).stdout or "[]")
-                        if info and info[0]["State"]["Running"]:
-                            found.update(info[0])
+                    # This server's run (other servers may share the engine; this one may be
+                    # building the environment in install containers first).
+                    for info in running_containers(before, server_pid(data_dir)).values():
+                        if "/snakebox/runner.py" in info["Config"]["Cmd"]:
+                            found.update(info)
                     await anyio.sleep(0.2)
             control = Path(next(m["Source"] for m in found["Mounts"] if m["Destination"] == "/.snakebox-control"))
             control_mode = {
@@ -169,9 +172,26 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
                 statuses.append(Path(f"/proc/{child}/status").read_text())
             tasks.cancel_scope.cancel()
 
+    uid = assert_hardened(found)
+    assert any("environments-v1" in m["Source"] and not m["RW"] for m in found["Mounts"]), found["Mounts"]
+    # The control directory is root's and 0711 (the run may only write to its FIFO, 0622).
+    assert control_mode["dir"] == (0, 0o711) and control_mode["fifo"] == (0, 0o622), control_mode
+    for status in statuses:
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        assert fields["CapEff"].strip() == "0000000000000000", fields["CapEff"]
+        assert fields["NoNewPrivs"].strip() == "1"
+        assert fields["Seccomp"].strip() == "2", "our seccomp profile is on"
+        assert int(fields["Uid"].split()[0]) == uid
+    # Cancelled: nothing of it left, stopped or stored.
+    assert not wait_no_containers(before), "a cancelled run left its container"
+
+
+def assert_hardened(found: dict[str, Any]) -> int:
+    """Each hardening field of a container, as `docker inspect` shows it; its uid."""
     host, config = found["HostConfig"], found["Config"]
     uid = int(config["User"].split(":")[0])
     assert uid >= 1000, config["User"]
+    assert not config["OpenStdin"] and not config["AttachStdin"], "no stdin from the engine"
     assert host["NetworkMode"] == "none"
     assert host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
@@ -200,19 +220,9 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
     mounts = {m["Destination"]: m for m in found["Mounts"]}
     writable = sorted(d for d, m in mounts.items() if m["RW"])
     assert writable == ["/.snakebox-control", "/work"], writable
-    # The control directory is root's and 0711 (the run may only write to its FIFO, 0622).
-    assert control_mode["dir"] == (0, 0o711) and control_mode["fifo"] == (0, 0o622), control_mode
     assert "/var/run/docker.sock" not in {m["Source"] for m in found["Mounts"]}
     assert mounts["/usr"]["Source"] == "/usr" and not mounts["/usr"]["RW"]
-    assert any("environments-v1" in m["Source"] and not m["RW"] for m in found["Mounts"]), found["Mounts"]
-    for status in statuses:
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        assert fields["CapEff"].strip() == "0000000000000000", fields["CapEff"]
-        assert fields["NoNewPrivs"].strip() == "1"
-        assert fields["Seccomp"].strip() == "2", "a seccomp filter is on"
-        assert int(fields["Uid"].split()[0]) == uid
-    # Cancelled: nothing of it left, stopped or stored.
-    assert not wait_no_containers(before), "a cancelled run left its container"
+    return uid
 
 
 async def test_limits_memory_pids_output_and_timeout(engine, snakebox_bin, data_dir):
@@ -390,6 +400,7 @@ async def test_gvisor_runtime_subset(engine, snakebox_bin, data_dir):
             pytest.fail(reason)
         pytest.skip(reason)
     before = set(our_containers())
+    # ARGS[:4]: the backend and the memory limit; the warm pool keeps its default.
     args = (*ARGS[:4], "--max-processes", "20", "--docker-runtime", "runsc")
     probe = textwrap.dedent(
         """\
@@ -429,6 +440,18 @@ async def test_gvisor_runtime_subset(engine, snakebox_bin, data_dir):
         assert "fork EAGAIN" in out, out
         data, _, _ = await call(client, "execute_python", script="x = bytearray(1024**3)\nprint(len(x))")
         assert data["status"] == "memory_limit", data
+        # The warm pool (on here: the default of 2) and a session, under gVisor too.
+        with anyio.fail_after(120):
+            while (await call(client, "check_environment"))[0]["warm_pool"]["ready_default"] < 1:
+                await anyio.sleep(0.2)
+        served = (await call(client, "check_environment"))[0]["warm_pool"]["served"]
+        data, _, _ = await call(client, "execute_python", script="print(open('/proc/version').read())")
+        assert data["status"] == "ok" and data["stdout"].strip() == out.splitlines()[0], data
+        assert (await call(client, "check_environment"))[0]["warm_pool"]["served"] == served + 1
+        session, _, _ = await call(client, "create_session", name="gvisor")
+        first, _, _ = await call(client, "execute_python", script="y = 20", session_id=session["session_id"])
+        second, _, _ = await call(client, "execute_python", script="y + 1", session_id=session["session_id"])
+        assert first["status"] == "ok" and second["result"]["json"] == 21, (first, second)
     assert not Path("/usr/planted").exists()
     assert not wait_no_containers(before), "gVisor runs left containers behind"
 
@@ -453,6 +476,7 @@ async def test_a_killed_servers_containers_are_removed_by_the_next_one(engine, s
                 orphan.append(name)
         time.sleep(0.2)
     assert orphan, "the run's container never ran"
+    assert usage_cgroups(orphan[0]), "the run's usage cgroup exists while it runs"
     proc.kill()
     proc.wait()
     assert orphan[0] in our_containers(), "the engine keeps a killed client's container running"
@@ -462,3 +486,149 @@ async def test_a_killed_servers_containers_are_removed_by_the_next_one(engine, s
     )
     assert out.returncode == 0, out
     assert orphan[0] not in our_containers(), "the next server left the orphan running"
+    assert not usage_cgroups(orphan[0]), "the next server left the orphan's usage cgroup"
+
+
+def usage_cgroups(container: str) -> list[Path]:
+    """The parent cgroups a container's usage is read from (cgroup v1 or v2)."""
+    root = Path("/sys/fs/cgroup")
+    return [*root.glob(f"*/snakebox-docker/*/{container}"), *root.glob(f"snakebox-docker/*/{container}")]
+
+
+def wait_gone(names: set[str], seconds: float = 20) -> set[str]:
+    """Wait until none of these containers exists; those still there."""
+    deadline = time.monotonic() + seconds
+    while (left := names & set(our_containers())) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def running_containers(before: set[str], server: int) -> dict[str, dict[str, Any]]:
+    """The containers of the server with pid `server` that run now and were not there before,
+    by name, as inspected (other servers may use the same engine meanwhile)."""
+    found = {}
+    for name in set(our_containers()) - before:
+        info = json.loads(docker("inspect", name).stdout or "[]")
+        label = info[0]["Config"]["Labels"].get("snakebox.server", "") if info else ""
+        if info and info[0]["State"]["Running"] and label.split(".")[1:2] == [str(server)]:
+            found[name] = info[0]
+    return found
+
+
+async def test_pooled_containers_serve_one_run_each_and_leave_nothing(engine, snakebox_bin, data_dir):
+    """The warm pool: containers started ahead, hardened like a cold run's (inspected while they
+    wait), each serving one run and then removed; what a run used is measured either way; after
+    the server exits none of its containers is left."""
+    before = set(our_containers())
+    pooled = tuple(a for a in ARGS if a not in ("--warm-pool", "0")) + ("--warm-pool", "1")
+    script = "x = bytearray(64 << 20)\nprint(sum(range(10**6)))\n"
+
+    def usage_ok(result: dict[str, Any]) -> None:
+        usage = result["resource_usage"]
+        assert usage is not None, result
+        # 64 MiB touched; the limit is 256 MiB.
+        assert 64 << 20 <= usage["peak_memory_bytes"] <= MEMORY, usage
+        assert isinstance(usage["cpu_time_ms"], int) and usage["cpu_time_ms"] >= 0, usage
+
+    async with connect(snakebox_bin, data_dir, "auto", *pooled) as client:
+        # The first call makes the default environment known (no cache warming): it runs cold.
+        first, _, _ = await call(client, "execute_python", script=script)
+        assert first["status"] == "ok" and first["stdout"].strip() == str(sum(range(10**6))), first
+        usage_ok(first)
+        with anyio.fail_after(120):
+            while (await call(client, "check_environment"))[0]["warm_pool"]["ready_default"] < 1:
+                await anyio.sleep(0.2)
+        pool = (await call(client, "check_environment"))[0]["warm_pool"]
+        assert pool["cold_starts"] == 1 and pool["served"] == 0, pool
+        waiting = running_containers(before, server_pid(data_dir))
+        assert len(waiting) == 1, waiting
+        [(name, container)] = waiting.items()
+        # Hardened like a cold run's container, before it is used; its stdin is our FIFO.
+        assert_hardened(container)
+        assert any("environments-v1" in m["Source"] and not m["RW"] for m in container["Mounts"]), container["Mounts"]
+        assert "0</.snakebox-control/request" in " ".join(container["Config"]["Cmd"]), container["Config"]["Cmd"]
+        control = Path(next(m["Source"] for m in container["Mounts"] if m["Destination"] == "/.snakebox-control"))
+        request = (control / "request").stat()
+        assert (request.st_uid, request.st_mode & 0o7777) == (0, 0o644), request
+
+        second, _, _ = await call(client, "execute_python", script=script)
+        assert second["status"] == "ok", second
+        usage_ok(second)
+        pool = (await call(client, "check_environment"))[0]["warm_pool"]
+        # Served by the container that was waiting before the call, which is gone after it.
+        assert pool["served"] == 1 and pool["cold_starts"] == 1, pool
+        assert not wait_gone({name}), "a pooled container outlived its one run"
+        # The refill: another container, not the used one.
+        with anyio.fail_after(120):
+            while not (refill := running_containers(before, server_pid(data_dir))):
+                await anyio.sleep(0.2)
+        assert name not in refill
+    # The server exited: its pooled container and its cgroups are gone.
+    seen = {name, *refill}
+    assert not wait_gone(seen), "the server left containers behind"
+    cgroups = [*Path("/sys/fs/cgroup").glob("*/snakebox-docker/*/*"), *Path("/sys/fs/cgroup").glob("snakebox-docker/*/*")]
+    assert not [p for p in cgroups if p.name in seen], cgroups
+
+
+async def test_a_session_is_one_container_until_it_is_closed(engine, snakebox_bin, data_dir):
+    """A session's interpreter is one long-lived, hardened container: state is kept across
+    calls in it; a timeout kills it (the next call starts another); delete removes it, and the
+    server's exit removes the rest."""
+    before = set(our_containers())
+    async with connect(snakebox_bin, data_dir, "auto", *ARGS) as client:
+        data, text, is_error = await call(client, "create_session", name="docker")
+        assert not is_error, text
+        session = data["session_id"]
+
+        async def run(script: str, **arguments: Any) -> dict[str, Any]:
+            data, text, _ = await call(client, "execute_python", script=script, session_id=session, **arguments)
+            return data
+
+        first = await run("import os\nx = 41\nprint('pid', os.getpid())")
+        assert first["status"] == "ok" and first["fresh_interpreter"] is True, first
+        live = running_containers(before, server_pid(data_dir))
+        assert len(live) == 1, {n: c["Config"]["Cmd"] for n, c in live.items()}
+        [(name, container)] = live.items()
+        assert_hardened(container)
+        second = await run("x + 1")
+        assert second["status"] == "ok" and second["result"]["json"] == 42, second
+        assert second["fresh_interpreter"] is False, second
+        assert set(running_containers(before, server_pid(data_dir))) == {name}, "the second call ran in the same container"
+        # Files written in the workspace are the session's (the host directory bound in).
+        third = await run("open('kept.txt', 'w').write('kept')\nprint(open('kept.txt').read())")
+        assert third["stdout"] == "kept\n", third
+
+        # A call that runs out of time kills the container; the next call gets a fresh one.
+        slow = await run("import time\ntime.sleep(60)", timeout_seconds=2)
+        assert slow["status"] == "timeout", slow
+        assert not wait_gone({name}), "the timed-out session's container is gone"
+        fresh = await run("print(open('kept.txt').read())")
+        assert fresh["status"] == "ok" and fresh["fresh_interpreter"] is True and fresh["stdout"] == "kept\n", fresh
+        [replacement] = running_containers(before, server_pid(data_dir))
+        assert replacement != name
+
+        await call(client, "delete_session", session_id=session)
+        assert not wait_gone({replacement}), "a deleted session left its container"
+
+        # Another session, left open: the server's exit removes it.
+        data, _, _ = await call(client, "create_session", name="left-open")
+        await call(client, "execute_python", script="y = 1", session_id=data["session_id"])
+        left_open = set(running_containers(before, server_pid(data_dir)))
+        assert len(left_open) == 1, "the second session's container runs"
+    assert not wait_gone(left_open), "the server left a session's container behind"
+
+
+async def test_an_idle_sessions_container_is_removed(engine, snakebox_bin, data_dir):
+    """Idle expiry stops the interpreter: its container is killed and removed through the
+    engine's API; the session lives on and its next call starts a new container."""
+    before = set(our_containers())
+    async with connect(snakebox_bin, data_dir, "auto", *ARGS, "--session-idle-stop", "2") as client:
+        data, _, _ = await call(client, "create_session", name="idle")
+        session = data["session_id"]
+        first, _, _ = await call(client, "execute_python", script="x = 1", session_id=session)
+        assert first["status"] == "ok", first
+        live = set(running_containers(before, server_pid(data_dir)))
+        assert len(live) == 1, live
+        assert not wait_gone(live, 30), "the idle session's container is still there"
+        again, _, _ = await call(client, "execute_python", script="print('back')", session_id=session)
+        assert again["status"] == "ok" and again["fresh_interpreter"] is True, again

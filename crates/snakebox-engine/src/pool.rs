@@ -469,7 +469,13 @@ impl Engine {
                 pool.wake.notified().await;
                 continue;
             };
-            match self.prestart(&target) {
+            // Starting a sandbox blocks (bubblewrap's setup, or the engine's requests for a
+            // container): not on the runtime's few worker threads.
+            let engine = Arc::clone(&self);
+            let started = tokio::task::spawn_blocking(move || engine.prestart(&target))
+                .await
+                .unwrap_or_else(|err| Err(format!("starting a pooled sandbox failed: {err}")));
+            match started {
                 Ok(warm) => {
                     let mut inner = pool.lock();
                     if pool.stopped.load(Ordering::Relaxed) {

@@ -16,6 +16,11 @@
 //!   of each request is attributed to it and capped with the usual shared budget;
 //! - the wall-time limit is per request: when it is reached (or the caller cancels), the whole
 //!   tree is killed, like a one-shot run, and the sandbox is dead from then on.
+//!
+//! The docker backend's live sandbox is one long-lived container with the same conversation:
+//! its stdin is a request FIFO only the server writes, its output comes from the engine's
+//! attach stream, its control channel is the FIFO of a one-shot container, and killing it
+//! goes through the engine's API (see `crate::docker::live`).
 
 use std::process::ExitStatus;
 use std::sync::Arc;
@@ -76,11 +81,11 @@ pub struct Exchange {
 /// A running sandbox that answers requests; see the module documentation. Dropping it kills
 /// the whole tree.
 pub struct LiveSandbox {
-    child: tokio::process::Child,
+    child: LiveChild,
     teardown: Arc<dyn Teardown>,
-    requests: Option<tokio::process::ChildStdin>,
-    stdout: Option<tokio::process::ChildStdout>,
-    stderr: Option<tokio::process::ChildStderr>,
+    requests: Option<Writer>,
+    stdout: Option<Reader>,
+    stderr: Option<Reader>,
     control: Option<tokio::net::unix::pipe::Receiver>,
     /// Bytes read past the end of the previous exchange (stdout, stderr, control).
     carry: [Vec<u8>; 3],
@@ -90,6 +95,50 @@ pub struct LiveSandbox {
     dead: bool,
     /// Where a sandbox that never started is noted (set by [`crate::Sandbox::spawn`]).
     pub(crate) health: Option<std::sync::Arc<crate::health::StartHealth>>,
+}
+
+/// Where a live sandbox's requests go.
+pub(crate) type Writer = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
+/// One of a live sandbox's output streams.
+pub(crate) type Reader = Box<dyn AsyncRead + Send + Unpin>;
+
+/// The command of a live sandbox: a process of ours, or a container of the engine.
+pub(crate) enum LiveChild {
+    Process(tokio::process::Child),
+    Container(crate::docker::LiveContainer),
+}
+
+impl LiveChild {
+    fn id(&self) -> Option<u32> {
+        match self {
+            LiveChild::Process(child) => child.id(),
+            LiveChild::Container(_) => None,
+        }
+    }
+
+    fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        match self {
+            LiveChild::Process(child) => child.try_wait(),
+            LiveChild::Container(container) => container.try_wait(),
+        }
+    }
+
+    fn start_kill(&mut self) -> std::io::Result<()> {
+        match self {
+            LiveChild::Process(child) => child.start_kill(),
+            LiveChild::Container(container) => {
+                container.start_kill();
+                Ok(())
+            }
+        }
+    }
+
+    async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        match self {
+            LiveChild::Process(child) => child.wait().await,
+            LiveChild::Container(container) => container.wait().await,
+        }
+    }
 }
 
 impl std::fmt::Debug for LiveSandbox {
@@ -115,15 +164,42 @@ impl LiveSandbox {
             None => None,
         };
         Ok(LiveSandbox {
-            requests: child.stdin.take(),
-            stdout: child.stdout.take(),
-            stderr: child.stderr.take(),
-            child,
+            requests: child.stdin.take().map(|w| Box::new(w) as Writer),
+            stdout: child.stdout.take().map(|r| Box::new(r) as Reader),
+            stderr: child.stderr.take().map(|r| Box::new(r) as Reader),
+            child: LiveChild::Process(child),
             teardown: started.teardown,
             control,
             carry: Default::default(),
             info_task: started.info_task,
             shell_style_signals: started.shell_style_signals,
+            max_output_bytes: limits.max_output_bytes,
+            dead: false,
+            health: None,
+        })
+    }
+
+    /// A container of the docker backend as a live sandbox (see `crate::docker::live`).
+    pub(crate) fn container(
+        parts: crate::docker::LiveParts,
+        limits: &Limits,
+    ) -> Result<LiveSandbox, SandboxError> {
+        let descriptor = |what: &'static str| move |source| SpawnError::Descriptor { what, source };
+        let requests = tokio::net::unix::pipe::Sender::from_owned_fd(parts.requests)
+            .map_err(descriptor("request channel"))?;
+        let control = tokio::net::unix::pipe::Receiver::from_owned_fd(parts.control)
+            .map_err(descriptor("control channel"))?;
+        Ok(LiveSandbox {
+            child: LiveChild::Container(parts.child),
+            teardown: parts.teardown,
+            requests: Some(Box::new(requests)),
+            stdout: Some(parts.stdout),
+            stderr: Some(parts.stderr),
+            control: Some(control),
+            carry: Default::default(),
+            info_task: None,
+            // The container's init reports a death by signal N as 128 + N.
+            shell_style_signals: true,
             max_output_bytes: limits.max_output_bytes,
             dead: false,
             health: None,

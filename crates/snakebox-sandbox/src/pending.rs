@@ -9,6 +9,10 @@
 //! and the whole tree is killed on timeout, cancellation or when the future is dropped.
 //!
 //! A pending run is used once. Dropping it unused kills its tree and frees its cgroup.
+//!
+//! Two kinds: a process started by a process backend (bubblewrap, or none), and a container
+//! of the docker backend (see `crate::docker::pooled`), which keeps the same promises through
+//! the engine's API.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -25,6 +29,18 @@ use crate::{Limits, Outcome, OutputChunk};
 
 /// A started sandbox waiting for its one request; see the module documentation.
 pub struct PendingRun {
+    kind: Kind,
+    /// Where a sandbox that never started is noted (set by [`crate::Sandbox::prestart`]).
+    pub(crate) health: Option<Arc<crate::health::StartHealth>>,
+}
+
+enum Kind {
+    Process(Box<ProcessPending>),
+    Docker(Box<crate::docker::PooledContainer>),
+}
+
+/// A process waiting for its request on a private stdin pipe.
+struct ProcessPending {
     child: Option<tokio::process::Child>,
     teardown: Arc<dyn Teardown>,
     control: Option<OwnedFd>,
@@ -34,57 +50,73 @@ pub struct PendingRun {
     started: Instant,
     /// The cgroup's release was handed to a background task.
     released: bool,
-    /// Where a sandbox that never started is noted (set by [`crate::Sandbox::prestart`]).
-    pub(crate) health: Option<Arc<crate::health::StartHealth>>,
 }
 
 impl std::fmt::Debug for PendingRun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PendingRun")
-            .field(
-                "pid",
-                &self.child.as_ref().and_then(tokio::process::Child::id),
-            )
-            .field("age", &self.started.elapsed())
-            .finish_non_exhaustive()
+        match &self.kind {
+            Kind::Process(p) => f
+                .debug_struct("PendingRun")
+                .field("pid", &p.child.as_ref().and_then(tokio::process::Child::id))
+                .field("age", &p.started.elapsed())
+                .finish_non_exhaustive(),
+            Kind::Docker(c) => f
+                .debug_struct("PendingRun")
+                .field("container", &c.name())
+                .field("age", &c.age())
+                .finish_non_exhaustive(),
+        }
     }
 }
 
 impl PendingRun {
     pub(crate) fn new(started: Started, limits: &Limits) -> PendingRun {
         PendingRun {
-            child: Some(started.child),
-            teardown: started.teardown,
-            control: started.control_read,
-            info_task: started.info_task,
-            shell_style_signals: started.shell_style_signals,
-            limits: limits.clone(),
-            started: Instant::now(),
-            released: false,
+            kind: Kind::Process(Box::new(ProcessPending {
+                child: Some(started.child),
+                teardown: started.teardown,
+                control: started.control_read,
+                info_task: started.info_task,
+                shell_style_signals: started.shell_style_signals,
+                limits: limits.clone(),
+                started: Instant::now(),
+                released: false,
+            })),
+            health: None,
+        }
+    }
+
+    /// A container of the docker backend, started and waiting for its request.
+    pub(crate) fn container(pooled: crate::docker::PooledContainer) -> PendingRun {
+        PendingRun {
+            kind: Kind::Docker(Box::new(pooled)),
             health: None,
         }
     }
 
     /// Whether the command is still waiting (it did not exit or get killed meanwhile).
     pub fn is_alive(&mut self) -> bool {
-        self.child
-            .as_mut()
-            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+        match &mut self.kind {
+            Kind::Process(p) => p.is_alive(),
+            Kind::Docker(c) => c.is_alive(),
+        }
     }
 
     /// How long ago it was started.
     #[must_use]
     pub fn age(&self) -> Duration {
-        self.started.elapsed()
+        match &self.kind {
+            Kind::Process(p) => p.started.elapsed(),
+            Kind::Docker(c) => c.age(),
+        }
     }
 
-    /// Kill the tree unused and wait until it is gone (then its cgroup is freed).
-    pub async fn discard(mut self) {
-        if let Some(mut child) = self.child.take() {
-            self.teardown.kill_all();
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-            self.teardown.kill_all();
+    /// Kill the tree unused and wait until it is gone (then its cgroup is freed; a container
+    /// is removed).
+    pub async fn discard(self) {
+        match self.kind {
+            Kind::Process(p) => p.discard().await,
+            Kind::Docker(c) => c.discard().await,
         }
     }
 
@@ -95,6 +127,41 @@ impl PendingRun {
     /// # Errors
     /// When waiting for the process fails.
     pub async fn run(
+        self,
+        request: &[u8],
+        wall_time: Duration,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<Outcome, SandboxError> {
+        let result = match self.kind {
+            Kind::Process(p) => p.run(request, wall_time, cancel, output).await,
+            Kind::Docker(c) => c.run(request, wall_time, cancel, output).await,
+        };
+        if let Some(health) = &self.health {
+            health.note(result.as_ref().map(|_| ()));
+        }
+        result
+    }
+}
+
+impl ProcessPending {
+    fn is_alive(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
+    /// Kill the tree unused and wait until it is gone (then its cgroup is freed).
+    async fn discard(mut self) {
+        if let Some(mut child) = self.child.take() {
+            self.teardown.kill_all();
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            self.teardown.kill_all();
+        }
+    }
+
+    async fn run(
         mut self,
         request: &[u8],
         wall_time: Duration,
@@ -145,7 +212,7 @@ impl PendingRun {
         let teardown = Arc::clone(&self.teardown);
         tokio::task::spawn_blocking(move || teardown.release());
         self.released = true;
-        let result = match setup_failure(&raw, self.teardown.as_ref()) {
+        match setup_failure(&raw, self.teardown.as_ref()) {
             Some(err) => Err(err),
             None => Ok(outcome(
                 raw,
@@ -154,15 +221,11 @@ impl PendingRun {
                 memory_hit,
                 usage,
             )),
-        };
-        if let Some(health) = &self.health {
-            health.note(result.as_ref().map(|_| ()));
         }
-        result
     }
 }
 
-impl Drop for PendingRun {
+impl Drop for ProcessPending {
     fn drop(&mut self) {
         if let Some(task) = self.info_task.take() {
             task.abort();

@@ -666,11 +666,10 @@ fn resolve_pool(args: &PoolArgs, file: &PoolFile, config: &mut EngineConfig) -> 
             bail!("--warm-pool must be at most {MAX_WARM_POOL}, got `{size}`");
         }
         config.warm_pool = size;
-    } else if config.backend == BackendKind::Docker {
-        // The docker backend has no pre-started containers yet: runs start cold.
-        config.warm_pool = 0;
     }
-    config.fork_server = args.fork_server.or(file.fork_server) != Some(Switch::Off);
+    // The docker backend cannot fork runs: its warm pool is its containers.
+    config.fork_server = args.fork_server.or(file.fork_server) != Some(Switch::Off)
+        && config.backend != BackendKind::Docker;
     Ok(())
 }
 

@@ -18,7 +18,7 @@ use bollard::models::{
     HostConfigLogConfig, Mount, MountType, ResourcesUlimits,
 };
 
-use super::CONTROL_DIR_INSIDE;
+use super::{CONTROL_DIR_INSIDE, REQUEST_FIFO};
 use crate::error::DockerError;
 use crate::native::policy::{HOSTNAME, SystemView};
 use crate::{Policy, SandboxCommand};
@@ -43,6 +43,9 @@ pub(crate) struct ContainerSpec<'a> {
     pub(crate) view: &'a SystemView,
     /// The host directory of the run's control FIFO, when it has a control channel.
     pub(crate) control_dir: Option<&'a Path>,
+    /// A pooled container: its stdin is the request FIFO in `control_dir` (see
+    /// `super::pooled`).
+    pub(crate) request_fifo: bool,
     /// `runsc`, or the engine's default.
     pub(crate) runtime: Option<&'a str>,
     /// The server's label value (see [`super::SERVER_LABEL`]).
@@ -103,8 +106,15 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
         .args
         .iter()
         .map(|a| a.to_string_lossy().into_owned());
+    //    A pooled container's stdin is the request FIFO, opened first (the server holds it
+    //    open for reading and writing, so neither open blocks).
     let script = if spec.control_dir.is_some() {
-        format!("unset HOSTNAME; exec 3>{CONTROL_DIR_INSIDE}/control && exec \"$@\"")
+        let stdin = if spec.request_fifo {
+            format!("0<{CONTROL_DIR_INSIDE}/{REQUEST_FIFO} ")
+        } else {
+            String::new()
+        };
+        format!("unset HOSTNAME; exec {stdin}3>{CONTROL_DIR_INSIDE}/control && exec \"$@\"")
     } else {
         "unset HOSTNAME; exec \"$@\"".to_owned()
     };
@@ -450,6 +460,7 @@ mod tests {
             user: (200_001, 200_001),
             view: &view,
             control_dir: Some(Path::new("/data/scratch/docker-a")),
+            request_fifo: false,
             runtime: None,
             server: "1.1",
         })
@@ -676,6 +687,7 @@ mod tests {
             user: (0, 0),
             view: &view,
             control_dir: None,
+            request_fifo: false,
             runtime: None,
             server: "1.1",
         });

@@ -7,7 +7,8 @@
 //! containers and never lets a run reach it: the socket is not mounted, runs have no network.
 //!
 //! One run, the cold path: create → inspect (the hardening, verified, see [`hardening`]) →
-//! attach → start → wait → inspect (out of memory?) → remove. The container's hardening is
+//! attach → start → wait → inspect (out of memory?) → remove (in the background, once what
+//! the run used is read). The container's hardening is
 //! decided in one place ([`hardening::container_body`]) and checked field by field after the
 //! create: an engine that ignored or changed a field (an older API, a daemon default) fails the
 //! run closed before anything started. Output is read from the attach stream only (the logging
@@ -18,14 +19,20 @@
 //! API; the container is removed (with its anonymous volumes) whatever happens, also when the
 //! run's future is dropped.
 //!
+//! The same first half (`start_container`) makes the warm pool's containers, started ahead
+//! and fed their one request later ([`pooled`]), and a session's long-lived container
+//! ([`live`]); what a run used is read from a cgroup of its own ([`usage`]).
+//!
 //! Installs go through `run` like any command, so the downloader and package code run in
 //! containers too. The seccomp program is the native backend's, as a JSON profile
-//! ([`seccomp`]). Not yet here (see SECURITY.md): pre-started containers (the warm pool) and
-//! long-lived containers (sessions).
+//! ([`seccomp`]).
 
 pub(crate) mod hardening;
 pub(crate) mod image;
+mod live;
+mod pooled;
 pub(crate) mod seccomp;
+mod usage;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -48,6 +55,8 @@ use crate::{
 };
 
 pub use self::image::RunImage;
+pub(crate) use self::live::{LiveContainer, LiveParts};
+pub(crate) use self::pooled::PooledContainer;
 
 /// The Engine API version every request names. An engine older than this refuses the
 /// request instead of silently ignoring fields it does not know (bollard would otherwise
@@ -71,6 +80,8 @@ const REQUEST_TIMEOUT_SECS: u64 = 60;
 pub(crate) const CONTROL_DIR_INSIDE: &str = "/.snakebox-control";
 /// The FIFO's name in it.
 const CONTROL_FIFO: &str = "control";
+/// A pooled container's request FIFO in the same directory (its stdin).
+pub(crate) const REQUEST_FIFO: &str = "request";
 
 /// The engine's socket: `DOCKER_HOST` when it is a `unix://` address, else the default.
 #[must_use]
@@ -99,6 +110,8 @@ struct EngineFacts {
     version: String,
     api_version: String,
     cgroup: String,
+    /// `cgroupfs` or `systemd`.
+    cgroup_driver: String,
     storage_driver: String,
 }
 
@@ -114,6 +127,9 @@ pub(crate) struct DockerBackend {
     runtime: Option<String>,
     /// This server's [`SERVER_LABEL`] value.
     server: String,
+    /// Where each run's cgroup of ours goes (the engine's cgroup driver is `cgroupfs`);
+    /// `None`: what runs use is not measured.
+    usage_root: Option<usage::UsageRoot>,
 }
 
 impl DockerBackend {
@@ -155,6 +171,7 @@ impl DockerBackend {
             image,
             view,
             scratch_root: config.scratch_root.clone(),
+            usage_root: usage::UsageRoot::for_engine(&facts.cgroup_driver),
             facts,
             runtime,
             server: server_identity(),
@@ -258,8 +275,9 @@ impl DockerBackend {
     }
 
     /// A fresh directory for one run's control FIFO, readable and writable by the run's uid
-    /// only through the FIFO (mode 0622 in a 0711 directory of ours).
-    fn control_dir(&self, name: &str) -> Result<ControlDir, SpawnError> {
+    /// only through the FIFO (mode 0622 in a 0711 directory of ours); for a pooled container
+    /// also its request FIFO (0644: the run reads its one request from it).
+    fn control_dir(&self, name: &str, request: bool) -> Result<ControlDir, SpawnError> {
         let dir = self.scratch_root.join(format!("docker-{name}"));
         let path_err = |path: &Path, source| SpawnError::Path {
             path: path.to_path_buf(),
@@ -271,12 +289,19 @@ impl DockerBackend {
         use std::os::unix::fs::PermissionsExt;
         fs_err::set_permissions(&dir, std::fs::Permissions::from_mode(0o711))
             .map_err(|e| path_err(&dir, e))?;
-        let fifo = dir.join(CONTROL_FIFO);
-        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
-            .map_err(|errno| path_err(&fifo, errno.into()))?;
-        // mkfifo's mode is masked by the umask: set it exactly.
-        fs_err::set_permissions(&fifo, std::fs::Permissions::from_mode(0o622))
-            .map_err(|e| path_err(&fifo, e))?;
+        let fifos: &[(&str, u32)] = if request {
+            &[(CONTROL_FIFO, 0o622), (REQUEST_FIFO, 0o644)]
+        } else {
+            &[(CONTROL_FIFO, 0o622)]
+        };
+        for &(name, mode) in fifos {
+            let fifo = dir.join(name);
+            nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))
+                .map_err(|errno| path_err(&fifo, errno.into()))?;
+            // mkfifo's mode is masked by the umask: set it exactly.
+            fs_err::set_permissions(&fifo, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| path_err(&fifo, e))?;
+        }
         Ok(guard)
     }
 
@@ -288,6 +313,20 @@ impl DockerBackend {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<Outcome, SandboxError> {
+        let t0 = Instant::now();
+        let prepared = self.start_container(policy, command, false).await?;
+        prepared.finish(&policy.limits, cancel, output, t0).await
+    }
+
+    /// Create a container for `command`, verify its hardening, attach to its output and
+    /// start it. `pooled`: its stdin is a request FIFO the returned [`Prepared`] holds (the
+    /// warm pool's container, see [`pooled`]).
+    pub(crate) async fn start_container(
+        &self,
+        policy: &Policy,
+        command: &SandboxCommand,
+        pooled: bool,
+    ) -> Result<Prepared, SandboxError> {
         if policy.network {
             return Err(DockerError::Unsupported {
                 reason: "runs have no host network here (network mode `none`); a run with network uses its proxy".into(),
@@ -295,8 +334,9 @@ impl DockerBackend {
             .into());
         }
         let name = format!("snakebox-{}", random_hex());
-        let control = if command.control_channel {
-            Some(self.control_dir(&name)?)
+        // A pooled container needs the control directory for its request FIFO.
+        let control = if command.control_channel || pooled {
+            Some(self.control_dir(&name, pooled)?)
         } else {
             None
         };
@@ -308,10 +348,17 @@ impl DockerBackend {
             user: ids,
             view: &self.view,
             control_dir: control.as_ref().map(|c| c.dir.as_path()),
+            request_fifo: pooled,
             runtime: self.runtime.as_deref(),
             server: &self.server,
         };
-        let body = hardening::container_body(&spec)?;
+        let mut body = hardening::container_body(&spec)?;
+        // What the run used is read from a cgroup of its own above the container's (the
+        // container's is gone when it ends), see [`usage`].
+        let cgroup = self.usage_root.as_ref().map(|root| root.for_run(&name));
+        if let (Some(cgroup), Some(host)) = (&cgroup, body.host_config.as_mut()) {
+            host.cgroup_parent = Some(cgroup.parent());
+        }
         let handle = tokio::runtime::Handle::current();
         let container = Container {
             docker: self.docker.clone(),
@@ -329,66 +376,44 @@ impl DockerBackend {
                 what: "create the container",
                 source,
             })?;
-        // From here on the container is removed, whatever happens: awaited below, or in
-        // the background when this future is dropped (cancellation by the caller).
-        let mut guard = RemoveOnDrop {
+        // From here on the container is removed, whatever happens: by `finish`, or in the
+        // background when this is dropped (cancellation by the caller, a pooled container
+        // never used).
+        let guard = RemoveOnDrop {
             container: container.clone(),
+            cgroup,
             armed: true,
         };
         let created = t0.elapsed();
-        let result = self
-            .run_created(&container, &body, policy, control.as_ref(), cancel, output)
-            .await;
-        let ran = t0.elapsed();
-        container.remove().await;
-        tracing::debug!(
-            container = %name,
-            create_ms = created.as_millis(),
-            run_ms = (ran - created).as_millis(),
-            remove_ms = (t0.elapsed() - ran).as_millis(),
-            "docker run phases"
-        );
-        guard.armed = false;
-        drop(control);
-        result
-    }
-
-    /// The rest of a run once its container exists: verify, attach, start, supervise.
-    async fn run_created(
-        &self,
-        container: &Container,
-        body: &bollard::models::ContainerCreateBody,
-        policy: &Policy,
-        control: Option<&ControlDir>,
-        cancel: CancellationToken,
-        output: Option<UnboundedSender<OutputChunk>>,
-    ) -> Result<Outcome, SandboxError> {
-        let name = container.name.as_str();
         let inspected = self
             .docker
-            .inspect_container(name, None)
+            .inspect_container(&name, None)
             .await
             .map_err(|source| DockerError::Request {
                 what: "inspect the container",
                 source,
             })?;
-        hardening::verify(body, &inspected)?;
-        let verified = Instant::now();
+        verify(&body, &inspected)?;
 
         // Our end of the control FIFO, opened before the container can open its end: read
         // without blocking, and a writer of ours held open until the run is over, so that
         // the reader sees end of file only after the container's writer is gone too.
-        let (control_read, control_hold) = match control {
+        let (control_read, control_hold, request) = match &control {
             Some(dir) => {
                 let (read, hold) = dir.open()?;
-                (Some(read), Some(hold))
+                let request = if pooled {
+                    Some(dir.open_request()?)
+                } else {
+                    None
+                };
+                (Some(read), Some(hold), request)
             }
-            None => (None, None),
+            None => (None, None, None),
         };
         let attach = self
             .docker
             .attach_container(
-                name,
+                &name,
                 Some(
                     bollard::query_parameters::AttachContainerOptionsBuilder::default()
                         .stream(true)
@@ -402,6 +427,8 @@ impl DockerBackend {
                 what: "attach to the container",
                 source,
             })?;
+        // Buffers for what the run prints before it is supervised (a pooled container's
+        // interpreter prints nothing while it waits; a run's output is drained at once).
         let (stdout_r, stdout_w) = tokio::io::simplex(64 * 1024);
         let (stderr_r, stderr_w) = tokio::io::simplex(64 * 1024);
         let pump = AbortOnDrop(tokio::spawn(pump(attach.output, stdout_w, stderr_w)));
@@ -409,60 +436,175 @@ impl DockerBackend {
 
         let started = Instant::now();
         self.docker
-            .start_container(name, None)
+            .start_container(&name, None)
             .await
             .map_err(|source| DockerError::Request {
                 what: "start the container",
                 source,
             })?;
+        let wait = tokio::spawn(wait_exit(self.docker.clone(), name.clone()));
+        tracing::debug!(
+            container = %name,
+            create_ms = created.as_millis(),
+            verify_attach_ms = (started - t0 - created).as_millis(),
+            start_ms = started.elapsed().as_millis(),
+            pooled,
+            "docker container started"
+        );
+        Ok(Prepared {
+            container,
+            body,
+            control,
+            control_read,
+            control_hold,
+            request,
+            stdout: stdout_r,
+            stderr: stderr_r,
+            pump,
+            wait,
+            guard,
+        })
+    }
+}
+
+/// Check the created container against what was asked: every hardening field
+/// ([`hardening::verify`]) and the cgroup the run's usage is read from.
+fn verify(
+    body: &bollard::models::ContainerCreateBody,
+    inspected: &bollard::models::ContainerInspectResponse,
+) -> Result<(), DockerError> {
+    hardening::verify(body, inspected)?;
+    let asked = body
+        .host_config
+        .as_ref()
+        .and_then(|h| h.cgroup_parent.clone())
+        .filter(|p| !p.is_empty());
+    let found = inspected
+        .host_config
+        .as_ref()
+        .and_then(|h| h.cgroup_parent.clone())
+        .filter(|p| !p.is_empty());
+    if asked != found {
+        return Err(DockerError::Hardening {
+            field: "HostConfig.CgroupParent".into(),
+            found: format!("{found:?}"),
+            expected: format!("{asked:?}"),
+        });
+    }
+    Ok(())
+}
+
+/// A container created, verified, attached and started; its command runs (a pooled one
+/// waits for its request). Supervised to its end by [`Prepared::finish`]; removed when
+/// dropped unfinished.
+pub(crate) struct Prepared {
+    container: Container,
+    /// What was asked at create (verified again before a pooled container is used).
+    body: bollard::models::ContainerCreateBody,
+    control: Option<ControlDir>,
+    control_read: Option<OwnedFd>,
+    control_hold: Option<OwnedFd>,
+    /// A pooled container's request FIFO, opened for reading and writing (see [`pooled`]).
+    request: Option<OwnedFd>,
+    stdout: tokio::io::ReadHalf<tokio::io::SimplexStream>,
+    stderr: tokio::io::ReadHalf<tokio::io::SimplexStream>,
+    pump: AbortOnDrop,
+    wait: tokio::task::JoinHandle<std::io::Result<ExitStatus>>,
+    guard: RemoveOnDrop,
+}
+
+impl Prepared {
+    /// Supervise the run to its end (the limits' wall time from `started`), then read what
+    /// it used; the container is removed in the background.
+    async fn finish(
+        mut self,
+        limits: &crate::Limits,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+        started: Instant,
+    ) -> Result<Outcome, SandboxError> {
+        let container = self.container.clone();
+        let name = container.name.clone();
         let teardown = ContainerTeardown {
             container: container.clone(),
-            control_hold: std::sync::Mutex::new(control_hold),
+            control_hold: std::sync::Mutex::new(self.control_hold.take()),
         };
         let child = ContainerChild {
-            wait: Some(tokio::spawn(wait_exit(
-                self.docker.clone(),
-                name.to_owned(),
-            ))),
+            wait: Some(self.wait),
             container: container.clone(),
         };
         let raw = supervise(
             child,
-            Some(stdout_r),
-            Some(stderr_r),
-            control_read,
-            &policy.limits,
+            Some(self.stdout),
+            Some(self.stderr),
+            self.control_read.take(),
+            limits,
             cancel,
             output,
             &teardown,
             started,
         )
         .await;
-        drop(pump);
-        tracing::debug!(
-            container = %name,
-            attach_start_ms = (started - verified).as_millis(),
-            start_to_exit_ms = started.elapsed().as_millis(),
-            "docker run: started and ended"
-        );
-        let memory_hit = match self.docker.inspect_container(name, None).await {
+        drop(self.pump);
+        let ended = Instant::now();
+        let memory_hit = match container.docker.inspect_container(&name, None).await {
             Ok(state) => state.state.and_then(|s| s.oom_killed).unwrap_or(false),
             Err(err) => {
                 tracing::warn!(%err, container = %name, "could not inspect the ended container");
                 false
             }
         };
+        // Every process of the container is dead: the totals of its parent cgroup (ours) are
+        // final, whether or not the engine removed the container's own cgroup yet.
+        let usage = self.guard.cgroup.as_ref().map(usage::RunCgroup::usage);
+        // The removal (the container, then our cgroup) need not hold up the result: the
+        // guard does it in the background; a stopping server sweeps what is left.
+        drop(self.guard);
+        drop(self.control);
+        tracing::debug!(
+            container = %name,
+            run_ms = (ended - started).as_millis(),
+            after_ms = ended.elapsed().as_millis(),
+            "docker run ended"
+        );
         let raw = raw?;
-        // The container's init (docker-init) reports a death by signal N as 128 + N. What the
-        // run used is not read from the engine yet (its stats API): unknown.
+        // The container's init (docker-init) reports a death by signal N as 128 + N.
         Ok(outcome(
             raw,
-            &policy.limits,
+            limits,
             true,
             memory_hit,
-            crate::ResourceUsage::default(),
+            usage.unwrap_or_default(),
         ))
     }
+}
+
+/// Drive `future` to its end on the server's runtime from a synchronous caller (the
+/// backend's `prestart` and `spawn`), blocking the caller: on a thread of its own, which may
+/// block on the runtime whichever thread called (a worker of the runtime hands its other tasks
+/// on meanwhile).
+fn block_on<F>(future: F) -> Result<F::Output, DockerError>
+where
+    F: std::future::Future + Send,
+    F::Output: Send,
+{
+    let handle = tokio::runtime::Handle::try_current().map_err(|_| DockerError::Unsupported {
+        reason: "a container started ahead needs the server's runtime".into(),
+    })?;
+    if handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::CurrentThread {
+        // Its one thread would wait for itself.
+        return Err(DockerError::Unsupported {
+            reason: "a container started ahead needs a multi-threaded runtime".into(),
+        });
+    }
+    let run = || {
+        std::thread::scope(|scope| scope.spawn(|| handle.block_on(future)).join()).map_err(|_| {
+            DockerError::Unsupported {
+                reason: "starting a container panicked".into(),
+            }
+        })
+    };
+    tokio::task::block_in_place(run)
 }
 
 /// Aborts a task when dropped.
@@ -516,6 +658,11 @@ async fn probe(
                 .map(|d| d.to_string())
                 .unwrap_or_else(|| "?".into())
         ),
+        cgroup_driver: info
+            .cgroup_driver
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
         storage_driver: info.driver.unwrap_or_default(),
     })
 }
@@ -579,6 +726,19 @@ async fn remove_orphans(docker: &Docker) {
             remove(docker, &id).await;
         }
     }
+    // Then the cgroups their usage was read from (see [`usage`]).
+    usage::remove_orphans(|owner| {
+        let mut parts = owner.split('.');
+        let (Some(ns), Some(pid)) = (parts.next(), parts.next()) else {
+            return false;
+        };
+        ns.parse::<u64>().ok() == Some(namespace)
+            && pid
+                .parse::<u32>()
+                .ok()
+                .and_then(process_identity)
+                .is_none_or(|now| now != owner)
+    });
 }
 
 /// Remove every container this server made (at shutdown). Blocking, bounded.
@@ -718,17 +878,22 @@ async fn remove(docker: &Docker, name: &str) {
         .v(true)
         .build();
     match docker.remove_container(name, Some(options)).await {
+        // 404: gone already; 409: its removal is under way (the pool's discard and the
+        // shutdown's sweep may meet).
         Ok(())
         | Err(bollard::errors::Error::DockerResponseServerError {
-            status_code: 404, ..
+            status_code: 404 | 409,
+            ..
         }) => {}
         Err(err) => tracing::warn!(%err, container = %name, "could not remove a container"),
     }
 }
 
-/// Removes the container if the run's future is dropped before the run removed it.
+/// Removes the container (then its usage cgroup) if the run's future is dropped before the
+/// run removed it.
 struct RemoveOnDrop {
     container: Container,
+    cgroup: Option<usage::RunCgroup>,
     armed: bool,
 }
 
@@ -736,9 +901,13 @@ impl Drop for RemoveOnDrop {
     fn drop(&mut self) {
         if self.armed {
             let (docker, name) = (self.container.docker.clone(), self.container.name.clone());
-            self.container
-                .handle
-                .spawn(async move { remove(&docker, &name).await });
+            let cgroup = self.cgroup.take();
+            self.container.handle.spawn(async move {
+                remove(&docker, &name).await;
+                if let Some(cgroup) = cgroup {
+                    cgroup.remove();
+                }
+            });
         }
     }
 }
@@ -817,10 +986,28 @@ impl ControlDir {
         .map_err(err)?;
         Ok((read, hold))
     }
+
+    /// The request FIFO, opened for reading and writing (without blocking): the container
+    /// opens its reading end at start without waiting for a writer, and reads the request
+    /// once we write it.
+    fn open_request(&self) -> Result<OwnedFd, SpawnError> {
+        use nix::fcntl::{OFlag, open};
+        use nix::sys::stat::Mode;
+        open(
+            &self.dir.join(REQUEST_FIFO),
+            OFlag::O_RDWR | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|errno| SpawnError::Descriptor {
+            what: "request channel",
+            source: errno.into(),
+        })
+    }
 }
 
 impl Drop for ControlDir {
     fn drop(&mut self) {
+        let _ = fs_err::remove_file(self.dir.join(REQUEST_FIFO));
         let _ = fs_err::remove_file(self.dir.join(CONTROL_FIFO));
         let _ = fs_err::remove_dir(&self.dir);
     }
@@ -855,7 +1042,11 @@ impl crate::backend::Backend for DockerBackend {
                 ),
                 "each container verified after create: non-root uid, network none, read-only root, all capabilities dropped, no-new-privileges, our seccomp profile, limits, logging driver none".into(),
                 seccomp::summary(),
-                "one fresh container per run, installs included (no warm pool or sessions yet)".into(),
+                                "one fresh container per run, installs included; with the warm pool, containers started ahead, each used for one run; one long-lived container per session interpreter".into(),
+                match &self.usage_root {
+                    Some(_) => "resource use (peak memory, CPU time) read from a parent cgroup of each container's own (cgroupfs driver)".into(),
+                    None => "resource use not measured (the engine's cgroup driver is not cgroupfs)".into(),
+                },
             ]
             .into_iter()
             .chain(self.gvisor_details())
@@ -874,35 +1065,38 @@ impl crate::backend::Backend for DockerBackend {
         Box::pin(self.run_container(policy, command, cancel, output))
     }
 
+    /// A session's interpreter: one long-lived container (see [`live`]). Blocks until it
+    /// runs, like `prestart`.
     fn spawn(
         &self,
-        _policy: &Policy,
-        _command: &SandboxCommand,
+        policy: &Policy,
+        command: &SandboxCommand,
     ) -> Result<crate::LiveSandbox, SandboxError> {
-        Err(DockerError::Unsupported {
-            reason: "sessions (long-lived containers) are not implemented yet".into(),
-        }
-        .into())
+        let parts = live::spawn(self, policy, command)?;
+        crate::LiveSandbox::container(parts, &policy.limits)
     }
 
+    /// Create and start a container ahead of its request (see [`pooled`]). Blocks until it
+    /// runs; needs a multi-threaded runtime (the requests run on it meanwhile).
     fn prestart(
         &self,
-        _policy: &Policy,
-        _command: &SandboxCommand,
+        policy: &Policy,
+        command: &SandboxCommand,
     ) -> Result<crate::PendingRun, SandboxError> {
-        Err(DockerError::Unsupported {
-            reason: "pre-started containers (the warm pool) are not implemented yet".into(),
-        }
-        .into())
+        pooled::prestart(self, policy, command).map(crate::PendingRun::container)
     }
 
     fn host_ids(&self, identity: Identity) -> Option<(u32, u32)> {
         Some(host_ids(identity))
     }
 
-    /// At shutdown: remove whatever containers of this server are left.
+    /// At shutdown: remove whatever containers of this server are left, then the cgroups
+    /// their usage was read from.
     fn remove_own_cgroups(&self) {
         remove_own_containers(&self.socket);
+        if let Some(root) = &self.usage_root {
+            root.remove_all();
+        }
     }
 
     fn path_inside(&self, _host: &Path, dest: &Path) -> PathBuf {

@@ -1,0 +1,210 @@
+//! A session's interpreter as one long-lived container.
+//!
+//! Why: a session keeps its variables between calls, so its interpreter must outlive a call;
+//! in the docker backend that is a container, made exactly like a one-shot run's
+//! ([`super::DockerBackend::start_container`]: the same body, verified by inspecting it after
+//! create), whose stdin is the request FIFO of a pooled container, held open by the server for
+//! the container's whole life. The conversation is [`crate::LiveSandbox`]'s: a request line on
+//! stdin, the answer on the control FIFO, output from the attach stream up to the request's
+//! marker. Killing it (a timeout, a cancel, the session closed, reset or expired, the server
+//! stopping) goes through the engine's API, and the container is removed with whatever it
+//! held; the workspace is the session's directory on the host, bound in.
+
+use std::os::fd::OwnedFd;
+use std::process::ExitStatus;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::FutureExt;
+
+use super::{AbortOnDrop, Container, ControlDir, DockerBackend, Prepared, usage::RunCgroup};
+use crate::error::{DockerError, SandboxError};
+use crate::live::Reader;
+use crate::supervise::Teardown;
+use crate::{Policy, SandboxCommand};
+
+/// What [`crate::LiveSandbox::container`] is made of.
+pub(crate) struct LiveParts {
+    pub(crate) child: LiveContainer,
+    pub(crate) teardown: Arc<dyn Teardown>,
+    /// The request FIFO, open for reading and writing.
+    pub(crate) requests: OwnedFd,
+    pub(crate) control: OwnedFd,
+    pub(crate) stdout: Reader,
+    pub(crate) stderr: Reader,
+}
+
+/// Start a session's container (blocking, like [`super::pooled::prestart`]).
+pub(crate) fn spawn(
+    backend: &DockerBackend,
+    policy: &Policy,
+    command: &SandboxCommand,
+) -> Result<LiveParts, SandboxError> {
+    if !command.control_channel {
+        return Err(DockerError::Unsupported {
+            reason: "a long-lived container answers on its control channel".into(),
+        }
+        .into());
+    }
+    let prepared = super::block_on(backend.start_container(policy, command, true))??;
+    into_parts(prepared)
+}
+
+fn into_parts(mut prepared: Prepared) -> Result<LiveParts, SandboxError> {
+    // A container started with `pooled` has both FIFOs (dropping `prepared` removes it).
+    let (Some(requests), Some(control)) = (prepared.request.take(), prepared.control_read.take())
+    else {
+        return Err(DockerError::Unsupported {
+            reason: "the session's container has no request or control channel".into(),
+        }
+        .into());
+    };
+    // The guard's removal becomes the teardown's `release`.
+    prepared.guard.armed = false;
+    let oom = Arc::new(AtomicBool::new(false));
+    let container = prepared.container.clone();
+    let wait = {
+        let (oom, container, wait) = (Arc::clone(&oom), container.clone(), prepared.wait);
+        // The container's end, then whether the kernel killed it for memory (read before
+        // anything removes it).
+        prepared.container.handle.spawn(async move {
+            let status = wait.await.map_err(std::io::Error::other)?;
+            if let Ok(state) = container
+                .docker
+                .inspect_container(&container.name, None)
+                .await
+                && state.state.and_then(|s| s.oom_killed) == Some(true)
+            {
+                oom.store(true, Ordering::SeqCst);
+            }
+            status
+        })
+    };
+    let teardown = Arc::new(LiveTeardown {
+        container: container.clone(),
+        oom,
+        held: Mutex::new(Some(Held {
+            control_hold: prepared.control_hold.take(),
+            control: prepared.control.take(),
+            cgroup: prepared.guard.cgroup.take(),
+        })),
+    });
+    Ok(LiveParts {
+        child: LiveContainer {
+            container,
+            wait: Some(wait),
+            status: None,
+            _pump: prepared.pump,
+        },
+        teardown,
+        requests,
+        control,
+        stdout: Box::new(prepared.stdout),
+        stderr: Box::new(prepared.stderr),
+    })
+}
+
+/// The session container as the live sandbox's child.
+pub(crate) struct LiveContainer {
+    container: Container,
+    wait: Option<tokio::task::JoinHandle<std::io::Result<ExitStatus>>>,
+    status: Option<ExitStatus>,
+    /// Copies the attach stream into the sandbox's readers while it lives.
+    _pump: AbortOnDrop,
+}
+
+impl LiveContainer {
+    pub(crate) fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+        if let Some(status) = self.status {
+            return Ok(Some(status));
+        }
+        let Some(task) = self.wait.as_mut() else {
+            return Err(std::io::Error::other(
+                "the container's end was already read",
+            ));
+        };
+        match task.now_or_never() {
+            None => Ok(None),
+            Some(result) => {
+                self.wait = None;
+                let status = result.map_err(std::io::Error::other)??;
+                self.status = Some(status);
+                Ok(Some(status))
+            }
+        }
+    }
+
+    pub(crate) fn start_kill(&mut self) {
+        self.container.kill();
+    }
+
+    pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
+        if let Some(status) = self.status {
+            return Ok(status);
+        }
+        let Some(task) = self.wait.as_mut() else {
+            return Err(std::io::Error::other(
+                "the container's end was already read",
+            ));
+        };
+        let result = task.await;
+        self.wait = None;
+        let status = result.map_err(std::io::Error::other)??;
+        self.status = Some(status);
+        Ok(status)
+    }
+}
+
+/// What the container holds on the host until it is released.
+struct Held {
+    /// Our writer of the control FIFO: dropped once the container is dead, so that the reader
+    /// sees end of file.
+    control_hold: Option<OwnedFd>,
+    control: Option<ControlDir>,
+    cgroup: Option<RunCgroup>,
+}
+
+struct LiveTeardown {
+    container: Container,
+    oom: Arc<AtomicBool>,
+    held: Mutex<Option<Held>>,
+}
+
+impl Teardown for LiveTeardown {
+    fn kill_all(&self) {
+        self.container.kill();
+        if let Some(held) = self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+        {
+            held.control_hold = None;
+        }
+    }
+
+    fn memory_exceeded(&self) -> bool {
+        self.oom.load(Ordering::SeqCst)
+    }
+
+    /// Remove the container (killing it if it still runs), then its cgroup and control
+    /// directory. In the background: it is called where nothing may wait.
+    fn release(&self) {
+        let Some(held) = self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        else {
+            return;
+        };
+        let container = self.container.clone();
+        self.container.handle.spawn(async move {
+            container.remove().await;
+            if let Some(cgroup) = held.cgroup {
+                cgroup.remove();
+            }
+            drop(held.control);
+        });
+    }
+}

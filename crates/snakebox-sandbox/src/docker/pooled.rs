@@ -1,0 +1,125 @@
+//! Containers started ahead of their request: the warm pool of the docker backend.
+//!
+//! Why: most of a cold run's time is the engine's (create, start, the runtime's setup) and
+//! the interpreter's start, not the caller's code. A pooled container is made exactly like a
+//! cold run's ([`super::DockerBackend::start_container`], the same body, verified by
+//! inspecting it), started, and its command (the runner, interpreter up, own modules
+//! imported) blocks reading its one request from its stdin: a FIFO in the run's own control
+//! directory on the host, which only the server writes (the container has no stdin from the
+//! engine, no network, and no other container sees that directory).
+//!
+//! When a call takes it, the container is inspected again (still running, every hardening
+//! field still as asked), the request is written and our end of the FIFO closed, and the run
+//! is supervised exactly like a cold one from then on (the wall-time limit counts from the
+//! request). It serves that one run and is removed; one never used is removed when dropped
+//! or discarded (at shutdown with the pool).
+
+use std::os::fd::OwnedFd;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
+
+use super::{DockerBackend, Prepared, verify};
+use crate::error::{DockerError, SandboxError};
+use crate::{Limits, Outcome, OutputChunk, Policy, SandboxCommand};
+
+/// A started container waiting for its request; see the module documentation.
+pub(crate) struct PooledContainer {
+    prepared: Prepared,
+    limits: Limits,
+    created: Instant,
+}
+
+/// Create and start a pooled container. Blocks the calling thread until it runs (the
+/// engine's requests are driven by the server's runtime meanwhile, on another thread).
+pub(crate) fn prestart(
+    backend: &DockerBackend,
+    policy: &Policy,
+    command: &SandboxCommand,
+) -> Result<PooledContainer, SandboxError> {
+    let created = Instant::now();
+    let prepared = super::block_on(backend.start_container(policy, command, true))??;
+    Ok(PooledContainer {
+        prepared,
+        limits: policy.limits.clone(),
+        created,
+    })
+}
+
+impl PooledContainer {
+    pub(crate) fn name(&self) -> &str {
+        &self.prepared.container.name
+    }
+
+    pub(crate) fn age(&self) -> Duration {
+        self.created.elapsed()
+    }
+
+    /// Whether its command still runs (it did not exit, or get killed, while it waited).
+    pub(crate) fn is_alive(&self) -> bool {
+        !self.prepared.wait.is_finished()
+    }
+
+    /// Remove it unused and wait until it is gone.
+    pub(crate) async fn discard(mut self) {
+        self.prepared.container.remove().await;
+        if let Some(cgroup) = self.prepared.guard.cgroup.take() {
+            cgroup.remove();
+        }
+        self.prepared.guard.armed = false;
+    }
+
+    /// Check it again, send `request`, and supervise the run to its end (see the module
+    /// documentation).
+    pub(crate) async fn run(
+        mut self,
+        request: &[u8],
+        wall_time: Duration,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<Outcome, SandboxError> {
+        let container = self.prepared.container.clone();
+        let inspected = container
+            .docker
+            .inspect_container(&container.name, None)
+            .await
+            .map_err(|source| DockerError::Request {
+                what: "inspect the pre-started container",
+                source,
+            })?;
+        verify(&self.prepared.body, &inspected)?;
+        let running = inspected.state.as_ref().and_then(|s| s.running) == Some(true);
+        if !running {
+            return Err(DockerError::Unsupported {
+                reason: "the pre-started container is no longer running".into(),
+            }
+            .into());
+        }
+        let started = Instant::now();
+        if let Some(fd) = self.prepared.request.take() {
+            send(fd, request);
+        }
+        let mut limits = self.limits.clone();
+        limits.wall_time = wall_time;
+        self.prepared.finish(&limits, cancel, output, started).await
+    }
+}
+
+/// Write the request into the FIFO and close our end (a request is a few bytes: far less
+/// than a pipe holds, so the write does not wait). A container that died makes supervision
+/// see its end.
+fn send(fd: OwnedFd, request: &[u8]) {
+    let mut left = request;
+    while !left.is_empty() {
+        match nix::unistd::write(&fd, left) {
+            Ok(n) => left = &left[n..],
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(err) => {
+                tracing::debug!(%err, "could not send the request to a pre-started container");
+                break;
+            }
+        }
+    }
+    drop(fd);
+}
