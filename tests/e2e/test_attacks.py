@@ -983,7 +983,6 @@ def kill_server(data_dir: Path) -> None:
         time.sleep(0.05)
 
 
-@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
 async def test_F07_session_workspace_symlink_ambush(snakebox_bin, canaries, tmp_path):
     """F-07, persistent workspace: links planted by session code in /work never steer the file
     tools, input files, a server restart, `reset_session` or `delete_session` outside it."""
@@ -2711,7 +2710,7 @@ report(res=res, shm=[shm, e1], msg=[msg, e2], found=found, procs=procs, mqueue=o
 """
 
 
-@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
+@docker_ci
 async def test_J05_U03_sessions_cannot_reach_each_other_or_the_host(snakebox_bin, data_dir, canaries):
     """J-05 and U-03 between two live sessions: A holds loopback and abstract listeners, SysV and
     POSIX IPC objects, files in /tmp, /dev/shm and /work and a background process; B, while A's
@@ -2764,7 +2763,6 @@ async def test_J05_U03_sessions_cannot_reach_each_other_or_the_host(snakebox_bin
     assert libc.shmget(key, 0, 0) == -1
 
 
-@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
 async def test_J04_session_cell_ignoring_signals_is_stopped_at_its_timeout(snakebox_bin, data_dir, canaries):
     """J-04 in a session: a cell that ignores SIGINT/SIGTERM and spins in C (catastrophic regex)
     and in Python is stopped at T+1 s; no process is left (marker scan); the next call reports a
@@ -2794,7 +2792,6 @@ async def test_J04_session_cell_ignoring_signals_is_stopped_at_its_timeout(snake
         await alive(client)
 
 
-@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
 async def test_J01_J02_session_pipes_and_control_plane(snakebox_bin, data_dir, canaries):
     """J-01/J-02 in a session: nothing listens on the session's loopback, no connection or
     kernel file is visible, fd 3 is closed and stdin reads end of file inside a cell, so garbage
@@ -2871,7 +2868,7 @@ def pipe_fds(mode):
 """
 
 
-@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
+@native_only("the probe reads the native session's descriptors (a hidden request pipe, the control pipe); a docker session takes its requests on a FIFO of its control directory, and the docker form of this probe is not written yet")
 async def test_J02_a_session_cell_never_sees_another_sessions_request(snakebox_bin, data_dir, canaries):
     """A cell of session A that reads its own (hidden) request pipe in the background, while
     session B is called, reads nothing: requests travel on per-interpreter pipes."""
@@ -2905,7 +2902,7 @@ async def test_J02_a_session_cell_never_sees_another_sessions_request(snakebox_b
             await call(client, "delete_session", session_id=s)
 
 
-@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
+@native_only("the probe reads the native session's descriptors (a hidden request pipe, the control pipe); a docker session takes its requests on a FIFO of its control directory, and the docker form of this probe is not written yet")
 async def test_J02_a_forged_record_on_the_session_control_pipe_cannot_change_the_status(snakebox_bin, data_dir, canaries):
     """I-08 for sessions: the runner's control pipe is moved to a high descriptor before user code
     runs, but the cell can still find it in /proc/self/fd. A record forged there must not turn a
@@ -2927,7 +2924,7 @@ async def test_J02_a_forged_record_on_the_session_control_pipe_cannot_change_the
     assert run.data["status"] == "error" and run.data["exit_code"] == 9, run.describe()
 
 
-@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
+@docker_ci
 async def test_I01_session_environment_and_pid1_carry_no_server_secrets(snakebox_bin, data_dir, canaries):
     """I-01..I-03 in a session: the interpreter's environment, /proc/1/environ and every visible
     process's environ and cmdline hold no server secret; run_command's shell neither."""
