@@ -146,6 +146,15 @@ enum Op {
         output: Option<String>,
         events: Vec<crate::SecurityEvent>,
         usage: crate::ResourceUse,
+        profile: Option<String>,
+    },
+    /// A call of a tool that runs no code (`check_environment`, `list_sessions`, ...): one
+    /// audit line, no row.
+    Call {
+        id: String,
+        tenant: String,
+        tool: String,
+        status: String,
     },
 }
 
@@ -313,6 +322,7 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<()> {
                 ],
             )?;
         }
+        Op::Call { .. } => {}
     }
     Ok(())
 }
@@ -363,6 +373,7 @@ fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
             python_version,
             events,
             usage,
+            profile,
             ..
         } => {
             let who = pending.remove(id);
@@ -384,9 +395,25 @@ fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
                 resource_usage: Some(*usage)
                     .filter(|usage| *usage != crate::ResourceUse::default()),
                 events: events.clone(),
+                profile: profile.clone(),
                 ..AuditEntry::default()
             }
         }
+        Op::Call {
+            id,
+            tenant,
+            tool,
+            status,
+        } => AuditEntry {
+            at_ms: now_ms(),
+            phase: "call".into(),
+            execution_id: id.clone(),
+            tenant: tenant.clone(),
+            kind: "tool".into(),
+            tool: Some(tool.clone()),
+            status: Some(status.clone()),
+            ..AuditEntry::default()
+        },
     }
 }
 
@@ -524,6 +551,17 @@ impl History {
                 .filter(|json| json.len() <= MAX_OUTPUT_BYTES),
             events: result.events.clone(),
             usage: result.resource_usage,
+            profile: result.profile.clone(),
+        });
+    }
+
+    /// Record a call of a tool that runs no code: an audit line (when, tenant, tool, status).
+    pub(crate) fn tool_call(&self, caller: &Caller, tool: &str, status: &str) {
+        self.send(Op::Call {
+            id: crate::ids::execution_id(),
+            tenant: caller.id().to_owned(),
+            tool: tool.to_owned(),
+            status: status.to_owned(),
         });
     }
 

@@ -121,6 +121,8 @@ fn request(script: &str) -> ExecuteRequest {
         network: None,
         allowed_domains: vec![],
         allowed_imports: None,
+        profile: None,
+        memory_limit_bytes: None,
     }
 }
 

@@ -550,6 +550,21 @@ impl Engine {
                 hint: Some("use a short label such as \"sales-analysis\"".into()),
             });
         }
+        // Sessions are not held to profiles yet: a default profile that decides more than the
+        // server's own settings would not hold in a session, so none is made (fail closed).
+        let profile = self.config.profiles.for_caller(caller, None)?;
+        if !profile.adds_nothing() {
+            return Err(EngineError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "Sessions cannot be held to this server's default profile `{}` yet",
+                    profile.name
+                ),
+            )
+            .with_hint(
+                "run one-shot (execute_python without session_id), which the profile holds; or the operator makes `standard` the default profile (--profile standard)",
+            ));
+        }
         // The one-shot rule: the server's policy unless the caller declines or narrows it;
         // fixed for the session's life.
         let names = self.network_for(request.network, &request.allowed_domains, "session")?;
