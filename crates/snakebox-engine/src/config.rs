@@ -106,6 +106,9 @@ pub struct EngineConfig {
     pub install_timeout: Duration,
     /// The profiles offered and the default one ([`crate::Profiles`]).
     pub profiles: crate::Profiles,
+    /// Whether the MCP face also serves the compatibility tool set of IBM's python sandbox
+    /// server (`execute_code`, `validate_code`, `get_sandbox_info`; `--compat-tools`).
+    pub compat_tools: bool,
 }
 
 impl EngineConfig {
@@ -147,6 +150,7 @@ impl EngineConfig {
             allow_sdist_builds: false,
             install_timeout: snakebox_env::DEFAULT_INSTALL_TIMEOUT,
             profiles: crate::Profiles::default(),
+            compat_tools: false,
         }
     }
 }

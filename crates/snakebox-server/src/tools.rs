@@ -169,11 +169,12 @@ impl SnakeboxServer {
     /// A server over this engine whose calls are all `caller`'s.
     #[must_use]
     pub fn for_caller(engine: Arc<Engine>, caller: Caller) -> Self {
+        let tool_router = Self::tools_for(&engine);
         Self {
             engine,
             caller: Some(caller),
             downloads: None,
-            tool_router: Self::all_tools(),
+            tool_router,
             fixtures: false,
         }
     }
@@ -191,11 +192,12 @@ impl SnakeboxServer {
     /// anyone's.
     #[must_use]
     pub fn per_request(engine: Arc<Engine>) -> Self {
+        let tool_router = Self::tools_for(&engine);
         Self {
             engine,
             caller: None,
             downloads: None,
-            tool_router: Self::all_tools(),
+            tool_router,
             fixtures: false,
         }
     }
@@ -204,6 +206,23 @@ impl SnakeboxServer {
     /// ([`crate::schemas`]).
     pub(crate) fn all_tools() -> ToolRouter<Self> {
         let mut tools = Self::tool_router() + Self::session_router();
+        crate::schemas::make_plain(&mut tools);
+        tools
+    }
+
+    /// The tools this engine's server offers: snakebox's, and the compatibility tool set
+    /// ([`crate::compat`]) when the operator turned it on.
+    fn tools_for(engine: &Engine) -> ToolRouter<Self> {
+        if engine.config().compat_tools {
+            Self::all_tools_with_compat()
+        } else {
+            Self::all_tools()
+        }
+    }
+
+    /// Every tool of snakebox and the compatibility tool set, with plain schemas.
+    pub(crate) fn all_tools_with_compat() -> ToolRouter<Self> {
+        let mut tools = Self::tool_router() + Self::session_router() + Self::compat_router();
         crate::schemas::make_plain(&mut tools);
         tools
     }
@@ -748,8 +767,8 @@ mod description_tests {
     /// examples (first) are never lost.
     #[test]
     fn every_tool_description_fits_the_shortest_client_limit() {
-        let tools = SnakeboxServer::all_tools().list_all();
-        assert!(tools.len() >= 13);
+        let tools = SnakeboxServer::all_tools_with_compat().list_all();
+        assert!(tools.len() >= 16);
         for tool in tools {
             let length = tool.description.as_deref().map_or(0, |d| d.chars().count());
             assert!(

@@ -282,6 +282,10 @@ pub struct ServerArgs {
     /// [default: standard].
     #[arg(long, env = "SNAKEBOX_PROFILE", value_name = "NAME")]
     pub profile: Option<String>,
+    /// Also serve the tool set of IBM's python sandbox server (`execute_code`,
+    /// `validate_code`, `get_sandbox_info`) for clients written for it.
+    #[arg(long, env = "SNAKEBOX_COMPAT_TOOLS")]
+    pub compat_tools: bool,
 }
 
 /// Interpreters and the installer (`[python]`).

@@ -108,6 +108,7 @@ const FLAT_KEYS: &[FlatKey] = &[
 /// have no flat form): `(section, key)`.
 const SECTION_KEYS: &[(&str, &str)] = &[
     ("server", "profile"),
+    ("server", "compat_tools"),
     ("http", "addr"),
     ("http", "public_url"),
     ("http", "allowed_hosts"),
@@ -210,6 +211,7 @@ struct HttpFile {
 #[serde(deny_unknown_fields)]
 struct ServerFile {
     profile: Option<String>,
+    compat_tools: Option<bool>,
     data_dir: Option<PathBuf>,
     max_concurrent_runs: Option<usize>,
     max_frame_bytes: Option<SizeOrNumber>,
@@ -597,6 +599,7 @@ fn resolve_server(
     file: ServerFile,
     config: &mut EngineConfig,
 ) -> anyhow::Result<()> {
+    config.compat_tools = args.compat_tools || file.compat_tools.unwrap_or(false);
     if let Some(profile) = file.profile {
         // Checked against the profiles once `[profiles]` is read.
         config.profiles.default = profile;
