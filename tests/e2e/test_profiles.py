@@ -185,3 +185,34 @@ def test_a_bad_profile_setting_is_refused_with_a_hint(snakebox_bin, tmp_path):
         done = subprocess.run([str(snakebox_bin), "check", "--config", str(config), "--data-dir", str(tmp_path / "d")],
                               capture_output=True, text=True, timeout=60)
         assert done.returncode != 0 and expected in done.stderr, (text, done.stderr)
+
+
+def test_over_http_a_tenant_names_only_the_profiles_the_operator_allowed_it(snakebox_bin, tmp_path):
+    from http_support import http_server, make_key
+    from test_ui import call_tool
+
+    data = tmp_path / "data"
+    config = tmp_path / "snakebox.toml"
+    config.write_text(CONFIG + '\n[server]\nprofile = "basic"\n')
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    with http_server(snakebox_bin, data, "--config", str(config), "--network", "allow:allowed.test") as (_proc, url):
+        # The server's default profile is every tenant's.
+        default = call_tool(url, key_b, "execute_python", {"script": "print(1)"})
+        assert default["status"] == "ok" and default["profile"] == "basic", default
+        # `web` is team-a's alone; nobody else may name it, nor a built-in left unlisted.
+        mine = call_tool(url, key_a, "execute_python", {"script": "print(2)", "profile": "web"})
+        assert mine["status"] == "ok" and mine["profile"] == "web", mine
+        theirs = call_tool(url, key_b, "execute_python", {"script": "print(3)", "profile": "web"})
+        assert theirs["status"] == "invalid_request" and theirs["stdout"] == "", theirs
+        assert "not allowed for tenant `team-b`" in theirs["error"]["message"]
+        assert "[profiles.web] tenants" in theirs["error"]["hint"]
+        assert [e["kind"] for e in theirs["events"]] == ["policy_refused"]
+        report = call_tool(url, key_b, "check_environment", {})
+        available = {p["name"]: p["available"] for p in report["profiles"]}
+        assert available["basic"] and not available["web"] and not available["standard"], available
+    finished = {line["execution_id"]: line for line in audit_lines(data) if line["phase"] == "finished"}
+    assert finished[theirs["execution_id"]]["tenant"] == "team-b"
+    assert finished[theirs["execution_id"]]["events"][0]["kind"] == "policy_refused"
+    calls = [line for line in audit_lines(data) if line["phase"] == "call"]
+    assert [(c["tool"], c["tenant"]) for c in calls] == [("check_environment", "team-b")], calls
