@@ -216,3 +216,50 @@ def test_over_http_a_tenant_names_only_the_profiles_the_operator_allowed_it(snak
     assert finished[theirs["execution_id"]]["events"][0]["kind"] == "policy_refused"
     calls = [line for line in audit_lines(data) if line["phase"] == "call"]
     assert [(c["tool"], c["tenant"]) for c in calls] == [("check_environment", "team-b")], calls
+
+
+PTH_PACKAGE = "snakebox-probe-exec"
+PTH_MODULE = "snakebox_probe_exec"
+# Runs from the package's `.pth` line when an interpreter of its environment starts: tries to
+# start a program and keeps what happened, for the script to print.
+PTH_PROBE = r'''
+import os
+try:
+    pid = os.posix_spawn("/bin/true", ["/bin/true"], {})
+    FOUND = "spawned %d" % os.waitpid(pid, 0)[1]
+except OSError as err:
+    FOUND = "refused %d" % err.errno
+'''
+
+
+@pytest.fixture
+def exec_probe_index(tmp_path_factory: pytest.TempPathFactory):
+    from test_caller_code import SimpleIndex, pack_wheel
+
+    wheel = pack_wheel(tmp_path_factory.mktemp("wheel"), PTH_PACKAGE, {
+        f"{PTH_MODULE}/__init__.py": PTH_PROBE.encode(),
+        f"{PTH_MODULE}.pth": f"import {PTH_MODULE}\n".encode(),
+    })
+    index = SimpleIndex(wheel, PTH_PACKAGE)
+    try:
+        yield {"UV_INDEX_URL": index.url}
+    finally:
+        index.close()
+
+
+async def test_a_dependencys_start_up_code_runs_under_the_exec_deny_on_a_cold_start(snakebox_bin, tmp_path, exec_probe_index):
+    """Cold runs start Python without `site` and run it after the exec-deny program is loaded:
+    a `.pth` line of the environment that starts a program at interpreter start is refused too
+    (and the same environment's `.pth` under `standard` starts it: the probe ran)."""
+    config = tmp_path / "snakebox.toml"
+    config.write_text(CONFIG)
+    script = f"import {PTH_MODULE}, sys\nprint({PTH_MODULE}.FOUND, sys.flags.no_site)\n"
+    async with connect(snakebox_bin, tmp_path / "data", "legacy", "--config", str(config), "--fork-server", "off",
+                       "--warm-pool", "0", env=exec_probe_index) as client:
+        free, _, _ = await call(client, "execute_python", script=script, dependencies=[f"{PTH_PACKAGE}==1.0"],
+                                timeout_seconds=120)
+        assert free["status"] == "ok" and free["stdout"] == "spawned 0 0\n", free
+        denied, _, _ = await call(client, "execute_python", script=script, dependencies=[f"{PTH_PACKAGE}==1.0"],
+                                  profile="offline_tools")
+        assert denied["status"] == "ok" and denied["stdout"] == "refused 1 1\n", denied
+        assert [e["kind"] for e in denied["events"]] == ["exec_blocked"], denied["events"]
