@@ -1320,6 +1320,40 @@ mod tests {
             default_timeout = 10
         "#} => |config| config.max_timeout == Duration::from_secs(120)
             && config.default_timeout == Duration::from_secs(10),
+        builtin_profiles_and_the_standard_default: "" => |config| config.profiles.default == "standard"
+            && config.profiles.names() == ["basic", "data_science", "filesystem", "network", "standard"]
+            && !config.compat_tools,
+        a_profile_of_the_operators: indoc! {r#"
+            [server]
+            profile = "web"
+            compat_tools = true
+            [profiles.web]
+            network = ["API.example.com."]
+            subprocesses = false
+            memory = "512MiB"
+            timeout = 20
+            packages = ["httpx"]
+            tenants = ["team-a"]
+        "#} => |config| {
+            let web = &config.profiles.all["web"];
+            config.profiles.default == "web"
+                && config.compat_tools
+                && web.network == snakebox_engine::ProfileNetwork::Allow(vec!["api.example.com".into()])
+                && !web.subprocesses
+                && web.writable_work
+                && web.limits.memory_bytes == Some(512 << 20)
+                && web.limits.timeout_seconds == Some(20)
+                && web.packages == Some(vec!["httpx".into()])
+                && web.allowed_imports.is_none()
+                && web.tenants == ["team-a"]
+        },
+        a_builtin_changed_key_by_key: "[profiles.basic]
+tenants = [\"*\"]
+network = \"off\"
+" => |config| {
+            let basic = &config.profiles.all["basic"];
+            basic.tenants == ["*"] && !basic.subprocesses && basic.allowed_imports.as_ref().is_some_and(|m| m.contains(&"math".to_owned()))
+        },
     }
 
     refused! {
@@ -1349,6 +1383,11 @@ mod tests {
         tenant_key_typo: "[tenants]\nmax_session = 2\n" => ["unknown key `max_session` in `[tenants]`", "did you mean `max_sessions`?"],
         frame_limit_too_small: "[server]\nmax_frame_bytes = \"1K\"\n" => ["--max-frame-bytes must be between 64KiB and 1GiB", "hint"],
         frame_limit_not_a_size: "[server]\nmax_frame_bytes = \"big\"\n" => ["--max-frame-bytes", "hint"],
+        unknown_default_profile: "[server]\nprofile = \"nope\"\n" => ["names `nope`, which is not a profile", "hint: name one of basic, data_science"],
+        profile_key_typo: "[profiles.x]\nsubprocess = false\n" => ["unknown field `subprocess`"],
+        profile_network_choice: "[profiles.x]\nnetwork = \"sometimes\"\n" => ["`[profiles.x] network` `sometimes`", "hint"],
+        profile_memory_too_small: "[profiles.x]\nmemory = \"1MiB\"\n" => ["`[profiles.x] memory` must be at least 16MiB", "hint"],
+        profile_name: "[profiles.Big]\n" => ["invalid profile name `[profiles.Big]`", "hint"],
         frame_limit_below_the_script_limit: "[server]\nmax_frame_bytes = \"1MiB\"\n[limits]\nmax_script_bytes = \"2MiB\"\n" => ["leaves no room for a script", "hint"],
     }
 
