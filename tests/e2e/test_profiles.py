@@ -103,6 +103,9 @@ async def test_basic_denies_programs_imports_packages_and_writes(snakebox_bin, t
     assert [e["kind"] for e in finished[denied["execution_id"]]["events"]] == ["exec_blocked"]
     assert finished[package["execution_id"]]["events"][0]["kind"] == "policy_refused"
     assert finished[allowed["execution_id"]]["profile"] == "standard"
+    started = {line["execution_id"]: line for line in lines if line["phase"] == "started"}
+    assert started[denied["execution_id"]]["profile"] == "basic"  # asked for: the default
+    assert started[written["execution_id"]]["profile"] == "filesystem"
 
 
 async def test_a_call_narrows_limits_and_never_widens_them(snakebox_bin, tmp_path, mode):
@@ -128,6 +131,12 @@ async def test_a_call_narrows_limits_and_never_widens_them(snakebox_bin, tmp_pat
         assert is_error and bad["error"]["kind"] == "invalid" and "256m" in bad["error"]["hint"], text
         unknown, _, _ = await call(client, "execute_python", script="print(1)", profile="nope")
         assert unknown["status"] == "invalid_request" and "data_science" in unknown["error"]["hint"]
+        # validate_script checks against the profile's import policy, as the run would.
+        checked, _, _ = await call(client, "validate_script", script="import math\nimport socket\n")
+        assert checked["valid"] is False, checked
+        assert [(p["line"], p["kind"]) for p in checked["problems"]] == [(2, "import_not_allowed")], checked
+        checked, _, _ = await call(client, "validate_script", script="import socket\n", profile="standard")
+        assert checked["valid"] is True, checked
 
 
 async def test_profiles_from_the_config_file_network_and_the_audit_of_other_tools(snakebox_bin, tmp_path, mode):

@@ -84,6 +84,8 @@ pub(crate) struct RunStart {
     pub(crate) script: String,
     /// The `dependencies` argument (the script's own block is in the script).
     pub(crate) dependencies: Vec<String>,
+    /// The profile the call asked for (or the server's default); `None` for session calls.
+    pub(crate) profile: Option<String>,
 }
 
 /// Which of a caller's runs to list, newest first.
@@ -361,6 +363,7 @@ fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
                 code_sha256: Some(crate::audit::code_hash(&start.script)),
                 code_bytes: Some(start.script.len() as u64),
                 dependencies: start.dependencies.clone(),
+                profile: start.profile.clone(),
                 ..AuditEntry::default()
             }
         }
@@ -666,6 +669,7 @@ mod tests {
             session_id: None,
             script: script.into(),
             dependencies: vec!["six==1.16.0".into()],
+            profile: None,
         }
     }
 

@@ -49,6 +49,12 @@ impl Engine {
             session_id: None,
             script: request.script.clone(),
             dependencies: request.dependencies.clone(),
+            profile: Some(
+                request
+                    .profile
+                    .clone()
+                    .unwrap_or_else(|| self.config.profiles.default.clone()),
+            ),
         };
         self.tracked(
             caller,

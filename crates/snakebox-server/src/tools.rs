@@ -119,8 +119,11 @@ pub(crate) struct ValidateParams {
     pub python_version: Option<String>,
     /// Module names the script may import (a name covers its submodules: `os` allows
     /// `os.path`); each import outside them is a problem with its line. Absent: no import
-    /// policy.
+    /// policy (or the profile's, when it has one; a list given here may only narrow it).
     pub allowed_imports: Option<Vec<String>>,
+    /// Check against this profile's import policy (default: the server's profile), as
+    /// `execute_python` would under it.
+    pub profile: Option<String>,
 }
 
 /// Put by an HTTP face into a request's extensions, and cancelled when the request goes away
@@ -417,14 +420,26 @@ code runs and nothing is installed.\n\nExample: {\"script\": \"import numpy\\npr
     async fn validate_script(
         &self,
         Parameters(params): Parameters<ValidateParams>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let caller = self.caller(&context)?;
+        let allowed = match self
+            .engine
+            .config()
+            .profiles
+            .for_caller(&caller, params.profile.as_deref())
+            .and_then(|profile| profile.imports_for(params.allowed_imports.as_deref()))
+        {
+            Ok(allowed) => allowed,
+            Err(error) => return Ok(crate::sessions::failure(&error)),
+        };
         let validation = self
             .engine
             .validate(
                 &params.script,
                 params.dependencies.as_deref().unwrap_or_default(),
                 params.python_version.as_deref(),
-                params.allowed_imports.as_deref(),
+                allowed.as_deref(),
             )
             .await;
         Ok(structured(&validation, validation_text(&validation), false))
