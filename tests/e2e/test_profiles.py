@@ -160,6 +160,8 @@ async def test_profiles_from_the_config_file_network_and_the_audit_of_other_tool
                                    "try:\n    subprocess.run(['/bin/true'])\nexcept OSError as err:\n    print('refused', err.errno)\n",
                                    profile="offline_tools")
         assert spawned["stdout"] == "refused 1\n" and spawned["profile"] == "offline_tools", spawned
+        assert [e["kind"] for e in spawned["events"]] == ["exec_blocked"], spawned["events"]
+        assert "`/bin/true`" in spawned["events"][0]["detail"]
 
         blocked, _, _ = await call(client, "execute_python", script=fetch, profile="web")
         assert blocked["status"] == "ok" and blocked["stdout"].startswith("failed"), blocked

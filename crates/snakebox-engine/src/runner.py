@@ -781,7 +781,10 @@ def _deny_exec(program_path):
         where = _events.get(event)
         if where is not None and _len(_blocked) < 20:
             try:
-                _blocked.append(_str(args[where])[:200])
+                program = _str(args[where])[:200]
+                # subprocess raises its own event and then os.posix_spawn's: one attempt.
+                if not _blocked or _blocked[-1] != program:
+                    _blocked.append(program)
             except Exception:  # noqa: BLE001
                 pass
 
