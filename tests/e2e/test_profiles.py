@@ -11,7 +11,11 @@
   run's proxy and logged;
 - the result, the audit log (`finished` lines and the `call` lines of tools that run no code)
   and `check_environment` name the profile; events are in both;
-- over HTTP a tenant may name only the profiles the operator allowed it.
+- over HTTP a tenant may name only the profiles the operator allowed it;
+- a dependency's `.pth` that starts a program is refused on a cold start (site runs after the
+  exec-deny program);
+- a session is held to its profile's network and packages, and refused a profile it cannot
+  hold yet.
 """
 
 from __future__ import annotations
@@ -274,3 +278,45 @@ async def test_a_dependencys_start_up_code_runs_under_the_exec_deny_on_a_cold_st
                                   profile="offline_tools")
         assert denied["status"] == "ok" and denied["stdout"] == "refused 1 1\n", denied
         assert [e["kind"] for e in denied["events"]] == ["exec_blocked"], denied["events"]
+
+
+SESSION_CONFIG = """
+[profiles.tools]
+description = "sessions allowed: one package, no network"
+network = "off"
+packages = ["six"]
+tenants = ["*"]
+"""
+
+
+async def test_a_session_is_held_to_its_profiles_network_and_packages(snakebox_bin, tmp_path, mode):
+    config = tmp_path / "snakebox.toml"
+    config.write_text(SESSION_CONFIG)
+    async with connect(snakebox_bin, tmp_path / "data", mode, "--config", str(config), "--network", "on") as client:
+        # A profile that decides what sessions cannot enforce yet makes no session.
+        refused, text, is_error = await call(client, "create_session", profile="basic")
+        assert is_error and refused["error"]["kind"] == "unavailable", text
+        assert "denies subprocesses" in refused["error"]["message"] and "one-shot" in refused["error"]["hint"]
+        # Under `tools`: no network even on a server with network, and only its packages.
+        offline, _, is_error = await call(client, "create_session", profile="tools", network=True)
+        assert is_error and "allows no network" in offline["error"]["message"], offline
+        package, _, is_error = await call(client, "create_session", profile="tools", dependencies=["requests>=2.31"])
+        assert is_error and "does not allow installing `requests`" in package["error"]["message"], package
+        created, _, is_error = await call(client, "create_session", profile="tools")
+        assert not is_error and created["profile"] == "tools" and created["network"] is False, created
+        session = created["session_id"]
+        try:
+            cell, _, _ = await call(client, "execute_python", session_id=session, script="import socket\n"
+                                    "try:\n    socket.create_connection(('192.0.2.1', 80), timeout=2)\n"
+                                    "except OSError as err:\n    print('no network', type(err).__name__)\n")
+            assert cell["status"] == "ok" and cell["stdout"].startswith("no network"), cell
+            install, _, is_error = await call(client, "install_packages", session_id=session, packages=["requests"])
+            assert is_error and "does not allow installing `requests`" in install["error"]["message"], install
+            listed, _, _ = await call(client, "list_sessions")
+            assert [s["profile"] for s in listed["sessions"] if s["session_id"] == session] == ["tools"], listed
+        finally:
+            await call(client, "delete_session", session_id=session)
+        # The server's own settings (standard) still give a session with its network.
+        plain, _, _ = await call(client, "create_session")
+        assert plain["profile"] == "standard" and plain["network"] is True, plain
+        await call(client, "delete_session", session_id=plain["session_id"])

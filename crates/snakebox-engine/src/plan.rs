@@ -353,23 +353,7 @@ impl Engine {
         let name = &profile.name;
         let refused = profile.refused_packages(&checked.requirements);
         if !refused.is_empty() {
-            let allowed = match &profile.packages {
-                Some(list) if !list.is_empty() => format!("it allows {}", list.join(", ")),
-                _ => "it allows no packages".to_owned(),
-            };
-            return Err(EngineError::invalid(
-                format!(
-                    "The profile `{name}` does not allow installing {}",
-                    refused
-                        .iter()
-                        .map(|p| format!("`{p}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-                format!(
-                    "{allowed}: drop the others from dependencies and the PEP 723 block, or name a profile that allows them (check_environment lists the profiles)"
-                ),
-            ));
+            return Err(profile.packages_refused(&refused));
         }
         let imports = profile.imports_for(request.allowed_imports.as_deref())?;
 
@@ -426,15 +410,39 @@ impl Engine {
             limits.max_output_bytes = limits.max_output_bytes.min(max);
         }
 
-        let network = match &profile.network {
-            crate::ProfileNetwork::Server => {
-                self.network_for(request.network, &request.allowed_domains, "call")?
-            }
+        let network =
+            self.profile_network(profile, request.network, &request.allowed_domains, "call")?;
+        Ok(Decided {
+            shape: crate::run::RunShape {
+                limits,
+                deny_exec: !profile.subprocesses,
+                writable_work: profile.writable_work,
+            },
+            network,
+            imports,
+        })
+    }
+
+    /// Where a run (`what`: `call` or `session`) under `profile` may connect: the profile's
+    /// network, narrowed by the call's `network` and `allowed_domains`, never widened.
+    ///
+    /// # Errors
+    /// `invalid` with a hint: the call asks for more than the profile (or the server) allows.
+    pub(crate) fn profile_network(
+        &self,
+        profile: &crate::Profile,
+        asked: Option<bool>,
+        allowed_domains: &[String],
+        what: &str,
+    ) -> Result<Option<snakebox_sandbox::Names>, EngineError> {
+        let name = &profile.name;
+        let decided = match &profile.network {
+            crate::ProfileNetwork::Server => self.network_for(asked, allowed_domains, what)?,
             crate::ProfileNetwork::Off => {
-                if request.network == Some(true) || !request.allowed_domains.is_empty() {
+                if asked == Some(true) || !allowed_domains.is_empty() {
                     return Err(EngineError::invalid(
                         format!(
-                            "This call asked for network access, but the profile `{name}` allows no network"
+                            "This {what} asked for network access, but the profile `{name}` allows no network"
                         ),
                         "run without network (omit `network` and `allowed_domains`), or name a profile with network (check_environment lists the profiles)",
                     ));
@@ -443,8 +451,8 @@ impl Engine {
             }
             crate::ProfileNetwork::Allow(names) => {
                 let only = snakebox_sandbox::Names::Only(names.clone());
-                for asked in &request.allowed_domains {
-                    let asked = asked.trim().trim_end_matches('.').to_ascii_lowercase();
+                for domain in allowed_domains {
+                    let asked = domain.trim().trim_end_matches('.').to_ascii_lowercase();
                     if !crate::network::covers(&only, &asked) {
                         return Err(EngineError::invalid(
                             format!(
@@ -457,23 +465,15 @@ impl Engine {
                         ));
                     }
                 }
-                if request.network == Some(false) {
-                    self.network_for(Some(false), &request.allowed_domains, "call")?
-                } else if request.allowed_domains.is_empty() {
+                if asked == Some(false) {
+                    self.network_for(Some(false), allowed_domains, what)?
+                } else if allowed_domains.is_empty() {
                     self.network_for(Some(true), names, "profile")?
                 } else {
-                    self.network_for(Some(true), &request.allowed_domains, "call")?
+                    self.network_for(Some(true), allowed_domains, what)?
                 }
             }
         };
-        Ok(Decided {
-            shape: crate::run::RunShape {
-                limits,
-                deny_exec: !profile.subprocesses,
-                writable_work: profile.writable_work,
-            },
-            network,
-            imports,
-        })
+        Ok(decided)
     }
 }

@@ -402,6 +402,57 @@ impl Profile {
         }
     }
 
+    /// Why a session cannot be held to this profile, if it cannot: sessions enforce a
+    /// profile's network, packages and tenants, not (yet) its other decisions.
+    #[must_use]
+    pub fn session_gap(&self) -> Option<&'static str> {
+        if !self.subprocesses {
+            Some(
+                "it denies subprocesses, which a session's interpreter and run_command do not enforce yet",
+            )
+        } else if self.allowed_imports.is_some() {
+            Some("it has an import policy, which sessions do not enforce")
+        } else if !self.writable_work {
+            Some("its /work is read-only, and a session's workspace is written")
+        } else if self.limits != ProfileLimits::default() {
+            Some("it has limits of its own, which sessions do not apply yet")
+        } else {
+            None
+        }
+    }
+
+    /// The requirement specifiers (PEP 508) this profile refuses; ones that do not parse
+    /// are left to the usual check.
+    #[must_use]
+    pub fn refused_specs(&self, specs: &[String]) -> Vec<String> {
+        let parsed: Vec<pep508_rs::Requirement> =
+            specs.iter().filter_map(|spec| spec.parse().ok()).collect();
+        self.refused_packages(&parsed)
+    }
+
+    /// The error of a request for packages this profile does not allow.
+    #[must_use]
+    pub fn packages_refused(&self, refused: &[String]) -> EngineError {
+        let allowed = match &self.packages {
+            Some(list) if !list.is_empty() => format!("it allows {}", list.join(", ")),
+            _ => "it allows no packages".to_owned(),
+        };
+        EngineError::invalid(
+            format!(
+                "The profile `{}` does not allow installing {}",
+                self.name,
+                refused
+                    .iter()
+                    .map(|p| format!("`{p}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            format!(
+                "{allowed}: drop the others from dependencies and the PEP 723 block, or name a profile that allows them (check_environment lists the profiles)"
+            ),
+        )
+    }
+
     /// Whether it decides nothing beyond the server's own settings (as `standard`).
     #[must_use]
     pub fn adds_nothing(&self) -> bool {

@@ -286,6 +286,7 @@ async fn one_caller_never_sees_anothers_sessions_or_artifacts() {
                 name: Some("a's".into()),
                 network: None,
                 allowed_domains: vec![],
+                profile: None,
             },
         )
         .await
@@ -347,6 +348,7 @@ async fn concurrent_creates_never_exceed_max_sessions() {
                             name: Some(format!("s{i}")),
                             network: None,
                             allowed_domains: vec![],
+                            profile: None,
                         },
                     )
                     .await
@@ -391,6 +393,7 @@ async fn a_start_removes_session_files_that_were_never_recorded() {
                     name: None,
                     network: None,
                     allowed_domains: vec![],
+                    profile: None,
                 },
             )
             .await
