@@ -132,3 +132,9 @@ def server_pid(data_dir: Path) -> int:
     pids = [int(p) for p in out.stdout.split()]
     assert pids, "server process not found"
     return pids[0]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "native_only(reason): an attack case skipped under `--sandbox-backend docker`, with the reason")
+    config.addinivalue_line("markers", "docker_ci: an attack case in the docker subset CI runs (test_attacks.py)")
+    config.addinivalue_line("markers", "runsc_subset: an attack case also run under gVisor (test_attacks.py)")

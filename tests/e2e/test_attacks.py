@@ -10,6 +10,12 @@ kernel feature this host lacks are skipped with the reason. A case where the san
 attack through is marked `xfail(strict=True, reason="GAP: ...")` and listed in SECURITY.md, so it
 turns red when the gap is closed.
 
+Every case runs in four launch modes (the `launch` fixture): native forked and pooled runs, the
+docker backend (`docker`: the subset marked `docker_ci` in CI, all with
+SNAKEBOX_DOCKER_ATTACKS=all) and gVisor (`runsc`: the cases marked `runsc_subset`). Under docker,
+a case marked `native_only` is skipped with its reason, and one marked `docker_gap` is a strict
+xfail listed in SECURITY.md (the docker backend).
+
 Run with `scripts/test -k attacks`; `pytest -s` shows the kernel posture and the K-01 table.
 """
 
@@ -19,6 +25,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -63,14 +70,87 @@ def canaries(tmp_path_factory: pytest.TempPathFactory) -> Any:
     assert not planted.connections(), f"host canary listeners were reached: {planted.connections()}"
 
 
-# How one-shot runs of the default environment start: every attack runs both ways.
+# How one-shot runs of the default environment start: every attack runs each way.
 # "forked": from the fork server (the default; the server is ready before the attack);
-# "pooled": in a pre-started bubblewrap sandbox, or cold (`--fork-server off`).
+# "pooled": in a pre-started bubblewrap sandbox, or cold (`--fork-server off`);
+# "docker": a container of a Docker engine (`--sandbox-backend docker`, issue 17), judged from
+# outside as for native. A case that asserts what only the native sandbox has, or needs what the
+# docker backend does not offer yet, is marked `native_only(reason)` and skipped there with the
+# reason. CI runs the docker cases marked `docker_ci` (a subset that keeps CI short, one or more
+# per class); SNAKEBOX_DOCKER_ATTACKS=all runs every docker case, =off none.
+# "runsc": the same under gVisor (`--docker-runtime runsc`), for the cases marked `runsc_subset`
+# only (gVisor's kernel answers the calls, so the kernel-facing cases judge gVisor, not ours).
 LAUNCH = {"mode": "forked"}
+DOCKER_ATTACKS = os.environ.get("SNAKEBOX_DOCKER_ATTACKS", "ci")
+LAUNCH_ARGS = {
+    "docker": ("--sandbox-backend", "docker"),
+    "runsc": ("--sandbox-backend", "docker", "--docker-runtime", "runsc"),
+}
+native_only = pytest.mark.native_only
+docker_ci = pytest.mark.docker_ci
+runsc_subset = pytest.mark.runsc_subset
+# A case the docker backend fails for a documented reason (SECURITY.md, the docker backend):
+# strict xfail under docker and runsc, so it turns red when the gap is closed.
+docker_gap = pytest.mark.docker_gap
+# Ids inside a docker run: a leased uid, the same inside and on the host (no user namespace);
+# native runs are 65534 inside their user namespace.
+LEASED = range(200_000, 200_000 + 4096)
 
 
-@pytest.fixture(autouse=True, params=["forked", "pooled"])
+def docker_mode() -> bool:
+    return LAUNCH["mode"] in LAUNCH_ARGS
+
+
+def sandbox_uid_inside(uid: int) -> bool:
+    """The uid a run sees for itself: 65534 (native), or its leased uid (docker)."""
+    return uid in LEASED if docker_mode() else uid == 65534
+_ENGINE: dict[str, str] = {}
+
+
+def docker_engine(snakebox_bin: Path) -> None:
+    """A Docker engine that answers and this host's run image in it (once per session): skipped
+    with the reason where no engine can run, a failure in CI."""
+    if "ready" not in _ENGINE and "reason" not in _ENGINE:
+        repo = Path(__file__).resolve().parents[2]
+        started = subprocess.run([str(repo / "scripts" / "dockerd")], capture_output=True, text=True)
+        if started.returncode != 0:
+            _ENGINE["reason"] = f"no Docker engine can run here: {started.stderr.strip()}"
+        else:
+            built = subprocess.run([str(snakebox_bin), "image", "build"], capture_output=True, text=True)
+            assert built.returncode == 0, built.stderr
+            _ENGINE["ready"] = "yes"
+    if "reason" in _ENGINE:
+        if os.environ.get("CI"):
+            pytest.fail(_ENGINE["reason"])
+        pytest.skip(_ENGINE["reason"])
+
+
+def runsc_registered() -> bool:
+    out = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True)
+    return out.returncode == 0 and "runsc" in json.loads(out.stdout or "{}")
+
+
+@pytest.fixture(autouse=True, params=["forked", "pooled", "docker", "runsc"])
 def launch(request):
+    if request.param in LAUNCH_ARGS:
+        why = request.node.get_closest_marker("native_only")
+        if why is not None:
+            pytest.skip(f"native backend only: {why.args[0]}")
+        if DOCKER_ATTACKS == "off":
+            pytest.skip("SNAKEBOX_DOCKER_ATTACKS=off")
+        if request.param == "runsc" and request.node.get_closest_marker("runsc_subset") is None:
+            pytest.skip("not in the gVisor subset (marked runsc_subset)")
+        if DOCKER_ATTACKS != "all" and request.node.get_closest_marker("docker_ci") is None and request.param == "docker":
+            pytest.skip("not in the docker subset CI runs (SNAKEBOX_DOCKER_ATTACKS=all runs it)")
+        docker_engine(request.getfixturevalue("snakebox_bin"))
+        if request.param == "runsc" and not runsc_registered():
+            reason = "runsc is not registered with the engine (scripts/dockerd registers Debian's runsc)"
+            if os.environ.get("CI"):
+                pytest.fail(reason)
+            pytest.skip(reason)
+        gap = request.node.get_closest_marker("docker_gap")
+        if gap is not None:
+            request.node.add_marker(pytest.mark.xfail(strict=True, reason=f"GAP (docker): {gap.args[0]}"))
     LAUNCH["mode"] = request.param
     yield request.param
 
@@ -95,7 +175,9 @@ async def wait_for_fork_server(client: Any) -> None:
 async def server(snakebox_bin: Path, data_dir: Path, canaries: Canaries, *args: str) -> AsyncIterator[Any]:
     """One server with the canaries in its environment (HOME is the fake home)."""
     forked = LAUNCH["mode"] == "forked"
-    if not forked:
+    if LAUNCH["mode"] in LAUNCH_ARGS:
+        args = (*args, *LAUNCH_ARGS[LAUNCH["mode"]])
+    elif not forked:
         args = (*args, "--fork-server", "off")
     async with connect(snakebox_bin, data_dir, MODE, *args, env=canaries.server_env()) as client:
         # The fork server serves runs without network while the pool is on.
@@ -199,6 +281,7 @@ async def run_with_probe(coro_fn: Any, probe: Any, seen_timeout: float = 20) -> 
     return box["run"], box["probe"]
 
 
+@docker_ci
 async def test_R01_fork_bomb_hits_pids_limit_and_host_can_still_spawn(snakebox_bin, data_dir, canaries):
     body = """
     import errno
@@ -245,6 +328,8 @@ async def test_R02_thread_bomb_stops_at_pids_limit(snakebox_bin, data_dir, canar
     within(run, 4)
 
 
+@docker_ci
+@runsc_subset
 async def test_R03_memory_bomb_is_killed_at_the_memory_limit(snakebox_bin, data_dir, canaries):
     body = """
     chunks = []
@@ -456,6 +541,8 @@ async def test_R11_busy_loop_ignoring_signals_is_killed(snakebox_bin, data_dir, 
     within(run, 2)
 
 
+@docker_ci
+@runsc_subset
 async def test_R12_sleep_forever_is_killed_at_wall_clock(snakebox_bin, data_dir, canaries):
     body = """
     import time
@@ -581,6 +668,7 @@ async def test_R18_kill_minus_one_only_hits_the_sandbox(snakebox_bin, data_dir, 
         victim.wait()
 
 
+@docker_ci
 async def test_R19_stdout_flood_is_capped_and_server_memory_bounded(snakebox_bin, data_dir, canaries):
     body = """
     chunk = "A" * (1 << 20)
@@ -692,6 +780,8 @@ async def test_R22_stack_overflow_is_reported_without_core_dump(snakebox_bin, da
 # =============================================================================================
 
 
+@docker_ci
+@runsc_subset
 async def test_F01_host_home_secrets_are_absent(snakebox_bin, data_dir, canaries):
     body = """
     import glob
@@ -716,6 +806,7 @@ async def test_F01_host_home_secrets_are_absent(snakebox_bin, data_dir, canaries
     assert run["home"] != str(canaries.home)
 
 
+@docker_ci
 async def test_F02_system_secrets_and_host_users(snakebox_bin, data_dir, canaries):
     body = """
     out = {}
@@ -732,7 +823,13 @@ async def test_F02_system_secrets_and_host_users(snakebox_bin, data_dir, canarie
         assert files[p] in (errno.ENOENT, errno.EACCES, errno.EISDIR), f"{p}: {files[p]!r}"
     host_users = {line.split(":")[0] for line in Path("/etc/passwd").read_text().splitlines() if line and not line.startswith("#")}
     inside_users = {line.split(":")[0] for line in files["/etc/passwd"].splitlines() if line}
-    assert inside_users <= {"root", "nobody", "sandbox"}, inside_users
+    if docker_mode():
+        # The run image's own names: the sandbox, the installer and one per leased uid
+        # (`run<uid>`), so that a run's lookup of its own uid works; none is the host's.
+        inside_users -= {f"run{uid}" for uid in LEASED}
+        assert inside_users <= {"root", "sandbox", "installer"}, inside_users
+    else:
+        assert inside_users <= {"root", "nobody", "sandbox"}, inside_users
     assert not (inside_users & host_users - {"root", "nobody"})
     host_mid = Path("/etc/machine-id").read_text().strip() if Path("/etc/machine-id").exists() else None
     assert files["/etc/machine-id"] == errno.ENOENT or (host_mid and host_mid not in files["/etc/machine-id"])
@@ -788,9 +885,11 @@ async def test_F03_concurrent_and_left_behind_sibling_files_are_invisible(snakeb
     assert during["hits"] == [] and after["hits"] == []
     # The workspace's parent lists no sibling runs (no execution ids, no `runs` directory).
     for listing in (during["parent"], after["parent"]):
-        assert "runs" not in listing and not any(len(n) >= 16 for n in listing), listing
+        assert "runs" not in listing and not any(re.fullmatch(r"[0-9a-f]{16,}", n) for n in listing), listing
 
 
+@docker_ci
+@runsc_subset
 async def test_F04_writes_outside_the_allowed_dirs(snakebox_bin, data_dir, canaries):
     body = """
     res = {}
@@ -884,6 +983,7 @@ def kill_server(data_dir: Path) -> None:
         time.sleep(0.05)
 
 
+@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
 async def test_F07_session_workspace_symlink_ambush(snakebox_bin, canaries, tmp_path):
     """F-07, persistent workspace: links planted by session code in /work never steer the file
     tools, input files, a server restart, `reset_session` or `delete_session` outside it."""
@@ -1016,6 +1116,7 @@ async def test_F07_session_workspace_symlink_ambush(snakebox_bin, canaries, tmp_
     assert ambushes > 100
 
 
+@docker_ci
 async def test_F09_interpreter_and_site_packages_are_read_only(snakebox_bin, data_dir, canaries):
     body = """
     import site
@@ -1100,6 +1201,7 @@ async def test_F12_proc_sys_sysrq_and_core_pattern_are_read_only(snakebox_bin, d
     assert Path("/proc/sys/kernel/core_pattern").read_text() == before
 
 
+@docker_ci
 async def test_F13_sys_and_cgroupfs_are_not_writable(snakebox_bin, data_dir, canaries):
     body = """
     cg = open("/proc/self/cgroup").read()
@@ -1145,6 +1247,7 @@ ENV_ALLOWLIST = {
 }
 
 
+@docker_ci
 async def test_I01_I02_I03_environment_and_pid1_leak_nothing(snakebox_bin, data_dir, canaries):
     body = """
     import re
@@ -1178,6 +1281,7 @@ async def test_I04_mountinfo_shows_no_host_secrets_or_user_paths(snakebox_bin, d
     assert str(canaries.home) not in info and str(canaries.root) not in info
 
 
+@docker_ci
 async def test_I05_host_processes_are_invisible(snakebox_bin, data_dir, canaries):
     body = """
     pids = [p for p in os.listdir("/proc") if p.isdigit()]
@@ -1191,7 +1295,8 @@ async def test_I05_host_processes_are_invisible(snakebox_bin, data_dir, canaries
         run = await attack(client, canaries, body)
     host_n = len([p for p in os.listdir("/proc") if p.isdigit()])
     assert run["n"] < 10 < host_n, (run["n"], host_n)
-    assert all(c == "bwrap" or c.startswith("python") for c in run["comms"]), run["comms"]
+    init = "docker-init" if docker_mode() else "bwrap"
+    assert all(c == init or c.startswith("python") for c in run["comms"]), run["comms"]
 
 
 async def test_I06_host_global_kernel_info_is_recorded(snakebox_bin, data_dir, canaries):
@@ -1238,9 +1343,10 @@ async def test_I07_identity_is_neutral(snakebox_bin, data_dir, canaries):
         run = await attack(client, canaries, body)
     print("I-07 uid_map:", run["uid_map"].strip(), "gid_map:", run["gid_map"].strip())
     assert run["host"] == "sandbox" and run["host"] != socket.gethostname()
-    assert run["uid"] == 65534 and run["gid"] == 65534
+    assert sandbox_uid_inside(run["uid"]) and run["gid"] == run["uid"], run
 
 
+@docker_ci
 async def test_I08_no_inherited_file_descriptors(snakebox_bin, data_dir, canaries):
     body = """
     fds = {}
@@ -1255,13 +1361,15 @@ async def test_I08_no_inherited_file_descriptors(snakebox_bin, data_dir, canarie
     fds = {int(k): v for k, v in run["fds"].items()}
     # 0-2, the one listdir itself opened, and the runner's private result pipe (moved to 200,
     # close-on-exec; the engine trusts nothing in it for status, see the forged-record test).
-    extra = {fd: t for fd, t in fds.items() if fd > 2 and not (fd == 200 and str(t).startswith("pipe:"))}
+    # (Docker: the result channel is the run's control FIFO, bound at /.snakebox-control.)
+    channel = "/.snakebox-control/control" if docker_mode() else "pipe:"
+    extra = {fd: t for fd, t in fds.items() if fd > 2 and not (fd == 200 and str(t).startswith(channel))}
     assert len(extra) == 1, run["fds"]
     assert run["stdin"] == "/dev/null"
     # From outside: the script process holds stdio (+ the runner's pipe) and nothing else of the server's.
     assert run.watch.parents, "the script process was not seen from the host"
     for parent in run.watch.parents.values():
-        extra = {fd: target for fd, target in parent["fds"].items() if fd > 2 and not (fd == 200 and target.startswith("pipe:"))}
+        extra = {fd: target for fd, target in parent["fds"].items() if fd > 2 and not (fd == 200 and target.startswith(channel))}
         assert not extra, f"sandboxed process holds extra fds: {extra}"
 
 
@@ -1325,6 +1433,7 @@ def host_primary_ip() -> str | None:
             return None
 
 
+@docker_ci
 async def test_N01_only_loopback_and_no_routes(snakebox_bin, data_dir, canaries):
     body = """
     import socket
@@ -1346,6 +1455,8 @@ async def test_N01_only_loopback_and_no_routes(snakebox_bin, data_dir, canaries)
         assert r == errno.ENETUNREACH, f"route to {addr}: {r}"
 
 
+@docker_ci
+@runsc_subset
 async def test_N02_host_loopback_canary_is_unreachable(snakebox_bin, data_dir, canaries):
     body = """
     import socket
@@ -1367,7 +1478,9 @@ async def test_N02_host_loopback_canary_is_unreachable(snakebox_bin, data_dir, c
     assert run["res"]["127.0.0.1"] == errno.ECONNREFUSED
     assert run["res"]["::1"] in (errno.ECONNREFUSED, errno.EADDRNOTAVAIL, errno.ENETUNREACH)
     if "host_ip_route" in run["res"]:
-        assert run["res"]["host_ip_route"] == errno.ENETUNREACH
+        # gVisor's network stack, with no interface but loopback, says "no route to host".
+        no_route = {errno.ENETUNREACH, errno.EHOSTUNREACH} if LAUNCH["mode"] == "runsc" else {errno.ENETUNREACH}
+        assert run["res"]["host_ip_route"] in no_route, run["res"]
     assert canaries.connections() == []
 
 
@@ -1408,6 +1521,7 @@ async def test_N05_raw_and_packet_sockets(snakebox_bin, data_dir, canaries):
     print("N-05 ICMP datagram socket:", res["dgram_icmp"])
 
 
+@docker_ci
 async def test_N06_vsock_is_blocked(snakebox_bin, data_dir, canaries):
     # Only socket() is attempted: nothing is ever sent to the hypervisor.
     body = """
@@ -1459,6 +1573,8 @@ async def test_N08_listeners_inside_are_not_reachable_from_the_host(snakebox_bin
 # =============================================================================================
 
 
+@docker_ci
+@runsc_subset
 async def test_U02_host_unix_sockets_abstract_and_pathname(snakebox_bin, data_dir, canaries):
     body = """
     import socket, stat
@@ -1521,6 +1637,7 @@ async def test_U03_sysv_ipc_is_private_to_each_run(snakebox_bin, data_dir, canar
     assert libc.shmget(key, 0, 0) == -1
 
 
+@docker_ci
 async def test_U05_helpers_in_the_sandbox_cannot_be_taken_over(snakebox_bin, data_dir, canaries):
     body = """
     res = {"ptrace_pid1": sc(101, 16, 1, 0, 0), "pidfd_getfd": sc(438, -1, 0, 0)}
@@ -1542,7 +1659,9 @@ async def test_U05_helpers_in_the_sandbox_cannot_be_taken_over(snakebox_bin, dat
     inits = [
         g
         for g in run.watch.grandparents.values()
-        if g["cmdline"][0].endswith(b"bwrap") or any(part.endswith(b"forkserver.py") for part in g["cmdline"])
+        if g["cmdline"][0].endswith(b"bwrap")
+        or any(part.endswith(b"forkserver.py") for part in g["cmdline"])
+        or (docker_mode() and g["cmdline"][0].endswith(b"docker-init"))
     ]
     assert inits, "the sandbox's init was not seen from the host"
     # The runner's reaper (cold and pooled runs: the runner's parent, which reports how it
@@ -1743,6 +1862,14 @@ K01_PROBES: list[tuple[str, int, list[int], str]] = [
 # K-01 rows where the sandbox lets the call reach the kernel although the catalogue's policy says
 # it must be filtered. Filled from the observed table; each is a GAP listed in SECURITY.md.
 K01_GAPS: dict[str, str] = {}
+# The same under the docker backend: rules of the native program that do not reach a docker run
+# (docker/seccomp.rs; SECURITY.md, the docker backend).
+_NAME_UNKNOWN = "runc drops a profile entry whose name the engine's libseccomp (2.5.4 on Debian 12) does not know"
+K01_DOCKER_GAPS: dict[str, str] = {
+    **{name: _NAME_UNKNOWN for name in (
+        "statmount", "listmount", "lsm_set_self_attr", "setxattrat", "getxattrat", "listxattrat", "removexattrat",
+    )},
+}
 
 
 def _k01_run(snakebox_bin: Path, data_dir: Path, canaries: Canaries) -> dict[str, Any]:
@@ -1776,10 +1903,16 @@ def _k01_run(snakebox_bin: Path, data_dir: Path, canaries: Canaries) -> dict[str
     return box["table"]
 
 
-@pytest.fixture(scope="module")
-def k01_table(snakebox_bin, data_dir, canaries) -> dict[str, Any]:
-    table = _k01_run(snakebox_bin, data_dir, canaries)
-    print("\n== K-01 syscall probe table (result, errno, child exit; -31 = SIGSYS)")
+_K01_TABLES: dict[str, dict[str, Any]] = {}
+
+
+@pytest.fixture
+def k01_table(launch, snakebox_bin, data_dir, canaries) -> dict[str, Any]:
+    """The probe table, made once per launch mode (one run probes every row)."""
+    if launch in _K01_TABLES:
+        return _K01_TABLES[launch]
+    table = _K01_TABLES[launch] = _k01_run(snakebox_bin, data_dir, canaries)
+    print(f"\n== K-01 syscall probe table ({launch}; result, errno, child exit; -31 = SIGSYS)")
     for name, nr, _, want in K01_PROBES:
         r, e, code = table[name]
         verdict = "SIGSYS" if code == -SIGSYS else (errno.errorcode.get(e, str(e)) if r == -1 else f"returned {r}")
@@ -1791,11 +1924,14 @@ def _k01_params() -> list[Any]:
     out = []
     for name, nr, args, want in K01_PROBES:
         marks = [pytest.mark.xfail(strict=True, reason=K01_GAPS[name])] if name in K01_GAPS else []
+        if name in K01_DOCKER_GAPS:
+            marks.append(docker_gap(K01_DOCKER_GAPS[name]))
         out.append(pytest.param(name, nr, want, id=name, marks=marks))
     return out
 
 
 @pytest.mark.parametrize(("name", "nr", "want"), _k01_params())
+@docker_ci
 def test_K01_syscall_probe(k01_table, name, nr, want):
     r, e, code = k01_table[name]
     if want == INFO:
@@ -1815,6 +1951,7 @@ def test_K01_syscall_probe(k01_table, name, nr, want):
         assert e in (errno.EPERM, errno.ENOSYS), reached
 
 
+@docker_ci
 async def test_K02_nested_user_namespace_is_blocked(snakebox_bin, data_dir, canaries):
     body = """
     import shutil, subprocess
@@ -1874,6 +2011,7 @@ async def test_K03_cgroup_v1_release_agent_chain_fails(snakebox_bin, data_dir, c
     assert {p: p.read_text() for p in agents} == agents
 
 
+@docker_ci
 async def test_K04_mount_family_and_remount_rw(snakebox_bin, data_dir, canaries):
     body = """
     import shutil, subprocess
@@ -1904,6 +2042,7 @@ async def test_K04_mount_family_and_remount_rw(snakebox_bin, data_dir, canaries)
     assert res["usr_write"] in (errno.EROFS, errno.EACCES)
 
 
+@docker_ci
 async def test_K05_keyring_is_blocked_and_the_host_key_does_not_leak(snakebox_bin, data_dir, canaries):
     if canaries.key_id is None:
         pytest.skip("could not plant a canary key in the harness's session keyring")
@@ -1967,6 +2106,7 @@ async def test_K09_bpf_is_blocked(snakebox_bin, data_dir, canaries):
     assert run["map_create"] == [-1, errno.EPERM]
 
 
+@docker_ci
 async def test_K11_x32_and_i386_abis_are_refused(snakebox_bin, data_dir, canaries):
     host = host_abi_probe()
     body = """
@@ -1994,6 +2134,7 @@ async def test_K11_x32_and_i386_abis_are_refused(snakebox_bin, data_dir, canarie
         assert run["i386"] != 0
 
 
+@docker_ci
 async def test_K12_clone3_is_enosys_and_glibc_falls_back(snakebox_bin, data_dir, canaries):
     body = """
     import subprocess, threading
@@ -2008,6 +2149,7 @@ async def test_K12_clone3_is_enosys_and_glibc_falls_back(snakebox_bin, data_dir,
     assert run["spawn"] == "spawned"
 
 
+@docker_ci
 async def test_K14_ptrace_and_cross_process_memory(snakebox_bin, data_dir, canaries):
     body = """
     res = {"ptrace_attach_1": sc(101, 16, 1, 0, 0), "process_vm_readv": sc(310, 1, 1, 1, 1, 1, 0)}
@@ -2089,7 +2231,7 @@ async def test_P01_no_new_privileges_and_setuid_is_inert(snakebox_bin, data_dir,
     async with server(snakebox_bin, data_dir, canaries) as client:
         run = await attack(client, canaries, body)
     assert any(line.startswith("NoNewPrivs") and line.split()[-1] == "1" for line in run["status"]), run["status"]
-    assert run["euid"] == "65534"
+    assert sandbox_uid_inside(int(run["euid"])), run["euid"]
     for name, (code, out) in run["cmds"].items():
         assert out != "0", f"{name} printed uid 0"
 
@@ -2129,6 +2271,8 @@ async def test_P02_capabilities_are_empty_also_after_exec(snakebox_bin, data_dir
         assert all(int(v, 16) == 0 for v in caps.values()), f"{who}: {caps}"
 
 
+@docker_gap("no user namespace: a run's uid is a leased host uid, the same inside and outside (see SECURITY.md)")
+@docker_ci
 async def test_P03_every_namespace_is_new(snakebox_bin, data_dir, canaries):
     body = """
     report(ns={n: os.readlink(f"/proc/self/ns/{n}") for n in ("mnt", "pid", "net", "ipc", "uts", "user", "cgroup")})
@@ -2146,6 +2290,7 @@ async def test_P03_every_namespace_is_new(snakebox_bin, data_dir, canaries):
             assert value != mine[n], f"{n} namespace shared (host view)"
 
 
+@docker_ci
 async def test_P04_rlimits_are_hard(snakebox_bin, data_dir, canaries):
     body = """
     import resource
@@ -2229,6 +2374,7 @@ async def test_P07_oom_score_adj_is_high_and_cannot_be_lowered(snakebox_bin, dat
     assert run["value"] >= 500, f"oom_score_adj {run['value']}"
 
 
+@docker_ci
 async def test_P08_posture_read_from_outside(snakebox_bin, data_dir, canaries):
     body = """
     import threading, time
@@ -2252,8 +2398,11 @@ async def test_P08_posture_read_from_outside(snakebox_bin, data_dir, canaries):
         for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
             assert int(st[cap], 16) == 0, f"{cap}={st[cap]}"
         assert st["NoNewPrivs"] == "1" and st["Seccomp"] == "2"
-        assert int(st.get("Seccomp_filters", "2")) >= 2
+        # Native: bwrap loads two programs; docker: runc compiles the one profile into one.
+        assert int(st.get("Seccomp_filters", "2")) >= (1 if docker_mode() else 2)
         for n, value in snap["ns"].items():
+            if n == "user" and docker_mode():
+                continue  # no user namespace under docker: P-03's GAP (docker)
             assert value != mine[n], f"{n} namespace shared"
         assert not (set(snap["environ_keys"]) & (server_env - {"HOME", "PATH"})), snap["environ_keys"]
         assert not set(snap["environ_keys"]) - ENV_ALLOWLIST, snap["environ_keys"]
@@ -2298,6 +2447,7 @@ async def test_P08_sandbox_dies_with_the_supervisor(snakebox_bin, data_dir, cana
 # =============================================================================================
 
 
+@docker_ci
 async def test_H01_argument_injection_through_parameters(snakebox_bin, data_dir, canaries, tmp_path):
     marker = tmp_path / "pwned"
     pwn = f"$(touch {marker})"
@@ -2449,6 +2599,7 @@ async def test_J04_catastrophic_regex_ignoring_sigint_is_killed_one_shot(snakebo
     within(run, 2)
 
 
+@docker_ci
 async def test_J05_concurrent_runs_cannot_reach_each_others_loopback(snakebox_bin, data_dir, canaries):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -2560,6 +2711,7 @@ report(res=res, shm=[shm, e1], msg=[msg, e2], found=found, procs=procs, mqueue=o
 """
 
 
+@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
 async def test_J05_U03_sessions_cannot_reach_each_other_or_the_host(snakebox_bin, data_dir, canaries):
     """J-05 and U-03 between two live sessions: A holds loopback and abstract listeners, SysV and
     POSIX IPC objects, files in /tmp, /dev/shm and /work and a background process; B, while A's
@@ -2612,6 +2764,7 @@ async def test_J05_U03_sessions_cannot_reach_each_other_or_the_host(snakebox_bin
     assert libc.shmget(key, 0, 0) == -1
 
 
+@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
 async def test_J04_session_cell_ignoring_signals_is_stopped_at_its_timeout(snakebox_bin, data_dir, canaries):
     """J-04 in a session: a cell that ignores SIGINT/SIGTERM and spins in C (catastrophic regex)
     and in Python is stopped at T+1 s; no process is left (marker scan); the next call reports a
@@ -2641,6 +2794,7 @@ async def test_J04_session_cell_ignoring_signals_is_stopped_at_its_timeout(snake
         await alive(client)
 
 
+@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
 async def test_J01_J02_session_pipes_and_control_plane(snakebox_bin, data_dir, canaries):
     """J-01/J-02 in a session: nothing listens on the session's loopback, no connection or
     kernel file is visible, fd 3 is closed and stdin reads end of file inside a cell, so garbage
@@ -2717,6 +2871,7 @@ def pipe_fds(mode):
 """
 
 
+@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
 async def test_J02_a_session_cell_never_sees_another_sessions_request(snakebox_bin, data_dir, canaries):
     """A cell of session A that reads its own (hidden) request pipe in the background, while
     session B is called, reads nothing: requests travel on per-interpreter pipes."""
@@ -2750,6 +2905,7 @@ async def test_J02_a_session_cell_never_sees_another_sessions_request(snakebox_b
             await call(client, "delete_session", session_id=s)
 
 
+@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
 async def test_J02_a_forged_record_on_the_session_control_pipe_cannot_change_the_status(snakebox_bin, data_dir, canaries):
     """I-08 for sessions: the runner's control pipe is moved to a high descriptor before user code
     runs, but the cell can still find it in /proc/self/fd. A record forged there must not turn a
@@ -2771,6 +2927,7 @@ async def test_J02_a_forged_record_on_the_session_control_pipe_cannot_change_the
     assert run.data["status"] == "error" and run.data["exit_code"] == 9, run.describe()
 
 
+@native_only("sessions are not in the docker backend yet (long-lived containers, issue 17)")
 async def test_I01_session_environment_and_pid1_carry_no_server_secrets(snakebox_bin, data_dir, canaries):
     """I-01..I-03 in a session: the interpreter's environment, /proc/1/environ and every visible
     process's environ and cmdline hold no server secret; run_command's shell neither."""
@@ -2807,6 +2964,7 @@ async def test_I01_session_environment_and_pid1_carry_no_server_secrets(snakebox
 # =============================================================================================
 
 
+@docker_ci
 async def test_L01_in_language_guards_are_not_the_boundary(snakebox_bin, data_dir, canaries):
     body = """
     import io, contextlib
@@ -2818,4 +2976,4 @@ async def test_L01_in_language_guards_are_not_the_boundary(snakebox_bin, data_di
     async with server(snakebox_bin, data_dir, canaries) as client:
         run = await attack(client, canaries, body)
     # Arbitrary native code and shell commands run; they are still the sandbox's uid.
-    assert run["ids"] == ["65534", "65534"]
+    assert len(run["ids"]) == 2 and all(sandbox_uid_inside(int(i)) for i in run["ids"]), run["ids"]

@@ -92,6 +92,18 @@ async def test_check_reports_the_docker_backend_and_its_image(engine, snakebox_b
     assert "PidsLimit" in limits["max_processes"]["mechanism"]
 
 
+async def test_the_image_tag_is_the_same_from_one_build_to_the_next(engine, snakebox_bin):
+    """The tag names the archive's content only (no build time, owner or user name in it):
+    a second build, by another process at another time, names the same image and finds it."""
+    first = subprocess.run([str(snakebox_bin), "image", "status"], capture_output=True, text=True)
+    time.sleep(1.1)  # a second later: an archive that carried the build time would differ
+    again = subprocess.run([str(snakebox_bin), "image", "build"], capture_output=True, text=True)
+    assert first.returncode == 0 and again.returncode == 0, (first, again)
+    tag = first.stdout.split()[0]
+    assert tag.startswith("snakebox-run:"), first.stdout
+    assert again.stdout.startswith(f"{tag} is already in the engine"), again.stdout
+
+
 async def test_a_missing_image_fails_closed_with_the_command_that_builds_it(engine, snakebox_bin, tmp_path):
     # Another engine socket: an empty engine is too slow to start here, so point at a socket
     # where no engine answers and check the hint; the image's own absence is `image status`.
@@ -165,6 +177,17 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
     assert host["CapDrop"] == ["ALL"] and not host["CapAdd"]
     assert "no-new-privileges" in host["SecurityOpt"]
     assert not any("unconfined" in opt for opt in host["SecurityOpt"])
+    # Our seccomp profile (the native backend's rule table), not the engine's default: only
+    # the native ABI, and the native deny list with its errnos.
+    profiles = [json.loads(opt.split("=", 1)[1]) for opt in host["SecurityOpt"] if opt.startswith("seccomp=")]
+    assert len(profiles) == 1, host["SecurityOpt"]
+    profile = profiles[0]
+    assert profile["defaultAction"] == "SCMP_ACT_ALLOW"
+    assert profile["architectures"] == [{"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}[os.uname().machine]]
+    refused = {(name, entry["errnoRet"]) for entry in profile["syscalls"] for name in entry["names"]}
+    for name in ("keyctl", "bpf", "io_uring_setup", "mount", "ptrace", "open_by_handle_at", "socket", "clone"):
+        assert (name, 1) in refused, name
+    assert ("clone3", 38) in refused
     assert host["Privileged"] is False
     assert host["Memory"] == MEMORY and host["MemorySwap"] == MEMORY
     assert host["PidsLimit"] == PIDS
@@ -186,7 +209,7 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
         assert fields["CapEff"].strip() == "0000000000000000", fields["CapEff"]
         assert fields["NoNewPrivs"].strip() == "1"
-        assert fields["Seccomp"].strip() == "2", "Docker's seccomp profile is on"
+        assert fields["Seccomp"].strip() == "2", "a seccomp filter is on"
         assert int(fields["Uid"].split()[0]) == uid
     # Cancelled: nothing of it left, stopped or stored.
     assert not wait_no_containers(before), "a cancelled run left its container"
@@ -269,6 +292,18 @@ class Listener:
         self.sock.close()
 
 
+# K-11: getpid through the i386 entry point, from a page of machine code (x86_64 only).
+INT80 = textwrap.dedent(
+    """\
+    import ctypes, mmap
+    buf = mmap.mmap(-1, 4096, prot=7)
+    buf.write(bytes([0xB8, 20, 0, 0, 0, 0xCD, 0x80, 0xC3]))
+    f = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(buf)))
+    print("getpid via int 0x80", f())
+    """
+)
+
+
 async def test_attack_classes_judged_from_outside(engine, snakebox_bin, data_dir, tmp_path):
     """F-01 host files, F-04 writes outside, N-02 host loopback, K-02 user namespaces, K-04
     mounts, and the engine's socket: each probe reports, and the host is checked."""
@@ -298,6 +333,14 @@ async def test_attack_classes_judged_from_outside(engine, snakebox_bin, data_dir
                 raise OSError(ctypes.get_errno(), "")
         probe("K-02", lambda: sys_ok(libc.unshare(0x10000000)))
         probe("K-04", lambda: sys_ok(libc.mount(b"none", b"/tmp", b"tmpfs", 0, None)))
+        # The native backend's seccomp rules, which Docker's default profile lacks.
+        probe("N-06", lambda: socket.socket(40, socket.SOCK_STREAM))
+        libc.syscall.restype = ctypes.c_long
+        probe("K-12", lambda: sys_ok(libc.syscall(ctypes.c_long(435), ctypes.c_long(0), ctypes.c_long(88))))
+        import subprocess, sys
+        if os.uname().machine == "x86_64":
+            done = subprocess.run([sys.executable, "-c", {INT80!r}], capture_output=True, text=True)
+            print("K-11", done.returncode, done.stdout.strip())
         open("/work/made-here", "w").write("ok")
         open("/tmp/scratch", "w").write("ok")  # /tmp is writable scratch (mode 1777)
         import resource
@@ -321,6 +364,11 @@ async def test_attack_classes_judged_from_outside(engine, snakebox_bin, data_dir
     assert "cgroups ['/']" in out, "the engine's cgroup paths are hidden (own cgroup namespace)"
     for name in ("F-01", "F-02", "F-04-usr", "F-04-root", "F-04-outside", "N-02", "docker-sock", "K-02", "K-04"):
         assert f"{name} denied" in out, (name, out)
+    # Our profile's errnos and ABI: AF_VSOCK EPERM, clone3 ENOSYS (glibc falls back to clone),
+    # an i386 `int 0x80` call kills its process with SIGSYS.
+    assert "N-06 denied EPERM" in out and "K-12 denied ENOSYS" in out, out
+    if os.uname().machine == "x86_64":
+        assert any(line.split()[:2] == ["K-11", "-31"] for line in out.splitlines()), out
     assert canary_text not in out
     assert not outside.exists() and not Path("/usr/planted").exists()
     assert not listener.connected, "a run reached the host's loopback"

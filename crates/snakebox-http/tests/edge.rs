@@ -5,96 +5,36 @@
 //! artifacts "not found" for another.
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
+mod support;
+
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use serde_json::{Value, json};
-use snakebox_engine::{Engine, EngineConfig};
+use serde_json::json;
 use snakebox_http::{HttpConfig, HttpError, KeyStore};
-use snakebox_sandbox::BackendKind;
+use support::{engine, http_config, router_with, rpc, send, with_key};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 const ROUTES: [&str; 5] = ["/mcp", "/sse", "/healthz", "/readyz", "/nope"];
 
-async fn engine(data: &std::path::Path) -> Arc<Engine> {
-    let mut config = EngineConfig::new(data.to_path_buf(), BackendKind::None);
-    config.warm_pool = 0;
-    config.fork_server = false;
-    config.warm_cache = false;
-    Arc::new(Engine::new(config).await)
-}
-
+/// Published as `snakebox.example.com`, called from `app.example.com`'s pages.
 fn config(addr: &str) -> HttpConfig {
     HttpConfig {
-        addr: addr.parse::<SocketAddr>().unwrap(),
         public_url: Some("https://snakebox.example.com".into()),
-        allowed_hosts: vec![],
         allowed_origins: vec!["https://app.example.com".into()],
-        insecure_no_auth: false,
-        conformance_fixtures: false,
-        link_ttl: snakebox_http::DEFAULT_LINK_TTL,
+        ..http_config(addr)
     }
 }
 
 /// A loopback bind published as `snakebox.example.com` by a proxy that authenticates (so
 /// `--insecure-no-auth`: without a key, the local tenant).
 async fn router(data: &std::path::Path) -> Router {
-    let engine = engine(data).await;
     let mut config = config("127.0.0.1:0");
     config.insecure_no_auth = true;
-    snakebox_http::router(
-        engine,
-        &config,
-        KeyStore::new(data),
-        CancellationToken::new(),
-    )
-    .unwrap()
-}
-
-fn rpc(method: &str, params: Value) -> Request<Body> {
-    Request::post("/mcp")
-        .header(header::HOST, "127.0.0.1:8000")
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(header::ACCEPT, "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-06-18")
-        .body(Body::from(
-            json!({"jsonrpc": "2.0", "id": 1, "method": method, "params": params}).to_string(),
-        ))
-        .unwrap()
-}
-
-fn with_key(mut request: Request<Body>, key: &str) -> Request<Body> {
-    request.headers_mut().insert(
-        header::AUTHORIZATION,
-        format!("Bearer {key}").parse().unwrap(),
-    );
-    request
-}
-
-async fn send(
-    router: &Router,
-    request: Request<Body>,
-) -> (StatusCode, axum::http::HeaderMap, Value) {
-    let response = router.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let headers = response.headers().clone();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 24)
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&bytes);
-    // A JSON body, or the JSON of the last `data:` line of an event stream.
-    let body = serde_json::from_str(&text).unwrap_or_else(|_| {
-        text.lines()
-            .filter_map(|line| line.strip_prefix("data:"))
-            .filter_map(|data| serde_json::from_str(data.trim()).ok())
-            .next_back()
-            .unwrap_or(Value::String(text.into_owned()))
-    });
-    (status, headers, body)
+    router_with(data, &config).await
 }
 
 #[tokio::test]
@@ -111,7 +51,8 @@ async fn every_route_refuses_a_foreign_host_with_a_hint() {
                 .header(header::HOST, host)
                 .body(Body::empty())
                 .unwrap();
-            let (status, _, body) = send(&router, request).await;
+            let reply = send(&router, request).await;
+            let (status, body) = (reply.status, reply.json());
             assert_eq!(status, StatusCode::FORBIDDEN, "{path} {host}");
             assert!(
                 body["hint"].as_str().unwrap().contains("--allowed-host"),
@@ -132,7 +73,7 @@ async fn every_route_refuses_a_foreign_host_with_a_hint() {
         .header(header::HOST, "snakebox.example.com")
         .body(Body::empty())
         .unwrap();
-    assert_eq!(send(&router, request).await.0, StatusCode::OK);
+    assert_eq!(send(&router, request).await.status, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -146,7 +87,7 @@ async fn a_foreign_origin_is_refused_on_every_route_and_allowed_ones_pass() {
             .body(Body::empty())
             .unwrap();
         assert_eq!(
-            send(&router, request).await.0,
+            send(&router, request).await.status,
             StatusCode::FORBIDDEN,
             "{path}"
         );
@@ -160,7 +101,8 @@ async fn a_foreign_origin_is_refused_on_every_route_and_allowed_ones_pass() {
         request
             .headers_mut()
             .insert(header::ORIGIN, origin.parse().unwrap());
-        let (status, _, body) = send(&router, request).await;
+        let reply = send(&router, request).await;
+        let (status, body) = (reply.status, reply.json());
         assert_eq!(status, StatusCode::OK, "{origin}: {body}");
     }
 }
@@ -180,7 +122,8 @@ async fn posts_must_be_json() {
                 request = request.header(header::CONTENT_TYPE, content_type);
             }
             let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
-            let (status, _, body) = send(&router, request.body(Body::from(body)).unwrap()).await;
+            let reply = send(&router, request.body(Body::from(body)).unwrap()).await;
+            let (status, body) = (reply.status, reply.json());
             assert_eq!(
                 status,
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -197,7 +140,8 @@ async fn once_a_key_exists_every_mcp_request_needs_a_live_one() {
     let router = router(data.path()).await;
     let keys = KeyStore::new(data.path());
     // No key yet, loopback: the local tenant, without authentication.
-    let (status, _, body) = send(&router, rpc("tools/list", json!({}))).await;
+    let reply = send(&router, rpc("tools/list", json!({}))).await;
+    let (status, body) = (reply.status, reply.json());
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body["result"]["tools"].as_array().unwrap().len() > 5);
 
@@ -211,7 +155,8 @@ async fn once_a_key_exists_every_mcp_request_needs_a_live_one() {
             &made.key[..made.key.len() - 1],
         ),
     ] {
-        let (status, headers, body) = send(&router, request).await;
+        let reply = send(&router, request).await;
+        let (status, headers, body) = (reply.status, reply.headers.clone(), reply.json());
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
         assert_eq!(
             headers.get(header::WWW_AUTHENTICATE).unwrap(),
@@ -222,18 +167,25 @@ async fn once_a_key_exists_every_mcp_request_needs_a_live_one() {
     // `?api_key=` is for GET /sse only.
     let mut request = rpc("tools/list", json!({}));
     *request.uri_mut() = format!("/mcp?api_key={}", made.key).parse().unwrap();
-    assert_eq!(send(&router, request).await.0, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        send(&router, request).await.status,
+        StatusCode::UNAUTHORIZED
+    );
     // The probes stay open.
     let probe = Request::get("/healthz")
         .header(header::HOST, "127.0.0.1")
         .body(Body::empty())
         .unwrap();
-    assert_eq!(send(&router, probe).await.0, StatusCode::OK);
+    assert_eq!(send(&router, probe).await.status, StatusCode::OK);
     // The right key works; revoked, it stops at the next request.
-    let (status, _, _) = send(&router, with_key(rpc("tools/list", json!({})), &made.key)).await;
+    let status = send(&router, with_key(rpc("tools/list", json!({})), &made.key))
+        .await
+        .status;
     assert_eq!(status, StatusCode::OK);
     keys.revoke(&made.info.id).unwrap();
-    let (status, _, _) = send(&router, with_key(rpc("tools/list", json!({})), &made.key)).await;
+    let status = send(&router, with_key(rpc("tools/list", json!({})), &made.key))
+        .await
+        .status;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 
@@ -317,10 +269,12 @@ async fn a_public_bind_without_keys_refuses_to_start_unless_told() {
     )
     .unwrap();
     assert_eq!(
-        send(&router, rpc("tools/list", json!({}))).await.0,
+        send(&router, rpc("tools/list", json!({}))).await.status,
         StatusCode::UNAUTHORIZED
     );
-    let (status, _, _) = send(&router, with_key(rpc("tools/list", json!({})), &made.key)).await;
+    let status = send(&router, with_key(rpc("tools/list", json!({})), &made.key))
+        .await
+        .status;
     assert_eq!(status, StatusCode::OK);
 }
 
@@ -331,20 +285,21 @@ async fn one_tenants_artifacts_and_runs_are_not_found_for_another() {
     let keys = KeyStore::new(data.path());
     let a = keys.add("team-a").unwrap().key;
     let b = keys.add("team-b").unwrap().key;
-    let run = rpc(
-        "tools/call",
-        json!({"name": "execute_python", "arguments": {"script": "open('out.txt', 'w').write('made by a')"}}),
-    );
-    let (status, _, body) = send(&router, with_key(run, &a)).await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let result = &body["result"]["structuredContent"];
+    let body = support::call_tool(
+        &router,
+        &a,
+        "execute_python",
+        json!({"script": "open('out.txt', 'w').write('made by a')"}),
+    )
+    .await;
+    let result = &body["structuredContent"];
     assert_eq!(result["status"], "ok", "{body}");
     let uri = result["artifacts"][0]["uri"].as_str().unwrap().to_owned();
 
     let read = |key: &str| with_key(rpc("resources/read", json!({"uri": uri})), key);
-    let (_, _, mine) = send(&router, read(&a)).await;
+    let mine = send(&router, read(&a)).await.json();
     assert_eq!(mine["result"]["contents"][0]["text"], "made by a", "{mine}");
-    let (_, _, theirs) = send(&router, read(&b)).await;
+    let theirs = send(&router, read(&b)).await.json();
     assert!(
         theirs["error"]["message"]
             .as_str()
@@ -354,9 +309,13 @@ async fn one_tenants_artifacts_and_runs_are_not_found_for_another() {
     );
     assert!(theirs.get("result").is_none(), "{theirs}");
     // B lists nothing of A's.
-    let (_, _, listed) = send(&router, with_key(rpc("resources/list", json!({})), &b)).await;
+    let listed = send(&router, with_key(rpc("resources/list", json!({})), &b))
+        .await
+        .json();
     assert_eq!(listed["result"]["resources"], json!([]), "{listed}");
-    let (_, _, listed) = send(&router, with_key(rpc("resources/list", json!({})), &a)).await;
+    let listed = send(&router, with_key(rpc("resources/list", json!({})), &a))
+        .await
+        .json();
     assert_eq!(
         listed["result"]["resources"].as_array().unwrap().len(),
         1,

@@ -5,81 +5,29 @@
 //! is Prometheus text whose run counter grows with a run.
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+mod support;
+
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{HeaderMap, Request, StatusCode, header};
+use axum::http::{Request, StatusCode, header};
 use serde_json::{Value, json};
-use snakebox_engine::{Engine, EngineConfig};
 use snakebox_http::{HttpConfig, KeyStore, LinkSigner};
-use snakebox_sandbox::BackendKind;
-use tokio_util::sync::CancellationToken;
-use tower::ServiceExt;
+use support::{Reply, call_tool, get, http_config, router_with, send, with_key};
 
 async fn router(data: &std::path::Path, public_url: Option<&str>) -> Router {
-    let mut config = EngineConfig::new(data.to_path_buf(), BackendKind::None);
-    config.warm_pool = 0;
-    config.fork_server = false;
-    config.warm_cache = false;
-    let engine = Arc::new(Engine::new(config).await);
     let http = HttpConfig {
-        addr: "127.0.0.1:8000".parse::<SocketAddr>().unwrap(),
         public_url: public_url.map(str::to_owned),
-        allowed_hosts: vec![],
-        allowed_origins: vec![],
-        insecure_no_auth: false,
-        conformance_fixtures: false,
-        link_ttl: snakebox_http::DEFAULT_LINK_TTL,
+        ..http_config("127.0.0.1:8000")
     };
-    snakebox_http::router(engine, &http, KeyStore::new(data), CancellationToken::new()).unwrap()
+    router_with(data, &http).await
 }
 
-fn get(uri: &str) -> Request<Body> {
-    Request::get(uri)
-        .header(header::HOST, "127.0.0.1:8000")
-        .body(Body::empty())
-        .unwrap()
-}
-
-fn with_key(mut request: Request<Body>, key: &str) -> Request<Body> {
-    request.headers_mut().insert(
-        header::AUTHORIZATION,
-        format!("Bearer {key}").parse().unwrap(),
-    );
-    request
-}
-
-async fn send(router: &Router, request: Request<Body>) -> (StatusCode, HeaderMap, Vec<u8>) {
-    let response = router.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let headers = response.headers().clone();
-    let bytes = axum::body::to_bytes(response.into_body(), 1 << 24)
-        .await
-        .unwrap();
-    (status, headers, bytes.to_vec())
-}
-
-/// Run `script` as the holder of `key`; the structured result.
+/// Run `script` as the holder of `key`; the call's result.
 async fn run(router: &Router, key: &str, script: &str) -> Value {
-    let request = Request::post("/mcp")
-        .header(header::HOST, "127.0.0.1:8000")
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(header::ACCEPT, "application/json, text/event-stream")
-        .header("mcp-protocol-version", "2025-06-18")
-        .body(Body::from(
-            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                   "params": {"name": "execute_python", "arguments": {"script": script}}})
-            .to_string(),
-        ))
-        .unwrap();
-    let (status, _, body) = send(router, with_key(request, key)).await;
-    let body: Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let result = body["result"].clone();
-    assert_eq!(result["structuredContent"]["status"], "ok", "{body}");
+    let result = call_tool(router, key, "execute_python", json!({"script": script})).await;
+    assert_eq!(result["structuredContent"]["status"], "ok", "{result}");
     result
 }
 
@@ -131,7 +79,11 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
 
     // A plain GET, no key: the bytes and the headers.
     let expected: Vec<u8> = (0..=255u8).cycle().take(768).collect();
-    let (status, headers, body) = send(&router, get(path_of(&url))).await;
+    let Reply {
+        status,
+        headers,
+        body,
+    } = send(&router, get(path_of(&url))).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     assert_eq!(body, expected);
     assert_eq!(headers[header::CONTENT_LENGTH], "768");
@@ -155,7 +107,11 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
         .header(header::HOST, "127.0.0.1:8000")
         .body(Body::empty())
         .unwrap();
-    let (status, head_headers, body) = send(&router, head).await;
+    let Reply {
+        status,
+        headers: head_headers,
+        body,
+    } = send(&router, head).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(head_headers[header::CONTENT_LENGTH], "768");
     assert!(body.is_empty());
@@ -180,7 +136,7 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
         path.split('?').next().unwrap().to_owned(),
         path.replace("tenant=team-a", "tenant=team-b"),
     ] {
-        let (status, _, body) = send(&router, get(&tampered)).await;
+        let Reply { status, body, .. } = send(&router, get(&tampered)).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{tampered}");
         let body: Value = serde_json::from_slice(&body).unwrap();
         assert!(
@@ -196,14 +152,14 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
         .as_str()
         .unwrap();
     let expired = signer.link("team-a", execution_id, "out/data b.bin", now() - 1);
-    let (status, _, _) = send(&router, get(&expired)).await;
+    let Reply { status, .. } = send(&router, get(&expired)).await;
     assert_eq!(status, StatusCode::GONE);
     for dotted in ["../manifest.json", "out/../out/data b.bin", "/etc/passwd"] {
         let link = signer.link("team-a", execution_id, dotted, now() + 60);
-        let (status, _, _) = send(&router, get(&link)).await;
+        let Reply { status, .. } = send(&router, get(&link)).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{link}");
     }
-    let (status, _, _) = send(
+    let Reply { status, .. } = send(
         &router,
         get(&format!(
             "/files/{execution_id}/..?tenant=team-a&exp=1&sig=00"
@@ -212,17 +168,23 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let unknown = signer.link("team-a", execution_id, "out/none.bin", now() + 60);
-    assert_eq!(send(&router, get(&unknown)).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        send(&router, get(&unknown)).await.status,
+        StatusCode::NOT_FOUND
+    );
     keys.add("team-b").unwrap();
     let theirs = signer.link("team-b", execution_id, "out/data b.bin", now() + 60);
-    assert_eq!(send(&router, get(&theirs)).await.0, StatusCode::NOT_FOUND);
+    assert_eq!(
+        send(&router, get(&theirs)).await.status,
+        StatusCode::NOT_FOUND
+    );
     // The link still works, and is refused for a foreign Host like every route.
     let mut foreign = get(&path);
     foreign
         .headers_mut()
         .insert(header::HOST, "evil.example".parse().unwrap());
-    assert_eq!(send(&router, foreign).await.0, StatusCode::FORBIDDEN);
-    assert_eq!(send(&router, get(&path)).await.0, StatusCode::OK);
+    assert_eq!(send(&router, foreign).await.status, StatusCode::FORBIDDEN);
+    assert_eq!(send(&router, get(&path)).await.status, StatusCode::OK);
 }
 
 #[tokio::test]
@@ -242,7 +204,7 @@ async fn links_use_the_public_url_and_survive_a_restart() {
     );
     // A new server of the same data directory: the same secret.
     let second = router(data.path(), None).await;
-    let (status, _, body) = send(&second, get(path_of(&url))).await;
+    let Reply { status, body, .. } = send(&second, get(path_of(&url))).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body.len(), 768);
 }
@@ -267,7 +229,11 @@ async fn metrics_are_prometheus_text_and_count_runs() {
     let data = tempfile::tempdir().unwrap();
     let router = router(data.path(), None).await;
     // No key yet on loopback: open, like every route.
-    let (status, headers, before) = send(&router, get("/metrics")).await;
+    let Reply {
+        status,
+        headers,
+        body: before,
+    } = send(&router, get("/metrics")).await;
     assert_eq!(status, StatusCode::OK);
     assert!(
         headers[header::CONTENT_TYPE]
@@ -293,11 +259,15 @@ async fn metrics_are_prometheus_text_and_count_runs() {
     // Once a key exists, /metrics needs one, as every route does.
     let key = KeyStore::new(data.path()).add("team-a").unwrap().key;
     assert_eq!(
-        send(&router, get("/metrics")).await.0,
+        send(&router, get("/metrics")).await.status,
         StatusCode::UNAUTHORIZED
     );
     run(&router, &key, "print('counted')").await;
-    let (status, _, after) = send(&router, with_key(get("/metrics"), &key)).await;
+    let Reply {
+        status,
+        body: after,
+        ..
+    } = send(&router, with_key(get("/metrics"), &key)).await;
     assert_eq!(status, StatusCode::OK);
     let after = String::from_utf8(after).unwrap();
     // Other tests of this process run too (one recorder per process): more, not exactly one.

@@ -4,79 +4,27 @@
 //! sessions and artifacts "not found" for another.
 #![allow(clippy::unwrap_used)]
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+mod support;
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{HeaderMap, Request, StatusCode, header};
+use axum::http::{Request, StatusCode, header};
 use serde_json::{Value, json};
-use snakebox_engine::{Engine, EngineConfig};
-use snakebox_http::{HttpConfig, KeyStore};
-use snakebox_sandbox::BackendKind;
-use tokio_util::sync::CancellationToken;
+use snakebox_http::KeyStore;
+use support::{HOST, Reply, http_config, router_with, send};
 use tower::ServiceExt;
 
-const HOST: &str = "127.0.0.1:8000";
 const ORIGIN: &str = "http://127.0.0.1:8000";
 
 async fn router(data: &std::path::Path) -> Router {
-    let mut config = EngineConfig::new(data.to_path_buf(), BackendKind::None);
-    config.warm_pool = 0;
-    config.fork_server = false;
-    config.warm_cache = false;
-    let engine = Arc::new(Engine::new(config).await);
-    let http = HttpConfig {
-        addr: "127.0.0.1:0".parse::<SocketAddr>().unwrap(),
-        public_url: None,
-        allowed_hosts: vec![],
-        allowed_origins: vec![],
-        insecure_no_auth: false,
-        conformance_fixtures: false,
-        link_ttl: snakebox_http::DEFAULT_LINK_TTL,
-    };
-    snakebox_http::router(engine, &http, KeyStore::new(data), CancellationToken::new()).unwrap()
+    router_with(data, &http_config("127.0.0.1:0")).await
 }
 
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Vec<u8>,
-}
-
-impl Reply {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-
-    fn header(&self, name: header::HeaderName) -> String {
-        self.headers
-            .get(name)
-            .map(|v| v.to_str().unwrap().to_owned())
-            .unwrap_or_default()
-    }
-
-    /// The value of the page's first CSRF field.
-    fn csrf(&self) -> String {
-        let text = self.text();
-        let at = text.find("name=\"csrf\" value=\"").unwrap() + "name=\"csrf\" value=\"".len();
-        text[at..].split('"').next().unwrap().to_owned()
-    }
-}
-
-async fn send(router: &Router, request: Request<Body>) -> Reply {
-    let response = router.clone().oneshot(request).await.unwrap();
-    let status = response.status();
-    let headers = response.headers().clone();
-    let body = axum::body::to_bytes(response.into_body(), 1 << 24)
-        .await
-        .unwrap()
-        .to_vec();
-    Reply {
-        status,
-        headers,
-        body,
-    }
+/// The value of a page's first CSRF field.
+fn csrf_of(page: &Reply) -> String {
+    let text = page.text();
+    let at = text.find("name=\"csrf\" value=\"").unwrap() + "name=\"csrf\" value=\"".len();
+    text[at..].split('"').next().unwrap().to_owned()
 }
 
 async fn get(router: &Router, path: &str, cookie: Option<&str>) -> Reply {
@@ -141,23 +89,9 @@ async fn log_in(router: &Router, key: &str) -> String {
     set.split(';').next().unwrap().to_owned()
 }
 
+/// Call tool `name` as the holder of `key`; its structured result.
 async fn call_tool(router: &Router, key: &str, name: &str, arguments: Value) -> Value {
-    let request = Request::post("/mcp")
-        .header(header::HOST, HOST)
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(header::ACCEPT, "application/json, text/event-stream")
-        .header(header::AUTHORIZATION, format!("Bearer {key}"))
-        .header("mcp-protocol-version", "2025-06-18")
-        .body(Body::from(
-            json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                   "params": {"name": name, "arguments": arguments}})
-            .to_string(),
-        ))
-        .unwrap();
-    let reply = send(router, request).await;
-    assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
-    let body: Value = serde_json::from_slice(&reply.body).unwrap();
-    body["result"]["structuredContent"].clone()
+    support::call_tool(router, key, name, arguments).await["structuredContent"].clone()
 }
 
 #[tokio::test]
@@ -223,6 +157,7 @@ async fn login_exchanges_a_key_for_a_strict_cookie_and_pages_need_it() {
         assert!(!csp.contains("unsafe-inline"), "{csp}");
         assert_eq!(page.header(header::X_FRAME_OPTIONS), "DENY");
         assert_eq!(page.header(header::X_CONTENT_TYPE_OPTIONS), "nosniff");
+        assert_eq!(page.header(header::REFERRER_POLICY), "same-origin");
         assert!(page.text().contains("team-a"), "{path}");
         assert!(
             !page.text().contains("<script>"),
@@ -247,7 +182,7 @@ async fn every_post_needs_the_sessions_csrf_token_and_the_servers_origin() {
     let key = KeyStore::new(data.path()).add("team-a").unwrap().key;
     let cookie = log_in(&router, &key).await;
     let page = get(&router, "/ui/runs", Some(&cookie)).await;
-    let csrf = page.csrf();
+    let csrf = csrf_of(&page);
 
     let missing = post(&router, "/ui/logout", Some(&cookie), Some(ORIGIN), "").await;
     assert_eq!(missing.status, StatusCode::FORBIDDEN, "{}", missing.text());
@@ -368,6 +303,9 @@ async fn runs_show_their_output_and_artifacts_download_without_rendering() {
         svg.header(header::CONTENT_SECURITY_POLICY)
             .starts_with("sandbox")
     );
+    // A download's own, stricter referrer policy is kept (the UI's pages send the path to
+    // their own origin only).
+    assert_eq!(svg.header(header::REFERRER_POLICY), "no-referrer");
     assert!(
         svg.text().contains("<script>alert(1)</script>"),
         "exact bytes"
@@ -454,7 +392,7 @@ async fn a_second_tenant_sees_none_of_the_firsts_runs_sessions_or_artifacts() {
     assert!(!environment.contains(&session), "{environment}");
     assert!(!environment.contains("a-session"), "{environment}");
     // B cannot delete A's session, even with a valid form of its own.
-    let csrf_b = get(&router, "/ui/runs", Some(&cookie_b)).await.csrf();
+    let csrf_b = csrf_of(&get(&router, "/ui/runs", Some(&cookie_b)).await);
     let delete = post(
         &router,
         &format!("/ui/sessions/{session}/delete"),
@@ -488,7 +426,7 @@ async fn a_second_tenant_sees_none_of_the_firsts_runs_sessions_or_artifacts() {
         &format!("/ui/sessions/{session}/reset"),
         Some(&cookie_a),
         Some(ORIGIN),
-        &format!("csrf={}", confirm.csrf()),
+        &format!("csrf={}", csrf_of(&confirm)),
     )
     .await;
     assert_eq!(reset.status, StatusCode::SEE_OTHER, "{}", reset.text());
@@ -530,7 +468,7 @@ async fn a_second_tenant_sees_none_of_the_firsts_runs_sessions_or_artifacts() {
         &format!("/ui/sessions/{session}/delete"),
         Some(&cookie_a),
         Some(ORIGIN),
-        &format!("csrf={}", confirm.csrf()),
+        &format!("csrf={}", csrf_of(&confirm)),
     )
     .await;
     assert_eq!(deleted.status, StatusCode::SEE_OTHER, "{}", deleted.text());
@@ -563,7 +501,7 @@ async fn a_running_runs_output_streams_live_and_it_is_cancelled_by_its_tenant_on
     let id = list[at..].split('"').next().unwrap().to_owned();
     let page = get(&router, &format!("/ui/runs/{id}"), Some(&cookie_a)).await;
     assert!(page.text().contains("id=\"cancel\""), "{}", page.text());
-    let csrf_a = page.csrf();
+    let csrf_a = csrf_of(&page);
 
     // Its output streams live, as Server-Sent Events.
     let request = Request::get(format!("/ui/runs/{id}/live"))
@@ -595,7 +533,7 @@ async fn a_running_runs_output_streams_live_and_it_is_cancelled_by_its_tenant_on
 
     // A stream whose login ends (here, a log-out) ends too, while the run goes on.
     let cookie_a2 = log_in(&router, &a).await;
-    let csrf_a2 = get(&router, "/ui/runs", Some(&cookie_a2)).await.csrf();
+    let csrf_a2 = csrf_of(&get(&router, "/ui/runs", Some(&cookie_a2)).await);
     let request = Request::get(format!("/ui/runs/{id}/live"))
         .header(header::HOST, HOST)
         .header(header::COOKIE, &cookie_a2)
@@ -635,7 +573,7 @@ async fn a_running_runs_output_streams_live_and_it_is_cancelled_by_its_tenant_on
 
     // B cannot cancel it, even with a valid form of its own; A needs its token.
     let cookie_b = log_in(&router, &b).await;
-    let csrf_b = get(&router, "/ui/runs", Some(&cookie_b)).await.csrf();
+    let csrf_b = csrf_of(&get(&router, "/ui/runs", Some(&cookie_b)).await);
     let cancel = format!("/ui/runs/{id}/cancel");
     let theirs = post(
         &router,
@@ -740,9 +678,7 @@ async fn files_are_uploaded_into_a_session_by_its_tenant_only() {
     let target = format!("/ui/sessions/{session}/upload");
 
     let cookie_a = log_in(&router, &a).await;
-    let csrf_a = get(&router, &format!("/ui/sessions/{session}"), Some(&cookie_a))
-        .await
-        .csrf();
+    let csrf_a = csrf_of(&get(&router, &format!("/ui/sessions/{session}"), Some(&cookie_a)).await);
     let no_token = upload(
         &router,
         &target,
@@ -752,7 +688,7 @@ async fn files_are_uploaded_into_a_session_by_its_tenant_only() {
     .await;
     assert_eq!(no_token.status, StatusCode::FORBIDDEN);
     let cookie_b = log_in(&router, &b).await;
-    let csrf_b = get(&router, "/ui/runs", Some(&cookie_b)).await.csrf();
+    let csrf_b = csrf_of(&get(&router, "/ui/runs", Some(&cookie_b)).await);
     let theirs = upload(
         &router,
         &target,

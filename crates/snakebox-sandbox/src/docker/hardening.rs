@@ -94,23 +94,24 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
         mounts.push(bind(dir, Path::new(CONTROL_DIR_INSIDE), true));
     }
 
-    // 4. The command: `/bin/sh` (the host's, read-only) opens the FIFO as descriptor 3 and
-    //    execs the command with its arguments untouched.
+    // 4. The command: `/bin/sh` (the host's, read-only) drops the `HOSTNAME` the engine adds
+    //    to every container's environment (the run's environment is the policy's alone, I-01),
+    //    opens the FIFO as descriptor 3 and execs the command with its arguments untouched.
     let program = spec.command.program.to_string_lossy().into_owned();
     let args = spec
         .command
         .args
         .iter()
         .map(|a| a.to_string_lossy().into_owned());
-    let cmd: Vec<String> = if spec.control_dir.is_some() {
-        let open = format!("exec 3>{CONTROL_DIR_INSIDE}/control && exec \"$@\"");
-        ["/bin/sh".into(), "-c".into(), open, "sh".into(), program]
-            .into_iter()
-            .chain(args)
-            .collect()
+    let script = if spec.control_dir.is_some() {
+        format!("unset HOSTNAME; exec 3>{CONTROL_DIR_INSIDE}/control && exec \"$@\"")
     } else {
-        std::iter::once(program).chain(args).collect()
+        "unset HOSTNAME; exec \"$@\"".to_owned()
     };
+    let cmd: Vec<String> = ["/bin/sh".into(), "-c".into(), script, "sh".into(), program]
+        .into_iter()
+        .chain(args)
+        .collect();
 
     // 5. Limits. Memory = memory + swap (no swap); /tmp is a size-capped tmpfs.
     let tmp_bytes = limits.scratch_bytes.unwrap_or(DEFAULT_TMP_BYTES);
@@ -135,6 +136,9 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
         ulimit("nofile", nofile, nofile);
     }
     let gvisor = spec.runtime == Some("runsc");
+    let seccomp = super::seccomp::profile().map_err(|e| DockerError::Unsupported {
+        reason: e.to_string(),
+    })?;
     let mut pids_limit = limits.max_processes;
     if gvisor && let Some(processes) = limits.max_processes {
         // gVisor's own kernel counts the run's processes against RLIMIT_NPROC; the cgroup
@@ -150,10 +154,10 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
         // Its own cgroup namespace: /proc/self/cgroup shows `/`, not the engine's
         // `/docker/<id>` (F-13, I-04).
         cgroupns_mode: Some(HostConfigCgroupnsModeEnum::PRIVATE),
-        // 7. Privilege: no capabilities, no way to gain any, the engine's default seccomp
-        //    profile (never `unconfined`), a read-only root.
+        // 7. Privilege: no capabilities, no way to gain any, the native backend's seccomp
+        //    program as a profile (see [`super::seccomp`]), a read-only root.
         cap_drop: Some(vec!["ALL".into()]),
-        security_opt: Some(vec!["no-new-privileges".into()]),
+        security_opt: Some(vec!["no-new-privileges".into(), seccomp.security_opt()]),
         privileged: Some(false),
         readonly_rootfs: Some(true),
         // 8. An init as pid 1 reaps what the run leaves behind and passes the command's
@@ -293,6 +297,22 @@ pub(crate) fn verify(
             "HostConfig.SecurityOpt",
             show(&opts),
             "no-new-privileges".into(),
+        );
+    }
+    // Our seccomp profile, byte for byte (an engine that dropped it would run the default).
+    let seccomp = want
+        .security_opt
+        .iter()
+        .flatten()
+        .find(|o| o.starts_with("seccomp="));
+    if let Some(profile) = seccomp
+        && !opts.contains(profile)
+    {
+        let found = opts.iter().find(|o| o.starts_with("seccomp="));
+        return fail(
+            "HostConfig.SecurityOpt",
+            found.map_or("no seccomp profile".into(), |f| format!("{:.80}...", f)),
+            format!("{:.80}...", profile),
         );
     }
     if let Some(off) = opts.iter().find(|o| o.contains("unconfined")) {
@@ -471,6 +491,12 @@ mod tests {
         assert_eq!(host.network_mode.as_deref(), Some("none"));
         assert_eq!(host.readonly_rootfs, Some(true));
         assert_eq!(host.cap_drop, Some(vec!["ALL".to_string()]));
+        let opts = host.security_opt.as_ref().unwrap();
+        assert_eq!(opts[0], "no-new-privileges");
+        assert_eq!(
+            opts[1],
+            super::super::seccomp::profile().unwrap().security_opt()
+        );
         assert_eq!(host.memory, Some(256 << 20));
         assert_eq!(host.memory_swap, host.memory);
         assert_eq!(host.pids_limit, Some(64));
@@ -500,6 +526,7 @@ mod tests {
         );
         let cmd = body.cmd.unwrap();
         assert_eq!(cmd[0], "/bin/sh");
+        assert!(cmd[2].starts_with("unset HOSTNAME;"), "{}", cmd[2]);
         assert_eq!(&cmd[4..], ["/data/env/bin/python", "-c", "print(1)"]);
     }
 
@@ -544,6 +571,20 @@ mod tests {
                     .as_mut()
                     .unwrap()
                     .push("seccomp=unconfined".into());
+            }),
+            ("HostConfig.SecurityOpt", |r| {
+                r.host_config.as_mut().unwrap().security_opt =
+                    Some(vec!["no-new-privileges".into()]);
+            }),
+            ("HostConfig.SecurityOpt", |r| {
+                let opts = r
+                    .host_config
+                    .as_mut()
+                    .unwrap()
+                    .security_opt
+                    .as_mut()
+                    .unwrap();
+                opts[1] = opts[1].replace("SCMP_ACT_ERRNO", "SCMP_ACT_LOG");
             }),
             ("HostConfig.Memory", |r| {
                 r.host_config.as_mut().unwrap().memory = Some(0);

@@ -15,7 +15,7 @@
 //! different layout, or a new snakebox that changes the image, asks for a new tag, and an
 //! existing tag never has other content.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use bollard::Docker;
 use futures::StreamExt;
@@ -164,7 +164,9 @@ enum Entry {
 }
 
 /// The image's root file system as a tar archive, byte for byte the same for the same host
-/// layout (fixed owners, modes and times), so that its hash names its content.
+/// layout, so that its hash names its content: every header is written here in full (owner
+/// 0:0, no user or group names, modification time 0, a fixed mode per kind), nothing is read
+/// from the file system.
 fn archive(view: &SystemView) -> Vec<u8> {
     let mut entries: Vec<Entry> = DIRS.iter().map(|d| Entry::Dir((*d).to_owned())).collect();
     for (link, target) in &view.symlinks {
@@ -186,66 +188,43 @@ fn archive(view: &SystemView) -> Vec<u8> {
     }
     entries.push(Entry::File("etc/passwd", passwd().into_bytes()));
     entries.push(Entry::File("etc/group", group().into_bytes()));
-    let mut out = Vec::new();
-    for entry in &entries {
+    // Writing into memory fails only on a path tar cannot encode, and these are short,
+    // relative names of our own or of the host's top-level directories.
+    append_all(&entries).unwrap_or_else(|e| unreachable!("an in-memory tar archive: {e}"))
+}
+
+fn append_all(entries: &[Entry]) -> std::io::Result<Vec<u8>> {
+    let header = |kind: tar::EntryType, mode: u32, size: u64| {
+        let mut header = tar::Header::new_ustar();
+        header.set_entry_type(kind);
+        header.set_mode(mode);
+        header.set_size(size);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(0);
+        header
+    };
+    let mut builder = tar::Builder::new(Vec::new());
+    for entry in entries {
         match entry {
             // `/tmp` is 1777 like any /tmp: the engine gives the tmpfs mounted over it the
             // mode of the image's directory.
             Entry::Dir(name) => {
                 let mode = if name == "tmp" { 0o1777 } else { 0o755 };
-                tar_header(&mut out, &format!("{name}/"), b'5', mode, 0, None);
+                let mut h = header(tar::EntryType::Directory, mode, 0);
+                builder.append_data(&mut h, format!("{name}/"), std::io::empty())?;
             }
             Entry::File(name, data) => {
-                tar_header(&mut out, name, b'0', 0o644, data.len(), None);
-                out.extend_from_slice(data);
-                out.resize(out.len().next_multiple_of(512), 0);
+                let mut h = header(tar::EntryType::Regular, 0o644, data.len() as u64);
+                builder.append_data(&mut h, name, data.as_slice())?;
             }
             Entry::Link(name, target) => {
-                tar_header(&mut out, name, b'2', 0o777, 0, Some(target));
+                let mut h = header(tar::EntryType::Symlink, 0o777, 0);
+                builder.append_link(&mut h, name, target)?;
             }
         }
     }
-    // Two zero blocks end the archive.
-    out.resize(out.len() + 1024, 0);
-    out
-}
-
-/// One ustar header (names here are short: no long-name extensions needed).
-fn tar_header(
-    out: &mut Vec<u8>,
-    name: &str,
-    kind: u8,
-    mode: u32,
-    size: usize,
-    link: Option<&Path>,
-) {
-    let mut header = [0u8; 512];
-    let put = |header: &mut [u8; 512], at: usize, len: usize, value: &[u8]| {
-        let n = value.len().min(len);
-        header[at..at + n].copy_from_slice(&value[..n]);
-    };
-    put(&mut header, 0, 100, name.as_bytes());
-    put(&mut header, 100, 8, format!("{mode:07o}\0").as_bytes());
-    put(&mut header, 108, 8, b"0000000\0");
-    put(&mut header, 116, 8, b"0000000\0");
-    put(&mut header, 124, 12, format!("{size:011o}\0").as_bytes());
-    // A fixed time (2000-01-01): the archive must not change from one build to the next.
-    put(
-        &mut header,
-        136,
-        12,
-        format!("{:011o}\0", 946_684_800).as_bytes(),
-    );
-    header[156] = kind;
-    if let Some(link) = link {
-        put(&mut header, 157, 100, link.as_os_str().as_encoded_bytes());
-    }
-    put(&mut header, 257, 8, b"ustar\x0000");
-    // The checksum is computed with its own field as spaces.
-    header[148..156].fill(b' ');
-    let sum: u32 = header.iter().map(|&b| u32::from(b)).sum();
-    put(&mut header, 148, 8, format!("{sum:06o}\0 ").as_bytes());
-    out.extend_from_slice(&header);
+    builder.into_inner()
 }
 
 #[cfg(test)]
@@ -276,24 +255,34 @@ mod tests {
         other.symlinks[0].1 = "usr/local/bin".into();
         assert_ne!(RunImage::for_view(&other).tag(), a.tag());
         assert_eq!(a.archive_bytes() % 512, 0);
+        // Nothing of the build (time, owner, user names) is in the archive: this tag is the
+        // same on every machine and in every process, until the image's content changes.
+        assert_eq!(a.tag(), "snakebox-run:b223db65b29208be");
     }
 
     #[test]
     fn the_archive_has_the_links_dirs_and_users() {
         let image = RunImage::for_view(&view());
-        let names: Vec<String> = image
-            .archive
-            .chunks(512)
-            .filter(|block| block[257..262] == *b"ustar")
-            .map(|block| {
-                let end = block[..100].iter().position(|&b| b == 0).unwrap_or(100);
-                format!(
-                    "{}{}",
-                    block[156] as char,
-                    String::from_utf8_lossy(&block[..end])
-                )
-            })
-            .collect();
+        let mut archive = tar::Archive::new(image.archive.as_slice());
+        let mut names = Vec::new();
+        for entry in archive.entries().unwrap() {
+            let entry = entry.unwrap();
+            let h = entry.header();
+            // Deterministic headers: owner, time and user names fixed.
+            assert_eq!((h.uid().unwrap(), h.gid().unwrap()), (0, 0));
+            assert_eq!(h.mtime().unwrap(), 0);
+            assert_eq!(h.username().unwrap(), Some(""));
+            let kind = match h.entry_type() {
+                tar::EntryType::Directory => '5',
+                tar::EntryType::Symlink => '2',
+                tar::EntryType::Regular => '0',
+                other => panic!("{other:?}"),
+            };
+            names.push(format!("{kind}{}", entry.path().unwrap().display()));
+            if kind == '5' && names.last().unwrap() == "5tmp/" {
+                assert_eq!(h.mode().unwrap(), 0o1777);
+            }
+        }
         for want in [
             "5sbin/",
             "5tmp/",

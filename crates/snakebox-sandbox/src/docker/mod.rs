@@ -19,12 +19,13 @@
 //! run's future is dropped.
 //!
 //! Installs go through `run` like any command, so the downloader and package code run in
-//! containers too. Not yet here (see SECURITY.md): pre-started containers (the warm pool),
-//! long-lived containers (sessions), and our own seccomp program (Docker takes a JSON profile,
-//! not a BPF program: its default profile applies and is verified to be on).
+//! containers too. The seccomp program is the native backend's, as a JSON profile
+//! ([`seccomp`]). Not yet here (see SECURITY.md): pre-started containers (the warm pool) and
+//! long-lived containers (sessions).
 
 pub(crate) mod hardening;
 pub(crate) mod image;
+pub(crate) mod seccomp;
 
 use std::collections::HashMap;
 use std::os::fd::OwnedFd;
@@ -177,7 +178,7 @@ impl DockerBackend {
             .unwrap_or("runsc's default");
         vec![
             format!("gVisor platform: {platform} (runtime arguments: {})", self.facts.runtime_args.join(" ")),
-            "gVisor: the run's system calls reach gVisor's own kernel, not the host's; Docker's seccomp profile confines gVisor itself".into(),
+            "gVisor: the run's system calls reach gVisor's own kernel, not the host's; runsc applies the container's seccomp profile only when registered with --oci-seccomp".into(),
             "gVisor known gaps: nested user namespaces are allowed inside gVisor's kernel (the host kernel never sees them); the pids cgroup counts gVisor's threads, so processes are capped by RLIMIT_NPROC inside it".into(),
         ]
     }
@@ -852,7 +853,8 @@ impl crate::backend::Backend for DockerBackend {
                     "run image `{}` (host /usr and the environment bound read-only)",
                     self.image
                 ),
-                "each container verified after create: non-root uid, network none, read-only root, all capabilities dropped, no-new-privileges, Docker's default seccomp profile, limits, logging driver none".into(),
+                "each container verified after create: non-root uid, network none, read-only root, all capabilities dropped, no-new-privileges, our seccomp profile, limits, logging driver none".into(),
+                seccomp::summary(),
                 "one fresh container per run, installs included (no warm pool or sessions yet)".into(),
             ]
             .into_iter()

@@ -117,17 +117,56 @@ fn target_arch() -> Result<(TargetArch, u32, &'static str), SeccompError> {
     }
 }
 
-fn cond(arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64) -> SeccompCondition {
-    // Only fails for arg > 5, which never happens with the constants below.
-    SeccompCondition::new(arg, len, op, value).unwrap_or_else(|_| unreachable!("arg index <= 5"))
+/// One argument comparison of a rule, kept as data (seccompiler's own condition type cannot
+/// be read back) so that the same table also gives Docker's JSON profile
+/// (`crate::docker::seccomp`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Cond {
+    /// Argument index (0..=5).
+    pub(crate) arg: u8,
+    /// Compare the low 32 bits (`Dword`) or all 64 (`Qword`).
+    pub(crate) len: SeccompCmpArgLen,
+    pub(crate) op: SeccompCmpOp,
+    pub(crate) value: u64,
 }
 
-fn rule(conditions: Vec<SeccompCondition>) -> SeccompRule {
-    SeccompRule::new(conditions).unwrap_or_else(|_| unreachable!("conditions are never empty"))
+/// A rule: all of its conditions hold (a syscall's rules are ORed).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Rule(pub(crate) Vec<Cond>);
+
+impl Rule {
+    fn compile(&self) -> SeccompRule {
+        let conditions = self
+            .0
+            .iter()
+            .map(|c| {
+                // Only fails for arg > 5, which never happens with the constants below.
+                SeccompCondition::new(c.arg, c.len.clone(), c.op.clone(), c.value)
+                    .unwrap_or_else(|_| unreachable!("arg index <= 5"))
+            })
+            .collect();
+        SeccompRule::new(conditions).unwrap_or_else(|_| unreachable!("conditions are never empty"))
+    }
 }
+
+fn cond(arg: u8, len: SeccompCmpArgLen, op: SeccompCmpOp, value: u64) -> Cond {
+    Cond {
+        arg,
+        len,
+        op,
+        value,
+    }
+}
+
+fn rule(conditions: Vec<Cond>) -> Rule {
+    Rule(conditions)
+}
+
+/// Syscall number → its rules (empty = always).
+pub(crate) type RuleTable = BTreeMap<i64, Vec<Rule>>;
 
 /// "any of these bits set in arg 0" as one rule per bit (rules of a syscall are ORed).
-fn any_bit_of_arg0(bits: &[u64]) -> Vec<SeccompRule> {
+fn any_bit_of_arg0(bits: &[u64]) -> Vec<Rule> {
     bits.iter()
         .map(|&bit| {
             rule(vec![cond(
@@ -141,7 +180,7 @@ fn any_bit_of_arg0(bits: &[u64]) -> Vec<SeccompRule> {
 }
 
 /// Syscalls refused with EPERM, with their argument rules (empty = always).
-fn eperm_rules(holder: Holder) -> BTreeMap<i64, Vec<SeccompRule>> {
+fn eperm_rules(holder: Holder) -> RuleTable {
     use libc::*;
     // clone's low byte is the exit signal, so CLONE_NEWTIME (0x80) cannot be checked there.
     let clone_ns = [
@@ -157,7 +196,7 @@ fn eperm_rules(holder: Holder) -> BTreeMap<i64, Vec<SeccompRule>> {
     let mut unshare_ns = clone_ns.to_vec();
     unshare_ns.push(CLONE_NEWTIME as u64);
 
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    let mut rules = RuleTable::new();
     let always = [
         // Keyrings are not namespaced (K-05).
         SYS_keyctl,
@@ -285,8 +324,8 @@ fn eperm_rules(holder: Holder) -> BTreeMap<i64, Vec<SeccompRule>> {
 }
 
 /// Syscalls refused with ENOSYS (the caller is expected to fall back).
-fn enosys_rules(holder: Holder) -> BTreeMap<i64, Vec<SeccompRule>> {
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = [
+fn enosys_rules(holder: Holder) -> RuleTable {
+    let mut rules: RuleTable = [
         CLONE3,
         OPEN_TREE,
         MOVE_MOUNT,
@@ -358,7 +397,11 @@ fn guard(audit_arch: u32) -> BpfProgram {
 /// Compile both programs of `holder` for the architecture we run on.
 pub(crate) fn programs(holder: Holder) -> Result<SeccompPrograms, SeccompError> {
     let (arch, audit_arch, arch_name) = target_arch()?;
-    let compile = |rules, errno: i32| -> Result<BpfProgram, SeccompError> {
+    let compile = |rules: RuleTable, errno: i32| -> Result<BpfProgram, SeccompError> {
+        let rules = rules
+            .into_iter()
+            .map(|(nr, rules)| (nr, rules.iter().map(Rule::compile).collect()))
+            .collect();
         let filter = SeccompFilter::new(
             rules,
             SeccompAction::Allow,
@@ -376,6 +419,17 @@ pub(crate) fn programs(holder: Holder) -> Result<SeccompPrograms, SeccompError> 
     eperm.extend(compile(eperm_rules(holder), libc::EPERM)?);
     let enosys = compile(enosys_rules(holder), libc::ENOSYS)?;
     Ok(SeccompPrograms { eperm, enosys })
+}
+
+/// The deny lists of `holder` as data, each with the errno it answers (EPERM, then ENOSYS),
+/// for an engine that compiles seccomp programs itself (Docker's JSON profile). The guard
+/// that runs before them ([`guard`]: other ABIs and x32 killed, numbers above
+/// [`MAX_KNOWN_SYSCALL`] ENOSYS) is code, not table: an exporter states its own equivalent.
+pub(crate) fn deny_lists(holder: Holder) -> [(i32, RuleTable); 2] {
+    [
+        (libc::EPERM, eperm_rules(holder)),
+        (libc::ENOSYS, enosys_rules(holder)),
+    ]
 }
 
 /// The second-stage program of a run whose profile denies subprocesses: `execve` and
