@@ -221,7 +221,7 @@ class FakeGemini(http.server.ThreadingHTTPServer):
 
 
 OPTIONAL_EXECUTE_ARGUMENTS = ("dependencies", "timeout_seconds", "python_version", "files", "session_id", "network",
-                              "allowed_domains", "allowed_imports")
+                              "allowed_domains", "allowed_imports", "profile", "memory_limit")
 
 
 @pytest.mark.parametrize("style", ["only_what_is_required", "nulls_for_the_rest"])

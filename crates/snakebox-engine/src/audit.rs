@@ -35,14 +35,20 @@ pub(crate) const KEEP_ROTATED: usize = 4;
 pub struct AuditEntry {
     /// When, in milliseconds since the Unix epoch.
     pub at_ms: u64,
-    /// `started` or `finished`.
+    /// `started` or `finished` (a run), `call` (a tool that runs no code).
     pub phase: String,
-    /// The call's execution id.
+    /// The call's execution id (a `call` line has an id of its own).
     pub execution_id: String,
     /// The tenant that made the call.
     pub tenant: String,
-    /// `execute`, `session_cell` or `command`.
+    /// `execute`, `session_cell` or `command`; `tool` for a `call` line.
     pub kind: String,
+    /// The tool called (`call` lines: `check_environment`, `list_sessions`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// The profile the run was held to (`finished`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
     /// The session it ran in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,

@@ -104,6 +104,11 @@ pub struct EngineConfig {
     /// Time limit of each step of an environment build (also the wall time of the package
     /// code it runs: compilation, builds).
     pub install_timeout: Duration,
+    /// The profiles offered and the default one ([`crate::Profiles`]).
+    pub profiles: crate::Profiles,
+    /// Whether the MCP face also serves the compatibility tool set of IBM's python sandbox
+    /// server (`execute_code`, `validate_code`, `get_sandbox_info`; `--compat-tools`).
+    pub compat_tools: bool,
 }
 
 impl EngineConfig {
@@ -144,6 +149,8 @@ impl EngineConfig {
             artifact_max_bytes: 1024 * 1024 * 1024,
             allow_sdist_builds: false,
             install_timeout: snakebox_env::DEFAULT_INSTALL_TIMEOUT,
+            profiles: crate::Profiles::default(),
+            compat_tools: false,
         }
     }
 }

@@ -37,11 +37,17 @@ pub enum EventKind {
     /// An import of the script's own code outside its `allowed_imports` (refused before the
     /// run, or stopped by the runner's import guard).
     ImportBlocked,
+    /// A program start (`execve`) the run's profile denies; the runner saw the attempt, the
+    /// sandbox's seccomp program refused it.
+    ExecBlocked,
+    /// The call asked for what its profile does not allow (a package, a wider limit, a
+    /// profile not offered to its tenant); refused before anything ran.
+    PolicyRefused,
 }
 
 impl EventKind {
     /// Every kind, in the order the documentation lists them.
-    pub const ALL: [EventKind; 9] = [
+    pub const ALL: [EventKind; 11] = [
         EventKind::Timeout,
         EventKind::MemoryLimit,
         EventKind::CpuLimit,
@@ -51,6 +57,8 @@ impl EventKind {
         EventKind::QuotaRefused,
         EventKind::SetupFailed,
         EventKind::ImportBlocked,
+        EventKind::ExecBlocked,
+        EventKind::PolicyRefused,
     ];
 
     /// The name used on the wire and as the metric's label.
@@ -66,6 +74,8 @@ impl EventKind {
             EventKind::QuotaRefused => "quota_refused",
             EventKind::SetupFailed => "setup_failed",
             EventKind::ImportBlocked => "import_blocked",
+            EventKind::ExecBlocked => "exec_blocked",
+            EventKind::PolicyRefused => "policy_refused",
         }
     }
 }
@@ -74,7 +84,7 @@ impl EventKind {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SecurityEvent {
     /// timeout, memory_limit, cpu_limit, output_limit, process_limit, network_denied,
-    /// quota_refused, setup_failed or import_blocked.
+    /// quota_refused, setup_failed, import_blocked, exec_blocked or policy_refused.
     pub kind: EventKind,
     /// What happened, for a person.
     pub detail: String,

@@ -84,6 +84,8 @@ pub(crate) struct RunStart {
     pub(crate) script: String,
     /// The `dependencies` argument (the script's own block is in the script).
     pub(crate) dependencies: Vec<String>,
+    /// The profile the call asked for (or the server's default); `None` for session calls.
+    pub(crate) profile: Option<String>,
 }
 
 /// Which of a caller's runs to list, newest first.
@@ -146,6 +148,15 @@ enum Op {
         output: Option<String>,
         events: Vec<crate::SecurityEvent>,
         usage: crate::ResourceUse,
+        profile: Option<String>,
+    },
+    /// A call of a tool that runs no code (`check_environment`, `list_sessions`, ...): one
+    /// audit line, no row.
+    Call {
+        id: String,
+        tenant: String,
+        tool: String,
+        status: String,
     },
 }
 
@@ -313,6 +324,7 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<()> {
                 ],
             )?;
         }
+        Op::Call { .. } => {}
     }
     Ok(())
 }
@@ -351,6 +363,7 @@ fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
                 code_sha256: Some(crate::audit::code_hash(&start.script)),
                 code_bytes: Some(start.script.len() as u64),
                 dependencies: start.dependencies.clone(),
+                profile: start.profile.clone(),
                 ..AuditEntry::default()
             }
         }
@@ -363,6 +376,7 @@ fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
             python_version,
             events,
             usage,
+            profile,
             ..
         } => {
             let who = pending.remove(id);
@@ -384,9 +398,25 @@ fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
                 resource_usage: Some(*usage)
                     .filter(|usage| *usage != crate::ResourceUse::default()),
                 events: events.clone(),
+                profile: profile.clone(),
                 ..AuditEntry::default()
             }
         }
+        Op::Call {
+            id,
+            tenant,
+            tool,
+            status,
+        } => AuditEntry {
+            at_ms: now_ms(),
+            phase: "call".into(),
+            execution_id: id.clone(),
+            tenant: tenant.clone(),
+            kind: "tool".into(),
+            tool: Some(tool.clone()),
+            status: Some(status.clone()),
+            ..AuditEntry::default()
+        },
     }
 }
 
@@ -524,6 +554,17 @@ impl History {
                 .filter(|json| json.len() <= MAX_OUTPUT_BYTES),
             events: result.events.clone(),
             usage: result.resource_usage,
+            profile: result.profile.clone(),
+        });
+    }
+
+    /// Record a call of a tool that runs no code: an audit line (when, tenant, tool, status).
+    pub(crate) fn tool_call(&self, caller: &Caller, tool: &str, status: &str) {
+        self.send(Op::Call {
+            id: crate::ids::execution_id(),
+            tenant: caller.id().to_owned(),
+            tool: tool.to_owned(),
+            status: status.to_owned(),
         });
     }
 
@@ -628,6 +669,7 @@ mod tests {
             session_id: None,
             script: script.into(),
             dependencies: vec!["six==1.16.0".into()],
+            profile: None,
         }
     }
 

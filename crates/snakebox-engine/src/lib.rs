@@ -22,6 +22,7 @@ mod network;
 mod oneshot;
 mod plan;
 mod pool;
+mod profiles;
 mod report;
 mod result;
 mod run;
@@ -55,9 +56,13 @@ pub use lifecycle::{LIVE_MAX_BYTES, LiveOutput, ShutdownReport, StopReason};
 pub use network::{NetworkLogEntry, NetworkPolicy, ProxySettings, parse_install_hosts};
 pub use plan::ExecuteRequest;
 pub use pool::PoolReport;
+pub use profiles::{
+    Profile, ProfileLimits, ProfileNetwork, Profiles, STANDARD_PROFILE, builtin_profiles,
+    normalize_package,
+};
 pub use report::{
     ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, LimitStatus,
-    NetworkCapsReport, WarmPhase, WarmReport, WarmState,
+    NetworkCapsReport, ProfileReport, WarmPhase, WarmReport, WarmState,
 };
 pub use result::{
     Artifact, ArtifactOrigin, ErrorInfo, ExceptionInfo, ExecutionResult, InlineImage, Package,

@@ -359,6 +359,12 @@ impl Engine {
         self.lifecycle.stop.cancel();
     }
 
+    /// Record a call of a tool that runs no code in the audit log (runs are recorded by
+    /// [`Engine::execute`] and the session calls themselves): when, tenant, tool, status.
+    pub fn audit_tool_call(&self, caller: &crate::Caller, tool: &str, status: &str) {
+        self.history.tool_call(caller, tool, status);
+    }
+
     /// Whether [`Engine::begin_shutdown`] was called.
     #[must_use]
     pub fn is_stopping(&self) -> bool {

@@ -25,6 +25,11 @@ struct Plan {
     inputs: Vec<crate::files::DecodedFile>,
     /// The names the run may reach (`None`: no network).
     network: Option<snakebox_sandbox::Names>,
+    /// Its profile's name and what that changes in the sandbox.
+    profile: String,
+    shape: crate::run::RunShape,
+    /// The import policy (the call's narrowing of the profile's, or the profile's).
+    imports: Option<Vec<String>>,
 }
 
 impl Engine {
@@ -44,6 +49,12 @@ impl Engine {
             session_id: None,
             script: request.script.clone(),
             dependencies: request.dependencies.clone(),
+            profile: Some(
+                request
+                    .profile
+                    .clone()
+                    .unwrap_or_else(|| self.config.profiles.default.clone()),
+            ),
         };
         self.tracked(
             caller,
@@ -82,9 +93,15 @@ impl Engine {
         if let Err(error) = provided {
             return ExecutionResult::not_run(execution_id, error);
         }
-        let plan = match self.plan(&request) {
+        let plan = match self.plan(caller, &request) {
             Ok(plan) => plan,
-            Err(error) => return ExecutionResult::not_run(execution_id, error),
+            Err((error, profile)) => {
+                let mut result = ExecutionResult::not_run(execution_id, error);
+                if let Some(profile) = profile {
+                    crate::profiles::refused(&mut result, &profile);
+                }
+                return result;
+            }
         };
         let requested: Vec<String> = plan.requirements.iter().map(ToString::to_string).collect();
         let timeout_seconds = plan.timeout.as_secs();
@@ -93,6 +110,7 @@ impl Engine {
             result.requested_dependencies.clone_from(&requested);
             result.timeout_seconds = timeout_seconds;
             result.notes.clone_from(&plan.notes);
+            result.profile = Some(plan.profile.clone());
             result
         };
 
@@ -124,7 +142,7 @@ impl Engine {
         let setup_ms = ids::millis(setup_started.elapsed());
         // The import policy, checked before the run: each import of the script's own code
         // outside it is refused with its line (the runner guards the dynamic ones too).
-        if let Some(allowed) = &request.allowed_imports {
+        if let Some(allowed) = &plan.imports {
             match self
                 .imports_outside(&plan.interpreter, &request.script, allowed)
                 .await
@@ -145,7 +163,7 @@ impl Engine {
                             ),
                         )
                         .with_hint(
-                            "remove those imports, or run without allowed_imports (validate_script lists every import with its line)",
+                            "remove those imports, or run without allowed_imports (validate_script lists every import with its line; check_environment lists each profile's)",
                         ),
                     ));
                     result.events = blocked
@@ -182,9 +200,17 @@ impl Engine {
         // before its environment's import-time code ran, and narrowing it afterwards could
         // not take back a connection that code opened.
         let narrowed = has_network && !network_is_default;
-        let claim = self
-            .pool
-            .claim(caller, &environment, has_network, is_default, narrowed);
+        // A pooled sandbox was started with the server's own shape (limits, exec, a writable
+        // /work) and its environment's site code already ran: a run whose profile changes any
+        // of that forks or starts cold.
+        let reshaped = plan.shape != self.server_shape(plan.timeout);
+        let claim = self.pool.claim(
+            caller,
+            &environment,
+            has_network,
+            is_default,
+            narrowed || reshaped,
+        );
         let (forking, warm) = match claim {
             crate::pool::Claim::Fork(forking) => (Some(forking), None),
             crate::pool::Claim::Warm(warm) => (None, Some(*warm)),
@@ -233,7 +259,20 @@ impl Engine {
                 ));
             }
         };
-        if let Some(allowed) = &request.allowed_imports
+        if plan.shape.deny_exec
+            && let Err(err) = snakebox_sandbox::exec_deny_program()
+                .map_err(|err| std::io::Error::other(crate::describe(&err)))
+                .and_then(|program| run_dir.write_exec_deny(&program))
+        {
+            return with_plan(ExecutionResult::not_run(
+                execution_id,
+                EngineError::internal(
+                    format!("Failed to prepare the run's exec-deny program: {err}"),
+                    "check that the data directory is writable; or run under a profile that allows subprocesses",
+                ),
+            ));
+        }
+        if let Some(allowed) = &plan.imports
             && let Err(err) = run_dir.write_import_policy(allowed)
         {
             return with_plan(ExecutionResult::not_run(
@@ -270,7 +309,7 @@ impl Engine {
                 .run(
                     &self.fork_run(
                         &run_dir,
-                        plan.timeout,
+                        &plan.shape,
                         network == crate::run::RunNetwork::Proxy,
                     ),
                     cancel.clone(),
@@ -294,7 +333,7 @@ impl Engine {
             }
             (None, None) => {
                 let (policy, command) =
-                    self.sandbox_call(&environment, &run_dir, plan.timeout, network, false);
+                    self.sandbox_call(&environment, &run_dir, &plan.shape, network, false);
                 sandbox.run(&policy, &command, cancel, output).await
             }
         };
@@ -340,21 +379,38 @@ impl Engine {
         result
     }
 
-    /// Check the request and decide interpreter, requirements, timeout and network.
-    fn plan(&self, request: &ExecuteRequest) -> Result<Plan, EngineError> {
-        let checked = self.check_request(request)?;
-        let network = self.network_for(request.network, &request.allowed_domains, "call")?;
-        let interpreter = self.pick_interpreter(
-            request.python_version.as_deref(),
-            checked.requires_python.as_ref(),
-        )?;
+    /// Check the request and decide interpreter, requirements, timeout, network and what its
+    /// profile holds it to. An error of the profile's (a refusal of policy) comes with the
+    /// profile's name.
+    fn plan(
+        &self,
+        caller: &crate::Caller,
+        request: &ExecuteRequest,
+    ) -> Result<Plan, (EngineError, Option<String>)> {
+        let profile = self
+            .config
+            .profiles
+            .for_caller(caller, request.profile.as_deref())
+            .map_err(|error| (error, Some(request.profile.clone().unwrap_or_default())))?;
+        let refused = |error: EngineError| (error, Some(profile.name.clone()));
+        let checked = self.check_request(request).map_err(|error| (error, None))?;
+        let decided = self.held_to(profile, request, &checked).map_err(refused)?;
+        let interpreter = self
+            .pick_interpreter(
+                request.python_version.as_deref(),
+                checked.requires_python.as_ref(),
+            )
+            .map_err(|error| (error, None))?;
         Ok(Plan {
             interpreter,
             requirements: checked.requirements,
-            timeout: checked.timeout,
+            timeout: decided.shape.limits.wall_time,
             notes: checked.notes,
             inputs: checked.inputs,
-            network,
+            network: decided.network,
+            profile: profile.name.clone(),
+            shape: decided.shape,
+            imports: decided.imports,
         })
     }
 

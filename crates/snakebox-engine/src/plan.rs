@@ -6,6 +6,7 @@
 //! either path; what differs (a one-shot run picks an interpreter and a network, a session
 //! has its own) is decided by the caller of [`Engine::check_request`].
 
+use crate::profiles::MIB;
 use std::time::Duration;
 
 use pep440_rs::VersionSpecifiers;
@@ -38,6 +39,11 @@ pub struct ExecuteRequest {
     /// dynamic import outside it is refused with its line) and while it runs (the runner
     /// refuses the import and reports it).
     pub allowed_imports: Option<Vec<String>>,
+    /// The profile to hold the run to (`None`: the server's default); it must be one the
+    /// operator allowed for the caller's tenant.
+    pub profile: Option<String>,
+    /// A memory limit in bytes below the profile's (a narrowing; above it is refused).
+    pub memory_limit_bytes: Option<u64>,
 }
 
 /// A request that passed the checks every execution makes.
@@ -310,5 +316,164 @@ impl Engine {
         } else {
             versions.join(", ")
         }
+    }
+}
+
+/// What a profile (and the call's narrowing of it) decides for one run.
+pub(crate) struct Decided {
+    pub(crate) shape: crate::run::RunShape,
+    pub(crate) network: Option<snakebox_sandbox::Names>,
+    pub(crate) imports: Option<Vec<String>>,
+}
+
+/// The smaller of two bounds (`None`: unbounded).
+fn tighter(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, None) => a,
+        (None, b) => b,
+    }
+}
+
+/// Smallest `memory_limit` a call may ask for.
+pub(crate) const MIN_MEMORY_LIMIT: u64 = 16 * MIB;
+
+impl Engine {
+    /// Hold a checked request to `profile`: its limits (narrowed by the call, never widened),
+    /// network, subprocesses, writable paths, packages and imports.
+    ///
+    /// # Errors
+    /// `invalid` with a hint: the call asks for more than the profile allows.
+    pub(crate) fn held_to(
+        &self,
+        profile: &crate::Profile,
+        request: &ExecuteRequest,
+        checked: &Checked,
+    ) -> Result<Decided, EngineError> {
+        let name = &profile.name;
+        let refused = profile.refused_packages(&checked.requirements);
+        if !refused.is_empty() {
+            return Err(profile.packages_refused(&refused));
+        }
+        let imports = profile.imports_for(request.allowed_imports.as_deref())?;
+
+        let mut limits = self.limits(checked.timeout);
+        let bounds = &profile.limits;
+        if let Some(max) = bounds.timeout_seconds {
+            if let Some(asked) = request.timeout_seconds
+                && u64::try_from(asked).is_ok_and(|asked| asked > max)
+            {
+                return Err(EngineError::invalid(
+                    format!(
+                        "timeout_seconds {asked} is above the profile `{name}`'s limit of {max} s"
+                    ),
+                    format!(
+                        "ask for at most {max} seconds (a call may narrow its profile's limits, never widen them)"
+                    ),
+                ));
+            }
+            limits.wall_time = limits.wall_time.min(std::time::Duration::from_secs(max));
+        }
+        limits.memory_bytes = tighter(limits.memory_bytes, bounds.memory_bytes);
+        if let Some(asked) = request.memory_limit_bytes {
+            if asked < MIN_MEMORY_LIMIT {
+                return Err(EngineError::invalid(
+                    format!(
+                        "memory_limit {} MiB is too small to start Python",
+                        asked / MIB
+                    ),
+                    format!("ask for at least {} MiB", MIN_MEMORY_LIMIT / MIB),
+                ));
+            }
+            if let Some(max) = limits.memory_bytes
+                && asked > max
+            {
+                return Err(EngineError::invalid(
+                    format!(
+                        "memory_limit {} MiB is above the profile `{name}`'s limit of {} MiB",
+                        asked / MIB,
+                        max / MIB
+                    ),
+                    format!(
+                        "ask for at most {} MiB (e.g. \"{}m\"), or leave memory_limit out for the profile's; a call may narrow its profile's limits, never widen them",
+                        max / MIB,
+                        max / MIB
+                    ),
+                ));
+            }
+            limits.memory_bytes = Some(asked);
+        }
+        limits.cpu_time = tighter(limits.cpu_time.map(|t| t.as_secs()), bounds.cpu_seconds)
+            .map(std::time::Duration::from_secs);
+        limits.max_processes = tighter(limits.max_processes, bounds.processes);
+        if let Some(max) = bounds.output_bytes {
+            limits.max_output_bytes = limits.max_output_bytes.min(max);
+        }
+
+        let network =
+            self.profile_network(profile, request.network, &request.allowed_domains, "call")?;
+        Ok(Decided {
+            shape: crate::run::RunShape {
+                limits,
+                deny_exec: !profile.subprocesses,
+                writable_work: profile.writable_work,
+            },
+            network,
+            imports,
+        })
+    }
+
+    /// Where a run (`what`: `call` or `session`) under `profile` may connect: the profile's
+    /// network, narrowed by the call's `network` and `allowed_domains`, never widened.
+    ///
+    /// # Errors
+    /// `invalid` with a hint: the call asks for more than the profile (or the server) allows.
+    pub(crate) fn profile_network(
+        &self,
+        profile: &crate::Profile,
+        asked: Option<bool>,
+        allowed_domains: &[String],
+        what: &str,
+    ) -> Result<Option<snakebox_sandbox::Names>, EngineError> {
+        let name = &profile.name;
+        let decided = match &profile.network {
+            crate::ProfileNetwork::Server => self.network_for(asked, allowed_domains, what)?,
+            crate::ProfileNetwork::Off => {
+                if asked == Some(true) || !allowed_domains.is_empty() {
+                    return Err(EngineError::invalid(
+                        format!(
+                            "This {what} asked for network access, but the profile `{name}` allows no network"
+                        ),
+                        "run without network (omit `network` and `allowed_domains`), or name a profile with network (check_environment lists the profiles)",
+                    ));
+                }
+                None
+            }
+            crate::ProfileNetwork::Allow(names) => {
+                let only = snakebox_sandbox::Names::Only(names.clone());
+                for domain in allowed_domains {
+                    let asked = domain.trim().trim_end_matches('.').to_ascii_lowercase();
+                    if !crate::network::covers(&only, &asked) {
+                        return Err(EngineError::invalid(
+                            format!(
+                                "allowed_domains asks for `{asked}`, which the profile `{name}` does not allow"
+                            ),
+                            format!(
+                                "ask only for names among {} (a call may narrow its profile's network, never widen it)",
+                                names.join(", ")
+                            ),
+                        ));
+                    }
+                }
+                if asked == Some(false) {
+                    self.network_for(Some(false), allowed_domains, what)?
+                } else if allowed_domains.is_empty() {
+                    self.network_for(Some(true), names, "profile")?
+                } else {
+                    self.network_for(Some(true), allowed_domains, what)?
+                }
+            }
+        };
+        Ok(decided)
     }
 }

@@ -592,7 +592,7 @@ impl Engine {
         let (policy, command) = self.sandbox_call(
             &target.environment,
             &run_dir,
-            self.config.max_timeout,
+            &self.server_shape(self.config.max_timeout),
             network,
             true,
         );

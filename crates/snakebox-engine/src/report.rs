@@ -189,10 +189,43 @@ pub struct EnvironmentReport {
     pub sessions: crate::session::SessionsReport,
     /// The warm pool of pre-started sandboxes: size, how many are ready, what it served.
     pub warm_pool: crate::PoolReport,
+    /// The profile of a call that names none.
+    pub default_profile: String,
+    /// The profiles a call may name (`profile`), what each decides and how it is enforced.
+    pub profiles: Vec<ProfileReport>,
     /// Whether executions can run now; if not, `problems` says why.
     pub ready: bool,
     /// What stops executions, each with its fix.
     pub problems: Vec<String>,
+}
+
+/// One profile as `check_environment` shows it.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ProfileReport {
+    /// Its name, for `profile`.
+    pub name: String,
+    /// What it is for.
+    pub description: String,
+    /// Whether it is the server's default.
+    pub default: bool,
+    /// Whether this caller may name it.
+    pub available: bool,
+    /// Each decision and how it is enforced: by the sandbox (the OS), by the server before
+    /// anything runs, or as a guard rail (the import policy).
+    pub enforces: Vec<String>,
+    /// Whether runs may start programs (`false`: seccomp denies `execve`).
+    pub subprocesses: bool,
+    /// Where runs may connect: `off`, `server` (the server's `network_policy`) or
+    /// `allow:NAME,...` (those names, each also allowed by the server's policy).
+    pub network: String,
+    /// Paths runs may write.
+    pub writable_paths: Vec<String>,
+    /// Its limits (absent: the server's).
+    pub limits: crate::ProfileLimits,
+    /// Packages a call may install (absent: any).
+    pub packages: Option<Vec<String>>,
+    /// Modules the script's own code may import (absent: no import policy).
+    pub allowed_imports: Option<Vec<String>>,
 }
 
 impl Engine {
@@ -383,6 +416,34 @@ impl Engine {
             },
             sessions: self.sessions.report(&config.data_dir, viewer),
             warm_pool: self.pool_report(),
+            default_profile: config.profiles.default.clone(),
+            profiles: config
+                .profiles
+                .all
+                .values()
+                .map(|profile| ProfileReport {
+                    name: profile.name.clone(),
+                    description: profile.description.clone(),
+                    default: profile.name == config.profiles.default,
+                    available: viewer.is_none_or(|caller| {
+                        config
+                            .profiles
+                            .for_caller(caller, Some(&profile.name))
+                            .is_ok()
+                    }),
+                    enforces: profile.enforcement(),
+                    subprocesses: profile.subprocesses,
+                    network: profile.network.describe(),
+                    writable_paths: if profile.writable_work {
+                        vec!["/work".into(), "/tmp".into()]
+                    } else {
+                        vec!["/tmp".into()]
+                    },
+                    limits: profile.limits.clone(),
+                    packages: profile.packages.clone(),
+                    allowed_imports: profile.allowed_imports.clone(),
+                })
+                .collect(),
             ready: problems.is_empty(),
             problems,
         }

@@ -157,6 +157,12 @@ pub struct ExecutionResult {
     /// True when this run started a new interpreter for its session, so variables from
     /// earlier calls are gone (files and packages remain).
     pub fresh_interpreter: bool,
+    /// The profile the run was held to (`check_environment` lists what each enforces).
+    pub profile: Option<String>,
+    /// The value of a top-level variable named `result` when the script left one (what
+    /// IBM's python sandbox server calls the result); given by its compatibility tools only.
+    #[serde(skip)]
+    pub result_variable: Option<ValueRepr>,
 }
 
 /// A value as a notebook shows it.
@@ -306,6 +312,8 @@ impl ExecutionResult {
             inline_images: Vec::new(),
             session_id: None,
             fresh_interpreter: false,
+            profile: None,
+            result_variable: None,
         }
     }
 

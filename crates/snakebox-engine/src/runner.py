@@ -744,9 +744,66 @@ def report_end_from_parent(control_fd):
     os._exit(number)
 
 
+# Programs the script tried to start under a profile that denies subprocesses.
+_blocked_exec = []
+# Audit events (PEP 578) of starting a program, and where each names it.
+_EXEC_EVENTS = {"os.exec": 0, "os.posix_spawn": 0, "os.spawn": 1, "os.system": 0, "subprocess.Popen": 0}
+
+
+def _deny_exec(program_path):
+    """The second stage of a run's seccomp programs, for a profile without subprocesses:
+    load the program at `program_path` (execve and execveat return EPERM) into this process
+    before any user or environment code. No other thread exists yet (the proxy bridge starts
+    after), and every later process inherits it. Fails closed: a program that cannot be
+    installed ends the run before the script. An audit hook notes each attempt for the
+    result's events (a report only; the kernel does the refusing)."""
+    import ctypes
+
+    with open(program_path, "rb") as handle:
+        code = handle.read()
+    if not code or len(code) % 8:
+        raise SystemExit("snakebox: the exec-deny program is malformed")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+    class Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buffer = ctypes.create_string_buffer(code, len(code))
+    program = Fprog(len(code) // 8, ctypes.addressof(buffer))
+    PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 38, 22, 2
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or libc.prctl(
+        PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(program), 0, 0
+    ) != 0:
+        raise SystemExit("snakebox: could not deny subprocesses (errno %d)" % ctypes.get_errno())
+
+    def hook(event, args, _events=_EXEC_EVENTS, _blocked=_blocked_exec, _str=str, _len=len):
+        where = _events.get(event)
+        if where is not None and _len(_blocked) < 20:
+            try:
+                program = _str(args[where])[:200]
+                # subprocess raises its own event and then os.posix_spawn's: one attempt.
+                if not _blocked or _blocked[-1] != program:
+                    _blocked.append(program)
+            except Exception:  # noqa: BLE001
+                pass
+
+    sys.addaudithook(hook)
+
+
 def main():
     script_path = sys.argv[1]
     control_fd = int(sys.argv[2])
+    options = sys.argv[3:]
+    if "--deny-exec" in options:
+        # First: before the environment's site code (`--site`), the bridge and the script.
+        _deny_exec(options[options.index("--deny-exec") + 1])
+    if "--site" in options:
+        # Started with -S so that the environment's .pth files run only now, under the
+        # program above.
+        import site
+
+        site.main()
     # Move the private pipe out of the way: the script sees nothing on fd 3, and a file the
     # script opens cannot land on the descriptor we write the record to.
     try:
@@ -757,7 +814,6 @@ def main():
     except OSError:
         private = None
 
-    options = sys.argv[3:]
     if "--proxy" in options:
         # Before any user code: the run's way out (see `start_bridge`).
         start_bridge(options[options.index("--proxy") + 1])
@@ -803,8 +859,14 @@ def main():
         # Tracebacks and inspect find the script's lines under its short name.
         record, _ = run_code(source, SCRIPT_NAME, namespace)
         exit_code = record["exit_code"]
+        if "result" in namespace:
+            try:
+                record["result_variable"] = _describe_value(namespace["result"])
+            except Exception:  # noqa: BLE001 - a value that cannot be described is left out
+                pass
     finally:
         record["blocked_imports"] = list(_blocked)
+        record["blocked_exec"] = list(_blocked_exec)
         _flush()
         if private is not None:
             try:

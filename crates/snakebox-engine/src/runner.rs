@@ -51,6 +51,8 @@ struct RawRecord {
     images: Vec<RawImage>,
     notes: Vec<String>,
     blocked_imports: Vec<RawBlocked>,
+    blocked_exec: Vec<String>,
+    result_variable: Option<RawValue>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -94,6 +96,21 @@ pub(crate) struct Record {
     pub(crate) notes: Vec<String>,
     /// Imports of the script's own code that its import policy refused.
     pub(crate) blocked_imports: Vec<(String, Option<u32>)>,
+    /// Programs the script tried to start under a profile that denies subprocesses.
+    pub(crate) blocked_exec: Vec<String>,
+    /// The value of the script's top-level `result` variable.
+    pub(crate) result_variable: Option<ValueRepr>,
+}
+
+/// A value from the record, capped.
+fn value_of(value: RawValue) -> ValueRepr {
+    ValueRepr {
+        repr: cap(value.repr, REPR_MAX_BYTES),
+        json: value.json.filter(|json| {
+            serde_json::to_vec(json).is_ok_and(|bytes| bytes.len() <= JSON_MAX_BYTES)
+        }),
+        type_name: cap(value.type_name, NAME_MAX_BYTES),
+    }
 }
 
 impl Record {
@@ -118,13 +135,7 @@ impl Record {
     }
 
     fn check(raw: RawRecord) -> Record {
-        let value = raw.value.map(|value| ValueRepr {
-            repr: cap(value.repr, REPR_MAX_BYTES),
-            json: value.json.filter(|json| {
-                serde_json::to_vec(json).is_ok_and(|bytes| bytes.len() <= JSON_MAX_BYTES)
-            }),
-            type_name: cap(value.type_name, NAME_MAX_BYTES),
-        });
+        let value = raw.value.map(value_of);
         let exception = raw.exception.map(|exception| ExceptionInfo {
             type_name: cap(exception.type_name, NAME_MAX_BYTES),
             message: cap(exception.message, MESSAGE_MAX_BYTES),
@@ -190,6 +201,13 @@ impl Record {
             .take(MAX_NOTES)
             .map(|blocked| (cap(blocked.module, NAME_MAX_BYTES), blocked.line))
             .collect();
+        let blocked_exec = raw
+            .blocked_exec
+            .into_iter()
+            .take(MAX_NOTES)
+            .map(|program| cap(program, NAME_MAX_BYTES))
+            .collect();
+        let result_variable = raw.result_variable.map(value_of);
         Record {
             value,
             names,
@@ -197,6 +215,8 @@ impl Record {
             images,
             notes,
             blocked_imports,
+            blocked_exec,
+            result_variable,
         }
     }
 }
@@ -223,6 +243,13 @@ impl Rich {
                     .into_iter()
                     .map(|(module, line)| crate::events::import_blocked(&module, line)),
             );
+            result.events.extend(record.blocked_exec.into_iter().map(|program| {
+                crate::events::event(
+                    crate::EventKind::ExecBlocked,
+                    format!("starting `{program}` was denied: the profile allows no subprocesses (seccomp refused execve)"),
+                )
+            }));
+            result.result_variable = record.result_variable;
         }
         result.notes.extend(self.notes);
         result.notes.extend(self.collection.notes);

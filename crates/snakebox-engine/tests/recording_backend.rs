@@ -121,6 +121,8 @@ fn request(script: &str) -> ExecuteRequest {
         network: None,
         allowed_domains: vec![],
         allowed_imports: None,
+        profile: None,
+        memory_limit_bytes: None,
     }
 }
 
@@ -284,6 +286,7 @@ async fn one_caller_never_sees_anothers_sessions_or_artifacts() {
                 name: Some("a's".into()),
                 network: None,
                 allowed_domains: vec![],
+                profile: None,
             },
         )
         .await
@@ -345,6 +348,7 @@ async fn concurrent_creates_never_exceed_max_sessions() {
                             name: Some(format!("s{i}")),
                             network: None,
                             allowed_domains: vec![],
+                            profile: None,
                         },
                     )
                     .await
@@ -389,6 +393,7 @@ async fn a_start_removes_session_files_that_were_never_recorded() {
                     name: None,
                     network: None,
                     allowed_domains: vec![],
+                    profile: None,
                 },
             )
             .await

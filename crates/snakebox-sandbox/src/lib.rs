@@ -53,6 +53,7 @@ pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
 pub use crate::native::forkserver::{
     ForkRun, ForkServer, ForkServerSpec, mount_runs_root, unmount_runs_root,
 };
+pub use crate::native::seccomp::exec_deny_program;
 pub use crate::netproxy::{
     Hello, Names, NetCaps, NetDecision, NetResolver, NetRules, Purpose, RunProxy, SOCKET_NAME,
     Upstream, check_parsers, client_hello_sni, is_public, name_matches, run_proxy_env,

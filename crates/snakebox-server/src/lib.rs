@@ -8,6 +8,7 @@
 //! requests only. The same handler serves every transport.
 
 mod arguments;
+mod compat;
 mod conformance;
 mod frames;
 mod progress;

@@ -45,6 +45,10 @@ pub(crate) struct CreateSessionParams {
     /// `check_environment`); asking for more is refused with the reason. Its code reaches the
     /// network through the server's proxy; each call's `network_log` lists every connection.
     pub allowed_domains: Option<Vec<String>>,
+    /// The profile to hold the session to, e.g. `"team_web"` (default: the server's). A
+    /// session holds a profile's network and package allowlist; one that also decides
+    /// subprocesses, imports, a read-only /work or limits is refused (run those one-shot).
+    pub profile: Option<String>,
 }
 
 /// Arguments naming one session.
@@ -248,6 +252,7 @@ Example: {\"name\": \"sales-analysis\", \"dependencies\": [\"pandas>=2.2\"], \"p
                     name: params.name,
                     network: params.network,
                     allowed_domains: params.allowed_domains.unwrap_or_default(),
+                    profile: params.profile,
                 },
             )
             .await;

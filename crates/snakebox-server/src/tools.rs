@@ -83,7 +83,16 @@ pub(crate) struct ExecuteParams {
     /// them is refused before the run, with its line (`invalid_request`), and stopped while it
     /// runs (`ImportError`); each is an `import_blocked` event. Libraries' own imports are not
     /// checked. A guard rail, not the security boundary (the sandbox is). Not with `session_id`.
+    /// Under a profile with an import policy it may only narrow that policy.
     pub allowed_imports: Option<Vec<String>>,
+    /// The profile to run under, e.g. `"basic"` or `"data_science"` (default: the server's).
+    /// A profile fixes network, subprocesses, writable paths, limits, installable packages and
+    /// imports; `check_environment` lists the profiles this caller may name and what each
+    /// enforces. Not with `session_id`.
+    pub profile: Option<String>,
+    /// A memory limit below the profile's, e.g. `"256m"`, `"1g"` or a number of bytes; a call
+    /// may narrow its limits, never widen them. Not with `session_id`.
+    pub memory_limit: Option<String>,
 }
 
 /// One input file of `execute_python`.
@@ -110,8 +119,11 @@ pub(crate) struct ValidateParams {
     pub python_version: Option<String>,
     /// Module names the script may import (a name covers its submodules: `os` allows
     /// `os.path`); each import outside them is a problem with its line. Absent: no import
-    /// policy.
+    /// policy (or the profile's, when it has one; a list given here may only narrow it).
     pub allowed_imports: Option<Vec<String>>,
+    /// Check against this profile's import policy (default: the server's profile), as
+    /// `execute_python` would under it.
+    pub profile: Option<String>,
 }
 
 /// Put by an HTTP face into a request's extensions, and cancelled when the request goes away
@@ -160,11 +172,12 @@ impl SnakeboxServer {
     /// A server over this engine whose calls are all `caller`'s.
     #[must_use]
     pub fn for_caller(engine: Arc<Engine>, caller: Caller) -> Self {
+        let tool_router = Self::tools_for(&engine);
         Self {
             engine,
             caller: Some(caller),
             downloads: None,
-            tool_router: Self::all_tools(),
+            tool_router,
             fixtures: false,
         }
     }
@@ -182,11 +195,12 @@ impl SnakeboxServer {
     /// anyone's.
     #[must_use]
     pub fn per_request(engine: Arc<Engine>) -> Self {
+        let tool_router = Self::tools_for(&engine);
         Self {
             engine,
             caller: None,
             downloads: None,
-            tool_router: Self::all_tools(),
+            tool_router,
             fixtures: false,
         }
     }
@@ -195,6 +209,23 @@ impl SnakeboxServer {
     /// ([`crate::schemas`]).
     pub(crate) fn all_tools() -> ToolRouter<Self> {
         let mut tools = Self::tool_router() + Self::session_router();
+        crate::schemas::make_plain(&mut tools);
+        tools
+    }
+
+    /// The tools this engine's server offers: snakebox's, and the compatibility tool set
+    /// ([`crate::compat`]) when the operator turned it on.
+    fn tools_for(engine: &Engine) -> ToolRouter<Self> {
+        if engine.config().compat_tools {
+            Self::all_tools_with_compat()
+        } else {
+            Self::all_tools()
+        }
+    }
+
+    /// Every tool of snakebox and the compatibility tool set, with plain schemas.
+    pub(crate) fn all_tools_with_compat() -> ToolRouter<Self> {
+        let mut tools = Self::tool_router() + Self::session_router() + Self::compat_router();
         crate::schemas::make_plain(&mut tools);
         tools
     }
@@ -312,6 +343,20 @@ processes): see check_environment.",
             Some(value) if value.is_finite() => Some(value.ceil() as i64),
             Some(_) => Some(-1),
         };
+        let memory_limit_bytes = match params.memory_limit.as_deref().map(parse_memory) {
+            None => None,
+            Some(Ok(bytes)) => Some(bytes),
+            Some(Err(error)) => return Ok(crate::sessions::failure(&error)),
+        };
+        if params.session_id.is_some() && (params.profile.is_some() || memory_limit_bytes.is_some())
+        {
+            return Ok(crate::sessions::failure(
+                &snakebox_engine::EngineError::invalid(
+                    "`profile` and `memory_limit` apply to one-shot runs, not to a session's cells",
+                    "drop them with session_id (a session keeps the limits it was created with), or run without session_id",
+                ),
+            ));
+        }
         let request = ExecuteRequest {
             script: params.script,
             dependencies: params.dependencies.unwrap_or_default(),
@@ -330,6 +375,8 @@ processes): see check_environment.",
             network: params.network,
             allowed_domains: params.allowed_domains.unwrap_or_default(),
             allowed_imports: params.allowed_imports,
+            profile: params.profile,
+            memory_limit_bytes,
         };
         let caller = self.caller(&context)?;
         let (sender, forwarder) = progress(&context);
@@ -373,14 +420,26 @@ code runs and nothing is installed.\n\nExample: {\"script\": \"import numpy\\npr
     async fn validate_script(
         &self,
         Parameters(params): Parameters<ValidateParams>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let caller = self.caller(&context)?;
+        let allowed = match self
+            .engine
+            .config()
+            .profiles
+            .for_caller(&caller, params.profile.as_deref())
+            .and_then(|profile| profile.imports_for(params.allowed_imports.as_deref()))
+        {
+            Ok(allowed) => allowed,
+            Err(error) => return Ok(crate::sessions::failure(&error)),
+        };
         let validation = self
             .engine
             .validate(
                 &params.script,
                 params.dependencies.as_deref().unwrap_or_default(),
                 params.python_version.as_deref(),
-                params.allowed_imports.as_deref(),
+                allowed.as_deref(),
             )
             .await;
         Ok(structured(&validation, validation_text(&validation), false))
@@ -427,11 +486,33 @@ impl ServerHandler for SnakeboxServer {
             .map(|tool| crate::arguments::wrong_types(tool, request.arguments.as_ref()))
             .unwrap_or_default();
         let name = request.name.clone();
+        // Runs are audited by the engine (a line when admitted, one when finished); every
+        // other tool call gets one line here: when, tenant, tool, status.
+        let audited = (!RUN_TOOLS.contains(&name.as_ref()))
+            .then(|| self.caller(&context).ok())
+            .flatten();
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
-        let mut response = self.tool_router.call(tcc).await?;
+        let response = self.tool_router.call(tcc).await;
+        let mut response = match response {
+            Ok(response) => response,
+            Err(error) => {
+                if let Some(caller) = &audited {
+                    self.engine.audit_tool_call(caller, &name, "refused");
+                }
+                return Err(error);
+            }
+        };
         if let rmcp::model::CallToolResponse::Complete(result) = &mut response {
             crate::arguments::explain_unfit(&name, &wrong_types, result);
             crate::arguments::note_ignored(result, &ignored);
+            if let Some(caller) = &audited {
+                let status = if result.is_error == Some(true) {
+                    "error"
+                } else {
+                    "ok"
+                };
+                self.engine.audit_tool_call(caller, &name, status);
+            }
         }
         Ok(response)
     }
@@ -505,6 +586,32 @@ impl ServerHandler for SnakeboxServer {
             .map(ReadResourceResponse::from)
     }
 }
+
+/// A memory size as seed servers write it: `256m`, `1g`, `512MiB`, `1048576`.
+pub(crate) fn parse_memory(text: &str) -> Result<u64, snakebox_engine::EngineError> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        _ => 0,
+    };
+    match digits.parse::<u64>() {
+        Ok(number) if factor > 0 && number > 0 => Ok(number.saturating_mul(factor)),
+        _ => Err(snakebox_engine::EngineError::invalid(
+            format!("memory_limit `{text}` is not a memory size"),
+            "write a whole number with an optional unit: \"256m\", \"1g\", \"512MiB\" or a number of bytes",
+        )),
+    }
+}
+
+/// The tools whose calls the engine audits itself (they run code; see `snakebox_engine::audit`).
+const RUN_TOOLS: &[&str] = &["execute_python", "run_command", "execute_code"];
 
 /// Structured content plus a text form. `is_error` marks results where the tool could not do
 /// what was asked (not a script that failed: that is a normal result).
@@ -675,8 +782,8 @@ mod description_tests {
     /// examples (first) are never lost.
     #[test]
     fn every_tool_description_fits_the_shortest_client_limit() {
-        let tools = SnakeboxServer::all_tools().list_all();
-        assert!(tools.len() >= 13);
+        let tools = SnakeboxServer::all_tools_with_compat().list_all();
+        assert!(tools.len() >= 16);
         for tool in tools {
             let length = tool.description.as_deref().map_or(0, |d| d.chars().count());
             assert!(

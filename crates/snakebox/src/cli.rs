@@ -277,6 +277,15 @@ pub struct ServerArgs {
     /// an error naming this limit [default: 16MiB, or twice --max-script-bytes if larger].
     #[arg(long, env = "SNAKEBOX_MAX_FRAME_BYTES", value_name = "SIZE")]
     pub max_frame_bytes: Option<String>,
+    /// The profile of a call that names none: `standard` (the server's settings), `basic`,
+    /// `data_science`, `network`, `filesystem` or a `[profiles.NAME]` of the config file
+    /// [default: standard].
+    #[arg(long, env = "SNAKEBOX_PROFILE", value_name = "NAME")]
+    pub profile: Option<String>,
+    /// Also serve the tool set of IBM's python sandbox server (`execute_code`,
+    /// `validate_code`, `get_sandbox_info`) for clients written for it.
+    #[arg(long, env = "SNAKEBOX_COMPAT_TOOLS")]
+    pub compat_tools: bool,
 }
 
 /// Interpreters and the installer (`[python]`).

@@ -252,7 +252,8 @@ pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
         std::collections::HashMap::new();
     for entry in entries {
         let at = entry.at_ms;
-        let started = entry.phase == "started";
+        // A `call` line (a tool that runs no code) is a whole call by itself.
+        let started = entry.phase == "started" || entry.phase == "call";
         match calls.get_mut(&entry.execution_id) {
             Some(call) if !started => {
                 call.finished_at_ms = Some(at);
@@ -265,6 +266,7 @@ pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
                 merged.python_version = entry.python_version;
                 merged.resource_usage = entry.resource_usage;
                 merged.events = entry.events;
+                merged.profile = entry.profile;
             }
             _ => {
                 order.push(entry.execution_id.clone());
@@ -329,13 +331,17 @@ pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
             let kinds: Vec<&str> = entry.events.iter().map(|e| e.kind.as_str()).collect();
             format!(" events: {}", kinds.join(", "))
         };
+        let kind = entry.tool.as_deref().unwrap_or(&entry.kind);
+        let profile = entry
+            .profile
+            .as_deref()
+            .map_or_else(String::new, |profile| format!(" profile {profile}"));
         writeln!(
             out,
-            "{}  {}  {}  {}  {status}{duration}{code}{events}",
+            "{}  {}  {}  {kind}  {status}{duration}{profile}{code}{events}",
             snakebox_engine::utc_text(at),
             entry.execution_id,
             entry.tenant,
-            entry.kind
         )?;
     }
     if !args.json && shown.is_empty() {

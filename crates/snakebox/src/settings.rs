@@ -16,6 +16,7 @@
 //! | `[sessions]` | persistent sessions: idle times, count, disk, interpreters | per-tenant quotas |
 //! | `[artifacts]` | the artifact store: age and size | |
 //! | `[tenants]` | what one tenant may take: runs at once, runs per minute, sessions | per-tenant profiles |
+//! | `[profiles.NAME]` | a named policy bundle (network, subprocesses, writable /work, limits, packages, imports, tenants); built-ins `standard`, `basic`, `data_science`, `network`, `filesystem` | |
 //! | `[http]` | `serve --http`: address, public URL, allowed hosts and origins, download links' lifetime | |
 //!
 //! `[limits]` holds only per-run bounds; server-wide capacity (`max_concurrent_runs`) is in
@@ -106,6 +107,8 @@ const FLAT_KEYS: &[FlatKey] = &[
 /// Keys that exist only in their section (added after the file became sectioned, so they
 /// have no flat form): `(section, key)`.
 const SECTION_KEYS: &[(&str, &str)] = &[
+    ("server", "profile"),
+    ("server", "compat_tools"),
     ("http", "addr"),
     ("http", "public_url"),
     ("http", "allowed_hosts"),
@@ -147,6 +150,37 @@ struct FileSettings {
     artifacts: ArtifactsFile,
     tenants: TenantsFile,
     http: HttpFile,
+    /// `[profiles.NAME]`: one table per profile (names are the operator's, so the section's
+    /// keys are not checked against a list; each table's keys are).
+    profiles: BTreeMap<String, ProfileFile>,
+}
+
+/// `[profiles.NAME]`: what the profile changes from the built-in of the same name (or from
+/// `standard`, which adds nothing to the server's settings).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ProfileFile {
+    description: Option<String>,
+    /// `"off"`, `"server"` or a list of host names (`["api.example.com", "*.example.org"]`).
+    network: Option<ProfileNetworkFile>,
+    subprocesses: Option<bool>,
+    writable_work: Option<bool>,
+    timeout: Option<u64>,
+    memory: Option<SizeOrNumber>,
+    cpu_seconds: Option<u64>,
+    processes: Option<u64>,
+    max_output_bytes: Option<u64>,
+    packages: Option<Vec<String>>,
+    allowed_imports: Option<Vec<String>>,
+    tenants: Option<Vec<String>>,
+}
+
+/// A profile's `network`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum ProfileNetworkFile {
+    Mode(String),
+    Domains(Vec<String>),
 }
 
 /// `[tenants]`.
@@ -176,6 +210,8 @@ struct HttpFile {
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ServerFile {
+    profile: Option<String>,
+    compat_tools: Option<bool>,
     data_dir: Option<PathBuf>,
     max_concurrent_runs: Option<usize>,
     max_frame_bytes: Option<SizeOrNumber>,
@@ -407,6 +443,11 @@ fn resolve_with(args: &EngineArgs, mut file: FileSettings) -> anyhow::Result<Set
     resolve_sessions(&args.sessions, file.sessions, &mut config)?;
     resolve_artifacts(&args.artifacts, file.artifacts, &mut config)?;
     resolve_tenants(&args.tenants, &file.tenants, &mut config)?;
+    resolve_profiles(
+        &args.server,
+        std::mem::take(&mut file.profiles),
+        &mut config,
+    )?;
     let max_frame_bytes = resolve_frame(frame.as_deref(), config.max_script_bytes)?;
     Ok(Settings {
         engine: config,
@@ -437,11 +478,132 @@ fn resolve_frame(text: Option<&str>, max_script_bytes: usize) -> anyhow::Result<
     Ok(bytes)
 }
 
+/// `[profiles.NAME]` over the built-ins, then the default profile (`--profile`, `[server]
+/// profile`, else `standard`).
+fn resolve_profiles(
+    args: &ServerArgs,
+    file: BTreeMap<String, ProfileFile>,
+    config: &mut EngineConfig,
+) -> anyhow::Result<()> {
+    use snakebox_engine::{Profile, ProfileLimits, ProfileNetwork};
+    let profiles = &mut config.profiles;
+    for (name, table) in file {
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !valid {
+            bail!(
+                "invalid profile name `[profiles.{name}]`\nhint: use 1 to 64 characters of lowercase letters, digits, `-` and `_`"
+            );
+        }
+        let base = profiles.all.get(&name).cloned().unwrap_or_else(|| Profile {
+            name: name.clone(),
+            description: format!("the operator's profile `{name}`"),
+            network: ProfileNetwork::Server,
+            subprocesses: true,
+            writable_work: true,
+            limits: ProfileLimits::default(),
+            packages: None,
+            allowed_imports: None,
+            tenants: Vec::new(),
+        });
+        let what = |key: &str| format!("`[profiles.{name}] {key}`");
+        let network = match table.network {
+            None => base.network,
+            Some(ProfileNetworkFile::Mode(mode)) => match mode.as_str() {
+                "off" => ProfileNetwork::Off,
+                "server" => ProfileNetwork::Server,
+                other => bail!(
+                    "invalid {} `{other}`\nhint: write \"off\", \"server\" (the [network] policy) or a list of host names such as [\"api.example.com\"]",
+                    what("network")
+                ),
+            },
+            Some(ProfileNetworkFile::Domains(names)) if names.is_empty() => ProfileNetwork::Off,
+            Some(ProfileNetworkFile::Domains(names)) => ProfileNetwork::Allow(
+                names
+                    .iter()
+                    .map(|n| n.trim().trim_end_matches('.').to_ascii_lowercase())
+                    .collect(),
+            ),
+        };
+        let memory_bytes = match table.memory {
+            None => base.limits.memory_bytes,
+            Some(value) => {
+                let bytes = parse_size(&value.into_text())
+                    .with_context(|| format!("invalid {}", what("memory")))?;
+                if bytes < 16 << 20 {
+                    bail!(
+                        "{} must be at least 16MiB\nhint: Python needs some memory to start; leave it out for the server's limit",
+                        what("memory")
+                    );
+                }
+                Some(bytes)
+            }
+        };
+        for (key, value) in [
+            ("timeout", table.timeout),
+            ("cpu_seconds", table.cpu_seconds),
+            ("processes", table.processes),
+        ] {
+            if value == Some(0) {
+                bail!(
+                    "{} must be at least 1\nhint: leave it out for the server's limit",
+                    what(key)
+                );
+            }
+        }
+        if table.max_output_bytes.is_some_and(|bytes| bytes < 1024) {
+            bail!("{} must be at least 1024", what("max_output_bytes"));
+        }
+        let profile = Profile {
+            name: name.clone(),
+            description: table.description.unwrap_or(base.description),
+            network,
+            subprocesses: table.subprocesses.unwrap_or(base.subprocesses),
+            writable_work: table.writable_work.unwrap_or(base.writable_work),
+            limits: ProfileLimits {
+                timeout_seconds: table.timeout.or(base.limits.timeout_seconds),
+                memory_bytes,
+                cpu_seconds: table.cpu_seconds.or(base.limits.cpu_seconds),
+                processes: table.processes.or(base.limits.processes),
+                output_bytes: table.max_output_bytes.or(base.limits.output_bytes),
+            },
+            packages: table.packages.or(base.packages),
+            allowed_imports: table.allowed_imports.or(base.allowed_imports),
+            tenants: table.tenants.unwrap_or(base.tenants),
+        };
+        profiles.all.insert(name, profile);
+    }
+    if let Some(name) = args.profile.clone().or(profiles_default_from_file(config)) {
+        if !config.profiles.all.contains_key(&name) {
+            bail!(
+                "--profile (`[server] profile`) names `{name}`, which is not a profile\nhint: name one of {}, or define `[profiles.{name}]` in the config file",
+                config.profiles.names().join(", ")
+            );
+        }
+        config.profiles.default = name;
+    }
+    Ok(())
+}
+
+/// The `[server] profile` read by [`resolve_server`] (kept in the config until profiles are
+/// resolved).
+fn profiles_default_from_file(config: &EngineConfig) -> Option<String> {
+    Some(config.profiles.default.clone()).filter(|name| name != snakebox_engine::STANDARD_PROFILE)
+}
+
 fn resolve_server(
     args: &ServerArgs,
     file: ServerFile,
     config: &mut EngineConfig,
 ) -> anyhow::Result<()> {
+    config.compat_tools = args.compat_tools || file.compat_tools.unwrap_or(false);
+    if let Some(profile) = file.profile {
+        // Checked against the profiles once `[profiles]` is read.
+        config.profiles.default = profile;
+    }
     config.data_dir = args
         .data_dir
         .clone()
@@ -825,6 +987,10 @@ fn sectioned(table: toml::Table) -> anyhow::Result<(toml::Table, Vec<FlatKey>)> 
         let flat_place = FLAT_KEYS.iter().find(|(flat_key, _, _)| *flat_key == key);
         match (value, flat_place) {
             // A section; `network` is also a flat key, but only a table is the section.
+            // Profiles are named by the operator: each `[profiles.NAME]` is checked by serde.
+            (toml::Value::Table(section), _) if key == "profiles" => {
+                sections.insert(key, section);
+            }
             (toml::Value::Table(section), _) if SECTIONS.contains(&key.as_str()) => {
                 for name in section.keys() {
                     check_section_key(&key, name)?;
@@ -1153,6 +1319,40 @@ mod tests {
             default_timeout = 10
         "#} => |config| config.max_timeout == Duration::from_secs(120)
             && config.default_timeout == Duration::from_secs(10),
+        builtin_profiles_and_the_standard_default: "" => |config| config.profiles.default == "standard"
+            && config.profiles.names() == ["basic", "data_science", "filesystem", "network", "standard"]
+            && !config.compat_tools,
+        a_profile_of_the_operators: indoc! {r#"
+            [server]
+            profile = "web"
+            compat_tools = true
+            [profiles.web]
+            network = ["API.example.com."]
+            subprocesses = false
+            memory = "512MiB"
+            timeout = 20
+            packages = ["httpx"]
+            tenants = ["team-a"]
+        "#} => |config| {
+            let web = &config.profiles.all["web"];
+            config.profiles.default == "web"
+                && config.compat_tools
+                && web.network == snakebox_engine::ProfileNetwork::Allow(vec!["api.example.com".into()])
+                && !web.subprocesses
+                && web.writable_work
+                && web.limits.memory_bytes == Some(512 << 20)
+                && web.limits.timeout_seconds == Some(20)
+                && web.packages == Some(vec!["httpx".into()])
+                && web.allowed_imports.is_none()
+                && web.tenants == ["team-a"]
+        },
+        a_builtin_changed_key_by_key: "[profiles.basic]
+tenants = [\"*\"]
+network = \"off\"
+" => |config| {
+            let basic = &config.profiles.all["basic"];
+            basic.tenants == ["*"] && !basic.subprocesses && basic.allowed_imports.as_ref().is_some_and(|m| m.contains(&"math".to_owned()))
+        },
     }
 
     refused! {
@@ -1182,6 +1382,11 @@ mod tests {
         tenant_key_typo: "[tenants]\nmax_session = 2\n" => ["unknown key `max_session` in `[tenants]`", "did you mean `max_sessions`?"],
         frame_limit_too_small: "[server]\nmax_frame_bytes = \"1K\"\n" => ["--max-frame-bytes must be between 64KiB and 1GiB", "hint"],
         frame_limit_not_a_size: "[server]\nmax_frame_bytes = \"big\"\n" => ["--max-frame-bytes", "hint"],
+        unknown_default_profile: "[server]\nprofile = \"nope\"\n" => ["names `nope`, which is not a profile", "hint: name one of basic, data_science"],
+        profile_key_typo: "[profiles.x]\nsubprocess = false\n" => ["unknown field `subprocess`"],
+        profile_network_choice: "[profiles.x]\nnetwork = \"sometimes\"\n" => ["`[profiles.x] network` `sometimes`", "hint"],
+        profile_memory_too_small: "[profiles.x]\nmemory = \"1MiB\"\n" => ["`[profiles.x] memory` must be at least 16MiB", "hint"],
+        profile_name: "[profiles.Big]\n" => ["invalid profile name `[profiles.Big]`", "hint"],
         frame_limit_below_the_script_limit: "[server]\nmax_frame_bytes = \"1MiB\"\n[limits]\nmax_script_bytes = \"2MiB\"\n" => ["leaves no room for a script", "hint"],
     }
 

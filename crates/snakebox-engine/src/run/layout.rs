@@ -110,6 +110,15 @@ impl RunDir {
         fs_err::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
     }
 
+    /// Write the exec-deny seccomp program the runner installs (`--deny-exec`), read-only to
+    /// the run.
+    pub(crate) fn write_exec_deny(&self, program: &[u8]) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.input.join(super::EXEC_DENY_NAME);
+        fs_err::write(&path, program)?;
+        fs_err::set_permissions(&path, std::fs::Permissions::from_mode(0o444))
+    }
+
     /// Create the run directory of one run of user code under a host uid of its own (see
     /// [`snakebox_sandbox::Sandbox::lease_identity`]), with its working directory capped at
     /// `scratch_bytes` when set.

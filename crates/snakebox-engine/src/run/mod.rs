@@ -12,4 +12,4 @@ pub(crate) use layout::{
     server_runs_dir,
 };
 pub(crate) use outcome::classify;
-pub(crate) use spec::{RunNetwork, proxy_args, run_environment};
+pub(crate) use spec::{EXEC_DENY_NAME, RunNetwork, RunShape, proxy_args, run_environment};

@@ -19,6 +19,20 @@ pub(crate) const SANDBOX_WORK_DIR: &str = "/work";
 /// File name of the script in the input directory.
 pub(crate) const SCRIPT_NAME: &str = "script.py";
 
+/// File name, in the input directory, of the exec-deny seccomp program of a run whose profile
+/// allows no subprocesses (the runner installs it: `--deny-exec`).
+pub(crate) const EXEC_DENY_NAME: &str = "no-exec.bpf";
+
+/// What a run's profile changes in its sandbox: its limits, whether it may start programs,
+/// whether its working directory is writable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunShape {
+    pub(crate) limits: Limits,
+    /// `execve` denied once the interpreter runs (see `runner.py`'s `_deny_exec`).
+    pub(crate) deny_exec: bool,
+    pub(crate) writable_work: bool,
+}
+
 /// How a run reaches the network.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum RunNetwork {
@@ -59,7 +73,7 @@ impl Engine {
         &self,
         environment: &Environment,
         run_dir: &RunDir,
-        timeout: Duration,
+        shape: &RunShape,
         network: RunNetwork,
         pooled: bool,
     ) -> (Policy, SandboxCommand) {
@@ -69,19 +83,28 @@ impl Engine {
         let work = self.path_inside(&run_dir.work, SANDBOX_WORK_DIR);
         let tmp = self.path_inside(&run_dir.tmp, "/tmp");
         let mut mounts = environment.mounts();
-        mounts.extend(run_mounts(run_dir));
+        mounts.extend(run_mounts(run_dir, shape.writable_work));
         let env = run_environment(&environment.root, &work, &tmp);
         let policy = Policy {
             mounts,
             network: network == RunNetwork::Host,
             env,
             cwd: work,
-            limits: self.limits(timeout),
+            limits: shape.limits.clone(),
             identity: run_dir.identity(),
         };
         // The runner executes the script and reports on the control channel (fd 3).
         let mut args: Vec<std::ffi::OsString> = vec!["-s".into()];
+        if shape.deny_exec {
+            // No site at start: the environment's .pth files run only once the runner has
+            // denied exec (`--site`), so none of its code runs before that program.
+            args.push("-S".into());
+        }
         args.extend(runner_argv(&script).into_iter().map(Into::into));
+        if shape.deny_exec {
+            args.extend(deny_exec_args(&script).into_iter().map(Into::into));
+            args.push("--site".into());
+        }
         if network == RunNetwork::Proxy {
             args.extend(proxy_args().into_iter().map(Into::into));
         }
@@ -119,14 +142,20 @@ impl Engine {
 
     /// One run for the fork server: the same mounts, argv and limits as a native cold run.
     /// `proxied`: the run reaches the network through its proxy (see [`RunNetwork::Proxy`]).
-    pub(crate) fn fork_run(&self, run_dir: &RunDir, timeout: Duration, proxied: bool) -> ForkRun {
-        let mut argv = runner_argv(&PathBuf::from(SANDBOX_INPUT_DIR).join(SCRIPT_NAME));
+    pub(crate) fn fork_run(&self, run_dir: &RunDir, shape: &RunShape, proxied: bool) -> ForkRun {
+        let script = PathBuf::from(SANDBOX_INPUT_DIR).join(SCRIPT_NAME);
+        let mut argv = runner_argv(&script);
+        if shape.deny_exec {
+            // The fork server's own site code ran before any run; the forked run installs the
+            // program before its bridge and script.
+            argv.extend(deny_exec_args(&script));
+        }
         if proxied {
             argv.extend(proxy_args());
         }
         ForkRun {
-            mounts: run_mounts(run_dir),
-            limits: self.limits(timeout),
+            mounts: run_mounts(run_dir, shape.writable_work),
+            limits: shape.limits.clone(),
             argv,
             cwd: PathBuf::from(SANDBOX_WORK_DIR),
         }
@@ -138,6 +167,15 @@ impl Engine {
         match &self.sandbox {
             Ok(sandbox) => sandbox.path_inside(host, Path::new(dest)),
             Err(_) => host.to_path_buf(),
+        }
+    }
+
+    /// The shape of a run held to nothing but the server's settings.
+    pub(crate) fn server_shape(&self, timeout: Duration) -> RunShape {
+        RunShape {
+            limits: self.limits(timeout),
+            deny_exec: false,
+            writable_work: true,
         }
     }
 
@@ -158,7 +196,7 @@ impl Engine {
 
 /// The run's own directories, as the native sandbox mounts them: the inputs read-only at
 /// `/snakebox`, the working directory at `/work`.
-fn run_mounts(run_dir: &RunDir) -> Vec<Mount> {
+fn run_mounts(run_dir: &RunDir, writable_work: bool) -> Vec<Mount> {
     vec![
         Mount {
             host: run_dir.input.clone(),
@@ -168,8 +206,19 @@ fn run_mounts(run_dir: &RunDir) -> Vec<Mount> {
         Mount {
             host: run_dir.work.clone(),
             dest: PathBuf::from(SANDBOX_WORK_DIR),
-            writable: true,
+            writable: writable_work,
         },
+    ]
+}
+
+/// The runner's option that installs the exec-deny program beside `script`.
+fn deny_exec_args(script: &Path) -> [String; 2] {
+    [
+        "--deny-exec".to_owned(),
+        script
+            .with_file_name(EXEC_DENY_NAME)
+            .to_string_lossy()
+            .into_owned(),
     ]
 }
 

@@ -537,6 +537,22 @@ impl Engine {
             });
         }
         let requirements = Self::parse_requirements(&packages)?;
+        // The session's profile, as it is configured now (one removed since: refused).
+        let profile_name = row
+            .profile
+            .clone()
+            .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned());
+        let Some(profile) = self.config.profiles.all.get(&profile_name) else {
+            return Err(EngineError::new(
+                ErrorKind::Unavailable,
+                format!("The session's profile `{profile_name}` is no longer on this server"),
+            )
+            .with_hint("create a new session; or the operator restores the profile"));
+        };
+        let refused = profile.refused_specs(&packages);
+        if !refused.is_empty() {
+            return Err(profile.packages_refused(&refused));
+        }
         manager.check_disk()?;
         let interpreter = self.session_interpreter(&row)?;
         let installer = self.installer(&interpreter, &manager.paths(&row.id))?;

@@ -48,6 +48,7 @@ impl Engine {
             session_id: Some(session_id.to_owned()),
             script: request.script.clone(),
             dependencies: request.dependencies.clone(),
+            profile: None,
         };
         self.tracked(
             caller,
@@ -528,6 +529,7 @@ impl Engine {
             session_id: Some(session_id.to_owned()),
             script: command.to_owned(),
             dependencies: Vec::new(),
+            profile: None,
         };
         self.tracked(
             caller,

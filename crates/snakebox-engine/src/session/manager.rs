@@ -550,9 +550,36 @@ impl Engine {
                 hint: Some("use a short label such as \"sales-analysis\"".into()),
             });
         }
-        // The one-shot rule: the server's policy unless the caller declines or narrows it;
+        // A session is held to its profile's network, packages and tenants; a profile that
+        // decides more than sessions enforce yet makes none (fail closed).
+        let profile = self
+            .config
+            .profiles
+            .for_caller(caller, request.profile.as_deref())?;
+        if let Some(gap) = profile.session_gap() {
+            return Err(EngineError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "A session cannot be held to the profile `{}`: {gap}",
+                    profile.name
+                ),
+            )
+            .with_hint(
+                "run one-shot (execute_python without session_id), which the profile holds; or create the session under a profile sessions can hold (network and packages only, e.g. `standard`)",
+            ));
+        }
+        let refused = profile.refused_specs(&request.dependencies);
+        if !refused.is_empty() {
+            return Err(profile.packages_refused(&refused));
+        }
+        // The one-shot rule: the profile's network unless the caller declines or narrows it;
         // fixed for the session's life.
-        let names = self.network_for(request.network, &request.allowed_domains, "session")?;
+        let names = self.profile_network(
+            profile,
+            request.network,
+            &request.allowed_domains,
+            "session",
+        )?;
         let network = names.is_some();
         let network_names = match names {
             Some(snakebox_sandbox::Names::Only(list)) if !request.allowed_domains.is_empty() => {
@@ -598,6 +625,7 @@ impl Engine {
             network,
             network_names,
             owner: caller.id().to_owned(),
+            profile: Some(profile.name.clone()),
         };
         if let Err(err) = manager.store.insert(&row) {
             let _ = crate::tree::remove(&paths.root);
@@ -626,6 +654,10 @@ impl Engine {
             network: self.session_network(row),
             allowed_domains: row.network_names.clone(),
             executions: row.executions,
+            profile: row
+                .profile
+                .clone()
+                .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned()),
         }
     }
 

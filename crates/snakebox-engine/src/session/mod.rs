@@ -87,6 +87,9 @@ pub struct CreateSession {
     /// Narrow the server's network policy for the session's whole life to these names
     /// (each allowed by the server's policy), as `allowed_domains` of a one-shot run.
     pub allowed_domains: Vec<String>,
+    /// The profile to hold the session to (default: the server's); sessions enforce its
+    /// network, packages and tenants, and refuse a profile that decides more.
+    pub profile: Option<String>,
 }
 
 /// One session, as listed.
@@ -118,6 +121,9 @@ pub struct SessionInfo {
     pub allowed_domains: Vec<String>,
     /// Cells run so far.
     pub executions: u64,
+    /// The profile it is held to (its network and package allowlist); `standard` for
+    /// sessions made before profiles.
+    pub profile: String,
 }
 
 /// `list_sessions`.

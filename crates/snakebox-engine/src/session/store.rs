@@ -43,6 +43,9 @@ pub(crate) struct SessionRow {
     /// The tenant it belongs to ([`crate::Caller`]); sessions recorded before this column:
     /// [`crate::LOCAL_TENANT`].
     pub(crate) owner: String,
+    /// The profile it was created under; sessions recorded before this column: none (the
+    /// server's own settings, as `standard`).
+    pub(crate) profile: Option<String>,
 }
 
 /// The database, behind a mutex (every statement is short).
@@ -85,7 +88,8 @@ impl Store {
                  executions INTEGER NOT NULL DEFAULT 0,
                  network INTEGER NOT NULL DEFAULT 0,
                  owner TEXT NOT NULL DEFAULT 'local',
-                 network_names TEXT NOT NULL DEFAULT '[]'
+                 network_names TEXT NOT NULL DEFAULT '[]',
+                 profile TEXT
              );",
         )?;
         // Columns added since schema 1, with what older rows get: schema 1 had no network
@@ -94,6 +98,7 @@ impl Store {
             ("network", "INTEGER NOT NULL DEFAULT 0"),
             ("owner", "TEXT NOT NULL DEFAULT 'local'"),
             ("network_names", "TEXT NOT NULL DEFAULT '[]'"),
+            ("profile", "TEXT"),
         ] {
             let present: bool = conn.query_row(
                 "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = ?1",
@@ -125,8 +130,8 @@ impl Store {
             conn.execute(
                 "INSERT INTO sessions (id, name, interpreter, python_version, base_requirements,
                      requirements, packages, venv_bytes, work_bytes, created_at, last_used_at,
-                     executions, network, owner, network_names)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)",
+                     executions, network, owner, network_names, profile)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16)",
                 params![
                     row.id,
                     row.name,
@@ -143,6 +148,7 @@ impl Store {
                     row.network,
                     row.owner,
                     to_json(&row.network_names),
+                    row.profile,
                 ],
             )
             .map(|_| ())
@@ -261,7 +267,7 @@ impl Store {
 
 const COLUMNS: &str = "id, name, interpreter, python_version, base_requirements, requirements, \
                        packages, venv_bytes, work_bytes, created_at, last_used_at, executions, \
-                       network, owner, network_names";
+                       network, owner, network_names, profile";
 
 fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
     Ok(SessionRow {
@@ -280,6 +286,7 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
         network: row.get(12)?,
         owner: row.get(13)?,
         network_names: from_json(&row.get::<_, String>(14)?),
+        profile: row.get(15)?,
     })
 }
 
@@ -359,6 +366,7 @@ mod tests {
             network: false,
             network_names: Vec::new(),
             owner: crate::LOCAL_TENANT.into(),
+            profile: None,
         }
     }
 

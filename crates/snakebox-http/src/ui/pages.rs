@@ -1353,6 +1353,7 @@ mod tests {
                 network: false,
                 allowed_domains: vec![],
                 executions: 3,
+                profile: "standard".into(),
             }
         }
 

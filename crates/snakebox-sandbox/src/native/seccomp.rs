@@ -432,6 +432,33 @@ pub(crate) fn deny_lists(holder: Holder) -> [(i32, RuleTable); 2] {
     ]
 }
 
+/// The second-stage program of a run whose profile denies subprocesses: `execve` and
+/// `execveat` return EPERM, everything else is left to the run's programs. It cannot be part of
+/// what bwrap loads (bwrap still has to exec the interpreter), so the runner installs it itself
+/// before any user or environment code (see SECURITY.md, "Profiles").
+///
+/// # Errors
+/// An architecture seccompiler cannot compile for.
+pub fn exec_deny_program() -> Result<Vec<u8>, SeccompError> {
+    let (arch, _, arch_name) = target_arch()?;
+    let rules: BTreeMap<i64, Vec<SeccompRule>> = [libc::SYS_execve, libc::SYS_execveat]
+        .into_iter()
+        .map(|nr| (nr, vec![]))
+        .collect();
+    let program: BpfProgram = SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(libc::EPERM as u32),
+        arch,
+    )
+    .and_then(BpfProgram::try_from)
+    .map_err(|source| SeccompError::Compile {
+        arch: arch_name,
+        source,
+    })?;
+    Ok(SeccompPrograms::to_bytes(&program))
+}
+
 /// Names of the refused syscalls, for the backend report.
 pub(crate) fn summary() -> String {
     "seccomp: x32/i386 ABIs killed; unknown syscalls ENOSYS; clone3 and the new mount API ENOSYS; \
@@ -452,6 +479,43 @@ mod tests {
         assert!(!p.eperm.is_empty() && p.eperm.len() < 4096);
         assert!(!p.enosys.is_empty() && p.enosys.len() < 4096);
         assert_eq!(SeccompPrograms::to_bytes(&p.eperm).len(), p.eperm.len() * 8);
+    }
+
+    #[test]
+    fn the_exec_deny_program_refuses_exec_only() {
+        let bytes = exec_deny_program().unwrap();
+        assert!(!bytes.is_empty() && bytes.len().is_multiple_of(8));
+        let program: Vec<sock_filter> = bytes
+            .chunks(8)
+            .map(|c| sock_filter {
+                code: u16::from_ne_bytes([c[0], c[1]]),
+                jt: c[2],
+                jf: c[3],
+                k: u32::from_ne_bytes([c[4], c[5], c[6], c[7]]),
+            })
+            .collect();
+        // SAFETY: the child only makes raw system calls and exits with _exit.
+        let status = unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0);
+            if pid == 0 {
+                if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0
+                    || seccompiler::apply_filter(&program).is_err()
+                {
+                    libc::_exit(199);
+                }
+                // Proof of life, then an exec whose path does not exist: ENOENT without the
+                // filter, EPERM with it.
+                let alive = libc::getpid() > 0;
+                let r = libc::execve(c"/nonexistent".as_ptr(), std::ptr::null(), std::ptr::null());
+                let e = *libc::__errno_location();
+                libc::_exit(if alive && r == -1 { e } else { 198 });
+            }
+            let mut status = 0;
+            assert_eq!(libc::waitpid(pid, &mut status, 0), pid);
+            libc::WEXITSTATUS(status)
+        };
+        assert_eq!(status, libc::EPERM);
     }
 
     #[test]
