@@ -11,7 +11,8 @@ What it measures (see bench/README.md for how to run it and BENCHMARKS.md for re
   importing a cached dependency (numpy) against a bare `import numpy` in a ready venv, the
   first run of a dependency set that is in uv's cache but not installed against
   `uv pip install` + the bare run, throughput with 8 concurrent clients, and the server's
-  memory (idle, and growth after a run printing 200 MiB).
+  memory (idle, and growth after a run printing 200 MiB), and a cell `x = x + 1` in a live
+  session (issue 19).
 
 Latency rows are measured round-robin (one sample of each row per round), so drift in the
 machine's load affects baselines and snakebox alike. Ratios are medians over medians.
@@ -68,6 +69,8 @@ TARGET_NUMPY_RATIO = 1.15
 TARGET_FIRST_RUN_RATIO = 1.2
 TARGET_RUNS_PER_S = 150.0
 TARGET_IDLE_MIB = 20.0
+# Issue 19.
+TARGET_SESSION_CELL_MS = 1.5
 TARGET_GROWTH_MIB = 5.0
 
 
@@ -572,7 +575,7 @@ async def bench_print(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: S
         for name, server in (("snakebox_print", sb), ("snakebox_print_other", other)):
             group = cpu_group(name) if server is not None else None
             if group is not None and server is not None:
-                group.add_trees([server.pid() if server is other else server.server_pid])
+                group.add_trees([server.server_pid])
                 groups[name] = group
         for i in range(setup.rounds):
             for name, case in cases:
@@ -594,6 +597,56 @@ async def bench_print(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: S
                 before = group.usage_ms()
                 subprocess.run(argv, env=run_env or clean_env(), cwd=cwd, capture_output=True, check=True, preexec_fn=group.join)
                 rows[name].cpu.append(group.usage_ms() - before)
+
+
+async def bench_session(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: Snakebox | None = None) -> None:
+    """A cell in a live session, `x = x + 1`, round-robin with an MCP `ping` (the floor of any
+    call through the same client) and, with `--compare`, the same cell on the other build."""
+
+    async def open_session(server: Snakebox) -> Callable[[], Awaitable[Any]]:
+        created = await server.client.call_tool("create_session", {})
+        session = (created.structured_content or {}).get("session_id")
+        if not session:
+            raise RuntimeError(f"create_session failed: {created.content}")
+        expected = [0]
+
+        async def cell() -> None:
+            result = await server.client.call_tool("execute_python", {"script": "x = x + 1", "session_id": session})
+            structured = result.structured_content or {}
+            expected[0] += 1
+            if structured.get("status") != "ok":
+                raise RuntimeError(f"session cell failed: {structured}")
+
+        async def check() -> None:
+            result = await server.client.call_tool("execute_python", {"script": "x", "session_id": session})
+            value = ((result.structured_content or {}).get("result") or {}).get("json")
+            if value != expected[0]:
+                raise RuntimeError(f"the session lost cells: x is {value}, expected {expected[0]}")
+
+        checks.append(check)
+
+        first = await server.client.call_tool("execute_python", {"script": "x = 0", "session_id": session})
+        if (first.structured_content or {}).get("status") != "ok":
+            raise RuntimeError(f"session cell failed: {first.content}")
+        return cell
+
+    checks: list[Callable[[], Awaitable[None]]] = []
+    cell = await open_session(sb)
+    other_cell = await open_session(other) if other is not None else None
+    for _ in range(5):
+        await cell()
+        if other_cell is not None:
+            await other_cell()
+    for i in range(setup.rounds):
+        if setup.mode == "legacy":
+            rows["session_ping"].samples.append(await timed(sb.client.send_ping))
+        rows["snakebox_session_cell"].samples.append(await timed(cell))
+        if other_cell is not None:
+            rows["snakebox_session_cell_other"].samples.append(await timed(other_cell))
+        if (i + 1) % 10 == 0:
+            log(f"session round {i + 1}/{setup.rounds}")
+    for check in checks:
+        await check()
 
 
 async def bench_numpy(setup: Setup, sb: Snakebox, rows: dict[str, Row]) -> str:
@@ -746,6 +799,9 @@ def judge(rows: dict[str, Row]) -> None:
     t = rows["throughput_8_servers"]
     if t.value is not None:
         t.met = t.value >= TARGET_RUNS_PER_S
+    cell = rows["snakebox_session_cell"]
+    if cell.median is not None:
+        cell.met = cell.median <= TARGET_SESSION_CELL_MS
     for name, limit in (("idle_rss", TARGET_IDLE_MIB), ("rss_growth", TARGET_GROWTH_MIB)):
         if rows[name].value is not None:
             rows[name].met = rows[name].value <= limit
@@ -804,6 +860,15 @@ def make_rows() -> dict[str, Row]:
         "snakebox_print_other": Row("snakebox `print('hi')` via MCP (SDK client), `--compare` build", baseline="snakebox_print"),
         "snakebox_print_raw": Row("snakebox `print('hi')` via raw JSON-RPC client", baseline="bare"),
         "snakebox_cli": Row("`snakebox run hi.py` (CLI, one process per run)", baseline="bare"),
+        "session_ping": Row("MCP `ping` round trip (SDK client, floor)"),
+        "snakebox_session_cell": Row(
+            "**snakebox session cell `x = x + 1` via MCP (SDK client)**",
+            baseline="session_ping",
+            target=f"≤ {TARGET_SESSION_CELL_MS:g} ms",
+        ),
+        "snakebox_session_cell_other": Row(
+            "snakebox session cell `x = x + 1`, `--compare` build", baseline="snakebox_session_cell"
+        ),
         "bare_numpy": Row("bare venv `python -c \"import numpy\"`"),
         "snakebox_numpy": Row(
             "**snakebox `import numpy` (cached env)**", baseline="bare_numpy", target=f"≤ {TARGET_NUMPY_RATIO}×"
@@ -825,6 +890,7 @@ def make_rows() -> dict[str, Row]:
         ),
         "throughput_1_server": Row("throughput, 1 server, 8 calls in flight", unit="runs/s"),
         "idle_rss": Row("**server idle RSS (after warm-up)**", unit="MiB", target=f"≤ {TARGET_IDLE_MIB:g} MiB"),
+        "idle_rss_other": Row("server idle RSS (after warm-up), `--compare` build, same moment", unit="MiB", baseline="idle_rss"),
         "rss_growth": Row("**server RSS growth after printing 200 MiB**", unit="MiB", target=f"≤ {TARGET_GROWTH_MIB:g} MiB"),
         "hwm_growth": Row("server peak RSS (VmHWM) growth, same run", unit="MiB"),
     }
@@ -867,24 +933,34 @@ async def main_async(args: argparse.Namespace) -> int:
     data.mkdir(mode=0o755)
     (work / "uv-cache").mkdir()
     try:
-        async with Snakebox(binary, data, python_version, args.mode) as sb:
+        async with contextlib.AsyncExitStack() as servers:
+            sb = await servers.enter_async_context(Snakebox(binary, data, python_version, args.mode))
+            other = None
+            if args.compare:
+                # The `--compare` build serves beside it from the start: its idle RSS is
+                # measured at the same moment, and its print and session rows in the same rounds.
+                other_binary = work / "snakebox-compare"
+                shutil.copy2(args.compare, other_binary)
+                other_data = work / "data-compare"
+                other_data.mkdir(mode=0o755)
+                other = await servers.enter_async_context(Snakebox(other_binary, other_data, python_version, args.mode))
             log("warming the server")
             for _ in range(5):
                 await sb.execute(HI, expect="hi\n")
+                if other is not None:
+                    await other.execute(HI, expect="hi\n")
             await asyncio.sleep(1)
             pid = sb.server_pid = sb.pid()
             rows["idle_rss"].value = rss_kib(pid) / 1024
             log(f"server pid {pid}, idle RSS {rows['idle_rss'].value:.1f} MiB")
+            if other is not None:
+                other_pid = other.server_pid = other.pid()
+                rows["idle_rss_other"].value = rss_kib(other_pid) / 1024
+                log(f"--compare server pid {other_pid}, idle RSS {rows['idle_rss_other'].value:.1f} MiB")
             if "print" not in setup.skip:
-                async with contextlib.AsyncExitStack() as stack:
-                    other = None
-                    if args.compare:
-                        other_binary = work / "snakebox-compare"
-                        shutil.copy2(args.compare, other_binary)
-                        other_data = work / "data-compare"
-                        other_data.mkdir(mode=0o755)
-                        other = await stack.enter_async_context(Snakebox(other_binary, other_data, python_version, args.mode))
-                    await bench_print(setup, sb, rows, other)
+                await bench_print(setup, sb, rows, other)
+            if "session" not in setup.skip:
+                await bench_session(setup, sb, rows, other)
             if "numpy" not in setup.skip:
                 version = await bench_numpy(setup, sb, rows)
                 if "first" not in setup.skip:
@@ -970,7 +1046,7 @@ def main() -> int:
     parser.add_argument(
         "--skip",
         action="append",
-        choices=["print", "raw", "cli", "numpy", "first", "memory", "throughput"],
+        choices=["print", "raw", "cli", "session", "numpy", "first", "memory", "throughput"],
         help="leave a group out (repeatable)",
     )
     parser.add_argument("--work-root", help="where the temporary work directory goes (default: $TMPDIR)")
