@@ -186,6 +186,21 @@ pub struct PoolReport {
     pub forked: u64,
     /// Why the last fork server start failed, if it did (it is retried after 5 s).
     pub fork_server_error: Option<String>,
+    /// Each fork server running now: what it preloaded and what it costs
+    /// (`--preload-packages`).
+    pub fork_server_details: Vec<ForkServerReport>,
+}
+
+/// One fork server in `check_environment`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ForkServerReport {
+    /// The environment it forks runs of (its cache key).
+    pub environment: String,
+    /// The modules it imported before serving, so that its runs find them in memory.
+    pub preloaded: Vec<String>,
+    /// The most memory its cgroup has been charged (interpreter, preloaded modules, files it
+    /// read); `null` where the cgroup does not count it.
+    pub peak_memory_bytes: Option<u64>,
 }
 
 impl WarmPool {
@@ -402,6 +417,20 @@ impl WarmPool {
                 0
             },
             forked: self.forked.load(Ordering::Relaxed),
+            fork_server_details: if self.active() {
+                inner
+                    .forks
+                    .iter()
+                    .filter(|f| f.server.is_alive())
+                    .map(|f| ForkServerReport {
+                        environment: f.key.environment.clone(),
+                        preloaded: f.server.preloaded().to_vec(),
+                        peak_memory_bytes: f.server.peak_memory_bytes(),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
             fork_server_error: if self.fork_enabled {
                 inner
                     .fork_error
