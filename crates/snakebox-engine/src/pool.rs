@@ -143,6 +143,10 @@ struct Inner {
     recent: Vec<Target>,
     ready: Vec<Warm>,
     last_error: Option<String>,
+    /// Environments (cache keys) whose fork server failed to start while preloading their
+    /// packages: later fork servers of them preload nothing, so a package whose import
+    /// crashes, hangs or runs out of memory is not imported again every few seconds.
+    no_preload: std::collections::HashSet<String>,
 }
 
 /// The pool's state (see the module documentation).
@@ -578,11 +582,22 @@ impl Engine {
     /// Start the fork server for `target` (blocking: it waits until the server is ready).
     fn start_fork_server(&self, target: &Target) -> Result<Forking, String> {
         let sandbox = self.sandbox.as_ref().map_err(|m| m.message.clone())?;
-        let spec = self.fork_server_spec(&target.environment);
+        let mut spec = self.fork_server_spec(&target.environment);
+        let key = &target.environment.key;
+        if self.pool.lock().no_preload.contains(key) {
+            spec.preload.clear();
+        }
         let root = dir_id(&target.environment.root);
-        let server = sandbox
-            .start_fork_server(&spec)
-            .map_err(|err| crate::describe(&err))?;
+        let server = sandbox.start_fork_server(&spec).map_err(|err| {
+            let mut message = crate::describe(&err);
+            if !spec.preload.is_empty() {
+                self.pool.lock().no_preload.insert(key.clone());
+                message.push_str(
+                    "; it was preloading the environment's packages, which its next start will not",
+                );
+            }
+            message
+        })?;
         Ok(Forking {
             server,
             key: target.key.clone(),

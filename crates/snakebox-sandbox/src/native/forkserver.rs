@@ -285,7 +285,7 @@ impl NativeBackend {
         } else {
             READY_TIMEOUT_PRELOADING
         };
-        match wait_ready(&reader, timeout) {
+        match wait_ready(&reader, &server.process, timeout) {
             Ok(preloaded) => server.preloaded = preloaded,
             Err(reason) => {
                 drop(server);
@@ -791,19 +791,41 @@ fn receive(socket: &OwnedFd, timeout: Option<Duration>) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-/// Wait for `ready` (or `ready <module>,<module>...`: what it preloaded), at most `timeout`.
-fn wait_ready(socket: &OwnedFd, timeout: Duration) -> Result<Vec<String>, String> {
-    match receive(socket, Some(timeout)) {
+/// Wait for `ready` (or `ready <module>,<module>...`: what it preloaded), at most `timeout`,
+/// or until `process` (a pidfd of its bwrap) ends: a fork server that dies while it starts
+/// (what it imports may end it) is a failure at once, not at the time-out.
+fn wait_ready(
+    socket: &OwnedFd,
+    process: &OwnedFd,
+    timeout: Duration,
+) -> Result<Vec<String>, String> {
+    let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    let mut poll = [
+        nix::poll::PollFd::new(socket.as_fd(), nix::poll::PollFlags::POLLIN),
+        nix::poll::PollFd::new(process.as_fd(), nix::poll::PollFlags::POLLIN),
+    ];
+    let waited = nix::poll::poll(
+        &mut poll,
+        nix::poll::PollTimeout::try_from(millis).unwrap_or(nix::poll::PollTimeout::MAX),
+    );
+    let said = poll[0].revents().is_some_and(|r| !r.is_empty());
+    if !matches!(waited, Ok(n) if n > 0) {
+        return Err(format!(
+            "it did not become ready within {} s",
+            timeout.as_secs()
+        ));
+    }
+    if !said {
+        return Err("it ended before it was ready".into());
+    }
+    match receive(socket, Some(Duration::ZERO)) {
         Some(message) => parse_ready(&message).ok_or_else(|| {
             format!(
                 "it sent `{}` instead of `ready`",
                 String::from_utf8_lossy(&message)
             )
         }),
-        None => Err(format!(
-            "it did not become ready within {} s",
-            timeout.as_secs()
-        )),
+        None => Err("it ended before it was ready".into()),
     }
 }
 
