@@ -11,7 +11,9 @@ What it measures (see bench/README.md for how to run it and BENCHMARKS.md for re
   importing a cached dependency (numpy) against a bare `import numpy` in a ready venv, the
   first run of a dependency set that is in uv's cache but not installed against
   `uv pip install` + the bare run, throughput with 8 concurrent clients, and the server's
-  memory (idle, and growth after a run printing 200 MiB).
+  memory (idle, and growth after a run printing 200 MiB), and (issue 19) a cell `x = x + 1`
+  in a live session and `import pandas` + `describe()` of 1e5 rows in a cached environment
+  against a bare venv with bytecode compiled.
 
 Latency rows are measured round-robin (one sample of each row per round), so drift in the
 machine's load affects baselines and snakebox alike. Ratios are medians over medians.
@@ -42,6 +44,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 HI = "print('hi')"
 HI_SCRIPT = "# /// script\n# dependencies = []\n# ///\nprint('hi')\n"
+PANDAS_SCRIPT = (
+    "import numpy, pandas\n"
+    "frame = pandas.DataFrame(numpy.random.default_rng(0).random((100_000, 4)), columns=list('abcd'))\n"
+    "print(frame.describe().shape)\n"
+)
+PANDAS_OUT = "(8, 4)\n"
 PRINT_200_MIB = (
     "import sys\nchunk = b'x' * (1 << 20)\nfor _ in range(200):\n    sys.stdout.buffer.write(chunk)\n"
 )
@@ -68,6 +76,9 @@ TARGET_NUMPY_RATIO = 1.15
 TARGET_FIRST_RUN_RATIO = 1.2
 TARGET_RUNS_PER_S = 150.0
 TARGET_IDLE_MIB = 20.0
+# Issue 19.
+TARGET_SESSION_CELL_MS = 1.5
+TARGET_PANDAS_RATIO = 0.1
 TARGET_GROWTH_MIB = 5.0
 
 
@@ -585,7 +596,7 @@ async def bench_print(
         for name, server in (("snakebox_print", sb), ("snakebox_print_other", other)):
             group = cpu_group(name) if server is not None else None
             if group is not None and server is not None:
-                group.add_trees([server.pid() if server is other else server.server_pid])
+                group.add_trees([server.server_pid])
                 groups[name] = group
         for i in range(setup.rounds):
             for name, case in cases:
@@ -607,6 +618,151 @@ async def bench_print(
                 before = group.usage_ms()
                 subprocess.run(argv, env=run_env or clean_env(), cwd=cwd, capture_output=True, check=True, preexec_fn=group.join)
                 rows[name].cpu.append(group.usage_ms() - before)
+
+
+async def bench_session(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: Snakebox | None = None) -> None:
+    """A cell in a live session, `x = x + 1`, round-robin with an MCP `ping` (the floor of any
+    call through the same client), the same through a raw JSON-RPC client of the same server (its
+    own session; the SDK's own cost left out) and, with `--compare`, the same cell on the other
+    build."""
+
+    async def open_session(server: Snakebox) -> Callable[[], Awaitable[Any]]:
+        created = await server.client.call_tool("create_session", {})
+        session = (created.structured_content or {}).get("session_id")
+        if not session:
+            raise RuntimeError(f"create_session failed: {created.content}")
+        expected = [0]
+
+        async def cell() -> None:
+            result = await server.client.call_tool("execute_python", {"script": "x = x + 1", "session_id": session})
+            structured = result.structured_content or {}
+            expected[0] += 1
+            if structured.get("status") != "ok":
+                raise RuntimeError(f"session cell failed: {structured}")
+
+        async def check() -> None:
+            result = await server.client.call_tool("execute_python", {"script": "x", "session_id": session})
+            value = ((result.structured_content or {}).get("result") or {}).get("json")
+            if value != expected[0]:
+                raise RuntimeError(f"the session lost cells: x is {value}, expected {expected[0]}")
+
+        checks.append(check)
+
+        first = await server.client.call_tool("execute_python", {"script": "x = 0", "session_id": session})
+        if (first.structured_content or {}).get("status") != "ok":
+            raise RuntimeError(f"session cell failed: {first.content}")
+        return cell
+
+    async def open_raw_session(raw: RawClient) -> Callable[[], Awaitable[Any]]:
+        created = await raw.request("tools/call", {"name": "create_session", "arguments": {}})
+        session = created["structuredContent"]["session_id"]
+        expected = [0]
+
+        async def call(script: str) -> dict[str, Any]:
+            result = await raw.request(
+                "tools/call", {"name": "execute_python", "arguments": {"script": script, "session_id": session}}
+            )
+            structured = result["structuredContent"]
+            if structured.get("status") != "ok":
+                raise RuntimeError(f"session cell failed: {structured}")
+            return structured
+
+        async def cell() -> None:
+            await call("x = x + 1")
+            expected[0] += 1
+
+        async def check() -> None:
+            value = ((await call("x")).get("result") or {}).get("json")
+            if value != expected[0]:
+                raise RuntimeError(f"the session lost cells: x is {value}, expected {expected[0]}")
+
+        checks.append(check)
+        await call("x = 0")
+        return cell
+
+    checks: list[Callable[[], Awaitable[None]]] = []
+    cell = await open_session(sb)
+    other_cell = await open_session(other) if other is not None else None
+    async with contextlib.AsyncExitStack() as stack:
+        raw_cell = None
+        if "raw" not in setup.skip:
+            raw = await stack.enter_async_context(RawClient(sb.argv(), sb.env()))
+            raw_cell = await open_raw_session(raw)
+
+            async def raw_ping() -> None:
+                await raw.request("ping", {})
+
+        cases: list[tuple[str, Callable[[], Awaitable[Any]]]] = []
+        if setup.mode == "legacy":
+            cases.append(("session_ping", sb.client.send_ping))
+        cases.append(("snakebox_session_cell", cell))
+        if other_cell is not None:
+            cases.append(("snakebox_session_cell_other", other_cell))
+        if raw_cell is not None:
+            cases += [("session_ping_raw", raw_ping), ("snakebox_session_cell_raw", raw_cell)]
+        for _ in range(5):
+            for _, case in cases:
+                await case()
+        for i in range(setup.rounds):
+            for name, case in cases:
+                rows[name].samples.append(await timed(case))
+            if (i + 1) % 10 == 0:
+                log(f"session round {i + 1}/{setup.rounds}")
+        for check in checks:
+            await check()
+
+
+async def bench_pandas(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: Snakebox | None = None) -> None:
+    """`import pandas` + `describe()` of 1e5 rows: a bare venv with bytecode compiled against
+    snakebox's cached environment, once its fork server has preloaded pandas (waited for through
+    `check_environment`), round-robin; with `--compare`, the same on the other build."""
+    env = setup.uv_env()
+    venv = setup.work / "venv-pandas"
+    subprocess.run([setup.uv, "venv", "-q", "--python", setup.python, str(venv)], env=env, check=True)
+    subprocess.run(
+        [setup.uv, "pip", "install", "-q", "--compile-bytecode", "--python", str(venv / "bin" / "python"), "pandas"],
+        env=env,
+        check=True,
+    )
+    vpy = str(venv / "bin" / "python")
+    freeze = subprocess.run([setup.uv, "pip", "freeze", "--python", vpy], env=env, capture_output=True, text=True, check=True)
+    pins = {line.split("==")[0].lower(): line for line in freeze.stdout.split() if "==" in line}
+    dependencies = [pins["pandas"], pins["numpy"]]
+    log(f"pandas: {dependencies}; building snakebox's environment")
+    servers = [sb] + ([other] if other is not None else [])
+    for server in servers:
+        await server.execute(PANDAS_SCRIPT, dependencies, expect=PANDAS_OUT)
+    # The environment is now recently used: wait for its fork server (and what it preloaded).
+    deadline = time.monotonic() + 180
+    while True:
+        report = await sb.client.call_tool("check_environment", {})
+        pool = (report.structured_content or {}).get("warm_pool", {})
+        preloaded = [d for d in pool.get("fork_server_details", []) if "pandas" in d.get("preloaded", [])]
+        if preloaded:
+            memory = preloaded[0].get("peak_memory_bytes")
+            rows["snakebox_pandas"].note = "fork server preloaded " + ", ".join(preloaded[0]["preloaded"])
+            if memory:
+                rows["snakebox_pandas"].note += f"; its peak memory {memory / (1 << 20):.0f} MiB"
+            break
+        if time.monotonic() > deadline:
+            rows["snakebox_pandas"].note = "no fork server preloaded pandas within 180 s"
+            log(rows["snakebox_pandas"].note)
+            break
+        await asyncio.sleep(0.5)
+    bare = [vpy, "-c", PANDAS_SCRIPT]
+    for _ in range(3):
+        timed_run(bare, expect=PANDAS_OUT)
+        for server in servers:
+            await server.execute(PANDAS_SCRIPT, dependencies, expect=PANDAS_OUT)
+    for i in range(setup.rounds):
+        rows["bare_pandas"].samples.append(timed_run(bare, expect=PANDAS_OUT))
+        rows["snakebox_pandas"].samples.append(await timed(lambda: sb.execute(PANDAS_SCRIPT, dependencies, expect=PANDAS_OUT)))
+        if other is not None:
+            rows["snakebox_pandas_other"].samples.append(
+                await timed(lambda: other.execute(PANDAS_SCRIPT, dependencies, expect=PANDAS_OUT))
+            )
+        if (i + 1) % 10 == 0:
+            log(f"pandas round {i + 1}/{setup.rounds}")
 
 
 async def bench_numpy(setup: Setup, sb: Snakebox, rows: dict[str, Row]) -> str:
@@ -759,6 +915,12 @@ def judge(rows: dict[str, Row]) -> None:
     t = rows["throughput_8_servers"]
     if t.value is not None:
         t.met = t.value >= TARGET_RUNS_PER_S
+    r = ratio("snakebox_pandas")
+    if r is not None:
+        rows["snakebox_pandas"].met = r <= TARGET_PANDAS_RATIO
+    cell = rows["snakebox_session_cell"]
+    if cell.median is not None:
+        cell.met = cell.median <= TARGET_SESSION_CELL_MS
     for name, limit in (("idle_rss", TARGET_IDLE_MIB), ("rss_growth", TARGET_GROWTH_MIB)):
         if rows[name].value is not None:
             rows[name].met = rows[name].value <= limit
@@ -817,6 +979,26 @@ def make_rows() -> dict[str, Row]:
         "snakebox_print_other": Row("snakebox `print('hi')` via MCP (SDK client), `--compare` build", baseline="snakebox_print"),
         "snakebox_print_raw": Row("snakebox `print('hi')` via raw JSON-RPC client", baseline="bare"),
         "snakebox_cli": Row("`snakebox run hi.py` (CLI, one process per run)", baseline="bare"),
+        "session_ping": Row("MCP `ping` round trip (SDK client, floor)"),
+        "snakebox_session_cell": Row(
+            "**snakebox session cell `x = x + 1` via MCP (SDK client)**",
+            baseline="session_ping",
+            target=f"≤ {TARGET_SESSION_CELL_MS:g} ms",
+        ),
+        "session_ping_raw": Row("MCP `ping` round trip (raw JSON-RPC client, floor)"),
+        "snakebox_session_cell_raw": Row(
+            "snakebox session cell `x = x + 1` via raw JSON-RPC client", baseline="session_ping_raw"
+        ),
+        "snakebox_session_cell_other": Row(
+            "snakebox session cell `x = x + 1`, `--compare` build", baseline="snakebox_session_cell"
+        ),
+        "bare_pandas": Row("bare venv (bytecode compiled): `import pandas` + `describe()` of 1e5 rows"),
+        "snakebox_pandas": Row(
+            "**snakebox `import pandas` + `describe()` of 1e5 rows (cached env)**",
+            baseline="bare_pandas",
+            target=f"≤ {TARGET_PANDAS_RATIO}×",
+        ),
+        "snakebox_pandas_other": Row("snakebox pandas row, `--compare` build", baseline="bare_pandas"),
         "bare_numpy": Row("bare venv `python -c \"import numpy\"`"),
         "snakebox_numpy": Row(
             "**snakebox `import numpy` (cached env)**", baseline="bare_numpy", target=f"≤ {TARGET_NUMPY_RATIO}×"
@@ -838,6 +1020,7 @@ def make_rows() -> dict[str, Row]:
         ),
         "throughput_1_server": Row("throughput, 1 server, 8 calls in flight", unit="runs/s"),
         "idle_rss": Row("**server idle RSS (after warm-up)**", unit="MiB", target=f"≤ {TARGET_IDLE_MIB:g} MiB"),
+        "idle_rss_other": Row("server idle RSS (after warm-up), `--compare` build, same moment", unit="MiB", baseline="idle_rss"),
         "rss_growth": Row("**server RSS growth after printing 200 MiB**", unit="MiB", target=f"≤ {TARGET_GROWTH_MIB:g} MiB"),
         "hwm_growth": Row("server peak RSS (VmHWM) growth, same run", unit="MiB"),
     }
@@ -880,23 +1063,32 @@ async def main_async(args: argparse.Namespace) -> int:
     data.mkdir(mode=0o755)
     (work / "uv-cache").mkdir()
     try:
-        async with Snakebox(binary, data, python_version, args.mode) as sb:
+        async with contextlib.AsyncExitStack() as servers:
+            sb = await servers.enter_async_context(Snakebox(binary, data, python_version, args.mode))
+            other = None
+            if args.compare:
+                # The `--compare` build serves beside it from the start: its idle RSS is
+                # measured at the same moment, and its print and session rows in the same rounds.
+                other_binary = work / "snakebox-compare"
+                shutil.copy2(args.compare, other_binary)
+                other_data = work / "data-compare"
+                other_data.mkdir(mode=0o755)
+                other = await servers.enter_async_context(Snakebox(other_binary, other_data, python_version, args.mode))
             log("warming the server")
             for _ in range(5):
                 await sb.execute(HI, expect="hi\n")
+                if other is not None:
+                    await other.execute(HI, expect="hi\n")
             await asyncio.sleep(1)
             pid = sb.server_pid = sb.pid()
             rows["idle_rss"].value = rss_kib(pid) / 1024
             log(f"server pid {pid}, idle RSS {rows['idle_rss'].value:.1f} MiB")
+            if other is not None:
+                other_pid = other.server_pid = other.pid()
+                rows["idle_rss_other"].value = rss_kib(other_pid) / 1024
+                log(f"--compare server pid {other_pid}, idle RSS {rows['idle_rss_other'].value:.1f} MiB")
             if "print" not in setup.skip:
                 async with contextlib.AsyncExitStack() as stack:
-                    other = None
-                    if args.compare:
-                        other_binary = work / "snakebox-compare"
-                        shutil.copy2(args.compare, other_binary)
-                        other_data = work / "data-compare"
-                        other_data.mkdir(mode=0o755)
-                        other = await stack.enter_async_context(Snakebox(other_binary, other_data, python_version, args.mode))
                     backends = {}
                     for spec in args.backend or []:
                         name, _, extra = spec.partition("=")
@@ -910,6 +1102,10 @@ async def main_async(args: argparse.Namespace) -> int:
                             Snakebox(binary, backend_data, python_version, args.mode, extra.split())
                         )
                     await bench_print(setup, sb, rows, other, backends)
+            if "session" not in setup.skip:
+                await bench_session(setup, sb, rows, other)
+            if "pandas" not in setup.skip:
+                await bench_pandas(setup, sb, rows, other)
             if "numpy" not in setup.skip:
                 version = await bench_numpy(setup, sb, rows)
                 if "first" not in setup.skip:
@@ -1002,7 +1198,7 @@ def main() -> int:
     parser.add_argument(
         "--skip",
         action="append",
-        choices=["print", "raw", "cli", "numpy", "first", "memory", "throughput"],
+        choices=["print", "raw", "cli", "session", "pandas", "numpy", "first", "memory", "throughput"],
         help="leave a group out (repeatable)",
     )
     parser.add_argument("--work-root", help="where the temporary work directory goes (default: $TMPDIR)")

@@ -429,3 +429,41 @@ if sys.argv and sys.argv[0].endswith("forkserver.py"):
         index.close()
     assert 0.05 < used < 0.4, f"the fork server used {used:.2f} of a core"
 
+
+
+async def test_a_package_that_kills_the_fork_server_at_import_is_no_longer_preloaded(snakebox_bin, data_dir, tmp_path_factory):
+    """Preloading imports a declared package in the fork server: one whose import ends the
+    process there (it could as well hang or run out of memory) makes that start fail once; the
+    next fork server of the environment preloads nothing, and its runs are forked as usual."""
+    package = "snakebox-preload-crash"
+    module = package.replace("-", "_")
+    init = "import os, sys\nif sys.argv and sys.argv[0].endswith('forkserver.py'):\n    os._exit(3)\nVALUE = 'imported in the run'\n"
+    wheel = pack_wheel(tmp_path_factory.mktemp("crash"), package, {f"{module}/__init__.py": init.encode()})
+    index = SimpleIndex(wheel, package)
+    script = f"import {module}\nprint({module}.VALUE)"
+    try:
+        async with connect(snakebox_bin, data_dir, "legacy", env={"UV_INDEX_URL": index.url}) as client:
+            data, _, _ = await call(client, "execute_python", script=script, dependencies=[f"{package}==1.0"], timeout_seconds=120)
+            assert data["status"] == "ok" and data["stdout"] == "imported in the run\n", data
+            deadline = time.monotonic() + 90
+            failed = False
+            while True:
+                report, _, _ = await call(client, "check_environment")
+                pool = report["warm_pool"]
+                failed = failed or "preloading" in (pool["fork_server_error"] or "")
+                if pool["fork_servers"] >= 1:
+                    break
+                assert time.monotonic() < deadline, pool
+                # Calls keep the environment in use (the pool retries a failed start as it works).
+                data, _, _ = await call(client, "execute_python", script=script, dependencies=[f"{package}==1.0"])
+                assert data["status"] == "ok", data
+                await anyio.sleep(0.5)
+            assert failed, "the preloading start was not seen failing"
+            assert all(d["preloaded"] == [] for d in pool["fork_server_details"]), pool
+            forked = pool["forked"]
+            data, _, _ = await call(client, "execute_python", script=script, dependencies=[f"{package}==1.0"])
+            assert data["status"] == "ok" and data["stdout"] == "imported in the run\n", data
+            report, _, _ = await call(client, "check_environment")
+            assert report["warm_pool"]["forked"] == forked + 1, report["warm_pool"]
+    finally:
+        index.close()

@@ -252,3 +252,61 @@ async def test_concurrent_forked_runs_do_not_see_each_others_terminals(snakebox_
     assert held["status"] == "ok" and held["stdout"].startswith("/dev/pts/0 ['0', 'ptmx']"), held
     assert look["status"] == "ok" and look["stdout"] == "['ptmx']\n", look
 
+
+
+PRELOAD_PROBE = r"""
+import json, os, random, sys
+preloaded = "numpy" in sys.modules
+import numpy
+seen = {
+    "preloaded": preloaded,
+    "probe": getattr(numpy, "snakebox_probe", "original"),
+    "precision": numpy.get_printoptions()["precision"],
+    "random": random.random(),
+    "numpy_random": float(numpy.random.random()),
+    "thread_vars": sorted(k for k in os.environ if k.endswith("_NUM_THREADS")),
+    # LAPACK through the preloaded library, in the forked run.
+    "inverse": float(numpy.linalg.inv(numpy.eye(64) * 2.0).sum()),
+}
+# Module-level state a run changes in the preloaded package.
+numpy.snakebox_probe = "changed by an earlier run"
+numpy.set_printoptions(precision=2)
+numpy.random.seed(1234)
+print(json.dumps(seen))
+"""
+
+
+async def test_a_preloaded_package_is_fresh_in_every_forked_run(snakebox_bin, data_dir):
+    """The fork server of an environment imports its declared packages before it forks runs
+    (`--preload-packages`): a run finds numpy already imported, yet what one run changes in it
+    (a module attribute, print options, the global generator's seed) is back to its original
+    value in the next, each run draws its own random numbers, and LAPACK works in the fork.
+    `check_environment` says what each fork server preloaded and what it costs."""
+    dependencies = ["numpy"]
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        first, _, _ = await call(client, "execute_python", script="import numpy", dependencies=dependencies, timeout_seconds=300)
+        assert first["status"] == "ok", first
+        deadline = time.monotonic() + 120
+        while True:
+            state = await pool_state(client)
+            details = [d for d in state["fork_server_details"] if "numpy" in d["preloaded"]]
+            if details:
+                break
+            assert state["fork_server_error"] is None, state
+            assert time.monotonic() < deadline, state
+            await anyio.sleep(0.2)
+        memory = details[0]["peak_memory_bytes"]
+        assert memory is None or memory > 10 << 20, details  # an interpreter with numpy in it
+        runs = []
+        for _ in range(3):
+            data = await forked_run(client, PRELOAD_PROBE, dependencies=dependencies)
+            assert data["status"] == "ok", data
+            runs.append(json.loads(data["stdout"]))
+        for seen in runs:
+            assert seen["preloaded"] is True, seen
+            assert seen["probe"] == "original" and seen["precision"] == 8, seen
+            assert seen["thread_vars"] == [], seen
+            assert seen["inverse"] == 32.0, seen
+        assert len({seen["random"] for seen in runs}) == 3, runs
+        assert len({seen["numpy_random"] for seen in runs}) == 3, runs

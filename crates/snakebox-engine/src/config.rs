@@ -6,6 +6,12 @@ use std::time::Duration;
 
 use snakebox_sandbox::BackendKind;
 
+/// Declared distributions a fork server preloads by default (see
+/// [`EngineConfig::preload_packages`]).
+pub const DEFAULT_PRELOAD_PACKAGES: usize = 8;
+/// The most it may be set to (the fork server takes no more than 64 modules either way).
+pub const MAX_PRELOAD_PACKAGES: usize = 64;
+
 /// Everything the engine needs to know from the operator.
 /// `python_downloads`: whether the server downloads a Python version it lacks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
@@ -80,6 +86,9 @@ pub struct EngineConfig {
     /// Fork runs of the default environment from a pre-initialised interpreter while serving
     /// (see the `pool` module); falls back to the warm pool where that is unavailable.
     pub fork_server: bool,
+    /// How many of an environment's declared distributions its fork server imports before it
+    /// forks runs (`0`: none; the rest are imported by the runs that need them).
+    pub preload_packages: usize,
     /// Build the default environment at start-up.
     pub warm_cache: bool,
     /// Environment cache: total size above which least-recently-used environments are pruned.
@@ -138,6 +147,7 @@ impl EngineConfig {
             network_proxy: crate::ProxySettings::default(),
             warm_pool: 2,
             fork_server: true,
+            preload_packages: DEFAULT_PRELOAD_PACKAGES,
             warm_cache: true,
             cache_max_bytes: 10 * 1024 * 1024 * 1024,
             cache_max_age: Duration::from_secs(30 * 24 * 3600),

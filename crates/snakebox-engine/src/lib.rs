@@ -47,7 +47,9 @@ pub use artifacts::{
 };
 pub use audit::{AUDIT_DIR, AuditEntry, audit_files, read_audit, utc_text};
 pub use caller::{Caller, LOCAL_TENANT};
-pub use config::{EngineConfig, PythonDownloads, SessionSettings};
+pub use config::{
+    DEFAULT_PRELOAD_PACKAGES, EngineConfig, MAX_PRELOAD_PACKAGES, PythonDownloads, SessionSettings,
+};
 pub use error::{EngineError, ErrorKind, Hint};
 pub use events::{EventKind, SecurityEvent};
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
@@ -55,7 +57,7 @@ pub use history::{RunKind, RunQuery, RunRecord};
 pub use lifecycle::{LIVE_MAX_BYTES, LiveOutput, ShutdownReport, StopReason};
 pub use network::{NetworkLogEntry, NetworkPolicy, ProxySettings, parse_install_hosts};
 pub use plan::ExecuteRequest;
-pub use pool::PoolReport;
+pub use pool::{ForkServerReport, PoolReport};
 pub use profiles::{
     Profile, ProfileLimits, ProfileNetwork, Profiles, STANDARD_PROFILE, builtin_profiles,
     normalize_package,

@@ -143,6 +143,10 @@ struct Inner {
     recent: Vec<Target>,
     ready: Vec<Warm>,
     last_error: Option<String>,
+    /// Environments (cache keys) whose fork server failed to start while preloading their
+    /// packages: later fork servers of them preload nothing, so a package whose import
+    /// crashes, hangs or runs out of memory is not imported again every few seconds.
+    no_preload: std::collections::HashSet<String>,
 }
 
 /// The pool's state (see the module documentation).
@@ -186,6 +190,21 @@ pub struct PoolReport {
     pub forked: u64,
     /// Why the last fork server start failed, if it did (it is retried after 5 s).
     pub fork_server_error: Option<String>,
+    /// Each fork server running now: what it preloaded and what it costs
+    /// (`--preload-packages`).
+    pub fork_server_details: Vec<ForkServerReport>,
+}
+
+/// One fork server in `check_environment`.
+#[derive(Debug, Clone, Serialize, JsonSchema)]
+pub struct ForkServerReport {
+    /// The environment it forks runs of (its cache key).
+    pub environment: String,
+    /// The modules it imported before serving, so that its runs find them in memory.
+    pub preloaded: Vec<String>,
+    /// The most memory its cgroup has been charged (interpreter, preloaded modules, files it
+    /// read); `null` where the cgroup does not count it.
+    pub peak_memory_bytes: Option<u64>,
 }
 
 impl WarmPool {
@@ -402,6 +421,20 @@ impl WarmPool {
                 0
             },
             forked: self.forked.load(Ordering::Relaxed),
+            fork_server_details: if self.active() {
+                inner
+                    .forks
+                    .iter()
+                    .filter(|f| f.server.is_alive())
+                    .map(|f| ForkServerReport {
+                        environment: f.key.environment.clone(),
+                        preloaded: f.server.preloaded().to_vec(),
+                        peak_memory_bytes: f.server.peak_memory_bytes(),
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
             fork_server_error: if self.fork_enabled {
                 inner
                     .fork_error
@@ -555,11 +588,22 @@ impl Engine {
     /// Start the fork server for `target` (blocking: it waits until the server is ready).
     fn start_fork_server(&self, target: &Target) -> Result<Forking, String> {
         let sandbox = self.sandbox.as_ref().map_err(|m| m.message.clone())?;
-        let spec = self.fork_server_spec(&target.environment);
+        let mut spec = self.fork_server_spec(&target.environment);
+        let key = &target.environment.key;
+        if self.pool.lock().no_preload.contains(key) {
+            spec.preload.clear();
+        }
         let root = dir_id(&target.environment.root);
-        let server = sandbox
-            .start_fork_server(&spec)
-            .map_err(|err| crate::describe(&err))?;
+        let server = sandbox.start_fork_server(&spec).map_err(|err| {
+            let mut message = crate::describe(&err);
+            if !spec.preload.is_empty() {
+                self.pool.lock().no_preload.insert(key.clone());
+                message.push_str(
+                    "; it was preloading the environment's packages, which its next start will not",
+                );
+            }
+            message
+        })?;
         Ok(Forking {
             server,
             key: target.key.clone(),

@@ -418,6 +418,10 @@ pub struct PoolArgs {
     /// [default: on].
     #[arg(long, env = "SNAKEBOX_FORK_SERVER", value_enum)]
     pub fork_server: Option<Switch>,
+    /// How many of an environment's declared packages its fork server imports before it
+    /// forks runs, so that a run finds them in memory (`0`: none) [default: 8].
+    #[arg(long, env = "SNAKEBOX_PRELOAD_PACKAGES", value_name = "N")]
+    pub preload_packages: Option<usize>,
 }
 
 /// Environments: how they are built and how long they are kept (`[cache]`).

@@ -54,6 +54,7 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
             tracing::error!("executions are refused until this is fixed: {problem}");
         }
     }
+    release_startup_pages();
     let served = snakebox_server::serve_stdio(
         Arc::clone(&engine),
         stop_signal(),
@@ -84,6 +85,7 @@ async fn serve_http(
             tracing::error!("executions are refused until this is fixed: {problem}");
         }
     }
+    release_startup_pages();
     let stop = CancellationToken::new();
     let mut serving = tokio::spawn({
         let (engine, stop) = (Arc::clone(&engine), stop.clone());
@@ -117,6 +119,12 @@ async fn serve_http(
     }
     release(&engine, reason, Duration::ZERO, TEARDOWN).await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Start-up is over: its code need not stay resident (see [`crate::memory`]).
+fn release_startup_pages() {
+    let released = crate::memory::release_startup_pages();
+    tracing::debug!(released, "start-up code pages released");
 }
 
 /// The end of either face: the engine's shutdown (calls get `drain` to return), bounded by

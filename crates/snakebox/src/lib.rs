@@ -6,6 +6,7 @@
 
 pub mod cli;
 mod commands;
+mod memory;
 mod settings;
 
 use std::process::ExitCode;
@@ -23,6 +24,9 @@ pub fn run(cli: Cli) -> ExitCode {
     } else {
         "warn"
     });
+    if matches!(cli.command, Command::Serve(_)) {
+        memory::limit_arenas();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

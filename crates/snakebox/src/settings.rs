@@ -90,6 +90,7 @@ const FLAT_KEYS: &[FlatKey] = &[
     ("max_script_bytes", "limits", "max_script_bytes"),
     ("warm_pool", "pool", "size"),
     ("fork_server", "pool", "fork_server"),
+    ("preload_packages", "pool", "preload_packages"),
     ("no_warm_cache", "cache", "no_warm"),
     ("allow_sdist_builds", "cache", "allow_sdist_builds"),
     ("install_timeout", "cache", "install_timeout"),
@@ -271,6 +272,7 @@ struct LimitsFile {
 struct PoolFile {
     size: Option<usize>,
     fork_server: Option<Switch>,
+    preload_packages: Option<usize>,
 }
 
 /// `[cache]`.
@@ -832,6 +834,15 @@ fn resolve_pool(args: &PoolArgs, file: &PoolFile, config: &mut EngineConfig) -> 
     // The docker backend cannot fork runs: its warm pool is its containers.
     config.fork_server = args.fork_server.or(file.fork_server) != Some(Switch::Off)
         && config.backend != BackendKind::Docker;
+    if let Some(count) = args.preload_packages.or(file.preload_packages) {
+        if count > snakebox_engine::MAX_PRELOAD_PACKAGES {
+            bail!(
+                "--preload-packages must be at most {}, got `{count}`",
+                snakebox_engine::MAX_PRELOAD_PACKAGES
+            );
+        }
+        config.preload_packages = count;
+    }
     Ok(())
 }
 
@@ -1359,7 +1370,7 @@ network = \"off\"
         flat_typo_gets_a_did_you_mean: "max_timeuot = 5\n" => ["unknown key `max_timeuot`", "hint: did you mean `max_timeout`?"],
         section_typo_gets_a_did_you_mean: "[limit]\nmax_timeout = 5\n" => ["unknown key `limit`", "did you mean the section `[limits]`?"],
         key_typo_in_a_section: "[limits]\nmemroy = \"1G\"\n" => ["unknown key `memroy` in `[limits]`", "did you mean `memory`?"],
-        unknown_key_in_a_section_lists_the_keys: "[pool]\nwhatever = 1\n" => ["unknown key `whatever` in `[pool]`", "`size`, `fork_server`"],
+        unknown_key_in_a_section_lists_the_keys: "[pool]\nwhatever = 1\n" => ["unknown key `whatever` in `[pool]`", "`size`, `fork_server`, `preload_packages`"],
         flat_key_inside_its_section: "[limits]\nmemory_limit = \"1G\"\n" => ["`memory_limit`", "in a section it is `[limits] memory`"],
         key_in_the_wrong_section: "[limits]\nidle_stop = 5\n" => ["`idle_stop` in `[limits]`", "belongs in `[sessions]`"],
         sectioned_key_at_the_top: "idle_stop = 5\n" => ["unknown key `idle_stop`", "`[sessions] idle_stop`"],
@@ -1420,6 +1431,7 @@ network = \"off\"
         ("max_script_bytes", "2048"),
         ("warm_pool", "5"),
         ("fork_server", "\"off\""),
+        ("preload_packages", "3"),
         ("no_warm_cache", "true"),
         ("allow_sdist_builds", "true"),
         ("install_timeout", "90"),
@@ -1508,6 +1520,7 @@ network = \"off\"
             "--no-warm-cache",
             "--warm-pool=5",
             "--fork-server=off",
+            "--preload-packages=3",
             "--uv-path=/opt/uv",
             "--python-downloads=automatic",
             "--bwrap-path=/opt/bwrap",

@@ -137,6 +137,7 @@ impl Engine {
             runs_root: server_runs_dir(&self.config.data_dir),
             mount_points: vec![PathBuf::from(SANDBOX_INPUT_DIR), work],
             concurrent_runs: self.config.max_concurrent_runs,
+            preload: preload_names(&environment.requirements, self.config.preload_packages),
         }
     }
 
@@ -252,4 +253,42 @@ pub(crate) fn run_environment(venv: &Path, work: &Path, tmp: &Path) -> Vec<(Stri
         ("PYTHONIOENCODING".into(), "utf-8".into()),
         ("MPLBACKEND".into(), "Agg".into()),
     ]
+}
+
+/// The distribution names of an environment's declared requirements (normalised requirement
+/// strings such as `pandas==2.2.3` or `numpy>=2; python_version >= "3.10"`), at most `max`.
+pub(crate) fn preload_names(requirements: &[String], max: usize) -> Vec<String> {
+    requirements
+        .iter()
+        .filter_map(|requirement| {
+            let name: String = requirement
+                .trim()
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+                .collect();
+            (!name.is_empty()).then_some(name)
+        })
+        .take(max)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::preload_names;
+
+    #[test]
+    fn preload_names_are_the_declared_distributions_up_to_the_bound() {
+        let requirements = [
+            "pandas==2.2.3".to_owned(),
+            "numpy>=2; python_version >= \"3.10\"".to_owned(),
+            "scikit-learn[alldeps]".to_owned(),
+            "zope.interface".to_owned(),
+        ];
+        assert_eq!(
+            preload_names(&requirements, 8),
+            ["pandas", "numpy", "scikit-learn", "zope.interface"]
+        );
+        assert_eq!(preload_names(&requirements, 1), ["pandas"]);
+        assert!(preload_names(&requirements, 0).is_empty());
+    }
 }

@@ -256,20 +256,24 @@ impl Engine {
         let network_log = crate::network::take_log_of(state.proxy.as_ref());
         state.cells = cell;
         state.cells_in_interpreter += 1;
-        let _ = manager.store.touch(&row.id, now_secs(), true);
 
         let mut result = ExecutionResult::new(execution_id.clone(), Status::Ok);
         result.session_id = Some(session_id.to_owned());
         result.fresh_interpreter = fresh;
         result.python_version = Some(row.python_version.clone());
         result.requested_dependencies = requirements;
-        result.resolved_dependencies = manager
-            .store
-            .get(&row.id)
-            .ok()
-            .flatten()
-            .map(|r| packages_of(&r))
-            .unwrap_or_default();
+        // The row read at the start is current unless this call installed something.
+        result.resolved_dependencies = if result.requested_dependencies.is_empty() {
+            packages_of(&row)
+        } else {
+            manager
+                .store
+                .get(&row.id)
+                .ok()
+                .flatten()
+                .map(|r| packages_of(&r))
+                .unwrap_or_default()
+        };
         result.environment_reused = true;
         result.timeout_seconds = timeout.as_secs();
         result.setup_ms = setup_ms;
@@ -367,7 +371,7 @@ impl Engine {
             .await;
         drop(state);
         rich.apply(&mut result);
-        manager.remeasure(&row.id).await;
+        manager.used(&row.id, true).await;
         result.notes.extend(manager.disk_note());
         result
     }
@@ -647,9 +651,8 @@ impl Engine {
         let outcome = sandbox.run(&policy, &shell, call, output).await;
         watcher.abort();
         let network_log = crate::network::take_log_of(state.proxy.as_ref());
-        let _ = manager.store.touch(&row.id, now_secs(), false);
         drop(state);
-        manager.remeasure(&row.id).await;
+        manager.used(&row.id, false).await;
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(err) => return fail(err.into()),

@@ -486,8 +486,9 @@ impl Manager {
         Ok(())
     }
 
-    /// Measure the workspace again (after a call that may have written to it).
-    pub(super) async fn remeasure(&self, id: &str) {
+    /// After a call: measure the workspace again (the call may have written to it) and record
+    /// the session's last use, its size and (`ran_cell`) one more cell, in one write.
+    pub(super) async fn used(&self, id: &str, ran_cell: bool) {
         let work = self.paths(id).work;
         let (bytes, partial) = tokio::task::spawn_blocking(move || files::tree_bytes(&work))
             .await
@@ -495,7 +496,7 @@ impl Manager {
         if let Some(note) = partial {
             tracing::warn!(session = %id, "{note}");
         }
-        let _ = self.store.set_work_bytes(id, bytes);
+        let _ = self.store.touch_measured(id, now_secs(), ran_cell, bytes);
     }
 }
 impl Engine {

@@ -157,12 +157,9 @@ impl Store {
 
     pub(crate) fn get(&self, id: &str) -> rusqlite::Result<Option<SessionRow>> {
         self.with(|conn| {
-            conn.query_row(
-                &format!("SELECT {COLUMNS} FROM sessions WHERE id = ?1"),
-                [id],
-                from_row,
-            )
-            .optional()
+            conn.prepare_cached(&format!("SELECT {COLUMNS} FROM sessions WHERE id = ?1"))?
+                .query_row([id], from_row)
+                .optional()
         })
     }
 
@@ -200,12 +197,9 @@ impl Store {
     /// Bytes of every session's venv and workspace, as last measured.
     pub(crate) fn total_bytes(&self) -> rusqlite::Result<u64> {
         self.with(|conn| {
-            conn.query_row(
-                "SELECT COALESCE(SUM(venv_bytes + work_bytes), 0) FROM sessions",
-                [],
-                |row| row.get::<_, i64>(0),
-            )
-            .map(from_i64)
+            conn.prepare_cached("SELECT COALESCE(SUM(venv_bytes + work_bytes), 0) FROM sessions")?
+                .query_row([], |row| row.get::<_, i64>(0))
+                .map(from_i64)
         })
     }
 
@@ -213,23 +207,20 @@ impl Store {
         self.with(|conn| Ok(conn.execute("DELETE FROM sessions WHERE id = ?1", [id])? > 0))
     }
 
-    /// A cell ran: count it and remember when.
-    pub(crate) fn touch(&self, id: &str, now: u64, ran_cell: bool) -> rusqlite::Result<()> {
+    /// The end of every call: the session's last use, one more cell (`ran_cell`) and the
+    /// workspace's size, in one statement.
+    pub(crate) fn touch_measured(
+        &self,
+        id: &str,
+        now: u64,
+        ran_cell: bool,
+        work_bytes: u64,
+    ) -> rusqlite::Result<()> {
         self.with(|conn| {
-            conn.execute(
-                "UPDATE sessions SET last_used_at = ?2, executions = executions + ?3 WHERE id = ?1",
-                params![id, to_i64(now), i64::from(ran_cell)],
-            )
-            .map(|_| ())
-        })
-    }
-
-    pub(crate) fn set_work_bytes(&self, id: &str, bytes: u64) -> rusqlite::Result<()> {
-        self.with(|conn| {
-            conn.execute(
-                "UPDATE sessions SET work_bytes = ?2 WHERE id = ?1",
-                params![id, to_i64(bytes)],
-            )
+            conn.prepare_cached(
+                "UPDATE sessions SET last_used_at = ?2, executions = executions + ?3, work_bytes = ?4 WHERE id = ?1",
+            )?
+            .execute(params![id, to_i64(now), i64::from(ran_cell), to_i64(work_bytes)])
             .map(|_| ())
         })
     }
@@ -390,8 +381,8 @@ mod tests {
     fn touch_install_and_reset() {
         let store = Store::in_memory().unwrap();
         store.insert(&row("a", 100)).unwrap();
-        store.touch("a", 150, true).unwrap();
-        store.touch("a", 160, false).unwrap();
+        store.touch_measured("a", 150, true, 24).unwrap();
+        store.touch_measured("a", 160, false, 24).unwrap();
         store
             .set_packages(
                 "a",
@@ -403,7 +394,7 @@ mod tests {
                 5000,
             )
             .unwrap();
-        store.set_work_bytes("a", 77).unwrap();
+        store.touch_measured("a", 160, false, 77).unwrap();
         let got = store.get("a").unwrap().unwrap();
         assert_eq!((got.last_used_at, got.executions), (160, 1));
         assert_eq!(got.requirements.len(), 2);

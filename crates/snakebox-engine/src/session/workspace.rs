@@ -10,7 +10,6 @@ use snakebox_sandbox::Identity;
 
 use super::{
     FileContent, FileList, FileWritten, MAX_FILE_BYTES, MAX_LIST_ENTRIES, files, no_session,
-    now_secs,
 };
 use crate::Engine;
 use crate::files::{decode_base64, encode_base64};
@@ -73,8 +72,7 @@ impl Engine {
         .await?
         .map_err(file_error)?;
         drop(state);
-        let _ = manager.store.touch(&row.id, now_secs(), false);
-        manager.remeasure(&row.id).await;
+        manager.used(&row.id, false).await;
         Ok(FileWritten {
             session_id: row.id,
             path: path.to_owned(),

@@ -11,7 +11,9 @@ power and nothing more: no capability outside namespaces it made itself, no host
 view of any run directory (each run's directories reach it only as detached mounts of that
 run's own, sent with the request).
 
-It imports the run module once (the slow part of a cold start), then waits for requests on a
+It imports the run module once (the slow part of a cold start) and the top-level modules of the
+distributions named in SNAKEBOX_PRELOAD (the environment's declared packages, see `_preload`),
+then waits for requests on a
 private SEQPACKET socket: one message per run, `run <n>`, with descriptors attached: stdout,
 stderr and control channel of the run, a pipe holding the run's request (JSON, read only by the
 forked child: the fork server's own memory never holds any run's data), the run's directories
@@ -256,6 +258,8 @@ class ForkServer:
         # What the run module imports while it runs (compiling a script), loaded once here.
         import __future__  # noqa: F401
 
+        self.preloaded = _preload(os.environ.pop(PRELOAD_VAR, ""))
+
         for target in ("/tmp", "/dev/shm"):
             _BELOW[target] = _mount_points_below(target)
 
@@ -278,7 +282,7 @@ class ForkServer:
         # Everything loaded so far lives as long as the fork server: out of the collector's
         # sight, so a run's collections do not walk it (nor touch its pages).
         gc.freeze()
-        self.send("ready")
+        self.send("ready " + ",".join(self.preloaded) if self.preloaded else "ready")
         while True:
             ready, _, _ = select.select([self.sock, wake_r], [], [])
             if wake_r in ready:
@@ -393,6 +397,7 @@ class ForkServer:
         if pid != 0:
             _init(pid, status_w)
         os.close(status_w)
+        _fresh_state()
         sys.argv = list(request["argv"])
         sys.path[0] = os.path.dirname(sys.argv[0])
         code = 1
@@ -449,6 +454,83 @@ class ForkServer:
                     os.close(fd)
                 except OSError:
                     pass
+
+
+PRELOAD_VAR = "SNAKEBOX_PRELOAD"
+# Native thread pools a preloaded package may start at import (OpenBLAS, OpenMP, MKL, BLIS,
+# numexpr, Accelerate): one thread each, so that the fork server holds no thread a fork would
+# lose while its pool still counts it. Only variables that are not set already; they are
+# removed again after the imports, so a run's own subprocesses see the environment a cold run
+# would. (A preloaded library keeps the setting it read: its runs compute on one thread.)
+THREAD_VARS = (
+    "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+)  # fmt: skip
+MAX_PRELOAD = 64
+
+
+def _top_level_modules(distribution):
+    """The importable top-level modules of an installed distribution: its `top_level.txt`,
+    else the packages and modules at the top of its RECORD. Private names are left out."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(distribution)
+    except Exception:  # noqa: BLE001 - not installed (or unreadable): nothing to preload
+        return []
+    names = set((dist.read_text("top_level.txt") or "").split())
+    if not names:
+        for path in dist.files or ():
+            parts = path.parts
+            if len(parts) == 1 and parts[0].endswith(".py"):
+                names.add(parts[0][:-3])
+            elif len(parts) == 2 and parts[1] == "__init__.py":
+                names.add(parts[0])
+    return sorted(n for n in names if n.isidentifier() and not n.startswith("_"))
+
+
+def _preload(listed):
+    """Import the top-level modules of the distributions in `listed` (comma-separated), at most
+    MAX_PRELOAD of them. What fails to import is left out (a run imports it itself and sees
+    the error). Returns the modules imported."""
+    added = [name for name in THREAD_VARS if name not in os.environ]
+    for name in added:
+        os.environ[name] = "1"
+    done = []
+    try:
+        for distribution in [d for d in listed.split(",") if d][:MAX_PRELOAD]:
+            for module in _top_level_modules(distribution):
+                if len(done) >= MAX_PRELOAD:
+                    break
+                try:
+                    __import__(module)
+                except BaseException:  # noqa: BLE001 - caller-chosen code: anything may fail
+                    continue
+                done.append(module)
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
+    # Whatever the imports opened stays open here, but no run sees it: each run closes every
+    # descriptor but its own before its code runs (`setup`).
+    return done
+
+
+def _fresh_state():
+    """In the run, before its code: what a fork would otherwise share between runs. The
+    random generators get fresh seeds (`random` does this itself after a fork; numpy's global
+    generator does not), so two runs never draw the same numbers."""
+    random = sys.modules.get("random")
+    if random is not None:
+        try:
+            random.seed()
+        except Exception:  # noqa: BLE001
+            pass
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        try:
+            numpy_random.seed()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def _init(main, status_w):

@@ -60,6 +60,11 @@ const SPARE_INSIDE: &str = "/run/snakebox/spare";
 const SOURCE: &str = include_str!("forkserver.py");
 /// How long the fork server may take to start (import its modules) before we give up on it.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// The same when it preloads packages: importing them at its small CPU share takes longer.
+const READY_TIMEOUT_PRELOADING: Duration = Duration::from_secs(90);
+/// The variable that tells the fork server which distributions to preload (`forkserver.py`
+/// removes it from its environment before it forks any run).
+const PRELOAD_VAR: &str = "SNAKEBOX_PRELOAD";
 /// How a failed setup is reported (no user code ran).
 const SETUP_FAILED: &str = "the run's sandbox could not be set up";
 /// How long a killed run's end may take to be reported.
@@ -117,6 +122,10 @@ pub struct ForkServerSpec {
     /// How many runs it may serve at once: each gets an equal share of the per-user kernel
     /// counters charged to the fork server's uid.
     pub concurrent_runs: usize,
+    /// Distributions of the environment whose top-level modules the fork server imports
+    /// before it serves, so that a forked run finds them in memory (empty: none). Their
+    /// import-time code runs in the fork server's sandbox, under its limits.
+    pub preload: Vec<String>,
 }
 
 /// One run for the fork server. It runs as the fork server's identity
@@ -145,7 +154,9 @@ pub struct ForkServer {
     alive: Arc<AtomicBool>,
     cgroups: Arc<CgroupSet>,
     /// Its own cgroup (a run's limits), killed and removed when it stops.
-    _cgroup: RunCgroup,
+    cgroup: RunCgroup,
+    /// The modules it imported before serving (see [`ForkServerSpec::preload`]).
+    preloaded: Vec<String>,
     /// Its host uid, for its lifetime (its runs have it too).
     lease: IdentityLease,
     /// Each run's share of the per-user kernel counters (`/proc/sys/user` name, value).
@@ -186,6 +197,11 @@ impl NativeBackend {
 
         let mut policy = spec.policy.clone();
         policy.network = false;
+        if !spec.preload.is_empty() {
+            policy
+                .env
+                .push((PRELOAD_VAR.into(), spec.preload.join(",")));
+        }
         policy.identity = lease.identity();
         policy.mounts.push(Mount {
             host: files.clone(),
@@ -245,14 +261,15 @@ impl NativeBackend {
             std::thread::spawn(move || log_stderr(stderr, &said));
         }
 
-        let server = ForkServer {
+        let mut server = ForkServer {
             process: pidfd,
             _info: prepared.info_read,
             socket: ours,
             waiters: Arc::new(Mutex::new(HashMap::new())),
             alive: Arc::new(AtomicBool::new(false)),
             cgroups,
-            _cgroup: cgroup,
+            cgroup,
+            preloaded: Vec::new(),
             lease,
             user_limits: user_limit_shares(shares(spec.concurrent_runs)),
             run_rlimits: rlimit_shares(shares(spec.concurrent_runs)),
@@ -263,8 +280,13 @@ impl NativeBackend {
             .socket
             .try_clone()
             .map_err(|err| fail(format!("could not share its socket: {err}")))?;
-        match wait_ready(&reader) {
-            Ok(()) => {}
+        let timeout = if spec.preload.is_empty() {
+            READY_TIMEOUT
+        } else {
+            READY_TIMEOUT_PRELOADING
+        };
+        match wait_ready(&reader, &server.process, timeout) {
+            Ok(preloaded) => server.preloaded = preloaded,
             Err(reason) => {
                 drop(server);
                 // (Its last words reach the log thread right after it dies.)
@@ -364,6 +386,19 @@ impl ForkServer {
     #[must_use]
     pub fn host_ids(&self) -> Option<(u32, u32)> {
         self.lease.host_ids()
+    }
+
+    /// The modules it imported before serving, besides the run module.
+    #[must_use]
+    pub fn preloaded(&self) -> &[String] {
+        &self.preloaded
+    }
+
+    /// The most memory its cgroup has been charged (its interpreter, what it preloaded, and
+    /// the page cache of files it read), when the cgroup counts it: what it costs the host.
+    #[must_use]
+    pub fn peak_memory_bytes(&self) -> Option<u64> {
+        self.cgroup.usage().peak_memory_bytes
     }
 
     /// The identity of its runs (for a run that must be started another way after all).
@@ -756,18 +791,58 @@ fn receive(socket: &OwnedFd, timeout: Option<Duration>) -> Option<Vec<u8>> {
     Some(buf)
 }
 
-fn wait_ready(socket: &OwnedFd) -> Result<(), String> {
-    match receive(socket, Some(READY_TIMEOUT)) {
-        Some(message) if message == b"ready" => Ok(()),
-        Some(message) => Err(format!(
-            "it sent `{}` instead of `ready`",
-            String::from_utf8_lossy(&message)
-        )),
-        None => Err(format!(
+/// Wait for `ready` (or `ready <module>,<module>...`: what it preloaded), at most `timeout`,
+/// or until `process` (a pidfd of its bwrap) ends: a fork server that dies while it starts
+/// (what it imports may end it) is a failure at once, not at the time-out.
+fn wait_ready(
+    socket: &OwnedFd,
+    process: &OwnedFd,
+    timeout: Duration,
+) -> Result<Vec<String>, String> {
+    let millis = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    let mut poll = [
+        nix::poll::PollFd::new(socket.as_fd(), nix::poll::PollFlags::POLLIN),
+        nix::poll::PollFd::new(process.as_fd(), nix::poll::PollFlags::POLLIN),
+    ];
+    let waited = nix::poll::poll(
+        &mut poll,
+        nix::poll::PollTimeout::try_from(millis).unwrap_or(nix::poll::PollTimeout::MAX),
+    );
+    let said = poll[0].revents().is_some_and(|r| !r.is_empty());
+    if !matches!(waited, Ok(n) if n > 0) {
+        return Err(format!(
             "it did not become ready within {} s",
-            READY_TIMEOUT.as_secs()
-        )),
+            timeout.as_secs()
+        ));
     }
+    if !said {
+        return Err("it ended before it was ready".into());
+    }
+    match receive(socket, Some(Duration::ZERO)) {
+        Some(message) => parse_ready(&message).ok_or_else(|| {
+            format!(
+                "it sent `{}` instead of `ready`",
+                String::from_utf8_lossy(&message)
+            )
+        }),
+        None => Err("it ended before it was ready".into()),
+    }
+}
+
+/// `ready`, then optionally a space and the comma-separated modules it preloaded.
+fn parse_ready(message: &[u8]) -> Option<Vec<String>> {
+    let text = std::str::from_utf8(message).ok()?;
+    let rest = text.strip_prefix("ready")?;
+    if rest.is_empty() {
+        return Some(Vec::new());
+    }
+    let list = rest.strip_prefix(' ')?;
+    Some(
+        list.split(',')
+            .filter(|name| !name.is_empty())
+            .map(str::to_owned)
+            .collect(),
+    )
 }
 
 /// Dispatch the fork server's reports to the runs waiting for them, until it goes away.
@@ -835,4 +910,21 @@ fn tail(text: &str, max: usize) -> &str {
         start += 1;
     }
     &text[start..]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ready;
+
+    #[test]
+    fn ready_says_what_was_preloaded() {
+        assert_eq!(parse_ready(b"ready"), Some(Vec::new()));
+        assert_eq!(
+            parse_ready(b"ready pandas,numpy"),
+            Some(vec!["pandas".to_owned(), "numpy".to_owned()])
+        );
+        assert_eq!(parse_ready(b"ready "), Some(Vec::new()));
+        assert_eq!(parse_ready(b"readyx"), None);
+        assert_eq!(parse_ready(b"fail 1 no"), None);
+    }
 }
