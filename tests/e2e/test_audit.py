@@ -8,7 +8,9 @@ Prometheus counter of events over HTTP.
   size, and how it ended; the files are the server user's alone;
 - `snakebox audit` filters by tenant, status, event and time, prints JSON, and refuses a bad
   filter with a hint;
-- over HTTP, two tenants' calls are told apart and `/metrics` counts the events by kind.
+- over HTTP, two tenants' calls are told apart and `/metrics` counts the events by kind;
+- a write refused at the scratch limit and output holding terminal escape sequences are events
+  too (`disk_limit`, `output_escaped`).
 """
 
 from __future__ import annotations
@@ -125,6 +127,35 @@ async def test_events_are_returned_and_every_call_is_audited(snakebox_bin, tmp_p
     for bad, hint in ((("--event", "explosion"), "use one of"), (("--since", "soon"), "`30m`")):
         done = audit(snakebox_bin, data, *bad)
         assert done.returncode != 0 and hint in done.stderr, done.stderr
+
+
+FILL = """chunk = b"x" * (1 << 20)
+with open("big", "wb") as out:
+    while True:
+        out.write(chunk)
+        out.flush()
+"""
+ESCAPES = "print('\\x1b[2J\\x1b]52;c;aGVsbG8=\\x07wiped')\n"
+
+
+async def test_a_full_scratch_space_and_escape_sequences_are_events(snakebox_bin, tmp_path, mode):
+    data = tmp_path / "data"
+    async with connect(snakebox_bin, data, mode, "--scratch-limit", "8MiB") as client:
+        full, _, _ = await call(client, "execute_python", script=FILL, timeout_seconds=60)
+        escaped, text, _ = await call(client, "execute_python", script=ESCAPES)
+    # The write was refused (the script's own ENOSPC), and the result says why.
+    assert full["status"] == "error" and "[Errno 28]" in full["exception"]["message"], full
+    assert [e["kind"] for e in full["events"]] == ["disk_limit"], full["events"]
+    assert "scratch limit" in full["events"][0]["detail"]
+    # The structured result keeps the bytes; the text shows them defused; the event says so.
+    assert escaped["status"] == "ok" and "\x1b[2J" in escaped["stdout"], escaped
+    assert "\x1b" not in text and "\\x1b[2J" in text, text
+    assert [e["kind"] for e in escaped["events"]] == ["output_escaped"], escaped["events"]
+    assert escaped["events"][0]["detail"].startswith("stdout held 2 ")
+    assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--event", "disk_limit")] == [full["execution_id"]]
+    assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--event", "output_escaped")] == [
+        escaped["execution_id"]
+    ]
 
 
 def test_tenants_are_audited_apart_and_events_are_counted(snakebox_bin, tmp_path):

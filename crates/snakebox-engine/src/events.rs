@@ -4,9 +4,13 @@
 //! call passes (`Engine::tracked`), so the caller (`events` in the result), the runs table, the
 //! audit log and the `snakebox_security_events_total` counter all tell the same story.
 //!
-//! Only what the server observes is reported. What it cannot see (a write refused by a full
-//! scratch space; forks refused at the process limit where no pids cgroup counts them) is
-//! felt by the script as an error of its own.
+//! Most kinds are what the server itself observed (a limit's cgroup counter, the proxy's
+//! refusal, the output it cut). Three come from the run's own report, so a script can hide
+//! them from its own result but never forge one for another call: `import_blocked` and
+//! `exec_blocked` (the runner's hooks saw the attempt the policy refused) and `disk_limit` (a
+//! write refused at the scratch or file-size limit, seen as the script's `ENOSPC` error or
+//! its `SIGXFSZ` death). What nothing observes (forks refused where no pids cgroup counts
+//! them) is felt by the script as an error of its own.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -28,6 +32,10 @@ pub enum EventKind {
     OutputLimit,
     /// New processes or threads were refused at the process limit.
     ProcessLimit,
+    /// A write was refused at the run's writable-space (scratch) or file-size limit.
+    DiskLimit,
+    /// The output held terminal escape sequences, shown as `\xNN` in the text result.
+    OutputEscaped,
     /// The network policy refused a connection.
     NetworkDenied,
     /// A cap of the server or the tenant refused the call (quota, rate, sessions, disk).
@@ -47,12 +55,14 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind, in the order the documentation lists them.
-    pub const ALL: [EventKind; 11] = [
+    pub const ALL: [EventKind; 13] = [
         EventKind::Timeout,
         EventKind::MemoryLimit,
         EventKind::CpuLimit,
         EventKind::OutputLimit,
         EventKind::ProcessLimit,
+        EventKind::DiskLimit,
+        EventKind::OutputEscaped,
         EventKind::NetworkDenied,
         EventKind::QuotaRefused,
         EventKind::SetupFailed,
@@ -70,6 +80,8 @@ impl EventKind {
             EventKind::CpuLimit => "cpu_limit",
             EventKind::OutputLimit => "output_limit",
             EventKind::ProcessLimit => "process_limit",
+            EventKind::DiskLimit => "disk_limit",
+            EventKind::OutputEscaped => "output_escaped",
             EventKind::NetworkDenied => "network_denied",
             EventKind::QuotaRefused => "quota_refused",
             EventKind::SetupFailed => "setup_failed",
@@ -83,8 +95,9 @@ impl EventKind {
 /// One decision the server made about a call, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SecurityEvent {
-    /// timeout, memory_limit, cpu_limit, output_limit, process_limit, network_denied,
-    /// quota_refused, setup_failed, import_blocked, exec_blocked or policy_refused.
+    /// timeout, memory_limit, cpu_limit, output_limit, process_limit, disk_limit,
+    /// output_escaped, network_denied, quota_refused, setup_failed, import_blocked,
+    /// exec_blocked or policy_refused.
     pub kind: EventKind,
     /// What happened, for a person.
     pub detail: String,

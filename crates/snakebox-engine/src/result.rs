@@ -428,6 +428,15 @@ fn terminal_safe(text: &str) -> String {
     out
 }
 
+/// How many terminal escape sequences `text` holds: ESC and the one-character CSI, the
+/// characters that start what [`terminal_safe`] defuses (cursor moves, screen rewrites,
+/// clipboard writes).
+fn escape_sequences(text: &str) -> usize {
+    text.chars()
+        .filter(|&c| c == '\u{1b}' || c == '\u{9b}')
+        .count()
+}
+
 /// `11` → `SIGSEGV (11)`.
 #[must_use]
 pub(crate) fn signal_name(signal: i32) -> String {
@@ -466,6 +475,25 @@ mod terminal_tests {
 }
 
 impl ExecutionResult {
+    /// Why a write of the run was refused at its writable-space or file-size limit, as the run
+    /// showed it: killed by `SIGXFSZ`, or ending with (or printing) Python's `ENOSPC` error.
+    fn disk_limit(&self) -> Option<String> {
+        const NO_SPACE: &str = "[Errno 28] No space left on device";
+        if self.signal == Some(25) {
+            return Some(
+                "a file reached the run's file-size limit (SIGXFSZ) and the run was stopped".into(),
+            );
+        }
+        let raised = self
+            .exception
+            .as_ref()
+            .is_some_and(|e| e.message.starts_with(NO_SPACE));
+        (raised || self.stderr.contains(NO_SPACE)).then(|| {
+            "a write was refused: the run's writable space is full (ENOSPC at the scratch limit)"
+                .into()
+        })
+    }
+
     /// The security events of this finished call, in the order they are reported.
     #[must_use]
     pub(crate) fn derive_events(&self) -> Vec<SecurityEvent> {
@@ -528,6 +556,25 @@ impl ExecutionResult {
                 format!(
                     "{} passed the output limit: its middle was cut, the head and tail kept",
                     cut.join(" and ")
+                ),
+            ));
+        }
+        if let Some(detail) = result.disk_limit() {
+            events.push(event(EventKind::DiskLimit, detail));
+        }
+        let escaped: Vec<String> = [(&result.stdout, "stdout"), (&result.stderr, "stderr")]
+            .into_iter()
+            .filter_map(|(text, name)| {
+                let count = escape_sequences(text);
+                (count > 0).then(|| format!("{name} held {count}"))
+            })
+            .collect();
+        if !escaped.is_empty() {
+            events.push(event(
+                EventKind::OutputEscaped,
+                format!(
+                    "{} terminal escape sequence(s) (ESC or CSI): the text result shows them as \\xNN, the structured result keeps them",
+                    escaped.join(" and ")
                 ),
             ));
         }
@@ -616,6 +663,38 @@ mod event_tests {
             kind: Some(ErrorKind::Quota),
         });
         assert_eq!(derive(&quota)[0].kind, EventKind::QuotaRefused);
+    }
+
+    #[test]
+    fn disk_limits_and_escape_sequences_are_reported() {
+        let mut full = ExecutionResult::new("e".into(), Status::Error);
+        full.exception = Some(ExceptionInfo {
+            type_name: "OSError".into(),
+            message: "[Errno 28] No space left on device".into(),
+            traceback: String::new(),
+            line: Some(3),
+        });
+        assert_eq!(derive(&full)[0].kind, EventKind::DiskLimit);
+        let mut printed = ExecutionResult::new("e".into(), Status::Ok);
+        printed.stderr = "OSError: [Errno 28] No space left on device: 'big'\n".into();
+        assert_eq!(derive(&printed)[0].kind, EventKind::DiskLimit);
+        let mut killed = ExecutionResult::new("e".into(), Status::Error);
+        killed.signal = Some(25);
+        assert!(derive(&killed)[0].detail.contains("SIGXFSZ"));
+
+        let mut escaped = ExecutionResult::new("e".into(), Status::Ok);
+        escaped.stdout = "\u{1b}[2J\u{1b}]52;c;aGk=\u{7}done\r\n".into();
+        let events = derive(&escaped);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].kind, EventKind::OutputEscaped);
+        assert!(
+            events[0].detail.starts_with("stdout held 2 "),
+            "{}",
+            events[0].detail
+        );
+        // A carriage return (progress bars) is no escape sequence.
+        escaped.stdout = "50%\r100%\n".into();
+        assert!(derive(&escaped).is_empty());
     }
 
     #[test]
