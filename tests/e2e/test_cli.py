@@ -66,6 +66,9 @@ def test_check_reports_and_exits_zero_when_ready(snakebox_bin, data_dir):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "isolation active" in done.stdout
     assert "ready:     yes" in done.stdout
+    # The profiles a call may name, each decision with how it is enforced.
+    assert "profiles:  standard by default" in done.stdout
+    assert "  basic: " in done.stdout and "subprocesses: denied (sandbox: a seccomp program" in done.stdout
 
 
 def test_check_gives_a_fix_hint_when_bwrap_is_missing(snakebox_bin, data_dir):

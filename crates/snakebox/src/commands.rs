@@ -657,6 +657,16 @@ fn print_report(report: &EnvironmentReport) {
     }
     println!("artifacts: {}", report.artifacts.location);
     println!("           {}", report.artifacts.retention);
+    println!(
+        "profiles:  {} by default (a call names another with `profile`)",
+        report.default_profile
+    );
+    for profile in &report.profiles {
+        println!("  {}: {}", profile.name, profile.description);
+        for decision in &profile.enforces {
+            println!("           {decision}");
+        }
+    }
     if report.ready {
         println!("ready:     yes");
     } else {
