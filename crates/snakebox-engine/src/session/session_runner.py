@@ -20,6 +20,9 @@ one JSON line with the record on the private control pipe (descriptor 3, moved a
 any user code runs). stdin is moved away too: user code reading stdin sees end of file, never
 the next request. The engine trusts the record only as far as it trusts the user's code.
 
+Under a profile, the runner's `confine` comes first (the exec-deny program, then `site`), and
+the profile's import policy guards the cells' own imports, as in a one-shot run.
+
 Python 3.8+; standard library only.
 """
 
