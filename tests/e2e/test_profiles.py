@@ -12,8 +12,8 @@
 - the result, the audit log (`finished` lines and the `call` lines of tools that run no code)
   and `check_environment` name the profile; events are in both;
 - over HTTP a tenant may name only the profiles the operator allowed it;
-- a dependency's `.pth` that starts a program is refused on a cold start (site runs after the
-  exec-deny program);
+- a dependency's `.pth` that starts a program is refused on a cold start and in a session's
+  interpreter (site runs after the exec-deny program);
 - a session is held to its profile's network and packages;
 - a session is held to the whole profile: under a profile that denies subprocesses a program
   started by a cell never runs (its marker file never appears in the workspace on the host;
@@ -404,3 +404,24 @@ async def test_a_session_is_held_to_its_whole_profile(snakebox_bin, tmp_path, mo
     assert [e["kind"] for e in finished[denied["execution_id"]]["events"]] == ["exec_blocked"]
     assert [e["kind"] for e in finished[imported["execution_id"]]["events"]] == ["import_blocked"]
     assert finished[spawned["execution_id"]]["profile"] == "standard"
+
+
+async def test_a_dependencys_start_up_code_runs_under_the_exec_deny_in_a_session(snakebox_bin, tmp_path, exec_probe_index):
+    """A session's interpreter starts without `site` under a profile that denies subprocesses
+    and runs it after the exec-deny program: the environment's `.pth` is refused there too,
+    while the same package in a session under `standard` starts its program."""
+    config = tmp_path / "snakebox.toml"
+    config.write_text(CONFIG)
+    script = f"import {PTH_MODULE}, sys\nprint({PTH_MODULE}.FOUND, sys.flags.no_site)\n"
+    async with connect(snakebox_bin, tmp_path / "data", "legacy", "--config", str(config),
+                       env=exec_probe_index) as client:
+        for profile, expected in (("standard", "spawned 0 0\n"), ("offline_tools", "refused 1 1\n")):
+            created, text, is_error = await call(client, "create_session", profile=profile,
+                                                 dependencies=[f"{PTH_PACKAGE}==1.0"])
+            assert not is_error, text
+            try:
+                cell, _, _ = await call(client, "execute_python", session_id=created["session_id"], script=script)
+                assert cell["status"] == "ok" and cell["stdout"] == expected, cell
+                assert cell["profile"] == profile, cell
+            finally:
+                await call(client, "delete_session", session_id=created["session_id"])
