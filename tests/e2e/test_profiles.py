@@ -389,7 +389,7 @@ async def test_a_session_is_held_to_its_whole_profile(snakebox_bin, tmp_path, mo
             assert kept["stdout"] == "4.0 1\n" and kept["fresh_interpreter"] is False, kept
             shell, _, is_error = await call(client, "run_command", session_id=session, command="true")
             assert is_error and "denies subprocesses" in shell["error"]["message"], shell
-            assert [e["kind"] for e in shell["events"]] == ["policy_refused"], shell
+            assert [e["kind"] for e in shell["events"]] == ["policy_refused"] and shell["profile"] == "basic", shell
             listed, _, _ = await call(client, "list_sessions")
             assert [s["profile"] for s in listed["sessions"] if s["session_id"] == session] == ["basic"], listed
             # Last: the profile's 256 MiB, not the server's 1 GiB (the interpreter is stopped).

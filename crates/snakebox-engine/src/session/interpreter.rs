@@ -85,6 +85,16 @@ impl Engine {
             Ok(row) => row,
             Err(error) => return fail(error),
         };
+        // From here every result names the session's profile, as a one-shot run's does.
+        let profile_name = row
+            .profile
+            .clone()
+            .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned());
+        let fail = |error: EngineError| {
+            let mut result = fail(error);
+            result.profile = Some(profile_name.clone());
+            result
+        };
         // The checks of every execution; the session has its own interpreter and network.
         let checked = match self.check_request(&request) {
             Ok(checked) => checked,
@@ -658,6 +668,16 @@ impl Engine {
         let row = match manager.row(caller, session_id) {
             Ok(row) => row,
             Err(error) => return fail(error),
+        };
+        // From here every result names the session's profile, as a one-shot run's does.
+        let profile_name = row
+            .profile
+            .clone()
+            .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned());
+        let fail = |error: EngineError| {
+            let mut result = fail(error);
+            result.profile = Some(profile_name.clone());
+            result
         };
         if command.trim().is_empty() || command.contains('\0') || command.len() > 64 * 1024 {
             return fail(EngineError::invalid(
