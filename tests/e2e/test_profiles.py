@@ -12,10 +12,14 @@
 - the result, the audit log (`finished` lines and the `call` lines of tools that run no code)
   and `check_environment` name the profile; events are in both;
 - over HTTP a tenant may name only the profiles the operator allowed it;
-- a dependency's `.pth` that starts a program is refused on a cold start (site runs after the
-  exec-deny program);
-- a session is held to its profile's network and packages, and refused a profile it cannot
-  hold yet.
+- a dependency's `.pth` that starts a program is refused on a cold start and in a session's
+  interpreter (site runs after the exec-deny program);
+- a session is held to its profile's network and packages;
+- a session is held to the whole profile: under a profile that denies subprocesses a program
+  started by a cell never runs (its marker file never appears in the workspace on the host;
+  under `standard` it does); under `basic` the kernel refuses it (EPERM), an import outside the policy is blocked by the runtime guard, /work is read-only,
+  memory is the profile's, `run_command` is refused; variables persist across cells, and the
+  result, `list_sessions` and the audit log name the profile.
 """
 
 from __future__ import annotations
@@ -293,10 +297,6 @@ async def test_a_session_is_held_to_its_profiles_network_and_packages(snakebox_b
     config = tmp_path / "snakebox.toml"
     config.write_text(SESSION_CONFIG)
     async with connect(snakebox_bin, tmp_path / "data", mode, "--config", str(config), "--network", "on") as client:
-        # A profile that decides what sessions cannot enforce yet makes no session.
-        refused, text, is_error = await call(client, "create_session", profile="basic")
-        assert is_error and refused["error"]["kind"] == "unavailable", text
-        assert "denies subprocesses" in refused["error"]["message"] and "one-shot" in refused["error"]["hint"]
         # Under `tools`: no network even on a server with network, and only its packages.
         offline, _, is_error = await call(client, "create_session", profile="tools", network=True)
         assert is_error and "allows no network" in offline["error"]["message"], offline
@@ -320,3 +320,108 @@ async def test_a_session_is_held_to_its_profiles_network_and_packages(snakebox_b
         plain, _, _ = await call(client, "create_session")
         assert plain["profile"] == "standard" and plain["network"] is True, plain
         await call(client, "delete_session", session_id=plain["session_id"])
+
+
+# Starts a shell that leaves a marker in the session's workspace (a directory of the host's
+# data directory), reaching `os` without importing it.
+SESSION_SPAWN = """g = next(c for c in ().__class__.__base__.__subclasses__() if c.__name__ == "_wrap_close").__init__.__globals__
+print("alive")
+try:
+    pid = g["posix_spawn"]("/bin/sh", ["/bin/sh", "-c", "echo started > /work/marker"], {})
+    print("spawned", g["waitpid"](pid, 0)[1])
+except OSError as err:
+    print("refused", err.errno)
+"""
+FILL = "data = b'x' * (300 << 20)\nprint(len(data) >> 20)\n"
+
+
+async def test_a_session_is_held_to_its_whole_profile(snakebox_bin, tmp_path, mode):
+    data = tmp_path / "data"
+    config = tmp_path / "snakebox.toml"
+    config.write_text(CONFIG)
+    async with connect(snakebox_bin, data, mode, "--config", str(config)) as client:
+        # The control: under `standard` the program starts and leaves its marker; 300 MiB fit.
+        plain, _, _ = await call(client, "create_session")
+        try:
+            spawned, _, _ = await call(client, "execute_python", session_id=plain["session_id"], script=SESSION_SPAWN)
+            assert spawned["status"] == "ok" and spawned["stdout"] == "alive\nspawned 0\n", spawned
+            assert spawned["profile"] == "standard", spawned
+            marker = data / "sessions-v1" / plain["session_id"] / "work" / "marker"
+            assert marker.read_text() == "started\n"
+            fits, _, _ = await call(client, "execute_python", session_id=plain["session_id"], script=FILL)
+            assert fits["status"] == "ok" and fits["stdout"] == "300\n", fits
+        finally:
+            await call(client, "delete_session", session_id=plain["session_id"])
+        # Under a profile that only denies subprocesses (a writable workspace): no marker.
+        tools, text, _ = await call(client, "create_session", profile="offline_tools")
+        try:
+            work = data / "sessions-v1" / tools["session_id"] / "work"
+            stopped, _, _ = await call(client, "execute_python", session_id=tools["session_id"], script=SESSION_SPAWN)
+            assert stopped["status"] == "ok" and stopped["stdout"] == "alive\nrefused 1\n", stopped
+            assert [e["kind"] for e in stopped["events"]] == ["exec_blocked"], stopped["events"]
+            assert work.is_dir() and not (work / "marker").exists()
+            touched, _, _ = await call(client, "execute_python", session_id=tools["session_id"],
+                                       script="open('mine.txt', 'w').write('x')")
+            assert touched["status"] == "ok" and (work / "mine.txt").read_text() == "x", touched
+        finally:
+            await call(client, "delete_session", session_id=tools["session_id"])
+
+        created, text, is_error = await call(client, "create_session", profile="basic")
+        assert not is_error and created["profile"] == "basic" and created["network"] is False, text
+        session = created["session_id"]
+        try:
+            first, _, _ = await call(client, "execute_python", session_id=session, script="import math\nx = math.sqrt(16)\n")
+            assert first["status"] == "ok" and first["profile"] == "basic", first
+            denied, _, _ = await call(client, "execute_python", session_id=session, script=SESSION_SPAWN)
+            assert denied["status"] == "ok" and denied["stdout"] == "alive\nrefused 1\n", denied
+            assert [e["kind"] for e in denied["events"]] == ["exec_blocked"], denied["events"]
+
+            imported, _, _ = await call(client, "execute_python", session_id=session, script="y = 1\nimport socket\n")
+            assert imported["status"] == "error" and imported["exception"]["type_name"] == "ImportError", imported
+            assert "not in allowed_imports" in imported["exception"]["message"], imported
+            assert imported["events"] == [{"kind": "import_blocked",
+                                           "detail": "import of `socket` (line 2) is outside allowed_imports"}], imported
+            written, _, _ = await call(client, "execute_python", session_id=session, script=WRITE)
+            assert written["stdout"] == "refused 30\n", written  # EROFS: the workspace is read-only
+            assert not (data / "sessions-v1" / session / "work" / "out.txt").exists()
+            # The interpreter and its state live on across cells.
+            kept, _, _ = await call(client, "execute_python", session_id=session, script="print(x, y)")
+            assert kept["stdout"] == "4.0 1\n" and kept["fresh_interpreter"] is False, kept
+            shell, _, is_error = await call(client, "run_command", session_id=session, command="true")
+            assert is_error and "denies subprocesses" in shell["error"]["message"], shell
+            assert [e["kind"] for e in shell["events"]] == ["policy_refused"] and shell["profile"] == "basic", shell
+            listed, _, _ = await call(client, "list_sessions")
+            assert [s["profile"] for s in listed["sessions"] if s["session_id"] == session] == ["basic"], listed
+            # Last: the profile's 256 MiB, not the server's 1 GiB (the interpreter is stopped).
+            filled, _, _ = await call(client, "execute_python", session_id=session, script=FILL)
+            assert filled["status"] == "memory_limit", filled
+            assert "256" in filled["error"]["message"], filled
+        finally:
+            await call(client, "delete_session", session_id=session)
+
+    finished = {line["execution_id"]: line for line in audit_lines(data) if line["phase"] == "finished"}
+    assert finished[denied["execution_id"]]["profile"] == "basic"
+    assert [e["kind"] for e in finished[denied["execution_id"]]["events"]] == ["exec_blocked"]
+    assert [e["kind"] for e in finished[imported["execution_id"]]["events"]] == ["import_blocked"]
+    assert finished[spawned["execution_id"]]["profile"] == "standard"
+
+
+async def test_a_dependencys_start_up_code_runs_under_the_exec_deny_in_a_session(snakebox_bin, tmp_path, exec_probe_index):
+    """A session's interpreter starts without `site` under a profile that denies subprocesses
+    and runs it after the exec-deny program: the environment's `.pth` is refused there too,
+    while the same package in a session under `standard` starts its program."""
+    config = tmp_path / "snakebox.toml"
+    config.write_text(CONFIG)
+    script = f"import {PTH_MODULE}, sys\nprint({PTH_MODULE}.FOUND, sys.flags.no_site)\n"
+    async with connect(snakebox_bin, tmp_path / "data", "legacy", "--config", str(config),
+                       env=exec_probe_index) as client:
+        for profile, expected in (("standard", "spawned 0 0\n"), ("offline_tools", "refused 1 1\n")):
+            created, text, is_error = await call(client, "create_session", profile=profile,
+                                                 dependencies=[f"{PTH_PACKAGE}==1.0"])
+            assert not is_error, text
+            try:
+                cell, _, _ = await call(client, "execute_python", session_id=created["session_id"], script=script)
+                assert cell["status"] == "ok" and cell["stdout"] == expected, cell
+                assert cell["profile"] == profile, cell
+            finally:
+                await call(client, "delete_session", session_id=created["session_id"])

@@ -357,24 +357,18 @@ impl Engine {
         }
         let imports = profile.imports_for(request.allowed_imports.as_deref())?;
 
-        let mut limits = self.limits(checked.timeout);
-        let bounds = &profile.limits;
-        if let Some(max) = bounds.timeout_seconds {
-            if let Some(asked) = request.timeout_seconds
-                && u64::try_from(asked).is_ok_and(|asked| asked > max)
-            {
-                return Err(EngineError::invalid(
-                    format!(
-                        "timeout_seconds {asked} is above the profile `{name}`'s limit of {max} s"
-                    ),
-                    format!(
-                        "ask for at most {max} seconds (a call may narrow its profile's limits, never widen them)"
-                    ),
-                ));
-            }
-            limits.wall_time = limits.wall_time.min(std::time::Duration::from_secs(max));
+        if let Some(max) = profile.limits.timeout_seconds
+            && let Some(asked) = request.timeout_seconds
+            && u64::try_from(asked).is_ok_and(|asked| asked > max)
+        {
+            return Err(EngineError::invalid(
+                format!("timeout_seconds {asked} is above the profile `{name}`'s limit of {max} s"),
+                format!(
+                    "ask for at most {max} seconds (a call may narrow its profile's limits, never widen them)"
+                ),
+            ));
         }
-        limits.memory_bytes = tighter(limits.memory_bytes, bounds.memory_bytes);
+        let mut limits = self.profile_limits(profile, checked.timeout);
         if let Some(asked) = request.memory_limit_bytes {
             if asked < MIN_MEMORY_LIMIT {
                 return Err(EngineError::invalid(
@@ -403,12 +397,6 @@ impl Engine {
             }
             limits.memory_bytes = Some(asked);
         }
-        limits.cpu_time = tighter(limits.cpu_time.map(|t| t.as_secs()), bounds.cpu_seconds)
-            .map(std::time::Duration::from_secs);
-        limits.max_processes = tighter(limits.max_processes, bounds.processes);
-        if let Some(max) = bounds.output_bytes {
-            limits.max_output_bytes = limits.max_output_bytes.min(max);
-        }
 
         let network =
             self.profile_network(profile, request.network, &request.allowed_domains, "call")?;
@@ -421,6 +409,28 @@ impl Engine {
             network,
             imports,
         })
+    }
+
+    /// The server's limits for a run of `timeout`, narrowed by `profile`'s bounds (never
+    /// widened): one-shot runs and session interpreters alike.
+    pub(crate) fn profile_limits(
+        &self,
+        profile: &crate::Profile,
+        timeout: std::time::Duration,
+    ) -> snakebox_sandbox::Limits {
+        let mut limits = self.limits(timeout);
+        let bounds = &profile.limits;
+        if let Some(max) = bounds.timeout_seconds {
+            limits.wall_time = limits.wall_time.min(std::time::Duration::from_secs(max));
+        }
+        limits.memory_bytes = tighter(limits.memory_bytes, bounds.memory_bytes);
+        limits.cpu_time = tighter(limits.cpu_time.map(|t| t.as_secs()), bounds.cpu_seconds)
+            .map(std::time::Duration::from_secs);
+        limits.max_processes = tighter(limits.max_processes, bounds.processes);
+        if let Some(max) = bounds.output_bytes {
+            limits.max_output_bytes = limits.max_output_bytes.min(max);
+        }
+        limits
     }
 
     /// Where a run (`what`: `call` or `session`) under `profile` may connect: the profile's

@@ -402,25 +402,6 @@ impl Profile {
         }
     }
 
-    /// Why a session cannot be held to this profile, if it cannot: sessions enforce a
-    /// profile's network, packages and tenants, not (yet) its other decisions.
-    #[must_use]
-    pub fn session_gap(&self) -> Option<&'static str> {
-        if !self.subprocesses {
-            Some(
-                "it denies subprocesses, which a session's interpreter and run_command do not enforce yet",
-            )
-        } else if self.allowed_imports.is_some() {
-            Some("it has an import policy, which sessions do not enforce")
-        } else if !self.writable_work {
-            Some("its /work is read-only, and a session's workspace is written")
-        } else if self.limits != ProfileLimits::default() {
-            Some("it has limits of its own, which sessions do not apply yet")
-        } else {
-            None
-        }
-    }
-
     /// The requirement specifiers (PEP 508) this profile refuses; ones that do not parse
     /// are left to the usual check.
     #[must_use]

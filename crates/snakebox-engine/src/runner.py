@@ -461,12 +461,33 @@ def run_code(
     return record, value
 
 
-def _install_import_policy(allowed):
+def _is_script(filename):
+    return filename == SCRIPT_NAME
+
+
+def install_import_policy(directory, own=_is_script):
+    """Install the import guard when `directory` holds an import policy (`imports.json`):
+    the run's own code is that of the files `own` accepts (script.py; a session's cells)."""
+    policy_path = os.path.join(directory, IMPORT_POLICY_FILE)
+    if os.path.exists(policy_path):
+        with open(policy_path, "rb") as handle:
+            _install_import_policy(json.loads(handle.read().decode("utf-8"))["allowed"], own)
+
+
+def take_blocked(record):
+    """Move the imports and programs blocked so far into `record` (a session's cell's)."""
+    record["blocked_imports"] = list(_blocked)
+    record["blocked_exec"] = list(_blocked_exec)
+    del _blocked[:]
+    del _blocked_exec[:]
+
+
+def _install_import_policy(allowed, own=_is_script):
     """The import guard of `allowed_imports`: an import that the script's own code makes (an
-    `import` statement, `__import__` or `importlib.import_module`, anywhere in script.py) of a
-    module that no allowed name covers raises ImportError and is reported. Imports that
-    libraries make for themselves are not checked. A guard rail for code that plays by the
-    rules, not a boundary: the sandbox is that.
+    `import` statement, `__import__` or `importlib.import_module`, anywhere in script.py, or
+    in a session's cells) of a module that no allowed name covers raises ImportError and is
+    reported. Imports that libraries make for themselves are not checked. A guard rail for
+    code that plays by the rules, not a boundary: the sandbox is that.
     """
     import builtins
     import importlib
@@ -478,7 +499,7 @@ def _install_import_policy(allowed):
             frame = sys._getframe(depth)
         except ValueError:
             return
-        if frame.f_code.co_filename != SCRIPT_NAME:
+        if not own(frame.f_code.co_filename):
             return
         name = str(name)
         if any(name == entry or name.startswith(entry + ".") for entry in allowed):
@@ -791,12 +812,11 @@ def _deny_exec(program_path):
     sys.addaudithook(hook)
 
 
-def main():
-    script_path = sys.argv[1]
-    control_fd = int(sys.argv[2])
-    options = sys.argv[3:]
+def confine(options):
+    """The first thing a runner does (one-shot or session): with `--deny-exec PATH`, install
+    the exec-deny program before the environment's site code (`--site`), the bridge and any
+    user code."""
     if "--deny-exec" in options:
-        # First: before the environment's site code (`--site`), the bridge and the script.
         _deny_exec(options[options.index("--deny-exec") + 1])
     if "--site" in options:
         # Started with -S so that the environment's .pth files run only now, under the
@@ -804,6 +824,13 @@ def main():
         import site
 
         site.main()
+
+
+def main():
+    script_path = sys.argv[1]
+    control_fd = int(sys.argv[2])
+    options = sys.argv[3:]
+    confine(options)
     # Move the private pipe out of the way: the script sees nothing on fd 3, and a file the
     # script opens cannot land on the descriptor we write the record to.
     try:
@@ -822,10 +849,7 @@ def main():
 
     with open(script_path, "rb") as handle:
         raw = handle.read()
-    policy_path = os.path.join(os.path.dirname(script_path), IMPORT_POLICY_FILE)
-    if os.path.exists(policy_path):
-        with open(policy_path, "rb") as handle:
-            _install_import_policy(json.loads(handle.read().decode("utf-8"))["allowed"])
+    install_import_policy(os.path.dirname(script_path))
     source = raw.decode("utf-8-sig", errors="surrogateescape")
 
     main_module = types.ModuleType("__main__")

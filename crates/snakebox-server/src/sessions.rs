@@ -45,9 +45,9 @@ pub(crate) struct CreateSessionParams {
     /// `check_environment`); asking for more is refused with the reason. Its code reaches the
     /// network through the server's proxy; each call's `network_log` lists every connection.
     pub allowed_domains: Option<Vec<String>>,
-    /// The profile to hold the session to, e.g. `"team_web"` (default: the server's). A
-    /// session holds a profile's network and package allowlist; one that also decides
-    /// subprocesses, imports, a read-only /work or limits is refused (run those one-shot).
+    /// The profile to hold the session to, e.g. `"basic"` (default: the server's), for its
+    /// whole life: network, packages, subprocesses (denied: also no run_command), a
+    /// read-only /work, limits and imports (checked when a cell imports).
     pub profile: Option<String>,
 }
 

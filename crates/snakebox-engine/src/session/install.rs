@@ -538,17 +538,7 @@ impl Engine {
         }
         let requirements = Self::parse_requirements(&packages)?;
         // The session's profile, as it is configured now (one removed since: refused).
-        let profile_name = row
-            .profile
-            .clone()
-            .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned());
-        let Some(profile) = self.config.profiles.all.get(&profile_name) else {
-            return Err(EngineError::new(
-                ErrorKind::Unavailable,
-                format!("The session's profile `{profile_name}` is no longer on this server"),
-            )
-            .with_hint("create a new session; or the operator restores the profile"));
-        };
+        let profile = self.session_profile(&row)?;
         let refused = profile.refused_specs(&packages);
         if !refused.is_empty() {
             return Err(profile.packages_refused(&refused));

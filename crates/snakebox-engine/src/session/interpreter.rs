@@ -48,7 +48,7 @@ impl Engine {
             session_id: Some(session_id.to_owned()),
             script: request.script.clone(),
             dependencies: request.dependencies.clone(),
-            profile: None,
+            profile: self.profile_of_session(caller, session_id),
         };
         self.tracked(
             caller,
@@ -85,12 +85,51 @@ impl Engine {
             Ok(row) => row,
             Err(error) => return fail(error),
         };
+        // From here every result names the session's profile, as a one-shot run's does.
+        let profile_name = row
+            .profile
+            .clone()
+            .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned());
+        let fail = |error: EngineError| {
+            let mut result = fail(error);
+            result.profile = Some(profile_name.clone());
+            result
+        };
         // The checks of every execution; the session has its own interpreter and network.
         let checked = match self.check_request(&request) {
             Ok(checked) => checked,
             Err(error) => return fail(error),
         };
-        let (inputs, timeout, mut notes) = (checked.inputs, checked.timeout, checked.notes);
+        let (inputs, mut timeout, mut notes) = (checked.inputs, checked.timeout, checked.notes);
+        let profile = match self.session_profile(&row) {
+            Ok(profile) => profile,
+            Err(error) => return fail(error),
+        };
+        // The session's profile bounds each call's time as it bounds a one-shot run's.
+        if let Some(max) = profile.limits.timeout_seconds {
+            if let Some(asked) = request.timeout_seconds
+                && u64::try_from(asked).is_ok_and(|asked| asked > max)
+            {
+                let mut result = fail(EngineError::invalid(
+                    format!(
+                        "timeout_seconds {asked} is above the profile `{}`'s limit of {max} s",
+                        profile.name
+                    ),
+                    format!(
+                        "ask for at most {max} seconds (a call may narrow its profile's limits, never widen them)"
+                    ),
+                ));
+                crate::profiles::refused(&mut result, &profile.name);
+                return result;
+            }
+            timeout = timeout.min(Duration::from_secs(max));
+        }
+        if request.memory_limit_bytes.is_some() {
+            notes.push(format!(
+                "memory_limit is ignored in a session: its interpreter lives across calls under the limits of its profile `{}`",
+                profile.name
+            ));
+        }
         if let Err(error) = self.session_network_check(&row, request.network, &mut notes) {
             return fail(error);
         }
@@ -202,7 +241,7 @@ impl Engine {
             if let Err(error) = self.ensure_session_proxy(manager, &row, &mut state.proxy) {
                 return fail(error);
             }
-            match self.start_interpreter(manager, &row, &interpreter) {
+            match self.start_interpreter(manager, &row, &interpreter, profile) {
                 Ok(live) => {
                     state.interpreter = Some(live);
                     state.cells_in_interpreter = 0;
@@ -259,6 +298,7 @@ impl Engine {
 
         let mut result = ExecutionResult::new(execution_id.clone(), Status::Ok);
         result.session_id = Some(session_id.to_owned());
+        result.profile = Some(profile.name.clone());
         result.fresh_interpreter = fresh;
         result.python_version = Some(row.python_version.clone());
         result.requested_dependencies = requirements;
@@ -335,11 +375,11 @@ impl Engine {
                     kind: None,
                     message: format!(
                         "The session's interpreter exceeded its memory limit of {} and was stopped: {lost}",
-                        self.config
+                        self.profile_limits(profile, timeout)
                             .memory_bytes
                             .map_or_else(|| "(unset)".to_string(), crate::ids::human_bytes)
                     ),
-                    hint: Some("process the data in smaller pieces, or ask the operator to raise --memory-limit".into()),
+                    hint: Some("process the data in smaller pieces, or create the session under a profile with more memory (check_environment lists them), or ask the operator to raise --memory-limit".into()),
                 });
             }
             ExchangeEnd::Exited => {
@@ -421,7 +461,7 @@ impl Engine {
         network: crate::run::RunNetwork,
         paths: &SessionPaths,
         interpreter: &Interpreter,
-        timeout: Duration,
+        shape: &crate::run::RunShape,
     ) -> (Policy, PathBuf) {
         let work = self.path_inside(&paths.work, SANDBOX_WORK_DIR);
         let tmp = self.path_inside(&paths.tmp, "/tmp");
@@ -454,17 +494,15 @@ impl Engine {
             dest: PathBuf::from(SANDBOX_INPUT_DIR),
             writable: false,
         });
+        // Read-only under a profile that says so: the server still writes it (inputs,
+        // uploads, installs go elsewhere), the session's code cannot.
         mounts.push(Mount {
             host: paths.work.clone(),
             dest: PathBuf::from(SANDBOX_WORK_DIR),
-            writable: true,
+            writable: shape.writable_work,
         });
         let env = crate::run::run_environment(&paths.venv, &work, &tmp);
-        let mut limits = self.limits(timeout);
-        // RLIMIT_CPU counts a process's whole life: for an interpreter that lives across
-        // calls it would be a budget for the session, not a limit per call. Wall time per
-        // call bounds the CPU instead.
-        limits.cpu_time = None;
+        let limits = shape.limits.clone();
         (
             Policy {
                 mounts,
@@ -483,10 +521,29 @@ impl Engine {
         manager: &Manager,
         row: &SessionRow,
         interpreter: &Interpreter,
+        profile: &crate::Profile,
     ) -> Result<LiveSandbox, EngineError> {
         let sandbox = self.session_sandbox()?;
         let paths = manager.paths(&row.id);
         let runner_path = paths.input.join(RUNNER_NAME);
+        let shape = self.session_shape(profile, self.config.max_timeout);
+        let deny_path = paths.input.join(crate::run::EXEC_DENY_NAME);
+        let policy_path = paths.input.join(crate::runner::IMPORT_POLICY_FILE);
+        // The profile's exec-deny program and import policy, beside the runner (read-only
+        // to the session), the same files a one-shot run gets.
+        let program = if shape.deny_exec {
+            Some(snakebox_sandbox::exec_deny_program().map_err(|err| {
+                EngineError::internal(
+                    format!(
+                        "Failed to prepare the session's exec-deny program: {}",
+                        crate::describe(&err)
+                    ),
+                    "create the session under a profile that allows subprocesses, or report this to the operator",
+                )
+            })?)
+        } else {
+            None
+        };
         (|| -> std::io::Result<()> {
             use std::os::unix::fs::PermissionsExt;
             make_dir(&paths.input, 0o755, None)?;
@@ -496,13 +553,42 @@ impl Engine {
             // The one-shot runner: the session runner imports its execution core.
             let core = paths.input.join(crate::runner::FILE_NAME);
             fs_err::write(&core, crate::runner::SOURCE)?;
-            fs_err::set_permissions(&core, std::fs::Permissions::from_mode(0o644))
+            fs_err::set_permissions(&core, std::fs::Permissions::from_mode(0o644))?;
+            match &program {
+                Some(program) => {
+                    fs_err::write(&deny_path, program)?;
+                    fs_err::set_permissions(&deny_path, std::fs::Permissions::from_mode(0o444))?;
+                }
+                None => remove_if_present(&deny_path)?,
+            }
+            match &profile.allowed_imports {
+                Some(allowed) => {
+                    let policy = serde_json::json!({ "allowed": allowed });
+                    fs_err::write(&policy_path, policy.to_string())?;
+                    fs_err::set_permissions(&policy_path, std::fs::Permissions::from_mode(0o644))
+                }
+                None => remove_if_present(&policy_path),
+            }
         })()
         .map_err(|err| io_error("write the session runner", &err))?;
         let network = self.run_network(self.session_network(row));
-        let (policy, runner) =
-            self.session_policy(network, &paths, interpreter, self.config.max_timeout);
-        let mut args = vec!["-s".into(), runner.into_os_string()];
+        let (policy, runner) = self.session_policy(network, &paths, interpreter, &shape);
+        let mut args: Vec<std::ffi::OsString> = vec!["-s".into()];
+        if shape.deny_exec {
+            // As a one-shot run: the environment's .pth code runs only after the program
+            // (`--site`), so none of it runs with exec allowed.
+            args.push("-S".into());
+        }
+        args.push(runner.clone().into_os_string());
+        if shape.deny_exec {
+            args.push("--deny-exec".into());
+            args.push(
+                runner
+                    .with_file_name(crate::run::EXEC_DENY_NAME)
+                    .into_os_string(),
+            );
+            args.push("--site".into());
+        }
         if network == crate::run::RunNetwork::Proxy {
             args.extend(crate::run::proxy_args().into_iter().map(Into::into));
         }
@@ -533,7 +619,7 @@ impl Engine {
             session_id: Some(session_id.to_owned()),
             script: command.to_owned(),
             dependencies: Vec::new(),
-            profile: None,
+            profile: self.profile_of_session(caller, session_id),
         };
         self.tracked(
             caller,
@@ -583,6 +669,16 @@ impl Engine {
             Ok(row) => row,
             Err(error) => return fail(error),
         };
+        // From here every result names the session's profile, as a one-shot run's does.
+        let profile_name = row
+            .profile
+            .clone()
+            .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned());
+        let fail = |error: EngineError| {
+            let mut result = fail(error);
+            result.profile = Some(profile_name.clone());
+            result
+        };
         if command.trim().is_empty() || command.contains('\0') || command.len() > 64 * 1024 {
             return fail(EngineError::invalid(
                 "The command must be non-empty text without NUL characters, at most 64 KiB",
@@ -594,6 +690,22 @@ impl Engine {
             Ok(timeout) => timeout,
             Err(error) => return fail(error),
         };
+        let profile = match self.session_profile(&row) {
+            Ok(profile) => profile,
+            Err(error) => return fail(error),
+        };
+        if !profile.subprocesses {
+            // A shell is a subprocess, and starts more: the profile denies them.
+            let mut result = fail(EngineError::invalid(
+                format!(
+                    "run_command cannot be used in session {session_id}: its profile `{}` denies subprocesses",
+                    profile.name
+                ),
+                "do the work in Python with execute_python in the session, or create the session under a profile that allows subprocesses (check_environment lists them)",
+            ));
+            crate::profiles::refused(&mut result, &profile.name);
+            return result;
+        }
         let interpreter = match self.session_interpreter(&row) {
             Ok(interpreter) => interpreter.clone(),
             Err(error) => return fail(error),
@@ -625,7 +737,8 @@ impl Engine {
         slot.last_used.store(now_secs(), Ordering::Relaxed);
         let paths = manager.paths(&row.id);
         let network = self.run_network(self.session_network(&row));
-        let (mut policy, _) = self.session_policy(network, &paths, &interpreter, timeout);
+        let shape = self.session_shape(profile, timeout);
+        let (mut policy, _) = self.session_policy(network, &paths, &interpreter, &shape);
         let mut shell = SandboxCommand {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), command.into()],
@@ -660,6 +773,7 @@ impl Engine {
         let (status, error) = crate::run::classify(&outcome, &self.config, timeout);
         let mut result = ExecutionResult::new(execution_id.clone(), status);
         result.session_id = Some(session_id.to_owned());
+        result.profile = Some(profile.name.clone());
         result.record_outcome(outcome);
         result.timeout_seconds = timeout.as_secs();
         result.python_version = Some(row.python_version.clone());
@@ -670,6 +784,47 @@ impl Engine {
         result.network_log = network_log;
         result.notes.extend(manager.disk_note());
         result
+    }
+
+    /// The profile a session is held to, as it is configured now (one removed since:
+    /// refused, fail closed).
+    pub(super) fn session_profile(&self, row: &SessionRow) -> Result<&crate::Profile, EngineError> {
+        let name = row
+            .profile
+            .clone()
+            .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned());
+        self.config.profiles.all.get(&name).ok_or_else(|| {
+            EngineError::new(
+                ErrorKind::Unavailable,
+                format!("The session's profile `{name}` is no longer on this server"),
+            )
+            .with_hint("create a new session; or the operator restores the profile")
+        })
+    }
+
+    /// The name of the profile of `session_id` (as the caller may see it), for the run's
+    /// history and audit line; `None` when there is no such session.
+    fn profile_of_session(&self, caller: &Caller, session_id: &str) -> Option<String> {
+        let row = self.session_manager().ok()?.row(caller, session_id).ok()?;
+        Some(
+            row.profile
+                .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned()),
+        )
+    }
+
+    /// What a session's sandboxes are held to under `profile`: its limits (never above the
+    /// server's), exec denied or not, /work writable or not.
+    fn session_shape(&self, profile: &crate::Profile, timeout: Duration) -> crate::run::RunShape {
+        let mut limits = self.profile_limits(profile, timeout);
+        // RLIMIT_CPU counts a process's whole life: for an interpreter that lives across
+        // calls it would be a budget for the session, not a limit per call. Wall time per
+        // call bounds the CPU instead.
+        limits.cpu_time = None;
+        crate::run::RunShape {
+            limits,
+            deny_exec: !profile.subprocesses,
+            writable_work: profile.writable_work,
+        }
     }
 
     /// Start the session's proxy when it has network through one and has none running.
@@ -728,6 +883,14 @@ pub(super) fn write_inputs(
         })?;
     }
     Ok(())
+}
+
+/// Remove a file left by an earlier interpreter of the session, if there is one.
+fn remove_if_present(path: &Path) -> std::io::Result<()> {
+    match fs_err::remove_file(path) {
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err),
+        _ => Ok(()),
+    }
 }
 
 /// The record of a session call made while the server stops.

@@ -551,24 +551,13 @@ impl Engine {
                 hint: Some("use a short label such as \"sales-analysis\"".into()),
             });
         }
-        // A session is held to its profile's network, packages and tenants; a profile that
-        // decides more than sessions enforce yet makes none (fail closed).
+        // A session is held to its whole profile: network, packages and tenants here; its
+        // limits, subprocesses, read-only /work and imports by its interpreter's sandbox
+        // (see `start_interpreter`).
         let profile = self
             .config
             .profiles
             .for_caller(caller, request.profile.as_deref())?;
-        if let Some(gap) = profile.session_gap() {
-            return Err(EngineError::new(
-                ErrorKind::Unavailable,
-                format!(
-                    "A session cannot be held to the profile `{}`: {gap}",
-                    profile.name
-                ),
-            )
-            .with_hint(
-                "run one-shot (execute_python without session_id), which the profile holds; or create the session under a profile sessions can hold (network and packages only, e.g. `standard`)",
-            ));
-        }
         let refused = profile.refused_specs(&request.dependencies);
         if !refused.is_empty() {
             return Err(profile.packages_refused(&refused));

@@ -87,8 +87,8 @@ pub struct CreateSession {
     /// Narrow the server's network policy for the session's whole life to these names
     /// (each allowed by the server's policy), as `allowed_domains` of a one-shot run.
     pub allowed_domains: Vec<String>,
-    /// The profile to hold the session to (default: the server's); sessions enforce its
-    /// network, packages and tenants, and refuse a profile that decides more.
+    /// The profile to hold the session to (default: the server's), all of it: network,
+    /// packages, tenants, subprocesses, read-only /work, limits and imports.
     pub profile: Option<String>,
 }
 
@@ -121,7 +121,7 @@ pub struct SessionInfo {
     pub allowed_domains: Vec<String>,
     /// Cells run so far.
     pub executions: u64,
-    /// The profile it is held to (its network and package allowlist); `standard` for
+    /// The profile it is held to; `standard` for
     /// sessions made before profiles.
     pub profile: String,
 }

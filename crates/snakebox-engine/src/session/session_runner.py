@@ -20,6 +20,9 @@ one JSON line with the record on the private control pipe (descriptor 3, moved a
 any user code runs). stdin is moved away too: user code reading stdin sees end of file, never
 the next request. The engine trusts the record only as far as it trusts the user's code.
 
+Under a profile, the runner's `confine` comes first (the exec-deny program, then `site`), and
+the profile's import policy guards the cells' own imports, as in a one-shot run.
+
 Python 3.8+; standard library only.
 """
 
@@ -65,14 +68,24 @@ def _write_all(fd, data, _write=os.write, _memoryview=memoryview):
         view = view[written:]
 
 
+def _is_cell(filename):
+    return filename.startswith("<cell ")
+
+
 def main():
     runner = _load_runner()
+    options = sys.argv[1:]
+    # First, as the one-shot runner does: the profile's exec-deny program, then the
+    # environment's site code (the interpreter was started with -S when there is a program).
+    runner.confine(options)
     # The interpreter's parent reports how it really ended (an `os._exit(137)` is an exit
     # code, not a SIGKILL) on the control channel; see `runner.report_end_from_parent`.
     runner.report_end_from_parent(3)
-    if sys.argv[1:2] == ["--proxy"]:
+    if "--proxy" in options:
         # Before any cell: the session's way out (see `runner.start_bridge`).
-        runner.start_bridge(sys.argv[2])
+        runner.start_bridge(options[options.index("--proxy") + 1])
+    # The profile's import policy, for the cells' own code.
+    runner.install_import_policy(os.path.dirname(os.path.abspath(__file__)), _is_cell)
     requests = os.fdopen(_private(0), "rb", buffering=0)
     devnull = os.open(os.devnull, os.O_RDONLY)
     if devnull != 0:
@@ -99,6 +112,7 @@ def main():
     encode = json.JSONEncoder(default=str).encode
     invalidate_caches = importlib.invalidate_caches
     run_code = runner.run_code
+    take_blocked = runner.take_blocked
     flush = runner._flush
     short = runner._short
     write_all = _write_all
@@ -120,6 +134,8 @@ def main():
             record, value = run_code(request.get("code", ""), filename, namespace, close_figures=True)
             if value is not None:
                 namespace["_"] = value
+            # What the profile blocked during this cell, for its events.
+            take_blocked(record)
         except _BaseException as err:  # noqa: BLE001 - the runner itself failed: say so, go on
             try:
                 reason = short(err)
