@@ -205,6 +205,7 @@ async def test_warm_pool_zero_runs_everything_cold(snakebox_bin, data_dir):
             "fork_servers": 0,
             "forked": 0,
             "fork_server_error": None,
+            "fork_server_details": [],
         }, state
 
 
