@@ -73,7 +73,7 @@ async def test_execute_refuses_static_imports_and_stops_dynamic_ones(snakebox_bi
         assert refused["status"] == "invalid_request", refused
         assert "`subprocess` (line 2)" in refused["error"]["message"] and refused["stdout"] == ""
         assert refused["events"] == [{"kind": "import_blocked",
-                                      "detail": "import of `subprocess` (line 2) is outside allowed_imports"}]
+                                      "detail": "import of `subprocess` (line 2) is outside the import policy"}]
         # The dynamic import the parser cannot see is stopped while the script runs, on every
         # launch path the server uses (cold, pre-started, forked): the same answer each time.
         for _ in range(4):

@@ -89,8 +89,11 @@ async def test_basic_denies_programs_imports_packages_and_writes(snakebox_bin, t
         imported, _, is_error = await call(client, "execute_python", script="import math\nimport socket\nprint(1)")
         assert is_error and imported["status"] == "invalid_request" and imported["stdout"] == "", imported
         assert "`socket` (line 2)" in imported["error"]["message"]
+        # The call gave no allowed_imports: the error names the profile's policy, and the fix.
+        assert "the profile `basic`'s import policy does not allow" in imported["error"]["message"], imported
+        assert "name a profile whose import policy allows them" in imported["error"]["hint"], imported
         assert imported["events"] == [{"kind": "import_blocked",
-                                       "detail": "import of `socket` (line 2) is outside allowed_imports"}]
+                                       "detail": "import of `socket` (line 2) is outside the import policy"}]
 
         package, _, is_error = await call(client, "execute_python", script="print(1)", dependencies=["requests>=2.31"])
         assert is_error and package["status"] == "invalid_request", package
@@ -380,7 +383,7 @@ async def test_a_session_is_held_to_its_whole_profile(snakebox_bin, tmp_path, mo
             assert imported["status"] == "error" and imported["exception"]["type_name"] == "ImportError", imported
             assert "not in allowed_imports" in imported["exception"]["message"], imported
             assert imported["events"] == [{"kind": "import_blocked",
-                                           "detail": "import of `socket` (line 2) is outside allowed_imports"}], imported
+                                           "detail": "import of `socket` (line 2) is outside the import policy"}], imported
             written, _, _ = await call(client, "execute_python", session_id=session, script=WRITE)
             assert written["stdout"] == "refused 30\n", written  # EROFS: the workspace is read-only
             assert not (data / "sessions-v1" / session / "work" / "out.txt").exists()

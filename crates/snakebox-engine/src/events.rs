@@ -110,12 +110,13 @@ pub(crate) fn event(kind: EventKind, detail: impl Into<String>) -> SecurityEvent
     }
 }
 
-/// The event of an import that `allowed_imports` does not cover, at `line` of the script.
+/// The event of an import that the import policy (the call's `allowed_imports`, or its
+/// profile's) does not cover, at `line` of the script.
 pub(crate) fn import_blocked(module: &str, line: Option<u32>) -> SecurityEvent {
     let at = line.map_or_else(String::new, |line| format!(" (line {line})"));
     event(
         EventKind::ImportBlocked,
-        format!("import of `{module}`{at} is outside allowed_imports"),
+        format!("import of `{module}`{at} is outside the import policy"),
     )
 }
 

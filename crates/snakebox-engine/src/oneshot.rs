@@ -153,18 +153,28 @@ impl Engine {
                         .iter()
                         .map(|(module, line)| format!("`{module}` (line {line})"))
                         .collect();
+                    // Whose policy it is: the call's `allowed_imports`, or its profile's alone.
+                    let (whose, hint) = if request.allowed_imports.is_some() {
+                        (
+                            "allowed_imports does".to_owned(),
+                            "remove those imports, or add them to allowed_imports (validate_script lists every import with its line; check_environment lists what each profile allows)".to_owned(),
+                        )
+                    } else {
+                        (
+                            format!("the profile `{}`'s import policy does", plan.profile),
+                            "remove those imports, or name a profile whose import policy allows them with `profile` (check_environment lists what each profile allows; validate_script lists every import with its line)".to_owned(),
+                        )
+                    };
                     let mut result = with_plan(ExecutionResult::not_run(
                         execution_id,
                         EngineError::new(
                             ErrorKind::Invalid,
                             format!(
-                                "The script imports what allowed_imports does not allow: {}",
+                                "The script imports what {whose} not allow: {}",
                                 listed.join(", ")
                             ),
                         )
-                        .with_hint(
-                            "remove those imports, or run without allowed_imports (validate_script lists every import with its line; check_environment lists each profile's)",
-                        ),
+                        .with_hint(hint),
                     ));
                     result.events = blocked
                         .iter()

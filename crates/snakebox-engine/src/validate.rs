@@ -382,7 +382,7 @@ impl Engine {
         }
         if imports.iter().any(|found| !found.allowed) {
             recommendations.push(
-                "Remove the imports outside allowed_imports: the run would refuse them".into(),
+                "Remove the imports outside the import policy (allowed_imports, or the profile's): the run would refuse them".into(),
             );
         }
         Validation {
