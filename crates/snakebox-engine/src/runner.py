@@ -507,7 +507,7 @@ def _install_import_policy(allowed, own=_is_script):
         if len(_blocked) < MAX_BLOCKED:
             _blocked.append({"module": name, "line": frame.f_lineno})
         raise ImportError(
-            "import of %r is blocked: it is not in allowed_imports (%s)" % (name, ", ".join(allowed) or "none"),
+            "import of %r is blocked: it is outside the import policy (allowed: %s)" % (name, ", ".join(allowed) or "none"),
             name=name,
         )
 

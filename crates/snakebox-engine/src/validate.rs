@@ -353,7 +353,10 @@ impl Engine {
         for found in imports.iter().filter(|found| !found.allowed) {
             problems.push(ValidationProblem {
                 kind: "import_not_allowed".into(),
-                message: format!("`{}` is not in allowed_imports", found.module),
+                message: format!(
+                    "`{}` is outside the import policy (allowed_imports, or the profile's)",
+                    found.module
+                ),
                 line: Some(found.line),
                 column: None,
                 hint: Some(format!(
