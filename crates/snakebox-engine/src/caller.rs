@@ -19,6 +19,17 @@ pub struct Caller {
 /// owners were recorded.
 pub const LOCAL_TENANT: &str = "local";
 
+/// A name tenants and profiles share the rules of: 1 to 64 characters of `a-z`, `0-9`, `-`
+/// and `_`.
+#[must_use]
+pub fn is_plain_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
 impl Caller {
     /// The one caller of a stdio server.
     #[must_use]
@@ -33,12 +44,7 @@ impl Caller {
     /// # Errors
     /// When the name is empty, too long or holds other characters.
     pub fn tenant(name: &str) -> Result<Caller, crate::EngineError> {
-        let valid = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-        if !valid {
+        if !is_plain_name(name) {
             return Err(crate::EngineError::invalid(
                 format!("`{name}` is not a valid tenant name"),
                 "use 1 to 64 characters of lowercase letters, digits, `-` and `_`",

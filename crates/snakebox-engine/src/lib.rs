@@ -46,7 +46,7 @@ pub use artifacts::{
     image_mime, is_text_mime,
 };
 pub use audit::{AUDIT_DIR, AuditEntry, audit_files, read_audit, utc_text};
-pub use caller::{Caller, LOCAL_TENANT};
+pub use caller::{Caller, LOCAL_TENANT, is_plain_name};
 pub use config::{
     DEFAULT_PRELOAD_PACKAGES, EngineConfig, MAX_PRELOAD_PACKAGES, PythonDownloads, SessionSettings,
 };

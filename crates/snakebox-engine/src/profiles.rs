@@ -191,19 +191,11 @@ pub fn builtin_profiles() -> Vec<Profile> {
         ..ProfileLimits::default()
     };
     vec![
-        Profile {
-            name: STANDARD_PROFILE.into(),
-            description: "The server's own settings: network, limits and packages as configured, \
-                          subprocesses allowed, no import policy"
-                .into(),
-            network: ProfileNetwork::Server,
-            subprocesses: true,
-            writable_work: true,
-            limits: ProfileLimits::default(),
-            packages: None,
-            allowed_imports: None,
-            tenants: vec![],
-        },
+        Profile::unrestricted(
+            STANDARD_PROFILE,
+            "The server's own settings: network, limits and packages as configured, \
+             subprocesses allowed, no import policy",
+        ),
         Profile {
             name: "basic".into(),
             description: "Safe standard library only: no network, no subprocesses, no packages, \
@@ -351,6 +343,24 @@ pub fn normalize_package(name: &str) -> String {
 }
 
 impl Profile {
+    /// A profile that adds nothing to the server's own settings: its network policy and
+    /// limits, subprocesses, a writable `/work`, any package, no import policy, every tenant.
+    /// `standard`, and where an operator's own profile starts from.
+    #[must_use]
+    pub fn unrestricted(name: &str, description: &str) -> Profile {
+        Profile {
+            name: name.to_owned(),
+            description: description.to_owned(),
+            network: ProfileNetwork::Server,
+            subprocesses: true,
+            writable_work: true,
+            limits: ProfileLimits::default(),
+            packages: None,
+            allowed_imports: None,
+            tenants: Vec::new(),
+        }
+    }
+
     /// The requirements this profile refuses (names not in its package allowlist).
     #[must_use]
     pub fn refused_packages(&self, requirements: &[pep508_rs::Requirement]) -> Vec<String> {

@@ -490,26 +490,13 @@ fn resolve_profiles(
     use snakebox_engine::{Profile, ProfileLimits, ProfileNetwork};
     let profiles = &mut config.profiles;
     for (name, table) in file {
-        let valid = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-        if !valid {
+        if !snakebox_engine::is_plain_name(&name) {
             bail!(
                 "invalid profile name `[profiles.{name}]`\nhint: use 1 to 64 characters of lowercase letters, digits, `-` and `_`"
             );
         }
-        let base = profiles.all.get(&name).cloned().unwrap_or_else(|| Profile {
-            name: name.clone(),
-            description: format!("the operator's profile `{name}`"),
-            network: ProfileNetwork::Server,
-            subprocesses: true,
-            writable_work: true,
-            limits: ProfileLimits::default(),
-            packages: None,
-            allowed_imports: None,
-            tenants: Vec::new(),
+        let base = profiles.all.get(&name).cloned().unwrap_or_else(|| {
+            Profile::unrestricted(&name, &format!("the operator's profile `{name}`"))
         });
         let what = |key: &str| format!("`[profiles.{name}] {key}`");
         let network = match table.network {
