@@ -394,27 +394,30 @@ fn guard(audit_arch: u32) -> BpfProgram {
     ]
 }
 
+/// Compile one deny list for the architecture we run on: the listed calls answer `errno`,
+/// everything else is allowed.
+fn compile(rules: RuleTable, errno: i32) -> Result<BpfProgram, SeccompError> {
+    let (arch, _, arch_name) = target_arch()?;
+    let rules = rules
+        .into_iter()
+        .map(|(nr, rules)| (nr, rules.iter().map(Rule::compile).collect()))
+        .collect();
+    SeccompFilter::new(
+        rules,
+        SeccompAction::Allow,
+        SeccompAction::Errno(errno as u32),
+        arch,
+    )
+    .and_then(BpfProgram::try_from)
+    .map_err(|source| SeccompError::Compile {
+        arch: arch_name,
+        source,
+    })
+}
+
 /// Compile both programs of `holder` for the architecture we run on.
 pub(crate) fn programs(holder: Holder) -> Result<SeccompPrograms, SeccompError> {
-    let (arch, audit_arch, arch_name) = target_arch()?;
-    let compile = |rules: RuleTable, errno: i32| -> Result<BpfProgram, SeccompError> {
-        let rules = rules
-            .into_iter()
-            .map(|(nr, rules)| (nr, rules.iter().map(Rule::compile).collect()))
-            .collect();
-        let filter = SeccompFilter::new(
-            rules,
-            SeccompAction::Allow,
-            SeccompAction::Errno(errno as u32),
-            arch,
-        )
-        .and_then(BpfProgram::try_from)
-        .map_err(|source| SeccompError::Compile {
-            arch: arch_name,
-            source,
-        })?;
-        Ok(filter)
-    };
+    let (_, audit_arch, _) = target_arch()?;
     let mut eperm = guard(audit_arch);
     eperm.extend(compile(eperm_rules(holder), libc::EPERM)?);
     let enosys = compile(enosys_rules(holder), libc::ENOSYS)?;
@@ -440,23 +443,11 @@ pub(crate) fn deny_lists(holder: Holder) -> [(i32, RuleTable); 2] {
 /// # Errors
 /// An architecture seccompiler cannot compile for.
 pub fn exec_deny_program() -> Result<Vec<u8>, SeccompError> {
-    let (arch, _, arch_name) = target_arch()?;
-    let rules: BTreeMap<i64, Vec<SeccompRule>> = [libc::SYS_execve, libc::SYS_execveat]
+    let rules: RuleTable = [libc::SYS_execve, libc::SYS_execveat]
         .into_iter()
         .map(|nr| (nr, vec![]))
         .collect();
-    let program: BpfProgram = SeccompFilter::new(
-        rules,
-        SeccompAction::Allow,
-        SeccompAction::Errno(libc::EPERM as u32),
-        arch,
-    )
-    .and_then(BpfProgram::try_from)
-    .map_err(|source| SeccompError::Compile {
-        arch: arch_name,
-        source,
-    })?;
-    Ok(SeccompPrograms::to_bytes(&program))
+    Ok(SeccompPrograms::to_bytes(&compile(rules, libc::EPERM)?))
 }
 
 /// Names of the refused syscalls, for the backend report.
