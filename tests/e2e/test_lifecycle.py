@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -187,3 +188,13 @@ async def test_calls_during_the_stop_are_refused_or_cancelled(mode: str, snakebo
             assert data["status"] in ("setup_failed", "cancelled"), data
             assert "The server is stopping (it received SIGTERM)" in data["error"]["message"], data
         assert owned.process.returncode == 0
+
+
+@pytest.mark.parametrize("stdin", [b"", b"not json\n"], ids=["nothing", "a bad line"])
+def test_input_ending_before_initialize_is_a_clean_stop(stdin: bytes, snakebox_bin: Path, lifecycle_data: Path) -> None:
+    """A client that closes stdin before `initialize` (a health probe, a client that gave up)
+    stops the server as the end of input does after one: exit 0, not an error (it was 2)."""
+    params = server_params(snakebox_bin, lifecycle_data)
+    done = subprocess.run([params.command, *params.args], input=stdin, env=params.env, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    assert b"connection closed" not in done.stderr

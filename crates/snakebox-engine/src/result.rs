@@ -48,6 +48,18 @@ impl Status {
         }
     }
 
+    /// Every status, in the order the docs list them.
+    pub const ALL: [Status; 8] = [
+        Status::Ok,
+        Status::Error,
+        Status::Timeout,
+        Status::Cancelled,
+        Status::MemoryLimit,
+        Status::CpuLimit,
+        Status::SetupFailed,
+        Status::InvalidRequest,
+    ];
+
     /// The name used on the wire.
     #[must_use]
     pub fn as_str(self) -> &'static str {
@@ -437,29 +449,35 @@ fn escape_sequences(text: &str) -> usize {
         .count()
 }
 
-/// `11` → `SIGSEGV (11)`.
+/// `11` → `SIGSEGV (11)`, `10` → `SIGUSR1 (10)`; a real-time signal is named from
+/// `SIGRTMIN` (`SIGRTMIN+2 (36)`), and a number that is no signal here stays a number.
 #[must_use]
 pub(crate) fn signal_name(signal: i32) -> String {
-    let name = match signal {
-        1 => "SIGHUP",
-        2 => "SIGINT",
-        3 => "SIGQUIT",
-        4 => "SIGILL",
-        5 => "SIGTRAP",
-        6 => "SIGABRT",
-        7 => "SIGBUS",
-        8 => "SIGFPE",
-        9 => "SIGKILL",
-        11 => "SIGSEGV",
-        13 => "SIGPIPE",
-        14 => "SIGALRM",
-        15 => "SIGTERM",
-        24 => "SIGXCPU",
-        25 => "SIGXFSZ",
-        31 => "SIGSYS",
-        _ => "signal",
-    };
-    format!("{name} ({signal})")
+    let rtmin = libc::SIGRTMIN();
+    let rtmax = libc::SIGRTMAX();
+    match nix::sys::signal::Signal::try_from(signal) {
+        Ok(known) => format!("{} ({signal})", known.as_str()),
+        Err(_) if signal == rtmin => format!("SIGRTMIN ({signal})"),
+        Err(_) if signal > rtmin && signal <= rtmax => {
+            format!("SIGRTMIN+{} ({signal})", signal - rtmin)
+        }
+        Err(_) => format!("signal {signal}"),
+    }
+}
+
+#[cfg(test)]
+mod signal_tests {
+    use super::signal_name;
+
+    #[test]
+    fn signals_are_named_whatever_their_number() {
+        assert_eq!(signal_name(11), "SIGSEGV (11)");
+        assert_eq!(signal_name(10), "SIGUSR1 (10)");
+        assert_eq!(signal_name(28), "SIGWINCH (28)");
+        let rt = libc::SIGRTMIN() + 2;
+        assert_eq!(signal_name(rt), format!("SIGRTMIN+2 ({rt})"));
+        assert_eq!(signal_name(99), "signal 99");
+    }
 }
 
 #[cfg(test)]

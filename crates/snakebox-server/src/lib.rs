@@ -62,7 +62,16 @@ pub async fn serve_stdio(
     tokio::pin!(serving, stop);
     let service = loop {
         tokio::select! {
-            service = &mut serving => break service?,
+            service = &mut serving => match service {
+                Ok(service) => break service,
+                // The input ended before a session began (no `initialize`): a clean stop,
+                // as the end of input is after one.
+                Err(_) if input_closed.is_cancelled() => {
+                    engine.begin_shutdown(StopReason::InputClosed);
+                    return Ok(StopReason::InputClosed);
+                }
+                Err(err) => return Err(err.into()),
+            },
             reason = &mut stop => {
                 engine.begin_shutdown(reason);
                 return Ok(reason);

@@ -189,8 +189,8 @@ pub struct AuditArgs {
     #[arg(long)]
     pub status: Option<String>,
     /// Only calls with a security event of this kind: timeout, memory_limit, cpu_limit,
-    /// output_limit, process_limit, network_denied, quota_refused, setup_failed,
-    /// import_blocked.
+    /// output_limit, process_limit, disk_limit, output_escaped, import_blocked,
+    /// network_denied, quota_refused, setup_failed, exec_blocked, policy_refused.
     #[arg(long)]
     pub event: Option<String>,
     /// Only calls started within this long before now: `90s`, `30m`, `12h`, `7d`.
@@ -215,7 +215,8 @@ pub enum BackendArg {
     /// No isolation at all: only for trusted code. Must be asked for explicitly.
     None,
     /// A fresh container of a Docker engine per run, through the Engine API (build its
-    /// image first: `snakebox image build`). Sessions and the warm pool are not available yet.
+    /// image first: `snakebox image build`); sessions are containers too, and one-shot runs
+    /// take pre-started containers of the warm pool.
     Docker,
 }
 
@@ -295,7 +296,8 @@ pub struct PythonArgs {
     /// Default: the newest CPython 3 found.
     #[arg(long, env = "SNAKEBOX_PYTHON_VERSION", value_name = "VERSION")]
     pub python_version: Option<String>,
-    /// Path to the uv binary [default: found on PATH, ~/.local/bin, or installed by pip].
+    /// Path to the uv binary [default: found on PATH (pyenv shims resolved), ~/.local/bin,
+    /// ~/.cargo/bin, or installed by pip].
     #[arg(long, env = "SNAKEBOX_UV_PATH", value_name = "PATH")]
     pub uv_path: Option<PathBuf>,
     /// Whether a Python version a call asks for and this host lacks is downloaded with uv
@@ -397,7 +399,7 @@ pub struct LimitsArgs {
     /// CPU bandwidth per run in cores (`0.5`, `2`), or `unlimited` [default: 1].
     #[arg(long, env = "SNAKEBOX_CPU_CORES", value_name = "CORES")]
     pub cpu_cores: Option<String>,
-    /// Scratch space (/tmp and the working directory) per run [default: 512MiB].
+    /// Scratch space (/tmp, /dev/shm and the working directory) per run [default: 512MiB].
     #[arg(long, env = "SNAKEBOX_SCRATCH_LIMIT", value_name = "SIZE")]
     pub scratch_limit: Option<String>,
     /// Largest script accepted [default: 1MiB].
@@ -412,7 +414,7 @@ pub struct PoolArgs {
     /// [default: 2].
     #[arg(long, env = "SNAKEBOX_WARM_POOL", value_name = "N")]
     pub warm_pool: Option<usize>,
-    /// Fork runs of the environments kept warm (without network) from a pre-initialised
+    /// Fork runs of the environments kept warm (one fork server per network setting) from a pre-initialised
     /// interpreter, each in a fresh sandbox, while serving (native sandbox, root server;
     /// always off with the docker backend)
     /// [default: on].

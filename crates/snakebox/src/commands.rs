@@ -242,6 +242,19 @@ pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
             kinds.join(", ")
         ));
     }
+    let statuses: Vec<&str> = snakebox_engine::Status::ALL
+        .iter()
+        .map(|status| status.as_str())
+        .chain(["running"])
+        .collect();
+    if let Some(status) = &args.status
+        && !statuses.contains(&status.as_str())
+    {
+        return Err(anyhow::anyhow!(
+            "`--status {status}` is not a status of a call\nhint: use one of: {}",
+            statuses.join(", ")
+        ));
+    }
     let since = args.since.as_deref().map(parse_since).transpose()?;
     let config = settings::resolve(&args.engine)?;
     let data_dir = &config.engine.data_dir;

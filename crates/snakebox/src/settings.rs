@@ -109,6 +109,7 @@ const FLAT_KEYS: &[FlatKey] = &[
 /// have no flat form): `(section, key)`.
 const SECTION_KEYS: &[(&str, &str)] = &[
     ("server", "profile"),
+    ("sandbox", "docker_runtime"),
     ("server", "compat_tools"),
     ("http", "addr"),
     ("http", "public_url"),
@@ -307,7 +308,10 @@ struct ArtifactsFile {
 
 /// TOML lets sizes be written as `1073741824` or `"1GiB"`.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a whole number (`1073741824`) or a size in quotes (`\"1GiB\"`)"
+)]
 enum SizeOrNumber {
     Number(u64),
     Text(String),
@@ -324,7 +328,7 @@ impl SizeOrNumber {
 
 /// TOML lets a core count be written as `1`, `1.5` or `"unlimited"`.
 #[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a number of cores (`1.5`) or `\"unlimited\"`")]
 enum CoresValue {
     Number(f64),
     Text(String),
@@ -960,19 +964,118 @@ fn parse_file(text: &str) -> anyhow::Result<FileSettings> {
         }
     })?;
     let (table, moved) = sectioned(table)?;
-    toml::Value::Table(table).try_into().map_err(|err: toml::de::Error| {
-        let mut message = err.to_string().trim_end().to_owned();
-        // Serde names the sectioned place; name the key as it was written.
-        for (flat, section, name) in moved {
-            message = message.replace(
-                &format!("`{section}.{name}`"),
-                &format!("`{flat}` (`[{section}] {name}`)"),
-            );
+    // The name a key was written under: its flat form when it was moved into its section.
+    let written = |section: &str, name: &str| {
+        moved
+            .iter()
+            .find(|(_, s, n)| *s == section && *n == name)
+            .map_or_else(
+                || format!("`[{section}] {name}`"),
+                |(flat, _, _)| format!("`{flat}` (`[{section}] {name}`)"),
+            )
+    };
+    match FileSettings::deserialize(toml::Value::Table(table.clone())) {
+        Ok(settings) => Ok(settings),
+        // Serde does not always say which key it was reading (untagged values, numbers):
+        // find it by reading each key alone, and say what that key takes.
+        Err(err) => match first_bad_key(&table) {
+            Some((section, name, message)) => bail!(
+                "{}: {message}\nhint: {}",
+                written(&section, &name),
+                type_hint(&message)
+            ),
+            None => bail!(
+                "{}\nhint: {}",
+                err.to_string().trim_end(),
+                type_hint(&err.to_string())
+            ),
+        },
+    }
+}
+
+/// The first `(section, key, serde's message)` whose value alone does not deserialize
+/// (`[profiles.NAME]` keys are one level deeper: their section is `profiles.NAME`).
+fn first_bad_key(table: &toml::Table) -> Option<(String, String, String)> {
+    for (section, keys) in table {
+        let toml::Value::Table(keys) = keys else {
+            continue;
+        };
+        for (name, value) in keys {
+            match value {
+                toml::Value::Table(profile) if section == "profiles" => {
+                    for (key, value) in profile {
+                        if let Some(message) = fails_alone(&[section, name, key], value) {
+                            return Some((format!("profiles.{name}"), key.clone(), message));
+                        }
+                    }
+                }
+                _ => {
+                    if let Some(message) = fails_alone(&[section, name], value) {
+                        return Some((section.clone(), name.clone(), message));
+                    }
+                }
+            }
         }
-        anyhow::anyhow!(
-            "{message}\nhint: numbers are written bare (`120`), text in quotes (`\"512MiB\"`), switches as `\"on\"` or `\"off\"`"
-        )
+    }
+    None
+}
+
+/// Serde's message when `value`, alone at `path` in an otherwise empty file, is refused.
+fn fails_alone(path: &[&String], value: &toml::Value) -> Option<String> {
+    let file = path.iter().rev().fold(value.clone(), |inner, key| {
+        toml::Value::Table(toml::Table::from_iter([((*key).clone(), inner)]))
+    });
+    let err = FileSettings::deserialize(file).err()?;
+    let message = err.to_string();
+    // Serde may name the place itself (`in `cache.no_warm``): the caller names it already.
+    let message = message.trim_end();
+    let message = message.split(['\n', ' ']).collect::<Vec<_>>().join(" ");
+    let message = readable(message.split(" in `").next().unwrap_or(&message));
+    // An untagged value's message is only what it expects (`a whole number ...`).
+    Some(if message.starts_with("a ") {
+        format!("expected {message}")
+    } else {
+        message
     })
+}
+
+/// Serde's type names in words a config file's author uses.
+fn readable(message: &str) -> String {
+    let mut message = message.to_owned();
+    for (from, to) in [
+        ("expected u64", "expected a whole number"),
+        ("expected u32", "expected a whole number"),
+        ("expected usize", "expected a whole number"),
+        ("expected a boolean", "expected `true` or `false`"),
+        (
+            "invalid type: unit variant, expected string only",
+            "expected `\"on\"` or `\"off\"`",
+        ),
+    ] {
+        message = message.replace(from, to);
+    }
+    message
+}
+
+/// What to write instead, from what the key expected.
+fn type_hint(message: &str) -> &'static str {
+    if message.contains("unknown field") {
+        "check the key's spelling against the keys the message lists"
+    } else if message.contains("`true` or `false`") || message.contains("a boolean") {
+        "a switch of this key is written bare: `true` or `false`"
+    } else if message.contains("`\"on\"` or `\"off\"`") || message.contains("unit variant") {
+        "write `\"on\"` or `\"off\"`, in quotes"
+    } else if message.contains("size in quotes") {
+        "write a size in quotes (`\"1GiB\"`) or a whole number of bytes (`1073741824`)"
+    } else if message.contains("number of cores") {
+        "write a number of cores bare (`1.5`), or `\"unlimited\"` in quotes"
+    } else if message.contains("invalid value: integer") {
+        "this key takes a whole number, 0 or more"
+    } else if message.contains("whole number") {
+        "numbers are written bare: `120`, not `\"120\"`"
+    } else {
+        "numbers are written bare (`120`), text in quotes (`\"512MiB\"`), switches bare (`true`)"
+    }
 }
 
 /// Move every flat key into its section. A flat key whose sectioned twin is also set, an
@@ -1051,7 +1154,11 @@ fn check_section_key(section: &str, name: &str) -> anyhow::Result<()> {
 
 /// The hint for an unknown key at the top level.
 fn top_level_hint(key: &str) -> String {
-    if let Some((_, section, name)) = FLAT_KEYS.iter().find(|(_, _, name)| *name == key) {
+    let mut sectioned = FLAT_KEYS
+        .iter()
+        .map(|&(_, section, name)| (section, name))
+        .chain(SECTION_KEYS.iter().copied());
+    if let Some((section, name)) = sectioned.find(|(_, name)| *name == key) {
         return format!("`{key}` belongs in a section: `[{section}] {name}`");
     }
     let candidates = FLAT_KEYS
@@ -1364,8 +1471,8 @@ network = \"off\"
         section_that_is_not_a_table: "limits = 5\n" => ["`limits` must be a section", "hint"],
         flat_and_sectioned_twins_conflict: "max_timeout = 5\n[limits]\nmax_timeout = 6\n" => ["`max_timeout` and `[limits] max_timeout`", "both are set", "hint"],
         renamed_twins_conflict: "memory_limit = \"1G\"\n[limits]\nmemory = \"2G\"\n" => ["`memory_limit` and `[limits] memory`"],
-        wrong_type_in_a_section: "[limits]\nmax_timeout = \"soon\"\n" => ["in `limits.max_timeout`", "hint"],
-        wrong_type_flat: "warm_pool = -1\n" => ["in `warm_pool` (`[pool] size`)", "hint"],
+        wrong_type_in_a_section: "[limits]\nmax_timeout = \"soon\"\n" => ["`[limits] max_timeout`: invalid type: string \"soon\", expected a whole number", "hint: numbers are written bare"],
+        wrong_type_flat: "warm_pool = -1\n" => ["`warm_pool` (`[pool] size`): invalid value: integer `-1`, expected a whole number", "hint: this key takes a whole number, 0 or more"],
         unknown_choice: "[network]\nmode = \"maybe\"\n" => ["maybe", "hint"],
         bad_install_host: "[network]\ninstall_hosts = \"files example\"\n" => ["--network-install-hosts", "`files example`", "hint"],
         zero_connections: "[network]\nmax_connections = 0\n" => ["--network-max-connections must be at least 1", "hint"],
@@ -1472,6 +1579,113 @@ network = \"off\"
         assert_eq!(frame("[server]\nmax_frame_bytes = \"2MiB\"\n"), 2 << 20);
     }
 
+    /// The keys a section's struct reads, as serde sees them: a deserializer that only
+    /// records the field list it is asked for.
+    fn fields_of<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
+        use serde::de::{self, Visitor};
+        struct Fields<'a>(&'a mut &'static [&'static str]);
+        impl<'de> de::Deserializer<'de> for Fields<'_> {
+            type Error = de::value::Error;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+                Err(de::Error::custom("not a struct"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                *self.0 = fields;
+                Err(de::Error::custom("recorded"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+                byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map enum
+                identifier ignored_any
+            }
+        }
+        let mut fields: &'static [&'static str] = &[];
+        let _ = T::deserialize(Fields(&mut fields));
+        fields
+    }
+
+    /// A key a section's struct reads but the key check does not know is refused as unknown
+    /// (as `[sandbox] docker_runtime` was): every field must be a known key.
+    #[test]
+    fn every_field_of_every_section_is_a_known_key() {
+        let sections: [(&str, &[&str]); 11] = [
+            ("server", fields_of::<ServerFile>()),
+            ("python", fields_of::<PythonFile>()),
+            ("sandbox", fields_of::<SandboxFile>()),
+            ("network", fields_of::<NetworkFile>()),
+            ("limits", fields_of::<LimitsFile>()),
+            ("pool", fields_of::<PoolFile>()),
+            ("cache", fields_of::<CacheFile>()),
+            ("sessions", fields_of::<SessionsFile>()),
+            ("artifacts", fields_of::<ArtifactsFile>()),
+            ("tenants", fields_of::<TenantsFile>()),
+            ("http", fields_of::<HttpFile>()),
+        ];
+        assert_eq!(sections.len(), SECTIONS.len());
+        for (section, fields) in sections {
+            assert!(!fields.is_empty(), "{section}");
+            for field in fields {
+                assert!(
+                    check_section_key(section, field).is_ok(),
+                    "[{section}] {field} is read but refused as unknown"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_wrong_type_names_its_key_and_what_to_write() {
+        let error = |text: &str| format!("{:#}", parse_file(text).unwrap_err());
+        let message = error("[limits]\ndefault_timeout = \"60\"\n");
+        assert!(
+            message.contains(
+                "`[limits] default_timeout`: invalid type: string \"60\", expected a whole number"
+            ),
+            "{message}"
+        );
+        assert!(
+            message.contains("hint: numbers are written bare: `120`"),
+            "{message}"
+        );
+        let message = error("[limits]\nmemory = 5.5\n");
+        assert!(
+            message.contains("`[limits] memory`: expected a whole number"),
+            "{message}"
+        );
+        assert!(!message.contains("untagged"), "{message}");
+        let message = error("[cache]\nno_warm = \"on\"\n");
+        assert!(
+            message.contains("hint: a switch of this key is written bare: `true` or `false`"),
+            "{message}"
+        );
+        let message = error("[pool]\nfork_server = true\n");
+        assert!(
+            message.contains("`[pool] fork_server`: expected `\"on\"` or `\"off\"`"),
+            "{message}"
+        );
+        let message = error("install_timeout = \"9\"\n");
+        assert!(
+            message.contains("`install_timeout` (`[cache] install_timeout`): invalid type"),
+            "{message}"
+        );
+        let message = error("[profiles.mine]\ntimeout = \"5\"\n");
+        assert!(
+            message.contains("`[profiles.mine] timeout`: invalid type"),
+            "{message}"
+        );
+        let message = error("profile = \"basic\"\n");
+        assert!(
+            message.contains("hint: `profile` belongs in a section: `[server] profile`"),
+            "{message}"
+        );
+        assert!(parse_file("[sandbox]\ndocker_runtime = \"runsc\"\n").is_ok());
+    }
+
     #[test]
     fn sections_are_the_flat_keys_sections() {
         for &(_, section, _) in FLAT_KEYS {
@@ -1482,6 +1696,40 @@ network = \"off\"
                 FLAT_KEYS.iter().any(|(_, s, _)| s == section)
                     || SECTION_KEYS.iter().any(|(s, _)| s == section),
                 "{section}"
+            );
+        }
+    }
+
+    /// `audit --event` and `--status` list their values by hand in `--help`: every kind and
+    /// status the parser accepts must be among them.
+    #[test]
+    fn audit_help_lists_every_event_kind_and_status() {
+        use clap::CommandFactory;
+        let command = crate::cli::Cli::command();
+        let audit = command
+            .find_subcommand("audit")
+            .expect("an audit subcommand");
+        let help = |id: &str| {
+            audit
+                .get_arguments()
+                .find(|arg| arg.get_id() == id)
+                .and_then(|arg| arg.get_help())
+                .map(ToString::to_string)
+                .unwrap_or_default()
+        };
+        let (events, statuses) = (help("event"), help("status"));
+        for kind in snakebox_engine::EventKind::ALL {
+            assert!(
+                events.contains(kind.as_str()),
+                "--event's help lacks {}",
+                kind.as_str()
+            );
+        }
+        for status in snakebox_engine::Status::ALL {
+            assert!(
+                statuses.contains(status.as_str()),
+                "--status's help lacks {}",
+                status.as_str()
             );
         }
     }
