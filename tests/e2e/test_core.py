@@ -172,6 +172,13 @@ async def test_large_timeout_is_clamped_with_a_note(client):
     assert any("300" in note for note in data["notes"])
 
 
+async def test_a_fractional_timeout_is_rounded_up_with_a_note(client):
+    data, text, _ = await call(client, "execute_python", script="print(1)", timeout_seconds=1.5)
+    assert data["status"] == "ok" and data["timeout_seconds"] == 2, data
+    assert "timeout_seconds 1.5 was rounded up to 2 (limits are whole seconds)" in data["notes"], data
+    assert "note: timeout_seconds 1.5 was rounded up to 2" in text
+
+
 async def test_output_is_capped_head_and_tail_with_bounded_server_memory(snakebox_bin, data_dir):
     script = "import sys\nsys.stdout.write('HEAD\\n')\nchunk = 'x' * 1048575 + '\\n'\nfor _ in range(200):\n    sys.stdout.write(chunk)\nsys.stdout.write('TAIL\\n')\nsys.stderr.write('E' * 500000)\n"
     async with connect(snakebox_bin, data_dir, "auto") as client:

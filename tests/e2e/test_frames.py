@@ -99,7 +99,7 @@ class RawServer:
                 return before, message
             before.append(message)
 
-    def call(self, method: str, params: dict[str, Any] | None, id: Any) -> tuple[list[Any], Any]:
+    def call(self, method: str, params: dict[str, Any] | list[Any] | None, id: Any) -> tuple[list[Any], Any]:
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": id, "method": method}
         if params is not None:
             message["params"] = params
@@ -550,5 +550,28 @@ def test_messages_before_initialize_do_not_end_the_connection(snakebox_bin: Path
         server.initialize()
         _, tools = server.call("tools/list", None, "list")
         assert "execute_python" in {tool["name"] for tool in tools["result"]["tools"]}, tools
+    finally:
+        server.close()
+
+
+def test_an_unknown_method_tool_or_positional_params_get_a_hint(snakebox_bin: Path, data_dir: Path) -> None:
+    """What a hand-written client gets wrong first: each answer names the mistake and what to
+    send instead (rmcp's own answers were `nosuch`, `tool not found`, `unrecognized JSON-RPC
+    message`, with no hint)."""
+    server = RawServer(snakebox_bin, data_dir)
+    try:
+        server.initialize()
+        _, method = server.call("nosuch", None, "m")
+        assert method["error"]["code"] == -32601 and method["error"]["message"] == "unknown method `nosuch`", method
+        assert "tools/call" in method["error"]["data"]["hint"], method
+        _, tool = server.call("tools/call", {"name": "nosuch_tool", "arguments": {}}, "t")
+        assert tool["error"]["code"] == -32602 and tool["error"]["message"] == "unknown tool `nosuch_tool`", tool
+        assert "`execute_python`" in tool["error"]["data"]["hint"], tool
+        _, positional = server.call("tools/list", [], "p")
+        assert positional["error"]["code"] == -32602, positional
+        assert "not an array" in positional["error"]["message"], positional
+        assert "as an object" in positional["error"]["data"]["hint"], positional
+        _, ping = server.call("ping", None, "alive")
+        assert "result" in ping, ping
     finally:
         server.close()

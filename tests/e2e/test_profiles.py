@@ -140,6 +140,10 @@ async def test_a_call_narrows_limits_and_never_widens_them(snakebox_bin, tmp_pat
         assert "`json` (line 1)" in narrowed_imports["error"]["message"], narrowed_imports
         bad, text, is_error = await call(client, "execute_python", script="print(1)", memory_limit="lots")
         assert is_error and bad["error"]["kind"] == "invalid" and "256m" in bad["error"]["hint"], text
+        for tiny in ("0", "1m"):
+            small, text, is_error = await call(client, "execute_python", script="print(1)", memory_limit=tiny)
+            assert is_error and f"memory_limit: `{tiny}` is below 16MiB" in small["error"]["message"], text
+            assert "16MiB or more" in small["error"]["hint"], text
         unknown, _, _ = await call(client, "execute_python", script="print(1)", profile="nope")
         assert unknown["status"] == "invalid_request" and "data_science" in unknown["error"]["hint"]
         # validate_script checks against the profile's import policy, as the run would.
@@ -199,7 +203,7 @@ def test_a_bad_profile_setting_is_refused_with_a_hint(snakebox_bin, tmp_path):
     config = tmp_path / "bad.toml"
     for text, expected in [
         ('[profiles.x]\nnetwork = "sometimes"\n', "write \"off\", \"server\""),
-        ("[profiles.x]\nmemory = \"1MiB\"\n", "at least 16MiB"),
+        ("[profiles.x]\nmemory = \"1MiB\"\n", "is below 16MiB, too little for Python to start"),
         ("[profiles.x]\nsubprocess = false\n", "unknown field `subprocess`"),
         ('[server]\nprofile = "nope"\n', "name one of basic, data_science"),
     ]:

@@ -28,6 +28,7 @@ mod result;
 mod run;
 mod runner;
 mod session;
+mod size;
 pub mod telemetry;
 mod tenants;
 /// See [`snakebox_fs::tree`].
@@ -74,6 +75,7 @@ pub use session::{
     CreateSession, FileContent, FileEntry, FileList, FileWritten, InstallState, InstallStatus,
     MAX_FILE_BYTES, PackageList, SessionInfo, SessionList, SessionSummary, SessionsReport,
 };
+pub use size::{MIN_MEMORY_BYTES, SIZE_HINT, SizeError, parse_memory_limit, parse_size};
 pub use snakebox_fs::PathError;
 pub use tenants::TenantQuotas;
 pub use validate::{

@@ -164,7 +164,8 @@ impl Engine {
         .with_hint(format!(
             "ask for one of the available versions; or the server's operator adds it: set \
              python_downloads = \"automatic\" (or --python-downloads automatic) or run \
-             `snakebox python install {request}`"
+             `snakebox python install {}`",
+            install_argument(request)
         ))
     }
 
@@ -485,5 +486,17 @@ impl Engine {
             }
         };
         Ok(decided)
+    }
+}
+
+/// What `snakebox python install` takes for a request: the request itself when it is a
+/// version (`3.12`, `3.12.7`); it takes no specifier (`>=3.12`), so then a placeholder and
+/// the specifier the version must satisfy.
+fn install_argument(request: &str) -> String {
+    let version = request.trim();
+    if !version.is_empty() && version.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        version.to_owned()
+    } else {
+        format!("X.Y` with a version that satisfies `{version}")
     }
 }

@@ -425,8 +425,10 @@ impl Profile {
     #[must_use]
     pub fn packages_refused(&self, refused: &[String]) -> EngineError {
         let allowed = match &self.packages {
-            Some(list) if !list.is_empty() => format!("it allows {}", list.join(", ")),
-            _ => "it allows no packages".to_owned(),
+            Some(list) if !list.is_empty() => {
+                format!("it allows {}: drop the others", list.join(", "))
+            }
+            _ => "it allows no packages: drop them".to_owned(),
         };
         EngineError::invalid(
             format!(
@@ -439,7 +441,7 @@ impl Profile {
                     .join(", ")
             ),
             format!(
-                "{allowed}: drop the others from dependencies and the PEP 723 block, or name a profile that allows them (check_environment lists the profiles)"
+                "{allowed} from dependencies and the PEP 723 block, or name a profile that allows them (check_environment lists the profiles)"
             ),
         )
     }

@@ -222,8 +222,9 @@ impl EnvError {
     pub fn hint(&self) -> Option<String> {
         match self {
             Self::UvNotFound { .. } => Some(
-                "install uv with `pip install uv` (or see https://docs.astral.sh/uv/), \
-                 or pass its path with `--uv-path`"
+                "install uv (`pipx install uv`, or `pip install uv` inside a virtual \
+                 environment; snakebox's `scripts/install-deps --runtime` does either), or \
+                 pass its path with `--uv-path`"
                     .to_owned(),
             ),
             Self::UvUnusable { .. } => Some(
@@ -420,8 +421,8 @@ fn install_hint(stderr: &str) -> String {
          `UV_FIND_LINKS` in the server's environment"
             .to_owned()
     } else {
-        "see uv's message above; fix the requirement or pin a version that publishes wheels \
-         for this Python"
+        "uv's own words are in the message; fix the requirement, or pin a version that \
+         publishes wheels for this Python"
             .to_owned()
     }
 }

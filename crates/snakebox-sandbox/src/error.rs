@@ -202,6 +202,8 @@ pub enum NamespaceError {
     BwrapMissing {
         /// Where we looked.
         path: PathBuf,
+        /// Whether the operator named that path (`--bwrap-path`) rather than `PATH` was searched.
+        given: bool,
     },
     /// bubblewrap could not be executed for the probe.
     #[error("Failed to run the bubblewrap probe `{}`", path.display())]
@@ -260,6 +262,10 @@ impl NamespaceError {
     pub fn hint(&self) -> Option<String> {
         const NONE: &str = "or pass `--sandbox-backend none` to run WITHOUT isolation";
         match self {
+            Self::BwrapMissing { given: true, .. } => Some(format!(
+                "nothing executable is at that path: fix `--bwrap-path` (`[sandbox] bwrap_path`), \
+                 or leave it out to find bwrap on PATH; {NONE}"
+            )),
             Self::BwrapMissing { .. } | Self::Probe { .. } => Some(format!(
                 "install bubblewrap (`apt-get install bubblewrap`), {NONE}"
             )),

@@ -340,7 +340,11 @@ async fn missing_bwrap_fails_closed_with_a_hint() {
     .unwrap_err();
     assert!(err.to_string().contains("`/nonexistent/bwrap`"), "{err}");
     let hint = err.hint().unwrap();
-    assert!(hint.contains("apt-get install bubblewrap") && hint.contains("--sandbox-backend none"));
+    assert!(
+        hint.contains("nothing executable is at that path: fix `--bwrap-path`")
+            && hint.contains("--sandbox-backend none"),
+        "{hint}"
+    );
 }
 
 // See: issue 16 (item 5): bwrap's own failure (`Creating new namespace failed`) was reported as

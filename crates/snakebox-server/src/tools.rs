@@ -338,6 +338,7 @@ processes): see check_environment.",
         Parameters(params): Parameters<ExecuteParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
+        let params_timeout = params.timeout_seconds;
         let timeout_seconds = match params.timeout_seconds {
             None => None,
             Some(value) if value.is_finite() => Some(value.ceil() as i64),
@@ -401,6 +402,18 @@ processes): see check_environment.",
         if let Some(forwarder) = forwarder {
             // Every chunk is sent before the result, so progress never trails the answer.
             let _ = forwarder.await;
+        }
+        // Limits are whole seconds: a fraction is rounded up, and the result says so.
+        let mut result = result;
+        if let Some(asked) = params_timeout
+            && asked.is_finite()
+            && asked.fract() != 0.0
+            && result.status != snakebox_engine::Status::InvalidRequest
+        {
+            result.notes.push(format!(
+                "timeout_seconds {asked} was rounded up to {} (limits are whole seconds)",
+                asked.ceil()
+            ));
         }
         Ok(self.execution_reply(&context, &caller, result))
     }
@@ -491,6 +504,23 @@ impl ServerHandler for SnakeboxServer {
         let audited = (!RUN_TOOLS.contains(&name.as_ref()))
             .then(|| self.caller(&context).ok())
             .flatten();
+        if self.tool_router.get(&name).is_none() {
+            if let Some(caller) = &audited {
+                self.engine.audit_tool_call(caller, &name, "refused");
+            }
+            let tools: Vec<String> = self
+                .tool_router
+                .list_all()
+                .into_iter()
+                .map(|tool| format!("`{}`", tool.name))
+                .collect();
+            return Err(ErrorData::invalid_params(
+                format!("unknown tool `{name}`"),
+                Some(serde_json::json!({
+                    "hint": format!("call one of {} (tools/list describes each)", tools.join(", "))
+                })),
+            ));
+        }
         let tcc = rmcp::handler::server::tool::ToolCallContext::new(self, request, context);
         let response = self.tool_router.call(tcc).await;
         let mut response = match response {
@@ -515,6 +545,23 @@ impl ServerHandler for SnakeboxServer {
             }
         }
         Ok(response)
+    }
+
+    /// A method MCP does not have (or snakebox does not serve): `-32601`, naming it, with
+    /// the methods there are (rmcp's own answer is the bare method name).
+    async fn on_custom_request(
+        &self,
+        request: rmcp::model::CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::CustomResult, ErrorData> {
+        Err(ErrorData::new(
+            rmcp::model::ErrorCode::METHOD_NOT_FOUND,
+            format!("unknown method `{}`", request.method),
+            Some(serde_json::json!({
+                "hint": "snakebox serves initialize, ping, tools/list, tools/call, \
+                         resources/list, resources/read and resources/templates/list"
+            })),
+        ))
     }
 
     fn get_info(&self) -> ServerConfig {
@@ -587,27 +634,18 @@ impl ServerHandler for SnakeboxServer {
     }
 }
 
-/// A memory size as seed servers write it: `256m`, `1g`, `512MiB`, `1048576`.
+/// A call's `memory_limit` as seed servers write it (`256m`, `1g`, `512MiB`, `1048576`; see
+/// [`snakebox_engine::parse_memory_limit`]).
 pub(crate) fn parse_memory(text: &str) -> Result<u64, snakebox_engine::EngineError> {
-    let trimmed = text.trim();
-    let split = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(trimmed.len());
-    let (digits, unit) = trimmed.split_at(split);
-    let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        _ => 0,
-    };
-    match digits.parse::<u64>() {
-        Ok(number) if factor > 0 && number > 0 => Ok(number.saturating_mul(factor)),
-        _ => Err(snakebox_engine::EngineError::invalid(
-            format!("memory_limit `{text}` is not a memory size"),
-            "write a whole number with an optional unit: \"256m\", \"1g\", \"512MiB\" or a number of bytes",
-        )),
-    }
+    snakebox_engine::parse_memory_limit(text).map_err(|err| {
+        let hint = match err {
+            snakebox_engine::SizeError::TooSmall(_) => {
+                "give 16MiB or more (\"256m\"), or leave memory_limit out for the profile's limit"
+            }
+            _ => snakebox_engine::SIZE_HINT,
+        };
+        snakebox_engine::EngineError::invalid(format!("memory_limit: {err}"), hint)
+    })
 }
 
 /// The tools whose calls the engine audits itself (they run code; see `snakebox_engine::audit`).

@@ -524,14 +524,8 @@ fn resolve_profiles(
         let memory_bytes = match table.memory {
             None => base.limits.memory_bytes,
             Some(value) => {
-                let bytes = parse_size(&value.into_text())
+                let bytes = parse_memory_limit(&value.into_text())
                     .with_context(|| format!("invalid {}", what("memory")))?;
-                if bytes < 16 << 20 {
-                    bail!(
-                        "{} must be at least 16MiB\nhint: Python needs some memory to start; leave it out for the server's limit",
-                        what("memory")
-                    );
-                }
                 Some(bytes)
             }
         };
@@ -787,7 +781,11 @@ fn resolve_limits(
         config.max_output_bytes = bytes;
     }
     if let Some(text) = text_or(args.memory_limit.as_ref(), file.memory) {
-        config.memory_bytes = optional(&text, "--memory-limit (`[limits] memory`)", parse_size)?;
+        config.memory_bytes = optional(
+            &text,
+            "--memory-limit (`[limits] memory`)",
+            parse_memory_limit,
+        )?;
     }
     if let Some(text) = text_or(args.max_processes.as_ref(), file.processes) {
         config.max_processes =
@@ -1255,7 +1253,7 @@ fn optional(
     if matches!(lowered.as_str(), "unlimited" | "none" | "0") {
         return Ok(None);
     }
-    parse(&lowered)
+    parse(text.trim())
         .map(Some)
         .with_context(|| format!("invalid {flag} value"))
 }
@@ -1267,28 +1265,20 @@ fn parse_count(text: &str) -> anyhow::Result<u64> {
     })
 }
 
-/// A size: `1024`, `512K`, `512KiB`, `64M`, `64MiB`, `2G`, `2GiB` (all binary multiples).
+/// A size (`1024`, `512K`, `64MiB`, `1.5G`; see [`snakebox_engine::parse_size`]).
 pub(crate) fn parse_size(text: &str) -> anyhow::Result<u64> {
-    let trimmed = text.trim();
-    let split = trimmed
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(trimmed.len());
-    let (number, unit) = trimmed.split_at(split);
-    let hint = "hint: write a size such as 1048576, 512MiB or 2G";
-    let value: u64 = number
-        .parse()
-        .with_context(|| format!("`{text}` is not a size\n{hint}"))?;
-    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kb" | "kib" => 1 << 10,
-        "m" | "mb" | "mib" => 1 << 20,
-        "g" | "gb" | "gib" => 1 << 30,
-        "t" | "tb" | "tib" => 1 << 40,
-        other => bail!("unknown size unit `{other}` in `{text}`\n{hint}"),
-    };
-    value
-        .checked_mul(multiplier)
-        .with_context(|| format!("`{text}` is too large"))
+    snakebox_engine::parse_size(text)
+        .map_err(|err| anyhow::anyhow!("{err}\nhint: {}", snakebox_engine::SIZE_HINT))
+}
+
+/// A memory limit: a size of at least 16MiB.
+fn parse_memory_limit(text: &str) -> anyhow::Result<u64> {
+    snakebox_engine::parse_memory_limit(text).map_err(|err| match err {
+        snakebox_engine::SizeError::TooSmall(_) => {
+            anyhow::anyhow!("{err}\nhint: give 16MiB or more: Python needs some memory to start")
+        }
+        err => anyhow::anyhow!("{err}\nhint: {}", snakebox_engine::SIZE_HINT),
+    })
 }
 
 #[cfg(test)]
@@ -1391,7 +1381,7 @@ mod tests {
             && config.default_timeout == Duration::from_secs(10)
             && config.memory_bytes == Some(256 << 20)
             && config.max_processes.is_none(),
-        sizes_may_be_numbers: "[limits]\nmemory = 1048576\n" => |config| config.memory_bytes == Some(1 << 20),
+        sizes_may_be_numbers: "[limits]\nmemory = 134217728\n" => |config| config.memory_bytes == Some(128 << 20),
         cores_may_be_fractions: "[limits]\ncpu_cores = 1.5\n" => |config| config.cpu_millicores == Some(1500),
         cores_may_be_whole: "[limits]\ncpu_cores = 2\n" => |config| config.cpu_millicores == Some(2000),
         sizes_and_counts_may_be_unlimited: "[limits]\nmemory = \"unlimited\"\ncpu_seconds = \"unlimited\"\n" => |config| config.memory_bytes.is_none() && config.cpu_time.is_none(),
@@ -1490,7 +1480,7 @@ network = \"off\"
         unknown_default_profile: "[server]\nprofile = \"nope\"\n" => ["names `nope`, which is not a profile", "hint: name one of basic, data_science"],
         profile_key_typo: "[profiles.x]\nsubprocess = false\n" => ["unknown field `subprocess`"],
         profile_network_choice: "[profiles.x]\nnetwork = \"sometimes\"\n" => ["`[profiles.x] network` `sometimes`", "hint"],
-        profile_memory_too_small: "[profiles.x]\nmemory = \"1MiB\"\n" => ["`[profiles.x] memory` must be at least 16MiB", "hint"],
+        profile_memory_too_small: "[profiles.x]\nmemory = \"1MiB\"\n" => ["invalid `[profiles.x] memory`: `1MiB` is below 16MiB, too little for Python to start", "hint: give 16MiB or more"],
         profile_name: "[profiles.Big]\n" => ["invalid profile name `[profiles.Big]`", "hint"],
         frame_limit_below_the_script_limit: "[server]\nmax_frame_bytes = \"1MiB\"\n[limits]\nmax_script_bytes = \"2MiB\"\n" => ["leaves no room for a script", "hint"],
     }

@@ -137,6 +137,7 @@ fn find_bwrap(config: &SandboxConfig) -> Result<PathBuf, NamespaceError> {
                 .bwrap_path
                 .clone()
                 .unwrap_or_else(|| "bwrap (on PATH)".into()),
+            given: config.bwrap_path.is_some(),
         })
 }
 

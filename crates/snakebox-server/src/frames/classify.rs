@@ -346,6 +346,28 @@ fn classify_object(text: &str) -> Verdict {
                 "pass the parameters as an object, such as {\"name\": ..., \"arguments\": {...}}",
             );
         }
+        // JSON-RPC allows positional params; MCP's methods take named ones only.
+        if let Some(params) = members.params
+            && starts_with(params, b"[")
+            && is_typed_method(&method)
+        {
+            return match members.id {
+                None => Verdict::Drop(format!(
+                    "notification `{method}` dropped: its params are an array"
+                )),
+                Some(_) => Verdict::Reply(Reply {
+                    id: echo,
+                    error: ErrorData::invalid_params(
+                        format!(
+                            "Invalid params for `{method}`: MCP's params are an object of named members, not an array"
+                        ),
+                        Some(
+                            json!({ "hint": "send `params` as an object (`{}` or leave it out when there are none), such as {\"name\": ..., \"arguments\": {...}} for tools/call" }),
+                        ),
+                    ),
+                }),
+            };
+        }
         return match serde_json::from_str::<ClientJsonRpcMessage>(text) {
             // rmcp reads a known method whose params do not fit as a custom one, and then
             // answers "method not found" (a request) or ignores it (a notification).
@@ -612,6 +634,8 @@ mod tests {
 
         // Valid JSON rmcp cannot read: answered here (requests) or dropped (notifications).
         lone_surrogate_in_params: br#"{"jsonrpc":"2.0","id":26,"method":"tools/call","params":{"name":"execute_python","arguments":{"script":"\ud800"}}}"# => "reply -32600 26",
+        params_as_an_array: br#"{"jsonrpc":"2.0","id":34,"method":"tools/list","params":[]}"# => "reply -32602 34",
+        params_as_an_array_of_a_notification: br#"{"jsonrpc":"2.0","method":"notifications/initialized","params":[]}"# => "drop",
         params_of_the_wrong_type: br#"{"jsonrpc":"2.0","id":27,"method":"initialize","params":{"protocolVersion":5}}"# => "reply -32602 27",
         tool_call_without_a_name: br#"{"jsonrpc":"2.0","id":29,"method":"tools/call","params":{"arguments":{}}}"# => "reply -32602 29",
         tool_call_with_a_numeric_name: br#"{"jsonrpc":"2.0","id":30,"method":"tools/call","params":{"name":5}}"# => "reply -32602 30",
