@@ -50,7 +50,10 @@ def test_run_timeout_exits_124_and_keeps_output(snakebox_bin, data_dir, tmp_path
     done = run(snakebox_bin, data_dir, "run", str(script), "--timeout", "1")
     assert done.returncode == 124
     assert done.stdout == "partial\n"
-    assert "timeout" in done.stderr and "hint:" in done.stderr
+    assert "timeout" in done.stderr and "hint: raise --timeout" in done.stderr
+    assert "timeout_seconds" not in done.stderr, done.stderr
+    zero = run(snakebox_bin, data_dir, "run", str(script), "--timeout", "0")
+    assert zero.returncode == 2 and "invalid value '0' for '--timeout" in zero.stderr, zero.stderr
 
 
 def test_run_rejects_non_utf8_files_with_a_hint(snakebox_bin, data_dir, tmp_path):
@@ -74,8 +77,25 @@ def test_check_reports_and_exits_zero_when_ready(snakebox_bin, data_dir):
 def test_check_gives_a_fix_hint_when_bwrap_is_missing(snakebox_bin, data_dir):
     done = run(snakebox_bin, data_dir, "check", "--bwrap-path", "/nonexistent/bwrap")
     assert done.returncode == 1
-    assert "hint:" in done.stdout
+    assert "hint: nothing executable is at that path: fix `--bwrap-path`" in done.stdout, done.stdout
     assert "ready:     NO" in done.stdout
+
+
+def test_reading_keys_of_a_data_dir_that_does_not_exist_is_refused_and_creates_nothing(snakebox_bin, tmp_path):
+    missing = tmp_path / "typo"
+    for action in (["list"], ["revoke", "k-x"]):
+        done = subprocess.run([str(snakebox_bin), "keys", *action, "--data-dir", str(missing)],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and "does not exist, so it holds no keys" in done.stderr, done.stderr
+        assert "hint: check --data-dir" in done.stderr
+        assert not missing.exists()
+
+
+def test_audit_refuses_an_unknown_status(snakebox_bin, data_dir):
+    done = subprocess.run([str(snakebox_bin), "audit", "--status", "bogus", "--data-dir", str(data_dir)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "`--status bogus` is not a status of a call" in done.stderr, done.stderr
+    assert "memory_limit" in done.stderr and "running" in done.stderr
 
 
 def test_config_file_and_environment_variables_are_read(snakebox_bin, data_dir, tmp_path):

@@ -158,8 +158,8 @@ pub struct RunArgs {
     /// An extra dependency (PEP 508), repeatable: `--dep "numpy>=1.26"`.
     #[arg(long = "dep", value_name = "SPEC")]
     pub deps: Vec<String>,
-    /// Timeout for this run, in seconds.
-    #[arg(long, value_name = "SECONDS")]
+    /// Timeout for this run, in seconds (at least 1; above --max-timeout it is clamped).
+    #[arg(long, value_name = "SECONDS", value_parser = clap::value_parser!(i64).range(1..))]
     pub timeout: Option<i64>,
     /// Print the full structured result as JSON instead of the script's output.
     #[arg(long)]

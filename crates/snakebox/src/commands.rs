@@ -160,6 +160,14 @@ pub(crate) fn keys(args: &KeysArgs) -> anyhow::Result<ExitCode> {
     let config = settings::resolve(args.action.engine())?;
     let store = snakebox_http::KeyStore::new(&config.engine.data_dir);
     let failed = |err: snakebox_http::KeyError| with_hint(&err, &err.hint());
+    // Reading keys never creates a data directory: a mistyped --data-dir is said, not made.
+    let data_dir = &config.engine.data_dir;
+    if !matches!(args.action, KeysAction::Add { .. }) && !data_dir.exists() {
+        anyhow::bail!(
+            "the data directory `{}` does not exist, so it holds no keys\nhint: check --data-dir (`SNAKEBOX_DATA_DIR`, `[server] data_dir`); the server's is shown by `snakebox check`",
+            data_dir.display()
+        );
+    }
     match &args.action {
         KeysAction::Add { tenant, .. } => {
             let made = store.add(tenant).map_err(failed)?;
@@ -454,14 +462,14 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 stderr,
                 "snakebox: {}: {}",
                 result.status.as_str(),
-                error.message
+                as_flags(&error.message)
             )?;
             if let Some(hint) = &error.hint {
-                writeln!(stderr, "hint: {hint}")?;
+                writeln!(stderr, "hint: {}", as_flags(hint))?;
             }
         }
         for note in &result.notes {
-            writeln!(stderr, "snakebox: note: {note}")?;
+            writeln!(stderr, "snakebox: note: {}", as_flags(note))?;
         }
     }
     let code: u8 = match result.status {
@@ -477,6 +485,12 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         Status::SetupFailed | Status::InvalidRequest => 2,
     };
     Ok(ExitCode::from(code))
+}
+
+/// The engine's messages name a call's arguments; `snakebox run` takes them as flags.
+fn as_flags(text: &str) -> String {
+    text.replace("timeout_seconds", "--timeout")
+        .replace("python_version", "--python-version")
 }
 
 /// `snakebox check`: the environment report; exit 1 when executions cannot run.

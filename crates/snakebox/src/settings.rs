@@ -816,7 +816,9 @@ fn resolve_limits(
 fn resolve_pool(args: &PoolArgs, file: &PoolFile, config: &mut EngineConfig) -> anyhow::Result<()> {
     if let Some(size) = args.warm_pool.or(file.size) {
         if size > MAX_WARM_POOL {
-            bail!("--warm-pool must be at most {MAX_WARM_POOL}, got `{size}`");
+            bail!(
+                "--warm-pool must be at most {MAX_WARM_POOL}, got `{size}`\nhint: each pre-started sandbox holds a uid and memory while idle; 2 serves most hosts (0 turns the pool off)"
+            );
         }
         config.warm_pool = size;
     }
@@ -826,7 +828,7 @@ fn resolve_pool(args: &PoolArgs, file: &PoolFile, config: &mut EngineConfig) -> 
     if let Some(count) = args.preload_packages.or(file.preload_packages) {
         if count > snakebox_engine::MAX_PRELOAD_PACKAGES {
             bail!(
-                "--preload-packages must be at most {}, got `{count}`",
+                "--preload-packages must be at most {}, got `{count}`\nhint: preloading beyond the heaviest few packages costs each fork server memory for little gain; the default is 8",
                 snakebox_engine::MAX_PRELOAD_PACKAGES
             );
         }
