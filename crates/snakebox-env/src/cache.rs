@@ -1722,6 +1722,72 @@ mod tests {
     }
 
     #[test]
+    fn a_copy_for_compiling_shares_every_file_and_copies_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("env");
+        fs_err::create_dir_all(from.join("lib/site-packages/pkg")).unwrap();
+        fs_err::write(from.join("lib/site-packages/pkg/__init__.py"), "X = 1\n").unwrap();
+        fs_err::write(from.join(MANIFEST_FILE), "{}").unwrap();
+        fs_err::os::unix::fs::symlink("lib", from.join("lib64")).unwrap();
+        let to = dir.path().join("copy");
+        link_tree(&from, &to).unwrap();
+        let inode = |path: &Path| fs_err::metadata(path).unwrap().ino();
+        for file in ["lib/site-packages/pkg/__init__.py", MANIFEST_FILE] {
+            assert_eq!(inode(&from.join(file)), inode(&to.join(file)), "{file}");
+        }
+        assert_ne!(
+            inode(&from.join("lib/site-packages/pkg")),
+            inode(&to.join("lib/site-packages/pkg")),
+            "directories are made anew"
+        );
+        assert_eq!(
+            fs_err::read_link(to.join("lib64")).unwrap(),
+            PathBuf::from("lib")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_copys_manifest_is_replaced_not_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("env"), dir.path().join("copy"));
+        fs_err::create_dir_all(&from).unwrap();
+        fs_err::write(from.join(MANIFEST_FILE), "published").unwrap();
+        link_tree(&from, &to).unwrap();
+        let manifest = Manifest {
+            schema: MANIFEST_SCHEMA,
+            key: "k".into(),
+            build_id: "b".into(),
+            requirements: Vec::new(),
+            pinned: true,
+            packages: Vec::new(),
+            interpreter: ManifestInterpreter {
+                executable: PathBuf::from("/py"),
+                version: "3.12.1".into(),
+                prefix: PathBuf::from("/"),
+                implementation: "CPython".into(),
+            },
+            index_settings: Vec::new(),
+            uv_version: "0".into(),
+            created_at: 0,
+            size_bytes: 0,
+            verified: true,
+            compiled: true,
+        };
+        write_manifest(&to, &manifest).await.unwrap();
+        assert_eq!(
+            fs_err::read_to_string(from.join(MANIFEST_FILE)).unwrap(),
+            "published"
+        );
+        let written: Manifest =
+            serde_json::from_slice(&fs_err::read(to.join(MANIFEST_FILE)).unwrap()).unwrap();
+        assert!(written.compiled);
+        // A manifest written before environments were compiled after publishing: compiled.
+        let mut old = serde_json::to_value(&manifest).unwrap();
+        old.as_object_mut().unwrap().remove("compiled");
+        assert!(serde_json::from_value::<Manifest>(old).unwrap().compiled);
+    }
+
+    #[test]
     fn requirement_sets_are_normalised_and_sorted() {
         let set = RequirementSet::new(&reqs(&[
             "Six==1.16.0",
