@@ -22,8 +22,10 @@ from typing import Any, AsyncIterator
 
 import pytest
 
+from attacks_support import marker_pids
 from conftest import call, connect, have_bwrap
-from test_builds import Index, wheel_bytes
+from host_support import wait_for
+from test_builds import Index, compilation, compilations_ended, compiled, wheel_bytes
 
 pytestmark = [
     pytest.mark.anyio,
@@ -81,6 +83,17 @@ def find_in_cache(data_dir: Path, relative: str) -> list[Path]:
 
 def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def published(data_dir: Path, requirement: str) -> tuple[Path, dict[str, Any]]:
+    """The one published environment of `requirement`, and its manifest (read from outside)."""
+    found = []
+    for env in (data_dir / "environments-v1").iterdir():
+        manifest = json.loads((env / "snakebox-env.json").read_text())
+        if requirement in manifest["requirements"]:
+            found.append((env, manifest))
+    assert len(found) == 1, found
+    return found[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,6 +163,10 @@ async def test_environments_hard_link_uvs_cache_and_no_caller_code_writes_throug
     }))
     data_dir = fresh(tmp_path, "data")
     async with server(snakebox_bin, data_dir, index) as client:
+        # The package's code runs when the environment is compiled, after its first run.
+        first, text, is_error = await run(client, "import sbxlinked", ["sbxlinked==1.0"])
+        assert not is_error and first["status"] == "ok", text
+        await compiled(client)
         data, text, is_error = await run(client, RUN_TAMPER, ["sbxlinked==1.0"])
         assert not is_error and data["status"] == "ok", text
         seen = json.loads(data["stdout"])
@@ -181,6 +198,101 @@ async def test_environments_hard_link_uvs_cache_and_no_caller_code_writes_throug
     for path in cached:
         assert path.read_text() == LINKED_SOURCE
         assert path.stat().st_mode & 0o022 == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Issue 19: a first run does not wait for bytecode; the environment is compiled afterwards, on
+# a copy no run can write to, and published compiled in its place.
+# ---------------------------------------------------------------------------------------------
+
+# A `.pth` line that, only while its environment is writable (compiled, as package code),
+# waits for a child carrying the marker (started with -S: it runs no `.pth` itself); the test
+# kills that child to let the compilation go on. Runs (read-only) pass straight through.
+DEFER_GATE = """
+import os, subprocess, sys
+if os.access(os.path.dirname(os.path.abspath(__file__)), os.W_OK):
+    subprocess.run([sys.executable, "-S", "-c", "import time; time.sleep(600)", {marker!r}])
+"""
+
+# A run that tries to leave bytecode (and a `.pth`) in its environment for later runs.
+PLANT = r'''
+import importlib.util, json, os, sysconfig
+import sbxdefer
+site = sysconfig.get_paths()["purelib"]
+cached = importlib.util.cache_from_source(sbxdefer.__file__)
+def attempt(fn):
+    try:
+        fn()
+        return 0
+    except OSError as e:
+        return e.errno
+def plant_pyc():
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    with open(cached, "wb") as f:
+        f.write(b"TOKEN")
+def plant_pth():
+    with open(os.path.join(site, "TOKEN.pth"), "w") as f:
+        f.write("import os\n")
+print(json.dumps({"value": sbxdefer.VALUE, "cached": cached, "had_pyc": os.path.exists(cached),
+                  "plant_pyc": attempt(plant_pyc), "plant_pth": attempt(plant_pth)}))
+'''
+
+LOADS_PYC = """
+import importlib.util, os, sbxdefer
+print(sbxdefer.VALUE, os.path.exists(importlib.util.cache_from_source(sbxdefer.__file__)))
+"""
+
+
+async def test_a_first_run_does_not_wait_for_bytecode_and_runs_cannot_plant_any(snakebox_bin, tmp_path, index):
+    marker = f"sbx-defer-{secrets.token_hex(8)}"
+    token = f"PLANTED{secrets.token_hex(8)}"
+    index.add(wheel_bytes("sbxdefer", "1.0", {
+        "sbxdefer/__init__.py": 'VALUE = "deferred"\n' + "X = 1\n" * 300,
+        "sbxdefer_gate.pth": "import _sbxdefer_gate\n",
+        "_sbxdefer_gate.py": DEFER_GATE.format(marker=marker),
+    }))
+    plant = PLANT.replace("TOKEN", token)
+    data_dir = fresh(tmp_path, "data")
+    async with server(snakebox_bin, data_dir, index) as client:
+        first, text, is_error = await run(client, plant, ["sbxdefer==1.0"])
+        assert not is_error and first["status"] == "ok" and first["environment_reused"] is False, text
+        seen_first = json.loads(first["stdout"])
+        # The result came back before the environment was compiled: it is published, verified,
+        # marked not compiled, and holds no bytecode (judged from outside).
+        env, manifest = published(data_dir, "sbxdefer==1.0")
+        assert manifest["verified"] is True and manifest["compiled"] is False, manifest
+        assert seen_first["value"] == "deferred" and seen_first["had_pyc"] is False
+        assert not list(env.glob("lib/python*/site-packages/sbxdefer/__pycache__"))
+        # The compilation runs after the call, as package code (its `.pth` waits at the gate).
+        await wait_for(lambda: marker_pids(marker), 120, "the compilation to run the package's .pth")
+        state = await compilation(client)
+        assert state["deferred"] is True and state["pending"] == 1 and state["completed"] == 0, state
+        # A run while the environment is being compiled: the same published environment,
+        # read-only; nothing it writes reaches the environment or the copy being compiled.
+        during, text, is_error = await run(client, plant, ["sbxdefer==1.0"])
+        assert not is_error and during["status"] == "ok" and during["environment_reused"] is True, text
+        seen_during = json.loads(during["stdout"])
+        print("plant attempts:", seen_first, seen_during)
+        for seen in (seen_first, seen_during):
+            assert seen["plant_pyc"] in (13, 30) and seen["plant_pth"] in (13, 30), seen
+        for pid in marker_pids(marker):
+            os.kill(pid, 9)
+        state = await compiled(client)
+        # Published compiled in the environment's place (same key, a new build).
+        env_after, after = published(data_dir, "sbxdefer==1.0")
+        assert env_after == env and after["compiled"] is True and after["verified"] is True, after
+        assert after["build_id"] != manifest["build_id"] and after["packages"] == manifest["packages"]
+        assert builds_left(data_dir) == []
+        [pyc] = list(env.glob("lib/python*/site-packages/sbxdefer/__pycache__/__init__.*.pyc"))
+        assert pyc == Path(seen_first["cached"]) and pyc.stat().st_uid == 0 and pyc.stat().st_mode & 0o022 == 0
+        # Nothing a run wrote is in the environment.
+        for root, _dirs, files in os.walk(env):
+            for name in files:
+                path = Path(root) / name
+                assert token not in name and token.encode() not in path.read_bytes(), path
+        # A later run loads the compiled module.
+        later, text, is_error = await run(client, LOADS_PYC, ["sbxdefer==1.0"])
+        assert not is_error and later["stdout"] == "deferred True\n" and later["environment_reused"] is True, text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,6 +349,9 @@ if os.access(site, os.W_OK):
 
 
 async def test_a_truncated_compiled_file_is_refused(snakebox_bin, tmp_path, index):
+    """The environment is published before its bytecode (its first run imports from source);
+    the compiled copy made afterwards holds a `.pyc` cut short and is refused: never
+    published, the environment stays as it was, and runs go on working."""
     index.add(wheel_bytes("sbxpyc", "1.0", {
         "sbxpyc/__init__.py": 'VALUE = "compiled"\n' + "X = [%s]\n" % ", ".join(str(i) for i in range(2000)),
         "sbxpyc_hook.pth": "import _sbxpyc_boot\n",
@@ -245,18 +360,22 @@ async def test_a_truncated_compiled_file_is_refused(snakebox_bin, tmp_path, inde
     data_dir = fresh(tmp_path, "data")
     async with server(snakebox_bin, data_dir, index) as client:
         await run(client, "print('warm')", [])
-        before = environments(data_dir)
         data, text, is_error = await run(client, "import sbxpyc; print(sbxpyc.VALUE)", ["sbxpyc==1.0"])
-        error = data.get("error") or {}
-        print("truncated pyc:", json.dumps(error)[:800])
-        assert is_error and data["status"] == "setup_failed", text
-        assert "Failed to verify the new environment" in error.get("message", ""), error
-        assert "sbxpyc/__pycache__/__init__." in error.get("message", ""), error
-        assert environments(data_dir) == before
+        assert not is_error and data["status"] == "ok" and data["stdout"] == "compiled\n", text
+        env, before = published(data_dir, "sbxpyc==1.0")
+        state = await compilations_ended(client, 1)
+        print("truncated pyc:", json.dumps(state)[:800])
+        assert state["failed"] == 1 and state["completed"] == 0, state
+        assert "Failed to verify the new environment" in state["last_failure"], state
+        assert "sbxpyc/__pycache__/__init__." in state["last_failure"], state
+        # Nothing published in its place, no copy left, no bytecode in the environment.
+        env_after, after = published(data_dir, "sbxpyc==1.0")
+        assert env_after == env and after == before and after["compiled"] is False, after
+        assert not list(env.glob("lib/python*/site-packages/sbxpyc/__pycache__"))
         assert builds_left(data_dir) == []
-        # The server is alive and serves the next call.
-        ok, text, is_error = await run(client, "print('alive')", [])
-        assert not is_error and ok["stdout"] == "alive\n", text
+        # The environment serves the next call.
+        ok, text, is_error = await run(client, "import sbxpyc; print(sbxpyc.VALUE)", ["sbxpyc==1.0"])
+        assert not is_error and ok["stdout"] == "compiled\n" and ok["environment_reused"] is True, text
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,29 +406,36 @@ def small_tmpfs(path: Path, size_mib: int):
 
 
 async def test_a_build_that_runs_out_of_space_says_so_and_works_once_there_is_room(snakebox_bin, tmp_path, index):
+    """Installed (hard links into uv's cache) the package fits, compiled it does not: the first
+    run is served from the environment published before its bytecode, and the compiled copy
+    made afterwards runs out of space: discarded, reported as a lack of space, nothing left.
+    Once there is room, the next server compiles it."""
     index.add(big_wheel())
     script = "import sbxbig; print(sbxbig.VALUE, len(sbxbig.S0))"
     with small_tmpfs(tmp_path / "data", 36) as data_dir:
         async with server(snakebox_bin, data_dir, index, "--sessions-max-disk", "16MiB") as client:
             await run(client, "print('warm')", [])
-            before = environments(data_dir)
             df = subprocess.run(["df", "-h", str(data_dir)], capture_output=True, text=True).stdout
             data, text, is_error = await run(client, script, ["sbxbig==1.0"], timeout=180)
-            error = data.get("error") or {}
-            print("disk full:", df, json.dumps(error)[:1500])
-            assert is_error and data["status"] == "setup_failed", text
-            assert "out of space" in error.get("message", ""), error
-            hint = error.get("hint") or ""
-            assert "free space" in hint and "--data-dir" in hint and "--cache-max-size" in hint, hint
-            assert "TLS" not in hint and "package names" not in hint
-            # Nothing published, no build left.
-            assert environments(data_dir) == before
+            assert not is_error and data["status"] == "ok" and data["stdout"] == "big 4096\n", text
+            state = await compilations_ended(client, 1)
+            print("disk full:", df, json.dumps(state)[:1500])
+            assert state["failed"] == 1, state
+            assert "out of space" in state["last_failure"], state
+            env, manifest = published(data_dir, "sbxbig==1.0")
+            assert manifest["compiled"] is False
             assert builds_left(data_dir) == []
-            # Room again: the same call builds afresh, and the module imports.
-            subprocess.run(["mount", "-o", "remount,size=160m", str(data_dir)], check=True)
             again, text, is_error = await run(client, script, ["sbxbig==1.0"], timeout=180)
-            assert not is_error and again["status"] == "ok", text
-            assert again["stdout"] == "big 4096\n" and again["environment_reused"] is False, again
+            assert not is_error and again["stdout"] == "big 4096\n" and again["environment_reused"] is True, text
+        # Room again: the next server compiles the environment after its next use.
+        subprocess.run(["mount", "-o", "remount,size=160m", str(data_dir)], check=True)
+        async with server(snakebox_bin, data_dir, index, "--sessions-max-disk", "16MiB") as client:
+            again, text, is_error = await run(client, script, ["sbxbig==1.0"], timeout=180)
+            assert not is_error and again["stdout"] == "big 4096\n" and again["environment_reused"] is True, text
+            await compiled(client)
+            env, manifest = published(data_dir, "sbxbig==1.0")
+            assert manifest["compiled"] is True
+            assert list(env.glob("lib/python*/site-packages/sbxbig/__pycache__/__init__.*.pyc"))
 
 
 # See: issue 12 (7): space errors in `install_packages`/`create_session` were told to "check the
@@ -350,6 +476,7 @@ async def test_an_environment_published_before_verification_is_rebuilt_not_reuse
     async with server(snakebox_bin, data_dir, index) as client:
         first, text, is_error = await run(client, script, ["sbxold==1.0"])
         assert not is_error and first["stdout"] == "old\n", text
+        await compiled(client)
     # From outside: make it look like an environment of an earlier version, published with a
     # truncated compiled file (what a full disk left).
     [env] = [p for p in (data_dir / "environments-v1").iterdir()

@@ -382,20 +382,30 @@ async def test_kill_server_while_downloading_an_environment(snakebox_bin, data, 
 
 
 async def test_kill_server_while_compiling_an_environment(snakebox_bin, data, index):
+    """An environment is published verified but without bytecode, and compiled after its
+    first run: the server is killed while it compiles. The published environment is whole
+    (and marked not compiled); the next server serves it at once and completes it."""
     pkg = package("sbxfault-envcc", gate_compile=True)
     index.add(pkg)
     async with serve(snakebox_bin, data, index) as a:
-        before = environments(data)
-        async with in_flight(a, "execute_python", script=pkg.script, dependencies=[pkg.requirement], timeout_seconds=120):
-            await wait_for(lambda: marker_pids(pkg.compile_marker), 120, "the compilation to run the package's .pth")
-            killed = await kill_server(a, [pkg.compile_marker])
+        reply = await a.call("execute_python", script=pkg.script, dependencies=[pkg.requirement], timeout_seconds=120)
+        assert reply["status"] == "ok" and reply["stdout"] == f"{pkg.value}\n", reply
+        published = environment_with(data, pkg)
+        assert published["verified"] is True and published["compiled"] is False, published
+        await wait_for(lambda: marker_pids(pkg.compile_marker), 120, "the compilation to run the package's .pth")
+        killed = await kill_server(a, [pkg.compile_marker])
     assert killed.running("compileall"), killed.processes
-    assert environments(data) == before, "an environment was published by a build that never finished"
+    # What was published is still there, as it was: nothing of the compilation reached it.
+    assert environment_with(data, pkg) == published
+    assert not list((data / "environments-v1").glob(f"*/lib/python*/site-packages/{pkg.module}/__pycache__"))
     async with serve(snakebox_bin, data, index) as b, opened_gates(pkg):
         reply = await b.call("execute_python", script=pkg.script, dependencies=[pkg.requirement], timeout_seconds=120)
-        assert reply["status"] == "ok" and reply["stdout"] == f"{pkg.value}\n", reply
+        assert reply["status"] == "ok" and reply["stdout"] == f"{pkg.value}\n" and reply["environment_reused"] is True, reply
+        await wait_for(lambda: environment_with(data, pkg)["compiled"], 240, "the next server to compile the environment")
         assert_nothing_stale(b, killed.pid)
-        environment_with(data, pkg)
+        assert list((data / "environments-v1").glob(f"*/lib/python*/site-packages/{pkg.module}/__pycache__/__init__.*.pyc"))
+        again = await b.call("execute_python", script=pkg.script, dependencies=[pkg.requirement], timeout_seconds=120)
+        assert again["status"] == "ok" and again["stdout"] == f"{pkg.value}\n" and again["environment_reused"] is True, again
 
 
 async def test_kill_uv_while_downloading_an_environment(snakebox_bin, data, index):
@@ -422,8 +432,9 @@ async def test_kill_uv_while_downloading_an_environment(snakebox_bin, data, inde
 
 
 async def test_kill_package_code_sandbox_while_compiling_an_environment(snakebox_bin, data, index):
-    """The package-code sandbox dies mid-compilation: the call is answered; whatever it says,
-    the environment used afterwards is whole (bytecode is only an optimisation)."""
+    """The package-code sandbox dies mid-compilation (which runs after the first run): the
+    call is answered; the environment used afterwards is whole (bytecode is only an
+    optimisation)."""
     pkg = package("sbxfault-envpc", gate_compile=True)
     index.add(pkg)
     async with serve(snakebox_bin, data, index) as a:

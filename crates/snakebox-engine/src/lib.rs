@@ -11,6 +11,7 @@
 mod artifacts;
 mod audit;
 mod caller;
+mod compile;
 mod config;
 mod error;
 mod events;
@@ -64,8 +65,8 @@ pub use profiles::{
     normalize_package,
 };
 pub use report::{
-    ArtifactsReport, CacheReport, EnvironmentReport, InterpreterReport, LimitStatus,
-    NetworkCapsReport, ProfileReport, WarmPhase, WarmReport, WarmState,
+    ArtifactsReport, CacheReport, CompilationReport, EnvironmentReport, InterpreterReport,
+    LimitStatus, NetworkCapsReport, ProfileReport, WarmPhase, WarmReport, WarmState,
 };
 pub use result::{
     Artifact, ArtifactOrigin, ErrorInfo, ExceptionInfo, ExecutionResult, InlineImage, Package,
@@ -128,6 +129,8 @@ pub struct Engine {
     /// The tracked calls running now, by execution id: their owner and the token that
     /// cancels them ([`Engine::cancel_run`]).
     running: lifecycle::RunningCalls,
+    /// New environments to byte-compile after their first run ([`compile`]).
+    compiles: compile::CompileQueue,
 }
 
 /// How the environment cache runs package code (compilation, builds): with a run's limits.
@@ -222,6 +225,7 @@ impl Engine {
             tenants: tenants::Tenants::new(config.tenants.clone()),
             resolver: network::ResolverCell::default(),
             running: lifecycle::RunningCalls::default(),
+            compiles: compile::CompileQueue::default(),
             pool: pool::WarmPool::new(config.warm_pool, config.fork_server),
             sessions,
             artifacts,

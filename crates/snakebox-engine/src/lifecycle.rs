@@ -340,9 +340,11 @@ impl Engine {
         // Before any request: runs started from here on are visible to the fork server.
         engine.prepare_fork_server();
         let pool = tokio::spawn(Arc::clone(&engine).run_warm_pool());
+        let compiles = engine.start_compiles();
         if let Ok(mut tasks) = engine.lifecycle.background.lock() {
             tasks.push(maintenance);
             tasks.push(pool);
+            tasks.extend(compiles);
         }
         engine
     }

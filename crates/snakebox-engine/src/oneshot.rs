@@ -139,6 +139,8 @@ impl Engine {
             Ok(environment) => environment,
             Err(error) => return with_plan(ExecutionResult::not_run(execution_id, error)),
         };
+        // A new environment published before its bytecode: compiled once this call ends.
+        let _compile_after = self.compile_after(&environment);
         let setup_ms = ids::millis(setup_started.elapsed());
         // The import policy, checked before the run: each import of the script's own code
         // outside it is refused with its line (the runner guards the dynamic ones too).

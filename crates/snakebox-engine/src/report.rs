@@ -116,6 +116,24 @@ pub struct CacheReport {
     pub installs: String,
     /// Cache warming.
     pub warm: WarmState,
+    /// New environments are published before their bytecode and compiled after their first
+    /// run, in the background: what became of that since the server started.
+    pub compilation: CompilationReport,
+}
+
+/// Background byte-compilation of new environments (see [`CacheReport::compilation`]).
+#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+pub struct CompilationReport {
+    /// Whether new environments are published before they are compiled (a server: yes).
+    pub deferred: bool,
+    /// Environments queued or being compiled.
+    pub pending: usize,
+    /// Compiled copies published in place of their environment.
+    pub completed: u64,
+    /// Attempts whose copy was discarded (the environment stays verified, uncompiled).
+    pub failed: u64,
+    /// Why the last failed attempt failed.
+    pub last_failure: Option<String>,
 }
 
 /// The caps of a run's network proxy (`[network]` `max_connections`, `max_bytes`,
@@ -302,6 +320,20 @@ impl Engine {
             }
             Err(_) => (0, 0, config.data_dir.display().to_string()),
         };
+        let compilation = self
+            .cache
+            .as_ref()
+            .map(|cache| {
+                let stats = cache.compile_stats();
+                CompilationReport {
+                    deferred: cache.defers_compilation(),
+                    pending: stats.pending,
+                    completed: stats.completed,
+                    failed: stats.failed,
+                    last_failure: stats.last_failure,
+                }
+            })
+            .unwrap_or_default();
         let mut problems = Vec::new();
         for missing in [self.sandbox.as_ref().err(), self.uv.as_ref().err()]
             .into_iter()
@@ -393,7 +425,7 @@ impl Engine {
                     config.unpinned_freshness.as_secs() / 3600
                 ),
                 installs: format!(
-                    "wheels are downloaded by uv without running package code, through the install proxy (the run proxy's checks with the install rules: {}); package code (bytecode compilation{}) runs sandboxed as a run: run limits, wall time {} s, no network, no credentials, uv's cache not mounted; a new environment is published only after its installed files match their RECORD and its compiled files load; {}",
+                    "wheels are downloaded by uv without running package code, through the install proxy (the run proxy's checks with the install rules: {}); package code (bytecode compilation{}) runs sandboxed as a run: run limits, wall time {} s, no network, no credentials, uv's cache not mounted; a new environment is published only after its installed files match their RECORD (under a server: before its bytecode, which a checked copy gets after its first run, off the hot path; `compilation`), and its compiled files load; {}",
                     config.network_proxy.describe_installs(),
                     if config.allow_sdist_builds {
                         ", sdist builds"
@@ -408,6 +440,7 @@ impl Engine {
                     }
                 ),
                 warm,
+                compilation,
             },
             artifacts: ArtifactsReport {
                 location: self.artifacts.root().display().to_string(),

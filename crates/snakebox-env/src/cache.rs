@@ -126,6 +126,8 @@ pub struct Environment {
     pub key: String,
     /// The normalised, sorted requirement strings it was built for.
     pub requirements: Vec<String>,
+    /// Whether its packages are byte-compiled (see [`EnvCache::complete`]).
+    pub compiled: bool,
     lease: Arc<Lease>,
 }
 
@@ -174,6 +176,30 @@ pub struct CacheStats {
     pub uv_cache_dir: PathBuf,
     /// Whether installs run in a sandbox.
     pub installs_sandboxed: bool,
+}
+
+/// What became of the byte-compilation of environments published before it
+/// ([`EnvCache::complete`]), since this cache was opened (for `check_environment`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct CompileStats {
+    /// Environments waiting to be compiled or being compiled.
+    pub pending: usize,
+    /// Compiled copies published in place of their environment.
+    pub completed: u64,
+    /// Attempts whose copy was discarded (the environment stays as it was: verified, not
+    /// compiled; the next server tries again).
+    pub failed: u64,
+    /// Why the last failed attempt failed.
+    pub last_failure: Option<String>,
+}
+
+/// The keys this cache has taken up for compilation (each at most once per process, so that a
+/// package whose compilation always fails does not make every run start another attempt), and
+/// the counts.
+#[derive(Debug, Default)]
+struct CompileBook {
+    taken: std::collections::HashSet<String>,
+    stats: CompileStats,
 }
 
 /// Why an environment was pruned.
@@ -234,6 +260,16 @@ struct Manifest {
     /// rebuilt at their next use, not trusted: one of them may hold a truncated file.
     #[serde(default)]
     verified: bool,
+    /// Whether its packages were byte-compiled. An environment is published before that
+    /// (`false`) so that its first run does not wait; [`EnvCache::complete`] compiles a copy
+    /// off the hot path and publishes it in its place. Absent (`true`): built by a version
+    /// that compiled before publishing.
+    #[serde(default = "compiled_by_default")]
+    compiled: bool,
+}
+
+fn compiled_by_default() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -289,6 +325,11 @@ pub struct EnvCache {
     known: Mutex<HashMap<String, Arc<Manifest>>>,
     /// Live leases by build id.
     leases: Mutex<HashMap<String, Weak<Lease>>>,
+    /// Publish new environments before byte-compiling them (set by a server that completes
+    /// them in the background, [`EnvCache::defer_compilation`]).
+    defer_compile: std::sync::atomic::AtomicBool,
+    /// Background compilation, by key.
+    compiles: Mutex<CompileBook>,
 }
 
 impl EnvCache {
@@ -329,6 +370,8 @@ impl EnvCache {
             locks: Mutex::default(),
             known: Mutex::default(),
             leases: Mutex::default(),
+            defer_compile: std::sync::atomic::AtomicBool::new(false),
+            compiles: Mutex::default(),
         };
         cache.migrate_layout();
         cache.prepare_dirs()?;
@@ -621,6 +664,7 @@ impl EnvCache {
             reused,
             key: manifest.key.clone(),
             requirements: manifest.requirements.clone(),
+            compiled: manifest.compiled,
             lease,
         }
     }
@@ -819,6 +863,7 @@ impl EnvCache {
         //    byte-compiled (package code: sandboxed as a run) because the environment is
         //    read-only when code runs. See the `install` module.
         let mut packages = Vec::new();
+        let mut compiled = true;
         if !set.lines.is_empty() {
             let requirements_file = build_dir.join("requirements.txt");
             let mut text = set.lines.join("\n");
@@ -855,10 +900,15 @@ impl EnvCache {
                 .await?;
             if download.success() {
                 steps[0] = step.elapsed().as_millis();
-                let step = std::time::Instant::now();
-                self.compile(&env_dir, &package_identity, interpreter, set)
-                    .await?;
-                steps[1] = step.elapsed().as_millis();
+                if self.defers_compilation() {
+                    // Compiled later, on a copy, off the first run's path (`complete`).
+                    compiled = false;
+                } else {
+                    let step = std::time::Instant::now();
+                    self.compile(&env_dir, &package_identity, interpreter, set)
+                        .await?;
+                    steps[1] = step.elapsed().as_millis();
+                }
             } else if install::is_missing_wheel(&download.stderr) {
                 if !self.build_settings.allow_sdist_builds {
                     return Err(EnvError::SdistBuildsDisabled {
@@ -884,48 +934,9 @@ impl EnvCache {
             packages = install::installed_packages(&env_dir);
         }
 
-        // 3. Ours again (neither the installer uid nor user code may change it from now on),
-        //    readable by any uid (the run sandbox may not be root), then measured.
-        let walk_dir = env_dir.clone();
-        let installer_ids = self.installer.writer_ids();
-        let reclaim = installer_ids.map(|_| {
-            (
-                nix::unistd::geteuid().as_raw(),
-                nix::unistd::getegid().as_raw(),
-            )
-        });
-        let size_bytes = tokio::task::spawn_blocking(move || {
-            if let Some(ids) = reclaim {
-                set_owner_tree_filtered(&walk_dir, ids, true, installer_ids)?;
-            }
-            make_readable_and_measure(&walk_dir)
-        })
-        .await
-        .map_err(|err| EnvError::Io {
-            action: "walk the new environment",
-            path: env_dir.clone(),
-            source: std::io::Error::other(err),
-        })?
-        .map_err(|source| EnvError::Io {
-            action: "make the environment readable",
-            path: env_dir.clone(),
-            source,
-        })?;
-
-        // 4. Verified: every installed file against its distribution's RECORD (host code
-        //    reading files, executing nothing; the compiled files were checked in the
-        //    compile step). A damaged environment is never published.
+        // 3-4. Ours again, readable, measured, and verified against every RECORD.
         let step = std::time::Instant::now();
-        let mismatches = InstallPipeline::verify(&env_dir).await?;
-        if !mismatches.is_empty() {
-            return Err(EnvError::Incomplete {
-                requirements: set.lines.join(", "),
-                problems: mismatches.iter().map(ToString::to_string).collect(),
-                packages: InstallPipeline::damaged_distributions(&mismatches),
-                cache_cleaned: false,
-            });
-        }
-
+        let size_bytes = self.seal(&env_dir, set).await?;
         steps[2] = step.elapsed().as_millis();
 
         // 5. The manifest, written before the environment becomes visible.
@@ -948,24 +959,9 @@ impl EnvCache {
             created_at: now_secs(),
             size_bytes,
             verified: true,
+            compiled,
         };
-        let manifest_path = env_dir.join(MANIFEST_FILE);
-        let json = serde_json::to_vec_pretty(&manifest).map_err(|source| EnvError::UvOutput {
-            command: "serialize the manifest".to_owned(),
-            source,
-        })?;
-        fs_err::tokio::write(&manifest_path, json)
-            .await
-            .map_err(|source| EnvError::Io {
-                action: "write the environment manifest",
-                path: manifest_path.clone(),
-                source,
-            })?;
-        add_mode(&manifest_path, 0o444).map_err(|source| EnvError::Io {
-            action: "make the manifest readable",
-            path: manifest_path,
-            source,
-        })?;
+        write_manifest(&env_dir, &manifest).await?;
 
         // 6. Into place, atomically.
         if !self.place(&env_dir, dir, previous)? {
@@ -979,8 +975,199 @@ impl EnvCache {
                 source: std::io::Error::other("missing or unreadable manifest"),
             });
         }
-        tracing::info!(%key, requirements = ?set.lines, elapsed_ms = started.elapsed().as_millis(), download_ms = steps[0], compile_ms = steps[1], verify_ms = steps[2], "built environment");
+        tracing::info!(%key, requirements = ?set.lines, elapsed_ms = started.elapsed().as_millis(), download_ms = steps[0], compile_ms = steps[1], verify_ms = steps[2], compiled, "built environment");
         Ok(manifest)
+    }
+
+    /// Publish new environments before they are byte-compiled (`true`), leaving their
+    /// compilation to [`EnvCache::complete`], which the caller runs off the hot path for each
+    /// environment [`EnvCache::take_for_compilation`] hands it. Off (the default), a build
+    /// compiles before it publishes, as a one-shot command needs.
+    pub fn defer_compilation(&self, defer: bool) {
+        self.defer_compile
+            .store(defer, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether new environments are published before they are compiled.
+    pub fn defers_compilation(&self) -> bool {
+        self.defer_compile
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Whether `env` still needs compiling and nobody has taken it up in this process yet; if
+    /// so it is now taken (counted as pending): call [`EnvCache::complete`] for it once.
+    pub fn take_for_compilation(&self, env: &Environment) -> bool {
+        if env.compiled {
+            return false;
+        }
+        let mut book = self.compiles.lock().unwrap_or_else(PoisonError::into_inner);
+        let taken = book.taken.insert(env.key.clone());
+        if taken {
+            book.stats.pending += 1;
+        }
+        taken
+    }
+
+    /// What became of background compilation so far.
+    pub fn compile_stats(&self) -> CompileStats {
+        self.compiles
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .stats
+            .clone()
+    }
+
+    /// Byte-compile the environment published under `key` without its bytecode, off the hot
+    /// path: a copy of it is made in a build directory (new directories, every file a hard
+    /// link to the same, never-written inode), compiled there as package code in a run's
+    /// sandbox exactly as a build compiles (which loads every `.pyc` it wrote), taken back,
+    /// checked against every `RECORD` again, and published in the environment's place in one
+    /// step (`RENAME_EXCHANGE`) with a manifest saying `compiled`. Runs never see the copy
+    /// (they mount the published environment, read-only, and keep the one they mounted), so
+    /// nothing a run does can end up in it. Returns whether a compiled copy was published
+    /// (`false`: nothing to do, or the environment was replaced or removed meanwhile).
+    ///
+    /// # Errors
+    /// When the copy fails its checks or a step fails; the copy is then discarded and the
+    /// published environment stays as it was (verified, not compiled).
+    pub async fn complete(&self, interpreter: &Interpreter, key: &str) -> Result<bool, EnvError> {
+        let result = self.complete_copy(interpreter, key).await;
+        let mut book = self.compiles.lock().unwrap_or_else(PoisonError::into_inner);
+        book.stats.pending = book.stats.pending.saturating_sub(1);
+        match &result {
+            Ok(true) => book.stats.completed += 1,
+            Ok(false) => {}
+            Err(err) => {
+                book.stats.failed += 1;
+                book.stats.last_failure = Some(err.to_string());
+            }
+        }
+        result
+    }
+
+    async fn complete_copy(&self, interpreter: &Interpreter, key: &str) -> Result<bool, EnvError> {
+        let started = std::time::Instant::now();
+        let dir = self.envs_dir().join(key);
+        let Some(published) = self.existing(key, &dir).await else {
+            return Ok(false);
+        };
+        if published.compiled || !published.verified {
+            return Ok(false);
+        }
+        self.prepare_dirs()?;
+        let build = tempfile::Builder::new()
+            .prefix("build-")
+            .tempdir_in(self.tmp_dir())
+            .map(|dir| BuildDir(dir.keep()))
+            .map_err(io("create a build directory in", &self.tmp_dir()))?;
+        let set = RequirementSet {
+            lines: published.requirements.clone(),
+            pinned: published.pinned,
+        };
+        let result = self
+            .compile_copy_in(&build.0, interpreter, key, &dir, &published, &set)
+            .await;
+        if result.as_ref().is_ok_and(|placed| *placed) {
+            tracing::info!(%key, elapsed_ms = started.elapsed().as_millis(), "compiled environment published");
+        }
+        // Judged before the copy is removed (that frees the space it took).
+        let result = result.map_err(|err| self.classify_failure(err, &set));
+        drop(build);
+        result
+    }
+
+    /// [`EnvCache::complete`]'s steps, in `build_dir` (removed by the caller).
+    async fn compile_copy_in(
+        &self,
+        build_dir: &Path,
+        interpreter: &Interpreter,
+        key: &str,
+        dir: &Path,
+        published: &Arc<Manifest>,
+        set: &RequirementSet,
+    ) -> Result<bool, EnvError> {
+        let env_dir = build_dir.join("env");
+        let (from, to) = (dir.to_path_buf(), env_dir.clone());
+        tokio::task::spawn_blocking(move || link_tree(&from, &to))
+            .await
+            .map_err(|err| {
+                io("copy the environment for compiling to", &env_dir)(std::io::Error::other(err))
+            })?
+            .map_err(io("copy the environment for compiling to", &env_dir))?;
+        // The copy is of the environment read above (not of one placed since).
+        if read_manifest(&env_dir)
+            .await
+            .is_none_or(|copied| copied.build_id != published.build_id)
+        {
+            return Ok(false);
+        }
+        let identity = self.installer.package_identity();
+        self.compile(&env_dir, &identity, interpreter, set).await?;
+        let size_bytes = self.seal(&env_dir, set).await?;
+        let manifest = Manifest {
+            build_id: build_dir.file_name().map_or_else(
+                || format!("{}-compiled", published.build_id),
+                |name| name.to_string_lossy().into_owned(),
+            ),
+            size_bytes,
+            compiled: true,
+            ..(**published).clone()
+        };
+        write_manifest(&env_dir, &manifest).await?;
+        let lock = self.key_lock(key);
+        let _placing = lock.lock().await;
+        let current = self.existing(key, dir).await;
+        if current.is_none_or(|current| current.build_id != published.build_id) {
+            return Ok(false);
+        }
+        if !self.place(&env_dir, dir, Some(published))? {
+            return Ok(false);
+        }
+        self.remember(key, Arc::new(manifest));
+        Ok(true)
+    }
+
+    /// Steps 3 and 4 of a build (and of a compiled copy): the environment ours again (neither
+    /// the installer uid nor package code may change it from now on), readable by any uid (the
+    /// run sandbox may not be root), measured; then every installed file checked against its
+    /// distribution's `RECORD` (host code reading files, executing nothing; compiled files
+    /// were checked in the compile step). A damaged environment is never published.
+    async fn seal(&self, env_dir: &Path, set: &RequirementSet) -> Result<u64, EnvError> {
+        let walk_dir = env_dir.to_path_buf();
+        let installer_ids = self.installer.writer_ids();
+        let reclaim = installer_ids.map(|_| {
+            (
+                nix::unistd::geteuid().as_raw(),
+                nix::unistd::getegid().as_raw(),
+            )
+        });
+        let size_bytes = tokio::task::spawn_blocking(move || {
+            if let Some(ids) = reclaim {
+                set_owner_tree_filtered(&walk_dir, ids, true, installer_ids)?;
+            }
+            make_readable_and_measure(&walk_dir)
+        })
+        .await
+        .map_err(|err| EnvError::Io {
+            action: "walk the new environment",
+            path: env_dir.to_path_buf(),
+            source: std::io::Error::other(err),
+        })?
+        .map_err(|source| EnvError::Io {
+            action: "make the environment readable",
+            path: env_dir.to_path_buf(),
+            source,
+        })?;
+        let mismatches = InstallPipeline::verify(env_dir).await?;
+        if !mismatches.is_empty() {
+            return Err(EnvError::Incomplete {
+                requirements: set.lines.join(", "),
+                problems: mismatches.iter().map(ToString::to_string).collect(),
+                packages: InstallPipeline::damaged_distributions(&mismatches),
+                cache_cleaned: false,
+            });
+        }
+        Ok(size_bytes)
     }
 
     /// Rename the finished build to `dir`. With a `previous` environment there, swap the two in
@@ -1404,6 +1591,62 @@ fn set_owner_tree_filtered(
     Ok(())
 }
 
+/// Write `manifest` into `env_dir` (world-readable). A file already there is replaced, never
+/// written through: in a copy made for compiling it is a hard link to the published manifest.
+async fn write_manifest(env_dir: &Path, manifest: &Manifest) -> Result<(), EnvError> {
+    let manifest_path = env_dir.join(MANIFEST_FILE);
+    let json = serde_json::to_vec_pretty(manifest).map_err(|source| EnvError::UvOutput {
+        command: "serialize the manifest".to_owned(),
+        source,
+    })?;
+    match fs_err::tokio::remove_file(&manifest_path).await {
+        Err(err) if err.kind() != std::io::ErrorKind::NotFound => {
+            return Err(io("replace the environment manifest", &manifest_path)(err));
+        }
+        _ => {}
+    }
+    fs_err::tokio::write(&manifest_path, json)
+        .await
+        .map_err(|source| EnvError::Io {
+            action: "write the environment manifest",
+            path: manifest_path.clone(),
+            source,
+        })?;
+    add_mode(&manifest_path, 0o444).map_err(|source| EnvError::Io {
+        action: "make the manifest readable",
+        path: manifest_path,
+        source,
+    })
+}
+
+/// Make `to` (which must not exist) a copy of the tree at `from` that shares its files:
+/// directories made anew with the same modes, regular files hard-linked (the same inodes,
+/// which nothing here writes), symbolic links copied, nothing else. `from` is a published
+/// environment: ours, not writable by anyone else.
+fn link_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    let mut stack = vec![(from.to_path_buf(), to.to_path_buf())];
+    while let Some((source, target)) = stack.pop() {
+        let meta = fs_err::symlink_metadata(&source)?;
+        let kind = meta.file_type();
+        if kind.is_dir() {
+            fs_err::create_dir(&target)?;
+            fs_err::set_permissions(
+                &target,
+                std::fs::Permissions::from_mode(meta.permissions().mode() & 0o777),
+            )?;
+            for entry in fs_err::read_dir(&source)? {
+                let entry = entry?;
+                stack.push((entry.path(), target.join(entry.file_name())));
+            }
+        } else if kind.is_file() {
+            fs_err::hard_link(&source, &target)?;
+        } else if kind.is_symlink() {
+            fs_err::os::unix::fs::symlink(fs_err::read_link(&source)?, &target)?;
+        }
+    }
+    Ok(())
+}
+
 /// `chmod a+<bits>` on one path.
 fn add_mode(path: &Path, bits: u32) -> std::io::Result<()> {
     let meta = fs_err::metadata(path)?;
@@ -1476,6 +1719,72 @@ mod tests {
         fn assert_send_sync<T: Send + Sync>() {}
         assert_send_sync::<EnvCache>();
         assert_send_sync::<Environment>();
+    }
+
+    #[test]
+    fn a_copy_for_compiling_shares_every_file_and_copies_links() {
+        let dir = tempfile::tempdir().unwrap();
+        let from = dir.path().join("env");
+        fs_err::create_dir_all(from.join("lib/site-packages/pkg")).unwrap();
+        fs_err::write(from.join("lib/site-packages/pkg/__init__.py"), "X = 1\n").unwrap();
+        fs_err::write(from.join(MANIFEST_FILE), "{}").unwrap();
+        fs_err::os::unix::fs::symlink("lib", from.join("lib64")).unwrap();
+        let to = dir.path().join("copy");
+        link_tree(&from, &to).unwrap();
+        let inode = |path: &Path| fs_err::metadata(path).unwrap().ino();
+        for file in ["lib/site-packages/pkg/__init__.py", MANIFEST_FILE] {
+            assert_eq!(inode(&from.join(file)), inode(&to.join(file)), "{file}");
+        }
+        assert_ne!(
+            inode(&from.join("lib/site-packages/pkg")),
+            inode(&to.join("lib/site-packages/pkg")),
+            "directories are made anew"
+        );
+        assert_eq!(
+            fs_err::read_link(to.join("lib64")).unwrap(),
+            PathBuf::from("lib")
+        );
+    }
+
+    #[tokio::test]
+    async fn a_copys_manifest_is_replaced_not_written_through() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("env"), dir.path().join("copy"));
+        fs_err::create_dir_all(&from).unwrap();
+        fs_err::write(from.join(MANIFEST_FILE), "published").unwrap();
+        link_tree(&from, &to).unwrap();
+        let manifest = Manifest {
+            schema: MANIFEST_SCHEMA,
+            key: "k".into(),
+            build_id: "b".into(),
+            requirements: Vec::new(),
+            pinned: true,
+            packages: Vec::new(),
+            interpreter: ManifestInterpreter {
+                executable: PathBuf::from("/py"),
+                version: "3.12.1".into(),
+                prefix: PathBuf::from("/"),
+                implementation: "CPython".into(),
+            },
+            index_settings: Vec::new(),
+            uv_version: "0".into(),
+            created_at: 0,
+            size_bytes: 0,
+            verified: true,
+            compiled: true,
+        };
+        write_manifest(&to, &manifest).await.unwrap();
+        assert_eq!(
+            fs_err::read_to_string(from.join(MANIFEST_FILE)).unwrap(),
+            "published"
+        );
+        let written: Manifest =
+            serde_json::from_slice(&fs_err::read(to.join(MANIFEST_FILE)).unwrap()).unwrap();
+        assert!(written.compiled);
+        // A manifest written before environments were compiled after publishing: compiled.
+        let mut old = serde_json::to_value(&manifest).unwrap();
+        old.as_object_mut().unwrap().remove("compiled");
+        assert!(serde_json::from_value::<Manifest>(old).unwrap().compiled);
     }
 
     #[test]

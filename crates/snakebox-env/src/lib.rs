@@ -33,8 +33,8 @@ mod uv;
 mod verify;
 
 pub use cache::{
-    CacheConfig, CacheStats, DEFAULT_INSTALL_TIMEOUT, EnvCache, Environment, MANIFEST_FILE,
-    PruneReason, PruneReport, PrunedEnvironment, ResolvedPackage,
+    CacheConfig, CacheStats, CompileStats, DEFAULT_INSTALL_TIMEOUT, EnvCache, Environment,
+    MANIFEST_FILE, PruneReason, PruneReport, PrunedEnvironment, ResolvedPackage,
 };
 pub use env_vars::{EnvVars, InstallNetwork, UvEnvironment};
 pub use error::{EnvError, INSTALL_HOSTS_HINT, NO_SPACE_HINT, UvStderr};

@@ -152,6 +152,9 @@ pub fn check_records(site_packages: &Path) -> std::io::Result<Vec<Mismatch>> {
     let root = snakebox_fs::open_root(site_packages, "site-packages")
         .map_err(|err| std::io::Error::other(err.with_cause()))?;
     let mut mismatches = Vec::new();
+    // One buffer for every file (a large set has thousands: a fresh one each was most of the
+    // check's own time).
+    let mut buffer = vec![0_u8; 256 * 1024];
     for entry in fs_err::read_dir(site_packages)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -203,7 +206,6 @@ pub fn check_records(site_packages: &Path) -> std::io::Result<Vec<Mismatch>> {
                 continue;
             }
             let mut hasher = Sha256::new();
-            let mut buffer = vec![0_u8; 256 * 1024];
             let read = loop {
                 match file.read(&mut buffer) {
                     Ok(0) => break Ok(()),
