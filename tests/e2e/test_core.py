@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mcp import MCPError
 
-from conftest import call, connect, process_rss_kib, server_pid
+from conftest import call, connect, process_rss_kib, reported_backend, server_pid
 
 pytestmark = pytest.mark.anyio
 
@@ -241,7 +241,7 @@ async def test_check_environment_reports_backend_limits_and_pythons(client):
     data, _, is_error = await call(client, "check_environment")
     assert not is_error
     assert data["snakebox_version"]
-    assert data["sandbox_backend"] == "native"
+    assert data["sandbox_backend"] == reported_backend()
     assert data["isolation_active"] is True
     assert data["network"] is False
     assert any(p["version"].startswith("3.11") for p in data["pythons"])

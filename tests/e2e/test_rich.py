@@ -20,7 +20,7 @@ import anyio
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from conftest import call
+from conftest import backend_flags, call
 
 pytestmark = pytest.mark.anyio
 
@@ -441,7 +441,7 @@ def test_cancelled_run_keeps_its_output_and_says_cancelled(snakebox_bin, data_di
     script = tmp_path / "loop.py"
     script.write_text(_loop_script(marker))
     process = subprocess.Popen(
-        [str(snakebox_bin), "run", str(script), "--json", "--data-dir", str(data_dir), "--no-warm-cache"],
+        [str(snakebox_bin), "run", str(script), "--json", "--data-dir", str(data_dir), "--no-warm-cache", *backend_flags()],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
