@@ -192,5 +192,5 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "native_only(reason): skipped under the docker backend (SNAKEBOX_E2E_BACKEND, or an attack case's docker launch mode), with the reason")
-    config.addinivalue_line("markers", "docker_ci: an attack case in the docker subset CI runs (test_attacks.py)")
+    config.addinivalue_line("markers", "docker_ci: in the docker subset CI runs (an attack case's docker launch mode; elsewhere scripts/test's SNAKEBOX_E2E_BACKEND=docker pass)")
     config.addinivalue_line("markers", "runsc_subset: an attack case also run under gVisor (test_attacks.py)")

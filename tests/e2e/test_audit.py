@@ -64,6 +64,7 @@ def audit_json(binary: Path, data: Path, *args: str) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
+@pytest.mark.docker_ci
 async def test_events_are_returned_and_every_call_is_audited(snakebox_bin, tmp_path, mode):
     data = tmp_path / "data"
     args = ("--memory-limit", "256MiB", "--max-output-bytes", "100000", "--max-processes", "24")

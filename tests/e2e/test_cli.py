@@ -22,6 +22,7 @@ def run(binary: Path, data_dir: Path, *args: str, stdin: str | None = None) -> s
     )
 
 
+@pytest.mark.docker_ci
 def test_run_prints_output_and_passes_the_exit_code(snakebox_bin, data_dir, tmp_path):
     script = tmp_path / "fail.py"
     script.write_text("import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\nsys.exit(7)\n")
@@ -73,6 +74,7 @@ def test_check_reports_and_exits_zero_when_ready(snakebox_bin, data_dir):
     assert "  basic: " in done.stdout and "subprocesses: denied (sandbox: a seccomp program" in done.stdout
 
 
+@pytest.mark.native_only("a missing bwrap is the native backend's failure; the docker backend's (no engine) is test_docker's")
 def test_check_gives_a_fix_hint_when_bwrap_is_missing(snakebox_bin, data_dir):
     done = run(snakebox_bin, data_dir, "check", "--bwrap-path", "/nonexistent/bwrap")
     assert done.returncode == 1

@@ -319,6 +319,7 @@ def server_args(*policy: str) -> list[str]:
     return ["--network", *policy, "--network-resolvers", DNS]
 
 
+@pytest.mark.docker_ci
 async def test_on_reaches_an_allowed_name_but_never_the_hosts_loopback(snakebox_bin, data_dir, mode, test_hosts):
     listener = LoopbackListener()
     port = listener.port
