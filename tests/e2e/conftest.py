@@ -193,4 +193,5 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "native_only(reason): skipped under the docker backend (SNAKEBOX_E2E_BACKEND, or an attack case's docker launch mode), with the reason")
     config.addinivalue_line("markers", "docker_ci: in the docker subset CI runs (an attack case's docker launch mode; elsewhere scripts/test's SNAKEBOX_E2E_BACKEND=docker pass)")
+    config.addinivalue_line("markers", "docker_gap(reason): an attack case the docker backend fails for a documented reason (strict xfail under docker)")
     config.addinivalue_line("markers", "runsc_subset: an attack case also run under gVisor (test_attacks.py)")
