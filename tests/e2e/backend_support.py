@@ -38,7 +38,8 @@ def reported_backend() -> str:
     return "native" if E2E_BACKEND == "native" else "docker"
 
 
-# Reasons of `native_only` shared by several files.
+# Reasons of `native_only` and `not_runsc` shared by several files.
+HOST_PROC_ORACLE = "the test finds the run's marker process in host /proc, and gVisor's processes are not host processes"
 FORK_SERVER_ONLY = "the fork server forks runs into bubblewrap sandboxes; the docker backend has none (it is always off there)"
 KILLED_SERVER_ORACLE = (
     "the fault suite finds each stage's process among the server's descendants and judges a SIGKILLed server by "

@@ -183,15 +183,21 @@ def backend_ready() -> None:
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """A test marked `native_only(reason)` is skipped, with its reason, on the docker backend."""
+    """A test marked `native_only(reason)` is skipped, with its reason, on the docker backend;
+    one marked `not_runsc(reason)` under gVisor (SNAKEBOX_E2E_BACKEND=runsc)."""
     if docker_backend():
         why = item.get_closest_marker("native_only")
         if why is not None:
             pytest.skip(f"native backend only: {why.args[0]}")
+    if E2E_BACKEND == "runsc":
+        why = item.get_closest_marker("not_runsc")
+        if why is not None:
+            pytest.skip(f"not under gVisor: {why.args[0]}")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "native_only(reason): skipped under the docker backend (SNAKEBOX_E2E_BACKEND, or an attack case's docker launch mode), with the reason")
     config.addinivalue_line("markers", "docker_ci: in the docker subset CI runs (an attack case's docker launch mode; elsewhere scripts/test's SNAKEBOX_E2E_BACKEND=docker pass)")
+    config.addinivalue_line("markers", "not_runsc(reason): skipped under SNAKEBOX_E2E_BACKEND=runsc (gVisor), with the reason")
     config.addinivalue_line("markers", "docker_gap(reason): an attack case the docker backend fails for a documented reason (strict xfail under docker)")
     config.addinivalue_line("markers", "runsc_subset: an attack case also run under gVisor (test_attacks.py)")

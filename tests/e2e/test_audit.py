@@ -65,6 +65,7 @@ def audit_json(binary: Path, data: Path, *args: str) -> list[dict]:
 
 
 @pytest.mark.docker_ci
+@pytest.mark.not_runsc("under gVisor a run that filled its process limit ends with exit code 2 and no message after its script finished (README, the docker backend: gVisor)")
 async def test_events_are_returned_and_every_call_is_audited(snakebox_bin, tmp_path, mode):
     data = tmp_path / "data"
     args = ("--memory-limit", "256MiB", "--max-output-bytes", "100000", "--max-processes", "24")

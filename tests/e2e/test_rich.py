@@ -20,6 +20,7 @@ import anyio
 import pytest
 from mcp.shared.exceptions import MCPError
 
+from backend_support import HOST_PROC_ORACLE
 from conftest import backend_flags, call
 
 pytestmark = pytest.mark.anyio
@@ -405,6 +406,7 @@ def _loop_script(marker: str) -> str:
 
 
 @pytest.mark.docker_ci
+@pytest.mark.not_runsc(HOST_PROC_ORACLE)
 async def test_cancelling_a_run_kills_it_within_a_second(client):
     marker = f"sbx-cancel-{uuid.uuid4().hex}"
     ticks: list[str] = []
@@ -438,6 +440,7 @@ async def test_cancelling_a_run_kills_it_within_a_second(client):
 
 
 @pytest.mark.docker_ci
+@pytest.mark.not_runsc(HOST_PROC_ORACLE)
 def test_cancelled_run_keeps_its_output_and_says_cancelled(snakebox_bin, data_dir, tmp_path: Path):
     """The same cancellation through the CLI (SIGINT), where the record is visible: status
     `cancelled` and the output printed so far (an MCP client gets no reply to a request it
