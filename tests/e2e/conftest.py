@@ -1,9 +1,15 @@
 """Shared fixtures for the end-to-end suite: the real `snakebox` binary, spoken to over stdio
-by the official MCP Python SDK (`mcp.Client`), in both protocol eras."""
+by the official MCP Python SDK (`mcp.Client`), in both protocol eras.
+
+The backend every server of the suite runs on is chosen by `SNAKEBOX_E2E_BACKEND` (native,
+docker or runsc: backend_support.py); every helper that starts the binary adds its
+`backend_flags()`, and a test that asserts what only the native sandbox has is marked
+`native_only(reason)` and skipped under docker with that reason (`pytest_runtest_setup`)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -14,6 +20,10 @@ from typing import Any, AsyncIterator
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
+
+from backend_support import E2E_BACKEND, backend_flags, docker_backend, reported_backend
+
+__all__ = ["E2E_BACKEND", "backend_flags", "docker_backend", "reported_backend"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,7 +71,7 @@ def server_params(binary: Path, data_dir: Path, *args: str, env: dict[str, str] 
     full_env.update(env or {})
     return StdioServerParameters(
         command=str(binary),
-        args=["serve", "--data-dir", str(data_dir), "--no-warm-cache", *args],
+        args=["serve", "--data-dir", str(data_dir), "--no-warm-cache", *args, *backend_flags(args)],
         env=full_env,
     )
 
@@ -134,7 +144,60 @@ def server_pid(data_dir: Path) -> int:
     return pids[0]
 
 
+_ENGINE: dict[str, str] = {}
+
+
+def docker_engine(binary: Path) -> None:
+    """A Docker engine that answers (scripts/dockerd starts one) and this host's run image in it
+    (`snakebox image build`), once per session: skipped with the reason where no engine can
+    run, a failure in CI."""
+    if not _ENGINE:
+        started = subprocess.run([str(REPO / "scripts" / "dockerd")], capture_output=True, text=True)
+        if started.returncode != 0:
+            _ENGINE["reason"] = f"no Docker engine can run here: {started.stderr.strip()}"
+        else:
+            built = subprocess.run([str(binary), "image", "build"], capture_output=True, text=True)
+            assert built.returncode == 0, built.stderr
+            _ENGINE["ready"] = "yes"
+    if "reason" in _ENGINE:
+        if os.environ.get("CI"):
+            pytest.fail(_ENGINE["reason"])
+        pytest.skip(_ENGINE["reason"])
+
+
+def runsc_registered() -> bool:
+    """Whether gVisor's runsc is a runtime of the engine (scripts/dockerd registers it)."""
+    out = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True)
+    return out.returncode == 0 and "runsc" in json.loads(out.stdout or "{}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def backend_ready() -> None:
+    """Under SNAKEBOX_E2E_BACKEND=docker|runsc: the engine, the image and (runsc) the runtime,
+    before the first server starts."""
+    if not docker_backend():
+        return
+    docker_engine(_binary())
+    if E2E_BACKEND == "runsc" and not runsc_registered():
+        pytest.fail("SNAKEBOX_E2E_BACKEND=runsc: runsc is not registered with the engine (scripts/dockerd registers Debian's runsc)")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked `native_only(reason)` is skipped, with its reason, on the docker backend;
+    one marked `not_runsc(reason)` under gVisor (SNAKEBOX_E2E_BACKEND=runsc)."""
+    if docker_backend():
+        why = item.get_closest_marker("native_only")
+        if why is not None:
+            pytest.skip(f"native backend only: {why.args[0]}")
+    if E2E_BACKEND == "runsc":
+        why = item.get_closest_marker("not_runsc")
+        if why is not None:
+            pytest.skip(f"not under gVisor: {why.args[0]}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "native_only(reason): an attack case skipped under `--sandbox-backend docker`, with the reason")
-    config.addinivalue_line("markers", "docker_ci: an attack case in the docker subset CI runs (test_attacks.py)")
+    config.addinivalue_line("markers", "native_only(reason): skipped under the docker backend (SNAKEBOX_E2E_BACKEND, or an attack case's docker launch mode), with the reason")
+    config.addinivalue_line("markers", "docker_ci: in the docker subset CI runs (an attack case's docker launch mode; elsewhere scripts/test's SNAKEBOX_E2E_BACKEND=docker pass)")
+    config.addinivalue_line("markers", "not_runsc(reason): skipped under SNAKEBOX_E2E_BACKEND=runsc (gVisor), with the reason")
+    config.addinivalue_line("markers", "docker_gap(reason): an attack case the docker backend fails for a documented reason (strict xfail under docker)")
     config.addinivalue_line("markers", "runsc_subset: an attack case also run under gVisor (test_attacks.py)")

@@ -104,7 +104,8 @@ def mounts_under(data_dir: Path) -> list[str]:
 
 def cgroups_of(pid: int, sits_like: int | None = None) -> list[str]:
     """The server's run cgroups: `snakebox-<pid>-*` at each hierarchy's root and below the
-    cgroup the server itself sits in (cgroup v1 nests delegated memory cgroups). For a server
+    cgroup the server itself sits in (cgroup v1 nests delegated memory cgroups), and the docker
+    backend's parent of its containers' cgroups. For a server
     that is gone, `sits_like` names a living process started the same way (the same cgroups)."""
     parents = set(glob.glob("/sys/fs/cgroup/*")) | {"/sys/fs/cgroup"}
     with contextlib.suppress(OSError), open(f"/proc/{sits_like or pid}/cgroup") as own:
@@ -115,6 +116,10 @@ def cgroups_of(pid: int, sits_like: int | None = None) -> list[str]:
     found: set[str] = set()
     for parent in parents:
         found.update(glob.glob(f"{parent}/snakebox-{pid}-*"))
+    # The docker backend's: `snakebox-docker/<pid namespace>.<pid>.<start time>` at each
+    # hierarchy's root, the parent of its containers' cgroups (docker/usage.rs).
+    found.update(glob.glob(f"/sys/fs/cgroup/snakebox-docker/*.{pid}.*"))
+    found.update(glob.glob(f"/sys/fs/cgroup/*/snakebox-docker/*.{pid}.*"))
     return sorted(found)
 
 

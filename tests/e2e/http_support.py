@@ -1,6 +1,6 @@
 """A `snakebox serve --http` the caller owns, and API keys for it: shared by the HTTP, client
 and web UI tests and by the HTTP load benchmark (`bench/http_load.py`), so it needs nothing
-but the standard library."""
+but the standard library. Its servers run on the suite's backend (backend_support.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
+
+from backend_support import backend_flags
 
 
 def free_port() -> int:
@@ -41,7 +43,7 @@ def http_server(binary: Path, data: Path, *args: str) -> Iterator[tuple[subproce
     # The server's log goes to a file, not a pipe nobody reads (a full pipe would stall it).
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
-            [str(binary), "serve", "--http", f"127.0.0.1:{port}", "--data-dir", str(data), "--no-warm-cache", *args],
+            [str(binary), "serve", "--http", f"127.0.0.1:{port}", "--data-dir", str(data), "--no-warm-cache", *args, *backend_flags(args)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SNAKEBOX_LOG": "warn"},
         )

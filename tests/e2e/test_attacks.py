@@ -52,7 +52,7 @@ from attacks_support import (
     sysctl,
     wait_marker_gone,
 )
-from conftest import call, connect, process_rss_kib
+from conftest import E2E_BACKEND, call, connect, docker_backend, docker_engine, process_rss_kib, runsc_registered
 
 pytestmark = pytest.mark.anyio
 
@@ -81,7 +81,8 @@ def canaries(tmp_path_factory: pytest.TempPathFactory) -> Any:
 # "runsc": the same under gVisor (`--docker-runtime runsc`), for the cases marked `runsc_subset`
 # only (gVisor's kernel answers the calls, so the kernel-facing cases judge gVisor, not ours).
 LAUNCH = {"mode": "forked"}
-DOCKER_ATTACKS = os.environ.get("SNAKEBOX_DOCKER_ATTACKS", "ci")
+# A pass of the whole suite on docker (SNAKEBOX_E2E_BACKEND) runs every docker case by default.
+DOCKER_ATTACKS = os.environ.get("SNAKEBOX_DOCKER_ATTACKS", "all" if docker_backend() else "ci")
 LAUNCH_ARGS = {
     "docker": ("--sandbox-backend", "docker"),
     "runsc": ("--sandbox-backend", "docker", "--docker-runtime", "runsc"),
@@ -104,34 +105,13 @@ def docker_mode() -> bool:
 def sandbox_uid_inside(uid: int) -> bool:
     """The uid a run sees for itself: 65534 (native), or its leased uid (docker)."""
     return uid in LEASED if docker_mode() else uid == 65534
-_ENGINE: dict[str, str] = {}
-
-
-def docker_engine(snakebox_bin: Path) -> None:
-    """A Docker engine that answers and this host's run image in it (once per session): skipped
-    with the reason where no engine can run, a failure in CI."""
-    if "ready" not in _ENGINE and "reason" not in _ENGINE:
-        repo = Path(__file__).resolve().parents[2]
-        started = subprocess.run([str(repo / "scripts" / "dockerd")], capture_output=True, text=True)
-        if started.returncode != 0:
-            _ENGINE["reason"] = f"no Docker engine can run here: {started.stderr.strip()}"
-        else:
-            built = subprocess.run([str(snakebox_bin), "image", "build"], capture_output=True, text=True)
-            assert built.returncode == 0, built.stderr
-            _ENGINE["ready"] = "yes"
-    if "reason" in _ENGINE:
-        if os.environ.get("CI"):
-            pytest.fail(_ENGINE["reason"])
-        pytest.skip(_ENGINE["reason"])
-
-
-def runsc_registered() -> bool:
-    out = subprocess.run(["docker", "info", "--format", "{{json .Runtimes}}"], capture_output=True, text=True)
-    return out.returncode == 0 and "runsc" in json.loads(out.stdout or "{}")
 
 
 @pytest.fixture(autouse=True, params=["forked", "pooled", "docker", "runsc"])
 def launch(request):
+    if docker_backend() and request.param != E2E_BACKEND:
+        # A pass of the whole suite on one docker backend runs the catalogue in that mode only.
+        pytest.skip(f"SNAKEBOX_E2E_BACKEND={E2E_BACKEND} runs the {E2E_BACKEND} launch mode only")
     if request.param in LAUNCH_ARGS:
         why = request.node.get_closest_marker("native_only")
         if why is not None:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import call, connect, have_bwrap
+from conftest import call, connect, docker_backend, have_bwrap
 from http_support import http_server, make_key
 from test_http import plain_get
 
@@ -64,6 +64,8 @@ def audit_json(binary: Path, data: Path, *args: str) -> list[dict]:
     return [json.loads(line) for line in done.stdout.splitlines()]
 
 
+@pytest.mark.docker_ci
+@pytest.mark.not_runsc("under gVisor a run that filled its process limit ends with exit code 2 and no message after its script finished (README, the docker backend: gVisor)")
 async def test_events_are_returned_and_every_call_is_audited(snakebox_bin, tmp_path, mode):
     data = tmp_path / "data"
     args = ("--memory-limit", "256MiB", "--max-output-bytes", "100000", "--max-processes", "24")
@@ -76,8 +78,13 @@ async def test_events_are_returned_and_every_call_is_audited(snakebox_bin, tmp_p
     assert forks["status"] == "ok", forks
     refused = int(forks["stdout"].split()[-1])
     assert refused > 0, forks
-    assert [e["kind"] for e in forks["events"]] == ["process_limit"], forks["events"]
-    assert forks["resource_usage"]["process_limit_hits"] >= refused, forks["resource_usage"]
+    if docker_backend():
+        # Known difference (README, the docker backend): the kernel counts refused forks in the
+        # container's own cgroup, which the engine removes with it, so none are reported.
+        assert forks["events"] == [] and forks["resource_usage"]["process_limit_hits"] is None, forks
+    else:
+        assert [e["kind"] for e in forks["events"]] == ["process_limit"], forks["events"]
+        assert forks["resource_usage"]["process_limit_hits"] >= refused, forks["resource_usage"]
     # Memory as the host measured it: the hog reached its limit, the clean run far less.
     assert hog["resource_usage"]["peak_memory_bytes"] >= 200 << 20, hog["resource_usage"]
     assert 0 < clean["resource_usage"]["peak_memory_bytes"] < 128 << 20, clean["resource_usage"]
@@ -118,7 +125,8 @@ async def test_events_are_returned_and_every_call_is_audited(snakebox_bin, tmp_p
     assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--event", "output_limit")] == [flood["execution_id"]]
     assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--status", "memory_limit")] == [hog["execution_id"]]
     assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--limit", "1")] == [forks["execution_id"]]
-    assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--event", "process_limit")] == [forks["execution_id"]]
+    forks_counted = [] if docker_backend() else [forks["execution_id"]]  # (not counted under docker: above)
+    assert [c["execution_id"] for c in audit_json(snakebox_bin, data, "--event", "process_limit")] == forks_counted
     assert len(audit_json(snakebox_bin, data, "--since", "1h")) == 4
     assert audit_json(snakebox_bin, data, "--tenant", "someone-else") == []
     text = audit(snakebox_bin, data)

@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import backend_flags
+
 
 def run(binary: Path, data_dir: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(binary), *args, "--data-dir", str(data_dir), "--no-warm-cache"],
+        [str(binary), *args, "--data-dir", str(data_dir), "--no-warm-cache", *backend_flags(args)],
         input=stdin,
         capture_output=True,
         text=True,
@@ -20,6 +22,7 @@ def run(binary: Path, data_dir: Path, *args: str, stdin: str | None = None) -> s
     )
 
 
+@pytest.mark.docker_ci
 def test_run_prints_output_and_passes_the_exit_code(snakebox_bin, data_dir, tmp_path):
     script = tmp_path / "fail.py"
     script.write_text("import sys\nprint('to stdout')\nprint('to stderr', file=sys.stderr)\nsys.exit(7)\n")
@@ -74,6 +77,7 @@ def test_check_reports_and_exits_zero_when_ready(snakebox_bin, data_dir):
     assert "  basic: " in done.stdout and "subprocesses: denied (sandbox: a seccomp program" in done.stdout
 
 
+@pytest.mark.native_only("a missing bwrap is the native backend's failure; the docker backend's (no engine) is test_docker's")
 def test_check_gives_a_fix_hint_when_bwrap_is_missing(snakebox_bin, data_dir):
     done = run(snakebox_bin, data_dir, "check", "--bwrap-path", "/nonexistent/bwrap")
     assert done.returncode == 1
@@ -102,7 +106,7 @@ def test_config_file_and_environment_variables_are_read(snakebox_bin, data_dir, 
     config = tmp_path / "config.toml"
     config.write_text("max_timeout = 77\n")
     done = subprocess.run(
-        [str(snakebox_bin), "check", "--json", "--config", str(config), "--data-dir", str(data_dir)],
+        [str(snakebox_bin), "check", "--json", "--config", str(config), "--data-dir", str(data_dir), *backend_flags()],
         capture_output=True, text=True, timeout=120,
         env={"PATH": "/usr/bin:/bin", "SNAKEBOX_DEFAULT_TIMEOUT": "11", "HOME": str(tmp_path)},
     )
@@ -181,7 +185,7 @@ artifact_max_age_hours = 2
 
 def check_json(binary: Path, data_dir: Path, config: Path) -> tuple[int, dict]:
     done = subprocess.run(
-        [str(binary), "check", "--json", "--config", str(config), "--data-dir", str(data_dir)],
+        [str(binary), "check", "--json", "--config", str(config), "--data-dir", str(data_dir), *backend_flags()],
         capture_output=True, text=True, timeout=120,
     )
     assert done.returncode in (0, 1), done.stderr
@@ -225,7 +229,7 @@ def test_flag_beats_environment_beats_sectioned_file(snakebox_bin, data_dir, tmp
     config.write_text("[limits]\ndefault_timeout = 5\nmax_timeout = 77\n[sessions]\nmax_sessions = 6\n")
     done = subprocess.run(
         [str(snakebox_bin), "check", "--json", "--config", str(config), "--data-dir", str(data_dir),
-         "--max-sessions", "9"],
+         "--max-sessions", "9", *backend_flags()],
         capture_output=True, text=True, timeout=120,
         env={"PATH": "/usr/bin:/bin", "SNAKEBOX_DEFAULT_TIMEOUT": "11", "SNAKEBOX_MAX_SESSIONS": "8",
              "HOME": str(tmp_path)},
@@ -244,7 +248,7 @@ def test_a_default_python_that_is_not_here_is_refused_at_start(snakebox_bin, dat
     assert "ready:     NO" in checked.stdout
     assert "default Python (--python-version or [python] version) is not usable" in checked.stdout
     served = subprocess.run(
-        [str(snakebox_bin), "serve", "--data-dir", str(data_dir), "--python-version", version],
+        [str(snakebox_bin), "serve", "--data-dir", str(data_dir), "--python-version", version, *backend_flags()],
         input="", capture_output=True, text=True, timeout=60,
     )
     assert served.returncode != 0

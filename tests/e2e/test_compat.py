@@ -17,7 +17,7 @@ import json
 
 import pytest
 
-from conftest import call, connect, have_bwrap
+from conftest import call, connect, docker_backend, have_bwrap
 
 pytestmark = [
     pytest.mark.anyio,
@@ -96,12 +96,19 @@ async def test_the_readme_examples_of_the_python_sandbox_server(snakebox_bin, tm
                                 allowed_imports=["math"], timeout=15)
         assert data["success"] and data["result"] == 3.0 and data["stdout"] == "Average: 3.0\n", data
 
-        # Container-Based Execution (and Container Mode with Custom Limits): no containers here,
-        # so the request is refused with the reason and the fix, before anything runs.
-        for code, memory in [("import numpy as np\ndata = np.array([1, 2, 3, 4, 5])\nresult = np.mean(data)", "256m"),
-                             ("import numpy as np; data = np.random.rand(1000, 1000)", "512m")]:
+        # Container-Based Execution (and Container Mode with Custom Limits): natively there are
+        # no containers, so the request is refused with the reason and the fix, before anything
+        # runs; on the docker backend it is honoured, and the call meets the `basic` profile like
+        # any other: numpy is outside its import policy, 512m above its memory limit.
+        for code, memory, refusal in [("import numpy as np\ndata = np.array([1, 2, 3, 4, 5])\nresult = np.mean(data)", "256m", "import_blocked"),
+                                      ("import numpy as np; data = np.random.rand(1000, 1000)", "512m", "policy_refused")]:
             data, text, is_error = await call(client, "execute_code", code=code, use_container=True,
                                               memory_limit=memory, timeout=30)
+            if docker_backend():
+                assert is_error and data["status"] == "invalid_request" and data["success"] is False, text
+                assert [e["kind"] for e in data["events"]] == [refusal], data["events"]
+                assert "profile `basic`" in data["error"] and "use_container" not in data["error"], text
+                continue
             assert is_error and data["error"]["kind"] == "invalid", text
             assert "use_container is not available" in data["error"]["message"]
             assert "--sandbox-backend docker" in data["error"]["hint"]
@@ -157,7 +164,8 @@ async def test_the_readme_examples_of_the_python_sandbox_server(snakebox_bin, tm
         assert {"pathlib", "tempfile", "shutil"} <= set(profiles["filesystem"]["modules"])
         assert all(p["enabled"] for p in profiles.values())  # the local operator may use each
         assert info["resource_limits"] == {"timeout": 30, "max_output_size": 102400, "memory_limit": "256m"}, info
-        assert info["container_mode"] == {"available": False, "enabled": False}
+        containers = docker_backend()  # every run is a container there
+        assert info["container_mode"] == {"available": containers, "enabled": containers}
 
 
 async def test_the_compatibility_tools_are_served_only_when_asked_for(snakebox_bin, tmp_path, mode):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from mcp import MCPError
 
-from conftest import call, connect, process_rss_kib, server_pid
+from conftest import call, connect, process_rss_kib, reported_backend, server_pid
 
 pytestmark = pytest.mark.anyio
 
@@ -36,6 +36,7 @@ async def test_tools_are_listed_with_object_output_schemas(client):
     assert {"script", "dependencies", "timeout_seconds", "python_version"} <= set(props)
 
 
+@pytest.mark.docker_ci
 async def test_hello_world_returns_structured_and_text_forms(client):
     data, text, is_error = await call(client, "execute_python", script="print('hi')")
     assert not is_error
@@ -49,6 +50,7 @@ async def test_hello_world_returns_structured_and_text_forms(client):
     assert "--- exit_code: 0 ---" in text
 
 
+@pytest.mark.docker_ci
 async def test_exit_code_and_stderr_are_passed_through(client):
     script = "import sys\nprint('out')\nprint('oops', file=sys.stderr)\nsys.exit(3)\n"
     data, text, is_error = await call(client, "execute_python", script=script)
@@ -67,6 +69,7 @@ async def test_exception_traceback_names_the_users_line(client):
     assert "line 3" in data["stderr"]
 
 
+@pytest.mark.docker_ci
 async def test_pep723_script_with_a_real_dependency(client):
     data, _, _ = await call(client, "execute_python", script=PEP723_SIX, timeout_seconds=120)
     assert data["status"] == "ok", data
@@ -111,6 +114,7 @@ async def test_block_inside_string_literal_is_left_untouched(client):
     assert data["stdout"].strip() == "4"
 
 
+@pytest.mark.docker_ci
 async def test_timeout_kills_the_run_and_keeps_partial_output(client):
     script = "import time\nprint('before', flush=True)\ntime.sleep(60)\nprint('after')\n"
     data, text, is_error = await call(client, "execute_python", script=script, timeout_seconds=2)
@@ -179,6 +183,7 @@ async def test_a_fractional_timeout_is_rounded_up_with_a_note(client):
     assert "note: timeout_seconds 1.5 was rounded up to 2" in text
 
 
+@pytest.mark.docker_ci
 async def test_output_is_capped_head_and_tail_with_bounded_server_memory(snakebox_bin, data_dir):
     script = "import sys\nsys.stdout.write('HEAD\\n')\nchunk = 'x' * 1048575 + '\\n'\nfor _ in range(200):\n    sys.stdout.write(chunk)\nsys.stdout.write('TAIL\\n')\nsys.stderr.write('E' * 500000)\n"
     async with connect(snakebox_bin, data_dir, "auto") as client:
@@ -244,11 +249,12 @@ async def test_validate_accepts_a_good_script_without_running_it(client, tmp_pat
     assert not marker.exists()
 
 
+@pytest.mark.docker_ci
 async def test_check_environment_reports_backend_limits_and_pythons(client):
     data, _, is_error = await call(client, "check_environment")
     assert not is_error
     assert data["snakebox_version"]
-    assert data["sandbox_backend"] == "native"
+    assert data["sandbox_backend"] == reported_backend()
     assert data["isolation_active"] is True
     assert data["network"] is False
     assert any(p["version"].startswith("3.11") for p in data["pythons"])

@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import pytest
 
-from conftest import REPO, call, connect, server_pid
+from conftest import call, connect, docker_engine, runsc_registered, server_pid
 
 pytestmark = pytest.mark.anyio
 
@@ -51,14 +51,7 @@ def docker(*args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture(scope="module")
 def engine(snakebox_bin: Path) -> None:
     """A Docker engine that answers, and this host's run image in it."""
-    started = subprocess.run([str(REPO / "scripts" / "dockerd")], capture_output=True, text=True)
-    if started.returncode != 0:
-        reason = f"no Docker engine can run here: {started.stderr.strip()}"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    built = subprocess.run([str(snakebox_bin), "image", "build"], capture_output=True, text=True)
-    assert built.returncode == 0, built.stderr
+    docker_engine(snakebox_bin)
     status = subprocess.run([str(snakebox_bin), "image", "status"], capture_output=True, text=True)
     assert status.returncode == 0 and "snakebox-run:" in status.stdout, status
 
@@ -384,11 +377,6 @@ async def test_attack_classes_judged_from_outside(engine, snakebox_bin, data_dir
     assert not listener.connected, "a run reached the host's loopback"
     # The working directory is writable (proof the probes ran in a working sandbox).
     assert "made-here" in [a["name"] for a in data["artifacts"]], data["artifacts"]
-
-
-def runsc_registered() -> bool:
-    out = docker("info", "--format", "{{json .Runtimes}}")
-    return out.returncode == 0 and "runsc" in json.loads(out.stdout or "{}")
 
 
 async def test_gvisor_runtime_subset(engine, snakebox_bin, data_dir):

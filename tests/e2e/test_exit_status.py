@@ -18,6 +18,7 @@ import uuid
 import anyio
 import pytest
 
+from backend_support import FORK_SERVER_ONLY
 from conftest import call, connect, have_bwrap
 
 pytestmark = [
@@ -119,6 +120,7 @@ async def test_X01_session_cells_report_exit_codes_and_real_signals(snakebox_bin
         await call(client, "delete_session", session_id=session)
 
 
+@pytest.mark.native_only(FORK_SERVER_ONLY)
 async def test_X01_forked_runs_report_exit_codes(snakebox_bin, data_dir):
     async with connect(snakebox_bin, data_dir, "auto") as client:
         await call(client, "execute_python", script="print('warm up')")

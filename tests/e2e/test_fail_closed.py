@@ -10,6 +10,7 @@ from conftest import call, connect
 pytestmark = pytest.mark.anyio
 
 
+@pytest.mark.native_only("a missing bwrap is the native backend's failure; the docker backend's (no engine) is test_docker's")
 async def test_missing_bwrap_refuses_to_execute_and_says_how_to_fix_it(snakebox_bin, data_dir, mode, tmp_path):
     marker = tmp_path / "ran"
     async with connect(snakebox_bin, data_dir, mode, "--bwrap-path", "/nonexistent/bwrap") as client:

@@ -47,6 +47,7 @@ import anyio
 import pytest
 
 from attacks_support import marker_pids
+from backend_support import FORK_SERVER_ONLY, KILLED_SERVER_ORACLE
 from conftest import have_bwrap
 from host_support import (
     GONE_WITHIN,
@@ -62,6 +63,8 @@ from host_support import (
 )
 from host_support import serve as serve_on
 from test_builds import wheel_bytes
+
+native_only = pytest.mark.native_only
 
 pytestmark = [
     pytest.mark.anyio,
@@ -362,6 +365,7 @@ def ancestry(pid: int, stop: int) -> list[int]:
 # ---------------------------------------------------------------------------------------------
 
 
+@native_only(KILLED_SERVER_ORACLE)
 async def test_kill_server_while_downloading_an_environment(snakebox_bin, data, index):
     pkg = package("sbxfault-envdl")
     index.add(pkg, hold=True)
@@ -381,6 +385,7 @@ async def test_kill_server_while_downloading_an_environment(snakebox_bin, data, 
         environment_with(data, pkg)
 
 
+@native_only(KILLED_SERVER_ORACLE)
 async def test_kill_server_while_compiling_an_environment(snakebox_bin, data, index):
     """An environment is published verified but without bytecode, and compiled after its
     first run: the server is killed while it compiles. The published environment is whole
@@ -408,6 +413,7 @@ async def test_kill_server_while_compiling_an_environment(snakebox_bin, data, in
         assert again["status"] == "ok" and again["stdout"] == f"{pkg.value}\n" and again["environment_reused"] is True, again
 
 
+@native_only(KILLED_SERVER_ORACLE)
 async def test_kill_uv_while_downloading_an_environment(snakebox_bin, data, index):
     """The stage's child dies (uv): the call is answered, nothing is published, and the same
     call succeeds next time."""
@@ -431,6 +437,7 @@ async def test_kill_uv_while_downloading_an_environment(snakebox_bin, data, inde
         environment_with(data, pkg)
 
 
+@native_only(KILLED_SERVER_ORACLE)
 async def test_kill_package_code_sandbox_while_compiling_an_environment(snakebox_bin, data, index):
     """The package-code sandbox dies mid-compilation (which runs after the first run): the
     call is answered; the environment used afterwards is whole (bytecode is only an
@@ -479,6 +486,7 @@ async def cell(server: Server, session_id: str, code: str) -> dict[str, Any]:
 # owned by that run's leased uid, and every later install of a new package failed with
 # "Permission denied" (until a reset).
 @pytest.mark.parametrize("stage", ["download", "compile"])
+@native_only(KILLED_SERVER_ORACLE)
 async def test_kill_server_while_installing_into_a_session(stage, snakebox_bin, data, index):
     pkg = package(f"sbxfault-sinst-{stage}", gate_compile=stage == "compile")
     other = package(f"sbxfault-sother-{stage}")
@@ -511,6 +519,7 @@ async def test_kill_server_while_installing_into_a_session(stage, snakebox_bin, 
         assert_nothing_stale(b, killed.pid)
 
 
+@native_only(KILLED_SERVER_ORACLE)
 async def test_kill_uv_while_installing_into_a_session(snakebox_bin, data, index):
     pkg = package("sbxfault-suv")
     index.add(pkg, hold=True)
@@ -532,6 +541,7 @@ async def test_kill_uv_while_installing_into_a_session(snakebox_bin, data, index
         assert ran["status"] == "ok" and ran["stdout"] == f"{pkg.value}\n", ran
 
 
+@native_only(KILLED_SERVER_ORACLE)
 async def test_kill_server_while_creating_a_session(snakebox_bin, data, index):
     pkg = package("sbxfault-create")
     index.add(pkg, hold=True)
@@ -694,6 +704,7 @@ async def wait_forking(server: Server) -> None:
         await anyio.sleep(0.1)
 
 
+@native_only(KILLED_SERVER_ORACLE)
 async def test_kill_server_mid_run_with_a_fork_server_and_a_session_alive(snakebox_bin, data):
     run_marker = f"sbx-fault-run-{uuid.uuid4().hex}"
     session_marker = f"sbx-fault-session-{uuid.uuid4().hex}"
@@ -722,6 +733,7 @@ async def test_kill_server_mid_run_with_a_fork_server_and_a_session_alive(snakeb
         assert_nothing_stale(b, killed.pid)
 
 
+@native_only(FORK_SERVER_ONLY)
 async def test_kill_fork_server_mid_run(snakebox_bin, data):
     """The fork server dies under a forked run: the call is answered, the run's processes end,
     and runs go on (forked again once a new fork server is up)."""
@@ -745,6 +757,7 @@ async def test_kill_fork_server_mid_run(snakebox_bin, data):
         await wait_forking(a)
 
 
+@native_only(KILLED_SERVER_ORACLE)
 async def test_kill_session_interpreter_mid_cell(snakebox_bin, data):
     marker = f"sbx-fault-cell-{uuid.uuid4().hex}"
     async with serve(snakebox_bin, data, None) as a:

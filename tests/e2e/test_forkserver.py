@@ -19,11 +19,13 @@ import uuid
 import anyio
 import pytest
 
+from backend_support import FORK_SERVER_ONLY
 from conftest import call, connect, have_bwrap
 from test_pool import outlives_its_timeout, runs_share_nothing
 
 pytestmark = [
     pytest.mark.anyio,
+    pytest.mark.native_only(FORK_SERVER_ONLY),
     pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
 ]
 

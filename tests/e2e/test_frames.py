@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from mcp import types
 
-from conftest import process_rss_kib
+from conftest import backend_flags, process_rss_kib
 
 # The limit the corpus server runs with (through the environment, so the flag's absence in an
 # older binary does not stop it from starting).
@@ -55,7 +55,7 @@ class RawServer:
         self.stderr_path = data_dir / f"stderr-{time.monotonic_ns()}.log"
         self.stderr = open(self.stderr_path, "wb")
         self.process = subprocess.Popen(
-            [str(binary), "serve", "--data-dir", str(data_dir), "--no-warm-cache"],
+            [str(binary), "serve", "--data-dir", str(data_dir), "--no-warm-cache", *backend_flags()],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.stderr,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import call, connect, have_bwrap
+from conftest import backend_flags, call, connect, have_bwrap
 
 pytestmark = [
     pytest.mark.anyio,
@@ -87,7 +87,7 @@ async def test_a_run_cut_by_sigkill_is_marked_interrupted_by_the_next_server(sna
     data = tmp_path / "data"
     marker = uuid.uuid4().hex
     proc = subprocess.Popen(
-        [str(snakebox_bin), "serve", "--data-dir", str(data), "--no-warm-cache"],
+        [str(snakebox_bin), "serve", "--data-dir", str(data), "--no-warm-cache", *backend_flags()],
         stdin=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -62,6 +62,7 @@ async def connect(url: str, key: str | None, mode: str) -> AsyncIterator[Client]
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.docker_ci
 async def test_tenants_work_over_http_and_never_see_each_other(snakebox_bin: Path, tmp_path: Path, mode: str):
     data = tmp_path / "data"
     key_a = make_key(snakebox_bin, data, "team-a")

@@ -17,7 +17,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
-from conftest import REPO, call
+from conftest import REPO, backend_flags, call
 
 pytestmark = pytest.mark.anyio
 
@@ -100,7 +100,7 @@ async def test_uvx_serves_mcp_and_runs_python(wheel, uv_env, tmp_path):
     data_dir.mkdir(mode=0o755)
     params = StdioServerParameters(
         command=_uvx()[0],
-        args=[*_uvx()[1:], "--from", str(wheel), "snakebox", "serve", "--data-dir", str(data_dir), "--no-warm-cache"],
+        args=[*_uvx()[1:], "--from", str(wheel), "snakebox", "serve", "--data-dir", str(data_dir), "--no-warm-cache", *backend_flags()],
         env=uv_env,
     )
     async with Client(params, mode="auto", read_timeout_seconds=300) as client:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from backend_support import FORK_SERVER_ONLY
 from conftest import call, connect
 
 pytestmark = pytest.mark.anyio
@@ -318,6 +319,7 @@ def server_args(*policy: str) -> list[str]:
     return ["--network", *policy, "--network-resolvers", DNS]
 
 
+@pytest.mark.docker_ci
 async def test_on_reaches_an_allowed_name_but_never_the_hosts_loopback(snakebox_bin, data_dir, mode, test_hosts):
     listener = LoopbackListener()
     port = listener.port
@@ -461,7 +463,7 @@ async def test_sessions_use_the_proxy_and_the_socket_goes_with_the_run(snakebox_
         assert [e["allowed"] for e in cell["network_log"]] == [True, False], cell["network_log"]
 
 
-@pytest.mark.parametrize("launch", ["forked", "pooled"])
+@pytest.mark.parametrize("launch", [pytest.param("forked", marks=pytest.mark.native_only(FORK_SERVER_ONLY)), "pooled"])
 async def test_every_launch_path_has_its_own_proxy_and_log(snakebox_bin, tmp_path, mode, test_hosts, launch):
     """Cold, then forked (fork server) or pooled (warm pool) runs: each reaches the allowed
     host through a proxy of its own, so each log holds exactly its own connection."""
@@ -752,6 +754,7 @@ async def test_the_connection_cap_is_a_setting(snakebox_bin, tmp_path, mode, tes
         assert "1 connections, 1048576 bytes, 30 s per connection" in report["network_enforcement"]
 
 
+@pytest.mark.native_only(FORK_SERVER_ONLY)
 async def test_a_narrowed_call_is_forked_with_its_own_narrowed_proxy(snakebox_bin, tmp_path, mode, test_hosts):
     """A call that narrows the policy (`allowed_domains`) no longer runs cold: it is forked
     from the environment's fork server (which holds no network), and its own proxy has the

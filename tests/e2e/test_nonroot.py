@@ -31,6 +31,7 @@ from conftest import call, have_bwrap
 USER = "snakebox-e2e"
 
 pytestmark = [
+    pytest.mark.native_only("a non-root server is the native backend's (user namespaces, no cgroups); the docker backend needs root (README: the docker backend)"),
     pytest.mark.skipif(os.geteuid() != 0, reason="creating a test user needs root"),
     pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
     pytest.mark.skipif(shutil.which("useradd") is None or shutil.which("runuser") is None, reason="useradd/runuser missing"),

@@ -94,6 +94,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.docker_ci
 async def test_consecutive_pooled_runs_share_nothing(snakebox_bin, data_dir):
     async with connect(snakebox_bin, data_dir, "legacy", *POOL_ONLY) as client:
         assert (await pool_state(client))["size"] == 2

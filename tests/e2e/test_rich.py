@@ -20,7 +20,8 @@ import anyio
 import pytest
 from mcp.shared.exceptions import MCPError
 
-from conftest import call
+from backend_support import HOST_PROC_ORACLE
+from conftest import backend_flags, call
 
 pytestmark = pytest.mark.anyio
 
@@ -41,6 +42,7 @@ async def read_text(client, uri: str) -> str:
     return contents[0].text
 
 
+@pytest.mark.docker_ci
 async def test_last_expression_comes_back_as_data_with_the_names_defined(client):
     data, text, is_error = await call(client, "execute_python", script="x = 1\ndef f():\n    pass\n{'a': x}\n")
     assert not is_error and data["status"] == "ok", data
@@ -107,6 +109,7 @@ async def test_the_control_channel_cannot_forge_the_status_or_output(client):
     assert any("unreadable" in note for note in data["notes"]), data["notes"]
 
 
+@pytest.mark.docker_ci
 async def test_input_files_are_read_by_the_script_and_not_returned_unless_changed(client):
     payload = bytes(range(256))
     script = textwrap.dedent(
@@ -163,6 +166,7 @@ async def test_hostile_input_paths_are_refused_with_hints(client):
     assert data["stdout"] == "alive\n"
 
 
+@pytest.mark.docker_ci
 async def test_a_csv_written_by_the_script_is_listed_and_readable(client):
     script = textwrap.dedent(
         """\
@@ -401,6 +405,8 @@ def _loop_script(marker: str) -> str:
     )
 
 
+@pytest.mark.docker_ci
+@pytest.mark.not_runsc(HOST_PROC_ORACLE)
 async def test_cancelling_a_run_kills_it_within_a_second(client):
     marker = f"sbx-cancel-{uuid.uuid4().hex}"
     ticks: list[str] = []
@@ -433,6 +439,8 @@ async def test_cancelling_a_run_kills_it_within_a_second(client):
     assert data["stdout"] == "after\n"
 
 
+@pytest.mark.docker_ci
+@pytest.mark.not_runsc(HOST_PROC_ORACLE)
 def test_cancelled_run_keeps_its_output_and_says_cancelled(snakebox_bin, data_dir, tmp_path: Path):
     """The same cancellation through the CLI (SIGINT), where the record is visible: status
     `cancelled` and the output printed so far (an MCP client gets no reply to a request it
@@ -441,7 +449,7 @@ def test_cancelled_run_keeps_its_output_and_says_cancelled(snakebox_bin, data_di
     script = tmp_path / "loop.py"
     script.write_text(_loop_script(marker))
     process = subprocess.Popen(
-        [str(snakebox_bin), "run", str(script), "--json", "--data-dir", str(data_dir), "--no-warm-cache"],
+        [str(snakebox_bin), "run", str(script), "--json", "--data-dir", str(data_dir), "--no-warm-cache", *backend_flags()],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )

@@ -44,6 +44,7 @@ async def test_session_tools_are_listed(client):
         assert tools[name].output_schema.get("type") == "object", name
 
 
+@pytest.mark.docker_ci
 async def test_variables_persist_between_calls(client):
     session = await create(client, name="notebook")
     data, text, is_error = await run(client, session, "x = 41\nprint('set')")
@@ -87,6 +88,7 @@ async def test_installed_package_is_importable_in_the_next_call(client):
     await call(client, "delete_session", session_id=session)
 
 
+@pytest.mark.docker_ci
 async def test_files_written_by_code_are_read_and_listed(client):
     session = await create(client)
     data, text, _ = await run(client, session, "import pathlib\npathlib.Path('results').mkdir()\npathlib.Path('results/out.txt').write_text('hello from code\\n')")
@@ -254,6 +256,7 @@ async def test_session_a_cannot_see_session_b(client, data_dir: Path):
     assert not host_file.exists()
 
 
+@pytest.mark.docker_ci
 async def test_timeout_restarts_the_interpreter_and_keeps_files(client):
     session = await create(client)
     await run(client, session, "kept = 1\nopen('kept.txt', 'w').write('still here')")

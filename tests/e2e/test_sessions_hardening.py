@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import call, connect, have_bwrap, server_pid
+from conftest import call, connect, docker_backend, have_bwrap, server_pid
 from http_support import free_port
 
 pytestmark = [
@@ -259,20 +259,28 @@ async def test_S03_sessions_follow_the_one_shot_network_rules(snakebox_bin, tmp_
 
 
 class SandboxCounter:
-    """Counts the server's live sandboxes from outside: its `bwrap` children in host /proc."""
+    """Counts the server's live sandboxes from outside, in host /proc: its `bwrap` children
+    (native), or the containers whose processes sit in its cgroups (docker: each container's
+    cgroup is below `/snakebox-docker/<server>/<container>`, the server named by its pid
+    namespace, pid and start time, as the engine's `snakebox.server` label)."""
 
     def __init__(self, server: int) -> None:
         import threading
 
         self.server = server
+        with open(f"/proc/{server}/stat") as f:
+            start = f.read().rsplit(")", 1)[1].split()[19]
+        self.docker_parent = f"/snakebox-docker/{os.stat('/proc/self/ns/pid').st_ino}.{server}.{start}/"
         self.max_alive = 0
-        self.seen: set[int] = set()
+        self.seen: set[int | str] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self._thread.start()
 
-    def _alive(self) -> list[int]:
-        alive = []
+    def _alive(self) -> list[int | str]:
+        if docker_backend():
+            return self._containers()
+        alive: list[int | str] = []
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -286,6 +294,20 @@ class SandboxCounter:
             if comm == "bwrap" and int(fields[1]) == self.server and fields[0] != "Z":
                 alive.append(int(entry))
         return alive
+
+    def _containers(self) -> list[int | str]:
+        alive: set[int | str] = set()
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    with open(f"/proc/{entry}/cgroup") as f:
+                        cgroups = f.read()
+                except OSError:
+                    continue
+                for line in cgroups.splitlines():
+                    if self.docker_parent in line:
+                        alive.add(line.split(self.docker_parent, 1)[1].split("/", 1)[0])
+        return list(alive)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -9,9 +9,12 @@
 //! engine, no network, and no other container sees that directory).
 //!
 //! When a call takes it, the container is inspected again (still running, every hardening
-//! field still as asked), the request is written and our end of the FIFO closed, and the run
-//! is supervised exactly like a cold one from then on (the wall-time limit counts from the
-//! request). It serves that one run and is removed; one never used is removed when dropped
+//! field still as asked), the request is written, and the run is supervised exactly like a
+//! cold one from then on (the wall-time limit counts from the request). Our end of the FIFO
+//! stays open until the run ends: "started" by the engine does not mean that the container's
+//! shell has opened the FIFO yet, and a FIFO's data lives only while one of its ends is open,
+//! so closing ours before that open lost the request and the run waited for it until its
+//! timeout (a call that took a container just started; seen in the soak under docker). It serves that one run and is removed; one never used is removed when dropped
 //! or discarded (at shutdown with the pool).
 
 use std::os::fd::OwnedFd;
@@ -97,22 +100,26 @@ impl PooledContainer {
             .into());
         }
         let started = Instant::now();
-        if let Some(fd) = self.prepared.request.take() {
+        // Held until the run ends (see the module documentation); the runner reads one line
+        // and then takes /dev/null as its stdin, so it never waits for our end to close.
+        let held = self.prepared.request.take();
+        if let Some(fd) = &held {
             send(fd, request);
         }
         let mut limits = self.limits.clone();
         limits.wall_time = wall_time;
-        self.prepared.finish(&limits, cancel, output, started).await
+        let outcome = self.prepared.finish(&limits, cancel, output, started).await;
+        drop(held);
+        outcome
     }
 }
 
-/// Write the request into the FIFO and close our end (a request is a few bytes: far less
-/// than a pipe holds, so the write does not wait). A container that died makes supervision
-/// see its end.
-fn send(fd: OwnedFd, request: &[u8]) {
+/// Write the request into the FIFO (a request is a few bytes: far less than a pipe holds, so
+/// the write does not wait). A container that died makes supervision see its end.
+fn send(fd: &OwnedFd, request: &[u8]) {
     let mut left = request;
     while !left.is_empty() {
-        match nix::unistd::write(&fd, left) {
+        match nix::unistd::write(fd, left) {
             Ok(n) => left = &left[n..],
             Err(nix::errno::Errno::EINTR) => {}
             Err(err) => {
@@ -121,5 +128,4 @@ fn send(fd: OwnedFd, request: &[u8]) {
             }
         }
     }
-    drop(fd);
 }
