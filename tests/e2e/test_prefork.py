@@ -178,18 +178,24 @@ async def test_pre_forked_children_are_bounded_reported_and_gone_with_their_fork
         assert state["prefork"] == 3, state
         pid = server_pid(data_dir)
         # Seen from the host: exactly three children wait beside the fork server, no more.
-        await anyio.sleep(0.5)
-        children = waiting_children(data_dir)
-        assert len(children) == 3, fork_server_processes(data_dir)
+        deadline = time.monotonic() + 10
+        while len(children := waiting_children(data_dir)) != 3:
+            assert time.monotonic() < deadline, fork_server_processes(data_dir)
+            await anyio.sleep(0.1)
+        # ... and stays so: no more are made.
+        await anyio.sleep(1)
+        assert len(waiting_children(data_dir)) == 3, fork_server_processes(data_dir)
         assert len((await pool_state(client))["fork_server_details"]) == 1
         # Each run takes one, which is replaced: still three, none of them the one used.
         for _ in range(4):
             data = await preforked_run(client, "print('hi')")
             assert data["stdout"] == "hi\n", data
         await wait_prefork(client, 3)
-        await anyio.sleep(0.5)
-        later = waiting_children(data_dir)
-        assert len(later) == 3, fork_server_processes(data_dir)
+        # (The keeper of the last run may still be on its way out.)
+        deadline = time.monotonic() + 10
+        while len(later := waiting_children(data_dir)) != 3:
+            assert time.monotonic() < deadline, fork_server_processes(data_dir)
+            await anyio.sleep(0.1)
         assert not set(later) & set(children), (children, later)
 
         # The fork server stops (killed from outside): its waiting children go with it, and
@@ -212,14 +218,19 @@ async def test_pre_forked_children_are_bounded_reported_and_gone_with_their_fork
                 break
             assert time.monotonic() < deadline, state
             await anyio.sleep(0.2)
-        await anyio.sleep(0.5)
-        # In each cgroup hierarchy: the new fork server's own and its three children's only.
-        per_hierarchy: dict[str, list[str]] = {}
-        for path in run_cgroups(pid):
-            per_hierarchy.setdefault(os.path.dirname(path), []).append(path)
-        assert per_hierarchy and all(len(dirs) == 4 for dirs in per_hierarchy.values()), per_hierarchy
-        renewed = waiting_children(data_dir)
-        assert len(renewed) == 3 and not set(renewed) & set(later), (later, renewed)
+        # In each cgroup hierarchy: the new fork server's own and its three children's only
+        # (once what served the call meanwhile, a pooled or cold sandbox, is removed).
+        deadline = time.monotonic() + 10
+        while True:
+            per_hierarchy: dict[str, list[str]] = {}
+            for path in run_cgroups(pid):
+                per_hierarchy.setdefault(os.path.dirname(path), []).append(path)
+            renewed = waiting_children(data_dir)
+            if per_hierarchy and all(len(dirs) == 4 for dirs in per_hierarchy.values()) and len(renewed) == 3:
+                break
+            assert time.monotonic() < deadline, (per_hierarchy, renewed)
+            await anyio.sleep(0.2)
+        assert not set(renewed) & set(later), (later, renewed)
         data = await preforked_run(client, "print('after')")
         assert data["stdout"] == "after\n", data
     # The server shut down: no process of its fork servers, no cgroup of its runs is left.

@@ -29,7 +29,8 @@
 //! directories, drops its capabilities, installs the seccomp programs and forks the script,
 //! so the call pays only for that and the code. A child has seen nothing of any run before
 //! its own (it is made before the request, from the fork server, which holds no run's data),
-//! serves exactly one, and is replaced off the call's path by a thread of its own. Dropping
+//! serves exactly one, and is replaced off the call's path by a thread of its own, once the
+//! run it served has ended (so that making it takes no CPU from that run). Dropping
 //! the fork server (or its stopping) ends its waiting children and removes their cgroups.
 //!
 //! **What its runs share.** Every run it forks is its fork: the same interpreter memory (the
@@ -147,7 +148,23 @@ struct SpareState {
     ready: VecDeque<Spare>,
     /// Ones that ended (or failed to set up) before any run was handed to them.
     dead: HashSet<u64>,
+    /// Taken ones whose runs have not ended: each is replaced when its run ends, so that
+    /// making its replacement does not take CPU from the run.
+    in_flight: usize,
     stopping: bool,
+}
+
+/// A taken pre-forked child's place: its replacement is made once this is dropped (when its
+/// run has ended, however it ends).
+struct InFlight<'a>(&'a Spares);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.in_flight = state.in_flight.saturating_sub(1);
+        drop(state);
+        self.0.changed.notify_all();
+    }
 }
 
 impl Spares {
@@ -513,7 +530,7 @@ impl SpareMaker {
                     gone.extend(ended);
                     if state.stopping
                         || !self.alive.load(Ordering::SeqCst)
-                        || state.ready.len() < self.spares.target
+                        || state.ready.len() + state.in_flight < self.spares.target
                     {
                         break;
                     }
@@ -641,9 +658,11 @@ impl ForkServer {
                 taken = Some(spare);
                 break;
             }
+            if taken.is_some() {
+                state.in_flight += 1;
+            }
             taken
         };
-        self.spares.changed.notify_all();
         let spare = spare?;
         let (report_tx, report_rx) = oneshot::channel();
         waiters.insert(spare.id, report_tx);
@@ -691,6 +710,8 @@ impl ForkServer {
         }
         // A pre-forked child when one fits (it is in its cgroup already), else a fork now.
         let mut spare = self.take_spare(&run.limits);
+        // Its replacement is made when this run ends (the guard goes with this call).
+        let _in_flight = spare.is_some().then(|| InFlight(&self.spares));
         if spare.is_some() {
             self.spares.served.fetch_add(1, Ordering::Relaxed);
         }
