@@ -852,11 +852,13 @@ async def bench_first_run(
         log(f"first run {i + 1}/{setup.install_rounds}")
 
 
-async def throughput(setup: Setup, rows: dict[str, Row]) -> None:
+async def throughput(setup: Setup, rows: dict[str, Row], binary: Path | None = None, suffix: str = "") -> None:
     """print('hi') runs per second: 8 clients, each with its own stdio server (how stdio MCP is
-    deployed), and 8 requests in flight on one server. Every run is a fresh sandbox."""
+    deployed), and 8 requests in flight on one server. Every run is a fresh sandbox. `binary`
+    and `suffix`: another build's rows (`--compare`), measured right after."""
     clients = 8
-    data = setup.work / "data-throughput"
+    binary = binary or setup.binary
+    data = setup.work / f"data-throughput{suffix}"
     data.mkdir(mode=0o755)
 
     async def drive(calls: list[Callable[[], Awaitable[Any]]]) -> tuple[int, float]:
@@ -874,11 +876,11 @@ async def throughput(setup: Setup, rows: dict[str, Row]) -> None:
         return done, time.perf_counter() - start
 
     async with contextlib.AsyncExitStack() as stack:
-        servers = [await stack.enter_async_context(Snakebox(setup.binary, data, setup.python_version, setup.mode)) for _ in range(clients)]
+        servers = [await stack.enter_async_context(Snakebox(binary, data, setup.python_version, setup.mode)) for _ in range(clients)]
         for sb in servers:
             for _ in range(2):
                 await sb.execute(HI, expect="hi\n")
-        group = cpu_group("throughput8")
+        group = cpu_group(f"throughput8{suffix}")
         if group is not None:
             group.add_trees(server_pids(data))
         cpu_before = group.usage_ms() if group is not None else 0.0
@@ -888,29 +890,31 @@ async def throughput(setup: Setup, rows: dict[str, Row]) -> None:
         busy = machine_busy_ms() - busy_before
         client_after = os.times()
         client = (client_after.user + client_after.system - client_before.user - client_before.system) * 1000
-        rows["throughput_8_servers"].value = done / elapsed
-        rows["throughput_8_servers"].note = f"{done} runs in {elapsed:.1f} s; CPU per run:"
+        row = rows[f"throughput_8_servers{suffix}"]
+        row.value = done / elapsed
+        row.note = f"{done} runs in {elapsed:.1f} s; CPU per run:"
         if group is not None:
-            rows["throughput_8_servers"].note += f" servers + sandboxes {(group.usage_ms() - cpu_before) / done:.1f} ms,"
-        rows["throughput_8_servers"].note += f" SDK clients {client / done:.1f} ms; {machine_note(busy, done, elapsed)}"
-    log(f"throughput, 8 servers: {done / elapsed:.1f} runs/s")
+            row.note += f" servers + sandboxes {(group.usage_ms() - cpu_before) / done:.1f} ms,"
+        row.note += f" SDK clients {client / done:.1f} ms; {machine_note(busy, done, elapsed)}"
+    log(f"throughput{suffix}, 8 servers: {done / elapsed:.1f} runs/s")
 
-    async with Snakebox(setup.binary, data, setup.python_version, setup.mode) as sb:
+    async with Snakebox(binary, data, setup.python_version, setup.mode) as sb:
         for _ in range(2):
             await sb.execute(HI, expect="hi\n")
-        group = cpu_group("throughput1")
+        group = cpu_group(f"throughput1{suffix}")
         if group is not None:
             group.add_trees([sb.pid()])
         cpu_before = group.usage_ms() if group is not None else 0.0
         busy_before = machine_busy_ms()
         done, elapsed = await drive([lambda: sb.execute(HI, expect="hi\n") for _ in range(clients)])
         busy = machine_busy_ms() - busy_before
-        rows["throughput_1_server"].value = done / elapsed
-        rows["throughput_1_server"].note = f"{done} runs in {elapsed:.1f} s"
+        row = rows[f"throughput_1_server{suffix}"]
+        row.value = done / elapsed
+        row.note = f"{done} runs in {elapsed:.1f} s"
         if group is not None:
-            rows["throughput_1_server"].note += f"; CPU per run: server + sandboxes {(group.usage_ms() - cpu_before) / done:.1f} ms"
-        rows["throughput_1_server"].note += f"; {machine_note(busy, done, elapsed)}"
-    log(f"throughput, 1 server x 8 in flight: {done / elapsed:.1f} runs/s")
+            row.note += f"; CPU per run: server + sandboxes {(group.usage_ms() - cpu_before) / done:.1f} ms"
+        row.note += f"; {machine_note(busy, done, elapsed)}"
+    log(f"throughput{suffix}, 1 server x 8 in flight: {done / elapsed:.1f} runs/s")
 
 
 def judge(rows: dict[str, Row]) -> None:
@@ -1035,6 +1039,8 @@ def make_rows() -> dict[str, Row]:
             "**throughput, 8 clients (8 stdio servers)**", unit="runs/s", target=f"≥ {TARGET_RUNS_PER_S:g} runs/s"
         ),
         "throughput_1_server": Row("throughput, 1 server, 8 calls in flight", unit="runs/s"),
+        "throughput_8_servers_other": Row("throughput, 8 clients (8 stdio servers), `--compare` build", unit="runs/s"),
+        "throughput_1_server_other": Row("throughput, 1 server, 8 calls in flight, `--compare` build", unit="runs/s"),
         "idle_rss": Row("**server idle RSS (after warm-up)**", unit="MiB", target=f"≤ {TARGET_IDLE_MIB:g} MiB"),
         "idle_rss_other": Row("server idle RSS (after warm-up), `--compare` build, same moment", unit="MiB", baseline="idle_rss"),
         "rss_growth": Row("**server RSS growth after printing 200 MiB**", unit="MiB", target=f"≤ {TARGET_GROWTH_MIB:g} MiB"),
@@ -1151,6 +1157,10 @@ async def main_async(args: argparse.Namespace) -> int:
                 rows["hwm_growth"].note = f"{hwm_before / 1024:.1f} → {hwm_after / 1024:.1f} MiB"
         if "throughput" not in setup.skip:
             await throughput(setup, rows)
+            if args.compare:
+                other_binary = work / "snakebox-compare-throughput"
+                shutil.copy2(args.compare, other_binary)
+                await throughput(setup, rows, other_binary, "_other")
     finally:
         for group in CPU_GROUPS:
             group.remove()
@@ -1195,7 +1205,7 @@ def main() -> int:
     parser.add_argument("--snakebox", help="snakebox binary (default: target/release/snakebox; copied before use)")
     parser.add_argument(
         "--compare",
-        help="a second snakebox binary: its print('hi') and first-run rows are sampled in the same rounds (before/after)",
+        help="a second snakebox binary: its print('hi') and first-run rows are sampled in the same rounds, its throughput rows right after (before/after)",
     )
     parser.add_argument(
         "--backend",

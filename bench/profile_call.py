@@ -10,9 +10,19 @@ times are CLOCK_MONOTONIC too, so each call is cut into phases at these kernel e
   (unshare of the staging namespace) → exec bwrap → exec python inside → python exits →
   bwrap exits → server reaps it → server's last rmdir/unlink (cgroup + run dir removed) → reply.
 
+With the fork server on (the default), a call is forked instead: `--path forked` (chosen by
+itself when no bwrap child is seen) cuts it at the fork server's events instead:
+
+  send → the fork server forks the run's keeper (absent when a pre-forked child serves the run)
+  → the keeper's unshare → it forks the run's pid 1 → pid 1 forks the script's process (pid 2)
+  → pid 2 exits → the keeper exits (after reporting) → the server's last rmdir/unlink → reply,
+
+and adds where the CPU of each call goes (`sched:sched_stat_runtime`, by process role and
+server thread), on the hot path (send → reply) and after the reply (until the next call).
+
 Needs root and `perf` with tracefs. Usage:
 
-    target/e2e-venv/bin/python bench/profile_call.py [-n 20] [--snakebox PATH]
+    target/e2e-venv/bin/python bench/profile_call.py [-n 20] [--snakebox PATH] [--path cold|forked]
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ EVENTS = [
     "syscalls:sys_enter_rmdir",
     "syscalls:sys_enter_unlinkat",
     "syscalls:sys_exit_wait4",
+    "sched:sched_stat_runtime",
 ]
 
 PHASES = [
@@ -57,13 +68,40 @@ PHASES = [
 ]
 
 
-async def drive(binary: Path, data: Path, version: str, n: int, gap: float, perf_out: Path) -> tuple[int, list[tuple[float, float]]]:
+def fork_processes() -> dict[int, int]:
+    """pid → parent pid of every process running the fork server's program (fork servers and
+    their pre-forked children)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # (bwrap's own command line names the program too.)
+            if b"forkserver.py" not in (entry / "cmdline").read_bytes() or (entry / "comm").read_text().strip() == "bwrap":
+                continue
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        found[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return found
+
+
+async def drive(
+    binary: Path, data: Path, version: str, n: int, gap: float, perf_out: Path, extra: list[str]
+) -> tuple[int, list[tuple[float, float]], dict[int, int]]:
     env = {"SNAKEBOX_LOG": "warn", "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(Path.home()), **passed_through()}
-    argv = [str(binary), "serve", "--data-dir", str(data), "--python-version", version]
+    argv = [str(binary), "serve", "--data-dir", str(data), "--python-version", version, *extra]
     async with RawClient(argv, env) as client:
         for _ in range(5):
             result = await client.execute("print('hi')")
             assert result["status"] == "ok", result
+        # The fork server has started by now (or will not): let it settle, then note its tree.
+        await asyncio.sleep(2)
+        for _ in range(3):
+            result = await client.execute("print('hi')")
+            assert result["status"] == "ok", result
+        await asyncio.sleep(0.5)
+        tree = fork_processes()
         perf = subprocess.Popen(
             ["perf", "record", "-q", "-k", "CLOCK_MONOTONIC", "-a", "-o", str(perf_out), *sum((["-e", e] for e in EVENTS), [])],
             stdout=subprocess.DEVNULL,
@@ -82,7 +120,7 @@ async def drive(binary: Path, data: Path, version: str, n: int, gap: float, perf
         finally:
             perf.send_signal(signal.SIGINT)
             perf.wait()
-        return client.proc.pid, calls
+        return client.proc.pid, calls, tree
 
 
 def parse(perf_out: Path) -> list[tuple[float, str, int, int, str, str]]:
@@ -127,12 +165,107 @@ def phases(server: int, calls: list[tuple[float, float]], events: list) -> dict[
     return out
 
 
+def tgid_of(events: list) -> dict[int, int]:
+    """tid → tgid, from every event's pid/tid pair."""
+    return {e[3]: e[2] for e in events}
+
+
+def forked_phases(server: int, calls: list[tuple[float, float]], events: list, tree: dict[int, int]) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
+    """Phases of forked calls, and the CPU of each (hot path, and after the reply until the
+    next call) by process role."""
+    parent = dict(tree)
+    for e in events:
+        if e[4] == "sched_process_fork":
+            m = re.search(r"child_pid=(\d+)", e[5])
+            if m:
+                parent[int(m.group(1))] = e[2]
+    servers = {pid for pid, ppid in tree.items() if ppid not in tree}
+
+    def depth(pid: int) -> int | None:
+        """How far below a fork server `pid` is (0: a fork server)."""
+        d = 0
+        while pid not in servers:
+            if pid not in parent or d > 6:
+                return None
+            pid = parent[pid]
+            d += 1
+        return d
+
+    tgid = tgid_of(events)
+    names = {1: "keeper (fork server's child)", 2: "pid 1 (init, sets the sandbox up)", 3: "pid 2 (runner + script)"}
+
+    def role(pid: int, tid: int, comm: str) -> str | None:
+        if pid == server:
+            return f"server thread `{comm}`"
+        d = depth(pid)
+        if d == 0:
+            return "fork server"
+        if d is not None:
+            return "run: " + names.get(d, "the script's own children")
+        return None
+
+    phases: dict[str, list[float]] = {}
+    hot: dict[str, list[float]] = {}
+    after: dict[str, list[float]] = {}
+    for index, (t0, t1) in enumerate(calls):
+        end = calls[index + 1][0] if index + 1 < len(calls) else t1 + 0.2
+        w = [e for e in events if t0 <= e[0] <= t1 + 0.005]
+        pid2_fork = next(
+            (e for e in w if e[4] == "sched_process_fork" and depth(int(re.search(r"child_pid=(\d+)", e[5]).group(1))) == 3),  # type: ignore[union-attr]
+            None,
+        )
+        if pid2_fork is None:
+            print(f"call at {t0:.3f}: no forked run seen, skipped", file=sys.stderr)
+            continue
+        pid2 = int(re.search(r"child_pid=(\d+)", pid2_fork[5]).group(1))  # type: ignore[union-attr]
+        pid1 = parent[pid2]
+        keeper = parent.get(pid1)
+        points: list[tuple[str, float]] = [("client send", t0)]
+        keeper_fork = next((e for e in w if e[4] == "sched_process_fork" and f"child_pid={keeper} " in e[5] + " "), None)
+        if keeper_fork is not None:
+            points.append(("the fork server forks the keeper", keeper_fork[0]))
+            unshare = next((e for e in w if e[4] == "sys_enter_unshare" and e[2] == keeper), None)
+            if unshare is not None:
+                points.append(("the keeper's unshare", unshare[0]))
+            pid1_fork = next((e for e in w if e[4] == "sched_process_fork" and f"child_pid={pid1} " in e[5] + " "), None)
+            if pid1_fork is not None:
+                points.append(("pid 1 forked", pid1_fork[0]))
+        points.append(("pid 2 forked (the script's process)", pid2_fork[0]))
+        exits = {e[2]: e[0] for e in w if e[4] == "sched_process_exit" and e[2] == e[3]}
+        for label, pid in (("pid 2 exits", pid2), ("pid 1 exits", pid1), ("the keeper exits", keeper)):
+            if pid in exits:
+                points.append((label, exits[pid]))
+        last = max(p[1] for p in points)
+        removal = [e for e in w if e[2] == server and e[4] in ("sys_enter_rmdir", "sys_enter_unlinkat") and e[0] > last and e[0] <= t1]
+        if removal:
+            points.append(("server's last rmdir/unlink before the reply", removal[-1][0]))
+        points.append(("response received", t1))
+        points.sort(key=lambda p: p[1])
+        for (a, ta), (b, tb) in zip(points, points[1:]):
+            phases.setdefault(f"{a} → {b}", []).append((tb - ta) * 1000)
+        phases.setdefault("total, client send → response", []).append((t1 - t0) * 1000)
+        for bucket, lo, hi in ((hot, t0, t1), (after, t1, end)):
+            spent: dict[str, float] = {}
+            for e in events:
+                if e[4] != "sched_stat_runtime" or not lo <= e[0] <= hi:
+                    continue
+                m = re.search(r"runtime=(\d+)", e[5])
+                who = role(tgid.get(e[3], e[2]), e[3], e[1])
+                if m and who is not None:
+                    spent[who] = spent.get(who, 0.0) + int(m.group(1)) / 1e6
+            for who, ms in spent.items():
+                bucket.setdefault(who, []).append(ms)
+    return phases, hot, after
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--snakebox", default=str(REPO / "target" / "release" / "snakebox"))
     parser.add_argument("--python-version")
     parser.add_argument("-n", type=int, default=20, help="calls traced")
     parser.add_argument("--gap", type=float, default=0.3, help="seconds between calls (an idle server between calls)")
+    parser.add_argument("--path", choices=["auto", "cold", "forked"], default="auto", help="which launch path to cut the calls by")
+    parser.add_argument("--server-arg", action="append", default=[], help="an extra argument for `snakebox serve` (repeatable)")
     args = parser.parse_args()
     if shutil.which("perf") is None:
         raise SystemExit("perf not found")
@@ -144,15 +277,35 @@ def main() -> int:
         shutil.copy2(args.snakebox, binary)
         data = work / "data"
         data.mkdir(mode=0o755)
-        server, calls = asyncio.run(drive(binary, data, version, args.n, args.gap, work / "perf.data"))
-        result = phases(server, calls, parse(work / "perf.data"))
+        server, calls, tree = asyncio.run(drive(binary, data, version, args.n, args.gap, work / "perf.data", args.server_arg))
+        events = parse(work / "perf.data")
+        path = args.path
+        if path == "auto":
+            path = "forked" if tree else "cold"
+        hot: dict[str, list[float]] = {}
+        after: dict[str, list[float]] = {}
+        if path == "forked":
+            result, hot, after = forked_phases(server, calls, events, tree)
+        else:
+            result = phases(server, calls, events)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    n = len(next(iter(result.values()), []))
-    print(f"{n} calls, load {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
-    print("| phase | median ms | min | max |\n|---|---:|---:|---:|")
+    n = len(result.get("total, client send → response", []))
+    print(f"{n} calls ({path}), load {' '.join(f'{x:.2f}' for x in os.getloadavg())}\n")
+    print("| phase | median ms | min | max | n |\n|---|---:|---:|---:|---:|")
     for name, values in result.items():
-        print(f"| {name} | {statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f} |")
+        print(f"| {name} | {statistics.median(values):.2f} | {min(values):.2f} | {max(values):.2f} | {len(values)} |")
+    for title, bucket in (("on the hot path (send → reply)", hot), ("after the reply, until the next call", after)):
+        if not bucket:
+            continue
+        # Mean over all calls (a role that did not run in a call counts 0 there).
+        print(f"\nCPU {title}, ms per call (mean)\n\n| who | ms |\n|---|---:|")
+        total = 0.0
+        for who, values in sorted(bucket.items(), key=lambda kv: -sum(kv[1])):
+            mean = sum(values) / n if n else 0.0
+            total += mean
+            print(f"| {who} | {mean:.2f} |")
+        print(f"| **all of it** | {total:.2f} |")
     print(json.dumps({k: statistics.median(v) for k, v in result.items()}), file=sys.stderr)
     return 0
 

@@ -207,6 +207,8 @@ async def test_warm_pool_zero_runs_everything_cold(snakebox_bin, data_dir):
             "forked": 0,
             "fork_server_error": None,
             "fork_server_details": [],
+            "prefork": 0,
+            "preforked": 0,
         }, state
 
 

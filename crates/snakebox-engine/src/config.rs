@@ -11,6 +11,8 @@ use snakebox_sandbox::BackendKind;
 pub const DEFAULT_PRELOAD_PACKAGES: usize = 8;
 /// The most it may be set to (the fork server takes no more than 64 modules either way).
 pub const MAX_PRELOAD_PACKAGES: usize = 64;
+/// Pre-forked children each fork server keeps ready by default ([`EngineConfig::prefork`]).
+pub const DEFAULT_PREFORK: usize = 2;
 
 /// Everything the engine needs to know from the operator.
 /// `python_downloads`: whether the server downloads a Python version it lacks.
@@ -89,6 +91,10 @@ pub struct EngineConfig {
     /// How many of an environment's declared distributions its fork server imports before it
     /// forks runs (`0`: none; the rest are imported by the runs that need them).
     pub preload_packages: usize,
+    /// Children each fork server keeps already forked into a run's fresh sandbox, waiting for
+    /// a run (`0`: every run is forked when it comes); at most
+    /// [`snakebox_sandbox::MAX_PREFORK`].
+    pub prefork: usize,
     /// Build the default environment at start-up.
     pub warm_cache: bool,
     /// Environment cache: total size above which least-recently-used environments are pruned.
@@ -148,6 +154,7 @@ impl EngineConfig {
             warm_pool: 2,
             fork_server: true,
             preload_packages: DEFAULT_PRELOAD_PACKAGES,
+            prefork: DEFAULT_PREFORK,
             warm_cache: true,
             cache_max_bytes: 10 * 1024 * 1024 * 1024,
             cache_max_age: Duration::from_secs(30 * 24 * 3600),

@@ -50,7 +50,8 @@ pub use artifacts::{
 pub use audit::{AUDIT_DIR, AuditEntry, audit_files, read_audit, utc_text};
 pub use caller::{Caller, LOCAL_TENANT, is_plain_name};
 pub use config::{
-    DEFAULT_PRELOAD_PACKAGES, EngineConfig, MAX_PRELOAD_PACKAGES, PythonDownloads, SessionSettings,
+    DEFAULT_PREFORK, DEFAULT_PRELOAD_PACKAGES, EngineConfig, MAX_PRELOAD_PACKAGES, PythonDownloads,
+    SessionSettings,
 };
 pub use error::{EngineError, ErrorKind, Hint};
 pub use events::{EventKind, SecurityEvent};
@@ -226,7 +227,7 @@ impl Engine {
             resolver: network::ResolverCell::default(),
             running: lifecycle::RunningCalls::default(),
             compiles: compile::CompileQueue::default(),
-            pool: pool::WarmPool::new(config.warm_pool, config.fork_server),
+            pool: pool::WarmPool::new(config.warm_pool, config.fork_server, config.prefork),
             sessions,
             artifacts,
             runs: Arc::new(Semaphore::new(config.max_concurrent_runs.max(1))),

@@ -332,6 +332,13 @@ impl Engine {
                 // No user code ran: a cold start serves the run instead.
                 Err(err) if err.retry_elsewhere() => {
                     tracing::warn!(error = %crate::describe(&err), "fork server; running cold");
+                    if let Err(source) = run_dir.write_runner() {
+                        outcome = Some(Err(snakebox_sandbox::SpawnError::Path {
+                            path: run_dir.input.clone(),
+                            source,
+                        }
+                        .into()));
+                    }
                 }
                 forked => outcome = Some(forked),
             }

@@ -160,6 +160,8 @@ pub(crate) struct WarmPool {
     cold: AtomicU64,
     forked: AtomicU64,
     fork_enabled: bool,
+    /// Pre-forked children per fork server (`--prefork`).
+    prefork: usize,
     /// The run directories are ready for a fork server ([`Engine::prepare_fork_server`]).
     fork_prepared: AtomicBool,
 }
@@ -191,8 +193,13 @@ pub struct PoolReport {
     /// Why the last fork server start failed, if it did (it is retried after 5 s).
     pub fork_server_error: Option<String>,
     /// Each fork server running now: what it preloaded and what it costs
-    /// (`--preload-packages`).
+    /// (`--preload-packages`), and its pre-forked children (`--prefork`).
     pub fork_server_details: Vec<ForkServerReport>,
+    /// Children each fork server keeps already forked into a run's fresh sandbox
+    /// (`--prefork`; 0: none).
+    pub prefork: usize,
+    /// Runs served by a pre-forked child, by the fork servers running now.
+    pub preforked: u64,
 }
 
 /// One fork server in `check_environment`.
@@ -205,11 +212,16 @@ pub struct ForkServerReport {
     /// The most memory its cgroup has been charged (interpreter, preloaded modules, files it
     /// read); `null` where the cgroup does not count it.
     pub peak_memory_bytes: Option<u64>,
+    /// Pre-forked children waiting for a run now.
+    pub prefork_ready: usize,
+    /// Runs one of its pre-forked children served.
+    pub preforked: u64,
 }
 
 impl WarmPool {
-    pub(crate) fn new(size: usize, fork_enabled: bool) -> WarmPool {
+    pub(crate) fn new(size: usize, fork_enabled: bool, prefork: usize) -> WarmPool {
         WarmPool {
+            prefork,
             forked: AtomicU64::new(0),
             fork_enabled: fork_enabled && size > 0,
             fork_prepared: AtomicBool::new(false),
@@ -430,11 +442,15 @@ impl WarmPool {
                         environment: f.key.environment.clone(),
                         preloaded: f.server.preloaded().to_vec(),
                         peak_memory_bytes: f.server.peak_memory_bytes(),
+                        prefork_ready: f.server.prefork_ready(),
+                        preforked: f.server.preforked_runs(),
                     })
                     .collect()
             } else {
                 Vec::new()
             },
+            prefork: if self.fork_enabled { self.prefork } else { 0 },
+            preforked: inner.forks.iter().map(|f| f.server.preforked_runs()).sum(),
             fork_server_error: if self.fork_enabled {
                 inner
                     .fork_error

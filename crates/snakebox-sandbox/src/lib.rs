@@ -51,7 +51,7 @@ pub use crate::error::{
 };
 pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
 pub use crate::native::forkserver::{
-    ForkRun, ForkServer, ForkServerSpec, mount_runs_root, unmount_runs_root,
+    ForkRun, ForkServer, ForkServerSpec, MAX_PREFORK, mount_runs_root, unmount_runs_root,
 };
 pub use crate::native::seccomp::exec_deny_program;
 pub use crate::netproxy::{

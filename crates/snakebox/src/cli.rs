@@ -424,6 +424,10 @@ pub struct PoolArgs {
     /// forks runs, so that a run finds them in memory (`0`: none) [default: 8].
     #[arg(long, env = "SNAKEBOX_PRELOAD_PACKAGES", value_name = "N")]
     pub preload_packages: Option<usize>,
+    /// Children each fork server keeps already forked into a run's fresh sandbox, waiting
+    /// for a run, so that a call pays only for its code (`0`: none) [default: 2].
+    #[arg(long, env = "SNAKEBOX_PREFORK", value_name = "N")]
+    pub prefork: Option<usize>,
 }
 
 /// Environments: how they are built and how long they are kept (`[cache]`).

@@ -91,6 +91,7 @@ const FLAT_KEYS: &[FlatKey] = &[
     ("warm_pool", "pool", "size"),
     ("fork_server", "pool", "fork_server"),
     ("preload_packages", "pool", "preload_packages"),
+    ("prefork", "pool", "prefork"),
     ("no_warm_cache", "cache", "no_warm"),
     ("allow_sdist_builds", "cache", "allow_sdist_builds"),
     ("install_timeout", "cache", "install_timeout"),
@@ -274,6 +275,7 @@ struct PoolFile {
     size: Option<usize>,
     fork_server: Option<Switch>,
     preload_packages: Option<usize>,
+    prefork: Option<usize>,
 }
 
 /// `[cache]`.
@@ -833,6 +835,15 @@ fn resolve_pool(args: &PoolArgs, file: &PoolFile, config: &mut EngineConfig) -> 
             );
         }
         config.preload_packages = count;
+    }
+    if let Some(count) = args.prefork.or(file.prefork) {
+        if count > snakebox_sandbox::MAX_PREFORK {
+            bail!(
+                "--prefork must be at most {}, got `{count}`",
+                snakebox_sandbox::MAX_PREFORK
+            );
+        }
+        config.prefork = count;
     }
     Ok(())
 }
@@ -1456,7 +1467,7 @@ network = \"off\"
         flat_typo_gets_a_did_you_mean: "max_timeuot = 5\n" => ["unknown key `max_timeuot`", "hint: did you mean `max_timeout`?"],
         section_typo_gets_a_did_you_mean: "[limit]\nmax_timeout = 5\n" => ["unknown key `limit`", "did you mean the section `[limits]`?"],
         key_typo_in_a_section: "[limits]\nmemroy = \"1G\"\n" => ["unknown key `memroy` in `[limits]`", "did you mean `memory`?"],
-        unknown_key_in_a_section_lists_the_keys: "[pool]\nwhatever = 1\n" => ["unknown key `whatever` in `[pool]`", "`size`, `fork_server`, `preload_packages`"],
+        unknown_key_in_a_section_lists_the_keys: "[pool]\nwhatever = 1\n" => ["unknown key `whatever` in `[pool]`", "`size`, `fork_server`, `preload_packages`, `prefork`"],
         flat_key_inside_its_section: "[limits]\nmemory_limit = \"1G\"\n" => ["`memory_limit`", "in a section it is `[limits] memory`"],
         key_in_the_wrong_section: "[limits]\nidle_stop = 5\n" => ["`idle_stop` in `[limits]`", "belongs in `[sessions]`"],
         sectioned_key_at_the_top: "idle_stop = 5\n" => ["unknown key `idle_stop`", "`[sessions] idle_stop`"],
@@ -1518,6 +1529,7 @@ network = \"off\"
         ("warm_pool", "5"),
         ("fork_server", "\"off\""),
         ("preload_packages", "3"),
+        ("prefork", "3"),
         ("no_warm_cache", "true"),
         ("allow_sdist_builds", "true"),
         ("install_timeout", "90"),
@@ -1748,6 +1760,7 @@ network = \"off\"
             "--warm-pool=5",
             "--fork-server=off",
             "--preload-packages=3",
+            "--prefork=3",
             "--uv-path=/opt/uv",
             "--python-downloads=automatic",
             "--bwrap-path=/opt/bwrap",

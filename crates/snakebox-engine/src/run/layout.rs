@@ -54,6 +54,18 @@ impl RunDir {
         script: Option<&str>,
         owner: Option<(u32, u32)>,
     ) -> std::io::Result<RunDir> {
+        RunDir::create_with(data_dir, id, script, owner, true)
+    }
+
+    /// [`RunDir::create`]; `runner`: write the runner beside the script (a forked run has
+    /// it imported already, from its fork server).
+    fn create_with(
+        data_dir: &Path,
+        id: &str,
+        script: Option<&str>,
+        owner: Option<(u32, u32)>,
+        runner: bool,
+    ) -> std::io::Result<RunDir> {
         use std::os::unix::fs::PermissionsExt;
         let root = server_runs_dir(data_dir).join(id);
         let dir = RunDir {
@@ -67,19 +79,14 @@ impl RunDir {
         for path in [&dir.input, &dir.work, &dir.tmp] {
             fs_err::create_dir_all(path)?;
         }
-        fs_err::write(
-            dir.input.join(crate::runner::FILE_NAME),
-            crate::runner::SOURCE,
-        )?;
+        if runner {
+            dir.write_runner()?;
+        }
         // The sandboxed user is unprivileged: it may read the inputs and write the working
         // directory, nothing else of ours. (The run directory itself is private to the server
         // user; only the sandbox's bind mounts expose these.)
         fs_err::set_permissions(&dir.root, std::fs::Permissions::from_mode(0o711))?;
         fs_err::set_permissions(&dir.input, std::fs::Permissions::from_mode(0o755))?;
-        fs_err::set_permissions(
-            dir.input.join(crate::runner::FILE_NAME),
-            std::fs::Permissions::from_mode(0o644),
-        )?;
         if let Some(script) = script {
             dir.write_script(script)?;
         }
@@ -90,6 +97,16 @@ impl RunDir {
             fs_err::set_permissions(writable, std::fs::Permissions::from_mode(0o700))?;
         }
         Ok(dir)
+    }
+
+    /// Write the runner into the input directory (read-only inside the sandbox): a run
+    /// directory made for a forked run has none, and gets it when its run starts cold after
+    /// all.
+    pub(crate) fn write_runner(&self) -> std::io::Result<()> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.input.join(crate::runner::FILE_NAME);
+        fs_err::write(&path, crate::runner::SOURCE)?;
+        fs_err::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
     }
 
     /// Write the script into the input directory (read-only inside the sandbox).
@@ -130,7 +147,7 @@ impl RunDir {
         scratch_bytes: Option<u64>,
     ) -> std::io::Result<RunDir> {
         let runs_as = RunsAs::Leased(sandbox.lease_identity());
-        RunDir::for_uid(runs_as, data_dir, id, script, scratch_bytes)
+        RunDir::for_uid(runs_as, data_dir, id, script, scratch_bytes, true)
     }
 
     /// Create the run directory of one run forked by `server`: it runs as the fork server's
@@ -143,7 +160,7 @@ impl RunDir {
         scratch_bytes: Option<u64>,
     ) -> std::io::Result<RunDir> {
         let runs_as = RunsAs::Borrowed(server.identity(), server.host_ids());
-        RunDir::for_uid(runs_as, data_dir, id, script, scratch_bytes)
+        RunDir::for_uid(runs_as, data_dir, id, script, scratch_bytes, false)
     }
 
     fn for_uid(
@@ -152,9 +169,10 @@ impl RunDir {
         id: &str,
         script: Option<&str>,
         scratch_bytes: Option<u64>,
+        runner: bool,
     ) -> std::io::Result<RunDir> {
         let owner = runs_as.host_ids();
-        let mut dir = RunDir::create(data_dir, id, script, owner)?;
+        let mut dir = RunDir::create_with(data_dir, id, script, owner, runner)?;
         dir.runs_as = Some(runs_as);
         if let Some(size) = scratch_bytes {
             dir.cap_work(size, owner).map_err(std::io::Error::other)?;

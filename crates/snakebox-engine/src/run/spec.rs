@@ -138,6 +138,7 @@ impl Engine {
             mount_points: vec![PathBuf::from(SANDBOX_INPUT_DIR), work],
             concurrent_runs: self.config.max_concurrent_runs,
             preload: preload_names(&environment.requirements, self.config.preload_packages),
+            prefork: self.config.prefork,
         }
     }
 

@@ -28,9 +28,24 @@ as detached mounts, and the run's cgroup `tasks` files. For each request it fork
 3. pid 1 forks the run itself (pid 2), and from then on only reaps, as bubblewrap's init does,
    and passes the run's wait status back.
 
+**Pre-forked children.** A request `spare <n> <json>` (the JSON holds no run's data: the
+fresh `/tmp` and `/dev/shm` sizes and the per-user counter shares, the same for every run of
+this fork server) comes with a socket of the child's own and the `cgroup.procs` files of a
+cgroup the server made for it. The fork server forks a child that does steps 1 and 2 above
+as far as they need no run (the cgroup, the namespaces, fresh /tmp, /dev/shm, devpts, /proc
+and its covers, the counter shares, loopback), then waits on its socket, having seen nothing
+of any run. The server hands a run to it directly on that socket (the same descriptors and
+request as `run`, without cgroup files: it is in its cgroup already), so the fork server is
+not on the run's path at all. The child says `taken` to its keeper, attaches the run's
+directories, sets the run's rlimits, and goes on as in step 2 (stdio, capabilities, seccomp)
+and 3. Each serves one run; a spare whose socket closes before a run arrives (the server
+dropped it) exits without running anything.
+
 Messages to the server: `ready`; `exit <n> <wait status>` (of the run, pid 2) or
 `fail <n> <reason>` (setup went wrong before user code ran), sent by the child; and
 `gone <n> <wait status>` (of the child itself), sent by the fork server when it reaped it.
+The child reports the run's end as soon as pid 1 says it, before the run's namespaces are
+torn down (the server kills what is left of the run through its cgroup either way).
 """
 
 import ctypes
@@ -301,8 +316,16 @@ class ForkServer:
                     fds.extend(struct.unpack("%di" % (usable // 4), data[:usable]))
             if not message:
                 return 0
-            words = message.split()
-            if len(words) != 2 or words[0] != b"run" or not words[1].isdigit() or len(fds) < 4:
+            words = message.split(b" ", 2)
+            kind = words[0]
+            well_formed = len(words) >= 2 and words[1].isdigit()
+            if kind == b"run":
+                well_formed = well_formed and len(words) == 2 and len(fds) >= 4
+            elif kind == b"spare":
+                well_formed = well_formed and len(words) == 3 and len(fds) >= 1
+            else:
+                well_formed = False
+            if not well_formed:
                 for fd in fds:
                     os.close(fd)
                 continue
@@ -319,6 +342,8 @@ class ForkServer:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 os.close(wake_r)
                 os.close(wake_w)
+                if kind == b"spare":
+                    return self.spare(run_id, words[2], fds)
                 return self.child(run_id, fds)
             self.children[pid] = run_id
             for fd in fds:
@@ -340,60 +365,104 @@ class ForkServer:
         """The run's keeper: makes the run's namespaces, forks its pid 1 into them, and reports
         how the run ended. Returns only in the run itself (pid 2)."""
         try:
-            request, status_r, status_w = self.enter_namespaces(fds)
+            request = _read_request(fds[3])
+            mounts = int(request["mounts"])
+            cgroups = int(request["cgroups"])
+            _enter_namespaces(fds[4 + mounts : 4 + mounts + cgroups])
+            _set_rlimits(request["rlimits"])
+            status_r, status_w = os.pipe()
             pid1 = os.fork()
         except Exception as err:  # noqa: BLE001 - reported to the server
             self.send("fail %s %s" % (run_id, err))
             os._exit(127)
         if pid1 == 0:
             os.close(status_r)
+            try:
+                self.prepare(request["tmpfs"], request["user_limits"])
+            except Exception as err:  # noqa: BLE001 - reported through the keeper
+                _fail(status_w, err)
             return self.pid1(request, fds, status_w)
         os.close(status_w)
         # (The request and cgroup descriptors are closed already; their numbers may be reused.)
         for fd in fds[:3] + fds[4 : 4 + int(request["mounts"])]:
             os.close(fd)
-        report = _read_all(status_r, MAX_MESSAGE).decode("utf-8", "replace")
-        _, status = os.waitpid(pid1, 0)
-        if report.startswith("exit ") or report.startswith("fail "):
+        self.keep(run_id, pid1, status_r, taken=True)
+
+    def spare(self, run_id, spec_text, fds):
+        """A pre-forked child's keeper: makes a run's namespaces and sandbox before any run,
+        then its pid 1 waits on `fds[0]` for the one run it will serve (see the module
+        documentation). Returns only in the run itself (pid 2)."""
+        sock_fd = fds[0]
+        try:
+            spec = json.loads(spec_text)
+            _enter_namespaces(fds[1:])
+            status_r, status_w = os.pipe()
+            pid1 = os.fork()
+        except Exception as err:  # noqa: BLE001 - reported to the server
+            self.send("fail %s %s" % (run_id, err))
+            os._exit(127)
+        if pid1 == 0:
+            os.close(status_r)
+            try:
+                self.prepare(spec["tmpfs"], spec["user_limits"])
+            except Exception as err:  # noqa: BLE001 - reported through the keeper
+                _fail(status_w, err)
+            request, run_fds = _wait_for_run(sock_fd)
+            os.write(status_w, b"taken\n")
+            try:
+                if request["tmpfs"] != spec["tmpfs"]:
+                    for target, size in request["tmpfs"]:
+                        _fresh_tmpfs(target, size)
+                _set_rlimits(request["rlimits"])
+            except Exception as err:  # noqa: BLE001 - reported through the keeper
+                _fail(status_w, err)
+            return self.pid1(request, run_fds, status_w)
+        os.close(status_w)
+        os.close(sock_fd)
+        self.keep(run_id, pid1, status_r, taken=False)
+
+    def keep(self, run_id, pid1, status_r, taken):
+        """Report how the run of pid 1 ended, as soon as pid 1 says so (its namespaces are torn
+        down after), then reap it. `taken`: pid 1 has its run already (else it says `taken`
+        when its run arrives; ending before that, it ran nothing)."""
+        buffer = b""
+        report = None
+        while report is None:
+            try:
+                chunk = os.read(status_r, MAX_MESSAGE)
+            except InterruptedError:
+                continue
+            if not chunk:
+                break
+            buffer += chunk
+            while b"\n" in buffer and report is None:
+                line, _, buffer = buffer.partition(b"\n")
+                if line == b"taken":
+                    taken = True
+                elif line.startswith(b"exit ") or line.startswith(b"fail "):
+                    report = line.decode("utf-8", "replace")
+        if report is not None:
             kind, _, rest = report.partition(" ")
             self.send("%s %s %s" % (kind, run_id, rest))
+            _, status = os.waitpid(pid1, 0)
         else:
-            # Pid 1 ended without a word: killed (a time-out or a cancel goes through the
-            # run's cgroup), so the run was too.
-            self.send("exit %s %d" % (run_id, status))
+            _, status = os.waitpid(pid1, 0)
+            if taken:
+                # Pid 1 ended without a word: killed (a time-out or a cancel goes through the
+                # run's cgroup), so the run was too.
+                self.send("exit %s %d" % (run_id, status))
+            else:
+                self.send("fail %s the pre-forked child ended before its run (status %d)" % (run_id, status))
         os._exit(0)
 
-    def enter_namespaces(self, fds):
-        request_fd = fds[3]
-        request = json.loads(_read_all(request_fd, MAX_REQUEST))
-        os.close(request_fd)
-        mounts = int(request["mounts"])
-        cgroups = int(request["cgroups"])
-        for fd in fds[4 + mounts : 4 + mounts + cgroups]:
-            os.write(fd, b"0")
-            os.close(fd)
-        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-        uid, gid = os.geteuid(), os.getegid()
-        _check(_libc.unshare(UNSHARE_FLAGS), "unshare")
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", "%d %d 1" % (SANDBOX_ID, uid))
-        _write("/proc/self/gid_map", "%d %d 1" % (SANDBOX_ID, gid))
-        for kind, soft, hard in request["rlimits"]:
-            resource.setrlimit(kind, (soft, hard))
-        status_r, status_w = os.pipe()
-        return request, status_r, status_w
-
     def pid1(self, request, fds, status_w):
-        """Pid 1 of the run's pid namespace: set the sandbox up, fork the run, reap."""
+        """Pid 1 of the run's pid namespace, its sandbox prepared: give it the run's
+        directories, stdio and the last restrictions, fork the run, reap."""
         try:
             self.setup(request, fds, status_w)
             pid = os.fork()
         except Exception as err:  # noqa: BLE001 - reported through the keeper
-            try:
-                os.write(status_w, ("fail %s" % err).encode("utf-8", "replace")[:MAX_MESSAGE])
-            except OSError:
-                pass
-            os._exit(127)
+            _fail(status_w, err)
         if pid != 0:
             _init(pid, status_w)
         os.close(status_w)
@@ -406,22 +475,20 @@ class ForkServer:
         finally:
             _finish(code)
 
-    def setup(self, request, fds, status_w):
-        stdout, stderr, control = fds[0], fds[1], fds[2]
-        mount_fds = fds[4 : 4 + int(request["mounts"])]
+    def prepare(self, tmpfs, user_limits):
+        """What pid 1 sets up before it knows its run: its own mount table with fresh /tmp,
+        /dev/shm, devpts and /proc (with bubblewrap's covers), the run's share of the per-user
+        counters, loopback, and its OOM score."""
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
-        for fd, (target, writable) in zip(mount_fds, request["targets"]):
-            _attach(fd, target, writable)
-            os.close(fd)
-        for target, size in request["tmpfs"]:
+        for target, size in tmpfs:
             _fresh_tmpfs(target, size)
         # A devpts instance of its own: terminals another run opens are not in its /dev/pts.
         _mount("devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620")
         _mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         # The run's share of the per-user counters the kernel keeps for the fork server's
         # host uid (every run of this fork server charges them to that uid).
-        for name, value in request["user_limits"]:
+        for name, value in user_limits:
             _write("/proc/sys/user/" + name, "%d" % value)
         for name in PROC_COVERS:
             path = "/proc/" + name
@@ -430,6 +497,15 @@ class ForkServer:
                 _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
         _loopback_up()
         _write("/proc/self/oom_score_adj", "1000")
+
+    def setup(self, request, fds, status_w):
+        """Pid 1's setup once its run is known: the run's directories, stdio, no capabilities,
+        a new session, the run's seccomp programs, no other descriptor."""
+        stdout, stderr, control = fds[0], fds[1], fds[2]
+        mount_fds = fds[4 : 4 + int(request["mounts"])]
+        for fd, (target, writable) in zip(mount_fds, request["targets"]):
+            _attach(fd, target, writable)
+            os.close(fd)
         null = os.open("/dev/null", os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(stdout, 1)
@@ -454,6 +530,70 @@ class ForkServer:
                     os.close(fd)
                 except OSError:
                     pass
+
+
+def _read_request(request_fd):
+    request = json.loads(_read_all(request_fd, MAX_REQUEST))
+    os.close(request_fd)
+    return request
+
+
+def _enter_namespaces(cgroup_fds):
+    """In a keeper: join the run's cgroups (through the `cgroup.procs` files the server opened),
+    then make the run's user, mount, pid, network, ipc, uts and cgroup namespaces, mapping
+    only our own uid (as SANDBOX_ID). The next child is the run's pid 1."""
+    for fd in cgroup_fds:
+        os.write(fd, b"0")
+        os.close(fd)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    uid, gid = os.geteuid(), os.getegid()
+    _check(_libc.unshare(UNSHARE_FLAGS), "unshare")
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", "%d %d 1" % (SANDBOX_ID, uid))
+    _write("/proc/self/gid_map", "%d %d 1" % (SANDBOX_ID, gid))
+
+
+def _set_rlimits(rlimits):
+    for kind, soft, hard in rlimits:
+        resource.setrlimit(kind, (soft, hard))
+
+
+def _fail(status_w, err):
+    """In pid 1 before the run: report why its setup failed, and end (no user code ran)."""
+    try:
+        text = ("fail %s" % err).replace("\n", " ")
+        os.write(status_w, (text.encode("utf-8", "replace")[: MAX_MESSAGE - 1] + b"\n"))
+    except OSError:
+        pass
+    os._exit(127)
+
+
+def _wait_for_run(sock_fd):
+    """In a pre-forked pid 1: wait for the one run it serves (a message with its descriptors),
+    then close the socket. Ends the process, running nothing, when the socket closes first
+    (the server dropped this child) or the message is not a run."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=sock_fd)
+    while True:
+        try:
+            message, ancillary, _, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(MAX_FDS * 4))
+            break
+        except InterruptedError:
+            continue
+        except OSError:
+            os._exit(0)
+    sock.close()
+    fds = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds.extend(struct.unpack("%di" % (usable // 4), data[:usable]))
+    if message != b"run" or len(fds) < 4:
+        os._exit(0)
+    try:
+        request = _read_request(fds[3])
+    except Exception:  # noqa: BLE001 - a malformed request: nothing runs
+        os._exit(0)
+    return request, fds
 
 
 PRELOAD_VAR = "SNAKEBOX_PRELOAD"
@@ -550,7 +690,7 @@ def _init(main, status_w):
             os._exit(255)
         if pid == main:
             try:
-                os.write(status_w, b"exit %d" % status)
+                os.write(status_w, b"exit %d\n" % status)
             except OSError:
                 pass
             os._exit(0)

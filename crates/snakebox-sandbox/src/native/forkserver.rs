@@ -21,6 +21,18 @@
 //! (`open_tree`), sent with the request together with the request itself (in a memfd that only
 //! the forked child reads, so the fork server's memory never holds a run's data).
 //!
+//! **Pre-forked children.** With [`ForkServerSpec::prefork`] above 0, it keeps that many
+//! children already forked into a run's fresh namespaces, each in a cgroup of its own with the
+//! run limits the spec names, its `/tmp`, `/dev/shm`, devpts, `/proc`, counter shares and
+//! loopback set up, waiting on a socket of its own for the one run it will serve. A run whose
+//! limits match takes one: its request goes straight to that child, which attaches the run's
+//! directories, drops its capabilities, installs the seccomp programs and forks the script,
+//! so the call pays only for that and the code. A child has seen nothing of any run before
+//! its own (it is made before the request, from the fork server, which holds no run's data),
+//! serves exactly one, and is replaced off the call's path by a thread of its own, once the
+//! run it served has ended (so that making it takes no CPU from that run). Dropping
+//! the fork server (or its stopping) ends its waiting children and removes their cgroups.
+//!
 //! **What its runs share.** Every run it forks is its fork: the same interpreter memory (the
 //! same hash seed, address layout and stack canary), and the fork server's host uid, under a
 //! user namespace of its own nested in the fork server's. Per-user kernel counters (inotify
@@ -30,12 +42,12 @@
 //! the fork server, it could do in each of that environment's runs anyway; a fork server
 //! serves one environment.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc::UnboundedSender;
@@ -71,6 +83,10 @@ const SETUP_FAILED: &str = "the run's sandbox could not be set up";
 const KILLED_REPORT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest message from the fork server.
 const MESSAGE_MAX: usize = 64 * 1024;
+/// Pre-forked children a fork server may keep at most ([`ForkServerSpec::prefork`]).
+pub const MAX_PREFORK: usize = 16;
+/// How long the refill waits after a failed attempt to make a pre-forked child.
+const SPARE_RETRY: Duration = Duration::from_secs(1);
 
 /// The CPU a fork server may use (thousandths of a core): a fork costs it well under a
 /// millisecond, so this serves hundreds of runs a second, while code of its environment that
@@ -102,6 +118,80 @@ enum Report {
 
 type Waiters = Arc<Mutex<HashMap<u64, oneshot::Sender<Report>>>>;
 
+/// A pre-forked child waiting for its run (see the module documentation).
+#[derive(Debug)]
+struct Spare {
+    id: u64,
+    /// Our end of its socket: its run's request is sent here.
+    socket: OwnedFd,
+    /// Its cgroup, made with [`Spares::limits`]: the run's once taken.
+    cgroup: RunCgroup,
+}
+
+/// The pre-forked children of one fork server, and what keeps them made.
+#[derive(Debug)]
+struct Spares {
+    state: Mutex<SpareState>,
+    changed: Condvar,
+    /// How many to keep ready.
+    target: usize,
+    /// The limits they are made with: a run takes one only if its limits match.
+    limits: Limits,
+    /// What every one is told (`forkserver.py`: `spare <n> <json>`).
+    spec: String,
+    /// Runs served by one.
+    served: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct SpareState {
+    ready: VecDeque<Spare>,
+    /// Ones that ended (or failed to set up) before any run was handed to them.
+    dead: HashSet<u64>,
+    /// Taken ones whose runs have not ended: each is replaced when its run ends, so that
+    /// making its replacement does not take CPU from the run.
+    in_flight: usize,
+    stopping: bool,
+}
+
+/// A taken pre-forked child's place: its replacement is made once this is dropped (when its
+/// run has ended, however it ends).
+struct InFlight<'a>(&'a Spares);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.lock();
+        state.in_flight = state.in_flight.saturating_sub(1);
+        drop(state);
+        self.0.changed.notify_all();
+    }
+}
+
+impl Spares {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SpareState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a run with `limits` may take one: the same cgroup limits and scratch size.
+    fn fits(&self, limits: &Limits) -> bool {
+        self.limits.memory_bytes == limits.memory_bytes
+            && self.limits.max_processes == limits.max_processes
+            && self.limits.cpu_millicores == limits.cpu_millicores
+            && self.limits.scratch_bytes == limits.scratch_bytes
+    }
+
+    /// Stop keeping them, and end those waiting (their sockets close, their cgroups go).
+    fn stop(&self) {
+        let ready = {
+            let mut state = self.lock();
+            state.stopping = true;
+            std::mem::take(&mut state.ready)
+        };
+        self.changed.notify_all();
+        drop(ready);
+    }
+}
+
 /// What the fork server is started with.
 #[derive(Debug, Clone)]
 pub struct ForkServerSpec {
@@ -126,6 +216,10 @@ pub struct ForkServerSpec {
     /// before it serves, so that a forked run finds them in memory (empty: none). Their
     /// import-time code runs in the fork server's sandbox, under its limits.
     pub preload: Vec<String>,
+    /// Children kept already forked into a run's sandbox, waiting for a run (0: none; at
+    /// most [`MAX_PREFORK`]). They are made with `policy.limits`: runs with other memory,
+    /// process, CPU or scratch limits are forked when they come.
+    pub prefork: usize,
 }
 
 /// One run for the fork server. It runs as the fork server's identity
@@ -164,7 +258,9 @@ pub struct ForkServer {
     /// Each run's share of the message-queue and pending-signal limits.
     run_rlimits: Vec<Rlimit>,
     files: PathBuf,
-    next: AtomicU64,
+    next: Arc<AtomicU64>,
+    /// Its pre-forked children.
+    spares: Arc<Spares>,
 }
 
 impl NativeBackend {
@@ -274,7 +370,19 @@ impl NativeBackend {
             user_limits: user_limit_shares(shares(spec.concurrent_runs)),
             run_rlimits: rlimit_shares(shares(spec.concurrent_runs)),
             files,
-            next: AtomicU64::new(1),
+            next: Arc::new(AtomicU64::new(1)),
+            spares: Arc::new(Spares {
+                state: Mutex::new(SpareState::default()),
+                changed: Condvar::new(),
+                target: spec.prefork.min(MAX_PREFORK),
+                limits: policy.limits.clone(),
+                spec: serde_json::json!({
+                    "tmpfs": [["/tmp", policy.limits.scratch_bytes], ["/dev/shm", policy.limits.scratch_bytes]],
+                    "user_limits": user_limit_shares(shares(spec.concurrent_runs)),
+                })
+                .to_string(),
+                served: AtomicU64::new(0),
+            }),
         };
         let reader = server
             .socket
@@ -303,10 +411,27 @@ impl NativeBackend {
         server.alive.store(true, Ordering::SeqCst);
         let waiters = Arc::clone(&server.waiters);
         let alive = Arc::clone(&server.alive);
+        let spares = Arc::clone(&server.spares);
         std::thread::Builder::new()
             .name("snakebox-forkserver".into())
-            .spawn(move || read_reports(&reader, &waiters, &alive))
+            .spawn(move || read_reports(&reader, &waiters, &alive, &spares))
             .map_err(|err| fail(format!("could not start its reader: {err}")))?;
+        if server.spares.target > 0 {
+            let maker = SpareMaker {
+                socket: server
+                    .socket
+                    .try_clone()
+                    .map_err(|err| fail(format!("could not share its socket: {err}")))?,
+                cgroups: Arc::clone(&server.cgroups),
+                next: Arc::clone(&server.next),
+                alive: Arc::clone(&server.alive),
+                spares: Arc::clone(&server.spares),
+            };
+            std::thread::Builder::new()
+                .name("snakebox-prefork".into())
+                .spawn(move || maker.keep_filled())
+                .map_err(|err| fail(format!("could not start its pre-forking thread: {err}")))?;
+        }
         Ok(server)
     }
 }
@@ -374,6 +499,108 @@ fn user_limit_shares(shares: u64) -> Vec<(&'static str, u64)> {
     .collect()
 }
 
+/// What makes a fork server's pre-forked children, on a thread of its own (off every call's
+/// path).
+struct SpareMaker {
+    socket: OwnedFd,
+    cgroups: Arc<CgroupSet>,
+    next: Arc<AtomicU64>,
+    alive: Arc<AtomicBool>,
+    spares: Arc<Spares>,
+}
+
+impl SpareMaker {
+    /// Keep [`Spares::target`] children ready until the fork server stops.
+    fn keep_filled(self) {
+        loop {
+            let mut gone = Vec::new();
+            {
+                let mut state = self.spares.lock();
+                loop {
+                    // Those that ended before their run are replaced.
+                    let SpareState { ready, dead, .. } = &mut *state;
+                    let (ended, waiting): (VecDeque<Spare>, VecDeque<Spare>) =
+                        std::mem::take(ready)
+                            .into_iter()
+                            .partition(|spare| dead.contains(&spare.id));
+                    *ready = waiting;
+                    for spare in &ended {
+                        dead.remove(&spare.id);
+                    }
+                    gone.extend(ended);
+                    if state.stopping
+                        || !self.alive.load(Ordering::SeqCst)
+                        || state.ready.len() + state.in_flight < self.spares.target
+                    {
+                        break;
+                    }
+                    state = self
+                        .spares
+                        .changed
+                        .wait(state)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+                if state.stopping || !self.alive.load(Ordering::SeqCst) {
+                    break;
+                }
+            }
+            drop(gone);
+            match self.make() {
+                Ok(spare) => {
+                    let mut state = self.spares.lock();
+                    if state.stopping {
+                        drop(state);
+                        drop(spare);
+                        break;
+                    }
+                    state.ready.push_back(spare);
+                }
+                Err(message) => {
+                    tracing::warn!(%message, "could not pre-fork a run's sandbox");
+                    let state = self.spares.lock();
+                    let _ = self
+                        .spares
+                        .changed
+                        .wait_timeout(state, SPARE_RETRY)
+                        .unwrap_or_else(PoisonError::into_inner);
+                }
+            }
+        }
+        self.spares.stop();
+    }
+
+    /// Make one: its cgroup, its socket, and the request to the fork server.
+    fn make(&self) -> Result<Spare, String> {
+        let cgroup = self
+            .cgroups
+            .create_run(&self.spares.limits)
+            .map_err(|err| format!("its cgroup: {err}"))?;
+        let mut fds = Vec::new();
+        let (ours, theirs) = seqpacket_pair().map_err(|err| format!("its socket: {err}"))?;
+        fds.push(theirs);
+        for file in cgroup.procs_files() {
+            let path = join_file(&file);
+            let opened = fs_err::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map_err(|err| format!("its cgroup: {err}"))?;
+            fds.push(OwnedFd::from(opened.into_parts().0));
+        }
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        send_with_fds(
+            &self.socket,
+            format!("spare {id} {}", self.spares.spec).as_bytes(),
+            &fds,
+        )
+        .map_err(|err| format!("the request to the fork server: {err}"))?;
+        Ok(Spare {
+            id,
+            socket: ours,
+            cgroup,
+        })
+    }
+}
+
 impl ForkServer {
     /// Whether it is still serving.
     #[must_use]
@@ -399,6 +626,47 @@ impl ForkServer {
     #[must_use]
     pub fn peak_memory_bytes(&self) -> Option<u64> {
         self.cgroup.usage().peak_memory_bytes
+    }
+
+    /// Pre-forked children waiting for a run now.
+    #[must_use]
+    pub fn prefork_ready(&self) -> usize {
+        self.spares.lock().ready.len()
+    }
+
+    /// Runs served by a pre-forked child since it started.
+    #[must_use]
+    pub fn preforked_runs(&self) -> u64 {
+        self.spares.served.load(Ordering::Relaxed)
+    }
+
+    /// Take a pre-forked child for a run with `limits`, if one is ready and fits, with the
+    /// run's waiter registered under its id (before any report of it can be read).
+    fn take_spare(&self, limits: &Limits) -> Option<(Spare, oneshot::Receiver<Report>)> {
+        if self.spares.target == 0 || !self.spares.fits(limits) {
+            return None;
+        }
+        // Waiters first, then spares: the order `read_reports` takes them in.
+        let mut waiters = self.lock_waiters();
+        let spare = {
+            let mut state = self.spares.lock();
+            let mut taken = None;
+            while let Some(spare) = state.ready.pop_front() {
+                if state.dead.remove(&spare.id) {
+                    continue;
+                }
+                taken = Some(spare);
+                break;
+            }
+            if taken.is_some() {
+                state.in_flight += 1;
+            }
+            taken
+        };
+        let spare = spare?;
+        let (report_tx, report_rx) = oneshot::channel();
+        waiters.insert(spare.id, report_tx);
+        Some((spare, report_rx))
     }
 
     /// The identity of its runs (for a run that must be started another way after all).
@@ -440,21 +708,40 @@ impl ForkServer {
                 })?,
             );
         }
-        let cgroup = self.cgroups.create_run(&run.limits)?;
-        let procs = cgroup.procs_files();
-        let mut joins = Vec::with_capacity(procs.len());
-        for file in &procs {
-            let path = join_file(file);
-            let opened = fs_err::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(|source| SpawnError::Path {
-                    path: path.clone(),
-                    source,
-                })?;
-            joins.push(OwnedFd::from(opened.into_parts().0));
+        // A pre-forked child when one fits (it is in its cgroup already), else a fork now.
+        let mut spare = self.take_spare(&run.limits);
+        // Its replacement is made when this run ends (the guard goes with this call).
+        let _in_flight = spare.is_some().then(|| InFlight(&self.spares));
+        if spare.is_some() {
+            self.spares.served.fetch_add(1, Ordering::Relaxed);
         }
-        let mut rlimits = rlimits_for(&run.limits, !cgroup.limits_memory(), !cgroup.limits_pids());
+        let (cgroup, joins) =
+            match &spare {
+                Some(_) => (None, Vec::new()),
+                None => {
+                    let cgroup = self.cgroups.create_run(&run.limits)?;
+                    let procs = cgroup.procs_files();
+                    let mut joins = Vec::with_capacity(procs.len());
+                    for file in &procs {
+                        let path = join_file(file);
+                        let opened = fs_err::OpenOptions::new().write(true).open(&path).map_err(
+                            |source| SpawnError::Path {
+                                path: path.clone(),
+                                source,
+                            },
+                        )?;
+                        joins.push(OwnedFd::from(opened.into_parts().0));
+                    }
+                    (Some(cgroup), joins)
+                }
+            };
+        let limits_in_cgroup = |cgroup: &RunCgroup| (cgroup.limits_memory(), cgroup.limits_pids());
+        let (memory_in_cgroup, pids_in_cgroup) = match (&spare, &cgroup) {
+            (Some((spare, _)), _) => limits_in_cgroup(&spare.cgroup),
+            (None, Some(cgroup)) => limits_in_cgroup(cgroup),
+            (None, None) => (false, false),
+        };
+        let mut rlimits = rlimits_for(&run.limits, !memory_in_cgroup, !pids_in_cgroup);
         rlimits.extend(self.run_rlimits.iter().copied());
         let rlimits: Vec<serde_json::Value> = rlimits
             .iter()
@@ -490,9 +777,38 @@ impl ForkServer {
         );
         fds.extend(mounts);
         fds.extend(joins);
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (report_tx, report_rx) = oneshot::channel();
-        self.lock_waiters().insert(id, report_tx);
+        // Handed to the pre-forked child, or else to the fork server to fork one now.
+        let mut handed = None;
+        if let Some((taken, report_rx)) = spare.take() {
+            match send_with_fds(&taken.socket, b"run", &fds) {
+                Ok(()) => handed = Some((taken.id, taken.cgroup, report_rx)),
+                Err(err) => {
+                    // It ended before its run (its socket is closed): fork one now instead.
+                    tracing::debug!(%err, "a pre-forked child was gone");
+                    self.lock_waiters().remove(&taken.id);
+                    self.spares.served.fetch_sub(1, Ordering::Relaxed);
+                    return Box::pin(self.run(run, cancel, output)).await;
+                }
+            }
+        }
+        let (id, cgroup, report_rx) = match handed {
+            Some(handed) => handed,
+            None => {
+                let id = self.next.fetch_add(1, Ordering::Relaxed);
+                let (report_tx, report_rx) = oneshot::channel();
+                self.lock_waiters().insert(id, report_tx);
+                if let Err(err) = send_with_fds(&self.socket, format!("run {id}").as_bytes(), &fds)
+                {
+                    self.lock_waiters().remove(&id);
+                    return Err(fail(format!("could not send the request: {err}")));
+                }
+                let Some(cgroup) = cgroup else {
+                    return Err(fail("no cgroup for the run".into()));
+                };
+                (id, cgroup, report_rx)
+            }
+        };
+        let _ = id;
         let teardown = Arc::new(NativeTeardown {
             sandbox_pidfd: Mutex::new(None),
             sandbox_pid: AtomicI32::new(0),
@@ -503,10 +819,6 @@ impl ForkServer {
             memory_hit: std::sync::atomic::AtomicBool::new(false),
             command_ran: std::sync::atomic::AtomicBool::new(true),
         });
-        if let Err(err) = send_with_fds(&self.socket, format!("run {id}").as_bytes(), &fds) {
-            self.lock_waiters().remove(&id);
-            return Err(fail(format!("could not send the request: {err}")));
-        }
         drop(fds);
         let receiver = |fd: OwnedFd, what: &'static str| {
             tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(desc(what))
@@ -555,6 +867,8 @@ impl Drop for ForkServer {
         // Its keeper thread reaps it; anything it left in its cgroup is killed when the
         // cgroup is removed (dropped right after this).
         pidfd_kill(&self.process);
+        // Its waiting children end with it; their cgroups go now.
+        self.spares.stop();
         let _ = fs_err::remove_dir_all(&self.files);
     }
 }
@@ -846,7 +1160,7 @@ fn parse_ready(message: &[u8]) -> Option<Vec<String>> {
 }
 
 /// Dispatch the fork server's reports to the runs waiting for them, until it goes away.
-fn read_reports(socket: &OwnedFd, waiters: &Waiters, alive: &AtomicBool) {
+fn read_reports(socket: &OwnedFd, waiters: &Waiters, alive: &AtomicBool, spares: &Spares) {
     while let Some(message) = receive(socket, None) {
         let text = String::from_utf8_lossy(&message);
         let mut parts = text.splitn(3, ' ');
@@ -868,15 +1182,26 @@ fn read_reports(socket: &OwnedFd, waiters: &Waiters, alive: &AtomicBool) {
             "fail" => Report::Fail(rest.to_string()),
             _ => continue,
         };
-        let waiter = waiters
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&id);
-        if let Some(waiter) = waiter {
-            let _ = waiter.send(report);
+        let mut waiting = waiters.lock().unwrap_or_else(PoisonError::into_inner);
+        match waiting.remove(&id) {
+            Some(waiter) => {
+                drop(waiting);
+                let _ = waiter.send(report);
+            }
+            None => {
+                // Nobody waits for it: a pre-forked child that ended before its run.
+                let mut state = spares.lock();
+                if state.ready.iter().any(|spare| spare.id == id) {
+                    state.dead.insert(id);
+                    drop(state);
+                    drop(waiting);
+                    spares.changed.notify_all();
+                }
+            }
         }
     }
     alive.store(false, Ordering::SeqCst);
+    spares.stop();
     // Runs still waiting learn that it is gone (their senders drop).
     waiters
         .lock()
