@@ -358,6 +358,41 @@ impl ArtifactStore {
         baseline: &Baseline,
         images: Vec<GeneratedImage>,
     ) -> Collection {
+        self.collect_seen(caller, execution_id, work, baseline, images, None)
+    }
+
+    /// [`ArtifactStore::collect`], also returning what `work` holds now: the fingerprint of
+    /// every regular file the walk met, exactly what [`Baseline::snapshot`] would take right
+    /// after it (a session's next call starts from it instead of walking the workspace again).
+    pub(crate) fn collect_and_fingerprint(
+        &self,
+        caller: &crate::Caller,
+        execution_id: &str,
+        work: &Path,
+        baseline: &Baseline,
+        images: Vec<GeneratedImage>,
+    ) -> (Collection, Baseline) {
+        let mut seen = HashMap::new();
+        let collection = self.collect_seen(
+            caller,
+            execution_id,
+            work,
+            baseline,
+            images,
+            Some(&mut seen),
+        );
+        (collection, Baseline(seen))
+    }
+
+    fn collect_seen(
+        &self,
+        caller: &crate::Caller,
+        execution_id: &str,
+        work: &Path,
+        baseline: &Baseline,
+        images: Vec<GeneratedImage>,
+        mut seen: Option<&mut HashMap<String, Fingerprint>>,
+    ) -> Collection {
         let mut collection = Collection::default();
         let mut entry = Entry::new(self, execution_id, caller.id());
         let run_budget = MAX_RUN_BYTES.min(self.max_bytes);
@@ -379,6 +414,9 @@ impl ArtifactStore {
                 }
                 WalkEntry::Regular { fd, stat } => (fd, stat),
             };
+            if let Some(seen) = seen.as_deref_mut() {
+                seen.insert(relative.to_string(), Fingerprint::of(&stat));
+            }
             if baseline.unchanged(relative, &stat) {
                 return true;
             }
