@@ -184,7 +184,7 @@ impl Fingerprint {
 
 /// The regular files of a working directory before a run (its inputs), so that only what
 /// the run created or changed becomes an artifact.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Baseline(HashMap<String, Fingerprint>);
 
 impl Baseline {
@@ -1206,6 +1206,38 @@ mod tests {
             ),
             Err(ArtifactError::InvalidUri { .. })
         ));
+    }
+
+    #[test]
+    fn what_a_collection_saw_is_the_next_runs_baseline() {
+        let data = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        fs_err::create_dir_all(work.path().join("sub")).unwrap();
+        fs_err::write(work.path().join("sub/same.bin"), "aaaa").unwrap();
+        fs_err::write(work.path().join("kept.txt"), "k").unwrap();
+        let store = store(data.path());
+        let caller = crate::Caller::local();
+        let (first, seen) = store.collect_and_fingerprint(
+            &caller,
+            "e1",
+            work.path(),
+            &Baseline::default(),
+            Vec::new(),
+        );
+        assert_eq!(names(&first), ["kept.txt", "sub/same.bin"]);
+        // Exactly what a snapshot takes now.
+        assert_eq!(seen, Baseline::snapshot(work.path()));
+        // Nothing changed since: nothing collected, the same view.
+        let (second, again) =
+            store.collect_and_fingerprint(&caller, "e2", work.path(), &seen, Vec::new());
+        assert!(second.artifacts.is_empty());
+        assert_eq!(again, seen);
+        // The same size, new bytes, in a subdirectory: collected.
+        std::thread::sleep(Duration::from_millis(20));
+        fs_err::write(work.path().join("sub/same.bin"), "bbbb").unwrap();
+        let (third, _) =
+            store.collect_and_fingerprint(&caller, "e3", work.path(), &again, Vec::new());
+        assert_eq!(names(&third), ["sub/same.bin"]);
     }
 
     #[test]
