@@ -168,6 +168,50 @@ async def test_files_a_session_call_writes_come_back_as_artifacts(client):
     await call(client, "delete_session", session_id=session)
 
 
+async def test_a_cell_reports_what_it_changed_and_nothing_written_between_cells(client):
+    """A cell starts from what the previous cell's collection saw of the workspace instead of
+    walking it again (issue 19). That view must stay exact: a file rewritten in place with the
+    same size, in a subdirectory, is the cell's artifact; files that the file tools, a command
+    or the call's own input files put there are not the next cell's."""
+    session = await create(client)
+    data, _, _ = await run(
+        client,
+        session,
+        "import os\nos.makedirs('deep/er', exist_ok=True)\nopen('deep/er/same.bin', 'wb').write(b'a' * 64)",
+    )
+    assert [a["name"] for a in data["artifacts"]] == ["deep/er/same.bin"], data
+    # Nothing written: nothing reported. The sleep lets a coarse file clock tick, so that the
+    # rewrite below has a new modification time even on kernels that stamp by the tick.
+    data, _, _ = await run(client, session, "import time\ntime.sleep(0.05)")
+    assert data["status"] == "ok" and data["artifacts"] == [], data
+    # Same name, same size, new bytes.
+    data, _, _ = await run(client, session, "with open('deep/er/same.bin', 'r+b') as f:\n    f.write(b'b' * 64)")
+    assert [a["name"] for a in data["artifacts"]] == ["deep/er/same.bin"], data
+    contents = (await client.read_resource(data["artifacts"][0]["uri"])).contents
+    assert base64.b64decode(contents[0].blob) == b"b" * 64
+    # A file written through the file tools between two cells is not the next cell's...
+    _, text, is_error = await call(client, "write_file", session_id=session, path="up/loaded.txt", content="given")
+    assert not is_error, text
+    data, _, _ = await run(client, session, "y = open('up/loaded.txt').read()")
+    assert data["status"] == "ok" and data["artifacts"] == [], data
+    # ...nor one a command writes...
+    _, text, is_error = await call(client, "run_command", session_id=session, command="mkdir -p cmd && echo hi > cmd/made.txt")
+    assert not is_error, text
+    data, _, _ = await run(client, session, "z = open('cmd/made.txt').read()")
+    assert data["status"] == "ok" and data["artifacts"] == [], data
+    # ...nor the call's own input file; what the cell itself writes still is.
+    data, _, _ = await run(
+        client,
+        session,
+        "open('up/loaded.txt', 'a').write(' and more')",
+        files=[{"path": "in/given.txt", "content": "input"}],
+    )
+    assert [a["name"] for a in data["artifacts"]] == ["up/loaded.txt"], data
+    data, _, _ = await run(client, session, "1 + 1")
+    assert data["artifacts"] == [], data
+    await call(client, "delete_session", session_id=session)
+
+
 async def test_a_matplotlib_plot_in_a_session_arrives_as_an_image(client):
     session = await create(client)
     data, text, is_error = await call(client, "install_packages", session_id=session, packages=[MATPLOTLIB], wait_seconds=280)

@@ -184,7 +184,7 @@ impl Fingerprint {
 
 /// The regular files of a working directory before a run (its inputs), so that only what
 /// the run created or changed becomes an artifact.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct Baseline(HashMap<String, Fingerprint>);
 
 impl Baseline {
@@ -358,6 +358,41 @@ impl ArtifactStore {
         baseline: &Baseline,
         images: Vec<GeneratedImage>,
     ) -> Collection {
+        self.collect_seen(caller, execution_id, work, baseline, images, None)
+    }
+
+    /// [`ArtifactStore::collect`], also returning what `work` holds now: the fingerprint of
+    /// every regular file the walk met, exactly what [`Baseline::snapshot`] would take right
+    /// after it (a session's next call starts from it instead of walking the workspace again).
+    pub(crate) fn collect_and_fingerprint(
+        &self,
+        caller: &crate::Caller,
+        execution_id: &str,
+        work: &Path,
+        baseline: &Baseline,
+        images: Vec<GeneratedImage>,
+    ) -> (Collection, Baseline) {
+        let mut seen = HashMap::new();
+        let collection = self.collect_seen(
+            caller,
+            execution_id,
+            work,
+            baseline,
+            images,
+            Some(&mut seen),
+        );
+        (collection, Baseline(seen))
+    }
+
+    fn collect_seen(
+        &self,
+        caller: &crate::Caller,
+        execution_id: &str,
+        work: &Path,
+        baseline: &Baseline,
+        images: Vec<GeneratedImage>,
+        mut seen: Option<&mut HashMap<String, Fingerprint>>,
+    ) -> Collection {
         let mut collection = Collection::default();
         let mut entry = Entry::new(self, execution_id, caller.id());
         let run_budget = MAX_RUN_BYTES.min(self.max_bytes);
@@ -379,6 +414,9 @@ impl ArtifactStore {
                 }
                 WalkEntry::Regular { fd, stat } => (fd, stat),
             };
+            if let Some(seen) = seen.as_deref_mut() {
+                seen.insert(relative.to_string(), Fingerprint::of(&stat));
+            }
             if baseline.unchanged(relative, &stat) {
                 return true;
             }
@@ -1168,6 +1206,38 @@ mod tests {
             ),
             Err(ArtifactError::InvalidUri { .. })
         ));
+    }
+
+    #[test]
+    fn what_a_collection_saw_is_the_next_runs_baseline() {
+        let data = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        fs_err::create_dir_all(work.path().join("sub")).unwrap();
+        fs_err::write(work.path().join("sub/same.bin"), "aaaa").unwrap();
+        fs_err::write(work.path().join("kept.txt"), "k").unwrap();
+        let store = store(data.path());
+        let caller = crate::Caller::local();
+        let (first, seen) = store.collect_and_fingerprint(
+            &caller,
+            "e1",
+            work.path(),
+            &Baseline::default(),
+            Vec::new(),
+        );
+        assert_eq!(names(&first), ["kept.txt", "sub/same.bin"]);
+        // Exactly what a snapshot takes now.
+        assert_eq!(seen, Baseline::snapshot(work.path()));
+        // Nothing changed since: nothing collected, the same view.
+        let (second, again) =
+            store.collect_and_fingerprint(&caller, "e2", work.path(), &seen, Vec::new());
+        assert!(second.artifacts.is_empty());
+        assert_eq!(again, seen);
+        // The same size, new bytes, in a subdirectory: collected.
+        std::thread::sleep(Duration::from_millis(20));
+        fs_err::write(work.path().join("sub/same.bin"), "bbbb").unwrap();
+        let (third, _) =
+            store.collect_and_fingerprint(&caller, "e3", work.path(), &again, Vec::new());
+        assert_eq!(names(&third), ["sub/same.bin"]);
     }
 
     #[test]

@@ -230,6 +230,35 @@ pub(crate) struct Rich {
 }
 
 impl Rich {
+    /// The runner's record from the control channel's bytes (its images apart, for the
+    /// artifact store); a note when it cannot be read.
+    pub(crate) fn read(control: &[u8]) -> (Rich, Vec<GeneratedImage>) {
+        let mut rich = Rich::default();
+        let images = match Record::parse(control) {
+            Ok(Some(mut record)) => {
+                let images = std::mem::take(&mut record.images);
+                rich.record = Some(record);
+                images
+            }
+            Ok(None) => Vec::new(),
+            Err(note) => {
+                rich.notes.push(note);
+                Vec::new()
+            }
+        };
+        (rich, images)
+    }
+
+    /// What the artifact store kept of the run's files and images.
+    pub(crate) fn collected(&mut self, collection: Collection) {
+        self.collection = collection;
+    }
+
+    /// Something about collecting the run's files that its result must say.
+    pub(crate) fn note(&mut self, note: String) {
+        self.notes.push(note);
+    }
+
     /// Fill the result's value, names, exception, artifacts and notes.
     pub(crate) fn apply(self, result: &mut ExecutionResult) {
         if let Some(record) = self.record {
@@ -271,19 +300,7 @@ impl Engine {
         baseline: Baseline,
         control: &[u8],
     ) -> Rich {
-        let mut rich = Rich::default();
-        let images = match Record::parse(control) {
-            Ok(Some(mut record)) => {
-                let images = std::mem::take(&mut record.images);
-                rich.record = Some(record);
-                images
-            }
-            Ok(None) => Vec::new(),
-            Err(note) => {
-                rich.notes.push(note);
-                Vec::new()
-            }
-        };
+        let (mut rich, images) = Rich::read(control);
         let store = self.artifacts.clone();
         let work = work.to_path_buf();
         let id = execution_id.to_string();
@@ -293,10 +310,8 @@ impl Engine {
         })
         .await
         {
-            Ok(collection) => rich.collection = collection,
-            Err(err) => rich
-                .notes
-                .push(format!("the run's files could not be collected: {err}")),
+            Ok(collection) => rich.collected(collection),
+            Err(err) => rich.note(format!("the run's files could not be collected: {err}")),
         }
         rich
     }

@@ -337,8 +337,11 @@ impl LiveSandbox {
         }
 
         // 2. The answer and the request's output.
-        let mut bufs = [vec![0u8; 64 * 1024], vec![0u8; 64 * 1024]];
-        let mut control_buf = vec![0u8; 64 * 1024];
+        // Small at first (most requests print little and answer in one short line), grown
+        // to the full size once a read fills one: a request does not zero and fault in
+        // 192 KiB it will not use.
+        let mut bufs = [vec![0u8; FIRST_READ], vec![0u8; FIRST_READ]];
+        let mut control_buf = vec![0u8; FIRST_READ];
         let mut open = [
             self.stdout.is_some(),
             self.stderr.is_some(),
@@ -370,6 +373,7 @@ impl LiveSandbox {
                         Ok(n) => {
                             let emitted = scanners[0].feed(&out_buf[..n]);
                             keep(0, &emitted, &mut captures);
+                            grow_if_filled(out_buf, n);
                         }
                     }
                 }
@@ -379,6 +383,7 @@ impl LiveSandbox {
                         Ok(n) => {
                             let emitted = scanners[1].feed(&err_buf[..n]);
                             keep(1, &emitted, &mut captures);
+                            grow_if_filled(err_buf, n);
                         }
                     }
                 }
@@ -390,6 +395,7 @@ impl LiveSandbox {
                             if let Some(rest) = answer.feed(&control_buf[..n]) {
                                 self.carry[2] = rest;
                             }
+                            grow_if_filled(&mut control_buf, n);
                         }
                     }
                 }
@@ -498,6 +504,17 @@ impl Drop for LiveSandbox {
         if let Some(task) = self.info_task.take() {
             task.abort();
         }
+    }
+}
+
+/// The read buffers' size at the start of an exchange, and once grown.
+const FIRST_READ: usize = 4 * 1024;
+const FULL_READ: usize = 64 * 1024;
+
+/// Grow a read buffer that the last read filled (more is coming, in larger pieces).
+fn grow_if_filled(buf: &mut Vec<u8>, read: usize) {
+    if read == buf.len() && buf.len() < FULL_READ {
+        buf.resize(FULL_READ, 0);
     }
 }
 

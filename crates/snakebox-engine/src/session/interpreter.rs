@@ -43,12 +43,20 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
+        // The session's row, read once: for the run's record (its profile) and the call.
+        let row = self
+            .session_manager()
+            .and_then(|manager| manager.row(caller, session_id));
         let start = RunStart {
             kind: RunKind::SessionCell,
             session_id: Some(session_id.to_owned()),
             script: request.script.clone(),
             dependencies: request.dependencies.clone(),
-            profile: self.profile_of_session(caller, session_id),
+            profile: row.as_ref().ok().map(|row| {
+                row.profile
+                    .clone()
+                    .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned())
+            }),
         };
         self.tracked(
             caller,
@@ -57,17 +65,24 @@ impl Engine {
             |id, error| refused(id, session_id, error),
             |id, token| {
                 let output = self.live_tee(&id, output);
-                self.execute_in_session_admitted(caller, id, session_id, request, token, output)
+                self.execute_in_session_admitted(
+                    caller, id, session_id, row, request, token, output,
+                )
             },
         )
         .await
     }
 
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the public call's arguments plus its id and the session's row, passed through as they are"
+    )]
     async fn execute_in_session_admitted(
         &self,
         caller: &Caller,
         execution_id: String,
         session_id: &str,
+        row: Result<SessionRow, EngineError>,
         request: ExecuteRequest,
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
@@ -81,7 +96,7 @@ impl Engine {
             Ok(manager) => manager,
             Err(error) => return fail(error),
         };
-        let row = match manager.row(caller, session_id) {
+        let row = match row {
             Ok(row) => row,
             Err(error) => return fail(error),
         };
@@ -199,20 +214,26 @@ impl Engine {
             return fail(error);
         }
         // The input files, then what the workspace holds before the call: only what the
-        // call creates or changes becomes an artifact.
+        // call creates or changes becomes an artifact. Without input files, and when nothing
+        // but the session's cells wrote the workspace since, that is what the last cell's
+        // collection saw (see `SlotState::known_files`): no walk.
         let work = manager.paths(&row.id).work;
-        let owner = self
-            .session_sandbox()
-            .ok()
-            .and_then(|sandbox| sandbox.host_ids(Identity::Untrusted));
-        let baseline = {
-            let work = work.clone();
-            super::blocking("write the input files", move || {
-                write_inputs(&work, &inputs, owner)
-                    .map(|()| crate::artifacts::Baseline::snapshot(&work))
-            })
-            .await
-            .and_then(|written| written)
+        let known = state.known_files.take();
+        let baseline = match known {
+            Some(known) if inputs.is_empty() => Ok(known),
+            _ => {
+                let owner = self
+                    .session_sandbox()
+                    .ok()
+                    .and_then(|sandbox| sandbox.host_ids(Identity::Untrusted));
+                let work = work.clone();
+                super::blocking("write the input files", move || {
+                    write_inputs(&work, &inputs, owner)
+                        .map(|()| crate::artifacts::Baseline::snapshot(&work))
+                })
+                .await
+                .and_then(|written| written)
+            }
         };
         let baseline = match baseline {
             Ok(baseline) => baseline,
@@ -405,15 +426,68 @@ impl Engine {
         }
         // Value, names, exception and figures from the record; files the call created or
         // changed in the workspace as artifacts (also after a timeout or a crash), exactly as
-        // for a one-shot run.
-        let rich = self
-            .collect_rich(caller, &execution_id, &work, baseline, &exchange.answer)
+        // for a one-shot run; the session's size and use recorded.
+        let (rich, known) = self
+            .finish_cell(
+                caller,
+                manager,
+                &row.id,
+                &execution_id,
+                work,
+                baseline,
+                &exchange.answer,
+            )
             .await;
+        state.known_files = known;
         drop(state);
         rich.apply(&mut result);
-        manager.used(&row.id, true).await;
         result.notes.extend(manager.disk_note());
         result
+    }
+
+    /// After a cell, in one blocking task (one hand-over to a blocking thread and back): the
+    /// runner's record, the cell's artifacts, what the workspace holds now (the next cell's
+    /// baseline; `None` when it could not be taken), and the session's measure and use
+    /// written to its row.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "what the cell's end needs, each passed once"
+    )]
+    async fn finish_cell(
+        &self,
+        caller: &Caller,
+        manager: &Arc<Manager>,
+        session_id: &str,
+        execution_id: &str,
+        work: PathBuf,
+        baseline: crate::artifacts::Baseline,
+        answer: &[u8],
+    ) -> (crate::runner::Rich, Option<crate::artifacts::Baseline>) {
+        let (mut rich, images) = crate::runner::Rich::read(answer);
+        let store = self.artifacts.clone();
+        let manager = Arc::clone(manager);
+        let (caller, execution_id, session_id) = (
+            caller.clone(),
+            execution_id.to_owned(),
+            session_id.to_owned(),
+        );
+        let finished = tokio::task::spawn_blocking(move || {
+            let collected =
+                store.collect_and_fingerprint(&caller, &execution_id, &work, &baseline, images);
+            manager.measure(&session_id, true);
+            collected
+        })
+        .await;
+        match finished {
+            Ok((collection, known)) => {
+                rich.collected(collection);
+                (rich, Some(known))
+            }
+            Err(err) => {
+                rich.note(format!("the run's files could not be collected: {err}"));
+                (rich, None)
+            }
+        }
     }
 
     /// The policy of a session's sandboxes (interpreter and commands) over its workspace.
@@ -730,6 +804,8 @@ impl Engine {
         if let Err(error) = manager.check_disk() {
             return fail(error);
         }
+        // The command may write the workspace: the next cell's baseline is taken afresh.
+        state.known_files = None;
         let _run_slot = match self.sandbox_slot().await {
             Ok(slot) => slot,
             Err(error) => return fail(error),

@@ -239,6 +239,12 @@ pub(super) struct SlotState {
     /// Why the variables of earlier calls are gone, when they are.
     pub(super) lost: Option<String>,
     pub(super) deleted: bool,
+    /// The workspace's files as the last cell's collection saw them: the next cell's
+    /// baseline, so that it need not walk the workspace again. Taken by each cell and given
+    /// back by its collection; cleared by whatever else writes the workspace (the file tools,
+    /// `run_command`, a reset). What the interpreter itself changes between two cells (a
+    /// thread a cell left running) is then reported by the next cell.
+    pub(super) known_files: Option<crate::artifacts::Baseline>,
 }
 impl SlotState {
     /// Stop the interpreter; remember why its variables are gone.
@@ -488,11 +494,15 @@ impl Manager {
 
     /// After a call: measure the workspace again (the call may have written to it) and record
     /// the session's last use, its size and (`ran_cell`) one more cell, in one write.
-    pub(super) async fn used(&self, id: &str, ran_cell: bool) {
-        let work = self.paths(id).work;
-        let (bytes, partial) = tokio::task::spawn_blocking(move || files::tree_bytes(&work))
-            .await
-            .unwrap_or((0, None));
+    pub(super) async fn used(self: &Arc<Self>, id: &str, ran_cell: bool) {
+        let manager = Arc::clone(self);
+        let id = id.to_owned();
+        let _ = tokio::task::spawn_blocking(move || manager.measure(&id, ran_cell)).await;
+    }
+
+    /// [`Manager::used`], blocking: for a caller already on a blocking thread.
+    pub(super) fn measure(&self, id: &str, ran_cell: bool) {
+        let (bytes, partial) = files::tree_bytes(&self.paths(id).work);
         if let Some(note) = partial {
             tracing::warn!(session = %id, "{note}");
         }
@@ -729,6 +739,7 @@ impl Engine {
         state.stop("the session was reset").await;
         state.lost = None;
         state.cells = 0;
+        state.known_files = None;
         let paths = manager.paths(&row.id);
         let dirs = [paths.work.clone(), paths.env.clone(), paths.tmp.clone()];
         super::blocking_io("clear the session's files", move || {

@@ -86,7 +86,10 @@ def main():
         runner.start_bridge(options[options.index("--proxy") + 1])
     # The profile's import policy, for the cells' own code.
     runner.install_import_policy(os.path.dirname(os.path.abspath(__file__)), _is_cell)
-    requests = os.fdopen(_private(0), "rb", buffering=0)
+    # Buffered: a request line is read in one or two system calls, not one per byte. The
+    # engine sends the next request only after this one's answer, so the buffer never holds
+    # a request ahead of the cell that is running.
+    requests = os.fdopen(_private(0), "rb", buffering=64 * 1024)
     devnull = os.open(os.devnull, os.O_RDONLY)
     if devnull != 0:
         os.dup2(devnull, 0)

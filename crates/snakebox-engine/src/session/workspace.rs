@@ -62,10 +62,12 @@ impl Engine {
         let owner = self.session_sandbox()?.host_ids(Identity::Untrusted);
         let work = manager.paths(&row.id).work;
         let slot = manager.slot(&row);
-        let state = slot.state.lock().await;
+        let mut state = slot.state.lock().await;
         if state.deleted {
             return Err(no_session(session_id));
         }
+        // Not a cell's file: the next cell's baseline must include it.
+        state.known_files = None;
         let size = super::blocking("write the file", move || {
             snakebox_fs::write(&work, &rel, &content, owner)
         })
