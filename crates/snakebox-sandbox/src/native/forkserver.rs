@@ -1200,14 +1200,20 @@ fn read_reports(socket: &OwnedFd, waiters: &Waiters, alive: &AtomicBool, spares:
             }
         }
     }
-    alive.store(false, Ordering::SeqCst);
+    // Dropping the server clears `alive` before it kills the process: only a stop nobody
+    // asked for is worth a warning (a server's shutdown stops every fork server).
+    let unexpected = alive.swap(false, Ordering::SeqCst);
     spares.stop();
     // Runs still waiting learn that it is gone (their senders drop).
     waiters
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .clear();
-    tracing::warn!("the fork server stopped");
+    if unexpected {
+        tracing::warn!("the fork server stopped");
+    } else {
+        tracing::debug!("the fork server stopped, as asked");
+    }
 }
 
 /// Log what the fork server prints, keeping the last few lines in `said`.
