@@ -6,9 +6,9 @@
 //! directory. A call is recorded when it is admitted (`running`) and again when it returns
 //! its record (its status, duration, exit code); a server killed in between leaves rows that
 //! the next server to open the store marks `interrupted`. Writes go through one writer
-//! thread that gathers what is queued for a few milliseconds into one transaction, so a run
-//! pays a channel send, not a disk write, and a short call's two writes are one, after its
-//! reply; reads (listing a caller's runs) use their own connection. Every row has an
+//! thread that gathers what is queued into one transaction (after a call's start, for a few
+//! milliseconds, so a short call's two writes are one), so a run pays a channel send, not a
+//! disk write; reads (listing a caller's runs) use their own connection. Every row has an
 //! owner, and every read filters by it.
 //!
 //! What is kept is bounded: the newest [`MAX_ROWS`] runs, none older than [`MAX_AGE`], and
@@ -45,9 +45,11 @@ pub(crate) const MAX_SCRIPT_BYTES: usize = 64 * 1024;
 const MAX_OUTPUT_BYTES: usize = 4 * 1024 * 1024;
 /// Writes between two prunings of old rows.
 const PRUNE_EVERY_WRITES: u64 = 1000;
-/// How long the writer gathers operations before it writes them: a short call's `started`
-/// and `finished` go into one transaction, written after its reply rather than while it
-/// runs. Bounded by [`MAX_BATCH`]; a shutdown ([`History::close`]) writes at once.
+/// How long the writer waits, after a call's `started`, for more before it writes: a short
+/// call's `started` and `finished` go into one transaction rather than two, the first of
+/// them no longer competing with the run. A `finished` (or any other operation) ends the
+/// wait, so a call's record is readable as soon as its reply is out. Bounded by
+/// [`MAX_BATCH`]; a shutdown ([`History::close`]) writes at once.
 const GATHER: Duration = Duration::from_millis(5);
 /// Most operations written in one transaction.
 const MAX_BATCH: usize = 256;
@@ -437,7 +439,10 @@ fn write_loop(mut conn: Option<Connection>, mut audit: AuditLog, ops: mpsc::Rece
     while let Ok(first) = ops.recv() {
         let mut batch = vec![first];
         let until = std::time::Instant::now() + GATHER;
-        while batch.len() < MAX_BATCH {
+        // Gather only while the batch holds nothing but calls' starts: an end (or any other
+        // write) is what a reader looks for next (a run's page right after its reply), so it
+        // is written at once, with the starts gathered before it.
+        while batch.len() < MAX_BATCH && batch.iter().all(|op| matches!(op, Op::Started { .. })) {
             let left = until.saturating_duration_since(std::time::Instant::now());
             match ops.recv_timeout(left) {
                 Ok(more) => batch.push(more),
