@@ -236,33 +236,40 @@ struct AuditedCall {
     finished_at_ms: Option<u64>,
 }
 
+/// A filter's value, when given, must be one of `allowed`; refused otherwise, listing them.
+fn one_of(flag: &str, value: Option<&str>, what: &str, allowed: &[&str]) -> anyhow::Result<()> {
+    match value {
+        Some(value) if !allowed.contains(&value) => Err(anyhow::anyhow!(
+            "`{flag} {value}` is not {what}\nhint: use one of: {}",
+            allowed.join(", ")
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// `snakebox audit`: the calls of the audit log that match, oldest first.
 pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
     let kinds: Vec<&str> = snakebox_engine::EventKind::ALL
         .iter()
         .map(|kind| kind.as_str())
         .collect();
-    if let Some(kind) = &args.event
-        && !kinds.contains(&kind.as_str())
-    {
-        return Err(anyhow::anyhow!(
-            "`--event {kind}` is not a kind of security event\nhint: use one of: {}",
-            kinds.join(", ")
-        ));
-    }
+    one_of(
+        "--event",
+        args.event.as_deref(),
+        "a kind of security event",
+        &kinds,
+    )?;
     let statuses: Vec<&str> = snakebox_engine::Status::ALL
         .iter()
         .map(|status| status.as_str())
         .chain(["running"])
         .collect();
-    if let Some(status) = &args.status
-        && !statuses.contains(&status.as_str())
-    {
-        return Err(anyhow::anyhow!(
-            "`--status {status}` is not a status of a call\nhint: use one of: {}",
-            statuses.join(", ")
-        ));
-    }
+    one_of(
+        "--status",
+        args.status.as_deref(),
+        "a status of a call",
+        &statuses,
+    )?;
     let since = args.since.as_deref().map(parse_since).transpose()?;
     let config = settings::resolve(&args.engine)?;
     let data_dir = &config.engine.data_dir;

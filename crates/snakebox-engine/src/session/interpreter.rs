@@ -52,11 +52,7 @@ impl Engine {
             session_id: Some(session_id.to_owned()),
             script: request.script.clone(),
             dependencies: request.dependencies.clone(),
-            profile: row.as_ref().ok().map(|row| {
-                row.profile
-                    .clone()
-                    .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned())
-            }),
+            profile: row.as_ref().ok().map(SessionRow::profile_name),
         };
         self.tracked(
             caller,
@@ -87,11 +83,7 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
-        let fail = |error: EngineError| {
-            let mut result = ExecutionResult::not_run(execution_id.clone(), error);
-            result.session_id = Some(session_id.to_owned());
-            result
-        };
+        let fail = |error| not_run(&execution_id, session_id, None, error);
         let manager = match self.session_manager() {
             Ok(manager) => manager,
             Err(error) => return fail(error),
@@ -101,15 +93,8 @@ impl Engine {
             Err(error) => return fail(error),
         };
         // From here every result names the session's profile, as a one-shot run's does.
-        let profile_name = row
-            .profile
-            .clone()
-            .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned());
-        let fail = |error: EngineError| {
-            let mut result = fail(error);
-            result.profile = Some(profile_name.clone());
-            result
-        };
+        let profile_name = row.profile_name();
+        let fail = |error| not_run(&execution_id, session_id, Some(&profile_name), error);
         // The checks of every execution; the session has its own interpreter and network.
         let checked = match self.check_request(&request) {
             Ok(checked) => checked,
@@ -730,11 +715,7 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
-        let fail = |error: EngineError| {
-            let mut result = ExecutionResult::not_run(execution_id.clone(), error);
-            result.session_id = Some(session_id.to_owned());
-            result
-        };
+        let fail = |error| not_run(&execution_id, session_id, None, error);
         let manager = match self.session_manager() {
             Ok(manager) => manager,
             Err(error) => return fail(error),
@@ -744,15 +725,8 @@ impl Engine {
             Err(error) => return fail(error),
         };
         // From here every result names the session's profile, as a one-shot run's does.
-        let profile_name = row
-            .profile
-            .clone()
-            .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned());
-        let fail = |error: EngineError| {
-            let mut result = fail(error);
-            result.profile = Some(profile_name.clone());
-            result
-        };
+        let profile_name = row.profile_name();
+        let fail = |error| not_run(&execution_id, session_id, Some(&profile_name), error);
         if command.trim().is_empty() || command.contains('\0') || command.len() > 64 * 1024 {
             return fail(EngineError::invalid(
                 "The command must be non-empty text without NUL characters, at most 64 KiB",
@@ -865,10 +839,7 @@ impl Engine {
     /// The profile a session is held to, as it is configured now (one removed since:
     /// refused, fail closed).
     pub(super) fn session_profile(&self, row: &SessionRow) -> Result<&crate::Profile, EngineError> {
-        let name = row
-            .profile
-            .clone()
-            .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned());
+        let name = row.profile_name();
         self.config.profiles.all.get(&name).ok_or_else(|| {
             EngineError::new(
                 ErrorKind::Unavailable,
@@ -882,10 +853,7 @@ impl Engine {
     /// history and audit line; `None` when there is no such session.
     fn profile_of_session(&self, caller: &Caller, session_id: &str) -> Option<String> {
         let row = self.session_manager().ok()?.row(caller, session_id).ok()?;
-        Some(
-            row.profile
-                .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned()),
-        )
+        Some(row.profile_name())
     }
 
     /// What a session's sandboxes are held to under `profile`: its limits (never above the
@@ -973,6 +941,20 @@ fn remove_if_present(path: &Path) -> std::io::Result<()> {
 fn refused(execution_id: String, session_id: &str, error: EngineError) -> ExecutionResult {
     let mut result = ExecutionResult::not_run(execution_id, error);
     result.session_id = Some(session_id.to_owned());
+    result
+}
+
+/// The result of a session call that did not run: its session and, once the session's row
+/// is read, its profile (as a one-shot run's result names it).
+fn not_run(
+    execution_id: &str,
+    session_id: &str,
+    profile: Option<&str>,
+    error: EngineError,
+) -> ExecutionResult {
+    let mut result = ExecutionResult::not_run(execution_id.to_owned(), error);
+    result.session_id = Some(session_id.to_owned());
+    result.profile = profile.map(str::to_owned);
     result
 }
 

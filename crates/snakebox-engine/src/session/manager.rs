@@ -654,10 +654,7 @@ impl Engine {
             network: self.session_network(row),
             allowed_domains: row.network_names.clone(),
             executions: row.executions,
-            profile: row
-                .profile
-                .clone()
-                .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned()),
+            profile: row.profile_name(),
         }
     }
 

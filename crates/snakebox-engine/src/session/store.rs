@@ -48,6 +48,16 @@ pub(crate) struct SessionRow {
     pub(crate) profile: Option<String>,
 }
 
+impl SessionRow {
+    /// The name of the profile the session is held to (`standard` for sessions recorded
+    /// before profiles).
+    pub(crate) fn profile_name(&self) -> String {
+        self.profile
+            .clone()
+            .unwrap_or_else(|| crate::STANDARD_PROFILE.to_owned())
+    }
+}
+
 /// The database, behind a mutex (every statement is short).
 #[derive(Debug)]
 pub(crate) struct Store {
