@@ -295,6 +295,39 @@ async def test_a_first_run_does_not_wait_for_bytecode_and_runs_cannot_plant_any(
         assert not is_error and later["stdout"] == "deferred True\n" and later["environment_reused"] is True, text
 
 
+# See: issue 19 (first runs): every new environment was installed online, uv revalidating each
+# index page and wheel it had cached (most of the install's time when all is in uv's cache).
+async def test_a_pinned_set_in_uvs_cache_is_installed_without_asking_the_index(snakebox_bin, tmp_path, index):
+    index.add(wheel_bytes("sbxoffline", "1.0", {"sbxoffline/__init__.py": 'VALUE = "one"\n'}))
+    index.add(wheel_bytes("sbxoffline", "2.0", {"sbxoffline/__init__.py": 'VALUE = "two"\n'}))
+    data_dir = fresh(tmp_path, "data")
+    script = "import sbxoffline; print(sbxoffline.VALUE)"
+
+    def asked() -> list[str]:
+        return [path for path, _ in index.requests if "sbxoffline" in path]
+
+    async def installs(deps: list[str], expected: str) -> list[str]:
+        """The index requests a first run of `deps` made (it must build a new environment)."""
+        before = len(asked())
+        result, text, is_error = await run(client, script, deps)
+        assert not is_error and result["status"] == "ok" and result["stdout"] == expected, text
+        assert result["environment_reused"] is False, result
+        return asked()[before:]
+
+    async with server(snakebox_bin, data_dir, index) as client:
+        # Nothing cached yet: the index is asked for the page and the wheel.
+        first = await installs(["sbxoffline==1.0"], "one\n")
+        assert any(path.startswith("/simple/") for path in first), first
+        assert any(path.startswith("/files/sbxoffline-1.0") for path in first), first
+        # Another pinned set (another environment) of what uv has cached: not a request.
+        assert await installs(["sbxoffline==1.0; platform_machine != 'sbx'"], "one\n") == []
+        # A pinned version uv has not cached is fetched online, as before.
+        fetched = await installs(["sbxoffline==2.0"], "two\n")
+        assert any(path.startswith("/files/sbxoffline-2.0") for path in fetched), fetched
+        # An unpinned set asks the index (a newer version may be there), cached or not.
+        assert any(path.startswith("/simple/") for path in await installs(["sbxoffline>=1.0"], "two\n"))
+
+
 # ---------------------------------------------------------------------------------------------
 # Item 1: a damaged environment is never published, and a later call builds it afresh.
 # ---------------------------------------------------------------------------------------------

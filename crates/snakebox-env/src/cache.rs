@@ -885,19 +885,50 @@ impl EnvCache {
                 "copy"
             };
             let step = std::time::Instant::now();
-            let download = self
-                .run_uv(
-                    "uv pip install",
-                    self.pipeline(interpreter).download_args(
-                        DownloadTarget::FreshVenv(&python),
-                        link_mode,
-                        requirements_file_args(&requirements_file),
-                    ),
-                    &build_dir,
-                    interpreter,
-                    true,
+            let download_args = || {
+                self.pipeline(interpreter).download_args(
+                    DownloadTarget::FreshVenv(&python),
+                    link_mode,
+                    requirements_file_args(&requirements_file),
                 )
-                .await?;
+            };
+            // A pinned set is first installed from uv's cache alone, without the network:
+            // its versions are fixed (and its environment, once built, is kept for good), so
+            // what uv cached earlier serves as well as the index would, and the round trips
+            // that revalidate every index page and wheel (most of the install's time when
+            // everything is cached) are not paid. What the cache cannot satisfy goes online.
+            let mut download = None;
+            if set.pinned {
+                let mut args = download_args();
+                args.push("--offline".into());
+                let offline = self
+                    .run_uv(
+                        "uv pip install --offline",
+                        args,
+                        &build_dir,
+                        interpreter,
+                        false,
+                    )
+                    .await?;
+                if offline.success() {
+                    download = Some(offline);
+                } else {
+                    tracing::debug!(%key, "not all in uv's cache; installing online");
+                }
+            }
+            let download = match download {
+                Some(download) => download,
+                None => {
+                    self.run_uv(
+                        "uv pip install",
+                        download_args(),
+                        &build_dir,
+                        interpreter,
+                        true,
+                    )
+                    .await?
+                }
+            };
             if download.success() {
                 steps[0] = step.elapsed().as_millis();
                 if self.defers_compilation() {
