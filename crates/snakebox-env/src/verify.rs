@@ -20,7 +20,7 @@
 //! or uv's cache (SECURITY.md, "Installs and builds").
 
 use std::io::Read as _;
-use std::os::fd::AsFd as _;
+use std::os::fd::{AsFd as _, BorrowedFd};
 use std::path::Path;
 
 use sha2::{Digest as _, Sha256};
@@ -152,9 +152,7 @@ pub fn check_records(site_packages: &Path) -> std::io::Result<Vec<Mismatch>> {
     let root = snakebox_fs::open_root(site_packages, "site-packages")
         .map_err(|err| std::io::Error::other(err.with_cause()))?;
     let mut mismatches = Vec::new();
-    // One buffer for every file (a large set has thousands: a fresh one each was most of the
-    // check's own time).
-    let mut buffer = vec![0_u8; 256 * 1024];
+    let mut files = Vec::new();
     for entry in fs_err::read_dir(site_packages)? {
         let entry = entry?;
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -186,44 +184,87 @@ pub fn check_records(site_packages: &Path) -> std::io::Result<Vec<Mismatch>> {
             let Ok(relative) = RelativePath::parse(&path) else {
                 continue;
             };
-            let mismatch = |problem: String| Mismatch {
+            files.push(RecordedFile {
                 distribution: distribution.to_owned(),
-                path: path.clone(),
-                problem,
-            };
-            let (mut file, stat) = match snakebox_fs::open_file(root.as_fd(), &relative) {
-                Ok(opened) => opened,
-                Err(err) => {
-                    mismatches.push(mismatch(err.with_cause()));
-                    continue;
-                }
-            };
-            let actual_size = u64::try_from(stat.st_size).unwrap_or(0);
-            if let Some(size) = size.filter(|size| *size != actual_size) {
-                mismatches.push(mismatch(format!(
-                    "{actual_size} bytes, the RECORD says {size}"
-                )));
-                continue;
-            }
-            let mut hasher = Sha256::new();
-            let read = loop {
-                match file.read(&mut buffer) {
-                    Ok(0) => break Ok(()),
-                    Ok(n) => hasher.update(&buffer[..n]),
-                    Err(err) => break Err(err),
-                }
-            };
-            if let Err(err) = read {
-                mismatches.push(mismatch(format!("unreadable: {err}")));
-                continue;
-            }
-            if urlsafe_nopad(&hasher.finalize()) != expected.trim_end_matches('=') {
-                mismatches.push(mismatch("its SHA-256 differs from the RECORD's".to_owned()));
-            }
+                expected: expected.trim_end_matches('=').to_owned(),
+                path,
+                relative,
+                size,
+            });
         }
     }
+    // Hashing is most of the check (a large set holds hundreds of megabytes): the files are
+    // shared out between threads, one per core.
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let workers = std::thread::available_parallelism()
+        .map_or(1, usize::from)
+        .min(files.len().max(1));
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    // One buffer per thread for every file (a large set has thousands: a fresh
+                    // one each was most of the check's own time).
+                    let mut buffer = vec![0_u8; 256 * 1024];
+                    let mut found = Vec::new();
+                    loop {
+                        let at = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(file) = files.get(at) else {
+                            return found;
+                        };
+                        if let Some(problem) = check_file(root.as_fd(), file, &mut buffer) {
+                            found.push(Mismatch {
+                                distribution: file.distribution.clone(),
+                                path: file.path.clone(),
+                                problem,
+                            });
+                        }
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            match handle.join() {
+                Ok(found) => mismatches.extend(found),
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+    });
     mismatches.sort_by(|a, b| (&a.distribution, &a.path).cmp(&(&b.distribution, &b.path)));
     Ok(mismatches)
+}
+
+/// A file a `RECORD` lists with its SHA-256.
+struct RecordedFile {
+    distribution: String,
+    /// As the `RECORD` spells it.
+    path: String,
+    relative: RelativePath,
+    /// The hash, URL-safe base64 without padding.
+    expected: String,
+    size: Option<u64>,
+}
+
+/// What is wrong with `file` below `root`, if anything.
+fn check_file(root: BorrowedFd<'_>, file: &RecordedFile, buffer: &mut [u8]) -> Option<String> {
+    let (mut opened, stat) = match snakebox_fs::open_file(root, &file.relative) {
+        Ok(opened) => opened,
+        Err(err) => return Some(err.with_cause()),
+    };
+    let actual_size = u64::try_from(stat.st_size).unwrap_or(0);
+    if let Some(size) = file.size.filter(|size| *size != actual_size) {
+        return Some(format!("{actual_size} bytes, the RECORD says {size}"));
+    }
+    let mut hasher = Sha256::new();
+    loop {
+        match opened.read(buffer) {
+            Ok(0) => break,
+            Ok(n) => hasher.update(&buffer[..n]),
+            Err(err) => return Some(format!("unreadable: {err}")),
+        }
+    }
+    (urlsafe_nopad(&hasher.finalize()) != file.expected)
+        .then(|| "its SHA-256 differs from the RECORD's".to_owned())
 }
 
 /// One `RECORD` line (CSV: `path,hash,size`, the path quoted when it holds a comma or a
