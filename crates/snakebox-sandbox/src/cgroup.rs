@@ -46,8 +46,10 @@ pub(crate) trait CgroupManager: Send + Sync + std::fmt::Debug {
     fn pids(&self) -> Vec<i32>;
     /// Counters.
     fn stats(&self) -> CgroupStats;
-    /// SIGKILL everything in it (`cgroup.kill` where the kernel has it).
+    /// SIGKILL everything in it (`cgroup.kill` where the kernel has it), until it is empty.
     fn kill(&self);
+    /// SIGKILL everything in it now, without waiting for it to go.
+    fn kill_once(&self);
     /// Kill, then remove the directories, retrying while processes are exiting.
     fn remove(&self) -> Result<(), CgroupError>;
     /// Whether it limits memory / processes.
@@ -233,6 +235,9 @@ impl CgroupManager for V1 {
     fn kill(&self) {
         kill_loop(self);
     }
+    fn kill_once(&self) {
+        sigkill_all(&self.pids());
+    }
     fn remove(&self) -> Result<(), CgroupError> {
         self.kill();
         rmdir_with_retries(&self.dirs(), self)
@@ -303,6 +308,11 @@ impl CgroupManager for V2 {
         // cgroup.kill (Linux 5.14) kills atomically, forks included; fall back to a sweep.
         let _ = fs_err::write(self.dir.join("cgroup.kill"), "1");
         kill_loop(self);
+    }
+    fn kill_once(&self) {
+        if fs_err::write(self.dir.join("cgroup.kill"), "1").is_err() {
+            sigkill_all(&self.pids());
+        }
     }
     fn remove(&self) -> Result<(), CgroupError> {
         self.kill();
@@ -736,9 +746,14 @@ impl RunCgroup {
     pub(crate) fn limits_pids(&self) -> bool {
         self.manager.limits().1
     }
-    /// SIGKILL everything in the run's cgroup(s).
+    /// SIGKILL everything in the run's cgroup(s), until they are empty.
     pub(crate) fn kill_all(&self) {
         self.manager.kill();
+    }
+    /// SIGKILL everything in the run's cgroup(s) once, without waiting for it to go: enough
+    /// when the run's pid 1 is in it (see [`crate::native`]'s forked runs).
+    pub(crate) fn kill_once(&self) {
+        self.manager.kill_once();
     }
     /// Whether the kernel OOM-killed something in the run.
     pub(crate) fn oom_killed(&self) -> bool {

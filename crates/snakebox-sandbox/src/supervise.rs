@@ -103,12 +103,26 @@ pub(crate) const BUDGET_SPENT_NOTE: &str = "\n[snakebox: the output limit is rea
 /// How long we keep reading the pipes after the tree was killed.
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
 
+/// What [`Teardown::kill_all_and_wait`] returns.
+pub(crate) type Waiting<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>>;
+
 /// Kills everything that belongs to one run. Called after the direct child ends, on timeout,
 /// on cancellation and when the run future is dropped; must be idempotent and must not block
 /// for long.
 pub(crate) trait Teardown: Send + Sync {
     /// SIGKILL every process of the run.
     fn kill_all(&self);
+    /// SIGKILL what of the run is there now, without waiting for it to go (the supervisor
+    /// waits with [`Teardown::kill_all_and_wait`] once the output is read). By default
+    /// [`Teardown::kill_all`].
+    fn kill_now(&self) {
+        self.kill_all();
+    }
+    /// SIGKILL every process of the run and wait until none is left, without holding up the
+    /// runtime's thread while they exit. By default [`Teardown::kill_all`].
+    fn kill_all_and_wait(&self) -> Waiting<'_> {
+        Box::pin(async move { self.kill_all() })
+    }
     /// Whether the run hit its memory limit (OOM kill counted by the cgroup).
     fn memory_exceeded(&self) -> bool {
         false
@@ -286,7 +300,7 @@ pub(crate) async fn supervise<C: DirectChild>(
         () = cancel.cancelled() => (Err(std::io::ErrorKind::Interrupted.into()), Stop::Cancelled),
     };
     // Whatever ended the wait, nothing of the run may outlive it.
-    teardown.kill_all();
+    teardown.kill_now();
     let status = match (stop, status) {
         (Stop::Exited, Ok(status)) => status,
         (Stop::Exited, Err(source)) => return Err(SpawnError::Wait { pid, source }),
@@ -299,8 +313,9 @@ pub(crate) async fn supervise<C: DirectChild>(
         }
     };
     let duration = started.elapsed();
-    // A second sweep catches what a fork bomb created while the first one ran.
-    teardown.kill_all();
+    // A second sweep catches what a fork bomb created while the first one ran, and the call
+    // goes on only once nothing of the run is left.
+    teardown.kill_all_and_wait().await;
     guard.armed = false;
 
     let _ = tokio::time::timeout(DRAIN_GRACE, async {

@@ -791,8 +791,9 @@ impl NativeTeardown {
     }
 }
 
-impl Teardown for NativeTeardown {
-    fn kill_all(&self) {
+impl NativeTeardown {
+    /// SIGKILL the sandbox's pid 1 (the kernel then kills its whole PID namespace).
+    fn kill_sandbox(&self) {
         if let Some(fd) = self
             .sandbox_pidfd
             .lock()
@@ -801,9 +802,73 @@ impl Teardown for NativeTeardown {
         {
             pidfd_kill(fd);
         }
+    }
+}
+
+/// How many times [`gone`] sweeps a cgroup that keeps filling before it leaves the rest to
+/// the cgroup's removal (which sweeps again).
+const GONE_SWEEPS: usize = 20;
+/// How long [`gone`] waits for the processes of one sweep to exit.
+const GONE_WAIT: Duration = Duration::from_millis(200);
+
+/// SIGKILL everything in `cgroup` and wait, on the runtime, until it is empty: each sweep
+/// kills the processes it finds through pidfds (immune to pid reuse) and waits for exactly
+/// those to exit (a pidfd becomes readable then), instead of polling the cgroup on a timer
+/// that holds a runtime thread. A fork that raced a sweep is in the next one.
+async fn gone(cgroup: &RunCgroup) {
+    for _ in 0..GONE_SWEEPS {
+        let pids = cgroup.pids();
+        if pids.is_empty() {
+            return;
+        }
+        let mut exits = Vec::with_capacity(pids.len());
+        for pid in pids {
+            // A pid that is gone already has no pidfd (ESRCH).
+            if let Ok(fd) = pidfd_open(pid) {
+                pidfd_kill(&fd);
+                // SAFETY: an OwnedFd keeps its one descriptor open until the AsyncFd drops it.
+                let registered = unsafe {
+                    tokio::io::unix::AsyncFd::register_with_interest(
+                        fd,
+                        tokio::io::Interest::READABLE,
+                    )
+                };
+                if let Ok(fd) = registered {
+                    exits.push(fd);
+                }
+            }
+        }
+        let all_exited = async {
+            for exit in &exits {
+                let _ = exit.readable().await;
+            }
+        };
+        let _ = tokio::time::timeout(GONE_WAIT, all_exited).await;
+    }
+}
+
+impl Teardown for NativeTeardown {
+    fn kill_all(&self) {
+        self.kill_sandbox();
         if let Some(cg) = &self.cgroup {
             cg.kill_all();
         }
+    }
+
+    fn kill_now(&self) {
+        self.kill_sandbox();
+        if let Some(cg) = &self.cgroup {
+            cg.kill_once();
+        }
+    }
+
+    fn kill_all_and_wait(&self) -> crate::supervise::Waiting<'_> {
+        Box::pin(async move {
+            self.kill_sandbox();
+            if let Some(cg) = &self.cgroup {
+                gone(cg).await;
+            }
+        })
     }
 
     fn memory_exceeded(&self) -> bool {
