@@ -194,35 +194,33 @@ pub fn check_records(site_packages: &Path) -> std::io::Result<Vec<Mismatch>> {
         }
     }
     // Hashing is most of the check (a large set holds hundreds of megabytes): the files are
-    // shared out between threads, one per core.
+    // shared out between this thread and, for a set large enough to be worth it, one more
+    // per core.
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let workers = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(files.len().max(1));
+    let check_some = || {
+        // One buffer per thread for every file (a large set has thousands: a fresh one each
+        // was most of the check's own time).
+        let mut buffer = vec![0_u8; 256 * 1024];
+        let mut found = Vec::new();
+        while let Some(file) = files.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+            if let Some(problem) = check_file(root.as_fd(), file, &mut buffer) {
+                found.push(Mismatch {
+                    distribution: file.distribution.clone(),
+                    path: file.path.clone(),
+                    problem,
+                });
+            }
+        }
+        found
+    };
+    let helpers = if files.len() >= PARALLEL_FROM_FILES {
+        std::thread::available_parallelism().map_or(1, usize::from) - 1
+    } else {
+        0
+    };
     std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                scope.spawn(|| {
-                    // One buffer per thread for every file (a large set has thousands: a fresh
-                    // one each was most of the check's own time).
-                    let mut buffer = vec![0_u8; 256 * 1024];
-                    let mut found = Vec::new();
-                    loop {
-                        let at = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(file) = files.get(at) else {
-                            return found;
-                        };
-                        if let Some(problem) = check_file(root.as_fd(), file, &mut buffer) {
-                            found.push(Mismatch {
-                                distribution: file.distribution.clone(),
-                                path: file.path.clone(),
-                                problem,
-                            });
-                        }
-                    }
-                })
-            })
-            .collect();
+        let handles: Vec<_> = (0..helpers).map(|_| scope.spawn(check_some)).collect();
+        mismatches.extend(check_some());
         for handle in handles {
             match handle.join() {
                 Ok(found) => mismatches.extend(found),
@@ -233,6 +231,9 @@ pub fn check_records(site_packages: &Path) -> std::io::Result<Vec<Mismatch>> {
     mismatches.sort_by(|a, b| (&a.distribution, &a.path).cmp(&(&b.distribution, &b.path)));
     Ok(mismatches)
 }
+
+/// How many files a check needs before it takes more than its own thread.
+const PARALLEL_FROM_FILES: usize = 200;
 
 /// A file a `RECORD` lists with its SHA-256.
 struct RecordedFile {
