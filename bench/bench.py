@@ -836,18 +836,19 @@ async def bench_first_run(
             result_other.update(await other.execute("import numpy", [spec]))
 
         result_other: dict[str, Any] = {}
+        # Not timed: what a server does after answering (compiling the new environment) must
+        # not slow the next sample, of either build (the other one's sample follows at once)
+        # or of the next round's baselines.
         if other is not None and i % 2 == 1:
             rows["snakebox_first_run_other"].samples.append(await timed(first_other))
+            await other.background_done()
         rows["snakebox_first_run"].samples.append(await timed(first))
+        await sb.background_done()
         if other is not None and i % 2 == 0:
             rows["snakebox_first_run_other"].samples.append(await timed(first_other))
+            await other.background_done()
         if result.get("environment_reused") or result_other.get("environment_reused"):
             raise RuntimeError("the first-run case reused an environment: the set was not new")
-        # Not timed: what a server does after answering (compiling the new environment) must
-        # not slow the next round's samples, of either build or of the baselines.
-        await sb.background_done()
-        if other is not None:
-            await other.background_done()
         shutil.rmtree(venv, ignore_errors=True)
         log(f"first run {i + 1}/{setup.install_rounds}")
 
