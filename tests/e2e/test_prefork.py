@@ -240,6 +240,50 @@ async def test_pre_forked_children_are_bounded_reported_and_gone_with_their_fork
         await anyio.sleep(0.1)
 
 
+def cpu_shares(pid: int) -> dict[str, int]:
+    """`cpu.shares` of each run cgroup of the server `pid` in cgroup v1's cpu hierarchy."""
+    return {
+        path: int(Path(path, "cpu.shares").read_text())
+        for path in run_cgroups(pid)
+        if Path(path, "cpu.shares").exists()
+    }
+
+
+# See: issue 19 (performance): children were made at the default CPU share, so that making the
+# next ones took the CPU from the runs in flight (a run's pid 1 waited for the fork server's
+# new keeper, the reply for the new child's setup).
+async def test_pre_forked_children_wait_at_a_small_cpu_share_and_a_run_gets_the_default(snakebox_bin, data_dir):
+    async with connect(snakebox_bin, data_dir, "legacy", "--prefork", "2") as client:
+        await wait_prefork(client, 2)
+        pid = server_pid(data_dir)
+        if not cpu_shares(pid):
+            pytest.skip("no cgroup v1 cpu hierarchy here")
+        # The fork server's own cgroup has the default share, its two children the small one.
+        # (The cgroup of the run that named the environment goes once that run is over.)
+        deadline = time.monotonic() + 10
+        while sorted((before := cpu_shares(pid)).values()) != [64, 64, 1024]:
+            assert time.monotonic() < deadline, before
+            await anyio.sleep(0.05)
+        waiting = {path for path, shares in before.items() if shares == 64}
+        async with anyio.create_task_group() as tasks:
+            done: dict = {}
+
+            async def sleeper() -> None:
+                done.update((await call(client, "execute_python", script="import time; time.sleep(3); print('slept')"))[0])
+
+            tasks.start_soon(sleeper)
+            # While it runs, its cgroup (one of those two) has the default share; the others
+            # (the one left and its replacement) wait at the small one.
+            deadline = time.monotonic() + 10
+            while not (running := {p for p, shares in cpu_shares(pid).items() if shares == 1024 and p in waiting}):
+                assert time.monotonic() < deadline, cpu_shares(pid)
+                await anyio.sleep(0.05)
+            during = cpu_shares(pid)
+            assert len(running) == 1 and list(during.values()).count(1024) == 2, (before, during)
+            assert all(shares == 64 for path, shares in during.items() if path in waiting - running), during
+        assert done["status"] == "ok" and done["stdout"] == "slept\n", done
+
+
 async def test_prefork_off_forks_every_run_when_it_comes(snakebox_bin, data_dir):
     async with connect(snakebox_bin, data_dir, "legacy", "--prefork", "0") as client:
         data, _, _ = await call(client, "execute_python", script="print('warm')")

@@ -50,6 +50,10 @@ pub(crate) trait CgroupManager: Send + Sync + std::fmt::Debug {
     fn kill(&self);
     /// SIGKILL everything in it now, without waiting for it to go.
     fn kill_once(&self);
+    /// Its share of the CPU against others when all want it: `background` for work that
+    /// may wait (a sandbox made before its run), else the kernel's default. Nothing where
+    /// the cpu controller is not ours.
+    fn set_background(&self, background: bool) -> Result<(), CgroupError>;
     /// Kill, then remove the directories, retrying while processes are exiting.
     fn remove(&self) -> Result<(), CgroupError>;
     /// Whether it limits memory / processes.
@@ -84,6 +88,13 @@ fn keyed(text: &str, key: &str) -> Option<u64> {
             .flatten()
     })
 }
+
+/// cgroup v1 `cpu.shares` of work that may wait (1/16 of the default), and the default.
+const BACKGROUND_SHARES: &str = "64";
+const DEFAULT_SHARES: &str = "1024";
+/// The same as cgroup v2 `cpu.weight`.
+const BACKGROUND_WEIGHT: &str = "6";
+const DEFAULT_WEIGHT: &str = "100";
 
 fn sigkill_all(pids: &[i32]) {
     for &pid in pids {
@@ -238,6 +249,19 @@ impl CgroupManager for V1 {
     fn kill_once(&self) {
         sigkill_all(&self.pids());
     }
+    fn set_background(&self, background: bool) -> Result<(), CgroupError> {
+        match &self.cpu {
+            Some(dir) => write(
+                &dir.join("cpu.shares"),
+                if background {
+                    BACKGROUND_SHARES
+                } else {
+                    DEFAULT_SHARES
+                },
+            ),
+            None => Ok(()),
+        }
+    }
     fn remove(&self) -> Result<(), CgroupError> {
         self.kill();
         rmdir_with_retries(&self.dirs(), self)
@@ -313,6 +337,20 @@ impl CgroupManager for V2 {
         if fs_err::write(self.dir.join("cgroup.kill"), "1").is_err() {
             sigkill_all(&self.pids());
         }
+    }
+    fn set_background(&self, background: bool) -> Result<(), CgroupError> {
+        let weight = self.dir.join("cpu.weight");
+        if !weight.exists() {
+            return Ok(());
+        }
+        write(
+            &weight,
+            if background {
+                BACKGROUND_WEIGHT
+            } else {
+                DEFAULT_WEIGHT
+            },
+        )
     }
     fn remove(&self) -> Result<(), CgroupError> {
         self.kill();
@@ -750,10 +788,14 @@ impl RunCgroup {
     pub(crate) fn kill_all(&self) {
         self.manager.kill();
     }
-    /// SIGKILL everything in the run's cgroup(s) once, without waiting for it to go: enough
-    /// when the run's pid 1 is in it (see [`crate::native`]'s forked runs).
+    /// SIGKILL everything in the run's cgroup(s) once, without waiting for it to go.
     pub(crate) fn kill_once(&self) {
         self.manager.kill_once();
+    }
+    /// Give the run's processes a small share of the CPU against others that want it
+    /// (`background`), or the default share again.
+    pub(crate) fn set_background(&self, background: bool) -> Result<(), CgroupError> {
+        self.manager.set_background(background)
     }
     /// Whether the kernel OOM-killed something in the run.
     pub(crate) fn oom_killed(&self) -> bool {

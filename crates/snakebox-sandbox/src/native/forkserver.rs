@@ -85,6 +85,8 @@ const KILLED_REPORT_TIMEOUT: Duration = Duration::from_secs(5);
 const MESSAGE_MAX: usize = 64 * 1024;
 /// Pre-forked children a fork server may keep at most ([`ForkServerSpec::prefork`]).
 pub const MAX_PREFORK: usize = 16;
+/// The niceness of the thread that makes pre-forked children (a run's work goes first).
+const MAKER_NICE: libc::c_int = 10;
 /// How long the refill waits after a failed attempt to make a pre-forked child.
 const SPARE_RETRY: Duration = Duration::from_secs(1);
 
@@ -429,7 +431,15 @@ impl NativeBackend {
             };
             std::thread::Builder::new()
                 .name("snakebox-prefork".into())
-                .spawn(move || maker.keep_filled())
+                .spawn(move || {
+                    // Its work may wait for that of runs in flight (see `SpareMaker::make`).
+                    // SAFETY: setpriority(2) on this thread only; no memory is involved.
+                    unsafe {
+                        let thread = libc::id_t::try_from(libc::gettid()).unwrap_or(0);
+                        libc::setpriority(libc::PRIO_PROCESS, thread, MAKER_NICE);
+                    }
+                    maker.keep_filled();
+                })
                 .map_err(|err| fail(format!("could not start its pre-forking thread: {err}")))?;
         }
         Ok(server)
@@ -575,6 +585,11 @@ impl SpareMaker {
             .cgroups
             .create_run(&self.spares.limits)
             .map_err(|err| format!("its cgroup: {err}"))?;
+        // Made while runs may be in flight: a run's own work goes first (the share is the
+        // default again once a run takes it).
+        cgroup
+            .set_background(true)
+            .map_err(|err| format!("its cgroup: {err}"))?;
         let mut fds = Vec::new();
         let (ours, theirs) = seqpacket_pair().map_err(|err| format!("its socket: {err}"))?;
         fds.push(theirs);
@@ -664,6 +679,15 @@ impl ForkServer {
             taken
         };
         let spare = spare?;
+        if let Err(err) = spare.cgroup.set_background(false) {
+            // Its run would compete at a sixteenth of the CPU: the child is dropped (and
+            // replaced), the run forked anew.
+            tracing::warn!(%err, "a pre-forked child's CPU share could not be restored");
+            let mut state = self.spares.lock();
+            state.in_flight -= 1;
+            self.spares.changed.notify_all();
+            return None;
+        }
         let (report_tx, report_rx) = oneshot::channel();
         waiters.insert(spare.id, report_tx);
         Some((spare, report_rx))
