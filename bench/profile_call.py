@@ -13,9 +13,11 @@ times are CLOCK_MONOTONIC too, so each call is cut into phases at these kernel e
 With the fork server on (the default), a call is forked instead: `--path forked` (chosen by
 itself when no bwrap child is seen) cuts it at the fork server's events instead:
 
-  send → the fork server forks the run's keeper (absent when a pre-forked child serves the run)
-  → the keeper's unshare → it forks the run's pid 1 → pid 1 forks the script's process (pid 2)
-  → pid 2 exits → the keeper exits (after reporting) → the server's last rmdir/unlink → reply,
+  send → the server sends the request (to a pre-forked child, or to the fork server) → the
+  fork server forks the run's keeper (absent when a pre-forked child serves the run) → the
+  keeper's unshare → it forks the run's pid 1 → pid 1 has the request → pid 1 forks the
+  script's process (pid 2) → pid 2 exits → the keeper reports the end → pid 1 and the keeper
+  exit → the server's last rmdir/unlink → reply received,
 
 and adds where the CPU of each call goes (`sched:sched_stat_runtime`, by process role and
 server thread), on the hot path (send → reply) and after the reply (until the next call).
@@ -52,6 +54,9 @@ EVENTS = [
     "syscalls:sys_enter_rmdir",
     "syscalls:sys_enter_unlinkat",
     "syscalls:sys_exit_wait4",
+    "syscalls:sys_enter_sendmsg",
+    "syscalls:sys_exit_recvmsg",
+    "syscalls:sys_enter_sendto",
     "sched:sched_stat_runtime",
 ]
 
@@ -231,7 +236,20 @@ def forked_phases(server: int, calls: list[tuple[float, float]], events: list, t
             if pid1_fork is not None:
                 points.append(("pid 1 forked", pid1_fork[0]))
         points.append(("pid 2 forked (the script's process)", pid2_fork[0]))
+        # The request handed over (to the pre-forked child, or to the fork server), and taken.
+        handed = next((e for e in w if e[4] == "sys_enter_sendmsg" and e[2] == server), None)
+        if handed is not None and handed[0] < pid2_fork[0]:
+            points.append(("server sends the request", handed[0]))
+            taken = next((e for e in w if e[4] == "sys_exit_recvmsg" and e[2] == pid1 and e[0] >= handed[0]), None)
+            if taken is not None and taken[0] < pid2_fork[0]:
+                points.append(("pid 1 has the request", taken[0]))
         exits = {e[2]: e[0] for e in w if e[4] == "sched_process_exit" and e[2] == e[3]}
+        # The end reported to the server (the keeper's send).
+        if pid2 in exits:
+            report = next((e for e in w if e[4] == "sys_enter_sendto" and e[2] == keeper and e[0] >= exits[pid2]), None)
+            if report is not None:
+                points.append(("the keeper reports the end", report[0]))
+
         for label, pid in (("pid 2 exits", pid2), ("pid 1 exits", pid1), ("the keeper exits", keeper)):
             if pid in exits:
                 points.append((label, exits[pid]))
