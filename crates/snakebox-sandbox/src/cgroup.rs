@@ -96,7 +96,8 @@ const DEFAULT_SHARES: &str = "1024";
 const BACKGROUND_WEIGHT: &str = "6";
 const DEFAULT_WEIGHT: &str = "100";
 
-fn sigkill_all(pids: &[i32]) {
+/// SIGKILL each of `pids`.
+pub(crate) fn sigkill_all(pids: &[i32]) {
     for &pid in pids {
         // SAFETY: kill(2) has no memory-safety preconditions.
         unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -212,15 +213,15 @@ impl CgroupManager for V1 {
         Ok(())
     }
     fn pids(&self) -> Vec<i32> {
-        let mut all: Vec<i32> = self
-            .procs_files()
-            .iter()
-            .filter_map(|f| fs_err::read_to_string(f).ok())
-            .flat_map(|t| parse_pids(&t))
-            .collect();
-        all.sort_unstable();
-        all.dedup();
-        all
+        // Every process joins the hierarchies in the order of `procs_files` (the sandbox's
+        // child, a fork server's keeper) and its children are born in all of them, so the
+        // first one holds every process that is in any: one read, not three (each a
+        // cgroup v1 pid list the kernel builds and sorts).
+        self.procs_files()
+            .first()
+            .and_then(|f| fs_err::read_to_string(f).ok())
+            .map(|t| parse_pids(&t))
+            .unwrap_or_default()
     }
     fn stats(&self) -> CgroupStats {
         let oom_kills = self

@@ -810,33 +810,46 @@ impl NativeTeardown {
 const GONE_SWEEPS: usize = 20;
 /// How long [`gone`] waits for the processes of one sweep to exit.
 const GONE_WAIT: Duration = Duration::from_millis(200);
+/// How many processes of one sweep [`gone`] waits for through pidfds (a fork bomb's thousand
+/// would take as many descriptors); the others are killed by pid and looked for again.
+const GONE_WATCHED: usize = 64;
 
 /// SIGKILL everything in `cgroup` and wait, on the runtime, until it is empty: each sweep
-/// kills the processes it finds through pidfds (immune to pid reuse) and waits for exactly
-/// those to exit (a pidfd becomes readable then), instead of polling the cgroup on a timer
-/// that holds a runtime thread. A fork that raced a sweep is in the next one.
+/// kills the processes it finds and waits for exactly those to exit (through pidfds, which
+/// become readable then, opened before the kill so that a reused pid is never waited for),
+/// instead of polling the cgroup on a timer that holds a runtime thread. A fork that raced
+/// a sweep is in the next one.
 async fn gone(cgroup: &RunCgroup) {
     for _ in 0..GONE_SWEEPS {
         let pids = cgroup.pids();
         if pids.is_empty() {
             return;
         }
-        let mut exits = Vec::with_capacity(pids.len());
-        for pid in pids {
+        let mut exits = Vec::with_capacity(pids.len().min(GONE_WATCHED));
+        let mut unwatched = Vec::new();
+        for (index, &pid) in pids.iter().enumerate() {
             // A pid that is gone already has no pidfd (ESRCH).
-            if let Ok(fd) = pidfd_open(pid) {
-                pidfd_kill(&fd);
-                // SAFETY: an OwnedFd keeps its one descriptor open until the AsyncFd drops it.
-                let registered = unsafe {
-                    tokio::io::unix::AsyncFd::register_with_interest(
-                        fd,
-                        tokio::io::Interest::READABLE,
-                    )
-                };
-                if let Ok(fd) = registered {
-                    exits.push(fd);
-                }
+            let watched = (index < GONE_WATCHED)
+                .then(|| pidfd_open(pid).ok())
+                .flatten();
+            let Some(fd) = watched else {
+                unwatched.push(pid);
+                continue;
+            };
+            pidfd_kill(&fd);
+            // SAFETY: an OwnedFd keeps its one descriptor open until the AsyncFd drops it.
+            let registered = unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+            };
+            if let Ok(fd) = registered {
+                exits.push(fd);
             }
+        }
+        crate::cgroup::sigkill_all(&unwatched);
+        if exits.is_empty() {
+            // Nothing to wait on (all unwatched): look again shortly.
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            continue;
         }
         let all_exited = async {
             for exit in &exits {
