@@ -327,6 +327,20 @@ async def test_a_pinned_set_in_uvs_cache_is_installed_without_asking_the_index(s
         # An unpinned set asks the index (a newer version may be there), cached or not.
         assert any(path.startswith("/simple/") for path in await installs(["sbxoffline>=1.0"], "two\n"))
 
+        # A session's install follows the same rule.
+        created, text, is_error = await call(client, "create_session")
+        assert not is_error, text
+        session = created["session_id"]
+        # (The session's interpreter keeps what it imported: the version is read from disk.)
+        version = "import importlib.metadata as m; print(m.version('sbxoffline'))"
+        for packages, expected, asks in ((["sbxoffline==1.0"], "1.0\n", False), (["sbxoffline>=2.0"], "2.0\n", True)):
+            before = len(asked())
+            data, text, _ = await call(client, "install_packages", session_id=session, packages=packages, wait_seconds=120)
+            assert data["state"] == "succeeded", text
+            ran, text, _ = await call(client, "execute_python", session_id=session, script=version)
+            assert ran["status"] == "ok" and ran["stdout"] == expected, text
+            assert bool(asked()[before:]) == asks, (packages, asked()[before:])
+
 
 # ---------------------------------------------------------------------------------------------
 # Item 1: a damaged environment is never published, and a later call builds it afresh.

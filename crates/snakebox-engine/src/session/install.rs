@@ -209,8 +209,26 @@ impl Installer {
                 requirements.iter().map(Into::into),
             );
             self.reclaim_venv().await?;
-            let (_, stderr) = self.uv("uv pip install", args, true, progress).await?;
-            log = stderr;
+            // As for a new environment (README, "Pinned sets from the cache first"): a pinned
+            // install is tried from uv's cache alone first, without the network and without
+            // streaming its output (what it lacks is installed online, and that is shown).
+            let pinned = snakebox_script::merge_dependencies(None, requirements)
+                .is_ok_and(|parsed| parsed.iter().all(snakebox_script::is_exact_pin));
+            let mut offline = None;
+            if pinned {
+                let mut args = args.clone();
+                args.push("--offline".into());
+                match self.uv("uv pip install --offline", args, false, None).await {
+                    Ok((_, stderr)) => offline = Some(stderr),
+                    Err(err) => {
+                        tracing::debug!(error = %err.message, "not all in uv's cache; installing online");
+                    }
+                }
+            }
+            log = match offline {
+                Some(stderr) => stderr,
+                None => self.uv("uv pip install", args, true, progress).await?.1,
+            };
             let (venv, base) = (self.venv.clone(), self.interpreter.executable.clone());
             super::blocking_io("fix the installed scripts", move || {
                 snakebox_env::point_scripts_at_venv(&venv, &base)
