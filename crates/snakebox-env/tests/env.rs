@@ -302,19 +302,24 @@ async fn concurrent_ensures_of_one_key_build_once() {
     assert_eq!(runner.builds.load(Ordering::SeqCst), 2);
 
     // What was run: the trusted download (wheels only, no compilation: it runs no package
-    // code) has network and writes the build directory and uv's cache; compiling runs package
-    // code, so it is a run: no network, no credentials, no cache, the environment only.
+    // code) writes the build directory and uv's cache, for a pinned set first from the cache
+    // alone (`--offline`, no network: uv's cache is empty here, so it fails) and then with
+    // network; compiling runs package code, so it is a run: no network, no credentials, no
+    // cache, the environment only.
     let seen = runner.seen.lock().unwrap().clone();
     let labels: Vec<&str> = seen.iter().map(|i| i.label.as_str()).collect();
     assert_eq!(
         labels,
         [
             "uv venv",
+            "uv pip install --offline",
             "uv pip install",
             "compile the packages (runs their code)",
             "uv venv"
         ]
     );
+    let offline = &seen[1];
+    assert!(!offline.network && offline.args.iter().any(|a| a == "--offline"));
     for invocation in seen.iter().filter(|i| i.role == Role::Downloader) {
         assert_eq!(invocation.network, invocation.label == "uv pip install");
         // One mount holding the build directory and uv's cache, so that uv can hard-link.
@@ -342,8 +347,8 @@ async fn concurrent_ensures_of_one_key_build_once() {
             );
         }
     }
-    let install = &seen[1];
-    assert!(install.network);
+    let install = &seen[2];
+    assert!(install.network && !install.args.iter().any(|a| a == "--offline"));
     assert!(install.args.iter().any(|a| a == "--no-build"));
     assert!(!install.args.iter().any(|a| a == "--compile-bytecode"));
     assert_eq!(install.writable.len(), 1);
@@ -357,7 +362,7 @@ async fn concurrent_ensures_of_one_key_build_once() {
         ))
     );
 
-    let compile = &seen[2];
+    let compile = &seen[3];
     assert!(matches!(compile.role, Role::PackageCode { .. }));
     assert!(!compile.network);
     assert_eq!(compile.writable.len(), 1);
