@@ -683,9 +683,7 @@ impl ForkServer {
             // Its run would compete at a sixteenth of the CPU: the child is dropped (and
             // replaced), the run forked anew.
             tracing::warn!(%err, "a pre-forked child's CPU share could not be restored");
-            let mut state = self.spares.lock();
-            state.in_flight -= 1;
-            self.spares.changed.notify_all();
+            drop(InFlight(&self.spares));
             return None;
         }
         let (report_tx, report_rx) = oneshot::channel();
