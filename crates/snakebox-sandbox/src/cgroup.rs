@@ -214,7 +214,7 @@ impl CgroupManager for V1 {
     }
     fn pids(&self) -> Vec<i32> {
         // Every process joins the hierarchies in the order of `procs_files` (the sandbox's
-        // child, a fork server's keeper) and its children are born in all of them, so the
+        // child, a forked run's pid 1) and its children are born in all of them, so the
         // first one holds every process that is in any: one read, not three (each a
         // cgroup v1 pid list the kernel builds and sorts).
         self.procs_files()

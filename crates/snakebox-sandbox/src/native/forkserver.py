@@ -13,38 +13,32 @@ run's own, sent with the request).
 
 It imports the run module once (the slow part of a cold start) and the top-level modules of the
 distributions named in SNAKEBOX_PRELOAD (the environment's declared packages, see `_preload`),
-then waits for requests on a
-private SEQPACKET socket: one message per run, `run <n>`, with descriptors attached: stdout,
-stderr and control channel of the run, a pipe holding the run's request (JSON, read only by the
-forked child: the fork server's own memory never holds any run's data), the run's directories
-as detached mounts, and the run's cgroup `tasks` files. For each request it forks a child that:
+then waits for requests on a private SEQPACKET socket. A request is `fork <n> <json>` (the
+JSON holds no run's data: the fresh `/tmp` and `/dev/shm` sizes and the per-user counter
+shares) with a socket of the run's own and the `cgroup.procs` files of a cgroup the server made
+for it attached. For each, the fork server clones the run's pid 1 straight into new user,
+mount, pid, network, ipc and uts namespaces (no process in between: `_clone`). Pid 1:
 
-1. joins the run's cgroups, reads the request, and makes new user, mount, pid, network, ipc,
-   uts and cgroup namespaces (mapping only its own uid, as 65534);
-2. forks the run's pid 1, which attaches the run's directories, mounts fresh size-capped /tmp
-   and /dev/shm, a devpts instance of its own, a fresh /proc with bubblewrap's read-only covers, sets the run's share of
-   per-user kernel counters, brings up loopback, drops every capability and installs the run's
-   seccomp programs (on top of the fork server's own);
-3. pid 1 forks the run itself (pid 2), and from then on only reaps, as bubblewrap's init does,
-   and passes the run's wait status back.
+1. joins its cgroups, makes its cgroup namespace there, and maps only its own uid (as 65534);
+2. mounts fresh size-capped /tmp and /dev/shm, a devpts instance of its own, a fresh /proc
+   with bubblewrap's read-only covers, sets the run's share of per-user kernel counters and
+   brings up loopback;
+3. waits on its socket for its run, having seen nothing of any run: a message `run` with the
+   run's stdout, stderr and control channel, a memfd holding the run's request (JSON: the
+   fork server's own memory never holds any run's data) and the run's directories as
+   detached mounts. A child made ahead of its request waits here (a pre-forked child, the
+   server's `--prefork`); one made for a run that came gets it at once. The server hands the
+   run to pid 1 directly, so the fork server is not on the run's path at all. One whose socket
+   closes before a run arrives (the server dropped it) exits without running anything;
+4. attaches the run's directories, sets the run's rlimits, stdio, drops every capability,
+   installs the run's seccomp programs (on top of the fork server's own), and forks the run
+   itself (pid 2); from then on it only reaps, as bubblewrap's init does, and reports the
+   run's end on its socket: `exit <wait status>` of pid 2, or `fail <reason>` when its set-up
+   went wrong before user code ran.
 
-**Pre-forked children.** A request `spare <n> <json>` (the JSON holds no run's data: the
-fresh `/tmp` and `/dev/shm` sizes and the per-user counter shares, the same for every run of
-this fork server) comes with a socket of the child's own and the `cgroup.procs` files of a
-cgroup the server made for it. The fork server forks a child that does steps 1 and 2 above
-as far as they need no run (the cgroup, the namespaces, fresh /tmp, /dev/shm, devpts, /proc
-and its covers, the counter shares, loopback), then waits on its socket, having seen nothing
-of any run. The server hands a run to it directly on that socket (the same descriptors and
-request as `run`, without cgroup files: it is in its cgroup already), so the fork server is
-not on the run's path at all. The child says `taken` to its keeper, attaches the run's
-directories, sets the run's rlimits, and goes on as in step 2 (stdio, capabilities, seccomp)
-and 3. Each serves one run; a spare whose socket closes before a run arrives (the server
-dropped it) exits without running anything.
-
-Messages to the server: `ready`; `exit <n> <wait status>` (of the run, pid 2) or
-`fail <n> <reason>` (setup went wrong before user code ran), sent by the child; and
-`gone <n> <wait status>` (of the child itself), sent by the fork server when it reaped it.
-The child reports the run's end as soon as pid 1 says it, before the run's namespaces are
+Messages to the server on the fork server's socket: `ready`; `gone <n> <wait status>` (of pid 1,
+once reaped: a child that ended before its run, or a run killed with its pid 1) and `fail <n>
+<reason>` (the clone failed). The run's end is reported by pid 1 before its namespaces are
 torn down (the server kills what is left of the run through its cgroup either way).
 """
 
@@ -60,9 +54,15 @@ import signal
 import socket
 import struct
 import sys
+import warnings
 
-# Exactly these, in one call: the only `unshare` the fork server's seccomp program allows.
-UNSHARE_FLAGS = 0x7E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET
+# Exactly these, in one call: the only namespace-making `clone` the fork server's seccomp
+# program allows (with CLONE_PARENT or without). The low byte is the exit signal, SIGCHLD.
+CLONE_FLAGS = 0x7C020011  # NEWNS | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | SIGCHLD
+CLONE_PARENT = 0x8000
+# The only `unshare` it allows: pid 1's cgroup namespace, made once it is in the run's cgroup.
+CLONE_NEWCGROUP = 0x02000000
+SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(os.uname().machine)
 
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2
@@ -108,6 +108,10 @@ _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctype
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 _libc.syscall.restype = ctypes.c_long
+# The same library, called with the GIL held: a clone made through it copies an interpreter
+# whose lock state is its own thread's (see `_clone`).
+_libc_gil = ctypes.PyDLL(None, use_errno=True)
+_libc_gil.syscall.restype = ctypes.c_long
 
 
 class SetupError(Exception):
@@ -224,11 +228,19 @@ def _loopback_up():
         sock.close()
 
 
-def _drop_capabilities():
+def _drop_bounding_set():
+    """Empty the capability bounding and ambient sets: no later `execve` gains a capability.
+    The effective set, which attaching the run's directories needs, stays until
+    `_drop_capabilities`."""
     for cap in range(64):
         if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             break
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+
+
+def _drop_capabilities():
+    """Clear the effective, permitted and inheritable sets (the bounding and ambient sets are
+    empty already)."""
     header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
     data = (ctypes.c_uint32 * 6)()
     _check(_libc.capset(header, data), "capset")
@@ -279,6 +291,7 @@ class ForkServer:
             _BELOW[target] = _mount_points_below(target)
 
     def send(self, text):
+        """A message to the server on the fork server's socket (never from a run's pid 1)."""
         try:
             self.sock.send(text.encode("utf-8", "replace")[: MAX_MESSAGE - 1])
         except OSError:
@@ -318,22 +331,15 @@ class ForkServer:
                 return 0
             words = message.split(b" ", 2)
             kind = words[0]
-            well_formed = len(words) >= 2 and words[1].isdigit()
-            if kind == b"run":
-                well_formed = well_formed and len(words) == 2 and len(fds) >= 4
-            elif kind == b"spare":
-                well_formed = well_formed and len(words) == 3 and len(fds) >= 1
-            else:
-                well_formed = False
-            if not well_formed:
+            if kind != b"fork" or len(words) != 3 or not words[1].isdigit() or not fds:
                 for fd in fds:
                     os.close(fd)
                 continue
             run_id = words[1].decode()
             try:
-                pid = os.fork()
+                pid = _fork_into_namespaces()
             except OSError as err:
-                self.send("fail %s fork: %s" % (run_id, err))
+                self.send("fail %s clone: %s" % (run_id, err))
                 for fd in fds:
                     os.close(fd)
                 continue
@@ -342,9 +348,9 @@ class ForkServer:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 os.close(wake_r)
                 os.close(wake_w)
-                if kind == b"spare":
-                    return self.spare(run_id, words[2], fds)
-                return self.child(run_id, fds)
+                # Only the fork server reads requests (they carry other runs' descriptors).
+                self.sock.close()
+                return self.child(words[2], fds)
             self.children[pid] = run_id
             for fd in fds:
                 os.close(fd)
@@ -361,111 +367,40 @@ class ForkServer:
             if run_id is not None:
                 self.send("gone %s %d" % (run_id, status))
 
-    def child(self, run_id, fds):
-        """The run's keeper: makes the run's namespaces, forks its pid 1 into them, and reports
-        how the run ended. Returns only in the run itself (pid 2)."""
-        try:
-            request = _read_request(fds[3])
-            mounts = int(request["mounts"])
-            cgroups = int(request["cgroups"])
-            _enter_namespaces(fds[4 + mounts : 4 + mounts + cgroups])
-            _set_rlimits(request["rlimits"])
-            status_r, status_w = os.pipe()
-            pid1 = os.fork()
-        except Exception as err:  # noqa: BLE001 - reported to the server
-            self.send("fail %s %s" % (run_id, err))
-            os._exit(127)
-        if pid1 == 0:
-            os.close(status_r)
-            try:
-                self.prepare(request["tmpfs"], request["user_limits"])
-            except Exception as err:  # noqa: BLE001 - reported through the keeper
-                _fail(status_w, err)
-            return self.pid1(request, fds, status_w)
-        os.close(status_w)
-        # (The request and cgroup descriptors are closed already; their numbers may be reused.)
-        for fd in fds[:3] + fds[4 : 4 + int(request["mounts"])]:
-            os.close(fd)
-        self.keep(run_id, pid1, status_r, taken=True)
-
-    def spare(self, run_id, spec_text, fds):
-        """A pre-forked child's keeper: makes a run's namespaces and sandbox before any run,
-        then its pid 1 waits on `fds[0]` for the one run it will serve (see the module
-        documentation). Returns only in the run itself (pid 2)."""
+    def child(self, spec_text, fds):
+        """Pid 1 of a run's new namespaces (see the module documentation): prepares the
+        sandbox, waits on `fds[0]` for the one run it serves, and goes on with it. Returns
+        only in the run itself (pid 2)."""
         sock_fd = fds[0]
         try:
+            _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             spec = json.loads(spec_text)
             _enter_namespaces(fds[1:])
-            status_r, status_w = os.pipe()
-            pid1 = os.fork()
+            self.prepare(spec["tmpfs"], spec["user_limits"])
         except Exception as err:  # noqa: BLE001 - reported to the server
-            self.send("fail %s %s" % (run_id, err))
-            os._exit(127)
-        if pid1 == 0:
-            os.close(status_r)
-            try:
-                self.prepare(spec["tmpfs"], spec["user_limits"])
-            except Exception as err:  # noqa: BLE001 - reported through the keeper
-                _fail(status_w, err)
-            request, run_fds = _wait_for_run(sock_fd)
-            os.write(status_w, b"taken\n")
-            try:
-                if request["tmpfs"] != spec["tmpfs"]:
-                    for target, size in request["tmpfs"]:
-                        _fresh_tmpfs(target, size)
-                _set_rlimits(request["rlimits"])
-            except Exception as err:  # noqa: BLE001 - reported through the keeper
-                _fail(status_w, err)
-            return self.pid1(request, run_fds, status_w)
-        os.close(status_w)
-        os.close(sock_fd)
-        self.keep(run_id, pid1, status_r, taken=False)
-
-    def keep(self, run_id, pid1, status_r, taken):
-        """Report how the run of pid 1 ended, as soon as pid 1 says so (its namespaces are torn
-        down after), then reap it. `taken`: pid 1 has its run already (else it says `taken`
-        when its run arrives; ending before that, it ran nothing)."""
-        buffer = b""
-        report = None
-        while report is None:
-            try:
-                chunk = os.read(status_r, MAX_MESSAGE)
-            except InterruptedError:
-                continue
-            if not chunk:
-                break
-            buffer += chunk
-            while b"\n" in buffer and report is None:
-                line, _, buffer = buffer.partition(b"\n")
-                if line == b"taken":
-                    taken = True
-                elif line.startswith(b"exit ") or line.startswith(b"fail "):
-                    report = line.decode("utf-8", "replace")
-        if report is not None:
-            kind, _, rest = report.partition(" ")
-            self.send("%s %s %s" % (kind, run_id, rest))
-            _, status = os.waitpid(pid1, 0)
-        else:
-            _, status = os.waitpid(pid1, 0)
-            if taken:
-                # Pid 1 ended without a word: killed (a time-out or a cancel goes through the
-                # run's cgroup), so the run was too.
-                self.send("exit %s %d" % (run_id, status))
-            else:
-                self.send("fail %s the pre-forked child ended before its run (status %d)" % (run_id, status))
-        os._exit(0)
-
-    def pid1(self, request, fds, status_w):
-        """Pid 1 of the run's pid namespace, its sandbox prepared: give it the run's
-        directories, stdio and the last restrictions, fork the run, reap."""
+            _fail(sock_fd, err)
+        request, run_fds = _wait_for_run(sock_fd)
         try:
-            self.setup(request, fds, status_w)
+            if request["tmpfs"] != spec["tmpfs"]:
+                for target, size in request["tmpfs"]:
+                    _fresh_tmpfs(target, size)
+            _set_rlimits(request["rlimits"])
+        except Exception as err:  # noqa: BLE001 - reported to the server
+            _fail(sock_fd, err)
+        return self.pid1(request, run_fds, sock_fd)
+
+    def pid1(self, request, fds, report):
+        """Pid 1 of the run's pid namespace, its sandbox prepared: give it the run's
+        directories, stdio and the last restrictions, fork the run, reap, and report the
+        run's end on `report` (its socket to the server)."""
+        try:
+            self.setup(request, fds, report)
             pid = os.fork()
-        except Exception as err:  # noqa: BLE001 - reported through the keeper
-            _fail(status_w, err)
+        except Exception as err:  # noqa: BLE001 - reported to the server
+            _fail(report, err)
         if pid != 0:
-            _init(pid, status_w)
-        os.close(status_w)
+            _init(pid, report)
+        os.close(report)
         _fresh_state()
         sys.argv = list(request["argv"])
         sys.path[0] = os.path.dirname(sys.argv[0])
@@ -478,7 +413,7 @@ class ForkServer:
     def prepare(self, tmpfs, user_limits):
         """What pid 1 sets up before it knows its run: its own mount table with fresh /tmp,
         /dev/shm, devpts and /proc (with bubblewrap's covers), the run's share of the per-user
-        counters, loopback, and its OOM score."""
+        counters, loopback, its OOM score, and empty bounding and ambient capability sets."""
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         _mount(None, "/", None, MS_REC | MS_PRIVATE)
         for target, size in tmpfs:
@@ -497,8 +432,9 @@ class ForkServer:
                 _mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC)
         _loopback_up()
         _write("/proc/self/oom_score_adj", "1000")
+        _drop_bounding_set()
 
-    def setup(self, request, fds, status_w):
+    def setup(self, request, fds, report):
         """Pid 1's setup once its run is known: the run's directories, stdio, no capabilities,
         a new session, the run's seccomp programs, no other descriptor."""
         stdout, stderr, control = fds[0], fds[1], fds[2]
@@ -523,7 +459,7 @@ class ForkServer:
                 _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(program), 0, 0),
                 "seccomp",
             )
-        keep = {0, 1, 2, 3, status_w}
+        keep = {0, 1, 2, 3, report}
         for fd in _open_fds():
             if fd not in keep:
                 try:
@@ -538,19 +474,86 @@ def _read_request(request_fd):
     return request
 
 
+def _fork_into_namespaces():
+    """Make a run's pid 1 in new namespaces, as our child: 0 in it, its pid here."""
+    if _thread_count() == 1:
+        return _clone(0)
+    # Code of the environment started threads here: one may hold a lock (of malloc, of stdio)
+    # that a raw clone would copy held. A fork makes a consistent child (the C library and the
+    # interpreter see to it); that child, single-threaded, clones pid 1 as our child
+    # (CLONE_PARENT), says its pid, and ends.
+    pid_r, pid_w = os.pipe()
+    with warnings.catch_warnings():
+        # (Python warns of exactly this hazard; the helper is how it is avoided.)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        middle = os.fork()
+    if middle == 0:
+        os.close(pid_r)
+        try:
+            pid = _clone(CLONE_PARENT)
+        except OSError:
+            os._exit(1)
+        if pid == 0:
+            os.close(pid_w)
+            return 0
+        os.write(pid_w, b"%d" % pid)
+        os._exit(0)
+    os.close(pid_w)
+    try:
+        said = _read_all(pid_r, 64)
+    finally:
+        os.close(pid_r)
+        os.waitpid(middle, 0)
+    if not said.isdigit():
+        raise OSError(0, "the forked helper could not clone")
+    return int(said)
+
+
+def _clone(extra):
+    """`clone` with the run's namespace flags (`CLONE_FLAGS | extra`), from Python: 0 in the
+    child, its pid here. The call keeps the GIL, so the child's copy of the interpreter is in
+    the state this thread left it; only a single-threaded process may call it (the C
+    library's locks are copied as they are). The child is pid 1 of its pid namespace, made
+    with no process in between, which a fork followed by `unshare` would need."""
+    if SYS_CLONE is None:
+        raise OSError(0, "no clone syscall number for %s" % os.uname().machine)
+    pid = _libc_gil.syscall(
+        ctypes.c_long(SYS_CLONE),
+        ctypes.c_long(CLONE_FLAGS | extra),
+        ctypes.c_long(0),
+        ctypes.c_long(0),
+        ctypes.c_long(0),
+        ctypes.c_long(0),
+    )
+    if pid < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return pid
+
+
+def _thread_count():
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return 0
+
+
 def _enter_namespaces(cgroup_fds):
-    """In a keeper: join the run's cgroups (through the `cgroup.procs` files the server opened),
-    then make the run's user, mount, pid, network, ipc, uts and cgroup namespaces, mapping
-    only our own uid (as SANDBOX_ID). The next child is the run's pid 1."""
+    """In a new pid 1: join the run's cgroups (through the `cgroup.procs` files the server
+    opened), make its cgroup namespace there, and map only our own uid (as SANDBOX_ID) into
+    the user namespace the clone made."""
     for fd in cgroup_fds:
         os.write(fd, b"0")
         os.close(fd)
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    uid, gid = os.geteuid(), os.getegid()
-    _check(_libc.unshare(UNSHARE_FLAGS), "unshare")
+    _check(_libc.unshare(CLONE_NEWCGROUP), "unshare")
     _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", "%d %d 1" % (SANDBOX_ID, uid))
-    _write("/proc/self/gid_map", "%d %d 1" % (SANDBOX_ID, gid))
+    _write("/proc/self/uid_map", "%d %d 1" % (SANDBOX_ID, _OUTSIDE_IDS[0]))
+    _write("/proc/self/gid_map", "%d %d 1" % (SANDBOX_ID, _OUTSIDE_IDS[1]))
+
+
+# The fork server's uid and gid in its own user namespace (what a run's 65534 maps to); read
+# before any clone (inside a new user namespace they are unmapped until the maps are written).
+_OUTSIDE_IDS = (os.geteuid(), os.getegid())
 
 
 def _set_rlimits(rlimits):
@@ -558,20 +561,20 @@ def _set_rlimits(rlimits):
         resource.setrlimit(kind, (soft, hard))
 
 
-def _fail(status_w, err):
+def _fail(report, err):
     """In pid 1 before the run: report why its setup failed, and end (no user code ran)."""
     try:
         text = ("fail %s" % err).replace("\n", " ")
-        os.write(status_w, (text.encode("utf-8", "replace")[: MAX_MESSAGE - 1] + b"\n"))
+        os.write(report, text.encode("utf-8", "replace")[: MAX_MESSAGE - 1])
     except OSError:
         pass
     os._exit(127)
 
 
 def _wait_for_run(sock_fd):
-    """In a pre-forked pid 1: wait for the one run it serves (a message with its descriptors),
-    then close the socket. Ends the process, running nothing, when the socket closes first
-    (the server dropped this child) or the message is not a run."""
+    """In pid 1: wait for the one run it serves (a message with its descriptors). The socket
+    stays open: the run's end is reported on it. Ends the process, running nothing, when the
+    socket closes first (the server dropped this child) or the message is not a run."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=sock_fd)
     while True:
         try:
@@ -581,7 +584,7 @@ def _wait_for_run(sock_fd):
             continue
         except OSError:
             os._exit(0)
-    sock.close()
+    sock.detach()
     fds = []
     for level, kind, data in ancillary:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -673,8 +676,8 @@ def _fresh_state():
             pass
 
 
-def _init(main, status_w):
-    """Pid 1 of a run: reap every child until `main` ends, then pass its wait status on. The
+def _init(main, report):
+    """Pid 1 of a run: reap every child until `main` ends, then report its wait status. The
     rest of the namespace dies with it."""
     for fd in (0, 1, 2, 3):
         try:
@@ -690,7 +693,7 @@ def _init(main, status_w):
             os._exit(255)
         if pid == main:
             try:
-                os.write(status_w, b"exit %d\n" % status)
+                os.write(report, b"exit %d" % status)
             except OSError:
                 pass
             os._exit(0)

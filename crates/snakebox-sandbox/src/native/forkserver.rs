@@ -3,10 +3,11 @@
 //!
 //! Starting bubblewrap and an interpreter for every run costs 25-40 ms of CPU, which caps two
 //! cores at well under 100 runs a second. The fork server pays that once: an interpreter of one
-//! environment, with the run module imported, waits in a sandbox, and each run is a fork of it
-//! that makes its own namespaces, attaches its own directories, mounts a fresh `/proc`, `/tmp`
-//! and `/dev/shm`, drops every capability and installs a run's seccomp programs before any of
-//! its code runs (`forkserver.py` has the steps). The server supervises the run as any other:
+//! environment, with the run module imported, waits in a sandbox, and each run's pid 1 is a
+//! clone of it made straight into new namespaces, which joins the run's cgroup, attaches the
+//! run's directories, mounts a fresh `/proc`, `/tmp` and `/dev/shm`, drops every capability
+//! and installs a run's seccomp programs before it forks the run's code (`forkserver.py` has
+//! the steps), and reports the run's end on a socket of its own. The server supervises the run as any other:
 //! it owns the run's pipes and cgroup, so output caps, limits, time-outs and the kill path are
 //! the same.
 //!
@@ -30,8 +31,9 @@
 //! so the call pays only for that and the code. A child has seen nothing of any run before
 //! its own (it is made before the request, from the fork server, which holds no run's data),
 //! serves exactly one, and is replaced off the call's path by a thread of its own, once the
-//! run it served has ended (so that making it takes no CPU from that run). Dropping
-//! the fork server (or its stopping) ends its waiting children and removes their cgroups.
+//! run it served has ended (so that making it takes no CPU from that run). A run that finds
+//! none ready (or whose limits differ) gets one made the same way at once. Dropping the fork
+//! server (or its stopping) ends its waiting children and removes their cgroups.
 //!
 //! **What its runs share.** Every run it forks is its fork: the same interpreter memory (the
 //! same hash seed, address layout and stack canary), and the fork server's host uid, under a
@@ -107,14 +109,16 @@ pub(crate) struct ZygoteSetup {
     pub(crate) mount_points: Vec<PathBuf>,
 }
 
-/// How a forked run ended, as the fork server reported it.
-#[derive(Debug)]
+/// How a forked run ended: `Exit` and `Fail` as its pid 1 reports them, `Gone` and `Fail`
+/// as the fork server does.
+#[derive(Debug, PartialEq, Eq)]
 enum Report {
     /// The run's wait status (of its pid 2, the script's process).
     Exit(i32),
-    /// Its setup failed before user code ran.
+    /// Its setup failed before user code ran (or the fork server could not clone it).
     Fail(String),
-    /// The run's keeper ended (its wait status) without a report: killed with the run.
+    /// The run's pid 1 was reaped (its wait status): it ended without a report, killed with
+    /// the run.
     Gone(i32),
 }
 
@@ -139,7 +143,7 @@ struct Spares {
     target: usize,
     /// The limits they are made with: a run takes one only if its limits match.
     limits: Limits,
-    /// What every one is told (`forkserver.py`: `spare <n> <json>`).
+    /// What every one is told (`forkserver.py`: `fork <n> <json>`).
     spec: String,
     /// Runs served by one.
     served: AtomicU64,
@@ -378,11 +382,10 @@ impl NativeBackend {
                 changed: Condvar::new(),
                 target: spec.prefork.min(MAX_PREFORK),
                 limits: policy.limits.clone(),
-                spec: serde_json::json!({
-                    "tmpfs": [["/tmp", policy.limits.scratch_bytes], ["/dev/shm", policy.limits.scratch_bytes]],
-                    "user_limits": user_limit_shares(shares(spec.concurrent_runs)),
-                })
-                .to_string(),
+                spec: child_spec(
+                    policy.limits.scratch_bytes,
+                    &user_limit_shares(shares(spec.concurrent_runs)),
+                ),
                 served: AtomicU64::new(0),
             }),
         };
@@ -444,6 +447,55 @@ impl NativeBackend {
         }
         Ok(server)
     }
+}
+
+/// What the fork server is told of a child it forks (`fork <n> <json>`): the sizes of its fresh
+/// `/tmp` and `/dev/shm` and its share of the per-user counters. Nothing of any run.
+fn child_spec(scratch_bytes: Option<u64>, user_limits: &[(&'static str, u64)]) -> String {
+    serde_json::json!({
+        "tmpfs": [["/tmp", scratch_bytes], ["/dev/shm", scratch_bytes]],
+        "user_limits": user_limits,
+    })
+    .to_string()
+}
+
+/// Ask the fork server (on `socket`) for a child in a new cgroup with `limits`, its run's pid 1
+/// in fresh namespaces (`forkserver.py`), told `spec`. `background`: it is made ahead of its
+/// run, at a small CPU share. Its id is `next`'s.
+fn fork_child(
+    socket: &OwnedFd,
+    cgroups: &CgroupSet,
+    id: u64,
+    limits: &Limits,
+    spec: &str,
+    background: bool,
+) -> Result<Spare, String> {
+    let cgroup = cgroups
+        .create_run(limits)
+        .map_err(|err| format!("its cgroup: {err}"))?;
+    if background {
+        cgroup
+            .set_background(true)
+            .map_err(|err| format!("its cgroup: {err}"))?;
+    }
+    let mut fds = Vec::new();
+    let (ours, theirs) = seqpacket_pair().map_err(|err| format!("its socket: {err}"))?;
+    fds.push(theirs);
+    for file in cgroup.procs_files() {
+        let path = join_file(&file);
+        let opened = fs_err::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .map_err(|err| format!("its cgroup: {err}"))?;
+        fds.push(OwnedFd::from(opened.into_parts().0));
+    }
+    send_with_fds(socket, format!("fork {id} {spec}").as_bytes(), &fds)
+        .map_err(|err| format!("the request to the fork server: {err}"))?;
+    Ok(Spare {
+        id,
+        socket: ours,
+        cgroup,
+    })
 }
 
 /// The fork server's own rlimits: a run's, without the CPU-time limit (which would end it
@@ -579,40 +631,18 @@ impl SpareMaker {
         self.spares.stop();
     }
 
-    /// Make one: its cgroup, its socket, and the request to the fork server.
+    /// Make one: its cgroup (at a small CPU share: runs in flight go first; the share is the
+    /// default again once a run takes it), its socket, and the request to the fork server.
     fn make(&self) -> Result<Spare, String> {
-        let cgroup = self
-            .cgroups
-            .create_run(&self.spares.limits)
-            .map_err(|err| format!("its cgroup: {err}"))?;
-        // Made while runs may be in flight: a run's own work goes first (the share is the
-        // default again once a run takes it).
-        cgroup
-            .set_background(true)
-            .map_err(|err| format!("its cgroup: {err}"))?;
-        let mut fds = Vec::new();
-        let (ours, theirs) = seqpacket_pair().map_err(|err| format!("its socket: {err}"))?;
-        fds.push(theirs);
-        for file in cgroup.procs_files() {
-            let path = join_file(&file);
-            let opened = fs_err::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .map_err(|err| format!("its cgroup: {err}"))?;
-            fds.push(OwnedFd::from(opened.into_parts().0));
-        }
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        send_with_fds(
+        fork_child(
             &self.socket,
-            format!("spare {id} {}", self.spares.spec).as_bytes(),
-            &fds,
-        )
-        .map_err(|err| format!("the request to the fork server: {err}"))?;
-        Ok(Spare {
+            &self.cgroups,
             id,
-            socket: ours,
-            cgroup,
-        })
+            &self.spares.limits,
+            &self.spares.spec,
+            true,
+        )
     }
 }
 
@@ -730,39 +760,20 @@ impl ForkServer {
                 })?,
             );
         }
-        // A pre-forked child when one fits (it is in its cgroup already), else a fork now.
+        // A pre-forked child when one fits, else one forked now (the same, made for this run).
         let mut spare = self.take_spare(&run.limits);
         // Its replacement is made when this run ends (the guard goes with this call).
         let _in_flight = spare.is_some().then(|| InFlight(&self.spares));
         if spare.is_some() {
             self.spares.served.fetch_add(1, Ordering::Relaxed);
         }
-        let (cgroup, joins) =
-            match &spare {
-                Some(_) => (None, Vec::new()),
-                None => {
-                    let cgroup = self.cgroups.create_run(&run.limits)?;
-                    let procs = cgroup.procs_files();
-                    let mut joins = Vec::with_capacity(procs.len());
-                    for file in &procs {
-                        let path = join_file(file);
-                        let opened = fs_err::OpenOptions::new().write(true).open(&path).map_err(
-                            |source| SpawnError::Path {
-                                path: path.clone(),
-                                source,
-                            },
-                        )?;
-                        joins.push(OwnedFd::from(opened.into_parts().0));
-                    }
-                    (Some(cgroup), joins)
-                }
-            };
-        let limits_in_cgroup = |cgroup: &RunCgroup| (cgroup.limits_memory(), cgroup.limits_pids());
-        let (memory_in_cgroup, pids_in_cgroup) = match (&spare, &cgroup) {
-            (Some((spare, _)), _) => limits_in_cgroup(&spare.cgroup),
-            (None, Some(cgroup)) => limits_in_cgroup(cgroup),
-            (None, None) => (false, false),
+        let preforked = spare.is_some();
+        let (child, gone) = match spare.take() {
+            Some(taken) => taken,
+            None => self.fork_now(&run.limits)?,
         };
+        let (memory_in_cgroup, pids_in_cgroup) =
+            (child.cgroup.limits_memory(), child.cgroup.limits_pids());
         let mut rlimits = rlimits_for(&run.limits, !memory_in_cgroup, !pids_in_cgroup);
         rlimits.extend(self.run_rlimits.iter().copied());
         let rlimits: Vec<serde_json::Value> = rlimits
@@ -788,49 +799,38 @@ impl ForkServer {
                 .iter()
                 .map(|m| serde_json::json!([m.dest.to_string_lossy(), m.writable]))
                 .collect::<Vec<_>>(),
-            "cgroups": joins.len(),
             "tmpfs": [["/tmp", scratch], ["/dev/shm", scratch]],
             "rlimits": rlimits,
-            "user_limits": self.user_limits,
         });
         fds.push(
             memfd_with(c"run-request", request.to_string().as_bytes())
                 .map_err(desc("run request"))?,
         );
         fds.extend(mounts);
-        fds.extend(joins);
-        // Handed to the pre-forked child, or else to the fork server to fork one now.
-        let mut handed = None;
-        if let Some((taken, report_rx)) = spare.take() {
-            match send_with_fds(&taken.socket, b"run", &fds) {
-                Ok(()) => handed = Some((taken.id, taken.cgroup, report_rx)),
-                Err(err) => {
-                    // It ended before its run (its socket is closed): fork one now instead.
-                    tracing::debug!(%err, "a pre-forked child was gone");
-                    self.lock_waiters().remove(&taken.id);
-                    self.spares.served.fetch_sub(1, Ordering::Relaxed);
-                    return Box::pin(self.run(run, cancel, output)).await;
-                }
+        // Handed to the child's pid 1 directly: the fork server never sees it.
+        if let Err(err) = send_with_fds(&child.socket, b"run", &fds) {
+            self.lock_waiters().remove(&child.id);
+            if preforked {
+                // It ended before its run (its socket is closed): fork one now instead.
+                tracing::debug!(%err, "a pre-forked child was gone");
+                self.spares.served.fetch_sub(1, Ordering::Relaxed);
+                return Box::pin(self.run(run, cancel, output)).await;
             }
+            // Its set-up failed before the run reached it: its pid 1 said why.
+            let said = receive(&child.socket, Some(Duration::ZERO))
+                .and_then(|message| match parse_child_report(&message) {
+                    Some(Report::Fail(reason)) => Some(reason),
+                    _ => None,
+                })
+                .unwrap_or_else(|| err.to_string());
+            return Err(fail(format!("{SETUP_FAILED}: {said}")));
         }
-        let (id, cgroup, report_rx) = match handed {
-            Some(handed) => handed,
-            None => {
-                let id = self.next.fetch_add(1, Ordering::Relaxed);
-                let (report_tx, report_rx) = oneshot::channel();
-                self.lock_waiters().insert(id, report_tx);
-                if let Err(err) = send_with_fds(&self.socket, format!("run {id}").as_bytes(), &fds)
-                {
-                    self.lock_waiters().remove(&id);
-                    return Err(fail(format!("could not send the request: {err}")));
-                }
-                let Some(cgroup) = cgroup else {
-                    return Err(fail("no cgroup for the run".into()));
-                };
-                (id, cgroup, report_rx)
-            }
-        };
-        let _ = id;
+        let Spare { socket, cgroup, .. } = child;
+        // SAFETY: an OwnedFd keeps its one descriptor open until the AsyncFd drops it.
+        let socket = unsafe {
+            tokio::io::unix::AsyncFd::register_with_interest(socket, tokio::io::Interest::READABLE)
+        }
+        .map_err(|err| desc("report socket")(err.into_parts().1))?;
         let teardown = Arc::new(NativeTeardown {
             sandbox_pidfd: Mutex::new(None),
             sandbox_pid: AtomicI32::new(0),
@@ -848,7 +848,8 @@ impl ForkServer {
         let stdout = receiver(stdout_read, "stdout")?;
         let stderr = receiver(stderr_read, "stderr")?;
         let child = Forked {
-            report: Some(report_rx),
+            socket: Some(socket),
+            gone: Some(gone),
             killed: false,
         };
         let raw = supervise(
@@ -878,6 +879,28 @@ impl ForkServer {
         Ok(outcome(raw, &run.limits, false, memory_hit, usage))
     }
 
+    /// A child forked now for a run with `limits` (none of the pre-forked ones fits or is
+    /// ready), with what the fork server says when it reaps it registered first.
+    fn fork_now(
+        &self,
+        limits: &Limits,
+    ) -> Result<(Spare, oneshot::Receiver<Report>), SandboxError> {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let (gone_tx, gone_rx) = oneshot::channel();
+        self.lock_waiters().insert(id, gone_tx);
+        let spec = child_spec(limits.scratch_bytes, &self.user_limits);
+        match fork_child(&self.socket, &self.cgroups, id, limits, &spec, false) {
+            Ok(child) => Ok((child, gone_rx)),
+            Err(message) => {
+                self.lock_waiters().remove(&id);
+                Err(fork_server_error(
+                    format!("could not fork the run's sandbox: {message}"),
+                    true,
+                ))
+            }
+        }
+    }
+
     fn lock_waiters(&self) -> std::sync::MutexGuard<'_, HashMap<u64, oneshot::Sender<Report>>> {
         self.waiters.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -895,12 +918,34 @@ impl Drop for ForkServer {
     }
 }
 
-/// A forked run as its supervisor sees it: it ends when the fork server reports its end.
+/// A forked run as its supervisor sees it: it ends when its pid 1 reports the run's end, or,
+/// when pid 1 ended without a word (killed with the run), when the fork server reaped it.
 struct Forked {
-    report: Option<oneshot::Receiver<Report>>,
+    /// Pid 1's socket, until its one report is read (or it closed without one).
+    socket: Option<tokio::io::unix::AsyncFd<OwnedFd>>,
+    /// What the fork server says once it reaped pid 1 (or that it could not make it).
+    gone: Option<oneshot::Receiver<Report>>,
     /// Set once the run was killed: from then on the report is awaited for a bounded time
     /// only, so a fork server that stopped answering cannot hold the call.
     killed: bool,
+}
+
+impl Forked {
+    async fn report(&mut self) -> Result<Report, oneshot::error::RecvError> {
+        if let Some(socket) = &self.socket {
+            let said = read_child_report(socket).await;
+            self.socket = None;
+            if let Some(report) = said {
+                return Ok(report);
+            }
+        }
+        let Some(gone) = self.gone.as_mut() else {
+            return Ok(Report::Exit(libc::SIGKILL));
+        };
+        let report = gone.await;
+        self.gone = None;
+        report
+    }
 }
 
 impl DirectChild for Forked {
@@ -911,19 +956,20 @@ impl DirectChild for Forked {
     async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
         use std::os::unix::process::ExitStatusExt;
         // Waited for through a reference: a wait given up (on timeout) can be resumed.
-        let Some(report) = self.report.as_mut() else {
+        if self.socket.is_none() && self.gone.is_none() {
             return Err(std::io::Error::other("the run was already waited for"));
-        };
+        }
         let report = if self.killed {
-            match tokio::time::timeout(KILLED_REPORT_TIMEOUT, report).await {
+            match tokio::time::timeout(KILLED_REPORT_TIMEOUT, self.report()).await {
                 Ok(report) => report,
-                // Killed through its cgroup; the fork server did not say so in time.
+                // Killed through its cgroup; neither pid 1 nor the fork server said so in time.
                 Err(_) => Ok(Report::Exit(libc::SIGKILL)),
             }
         } else {
-            report.await
+            self.report().await
         };
-        self.report = None;
+        self.socket = None;
+        self.gone = None;
         match report {
             Ok(Report::Exit(status) | Report::Gone(status)) => {
                 Ok(std::process::ExitStatus::from_raw(status))
@@ -938,8 +984,42 @@ impl DirectChild for Forked {
     }
 
     fn start_kill(&mut self) {
-        // The teardown kills everything in the run's cgroup; the fork server reports the end.
+        // The teardown kills everything in the run's cgroup; pid 1 or the fork server reports
+        // the end (see `Forked::report`).
         self.killed = true;
+    }
+}
+
+/// The one report a run's pid 1 sends on its socket (`exit <wait status>` or `fail <reason>`);
+/// `None` when the socket closed without one or the first message is not a report (pid 1 runs
+/// beside the run's code, so what it sends is read once, bounded, and nothing more).
+async fn read_child_report(socket: &tokio::io::unix::AsyncFd<OwnedFd>) -> Option<Report> {
+    use nix::sys::socket::{MsgFlags, recv};
+    let mut buf = [0u8; 4096];
+    loop {
+        let mut ready = socket.readable().await.ok()?;
+        let received = ready.try_io(|fd| {
+            recv(fd.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT).map_err(std::io::Error::from)
+        });
+        match received {
+            Ok(Ok(0)) => return None,
+            Ok(Ok(n)) => return parse_child_report(&buf[..n]),
+            Ok(Err(err)) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Ok(Err(_)) => return None,
+            // Not readable after all: wait again.
+            Err(_) => {}
+        }
+    }
+}
+
+/// `exit <wait status>` or `fail <reason>`, from a run's pid 1.
+fn parse_child_report(message: &[u8]) -> Option<Report> {
+    let text = String::from_utf8_lossy(message);
+    let (kind, rest) = text.split_once(' ')?;
+    match kind {
+        "exit" => rest.trim().parse().ok().map(Report::Exit),
+        "fail" => Some(Report::Fail(rest.to_string())),
+        _ => None,
     }
 }
 
@@ -1193,10 +1273,6 @@ fn read_reports(socket: &OwnedFd, waiters: &Waiters, alive: &AtomicBool, spares:
         let rest = parts.next().unwrap_or_default();
         let status = || rest.trim().parse::<i32>().ok();
         let report = match kind {
-            "exit" => match status() {
-                Some(status) => Report::Exit(status),
-                None => continue,
-            },
             "gone" => match status() {
                 Some(status) => Report::Gone(status),
                 None => continue,

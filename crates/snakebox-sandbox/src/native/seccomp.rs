@@ -63,15 +63,20 @@ const VSOCK_FAMILY: u64 = 40;
 /// Personalities allowed (as Docker): Linux, Linux32 variants, and the 0xffffffff query.
 const PERSONALITIES_ALLOWED: [u64; 5] = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
 
-/// The only `unshare` flags a fork server may pass (all at once): the namespaces of a run it
-/// forks. `forkserver.py` has the same value (`UNSHARE_FLAGS`).
-pub(crate) const FORK_SERVER_UNSHARE: u64 = (libc::CLONE_NEWNS
-    | libc::CLONE_NEWCGROUP
+/// The only namespace-making `clone` flags a fork server may pass (with [`libc::CLONE_PARENT`]
+/// or without, nothing else): a run's pid 1 made straight into its new namespaces, exit
+/// signal SIGCHLD. `forkserver.py` has the same values (`CLONE_FLAGS`, `CLONE_PARENT`).
+pub(crate) const FORK_SERVER_CLONE: u64 = (libc::CLONE_NEWNS
     | libc::CLONE_NEWUTS
     | libc::CLONE_NEWIPC
     | libc::CLONE_NEWUSER
     | libc::CLONE_NEWPID
-    | libc::CLONE_NEWNET) as u64;
+    | libc::CLONE_NEWNET
+    | libc::SIGCHLD) as u64;
+
+/// The only `unshare` a fork server (in practice, the pid 1 it cloned) may make: a cgroup
+/// namespace, once pid 1 is in its run's cgroup.
+pub(crate) const FORK_SERVER_UNSHARE: u64 = libc::CLONE_NEWCGROUP as u64;
 
 /// Whose programs: a run's, or a fork server's (a run's, with what building a forked run's
 /// sandbox needs; each forked run then adds a run's programs on top).
@@ -79,9 +84,10 @@ pub(crate) const FORK_SERVER_UNSHARE: u64 = (libc::CLONE_NEWNS
 pub(crate) enum Holder {
     /// Any sandboxed command: user code, installers, session interpreters.
     Run,
-    /// A fork server: may also `unshare` exactly [`FORK_SERVER_UNSHARE`] (which gives it
-    /// capabilities only inside the namespaces it makes), `mount` there, and `move_mount` the
-    /// detached mounts of a run's directories the server hands it.
+    /// A fork server: may also `clone` with exactly [`FORK_SERVER_CLONE`] (the child has
+    /// capabilities only inside the namespaces it makes), `unshare` exactly
+    /// [`FORK_SERVER_UNSHARE`], `mount` there, and `move_mount` the detached mounts of a run's
+    /// directories the server hands it.
     ForkServer,
 }
 
@@ -268,15 +274,29 @@ fn eperm_rules(holder: Holder) -> RuleTable {
     #[cfg(target_arch = "aarch64")]
     rules.insert(SYS_lookup_dcookie, vec![]);
 
-    rules.insert(SYS_clone, any_bit_of_arg0(&clone_ns));
     match holder {
         Holder::Run => {
+            rules.insert(SYS_clone, any_bit_of_arg0(&clone_ns));
             rules.insert(SYS_unshare, any_bit_of_arg0(&unshare_ns));
         }
         Holder::ForkServer => {
             // Mounting is needed (and only possible) inside the namespaces of a run it makes.
             rules.remove(&SYS_mount);
-            // Every unshare but the one that makes a run's namespaces, all of them at once.
+            // Every namespace-making clone but the one that makes a run's pid 1. The kernel
+            // reads clone's flags as 32 bits, so the comparison does too.
+            let exact = [FORK_SERVER_CLONE, FORK_SERVER_CLONE | CLONE_PARENT as u64];
+            let clone_rules = any_bit_of_arg0(&clone_ns)
+                .into_iter()
+                .map(|Rule(mut conditions)| {
+                    conditions
+                        .extend(exact.map(|flags| {
+                            cond(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Ne, flags)
+                        }));
+                    Rule(conditions)
+                })
+                .collect();
+            rules.insert(SYS_clone, clone_rules);
+            // Every unshare but pid 1's cgroup namespace.
             rules.insert(
                 SYS_unshare,
                 vec![rule(vec![cond(
@@ -615,19 +635,54 @@ mod tests {
     #[test]
     fn a_fork_server_may_make_a_runs_namespaces_and_nothing_more() {
         use Holder::ForkServer;
-        // Any other combination of namespaces, or one more bit, is refused.
+        // Its one clone reaches the kernel (which makes the namespaces: the child and its
+        // clone both exit at once), with CLONE_PARENT or without.
+        for flags in [
+            FORK_SERVER_CLONE,
+            FORK_SERVER_CLONE | libc::CLONE_PARENT as u64,
+        ] {
+            assert_eq!(
+                errno_in_child_of(ForkServer, libc::SYS_clone, [flags, 0, 0, 0]),
+                0,
+                "{flags:#x}"
+            );
+        }
+        // Any other namespace-making clone, or one more bit, is refused.
+        for flags in [
+            libc::CLONE_NEWUSER as u64 | libc::SIGCHLD as u64,
+            FORK_SERVER_CLONE | libc::CLONE_NEWCGROUP as u64,
+            FORK_SERVER_CLONE & !(libc::CLONE_NEWNET as u64),
+            FORK_SERVER_CLONE | libc::CLONE_VM as u64,
+            FORK_SERVER_CLONE | libc::CLONE_PARENT as u64 | libc::CLONE_FILES as u64,
+        ] {
+            assert_eq!(
+                errno_in_child_of(ForkServer, libc::SYS_clone, [flags, 0, 0, 0]),
+                libc::EPERM,
+                "clone {flags:#x}"
+            );
+        }
+        // Its one unshare is a cgroup namespace, alone.
         for flags in [
             libc::CLONE_NEWUSER as u64,
             libc::CLONE_NEWNS as u64,
             FORK_SERVER_UNSHARE | libc::CLONE_NEWTIME as u64,
+            FORK_SERVER_UNSHARE | libc::CLONE_NEWUSER as u64,
             FORK_SERVER_UNSHARE | (1 << 32),
         ] {
             assert_eq!(
                 errno_in_child_of(ForkServer, libc::SYS_unshare, [flags, 0, 0, 0]),
                 libc::EPERM,
-                "{flags:#x}"
+                "unshare {flags:#x}"
             );
         }
+        assert_eq!(
+            errno_in_child_of(
+                ForkServer,
+                libc::SYS_unshare,
+                [FORK_SERVER_UNSHARE, 0, 0, 0]
+            ),
+            0
+        );
         // Mounting reaches the kernel, as does move_mount: the kernel refuses the bad
         // arguments (which argument error it reports first differs between kernel versions:
         // EFAULT or EINVAL for move_mount's null path), never the filter's EPERM/ENOSYS.
@@ -663,24 +718,42 @@ mod tests {
             libc::EPERM
         );
         assert_eq!(
+            errno_in_child(libc::SYS_clone, [FORK_SERVER_CLONE, 0, 0, 0]),
+            libc::EPERM
+        );
+        assert_eq!(
             errno_in_child(MOVE_MOUNT, [u64::MAX, 0, 0, 0]),
             libc::ENOSYS
         );
     }
 
-    #[test]
-    fn the_fork_server_program_unshares_what_forkserver_py_asks_for() {
+    /// The value `forkserver.py` names `name` (a hexadecimal constant at the start of a line).
+    fn forkserver_py_constant(name: &str) -> u64 {
         let source = include_str!("forkserver.py");
+        let prefix = format!("{name} = 0x");
         let line = source
             .lines()
-            .find(|line| line.starts_with("UNSHARE_FLAGS = "))
+            .find(|line| line.starts_with(&prefix))
             .unwrap();
         let value = line
-            .trim_start_matches("UNSHARE_FLAGS = 0x")
+            .trim_start_matches(&prefix)
             .split_whitespace()
             .next()
             .unwrap();
-        assert_eq!(u64::from_str_radix(value, 16).unwrap(), FORK_SERVER_UNSHARE);
+        u64::from_str_radix(value, 16).unwrap()
+    }
+
+    #[test]
+    fn the_fork_server_program_allows_what_forkserver_py_asks_for() {
+        assert_eq!(forkserver_py_constant("CLONE_FLAGS"), FORK_SERVER_CLONE);
+        assert_eq!(
+            forkserver_py_constant("CLONE_PARENT"),
+            libc::CLONE_PARENT as u64
+        );
+        assert_eq!(
+            forkserver_py_constant("CLONE_NEWCGROUP"),
+            FORK_SERVER_UNSHARE
+        );
     }
 
     #[cfg(target_arch = "x86_64")]
