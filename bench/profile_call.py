@@ -13,11 +13,10 @@ times are CLOCK_MONOTONIC too, so each call is cut into phases at these kernel e
 With the fork server on (the default), a call is forked instead: `--path forked` (chosen by
 itself when no bwrap child is seen) cuts it at the fork server's events instead:
 
-  send → the server sends the request (to a pre-forked child, or to the fork server) → the
-  fork server forks the run's keeper (absent when a pre-forked child serves the run) → the
-  keeper's unshare → it forks the run's pid 1 → pid 1 has the request → pid 1 forks the
-  script's process (pid 2) → pid 2 exits → the keeper reports the end → pid 1 and the keeper
-  exit → the server's last rmdir/unlink → reply received,
+  send → the server sends the request to the run's pid 2 → pid 2 has it (when no pre-forked
+  child was ready: the fork server clones pid 1, pid 1's unshare, pid 1 forks pid 2) → pid 2
+  exits → pid 1 reports the end → pid 1 exits → the server's last rmdir/unlink → reply
+  received,
 
 and adds where the CPU of each call goes (`sched:sched_stat_runtime`, by process role and
 server thread), on the hot path (send → reply) and after the reply (until the next call).
@@ -57,6 +56,7 @@ EVENTS = [
     "syscalls:sys_enter_sendmsg",
     "syscalls:sys_exit_recvmsg",
     "syscalls:sys_enter_sendto",
+    "syscalls:sys_enter_write",
     "sched:sched_stat_runtime",
 ]
 
@@ -197,7 +197,7 @@ def forked_phases(server: int, calls: list[tuple[float, float]], events: list, t
         return d
 
     tgid = tgid_of(events)
-    names = {1: "keeper (fork server's child)", 2: "pid 1 (init, sets the sandbox up)", 3: "pid 2 (runner + script)"}
+    names = {1: "pid 1 (init: makes the sandbox, reports the end)", 2: "pid 2 (attaches its run, runner + script)"}
 
     def role(pid: int, tid: int, comm: str) -> str | None:
         if pid == server:
@@ -215,42 +215,34 @@ def forked_phases(server: int, calls: list[tuple[float, float]], events: list, t
     for index, (t0, t1) in enumerate(calls):
         end = calls[index + 1][0] if index + 1 < len(calls) else t1 + 0.2
         w = [e for e in events if t0 <= e[0] <= t1 + 0.005]
-        pid2_fork = next(
-            (e for e in w if e[4] == "sched_process_fork" and depth(int(re.search(r"child_pid=(\d+)", e[5]).group(1))) == 3),  # type: ignore[union-attr]
-            None,
-        )
-        if pid2_fork is None:
+        # The request handed over by the server, and the run's process (pid 2) that takes it.
+        handed = next((e for e in w if e[4] == "sys_enter_sendmsg" and e[2] == server), None)
+        taken = None
+        if handed is not None:
+            taken = next((e for e in w if e[4] == "sys_exit_recvmsg" and e[0] >= handed[0] and depth(e[2]) == 2), None)
+        if taken is None:
             print(f"call at {t0:.3f}: no forked run seen, skipped", file=sys.stderr)
             continue
-        pid2 = int(re.search(r"child_pid=(\d+)", pid2_fork[5]).group(1))  # type: ignore[union-attr]
+        pid2 = taken[2]
         pid1 = parent[pid2]
-        keeper = parent.get(pid1)
-        points: list[tuple[str, float]] = [("client send", t0)]
-        keeper_fork = next((e for e in w if e[4] == "sched_process_fork" and f"child_pid={keeper} " in e[5] + " "), None)
-        if keeper_fork is not None:
-            points.append(("the fork server forks the keeper", keeper_fork[0]))
-            unshare = next((e for e in w if e[4] == "sys_enter_unshare" and e[2] == keeper), None)
+        points: list[tuple[str, float]] = [("client send", t0), ("server sends the request", handed[0]), ("pid 2 has the request", taken[0])]
+        # A child made for this run (none ready): its clone, namespaces and pid 2's fork.
+        pid1_clone = next((e for e in w if e[4] == "sched_process_fork" and f"child_pid={pid1} " in e[5] + " "), None)
+        if pid1_clone is not None:
+            points.append(("the fork server clones pid 1", pid1_clone[0]))
+            unshare = next((e for e in w if e[4] == "sys_enter_unshare" and e[2] == pid1), None)
             if unshare is not None:
-                points.append(("the keeper's unshare", unshare[0]))
-            pid1_fork = next((e for e in w if e[4] == "sched_process_fork" and f"child_pid={pid1} " in e[5] + " "), None)
-            if pid1_fork is not None:
-                points.append(("pid 1 forked", pid1_fork[0]))
-        points.append(("pid 2 forked (the script's process)", pid2_fork[0]))
-        # The request handed over (to the pre-forked child, or to the fork server), and taken.
-        handed = next((e for e in w if e[4] == "sys_enter_sendmsg" and e[2] == server), None)
-        if handed is not None and handed[0] < pid2_fork[0]:
-            points.append(("server sends the request", handed[0]))
-            taken = next((e for e in w if e[4] == "sys_exit_recvmsg" and e[2] == pid1 and e[0] >= handed[0]), None)
-            if taken is not None and taken[0] < pid2_fork[0]:
-                points.append(("pid 1 has the request", taken[0]))
+                points.append(("pid 1's unshare", unshare[0]))
+            pid2_fork = next((e for e in w if e[4] == "sched_process_fork" and f"child_pid={pid2} " in e[5] + " "), None)
+            if pid2_fork is not None:
+                points.append(("pid 1 forks pid 2", pid2_fork[0]))
         exits = {e[2]: e[0] for e in w if e[4] == "sched_process_exit" and e[2] == e[3]}
-        # The end reported to the server (the keeper's send).
+        # The end reported to the server (pid 1's write on its socket).
         if pid2 in exits:
-            report = next((e for e in w if e[4] == "sys_enter_sendto" and e[2] == keeper and e[0] >= exits[pid2]), None)
+            report = next((e for e in w if e[4] == "sys_enter_write" and e[2] == pid1 and e[0] >= exits[pid2]), None)
             if report is not None:
-                points.append(("the keeper reports the end", report[0]))
-
-        for label, pid in (("pid 2 exits", pid2), ("pid 1 exits", pid1), ("the keeper exits", keeper)):
+                points.append(("pid 1 reports the end", report[0]))
+        for label, pid in (("pid 2 exits", pid2), ("pid 1 exits", pid1)):
             if pid in exits:
                 points.append((label, exits[pid]))
         last = max(p[1] for p in points)

@@ -110,6 +110,45 @@ async def test_a_forked_run_is_a_fresh_sandbox(snakebox_bin, data_dir):
         assert int(seen["oom_score_adj"]) >= 500, seen
 
 
+INIT_PROBE = r"""
+import errno, json, os
+status = dict(line.split(":", 1) for line in open("/proc/1/status").read().splitlines() if ":" in line)
+def attempt(fn):
+    try:
+        fn()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode[e.errno]
+print(json.dumps({
+    "cap_eff": status["CapEff"].strip(), "cap_prm": status["CapPrm"].strip(),
+    "no_new_privs": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip(),
+    # Writing pid 1's memory (or reading its descriptors) would hijack it: it holds the
+    # socket its run's end is reported on.
+    "mem": attempt(lambda: os.close(os.open("/proc/1/mem", os.O_RDWR))),
+    "fds": attempt(lambda: os.listdir("/proc/1/fd")),
+    "own_fds": attempt(lambda: os.listdir("/proc/self/fd")),
+}))
+"""
+
+
+async def test_a_forked_runs_init_holds_no_more_than_the_run_and_cannot_be_taken_over(snakebox_bin, data_dir):
+    """Pid 1 of a forked run (a clone of the fork server that built the run's sandbox) gives
+    up its capabilities, takes the run's seccomp programs and becomes not dumpable before a
+    run reaches its pid 2: the run's code sees an init with nothing, and can neither write
+    its memory nor see its descriptors (its own, it still can). Each way a run is forked:
+    a child made for the run, and a pre-forked one."""
+    for prefork in ("0", "2"):
+        async with connect(snakebox_bin, data_dir, "legacy", "--prefork", prefork) as client:
+            await wait_forking(client)
+            data = await forked_run(client, INIT_PROBE)
+        assert data["status"] == "ok", data
+        seen = json.loads(data["stdout"])
+        assert seen["cap_eff"] == seen["cap_prm"] == "0000000000000000", (prefork, seen)
+        assert seen["no_new_privs"] == "1" and seen["seccomp"] == "2", (prefork, seen)
+        assert seen["mem"] in ("EACCES", "EPERM") and seen["fds"] in ("EACCES", "EPERM"), (prefork, seen)
+        assert seen["own_fds"] == "ok", (prefork, seen)
+
+
 async def test_consecutive_forked_runs_share_nothing(snakebox_bin, data_dir):
     async with connect(snakebox_bin, data_dir, "legacy") as client:
         await wait_forking(client)

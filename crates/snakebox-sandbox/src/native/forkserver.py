@@ -16,25 +16,30 @@ distributions named in SNAKEBOX_PRELOAD (the environment's declared packages, se
 then waits for requests on a private SEQPACKET socket. A request is `fork <n> <json>` (the
 JSON holds no run's data: the fresh `/tmp` and `/dev/shm` sizes and the per-user counter
 shares) with a socket of the run's own and the `cgroup.procs` files of a cgroup the server made
-for it attached. For each, the fork server clones the run's pid 1 straight into new user,
-mount, pid, network, ipc and uts namespaces (no process in between: `_clone`). Pid 1:
+for it attached. For each, the fork server clones the run's pid 1 straight into a new user
+and pid namespace (no process in between: `_clone`). Pid 1:
 
-1. joins its cgroups, makes its cgroup namespace there, and maps only its own uid (as 65534);
+1. joins its cgroups, makes its mount, network, ipc, uts and cgroup namespaces there (their
+   cost is the run's, not the fork server's), and maps only its own uid (as 65534);
 2. mounts fresh size-capped /tmp and /dev/shm, a devpts instance of its own, a fresh /proc
    with bubblewrap's read-only covers, sets the run's share of per-user kernel counters and
    brings up loopback;
-3. waits on its socket for its run, having seen nothing of any run: a message `run` with the
-   run's stdout, stderr and control channel, a memfd holding the run's request (JSON: the
-   fork server's own memory never holds any run's data) and the run's directories as
-   detached mounts. A child made ahead of its request waits here (a pre-forked child, the
+3. forks pid 2, the run's process, and from then on only reaps, as bubblewrap's init does:
+   before any run reaches pid 2 it drops every capability, installs the run's seccomp
+   programs, closes every descriptor but its socket and makes itself not dumpable (no process
+   of the run may trace it or write its memory);
+4. pid 2 waits on the socket for its run, having seen nothing of any run: a message `run`
+   with the run's stdout, stderr and control channel, a memfd holding the run's request
+   (JSON: the fork server's own memory never holds any run's data) and the run's directories
+   as detached mounts. A child made ahead of its request waits here (a pre-forked child, the
    server's `--prefork`); one made for a run that came gets it at once. The server hands the
-   run to pid 1 directly, so the fork server is not on the run's path at all. One whose socket
+   run to pid 2 directly, so the fork server is not on the run's path at all. One whose socket
    closes before a run arrives (the server dropped it) exits without running anything;
-4. attaches the run's directories, sets the run's rlimits, stdio, drops every capability,
-   installs the run's seccomp programs (on top of the fork server's own), and forks the run
-   itself (pid 2); from then on it only reaps, as bubblewrap's init does, and reports the
-   run's end on its socket: `exit <wait status>` of pid 2, or `fail <reason>` when its set-up
-   went wrong before user code ran.
+5. pid 2 tells pid 1 it took a run (a pipe), attaches the run's directories, sets the run's
+   rlimits and stdio, drops every capability, installs the run's seccomp programs (on top of
+   the fork server's own), closes its socket and every other descriptor, and runs the code;
+6. pid 1 reports the run's end on the socket: `exit <wait status>` of pid 2 (if it took a
+   run); pid 2 reports `fail <reason>` when its set-up went wrong before user code ran.
 
 Messages to the server on the fork server's socket: `ready`; `gone <n> <wait status>` (of pid 1,
 once reaped: a child that ended before its run, or a run killed with its pid 1) and `fail <n>
@@ -57,11 +62,13 @@ import sys
 import warnings
 
 # Exactly these, in one call: the only namespace-making `clone` the fork server's seccomp
-# program allows (with CLONE_PARENT or without). The low byte is the exit signal, SIGCHLD.
-CLONE_FLAGS = 0x7C020011  # NEWNS | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET | SIGCHLD
+# program allows (with CLONE_PARENT or without): a run's pid 1 in a new user and pid namespace
+# (the pid namespace owned by the user namespace). The low byte is the exit signal, SIGCHLD.
+CLONE_FLAGS = 0x30000011  # NEWUSER | NEWPID | SIGCHLD
 CLONE_PARENT = 0x8000
-# The only `unshare` it allows: pid 1's cgroup namespace, made once it is in the run's cgroup.
-CLONE_NEWCGROUP = 0x02000000
+# The only `unshare` it allows, all at once: pid 1's other namespaces, made once it is in the
+# run's cgroup (so their making and its cost are the run's).
+UNSHARE_FLAGS = 0x4E020000  # NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWNET
 SYS_CLONE = {"x86_64": 56, "aarch64": 220}.get(os.uname().machine)
 
 MS_RDONLY = 0x1
@@ -79,6 +86,7 @@ MOVE_MOUNT_F_EMPTY_PATH = 0x4
 SYS_MOVE_MOUNT = 429
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_SECCOMP = 22
 PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
@@ -238,12 +246,16 @@ def _drop_bounding_set():
     _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
 
 
+# capset's arguments, made once in the fork server (making a ctypes array type per run costs
+# a tenth of a millisecond): version 3, this process, and every set empty.
+_CAP_HEADER = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
+_CAP_NONE = (ctypes.c_uint32 * 6)()
+
+
 def _drop_capabilities():
     """Clear the effective, permitted and inheritable sets (the bounding and ambient sets are
     empty already)."""
-    header = (ctypes.c_uint32 * 2)(LINUX_CAPABILITY_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()
-    _check(_libc.capset(header, data), "capset")
+    _check(_libc.capset(_CAP_HEADER, _CAP_NONE), "capset")
 
 
 def _write(path, text):
@@ -369,38 +381,70 @@ class ForkServer:
 
     def child(self, spec_text, fds):
         """Pid 1 of a run's new namespaces (see the module documentation): prepares the
-        sandbox, waits on `fds[0]` for the one run it serves, and goes on with it. Returns
-        only in the run itself (pid 2)."""
+        sandbox, forks pid 2, which waits on `fds[0]` for the one run it serves, and reaps.
+        Returns only in the run itself (pid 2)."""
         sock_fd = fds[0]
         try:
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             spec = json.loads(spec_text)
             _enter_namespaces(fds[1:])
             self.prepare(spec["tmpfs"], spec["user_limits"])
+            # The run's session and process group are pid 1's, as under bubblewrap's init.
+            os.setsid()
+            taken_r, taken_w = os.pipe()
+            pid = os.fork()
         except Exception as err:  # noqa: BLE001 - reported to the server
             _fail(sock_fd, err)
+        if pid == 0:
+            os.close(taken_r)
+            return self.pid2(spec, sock_fd, taken_w)
+        os.close(taken_w)
+        try:
+            self.confine_init(keep=(sock_fd, taken_r))
+        except Exception as err:  # noqa: BLE001 - reported to the server
+            _fail(sock_fd, err)
+        _init(pid, sock_fd, taken_r)
+
+    def confine_init(self, keep):
+        """Pid 1, once pid 2 is forked, needs nothing but to reap and report: it gives up
+        everything else (no capabilities, the run's seccomp programs, no descriptor but
+        `keep`), and no process of the run may trace it or write its memory (not dumpable).
+        Not dumpable comes first: until then it holds capabilities pid 2's code will not have,
+        which already keeps that code from tracing it, so no moment exists where it could,
+        however soon a run reaches pid 2."""
+        _prctl(PR_SET_DUMPABLE, 0)
+        _drop_capabilities()
+        self.load_programs()
+        for fd in _open_fds():
+            if fd not in keep:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+    def load_programs(self):
+        _prctl(PR_SET_NO_NEW_PRIVS, 1)
+        for _, program in self.programs:
+            _check(
+                _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(program), 0, 0),
+                "seccomp",
+            )
+
+    def pid2(self, spec, sock_fd, taken):
+        """Pid 2, forked before its run: waits for the run on `sock_fd`, tells pid 1 it has
+        one (through `taken`), sets the run's sandbox up the rest of the way and runs it."""
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         request, run_fds = _wait_for_run(sock_fd)
+        os.write(taken, b"t")
+        os.close(taken)
         try:
             if request["tmpfs"] != spec["tmpfs"]:
                 for target, size in request["tmpfs"]:
                     _fresh_tmpfs(target, size)
             _set_rlimits(request["rlimits"])
+            self.setup(request, run_fds)
         except Exception as err:  # noqa: BLE001 - reported to the server
             _fail(sock_fd, err)
-        return self.pid1(request, run_fds, sock_fd)
-
-    def pid1(self, request, fds, report):
-        """Pid 1 of the run's pid namespace, its sandbox prepared: give it the run's
-        directories, stdio and the last restrictions, fork the run, reap, and report the
-        run's end on `report` (its socket to the server)."""
-        try:
-            self.setup(request, fds, report)
-            pid = os.fork()
-        except Exception as err:  # noqa: BLE001 - reported to the server
-            _fail(report, err)
-        if pid != 0:
-            _init(pid, report)
-        os.close(report)
         _fresh_state()
         sys.argv = list(request["argv"])
         sys.path[0] = os.path.dirname(sys.argv[0])
@@ -434,9 +478,10 @@ class ForkServer:
         _write("/proc/self/oom_score_adj", "1000")
         _drop_bounding_set()
 
-    def setup(self, request, fds, report):
-        """Pid 1's setup once its run is known: the run's directories, stdio, no capabilities,
-        a new session, the run's seccomp programs, no other descriptor."""
+    def setup(self, request, fds):
+        """Pid 2's setup once its run is known: the run's directories, stdio, no capabilities,
+        the run's seccomp programs, no other descriptor (its socket to the server included:
+        pid 1 reports the run's end)."""
         stdout, stderr, control = fds[0], fds[1], fds[2]
         mount_fds = fds[4 : 4 + int(request["mounts"])]
         for fd, (target, writable) in zip(mount_fds, request["targets"]):
@@ -451,15 +496,9 @@ class ForkServer:
             if fd > 3:
                 os.close(fd)
         _drop_capabilities()
-        os.setsid()
         os.chdir(request["cwd"])
-        _prctl(PR_SET_NO_NEW_PRIVS, 1)
-        for _, program in self.programs:
-            _check(
-                _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(program), 0, 0),
-                "seccomp",
-            )
-        keep = {0, 1, 2, 3, report}
+        self.load_programs()
+        keep = {0, 1, 2, 3}
         for fd in _open_fds():
             if fd not in keep:
                 try:
@@ -540,12 +579,12 @@ def _thread_count():
 
 def _enter_namespaces(cgroup_fds):
     """In a new pid 1: join the run's cgroups (through the `cgroup.procs` files the server
-    opened), make its cgroup namespace there, and map only our own uid (as SANDBOX_ID) into
+    opened), make its other namespaces there, and map only our own uid (as SANDBOX_ID) into
     the user namespace the clone made."""
     for fd in cgroup_fds:
         os.write(fd, b"0")
         os.close(fd)
-    _check(_libc.unshare(CLONE_NEWCGROUP), "unshare")
+    _check(_libc.unshare(UNSHARE_FLAGS), "unshare")
     _write("/proc/self/setgroups", "deny")
     _write("/proc/self/uid_map", "%d %d 1" % (SANDBOX_ID, _OUTSIDE_IDS[0]))
     _write("/proc/self/gid_map", "%d %d 1" % (SANDBOX_ID, _OUTSIDE_IDS[1]))
@@ -572,8 +611,8 @@ def _fail(report, err):
 
 
 def _wait_for_run(sock_fd):
-    """In pid 1: wait for the one run it serves (a message with its descriptors). The socket
-    stays open: the run's end is reported on it. Ends the process, running nothing, when the
+    """In pid 2: wait for the one run it serves (a message with its descriptors). The socket
+    stays open (a set-up that fails is reported on it). Ends the process, running nothing, when the
     socket closes first (the server dropped this child) or the message is not a run."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=sock_fd)
     while True:
@@ -676,14 +715,11 @@ def _fresh_state():
             pass
 
 
-def _init(main, report):
-    """Pid 1 of a run: reap every child until `main` ends, then report its wait status. The
-    rest of the namespace dies with it."""
-    for fd in (0, 1, 2, 3):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+def _init(main, report, taken):
+    """Pid 1 of a run: reap every child until `main` (pid 2) ends, then report its wait
+    status, if it took a run (`taken` says so; else it ran nothing: the server dropped this
+    child, or it failed before its run). The rest of the namespace dies with it."""
+    os.set_blocking(taken, False)
     while True:
         try:
             pid, status = os.wait()
@@ -693,7 +729,14 @@ def _init(main, report):
             os._exit(255)
         if pid == main:
             try:
-                os.write(report, b"exit %d" % status)
+                ran = os.read(taken, 1) == b"t"
+            except OSError:
+                ran = False
+            try:
+                if ran:
+                    os.write(report, b"exit %d" % status)
+                else:
+                    os.write(report, b"fail the pre-forked child ended before its run (status %d)" % status)
             except OSError:
                 pass
             os._exit(0)

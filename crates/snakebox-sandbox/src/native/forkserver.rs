@@ -840,6 +840,8 @@ impl ForkServer {
             memory_watch: None,
             memory_hit: std::sync::atomic::AtomicBool::new(false),
             command_ran: std::sync::atomic::AtomicBool::new(true),
+            // Released off the runtime (below): the run's namespaces end there.
+            namespaces: Some(Mutex::new(Vec::new())),
         });
         drop(fds);
         let receiver = |fd: OwnedFd, what: &'static str| {
@@ -938,6 +940,10 @@ impl Forked {
             if let Some(report) = said {
                 return Ok(report);
             }
+        }
+        if self.killed {
+            // Pid 1 went without a word because we killed the run.
+            return Ok(Report::Exit(libc::SIGKILL));
         }
         let Some(gone) = self.gone.as_mut() else {
             return Ok(Report::Exit(libc::SIGKILL));

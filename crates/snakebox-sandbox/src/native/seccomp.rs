@@ -64,19 +64,19 @@ const VSOCK_FAMILY: u64 = 40;
 const PERSONALITIES_ALLOWED: [u64; 5] = [0x0, 0x8, 0x20000, 0x20008, 0xffff_ffff];
 
 /// The only namespace-making `clone` flags a fork server may pass (with [`libc::CLONE_PARENT`]
-/// or without, nothing else): a run's pid 1 made straight into its new namespaces, exit
-/// signal SIGCHLD. `forkserver.py` has the same values (`CLONE_FLAGS`, `CLONE_PARENT`).
-pub(crate) const FORK_SERVER_CLONE: u64 = (libc::CLONE_NEWNS
+/// or without, nothing else): a run's pid 1 made straight into a new user and pid namespace,
+/// exit signal SIGCHLD. `forkserver.py` has the same values (`CLONE_FLAGS`, `CLONE_PARENT`).
+pub(crate) const FORK_SERVER_CLONE: u64 =
+    (libc::CLONE_NEWUSER | libc::CLONE_NEWPID | libc::SIGCHLD) as u64;
+
+/// The only `unshare` flags a fork server (in practice, the pid 1 it cloned) may pass, all at
+/// once: the rest of a run's namespaces, made once pid 1 is in its run's cgroup.
+/// `forkserver.py` has the same value (`UNSHARE_FLAGS`).
+pub(crate) const FORK_SERVER_UNSHARE: u64 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWCGROUP
     | libc::CLONE_NEWUTS
     | libc::CLONE_NEWIPC
-    | libc::CLONE_NEWUSER
-    | libc::CLONE_NEWPID
-    | libc::CLONE_NEWNET
-    | libc::SIGCHLD) as u64;
-
-/// The only `unshare` a fork server (in practice, the pid 1 it cloned) may make: a cgroup
-/// namespace, once pid 1 is in its run's cgroup.
-pub(crate) const FORK_SERVER_UNSHARE: u64 = libc::CLONE_NEWCGROUP as u64;
+    | libc::CLONE_NEWNET) as u64;
 
 /// Whose programs: a run's, or a fork server's (a run's, with what building a forked run's
 /// sandbox needs; each forked run then adds a run's programs on top).
@@ -296,7 +296,7 @@ fn eperm_rules(holder: Holder) -> RuleTable {
                 })
                 .collect();
             rules.insert(SYS_clone, clone_rules);
-            // Every unshare but pid 1's cgroup namespace.
+            // Every unshare but the one that makes the rest of a run's namespaces.
             rules.insert(
                 SYS_unshare,
                 vec![rule(vec![cond(
@@ -651,7 +651,7 @@ mod tests {
         for flags in [
             libc::CLONE_NEWUSER as u64 | libc::SIGCHLD as u64,
             FORK_SERVER_CLONE | libc::CLONE_NEWCGROUP as u64,
-            FORK_SERVER_CLONE & !(libc::CLONE_NEWNET as u64),
+            FORK_SERVER_CLONE | libc::CLONE_NEWNET as u64,
             FORK_SERVER_CLONE | libc::CLONE_VM as u64,
             FORK_SERVER_CLONE | libc::CLONE_PARENT as u64 | libc::CLONE_FILES as u64,
         ] {
@@ -661,10 +661,11 @@ mod tests {
                 "clone {flags:#x}"
             );
         }
-        // Its one unshare is a cgroup namespace, alone.
+        // Its one unshare is the rest of a run's namespaces, all at once.
         for flags in [
             libc::CLONE_NEWUSER as u64,
             libc::CLONE_NEWNS as u64,
+            libc::CLONE_NEWCGROUP as u64,
             FORK_SERVER_UNSHARE | libc::CLONE_NEWTIME as u64,
             FORK_SERVER_UNSHARE | libc::CLONE_NEWUSER as u64,
             FORK_SERVER_UNSHARE | (1 << 32),
@@ -750,10 +751,7 @@ mod tests {
             forkserver_py_constant("CLONE_PARENT"),
             libc::CLONE_PARENT as u64
         );
-        assert_eq!(
-            forkserver_py_constant("CLONE_NEWCGROUP"),
-            FORK_SERVER_UNSHARE
-        );
+        assert_eq!(forkserver_py_constant("UNSHARE_FLAGS"), FORK_SERVER_UNSHARE);
     }
 
     #[cfg(target_arch = "x86_64")]
