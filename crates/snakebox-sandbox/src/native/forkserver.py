@@ -415,14 +415,10 @@ class ForkServer:
         _prctl(PR_SET_DUMPABLE, 0)
         _drop_capabilities()
         self.load_programs()
-        for fd in _open_fds():
-            if fd not in keep:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        _close_all_but(keep)
 
     def load_programs(self):
+        """No new privileges, and the run's seccomp programs (on top of the fork server's)."""
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
         for _, program in self.programs:
             _check(
@@ -498,13 +494,7 @@ class ForkServer:
         _drop_capabilities()
         os.chdir(request["cwd"])
         self.load_programs()
-        keep = {0, 1, 2, 3}
-        for fd in _open_fds():
-            if fd not in keep:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+        _close_all_but((0, 1, 2, 3))
 
 
 def _read_request(request_fd):
@@ -766,6 +756,15 @@ def _finish(code):
         except Exception:  # noqa: BLE001
             pass
     os._exit(code if isinstance(code, int) else 1)
+
+
+def _close_all_but(keep):
+    for fd in _open_fds():
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
 def _open_fds():

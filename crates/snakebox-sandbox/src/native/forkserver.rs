@@ -807,7 +807,7 @@ impl ForkServer {
                 .map_err(desc("run request"))?,
         );
         fds.extend(mounts);
-        // Handed to the child's pid 1 directly: the fork server never sees it.
+        // Handed to the child directly (its pid 2 takes it): the fork server never sees it.
         if let Err(err) = send_with_fds(&child.socket, b"run", &fds) {
             self.lock_waiters().remove(&child.id);
             if preforked {
@@ -976,6 +976,11 @@ impl DirectChild for Forked {
         };
         self.socket = None;
         self.gone = None;
+        let report = match report {
+            // A run we killed is never started again, whatever its pid 1 managed to say.
+            Ok(Report::Fail(_)) if self.killed => Ok(Report::Exit(libc::SIGKILL)),
+            report => report,
+        };
         match report {
             Ok(Report::Exit(status) | Report::Gone(status)) => {
                 Ok(std::process::ExitStatus::from_raw(status))
