@@ -683,6 +683,16 @@ return write_wheel(wheel_directory, "sbxbomb", "1.0", {{"sbxbomb.py": ""}})
 '''
 
 
+def cmdline(pid: int) -> bytes:
+    """A process's command line; empty once it is gone (the watchers below race exits: a
+    process ending between the listing and the read must not end the watcher)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read()
+    except OSError:
+        return b""
+
+
 def rss_kib(pid: int) -> int:
     with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -707,7 +717,7 @@ async def test_D03_an_opt_in_sdist_build_gets_the_run_limits(snakebox_bin, tmp_p
         while not stop.is_set():
             pids = marker_pids(mark)
             seen["max"] = max(seen["max"], len(pids))
-            hogs = [p for p in pids if (mark + "HOG").encode() in open(f"/proc/{p}/cmdline", "rb").read()] if pids else []
+            hogs = [p for p in pids if (mark + "HOG").encode() in cmdline(p)]
             if hogs:
                 seen["hog_seen"] = seen["hog_seen"] or time.monotonic()
                 seen["hog_kib"] = max(seen["hog_kib"], max(rss_kib(p) for p in hogs))
@@ -787,7 +797,7 @@ async def test_D03_compile_time_code_gets_the_run_limits(snakebox_bin, tmp_path,
         while not stop.is_set():
             pids = marker_pids(mark)
             seen["max"] = max(seen["max"], len(pids))
-            hogs = [p for p in pids if (mark + "HOG").encode() in open(f"/proc/{p}/cmdline", "rb").read()] if pids else []
+            hogs = [p for p in pids if (mark + "HOG").encode() in cmdline(p)]
             if hogs:
                 seen["hog_seen"] = seen["hog_seen"] or time.monotonic()
                 seen["hog_kib"] = max(seen["hog_kib"], max(rss_kib(p) for p in hogs))
