@@ -38,11 +38,8 @@ and pid namespace (no process in between: `_clone`). Pid 1:
 5. pid 2 tells pid 1 it took a run (a pipe), attaches the run's directories, sets the run's
    rlimits and stdio, drops every capability, installs the run's seccomp programs (on top of
    the fork server's own), closes its socket and every other descriptor, and runs the code;
-6. pid 1 reports the run's end on the socket: `exit <status>`, as soon as pid 2 says its exit
-   code on the pipe while it exits (the runner's end, `_finish`; the two exits then overlap),
-   else pid 2's wait status once it is reaped (if it took a run); pid 2 reports
-   `fail <reason>` when its set-up went wrong before user code ran. What the run's code can
-   do with its end of the pipe is end its own run with an exit code, as `os._exit` would.
+6. pid 1 reports the run's end on the socket: `exit <wait status>` of pid 2 (if it took a
+   run); pid 2 reports `fail <reason>` when its set-up went wrong before user code ran.
 
 Messages to the server on the fork server's socket: `ready`; `gone <n> <wait status>` (of pid 1,
 once reaped: a child that ended before its run, or a run killed with its pid 1) and `fail <n>
@@ -435,8 +432,6 @@ class ForkServer:
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         request, run_fds = _wait_for_run(sock_fd)
         os.write(taken, b"t")
-        # Kept to say the run's exit code as it ends (`_finish`), out of the script's way.
-        _ENDING.append((os.getpid(), fcntl.fcntl(taken, fcntl.F_DUPFD_CLOEXEC, ENDING_FD_FROM)))
         os.close(taken)
         try:
             if request["tmpfs"] != spec["tmpfs"]:
@@ -499,7 +494,7 @@ class ForkServer:
         _drop_capabilities()
         os.chdir(request["cwd"])
         self.load_programs()
-        _close_all_but((0, 1, 2, 3, *(fd for _, fd in _ENDING)))
+        _close_all_but((0, 1, 2, 3))
 
 
 def _read_request(request_fd):
@@ -633,12 +628,6 @@ def _wait_for_run(sock_fd):
     return request, fds
 
 
-# Where pid 2 keeps its end of the pipe to pid 1 (above the descriptors a script usually
-# opens; the runner's own record channel is at 200 and up).
-ENDING_FD_FROM = 250
-# (pid 2's pid, that descriptor), once pid 2 has its run.
-_ENDING = []
-
 PRELOAD_VAR = "SNAKEBOX_PRELOAD"
 # Native thread pools a preloaded package may start at import (OpenBLAS, OpenMP, MKL, BLIS,
 # numexpr, Accelerate): one thread each, so that the fork server holds no thread a fork would
@@ -717,62 +706,30 @@ def _fresh_state():
 
 
 def _init(main, report, taken):
-    """Pid 1 of a run: reap every child until the run ends, then report how, and end (the rest
-    of the namespace dies with it). The run ends when pid 2 (`main`) says its exit code as it
-    exits (`_finish`: reported at once, while its exit goes on) or when pid 2 is reaped (its
-    wait status: a death by signal, an `os._exit`, an `exec`). `taken` says whether pid 2 took
-    a run; if it did not, it ran nothing (the server dropped this child, or it failed before
-    its run)."""
-    wake_r, wake_w = os.pipe()
-    for fd in (wake_r, wake_w, taken):
-        os.set_blocking(fd, False)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    said = b""
-    watched = [taken, wake_r]
-
-    def end(text):
-        try:
-            os.write(report, text)
-        except OSError:
-            pass
-        os._exit(0)
-
+    """Pid 1 of a run: reap every child until `main` (pid 2) ends, then report its wait
+    status, if it took a run (`taken` says so; else it ran nothing: the server dropped this
+    child, or it failed before its run). The rest of the namespace dies with it."""
+    os.set_blocking(taken, False)
     while True:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                os._exit(255)
-            if pid == 0:
-                break
-            if pid == main:
-                if said.startswith(b"t"):
-                    end(b"exit %d" % status)
-                end(b"fail the pre-forked child ended before its run (status %d)" % status)
         try:
-            ready, _, _ = select.select(watched, [], [])
+            pid, status = os.wait()
         except InterruptedError:
             continue
-        if wake_r in ready:
+        except ChildProcessError:
+            os._exit(255)
+        if pid == main:
             try:
-                os.read(wake_r, 4096)
+                ran = os.read(taken, 1) == b"t"
+            except OSError:
+                ran = False
+            try:
+                if ran:
+                    os.write(report, b"exit %d" % status)
+                else:
+                    os.write(report, b"fail the pre-forked child ended before its run (status %d)" % status)
             except OSError:
                 pass
-        if taken in ready:
-            try:
-                chunk = os.read(taken, 64)
-            except BlockingIOError:
-                chunk = None
-            except OSError:
-                chunk = b""
-            if chunk == b"":
-                watched.remove(taken)
-            elif chunk:
-                said += chunk
-                code = said[2:] if said.startswith(b"te") else b""
-                if code.isdigit():
-                    end(b"exit %d" % ((int(code) & 0xFF) << 8))
+            os._exit(0)
 
 
 def _finish(code):
@@ -798,22 +755,7 @@ def _finish(code):
             stream.flush()
         except Exception:  # noqa: BLE001
             pass
-    code = code if isinstance(code, int) else 1
-    # Pid 1 reports the end now, while this process's address space is torn down (the two
-    # exits overlap instead of following each other); its output ends here.
-    for fd in (1, 2):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    for pid, fd in _ENDING:
-        # Only pid 2 itself: a process the script forked ends through here too.
-        if pid == os.getpid():
-            try:
-                os.write(fd, b"e%d" % (code & 0xFF))
-            except OSError:
-                pass
-    os._exit(code)
+    os._exit(code if isinstance(code, int) else 1)
 
 
 def _close_all_but(keep):
