@@ -823,27 +823,26 @@ const GONE_WATCHED: usize = 64;
 /// that process's exit (each ≈ 0.2-0.5 ms, measured): a run's pid 1 ends faster, and the call
 /// goes on sooner, when something else still holds them.
 const HELD_NAMESPACES: [&str; 3] = ["mnt", "net", "ipc"];
-/// How many of a run's processes [`hold_namespaces`] tries (they share their namespaces: a
-/// run cannot make new ones; under bubblewrap the first may be bwrap's outer process).
-const HELD_FROM: usize = 2;
-
-/// Open the namespaces of the first [`HELD_FROM`] of `pids` and keep them in `held`, so that
-/// their teardown happens when `held` is cleared ([`Teardown::release`], after the reply)
-/// rather than in the exit of the run's last process, which the call waits for. Best effort:
-/// a process already past that point (or gone) has nothing to open; a reused pid's
-/// namespaces are held a moment longer, no more. The fds are never used for anything else.
+/// Open the namespaces of the first of `pids` that still has them (a run's processes share
+/// theirs: a run cannot make new ones) and keep them in `held`, so that their teardown
+/// happens when `held` is cleared ([`Teardown::release`], after the reply) rather than in the
+/// exit of the run's last process, which the call waits for. Best effort: a process already
+/// past that point (or gone) has nothing to open; a reused pid's namespaces are held a moment
+/// longer, no more. The fds are never used for anything else.
 fn hold_namespaces(pids: &[i32], held: &std::sync::Mutex<Vec<OwnedFd>>) {
-    let mut opened = Vec::new();
-    for pid in pids.iter().take(HELD_FROM) {
-        for ns in HELD_NAMESPACES {
-            if let Ok(file) = std::fs::File::open(format!("/proc/{pid}/ns/{ns}")) {
-                opened.push(OwnedFd::from(file));
-            }
+    for pid in pids {
+        let opened: Vec<OwnedFd> = HELD_NAMESPACES
+            .iter()
+            .filter_map(|ns| std::fs::File::open(format!("/proc/{pid}/ns/{ns}")).ok())
+            .map(OwnedFd::from)
+            .collect();
+        if !opened.is_empty() {
+            held.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend(opened);
+            return;
         }
     }
-    held.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .extend(opened);
 }
 
 /// SIGKILL everything in `cgroup` and wait, on the runtime, until it is empty: each sweep
