@@ -65,16 +65,20 @@ fn into_parts(mut prepared: Prepared) -> Result<LiveParts, SandboxError> {
     let container = prepared.container.clone();
     let wait = {
         let (oom, container, wait) = (Arc::clone(&oom), container.clone(), prepared.wait);
+        let limit = super::memory_limit(&prepared.body);
+        let cgroup = prepared.guard.cgroup.clone();
         // The container's end, then whether the kernel killed it for memory (read before
         // anything removes it).
         prepared.container.handle.spawn(async move {
             let status = wait.await.map_err(std::io::Error::other)?;
-            if let Ok(state) = container
+            let engine_says = container
                 .docker
                 .inspect_container(&container.name, None)
                 .await
-                && state.state.and_then(|s| s.oom_killed) == Some(true)
-            {
+                .is_ok_and(|state| state.state.and_then(|s| s.oom_killed) == Some(true));
+            let peak = cgroup.as_ref().and_then(|c| c.usage().peak_memory_bytes);
+            let code = status.as_ref().ok().and_then(ExitStatus::code);
+            if super::usage::killed_for_memory(engine_says, code, limit, peak) {
                 oom.store(true, Ordering::SeqCst);
             }
             status

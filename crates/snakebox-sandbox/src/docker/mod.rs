@@ -547,7 +547,7 @@ impl Prepared {
         .await;
         drop(self.pump);
         let ended = Instant::now();
-        let memory_hit = match container.docker.inspect_container(&name, None).await {
+        let engine_says = match container.docker.inspect_container(&name, None).await {
             Ok(state) => state.state.and_then(|s| s.oom_killed).unwrap_or(false),
             Err(err) => {
                 tracing::warn!(%err, container = %name, "could not inspect the ended container");
@@ -557,6 +557,12 @@ impl Prepared {
         // Every process of the container is dead: the totals of its parent cgroup (ours) are
         // final, whether or not the engine removed the container's own cgroup yet.
         let usage = self.guard.cgroup.as_ref().map(usage::RunCgroup::usage);
+        let memory_hit = usage::killed_for_memory(
+            engine_says,
+            raw.as_ref().ok().and_then(|r| r.status.code()),
+            memory_limit(&self.body),
+            usage.as_ref().and_then(|u| u.peak_memory_bytes),
+        );
         // The removal (the container, then our cgroup) need not hold up the result: the
         // guard does it in the background; a stopping server sweeps what is left.
         drop(self.guard);
@@ -577,6 +583,14 @@ impl Prepared {
             usage.unwrap_or_default(),
         ))
     }
+}
+
+/// The memory limit the container was created with.
+fn memory_limit(body: &bollard::models::ContainerCreateBody) -> Option<u64> {
+    body.host_config
+        .as_ref()
+        .and_then(|h| h.memory)
+        .and_then(|m| u64::try_from(m).ok())
 }
 
 /// Drive `future` to its end on the server's runtime from a synchronous caller (the

@@ -65,8 +65,34 @@ impl UsageRoot {
     }
 }
 
+/// Whether the kernel killed a container for memory, as far as the host can tell the moment
+/// it ended: `engine_says` (the engine's `OOMKilled`), or a death by `SIGKILL` (`exit_code`
+/// 137: docker-init's 128 + 9) with the memory high-water mark of its cgroup (`peak`) at its
+/// `limit`.
+///
+/// Why not the engine's word alone: its `OOMKilled` is set by the runtime's OOM event, which
+/// races the exit event (they come independently), so just after the end it may still say
+/// `false` for a container the kernel killed. The kernel charges memory to a cgroup up to its
+/// limit and kills when a charge fails, so at that moment the usage is within one failed charge
+/// (at most a huge page, or a batch of pages) of the limit; the slack allows for that. A run
+/// that the server itself killed (a timeout, a cancel) is told apart by the supervisor.
+pub(crate) fn killed_for_memory(
+    engine_says: bool,
+    exit_code: Option<i32>,
+    limit: Option<u64>,
+    peak: Option<u64>,
+) -> bool {
+    const KILLED: i32 = 128 + libc::SIGKILL;
+    let at_limit = |limit: u64, peak: u64| peak >= limit.saturating_sub((limit / 32).max(4 << 20));
+    engine_says
+        || (exit_code == Some(KILLED)
+            && limit
+                .zip(peak)
+                .is_some_and(|(limit, peak)| at_limit(limit, peak)))
+}
+
 /// The parent cgroup of one container.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct RunCgroup {
     relative: PathBuf,
     unified: bool,
@@ -174,5 +200,25 @@ mod tests {
             "/snakebox-docker/1.2.3/snakebox-ab"
         );
         assert!(UsageRoot::for_engine("systemd").is_none());
+    }
+
+    #[test]
+    fn a_sigkill_at_the_memory_limit_is_the_limit_even_before_the_engine_says_so() {
+        let limit = Some(512 << 20);
+        // The engine's word is enough.
+        assert!(killed_for_memory(true, Some(1), limit, None));
+        // Killed with the cgroup's high-water mark at the limit (less than one failed charge).
+        assert!(killed_for_memory(
+            false,
+            Some(137),
+            limit,
+            Some((512 << 20) - (2 << 20))
+        ));
+        // Killed far below the limit, or ended otherwise at the limit, or nothing known.
+        assert!(!killed_for_memory(false, Some(137), limit, Some(100 << 20)));
+        assert!(!killed_for_memory(false, Some(0), limit, Some(512 << 20)));
+        assert!(!killed_for_memory(false, Some(1), limit, Some(512 << 20)));
+        assert!(!killed_for_memory(false, Some(137), None, Some(512 << 20)));
+        assert!(!killed_for_memory(false, Some(137), limit, None));
     }
 }
