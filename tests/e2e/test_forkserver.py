@@ -149,6 +149,30 @@ async def test_a_forked_runs_init_holds_no_more_than_the_run_and_cannot_be_taken
         assert seen["own_fds"] == "ok", (prefork, seen)
 
 
+FORKING_SCRIPT = r"""
+import os, sys, time
+child = os.fork()
+if child == 0:
+    print("child ends", flush=True)
+    sys.exit(0)  # through the runner's end, as the script's own process would
+os.waitpid(child, 0)
+time.sleep(0.5)
+print("the script went on")
+sys.exit(3)
+"""
+
+
+async def test_a_process_the_script_forks_does_not_end_the_run_when_it_ends(snakebox_bin, data_dir):
+    """Pid 1 reports the run's end as soon as the script's process says its exit code (while
+    that process exits); a process the script forked ends through the same code and must not
+    end the run: the script goes on after its child ended, and its own code is reported."""
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        data = await forked_run(client, FORKING_SCRIPT)
+    assert data["stdout"] == "child ends\nthe script went on\n", data
+    assert data["exit_code"] == 3 and data.get("signal") is None, data
+
+
 async def test_consecutive_forked_runs_share_nothing(snakebox_bin, data_dir):
     async with connect(snakebox_bin, data_dir, "legacy") as client:
         await wait_forking(client)

@@ -38,8 +38,13 @@ and pid namespace (no process in between: `_clone`). Pid 1:
 5. pid 2 tells pid 1 it took a run (a pipe), attaches the run's directories, sets the run's
    rlimits and stdio, drops every capability, installs the run's seccomp programs (on top of
    the fork server's own), closes its socket and every other descriptor, and runs the code;
-6. pid 1 reports the run's end on the socket: `exit <wait status>` of pid 2 (if it took a
-   run); pid 2 reports `fail <reason>` when its set-up went wrong before user code ran.
+6. pid 1 reports the run's end on the socket: `exit <status>`, as soon as pid 2 says its exit
+   code while it exits (the runner's end, `_finish`: a queued signal, `SIG_END`, whose value is
+   the code; the two exits then overlap instead of following each other), else pid 2's wait
+   status once it is reaped (an `os._exit`, an `exec`, a death by signal), if it took a run;
+   pid 2 reports `fail <reason>` when its set-up went wrong before user code ran. What the
+   run's code can do with that signal is end its own run with an exit code, as `os._exit`
+   would; it needs no descriptor (a script sees none it did not open).
 
 Messages to the server on the fork server's socket: `ready`; `gone <n> <wait status>` (of pid 1,
 once reaped: a child that ended before its run, or a run killed with its pid 1) and `fail <n>
@@ -116,6 +121,7 @@ _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctype
 _libc.unshare.argtypes = [ctypes.c_int]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 _libc.syscall.restype = ctypes.c_long
+_libc.sigqueue.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long]
 # The same library, called with the GIL held: a clone made through it copies an interpreter
 # whose lock state is its own thread's (see `_clone`).
 _libc_gil = ctypes.PyDLL(None, use_errno=True)
@@ -433,6 +439,7 @@ class ForkServer:
         request, run_fds = _wait_for_run(sock_fd)
         os.write(taken, b"t")
         os.close(taken)
+        _RUN_PID[0] = os.getpid()
         try:
             if request["tmpfs"] != spec["tmpfs"]:
                 for target, size in request["tmpfs"]:
@@ -705,31 +712,53 @@ def _fresh_state():
             pass
 
 
+# The signal pid 2 queues to pid 1 as its runner ends, its value the exit code (`_finish`).
+SIG_END = signal.SIGRTMIN + 2
+SI_QUEUE = -1
+
+
 def _init(main, report, taken):
-    """Pid 1 of a run: reap every child until `main` (pid 2) ends, then report its wait
-    status, if it took a run (`taken` says so; else it ran nothing: the server dropped this
-    child, or it failed before its run). The rest of the namespace dies with it."""
+    """Pid 1 of a run: reap every child until the run ends, then report how, and end (the rest
+    of the namespace dies with it). The run ends when pid 2 (`main`) says its exit code as it
+    exits (`SIG_END`: reported at once, while its exit goes on) or when pid 2 is reaped (its
+    wait status). Only if pid 2 took a run (`taken` says so): if it did not, it ran nothing
+    (the server dropped this child, or it failed before its run)."""
     os.set_blocking(taken, False)
-    while True:
-        try:
-            pid, status = os.wait()
-        except InterruptedError:
-            continue
-        except ChildProcessError:
-            os._exit(255)
-        if pid == main:
+    # Pid 2 was forked with the mask it had before: this blocks the two here only.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, SIG_END})
+    ran = False
+
+    def took_a_run():
+        nonlocal ran
+        if not ran:
             try:
                 ran = os.read(taken, 1) == b"t"
             except OSError:
-                ran = False
-            try:
-                if ran:
-                    os.write(report, b"exit %d" % status)
-                else:
-                    os.write(report, b"fail the pre-forked child ended before its run (status %d)" % status)
-            except OSError:
                 pass
-            os._exit(0)
+        return ran
+
+    def end(text):
+        try:
+            os.write(report, text)
+        except OSError:
+            pass
+        os._exit(0)
+
+    while True:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                os._exit(255)
+            if pid == 0:
+                break
+            if pid == main:
+                if took_a_run():
+                    end(b"exit %d" % status)
+                end(b"fail the pre-forked child ended before its run (status %d)" % status)
+        info = signal.sigwaitinfo({signal.SIGCHLD, SIG_END})
+        if info.si_signo == SIG_END and info.si_code == SI_QUEUE and took_a_run():
+            end(b"exit %d" % ((info.si_status & 0xFF) << 8))
 
 
 def _finish(code):
@@ -755,7 +784,22 @@ def _finish(code):
             stream.flush()
         except Exception:  # noqa: BLE001
             pass
-    os._exit(code if isinstance(code, int) else 1)
+    code = code if isinstance(code, int) else 1
+    if os.getpid() == _RUN_PID[0]:
+        # Pid 1 reports the end now, while this process's address space is torn down (the
+        # two exits overlap); its output ends here. Only pid 2 itself: a process the script
+        # forked ends through here too.
+        for fd in (1, 2):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        _libc.sigqueue(1, SIG_END, ctypes.c_long(code & 0xFF))
+    os._exit(code)
+
+
+# Pid 2's pid once it has its run (what `_finish` tells apart from the script's forks).
+_RUN_PID = [None]
 
 
 def _close_all_but(keep):
