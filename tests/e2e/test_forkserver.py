@@ -173,6 +173,71 @@ async def test_a_process_the_script_forks_does_not_end_the_run_when_it_ends(snak
     assert data["exit_code"] == 3 and data.get("signal") is None, data
 
 
+# Its `.pth` sleeps where its site-packages are writable: only while the environment is
+# byte-compiled (runs and fork servers see it read-only), which then takes long enough for the
+# fork server of the first, uncompiled directory to be serving when the compiled copy replaces it.
+SLOW_COMPILE_BOOT = """
+import os, time
+if os.access(os.path.dirname(os.path.abspath(__file__)), os.W_OK):
+    time.sleep(6)
+"""
+# Whether the run imported the package from a compiled environment (its bytecode is there).
+COMPILED_PROBE = "import os, snakebox_slow_compile as m\nprint(os.path.exists(m.__cached__))"
+
+
+async def test_a_fork_server_serves_on_while_its_environment_is_compiled_and_replaced(
+    snakebox_bin, data_dir, tmp_path_factory
+):
+    """A new environment is published before it is byte-compiled, and the compiled copy
+    replaces it in the background. The fork server of the directory it replaced serves on
+    until one of the new directory is ready (same packages: the old directory's lease keeps
+    it), so no run in between starts cold, and the runs then come from the compiled copy."""
+    from test_caller_code import SimpleIndex, pack_wheel
+
+    package = "snakebox-slow-compile"
+    module = package.replace("-", "_")
+    wheel = pack_wheel(
+        tmp_path_factory.mktemp("slow-compile"),
+        package,
+        {
+            f"{module}/__init__.py": b"VALUE = 1\n",
+            f"_{module}_boot.py": SLOW_COMPILE_BOOT.encode(),
+            f"{module}.pth": f"import _{module}_boot\n".encode(),
+        },
+    )
+    index = SimpleIndex(wheel, package)
+    deps = [f"{package}==1.0"]
+    try:
+        async with connect(snakebox_bin, data_dir, "legacy", env={"UV_INDEX_URL": index.url}) as client:
+            data, _, _ = await call(client, "execute_python", script=COMPILED_PROBE, dependencies=deps, timeout_seconds=120)
+            assert data["status"] == "ok" and data["stdout"] == "False\n", data  # published uncompiled
+            with anyio.fail_after(60):
+                while (await pool_state(client))["fork_servers"] < 1:
+                    await anyio.sleep(0.1)
+            report, _, _ = await call(client, "check_environment")
+            assert report["cache"]["compilation"]["completed"] == 0, "compiled before its fork server served"
+            # Runs across the replacement, until one comes from the compiled copy: all forked.
+            seen = []
+            with anyio.fail_after(120):
+                while seen[-1:] != ["True\n"]:
+                    before = await pool_state(client)
+                    data, _, _ = await call(client, "execute_python", script=COMPILED_PROBE, dependencies=deps)
+                    after = await pool_state(client)
+                    assert data["status"] == "ok", data
+                    seen.append(data["stdout"])
+                    assert after["cold_starts"] == before["cold_starts"], (seen, before, after)
+                    assert after["forked"] == before["forked"] + 1, (seen, before, after)
+                    await anyio.sleep(0.2)
+            report, _, _ = await call(client, "check_environment")
+            assert report["cache"]["compilation"]["completed"] == 1, report["cache"]
+            assert "False\n" in seen, "no run was forked from the replaced directory"
+            with anyio.fail_after(30):
+                while (await pool_state(client))["fork_servers"] != 1:
+                    await anyio.sleep(0.1)
+    finally:
+        index.close()
+
+
 async def test_consecutive_forked_runs_share_nothing(snakebox_bin, data_dir):
     async with connect(snakebox_bin, data_dir, "legacy") as client:
         await wait_forking(client)
