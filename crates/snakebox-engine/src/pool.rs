@@ -25,10 +25,7 @@
 //! interpreter start, which is what lets two cores serve well over a hundred runs a second,
 //! and imports nothing twice. While a fork server serves an environment, no pooled
 //! sandboxes are kept for it; if it stops, it is restarted (after [`RETRY_AFTER`] when a
-//! start failed) and the pool covers the gap. When its environment's directory is replaced by
-//! one with the same packages (the byte-compiled copy published after an environment's first
-//! run), it serves on until a fork server of the new directory is ready, so that the runs
-//! meanwhile are not cold.
+//! start failed) and the pool covers the gap.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -113,23 +110,8 @@ pub(crate) struct Forking {
     pub(crate) server: ForkServer,
     key: Key,
     root: Option<(u64, u64)>,
-    /// The environment it serves from; holds its lease (the directory is not deleted while
-    /// it serves, even once replaced).
-    environment: Environment,
-}
-
-impl Forking {
-    /// Whether it serves the environment directory `root` (a directory's (device, inode)).
-    fn serves(&self, root: Option<(u64, u64)>) -> bool {
-        self.root.is_some() && self.root == root
-    }
-
-    /// Whether `environment` holds exactly the packages of the one it serves from.
-    fn same_packages(&self, environment: &Environment) -> bool {
-        self.server.is_alive()
-            && self.environment.requirements == environment.requirements
-            && self.environment.packages == environment.packages
-    }
+    /// Holds the environment's lease while it serves.
+    _environment: Environment,
 }
 
 /// How a call is started (see [`WarmPool::claim`]).
@@ -204,8 +186,7 @@ pub struct PoolReport {
     /// The last failure to start a pooled sandbox, if any.
     pub last_error: Option<String>,
     /// Fork servers running now, one per (environment, network setting) kept warm
-    /// (`--fork-server`; two for a moment while one whose environment directory was replaced
-    /// hands over); 0 when it is off, none started yet, or unavailable here.
+    /// (`--fork-server`); 0 when it is off, none started yet, or unavailable here.
     pub fork_servers: usize,
     /// Runs forked since start.
     pub forked: u64,
@@ -339,27 +320,17 @@ impl WarmPool {
         let (claim, discarded) = {
             let mut inner = self.lock();
             let mut discarded = self.note_use(&mut inner, &key, environment, is_default);
-            // A fork server of an environment since replaced (a new directory renamed into
-            // place) goes, and the refill task starts one for the current directory; unless
-            // the new directory holds the very same packages (the byte-compiled copy the
-            // background compilation publishes, a re-resolution that found the same
-            // versions): then it serves on from the old one, which its lease keeps, until
-            // the new one is ready, so the runs meanwhile are not cold.
+            // A fork server of an environment since re-resolved (a new directory renamed into
+            // place) goes: the refill task starts one for the current directory.
             let (forks, stale): (Vec<_>, Vec<_>) = std::mem::take(&mut inner.forks)
                 .into_iter()
-                .partition(|f| f.key != key || f.serves(root) || f.same_packages(environment));
+                .partition(|f| f.key != key || (f.root.is_some() && f.root == root));
             inner.forks = forks;
             discarded.forks.extend(stale);
             let fork = inner
                 .forks
                 .iter()
-                .find(|f| f.key == key && f.serves(root))
-                .or_else(|| {
-                    inner
-                        .forks
-                        .iter()
-                        .find(|f| f.key == key && f.server.is_alive())
-                })
+                .find(|f| f.key == key && f.root.is_some() && f.root == root)
                 .cloned();
             let claim = match fork {
                 Some(fork) => Claim::Fork(fork),
@@ -400,16 +371,6 @@ impl WarmPool {
             .any(|f| &f.key == key && f.server.is_alive())
     }
 
-    /// Whether a fork server serves `target` from its current directory (one serving from a
-    /// directory since replaced only stands in until then: see [`WarmPool::claim`]).
-    fn forks_current(inner: &Inner, target: &Target) -> bool {
-        let root = dir_id(&target.environment.root);
-        inner
-            .forks
-            .iter()
-            .any(|f| f.key == target.key && f.server.is_alive() && f.serves(root))
-    }
-
     /// The next target that has fewer than `size` sandboxes ready.
     fn wanted(&self) -> Option<Target> {
         let inner = self.lock();
@@ -440,7 +401,7 @@ impl WarmPool {
             .default
             .iter()
             .chain(inner.recent.iter())
-            .find(|target| !Self::forks_current(&inner, target))
+            .find(|target| !Self::forks(&inner, &target.key))
             .cloned()
     }
 
@@ -663,7 +624,7 @@ impl Engine {
             server,
             key: target.key.clone(),
             root,
-            environment: target.environment.clone(),
+            _environment: target.environment.clone(),
         })
     }
 
