@@ -25,9 +25,10 @@ and pid namespace (no process in between: `_clone`). Pid 1:
    with bubblewrap's read-only covers, sets the run's share of per-user kernel counters and
    brings up loopback;
 3. forks pid 2, the run's process, and from then on only reaps, as bubblewrap's init does:
-   before any run reaches pid 2 it drops every capability, installs the run's seccomp
-   programs, closes every descriptor but its socket and makes itself not dumpable (no process
-   of the run may trace it or write its memory);
+   before any code of a run runs in pid 2 it drops every capability, installs the run's
+   seccomp programs, closes every descriptor but its socket and makes itself not dumpable (no
+   process of the run may trace it or write its memory); pid 2 waits for the end of a pipe
+   whose write end pid 1 closes last;
 4. pid 2 waits on the socket for its run, having seen nothing of any run: a message `run`
    with the run's stdout, stderr and control channel, a memfd holding the run's request
    (JSON: the fork server's own memory never holds any run's data) and the run's directories
@@ -398,14 +399,18 @@ class ForkServer:
             # The run's session and process group are pid 1's, as under bubblewrap's init.
             os.setsid()
             taken_r, taken_w = os.pipe()
+            confined_r, confined_w = os.pipe()
             pid = os.fork()
         except Exception as err:  # noqa: BLE001 - reported to the server
             _fail(sock_fd, err)
         if pid == 0:
             os.close(taken_r)
-            return self.pid2(spec, sock_fd, taken_w)
+            os.close(confined_w)
+            return self.pid2(spec, sock_fd, taken_w, confined_r)
         os.close(taken_w)
+        os.close(confined_r)
         try:
+            # Its last step closes `confined_w`: pid 2 runs no code of a run before that.
             self.confine_init(keep=(sock_fd, taken_r))
         except Exception as err:  # noqa: BLE001 - reported to the server
             _fail(sock_fd, err)
@@ -415,9 +420,10 @@ class ForkServer:
         """Pid 1, once pid 2 is forked, needs nothing but to reap and report: it gives up
         everything else (no capabilities, the run's seccomp programs, no descriptor but
         `keep`), and no process of the run may trace it or write its memory (not dumpable).
-        Not dumpable comes first: until then it holds capabilities pid 2's code will not have,
-        which already keeps that code from tracing it, so no moment exists where it could,
-        however soon a run reaches pid 2."""
+        The descriptors go last: among them the write end of the pipe pid 2 waits on before
+        it runs any code of its run, so a run never sees pid 1 holding more than itself. (Not
+        dumpable comes first anyway: until then it holds capabilities pid 2's code does not
+        have, which already keeps that code from tracing it.)"""
         _prctl(PR_SET_DUMPABLE, 0)
         _drop_capabilities()
         self.load_programs()
@@ -432,13 +438,17 @@ class ForkServer:
                 "seccomp",
             )
 
-    def pid2(self, spec, sock_fd, taken):
+    def pid2(self, spec, sock_fd, taken, confined):
         """Pid 2, forked before its run: waits for the run on `sock_fd`, tells pid 1 it has
-        one (through `taken`), sets the run's sandbox up the rest of the way and runs it."""
+        one (through `taken`), waits until pid 1 has given up everything (`confined` ends:
+        a child made for a run that came gets it at once, while pid 1 may still be at it),
+        sets the run's sandbox up the rest of the way and runs it."""
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
         request, run_fds = _wait_for_run(sock_fd)
         os.write(taken, b"t")
         os.close(taken)
+        os.read(confined, 1)
+        os.close(confined)
         _RUN_PID[0] = os.getpid()
         try:
             if request["tmpfs"] != spec["tmpfs"]:
