@@ -743,23 +743,31 @@ async def bench_pandas(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: 
     servers = [sb] + ([other] if other is not None else [])
     for server in servers:
         await server.execute(PANDAS_SCRIPT, dependencies, expect=PANDAS_OUT)
-    # The environment is now recently used: wait for its fork server (and what it preloaded).
-    deadline = time.monotonic() + 180
-    while True:
-        report = await sb.client.call_tool("check_environment", {})
-        pool = (report.structured_content or {}).get("warm_pool", {})
-        preloaded = [d for d in pool.get("fork_server_details", []) if "pandas" in d.get("preloaded", [])]
-        if preloaded:
-            memory = preloaded[0].get("peak_memory_bytes")
-            rows["snakebox_pandas"].note = "fork server preloaded " + ", ".join(preloaded[0]["preloaded"])
-            if memory:
-                rows["snakebox_pandas"].note += f"; its peak memory {memory / (1 << 20):.0f} MiB"
-            break
-        if time.monotonic() > deadline:
-            rows["snakebox_pandas"].note = "no fork server preloaded pandas within 180 s"
-            log(rows["snakebox_pandas"].note)
-            break
-        await asyncio.sleep(0.5)
+    # The steady state of a cached environment: its byte-compiled copy published in its place
+    # (after the first run, in the background), and a fork server of that copy. A fork server
+    # of the directory it replaced goes at the next run, which starts cold.
+    for server in servers:
+        await server.background_done()
+        await server.execute(PANDAS_SCRIPT, dependencies, expect=PANDAS_OUT)
+    for server in servers:
+        deadline = time.monotonic() + 180
+        while True:
+            report = await server.client.call_tool("check_environment", {})
+            pool = (report.structured_content or {}).get("warm_pool", {})
+            preloaded = [d for d in pool.get("fork_server_details", []) if "pandas" in d.get("preloaded", [])]
+            if preloaded:
+                if server is sb:
+                    memory = preloaded[0].get("peak_memory_bytes")
+                    rows["snakebox_pandas"].note = "fork server preloaded " + ", ".join(preloaded[0]["preloaded"])
+                    if memory:
+                        rows["snakebox_pandas"].note += f"; its peak memory {memory / (1 << 20):.0f} MiB"
+                break
+            if time.monotonic() > deadline:
+                if server is sb:
+                    rows["snakebox_pandas"].note = "no fork server preloaded pandas within 180 s"
+                    log(rows["snakebox_pandas"].note)
+                break
+            await asyncio.sleep(0.5)
     bare = [vpy, "-c", PANDAS_SCRIPT]
     for _ in range(3):
         timed_run(bare, expect=PANDAS_OUT)
