@@ -15,8 +15,8 @@ itself when no bwrap child is seen) cuts it at the fork server's events instead:
 
   send → the server sends the request to the run's pid 2 → pid 2 has it (when no pre-forked
   child was ready: the fork server clones pid 1, pid 1's unshare, pid 1 forks pid 2) → pid 2
-  exits → pid 1 reports the end → pid 1 exits → the server's last rmdir/unlink → reply
-  received,
+  says its exit code (a queued signal) → pid 1 reports the end → pid 2 and pid 1 exit (in the
+  order they do) → the server's last rmdir/unlink → reply received,
 
 and adds where the CPU of each call goes (`sched:sched_stat_runtime`, by process role and
 server thread), on the hot path (send → reply) and after the reply (until the next call).
@@ -57,6 +57,7 @@ EVENTS = [
     "syscalls:sys_exit_recvmsg",
     "syscalls:sys_enter_sendto",
     "syscalls:sys_enter_write",
+    "syscalls:sys_enter_rt_sigqueueinfo",
     "sched:sched_stat_runtime",
 ]
 
@@ -237,11 +238,15 @@ def forked_phases(server: int, calls: list[tuple[float, float]], events: list, t
             if pid2_fork is not None:
                 points.append(("pid 1 forks pid 2", pid2_fork[0]))
         exits = {e[2]: e[0] for e in w if e[4] == "sched_process_exit" and e[2] == e[3]}
-        # The end reported to the server (pid 1's write on its socket).
-        if pid2 in exits:
-            report = next((e for e in w if e[4] == "sys_enter_write" and e[2] == pid1 and e[0] >= exits[pid2]), None)
-            if report is not None:
-                points.append(("pid 1 reports the end", report[0]))
+        # Pid 2 says its exit code as its runner ends (a queued signal to pid 1), and the end
+        # reported to the server: pid 1's one write on its socket, on that signal (while pid 2
+        # exits) or once pid 2 is reaped.
+        said = next((e for e in w if e[4] == "sys_enter_rt_sigqueueinfo" and e[2] == pid2), None)
+        if said is not None:
+            points.append(("pid 2 says its exit code", said[0]))
+        report = next((e for e in w if e[4] == "sys_enter_write" and e[2] == pid1 and e[0] >= taken[0]), None)
+        if report is not None:
+            points.append(("pid 1 reports the end", report[0]))
         for label, pid in (("pid 2 exits", pid2), ("pid 1 exits", pid1)):
             if pid in exits:
                 points.append((label, exits[pid]))

@@ -805,6 +805,9 @@ def _finish(code):
             except OSError:
                 pass
         _libc.sigqueue(1, SIG_END, ctypes.c_long(code & 0xFF))
+        # Pid 1, just woken, is often queued on this CPU behind this process, whose exit
+        # (its address space torn down) would then run first: let it report first.
+        os.sched_yield()
     os._exit(code)
 
 
