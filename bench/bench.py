@@ -723,6 +723,21 @@ async def bench_session(setup: Setup, sb: Snakebox, rows: dict[str, Row], other:
             await check()
 
 
+async def fork_server_preloading(server: Snakebox, module: str, seconds: float = 180) -> dict[str, Any] | None:
+    """Wait until one of `server`'s fork servers has preloaded `module`: its entry in
+    `check_environment`'s `fork_server_details`, or `None` after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        report = await server.client.call_tool("check_environment", {})
+        pool = (report.structured_content or {}).get("warm_pool", {})
+        for detail in pool.get("fork_server_details", []):
+            if module in detail.get("preloaded", []):
+                return detail
+        if time.monotonic() > deadline:
+            return None
+        await asyncio.sleep(0.5)
+
+
 async def bench_pandas(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: Snakebox | None = None) -> None:
     """`import pandas` + `describe()` of 1e5 rows: a bare venv with bytecode compiled against
     snakebox's cached environment, once its fork server has preloaded pandas (waited for through
@@ -750,24 +765,17 @@ async def bench_pandas(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: 
         await server.background_done()
         await server.execute(PANDAS_SCRIPT, dependencies, expect=PANDAS_OUT)
     for server in servers:
-        deadline = time.monotonic() + 180
-        while True:
-            report = await server.client.call_tool("check_environment", {})
-            pool = (report.structured_content or {}).get("warm_pool", {})
-            preloaded = [d for d in pool.get("fork_server_details", []) if "pandas" in d.get("preloaded", [])]
-            if preloaded:
-                if server is sb:
-                    memory = preloaded[0].get("peak_memory_bytes")
-                    rows["snakebox_pandas"].note = "fork server preloaded " + ", ".join(preloaded[0]["preloaded"])
-                    if memory:
-                        rows["snakebox_pandas"].note += f"; its peak memory {memory / (1 << 20):.0f} MiB"
-                break
-            if time.monotonic() > deadline:
-                if server is sb:
-                    rows["snakebox_pandas"].note = "no fork server preloaded pandas within 180 s"
-                    log(rows["snakebox_pandas"].note)
-                break
-            await asyncio.sleep(0.5)
+        preloaded = await fork_server_preloading(server, "pandas")
+        if server is not sb:
+            continue
+        if preloaded is None:
+            rows["snakebox_pandas"].note = "no fork server preloaded pandas within 180 s"
+            log(rows["snakebox_pandas"].note)
+        else:
+            rows["snakebox_pandas"].note = "fork server preloaded " + ", ".join(preloaded["preloaded"])
+            memory = preloaded.get("peak_memory_bytes")
+            if memory:
+                rows["snakebox_pandas"].note += f"; its peak memory {memory / (1 << 20):.0f} MiB"
     bare = [vpy, "-c", PANDAS_SCRIPT]
     for _ in range(3):
         timed_run(bare, expect=PANDAS_OUT)
