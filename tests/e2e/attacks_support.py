@@ -234,6 +234,12 @@ def host_cgroup_dirs(pid: int) -> set[Path]:
     return set(cgroup_dirs(_read(f"/proc/{pid}/cgroup").decode(errors="replace")))
 
 
+def is_namespace_init(snap: dict[str, Any]) -> bool:
+    """Whether the process is pid 1 of its own PID namespace (the last `NSpid` field)."""
+    ids = snap["status"].get("NSpid", "").split()
+    return len(ids) > 1 and ids[-1] == "1"
+
+
 class ProcWatch:
     """Polls host /proc while a run is in flight; records every process carrying the marker
     (and its parent, the script itself) with its posture, once."""
@@ -285,8 +291,9 @@ class ProcWatch:
 
     def _above_reaper(self, snap: dict[str, Any]) -> None:
         """The runner's reaper (X-01: the runner's parent, in the sandbox) sits between the
-        script and the sandbox's init: record the init above it too."""
-        if not any(part.endswith(b"runner.py") for part in snap["cmdline"]):
+        script and the sandbox's init, unless it is that init (pid 1 inside, as native runs
+        make it): record the init above it too."""
+        if not any(part.endswith(b"runner.py") for part in snap["cmdline"]) or is_namespace_init(snap):
             return
         up = int(snap["status"].get("PPid", "0") or 0)
         if up and up not in self.grandparents:

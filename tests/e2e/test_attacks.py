@@ -43,6 +43,7 @@ from attacks_support import (
     assert_no_leak,
     attack,
     host_abi_probe,
+    is_namespace_init,
     kernel_config,
     marker_pids,
     plant_canaries,
@@ -621,6 +622,39 @@ async def test_R17_zombies_are_bounded_and_reaped(snakebox_bin, data_dir, canari
     assert run["forked"] < 64 and run["zombies"] < 64
 
 
+@docker_ci
+async def test_R17_orphans_are_reaped_by_the_sandboxs_init(snakebox_bin, data_dir, canaries):
+    # Orphans go to the sandbox's init (the runner's reaper in a pooled, cold or docker run):
+    # it must reap them, or their zombies fill the run's process limit and fork fails.
+    body = """
+    import time
+    made = 0
+    for _ in range(300):
+        try:
+            child = os.fork()
+        except OSError as e:
+            report(fork_error=e.errno, made=made); break
+        if child == 0:
+            try:
+                if os.fork() == 0: os._exit(0)   # the grandchild: an orphan once its parent ends
+            except OSError:
+                os._exit(1)
+            os._exit(0)
+        if os.waitpid(child, 0)[1] != 0:
+            report(fork_error="in the child", made=made); break
+        made += 1
+        if made % 40 == 0: time.sleep(0.05)    # a moment for the init to reap
+    report(made=made)
+    """
+    async with server(snakebox_bin, data_dir, canaries, "--max-processes", "64") as client:
+        run = await attack(client, canaries, body, timeout=20)
+        await alive(client)
+    assert "fork_error" not in run.results, run.results
+    assert run["made"] == 300
+
+
+@docker_ci
+@runsc_subset
 async def test_R18_kill_minus_one_only_hits_the_sandbox(snakebox_bin, data_dir, canaries):
     def as_nobody() -> None:
         os.setgid(65534)
@@ -629,10 +663,15 @@ async def test_R18_kill_minus_one_only_hits_the_sandbox(snakebox_bin, data_dir, 
     # A host process under the sandbox's host uid (65534), which kill(-1) would reach without a
     # PID namespace.
     victim = subprocess.Popen(["sleep", "60"], preexec_fn=as_nobody)
+    # kill(-1) reaches every process of the sandbox but its init and the caller: the runner's
+    # reaper must be out of reach (the init), or its end ends the run under the script (which
+    # then never reports `still_running`) and no report says how the run ended.
     body = """
-    import signal
+    import signal, time
     os.kill(-1, signal.SIGKILL)
     report(after_kill_all=True)
+    time.sleep(0.5)
+    report(still_running=True)
     os.killpg(0, signal.SIGKILL)
     report(survived_killpg=True)
     """
@@ -640,8 +679,9 @@ async def test_R18_kill_minus_one_only_hits_the_sandbox(snakebox_bin, data_dir, 
         async with server(snakebox_bin, data_dir, canaries) as client:
             run = await attack(client, canaries, body, timeout=10, expect="error")
             await alive(client)
-        assert run["after_kill_all"] is True
+        assert run["after_kill_all"] is True and run["still_running"] is True, run.results
         assert "survived_killpg" not in run.results
+        assert run.data.get("signal") == 9, run.data
         assert victim.poll() is None, "kill(-1) inside the sandbox killed a host process"
     finally:
         victim.kill()
@@ -1632,19 +1672,17 @@ async def test_U05_helpers_in_the_sandbox_cannot_be_taken_over(snakebox_bin, dat
     assert run["res"]["ptrace_pid1"] == [-1, errno.EPERM]
     assert run["res"]["pidfd_getfd"] == [-1, errno.EPERM]
     print("U-05 processes visible:", run["procs"])
-    # From outside: the helper in the sandbox (pid 1 inside: bwrap's init, or the init a forked
-    # run starts with) holds nothing worth stealing: no capabilities, the same seccomp program,
-    # no-new-privs, the sandbox's uid.
-    inits = [
-        g
-        for g in run.watch.grandparents.values()
-        if g["cmdline"][0].endswith(b"bwrap")
-        or any(part.endswith(b"forkserver.py") for part in g["cmdline"])
-        or (docker_mode() and g["cmdline"][0].endswith(b"docker-init"))
-    ]
+    # From outside: the helper in the sandbox (pid 1 inside: the runner's reaper in a pooled,
+    # cold or docker run, the init a forked run starts with) holds nothing worth stealing: no
+    # capabilities, the same seccomp program, no-new-privs, the sandbox's uid.
+    inits = [g for g in run.watch.grandparents.values() if is_namespace_init(g)]
     assert inits, "the sandbox's init was not seen from the host"
-    # The runner's reaper (cold and pooled runs: the runner's parent, which reports how it
-    # ended, X-01) is a helper too.
+    if LAUNCH["mode"] in ("pooled", "docker"):
+        # The reaper (the runner's parent, which reports how it ended, X-01) is the init, not
+        # bubblewrap's or docker's: the run's kill(-1) cannot reach it (R-18).
+        runner = [g for g in inits if not g["cmdline"][0].endswith(b"bwrap") and any(part.endswith(b"runner.py") for part in g["cmdline"])]
+        assert runner and len(runner) == len(inits), [g["cmdline"] for g in inits]
+    # Any other runner's reaper seen (below an init) is a helper too.
     reapers = [g for g in run.watch.grandparents.values() if any(part.endswith(b"runner.py") for part in g["cmdline"])]
     for init in inits + reapers:
         st = init["status"]

@@ -158,8 +158,11 @@ async def test_each_hardening_field_of_a_live_container(engine, snakebox_bin, da
                 "dir": (control.stat().st_uid, control.stat().st_mode & 0o7777),
                 "fifo": ((control / "control").stat().st_uid, (control / "control").stat().st_mode & 0o7777),
             }
-            # The run's processes, from the host's /proc: the container's init and the runner.
+            # The run's processes, from the host's /proc: the container's init (the runner's
+            # reaper) and the runner.
             pid = found["State"]["Pid"]
+            pid_1 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            assert any(part.endswith(b"runner.py") for part in pid_1) and not pid_1[0].endswith(b"docker-init"), pid_1
             statuses = [Path(f"/proc/{pid}/status").read_text()]
             for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
                 statuses.append(Path(f"/proc/{child}/status").read_text())
@@ -207,7 +210,9 @@ def assert_hardened(found: dict[str, Any]) -> int:
     assert host["NanoCpus"] == 1_500_000_000
     assert "size=" in host["Tmpfs"]["/tmp"] and host["ShmSize"] > 0
     assert host["LogConfig"]["Type"] == "none" and not found["LogPath"]
-    assert host["Init"] is True
+    # No docker-init: the runner's reaper is the container's pid 1, out of reach of the run's
+    # signals; it reaps what the run leaves behind.
+    assert not host["Init"], host["Init"]
     assert host["OomScoreAdj"] == 1000
     assert host["CgroupnsMode"] == "private"
     mounts = {m["Destination"]: m for m in found["Mounts"]}

@@ -718,6 +718,11 @@ def report_end_from_parent(control_fd):
     (`END_REPORT_TAG` + `exited N` / `signaled N`), then ends the same way (the same exit code,
     or the same signal), so the host's own view agrees with the report. It runs no user code,
     holds nothing but the control channel, and costs one small idle process.
+
+    Where the sandbox makes it pid 1 of its PID namespace (the native backend does), the
+    kernel drops every signal the run sends it, `kill(-1)` and SIGKILL included, so the run
+    cannot end it before it reports; it then also reaps every process the run orphans, and
+    its own end (as init's) ends the rest of the run, as bubblewrap's init did.
     """
     try:
         import signal
@@ -736,14 +741,18 @@ def report_end_from_parent(control_fd):
         os.close(null)
     except (OSError, ValueError, AttributeError):
         pass
+    # As init, every orphan of the run is this process's child: reap them all until the
+    # runner's own status comes.
+    wanted = -1 if os.getpid() == 1 else pid
     while True:
         try:
-            _, status = os.waitpid(pid, 0)
-            break
+            ended, status = os.waitpid(wanted, 0)
         except InterruptedError:
             continue
         except OSError:
             os._exit(255)
+        if ended == pid:
+            break
     if os.WIFSIGNALED(status):
         kind, number = "signaled", os.WTERMSIG(status)
     else:

@@ -480,6 +480,7 @@ impl Engine {
                 script_path.into_os_string(),
             ],
             control_channel: false,
+            init: false,
         };
         // The compile is a sandbox like any other: it holds a slot of the concurrency cap.
         let slot = self.sandbox_slot().await?;

@@ -497,6 +497,7 @@ impl UvInvocation {
             program: self.program.clone(),
             args: self.args.clone(),
             control_channel: false,
+            init: false,
         };
         match &self.egress {
             Some(egress) if self.network => snakebox_sandbox::bridged_command(

@@ -318,6 +318,7 @@ pub fn bridged_command(python: &Path, socket: &Path, command: &SandboxCommand) -
         program: PathBuf::from("/bin/sh"),
         args,
         control_channel: command.control_channel,
+        init: command.init,
     }
 }
 

@@ -212,6 +212,11 @@ pub struct SandboxCommand {
     /// When true, the command gets a private result channel on file descriptor 3 (a pipe whose
     /// contents are returned in [`Outcome::control`]); stdout and stderr cannot forge it.
     pub control_channel: bool,
+    /// When true, the command is the sandbox's init (pid 1 of its PID namespace, where the
+    /// backend can make it so): it must reap every process the sandbox's others leave behind,
+    /// and the kernel drops the signals they send it (SIGKILL included) unless it handles
+    /// them. For snakebox's runner, whose reaper half reports how the run ended.
+    pub init: bool,
 }
 
 /// Captured bytes of one stream, after capping.

@@ -35,6 +35,7 @@ fn command() -> SandboxCommand {
         program: "/bin/sh".into(),
         args: vec!["-c".into(), RESPONDER.into()],
         control_channel: true,
+        init: false,
     }
 }
 
@@ -102,6 +103,7 @@ async fn exit_between_requests_is_reported() {
         program: "/bin/sh".into(),
         args: vec!["-c".into(), "read -r n; echo bye; exit 7".into()],
         control_channel: true,
+        init: false,
     };
     let mut live = sandbox.spawn(&policy, &cmd).unwrap();
     let exchange = ask(&mut live, "x", 10).await;

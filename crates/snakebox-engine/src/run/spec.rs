@@ -115,6 +115,7 @@ impl Engine {
             program: environment.python.clone(),
             args,
             control_channel: true,
+            init: true,
         };
         (policy, command)
     }

@@ -655,6 +655,7 @@ impl Engine {
             program: paths.venv.join("bin").join("python"),
             args,
             control_channel: true,
+            init: true,
         };
         sandbox
             .spawn(&policy, &command)
@@ -793,6 +794,7 @@ impl Engine {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), command.into()],
             control_channel: false,
+            init: false,
         };
         if network == crate::run::RunNetwork::Proxy {
             // The shell has no runner: an isolated interpreter starts the same bridge first.

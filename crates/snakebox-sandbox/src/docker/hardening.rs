@@ -171,8 +171,10 @@ pub(crate) fn container_body(spec: &ContainerSpec<'_>) -> Result<ContainerCreate
         privileged: Some(false),
         readonly_rootfs: Some(true),
         // 8. An init as pid 1 reaps what the run leaves behind and passes the command's
-        //    end on (a death by signal N as 128 + N).
-        init: Some(true),
+        //    end on (a death by signal N as 128 + N): docker's, unless the command is one
+        //    (the runner, whose reaper must be out of the run's reach: the kernel drops the
+        //    signals a run sends its init, R-18).
+        init: Some(!spec.command.init),
         // 9. Resources. First in line for the kernel's OOM killer (P-07), as native runs: a
         //    global OOM must take a run, not the server or the engine.
         oom_score_adj: Some(1000),
@@ -269,7 +271,10 @@ pub(crate) fn verify(
     same!(network_mode, "HostConfig.NetworkMode");
     same!(readonly_rootfs, "HostConfig.ReadonlyRootfs");
     same!(privileged, "HostConfig.Privileged");
-    same!(init, "HostConfig.Init");
+    // The engine may answer `null` for an init that was asked off.
+    if host.init.unwrap_or(false) != want.init.unwrap_or(false) {
+        return fail("HostConfig.Init", show(&host.init), show(&want.init));
+    }
     // A limit not asked for: the engine answers 0 (or -1) for "unlimited".
     let limit = |v: Option<i64>| v.filter(|&n| n > 0);
     for (name, found, asked) in [
@@ -446,6 +451,7 @@ mod tests {
             program: "/data/env/bin/python".into(),
             args: vec!["-c".into(), "print(1)".into()],
             control_channel: true,
+            init: true,
         };
         let view = SystemView {
             symlinks: Vec::new(),
@@ -629,7 +635,8 @@ mod tests {
                 r.host_config.as_mut().unwrap().ulimits = Some(Vec::new());
             }),
             ("HostConfig.Init", |r| {
-                r.host_config.as_mut().unwrap().init = None;
+                let host = r.host_config.as_mut().unwrap();
+                host.init = Some(!host.init.unwrap_or(false));
             }),
             ("HostConfig.PidMode", |r| {
                 r.host_config.as_mut().unwrap().pid_mode = Some("host".into());
@@ -673,6 +680,7 @@ mod tests {
             program: "/bin/true".into(),
             args: Vec::new(),
             control_channel: false,
+            init: false,
         };
         let view = SystemView {
             symlinks: Vec::new(),

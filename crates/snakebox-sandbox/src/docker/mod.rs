@@ -574,7 +574,8 @@ impl Prepared {
             "docker run ended"
         );
         let raw = raw?;
-        // The container's init (docker-init) reports a death by signal N as 128 + N.
+        // The container's init (the runner's reaper, or docker-init) reports a death by signal N
+        // as 128 + N.
         Ok(outcome(
             raw,
             limits,

@@ -67,7 +67,7 @@ impl UsageRoot {
 
 /// Whether the kernel killed a container for memory, as far as the host can tell the moment
 /// it ended: `engine_says` (the engine's `OOMKilled`), or a death by `SIGKILL` (`exit_code`
-/// 137: docker-init's 128 + 9) with the memory high-water mark of its cgroup (`peak`) at its
+/// 137: the container init's 128 + 9) with the memory high-water mark of its cgroup (`peak`) at its
 /// `limit`.
 ///
 /// Why not the engine's word alone: its `OOMKilled` is set by the runtime's OOM event, which

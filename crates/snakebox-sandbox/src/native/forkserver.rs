@@ -322,6 +322,7 @@ impl NativeBackend {
                 policy::RUN_SECCOMP_ENOSYS_FD.to_string().into(),
             ],
             control_channel: false,
+            init: false,
         };
         let setup = ZygoteSetup {
             socket: theirs,

@@ -263,6 +263,7 @@ impl NativeBackend {
             program,
             args: vec!["-u".into()],
             control_channel: false,
+            init: false,
         };
         let mut prepared = self.prepare(&policy, &command, None, None)?;
         prepared
@@ -436,7 +437,7 @@ impl NativeBackend {
         }
 
         let ops = match &zygote {
-            None => policy::setup_ops(policy, &self.view, &sources)?,
+            None => policy::setup_ops(policy, &self.view, &sources, command.init)?,
             Some(setup) => policy::zygote_ops(policy, &self.view, &sources, &setup.mount_points)?,
         };
         let payload = policy::args_payload(&policy::option_args(&ops))?;
@@ -545,6 +546,7 @@ impl NativeBackend {
                     program: prlimit.clone(),
                     args,
                     control_channel: command.control_channel,
+                    init: command.init,
                 };
                 &wrapped
             }

@@ -142,6 +142,8 @@ pub(crate) enum SetupOp {
     DieWithParent,
     /// `--new-session`.
     NewSession,
+    /// `--as-pid-1`: the program is the PID namespace's init, not a child of bwrap's.
+    AsPid1,
     /// `--cap-drop ALL`.
     CapDropAll,
     /// `--clearenv`.
@@ -189,11 +191,13 @@ fn check_sandbox_path(path: &Path) -> Result<(), NamespaceError> {
 }
 
 /// The ordered setup of one run. `mount_sources[i]` is the host path bwrap binds for
-/// `policy.mounts[i]` (the staged copy when bwrap runs unprivileged).
+/// `policy.mounts[i]` (the staged copy when bwrap runs unprivileged); `as_init` makes the
+/// command the PID namespace's init (see [`crate::SandboxCommand::init`]).
 pub(crate) fn setup_ops(
     policy: &Policy,
     view: &SystemView,
     mount_sources: &[PathBuf],
+    as_init: bool,
 ) -> Result<Vec<SetupOp>, NamespaceError> {
     use SetupOp::*;
     check_sandbox_path(&policy.cwd)?;
@@ -218,6 +222,15 @@ pub(crate) fn setup_ops(
         //    no capabilities even inside the user namespace.
         DieWithParent,
         NewSession,
+    ]);
+    if as_init {
+        // A command that reaps (the runner: its reaper half stays pid 1) is the namespace's
+        // init: the kernel drops every signal the run sends it, `kill(-1)` and SIGKILL
+        // included, so the run cannot end its reaper before it reports. Under
+        // bwrap's init, the reaper was a child the run could kill.
+        ops.push(AsPid1);
+    }
+    ops.extend([
         CapDropAll,
         // 3. Environment: nothing from the host, only the policy's variables.
         ClearEnv,
@@ -296,7 +309,8 @@ pub(crate) fn zygote_ops(
         ..policy.clone()
     };
     let mut ops = Vec::new();
-    for op in setup_ops(&offline, view, mount_sources)? {
+    // The fork server stays a child of bwrap's init, which reaps the runs' inits it leaves.
+    for op in setup_ops(&offline, view, mount_sources, false)? {
         match op {
             DisableUserns => {}
             // The fork server's bwrap is watched through its pidfd; it needs the pid only.
@@ -329,6 +343,7 @@ pub(crate) fn option_args(ops: &[SetupOp]) -> Vec<OsString> {
             Hostname(h) => push(&[&"--hostname", h]),
             DieWithParent => push(&[&"--die-with-parent"]),
             NewSession => push(&[&"--new-session"]),
+            AsPid1 => push(&[&"--as-pid-1"]),
             CapDropAll => push(&[&"--cap-drop", &"ALL"]),
             ClearEnv => push(&[&"--clearenv"]),
             SetEnv(k, v) => push(&[&"--setenv", k, v]),
@@ -455,7 +470,7 @@ mod tests {
             PathBuf::from("/run/snakebox-stage/0"),
             PathBuf::from("/run/snakebox-stage/1"),
         ];
-        let ops = setup_ops(policy, &view(), &sources).unwrap();
+        let ops = setup_ops(policy, &view(), &sources, true).unwrap();
         let args = option_args(&ops);
         // One option per line, its values after it.
         let mut text = String::new();
@@ -487,6 +502,7 @@ mod tests {
             program: "/opt/python/bin/python3".into(),
             args: vec!["--version".into()],
             control_channel: false,
+            init: false,
         };
         let argv = bwrap_argv(&cmd);
         assert_eq!(
@@ -495,7 +511,7 @@ mod tests {
         );
         assert!(!argv.iter().any(|a| a.to_string_lossy().contains("s3cr3t")));
         let payload = args_payload(&option_args(
-            &setup_ops(&policy(false), &view(), &[]).unwrap(),
+            &setup_ops(&policy(false), &view(), &[], true).unwrap(),
         ))
         .unwrap();
         assert!(payload.ends_with(b"--add-seccomp-fd\x007\x00"));
@@ -503,7 +519,7 @@ mod tests {
 
     #[test]
     fn order_sensitive_steps() {
-        let ops = setup_ops(&policy(false), &view(), &["/a".into(), "/b".into()]).unwrap();
+        let ops = setup_ops(&policy(false), &view(), &["/a".into(), "/b".into()], true).unwrap();
         let pos = |op: &SetupOp| ops.iter().position(|o| o == op).unwrap();
         // Seccomp last, remount-ro after every mount, /tmp before mounts under it.
         assert_eq!(ops.last(), Some(&SetupOp::SeccompFd(SECCOMP_ENOSYS_FD)));
@@ -520,6 +536,10 @@ mod tests {
                 < pos(&SetupOp::Tmpfs("/dev/shm".into(), Some(64 << 20)))
         );
         assert!(!ops.contains(&SetupOp::ShareNet));
+        // The command that reaps is the namespace's init; one that does not stays under bwrap's.
+        assert_eq!(pos(&SetupOp::AsPid1), pos(&SetupOp::NewSession) + 1);
+        let plain = setup_ops(&policy(false), &view(), &[], false).unwrap();
+        assert!(!plain.contains(&SetupOp::AsPid1));
         assert!(!ops.iter().any(|o| matches!(o, SetupOp::RoBind(p, _) if p.starts_with("/etc/shadow") || p == Path::new("/etc/passwd"))));
     }
 
@@ -530,7 +550,7 @@ mod tests {
         let sources: Vec<PathBuf> = p.mounts.iter().map(|m| m.host.clone()).collect();
         let points = [PathBuf::from("/snakebox"), PathBuf::from("/work")];
         let ops = zygote_ops(&p, &view(), &sources, &points).unwrap();
-        let run = setup_ops(&policy(false), &view(), &sources).unwrap();
+        let run = setup_ops(&policy(false), &view(), &sources, true).unwrap();
         // A run's isolation: every namespace new (user included), its uid, no capabilities,
         // seccomp (the fork server's programs sit at the same descriptors).
         for kept in [
@@ -560,6 +580,9 @@ mod tests {
         for point in &points {
             assert!(ops[..ro].contains(&Dir(point.clone())));
         }
+        // A run's runner is its namespace's init; the fork server stays under bwrap's, which
+        // reaps the inits of the runs it leaves behind.
+        assert!(run.contains(&AsPid1) && !ops.contains(&AsPid1));
         // Its status is bwrap's `--info-fd` (the pid only), a run's `--json-status-fd`.
         assert!(ops.contains(&InfoFd(INFO_FD)) && run.contains(&StatusFd(INFO_FD)));
         let extra: Vec<&SetupOp> = ops.iter().filter(|op| !run.contains(op)).collect();
@@ -574,13 +597,13 @@ mod tests {
         let mut p = policy(false);
         p.cwd = "work".into();
         assert!(matches!(
-            setup_ops(&p, &view(), &[]),
+            setup_ops(&p, &view(), &[], true),
             Err(NamespaceError::BadPath { .. })
         ));
         let mut p = policy(false);
         p.mounts[0].dest = "/opt/../etc".into();
         assert!(matches!(
-            setup_ops(&p, &view(), &[]),
+            setup_ops(&p, &view(), &[], true),
             Err(NamespaceError::BadPath { .. })
         ));
     }

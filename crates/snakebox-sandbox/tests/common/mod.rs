@@ -74,6 +74,7 @@ pub fn py(program: &Path, code: &str, control: bool) -> SandboxCommand {
         program: program.to_path_buf(),
         args: vec!["-I".into(), "-c".into(), code.into()],
         control_channel: control,
+        init: false,
     }
 }
 
