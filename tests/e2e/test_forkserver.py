@@ -176,6 +176,29 @@ async def test_a_process_the_script_forks_does_not_end_the_run_when_it_ends(snak
     assert data["exit_code"] == 3 and data.get("signal") is None, data
 
 
+SIGNALS_PID_1 = """
+import os, signal, time
+for name in ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGQUIT", "SIGKILL"):
+    try:
+        os.kill(1, getattr(signal, name))
+    except OSError as e:
+        print(name, "refused", e.errno)
+time.sleep(0.3)
+print("still running")
+"""
+
+
+async def test_signals_the_script_sends_its_pid_1_do_not_end_the_run(snakebox_bin, data_dir):
+    """A forked run's pid 1 is its namespace's init: the kernel drops what the run sends it
+    unless it handles the signal, so it must handle none (Python's own SIGINT handler would
+    make it end, and the run with it, on the script's `kill(1, SIGINT)`)."""
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        data = await forked_run(client, SIGNALS_PID_1)
+    assert data["status"] == "ok", data
+    assert data["stdout"] == "still running\n", data
+
+
 async def test_consecutive_forked_runs_share_nothing(snakebox_bin, data_dir):
     async with connect(snakebox_bin, data_dir, "legacy") as client:
         await wait_forking(client)

@@ -734,6 +734,15 @@ def _init(main, report, taken):
     wait status). Only if pid 2 took a run (`taken` says so): if it did not, it ran nothing
     (the server dropped this child, or it failed before its run)."""
     os.set_blocking(taken, False)
+    # As the namespace's init, it gets only the signals it handles from the run's processes:
+    # none (Python's SIGINT handler, or one a preloaded package set, would let the script's
+    # `kill(1, SIGINT)` end the run).
+    for number in signal.valid_signals():
+        try:
+            if callable(signal.getsignal(number)):
+                signal.signal(number, signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
     # Pid 2 was forked with the mask it had before: this blocks the two here only.
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, SIG_END})
     ran = False
