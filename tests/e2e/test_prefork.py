@@ -154,6 +154,28 @@ async def test_module_state_and_tmp_of_one_run_do_not_reach_the_next(snakebox_bi
         assert env["stdout"] == "None\n", env
 
 
+WARM_UP_TRACES = r"""
+import json, linecache
+print(json.dumps({
+    "lines": sorted(name for name in linecache.cache if name.startswith("<") or name == "script.py"),
+    "names": sorted(name for name in globals() if not name.startswith("__")),
+}))
+"""
+
+
+async def test_the_warm_up_of_a_pre_forked_child_leaves_nothing_its_run_sees(snakebox_bin, data_dir):
+    """A pre-forked child takes the runner's path once on the runner's own snippet while it
+    waits (so its run copies no page of it from the fork server): its lines, its names and its
+    value are not the run's."""
+    async with connect(snakebox_bin, data_dir, "legacy", "--prefork", "1") as client:
+        await wait_prefork(client, 1)
+        data = await preforked_run(client, WARM_UP_TRACES)
+    assert data["status"] == "ok", data
+    seen = json.loads(data["stdout"])
+    assert seen == {"lines": ["script.py"], "names": ["json", "linecache"]}, seen
+    assert data["result"] is None and not data["artifacts"], data
+
+
 async def test_runs_with_other_limits_are_forked_when_they_come(snakebox_bin, data_dir):
     """A pre-forked child was made with the server's limits (its cgroup, its /tmp): a run held
     to a smaller memory limit is forked on demand instead, and that limit holds."""

@@ -290,6 +290,30 @@ def reset():
     _images_bytes = 0
 
 
+# The runner's own snippet for `warm_up`: no output, nothing of the run's.
+_WARM_UP = "_names = [str(n) for n in range(4)]\n{'names': _names, 'count': len(_names)}"
+_WARM_UP_NAME = "<warm-up>"
+
+
+def warm_up():
+    """Take the execution path once on the runner's own snippet (no user code, no output),
+    ahead of a run, where there is time to spare: in a fork server, once before it forks
+    anything, then in each pre-forked child while it waits for its run.
+
+    The first pass imports what the path imports lazily (the script's codec, `__future__`
+    for a last expression): a run that has to import them pays ≈ 0.8 ms. In a forked child,
+    a pass copies the pages the path writes (a fork shares its parent's memory copy-on-write,
+    and reference counts are writes): taken before the run, the run copies almost none.
+    Nothing stays: the run's lists are reset, the snippet's lines leave `linecache`, its
+    namespace is dropped."""
+    namespace = types.ModuleType("__main__").__dict__
+    source = _WARM_UP.encode("utf-8").decode("utf-8-sig", errors="surrogateescape")
+    record, _ = run_code(source, _WARM_UP_NAME, namespace)
+    json.dumps(record, default=str)
+    linecache.cache.pop(_WARM_UP_NAME, None)
+    reset()
+
+
 def install_pyplot_hook():
     """Make `plt.show()` capture figures once the code imports pyplot (see _PyplotFinder)."""
     if not any(isinstance(finder, _PyplotFinder) for finder in sys.meta_path):

@@ -11,9 +11,9 @@ power and nothing more: no capability outside namespaces it made itself, no host
 view of any run directory (each run's directories reach it only as detached mounts of that
 run's own, sent with the request).
 
-It imports the run module once (the slow part of a cold start) and the top-level modules of the
-distributions named in SNAKEBOX_PRELOAD (the environment's declared packages, see `_preload`),
-then waits for requests on a private SEQPACKET socket. A request is `fork <n> <json>` (the
+It imports the run module once (the slow part of a cold start), what the module's path imports
+lazily (a pass of it, `warm_up`) and the top-level modules of the distributions named in
+SNAKEBOX_PRELOAD (the environment's declared packages, see `_preload`), then waits for requests on a private SEQPACKET socket. A request is `fork <n> <json>` (the
 JSON holds no run's data: the fresh `/tmp` and `/dev/shm` sizes and the per-user counter
 shares) with a socket of the run's own and the `cgroup.procs` files of a cgroup the server made
 for it attached. For each, the fork server clones the run's pid 1 straight into a new user
@@ -24,7 +24,8 @@ and pid namespace (no process in between: `_clone`). Pid 1:
 2. mounts fresh size-capped /tmp and /dev/shm, a devpts instance of its own, a fresh /proc
    with bubblewrap's read-only covers, sets the run's share of per-user kernel counters and
    brings up loopback;
-3. forks pid 2, the run's process, and from then on only reaps, as bubblewrap's init does:
+3. forks pid 2, the run's process, and from then on only reaps, handling no signal (as the
+   namespace's init, it then gets none from the run's processes):
    before any code of a run runs in pid 2 it drops every capability, installs the run's
    seccomp programs, closes every descriptor but its socket and makes itself not dumpable (no
    process of the run may trace it or write its memory); pid 2 waits for the end of a pipe
@@ -33,7 +34,9 @@ and pid namespace (no process in between: `_clone`). Pid 1:
    with the run's stdout, stderr and control channel, a memfd holding the run's request
    (JSON: the fork server's own memory never holds any run's data) and the run's directories
    as detached mounts. A child made ahead of its request waits here (a pre-forked child, the
-   server's `--prefork`); one made for a run that came gets it at once. The server hands the
+   server's `--prefork`), after a pass of the run module's own path on a fixed snippet
+   (`warm_up`: the pages a run would copy from the fork server are copied while it waits);
+   one made for a run that came gets it at once. The server hands the
    run to pid 2 directly, so the fork server is not on the run's path at all. One whose socket
    closes before a run arrives (the server dropped it) exits without running anything;
 5. pid 2 tells pid 1 it took a run (a pipe), attaches the run's directories, sets the run's
@@ -53,6 +56,7 @@ once reaped: a child that ended before its run, or a run killed with its pid 1) 
 torn down (the server kills what is left of the run through its cgroup either way).
 """
 
+import atexit
 import ctypes
 import fcntl
 import gc
@@ -301,8 +305,9 @@ class ForkServer:
         self.module = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = self.module
         spec.loader.exec_module(self.module)
-        # What the run module imports while it runs (compiling a script), loaded once here.
-        import __future__  # noqa: F401
+        # What the run module imports while it runs (a script's codec, `__future__`), loaded
+        # once here.
+        self.warm_up()
 
         self.preloaded = _preload(os.environ.pop(PRELOAD_VAR, ""))
 
@@ -444,6 +449,9 @@ class ForkServer:
         a child made for a run that came gets it at once, while pid 1 may still be at it),
         sets the run's sandbox up the rest of the way and runs it."""
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if not select.select([sock_fd], [], [], 0)[0]:
+            # No run yet (a pre-forked child): spend the wait on the copies its run would make.
+            self.warm_up()
         request, run_fds = _wait_for_run(sock_fd)
         os.write(taken, b"t")
         os.close(taken)
@@ -466,6 +474,19 @@ class ForkServer:
             code = self.module.main()
         finally:
             _finish(code)
+
+    def warm_up(self):
+        """The run module's own pass through its execution path, if it has one (`warm_up`
+        in runner.py): in the fork server, it loads what the path imports lazily; in a
+        pre-forked child, it copies the pages a run would copy from the fork server, before
+        the run comes."""
+        warm = getattr(self.module, "warm_up", None)
+        if warm is None:
+            return
+        try:
+            warm()
+        except Exception:  # noqa: BLE001 - only a missed saving
+            pass
 
     def prepare(self, tmpfs, user_limits):
         """What pid 1 sets up before it knows its run: its own mount table with fresh /tmp,
@@ -789,8 +810,6 @@ def _finish(code):
         threading = sys.modules.get("threading")
         if threading is not None:
             threading._shutdown()
-        import atexit
-
         atexit._run_exitfuncs()
         main = sys.modules.get("__main__")
         if main is not None and main.__dict__ is not globals():
