@@ -287,9 +287,9 @@ async def test_D01_a_dependencys_import_time_code_in_the_fork_server_holds_a_run
     async with connect(snakebox_bin, data_dir, "legacy", env=probe_index["env"]) as client:
         first, _ = await run_probe(client, probe_index)
         # The environment was just used: its own fork server starts. (The environment is
-        # compiled after its first run and published anew in its place: a fork server of the
-        # directory it replaced is dropped at the next claim and another one started, so a
-        # run may find the old one and start cold; the next is forked.)
+        # compiled after its first run and published anew in its place, with a fork server
+        # of the copy taking over; a run may still come before the first fork server is
+        # ready and start cold: the next is forked.)
         deadline = time.monotonic() + 120
         while True:
             while (await call(client, "check_environment"))[0]["warm_pool"]["fork_servers"] < 1:

@@ -199,6 +199,78 @@ async def test_signals_the_script_sends_its_pid_1_do_not_end_the_run(snakebox_bi
     assert data["stdout"] == "still running\n", data
 
 
+# Its `.pth` sleeps where its site-packages are writable: only while the environment is
+# byte-compiled (runs and fork servers see it read-only), which then takes long enough for the
+# fork server of the first, uncompiled directory to be serving when the compiled copy replaces it.
+SLOW_COMPILE_BOOT = """
+import os, time
+if os.access(os.path.dirname(os.path.abspath(__file__)), os.W_OK):
+    time.sleep(6)
+"""
+# Whether the run imported the package from a compiled environment (its bytecode is there).
+COMPILED_PROBE = "import os, snakebox_slow_compile as m\nprint(os.path.exists(m.__cached__))"
+
+
+async def test_runs_are_forked_across_the_publish_of_an_environments_compiled_copy(
+    snakebox_bin, data_dir, tmp_path_factory
+):
+    """A new environment is published before it is byte-compiled, and the compiled copy
+    replaces it in the background. A fork server of the copy is started before the copy is
+    published and takes over at once: every run is forked, from the first directory until the
+    publish and from the compiled copy right after it (before, the runs after the publish
+    started cold until a new fork server was ready)."""
+    from test_caller_code import SimpleIndex, pack_wheel
+
+    package = "snakebox-slow-compile"
+    module = package.replace("-", "_")
+    wheel = pack_wheel(
+        tmp_path_factory.mktemp("slow-compile"),
+        package,
+        {
+            f"{module}/__init__.py": b"VALUE = 1\n",
+            f"_{module}_boot.py": SLOW_COMPILE_BOOT.encode(),
+            f"{module}.pth": f"import _{module}_boot\n".encode(),
+        },
+    )
+    index = SimpleIndex(wheel, package)
+    deps = [f"{package}==1.0"]
+
+    async def forked_probe(client) -> str:
+        before = await pool_state(client)
+        data, _, _ = await call(client, "execute_python", script=COMPILED_PROBE, dependencies=deps)
+        after = await pool_state(client)
+        assert data["status"] == "ok", data
+        assert after["cold_starts"] == before["cold_starts"], (data["stdout"], before, after)
+        assert after["forked"] == before["forked"] + 1, (data["stdout"], before, after)
+        return data["stdout"]
+
+    async def compiled(client) -> int:
+        report, _, _ = await call(client, "check_environment")
+        return report["cache"]["compilation"]["completed"]
+
+    try:
+        async with connect(snakebox_bin, data_dir, "legacy", env={"UV_INDEX_URL": index.url}) as client:
+            data, _, _ = await call(client, "execute_python", script=COMPILED_PROBE, dependencies=deps, timeout_seconds=120)
+            assert data["status"] == "ok" and data["stdout"] == "False\n", data  # published uncompiled
+            with anyio.fail_after(60):
+                while (await pool_state(client))["fork_servers"] < 1:
+                    await anyio.sleep(0.1)
+            assert await compiled(client) == 0, "compiled before its fork server served"
+            # Until the publish: forked from the first directory.
+            seen = []
+            with anyio.fail_after(120):
+                while await compiled(client) == 0:
+                    seen.append(await forked_probe(client))
+                    await anyio.sleep(0.2)
+            assert set(seen) <= {"False\n"} and seen, seen
+            # Right after it: forked from the compiled copy.
+            for _ in range(3):
+                assert await forked_probe(client) == "True\n"
+            assert (await pool_state(client))["fork_servers"] == 1
+    finally:
+        index.close()
+
+
 async def test_consecutive_forked_runs_share_nothing(snakebox_bin, data_dir):
     async with connect(snakebox_bin, data_dir, "legacy") as client:
         await wait_forking(client)

@@ -25,8 +25,12 @@
 //! interpreter start, which is what lets two cores serve well over a hundred runs a second,
 //! and imports nothing twice. While a fork server serves an environment, no pooled
 //! sandboxes are kept for it; if it stops, it is restarted (after [`RETRY_AFTER`] when a
-//! start failed) and the pool covers the gap.
+//! start failed) and the pool covers the gap. When the environment's directory is replaced
+//! by its byte-compiled copy, a fork server of the copy is started before the swap and takes
+//! over right after it ([`Engine::fork_servers_of_copy`]); a fork server of a directory that
+//! was replaced otherwise goes at the next claim and the refill starts one.
 
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -111,7 +115,7 @@ pub(crate) struct Forking {
     key: Key,
     root: Option<(u64, u64)>,
     /// Holds the environment's lease while it serves.
-    _environment: Environment,
+    environment: Environment,
 }
 
 /// How a call is started (see [`WarmPool::claim`]).
@@ -494,7 +498,8 @@ impl Engine {
             if let Some(target) = pool.fork_wanted() {
                 let engine = Arc::clone(&self);
                 let started =
-                    tokio::task::spawn_blocking(move || engine.start_fork_server(&target)).await;
+                    tokio::task::spawn_blocking(move || engine.start_fork_server(&target, None))
+                        .await;
                 let mut inner = pool.lock();
                 match started {
                     Ok(Ok(forking)) => {
@@ -601,15 +606,86 @@ impl Engine {
         self.pool.fork_prepared.store(true, Ordering::SeqCst);
     }
 
-    /// Start the fork server for `target` (blocking: it waits until the server is ready).
-    fn start_fork_server(&self, target: &Target) -> Result<Forking, String> {
+    /// Fork servers of the compiled copy of the environment under `key`, at `copy`, for each
+    /// of its fork servers running now (see [`snakebox_env::EnvCache::complete`]): started
+    /// before the copy takes the environment's place, so that the runs after the publish are
+    /// forked at once from servers that see the copy, instead of starting cold until the
+    /// refill task has started new ones. Hand them to [`Engine::adopt_fork_servers`] once
+    /// the copy is published.
+    pub(crate) async fn fork_servers_of_copy(
+        self: &Arc<Self>,
+        key: &str,
+        copy: PathBuf,
+    ) -> Vec<Forking> {
+        let targets: Vec<Target> = self
+            .pool
+            .lock()
+            .forks
+            .iter()
+            .filter(|f| f.key.environment == key && f.server.is_alive())
+            .map(|f| Target {
+                key: f.key.clone(),
+                environment: f.environment.clone(),
+            })
+            .collect();
+        let mut started = Vec::new();
+        for target in targets {
+            let engine = Arc::clone(self);
+            let copy = copy.clone();
+            match tokio::task::spawn_blocking(move || {
+                engine.start_fork_server(&target, Some(&copy))
+            })
+            .await
+            {
+                Ok(Ok(forking)) => started.push(forking),
+                Ok(Err(message)) => {
+                    tracing::warn!(%key, %message, "could not start a fork server of the compiled copy; runs start cold until the refill starts one");
+                }
+                Err(err) => {
+                    tracing::warn!(%key, error = %err, "starting a fork server of the compiled copy failed")
+                }
+            }
+        }
+        started
+    }
+
+    /// Put fork servers of a just-published environment (see
+    /// [`Engine::fork_servers_of_copy`]) in the place of those of the directory it replaced.
+    pub(crate) fn adopt_fork_servers(&self, forkings: Vec<Forking>) {
+        let mut replaced = Vec::new();
+        {
+            let mut inner = self.pool.lock();
+            for forking in forkings {
+                let (old, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut inner.forks)
+                    .into_iter()
+                    .partition(|f| f.key == forking.key);
+                inner.forks = kept;
+                replaced.extend(old);
+                inner.forks.push(Arc::new(forking));
+            }
+        }
+        // Stopped outside the lock.
+        drop(replaced);
+    }
+
+    /// Start the fork server for `target` (blocking: it waits until the server is ready); with
+    /// `copy`, of that copy of the environment's directory, mounted in its place.
+    fn start_fork_server(&self, target: &Target, copy: Option<&Path>) -> Result<Forking, String> {
         let sandbox = self.sandbox.as_ref().map_err(|m| m.message.clone())?;
         let mut spec = self.fork_server_spec(&target.environment);
         let key = &target.environment.key;
         if self.pool.lock().no_preload.contains(key) {
             spec.preload.clear();
         }
-        let root = dir_id(&target.environment.root);
+        if let Some(copy) = copy {
+            for mount in &mut spec.policy.mounts {
+                if mount.host == target.environment.root {
+                    mount.host = copy.to_path_buf();
+                }
+            }
+        }
+        // The directory's (device, inode): a copy keeps it when it takes the environment's place.
+        let root = dir_id(copy.unwrap_or(&target.environment.root));
         let server = sandbox.start_fork_server(&spec).map_err(|err| {
             let mut message = crate::describe(&err);
             if !spec.preload.is_empty() {
@@ -624,7 +700,7 @@ impl Engine {
             server,
             key: target.key.clone(),
             root,
-            _environment: target.environment.clone(),
+            environment: target.environment.clone(),
         })
     }
 

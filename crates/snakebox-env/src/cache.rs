@@ -1056,18 +1056,31 @@ impl EnvCache {
     /// step (`RENAME_EXCHANGE`) with a manifest saying `compiled`. Runs never see the copy
     /// (they mount the published environment, read-only, and keep the one they mounted), so
     /// nothing a run does can end up in it. Returns whether a compiled copy was published
-    /// (`false`: nothing to do, or the environment was replaced or removed meanwhile).
+    /// (`None`: nothing to do, or the environment was replaced or removed meanwhile).
+    ///
+    /// `before_publish` is given the checked copy's directory just before it takes the
+    /// environment's place (what it starts from the copy, a fork server say, is ready when
+    /// runs see the copy); what it returns comes back with a copy that was published.
     ///
     /// # Errors
     /// When the copy fails its checks or a step fails; the copy is then discarded and the
     /// published environment stays as it was (verified, not compiled).
-    pub async fn complete(&self, interpreter: &Interpreter, key: &str) -> Result<bool, EnvError> {
-        let result = self.complete_copy(interpreter, key).await;
+    pub async fn complete<T, F, Fut>(
+        &self,
+        interpreter: &Interpreter,
+        key: &str,
+        before_publish: F,
+    ) -> Result<Option<T>, EnvError>
+    where
+        F: FnOnce(PathBuf) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
+        let result = self.complete_copy(interpreter, key, before_publish).await;
         let mut book = self.compiles.lock().unwrap_or_else(PoisonError::into_inner);
         book.stats.pending = book.stats.pending.saturating_sub(1);
         match &result {
-            Ok(true) => book.stats.completed += 1,
-            Ok(false) => {}
+            Ok(Some(_)) => book.stats.completed += 1,
+            Ok(None) => {}
             Err(err) => {
                 book.stats.failed += 1;
                 book.stats.last_failure = Some(err.to_string());
@@ -1076,14 +1089,23 @@ impl EnvCache {
         result
     }
 
-    async fn complete_copy(&self, interpreter: &Interpreter, key: &str) -> Result<bool, EnvError> {
+    async fn complete_copy<T, F, Fut>(
+        &self,
+        interpreter: &Interpreter,
+        key: &str,
+        before_publish: F,
+    ) -> Result<Option<T>, EnvError>
+    where
+        F: FnOnce(PathBuf) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
         let started = std::time::Instant::now();
         let dir = self.envs_dir().join(key);
         let Some(published) = self.existing(key, &dir).await else {
-            return Ok(false);
+            return Ok(None);
         };
         if published.compiled || !published.verified {
-            return Ok(false);
+            return Ok(None);
         }
         self.prepare_dirs()?;
         let build = tempfile::Builder::new()
@@ -1096,9 +1118,17 @@ impl EnvCache {
             pinned: published.pinned,
         };
         let result = self
-            .compile_copy_in(&build.0, interpreter, key, &dir, &published, &set)
+            .compile_copy_in(
+                &build.0,
+                interpreter,
+                key,
+                &dir,
+                &published,
+                &set,
+                before_publish,
+            )
             .await;
-        if result.as_ref().is_ok_and(|placed| *placed) {
+        if result.as_ref().is_ok_and(Option::is_some) {
             tracing::info!(%key, elapsed_ms = started.elapsed().as_millis(), "compiled environment published");
         }
         // Judged before the copy is removed (that frees the space it took).
@@ -1108,7 +1138,8 @@ impl EnvCache {
     }
 
     /// [`EnvCache::complete`]'s steps, in `build_dir` (removed by the caller).
-    async fn compile_copy_in(
+    #[allow(clippy::too_many_arguments)]
+    async fn compile_copy_in<T, F, Fut>(
         &self,
         build_dir: &Path,
         interpreter: &Interpreter,
@@ -1116,7 +1147,12 @@ impl EnvCache {
         dir: &Path,
         published: &Arc<Manifest>,
         set: &RequirementSet,
-    ) -> Result<bool, EnvError> {
+        before_publish: F,
+    ) -> Result<Option<T>, EnvError>
+    where
+        F: FnOnce(PathBuf) -> Fut,
+        Fut: std::future::Future<Output = T>,
+    {
         let env_dir = build_dir.join("env");
         let (from, to) = (dir.to_path_buf(), env_dir.clone());
         tokio::task::spawn_blocking(move || link_tree(&from, &to))
@@ -1130,7 +1166,7 @@ impl EnvCache {
             .await
             .is_none_or(|copied| copied.build_id != published.build_id)
         {
-            return Ok(false);
+            return Ok(None);
         }
         let identity = self.installer.package_identity();
         self.compile(&env_dir, &identity, interpreter, set).await?;
@@ -1145,17 +1181,18 @@ impl EnvCache {
             ..(**published).clone()
         };
         write_manifest(&env_dir, &manifest).await?;
+        let prepared = before_publish(env_dir.clone()).await;
         let lock = self.key_lock(key);
         let _placing = lock.lock().await;
         let current = self.existing(key, dir).await;
         if current.is_none_or(|current| current.build_id != published.build_id) {
-            return Ok(false);
+            return Ok(None);
         }
         if !self.place(&env_dir, dir, Some(published))? {
-            return Ok(false);
+            return Ok(None);
         }
         self.remember(key, Arc::new(manifest));
-        Ok(true)
+        Ok(Some(prepared))
     }
 
     /// Steps 3 and 4 of a build (and of a compiled copy): the environment ours again (neither
