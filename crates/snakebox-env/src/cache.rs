@@ -1117,17 +1117,19 @@ impl EnvCache {
             lines: published.requirements.clone(),
             pinned: published.pinned,
         };
-        let result = self
-            .compile_copy_in(
-                &build.0,
-                interpreter,
-                key,
-                &dir,
-                &published,
-                &set,
-                before_publish,
-            )
-            .await;
+        let result = match self
+            .compile_copy_in(&build.0, interpreter, &dir, &published, &set)
+            .await
+        {
+            Ok(Some((copy, manifest))) => {
+                let prepared = before_publish(copy.clone()).await;
+                self.publish_copy(key, &dir, &published, &copy, manifest)
+                    .await
+                    .map(|placed| placed.then_some(prepared))
+            }
+            Ok(None) => Ok(None),
+            Err(err) => Err(err),
+        };
         if result.as_ref().is_ok_and(Option::is_some) {
             tracing::info!(%key, elapsed_ms = started.elapsed().as_millis(), "compiled environment published");
         }
@@ -1137,22 +1139,17 @@ impl EnvCache {
         result
     }
 
-    /// [`EnvCache::complete`]'s steps, in `build_dir` (removed by the caller).
-    #[allow(clippy::too_many_arguments)]
-    async fn compile_copy_in<T, F, Fut>(
+    /// [`EnvCache::complete`]'s steps up to a sealed copy in `build_dir` (removed by the
+    /// caller): the copy's directory and its manifest, or `None` when the environment
+    /// changed meanwhile.
+    async fn compile_copy_in(
         &self,
         build_dir: &Path,
         interpreter: &Interpreter,
-        key: &str,
         dir: &Path,
         published: &Arc<Manifest>,
         set: &RequirementSet,
-        before_publish: F,
-    ) -> Result<Option<T>, EnvError>
-    where
-        F: FnOnce(PathBuf) -> Fut,
-        Fut: std::future::Future<Output = T>,
-    {
+    ) -> Result<Option<(PathBuf, Manifest)>, EnvError> {
         let env_dir = build_dir.join("env");
         let (from, to) = (dir.to_path_buf(), env_dir.clone());
         tokio::task::spawn_blocking(move || link_tree(&from, &to))
@@ -1181,18 +1178,30 @@ impl EnvCache {
             ..(**published).clone()
         };
         write_manifest(&env_dir, &manifest).await?;
-        let prepared = before_publish(env_dir.clone()).await;
+        Ok(Some((env_dir, manifest)))
+    }
+
+    /// The last of [`EnvCache::complete`]'s steps: the sealed `copy` in the place of the
+    /// environment it was made from, unless that was replaced meanwhile (`false`).
+    async fn publish_copy(
+        &self,
+        key: &str,
+        dir: &Path,
+        published: &Arc<Manifest>,
+        copy: &Path,
+        manifest: Manifest,
+    ) -> Result<bool, EnvError> {
         let lock = self.key_lock(key);
         let _placing = lock.lock().await;
         let current = self.existing(key, dir).await;
         if current.is_none_or(|current| current.build_id != published.build_id) {
-            return Ok(None);
+            return Ok(false);
         }
-        if !self.place(&env_dir, dir, Some(published))? {
-            return Ok(None);
+        if !self.place(copy, dir, Some(published))? {
+            return Ok(false);
         }
         self.remember(key, Arc::new(manifest));
-        Ok(Some(prepared))
+        Ok(true)
     }
 
     /// Steps 3 and 4 of a build (and of a compiled copy): the environment ours again (neither
