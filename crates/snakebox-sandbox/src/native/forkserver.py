@@ -13,11 +13,12 @@ run's own, sent with the request).
 
 It imports the run module once (the slow part of a cold start), what the module's path imports
 lazily (a pass of it, `warm_up`) and the top-level modules of the distributions named in
-SNAKEBOX_PRELOAD (the environment's declared packages, see `_preload`), then waits for requests on a private SEQPACKET socket. A request is `fork <n> <json>` (the
-JSON holds no run's data: the fresh `/tmp` and `/dev/shm` sizes and the per-user counter
-shares) with a socket of the run's own and the `cgroup.procs` files of a cgroup the server made
-for it attached. For each, the fork server clones the run's pid 1 straight into a new user
-and pid namespace (no process in between: `_clone`). Pid 1:
+SNAKEBOX_PRELOAD (the environment's declared packages, see `_preload`), then waits for
+requests on a private SEQPACKET socket. A request is `fork <n> <json>` (the JSON holds no
+run's data: the fresh `/tmp` and `/dev/shm` sizes and the per-user counter shares) with a
+socket of the run's own and the `cgroup.procs` files of a cgroup the server made for it
+attached. For each, the fork server clones the run's pid 1 straight into a new user and pid
+namespace (no process in between: `_clone`). Pid 1:
 
 1. joins its cgroups, makes its mount, network, ipc, uts and cgroup namespaces there (their
    cost is the run's, not the fork server's), and maps only its own uid (as 65534);
@@ -36,9 +37,9 @@ and pid namespace (no process in between: `_clone`). Pid 1:
    as detached mounts. A child made ahead of its request waits here (a pre-forked child, the
    server's `--prefork`), after a pass of the run module's own path on a fixed snippet
    (`warm_up`: the pages a run would copy from the fork server are copied while it waits);
-   one made for a run that came gets it at once. The server hands the
-   run to pid 2 directly, so the fork server is not on the run's path at all. One whose socket
-   closes before a run arrives (the server dropped it) exits without running anything;
+   one made for a run that came gets it at once. The server hands the run to pid 2
+   directly, so the fork server is not on the run's path at all. One whose socket closes
+   before a run arrives (the server dropped it) exits without running anything;
 5. pid 2 tells pid 1 it took a run (a pipe), attaches the run's directories, sets the run's
    rlimits and stdio, drops every capability, installs the run's seccomp programs (on top of
    the fork server's own), closes its socket and every other descriptor, and runs the code;
