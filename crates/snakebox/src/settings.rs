@@ -546,6 +546,10 @@ fn resolve_profiles(
         if table.max_output_bytes.is_some_and(|bytes| bytes < 1024) {
             bail!("{} must be at least 1024", what("max_output_bytes"));
         }
+        if let Some(count) = table.processes {
+            parse_process_limit(&count.to_string())
+                .with_context(|| format!("invalid {}", what("processes")))?;
+        }
         let profile = Profile {
             name: name.clone(),
             description: table.description.unwrap_or(base.description),
@@ -790,8 +794,11 @@ fn resolve_limits(
         )?;
     }
     if let Some(text) = text_or(args.max_processes.as_ref(), file.processes) {
-        config.max_processes =
-            optional(&text, "--max-processes (`[limits] processes`)", parse_count)?;
+        config.max_processes = optional(
+            &text,
+            "--max-processes (`[limits] processes`)",
+            parse_process_limit,
+        )?;
     }
     if let Some(text) = text_or(args.cpu_limit.as_ref(), file.cpu_seconds) {
         config.cpu_time = optional(&text, "--cpu-limit (`[limits] cpu_seconds`)", parse_count)?
@@ -1278,6 +1285,22 @@ fn parse_count(text: &str) -> anyhow::Result<u64> {
     })
 }
 
+/// The fewest processes a run can have: the runner and its reaper (which reports how the run
+/// ended); with fewer, no sandbox starts and bubblewrap's own error says only `Resource
+/// temporarily unavailable`.
+const MIN_PROCESSES: u64 = 2;
+
+/// A process limit: a count of at least [`MIN_PROCESSES`].
+fn parse_process_limit(text: &str) -> anyhow::Result<u64> {
+    let count = parse_count(text)?;
+    if count < MIN_PROCESSES {
+        bail!(
+            "a run needs at least {MIN_PROCESSES} processes (the runner and the reaper that reports how it ended), got {count}\nhint: give {MIN_PROCESSES} or more, and more for a script that starts processes of its own (the default is 128; `unlimited` for none)"
+        );
+    }
+    Ok(count)
+}
+
 /// A size (`1024`, `512K`, `64MiB`, `1.5G`; see [`snakebox_engine::parse_size`]).
 pub(crate) fn parse_size(text: &str) -> anyhow::Result<u64> {
     snakebox_engine::parse_size(text)
@@ -1394,6 +1417,7 @@ mod tests {
             && config.default_timeout == Duration::from_secs(10)
             && config.memory_bytes == Some(256 << 20)
             && config.max_processes.is_none(),
+        two_processes: "[limits]\nprocesses = 2\n" => |config| config.max_processes == Some(2),
         sizes_may_be_numbers: "[limits]\nmemory = 134217728\n" => |config| config.memory_bytes == Some(128 << 20),
         cores_may_be_fractions: "[limits]\ncpu_cores = 1.5\n" => |config| config.cpu_millicores == Some(1500),
         cores_may_be_whole: "[limits]\ncpu_cores = 2\n" => |config| config.cpu_millicores == Some(2000),
@@ -1495,6 +1519,8 @@ network = \"off\"
         profile_network_choice: "[profiles.x]\nnetwork = \"sometimes\"\n" => ["`[profiles.x] network` `sometimes`", "hint"],
         profile_memory_too_small: "[profiles.x]\nmemory = \"1MiB\"\n" => ["invalid `[profiles.x] memory`: `1MiB` is below 16MiB, too little for Python to start", "hint: give 16MiB or more"],
         profile_name: "[profiles.Big]\n" => ["invalid profile name `[profiles.Big]`", "hint"],
+        one_process: "[limits]\nprocesses = 1\n" => ["invalid --max-processes (`[limits] processes`) value", "a run needs at least 2 processes", "got 1", "hint: give 2 or more"],
+        profile_one_process: "[profiles.x]\nprocesses = 1\n" => ["invalid `[profiles.x] processes`", "a run needs at least 2 processes", "hint"],
         frame_limit_below_the_script_limit: "[server]\nmax_frame_bytes = \"1MiB\"\n[limits]\nmax_script_bytes = \"2MiB\"\n" => ["leaves no room for a script", "hint"],
     }
 
