@@ -153,6 +153,21 @@ struct Inner {
     no_preload: std::collections::HashSet<String>,
 }
 
+impl Inner {
+    /// Make `forking` the fork server of its key: the ones it replaces are returned (to be
+    /// stopped outside the lock), and the key's pooled sandboxes are no longer needed.
+    fn install_fork_server(&mut self, forking: Forking) -> Vec<Arc<Forking>> {
+        self.ready.retain(|w| w.key != forking.key);
+        let (replaced, kept) = std::mem::take(&mut self.forks)
+            .into_iter()
+            .partition(|f| f.key == forking.key);
+        self.forks = kept;
+        self.forks.push(Arc::new(forking));
+        self.fork_error = None;
+        replaced
+    }
+}
+
 /// The pool's state (see the module documentation).
 pub(crate) struct WarmPool {
     size: usize,
@@ -500,23 +515,23 @@ impl Engine {
                 let started =
                     tokio::task::spawn_blocking(move || engine.start_fork_server(&target, None))
                         .await;
-                let mut inner = pool.lock();
-                match started {
-                    Ok(Ok(forking)) => {
-                        // Its pooled sandboxes are no longer needed.
-                        inner.ready.retain(|w| w.key != forking.key);
-                        inner.forks.retain(|f| f.key != forking.key);
-                        inner.forks.push(Arc::new(forking));
-                        inner.fork_error = None;
+                let replaced = {
+                    let mut inner = pool.lock();
+                    match started {
+                        Ok(Ok(forking)) => inner.install_fork_server(forking),
+                        Ok(Err(message)) => {
+                            tracing::warn!(%message, "could not start a fork server; the warm pool serves instead");
+                            inner.fork_error = Some((message, std::time::Instant::now()));
+                            Vec::new()
+                        }
+                        Err(err) => {
+                            inner.fork_error = Some((err.to_string(), std::time::Instant::now()));
+                            Vec::new()
+                        }
                     }
-                    Ok(Err(message)) => {
-                        tracing::warn!(%message, "could not start a fork server; the warm pool serves instead");
-                        inner.fork_error = Some((message, std::time::Instant::now()));
-                    }
-                    Err(err) => {
-                        inner.fork_error = Some((err.to_string(), std::time::Instant::now()));
-                    }
-                }
+                };
+                // Stopped outside the lock.
+                drop(replaced);
                 continue;
             }
             let Some(target) = pool.wanted() else {
@@ -652,18 +667,13 @@ impl Engine {
     /// Put fork servers of a just-published environment (see
     /// [`Engine::fork_servers_of_copy`]) in the place of those of the directory it replaced.
     pub(crate) fn adopt_fork_servers(&self, forkings: Vec<Forking>) {
-        let mut replaced = Vec::new();
-        {
+        let replaced: Vec<Arc<Forking>> = {
             let mut inner = self.pool.lock();
-            for forking in forkings {
-                let (old, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut inner.forks)
-                    .into_iter()
-                    .partition(|f| f.key == forking.key);
-                inner.forks = kept;
-                replaced.extend(old);
-                inner.forks.push(Arc::new(forking));
-            }
-        }
+            forkings
+                .into_iter()
+                .flat_map(|forking| inner.install_fork_server(forking))
+                .collect()
+        };
         // Stopped outside the lock.
         drop(replaced);
     }
