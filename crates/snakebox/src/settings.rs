@@ -534,7 +534,6 @@ fn resolve_profiles(
         for (key, value) in [
             ("timeout", table.timeout),
             ("cpu_seconds", table.cpu_seconds),
-            ("processes", table.processes),
         ] {
             if value == Some(0) {
                 bail!(
@@ -547,8 +546,7 @@ fn resolve_profiles(
             bail!("{} must be at least 1024", what("max_output_bytes"));
         }
         if let Some(count) = table.processes {
-            parse_process_limit(&count.to_string())
-                .with_context(|| format!("invalid {}", what("processes")))?;
+            check_process_limit(count).with_context(|| format!("invalid {}", what("processes")))?;
         }
         let profile = Profile {
             name: name.clone(),
@@ -1292,10 +1290,14 @@ const MIN_PROCESSES: u64 = 2;
 
 /// A process limit: a count of at least [`MIN_PROCESSES`].
 fn parse_process_limit(text: &str) -> anyhow::Result<u64> {
-    let count = parse_count(text)?;
+    check_process_limit(parse_count(text)?)
+}
+
+/// `count`, if a run can start under it (the server's limit or a profile's).
+fn check_process_limit(count: u64) -> anyhow::Result<u64> {
     if count < MIN_PROCESSES {
         bail!(
-            "a run needs at least {MIN_PROCESSES} processes (the runner and the reaper that reports how it ended), got {count}\nhint: give {MIN_PROCESSES} or more, and more for a script that starts processes of its own (the default is 128; `unlimited` for none)"
+            "a run needs at least {MIN_PROCESSES} processes (the runner and the reaper that reports how it ended), got {count}\nhint: give {MIN_PROCESSES} or more (more for a script that starts processes of its own), or leave the limit out"
         );
     }
     Ok(count)
@@ -1521,6 +1523,7 @@ network = \"off\"
         profile_name: "[profiles.Big]\n" => ["invalid profile name `[profiles.Big]`", "hint"],
         one_process: "[limits]\nprocesses = 1\n" => ["invalid --max-processes (`[limits] processes`) value", "a run needs at least 2 processes", "got 1", "hint: give 2 or more"],
         profile_one_process: "[profiles.x]\nprocesses = 1\n" => ["invalid `[profiles.x] processes`", "a run needs at least 2 processes", "hint"],
+        profile_no_process: "[profiles.x]\nprocesses = 0\n" => ["invalid `[profiles.x] processes`", "a run needs at least 2 processes", "got 0", "hint"],
         frame_limit_below_the_script_limit: "[server]\nmax_frame_bytes = \"1MiB\"\n[limits]\nmax_script_bytes = \"2MiB\"\n" => ["leaves no room for a script", "hint"],
     }
 
