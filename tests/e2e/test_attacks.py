@@ -607,13 +607,7 @@ async def test_R17_zombies_are_bounded_and_reaped(snakebox_bin, data_dir, canari
         except OSError as e:
             report(fork_error=e.errno); break
     time.sleep(0.5)
-    z = 0
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                if open(f"/proc/{p}/stat").read().rsplit(") ", 1)[1][0] == "Z": z += 1
-            except OSError: pass
-    report(forked=n, zombies=z)
+    report(forked=n, zombies=zombies())
     """
     async with server(snakebox_bin, data_dir, canaries, "--max-processes", "64") as client:
         run = await attack(client, canaries, body, timeout=10)
@@ -629,14 +623,6 @@ async def test_R17_orphans_are_reaped_by_the_sandboxs_init(snakebox_bin, data_di
     # every 20 orphans the script waits (at most 3 s) until no zombie is left.
     body = """
     import time
-    def zombies():
-        n = 0
-        for p in os.listdir("/proc"):
-            if p.isdigit():
-                try:
-                    if open(f"/proc/{p}/stat").read().rsplit(") ", 1)[1][0] == "Z": n += 1
-                except OSError: pass
-        return n
     made = 0
     for _ in range(300):
         try:
