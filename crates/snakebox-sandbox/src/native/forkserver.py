@@ -25,13 +25,16 @@ namespace (no process in between: `_clone`). Pid 1:
 2. mounts fresh size-capped /tmp and /dev/shm, a devpts instance of its own, a fresh /proc
    with bubblewrap's read-only covers, sets the run's share of per-user kernel counters and
    brings up loopback;
-3. forks pid 2, the run's process, and from then on only reaps, handling no signal (as the
+3. installs the run's seccomp programs but for the two calls pid 2 still needs to attach the
+   run's directories (`mount`, `move_mount`): installed once here, they are pid 2's too;
+4. forks pid 2, the run's process, and from then on only reaps, handling no signal (as the
    namespace's init, it then gets none from the run's processes):
-   before any code of a run runs in pid 2 it drops every capability, installs the run's
-   seccomp programs, closes every descriptor but its socket and makes itself not dumpable (no
+   before any code of a run runs in pid 2 it drops every capability, installs the seal (the
+   program that refuses those two calls as a run's programs do: with it, a run's programs
+   are complete), closes every descriptor but its socket and makes itself not dumpable (no
    process of the run may trace it or write its memory); pid 2 waits for the end of a pipe
    whose write end pid 1 closes last;
-4. pid 2 waits on the socket for its run, having seen nothing of any run: a message `run`
+5. pid 2 waits on the socket for its run, having seen nothing of any run: a message `run`
    with the run's stdout, stderr and control channel, a memfd holding the run's request
    (JSON: the fork server's own memory never holds any run's data) and the run's directories
    as detached mounts. A child made ahead of its request waits here (a pre-forked child, the
@@ -40,10 +43,11 @@ namespace (no process in between: `_clone`). Pid 1:
    one made for a run that came gets it at once. The server hands the run to pid 2
    directly, so the fork server is not on the run's path at all. One whose socket closes
    before a run arrives (the server dropped it) exits without running anything;
-5. pid 2 tells pid 1 it took a run (a pipe), attaches the run's directories, sets the run's
-   rlimits and stdio, drops every capability, installs the run's seccomp programs (on top of
-   the fork server's own), closes its socket and every other descriptor, and runs the code;
-6. pid 1 reports the run's end on the socket: `exit <status>`, as soon as pid 2 says its exit
+6. pid 2 tells pid 1 it took a run (a pipe), attaches the run's directories, sets the run's
+   rlimits and stdio, drops every capability, installs the seal (the run's seccomp programs,
+   on top of the fork server's own, are then complete), closes its socket and every other
+   descriptor, and runs the code;
+7. pid 1 reports the run's end on the socket: `exit <status>`, as soon as pid 2 says its exit
    code while it exits (the runner's end, `_finish`: a queued signal, `SIG_END`, whose value is
    the code; the two exits then overlap instead of following each other), else pid 2's wait
    status once it is reaped (an `os._exit`, an `exec`, a death by signal), if it took a run;
@@ -298,7 +302,11 @@ class ForkServer:
         os.close(sock_fd)
         os.set_inheritable(fd, False)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=fd)
-        self.programs = _load_programs(program_fds)
+        # A run's programs, in two parts (the server's `ForkedRunPrograms`): what pid 1
+        # installs before it forks pid 2, and what seals the attaching calls once each of the
+        # two has no more use for them.
+        self.programs = _load_programs(program_fds[:2])
+        self.seal = _load_programs(program_fds[2:])
         self.children = {}
         import importlib.util
 
@@ -404,6 +412,9 @@ class ForkServer:
             self.prepare(spec["tmpfs"], spec["user_limits"])
             # The run's session and process group are pid 1's, as under bubblewrap's init.
             os.setsid()
+            # A run's programs but for the calls that attach its directories: pid 2
+            # inherits them (the kernel compiles them once per run, not once in each).
+            self.install(self.programs)
             taken_r, taken_w = os.pipe()
             confined_r, confined_w = os.pipe()
             pid = os.fork()
@@ -424,21 +435,22 @@ class ForkServer:
 
     def confine_init(self, keep):
         """Pid 1, once pid 2 is forked, needs nothing but to reap and report: it gives up
-        everything else (no capabilities, the run's seccomp programs, no descriptor but
-        `keep`), and no process of the run may trace it or write its memory (not dumpable).
+        everything else (no capabilities, the seal that completes the run's seccomp programs,
+        no descriptor but `keep`), and no process of the run may trace it or write its memory
+        (not dumpable).
         The descriptors go last: among them the write end of the pipe pid 2 waits on before
         it runs any code of its run, so a run never sees pid 1 holding more than itself. (Not
         dumpable comes first anyway: until then it holds capabilities pid 2's code does not
         have, which already keeps that code from tracing it.)"""
         _prctl(PR_SET_DUMPABLE, 0)
         _drop_capabilities()
-        self.load_programs()
+        self.install(self.seal)
         _close_all_but(keep)
 
-    def load_programs(self):
-        """No new privileges, and the run's seccomp programs (on top of the fork server's)."""
+    def install(self, programs):
+        """No new privileges, and seccomp `programs` (on top of those installed already)."""
         _prctl(PR_SET_NO_NEW_PRIVS, 1)
-        for _, program in self.programs:
+        for _, program in programs:
             _check(
                 _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(program), 0, 0),
                 "seccomp",
@@ -515,8 +527,8 @@ class ForkServer:
 
     def setup(self, request, fds):
         """Pid 2's setup once its run is known: the run's directories, stdio, no capabilities,
-        the run's seccomp programs, no other descriptor (its socket to the server included:
-        pid 1 reports the run's end)."""
+        the seal that completes the run's seccomp programs (the rest came from pid 1), no other
+        descriptor (its socket to the server included: pid 1 reports the run's end)."""
         stdout, stderr, control = fds[0], fds[1], fds[2]
         mount_fds = fds[4 : 4 + int(request["mounts"])]
         for fd, (target, writable) in zip(mount_fds, request["targets"]):
@@ -532,7 +544,7 @@ class ForkServer:
                 os.close(fd)
         _drop_capabilities()
         os.chdir(request["cwd"])
-        self.load_programs()
+        self.install(self.seal)
         _close_all_but((0, 1, 2, 3))
 
 

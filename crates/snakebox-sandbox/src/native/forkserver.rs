@@ -311,16 +311,20 @@ impl NativeBackend {
             writable: false,
         });
         let inside = Path::new(FILES_INSIDE);
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "-s".into(),
+            inside.join("forkserver.py").into_os_string(),
+            policy::CONTROL_FD.to_string().into(),
+            inside.join("module.py").into_os_string(),
+        ];
+        args.extend(
+            policy::FORKED_RUN_PROGRAM_FDS
+                .iter()
+                .map(|fd| fd.to_string().into()),
+        );
         let command = crate::SandboxCommand {
             program: spec.python.clone(),
-            args: vec![
-                "-s".into(),
-                inside.join("forkserver.py").into_os_string(),
-                policy::CONTROL_FD.to_string().into(),
-                inside.join("module.py").into_os_string(),
-                policy::RUN_SECCOMP_EPERM_FD.to_string().into(),
-                policy::RUN_SECCOMP_ENOSYS_FD.to_string().into(),
-            ],
+            args,
             control_channel: false,
             init: false,
         };

@@ -32,9 +32,8 @@ use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
 
 use self::policy::{
-    ARGS_FD, CONTROL_FD, GROUP, GROUP_FD, HOSTS, HOSTS_FD, INFO_FD, PASSWD, PASSWD_FD,
-    RUN_SECCOMP_ENOSYS_FD, RUN_SECCOMP_EPERM_FD, SANDBOX_GID, SANDBOX_UID, SECCOMP_ENOSYS_FD,
-    SECCOMP_EPERM_FD, SystemView,
+    ARGS_FD, CONTROL_FD, FORKED_RUN_PROGRAM_FDS, GROUP, GROUP_FD, HOSTS, HOSTS_FD, INFO_FD, PASSWD,
+    PASSWD_FD, SANDBOX_GID, SANDBOX_UID, SECCOMP_ENOSYS_FD, SECCOMP_EPERM_FD, SystemView,
 };
 use crate::cgroup::{CgroupSet, RunCgroup};
 use crate::child::{ChildPlan, StagedMount, Staging, memfd_with, pipe, raise_fd, rlimits_for};
@@ -67,6 +66,10 @@ pub(crate) struct NativeBackend {
     /// The fork server's own programs (see [`seccomp::Holder::ForkServer`]).
     fork_server_eperm: Vec<u8>,
     fork_server_enosys: Vec<u8>,
+    /// A run's programs as a fork server installs them in each run it forks (before and
+    /// after its directories are attached; see [`seccomp::ForkedRunPrograms`]), in the
+    /// order of the descriptors they are handed over at ([`policy::FORKED_RUN_PROGRAM_FDS`]).
+    forked_run_programs: [Vec<u8>; 4],
     /// Whether we switch bwrap to an unprivileged host uid (the server is root).
     drop_privileges: bool,
     staging: Option<PathBuf>,
@@ -176,6 +179,7 @@ impl NativeBackend {
         seccomp_available()?;
         let programs = seccomp::programs(seccomp::Holder::Run)?;
         let fork_server_programs = seccomp::programs(seccomp::Holder::ForkServer)?;
+        let forked = seccomp::forked_run_programs()?;
         let (drop_privileges, staging) = if is_root() {
             let root = PathBuf::from(STAGING_ROOT);
             fs_err::create_dir_all(&root).map_err(|source| NamespaceError::Staging {
@@ -218,6 +222,13 @@ impl NativeBackend {
             seccomp_enosys: seccomp::SeccompPrograms::to_bytes(&programs.enosys),
             fork_server_eperm: seccomp::SeccompPrograms::to_bytes(&fork_server_programs.eperm),
             fork_server_enosys: seccomp::SeccompPrograms::to_bytes(&fork_server_programs.enosys),
+            forked_run_programs: [
+                &forked.before.eperm,
+                &forked.before.enosys,
+                &forked.seal.eperm,
+                &forked.seal.enosys,
+            ]
+            .map(|program| seccomp::SeccompPrograms::to_bytes(program)),
             drop_privileges,
             staging,
             cgroups,
@@ -456,16 +467,13 @@ impl NativeBackend {
         // The sandbox's own programs; a fork server also gets a run's, which it installs in
         // each run it forks (on top of its own).
         let (eperm, enosys) = if zygote.is_some() {
-            map(
-                memfd_with(c"seccomp-eperm", &self.seccomp_eperm).map_err(desc("seccomp"))?,
-                RUN_SECCOMP_EPERM_FD,
-                "seccomp",
-            )?;
-            map(
-                memfd_with(c"seccomp-enosys", &self.seccomp_enosys).map_err(desc("seccomp"))?,
-                RUN_SECCOMP_ENOSYS_FD,
-                "seccomp",
-            )?;
+            for (program, target) in self.forked_run_programs.iter().zip(FORKED_RUN_PROGRAM_FDS) {
+                map(
+                    memfd_with(c"seccomp-run", program).map_err(desc("seccomp"))?,
+                    target,
+                    "seccomp",
+                )?;
+            }
             (&self.fork_server_eperm, &self.fork_server_enosys)
         } else {
             (&self.seccomp_eperm, &self.seccomp_enosys)

@@ -42,12 +42,12 @@ pub(crate) const GROUP_FD: i32 = 9;
 /// `--ro-bind-data` for the synthetic `/etc/hosts`.
 pub(crate) const HOSTS_FD: i32 = 10;
 
-/// A fork server's copy of a run's seccomp programs (guard + EPERM list), which it installs
-/// in each run it forks: its own programs are at [`SECCOMP_EPERM_FD`] and
-/// [`SECCOMP_ENOSYS_FD`], as a run's are.
-pub(crate) const RUN_SECCOMP_EPERM_FD: i32 = 11;
-/// A fork server's copy of a run's ENOSYS program (see [`RUN_SECCOMP_EPERM_FD`]).
-pub(crate) const RUN_SECCOMP_ENOSYS_FD: i32 = 12;
+/// Where a fork server gets a run's seccomp programs, which it installs in each run it forks
+/// (its own programs are at [`SECCOMP_EPERM_FD`] and [`SECCOMP_ENOSYS_FD`], as a run's are):
+/// the EPERM and ENOSYS programs installed before the run's directories are attached, then
+/// the EPERM and ENOSYS programs that seal the attaching calls (see
+/// `seccomp::ForkedRunPrograms`). `forkserver.py` takes them in this order.
+pub(crate) const FORKED_RUN_PROGRAM_FDS: [i32; 4] = [11, 12, 13, 14];
 
 /// Synthetic `/etc/passwd`: the sandbox user only (and root, which some tools look up).
 /// Never the host's file: its user names are not the sandbox's business.

@@ -437,11 +437,62 @@ fn compile(rules: RuleTable, errno: i32) -> Result<BpfProgram, SeccompError> {
 
 /// Compile both programs of `holder` for the architecture we run on.
 pub(crate) fn programs(holder: Holder) -> Result<SeccompPrograms, SeccompError> {
+    assemble(eperm_rules(holder), enosys_rules(holder))
+}
+
+/// The guard and an EPERM list, and an ENOSYS list, compiled.
+fn assemble(
+    eperm_list: RuleTable,
+    enosys_list: RuleTable,
+) -> Result<SeccompPrograms, SeccompError> {
     let (_, audit_arch, _) = target_arch()?;
     let mut eperm = guard(audit_arch);
-    eperm.extend(compile(eperm_rules(holder), libc::EPERM)?);
-    let enosys = compile(enosys_rules(holder), libc::ENOSYS)?;
+    eperm.extend(compile(eperm_list, libc::EPERM)?);
+    let enosys = compile(enosys_list, libc::ENOSYS)?;
     Ok(SeccompPrograms { eperm, enosys })
+}
+
+/// The calls a forked run's pid 2 makes once its request has come, to attach the run's
+/// directories: `move_mount` of the detached mounts and `mount` (to make them nosuid, nodev
+/// and read-only, and for a fresh `/tmp` when the run's size differs). A run's programs
+/// refuse both.
+const ATTACH_CALLS: [i64; 2] = [libc::SYS_mount, MOVE_MOUNT];
+
+/// A run's programs in two parts, for a forked run. Installing a program costs the kernel
+/// time in proportion to its length (it checks and compiles it, then runs it for every
+/// syscall number to cache what it allows), and a program is inherited across `fork`: so the
+/// long part, `before` (a run's programs without [`ATTACH_CALLS`]), is installed once, by
+/// pid 1 before it forks pid 2, and `seal`, which refuses just those calls as a run's
+/// programs do, is installed by each of the two once it has no more use for them (pid 2
+/// after attaching its run's directories, before any code of the run). Together they refuse
+/// exactly what a run's programs refuse (`the_forked_run_split_is_a_runs_programs`).
+#[derive(Debug, Clone)]
+pub(crate) struct ForkedRunPrograms {
+    /// A run's programs but for the attaching calls.
+    pub(crate) before: SeccompPrograms,
+    /// The attaching calls, refused.
+    pub(crate) seal: SeccompPrograms,
+}
+
+/// Compile [`ForkedRunPrograms`] for the architecture we run on.
+pub(crate) fn forked_run_programs() -> Result<ForkedRunPrograms, SeccompError> {
+    let [(_, eperm, eperm_seal), (_, enosys, enosys_seal)] = forked_run_lists();
+    Ok(ForkedRunPrograms {
+        before: assemble(eperm, enosys)?,
+        seal: assemble(eperm_seal, enosys_seal)?,
+    })
+}
+
+/// A run's deny lists, each with its errno, split into what [`ForkedRunPrograms::before`]
+/// and [`ForkedRunPrograms::seal`] refuse.
+fn forked_run_lists() -> [(i32, RuleTable, RuleTable); 2] {
+    deny_lists(Holder::Run).map(|(errno, mut before)| {
+        let seal = ATTACH_CALLS
+            .iter()
+            .filter_map(|nr| before.remove_entry(nr))
+            .collect();
+        (errno, before, seal)
+    })
 }
 
 /// The deny lists of `holder` as data, each with the errno it answers (EPERM, then ENOSYS),
@@ -546,14 +597,20 @@ mod tests {
 
     fn errno_in_child_of(holder: Holder, nr: i64, args: [u64; 4]) -> i32 {
         let p = programs(holder).unwrap();
+        errno_under(&[&p.eperm, &p.enosys], nr, args)
+    }
+
+    /// [`errno_in_child`] with `programs` installed in the child, in this order.
+    fn errno_under(programs: &[&BpfProgram], nr: i64, args: [u64; 4]) -> i32 {
         // SAFETY: the child only makes raw system calls (prctl/seccomp via seccompiler on
         // programs built before fork) and exits with _exit.
         unsafe {
             let pid = libc::fork();
             assert!(pid >= 0);
             if pid == 0 {
-                if seccompiler::apply_filter(&p.eperm).is_err()
-                    || seccompiler::apply_filter(&p.enosys).is_err()
+                if programs
+                    .iter()
+                    .any(|program| seccompiler::apply_filter(program).is_err())
                 {
                     libc::_exit(199);
                 }
@@ -726,6 +783,69 @@ mod tests {
             errno_in_child(MOVE_MOUNT, [u64::MAX, 0, 0, 0]),
             libc::ENOSYS
         );
+    }
+
+    #[test]
+    fn the_forked_run_split_is_a_runs_programs() {
+        let [eperm, enosys] = forked_run_lists();
+        for ((errno, before, seal), (run_errno, run)) in
+            [eperm, enosys].into_iter().zip(deny_lists(Holder::Run))
+        {
+            assert_eq!(errno, run_errno);
+            assert!(
+                seal.keys()
+                    .all(|nr| ATTACH_CALLS.contains(nr) && !before.contains_key(nr))
+            );
+            let mut joined = before;
+            joined.extend(seal);
+            assert_eq!(joined, run, "errno {errno}");
+        }
+        // Each attaching call is sealed (a run's programs refuse both).
+        let sealed: Vec<i64> = forked_run_lists()
+            .iter()
+            .flat_map(|(_, _, seal)| seal.keys().copied())
+            .collect();
+        assert_eq!(sealed.len(), ATTACH_CALLS.len());
+        assert!(ATTACH_CALLS.iter().all(|nr| sealed.contains(nr)));
+
+        // In a child: under `before` alone the attaching calls reach the kernel (an argument
+        // error, never the filter's); with the seal on top they get a run's errnos; the rest of
+        // a run's programs stands either way.
+        let forked = forked_run_programs().unwrap();
+        let before = [&forked.before.eperm, &forked.before.enosys];
+        let sealed = [
+            &forked.before.eperm,
+            &forked.before.enosys,
+            &forked.seal.eperm,
+            &forked.seal.enosys,
+        ];
+        for (nr, args, run_errno) in [
+            (libc::SYS_mount, [1, 1, 1, 0], libc::EPERM),
+            (MOVE_MOUNT, [u64::MAX, 0, 0, 0], libc::ENOSYS),
+        ] {
+            let errno = errno_under(&before, nr, args);
+            assert!(
+                [libc::EFAULT, libc::EINVAL, libc::EBADF].contains(&errno),
+                "syscall {nr}: errno {errno} before the seal"
+            );
+            assert_eq!(errno_under(&sealed, nr, args), run_errno, "syscall {nr}");
+            assert_eq!(errno_in_child(nr, args), run_errno, "syscall {nr}");
+        }
+        for (nr, args, errno) in [
+            (libc::SYS_setns, [u64::MAX, 0, 0, 0], libc::EPERM),
+            (libc::SYS_umount2, [1, 0, 0, 0], libc::EPERM),
+            (
+                libc::SYS_unshare,
+                [FORK_SERVER_UNSHARE, 0, 0, 0],
+                libc::EPERM,
+            ),
+            (OPEN_TREE, [0; 4], libc::ENOSYS),
+            (CLONE3, [1, 88, 0, 0], libc::ENOSYS),
+        ] {
+            assert_eq!(errno_under(&before, nr, args), errno, "syscall {nr}");
+            assert_eq!(errno_under(&sealed, nr, args), errno, "syscall {nr}");
+        }
+        assert_eq!(errno_under(&sealed, libc::SYS_getpid, [0; 4]), 0);
     }
 
     /// The value `forkserver.py` names `name` (a hexadecimal constant at the start of a line).
