@@ -291,22 +291,23 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<()> {
             while !start.script.is_char_boundary(cut) {
                 cut -= 1;
             }
-            conn.execute(
+            // Cached: the two statements of every call are compiled once per connection.
+            conn.prepare_cached(
                 "INSERT OR REPLACE INTO runs (execution_id, owner, kind, session_id, started_at_ms,
                      server_pid, status, dependencies, script, script_truncated)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7, ?8, ?9)",
-                params![
-                    id,
-                    owner,
-                    start.kind.as_str(),
-                    start.session_id,
-                    i64::try_from(*started_at_ms).unwrap_or(i64::MAX),
-                    std::process::id(),
-                    serde_json::to_string(&start.dependencies).unwrap_or_else(|_| "[]".into()),
-                    &start.script[..cut],
-                    cut < start.script.len(),
-                ],
-            )?;
+            )?
+            .execute(params![
+                id,
+                owner,
+                start.kind.as_str(),
+                start.session_id,
+                i64::try_from(*started_at_ms).unwrap_or(i64::MAX),
+                std::process::id(),
+                serde_json::to_string(&start.dependencies).unwrap_or_else(|_| "[]".into()),
+                &start.script[..cut],
+                cut < start.script.len(),
+            ])?;
         }
         Op::Finished {
             id,
@@ -318,20 +319,20 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<()> {
             output,
             ..
         } => {
-            conn.execute(
+            conn.prepare_cached(
                 "UPDATE runs SET status = ?2, duration_ms = ?3, setup_ms = ?4, exit_code = ?5,
                      python_version = ?6, output = ?7
                  WHERE execution_id = ?1",
-                params![
-                    id,
-                    status,
-                    i64::try_from(*duration_ms).unwrap_or(i64::MAX),
-                    i64::try_from(*setup_ms).unwrap_or(i64::MAX),
-                    exit_code,
-                    python_version,
-                    output,
-                ],
-            )?;
+            )?
+            .execute(params![
+                id,
+                status,
+                i64::try_from(*duration_ms).unwrap_or(i64::MAX),
+                i64::try_from(*setup_ms).unwrap_or(i64::MAX),
+                exit_code,
+                python_version,
+                output,
+            ])?;
         }
         Op::Call { .. } => {}
     }

@@ -46,6 +46,8 @@ pub(crate) trait CgroupManager: Send + Sync + std::fmt::Debug {
     fn pids(&self) -> Vec<i32>;
     /// Counters.
     fn stats(&self) -> CgroupStats;
+    /// OOM kills so far: one counter, read alone (a run's end asks for it first).
+    fn oom_kills(&self) -> u64;
     /// SIGKILL everything in it (`cgroup.kill` where the kernel has it), until it is empty.
     fn kill(&self);
     /// SIGKILL everything in it now, without waiting for it to go.
@@ -223,15 +225,16 @@ impl CgroupManager for V1 {
             .map(|t| parse_pids(&t))
             .unwrap_or_default()
     }
-    fn stats(&self) -> CgroupStats {
-        let oom_kills = self
-            .memory
+    fn oom_kills(&self) -> u64 {
+        self.memory
             .as_ref()
             .and_then(|d| fs_err::read_to_string(d.join("memory.oom_control")).ok())
             .and_then(|t| keyed(&t, "oom_kill"))
-            .unwrap_or(0);
+            .unwrap_or(0)
+    }
+    fn stats(&self) -> CgroupStats {
         CgroupStats {
-            oom_kills,
+            oom_kills: self.oom_kills(),
             peak_memory_bytes: self
                 .memory
                 .as_ref()
@@ -313,13 +316,15 @@ impl CgroupManager for V2 {
             .map(|t| parse_pids(&t))
             .unwrap_or_default()
     }
-    fn stats(&self) -> CgroupStats {
-        let oom_kills = fs_err::read_to_string(self.dir.join("memory.events"))
+    fn oom_kills(&self) -> u64 {
+        fs_err::read_to_string(self.dir.join("memory.events"))
             .ok()
             .and_then(|t| keyed(&t, "oom_kill"))
-            .unwrap_or(0);
+            .unwrap_or(0)
+    }
+    fn stats(&self) -> CgroupStats {
         CgroupStats {
-            oom_kills,
+            oom_kills: self.oom_kills(),
             peak_memory_bytes: number(&self.dir.join("memory.peak")),
             cpu_usec: fs_err::read_to_string(self.dir.join("cpu.stat"))
                 .ok()
@@ -800,7 +805,7 @@ impl RunCgroup {
     }
     /// Whether the kernel OOM-killed something in the run.
     pub(crate) fn oom_killed(&self) -> bool {
-        self.manager.stats().oom_kills > 0
+        self.manager.oom_kills() > 0
     }
     /// What the run used so far (read before the cgroup is removed).
     pub(crate) fn usage(&self) -> crate::ResourceUsage {
