@@ -611,7 +611,23 @@ impl SpareMaker {
                     break;
                 }
             }
+            // A child whose set-up failed said why on its socket. What makes a set-up fail (a
+            // host limit, a broken environment) seldom goes at once: the next one waits.
+            let failed: Vec<String> = gone
+                .iter()
+                .filter_map(|spare| setup_failure_said(&spare.socket))
+                .collect();
             drop(gone);
+            if let Some(reason) = failed.first() {
+                tracing::warn!(
+                    %reason,
+                    failed = failed.len(),
+                    "a pre-forked child's set-up failed; the next is made in {SPARE_RETRY:?}"
+                );
+                if !self.pause(SPARE_RETRY) {
+                    break;
+                }
+            }
             match self.make() {
                 Ok(spare) => {
                     let mut state = self.spares.lock();
@@ -634,6 +650,27 @@ impl SpareMaker {
             }
         }
         self.spares.stop();
+    }
+
+    /// Wait `how_long` unless the fork server stops first; whether to go on.
+    fn pause(&self, how_long: Duration) -> bool {
+        let until = Instant::now() + how_long;
+        let mut state = self.spares.lock();
+        loop {
+            if state.stopping || !self.alive.load(Ordering::SeqCst) {
+                return false;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return true;
+            }
+            state = self
+                .spares
+                .changed
+                .wait_timeout(state, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
     }
 
     /// Make one: its cgroup (at a small CPU share: runs in flight go first; the share is the
@@ -822,12 +859,7 @@ impl ForkServer {
                 return Box::pin(self.run(run, cancel, output)).await;
             }
             // Its set-up failed before the run reached it: its pid 1 said why.
-            let said = receive(&child.socket, Some(Duration::ZERO))
-                .and_then(|message| match parse_child_report(&message) {
-                    Some(Report::Fail(reason)) => Some(reason),
-                    _ => None,
-                })
-                .unwrap_or_else(|| err.to_string());
+            let said = setup_failure_said(&child.socket).unwrap_or_else(|| err.to_string());
             return Err(fail(format!("{SETUP_FAILED}: {said}")));
         }
         let Spare { socket, cgroup, .. } = child;
@@ -1029,6 +1061,15 @@ async fn read_child_report(socket: &tokio::io::unix::AsyncFd<OwnedFd>) -> Option
 }
 
 /// `exit <wait status>` or `fail <reason>`, from a run's pid 1.
+/// Why a child's set-up failed, if its pid 1 said so on `socket` (read without waiting: the
+/// child has ended).
+fn setup_failure_said(socket: &OwnedFd) -> Option<String> {
+    match parse_child_report(&receive(socket, Some(Duration::ZERO))?)? {
+        Report::Fail(reason) => Some(reason),
+        _ => None,
+    }
+}
+
 fn parse_child_report(message: &[u8]) -> Option<Report> {
     let text = String::from_utf8_lossy(message);
     let (kind, rest) = text.split_once(' ')?;
@@ -1359,7 +1400,31 @@ fn tail(text: &str, max: usize) -> &str {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_ready;
+    use super::{parse_ready, seqpacket_pair, setup_failure_said};
+
+    #[test]
+    fn a_childs_failed_set_up_is_read_from_its_socket() {
+        let said = |message: Option<&[u8]>| {
+            let (ours, theirs) = seqpacket_pair().unwrap();
+            if let Some(message) = message {
+                nix::sys::socket::send(
+                    std::os::fd::AsRawFd::as_raw_fd(&theirs),
+                    message,
+                    nix::sys::socket::MsgFlags::empty(),
+                )
+                .unwrap();
+            }
+            drop(theirs);
+            setup_failure_said(&ours)
+        };
+        assert_eq!(
+            said(Some(b"fail mount /tmp: Permission denied")),
+            Some("mount /tmp: Permission denied".to_owned())
+        );
+        // A run's end, or a child that said nothing (killed), is no failed set-up.
+        assert_eq!(said(Some(b"exit 0")), None);
+        assert_eq!(said(None), None);
+    }
 
     #[test]
     fn ready_says_what_was_preloaded() {
