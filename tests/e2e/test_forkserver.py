@@ -482,3 +482,37 @@ async def test_a_preloaded_package_is_fresh_in_every_forked_run(snakebox_bin, da
             assert seen["inverse"] == 32.0, seen
         assert len({seen["random"] for seen in runs}) == 3, runs
         assert len({seen["numpy_random"] for seen in runs}) == 3, runs
+
+
+IMMORTAL_PROBE = r"""
+import json, os, sys, weakref
+# A function the fork server loaded, as the run finds it.
+held = sys.getrefcount(os.path.join)
+# The run's own objects count and are freed as ever.
+class Mine:
+    pass
+mine, freed = Mine(), []
+watch = weakref.ref(mine, lambda _: freed.append(True))
+own = sys.getrefcount(mine)
+del mine
+# Dropping and putting back one of the fork server's objects works as it would anywhere.
+dumps = json.dumps
+del json.dumps
+json.dumps = dumps
+print(json.dumps({"held": held, "own": own, "freed": freed, "version": list(sys.version_info[:2]), "abiflags": sys.abiflags}))
+"""
+
+
+async def test_a_forked_run_finds_what_the_fork_server_holds_immortal(snakebox_bin, data_dir):
+    """Before it forks, the fork server makes every object it holds immortal (PEP 683, CPython
+    3.12 and 3.13): a run that uses one writes no reference count, so it copies no page of the
+    fork server's memory for it. The run's own objects count and are freed as usual."""
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        data = await forked_run(client, IMMORTAL_PROBE)
+    assert data["status"] == "ok", data
+    seen = json.loads(data["stdout"])
+    assert seen["own"] == 2 and seen["freed"] == [True], seen
+    # The default interpreter of these machines is 3.13 (the only place the check can hold).
+    assert tuple(seen["version"]) in {(3, 12), (3, 13)} and seen["abiflags"] == "", seen
+    assert seen["held"] == (1 << 32) - 1, seen
