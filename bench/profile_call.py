@@ -19,7 +19,10 @@ itself when no bwrap child is seen) cuts it at the fork server's events instead:
   order they do) → the server's last rmdir/unlink → reply received,
 
 and adds where the CPU of each call goes (`sched:sched_stat_runtime`, by process role and
-server thread), on the hot path (send → reply) and after the reply (until the next call).
+server thread), on the hot path (send → reply) and after the reply (until the next call), and,
+where the kernel has the `exceptions:page_fault_user` tracepoint, the page faults of each
+call by process role: copy-on-write (a write to a page shared with the fork server) or other
+(a first touch, a page of a file mapped again), from the call's send until the next call.
 
 Needs root and `perf` with tracefs. Usage:
 
@@ -60,6 +63,13 @@ EVENTS = [
     "syscalls:sys_enter_rt_sigqueueinfo",
     "sched:sched_stat_runtime",
 ]
+# Recorded too where this kernel has it (x86): each user-space page fault, with its error code.
+FAULT_EVENT = "exceptions:page_fault_user"
+
+
+def have_tracepoint(name: str) -> bool:
+    group, event = name.split(":")
+    return any(Path(root, "events", group, event).is_dir() for root in ("/sys/kernel/tracing", "/sys/kernel/debug/tracing"))
 
 PHASES = [
     "MCP + engine before spawn (parse, env lookup, run dir, cgroup mkdir, argv)",
@@ -108,8 +118,9 @@ async def drive(
             assert result["status"] == "ok", result
         await asyncio.sleep(0.5)
         tree = fork_processes()
+        events = EVENTS + ([FAULT_EVENT] if have_tracepoint(FAULT_EVENT) else [])
         perf = subprocess.Popen(
-            ["perf", "record", "-q", "-k", "CLOCK_MONOTONIC", "-a", "-o", str(perf_out), *sum((["-e", e] for e in EVENTS), [])],
+            ["perf", "record", "-q", "-k", "CLOCK_MONOTONIC", "-a", "-o", str(perf_out), *sum((["-e", e] for e in events), [])],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -176,9 +187,11 @@ def tgid_of(events: list) -> dict[int, int]:
     return {e[3]: e[2] for e in events}
 
 
-def forked_phases(server: int, calls: list[tuple[float, float]], events: list, tree: dict[int, int]) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
-    """Phases of forked calls, and the CPU of each (hot path, and after the reply until the
-    next call) by process role."""
+def forked_phases(
+    server: int, calls: list[tuple[float, float]], events: list, tree: dict[int, int]
+) -> tuple[dict[str, list[float]], dict[str, list[float]], dict[str, list[float]], dict[str, list[float]]]:
+    """Phases of forked calls, the CPU of each (hot path, and after the reply until the next
+    call) by process role, and the page faults of each (until the next call) by role and kind."""
     parent = dict(tree)
     for e in events:
         if e[4] == "sched_process_fork":
@@ -213,6 +226,7 @@ def forked_phases(server: int, calls: list[tuple[float, float]], events: list, t
     phases: dict[str, list[float]] = {}
     hot: dict[str, list[float]] = {}
     after: dict[str, list[float]] = {}
+    faults: dict[str, list[float]] = {}
     for index, (t0, t1) in enumerate(calls):
         end = calls[index + 1][0] if index + 1 < len(calls) else t1 + 0.2
         w = [e for e in events if t0 <= e[0] <= t1 + 0.005]
@@ -270,7 +284,20 @@ def forked_phases(server: int, calls: list[tuple[float, float]], events: list, t
                     spent[who] = spent.get(who, 0.0) + int(m.group(1)) / 1e6
             for who, ms in spent.items():
                 bucket.setdefault(who, []).append(ms)
-    return phases, hot, after
+        counted: dict[str, float] = {}
+        for e in events:
+            if e[4] != "page_fault_user" or not t0 <= e[0] < end:
+                continue
+            m = re.search(r"error_code=0x([0-9a-f]+)", e[5])
+            who = role(tgid.get(e[3], e[2]), e[3], e[1])
+            if m is None or who is None:
+                continue
+            # Bit 0: the page was present (a protection fault), bit 1: a write.
+            kind = "copy-on-write" if int(m.group(1), 16) & 3 == 3 else "other"
+            counted[f"{who}, {kind}"] = counted.get(f"{who}, {kind}", 0.0) + 1
+        for key, count in counted.items():
+            faults.setdefault(key, []).append(count)
+    return phases, hot, after, faults
 
 
 def main() -> int:
@@ -299,8 +326,9 @@ def main() -> int:
             path = "forked" if tree else "cold"
         hot: dict[str, list[float]] = {}
         after: dict[str, list[float]] = {}
+        faults: dict[str, list[float]] = {}
         if path == "forked":
-            result, hot, after = forked_phases(server, calls, events, tree)
+            result, hot, after, faults = forked_phases(server, calls, events, tree)
         else:
             result = phases(server, calls, events)
     finally:
@@ -321,6 +349,10 @@ def main() -> int:
             total += mean
             print(f"| {who} | {mean:.2f} |")
         print(f"| **all of it** | {total:.2f} |")
+    if faults:
+        print("\nPage faults per call (mean), from its send until the next call\n\n| who, kind | faults |\n|---|---:|")
+        for key, values in sorted(faults.items()):
+            print(f"| {key} | {sum(values) / n if n else 0.0:.0f} |")
     print(json.dumps({k: statistics.median(v) for k, v in result.items()}), file=sys.stderr)
     return 0
 
