@@ -937,10 +937,6 @@ def _open_fds():
 
 
 def main():
-    # Read by the dynamic loader as this interpreter started (every symbol bound now, once,
-    # rather than in each run: the server sets it for the fork server only); a run's processes
-    # start with a cold run's environment.
-    os.environ.pop("LD_BIND_NOW", None)
     server = ForkServer(int(sys.argv[1]), sys.argv[2], [int(fd) for fd in sys.argv[3:]])
     return server.serve()
 

@@ -79,11 +79,6 @@ const READY_TIMEOUT_PRELOADING: Duration = Duration::from_secs(90);
 /// The variable that tells the fork server which distributions to preload (`forkserver.py`
 /// removes it from its environment before it forks any run).
 const PRELOAD_VAR: &str = "SNAKEBOX_PRELOAD";
-/// Set for the fork server's interpreter only (it removes it as it starts, `forkserver.py`):
-/// the dynamic loader binds every symbol of the interpreter and its libraries once, there,
-/// instead of each run binding those it is first to call (a symbol lookup, and a page of the
-/// fork server's copied, each time).
-const BIND_NOW_VAR: &str = "LD_BIND_NOW";
 /// How a failed setup is reported (no user code ran).
 const SETUP_FAILED: &str = "the run's sandbox could not be set up";
 /// How long a killed run's end may take to be reported.
@@ -309,7 +304,6 @@ impl NativeBackend {
                 .env
                 .push((PRELOAD_VAR.into(), spec.preload.join(",")));
         }
-        policy.env.push((BIND_NOW_VAR.into(), "1".into()));
         policy.identity = lease.identity();
         policy.mounts.push(Mount {
             host: files.clone(),
