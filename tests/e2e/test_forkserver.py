@@ -437,6 +437,12 @@ seen = {
     "random": random.random(),
     "numpy_random": float(numpy.random.random()),
     "thread_vars": sorted(k for k in os.environ if k.endswith("_NUM_THREADS")),
+    # The start-up environment /proc keeps (the fork server's, in a fork): nothing the run's
+    # own environment does not have (what to preload is not passed there).
+    "startup_env_extra": sorted(
+        set(entry.split("=", 1)[0] for entry in open("/proc/self/environ").read().split("\0") if entry)
+        - set(os.environ)
+    ),
     # LAPACK through the preloaded library, in the forked run.
     "inverse": float(numpy.linalg.inv(numpy.eye(64) * 2.0).sum()),
 }
@@ -479,6 +485,7 @@ async def test_a_preloaded_package_is_fresh_in_every_forked_run(snakebox_bin, da
             assert seen["preloaded"] is True, seen
             assert seen["probe"] == "original" and seen["precision"] == 8, seen
             assert seen["thread_vars"] == [], seen
+            assert seen["startup_env_extra"] == [], seen
             assert seen["inverse"] == 32.0, seen
         assert len({seen["random"] for seen in runs}) == 3, runs
         assert len({seen["numpy_random"] for seen in runs}) == 3, runs

@@ -12,8 +12,8 @@ view of any run directory (each run's directories reach it only as detached moun
 run's own, sent with the request).
 
 It imports the run module once (the slow part of a cold start), what the module's path imports
-lazily (a pass of it, `warm_up`) and the top-level modules of the distributions named in
-SNAKEBOX_PRELOAD (the environment's declared packages, see `_preload`), makes everything it
+lazily (a pass of it, `warm_up`) and the top-level modules of the distributions named on
+its command line (the environment's declared packages, see `_preload`), makes everything it
 then holds immortal (`_immortalize`: a run that uses it writes no reference count, so copies
 no page of it), then waits for requests on a private SEQPACKET socket. A request is
 `fork <n> <json>` (the JSON holds no run's data: the fresh `/tmp` and `/dev/shm` sizes and
@@ -303,7 +303,7 @@ def _read_all(fd, limit):
 
 
 class ForkServer:
-    def __init__(self, sock_fd, module_path, program_fds):
+    def __init__(self, sock_fd, module_path, preload, program_fds):
         # The socket moves off fd 3, which each run's control channel takes.
         fd = os.dup(sock_fd)
         os.close(sock_fd)
@@ -325,7 +325,7 @@ class ForkServer:
         # once here.
         self.warm_up()
 
-        self.preloaded = _preload(os.environ.pop(PRELOAD_VAR, ""))
+        self.preloaded = _preload(preload)
 
         for target in ("/tmp", "/dev/shm"):
             _BELOW[target] = _mount_points_below(target)
@@ -688,7 +688,6 @@ def _wait_for_run(sock_fd):
     return request, fds
 
 
-PRELOAD_VAR = "SNAKEBOX_PRELOAD"
 # Native thread pools a preloaded package may start at import (OpenBLAS, OpenMP, MKL, BLIS,
 # numexpr, Accelerate): one thread each, so that the fork server holds no thread a fork would
 # lose while its pool still counts it. Only variables that are not set already; they are
@@ -937,7 +936,9 @@ def _open_fds():
 
 
 def main():
-    server = ForkServer(int(sys.argv[1]), sys.argv[2], [int(fd) for fd in sys.argv[3:]])
+    # The socket, the run module, the distributions to preload (comma-separated, maybe none),
+    # then a run's seccomp programs.
+    server = ForkServer(int(sys.argv[1]), sys.argv[2], sys.argv[3], [int(fd) for fd in sys.argv[4:]])
     return server.serve()
 
 

@@ -76,9 +76,6 @@ const SOURCE: &str = include_str!("forkserver.py");
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
 /// The same when it preloads packages: importing them at its small CPU share takes longer.
 const READY_TIMEOUT_PRELOADING: Duration = Duration::from_secs(90);
-/// The variable that tells the fork server which distributions to preload (`forkserver.py`
-/// removes it from its environment before it forks any run).
-const PRELOAD_VAR: &str = "SNAKEBOX_PRELOAD";
 /// How a failed setup is reported (no user code ran).
 const SETUP_FAILED: &str = "the run's sandbox could not be set up";
 /// How long a killed run's end may take to be reported.
@@ -299,11 +296,6 @@ impl NativeBackend {
 
         let mut policy = spec.policy.clone();
         policy.network = false;
-        if !spec.preload.is_empty() {
-            policy
-                .env
-                .push((PRELOAD_VAR.into(), spec.preload.join(",")));
-        }
         policy.identity = lease.identity();
         policy.mounts.push(Mount {
             host: files.clone(),
@@ -311,11 +303,15 @@ impl NativeBackend {
             writable: false,
         });
         let inside = Path::new(FILES_INSIDE);
+        // The distributions to preload travel on its command line, not in its environment: a
+        // process's start-up environment stays readable in /proc/<pid>/environ of every fork,
+        // and a run's must be a cold run's.
         let mut args: Vec<std::ffi::OsString> = vec![
             "-s".into(),
             inside.join("forkserver.py").into_os_string(),
             policy::CONTROL_FD.to_string().into(),
             inside.join("module.py").into_os_string(),
+            spec.preload.join(",").into(),
         ];
         args.extend(
             policy::FORKED_RUN_PROGRAM_FDS
