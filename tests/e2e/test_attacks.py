@@ -620,7 +620,7 @@ async def test_R17_zombies_are_bounded_and_reaped(snakebox_bin, data_dir, canari
 async def test_R17_orphans_are_reaped_by_the_sandboxs_init(snakebox_bin, data_dir, canaries):
     # Orphans go to the sandbox's init (the runner's reaper in a pooled, cold or docker run):
     # it must reap them, or their zombies fill the run's process limit and fork fails. After
-    # every 20 orphans the script waits (at most 3 s) until no zombie is left.
+    # every 20 orphans the script waits (at most 3 s) until it sees no zombie.
     body = """
     import time
     made = 0
@@ -639,10 +639,15 @@ async def test_R17_orphans_are_reaped_by_the_sandboxs_init(snakebox_bin, data_di
             report(fork_error="in the child", made=made); break
         made += 1
         if made % 20 == 0:
+            # Unreaped: zombies still there at the deadline. (A grandchild may exit only after
+            # a look found none: its zombie is new, and the init's to reap by the next look.)
             deadline = time.monotonic() + 3
-            while zombies() and time.monotonic() < deadline: time.sleep(0.01)
-            if zombies():
-                report(unreaped=zombies(), made=made); break
+            left = zombies()
+            while left and time.monotonic() < deadline:
+                time.sleep(0.01)
+                left = zombies()
+            if left:
+                report(unreaped=left, made=made); break
     report(made=made)
     """
     async with server(snakebox_bin, data_dir, canaries, "--max-processes", "64") as client:
