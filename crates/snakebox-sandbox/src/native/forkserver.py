@@ -312,7 +312,7 @@ class ForkServer:
         # A run's programs, in two parts (the server's `ForkedRunPrograms`): what pid 1
         # installs before it forks pid 2, and what seals the attaching calls once each of the
         # two has no more use for them.
-        self.programs = _load_programs(program_fds[:2])
+        self.before_attach = _load_programs(program_fds[:2])
         self.seal = _load_programs(program_fds[2:])
         self.children = {}
         import importlib.util
@@ -423,7 +423,7 @@ class ForkServer:
             os.setsid()
             # A run's programs but for the calls that attach its directories: pid 2
             # inherits them (the kernel compiles them once per run, not once in each).
-            self.install(self.programs)
+            self.install(self.before_attach)
             taken_r, taken_w = os.pipe()
             confined_r, confined_w = os.pipe()
             pid = os.fork()

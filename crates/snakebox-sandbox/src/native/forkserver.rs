@@ -636,12 +636,9 @@ impl SpareMaker {
                 }
                 Err(message) => {
                     tracing::warn!(%message, "could not pre-fork a run's sandbox");
-                    let state = self.spares.lock();
-                    let _ = self
-                        .spares
-                        .changed
-                        .wait_timeout(state, SPARE_RETRY)
-                        .unwrap_or_else(PoisonError::into_inner);
+                    if !self.pause(SPARE_RETRY) {
+                        break;
+                    }
                 }
             }
         }
