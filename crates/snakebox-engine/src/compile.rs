@@ -102,11 +102,15 @@ impl Engine {
             let work = async {
                 let _slot = self.sandbox_slot().await?;
                 // The fork servers of the environment are started anew from the checked copy
-                // before it is published, and take over at once after.
+                // before it is published, and take over at once after (before the compilation
+                // counts as completed).
                 let published = cache
-                    .complete(&interpreter, &key, |copy| {
-                        self.fork_servers_of_copy(&key, copy)
-                    })
+                    .complete(
+                        &interpreter,
+                        &key,
+                        |copy| self.fork_servers_of_copy(&key, copy),
+                        |fork_servers| self.adopt_fork_servers(fork_servers),
+                    )
                     .await;
                 Ok::<_, crate::EngineError>(published)
             };
@@ -115,11 +119,8 @@ impl Engine {
                 () = stop.cancelled() => break,
             };
             match outcome {
-                Ok(Ok(Some(fork_servers))) => {
-                    self.adopt_fork_servers(fork_servers);
-                    tracing::info!(%key, "environment compiled in the background");
-                }
-                Ok(Ok(None)) => tracing::debug!(%key, "nothing to compile"),
+                Ok(Ok(true)) => tracing::info!(%key, "environment compiled in the background"),
+                Ok(Ok(false)) => tracing::debug!(%key, "nothing to compile"),
                 Ok(Err(err)) => {
                     tracing::warn!(%key, error = %err, "could not compile an environment; it stays uncompiled")
                 }

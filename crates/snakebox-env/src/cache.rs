@@ -1056,11 +1056,13 @@ impl EnvCache {
     /// step (`RENAME_EXCHANGE`) with a manifest saying `compiled`. Runs never see the copy
     /// (they mount the published environment, read-only, and keep the one they mounted), so
     /// nothing a run does can end up in it. Returns whether a compiled copy was published
-    /// (`None`: nothing to do, or the environment was replaced or removed meanwhile).
+    /// (`false`: nothing to do, or the environment was replaced or removed meanwhile).
     ///
     /// `before_publish` is given the checked copy's directory just before it takes the
     /// environment's place (what it starts from the copy, a fork server say, is ready when
-    /// runs see the copy); what it returns comes back with a copy that was published.
+    /// runs see the copy); what it returns is handed to `after_publish` right after a publish,
+    /// before the compilation is counted as completed ([`EnvCache::compile_stats`]): whoever
+    /// sees the count sees what `after_publish` did (the fork servers of the copy in place).
     ///
     /// # Errors
     /// When the copy fails its checks or a step fails; the copy is then discarded and the
@@ -1070,17 +1072,21 @@ impl EnvCache {
         interpreter: &Interpreter,
         key: &str,
         before_publish: F,
-    ) -> Result<Option<T>, EnvError>
+        after_publish: impl FnOnce(T),
+    ) -> Result<bool, EnvError>
     where
         F: FnOnce(PathBuf) -> Fut,
         Fut: std::future::Future<Output = T>,
     {
-        let result = self.complete_copy(interpreter, key, before_publish).await;
+        let result = self
+            .complete_copy(interpreter, key, before_publish)
+            .await
+            .map(|published| published.map(after_publish).is_some());
         let mut book = self.compiles.lock().unwrap_or_else(PoisonError::into_inner);
         book.stats.pending = book.stats.pending.saturating_sub(1);
         match &result {
-            Ok(Some(_)) => book.stats.completed += 1,
-            Ok(None) => {}
+            Ok(true) => book.stats.completed += 1,
+            Ok(false) => {}
             Err(err) => {
                 book.stats.failed += 1;
                 book.stats.last_failure = Some(err.to_string());
