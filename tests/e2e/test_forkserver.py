@@ -491,6 +491,53 @@ async def test_a_preloaded_package_is_fresh_in_every_forked_run(snakebox_bin, da
         assert len({seen["numpy_random"] for seen in runs}) == 3, runs
 
 
+
+LEARN_PROBE = "import sys\nfound = sorted(m for m in ('wave', 'colorsys') if m in sys.modules)\nimport {}\nprint(found)\n"
+
+
+async def test_a_fork_server_imports_what_its_runs_imported(snakebox_bin, data_dir):
+    """Besides its declared packages, the fork server of an environment imports what its runs
+    imported: a module two runs imported is learned, the refill starts a fork server that
+    imports it too and puts it in the old one's place, and the next run finds it loaded. A
+    module one run imported is not learned. The default environment's fork server (shared by
+    every tenant: no packages) learns nothing."""
+    dependencies = ["numpy"]
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        # The default environment: two runs import `wave`.
+        for _ in range(2):
+            data = await forked_run(client, LEARN_PROBE.format("wave"))
+            assert data["status"] == "ok" and data["stdout"] == "[]\n", data
+        first, _, _ = await call(client, "execute_python", script="import numpy", dependencies=dependencies, timeout_seconds=300)
+        assert first["status"] == "ok", first
+
+        async def numpy_fork_server(wanted: str) -> dict:
+            deadline = time.monotonic() + 120
+            while True:
+                state = await pool_state(client)
+                details = [d for d in state["fork_server_details"] if "numpy" in d["preloaded"] and wanted in d["preloaded"]]
+                if details:
+                    return details[0]
+                assert state["fork_server_error"] is None, state
+                assert time.monotonic() < deadline, (wanted, state)
+                await anyio.sleep(0.2)
+
+        await numpy_fork_server("numpy")
+        # Two runs import `wave`, one of them `colorsys` too.
+        for modules in ("wave, colorsys", "wave"):
+            data = await forked_run(client, LEARN_PROBE.format(modules), dependencies=dependencies)
+            assert data["status"] == "ok" and data["stdout"] == "[]\n", data
+        learned = await numpy_fork_server("wave")
+        assert "colorsys" not in learned["preloaded"], learned
+        data = await forked_run(client, LEARN_PROBE.format("wave"), dependencies=dependencies)
+        assert data["status"] == "ok" and data["stdout"] == "['wave']\n", data
+        # The default environment's fork server learned nothing.
+        state = await pool_state(client)
+        default = [d for d in state["fork_server_details"] if "numpy" not in d["preloaded"]]
+        assert default and all("wave" not in d["preloaded"] for d in default), state
+        data = await forked_run(client, LEARN_PROBE.format("wave"))
+        assert data["status"] == "ok" and data["stdout"] == "[]\n", data
+
 IMMORTAL_PROBE = r"""
 import json, os, sys, weakref
 # A function the fork server loaded, as the run finds it.

@@ -18,6 +18,7 @@ mod events;
 mod files;
 mod history;
 mod ids;
+mod learn;
 mod lifecycle;
 mod network;
 mod oneshot;

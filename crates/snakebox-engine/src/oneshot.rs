@@ -323,6 +323,7 @@ impl Engine {
                         &run_dir,
                         &plan.shape,
                         network == crate::run::RunNetwork::Proxy,
+                        forking.learns,
                     ),
                     cancel.clone(),
                     output.clone(),
@@ -360,9 +361,12 @@ impl Engine {
             .as_ref()
             .map(|o| o.control.as_slice())
             .unwrap_or_default();
-        let collected = self
+        let mut collected = self
             .collect_rich(caller, &execution_id, &run_dir.work, baseline, control)
             .await;
+        if let Some(forking) = &forking {
+            self.pool.learn(forking, &collected.take_imported());
+        }
         // The run is over: its proxy goes (its connections are closed, its socket removed)
         // and its log is the run's.
         let network_log = proxy

@@ -28,7 +28,10 @@
 //! start failed) and the pool covers the gap. When the environment's directory is replaced
 //! by its byte-compiled copy, a fork server of the copy is started before the swap and takes
 //! over right after it ([`Engine::fork_servers_of_copy`]); a fork server of a directory that
-//! was replaced otherwise goes at the next claim and the refill starts one.
+//! was replaced otherwise goes at the next claim and the refill starts one. A fork server of
+//! an environment with packages also imports what its recent runs imported (`crate::learn`):
+//! once it has learned a module, the refill starts a new one that imports it and puts it in
+//! the old one's place.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,10 +53,12 @@ pub(crate) const RECENT_ENVIRONMENTS: usize = 2;
 pub(crate) const GO: &[u8] = b"go\n";
 /// How long the refill waits after a failed start before trying again.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// Fork server keys whose runs' imports are counted at once, at most.
+const LEARNING_KEYS: usize = 64;
 
 /// What a pooled sandbox or a fork server is for: a cached environment, a network setting,
 /// and whose runs may share it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Key {
     environment: String,
     network: bool,
@@ -116,6 +121,10 @@ pub(crate) struct Forking {
     root: Option<(u64, u64)>,
     /// Holds the environment's lease while it serves.
     environment: Environment,
+    /// Its runs report what they import (see `crate::learn`).
+    pub(crate) learns: bool,
+    /// The learned modules it was started with.
+    modules: Vec<String>,
 }
 
 /// How a call is started (see [`WarmPool::claim`]).
@@ -151,6 +160,11 @@ struct Inner {
     /// packages: later fork servers of them preload nothing, so a package whose import
     /// crashes, hangs or runs out of memory is not imported again every few seconds.
     no_preload: std::collections::HashSet<String>,
+    /// What recent runs imported, per fork server key (see `crate::learn`).
+    imports: std::collections::HashMap<Key, crate::learn::Imports>,
+    /// Environments (cache keys) whose fork server failed to start while importing learned
+    /// modules: they learn no more.
+    no_learn: std::collections::HashSet<String>,
 }
 
 impl Inner {
@@ -402,6 +416,53 @@ impl WarmPool {
             .cloned()
     }
 
+    /// A fork server to replace with one that imports what its runs were learned to import
+    /// (see `crate::learn`), marked as being restarted.
+    fn relearn_wanted(&self) -> Option<Target> {
+        let mut inner = self.lock();
+        let Inner { forks, imports, .. } = &mut *inner;
+        let fork = forks.iter().find(|f| {
+            f.learns
+                && f.server.is_alive()
+                && imports
+                    .get(&f.key)
+                    .is_some_and(|i| i.wants_restart(&f.modules))
+        })?;
+        if let Some(imports) = imports.get_mut(&fork.key) {
+            imports.restarting();
+        }
+        Some(Target {
+            key: fork.key.clone(),
+            environment: fork.environment.clone(),
+        })
+    }
+
+    /// Count what a run forked from `forking` imported; the refill is woken when a module was
+    /// learned. The counts are kept for the environments kept warm only.
+    pub(crate) fn learn(&self, forking: &Forking, imported: &[String]) {
+        if !forking.learns || imported.is_empty() {
+            return;
+        }
+        let learned = {
+            let mut inner = self.lock();
+            if !inner.imports.contains_key(&forking.key) && inner.imports.len() >= LEARNING_KEYS {
+                let kept: Vec<Key> = inner.forks.iter().map(|f| f.key.clone()).collect();
+                inner.imports.retain(|key, _| kept.contains(key));
+            }
+            if inner.imports.len() >= LEARNING_KEYS {
+                return;
+            }
+            inner
+                .imports
+                .entry(forking.key.clone())
+                .or_default()
+                .count(imported)
+        };
+        if learned {
+            self.wake.notify_one();
+        }
+    }
+
     /// The first environment kept warm (the default first) that a fork server should serve
     /// and none does, unless a start failed just now.
     fn fork_wanted(&self) -> Option<Target> {
@@ -534,8 +595,30 @@ impl Engine {
                 drop(replaced);
                 continue;
             }
+            if let Some(target) = pool.relearn_wanted() {
+                let engine = Arc::clone(&self);
+                let started =
+                    tokio::task::spawn_blocking(move || engine.start_fork_server(&target, None))
+                        .await;
+                match started {
+                    // In the old one's place; the old one is stopped outside the lock.
+                    Ok(Ok(forking)) => drop(pool.lock().install_fork_server(forking)),
+                    // The old one serves on.
+                    Ok(Err(message)) => {
+                        tracing::warn!(%message, "could not start a fork server with the modules its runs import; the running one serves on");
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "starting a fork server with the modules its runs import failed");
+                    }
+                }
+                continue;
+            }
             let Some(target) = pool.wanted() else {
-                pool.wake.notified().await;
+                // A learned module may wait for RESTART_AFTER: look again then.
+                tokio::select! {
+                    () = pool.wake.notified() => {}
+                    () = tokio::time::sleep(crate::learn::RESTART_AFTER) => {}
+                }
                 continue;
             };
             // Starting a sandbox blocks (bubblewrap's setup, or the engine's requests for a
@@ -684,9 +767,21 @@ impl Engine {
         let sandbox = self.sandbox.as_ref().map_err(|m| m.message.clone())?;
         let mut spec = self.fork_server_spec(&target.environment);
         let key = &target.environment.key;
-        if self.pool.lock().no_preload.contains(key) {
-            spec.preload.clear();
-        }
+        // Runs learn what to import only where the fork server is the tenant's own and
+        // preloads packages (`--preload-packages` 0 turns both off).
+        let learns = {
+            let inner = self.pool.lock();
+            if inner.no_preload.contains(key) {
+                spec.preload.clear();
+            }
+            let learns = target.key.tenant.is_some()
+                && self.config.preload_packages > 0
+                && !inner.no_learn.contains(key);
+            if learns && let Some(imports) = inner.imports.get(&target.key) {
+                spec.modules = imports.learned().to_vec();
+            }
+            learns
+        };
         if let Some(copy) = copy {
             for mount in &mut spec.policy.mounts {
                 if mount.host == target.environment.root {
@@ -698,7 +793,16 @@ impl Engine {
         let root = dir_id(copy.unwrap_or(&target.environment.root));
         let server = sandbox.start_fork_server(&spec).map_err(|err| {
             let mut message = crate::describe(&err);
-            if !spec.preload.is_empty() {
+            if !spec.modules.is_empty() {
+                // Its next start imports the declared packages alone (then, if that fails
+                // too, nothing).
+                let mut inner = self.pool.lock();
+                inner.no_learn.insert(key.clone());
+                inner.imports.retain(|k, _| &k.environment != key);
+                message.push_str(
+                    "; it was importing the modules recent runs imported, which its next start will not",
+                );
+            } else if !spec.preload.is_empty() {
                 self.pool.lock().no_preload.insert(key.clone());
                 message.push_str(
                     "; it was preloading the environment's packages, which its next start will not",
@@ -711,6 +815,8 @@ impl Engine {
             key: target.key.clone(),
             root,
             environment: target.environment.clone(),
+            learns,
+            modules: spec.modules,
         })
     }
 

@@ -38,6 +38,8 @@ JSON_MAX_CHARS = 65536
 MESSAGE_MAX_CHARS = 10000
 TRACEBACK_MAX_CHARS = 50000
 MAX_NAMES = 500
+# Modules a run reports it imported (`--report-imports`), at most.
+MAX_IMPORTED = 256
 MAX_IMAGES = 16
 # A figure is re-rendered at a lower resolution until it fits INLINE_TARGET (the engine's
 # inline bound); past IMAGE_MAX_BYTES it is dropped, past the total it is not rendered.
@@ -845,6 +847,20 @@ def _deny_exec(program_path):
     sys.addaudithook(hook)
 
 
+def _imported_since(before):
+    """The public modules in `sys.modules` now that were not in `before` (at most
+    MAX_IMPORTED; private ones such as `pandas._libs.x` come with their public parents)."""
+    try:
+        names = [
+            name
+            for name in list(sys.modules)
+            if name not in before and isinstance(name, str) and not any(part.startswith("_") for part in name.split("."))
+        ]
+    except Exception:  # noqa: BLE001 - a script may have replaced sys.modules
+        return []
+    return sorted(names)[:MAX_IMPORTED]
+
+
 def confine(options):
     """The first thing a runner does (one-shot or session): with `--deny-exec PATH`, install
     the exec-deny program before the environment's site code (`--site`), the bridge and any
@@ -880,6 +896,9 @@ def main():
     if "--wait" in options and not _wait_for_request():
         return 0
 
+    # With --report-imports (a forked run of an environment with packages), the modules the
+    # run imports are reported: the server may have its fork server import them ahead.
+    before = set(sys.modules) if "--report-imports" in options else None
     with open(script_path, "rb") as handle:
         raw = handle.read()
     install_import_policy(os.path.dirname(script_path))
@@ -924,6 +943,8 @@ def main():
     finally:
         record["blocked_imports"] = list(_blocked)
         record["blocked_exec"] = list(_blocked_exec)
+        if before is not None:
+            record["imported"] = _imported_since(before)
         _flush()
         if private is not None:
             try:

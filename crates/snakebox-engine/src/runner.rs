@@ -40,6 +40,8 @@ const IMAGE_MAX_BYTES: usize = 4 << 20;
 const IMAGES_TOTAL_BYTES: usize = 10 << 20;
 const MAX_NOTES: usize = 20;
 const NOTE_MAX_BYTES: usize = 500;
+/// Modules of a run's `imported`, at most (the runner's `MAX_IMPORTED`).
+const MAX_IMPORTED: usize = 256;
 
 /// The record as sent: every field optional, unknown fields ignored.
 #[derive(Debug, Default, Deserialize)]
@@ -53,6 +55,7 @@ struct RawRecord {
     blocked_imports: Vec<RawBlocked>,
     blocked_exec: Vec<String>,
     result_variable: Option<RawValue>,
+    imported: Vec<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -100,6 +103,10 @@ pub(crate) struct Record {
     pub(crate) blocked_exec: Vec<String>,
     /// The value of the script's top-level `result` variable.
     pub(crate) result_variable: Option<ValueRepr>,
+    /// The modules the run imported (`--report-imports`): dotted names of identifiers only,
+    /// at most [`MAX_IMPORTED`]. The script can write anything here; the pool only counts
+    /// these names (see `WarmPool::learn`).
+    pub(crate) imported: Vec<String>,
 }
 
 /// A value from the record, capped.
@@ -208,6 +215,12 @@ impl Record {
             .map(|program| cap(program, NAME_MAX_BYTES))
             .collect();
         let result_variable = raw.result_variable.map(value_of);
+        let imported = raw
+            .imported
+            .into_iter()
+            .filter(|name| crate::learn::is_module_name(name))
+            .take(MAX_IMPORTED)
+            .collect();
         Record {
             value,
             names,
@@ -217,6 +230,7 @@ impl Record {
             blocked_imports,
             blocked_exec,
             result_variable,
+            imported,
         }
     }
 }
@@ -247,6 +261,14 @@ impl Rich {
             }
         };
         (rich, images)
+    }
+
+    /// The modules the run reported it imported (empty unless it was asked to).
+    pub(crate) fn take_imported(&mut self) -> Vec<String> {
+        self.record
+            .as_mut()
+            .map(|record| std::mem::take(&mut record.imported))
+            .unwrap_or_default()
     }
 
     /// What the artifact store kept of the run's files and images.

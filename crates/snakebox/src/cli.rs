@@ -421,7 +421,8 @@ pub struct PoolArgs {
     #[arg(long, env = "SNAKEBOX_FORK_SERVER", value_enum)]
     pub fork_server: Option<Switch>,
     /// How many of an environment's declared packages its fork server imports before it
-    /// forks runs, so that a run finds them in memory (`0`: none) [default: 8].
+    /// forks runs, so that a run finds them in memory; it also imports what its runs were
+    /// seen to import (`0`: neither) [default: 8].
     #[arg(long, env = "SNAKEBOX_PRELOAD_PACKAGES", value_name = "N")]
     pub preload_packages: Option<usize>,
     /// Children each fork server keeps already forked into a run's fresh sandbox, waiting

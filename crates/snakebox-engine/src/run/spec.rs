@@ -46,6 +46,10 @@ pub(crate) enum RunNetwork {
 }
 
 /// The runner's option that starts the bridge to the proxy socket (see `runner.py`).
+/// The runner option that makes it report the modules the run imported (`imported` in its
+/// record).
+const LEARN_IMPORTS: &str = "--report-imports";
+
 pub(crate) fn proxy_args() -> [String; 2] {
     [
         "--proxy".to_owned(),
@@ -139,13 +143,23 @@ impl Engine {
             mount_points: vec![PathBuf::from(SANDBOX_INPUT_DIR), work],
             concurrent_runs: self.config.max_concurrent_runs,
             preload: preload_names(&environment.requirements, self.config.preload_packages),
+            // What recent runs imported: the pool adds it (`WarmPool::learned_for`).
+            modules: Vec::new(),
             prefork: self.config.prefork,
         }
     }
 
     /// One run for the fork server: the same mounts, argv and limits as a native cold run.
-    /// `proxied`: the run reaches the network through its proxy (see [`RunNetwork::Proxy`]).
-    pub(crate) fn fork_run(&self, run_dir: &RunDir, shape: &RunShape, proxied: bool) -> ForkRun {
+    /// `proxied`: the run reaches the network through its proxy (see [`RunNetwork::Proxy`]);
+    /// `learn`: the runner reports the modules the run imported (its fork server's next start
+    /// may preload them, see `WarmPool::learn`).
+    pub(crate) fn fork_run(
+        &self,
+        run_dir: &RunDir,
+        shape: &RunShape,
+        proxied: bool,
+        learn: bool,
+    ) -> ForkRun {
         let script = PathBuf::from(SANDBOX_INPUT_DIR).join(SCRIPT_NAME);
         let mut argv = runner_argv(&script);
         if shape.deny_exec {
@@ -155,6 +169,9 @@ impl Engine {
         }
         if proxied {
             argv.extend(proxy_args());
+        }
+        if learn {
+            argv.push(LEARN_IMPORTS.to_owned());
         }
         ForkRun {
             mounts: run_mounts(run_dir, shape.writable_work),

@@ -12,8 +12,9 @@ view of any run directory (each run's directories reach it only as detached moun
 run's own, sent with the request).
 
 It imports the run module once (the slow part of a cold start), what the module's path imports
-lazily (a pass of it, `warm_up`) and the top-level modules of the distributions named on
-its command line (the environment's declared packages, see `_preload`), makes everything it
+lazily (a pass of it, `warm_up`), the top-level modules of the distributions named on its
+command line (the environment's declared packages) and the modules named there (what recent
+runs of the environment imported, as the server learned it; see `_preload`), makes everything it
 then holds immortal (`_immortalize`: a run that uses it writes no reference count, so copies
 no page of it), then waits for requests on a private SEQPACKET socket. A request is
 `fork <n> <json>` (the JSON holds no run's data: the fresh `/tmp` and `/dev/shm` sizes and
@@ -66,6 +67,7 @@ import atexit
 import ctypes
 import fcntl
 import gc
+import importlib
 import json
 import os
 import re
@@ -303,7 +305,7 @@ def _read_all(fd, limit):
 
 
 class ForkServer:
-    def __init__(self, sock_fd, module_path, preload, program_fds):
+    def __init__(self, sock_fd, module_path, preload, modules, program_fds):
         # The socket moves off fd 3, which each run's control channel takes.
         fd = os.dup(sock_fd)
         os.close(sock_fd)
@@ -325,7 +327,7 @@ class ForkServer:
         # once here.
         self.warm_up()
 
-        self.preloaded = _preload(preload)
+        self.preloaded = _preload(preload, modules)
 
         for target in ("/tmp", "/dev/shm"):
             _BELOW[target] = _mount_points_below(target)
@@ -698,6 +700,8 @@ THREAD_VARS = (
     "NUMEXPR_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
 )  # fmt: skip
 MAX_PRELOAD = 64
+# Learned modules (`_preload`): the engine sends no more (`pool::MAX_LEARNED`).
+MAX_LEARNED = 64
 
 
 def _top_level_modules(distribution):
@@ -720,10 +724,11 @@ def _top_level_modules(distribution):
     return sorted(n for n in names if n.isidentifier() and not n.startswith("_"))
 
 
-def _preload(listed):
-    """Import the top-level modules of the distributions in `listed` (comma-separated), at most
-    MAX_PRELOAD of them. What fails to import is left out (a run imports it itself and sees
-    the error). Returns the modules imported."""
+def _preload(listed, modules):
+    """Import the top-level modules of the distributions in `listed`, at most MAX_PRELOAD of
+    them, then the `modules` (dotted names: what recent runs of the environment imported, as
+    the server learned it), at most MAX_LEARNED; both comma-separated. What fails to import is
+    left out (a run imports it itself and sees the error). Returns the modules imported."""
     added = [name for name in THREAD_VARS if name not in os.environ]
     for name in added:
         os.environ[name] = "1"
@@ -733,10 +738,10 @@ def _preload(listed):
             for module in _top_level_modules(distribution):
                 if len(done) >= MAX_PRELOAD:
                     break
-                try:
-                    __import__(module)
-                except BaseException:  # noqa: BLE001 - caller-chosen code: anything may fail
-                    continue
+                if _import(module):
+                    done.append(module)
+        for module in [m for m in modules.split(",") if m][:MAX_LEARNED]:
+            if _import(module):
                 done.append(module)
     finally:
         for name in added:
@@ -744,6 +749,15 @@ def _preload(listed):
     # Whatever the imports opened stays open here, but no run sees it: each run closes every
     # descriptor but its own before its code runs (`setup`).
     return done
+
+
+def _import(module):
+    """Import `module` (a dotted name); whether it could be."""
+    try:
+        importlib.import_module(module)
+    except BaseException:  # noqa: BLE001 - caller-chosen code: anything may fail
+        return False
+    return True
 
 
 # Whether this interpreter keeps an object's reference count in the low 32 bits of its
@@ -936,9 +950,9 @@ def _open_fds():
 
 
 def main():
-    # The socket, the run module, the distributions to preload (comma-separated, maybe none),
-    # then a run's seccomp programs.
-    server = ForkServer(int(sys.argv[1]), sys.argv[2], sys.argv[3], [int(fd) for fd in sys.argv[4:]])
+    # The socket, the run module, the distributions and the modules to preload (each
+    # comma-separated, maybe empty), then a run's seccomp programs.
+    server = ForkServer(int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], [int(fd) for fd in sys.argv[5:]])
     return server.serve()
 
 

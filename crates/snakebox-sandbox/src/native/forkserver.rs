@@ -219,6 +219,10 @@ pub struct ForkServerSpec {
     /// before it serves, so that a forked run finds them in memory (empty: none). Their
     /// import-time code runs in the fork server's sandbox, under its limits.
     pub preload: Vec<String>,
+    /// Modules (dotted names) it imports after those: what recent runs of the environment
+    /// imported (the engine learns them; names only, checked to be identifiers). Their
+    /// import-time code runs in the fork server's sandbox too.
+    pub modules: Vec<String>,
     /// Children kept already forked into a run's sandbox, waiting for a run (0: none; at
     /// most [`MAX_PREFORK`]). They are made with `policy.limits`: runs with other memory,
     /// process, CPU or scratch limits are forked when they come.
@@ -303,15 +307,16 @@ impl NativeBackend {
             writable: false,
         });
         let inside = Path::new(FILES_INSIDE);
-        // The distributions to preload travel on its command line, not in its environment: a
-        // process's start-up environment stays readable in /proc/<pid>/environ of every fork,
-        // and a run's must be a cold run's.
+        // The distributions and modules to preload travel on its command line, not in its
+        // environment: a process's start-up environment stays readable in /proc/<pid>/environ
+        // of every fork, and a run's must be a cold run's.
         let mut args: Vec<std::ffi::OsString> = vec![
             "-s".into(),
             inside.join("forkserver.py").into_os_string(),
             policy::CONTROL_FD.to_string().into(),
             inside.join("module.py").into_os_string(),
             spec.preload.join(",").into(),
+            spec.modules.join(",").into(),
         ];
         args.extend(
             policy::FORKED_RUN_PROGRAM_FDS
@@ -394,7 +399,7 @@ impl NativeBackend {
             .socket
             .try_clone()
             .map_err(|err| fail(format!("could not share its socket: {err}")))?;
-        let timeout = if spec.preload.is_empty() {
+        let timeout = if spec.preload.is_empty() && spec.modules.is_empty() {
             READY_TIMEOUT
         } else {
             READY_TIMEOUT_PRELOADING
