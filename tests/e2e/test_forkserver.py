@@ -538,6 +538,33 @@ async def test_a_fork_server_imports_what_its_runs_imported(snakebox_bin, data_d
         data = await forked_run(client, LEARN_PROBE.format("wave"))
         assert data["status"] == "ok" and data["stdout"] == "[]\n", data
 
+
+PYPLOT_SCRIPT = (
+    "import sys\nfound = 'matplotlib.pyplot' in sys.modules\nimport matplotlib.pyplot as plt\n"
+    "plt.plot([1, 2, 3], [1, 4, 9])\nplt.show()\nplt.plot([1, 2], [2, 1])\nprint(found)\n"
+)
+
+
+async def test_a_preloaded_pyplot_still_shows_figures_as_images(snakebox_bin, data_dir):
+    """The fork server of an environment that declares matplotlib has pyplot loaded before
+    any run (matplotlib's top-level `pylab` module imports it; a run that imports pyplot
+    teaches it too): a forked run's `plt.show()` still captures and closes the figure, as in
+    a cold run, so the plot after it is a second figure. (Before, a forked run's `show()` was
+    matplotlib's own, and both plots ended up in one figure.)"""
+    dependencies = ["matplotlib==3.10.3"]
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        first, _, _ = await call(client, "execute_python", script="import matplotlib", dependencies=dependencies, timeout_seconds=300)
+        assert first["status"] == "ok", first
+        deadline = time.monotonic() + 120
+        while not any("matplotlib" in d["preloaded"] for d in (await pool_state(client))["fork_server_details"]):
+            assert time.monotonic() < deadline
+            await anyio.sleep(0.2)
+        data = await forked_run(client, PYPLOT_SCRIPT, dependencies=dependencies)
+    assert data["status"] == "ok" and data["stdout"] == "True\n", data
+    figures = [a for a in data["artifacts"] if a["origin"] == "figure"]
+    assert [f["name"] for f in figures] == ["figure-1.png", "figure-2.png"], data["artifacts"]
+
 IMMORTAL_PROBE = r"""
 import json, os, sys, weakref
 # A function the fork server loaded, as the run finds it.

@@ -141,7 +141,7 @@ def _patch_pyplot(pyplot):
     """`plt.show()` under the non-interactive Agg backend captures and closes the figures
     (as a notebook does) instead of warning that it cannot show them."""
     original = getattr(pyplot, "show", None)
-    if original is None:
+    if original is None or getattr(original, "_snakebox_capture", False):
         return
 
     def show(*args, **kwargs):
@@ -156,6 +156,7 @@ def _patch_pyplot(pyplot):
 
     show.__doc__ = original.__doc__
     show.__wrapped__ = original
+    show._snakebox_capture = True
     pyplot.show = show
 
 
@@ -317,7 +318,14 @@ def warm_up():
 
 
 def install_pyplot_hook():
-    """Make `plt.show()` capture figures once the code imports pyplot (see _PyplotFinder)."""
+    """Make `plt.show()` capture figures once the code imports pyplot (see _PyplotFinder), or
+    now if pyplot is loaded already (a fork server imported it ahead: runs imported it)."""
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        try:
+            _patch_pyplot(pyplot)
+        except Exception:  # noqa: BLE001
+            pass
     if not any(isinstance(finder, _PyplotFinder) for finder in sys.meta_path):
         sys.meta_path.insert(0, _PyplotFinder())
 
