@@ -4,7 +4,9 @@
 //! a script imports below them (`scipy.stats`, `matplotlib.pyplot`, `sklearn.ensemble`) and
 //! what it imports from the standard library is each run's own cost, often most of it. A
 //! forked run of an environment with packages reports the modules it imported (its runner's
-//! `--report-imports`); a module that [`RUNS_TO_LEARN`] runs imported is learned, and the
+//! `--report-imports`: those whose package was loaded already, in the order their imports
+//! started, so the script's own imports come first); a module that [`RUNS_TO_LEARN`] runs
+//! imported is learned, in that order, and the
 //! pool starts a new fork server that imports the learned modules too and puts it in the old
 //! one's place (at most once per [`RESTART_AFTER`] for each fork server's key).
 //!

@@ -856,17 +856,21 @@ def _deny_exec(program_path):
 
 
 def _imported_since(before):
-    """The public modules in `sys.modules` now that were not in `before` (at most
-    MAX_IMPORTED; private ones such as `pandas._libs.x` come with their public parents)."""
+    """The modules the run imported that were not in `before`, as few as name them all: those
+    whose package was loaded already (`scipy.stats`, not the `scipy.stats.*` it brings), and
+    public ones only (a private module comes with its public importer). In the order their
+    imports started (`sys.modules` keeps it: a module is entered as its import begins), so
+    what the script imported itself comes before what that imported. At most MAX_IMPORTED."""
     try:
-        names = [
-            name
-            for name in list(sys.modules)
-            if name not in before and isinstance(name, str) and not any(part.startswith("_") for part in name.split("."))
-        ]
+        new = [name for name in list(sys.modules) if isinstance(name, str) and name not in before]
     except Exception:  # noqa: BLE001 - a script may have replaced sys.modules
         return []
-    return sorted(names)[:MAX_IMPORTED]
+    fresh = set(new)
+    return [
+        name
+        for name in new
+        if name.rpartition(".")[0] not in fresh and not any(part.startswith("_") for part in name.split("."))
+    ][:MAX_IMPORTED]
 
 
 def confine(options):
