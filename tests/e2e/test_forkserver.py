@@ -492,22 +492,28 @@ async def test_a_preloaded_package_is_fresh_in_every_forked_run(snakebox_bin, da
 
 
 
-LEARN_PROBE = "import sys\nfound = sorted(m for m in ('wave', 'colorsys') if m in sys.modules)\nimport {}\nprint(found)\n"
+LEARN_PROBE = (
+    "import sys\nfound = sorted(m for m in ('wave', 'colorsys', 'quopri') if m in sys.modules)\n"
+    "import {}\nprint(found, getattr(colorsys, 'MINE', False) if 'colorsys' in dir() else None)\n"
+)
+OWN_COLORSYS = [{"path": "colorsys.py", "content": "MINE = True\n"}]
 
 
 async def test_a_fork_server_imports_what_its_runs_imported(snakebox_bin, data_dir):
     """Besides its declared packages, the fork server of an environment imports what its runs
     imported: a module two runs imported is learned, the refill starts a fork server that
     imports it too and puts it in the old one's place, and the next run finds it loaded. A
-    module one run imported is not learned. The default environment's fork server (shared by
-    every tenant: no packages) learns nothing."""
+    module one run imported is not learned, nor one a run imported from its own files (its
+    `colorsys.py`, which shadows the standard library's); and a run's own file still shadows
+    a module the fork server loaded (as in a cold run). The default environment's fork server
+    (shared by every tenant: no packages) learns nothing."""
     dependencies = ["numpy"]
     async with connect(snakebox_bin, data_dir, "legacy") as client:
         await wait_forking(client)
         # The default environment: two runs import `wave`.
         for _ in range(2):
             data = await forked_run(client, LEARN_PROBE.format("wave"))
-            assert data["status"] == "ok" and data["stdout"] == "[]\n", data
+            assert data["status"] == "ok" and data["stdout"] == "[] None\n", data
         first, _, _ = await call(client, "execute_python", script="import numpy", dependencies=dependencies, timeout_seconds=300)
         assert first["status"] == "ok", first
 
@@ -523,21 +529,24 @@ async def test_a_fork_server_imports_what_its_runs_imported(snakebox_bin, data_d
                 await anyio.sleep(0.2)
 
         await numpy_fork_server("numpy")
-        # Two runs import `wave`, one of them `colorsys` too.
-        for modules in ("wave, colorsys", "wave"):
-            data = await forked_run(client, LEARN_PROBE.format(modules), dependencies=dependencies)
-            assert data["status"] == "ok" and data["stdout"] == "[]\n", data
+        # Two runs import `wave` and their own `colorsys`, one of them `quopri` too.
+        for modules in ("wave, colorsys, quopri", "wave, colorsys"):
+            data = await forked_run(client, LEARN_PROBE.format(modules), dependencies=dependencies, files=OWN_COLORSYS)
+            assert data["status"] == "ok" and data["stdout"] == "[] True\n", data
         learned = await numpy_fork_server("wave")
-        assert "colorsys" not in learned["preloaded"], learned
+        assert "colorsys" not in learned["preloaded"] and "quopri" not in learned["preloaded"], learned
         data = await forked_run(client, LEARN_PROBE.format("wave"), dependencies=dependencies)
-        assert data["status"] == "ok" and data["stdout"] == "['wave']\n", data
+        assert data["status"] == "ok" and data["stdout"] == "['wave'] None\n", data
+        # A run with its own `wave.py` imports its own.
+        own_wave = "import wave\nprint(getattr(wave, 'MINE', False))\n"
+        data = await forked_run(client, own_wave, dependencies=dependencies, files=[{"path": "wave.py", "content": "MINE = True\n"}])
+        assert data["status"] == "ok" and data["stdout"] == "True\n", data
         # The default environment's fork server learned nothing.
         state = await pool_state(client)
         default = [d for d in state["fork_server_details"] if "numpy" not in d["preloaded"]]
         assert default and all("wave" not in d["preloaded"] for d in default), state
         data = await forked_run(client, LEARN_PROBE.format("wave"))
-        assert data["status"] == "ok" and data["stdout"] == "[]\n", data
-
+        assert data["status"] == "ok" and data["stdout"] == "[] None\n", data
 
 PYPLOT_SCRIPT = (
     "import sys\nfound = 'matplotlib.pyplot' in sys.modules\nimport matplotlib.pyplot as plt\n"

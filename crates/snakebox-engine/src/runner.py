@@ -869,8 +869,27 @@ def _imported_since(before):
     return [
         name
         for name in new
-        if name.rpartition(".")[0] not in fresh and not any(part.startswith("_") for part in name.split("."))
+        if name.rpartition(".")[0] not in fresh
+        and not any(part.startswith("_") for part in name.split("."))
+        and _of_the_environment(sys.modules.get(name))
     ][:MAX_IMPORTED]
+
+
+def _of_the_environment(module):
+    """Whether `module` was loaded from the interpreter or the environment (built in, or its
+    files under their prefixes), not from the run's own files (its working directory, /tmp):
+    a fork server could not import those, nor should it import an environment's module of
+    the same name in their place."""
+    prefixes = tuple({os.path.join(p, "") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)})
+    paths = []
+    try:
+        location = getattr(module, "__file__", None)
+        if isinstance(location, str):
+            paths.append(location)
+        paths.extend(str(entry) for entry in getattr(module, "__path__", None) or ())
+    except Exception:  # noqa: BLE001 - a module object of the script's making
+        return False
+    return all(path.startswith(prefixes) for path in paths)
 
 
 def confine(options):

@@ -493,6 +493,7 @@ class ForkServer:
         _fresh_state()
         sys.argv = list(request["argv"])
         sys.path[0] = os.path.dirname(sys.argv[0])
+        _unshadow(self.preloaded, (sys.path[0], request["cwd"]))
         code = 1
         try:
             code = self.module.main()
@@ -821,6 +822,22 @@ def _fresh_state():
             numpy_random.seed()
         except Exception:  # noqa: BLE001
             pass
+
+
+def _unshadow(preloaded, directories):
+    """In the run, before its code: forget the preloaded modules that a file of the run's own
+    would be imported as (`helpers.py` or a `helpers/` directory in the script's directory or
+    the working directory, both ahead of the environment on `sys.path`), so that the script
+    imports its own, as it would in a cold run, where nothing of the environment is loaded."""
+    own = set()
+    for directory in directories:
+        try:
+            own.update(name[:-3] if name.endswith(".py") else name for name in os.listdir(directory))
+        except OSError:
+            pass
+    for top in {name.partition(".")[0] for name in preloaded} & own:
+        for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
+            del sys.modules[name]
 
 
 # The signal pid 2 queues to pid 1 as its runner ends, its value the exit code (`_finish`).
