@@ -829,6 +829,8 @@ def _unshadow(preloaded, directories):
     would be imported as (`helpers.py` or a `helpers/` directory in the script's directory or
     the working directory, both ahead of the environment on `sys.path`), so that the script
     imports its own, as it would in a cold run, where nothing of the environment is loaded."""
+    if not preloaded:
+        return
     own = set()
     for directory in directories:
         try:
