@@ -445,6 +445,9 @@ impl WarmPool {
         }
         let learned = {
             let mut inner = self.lock();
+            if inner.no_learn.contains(&forking.key.environment) {
+                return;
+            }
             if !inner.imports.contains_key(&forking.key) && inner.imports.len() >= LEARNING_KEYS {
                 let kept: Vec<Key> = inner.forks.iter().map(|f| f.key.clone()).collect();
                 inner.imports.retain(|key, _| kept.contains(key));

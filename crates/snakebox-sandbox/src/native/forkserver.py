@@ -327,7 +327,12 @@ class ForkServer:
         # once here.
         self.warm_up()
 
+        before = set(sys.modules)
         self.preloaded = _preload(preload, modules)
+        # The top-level modules the preloads loaded, with what they imported themselves: a
+        # cold run would not have them loaded yet, so a run's own file of that name must win
+        # (`_unshadow`).
+        self.loaded = frozenset(name for name in set(sys.modules) - before if "." not in name)
 
         for target in ("/tmp", "/dev/shm"):
             _BELOW[target] = _mount_points_below(target)
@@ -493,7 +498,7 @@ class ForkServer:
         _fresh_state()
         sys.argv = list(request["argv"])
         sys.path[0] = os.path.dirname(sys.argv[0])
-        _unshadow(self.preloaded, (sys.path[0], request["cwd"]))
+        _unshadow(self.loaded, (sys.path[0], request["cwd"]))
         code = 1
         try:
             code = self.module.main()
@@ -824,12 +829,13 @@ def _fresh_state():
             pass
 
 
-def _unshadow(preloaded, directories):
-    """In the run, before its code: forget the preloaded modules that a file of the run's own
-    would be imported as (`helpers.py` or a `helpers/` directory in the script's directory or
-    the working directory, both ahead of the environment on `sys.path`), so that the script
-    imports its own, as it would in a cold run, where nothing of the environment is loaded."""
-    if not preloaded:
+def _unshadow(loaded, directories):
+    """In the run, before its code: forget the top-level modules in `loaded` (what the
+    preloads loaded) that a file of the run's own would be imported as (`helpers.py` or a
+    `helpers/` directory in the script's directory or the working directory, both ahead of the
+    environment on `sys.path`), with their submodules, so that the script imports its own, as
+    it would in a cold run, where none of them is loaded yet."""
+    if not loaded:
         return
     own = set()
     for directory in directories:
@@ -837,7 +843,7 @@ def _unshadow(preloaded, directories):
             own.update(name[:-3] if name.endswith(".py") else name for name in os.listdir(directory))
         except OSError:
             pass
-    for top in {name.partition(".")[0] for name in preloaded} & own:
+    for top in loaded & own:
         for name in [m for m in sys.modules if m == top or m.startswith(top + ".")]:
             del sys.modules[name]
 
