@@ -21,6 +21,7 @@ import pytest
 
 from backend_support import FORK_SERVER_ONLY
 from conftest import call, connect, have_bwrap
+from test_builds import compilation
 from test_pool import outlives_its_timeout, runs_share_nothing
 
 pytestmark = [
@@ -50,6 +51,16 @@ async def wait_forking(client, seconds: float = 30.0) -> dict:
         assert state["fork_server_error"] is None, state
         assert time.monotonic() < deadline, f"the fork server did not start: {state}"
         await anyio.sleep(0.1)
+
+
+async def compiled_now(client) -> None:
+    """Wait until no environment is being compiled in the background: the fork server of an
+    environment just built gives way to one of its compiled copy when that is published, and
+    a run that comes just then may start cold."""
+    deadline = time.monotonic() + 240
+    while (await compilation(client))["pending"]:
+        assert time.monotonic() < deadline, await compilation(client)
+        await anyio.sleep(0.2)
 
 
 async def forked_run(client, script: str, **arguments) -> dict:
@@ -465,6 +476,7 @@ async def test_a_preloaded_package_is_fresh_in_every_forked_run(snakebox_bin, da
         await wait_forking(client)
         first, _, _ = await call(client, "execute_python", script="import numpy", dependencies=dependencies, timeout_seconds=300)
         assert first["status"] == "ok", first
+        await compiled_now(client)
         deadline = time.monotonic() + 120
         while True:
             state = await pool_state(client)
@@ -516,6 +528,7 @@ async def test_a_fork_server_imports_what_its_runs_imported(snakebox_bin, data_d
             assert data["status"] == "ok" and data["stdout"] == "[] None\n", data
         first, _, _ = await call(client, "execute_python", script="import numpy", dependencies=dependencies, timeout_seconds=300)
         assert first["status"] == "ok", first
+        await compiled_now(client)
 
         async def numpy_fork_server(wanted: str) -> dict:
             deadline = time.monotonic() + 120
@@ -565,6 +578,7 @@ async def test_a_preloaded_pyplot_still_shows_figures_as_images(snakebox_bin, da
         await wait_forking(client)
         first, _, _ = await call(client, "execute_python", script="import matplotlib", dependencies=dependencies, timeout_seconds=300)
         assert first["status"] == "ok", first
+        await compiled_now(client)
         deadline = time.monotonic() + 120
         while not any("matplotlib" in d["preloaded"] for d in (await pool_state(client))["fork_server_details"]):
             assert time.monotonic() < deadline
