@@ -63,6 +63,28 @@ async def compiled_now(client) -> None:
         await anyio.sleep(0.2)
 
 
+async def built(client, dependencies: list[str]) -> None:
+    """Build the environment of `dependencies` with one run, and wait until its background
+    compilation is done (see `compiled_now`)."""
+    first, _, _ = await call(client, "execute_python", script="pass", dependencies=dependencies, timeout_seconds=300)
+    assert first["status"] == "ok", first
+    await compiled_now(client)
+
+
+async def fork_server_with(client, *modules: str) -> dict:
+    """Wait until a fork server has preloaded all of `modules`; what check_environment says
+    of it."""
+    deadline = time.monotonic() + 120
+    while True:
+        state = await pool_state(client)
+        details = [d for d in state["fork_server_details"] if all(m in d["preloaded"] for m in modules)]
+        if details:
+            return details[0]
+        assert state["fork_server_error"] is None, state
+        assert time.monotonic() < deadline, (modules, state)
+        await anyio.sleep(0.2)
+
+
 async def forked_run(client, script: str, **arguments) -> dict:
     """Run `script` and check that the fork server ran it."""
     before = await pool_state(client)
@@ -474,19 +496,9 @@ async def test_a_preloaded_package_is_fresh_in_every_forked_run(snakebox_bin, da
     dependencies = ["numpy"]
     async with connect(snakebox_bin, data_dir, "legacy") as client:
         await wait_forking(client)
-        first, _, _ = await call(client, "execute_python", script="import numpy", dependencies=dependencies, timeout_seconds=300)
-        assert first["status"] == "ok", first
-        await compiled_now(client)
-        deadline = time.monotonic() + 120
-        while True:
-            state = await pool_state(client)
-            details = [d for d in state["fork_server_details"] if "numpy" in d["preloaded"]]
-            if details:
-                break
-            assert state["fork_server_error"] is None, state
-            assert time.monotonic() < deadline, state
-            await anyio.sleep(0.2)
-        memory = details[0]["peak_memory_bytes"]
+        await built(client, dependencies)
+        details = await fork_server_with(client, "numpy")
+        memory = details["peak_memory_bytes"]
         assert memory is None or memory > 10 << 20, details  # an interpreter with numpy in it
         runs = []
         for _ in range(3):
@@ -526,27 +538,13 @@ async def test_a_fork_server_imports_what_its_runs_imported(snakebox_bin, data_d
         for _ in range(2):
             data = await forked_run(client, LEARN_PROBE.format("wave"))
             assert data["status"] == "ok" and data["stdout"] == "[] None\n", data
-        first, _, _ = await call(client, "execute_python", script="import numpy", dependencies=dependencies, timeout_seconds=300)
-        assert first["status"] == "ok", first
-        await compiled_now(client)
-
-        async def numpy_fork_server(wanted: str) -> dict:
-            deadline = time.monotonic() + 120
-            while True:
-                state = await pool_state(client)
-                details = [d for d in state["fork_server_details"] if "numpy" in d["preloaded"] and wanted in d["preloaded"]]
-                if details:
-                    return details[0]
-                assert state["fork_server_error"] is None, state
-                assert time.monotonic() < deadline, (wanted, state)
-                await anyio.sleep(0.2)
-
-        await numpy_fork_server("numpy")
+        await built(client, dependencies)
+        await fork_server_with(client, "numpy")
         # Two runs import `wave` and their own `colorsys`, one of them `quopri` too.
         for modules in ("wave, colorsys, quopri", "wave, colorsys"):
             data = await forked_run(client, LEARN_PROBE.format(modules), dependencies=dependencies, files=OWN_COLORSYS)
             assert data["status"] == "ok" and data["stdout"] == "[] True\n", data
-        learned = await numpy_fork_server("wave")
+        learned = await fork_server_with(client, "numpy", "wave")
         assert "colorsys" not in learned["preloaded"] and "quopri" not in learned["preloaded"], learned
         data = await forked_run(client, LEARN_PROBE.format("wave"), dependencies=dependencies)
         assert data["status"] == "ok" and data["stdout"] == "['wave'] None\n", data
@@ -576,13 +574,8 @@ async def test_a_preloaded_pyplot_still_shows_figures_as_images(snakebox_bin, da
     dependencies = ["matplotlib==3.10.3"]
     async with connect(snakebox_bin, data_dir, "legacy") as client:
         await wait_forking(client)
-        first, _, _ = await call(client, "execute_python", script="import matplotlib", dependencies=dependencies, timeout_seconds=300)
-        assert first["status"] == "ok", first
-        await compiled_now(client)
-        deadline = time.monotonic() + 120
-        while not any("matplotlib" in d["preloaded"] for d in (await pool_state(client))["fork_server_details"]):
-            assert time.monotonic() < deadline
-            await anyio.sleep(0.2)
+        await built(client, dependencies)
+        await fork_server_with(client, "matplotlib")
         data = await forked_run(client, PYPLOT_SCRIPT, dependencies=dependencies)
     assert data["status"] == "ok" and data["stdout"] == "True\n", data
     figures = [a for a in data["artifacts"] if a["origin"] == "figure"]
