@@ -3,8 +3,8 @@
 
 Starts `snakebox serve` (own fresh --data-dir), runs a script that imports a module below a
 declared package (default: `import scipy.stats` with `scipy` declared) once to build the
-environment, waits for its fork server (which preloads the declared package's top-level
-module only), then times calls: before the fork server learned the module (the first two
+environment, waits for its compilation and its fork server (which preloads the declared
+package's top-level module only), then times calls: before the fork server learned the module (the first two
 forked runs teach it), and once `check_environment` lists it among what the fork server
 preloaded. Prints the medians and what the runs found loaded.
 
@@ -33,6 +33,19 @@ async def fork_server_has(client: RawClient, module: str) -> bool:
     report = await client.request("tools/call", {"name": "check_environment", "arguments": {}})
     details = report["structuredContent"]["warm_pool"]["fork_server_details"]
     return any(module in d["preloaded"] for d in details)
+
+
+async def compiled(client: RawClient, seconds: float) -> None:
+    """Wait until no environment is being compiled in the background (the environment's fork
+    server gives way to one of its compiled copy when that is published)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        report = await client.request("tools/call", {"name": "check_environment", "arguments": {}})
+        if not report["structuredContent"]["cache"]["compilation"]["pending"]:
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the environment was not compiled within {seconds:.0f} s")
+        await asyncio.sleep(0.2)
 
 
 async def wait_for(client: RawClient, module: str, seconds: float) -> None:
@@ -67,6 +80,7 @@ async def main() -> None:
         async with RawClient([args.snakebox, "serve", "--data-dir", data], env) as client:
             elapsed, _ = await timed(client, script, dependencies)
             print(f"first run (builds the environment): {elapsed:.0f} ms")
+            await compiled(client, 300)
             await wait_for(client, top, 300)
             before = [await timed(client, script, dependencies) for _ in range(2)]
             await wait_for(client, args.module, 300)
