@@ -127,6 +127,14 @@ pub(crate) struct Forking {
     modules: Vec<String>,
 }
 
+impl Forking {
+    /// Whether it serves the environment's current directory (not one since replaced by a
+    /// new one renamed into its place): only then may a claim take it.
+    fn is_current(&self) -> bool {
+        self.root.is_some() && self.root == dir_id(&self.environment.root)
+    }
+}
+
 /// How a call is started (see [`WarmPool::claim`]).
 pub(crate) enum Claim {
     /// Forked from the fork server of its environment.
@@ -582,6 +590,13 @@ impl Engine {
                 let replaced = {
                     let mut inner = pool.lock();
                     match started {
+                        // Its environment was published anew while it started (its compiled
+                        // copy took the directory's place): a claim would discard it, so it
+                        // goes now and the next turn starts one of the current directory.
+                        Ok(Ok(forking)) if !forking.is_current() => {
+                            tracing::debug!(environment = %forking.key.environment, "the environment was replaced while its fork server started; starting another");
+                            vec![Arc::new(forking)]
+                        }
                         Ok(Ok(forking)) => inner.install_fork_server(forking),
                         Ok(Err(message)) => {
                             tracing::warn!(%message, "could not start a fork server; the warm pool serves instead");
@@ -604,6 +619,7 @@ impl Engine {
                     tokio::task::spawn_blocking(move || engine.start_fork_server(&target, None))
                         .await;
                 match started {
+                    Ok(Ok(forking)) if !forking.is_current() => drop(forking),
                     // In the old one's place; the old one is stopped outside the lock.
                     Ok(Ok(forking)) => drop(pool.lock().install_fork_server(forking)),
                     // The old one serves on.
