@@ -28,7 +28,8 @@
 //! start failed) and the pool covers the gap. When the environment's directory is replaced
 //! by its byte-compiled copy, a fork server of the copy is started before the swap and takes
 //! over right after it ([`Engine::fork_servers_of_copy`]); a fork server of a directory that
-//! was replaced otherwise goes at the next claim and the refill starts one. A fork server of
+//! was replaced otherwise goes at the next claim (or, replaced while it started, as soon as
+//! its start returns) and the refill starts one. A fork server of
 //! an environment with packages also imports what its recent runs imported (`crate::learn`):
 //! once it has learned a module, the refill starts a new one that imports it and puts it in
 //! the old one's place.
