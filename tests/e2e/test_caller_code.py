@@ -37,6 +37,7 @@ import pytest
 from attacks_support import Listener
 from backend_support import FORK_SERVER_ONLY
 from conftest import call, connect, docker_backend, have_bwrap
+from test_forkserver import compiled_now, fork_server_with
 
 pytestmark = [
     pytest.mark.anyio,
@@ -422,6 +423,10 @@ if sys.argv and sys.argv[0].endswith("forkserver.py"):
         async with connect(snakebox_bin, data_dir, "legacy", env={"UV_INDEX_URL": index.url}) as client:
             data, _, _ = await call(client, "execute_python", script="print('ok')", dependencies=[f"{SPINNER}==1.0"], timeout_seconds=120)
             assert data["status"] == "ok", data
+            # The fork server that serves on: one started before the environment's compiled
+            # copy took its place is stopped as soon as it is ready, and its thread with it.
+            await compiled_now(client)
+            await fork_server_with(client, module)
             deadline = time.monotonic() + 60
             pid = None
             while pid is None:
