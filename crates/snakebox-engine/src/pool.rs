@@ -129,10 +129,15 @@ pub(crate) struct Forking {
 }
 
 impl Forking {
+    /// Whether it serves the directory whose (device, inode) is `root`.
+    fn serves(&self, root: Option<(u64, u64)>) -> bool {
+        self.root.is_some() && self.root == root
+    }
+
     /// Whether it serves the environment's current directory (not one since replaced by a
     /// new one renamed into its place): only then may a claim take it.
     fn is_current(&self) -> bool {
-        self.root.is_some() && self.root == dir_id(&self.environment.root)
+        self.serves(dir_id(&self.environment.root))
     }
 }
 
@@ -366,13 +371,13 @@ impl WarmPool {
             // place) goes: the refill task starts one for the current directory.
             let (forks, stale): (Vec<_>, Vec<_>) = std::mem::take(&mut inner.forks)
                 .into_iter()
-                .partition(|f| f.key != key || (f.root.is_some() && f.root == root));
+                .partition(|f| f.key != key || f.serves(root));
             inner.forks = forks;
             discarded.forks.extend(stale);
             let fork = inner
                 .forks
                 .iter()
-                .find(|f| f.key == key && f.root.is_some() && f.root == root)
+                .find(|f| f.key == key && f.serves(root))
                 .cloned();
             let claim = match fork {
                 Some(fork) => Claim::Fork(fork),
@@ -584,28 +589,21 @@ impl Engine {
         }
         while !pool.stopped.load(Ordering::Relaxed) {
             if let Some(target) = pool.fork_wanted() {
-                let engine = Arc::clone(&self);
-                let started =
-                    tokio::task::spawn_blocking(move || engine.start_fork_server(&target, None))
-                        .await;
+                let started = self.start_fork_server_off_runtime(target, None).await;
                 let replaced = {
                     let mut inner = pool.lock();
                     match started {
                         // Its environment was published anew while it started (its compiled
                         // copy took the directory's place): a claim would discard it, so it
                         // goes now and the next turn starts one of the current directory.
-                        Ok(Ok(forking)) if !forking.is_current() => {
+                        Ok(forking) if !forking.is_current() => {
                             tracing::debug!(environment = %forking.key.environment, "the environment was replaced while its fork server started; starting another");
                             vec![Arc::new(forking)]
                         }
-                        Ok(Ok(forking)) => inner.install_fork_server(forking),
-                        Ok(Err(message)) => {
+                        Ok(forking) => inner.install_fork_server(forking),
+                        Err(message) => {
                             tracing::warn!(%message, "could not start a fork server; the warm pool serves instead");
                             inner.fork_error = Some((message, std::time::Instant::now()));
-                            Vec::new()
-                        }
-                        Err(err) => {
-                            inner.fork_error = Some((err.to_string(), std::time::Instant::now()));
                             Vec::new()
                         }
                     }
@@ -615,20 +613,13 @@ impl Engine {
                 continue;
             }
             if let Some(target) = pool.relearn_wanted() {
-                let engine = Arc::clone(&self);
-                let started =
-                    tokio::task::spawn_blocking(move || engine.start_fork_server(&target, None))
-                        .await;
-                match started {
-                    Ok(Ok(forking)) if !forking.is_current() => drop(forking),
+                match self.start_fork_server_off_runtime(target, None).await {
+                    Ok(forking) if !forking.is_current() => drop(forking),
                     // In the old one's place; the old one is stopped outside the lock.
-                    Ok(Ok(forking)) => drop(pool.lock().install_fork_server(forking)),
+                    Ok(forking) => drop(pool.lock().install_fork_server(forking)),
                     // The old one serves on.
-                    Ok(Err(message)) => {
+                    Err(message) => {
                         tracing::warn!(%message, "could not start a fork server with the modules its runs import; the running one serves on");
-                    }
-                    Err(err) => {
-                        tracing::warn!(error = %err, "starting a fork server with the modules its runs import failed");
                     }
                 }
                 continue;
@@ -748,23 +739,30 @@ impl Engine {
             .collect();
         let mut started = Vec::new();
         for target in targets {
-            let engine = Arc::clone(self);
-            let copy = copy.clone();
-            match tokio::task::spawn_blocking(move || {
-                engine.start_fork_server(&target, Some(&copy))
-            })
-            .await
+            match self
+                .start_fork_server_off_runtime(target, Some(copy.clone()))
+                .await
             {
-                Ok(Ok(forking)) => started.push(forking),
-                Ok(Err(message)) => {
+                Ok(forking) => started.push(forking),
+                Err(message) => {
                     tracing::warn!(%key, %message, "could not start a fork server of the compiled copy; runs start cold until the refill starts one");
-                }
-                Err(err) => {
-                    tracing::warn!(%key, error = %err, "starting a fork server of the compiled copy failed")
                 }
             }
         }
         started
+    }
+
+    /// [`Engine::start_fork_server`] on a blocking thread (a start waits for the fork server
+    /// to be ready: not on the runtime's few worker threads).
+    async fn start_fork_server_off_runtime(
+        self: &Arc<Self>,
+        target: Target,
+        copy: Option<PathBuf>,
+    ) -> Result<Forking, String> {
+        let engine = Arc::clone(self);
+        tokio::task::spawn_blocking(move || engine.start_fork_server(&target, copy.as_deref()))
+            .await
+            .unwrap_or_else(|err| Err(format!("starting a fork server failed: {err}")))
     }
 
     /// Put fork servers of a just-published environment (see

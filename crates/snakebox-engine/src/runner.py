@@ -866,21 +866,21 @@ def _imported_since(before):
     except Exception:  # noqa: BLE001 - a script may have replaced sys.modules
         return []
     fresh = set(new)
+    prefixes = tuple({os.path.join(p, "") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)})
     return [
         name
         for name in new
         if name.rpartition(".")[0] not in fresh
         and not any(part.startswith("_") for part in name.split("."))
-        and _of_the_environment(sys.modules.get(name))
+        and _of_the_environment(sys.modules.get(name), prefixes)
     ][:MAX_IMPORTED]
 
 
-def _of_the_environment(module):
+def _of_the_environment(module, prefixes):
     """Whether `module` was loaded from the interpreter or the environment (built in, or its
-    files under their prefixes), not from the run's own files (its working directory, /tmp):
-    a fork server could not import those, nor should it import an environment's module of
-    the same name in their place."""
-    prefixes = tuple({os.path.join(p, "") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)})
+    files under `prefixes`: the interpreter's and the environment's), not from the run's own
+    files (its working directory, /tmp): a fork server could not import those, nor should it
+    import an environment's module of the same name in their place."""
     paths = []
     try:
         location = getattr(module, "__file__", None)

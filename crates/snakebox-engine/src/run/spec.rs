@@ -45,11 +45,11 @@ pub(crate) enum RunNetwork {
     Host,
 }
 
-/// The runner's option that starts the bridge to the proxy socket (see `runner.py`).
 /// The runner option that makes it report the modules the run imported (`imported` in its
 /// record).
 const LEARN_IMPORTS: &str = "--report-imports";
 
+/// The runner's option that starts the bridge to the proxy socket (see `runner.py`).
 pub(crate) fn proxy_args() -> [String; 2] {
     [
         "--proxy".to_owned(),
@@ -143,7 +143,7 @@ impl Engine {
             mount_points: vec![PathBuf::from(SANDBOX_INPUT_DIR), work],
             concurrent_runs: self.config.max_concurrent_runs,
             preload: preload_names(&environment.requirements, self.config.preload_packages),
-            // What recent runs imported: the pool adds it (`WarmPool::learned_for`).
+            // What recent runs imported: the pool adds it (`Engine::start_fork_server`).
             modules: Vec::new(),
             prefork: self.config.prefork,
         }
