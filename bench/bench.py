@@ -16,7 +16,10 @@ What it measures (see bench/README.md for how to run it and BENCHMARKS.md for re
   against a bare venv with bytecode compiled.
 
 Latency rows are measured round-robin (one sample of each row per round), so drift in the
-machine's load affects baselines and snakebox alike. Ratios are medians over medians.
+machine's load affects baselines and snakebox alike. Ratios are medians over medians. Each
+sample of a latency row is followed by a pause (SAMPLE_GAP): what a call leaves to finish after
+its reply (a forked run's exits, the pre-forked child that replaces it) is then not charged to
+the next row's sample, and is counted in the CPU of its own.
 """
 
 from __future__ import annotations
@@ -468,10 +471,17 @@ class Snakebox:
         return pids[0]
 
 
+# The pause after each sample of a latency row (see the module documentation).
+SAMPLE_GAP = 0.02
+
+
 async def timed(call: Callable[[], Awaitable[Any]]) -> float:
+    """How long `call` took, in ms; returns after SAMPLE_GAP more."""
     start = time.perf_counter()
     await call()
-    return (time.perf_counter() - start) * 1000
+    elapsed = (time.perf_counter() - start) * 1000
+    await asyncio.sleep(SAMPLE_GAP)
+    return elapsed
 
 
 # ---------------------------------------------------------------------------------------------

@@ -331,18 +331,24 @@ def wait_marker_gone(marker: str, grace: float) -> list[int]:
         time.sleep(0.05)
 
 
-def cgroup_leftovers(dirs: set[Path]) -> dict[str, str]:
-    """cgroups of the run that still hold processes (a removed directory counts as empty)."""
-    left = {}
-    for d in dirs:
-        procs = d / "cgroup.procs"
-        try:
-            text = procs.read_text().strip()
-        except OSError:
-            continue
-        if text:
-            left[str(d)] = text
-    return left
+def cgroup_leftovers(dirs: set[Path], grace: float = 1.0) -> dict[str, str]:
+    """cgroups of the run that still hold processes `grace` s from now (a removed directory
+    counts as empty). The call may return while the run's processes are still exiting: each
+    has SIGKILL pending by then, and none can be made (SECURITY.md, "the end of a run")."""
+    deadline = time.monotonic() + grace
+    while True:
+        left = {}
+        for d in dirs:
+            procs = d / "cgroup.procs"
+            try:
+                text = procs.read_text().strip()
+            except OSError:
+                continue
+            if text:
+                left[str(d)] = text
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.01)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import uuid
 import anyio
 import pytest
 
+from attacks_support import ProcWatch, cgroup_leftovers
 from backend_support import FORK_SERVER_ONLY
 from conftest import call, connect, have_bwrap
 from test_builds import compilation
@@ -613,3 +614,95 @@ async def test_a_forked_run_finds_what_the_fork_server_holds_immortal(snakebox_b
     # The default interpreter of these machines is 3.13 (the only place the check can hold).
     assert tuple(seen["version"]) in {(3, 12), (3, 13)} and seen["abiflags"] == "", seen
     assert seen["held"] == (1 << 32) - 1, seen
+
+
+# Two processes that take long to exit (each maps a large file of the interpreter many times:
+# the kernel needs tens of milliseconds to tear down their page tables) and a chain of
+# processes that never keeps a pid (each forks the next and ends), all carrying MARK in their
+# command line. None holds the run's output (the reply would wait for that to end). The
+# script ends while they run.
+SLOW_TO_EXIT = r'''
+import os, subprocess, sys, time
+HOLD = """
+import mmap, os, sys, time
+maps, total = [], 0
+with open(sys.argv[1], 'rb') as f:
+    while total < (8 << 30) and len(maps) < 30000:
+        maps.append(mmap.mmap(f.fileno(), 0, flags=mmap.MAP_PRIVATE | mmap.MAP_POPULATE, prot=mmap.PROT_READ))
+        total += len(maps[-1])
+open('/tmp/held-%d' % os.getpid(), 'w').close()
+while True:
+    time.sleep(0.01)
+"""
+CHAIN = """
+import os
+while True:
+    if os.fork():
+        os._exit(0)
+"""
+candidates = [os.path.realpath(sys.executable)]
+lib = os.path.join(sys.base_prefix, "lib")
+candidates += [os.path.join(lib, name) for name in os.listdir(lib)]
+biggest = max((p for p in candidates if os.path.isfile(p)), key=os.path.getsize)
+for _ in range(2):
+    subprocess.Popen([sys.executable, "-c", HOLD, biggest, "MARK"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+subprocess.Popen([sys.executable, "-c", CHAIN, "MARK"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+deadline = time.monotonic() + 60
+while len([n for n in os.listdir("/tmp") if n.startswith("held-")]) < 2 and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("held", len([n for n in os.listdir("/tmp") if n.startswith("held-")]))
+'''
+
+PF_EXITING = 0x4
+
+
+def dying(pid: int) -> bool | None:
+    """Whether the process can never run code again: it is exiting or has SIGKILL pending
+    (None: it is gone). Asked three times, a millisecond apart: the kernel takes SIGKILL off
+    the pending set a moment before it marks the process exiting."""
+    for _ in range(3):
+        try:
+            stat = open(f"/proc/{pid}/stat").read()
+            status = dict(line.split(":\t", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":\t" in line)
+        except (FileNotFoundError, ProcessLookupError):
+            return None
+        fields = stat.rsplit(") ", 1)[1].split()
+        pending = int(status.get("SigPnd", "0"), 16) | int(status.get("ShdPnd", "0"), 16)
+        if fields[0] in ("Z", "X") or int(fields[6]) & PF_EXITING or pending & (1 << (9 - 1)):
+            return True
+        time.sleep(0.001)
+    return False
+
+
+def run_cgroups(watch) -> set:
+    return {d for d in watch.cgroups() if d.name.startswith("snakebox-")}
+
+
+def members(cgroup) -> list[int]:
+    try:
+        return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
+    except OSError:
+        return []
+
+
+async def test_when_a_forked_run_returns_none_of_its_processes_can_run_code(snakebox_bin, data_dir):
+    """The reply of a forked run does not wait for its processes' exits, but it comes only once
+    none of them can run code again: the run's pid 1 SIGKILLs the rest of its pid namespace in
+    one step that no fork slips past (even a chain of forks that never keeps a pid), then
+    reports the end. Judged from the host right after the call returns: the processes that
+    take long to exit are still there, and each is exiting or has SIGKILL pending. They are
+    gone soon after, and the run's cgroups with them."""
+    marker = f"slow-exit-{uuid.uuid4().hex[:8]}"
+    async with connect(snakebox_bin, data_dir, "legacy") as client:
+        await wait_forking(client)
+        before = await pool_state(client)
+        with ProcWatch(marker, interval=0.02) as watch:
+            data, _, _ = await call(client, "execute_python", script=SLOW_TO_EXIT.replace("MARK", marker), timeout_seconds=120)
+            left = {pid: dying(pid) for cgroup in run_cgroups(watch) for pid in members(cgroup)}
+        after = await pool_state(client)
+    assert data["status"] == "ok" and data["stdout"] == "held 2\n", data
+    assert after["forked"] == before["forked"] + 1, (before, after)
+    assert run_cgroups(watch), f"the run's processes were never seen from the host: {watch.seen}"
+    assert left, "every process of the run had exited before the call returned (the reply waited for the exits)"
+    assert all(state is not False for state in left.values()), f"processes of the run still running after the reply: {left}"
+    assert not cgroup_leftovers(run_cgroups(watch), grace=30), "the run's processes did not go"

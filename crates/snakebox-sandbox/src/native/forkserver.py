@@ -49,7 +49,8 @@ straight into a new user and pid namespace (no process in between: `_clone`). Pi
    rlimits and stdio, drops every capability, installs the seal (the run's seccomp programs,
    on top of the fork server's own, are then complete), closes its socket and every other
    descriptor, and runs the code;
-7. pid 1 reports the run's end on the socket: `exit <status>`, as soon as pid 2 says its exit
+7. pid 1 SIGKILLs every other process of its namespace (`kill(-1)`, which no fork slips past)
+   and then reports the run's end on the socket: `exit <status>`, as soon as pid 2 says its exit
    code while it exits (the runner's end, `_finish`: a queued signal, `SIG_END`, whose value is
    the code; the two exits then overlap instead of following each other), else pid 2's wait
    status once it is reaped (an `os._exit`, an `exec`, a death by signal), if it took a run;
@@ -59,8 +60,10 @@ straight into a new user and pid namespace (no process in between: `_clone`). Pi
 
 Messages to the server on the fork server's socket: `ready`; `gone <n> <wait status>` (of pid 1,
 once reaped: a child that ended before its run, or a run killed with its pid 1) and `fail <n>
-<reason>` (the clone failed). The run's end is reported by pid 1 before its namespaces are
-torn down (the server kills what is left of the run through its cgroup either way).
+<reason>` (the clone failed). Pid 1's report of the run's end comes once nothing of the run
+can run code again, but before the run's processes have exited: the server replies at once,
+and removes the run's cgroup once they have. (When the server killed the run itself, or pid 1
+ended without a word, it kills through the run's cgroup and waits until it is empty.)
 """
 
 import atexit
@@ -883,6 +886,16 @@ def _init(main, report, taken):
         return ran
 
     def end(text):
+        # Every other process of the run first gets SIGKILL, in one step no fork can slip
+        # past: from a pid namespace's init, kill(-1) signals each process of the namespace
+        # (and of namespaces nested in it) under the lock a fork takes to add a process, so
+        # a process is either signalled or never made. The report therefore also says that
+        # no process of the run can run code again, and the server replies without waiting
+        # for their exits (`Forked::wait`).
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
         try:
             os.write(report, text)
         except OSError:

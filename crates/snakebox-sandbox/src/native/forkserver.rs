@@ -877,6 +877,7 @@ impl ForkServer {
             command_ran: std::sync::atomic::AtomicBool::new(true),
             // Released off the runtime (below): the run's namespaces end there.
             namespaces: Some(Mutex::new(Vec::new())),
+            all_dying: AtomicBool::new(false),
         });
         drop(fds);
         let receiver = |fd: OwnedFd, what: &'static str| {
@@ -888,6 +889,7 @@ impl ForkServer {
             socket: Some(socket),
             gone: Some(gone),
             killed: false,
+            teardown: teardown.clone(),
         };
         let raw = supervise(
             child,
@@ -965,14 +967,26 @@ struct Forked {
     /// Set once the run was killed: from then on the report is awaited for a bounded time
     /// only, so a fork server that stopped answering cannot hold the call.
     killed: bool,
+    /// Told when a report shows that nothing of the run can run code any more.
+    teardown: Arc<NativeTeardown>,
 }
 
 impl Forked {
+    /// Nothing of the run can run code again: pid 1 killed every other process of its pid
+    /// namespace before it reported the end (`exit`, see forkserver.py), or it was reaped
+    /// (`gone`: its namespace is empty then).
+    fn all_dying(&self) {
+        self.teardown.all_dying.store(true, Ordering::SeqCst);
+    }
+
     async fn report(&mut self) -> Result<Report, oneshot::error::RecvError> {
         if let Some(socket) = &self.socket {
             let said = read_child_report(socket).await;
             self.socket = None;
             if let Some(report) = said {
+                if matches!(report, Report::Exit(_)) {
+                    self.all_dying();
+                }
                 return Ok(report);
             }
         }
@@ -985,6 +999,9 @@ impl Forked {
         };
         let report = gone.await;
         self.gone = None;
+        if matches!(report, Ok(Report::Gone(_))) {
+            self.all_dying();
+        }
         report
     }
 }

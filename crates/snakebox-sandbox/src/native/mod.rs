@@ -621,6 +621,7 @@ impl ProcessBackend for NativeBackend {
             memory_hit: AtomicBool::new(false),
             command_ran: AtomicBool::new(false),
             namespaces: None,
+            all_dying: AtomicBool::new(false),
         });
         let info_task = tokio::spawn(follow_status(info_read, teardown.clone()));
         Ok(Started {
@@ -766,6 +767,11 @@ struct NativeTeardown {
     /// [`hold_namespaces`]); `None`: not held (a cold run releases on the runtime, where their
     /// end would block a thread).
     namespaces: Option<std::sync::Mutex<Vec<OwnedFd>>>,
+    /// Every process of the run has SIGKILL pending or is gone, and none can be made any
+    /// more: a forked run's pid 1 says so in its report of the run's end (it killed the rest
+    /// of its pid namespace first). The reply then need not wait for their exits; the
+    /// cgroup's removal does, off the call's path.
+    all_dying: AtomicBool,
 }
 
 impl NativeTeardown {
@@ -922,6 +928,9 @@ impl Teardown for NativeTeardown {
     fn kill_all_and_wait(&self) -> crate::supervise::Waiting<'_> {
         Box::pin(async move {
             self.kill_sandbox();
+            if self.all_dying.load(Ordering::SeqCst) {
+                return;
+            }
             if let Some(cg) = &self.cgroup {
                 gone(cg, self.namespaces.as_ref()).await;
             }
@@ -955,7 +964,9 @@ impl Teardown for NativeTeardown {
         }
         if let Some(cg) = &self.cgroup {
             let left = cg.pids();
-            if !left.is_empty() {
+            // (Where the reply did not wait for the exits, they may still be going on: the
+            // removal waits for them.)
+            if !left.is_empty() && !self.all_dying.load(Ordering::SeqCst) {
                 tracing::warn!(
                     ?left,
                     "processes left in the run cgroup after the kill; retrying"
