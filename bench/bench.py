@@ -16,10 +16,11 @@ What it measures (see bench/README.md for how to run it and BENCHMARKS.md for re
   against a bare venv with bytecode compiled.
 
 Latency rows are measured round-robin (one sample of each row per round), so drift in the
-machine's load affects baselines and snakebox alike. Ratios are medians over medians. Each
-sample of a latency row is followed by a pause (SAMPLE_GAP): what a call leaves to finish after
-its reply (a forked run's exits, the pre-forked child that replaces it) is then not charged to
-the next row's sample, and is counted in the CPU of its own.
+machine's load affects baselines and snakebox alike, back to back (a pause between samples
+lets the server's threads and processes go idle: waking them costs a session cell ≈ 0.8 ms on
+these virtual machines, measured). A forked run's processes finish exiting after its reply, so
+with `--compare` the older build's sample comes before the newer one's in each round. Ratios
+are medians over medians.
 """
 
 from __future__ import annotations
@@ -471,17 +472,14 @@ class Snakebox:
         return pids[0]
 
 
-# The pause after each sample of a latency row (see the module documentation).
-SAMPLE_GAP = 0.02
+# The pause before each call of the spaced `print('hi')` rows.
+SPACED_PAUSE = 0.1
 
 
 async def timed(call: Callable[[], Awaitable[Any]]) -> float:
-    """How long `call` took, in ms; returns after SAMPLE_GAP more."""
     start = time.perf_counter()
     await call()
-    elapsed = (time.perf_counter() - start) * 1000
-    await asyncio.sleep(SAMPLE_GAP)
-    return elapsed
+    return (time.perf_counter() - start) * 1000
 
 
 # ---------------------------------------------------------------------------------------------
@@ -595,9 +593,22 @@ async def bench_print(
         cases.append(("bwrap_uv", lambda: run_sync(bwrap_uv, env=env, cwd=str(hi.parent), expect="hi\n")))
         if setup.mode == "legacy":  # `ping` is gone from the 2026-07-28 revision
             cases.append(("mcp_ping", lambda: timed(sb.client.send_ping)))
-        cases.append(("snakebox_print", lambda: timed(lambda: sb.execute(HI, expect="hi\n"))))
+        # The `--compare` build first: a forked run's reply does not wait for its processes'
+        # exits (since f597cf0), which then overlap the next sample; each build's row follows
+        # one that leaves nothing behind (the older build's waited for its exits).
         if other is not None:
             cases.append(("snakebox_print_other", lambda: timed(lambda: other.execute(HI, expect="hi\n"))))
+        cases.append(("snakebox_print", lambda: timed(lambda: sb.execute(HI, expect="hi\n"))))
+
+        async def spaced(server: Snakebox) -> float:
+            # An agent's calls come seconds apart: the server is idle, and nothing of the call
+            # before is still going on.
+            await asyncio.sleep(SPACED_PAUSE)
+            return await timed(lambda: server.execute(HI, expect="hi\n"))
+
+        if other is not None:
+            cases.append(("snakebox_print_spaced_other", lambda: spaced(other)))
+        cases.append(("snakebox_print_spaced", lambda: spaced(sb)))
         for key, server in backends.items():
             # No CPU column: a container's work is done by the engine's daemons, not the server.
             cases.append((key, lambda server=server: timed(lambda: server.execute(HI, expect="hi\n"))))
@@ -793,11 +804,12 @@ async def bench_pandas(setup: Setup, sb: Snakebox, rows: dict[str, Row], other: 
             await server.execute(PANDAS_SCRIPT, dependencies, expect=PANDAS_OUT)
     for i in range(setup.rounds):
         rows["bare_pandas"].samples.append(timed_run(bare, expect=PANDAS_OUT))
-        rows["snakebox_pandas"].samples.append(await timed(lambda: sb.execute(PANDAS_SCRIPT, dependencies, expect=PANDAS_OUT)))
+        # The `--compare` build first, as in the print rows.
         if other is not None:
             rows["snakebox_pandas_other"].samples.append(
                 await timed(lambda: other.execute(PANDAS_SCRIPT, dependencies, expect=PANDAS_OUT))
             )
+        rows["snakebox_pandas"].samples.append(await timed(lambda: sb.execute(PANDAS_SCRIPT, dependencies, expect=PANDAS_OUT)))
         if (i + 1) % 10 == 0:
             log(f"pandas round {i + 1}/{setup.rounds}")
 
@@ -1025,6 +1037,12 @@ def make_rows() -> dict[str, Row]:
         ),
         "snakebox_print_other": Row("snakebox `print('hi')` via MCP (SDK client), `--compare` build", baseline="snakebox_print"),
         "snakebox_print_raw": Row("snakebox `print('hi')` via raw JSON-RPC client", baseline="bare"),
+        "snakebox_print_spaced": Row(
+            f"snakebox `print('hi')` via MCP (SDK client), each call {SPACED_PAUSE * 1000:g} ms after the one before", baseline="bare"
+        ),
+        "snakebox_print_spaced_other": Row(
+            "snakebox `print('hi')`, calls apart, `--compare` build", baseline="snakebox_print_spaced"
+        ),
         "snakebox_cli": Row("`snakebox run hi.py` (CLI, one process per run)", baseline="bare"),
         "session_ping": Row("MCP `ping` round trip (SDK client, floor)"),
         "snakebox_session_cell": Row(
