@@ -362,6 +362,12 @@ class ForkServer:
         # a run's collections do not walk it (nor touch its pages).
         _immortalize()
         gc.freeze()
+        # The C heap's free memory goes back to the kernel (glibc): each of a run's two forks
+        # copies the page table entries of the pages the fork server has, and each exit drops
+        # them (the default environment's: 1.5 of 9.7 MiB of anonymous memory, measured).
+        trim = getattr(_libc, "malloc_trim", None)
+        if trim is not None:
+            trim(0)
         self.send("ready " + ",".join(self.preloaded) if self.preloaded else "ready")
         while True:
             ready, _, _ = select.select([self.sock, wake_r], [], [])
