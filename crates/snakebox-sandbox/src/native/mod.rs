@@ -826,6 +826,48 @@ impl NativeTeardown {
     }
 }
 
+/// How long [`Teardown::release`] waits for the exits of a run whose reply did not (its
+/// processes have SIGKILL pending) before it removes the run's cgroup, which sweeps again.
+const EXITS_WAIT: Duration = Duration::from_secs(2);
+
+/// Block until each of `pids` has exited (its pidfd is readable) or `timeout` has passed.
+fn wait_for_exits(pids: &[i32], timeout: Duration) {
+    let mut watched: Vec<OwnedFd> = pids
+        .iter()
+        .take(GONE_WATCHED)
+        .filter_map(|&pid| pidfd_open(pid).ok())
+        .collect();
+    let deadline = std::time::Instant::now() + timeout;
+    while !watched.is_empty() {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let Ok(millis) = nix::poll::PollTimeout::try_from(left.as_millis().max(1)) else {
+            return;
+        };
+        let mut polled: Vec<nix::poll::PollFd<'_>> = watched
+            .iter()
+            .map(|fd| {
+                nix::poll::PollFd::new(std::os::fd::AsFd::as_fd(fd), nix::poll::PollFlags::POLLIN)
+            })
+            .collect();
+        match nix::poll::poll(&mut polled, millis) {
+            Ok(0) => return,
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return,
+        }
+        let exited: Vec<bool> = polled
+            .iter()
+            .map(|p| p.revents().is_some_and(|r| !r.is_empty()))
+            .collect();
+        drop(polled);
+        watched = watched
+            .into_iter()
+            .zip(exited)
+            .filter_map(|(fd, gone)| (!gone).then_some(fd))
+            .collect();
+    }
+}
+
 /// How many times [`gone`] sweeps a cgroup that keeps filling before it leaves the rest to
 /// the cgroup's removal (which sweeps again).
 const GONE_SWEEPS: usize = 20;
@@ -963,10 +1005,14 @@ impl Teardown for NativeTeardown {
             ));
         }
         if let Some(cg) = &self.cgroup {
-            let left = cg.pids();
-            // (Where the reply did not wait for the exits, they may still be going on: the
-            // removal waits for them.)
-            if !left.is_empty() && !self.all_dying.load(Ordering::SeqCst) {
+            let mut left = cg.pids();
+            if self.all_dying.load(Ordering::SeqCst) {
+                // The reply did not wait for the exits: wait for them here, on their pidfds,
+                // rather than have the removal read the cgroup again every millisecond.
+                wait_for_exits(&left, EXITS_WAIT);
+                left = cg.pids();
+            }
+            if !left.is_empty() {
                 tracing::warn!(
                     ?left,
                     "processes left in the run cgroup after the kill; retrying"
