@@ -691,7 +691,9 @@ async def test_when_a_forked_run_returns_none_of_its_processes_can_run_code(snak
     one step that no fork slips past (even a chain of forks that never keeps a pid), then
     reports the end. Judged from the host right after the call returns: the processes that
     take long to exit are still there, and each is exiting or has SIGKILL pending. They are
-    gone soon after, and the run's cgroups with them."""
+    gone soon after, and the run's cgroups with them. (That no fork slips past the kill is the
+    kernel's guarantee for kill(-1); from outside, a reply sent before the kill would look the
+    same once pid 1's own exit, a millisecond later, had killed the namespace.)"""
     marker = f"slow-exit-{uuid.uuid4().hex[:8]}"
     async with connect(snakebox_bin, data_dir, "legacy") as client:
         await wait_forking(client)
