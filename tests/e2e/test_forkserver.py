@@ -22,6 +22,7 @@ import pytest
 from attacks_support import ProcWatch, cgroup_leftovers
 from backend_support import FORK_SERVER_ONLY
 from conftest import call, connect, have_bwrap
+from host_support import cgroup_members
 from test_builds import compilation
 from test_pool import outlives_its_timeout, runs_share_nothing
 
@@ -678,13 +679,6 @@ def run_cgroups(watch) -> set:
     return {d for d in watch.cgroups() if d.name.startswith("snakebox-")}
 
 
-def members(cgroup) -> list[int]:
-    try:
-        return [int(p) for p in (cgroup / "cgroup.procs").read_text().split()]
-    except OSError:
-        return []
-
-
 async def test_when_a_forked_run_returns_none_of_its_processes_can_run_code(snakebox_bin, data_dir):
     """The reply of a forked run does not wait for its processes' exits, but it comes only once
     none of them can run code again: the run's pid 1 SIGKILLs the rest of its pid namespace in
@@ -700,7 +694,8 @@ async def test_when_a_forked_run_returns_none_of_its_processes_can_run_code(snak
         before = await pool_state(client)
         with ProcWatch(marker, interval=0.02) as watch:
             data, _, _ = await call(client, "execute_python", script=SLOW_TO_EXIT.replace("MARK", marker), timeout_seconds=120)
-            left = {pid: dying(pid) for cgroup in run_cgroups(watch) for pid in members(cgroup)}
+            members = cgroup_members([str(d) for d in run_cgroups(watch)])
+            left = {int(pid): dying(int(pid)) for text in members.values() for pid in text.split()}
         after = await pool_state(client)
     assert data["status"] == "ok" and data["stdout"] == "held 2\n", data
     assert after["forked"] == before["forked"] + 1, (before, after)
