@@ -859,28 +859,58 @@ async def test_F02_system_secrets_and_host_users(snakebox_bin, data_dir, canarie
     assert files["/etc/machine-id"] == errno.ENOENT or (host_mid and host_mid not in files["/etc/machine-id"])
 
 
+# Every directory a run can create a file in, found by trying (not from a list of known
+# scratch places): the whole tree but /proc and /sys, symlinks not followed.
+WRITABLE_DIRS = """
+    def writable_dirs(tag):
+        found = []
+        for root, dirs, _ in os.walk("/", topdown=True):
+            dirs[:] = [d for d in dirs if os.path.join(root, d) not in ("/proc", "/sys") and not os.path.islink(os.path.join(root, d))]
+            probe = os.path.join(root, ".probe-" + tag)
+            try:
+                os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            except OSError:
+                continue
+            os.unlink(probe)
+            found.append(root)
+        return found
+"""
+
+
 async def test_F03_concurrent_and_left_behind_sibling_files_are_invisible(snakebox_bin, data_dir, canaries):
+    """Issue 32, item 7, as a class: whatever place a run can write to (found by trying every
+    directory it sees), a file it leaves there is invisible to a concurrent run and to a later
+    one, on every launch path. A forked run's /dev was the fork server's, shared by its runs."""
     sibling_secret = "sibling-canary-" + os.urandom(8).hex()
-    writer = """
+    writer = WRITABLE_DIRS + """
     import time
-    for d in (os.getcwd(), "/tmp", "/dev/shm", "/var/tmp"):
+    written = []
+    for d in writable_dirs("w"):
         try:
             with open(os.path.join(d, "sibling-canary"), "w") as f: f.write(P["secret"])
+            written.append(d)
         except OSError as e: print(d, e.errno)
-    report(written=True)
+    report(written=written, cwd=os.getcwd())
     time.sleep(6)
     """
-    reader = """
+    reader = WRITABLE_DIRS + """
     import glob, itertools, stat
+    places = writable_dirs("r")
     hits = []
-    for pat in ["/tmp/**", "/var/tmp/**", "/dev/shm/**", "../*/**", "/run/user/**", "/proc/*/cwd/**", "/mnt/**", "/srv/**", "/work/**"]:
+    for d in places:
+        for name in os.listdir(d):
+            p = os.path.join(d, name)
+            try:
+                if not stat.S_ISREG(os.lstat(p).st_mode): continue   # FIFOs and pipes would block
+                if P["secret"].encode() in open(p, "rb").read(256): hits.append(p)
+            except OSError: pass
+    for pat in ["../*/**", "/run/user/**", "/proc/*/cwd/**"]:
         for p in itertools.islice(glob.iglob(pat, recursive=True), 2000):
             try:
-                if not stat.S_ISREG(os.stat(p).st_mode): continue   # FIFOs and pipes would block
-                data = open(p, "rb").read(256)
-                if P["secret"].encode() in data: hits.append(p)
+                if not stat.S_ISREG(os.stat(p).st_mode): continue
+                if P["secret"].encode() in open(p, "rb").read(256): hits.append(p)
             except OSError: pass
-    report(hits=hits, parent=sorted(os.listdir("..")), mountinfo=open("/proc/self/mountinfo").read())
+    report(hits=hits, places=places, parent=sorted(os.listdir("..")), mountinfo=open("/proc/self/mountinfo").read())
     """
     canaries.file_values["sibling"] = sibling_secret  # part of NO-LEAK for every later run too
     try:
@@ -888,8 +918,13 @@ async def test_F03_concurrent_and_left_behind_sibling_files_are_invisible(snakeb
 
             async def concurrent_read(_watch: ProcWatch) -> Any:
                 # The writer is running (its marker is on the host) and its files exist.
-                ids = [d.parent.name for d in (data_dir / "runs").glob("*/*/work") if (d / "sibling-canary").exists()]
-                assert ids, "the sibling's canary file is not on the host: the oracle would be blind"
+                # (The writer walks the whole tree first: wait for its files.)
+                ids: list[str] = []
+                deadline = time.monotonic() + 30
+                while not docker_mode() and not ids:
+                    ids = [d.parent.name for d in (data_dir / "runs").glob("*/*/work") if (d / "sibling-canary").exists()]
+                    assert ids or time.monotonic() < deadline, "the sibling's canary file is not on the host: the oracle would be blind"
+                    await anyio.sleep(0.1)
                 got = await attack(client, canaries, reader, params={"secret": sibling_secret})
                 # I-04: the reader's mount table names no other run.
                 assert not any(i in got["mountinfo"] for i in ids), "a sibling run's id is visible in mountinfo"
@@ -897,16 +932,20 @@ async def test_F03_concurrent_and_left_behind_sibling_files_are_invisible(snakeb
                 return got
 
             writer_run, during = await run_with_probe(
-                lambda started: attack(client, canaries, writer, timeout=20, params={"secret": sibling_secret}, watch_started=started),
+                lambda started: attack(client, canaries, writer, timeout=30, params={"secret": sibling_secret}, watch_started=started),
                 concurrent_read,
             )
             after = await attack(client, canaries, reader, params={"secret": sibling_secret})
     finally:
         del canaries.file_values["sibling"]
-    assert writer_run["written"] is True
+    # The oracle sees: the writer found and wrote the scratch places every run has.
+    written = writer_run["written"]
+    for scratch in ("/tmp", "/dev/shm", writer_run["cwd"]):
+        assert scratch in written, f"the writer did not write {scratch}: {written}"
+    assert set(during["places"]) >= {"/tmp", "/dev/shm"}, during["places"]
     # The reader really ran while the writer was alive.
     assert writer_run.watch.first_seen
-    assert during["hits"] == [] and after["hits"] == []
+    assert during["hits"] == [] and after["hits"] == [], (during["hits"], after["hits"], written)
     # The workspace's parent lists no sibling runs (no execution ids, no `runs` directory).
     for listing in (during["parent"], after["parent"]):
         assert "runs" not in listing and not any(re.fullmatch(r"[0-9a-f]{16,}", n) for n in listing), listing

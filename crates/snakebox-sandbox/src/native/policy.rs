@@ -265,6 +265,12 @@ pub(crate) fn setup_ops(
         // These come after --dev, which would otherwise cover /dev/shm.
         Tmpfs("/tmp".into(), policy.limits.scratch_bytes),
         Tmpfs("/dev/shm".into(), policy.limits.scratch_bytes),
+        // /dev itself read-only once /dev/shm is on it (device nodes stay usable: a read-only
+        // mount does not stop writes to a device). bwrap's /dev is an uncapped tmpfs the
+        // sandbox user may write to, and a fork server's /dev is every forked run's: a file
+        // one run left there was seen by its concurrent and later siblings (issue 32, item 7),
+        // and its size counted against no scratch cap.
+        RemountRo("/dev".into()),
     ]);
     // 5. The policy's mounts come after the system view and /tmp, so a destination under /tmp
     //    is not covered by the tmpfs.
@@ -315,7 +321,7 @@ pub(crate) fn zygote_ops(
             DisableUserns => {}
             // The fork server's bwrap is watched through its pidfd; it needs the pid only.
             StatusFd(fd) => ops.push(InfoFd(fd)),
-            RemountRo(root) => {
+            RemountRo(root) if root == Path::new("/") => {
                 ops.extend(mount_points.iter().cloned().map(Dir));
                 ops.push(RemountRo(root));
             }
@@ -534,6 +540,11 @@ mod tests {
         assert!(
             pos(&SetupOp::Dev("/dev".into()))
                 < pos(&SetupOp::Tmpfs("/dev/shm".into(), Some(64 << 20)))
+        );
+        // /dev read-only after everything mounted on it, before the policy's own mounts.
+        assert!(
+            pos(&SetupOp::RemountRo("/dev".into()))
+                > pos(&SetupOp::Tmpfs("/dev/shm".into(), Some(64 << 20)))
         );
         assert!(!ops.contains(&SetupOp::ShareNet));
         // The command that reaps is the namespace's init; one that does not stays under bwrap's.
