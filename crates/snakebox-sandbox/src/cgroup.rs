@@ -434,25 +434,140 @@ fn join_hierarchy(mount: &CgroupMount, path: &str) -> PathBuf {
     mount.mount_point.join(rel.trim_start_matches('/'))
 }
 
-/// Whether our own v2 cgroup `dir` was delegated to us: a normal user owns it only when
-/// systemd made it for a unit with `Delegate=yes` (a user service or `systemd-run --user
-/// --scope -p Delegate=yes`), or an administrator handed it over. (For root, owning proves
-/// nothing: a service's cgroup without `Delegate=yes` is systemd's to manage, so root needs
-/// its controllers enabled already.)
-fn delegated_to_us(dir: &Path) -> bool {
+/// Why our own cgroup v2 cannot be divided into run cgroups (see [`v2_parent`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Undelegated {
+    /// The server runs as root and systemd did not mark the cgroup as delegated
+    /// (`trusted.delegate`, set for units with `Delegate=yes` since systemd 251): it is
+    /// systemd's to manage.
+    NotMarked,
+    /// The server runs as a normal user who does not own the cgroup.
+    NotOwned,
+    /// Other processes share the cgroup (a terminal's, a desktop's or an IDE's scope), so its
+    /// controllers cannot be handed to children ("no internal processes").
+    Shared {
+        /// How many.
+        others: usize,
+    },
+    /// The cgroup is not offered a controller runs need.
+    ControllerMissing {
+        /// `memory` or `pids`.
+        controller: &'static str,
+    },
+    /// Enabling the controllers for its children failed; the server moved back where it was.
+    Refused {
+        /// What the kernel said.
+        detail: String,
+    },
+}
+
+impl std::fmt::Display for Undelegated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotMarked => f.write_str("the server runs as root and systemd did not mark it delegated (no `trusted.delegate`)"),
+            Self::NotOwned => f.write_str("it belongs to another user"),
+            Self::Shared { others } => write!(f, "{others} other process(es) share it"),
+            Self::ControllerMissing { controller } => write!(f, "it is not offered the `{controller}` controller"),
+            Self::Refused { detail } => write!(f, "enabling its controllers for runs failed ({detail})"),
+        }
+    }
+}
+
+/// The value of the extended attribute `name` of `path`, if it has one.
+fn xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let name = std::ffi::CString::new(name).ok()?;
+    let mut buf = [0u8; 16];
+    // SAFETY: both strings are NUL-terminated; the kernel writes at most `buf.len()` bytes.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    let n = usize::try_from(n).ok()?;
+    Some(buf[..n.min(buf.len())].to_vec())
+}
+
+/// Whether systemd marked `dir` as a delegated unit's cgroup: `trusted.delegate` (systemd
+/// 251 and later, for a unit with `Delegate=yes`; readable by root only) or `user.delegate`
+/// (252 and later sets it too, on the system manager's units).
+fn systemd_marked(dir: &Path) -> bool {
+    ["trusted.delegate", "user.delegate"]
+        .into_iter()
+        .any(|name| xattr(dir, name).is_some_and(|v| v == b"1"))
+}
+
+/// Whether the normal user `euid` owns `dir`'s files that dividing it writes.
+fn owned_by(dir: &Path, euid: u32) -> bool {
     use std::os::unix::fs::MetadataExt;
-    // SAFETY: geteuid has no preconditions.
-    let euid = unsafe { libc::geteuid() };
-    euid != 0
-        && fs_err::metadata(dir.join("cgroup.subtree_control")).is_ok_and(|m| m.uid() == euid)
-        && fs_err::metadata(dir.join("cgroup.procs")).is_ok_and(|m| m.uid() == euid)
+    ["cgroup.subtree_control", "cgroup.procs"]
+        .into_iter()
+        .all(|file| fs_err::metadata(dir.join(file)).is_ok_and(|m| m.uid() == euid))
+}
+
+/// Decide whether our own v2 cgroup `dir` can be the parent of run cgroups, and make it so.
+///
+/// It can when its `memory` and `pids` are handed to children already, or when it was
+/// delegated to the server and the server can hand them over itself. Delegated means: for
+/// root, marked so by systemd (owning proves nothing to root: a service's cgroup without
+/// `Delegate=yes` is systemd's to manage); for a normal user, owned by that user (systemd 252
+/// marks nothing in the user manager's units, so `Delegate=yes` and a plain scope look the
+/// same) — and in both cases the server is the cgroup's only process, and enabling the
+/// controllers works. The server then lives in a leaf of its own, `snakebox-server`
+/// ([`enable_delegated`]); when enabling fails it moves back, so nothing of ours is left in a
+/// cgroup we cannot use.
+pub(crate) fn v2_parent(dir: &Path, pid: u32, euid: u32) -> Result<PathBuf, CgroupError> {
+    let words = |file: &str| -> Result<Vec<String>, CgroupError> {
+        Ok(read(&dir.join(file))?
+            .split_whitespace()
+            .map(String::from)
+            .collect())
+    };
+    let has = |list: &[String], c: &str| list.iter().any(|w| w == c);
+    let enabled = words("cgroup.subtree_control")?;
+    if has(&enabled, "memory") && has(&enabled, "pids") {
+        return Ok(dir.to_path_buf());
+    }
+    let refuse = |why: Undelegated| CgroupError::NotDelegated {
+        path: dir.to_path_buf(),
+        root: euid == 0,
+        why,
+    };
+    let offered = words("cgroup.controllers")?;
+    if let Some(controller) = ["memory", "pids"].into_iter().find(|c| !has(&offered, c)) {
+        return Err(refuse(Undelegated::ControllerMissing { controller }));
+    }
+    if euid == 0 && !systemd_marked(dir) {
+        return Err(refuse(Undelegated::NotMarked));
+    }
+    if euid != 0 && !owned_by(dir, euid) {
+        return Err(refuse(Undelegated::NotOwned));
+    }
+    let others = parse_pids(&read(&dir.join("cgroup.procs"))?)
+        .into_iter()
+        .filter(|&p| u32::try_from(p).ok() != Some(pid))
+        .count();
+    if others > 0 {
+        return Err(refuse(Undelegated::Shared { others }));
+    }
+    enable_delegated(dir, pid).map_err(|e| {
+        refuse(Undelegated::Refused {
+            detail: std::error::Error::source(&e)
+                .map_or_else(|| e.to_string(), |s| format!("{e}: {s}")),
+        })
+    })?;
+    Ok(dir.to_path_buf())
 }
 
 /// Hand the memory and pids controllers (and cpu, when offered) of a delegated cgroup `dir`
 /// to its children. cgroup v2 allows that only while `dir` itself holds no process ("no
 /// internal processes"), so the server (`pid`) first moves itself into a leaf of its own,
-/// `snakebox-server`; run cgroups are then made beside it. Fails (and changes nothing the
-/// kernel would keep) when another process still lives in `dir`.
+/// `snakebox-server`; run cgroups are then made beside it. When the controllers cannot be
+/// enabled, the server moves back into `dir` and the leaf goes, as if nothing had been tried.
 pub(crate) fn enable_delegated(dir: &Path, pid: u32) -> Result<(), CgroupError> {
     let controllers = read(&dir.join("cgroup.controllers"))?;
     let offered: Vec<&str> = controllers.split_whitespace().collect();
@@ -469,19 +584,19 @@ pub(crate) fn enable_delegated(dir: &Path, pid: u32) -> Result<(), CgroupError> 
     {
         return Err(CgroupError::Create { path: leaf, source });
     }
-    let write = |path: PathBuf, value: &str| -> Result<(), CgroupError> {
-        fs_err::write(&path, value).map_err(|source| CgroupError::Write {
-            path,
-            value: value.into(),
-            source,
-        })
+    let undo = || {
+        let _ = write(&dir.join("cgroup.procs"), &pid.to_string());
+        let _ = fs_err::remove_dir(&leaf);
     };
-    write(leaf.join("cgroup.procs"), &pid.to_string())?;
+    if let Err(e) = write(&leaf.join("cgroup.procs"), &pid.to_string()) {
+        undo();
+        return Err(e);
+    }
     let subtree = dir.join("cgroup.subtree_control");
-    if offered.contains(&"cpu") && write(subtree.clone(), "+memory +pids +cpu").is_ok() {
+    if offered.contains(&"cpu") && write(&subtree, "+memory +pids +cpu").is_ok() {
         return Ok(());
     }
-    write(subtree, "+memory +pids")
+    write(&subtree, "+memory +pids").inspect_err(|_| undo())
 }
 
 /// The parent directories new run cgroups are created in.
@@ -536,26 +651,23 @@ impl CgroupSet {
         mountinfo: &str,
     ) -> Result<Self, CgroupError> {
         let mounts = parse_mountinfo(mountinfo);
-        // v2 first: usable only if our own cgroup already hands memory and pids to children.
+        // v2 first (see v2_parent); why it is not usable is the answer when v1 is absent too.
+        let mut v2_refusal = None;
         if let (Some(m), Some(path)) = (
             mounts.iter().find(|m| m.fstype == "cgroup2"),
             own_path(proc_self_cgroup, ""),
         ) {
             let dir = join_hierarchy(m, &path);
-            let subtree =
-                fs_err::read_to_string(dir.join("cgroup.subtree_control")).unwrap_or_default();
-            let enabled: Vec<&str> = subtree.split_whitespace().collect();
-            if enabled.contains(&"memory") && enabled.contains(&"pids") {
-                return Ok(Self::V2 { parent: dir });
-            }
-            if delegated_to_us(&dir) {
-                match enable_delegated(&dir, std::process::id()) {
-                    Ok(()) => return Ok(Self::V2 { parent: dir }),
-                    Err(e) => tracing::warn!(
-                        error = %e,
-                        "a cgroup v2 subtree is delegated to us, but its controllers could not be enabled for runs; start snakebox as the only process of the unit (`systemd-run --user --scope -p Delegate=yes snakebox serve`)"
-                    ),
-                }
+            // SAFETY: geteuid has no preconditions.
+            let euid = unsafe { libc::geteuid() };
+            match v2_parent(&dir, std::process::id(), euid) {
+                Ok(parent) => return Ok(Self::V2 { parent }),
+                // A hybrid host's unified hierarchy (this one's v1 machines) offers nothing.
+                Err(CgroupError::NotDelegated {
+                    why: Undelegated::ControllerMissing { .. },
+                    ..
+                }) if mounts.iter().any(|m| m.fstype == "cgroup") => {}
+                Err(e) => v2_refusal = Some(e),
             }
         }
         let v1 = |controller: &str| -> Option<PathBuf> {
@@ -567,9 +679,9 @@ impl CgroupSet {
         };
         let (memory, pids) = (v1("memory"), v1("pids"));
         if memory.is_none() && pids.is_none() {
-            return Err(CgroupError::NotFound {
+            return Err(v2_refusal.unwrap_or(CgroupError::NotFound {
                 controller: "memory or pids".into(),
-            });
+            }));
         }
         Ok(Self::V1 {
             memory,
@@ -881,11 +993,141 @@ mod tests {
             enable_delegated(dir, 4244),
             Err(CgroupError::NotFound { controller }) if controller == "memory"
         ));
-        // Owned by root, a cgroup is never taken as delegated (to root or anyone else).
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } == 0 {
-            assert!(!delegated_to_us(dir));
+    }
+
+    /// A fixture of a unit's v2 cgroup: offered `controllers`, nothing enabled, `procs` in it.
+    fn unit_cgroup(controllers: &str, procs: &[u32]) -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        fs_err::write(tmp.path().join("cgroup.controllers"), controllers).unwrap();
+        fs_err::write(tmp.path().join("cgroup.subtree_control"), "").unwrap();
+        let procs: Vec<String> = procs.iter().map(u32::to_string).collect();
+        fs_err::write(tmp.path().join("cgroup.procs"), procs.join("\n")).unwrap();
+        tmp
+    }
+
+    fn mark_delegated(dir: &Path) -> bool {
+        use std::os::unix::ffi::OsStrExt;
+        let path = std::ffi::CString::new(dir.as_os_str().as_bytes()).unwrap();
+        // SAFETY: NUL-terminated strings and a one-byte value.
+        unsafe {
+            libc::setxattr(
+                path.as_ptr(),
+                c"trusted.delegate".as_ptr(),
+                b"1".as_ptr().cast(),
+                1,
+                0,
+            ) == 0
         }
+    }
+
+    fn why(result: Result<PathBuf, CgroupError>) -> Undelegated {
+        match result {
+            Err(CgroupError::NotDelegated { why, .. }) => why,
+            other => panic!("expected NotDelegated, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn root_divides_only_a_cgroup_systemd_marked_delegated() {
+        let unit = unit_cgroup("cpu memory pids\n", &[4242]);
+        let dir = unit.path();
+        // Owned by root and holding only the server, but not marked: systemd's, not ours.
+        assert_eq!(why(v2_parent(dir, 4242, 0)), Undelegated::NotMarked);
+        assert!(!dir.join("snakebox-server").exists());
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 || !mark_delegated(dir) {
+            return; // trusted.* xattrs need root (and a file system that keeps them)
+        }
+        assert!(systemd_marked(dir));
+        assert_eq!(v2_parent(dir, 4242, 0).unwrap(), dir);
+        assert_eq!(
+            fs_err::read_to_string(dir.join("snakebox-server/cgroup.procs")).unwrap(),
+            "4242"
+        );
+        // Not offered memory: refused whoever asks, and the fix names it.
+        let bare = unit_cgroup("cpu pids\n", &[4242]);
+        assert_eq!(
+            why(v2_parent(bare.path(), 4242, 0)),
+            Undelegated::ControllerMissing {
+                controller: "memory"
+            }
+        );
+    }
+
+    #[test]
+    fn a_cgroup_shared_with_other_processes_is_left_as_it_was() {
+        // SAFETY: geteuid has no preconditions.
+        let euid = unsafe { libc::geteuid() };
+        // A desktop terminal's scope: the user owns it, but the shell and the client are in it.
+        let unit = unit_cgroup("cpu memory pids\n", &[4242, 100, 101]);
+        let dir = unit.path();
+        let result = v2_parent(dir, 4242, euid.max(1000));
+        if euid == 0 {
+            // (Root, pretending to be a user: the fixture is not owned by uid 1000.)
+            assert_eq!(why(result), Undelegated::NotOwned);
+            return;
+        }
+        assert_eq!(why(result), Undelegated::Shared { others: 2 });
+        assert!(
+            !dir.join("snakebox-server").exists(),
+            "the server moved into a cgroup it cannot use"
+        );
+    }
+
+    #[test]
+    fn a_failed_enable_moves_the_server_back_and_removes_its_leaf() {
+        let unit = unit_cgroup("memory pids\n", &[4242]);
+        let dir = unit.path();
+        // The kernel refuses `+memory +pids` (here: the file cannot be written at all).
+        fs_err::remove_file(dir.join("cgroup.subtree_control")).unwrap();
+        fs_err::create_dir(dir.join("cgroup.subtree_control")).unwrap();
+        fs_err::write(dir.join("cgroup.procs"), "").unwrap();
+        assert!(enable_delegated(dir, 4242).is_err());
+        // Back where it was. (The leaf's removal is the real cgroupfs's: in this fixture the
+        // leaf keeps the `cgroup.procs` file written into it; the guest stage checks it.)
+        assert_eq!(
+            fs_err::read_to_string(dir.join("cgroup.procs")).unwrap(),
+            "4242"
+        );
+    }
+
+    #[test]
+    fn the_hint_fits_the_situation() {
+        let hint = |path: &str, root: bool, why: Undelegated| {
+            CgroupError::NotDelegated {
+                path: path.into(),
+                root,
+                why,
+            }
+            .hint()
+            .unwrap()
+        };
+        let root = hint(
+            "/sys/fs/cgroup/system.slice/x.service",
+            true,
+            Undelegated::NotMarked,
+        );
+        assert!(
+            root.contains("systemd-run --scope -p Delegate=yes"),
+            "{root}"
+        );
+        assert!(root.contains("no fork server"), "{root}");
+        let login = hint(
+            "/sys/fs/cgroup/user.slice/user-1000.slice/session-3.scope",
+            false,
+            Undelegated::NotOwned,
+        );
+        assert!(
+            login.contains("login session")
+                && login.contains("systemd-run --user --scope -p Delegate=yes"),
+            "{login}"
+        );
+        let desktop = hint(
+            "/sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope",
+            false,
+            Undelegated::Shared { others: 2 },
+        );
+        assert!(desktop.contains("shares its cgroup"), "{desktop}");
     }
 
     #[test]
@@ -899,19 +1141,26 @@ mod tests {
     }
 
     #[test]
-    fn v2_is_chosen_only_when_memory_and_pids_are_delegated() {
+    fn v2_is_chosen_when_memory_and_pids_are_handed_to_children_and_else_says_why() {
         let tmp = tempfile::tempdir().unwrap();
         let unified = tmp.path().join("unified");
         fs_err::create_dir_all(unified.join("svc")).unwrap();
+        fs_err::write(unified.join("svc/cgroup.controllers"), "hugetlb\n").unwrap();
         fs_err::write(unified.join("svc/cgroup.subtree_control"), "hugetlb\n").unwrap();
         let mi = format!(
             "32 25 0:28 / {} rw - cgroup2 cgroup2 rw\n",
             unified.display()
         );
         let cg = "0::/svc\n";
+        // A v2-only host: the answer is why v2 is not usable, not a v1 lookup's.
         assert!(matches!(
             CgroupSet::from_host_files(cg, &mi),
-            Err(CgroupError::NotFound { .. })
+            Err(CgroupError::NotDelegated {
+                why: Undelegated::ControllerMissing {
+                    controller: "memory"
+                },
+                ..
+            })
         ));
         fs_err::write(unified.join("svc/cgroup.subtree_control"), "memory pids\n").unwrap();
         assert_eq!(

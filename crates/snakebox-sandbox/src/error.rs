@@ -176,6 +176,16 @@ pub enum CgroupError {
         /// `memory`, `pids`, or `` (empty) for the v2 unified hierarchy.
         controller: String,
     },
+    /// The server's own cgroup v2 cannot be divided into run cgroups.
+    #[error("The server's cgroup v2 `{}` is not delegated to it: {why}", path.display())]
+    NotDelegated {
+        /// The server's own cgroup.
+        path: PathBuf,
+        /// Whether the server runs as root (the fix differs).
+        root: bool,
+        /// Why not.
+        why: crate::cgroup::Undelegated,
+    },
 }
 
 impl CgroupError {
@@ -189,8 +199,42 @@ impl CgroupError {
             Self::Remove { .. } => {
                 Some("a process of a previous run may still be alive; it is killed on retry".into())
             }
+            Self::NotDelegated { path, root, why } => Some(format!(
+                "{}; meanwhile memory is limited by the supervisor's watchdog and processes by RLIMIT_NPROC, and there is no CPU bandwidth limit{}",
+                delegation_fix(path, *root, why),
+                if *root { " and no fork server" } else { "" }
+            )),
             Self::Read { .. } | Self::NotFound { .. } => None,
         }
+    }
+}
+
+/// What gives the server a cgroup v2 subtree of its own, for the situation it is in.
+fn delegation_fix(path: &std::path::Path, root: bool, why: &crate::cgroup::Undelegated) -> String {
+    use crate::cgroup::Undelegated;
+    const USER_SCOPE: &str = "`systemd-run --user --scope -p Delegate=yes snakebox serve` (as an MCP client's command: `systemd-run` with those arguments, then `snakebox serve ...`)";
+    if root {
+        return match why {
+            Undelegated::ControllerMissing { .. } | Undelegated::NotMarked => "run the server in a systemd unit with `Delegate=yes` (systemd 251 or later marks such a unit's cgroup): `systemd-run --scope -p Delegate=yes snakebox serve`, or `Delegate=yes` in its service file".into(),
+            Undelegated::Shared { .. } | Undelegated::Refused { .. } => "run the server as the only process of a unit with `Delegate=yes`: `systemd-run --scope -p Delegate=yes snakebox serve`, or a service of its own".into(),
+            Undelegated::NotOwned => "run the server in a systemd unit with `Delegate=yes`".into(),
+        };
+    }
+    let session = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("session-") && n.ends_with(".scope"));
+    match why {
+        Undelegated::Shared { .. } if !session => format!(
+            "the server shares its cgroup with other programs (a terminal's, a desktop's or an IDE's scope): start it in a scope of its own, {USER_SCOPE}"
+        ),
+        Undelegated::ControllerMissing { controller } if !session => format!(
+            "the unit is not offered `{controller}`: start the server with {USER_SCOPE}; if that does not offer it either, the user manager delegates too little (`systemctl edit user@.service`: `[Service]` `Delegate=memory pids cpu`)"
+        ),
+        _ if session => format!(
+            "a login session's cgroup is not delegated to its user: start the server with {USER_SCOPE}"
+        ),
+        _ => format!("start the server with {USER_SCOPE}"),
     }
 }
 
