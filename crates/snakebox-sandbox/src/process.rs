@@ -98,18 +98,70 @@ impl Started {
 
 /// Spawn the prepared `command` (whose program is `program`, for the error), killed when the
 /// child is dropped; with the instant just before the spawn, from which the wall time counts.
+/// The fork happens on [`on_spawner_thread`], never on the calling thread.
 pub(crate) fn spawn_child(
     command: std::process::Command,
     program: &std::path::Path,
 ) -> Result<(tokio::process::Child, Instant), SpawnError> {
     let mut command = tokio::process::Command::from(command);
     command.kill_on_drop(true);
-    let started = Instant::now();
-    let child = command.spawn().map_err(|source| SpawnError::Start {
+    let runtime = tokio::runtime::Handle::try_current().ok();
+    let spawned = on_spawner_thread(move || {
+        // tokio's child reaping belongs to the runtime, whichever thread forks.
+        let _entered = runtime.as_ref().map(tokio::runtime::Handle::enter);
+        let started = Instant::now();
+        command.spawn().map(|child| (child, started))
+    });
+    spawned.map_err(|source| SpawnError::Start {
         program: program.to_path_buf(),
         source,
-    })?;
-    Ok((child, started))
+    })
+}
+
+/// A unit of work for the spawner thread.
+type SpawnJob = Box<dyn FnOnce() + Send>;
+
+/// Run `fork` on the one thread that forks every sandbox process, and wait for it.
+///
+/// Sandbox processes are started with `PR_SET_PDEATHSIG` = SIGKILL so that they die with the
+/// server; the kernel sends it when the *thread* that forked them ends, not the process. A
+/// tokio blocking-pool thread retires after 10 s without work, so a sandbox forked from one
+/// (every pre-started sandbox, and any run started from `spawn_blocking`) was SIGKILLed about
+/// 10 s later: a normal user's `time.sleep(25)` with a 20 s timeout ended at 10 s as "killed
+/// by SIGKILL" every time, and a fork bomb stopped by a 10 s timeout was reported so in about
+/// half the runs (issue 33). This thread lives as long as the server; where it cannot be
+/// started, the fork happens here (and the old hazard with it).
+fn on_spawner_thread<T: Send + 'static>(
+    fork: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> std::io::Result<T> {
+    static SPAWNER: std::sync::OnceLock<Option<std::sync::mpsc::Sender<SpawnJob>>> =
+        std::sync::OnceLock::new();
+    let spawner = SPAWNER.get_or_init(|| {
+        let (jobs, inbox) = std::sync::mpsc::channel::<SpawnJob>();
+        std::thread::Builder::new()
+            .name("snakebox-spawner".into())
+            .spawn(move || {
+                for job in inbox {
+                    // A job that panics drops its reply (its caller gets an error); the
+                    // thread goes on serving the others.
+                    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                }
+            })
+            .ok()
+            .map(|_| jobs)
+    });
+    let Some(jobs) = spawner else {
+        return fork();
+    };
+    let (reply, answer) = std::sync::mpsc::sync_channel(1);
+    let job: SpawnJob = Box::new(move || {
+        let _ = reply.send(fork());
+    });
+    jobs.send(job)
+        .map_err(|_| std::io::Error::other("the spawner thread has ended"))?;
+    answer
+        .recv()
+        .map_err(|_| std::io::Error::other("the spawner thread dropped the spawn"))?
 }
 
 /// A backend whose sandbox is a local child process: it says how to start one; running,
