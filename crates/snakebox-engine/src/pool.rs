@@ -158,18 +158,44 @@ struct Discarded {
     forks: Vec<Arc<Forking>>,
 }
 
+/// A failure kept for `check_environment`, with the tenant whose environment it concerns:
+/// its text may name that environment's packages, so another tenant is not shown it.
+#[derive(Debug, Clone)]
+struct Failure {
+    /// `None`: the server's own, or an environment without packages (every tenant's).
+    tenant: Option<String>,
+    message: String,
+    at: std::time::Instant,
+}
+
+impl Failure {
+    fn of(key: Option<&Key>, message: String) -> Failure {
+        Failure {
+            tenant: key.and_then(|k| k.tenant.clone()),
+            message,
+            at: std::time::Instant::now(),
+        }
+    }
+}
+
+/// Whether `viewer` may see what concerns `tenant`'s environments (`None` viewer: the operator).
+fn visible(viewer: Option<&crate::Caller>, tenant: Option<&String>) -> bool {
+    viewer.is_none_or(|caller| tenant.is_none_or(|owner| caller.owns(owner)))
+}
+
 #[derive(Default)]
 struct Inner {
     /// Running fork servers, one per (environment, network setting) kept warm.
     forks: Vec<Arc<Forking>>,
     /// Why the last fork server start failed, and when.
-    fork_error: Option<(String, std::time::Instant)>,
+    fork_error: Option<Failure>,
     /// The default environment, once known.
     default: Option<Target>,
     /// Recently used other targets, most recent first.
     recent: Vec<Target>,
     ready: Vec<Warm>,
-    last_error: Option<String>,
+    /// The last failure to start a pooled sandbox.
+    last_error: Option<Failure>,
     /// Environments (cache keys) whose fork server failed to start while preloading their
     /// packages: later fork servers of them preload nothing, so a package whose import
     /// crashes, hangs or runs out of memory is not imported again every few seconds.
@@ -490,7 +516,7 @@ impl WarmPool {
         if inner
             .fork_error
             .as_ref()
-            .is_some_and(|(_, when)| when.elapsed() < RETRY_AFTER)
+            .is_some_and(|failure| failure.at.elapsed() < RETRY_AFTER)
         {
             return None;
         }
@@ -502,8 +528,17 @@ impl WarmPool {
             .cloned()
     }
 
-    pub(crate) fn report(&self) -> PoolReport {
+    /// The pool as `viewer` may see it (`None`: the operator): another tenant's environments,
+    /// fork servers and failures are left out; the counts stay the server's.
+    pub(crate) fn report(&self, viewer: Option<&crate::Caller>) -> PoolReport {
         let inner = self.lock();
+        let seen = |key: &Key| visible(viewer, key.tenant.as_ref());
+        let shown = |failure: &Option<Failure>| {
+            failure
+                .as_ref()
+                .filter(|f| visible(viewer, f.tenant.as_ref()))
+                .map(|f| f.message.clone())
+        };
         let ready_default = inner.default.as_ref().map_or(0, |default| {
             inner.ready.iter().filter(|w| w.key == default.key).count()
         });
@@ -516,6 +551,7 @@ impl WarmPool {
                 .default
                 .iter()
                 .chain(inner.recent.iter())
+                .filter(|t| seen(&t.key))
                 .map(|t| {
                     let network = if t.key.network { " (network on)" } else { "" };
                     format!("{}{network}", t.key.environment)
@@ -523,7 +559,7 @@ impl WarmPool {
                 .collect(),
             served: self.served.load(Ordering::Relaxed),
             cold_starts: self.cold.load(Ordering::Relaxed),
-            last_error: inner.last_error.clone(),
+            last_error: shown(&inner.last_error),
             fork_servers: if self.active() {
                 inner.forks.iter().filter(|f| f.server.is_alive()).count()
             } else {
@@ -534,7 +570,7 @@ impl WarmPool {
                 inner
                     .forks
                     .iter()
-                    .filter(|f| f.server.is_alive())
+                    .filter(|f| f.server.is_alive() && seen(&f.key))
                     .map(|f| ForkServerReport {
                         environment: f.key.environment.clone(),
                         preloaded: f.server.preloaded().to_vec(),
@@ -549,10 +585,7 @@ impl WarmPool {
             prefork: if self.fork_enabled { self.prefork } else { 0 },
             preforked: inner.forks.iter().map(|f| f.server.preforked_runs()).sum(),
             fork_server_error: if self.fork_enabled {
-                inner
-                    .fork_error
-                    .as_ref()
-                    .map(|(message, _)| message.clone())
+                shown(&inner.fork_error)
             } else {
                 None
             },
@@ -584,11 +617,12 @@ impl Engine {
                         environment,
                     });
                 }
-                Err(err) => pool.lock().last_error = Some(err.message),
+                Err(err) => pool.lock().last_error = Some(Failure::of(None, err.message)),
             }
         }
         while !pool.stopped.load(Ordering::Relaxed) {
             if let Some(target) = pool.fork_wanted() {
+                let key = target.key.clone();
                 let started = self.start_fork_server_off_runtime(target, None).await;
                 let replaced = {
                     let mut inner = pool.lock();
@@ -603,7 +637,7 @@ impl Engine {
                         Ok(forking) => inner.install_fork_server(forking),
                         Err(message) => {
                             tracing::warn!(%message, "could not start a fork server; the warm pool serves instead");
-                            inner.fork_error = Some((message, std::time::Instant::now()));
+                            inner.fork_error = Some(Failure::of(Some(&key), message));
                             Vec::new()
                         }
                     }
@@ -635,6 +669,7 @@ impl Engine {
             // Starting a sandbox blocks (bubblewrap's setup, or the engine's requests for a
             // container): not on the runtime's few worker threads.
             let engine = Arc::clone(&self);
+            let key = target.key.clone();
             let started = tokio::task::spawn_blocking(move || engine.prestart(&target))
                 .await
                 .unwrap_or_else(|err| Err(format!("starting a pooled sandbox failed: {err}")));
@@ -650,7 +685,7 @@ impl Engine {
                 }
                 Err(message) => {
                     tracing::warn!(%message, "could not start a pooled sandbox");
-                    pool.lock().last_error = Some(message);
+                    pool.lock().last_error = Some(Failure::of(Some(&key), message));
                     tokio::select! {
                         () = tokio::time::sleep(RETRY_AFTER) => {}
                         () = pool.wake.notified() => {}
@@ -687,8 +722,9 @@ impl Engine {
     }
 
     /// The warm pool's state, for `check_environment`.
-    pub(crate) fn pool_report(&self) -> PoolReport {
-        self.pool.report()
+    /// The warm pool as `viewer` may see it (`None`: the operator).
+    pub(crate) fn pool_report(&self, viewer: Option<&crate::Caller>) -> PoolReport {
+        self.pool.report(viewer)
     }
 
     /// Get the run directories ready for a fork server (see
@@ -708,7 +744,7 @@ impl Engine {
                 "could not mount the run directories at `{}`: {err}",
                 dir.display()
             );
-            self.pool.lock().fork_error = Some((message, std::time::Instant::now()));
+            self.pool.lock().fork_error = Some(Failure::of(None, message));
             self.pool.fork_prepared.store(false, Ordering::SeqCst);
             return;
         }

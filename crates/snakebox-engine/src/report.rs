@@ -330,7 +330,11 @@ impl Engine {
                     pending: stats.pending,
                     completed: stats.completed,
                     failed: stats.failed,
-                    last_failure: stats.last_failure,
+                    // Its text may name another tenant's packages: a tenant of a server with
+                    // several sees the counts only.
+                    last_failure: stats
+                        .last_failure
+                        .filter(|_| viewer.is_none_or(|c| c.id() == crate::caller::LOCAL_TENANT)),
                 }
             })
             .unwrap_or_default();
@@ -448,7 +452,7 @@ impl Engine {
                 limits: crate::artifacts::limits_text(),
             },
             sessions: self.sessions.report(&config.data_dir, viewer),
-            warm_pool: self.pool_report(),
+            warm_pool: self.pool_report(viewer),
             default_profile: config.profiles.default.clone(),
             profiles: config
                 .profiles
