@@ -604,3 +604,28 @@ async def test_S02_the_image_follows_a_changed_quota_when_the_files_fit(snakebox
         assert "64 MiB" in report["sessions"]["disk_quota"], report["sessions"]["disk_quota"]
         await alive(client)
     assert image.stat().st_size == 64 << 20
+
+
+async def test_S02_a_smaller_quota_than_a_live_servers_image_is_refused_not_ignored(snakebox_bin, tmp_path):
+    """Issue 32, item 8: a server started with a smaller --sessions-max-disk on a data
+    directory whose image another live server holds at another size ran silently with the
+    other's size. It now refuses sessions with the conflict and what to do; its one-shot runs
+    and the other server are unaffected."""
+    data_dir = fresh_data_dir(tmp_path)
+    image = data_dir / "sessions-v1.img"
+    async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "256MiB") as first:
+        session = await create(first)
+        await cell(first, session, "open('kept.txt', 'w').write('kept')")
+        assert image.stat().st_size == 256 << 20
+        async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as second:
+            data, text, is_error = await call(second, "create_session")
+            assert is_error and data["error"]["kind"] == "unavailable", text
+            assert "256 MiB" in data["error"]["message"] and "64 MiB" in data["error"]["message"], text
+            assert "--sessions-max-disk" in data["error"]["hint"], text
+            # Not a server-wide failure: one-shot runs go on.
+            await alive(second)
+        # The first server and its session are untouched, the image its size.
+        data, text, is_error = await call(first, "read_file", session_id=session, path="kept.txt")
+        assert not is_error and data["content"] == "kept", text
+        assert image.stat().st_size == 256 << 20
+        await call(first, "delete_session", session_id=session)

@@ -38,21 +38,30 @@ pub(crate) struct SessionDisk {
 impl SessionDisk {
     /// Mount (making it first if needed) the image of `size` bytes at `root`; on any failure,
     /// keep `root` a plain directory and say why.
-    pub(crate) fn open(root: &Path, size: u64) -> SessionDisk {
+    ///
+    /// # Errors
+    /// When another live server of the data directory holds the image mounted at another size
+    /// than `size`: this server's limit could not be the one that holds, so its sessions are
+    /// refused (with what to do), rather than run under the other server's.
+    pub(crate) fn open(root: &Path, size: u64) -> Result<SessionDisk, String> {
         let image = root.with_extension(IMAGE_SUFFIX);
         let enforced = if is_root() {
-            mount_image(root, &image, size)
+            match mount_image(root, &image, size) {
+                Ok(size) => Ok(size),
+                Err(ImageError::Unbounded(why)) => Err(why),
+                Err(ImageError::HeldAtAnotherSize(why)) => return Err(why),
+            }
         } else {
             Err("the server is not root, so it cannot mount a file-system image for them".into())
         };
         if let Err(why) = &enforced {
             tracing::warn!("sessions' disk quota is checked between calls only: {why}");
         }
-        SessionDisk {
+        Ok(SessionDisk {
             root: root.to_path_buf(),
             image,
             enforced,
-        }
+        })
     }
 
     /// How the quota is held, in words (for `check_environment`).
@@ -245,23 +254,53 @@ fn loop_device_of(image: &Path) -> Option<String> {
 
 /// Make the image if it is missing, and mount it at `root` (unless it is mounted already).
 /// Sessions kept by a version without the image (files directly in `root`) are copied in.
-fn mount_image(root: &Path, image: &Path, size: u64) -> Result<u64, String> {
+/// Why the image is not mounted as asked.
+#[derive(Debug)]
+enum ImageError {
+    /// It could not be made or mounted: sessions keep a plain directory, checked between calls.
+    Unbounded(String),
+    /// Another live server holds it mounted at another size (see [`SessionDisk::open`]).
+    HeldAtAnotherSize(String),
+}
+
+impl From<String> for ImageError {
+    fn from(why: String) -> Self {
+        Self::Unbounded(why)
+    }
+}
+
+fn mount_image(root: &Path, image: &Path, size: u64) -> Result<u64, ImageError> {
     let lock_path = root.with_extension("lock");
     let lock = fs_err::File::create(&lock_path).map_err(|err| err.to_string())?;
     // Two servers starting on one data directory must not both make or mount the image.
     let _lock = nix::fcntl::Flock::lock(lock.into_parts().0, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, err)| format!("could not lock `{}`: {err}", lock_path.display()))?;
     fs_err::create_dir_all(root).map_err(|err| err.to_string())?;
+    let size = size.max(32 << 20);
     if is_mount_point(root) {
-        // A server that was killed left it mounted: it is ours to use.
-        let stat = nix::sys::statvfs::statvfs(root).map_err(|err| err.to_string())?;
-        return Ok(stat.blocks().saturating_mul(stat.fragment_size()));
+        let held = fs_err::metadata(image).map_or(0, |m| m.len());
+        if held == size {
+            // Another live server's, or left by one that was killed: the same bound.
+            let stat = nix::sys::statvfs::statvfs(root).map_err(|err| err.to_string())?;
+            return Ok(stat.blocks().saturating_mul(stat.fragment_size()));
+        }
+        if root.parent().is_some_and(crate::run::other_live_servers) {
+            return Err(ImageError::HeldAtAnotherSize(format!(
+                "the sessions' disk image `{}` is mounted at {} by another live server of this data directory, and this one was started with a limit of {} (--sessions-max-disk); it cannot hold its own limit there",
+                image.display(),
+                crate::ids::human_bytes(held),
+                crate::ids::human_bytes(size)
+            )));
+        }
+        // Left mounted by a server that was killed, at another size: mounted anew at this
+        // one's (resized below).
+        nix::mount::umount2(root, nix::mount::MntFlags::MNT_DETACH)
+            .map_err(|err| format!("could not unmount the earlier image to resize it: {err}"))?;
     }
     // An earlier server's lazy unmount may not be over (its interpreters still dying hold
     // files, so its loop device is still attached): checking, resizing or mounting the image
     // now would race the old mount's last superblock write, which would undo a resize.
     wait_until_detached(image, DETACH_WAIT)?;
-    let size = size.max(32 << 20);
     if !image.exists() {
         let temp = image.with_extension("img.new");
         let file = fs_err::File::create(&temp).map_err(|err| err.to_string())?;
@@ -329,9 +368,9 @@ fn mount_image(root: &Path, image: &Path, size: u64) -> Result<u64, String> {
             let _ = nix::mount::umount2(root, nix::mount::MntFlags::MNT_DETACH);
             let _ = fs_err::remove_dir(root);
             let _ = fs_err::rename(&aside, root);
-            return Err(format!(
+            return Err(ImageError::Unbounded(format!(
                 "the sessions kept before the disk image could not be moved into it ({why})"
-            ));
+            )));
         }
         if let Err(err) = crate::tree::remove(&aside) {
             tracing::warn!(%err, "could not remove the sessions' old directory");

@@ -41,7 +41,16 @@ impl Sessions {
         // process's run directory tells other processes of this data directory that it uses
         // the image (see `SessionDisk::release`).
         let _ = fs_err::create_dir_all(crate::run::server_runs_dir(data_dir));
-        let disk = SessionDisk::open(&root, settings.max_disk_bytes);
+        let disk = match SessionDisk::open(&root, settings.max_disk_bytes) {
+            Ok(disk) => disk,
+            Err(conflict) => {
+                return Sessions {
+                    inner: Err(EngineError::new(ErrorKind::Unavailable, conflict).with_hint(
+                        "start this server with the other's --sessions-max-disk, stop the other server first (the image is resized at the next start), or give this one a --data-dir of its own",
+                    )),
+                };
+            }
+        };
         disk.watch(&crate::run::runs_dir(data_dir));
         let opened = fs_err::create_dir_all(&root)
             .map_err(|err| err.to_string())
