@@ -12,6 +12,7 @@ answering after each attack.
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import secrets
@@ -295,3 +296,36 @@ async def test_a_normal_users_fork_bomb_stopped_by_its_timeout_is_a_timeout(user
             assert [e["kind"] for e in result["events"] if e["kind"] == "timeout"] == ["timeout"], (attempt, result["events"])
             after, text, _ = await call(client, "execute_python", script="print('after')")
             assert after["status"] == "ok" and after["stdout"] == "after\n", text
+
+
+@pytest.mark.anyio
+async def test_a_normal_users_work_directory_is_capped(user, tools):
+    """Issue 33: a normal user's server could not mount, so a run's /work was a plain host
+    directory (720 MiB written under a 512 MiB limit). It now lives in a user and mount
+    namespace of its own, where it mounts the same capped tmpfs a root server does. Judged
+    from outside: the data directory's disk use does not grow by what the run wrote."""
+    data = Path(user.pw_dir) / "data"
+    fill = (
+        "import os\nn = 0\ntry:\n    for i in range(720):\n"
+        "        with open('big%d' % (i // 100), 'ab') as f:\n            f.write(b'x' * (1 << 20))\n        n += 1\n"
+        "except OSError as e:\n    print('stopped', e.errno)\nprint('MiB', n)\n"
+    )
+
+    def used(path: Path) -> int:
+        out = subprocess.run(["du", "-sm", str(path)], capture_output=True, text=True).stdout
+        return int(out.split()[0]) if out else 0
+
+    async with Client(server(user, tools), mode="auto", read_timeout_seconds=300) as client:
+        report, _, _ = await call(client, "check_environment")
+        limits = {limit["name"]: limit for limit in report["limits"]}
+        assert limits["scratch_bytes"]["enforced"], limits["scratch_bytes"]
+        assert "own user and mount namespace" in limits["scratch_bytes"]["mechanism"], limits["scratch_bytes"]
+        before = used(data)
+        result, text, _ = await call(client, "execute_python", script=fill, timeout_seconds=120)
+        assert result["status"] == "ok", text
+        assert result["stdout"] == f"stopped {errno.ENOSPC}\nMiB 512\n", text
+        assert used(data) - before < 64, (before, used(data))
+        # The server, and the run after, are fine; nothing of ours is mounted on the host.
+        after, text, _ = await call(client, "execute_python", script="print('after')")
+        assert after["stdout"] == "after\n", text
+        assert str(data) not in Path("/proc/self/mountinfo").read_text()

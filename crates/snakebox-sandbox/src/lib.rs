@@ -25,6 +25,7 @@ mod live;
 mod native;
 mod netproxy;
 mod none;
+mod own_mounts;
 mod pending;
 mod process;
 mod scratch;
@@ -57,6 +58,9 @@ pub use crate::native::seccomp::exec_deny_program;
 pub use crate::netproxy::{
     Hello, Names, NetCaps, NetDecision, NetResolver, NetRules, Purpose, RunProxy, SOCKET_NAME,
     Upstream, check_parsers, client_hello_sni, is_public, name_matches, run_proxy_env,
+};
+pub use crate::own_mounts::{
+    enter as enter_own_mount_namespace, entered as in_own_mount_namespace,
 };
 pub use crate::pending::PendingRun;
 pub use crate::scratch::{ScratchDir, release_stale_scratch};

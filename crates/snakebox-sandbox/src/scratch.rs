@@ -6,7 +6,9 @@
 //! the server may mount (it is root), the directory becomes a tmpfs with `size=` and
 //! `nr_inodes=` caps, owned by the sandbox uid; its pages are charged to the memory cgroup of
 //! the process that writes them, so a run cannot use it to exceed its memory limit either.
-//! Otherwise the directory stays plain and the cap is reported as not enforced.
+//! A normal user's server mounts it too, inside the mount namespace of its own that it
+//! entered at start ([`crate::own_mounts`]); where that was refused, the directory stays
+//! plain and the cap is reported as not enforced.
 
 use std::path::{Path, PathBuf};
 
@@ -26,8 +28,9 @@ pub struct ScratchDir {
 
 impl ScratchDir {
     /// Make the existing directory `path` a tmpfs of at most `size_bytes`, owned by `owner`
-    /// (uid, gid) or by us, mode 0700. Without the privilege to mount, `path` is left as it
-    /// is and [`ScratchDir::is_capped`] says so.
+    /// (uid, gid) or by us, mode 0700. Without the privilege to mount (a normal user's server
+    /// outside a mount namespace of its own), `path` is left as it is and
+    /// [`ScratchDir::is_capped`] says so.
     ///
     /// # Errors
     /// When the mount itself fails for a reason other than missing privilege.
@@ -36,7 +39,7 @@ impl ScratchDir {
         size_bytes: u64,
         owner: Option<(u32, u32)>,
     ) -> Result<ScratchDir, SpawnError> {
-        if !nix::unistd::geteuid().is_root() {
+        if !nix::unistd::geteuid().is_root() && !crate::own_mounts::entered() {
             return Ok(ScratchDir {
                 path: path.to_path_buf(),
                 mounted: false,

@@ -27,6 +27,15 @@ pub fn run(cli: Cli) -> ExitCode {
     if matches!(cli.command, Command::Serve(_)) {
         memory::limit_arenas();
     }
+    // Before any thread: a normal user's server mounts its runs' capped /work in a mount
+    // namespace of its own (`check` enters it too, to report what `serve` enforces).
+    if matches!(
+        cli.command,
+        Command::Serve(_) | Command::Run(_) | Command::Check(_)
+    ) && let Err(err) = snakebox_sandbox::enter_own_mount_namespace()
+    {
+        tracing::warn!(%err, "could not make a user and mount namespace of our own: runs' /work is not size-capped");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

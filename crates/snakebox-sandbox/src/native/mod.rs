@@ -385,15 +385,20 @@ impl NativeBackend {
             r("memory", true, memory.unwrap_or_else(|| format!("no memory cgroup: the supervisor sums the resident anonymous memory (RssAnon + RssShmem) of the sandbox's processes every {} ms and kills the sandbox above the limit (status memory_limit); a burst between samples can overshoot briefly, /tmp and /dev/shm are capped by scratch_bytes, page cache is not counted; address space is not limited (RLIMIT_AS breaks polars, duckdb and other libraries that reserve it)", crate::watchdog::INTERVAL.as_millis()))),
             r("max_processes", true, pids.unwrap_or_else(|| nproc_note.into())),
             r("max_output_bytes", true, "supervisor capture, head and tail, shared budget".into()),
-            r(
-                "scratch_bytes",
-                self.drop_privileges,
-                if self.drop_privileges {
-                    "bwrap tmpfs --size on /tmp and /dev/shm; /work a size- and inode-capped tmpfs".into()
-                } else {
-                    "bwrap tmpfs --size on /tmp and /dev/shm only: /work is a plain host directory (the server is not root, so it cannot mount a capped one)".into()
-                },
-            ),
+            {
+                let own = crate::own_mounts::entered();
+                r(
+                    "scratch_bytes",
+                    self.drop_privileges || own,
+                    if self.drop_privileges {
+                        "bwrap tmpfs --size on /tmp and /dev/shm; /work a size- and inode-capped tmpfs".into()
+                    } else if own {
+                        "bwrap tmpfs --size on /tmp and /dev/shm; /work a size- and inode-capped tmpfs, mounted in the server's own user and mount namespace (the server is not root)".into()
+                    } else {
+                        "bwrap tmpfs --size on /tmp and /dev/shm only: /work is a plain host directory (the server is not root, and could not make a user namespace of its own to mount a capped one)".into()
+                    },
+                )
+            },
             r("file_size_bytes", true, "RLIMIT_FSIZE".into()),
             r("open_files", true, "RLIMIT_NOFILE".into()),
             r("network", true, "network namespace (loopback only); with network, only through the run proxy".into()),
