@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -57,6 +58,16 @@ EXPECT = {
             "tolerate": ["fork-bomb report", "cgroups left"],
         },
     },
+}
+
+# Where each mode must put the client and the server (their /proc/PID/cgroup, the server's
+# as first seen): a check that the mode is what it says, not an expectation of snakebox.
+PLACEMENT = {
+    "root-service": (r"/system\.slice/snakebox-guest\.service$", r"/system\.slice/snakebox-guest\.service$"),
+    "root-delegated": (r"/system\.slice/snakebox-guest\.service$", r"/system\.slice/run-\w+\.scope(/snakebox-server)?$"),
+    "user-login": (r"/user-1000\.slice/session-\w+\.scope$", r"/user-1000\.slice/session-\w+\.scope$"),
+    "user-delegated": (r"/user-1000\.slice/session-\w+\.scope$", r"/user@1000\.service/app\.slice/run-\w+\.scope(/snakebox-server)?$"),
+    "user-app-scope": (r"/user@1000\.service/app\.slice/run-\w+\.scope$", r"/user@1000\.service/app\.slice/run-\w+\.scope(/snakebox-server)?$"),
 }
 
 CHECKS = [
@@ -612,6 +623,11 @@ def judge(mode: str, seen: dict, expect: dict) -> dict[str, tuple[str, str]]:
         "held" if kind == expect["cgroups"] else "broke",
         f"{kind} (expected {expect['cgroups']}): {note[:110]}; server in {cgroup}",
     )
+    client_at, server_at = PLACEMENT[mode]
+    client_cgroup = (seen.get("client_cgroup") or "").removeprefix("0::")
+    if not re.search(client_at, client_cgroup) or not re.search(server_at, cgroup):
+        v["cgroups"] = ("broke", f"the mode is not set up as it should be: client in {client_cgroup or '?'}, "
+                                 f"server in {cgroup}")
 
     def hello(runs):
         ok = sum(r.get("status") == "ok" and "hello" in (r.get("stdout") or "") for r in runs)
