@@ -1,7 +1,11 @@
 //! The edge: the checks every request passes, in this order, before any route sees it.
 //!
-//! 1. **Host** must be a loopback name, the public URL's host, or an allowed host (403):
-//!    a web page that rebinds its own name to 127.0.0.1 still sends its own name.
+//! 1. **Host** must be one authority, parsed strictly ([`crate::authority`]: `host[:port]`
+//!    and nothing else, 400 otherwise), naming a loopback host, the public URL's host or an
+//!    allowed host (403): a web page that rebinds its own name to 127.0.0.1 still sends its
+//!    own name. The parsed value goes into the request's extensions ([`RequestAuthority`]):
+//!    every URL the server hands out is written from it (or from `--public-url`), never from
+//!    the header's text.
 //! 2. **Origin**, when a browser sends one, must be the server's own or an allowed origin
 //!    (403): no web page may drive the tools from a user's browser.
 //! 3. **POST bodies** must be `application/json` (415), so a browser's "simple" cross-site
@@ -21,7 +25,7 @@
 //!
 //! Refusals are JSON (`{"error": …, "hint": …}`) and say how to fix the request.
 
-use std::collections::BTreeSet;
+use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use axum::Router;
@@ -31,19 +35,27 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use snakebox_engine::Caller;
 
+use crate::authority::{Authority, AuthorityError, BaseUrl, Host, Origin};
 use crate::keys::KeyStore;
 use crate::{HttpConfig, HttpError, MAX_BODY_BYTES};
 
 /// The routes that answer without authentication (probes).
 const OPEN_ROUTES: [&str; 2] = ["/healthz", "/readyz"];
 
+/// The request's `Host`, parsed and allowed by the edge: what links and the UI's client
+/// configurations are written from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestAuthority(pub Authority);
+
 /// The edge's settings, decided at start.
 #[derive(Debug, Clone)]
 pub struct Edge {
-    /// Accepted `Host` values: bare hosts (any port) and `host:port` authorities.
-    hosts: BTreeSet<String>,
+    /// Accepted `Host` values: a pattern without a port admits any port.
+    hosts: Vec<Authority>,
     /// Accepted `Origin` values besides the request's own.
-    origins: BTreeSet<String>,
+    origins: Vec<Origin>,
+    /// `--public-url`, parsed.
+    public_url: Option<BaseUrl>,
     /// Whether a server with no live key may serve the local tenant.
     keyless_local: bool,
     keys: KeyStore,
@@ -57,77 +69,65 @@ fn refusal(status: StatusCode, error: &str, hint: &str) -> Response {
         .into_response()
 }
 
-/// `host` without its port, lowercased; IPv6 literals keep their brackets.
-fn bare_host(authority: &str) -> String {
-    let authority = authority.trim().to_ascii_lowercase();
-    if authority.starts_with('[') {
-        return authority
-            .split_once(']')
-            .map_or(authority.clone(), |(host, _)| format!("{host}]"));
-    }
-    match authority.rsplit_once(':') {
-        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host.to_owned(),
-        _ => authority,
-    }
-}
-
-/// Whether a bare host (as [`bare_host`] writes it) names this machine's loopback interface.
-fn names_loopback(host: &str) -> bool {
-    host == "localhost"
-        || host.ends_with(".localhost")
-        || host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
-/// The scheme, host and port of an `http(s)://…` URL, as an `Origin` header writes them.
-fn origin_of(url: &str) -> Option<String> {
-    let (scheme, rest) = url.split_once("://")?;
-    if scheme != "http" && scheme != "https" {
-        return None;
-    }
-    let authority = rest.split(['/', '?', '#']).next()?.to_ascii_lowercase();
-    (!authority.is_empty()).then(|| format!("{scheme}://{authority}"))
-}
-
 impl Edge {
     /// The edge for `config`; refuses a non-loopback bind that would serve without keys.
     ///
     /// # Errors
-    /// A bad public URL; no live key on a non-loopback address without `insecure_no_auth`.
+    /// A bad public URL, allowed host or allowed origin; no live key on a non-loopback
+    /// address without `insecure_no_auth`.
     pub fn new(config: &HttpConfig, keys: KeyStore) -> Result<Edge, HttpError> {
         let loopback = config.addr.ip().is_loopback();
-        let mut hosts: BTreeSet<String> = ["localhost", "127.0.0.1", "[::1]"]
-            .into_iter()
-            .map(str::to_owned)
-            .collect();
-        let mut origins = BTreeSet::new();
-        if let Some(url) = &config.public_url {
-            let origin = origin_of(url).ok_or_else(|| HttpError::PublicUrl(url.clone()))?;
-            let authority = origin.split_once("://").map_or("", |(_, a)| a);
-            hosts.insert(bare_host(authority));
-            origins.insert(origin);
+        let mut hosts: Vec<Authority> = [
+            Host::Name("localhost".into()),
+            Host::V4(Ipv4Addr::LOCALHOST),
+            Host::V6(Ipv6Addr::LOCALHOST),
+        ]
+        .into_iter()
+        .map(|host| Authority { host, port: None })
+        .collect();
+        let mut origins = Vec::new();
+        let public = config
+            .public_url
+            .as_deref()
+            .map(|url| {
+                BaseUrl::parse(url).map_err(|source| HttpError::PublicUrl {
+                    url: url.to_owned(),
+                    source,
+                })
+            })
+            .transpose()?;
+        if let Some(public) = &public {
+            hosts.push(Authority {
+                host: public.authority.host.clone(),
+                port: None,
+            });
+            origins.push(public.origin());
         }
-        for host in &config.allowed_hosts {
-            hosts.insert(host.trim().to_ascii_lowercase());
+        let mut allowed = Vec::new();
+        for text in &config.allowed_hosts {
+            let host = Authority::parse(text.trim()).map_err(|source| HttpError::AllowedHost {
+                host: text.clone(),
+                source,
+            })?;
+            allowed.push(host);
         }
-        for origin in &config.allowed_origins {
-            origins.insert(origin.trim().trim_end_matches('/').to_ascii_lowercase());
+        hosts.extend(allowed.iter().cloned());
+        for text in &config.allowed_origins {
+            let origin =
+                Origin::parse(text.trim(), true).map_err(|source| HttpError::AllowedOrigin {
+                    origin: text.clone(),
+                    source,
+                })?;
+            origins.push(origin);
         }
         // A loopback bind named by a public URL or an allowed host that is not loopback is
         // reachable from elsewhere (through a reverse proxy): it needs keys like any other.
-        let exposed_as = config
-            .public_url
+        let exposed_as = public
             .iter()
-            .filter_map(|url| origin_of(url))
-            .map(|origin| {
-                let authority = origin.split_once("://").map_or("", |(_, a)| a).to_owned();
-                bare_host(&authority)
-            })
-            .chain(config.allowed_hosts.iter().map(|host| bare_host(host)))
-            .find(|host| !names_loopback(host));
+            .map(|public| &public.authority.host)
+            .chain(allowed.iter().map(|allowed| &allowed.host))
+            .find(|host| !host.is_loopback())
+            .map(ToString::to_string);
         let keyless_local = (loopback && exposed_as.is_none()) || config.insecure_no_auth;
         if !keyless_local && !keys.any_live()? {
             return Err(match exposed_as {
@@ -138,6 +138,7 @@ impl Edge {
         Ok(Edge {
             hosts,
             origins,
+            public_url: public,
             keyless_local,
             keys,
         })
@@ -153,23 +154,26 @@ impl Edge {
         self.keyless_local
     }
 
+    /// `--public-url`, parsed: links and client configurations start with it when set.
+    pub(crate) fn public_url(&self) -> Option<BaseUrl> {
+        self.public_url.clone()
+    }
+
     /// `router` behind the edge.
     pub fn wrap(self, router: Router) -> Router {
         router.layer(axum::middleware::from_fn_with_state(Arc::new(self), check))
     }
 
-    fn host_allowed(&self, authority: &str) -> bool {
-        let authority = authority.trim().to_ascii_lowercase();
-        self.hosts.contains(&authority) || self.hosts.contains(&bare_host(&authority))
+    fn host_allowed(&self, authority: &Authority) -> bool {
+        self.hosts.iter().any(|pattern| pattern.admits(authority))
     }
 
-    fn origin_allowed(&self, origin: &str, authority: &str) -> bool {
-        let origin = origin.trim().trim_end_matches('/').to_ascii_lowercase();
-        let authority = authority.trim().to_ascii_lowercase();
+    fn origin_allowed(&self, origin: &str, authority: &Authority) -> bool {
+        let Ok(origin) = Origin::parse(origin, false) else {
+            return false;
+        };
         // The server's own pages (same origin), whatever scheme a proxy in front speaks.
-        origin == format!("http://{authority}")
-            || origin == format!("https://{authority}")
-            || self.origins.contains(&origin)
+        origin.is_of(authority) || self.origins.iter().any(|allowed| allowed.same(&origin))
     }
 
     /// Who the request is for, or the refusal.
@@ -240,39 +244,92 @@ fn is_json(headers: &HeaderMap) -> bool {
         .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
 }
 
-async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) -> Response {
-    let authority = request
-        .headers()
-        .get(header::HOST)
-        .and_then(|value| value.to_str().ok())
-        .map(str::to_owned)
-        .or_else(|| request.uri().authority().map(ToString::to_string));
-    let Some(authority) = authority else {
-        return refusal(
-            StatusCode::BAD_REQUEST,
-            "the request has no Host",
-            "send a Host header (every HTTP/1.1 client does)",
-        );
+/// Why the request's authority cannot be read.
+enum NoAuthority {
+    Missing,
+    Twice,
+    Conflict,
+    Invalid(AuthorityError),
+}
+
+/// The request's authority: its one `Host` header, or the target's authority (HTTP/2, an
+/// absolute-form target), which must agree when both are there.
+fn request_authority(request: &Request) -> Result<Authority, NoAuthority> {
+    let mut hosts = request.headers().get_all(header::HOST).iter();
+    let header = hosts.next();
+    if hosts.next().is_some() {
+        return Err(NoAuthority::Twice);
+    }
+    let header = header
+        .map(|value| {
+            value
+                .to_str()
+                .map_err(|_| NoAuthority::Invalid(AuthorityError::Character))
+                .and_then(|text| Authority::parse(text).map_err(NoAuthority::Invalid))
+        })
+        .transpose()?;
+    let target = request
+        .uri()
+        .authority()
+        .map(|authority| Authority::parse(authority.as_str()).map_err(NoAuthority::Invalid))
+        .transpose()?;
+    match (header, target) {
+        (Some(header), Some(target)) if header != target => Err(NoAuthority::Conflict),
+        (Some(authority), _) | (None, Some(authority)) => Ok(authority),
+        (None, None) => Err(NoAuthority::Missing),
+    }
+}
+
+const HOST_HINT: &str = "send `Host: name[:port]` (a DNS name, an IPv4 address or an IPv6 address in brackets, and optionally a port from 1 to 65535) and nothing else: no user part, path, spaces or second colon";
+
+/// Steps 1 and 2: the parsed, allowed `Host`, and an allowed `Origin`.
+fn check_host_and_origin(edge: &Edge, request: &Request) -> Result<Authority, Box<Response>> {
+    let authority = match request_authority(request) {
+        Ok(authority) => authority,
+        Err(why) => {
+            let error = match why {
+                NoAuthority::Missing => "the request has no Host".to_owned(),
+                NoAuthority::Twice => "the request has more than one Host header".to_owned(),
+                NoAuthority::Conflict => {
+                    "the Host header and the request target name different hosts".to_owned()
+                }
+                NoAuthority::Invalid(err) => format!("the Host is not a valid authority: {err}"),
+            };
+            return Err(Box::new(refusal(
+                StatusCode::BAD_REQUEST,
+                &error,
+                HOST_HINT,
+            )));
+        }
     };
     if !edge.host_allowed(&authority) {
-        return refusal(
+        return Err(Box::new(refusal(
             StatusCode::FORBIDDEN,
             "this Host is not served here",
             "reach the server by a loopback name, or have the operator add the name with --allowed-host or --public-url",
-        );
+        )));
     }
     if let Some(origin) = request.headers().get(header::ORIGIN) {
         let allowed = origin
             .to_str()
             .is_ok_and(|origin| edge.origin_allowed(origin, &authority));
         if !allowed {
-            return refusal(
+            return Err(Box::new(refusal(
                 StatusCode::FORBIDDEN,
                 "this Origin may not call the server",
                 "browser pages may call only from the server's own origin or one the operator allows with --allowed-origin",
-            );
+            )));
         }
     }
+    Ok(authority)
+}
+
+async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) -> Response {
+    let authority = match check_host_and_origin(&edge, &request) {
+        Ok(authority) => authority,
+        Err(refused) => return *refused,
+    };
+    request.extensions_mut().insert(RequestAuthority(authority));
     // The web UI authenticates by its own cookie and posts URL-encoded forms, each checked
     // for its CSRF token and Origin (`ui/auth.rs`); Host, Origin and the body limit apply.
     let ui = crate::ui::is_ui_path(request.uri().path());
@@ -334,24 +391,6 @@ async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn hosts_lose_their_port_and_keep_ipv6_brackets() {
-        assert_eq!(bare_host("LocalHost:8000"), "localhost");
-        assert_eq!(bare_host("[::1]:8000"), "[::1]");
-        assert_eq!(bare_host("[::1]"), "[::1]");
-        assert_eq!(bare_host("example.com"), "example.com");
-    }
-
-    #[test]
-    fn origins_are_scheme_and_authority() {
-        assert_eq!(
-            origin_of("https://Snakebox.example.com/base?x").as_deref(),
-            Some("https://snakebox.example.com")
-        );
-        assert_eq!(origin_of("ftp://x"), None);
-        assert_eq!(origin_of("no-scheme"), None);
-    }
 
     #[test]
     fn bearer_tokens_are_read_case_insensitively() {

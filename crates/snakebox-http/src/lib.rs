@@ -2,8 +2,9 @@
 //! streamable HTTP to clients on the network, with API keys that name a tenant.
 //!
 //! What this crate owns is the edge: everything a request meets before the MCP handler sees
-//! it, in one order for every route ([`edge`]): the `Host` allowlist (DNS rebinding), the
-//! `Origin` check (browsers), JSON on POSTs (a browser's "simple" cross-site POST is
+//! it, in one order for every route ([`edge`]): the `Host`, parsed strictly once
+//! ([`authority`]) and checked against the allowlist (DNS rebinding), the `Origin` check
+//! (browsers), JSON on POSTs (a browser's "simple" cross-site POST is
 //! refused), a body limit, then authentication (`Authorization: Bearer sbx_…` → the key's
 //! tenant, [`keys`]). The tenant travels to the handler as a [`snakebox_engine::Caller`] in
 //! the request's extensions ([`snakebox_server::SnakeboxServer::per_request`]), so every
@@ -25,6 +26,7 @@
 //! The web UI (`ui`, mounted at `/ui/` in [`router`]) reads the same engine for a logged-in
 //! tenant: runs, sessions, artifacts, the environment.
 
+pub mod authority;
 mod download;
 pub mod edge;
 pub mod keys;
@@ -101,9 +103,30 @@ pub enum HttpError {
         #[source]
         source: std::io::Error,
     },
-    /// `--public-url` is not a URL with a host.
-    #[error("The public URL `{0}` is not an http(s) URL with a host")]
-    PublicUrl(String),
+    /// `--public-url` is not an http(s) URL with a valid host.
+    #[error("The public URL `{url}` is not valid")]
+    PublicUrl {
+        /// What was given.
+        url: String,
+        /// What is wrong with it.
+        source: authority::UrlError,
+    },
+    /// An `--allowed-host` is not `host[:port]`.
+    #[error("The allowed host `{host}` is not valid")]
+    AllowedHost {
+        /// What was given.
+        host: String,
+        /// What is wrong with it.
+        source: authority::AuthorityError,
+    },
+    /// An `--allowed-origin` is not `scheme://host[:port]`.
+    #[error("The allowed origin `{origin}` is not valid")]
+    AllowedOrigin {
+        /// What was given.
+        origin: String,
+        /// What is wrong with it.
+        source: authority::UrlError,
+    },
     /// The download links' secret cannot be read or made.
     #[error(transparent)]
     Links(#[from] LinkError),
@@ -118,7 +141,9 @@ impl HttpError {
             HttpError::NoAuth(_) => "make a key with `snakebox keys add --tenant NAME` (clients send it as `Authorization: Bearer sbx_…`), bind to 127.0.0.1, or pass --insecure-no-auth if a proxy in front authenticates".into(),
             HttpError::Keys(err) => err.hint(),
             HttpError::Io { .. } => "check that the address is free (another server on that port?) and that this user may bind it".into(),
-            HttpError::PublicUrl(_) => "pass the URL clients use, e.g. `https://snakebox.example.com`".into(),
+            HttpError::PublicUrl { .. } => "pass the URL clients use, e.g. `https://snakebox.example.com` or `https://example.com/snakebox` (no user part, query or fragment)".into(),
+            HttpError::AllowedHost { .. } => "write a host name or address, optionally with a port, e.g. `snakebox.internal` or `snakebox.internal:8000`".into(),
+            HttpError::AllowedOrigin { .. } => "write a scheme, a host and optionally a port, e.g. `https://app.example.com`".into(),
             HttpError::Links(err) => err.hint(),
         }
     }
@@ -140,11 +165,8 @@ pub fn router(
     let links = Arc::new(links::Links {
         signer: LinkSigner::load_or_create(&engine.config().data_dir)?,
         ttl: config.link_ttl,
-        public_url: config
-            .public_url
-            .as_ref()
-            .map(|url| url.trim_end_matches('/').to_owned()),
-        fallback_base: format!("http://{}", config.addr),
+        public_url: edge.public_url(),
+        fallback_base: authority::BaseUrl::http(authority::Authority::from(config.addr)),
     });
     // Installed before anything records, so the first run is counted.
     let _ = scrape::handle();
@@ -193,7 +215,7 @@ pub fn router(
                 Arc::clone(&engine),
                 edge.keys(),
                 edge.keyless_local(),
-                config.public_url.clone(),
+                edge.public_url(),
             ),
         )
         .route("/healthz", get(|| async { "ok\n" }))

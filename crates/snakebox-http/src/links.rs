@@ -28,6 +28,9 @@ use sha2::Sha256;
 use snakebox_engine::{Caller, Engine, ErrorKind};
 use snakebox_server::{DownloadLinks, Downloads};
 
+use crate::authority::BaseUrl;
+use crate::edge::RequestAuthority;
+
 /// The secret's file under the data directory.
 pub const SECRET_FILE: &str = "link-secret-v1";
 /// Bytes of the secret.
@@ -230,10 +233,10 @@ impl LinkSigner {
 pub(crate) struct Links {
     pub(crate) signer: LinkSigner,
     pub(crate) ttl: Duration,
-    /// `--public-url` without a trailing `/`.
-    pub(crate) public_url: Option<String>,
+    /// `--public-url`, parsed.
+    pub(crate) public_url: Option<BaseUrl>,
     /// `http://<bound address>`, when no request names a host.
-    pub(crate) fallback_base: String,
+    pub(crate) fallback_base: BaseUrl,
 }
 
 /// The links of one request: its base URL fixed.
@@ -256,7 +259,8 @@ impl DownloadLinks for RequestLinks {
 }
 
 /// Put the request's [`Downloads`] in its extensions: links go to `--public-url`, else to
-/// the `Host` the client reached (it passed the edge's allowlist), else the bound address.
+/// the `Host` the client reached as the edge parsed and allowed it ([`RequestAuthority`]:
+/// never the header's text), else the bound address.
 pub(crate) async fn attach(
     State(links): State<Arc<Links>>,
     mut request: Request,
@@ -264,16 +268,12 @@ pub(crate) async fn attach(
 ) -> Response {
     let base = match &links.public_url {
         Some(url) => url.clone(),
-        None => request
-            .headers()
-            .get(header::HOST)
-            .and_then(|host| host.to_str().ok())
-            .filter(|host| !host.is_empty() && host.bytes().all(|b| b.is_ascii_graphic()))
-            .map_or_else(
-                || links.fallback_base.clone(),
-                |host| format!("http://{host}"),
-            ),
-    };
+        None => request.extensions().get::<RequestAuthority>().map_or_else(
+            || links.fallback_base.clone(),
+            |RequestAuthority(authority)| BaseUrl::http(authority.clone()),
+        ),
+    }
+    .to_string();
     request
         .extensions_mut()
         .insert(Downloads(Arc::new(RequestLinks {

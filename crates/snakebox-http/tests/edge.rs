@@ -322,3 +322,61 @@ async fn one_tenants_artifacts_and_runs_are_not_found_for_another() {
         "{listed}"
     );
 }
+
+/// Issue 32, property 5: a `Host` that is not exactly `host[:port]` is refused before any
+/// route (400, with what is wrong and a hint), whatever the route.
+#[tokio::test]
+async fn a_host_that_is_not_one_plain_authority_is_refused_on_every_route() {
+    let data = tempfile::tempdir().unwrap();
+    let router = router(data.path()).await;
+    for path in ROUTES
+        .into_iter()
+        .chain(["/ui/login", "/files/e1/out.txt", "/metrics"])
+    {
+        for host in [
+            "localhost:8000@evil.example",
+            "[::1]@evil.example",
+            "localhost:8000/x",
+            "[::1]:8000#",
+            "localhost:8000 x",
+            "localhost::8000",
+            "localhost:65536",
+            "localhost:",
+        ] {
+            let request = Request::get(path)
+                .header(header::HOST, host)
+                .body(Body::empty())
+                .unwrap();
+            let reply = send(&router, request).await;
+            let body = reply.json();
+            assert_eq!(
+                reply.status,
+                StatusCode::BAD_REQUEST,
+                "{path} {host}: {body}"
+            );
+            assert!(
+                body["error"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("the Host is not a valid authority"),
+                "{body}"
+            );
+            assert!(
+                body["hint"].as_str().unwrap().contains("name[:port]"),
+                "{body}"
+            );
+        }
+    }
+    // Two Host headers, or a Host that contradicts the request target: 400 too.
+    let request = Request::get("/healthz")
+        .header(header::HOST, "localhost")
+        .header(header::HOST, "evil.example")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&router, request).await.status, StatusCode::BAD_REQUEST);
+    let request = Request::get("http://evil.example/healthz")
+        .header(header::HOST, "localhost")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&router, request).await.status, StatusCode::BAD_REQUEST);
+}

@@ -28,6 +28,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use snakebox_engine::Engine;
 
+use crate::authority::{Authority, BaseUrl, Origin};
 use crate::keys::KeyStore;
 use auth::{NoSession, Sessions, UiSession};
 
@@ -45,8 +46,8 @@ pub(crate) fn is_ui_path(path: &str) -> bool {
 pub(crate) struct Ui {
     engine: Arc<Engine>,
     sessions: Sessions,
-    /// The URL clients use, when configured (else the request's `Host` is used).
-    public_url: Option<String>,
+    /// The URL clients use, when configured (else the request's parsed `Host` is used).
+    public_url: Option<BaseUrl>,
 }
 
 /// The UI's routes, to be nested at `/ui`.
@@ -54,15 +55,13 @@ pub(crate) fn router(
     engine: Arc<Engine>,
     keys: KeyStore,
     keyless_local: bool,
-    public_url: Option<String>,
+    public_url: Option<BaseUrl>,
 ) -> Router {
-    let secure = public_url
-        .as_deref()
-        .is_some_and(|url| url.starts_with("https://"));
+    let secure = public_url.as_ref().is_some_and(BaseUrl::is_https);
     let ui = Arc::new(Ui {
         engine,
         sessions: Sessions::new(keys, keyless_local, secure),
-        public_url: public_url.map(|url| url.trim_end_matches('/').to_owned()),
+        public_url,
     });
     pages::routes()
         .with_state(ui)
@@ -116,43 +115,39 @@ impl Ui {
     fn session_for_form(
         &self,
         headers: &HeaderMap,
+        own: &Authority,
         form: &std::collections::HashMap<String, String>,
     ) -> Result<UiSession, Box<Response>> {
         let session = self.session(headers)?;
         self.check_post(
             headers,
+            own,
             Some(&session),
             form.get("csrf").map(String::as_str),
         )?;
         Ok(session)
     }
 
-    /// A POST's checks: the server's own `Origin`, and the session's CSRF token in the form.
+    /// A POST's checks: the server's own `Origin` (the request's `Host` as the edge parsed
+    /// it, `own`, or the public URL's), and the session's CSRF token in the form.
     fn check_post(
         &self,
         headers: &HeaderMap,
+        own: &Authority,
         session: Option<&UiSession>,
         token: Option<&str>,
     ) -> Result<(), Box<Response>> {
-        let own = headers
-            .get(header::HOST)
-            .and_then(|host| host.to_str().ok())
-            .map(|host| host.to_ascii_lowercase());
         let origin = headers
             .get(header::ORIGIN)
             .and_then(|origin| origin.to_str().ok())
-            .map(|origin| origin.trim_end_matches('/').to_ascii_lowercase());
-        let same_origin = match (&own, &origin) {
-            (Some(host), Some(origin)) => {
-                *origin == format!("http://{host}")
-                    || *origin == format!("https://{host}")
-                    || self
-                        .public_url
-                        .as_deref()
-                        .is_some_and(|url| url.eq_ignore_ascii_case(origin))
-            }
-            _ => false,
-        };
+            .and_then(|origin| Origin::parse(origin, false).ok());
+        let same_origin = origin.is_some_and(|origin| {
+            origin.is_of(own)
+                || self
+                    .public_url
+                    .as_ref()
+                    .is_some_and(|url| url.origin().same(&origin))
+        });
         if !same_origin {
             return Err(Box::new(pages::error_page(
                 StatusCode::FORBIDDEN,
@@ -172,15 +167,12 @@ impl Ui {
         Ok(())
     }
 
-    /// The server's URL as clients reach it.
-    fn base_url(&self, headers: &HeaderMap) -> String {
-        if let Some(url) = &self.public_url {
-            return url.clone();
+    /// The server's URL as clients reach it: the public URL, else `http://` and the
+    /// request's `Host` as the edge parsed it (never the header's text).
+    fn base_url(&self, own: &Authority) -> String {
+        match &self.public_url {
+            Some(url) => url.to_string(),
+            None => BaseUrl::http(own.clone()).to_string(),
         }
-        let host = headers
-            .get(header::HOST)
-            .and_then(|host| host.to_str().ok())
-            .unwrap_or("127.0.0.1:8000");
-        format!("http://{host}")
     }
 }

@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use askama::Template;
+use axum::Extension;
 use axum::Router;
 use axum::extract::{Form, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -21,6 +22,7 @@ use super::Ui;
 use super::auth::{NoSession, UiSession};
 use super::clients::{ClientConfig, configs};
 use super::format;
+use crate::edge::RequestAuthority;
 
 /// Runs shown on the list.
 const RUNS_LISTED: usize = 200;
@@ -48,13 +50,18 @@ pub(super) fn routes() -> Router<Arc<Ui>> {
         .route(
             "/sessions/{id}/delete",
             get(|ui, headers, id| session_confirm(ui, headers, id, Change::Delete)).post(
-                |ui, headers, id, form| session_change(ui, headers, id, form, Change::Delete),
+                |ui, headers, own, id, form| {
+                    session_change(ui, headers, own, id, form, Change::Delete)
+                },
             ),
         )
         .route(
             "/sessions/{id}/reset",
-            get(|ui, headers, id| session_confirm(ui, headers, id, Change::Reset))
-                .post(|ui, headers, id, form| session_change(ui, headers, id, form, Change::Reset)),
+            get(|ui, headers, id| session_confirm(ui, headers, id, Change::Reset)).post(
+                |ui, headers, own, id, form| {
+                    session_change(ui, headers, own, id, form, Change::Reset)
+                },
+            ),
         )
         .route("/environment", get(environment))
         .route("/clients", get(clients))
@@ -182,10 +189,11 @@ async fn login_form(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
 async fn log_in(
     State(ui): State<Arc<Ui>>,
     headers: HeaderMap,
+    Extension(RequestAuthority(own)): Extension<RequestAuthority>,
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
     // No session yet, so no CSRF token: the Origin must be the server's own.
-    if let Err(refused) = ui.check_post(&headers, None, None) {
+    if let Err(refused) = ui.check_post(&headers, &own, None, None) {
         return *refused;
     }
     let key = form.get("key").map_or("", String::as_str);
@@ -209,9 +217,10 @@ async fn log_in(
 async fn log_out(
     State(ui): State<Arc<Ui>>,
     headers: HeaderMap,
+    Extension(RequestAuthority(own)): Extension<RequestAuthority>,
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
-    if let Err(refused) = ui.session_for_form(&headers, &form) {
+    if let Err(refused) = ui.session_for_form(&headers, &own, &form) {
         return *refused;
     }
     ui.sessions.log_out(&headers);
@@ -621,10 +630,11 @@ async fn run_live(
 async fn run_cancel(
     State(ui): State<Arc<Ui>>,
     headers: HeaderMap,
+    Extension(RequestAuthority(own)): Extension<RequestAuthority>,
     Path(id): Path<String>,
     Form(form): Form<HashMap<String, String>>,
 ) -> Response {
-    let session = match ui.session_for_form(&headers, &form) {
+    let session = match ui.session_for_form(&headers, &own, &form) {
         Ok(session) => session,
         Err(refused) => return *refused,
     };
@@ -938,6 +948,7 @@ async fn session_download(
 async fn session_upload(
     State(ui): State<Arc<Ui>>,
     headers: HeaderMap,
+    Extension(RequestAuthority(own)): Extension<RequestAuthority>,
     Path(id): Path<String>,
     mut multipart: axum::extract::Multipart,
 ) -> Response {
@@ -946,7 +957,7 @@ async fn session_upload(
         Err(response) => return *response,
     };
     // The Origin first, before the body is read.
-    if let Err(refused) = ui.check_post(&headers, None, None) {
+    if let Err(refused) = ui.check_post(&headers, &own, None, None) {
         return *refused;
     }
     let (mut csrf, mut path, mut file) = (None, None, None);
@@ -978,7 +989,7 @@ async fn session_upload(
             _ => {}
         }
     }
-    if let Err(refused) = ui.check_post(&headers, Some(&session), csrf.as_deref()) {
+    if let Err(refused) = ui.check_post(&headers, &own, Some(&session), csrf.as_deref()) {
         return *refused;
     }
     let Some((file_name, bytes)) = file else {
@@ -1082,11 +1093,12 @@ async fn session_confirm(
 async fn session_change(
     State(ui): State<Arc<Ui>>,
     headers: HeaderMap,
+    Extension(RequestAuthority(own)): Extension<RequestAuthority>,
     Path(id): Path<String>,
     Form(form): Form<HashMap<String, String>>,
     change: Change,
 ) -> Response {
-    let session = match ui.session_for_form(&headers, &form) {
+    let session = match ui.session_for_form(&headers, &own, &form) {
         Ok(session) => session,
         Err(refused) => return *refused,
     };
@@ -1242,12 +1254,16 @@ struct ClientsPage {
     clients: Vec<ClientConfig>,
 }
 
-async fn clients(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+async fn clients(
+    State(ui): State<Arc<Ui>>,
+    headers: HeaderMap,
+    Extension(RequestAuthority(own)): Extension<RequestAuthority>,
+) -> Response {
     let session = match ui.session(&headers) {
         Ok(session) => session,
         Err(response) => return *response,
     };
-    let base = ui.base_url(&headers);
+    let base = ui.base_url(&own);
     let keyed = !ui.sessions.keyless().unwrap_or(false);
     render(&ClientsPage {
         chrome: chrome(&ui, &session),
