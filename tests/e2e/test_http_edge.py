@@ -5,16 +5,25 @@ answers is what is checked.
 - A `Host` is one plain authority or the request is refused (400, with a hint), and the
   links and client configurations the server hands out are written from the parsed host or
   `--public-url`, never from the header's text.
+- The documented body limit (64 MiB, `--max-body-bytes`) is the real one on every transport
+  (`/mcp`, `POST /sse`, the legacy `/messages`), on both sides of it, and the documented
+  file limit (10 MiB per session file) fits through every transport, the web UI's upload
+  included.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import http.client
 import json
+import re
+import time
 import urllib.parse
 from pathlib import Path
+from typing import AsyncIterator, Callable
 
+import anyio
 import httpx2 as httpx
 import pytest
 
@@ -26,6 +35,7 @@ pytestmark = [
     pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
 ]
 
+MIB = 1 << 20
 MCP_HEADERS = {
     "Content-Type": "application/json",
     "Accept": "application/json, text/event-stream",
@@ -44,6 +54,109 @@ def rpc(method: str, params: dict | None = None, id: int | None = 1) -> dict:
     if params is not None:
         message["params"] = params
     return message
+
+
+INITIALIZE = rpc("initialize", {"protocolVersion": "2024-11-05", "capabilities": {},
+                                "clientInfo": {"name": "snakebox-e2e", "version": "1"}}, id=0)
+
+
+class Stream:
+    """An event stream read in the background: its events, its comments, when it ended."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.status = 0
+        self.events: list[tuple[str, str]] = []
+        self.comments: list[str] = []
+        self.ended_at: float | None = None
+        self.error: str | None = None
+
+    async def follow(self, response: httpx.Response) -> None:
+        event, data = "message", []
+        try:
+            async for line in response.aiter_lines():
+                if line == "":
+                    if data:
+                        self.events.append((event, "\n".join(data)))
+                    event, data = "message", []
+                elif line.startswith(":"):
+                    self.comments.append(line)
+                elif line.startswith("event:"):
+                    event = line[len("event:"):].strip()
+                elif line.startswith("data:"):
+                    data.append(line[len("data:"):].lstrip())
+        except Exception as err:  # a cut connection ends the stream too
+            self.error = repr(err)
+        self.ended_at = time.monotonic()
+
+    def messages(self) -> list[dict]:
+        """The JSON-RPC messages the stream carried (`message` events)."""
+        found = []
+        for event, data in self.events:
+            if event == "message":
+                with contextlib.suppress(ValueError):
+                    found.append(json.loads(data))
+        return found
+
+    def text(self) -> str:
+        return json.dumps(self.events)
+
+    async def wait_for(self, what: Callable[[], bool], timeout: float) -> bool:
+        with anyio.move_on_after(timeout):
+            while not what():
+                await anyio.sleep(0.02)
+        return what()
+
+    async def reply(self, id: int, timeout: float = 120) -> dict:
+        """The JSON-RPC response with this id."""
+        found = await self.wait_for(lambda: any(m.get("id") == id for m in self.messages()), timeout)
+        assert found, f"{self.name}: no reply {id}: {self.text()} {self.error}"
+        return next(m for m in self.messages() if m.get("id") == id)
+
+
+@contextlib.asynccontextmanager
+async def streams() -> AsyncIterator[Callable]:
+    """`open(name, method, url, **kwargs)` starts a request whose response is read in the
+    background as a [`Stream`]; all are closed when the block ends."""
+    async with httpx.AsyncClient(timeout=httpx.Timeout(None)) as client, anyio.create_task_group() as group:
+
+        async def open_stream(name: str, method: str, url: str, **kwargs) -> Stream:
+            stream = Stream(name)
+            ready = anyio.Event()
+
+            async def run() -> None:
+                try:
+                    async with client.stream(method, url, **kwargs) as response:
+                        stream.status = response.status_code
+                        ready.set()
+                        await stream.follow(response)
+                except Exception as err:
+                    stream.error = repr(err)
+                    stream.ended_at = time.monotonic()
+                finally:
+                    ready.set()
+
+            group.start_soon(run)
+            await ready.wait()
+            return stream
+
+        yield open_stream
+        group.cancel_scope.cancel()
+
+
+async def open_legacy_session(open_stream: Callable, http: httpx.AsyncClient, url: str, key: str, name: str) -> tuple[Stream, str]:
+    """`GET /sse?api_key=…`, then the MCP handshake posted (without the key) to the endpoint
+    the stream announced; the stream and that endpoint."""
+    stream = await open_stream(name, "GET", f"{url}/sse?api_key={key}")
+    assert stream.status == 200, (name, stream.status)
+    assert await stream.wait_for(lambda: any(e == "endpoint" for e, _ in stream.events), 30), stream.text()
+    endpoint = url + next(data for event, data in stream.events if event == "endpoint")
+    posted = await http.post(endpoint, json=INITIALIZE)
+    assert posted.status_code == 202, posted.text
+    await stream.reply(0)
+    posted = await http.post(endpoint, json=rpc("notifications/initialized", id=None))
+    assert posted.status_code == 202, posted.text
+    return stream, endpoint
 
 
 def raw(url: str, method: str, path: str, host: str | None, body: bytes | None = None,
@@ -138,3 +251,77 @@ async def test_a_host_is_one_plain_authority_and_links_are_written_from_the_pars
         assert proc.poll() is None
 
 
+def padded(size: int, message: dict) -> bytes:
+    """`message` (an object with `params`), padded with spaces inside to exactly `size` bytes."""
+    text = json.dumps(message)
+    assert text.endswith("}")
+    pad = size - len(text)
+    assert pad >= 0
+    return (text[:-1] + " " * pad + "}").encode()
+
+
+def ping(size: int, id: int = 7) -> bytes:
+    return padded(size, {"jsonrpc": "2.0", "id": id, "method": "ping"})
+
+
+async def test_the_documented_body_limit_is_the_real_one_on_every_transport(snakebox_bin: Path, tmp_path: Path):
+    data = tmp_path / "data"
+    key = make_key(snakebox_bin, data, "team-a")
+    limit = 64 * MIB  # README, "Over HTTP, with API keys": a 64 MiB body limit (413)
+    with http_server(snakebox_bin, data) as (proc, url):
+        host = urllib.parse.urlsplit(url).netloc
+        headers = {**MCP_HEADERS, **bearer(key)}
+        # Streamable HTTP, at /mcp and at POST /sse: the limit is accepted, one byte more is 413.
+        for path in ("/mcp", "/sse"):
+            status, _, body = raw(url, "POST", path, host, ping(limit), headers)
+            assert status == 200, (path, status, body[:300])
+            assert reply_of(body) == {"jsonrpc": "2.0", "id": 7, "result": {}}, body[:300]
+            status, reply_headers, body = raw(url, "POST", path, host, ping(limit + 1), headers)
+            assert status == 413, (path, status, body[:300])
+            refusal = json.loads(body)
+            assert "64 MiB" in refusal["error"] and str(limit) in refusal["error"], refusal
+            assert "--max-body-bytes" in refusal["hint"], refusal
+
+        async with httpx.AsyncClient(timeout=120) as http, streams() as open_stream:
+            # Legacy SSE: a post at the limit is taken (and answered on the stream), one byte
+            # more is 413.
+            sse, endpoint = await open_legacy_session(open_stream, http, url, key, "sse")
+            posted = await http.post(endpoint, content=ping(limit, id=8), headers={"Content-Type": "application/json"})
+            assert posted.status_code == 202, posted.text[:300]
+            assert (await sse.reply(8))["result"] == {}
+            posted = await http.post(endpoint, content=ping(limit + 1, id=9), headers={"Content-Type": "application/json"})
+            assert posted.status_code == 413 and "--max-body-bytes" in posted.json()["hint"], posted.text[:300]
+
+            # The documented file limit (10 MiB per session file) fits through every transport;
+            # one byte more is the tool's refusal, not the transport's.
+            created = reply_of(raw(url, "POST", "/mcp", host, json.dumps(rpc("tools/call", {"name": "create_session", "arguments": {}})).encode(), headers)[2])
+            session_id = created["result"]["structuredContent"]["session_id"]
+            for size in (10 * MIB, 10 * MIB + 1):
+                content = base64.b64encode(b"\x01" * size).decode()
+                call = rpc("tools/call", {"name": "write_file", "arguments": {"session_id": session_id, "path": "big.bin",
+                                                                             "content": content, "encoding": "base64"}}, id=40)
+                status, _, body = raw(url, "POST", "/mcp", host, json.dumps(call).encode(), headers)
+                assert status == 200, (size, status, body[:300])
+                over_mcp = reply_of(body)["result"]
+                posted = await http.post(endpoint, json=call)
+                assert posted.status_code == 202, (size, posted.status_code, posted.text[:300])
+                over_sse = (await sse.reply(40))["result"]
+                sse.events.clear()
+                for result in (over_mcp, over_sse):
+                    if size == 10 * MIB:
+                        assert not result.get("isError"), result
+                    else:
+                        assert result.get("isError") and str(10 * MIB) in json.dumps(result), json.dumps(result)[:300]
+
+            # The web UI's upload, the one upload route: the same file limit, both sides.
+            cookie = await ui_login(http, url, key)
+            page = (await http.get(f"{url}/ui/sessions/{session_id}", headers={"Cookie": cookie})).text
+            csrf = re.search(r'name="csrf" value="([^"]+)"', page).group(1)
+            for size in (10 * MIB, 10 * MIB + 1):
+                uploaded = await http.post(f"{url}/ui/sessions/{session_id}/upload", headers={"Cookie": cookie, "Origin": url},
+                                           data={"csrf": csrf}, files={"file": ("up.bin", b"\x02" * size)}, follow_redirects=False)
+                if size == 10 * MIB:
+                    assert uploaded.status_code == 303, uploaded.text[:300]
+                else:
+                    assert uploaded.status_code == 400 and str(10 * MIB) in uploaded.text, (uploaded.status_code, uploaded.text[:300])
+        assert proc.poll() is None

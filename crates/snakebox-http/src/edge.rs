@@ -9,7 +9,11 @@
 //! 2. **Origin**, when a browser sends one, must be the server's own or an allowed origin
 //!    (403): no web page may drive the tools from a user's browser.
 //! 3. **POST bodies** must be `application/json` (415), so a browser's "simple" cross-site
-//!    form or `text/plain` POST never reaches a handler, and not larger than the limit (413).
+//!    form or `text/plain` POST never reaches a handler. **Every body**, on every route and
+//!    method, is at most `--max-body-bytes` (413 naming the limit and the setting): a
+//!    `Content-Length` above it is refused at once, and a body without one is counted as it
+//!    is read. This is the one body limit: the routes behind it (rmcp's `/mcp`, the legacy
+//!    SSE posts) have none of their own below it.
 //! 4. **Authentication**, for every route but `/healthz`, `/readyz` and download links
 //!    (`/files/…`, whose signature is their credential: [`crate::links`]): a live API key as
 //!    `Authorization: Bearer sbx_…` (401 with `WWW-Authenticate` otherwise); the key's tenant
@@ -27,17 +31,21 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
+use axum::body::HttpBody as _;
+use axum::body::{Body, BodyDataStream};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures_util::StreamExt;
 use snakebox_engine::Caller;
 
 use crate::authority::{Authority, AuthorityError, BaseUrl, Host, Origin};
 use crate::keys::KeyStore;
-use crate::{HttpConfig, HttpError, MAX_BODY_BYTES};
+use crate::{HttpConfig, HttpError};
 
 /// The routes that answer without authentication (probes).
 const OPEN_ROUTES: [&str; 2] = ["/healthz", "/readyz"];
@@ -54,6 +62,8 @@ pub struct Edge {
     hosts: Vec<Authority>,
     /// Accepted `Origin` values besides the request's own.
     origins: Vec<Origin>,
+    /// The largest request body, in bytes.
+    max_body_bytes: usize,
     /// `--public-url`, parsed.
     public_url: Option<BaseUrl>,
     /// Whether a server with no live key may serve the local tenant.
@@ -67,6 +77,40 @@ fn refusal(status: StatusCode, error: &str, hint: &str) -> Response {
         axum::Json(serde_json::json!({ "error": error, "hint": hint })),
     )
         .into_response()
+}
+
+/// `bytes` as people read a size: `64 MiB`, `1.5 MiB`, `900 KiB`, `12 bytes`.
+pub(crate) fn human_size(bytes: usize) -> String {
+    const UNITS: [(usize, &str); 3] = [(1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")];
+    for (unit, name) in UNITS {
+        if bytes >= unit {
+            let whole = bytes / unit;
+            let tenths = (bytes % unit) * 10 / unit;
+            return if tenths == 0 && bytes.is_multiple_of(unit) {
+                format!("{whole} {name}")
+            } else {
+                format!("{whole}.{tenths} {name}")
+            };
+        }
+    }
+    format!("{bytes} bytes")
+}
+
+/// The 413 of a body over `limit`; the connection is closed after it (the client may still
+/// be sending).
+fn too_large(limit: usize) -> Response {
+    let mut response = refusal(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        &format!(
+            "the request body is larger than this server's limit of {} ({limit} bytes)",
+            human_size(limit)
+        ),
+        "send a smaller body (put large inputs in files the script downloads), or have the operator raise --max-body-bytes (`[http] max_body_bytes`)",
+    );
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 impl Edge {
@@ -138,6 +182,7 @@ impl Edge {
         Ok(Edge {
             hosts,
             origins,
+            max_body_bytes: config.max_body_bytes,
             public_url: public,
             keyless_local,
             keys,
@@ -324,6 +369,81 @@ fn check_host_and_origin(edge: &Edge, request: &Request) -> Result<Authority, Bo
     Ok(authority)
 }
 
+/// How long a refused body is read (and dropped) before the 413 goes out: a client that
+/// writes its whole body before it reads the answer (most do) then reads the 413 instead of
+/// a reset connection.
+const DRAIN_TIME: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// What a body over the limit left: whether it went over, and the rest of it, to drain.
+#[derive(Default)]
+struct Overflow {
+    exceeded: AtomicBool,
+    rest: std::sync::Mutex<Option<BodyDataStream>>,
+}
+
+impl Overflow {
+    fn exceeded(&self) -> bool {
+        self.exceeded.load(Ordering::Acquire)
+    }
+
+    fn take_rest(&self) -> Option<BodyDataStream> {
+        self.rest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+}
+
+/// Read and drop at most `budget` more bytes of a refused body, for at most [`DRAIN_TIME`]:
+/// past that the connection is closed with the client still sending (it may see a reset).
+async fn drain(mut data: BodyDataStream, budget: usize) {
+    let mut left = budget;
+    let _ = tokio::time::timeout(DRAIN_TIME, async {
+        while let Some(Ok(chunk)) = data.next().await {
+            left = left.saturating_sub(chunk.len());
+            if left == 0 {
+                break;
+            }
+        }
+    })
+    .await;
+}
+
+/// Step 3's limit on a body whose length is not known to be within it: counted as it is
+/// read; past the limit the body fails, and the rest is kept in `overflow` (the edge then
+/// drains it and answers 413).
+fn limit_body(body: Body, limit: usize, overflow: Arc<Overflow>) -> Body {
+    if body
+        .size_hint()
+        .upper()
+        .is_some_and(|upper| upper <= limit as u64)
+    {
+        return body;
+    }
+    let counted = futures_util::stream::unfold(
+        (Some(body.into_data_stream()), 0usize, overflow),
+        move |(data, seen, overflow)| async move {
+            let mut data = data?;
+            let chunk = match data.next().await? {
+                Ok(chunk) => chunk,
+                Err(err) => return Some((Err(err), (Some(data), seen, overflow))),
+            };
+            let seen = seen.saturating_add(chunk.len());
+            if seen > limit {
+                *overflow
+                    .rest
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(data);
+                overflow.exceeded.store(true, Ordering::Release);
+                let err = std::io::Error::other(format!("the body is larger than {limit} bytes"));
+                return Some((Err(axum::Error::new(err)), (None, seen, overflow)));
+            }
+            Some((Ok(chunk), (Some(data), seen, overflow)))
+        },
+    );
+    Body::from_stream(counted)
+}
+
 async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) -> Response {
     let authority = match check_host_and_origin(&edge, &request) {
         Ok(authority) => authority,
@@ -333,27 +453,34 @@ async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) 
     // The web UI authenticates by its own cookie and posts URL-encoded forms, each checked
     // for its CSRF token and Origin (`ui/auth.rs`); Host, Origin and the body limit apply.
     let ui = crate::ui::is_ui_path(request.uri().path());
-    if request.method() == Method::POST {
-        if !ui && !is_json(request.headers()) {
-            return refusal(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "POST bodies must be JSON",
-                "send `Content-Type: application/json`",
-            );
-        }
-        let length = request
-            .headers()
-            .get(header::CONTENT_LENGTH)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.parse::<u64>().ok());
-        if length.is_some_and(|length| length > MAX_BODY_BYTES as u64) {
-            return refusal(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "the request body is too large",
-                "send at most 64 MiB; put large inputs in files the script downloads",
-            );
-        }
+    if request.method() == Method::POST && !ui && !is_json(request.headers()) {
+        return refusal(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "POST bodies must be JSON",
+            "send `Content-Type: application/json`",
+        );
     }
+    let length = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    let limit = edge.max_body_bytes;
+    let (parts, body) = request.into_parts();
+    if let Some(length) = length.filter(|length| *length > limit as u64) {
+        // Up to twice the limit, the body is read first so that the client reads the 413.
+        if length <= (limit as u64).saturating_mul(2) {
+            drain(
+                body.into_data_stream(),
+                usize::try_from(length).unwrap_or(usize::MAX),
+            )
+            .await;
+        }
+        return too_large(limit);
+    }
+    let overflow = Arc::new(Overflow::default());
+    let body = limit_body(body, limit, Arc::clone(&overflow));
+    let mut request = Request::from_parts(parts, body);
     // A legacy SSE post may come without a key: its session id (128 random bits, handed out
     // on an authenticated `GET /sse` and bound to that tenant) is its credential. With a key,
     // the key must be valid and the session its tenant's (checked by the handler).
@@ -376,6 +503,12 @@ async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) 
         .insert(snakebox_server::RequestGone(gone.clone()));
     let response = next.run(request).await;
     let guard = gone.drop_guard();
+    if overflow.exceeded() {
+        if let Some(rest) = overflow.take_rest() {
+            drain(rest, limit).await;
+        }
+        return too_large(limit);
+    }
     response.map(|body| {
         let stream = futures_util::stream::unfold(
             (body.into_data_stream(), guard),
@@ -391,6 +524,15 @@ async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_are_written_for_people() {
+        assert_eq!(human_size(64 << 20), "64 MiB");
+        assert_eq!(human_size((3 << 20) / 2), "1.5 MiB");
+        assert_eq!(human_size(900 << 10), "900 KiB");
+        assert_eq!(human_size(12), "12 bytes");
+        assert_eq!(human_size((64 << 20) + 1), "64.0 MiB");
+    }
 
     #[test]
     fn bearer_tokens_are_read_case_insensitively() {

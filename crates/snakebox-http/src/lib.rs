@@ -4,8 +4,8 @@
 //! What this crate owns is the edge: everything a request meets before the MCP handler sees
 //! it, in one order for every route ([`edge`]): the `Host`, parsed strictly once
 //! ([`authority`]) and checked against the allowlist (DNS rebinding), the `Origin` check
-//! (browsers), JSON on POSTs (a browser's "simple" cross-site POST is
-//! refused), a body limit, then authentication (`Authorization: Bearer sbx_…` → the key's
+//! (browsers), JSON on POSTs (a browser's "simple" cross-site POST is refused), the one body
+//! limit (`--max-body-bytes`), then authentication (`Authorization: Bearer sbx_…` → the key's
 //! tenant, [`keys`]). The tenant travels to the handler as a [`snakebox_engine::Caller`] in
 //! the request's extensions ([`snakebox_server::SnakeboxServer::per_request`]), so every
 //! session, run and artifact it touches is its own and another tenant's ids are "not found".
@@ -53,8 +53,10 @@ pub use edge::Edge;
 pub use keys::{KeyError, KeyInfo, KeyStore, NewKey};
 pub use links::{DEFAULT_LINK_TTL, LinkError, LinkSigner};
 
-/// Largest request body accepted (a script is at most a few MiB; input files ride along).
-pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+/// The largest request body accepted when the settings say nothing (`--max-body-bytes`,
+/// `[http] max_body_bytes`): room for a call at the documented limits (32 MiB of input files
+/// travel as base64, about 43 MiB of JSON, beside a script of up to `--max-script-bytes`).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// How the HTTP face is set up (`[http]` in the config file, `serve --http` flags).
 #[derive(Debug, Clone)]
@@ -75,6 +77,8 @@ pub struct HttpConfig {
     pub conformance_fixtures: bool,
     /// How long the download links in results stay valid.
     pub link_ttl: Duration,
+    /// The largest request body, on every route and transport (413 past it).
+    pub max_body_bytes: usize,
 }
 
 /// Why the HTTP face cannot start.
@@ -179,6 +183,8 @@ pub fn router(
         // own sessions are addressed by `session_id` arguments.
         mcp.legacy_session_mode = false;
         mcp.json_response = true;
+        // The edge owns the limit, for every route (rmcp's own default is 4 MiB).
+        mcp.max_request_body_bytes = config.max_body_bytes;
         mcp.cancellation_token = stop.child_token();
         mcp
     };
@@ -237,7 +243,10 @@ pub fn router(
                 "no such route; MCP is served at /mcp (streamable HTTP)\n",
             )
         })
-        .layer(axum::middleware::from_fn_with_state(links, links::attach));
+        .layer(axum::middleware::from_fn_with_state(links, links::attach))
+        // The edge's limit is the one limit: axum's own (2 MB, on extracted bodies) is off.
+        // Routes with a smaller limit of their own (a UI upload: one file) set it themselves.
+        .layer(axum::extract::DefaultBodyLimit::disable());
     Ok(edge
         .wrap(router)
         .layer(axum::middleware::from_fn(scrape::count)))

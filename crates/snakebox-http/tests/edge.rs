@@ -380,3 +380,84 @@ async fn a_host_that_is_not_one_plain_authority_is_refused_on_every_route() {
         .unwrap();
     assert_eq!(send(&router, request).await.status, StatusCode::BAD_REQUEST);
 }
+
+/// Issue 32, property 5: `--max-body-bytes` is the one limit, on every route, with or
+/// without a `Content-Length`: the limit passes, a byte more is 413 naming it and the setting.
+#[tokio::test]
+async fn the_body_limit_is_the_setting_on_every_route_with_or_without_a_length() {
+    let data = tempfile::tempdir().unwrap();
+    let limit = 256 * 1024;
+    let mut config = config("127.0.0.1:0");
+    config.insecure_no_auth = true;
+    config.max_body_bytes = limit;
+    let router = router_with(data.path(), &config).await;
+    let ping = |size: usize| {
+        let text = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string();
+        let pad = size - text.len();
+        format!("{} {}}}", &text[..text.len() - 1], " ".repeat(pad - 1)).into_bytes()
+    };
+    for chunked in [false, true] {
+        for (path, content_type) in [
+            ("/mcp", "application/json"),
+            ("/sse", "application/json"),
+            ("/messages?sessionId=0", "application/json"),
+            ("/ui/login", "application/x-www-form-urlencoded"),
+        ] {
+            for size in [limit, limit + 1] {
+                let bytes = ping(size);
+                assert_eq!(bytes.len(), size);
+                let body = if chunked {
+                    // No Content-Length: the body is counted as it is read.
+                    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+                        bytes.chunks(10_000).map(|c| Ok(c.to_vec())).collect();
+                    Body::from_stream(futures_util::stream::iter(chunks))
+                } else {
+                    Body::from(bytes)
+                };
+                let mut request = Request::post(path)
+                    .header(header::HOST, support::HOST)
+                    .header(header::CONTENT_TYPE, content_type)
+                    .header(header::ACCEPT, "application/json, text/event-stream");
+                if !chunked {
+                    request = request.header(header::CONTENT_LENGTH, size);
+                }
+                let reply = send(&router, request.body(body).unwrap()).await;
+                if size > limit {
+                    let body = reply.json();
+                    assert_eq!(
+                        reply.status,
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "{path} chunked={chunked}: {body}"
+                    );
+                    assert!(
+                        body["error"]
+                            .as_str()
+                            .unwrap()
+                            .contains("256 KiB (262144 bytes)"),
+                        "{body}"
+                    );
+                    assert!(
+                        body["hint"].as_str().unwrap().contains("--max-body-bytes"),
+                        "{body}"
+                    );
+                } else {
+                    assert_ne!(
+                        reply.status,
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "{path} chunked={chunked}: {}",
+                        reply.text()
+                    );
+                }
+            }
+        }
+    }
+    // At the limit, streamable HTTP answers the ping.
+    let request = Request::post("/mcp")
+        .header(header::HOST, support::HOST)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT, "application/json, text/event-stream")
+        .body(Body::from(ping(limit)))
+        .unwrap();
+    let reply = send(&router, request).await;
+    assert_eq!(reply.json()["result"], json!({}), "{}", reply.text());
+}

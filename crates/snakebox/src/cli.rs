@@ -111,6 +111,11 @@ pub struct HttpArgs {
     /// link_ttl`].
     #[arg(long, env = "SNAKEBOX_LINK_TTL", value_name = "S")]
     pub link_ttl: Option<u64>,
+    /// Largest request body on every route and transport (`/mcp`, the legacy SSE posts, UI
+    /// forms); a larger one is refused with 413 naming this limit [default: 64MiB, or `[http]
+    /// max_body_bytes`].
+    #[arg(long, env = "SNAKEBOX_MAX_BODY_BYTES", value_name = "SIZE")]
+    pub max_body_bytes: Option<String>,
 }
 
 /// Arguments of `snakebox keys`.

@@ -118,6 +118,7 @@ const SECTION_KEYS: &[(&str, &str)] = &[
     ("http", "allowed_origins"),
     ("http", "insecure_no_auth"),
     ("http", "link_ttl"),
+    ("http", "max_body_bytes"),
     ("tenants", "max_concurrent_runs"),
     ("tenants", "runs_per_minute"),
     ("tenants", "max_sessions"),
@@ -207,6 +208,7 @@ struct HttpFile {
     allowed_origins: Vec<String>,
     insecure_no_auth: Option<bool>,
     link_ttl: Option<u64>,
+    max_body_bytes: Option<SizeOrNumber>,
 }
 
 /// `[server]`.
@@ -361,7 +363,7 @@ pub(crate) fn resolve_serve(
     let mut file = load_file(args.engine.config.as_deref())?;
     let http_file = std::mem::take(&mut file.http);
     let mut settings = resolve_with(&args.engine, file)?;
-    let http = resolve_http(&args.http, http_file)?;
+    let http = resolve_http(&args.http, http_file, settings.engine.max_script_bytes)?;
     // Several tenants share the server: by default none may take every slot.
     let engine = &mut settings.engine;
     if http.is_some() && engine.tenants.max_concurrent_runs.is_none() {
@@ -381,6 +383,7 @@ const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8000";
 fn resolve_http(
     args: &HttpArgs,
     file: HttpFile,
+    max_script_bytes: usize,
 ) -> anyhow::Result<Option<snakebox_http::HttpConfig>> {
     let Some(flag) = &args.http else {
         return Ok(None);
@@ -406,6 +409,10 @@ fn resolve_http(
             "invalid --link-ttl `{seconds}`\nhint: give the seconds a download link stays valid, from {LINK_TTL_MIN} to {LINK_TTL_MAX} (30 days), e.g. 3600"
         ),
     };
+    let max_body_bytes = resolve_body_limit(
+        text_or(args.max_body_bytes.as_ref(), file.max_body_bytes).as_deref(),
+        max_script_bytes,
+    )?;
     Ok(Some(snakebox_http::HttpConfig {
         addr,
         public_url: args.public_url.clone().or(file.public_url),
@@ -414,7 +421,30 @@ fn resolve_http(
         insecure_no_auth: args.insecure_no_auth || file.insecure_no_auth.unwrap_or(false),
         conformance_fixtures: args.conformance_fixtures,
         link_ttl,
+        max_body_bytes,
     }))
+}
+
+/// The largest HTTP request body: at least 64 KiB and at most 1 GiB (a body is held whole
+/// while it is read), and room for a script at the script limit. By default 64 MiB.
+fn resolve_body_limit(text: Option<&str>, max_script_bytes: usize) -> anyhow::Result<usize> {
+    let Some(text) = text else {
+        return Ok(snakebox_http::DEFAULT_MAX_BODY_BYTES.max(max_script_bytes.saturating_mul(2)));
+    };
+    let bytes =
+        parse_size(text).with_context(|| "invalid --max-body-bytes (`[http] max_body_bytes`)")?;
+    if !(64 << 10..=1 << 30).contains(&bytes) {
+        bail!(
+            "--max-body-bytes must be between 64KiB and 1GiB, got `{text}`\nhint: the default is 64MiB"
+        );
+    }
+    let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+    if bytes <= max_script_bytes {
+        bail!(
+            "--max-body-bytes (`{text}`) leaves no room for a script of --max-script-bytes ({max_script_bytes} bytes)\nhint: make --max-body-bytes larger than --max-script-bytes (twice it leaves room for JSON escapes), or lower --max-script-bytes"
+        );
+    }
+    Ok(bytes)
 }
 
 /// The resolved settings: the engine's, and those of `serve`'s stdio face.
@@ -1333,7 +1363,7 @@ mod tests {
         };
         let ttl = |args: &HttpArgs, text: &str| {
             let file = parse_file(text).map(|mut file| std::mem::take(&mut file.http));
-            resolve_http(args, file.unwrap_or_else(|err| panic!("{err:#}")))
+            resolve_http(args, file.unwrap_or_else(|err| panic!("{err:#}")), 1 << 20)
                 .map(|http| http.map(|http| http.link_ttl))
         };
         assert_eq!(
@@ -1358,6 +1388,64 @@ mod tests {
                 .map(|err| format!("{err:#}"))
                 .unwrap_or_default();
             assert!(err.contains("--link-ttl") && err.contains("hint:"), "{err}");
+        }
+    }
+
+    #[test]
+    fn the_body_limit_is_64_mib_unless_told_and_within_bounds() {
+        let serving = HttpArgs {
+            http: Some(String::new()),
+            ..HttpArgs::default()
+        };
+        let limit = |args: &HttpArgs, text: &str, script: usize| {
+            let file = parse_file(text).map(|mut file| std::mem::take(&mut file.http));
+            resolve_http(args, file.unwrap_or_else(|err| panic!("{err:#}")), script)
+                .map(|http| http.map(|http| http.max_body_bytes))
+        };
+        let ok =
+            |result: anyhow::Result<Option<usize>>| result.unwrap_or_else(|err| panic!("{err:#}"));
+        assert_eq!(ok(limit(&serving, "", 1 << 20)), Some(64 << 20));
+        // Twice a large script limit, when that is more.
+        assert_eq!(ok(limit(&serving, "", 40 << 20)), Some(80 << 20));
+        assert_eq!(
+            ok(limit(
+                &serving,
+                "[http]\nmax_body_bytes = \"8MiB\"\n",
+                1 << 20
+            )),
+            Some(8 << 20)
+        );
+        assert_eq!(
+            ok(limit(
+                &serving,
+                "[http]\nmax_body_bytes = 1048577\n",
+                1 << 20
+            )),
+            Some((1 << 20) + 1)
+        );
+        let flag = HttpArgs {
+            max_body_bytes: Some("2MiB".into()),
+            ..serving.clone()
+        };
+        assert_eq!(
+            ok(limit(&flag, "[http]\nmax_body_bytes = \"8MiB\"\n", 1 << 20)),
+            Some(2 << 20)
+        );
+        for (bad, script, says) in [
+            ("\"1K\"", 1 << 20, "between 64KiB and 1GiB"),
+            ("\"2GiB\"", 1 << 20, "between 64KiB and 1GiB"),
+            ("\"big\"", 1 << 20, "--max-body-bytes"),
+            ("\"1MiB\"", 2 << 20, "leaves no room for a script"),
+        ] {
+            let err = limit(
+                &serving,
+                &format!("[http]\nmax_body_bytes = {bad}\n"),
+                script,
+            )
+            .err()
+            .map(|err| format!("{err:#}"))
+            .unwrap_or_default();
+            assert!(err.contains(says) && err.contains("hint:"), "{bad}: {err}");
         }
     }
 

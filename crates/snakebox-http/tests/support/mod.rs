@@ -40,6 +40,7 @@ pub(crate) fn http_config(addr: &str) -> HttpConfig {
         insecure_no_auth: false,
         conformance_fixtures: false,
         link_ttl: snakebox_http::DEFAULT_LINK_TTL,
+        max_body_bytes: snakebox_http::DEFAULT_MAX_BODY_BYTES,
     }
 }
 
