@@ -2,6 +2,11 @@
 keys made by `snakebox keys add`, raw HTTP (httpx, http.client) so that what the server really
 answers is what is checked.
 
+- Authorisation is decided per request from live credentials: once `snakebox keys revoke`
+  returns, the revoked key's legacy SSE posts are refused at once, and its open streams (the
+  `GET /sse` stream, a long `POST /mcp` streaming progress, the web UI's live output) end
+  within the documented second; the calls they carried stop. Another key of the same tenant
+  and another tenant's key keep working, streams included.
 - A `Host` is one plain authority or the request is refused (400, with a hint), and the
   links and client configurations the server hands out are written from the parsed host or
   `--public-url`, never from the header's text.
@@ -18,8 +23,10 @@ import contextlib
 import http.client
 import json
 import re
+import subprocess
 import time
 import urllib.parse
+import uuid
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
@@ -29,6 +36,7 @@ import pytest
 
 from conftest import have_bwrap
 from http_support import http_server, make_key
+from test_http import marker_alive
 
 pytestmark = [
     pytest.mark.anyio,
@@ -324,4 +332,115 @@ async def test_the_documented_body_limit_is_the_real_one_on_every_transport(snak
                     assert uploaded.status_code == 303, uploaded.text[:300]
                 else:
                     assert uploaded.status_code == 400 and str(10 * MIB) in uploaded.text, (uploaded.status_code, uploaded.text[:300])
+        assert proc.poll() is None
+
+
+# The documented bound on how long a revoked key's open streams go on (SECURITY.md, "The HTTP
+# face": the live keys are read every 0.5 s, so under a second), with room for a loaded
+# 2-core CI machine.
+REVOCATION_BOUND_S = 2.0
+def long_call(script: str, progress: int) -> dict:
+    """A `tools/call` of execute_python whose printed lines stream back as progress."""
+    return rpc("tools/call", {"name": "execute_python", "arguments": {"script": script, "timeout_seconds": 120},
+                              "_meta": {"progressToken": progress}}, id=progress)
+
+
+def progress_lines(stream: Stream) -> str:
+    return " ".join(str(m.get("params", {}).get("message", "")) for m in stream.messages()
+                    if m.get("method") == "notifications/progress")
+
+
+def revoke(binary: Path, data: Path, key: str) -> None:
+    """`snakebox keys revoke` of `key` (found by its masked form), as an operator does."""
+    listed = subprocess.run([str(binary), "keys", "list", "--json", "--data-dir", str(data)],
+                            capture_output=True, text=True, check=True).stdout
+    masked = f"sbx_{key[4:8]}…{key[-4:]}"
+    (entry,) = [k for k in json.loads(listed) if k["masked"] == masked and k["revoked_at"] is None]
+    subprocess.run([str(binary), "keys", "revoke", entry["id"], "--data-dir", str(data)], check=True, capture_output=True)
+
+
+async def test_a_revoked_key_ends_its_posts_and_streams_on_every_transport_within_a_second(snakebox_bin: Path, tmp_path: Path):
+    data = tmp_path / "data"
+    key_a1 = make_key(snakebox_bin, data, "team-a")
+    key_a2 = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    marker_a1, marker_a1_sse, marker_a2, marker_b = (uuid.uuid4().hex for _ in range(4))
+    with http_server(snakebox_bin, data) as (proc, url):
+        async with httpx.AsyncClient(timeout=60) as http, streams() as open_stream:
+            # A run of A's second key, followed live in the UI by A's first key's login.
+            run_a2 = await open_stream("a2 run", "POST", f"{url}/mcp", headers={**MCP_HEADERS, **bearer(key_a2)},
+                                       json=long_call(f"import time\nprint('{marker_a2}', flush=True)\ntime.sleep(6)\nprint('a2 done')", 11))
+            assert run_a2.status == 200
+            assert await run_a2.wait_for(lambda: marker_a2 in progress_lines(run_a2), 120), run_a2.text()
+            cookie = await ui_login(http, url, key_a1)
+            runs = (await http.get(f"{url}/ui/runs", headers={"Cookie": cookie})).text
+            (run_id,) = set(re.findall(r'href="/ui/runs/([^"/]+)"', runs))
+            live = await open_stream("a1 ui live", "GET", f"{url}/ui/runs/{run_id}/live", headers={"Cookie": cookie})
+            assert live.status == 200
+            assert await live.wait_for(lambda: any(e == "output" for e, _ in live.events), 30), live.text()
+
+            # A's first key: a legacy SSE session and a long streaming call; B: the same.
+            sse_a1, endpoint_a1 = await open_legacy_session(open_stream, http, url, key_a1, "a1 sse")
+            sse_b, endpoint_b = await open_legacy_session(open_stream, http, url, key_b, "b sse")
+            run_a1 = await open_stream("a1 run", "POST", f"{url}/mcp", headers={**MCP_HEADERS, **bearer(key_a1)},
+                                       json=long_call("import subprocess, sys, time\n"
+                                                      f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', '{marker_a1}'])\n"
+                                                      f"print('{marker_a1}', flush=True)\ntime.sleep(60)", 21))
+            run_b = await open_stream("b run", "POST", f"{url}/mcp", headers={**MCP_HEADERS, **bearer(key_b)},
+                                      json=long_call(f"import time\nprint('{marker_b}', flush=True)\ntime.sleep(5)\nprint('b done')", 31))
+            for run, marker in ((run_a1, marker_a1), (run_b, marker_b)):
+                assert run.status == 200
+                assert await run.wait_for(lambda: marker in progress_lines(run), 120), run.text()
+            # A long call carried by A1's SSE session too.
+            sse_call = long_call("import subprocess, sys, time\n"
+                                 f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', '{marker_a1_sse}'])\n"
+                                 "time.sleep(60)", 22)
+            assert (await http.post(endpoint_a1, json=sse_call)).status_code == 202
+            with anyio.fail_after(120):
+                while not marker_alive(marker_a1_sse):
+                    await anyio.sleep(0.1)
+            # Proof of life before the revocation: every stream is open, posts are answered.
+            assert (await http.post(endpoint_a1, json=rpc("tools/list", id=2))).status_code == 202
+            assert "tools" in (await sse_a1.reply(2))["result"]
+            for stream in (run_a2, live, sse_a1, sse_b, run_a1, run_b):
+                assert stream.ended_at is None, (stream.name, stream.text(), stream.error)
+            assert marker_alive(marker_a1)
+
+            revoke(snakebox_bin, data, key_a1)
+            revoked_at = time.monotonic()
+            # Per request: the next post of A1's SSE session is refused, at once.
+            posted = await http.post(endpoint_a1, json=rpc("tools/list", id=3))
+            assert posted.status_code == 401, (posted.status_code, posted.text)
+            assert "revoked" in posted.json()["error"] and "hint" in posted.json()
+            refused = await http.post(f"{url}/mcp", headers={**MCP_HEADERS, **bearer(key_a1)}, json=rpc("tools/list"))
+            assert refused.status_code == 401, refused.text
+            # Every open stream of A1 ends within the bound.
+            for stream in (sse_a1, run_a1, live):
+                await stream.wait_for(lambda: stream.ended_at is not None, 30)
+                assert stream.ended_at is not None, f"{stream.name} is still open after the revocation: {stream.text()}"
+            took = {s.name: round(s.ended_at - revoked_at, 3) for s in (sse_a1, run_a1, live)}
+            print(f"revocation -> end of stream (s): {took}")
+            assert all(t <= REVOCATION_BOUND_S for t in took.values()), took
+            assert any("revoked" in c for c in sse_a1.comments), sse_a1.comments
+            assert live.events[-1][0] == "end", live.text()
+            assert not any(m.get("id") == 21 and "result" in m for m in run_a1.messages()), run_a1.text()
+            # The calls A1's streams carried stop: their processes are gone long before 60 s.
+            with anyio.fail_after(20):
+                while marker_alive(marker_a1) or marker_alive(marker_a1_sse):
+                    await anyio.sleep(0.1)
+            # Its session is gone; its UI login too.
+            posted = await http.post(endpoint_a1, json=rpc("tools/list", id=4))
+            assert posted.status_code in (401, 404), posted.text
+            page = await http.get(f"{url}/ui/runs", headers={"Cookie": cookie}, follow_redirects=False)
+            assert page.status_code == 303 and page.headers["location"] == "/ui/login", page.status_code
+
+            # A's other key and B go on: their calls finish, their streams still answer.
+            for run, id, done in ((run_a2, 11, "a2 done"), (run_b, 31, "b done")):
+                result = (await run.reply(id))["result"]["structuredContent"]
+                assert result["status"] == "ok" and done in result["stdout"], result
+            assert (await http.post(endpoint_b, json=rpc("tools/list", id=5))).status_code == 202
+            assert "tools" in (await sse_b.reply(5))["result"]
+            assert sse_b.ended_at is None, sse_b.text()
+            listed = await http.post(f"{url}/mcp", headers={**MCP_HEADERS, **bearer(key_a2)}, json=rpc("tools/list"))
+            assert listed.status_code == 200, listed.text
         assert proc.poll() is None

@@ -16,12 +16,16 @@
 //!    SSE posts) have none of their own below it.
 //! 4. **Authentication**, for every route but `/healthz`, `/readyz` and download links
 //!    (`/files/…`, whose signature is their credential: [`crate::links`]): a live API key as
-//!    `Authorization: Bearer sbx_…` (401 with `WWW-Authenticate` otherwise); the key's tenant
-//!    goes into the request's extensions as a [`Caller`]. A server without any key serves the
-//!    local tenant when it is bound to loopback (or told `--insecure-no-auth`). A legacy SSE
-//!    post (`/messages`) without a key is let through to its handler, which accepts it only for
-//!    an open session: the session id, handed out on an authenticated `GET /sse`, is its
-//!    credential.
+//!    `Authorization: Bearer sbx_…` (401 with `WWW-Authenticate` otherwise), read from the
+//!    key store at this request ([`crate::live`]); the key's tenant goes into the request's
+//!    extensions as a [`Caller`]. A server without any key serves the local tenant when it is
+//!    bound to loopback (or told `--insecure-no-auth`). A legacy SSE post (`/messages`)
+//!    without a key is let through to its handler, which accepts it only for an open session
+//!    whose key is still live: the session id, handed out on an authenticated `GET /sse`, is
+//!    its credential.
+//! 5. **While the response lasts**, its key must stay live: an authenticated request whose key
+//!    is revoked before its answer is refused (401), and its response body (an event stream)
+//!    ends within [`crate::live::RECHECK`] and a read of the store; the calls it carried stop.
 //!
 //! The web UI (`/ui/…`) passes steps 1 and 2 and the body limit like every route; it
 //! authenticates by its own session cookie and checks each form's CSRF token and `Origin`
@@ -35,7 +39,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::Router;
 use axum::body::HttpBody as _;
-use axum::body::{Body, BodyDataStream};
+use axum::body::{Body, BodyDataStream, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
@@ -45,6 +49,7 @@ use snakebox_engine::Caller;
 
 use crate::authority::{Authority, AuthorityError, BaseUrl, Host, Origin};
 use crate::keys::KeyStore;
+use crate::live::{Credential, LiveKeys, Revoked};
 use crate::{HttpConfig, HttpError};
 
 /// The routes that answer without authentication (probes).
@@ -66,9 +71,7 @@ pub struct Edge {
     max_body_bytes: usize,
     /// `--public-url`, parsed.
     public_url: Option<BaseUrl>,
-    /// Whether a server with no live key may serve the local tenant.
-    keyless_local: bool,
-    keys: KeyStore,
+    live: LiveKeys,
 }
 
 fn refusal(status: StatusCode, error: &str, hint: &str) -> Response {
@@ -184,19 +187,13 @@ impl Edge {
             origins,
             max_body_bytes: config.max_body_bytes,
             public_url: public,
-            keyless_local,
-            keys,
+            live: LiveKeys::new(keys, keyless_local),
         })
     }
 
-    /// The key store (the web UI logs in with it).
-    pub(crate) fn keys(&self) -> KeyStore {
-        self.keys.clone()
-    }
-
-    /// Whether the local tenant is served when no key exists.
-    pub(crate) fn keyless_local(&self) -> bool {
-        self.keyless_local
+    /// The live key store (the web UI and the legacy SSE posts check with it).
+    pub(crate) fn live(&self) -> LiveKeys {
+        self.live.clone()
     }
 
     /// `--public-url`, parsed: links and client configurations start with it when set.
@@ -221,42 +218,37 @@ impl Edge {
         origin.is_of(authority) || self.origins.iter().any(|allowed| allowed.same(&origin))
     }
 
-    /// Who the request is for, or the refusal.
-    fn authenticate(&self, request: &Request) -> Result<Caller, Box<Response>> {
-        let unauthorized = |error: &str| {
-            let mut response = refusal(
-                StatusCode::UNAUTHORIZED,
-                error,
-                "send `Authorization: Bearer sbx_…` with a key from `snakebox keys add --tenant NAME`",
-            );
-            response.headers_mut().insert(
-                header::WWW_AUTHENTICATE,
-                HeaderValue::from_static("Bearer realm=\"snakebox\""),
-            );
-            Box::new(response)
-        };
-        let unavailable = |err: &crate::KeyError| {
-            tracing::error!(error = %err, "the API key store cannot be read");
-            Box::new(refusal(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the server cannot check API keys right now",
-                &err.hint(),
-            ))
-        };
+    /// Who the request is for and what authorised it, or the refusal.
+    fn authenticate(&self, request: &Request) -> Result<(Caller, Credential), Box<Response>> {
         let presented = bearer(request.headers()).or_else(|| legacy_query_key(request));
-        let Some(presented) = presented else {
-            let any_keys = self.keys.any_live().map_err(|err| unavailable(&err))?;
-            if !any_keys && self.keyless_local {
-                return Ok(Caller::local());
-            }
-            return Err(unauthorized("this server requires an API key"));
-        };
-        match self.keys.authenticate(&presented) {
-            Ok(Some(caller)) => Ok(caller),
+        match self.live.authenticate(presented.as_deref()) {
+            Ok(Some(found)) => Ok(found),
+            Ok(None) if presented.is_none() => Err(unauthorized("this server requires an API key")),
             Ok(None) => Err(unauthorized("the API key is not valid (wrong or revoked)")),
-            Err(err) => Err(unavailable(&err)),
+            Err(err) => {
+                tracing::error!(error = %err, "the API key store cannot be read");
+                Err(Box::new(refusal(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the server cannot check API keys right now",
+                    &err.hint(),
+                )))
+            }
         }
     }
+}
+
+/// A 401 with the Bearer challenge.
+pub(crate) fn unauthorized(error: &str) -> Box<Response> {
+    let mut response = refusal(
+        StatusCode::UNAUTHORIZED,
+        error,
+        "send `Authorization: Bearer sbx_…` with a key from `snakebox keys add --tenant NAME`",
+    );
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer realm=\"snakebox\""),
+    );
+    Box::new(response)
 }
 
 /// The key of `Authorization: Bearer …`.
@@ -444,6 +436,62 @@ fn limit_body(body: Body, limit: usize, overflow: Arc<Overflow>) -> Body {
     Body::from_stream(counted)
 }
 
+/// What ends a response body early: its key's revocation.
+enum BodyEnd {
+    Chunk(Option<Result<Bytes, axum::Error>>),
+    Revoked,
+}
+
+/// The response body, holding `guard` (the request's calls stop when it is dropped) and, for
+/// an authenticated request, ending once its key is revoked: an event stream with a last
+/// comment saying why, any other body with an error (the connection is cut, so a client
+/// never takes a shortened body for a whole one).
+fn watch_body(
+    response: Response,
+    guard: tokio_util::sync::DropGuard,
+    revoked: Option<Revoked>,
+) -> Response {
+    let event_stream = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("text/event-stream"));
+    response.map(|body| {
+        let state = (body.into_data_stream(), guard, revoked, false);
+        let stream = futures_util::stream::unfold(
+            state,
+            move |(mut data, guard, mut revoked, ended)| async move {
+                if ended {
+                    return None;
+                }
+                let next = match revoked.as_mut() {
+                    Some(revoked) => tokio::select! {
+                        chunk = data.next() => BodyEnd::Chunk(chunk),
+                        () = revoked => BodyEnd::Revoked,
+                    },
+                    None => BodyEnd::Chunk(data.next().await),
+                };
+                match next {
+                    BodyEnd::Chunk(chunk) => Some((chunk?, (data, guard, revoked, false))),
+                    BodyEnd::Revoked if event_stream => Some((
+                        Ok(Bytes::from_static(
+                            b": the API key of this stream was revoked; it ends here\n\n",
+                        )),
+                        (data, guard, None, true),
+                    )),
+                    BodyEnd::Revoked => Some((
+                        Err(axum::Error::new(std::io::Error::other(
+                            "the API key of this response was revoked",
+                        ))),
+                        (data, guard, None, true),
+                    )),
+                }
+            },
+        );
+        Body::from_stream(stream)
+    })
+}
+
 async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) -> Response {
     let authority = match check_host_and_origin(&edge, &request) {
         Ok(authority) => authority,
@@ -482,43 +530,48 @@ async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) 
     let body = limit_body(body, limit, Arc::clone(&overflow));
     let mut request = Request::from_parts(parts, body);
     // A legacy SSE post may come without a key: its session id (128 random bits, handed out
-    // on an authenticated `GET /sse` and bound to that tenant) is its credential. With a key,
-    // the key must be valid and the session its tenant's (checked by the handler).
+    // on an authenticated `GET /sse` and bound to that key) is its credential, checked by the
+    // handler against the live keys. With a key, the key must be live and the session its
+    // tenant's (checked by the handler).
     let session_post = request.uri().path() == "/messages" && bearer(request.headers()).is_none();
     let download = matches!(*request.method(), Method::GET | Method::HEAD)
         && request.uri().path().starts_with(crate::links::ROUTE_PREFIX);
+    let mut revoked = None;
     if !OPEN_ROUTES.contains(&request.uri().path()) && !session_post && !download && !ui {
         match edge.authenticate(&request) {
-            Ok(caller) => {
+            Ok((caller, credential)) => {
                 request.extensions_mut().insert(caller);
+                request.extensions_mut().insert(credential);
+                revoked = Some(edge.live.revoked(credential));
             }
             Err(refused) => return *refused,
         }
     }
     // Calls of this request stop when it goes away: the guard travels with the response
-    // body, which is dropped once sent or when the client disconnects.
+    // body, which is dropped once sent, when the client disconnects, or when the key is
+    // revoked.
     let gone = tokio_util::sync::CancellationToken::new();
     request
         .extensions_mut()
         .insert(snakebox_server::RequestGone(gone.clone()));
-    let response = next.run(request).await;
     let guard = gone.drop_guard();
+    let response = match revoked.as_mut() {
+        Some(revoked_now) => tokio::select! {
+            response = next.run(request) => response,
+            () = revoked_now => {
+                drop(guard);
+                return *unauthorized("the API key was revoked while the request was served");
+            }
+        },
+        None => next.run(request).await,
+    };
     if overflow.exceeded() {
         if let Some(rest) = overflow.take_rest() {
             drain(rest, limit).await;
         }
         return too_large(limit);
     }
-    response.map(|body| {
-        let stream = futures_util::stream::unfold(
-            (body.into_data_stream(), guard),
-            |(mut data, guard)| async move {
-                let chunk = futures_util::StreamExt::next(&mut data).await?;
-                Some((chunk, (data, guard)))
-            },
-        );
-        axum::body::Body::from_stream(stream)
-    })
+    watch_body(response, guard, revoked)
 }
 
 #[cfg(test)]

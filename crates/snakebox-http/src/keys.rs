@@ -5,8 +5,10 @@
 //! user) keeps its SHA-256 and a masked form (`sbx_1a2b…9f0e`) for listing. A key this long
 //! needs no slow hash: nobody can guess one, so the hash only has to make a stolen store
 //! useless. Checking a presented key compares its hash with every live key's in constant time,
-//! and reads the store each time, so a revocation holds from the next request on.
+//! and reads the store each time, so a revocation holds from the next request on; responses
+//! still streaming for a revoked key are ended by [`crate::live`].
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -323,6 +325,26 @@ impl KeyStore {
             }
         }
         Ok(found.and_then(|tenant| Caller::tenant(&tenant).ok()))
+    }
+
+    /// The SHA-256 of every live key: what [`crate::live::LiveKeys`] watches for a
+    /// revocation.
+    ///
+    /// # Errors
+    /// A store that cannot be read.
+    pub(crate) fn live_hashes(&self) -> Result<BTreeSet<[u8; 32]>, KeyError> {
+        let conn = self.open()?;
+        let mut statement = conn
+            .prepare("SELECT hash FROM keys WHERE revoked_at IS NULL")
+            .map_err(|e| self.store_error(e))?;
+        let live: Vec<Vec<u8>> = statement
+            .query_map([], |row| row.get(0))
+            .and_then(Iterator::collect)
+            .map_err(|e| self.store_error(e))?;
+        Ok(live
+            .into_iter()
+            .filter_map(|hash| <[u8; 32]>::try_from(hash).ok())
+            .collect())
     }
 
     /// The key with this id, if any.

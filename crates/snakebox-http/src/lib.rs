@@ -5,8 +5,9 @@
 //! it, in one order for every route ([`edge`]): the `Host`, parsed strictly once
 //! ([`authority`]) and checked against the allowlist (DNS rebinding), the `Origin` check
 //! (browsers), JSON on POSTs (a browser's "simple" cross-site POST is refused), the one body
-//! limit (`--max-body-bytes`), then authentication (`Authorization: Bearer sbx_…` → the key's
-//! tenant, [`keys`]). The tenant travels to the handler as a [`snakebox_engine::Caller`] in
+//! limit (`--max-body-bytes`), then authentication (`Authorization: Bearer sbx_…` → the
+//! key's tenant, [`keys`]) from the live key store, watched while the response lasts so that
+//! a revoked key's open streams end within a second ([`live`]). The tenant travels to the handler as a [`snakebox_engine::Caller`] in
 //! the request's extensions ([`snakebox_server::SnakeboxServer::per_request`]), so every
 //! session, run and artifact it touches is its own and another tenant's ids are "not found".
 //!
@@ -31,6 +32,7 @@ mod download;
 pub mod edge;
 pub mod keys;
 pub mod links;
+pub mod live;
 mod scrape;
 mod sse;
 mod ui;
@@ -201,7 +203,7 @@ pub fn router(
     );
     let ready_engine = Arc::clone(&engine);
     let files_engine = Arc::clone(&engine);
-    let legacy = sse::SseSessions::new(Arc::clone(&engine), stop.child_token());
+    let legacy = sse::SseSessions::new(Arc::clone(&engine), edge.live(), stop.child_token());
     let router = Router::new()
         .route_service("/mcp", any_service(mcp.clone()))
         // `GET /sse` is the legacy SSE transport; clients configured with `…/sse` that speak
@@ -217,12 +219,7 @@ pub fn router(
         .route("/ui/", ui::slash())
         .nest(
             "/ui",
-            ui::router(
-                Arc::clone(&engine),
-                edge.keys(),
-                edge.keyless_local(),
-                edge.public_url(),
-            ),
+            ui::router(Arc::clone(&engine), edge.live(), edge.public_url()),
         )
         .route("/healthz", get(|| async { "ok\n" }))
         .route(

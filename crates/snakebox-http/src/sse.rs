@@ -9,6 +9,11 @@
 //! `message` events, with keep-alive comments between them. A post to a session of another
 //! tenant, or to one that is gone, is "not found" like a session id that never existed. When
 //! the stream closes, its service ends and the session id is forgotten.
+//!
+//! The key that opened the stream authorises every post: each is checked against the live key
+//! store when it arrives (a revoked key's posts are refused, 401), and the stream itself ends
+//! within a second of the revocation (the edge watches it, [`crate::live`]), which ends the
+//! session and its calls.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -25,6 +30,8 @@ use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use serde::Deserialize;
 use snakebox_engine::{Caller, Engine};
 use snakebox_server::SnakeboxServer;
+
+use crate::live::{Credential, LiveKeys};
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard, PollSender};
 
@@ -37,12 +44,15 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 struct Entry {
     tenant: String,
+    /// What authorised the `GET /sse` that opened it: checked again at each post.
+    credential: Credential,
     to_server: mpsc::Sender<ClientJsonRpcMessage>,
 }
 
 /// The open SSE sessions of a server.
 pub(crate) struct SseSessions {
     engine: Arc<Engine>,
+    live: LiveKeys,
     sessions: Mutex<HashMap<String, Entry>>,
     stop: CancellationToken,
 }
@@ -84,9 +94,14 @@ fn session_id() -> Option<String> {
 }
 
 impl SseSessions {
-    pub(crate) fn new(engine: Arc<Engine>, stop: CancellationToken) -> Arc<SseSessions> {
+    pub(crate) fn new(
+        engine: Arc<Engine>,
+        live: LiveKeys,
+        stop: CancellationToken,
+    ) -> Arc<SseSessions> {
         Arc::new(SseSessions {
             engine,
+            live,
             sessions: Mutex::new(HashMap::new()),
             stop,
         })
@@ -97,6 +112,7 @@ impl SseSessions {
 pub(crate) async fn open(
     State(sessions): State<Arc<SseSessions>>,
     Extension(caller): Extension<Caller>,
+    Extension(credential): Extension<Credential>,
     downloads: Option<Extension<snakebox_server::Downloads>>,
 ) -> Response {
     let Some(id) = session_id() else {
@@ -117,6 +133,7 @@ pub(crate) async fn open(
             id.clone(),
             Entry {
                 tenant: caller.id().to_owned(),
+                credential,
                 to_server,
             },
         );
@@ -175,14 +192,15 @@ pub(crate) async fn open(
 ///
 /// The session id is the credential (128 random bits, handed out on an authenticated
 /// `GET /sse` and bound to its tenant): clients of this transport post to the endpoint they
-/// were given, without the key. A post that does carry a key must be of the session's tenant.
+/// were given, without the key. The key that opened the session must still be live, read
+/// from the store at this post. A post that does carry a key must be of the session's tenant.
 pub(crate) async fn post(
     State(sessions): State<Arc<SseSessions>>,
     caller: Option<Extension<Caller>>,
     Query(query): Query<SessionQuery>,
     body: axum::body::Bytes,
 ) -> Response {
-    let to_server = {
+    let found = {
         let open = sessions
             .sessions
             .lock()
@@ -193,15 +211,37 @@ pub(crate) async fn post(
                     .as_ref()
                     .is_none_or(|Extension(caller)| entry.tenant == caller.id())
             })
-            .map(|entry| entry.to_server.clone())
+            .map(|entry| {
+                (
+                    entry.to_server.clone(),
+                    entry.credential,
+                    entry.tenant.clone(),
+                )
+            })
     };
-    let Some(to_server) = to_server else {
+    let Some((to_server, credential, tenant)) = found else {
         return refusal(
             StatusCode::NOT_FOUND,
             "no such SSE session",
             "open one with GET /sse and post to the endpoint its first event names",
         );
     };
+    match sessions.live.check(credential) {
+        Ok(Some(still)) if still.id() == tenant => {}
+        Ok(_) => {
+            return *crate::edge::unauthorized(
+                "the API key that opened this SSE session is no longer valid (revoked)",
+            );
+        }
+        Err(err) => {
+            tracing::error!(error = %err, "the API key store cannot be read");
+            return refusal(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server cannot check API keys right now",
+                &err.hint(),
+            );
+        }
+    }
     let message: ClientJsonRpcMessage = match serde_json::from_slice(&body) {
         Ok(message) => message,
         Err(err) => {

@@ -5,10 +5,12 @@
 //! a plain-http page cannot set) holds only a random 256-bit id. A request carrying the cookie
 //! twice (one planted beside ours) has no session. The server keeps, in memory,
 //! what the id stands for: the tenant, a CSRF token for its forms, when it expires, and the
-//! SHA-256 of the key it was made from (the store keeps the same hash), so a revoked key ends
-//! its UI sessions at their next request. The raw key is never kept. A restart logs everyone
-//! out. Without any key on a loopback bind (the edge's keyless local tenant), `/ui/login`
-//! makes a local session without asking, and such a session ends once a key exists.
+//! [`Credential`] it was made from (the SHA-256 of the key, which the store keeps too),
+//! checked against the live key store at every request, so a revoked key ends its UI
+//! sessions at their next request (and their open live-output streams within a second,
+//! [`crate::live`]). The raw key is never kept. A restart logs everyone out. Without any key
+//! on a loopback bind (the edge's keyless local tenant), `/ui/login` makes a local session
+//! without asking, and such a session ends once a key exists.
 //!
 //! Every state-changing request is a POST that must carry the session's CSRF token in its
 //! `csrf` field and an `Origin` that is the server's own.
@@ -20,7 +22,8 @@ use std::time::{Duration, Instant};
 use axum::http::{HeaderMap, HeaderValue, header};
 use snakebox_engine::Caller;
 
-use crate::keys::{KeyStore, random_hex};
+use crate::keys::random_hex;
+use crate::live::{Credential, LiveKeys};
 
 /// The cookie's name over plain http.
 pub(crate) const COOKIE: &str = "snakebox_ui";
@@ -34,22 +37,14 @@ const MAX_SESSIONS: usize = 10_000;
 /// ends that key's oldest session, so one key cannot push everyone else's out.
 const MAX_SESSIONS_PER_LOGIN: usize = 32;
 
-/// How a UI session was opened.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Via {
-    /// An API key, by its SHA-256.
-    Key([u8; 32]),
-    /// The keyless local tenant.
-    Keyless,
-}
-
 /// One logged-in browser.
 #[derive(Debug, Clone)]
 pub(crate) struct UiSession {
     pub(crate) caller: Caller,
     pub(crate) csrf: String,
     expires: Instant,
-    via: Via,
+    /// What it was opened with: checked again at each request.
+    pub(crate) via: Credential,
 }
 
 /// Why a request has no session.
@@ -65,9 +60,7 @@ pub(crate) enum NoSession {
 #[derive(Debug)]
 pub(crate) struct Sessions {
     map: Mutex<HashMap<String, UiSession>>,
-    keys: KeyStore,
-    /// Whether the edge serves the local tenant when no key exists.
-    keyless_local: bool,
+    live: LiveKeys,
     /// Whether cookies get `Secure` (the public URL is https).
     secure: bool,
 }
@@ -104,25 +97,26 @@ pub(crate) fn same(a: &str, b: &str) -> bool {
 }
 
 impl Sessions {
-    pub(crate) fn new(keys: KeyStore, keyless_local: bool, secure: bool) -> Sessions {
+    pub(crate) fn new(live: LiveKeys, secure: bool) -> Sessions {
         Sessions {
             map: Mutex::new(HashMap::new()),
-            keys,
-            keyless_local,
+            live,
             secure,
         }
     }
 
+    /// The live key store.
+    pub(crate) fn live(&self) -> &LiveKeys {
+        &self.live
+    }
+
     /// Whether the local tenant is served without a key right now.
     pub(crate) fn keyless(&self) -> Result<bool, NoSession> {
-        if !self.keyless_local {
-            return Ok(false);
-        }
-        let any = self
-            .keys
-            .any_live()
+        let local = self
+            .live
+            .check(Credential::Keyless)
             .map_err(|err| NoSession::Unavailable(err.hint()))?;
-        Ok(!any)
+        Ok(local.is_some())
     }
 
     /// The session of the request's cookie, still valid.
@@ -130,14 +124,11 @@ impl Sessions {
         let id = cookie(headers, self.cookie_name()).ok_or(NoSession::LogIn)?;
         let session = lock(&self.map).get(&id).cloned().ok_or(NoSession::LogIn)?;
         let live = session.expires > Instant::now()
-            && match &session.via {
-                Via::Key(hash) => self
-                    .keys
-                    .authenticate_hash(hash)
-                    .map_err(|err| NoSession::Unavailable(err.hint()))?
-                    .is_some_and(|caller| caller == session.caller),
-                Via::Keyless => self.keyless()?,
-            };
+            && self
+                .live
+                .check(session.via)
+                .map_err(|err| NoSession::Unavailable(err.hint()))?
+                .is_some_and(|caller| caller == session.caller);
         if !live {
             lock(&self.map).remove(&id);
             return Err(NoSession::LogIn);
@@ -147,23 +138,26 @@ impl Sessions {
 
     /// A new session for the tenant of `key` (`None`: not a live key).
     pub(crate) fn log_in(&self, key: &str) -> Result<Option<(UiSession, String)>, NoSession> {
-        let caller = self
-            .keys
-            .authenticate(key.trim())
+        let key = key.trim();
+        if key.is_empty() {
+            return Ok(None);
+        }
+        let found = self
+            .live
+            .authenticate(Some(key))
             .map_err(|err| NoSession::Unavailable(err.hint()))?;
-        let Some(caller) = caller else {
+        let Some((caller, via)) = found else {
             return Ok(None);
         };
-        self.open(caller, Via::Key(KeyStore::hash_of(key.trim())))
-            .map(Some)
+        self.open(caller, via).map(Some)
     }
 
     /// A new session for the keyless local tenant.
     pub(crate) fn log_in_keyless(&self) -> Result<(UiSession, String), NoSession> {
-        self.open(Caller::local(), Via::Keyless)
+        self.open(Caller::local(), Credential::Keyless)
     }
 
-    fn open(&self, caller: Caller, via: Via) -> Result<(UiSession, String), NoSession> {
+    fn open(&self, caller: Caller, via: Credential) -> Result<(UiSession, String), NoSession> {
         let random = |bytes| {
             random_hex(bytes).map_err(|err| {
                 NoSession::Unavailable(format!("the system's random source failed: {err}"))
@@ -271,8 +265,8 @@ mod tests {
 
     fn sessions(secure: bool) -> (tempfile::TempDir, Sessions) {
         let data = tempfile::tempdir().unwrap();
-        let keys = KeyStore::new(data.path());
-        (data, Sessions::new(keys, true, secure))
+        let keys = crate::keys::KeyStore::new(data.path());
+        (data, Sessions::new(LiveKeys::new(keys, true), secure))
     }
 
     fn with_cookie(set: &HeaderValue) -> HeaderMap {
@@ -309,17 +303,20 @@ mod tests {
     fn one_login_cannot_push_out_the_others() {
         let (_data, sessions) = sessions(false);
         let first = sessions.log_in_keyless().unwrap().1;
-        let other = sessions.open(Caller::local(), Via::Key([7; 32])).unwrap().1;
+        let other = sessions
+            .open(Caller::local(), Credential::Key([7; 32]))
+            .unwrap()
+            .1;
         for _ in 0..MAX_SESSIONS_PER_LOGIN {
             sessions.log_in_keyless().unwrap();
         }
-        let count = |via: &Via| {
+        let count = |via: &Credential| {
             lock(&sessions.map)
                 .values()
                 .filter(|s| &s.via == via)
                 .count()
         };
-        assert_eq!(count(&Via::Keyless), MAX_SESSIONS_PER_LOGIN);
+        assert_eq!(count(&Credential::Keyless), MAX_SESSIONS_PER_LOGIN);
         let map = lock(&sessions.map);
         assert!(
             !map.contains_key(&first),

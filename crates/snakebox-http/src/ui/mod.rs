@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use snakebox_engine::Engine;
 
 use crate::authority::{Authority, BaseUrl, Origin};
-use crate::keys::KeyStore;
+use crate::live::LiveKeys;
 use auth::{NoSession, Sessions, UiSession};
 
 /// The policy of every UI response.
@@ -51,16 +51,11 @@ pub(crate) struct Ui {
 }
 
 /// The UI's routes, to be nested at `/ui`.
-pub(crate) fn router(
-    engine: Arc<Engine>,
-    keys: KeyStore,
-    keyless_local: bool,
-    public_url: Option<BaseUrl>,
-) -> Router {
+pub(crate) fn router(engine: Arc<Engine>, live: LiveKeys, public_url: Option<BaseUrl>) -> Router {
     let secure = public_url.as_ref().is_some_and(BaseUrl::is_https);
     let ui = Arc::new(Ui {
         engine,
-        sessions: Sessions::new(keys, keyless_local, secure),
+        sessions: Sessions::new(live, secure),
         public_url,
     });
     pages::routes()

@@ -535,7 +535,8 @@ async fn run(State(ui): State<Arc<Ui>>, headers: HeaderMap, Path(id): Path<Strin
 
 /// How often a live view looks for new output.
 const LIVE_POLL: std::time::Duration = std::time::Duration::from_millis(250);
-/// How often a live-output stream checks that its login still holds.
+/// How often a live-output stream checks that its login still holds (a log-out, the
+/// session's expiry; a revoked key ends it within [`crate::live::RECHECK`]).
 const LIVE_RECHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A running run's output as Server-Sent Events: `output` events with what was printed since
@@ -564,9 +565,12 @@ async fn run_live(
         sent: (usize, usize),
         /// When the login was last checked.
         checked: std::time::Instant,
+        /// Resolves when the login's key is revoked.
+        revoked: crate::live::Revoked,
         first: bool,
         done: bool,
     }
+    let revoked = ui.sessions.live().revoked(session.via);
     let follow = Follow {
         ui,
         headers,
@@ -574,6 +578,7 @@ async fn run_live(
         id,
         sent: (0, 0),
         checked: std::time::Instant::now(),
+        revoked,
         first: true,
         done: false,
     };
@@ -619,7 +624,16 @@ async fn run_live(
                 follow.first = false;
                 return Some((Ok(event), follow));
             }
-            tokio::time::sleep(LIVE_POLL).await;
+            // A revoked key ends the stream at once (within the live keys' recheck).
+            let revoked = tokio::select! {
+                () = tokio::time::sleep(LIVE_POLL) => false,
+                () = &mut follow.revoked => true,
+            };
+            if revoked {
+                follow.done = true;
+                let event = Event::default().event("end").data("{}");
+                return Some((Ok(event), follow));
+            }
         }
     });
     Sse::new(events)
