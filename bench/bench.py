@@ -83,6 +83,8 @@ TARGET_IDLE_MIB = 20.0
 # Issue 19.
 TARGET_SESSION_CELL_MS = 1.5
 TARGET_PANDAS_RATIO = 0.1
+# A normal user's warm print('hi') against root's, same run (issue 33).
+TARGET_USER_PRINT_RATIO = 1.5
 TARGET_GROWTH_MIB = 5.0
 
 
@@ -470,6 +472,38 @@ class Snakebox:
         if len(pids) != 1:
             raise RuntimeError(f"expected one server for {self.data_dir}, found {pids}")
         return pids[0]
+
+
+class UserSnakebox(Snakebox):
+    """The same binary served by the normal user `user` (`runuser`), as most people run their
+    agent: it and uv are copied where the user can read them (a checkout under /root is not),
+    and the data directory is the user's own."""
+
+    def __init__(self, binary: Path, work: Path, user: str, python_version: str, mode: str, uv: str):
+        import pwd
+
+        entry = pwd.getpwnam(user)
+        home = work / f"user-{user}"
+        home.mkdir(mode=0o755)
+        for tool, source in (("snakebox", binary), ("uv", Path(uv))):
+            shutil.copy2(source, home / tool)
+            (home / tool).chmod(0o755)
+        data = home / "data"
+        data.mkdir(mode=0o700)
+        os.chown(data, entry.pw_uid, entry.pw_gid)
+        # The same minor version: the user cannot run root's pyenv builds, so its server picks
+        # the system's interpreter of that version.
+        minor = ".".join(python_version.split(".")[:2])
+        super().__init__(home / "snakebox", data, minor, mode, ["--uv-path", str(home / "uv")])
+        self.user = user
+        self.home = home
+
+    def argv(self) -> list[str]:
+        return [shutil.which("runuser") or "/usr/sbin/runuser", "-u", self.user, "--", *super().argv()]
+
+    def env(self) -> dict[str, str]:
+        # The system's interpreters only: the user cannot enter root's pyenv.
+        return {**super().env(), "HOME": str(self.home), "PATH": "/usr/local/bin:/usr/bin:/bin"}
 
 
 # The pause before each call of the spaced `print('hi')` rows.
@@ -967,7 +1001,11 @@ def judge(rows: dict[str, Row]) -> None:
     if p.median is not None:
         r = ratio("snakebox_print")
         p.met = p.median <= TARGET_PRINT_MS and r is not None and r <= TARGET_PRINT_RATIO
-    for name, limit in (("snakebox_numpy", TARGET_NUMPY_RATIO), ("snakebox_first_run", TARGET_FIRST_RUN_RATIO)):
+    for name, limit in (
+        ("snakebox_numpy", TARGET_NUMPY_RATIO),
+        ("snakebox_first_run", TARGET_FIRST_RUN_RATIO),
+        ("snakebox_print_user", TARGET_USER_PRINT_RATIO),
+    ):
         r = ratio(name)
         if r is not None:
             rows[name].met = r <= limit
@@ -1037,6 +1075,11 @@ def make_rows() -> dict[str, Row]:
         ),
         "snakebox_print_other": Row("snakebox `print('hi')` via MCP (SDK client), `--compare` build", baseline="snakebox_print"),
         "snakebox_print_raw": Row("snakebox `print('hi')` via raw JSON-RPC client", baseline="bare"),
+        "snakebox_print_user": Row(
+            "snakebox `print('hi')` via MCP (SDK client), the server run by a normal user (`--as-user`)",
+            baseline="snakebox_print",
+            target=f"≤ {TARGET_USER_PRINT_RATIO}× root's",
+        ),
         "snakebox_print_spaced": Row(
             f"snakebox `print('hi')` via MCP (SDK client), each call {SPACED_PAUSE * 1000:g} ms after the one before", baseline="bare"
         ),
@@ -1168,6 +1211,12 @@ async def main_async(args: argparse.Namespace) -> int:
                         backends[key] = await stack.enter_async_context(
                             Snakebox(binary, backend_data, python_version, args.mode, extra.split())
                         )
+                    if args.as_user:
+                        # A normal user's server: the system interpreter (the user cannot read
+                        # root's pyenv), so root's row is sampled with the same version.
+                        backends["snakebox_print_user"] = await stack.enter_async_context(
+                            UserSnakebox(binary, work, args.as_user, python_version, args.mode, uv)
+                        )
                     await bench_print(setup, sb, rows, other, backends)
             if "session" not in setup.skip:
                 await bench_session(setup, sb, rows, other)
@@ -1258,6 +1307,13 @@ def main() -> int:
         metavar="NAME=ARGS",
         help="another sandbox backend's print('hi') row, sampled in the same rounds: a server of the same binary "
         "started with ARGS (e.g. `docker=--sandbox-backend docker`; repeatable)",
+    )
+    parser.add_argument(
+        "--as-user",
+        metavar="USER",
+        help="also a print('hi') row of the same binary served by the normal user USER (an existing account; "
+        "e.g. `useradd -m snakebox-bench`), sampled in the same rounds; its server runs the system's interpreter "
+        "of the same minor version (a user cannot run root's pyenv builds)",
     )
     parser.add_argument("--python-version", help="e.g. 3.12 (default: the newest CPython 3 found, as snakebox picks)")
     parser.add_argument("--uv", help="uv binary (default: found on PATH, pyenv shims resolved)")
