@@ -109,6 +109,9 @@ pub struct EngineConfig {
     pub sessions: SessionSettings,
     /// What one tenant may take of the server (runs at once, runs per minute, sessions).
     pub tenants: crate::TenantQuotas,
+    /// What one tenant may keep in each shared store (the runs table, the audit log, the
+    /// artifact store) and the writer's queue ([`crate::StoreBudgets`]).
+    pub store_budgets: crate::StoreBudgets,
     /// Artifacts (files a run produced) are removed this long after the run.
     pub artifact_max_age: Duration,
     /// Artifact store size quota: above it, the oldest runs' artifacts are removed first.
@@ -162,6 +165,7 @@ impl EngineConfig {
             max_concurrent_runs: 8,
             sessions: SessionSettings::default(),
             tenants: crate::TenantQuotas::default(),
+            store_budgets: crate::StoreBudgets::default(),
             artifact_max_age: Duration::from_secs(24 * 3600),
             artifact_max_bytes: 1024 * 1024 * 1024,
             allow_sdist_builds: false,

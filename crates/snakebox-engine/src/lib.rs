@@ -10,6 +10,7 @@
 
 mod artifacts;
 mod audit;
+mod budget;
 mod caller;
 mod compile;
 mod config;
@@ -49,6 +50,11 @@ pub use artifacts::{
     image_mime, is_text_mime,
 };
 pub use audit::{AUDIT_DIR, AuditEntry, audit_files, read_audit, utc_text};
+pub use budget::{
+    Budget, DEFAULT_ARTIFACT_BYTES, DEFAULT_AUDIT_BYTES, DEFAULT_AUDIT_QUEUE_BYTES,
+    DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_ROWS, MIN_AUDIT_BYTES, MIN_AUDIT_QUEUE_BYTES,
+    StoreBudgets, StoreReport, StoresReport, WriteQueueReport,
+};
 pub use caller::{Caller, LOCAL_TENANT, is_plain_name};
 pub use config::{
     DEFAULT_PREFORK, DEFAULT_PRELOAD_PACKAGES, EngineConfig, MAX_PRELOAD_PACKAGES, PythonDownloads,
