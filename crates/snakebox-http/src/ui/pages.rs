@@ -1366,6 +1366,8 @@ mod tests {
                 dependencies: vec!["numpy==2.1.0".into()],
                 script: script.into(),
                 script_truncated: false,
+                script_bytes: Some(script.len() as u64),
+                script_sha256: None,
             }
         }
 
