@@ -114,7 +114,8 @@ pub struct EngineConfig {
     pub store_budgets: crate::StoreBudgets,
     /// Artifacts (files a run produced) are removed this long after the run.
     pub artifact_max_age: Duration,
-    /// Artifact store size quota: above it, the oldest runs' artifacts are removed first.
+    /// The artifact store's total size: a run whose files would take it past this keeps its
+    /// files only by removing its own tenant's oldest; never another tenant's.
     pub artifact_max_bytes: u64,
     /// Build requirements that publish no wheel from their sdist (sandboxed like a run,
     /// offline). Off: wheels only.

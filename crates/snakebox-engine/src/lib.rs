@@ -227,7 +227,8 @@ impl Engine {
             &config.data_dir,
             config.artifact_max_age,
             config.artifact_max_bytes,
-        );
+        )
+        .with_tenant_budget(config.store_budgets.artifact_bytes, Arc::clone(&ledger));
         let lifecycle = lifecycle::Lifecycle::default();
         let sessions = session::Sessions::open(
             &config.data_dir,
