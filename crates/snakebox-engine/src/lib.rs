@@ -396,7 +396,7 @@ impl Engine {
             .flatten()
             .ok_or_else(|| {
                 EngineError::new(ErrorKind::NotFound, format!("No run `{id}`")).with_hint(
-                    "list the runs to see those that are kept (the newest 100,000, for 30 days)",
+                    "list the runs to see those that are kept (each tenant's newest, within its budget of runs, for 30 days)",
                 )
             })
     }
