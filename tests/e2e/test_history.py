@@ -4,7 +4,9 @@ what ran. Judged from outside: the database file the real server wrote, read wit
 
 - a server stopped cleanly (stdin closed) has written every call it answered;
 - a server killed with SIGKILL mid-run leaves the row `running`, and the next server to open
-  the data directory marks it `interrupted`.
+  the data directory marks it `interrupted`;
+- each tenant's rows are kept within its own budget: a tenant past it loses its own oldest
+  runs, never another tenant's (issue 32).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import backend_flags, call, connect, have_bwrap
+from http_support import http_server, make_key
 
 pytestmark = [
     pytest.mark.anyio,
@@ -124,3 +127,28 @@ async def test_a_run_cut_by_sigkill_is_marked_interrupted_by_the_next_server(sna
         assert alive["status"] == "ok", alive
     row = rows(data)[row["execution_id"]]
     assert row["status"] == "interrupted", row
+
+
+def test_a_tenant_over_its_runs_budget_loses_its_own_oldest_runs_only(snakebox_bin: Path, tmp_path: Path):
+    """Issue 32, property 2 (the runs table): with `--tenant-history-max-runs 5`, team-a's
+    twelve calls keep its newest five rows; team-b's three rows, older than all of them, stay;
+    `check_environment` tells each tenant its own budget, use and removals."""
+    from test_audit import stores, tool
+
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    call_ = {"script": "print(1)", "timeout_seconds": 0}  # refused at once, recorded all the same
+    with http_server(snakebox_bin, data, "--tenant-history-max-runs", "5") as (_proc, url):
+        b_ids = [tool(url, key_b, "execute_python", call_)["result"]["structuredContent"]["execution_id"] for _ in range(3)]
+        a_ids = [tool(url, key_a, "execute_python", call_)["result"]["structuredContent"]["execution_id"] for _ in range(12)]
+        time.sleep(1)
+        told_a, told_b = stores(url, key_a), stores(url, key_b)
+    recorded = rows(data)
+    owned = {t: [r["execution_id"] for r in sorted(recorded.values(), key=lambda r: r["started_at_ms"]) if r["owner"] == t]
+             for t in ("team-a", "team-b")}
+    assert owned["team-b"] == b_ids, owned
+    assert owned["team-a"] == a_ids[-5:], owned
+    assert told_a["runs"]["max_items"] == 5 and told_a["runs"]["used_items"] == 5, told_a
+    assert told_a["runs"]["removed"] == 7, told_a
+    assert told_b["runs"]["used_items"] == 3 and told_b["runs"]["removed"] == 0, told_b

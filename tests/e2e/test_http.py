@@ -371,3 +371,111 @@ def marker_alive(marker: str) -> bool:
                 if marker.encode() in (entry / "cmdline").read_bytes():
                     return True
     return False
+
+
+def write_file(size: int) -> str:
+    return f"open('out.bin', 'wb').write(b'x' * {size})\n"
+
+
+def artifact_of(url: str, key: str, size: int) -> dict:
+    """A run of `key`'s tenant that writes one file of `size` bytes; its result."""
+    from test_audit import tool
+
+    result = tool(url, key, "execute_python", {"script": write_file(size)})["result"]["structuredContent"]
+    assert result["status"] == "ok", result
+    return result
+
+
+def read_resource(url: str, key: str, uri: str) -> dict:
+    from test_audit import rpc
+
+    return rpc(url, key, "resources/read", {"uri": uri})
+
+
+def test_one_tenants_artifacts_never_remove_anothers(snakebox_bin: Path, tmp_path: Path):
+    """Issue 32, property 2 (artifacts): the store's total (`--artifact-max-size`) is made room
+    in only by the tenant that writes; a tenant's own budget (`--tenant-artifacts-max-size`)
+    removes only its own oldest; a link or `resources/read` of a removed artifact says why."""
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    with http_server(snakebox_bin, data, "--artifact-max-size", "2MiB") as (_proc, url):
+        kept = artifact_of(url, key_b, 300_000)
+        floods = [artifact_of(url, key_a, 600_000) for _ in range(5)]
+        # team-b's file, older than all of team-a's, is still readable both ways.
+        (b_file,) = kept["artifacts"]
+        read = read_resource(url, key_b, b_file["uri"])
+        assert "result" in read and read["result"]["contents"][0]["uri"] == b_file["uri"], str(read)[:300]
+        status, _, body = plain_get(b_file["download_url"])
+        assert status == 200 and len(body) == 300_000
+        # team-a's oldest made room for its newest; reading one says why, and whose bound.
+        (a_first,) = floods[0]["artifacts"]
+        gone = read_resource(url, key_a, a_first["uri"])
+        assert "error" in gone, gone
+        assert "was removed" in gone["error"]["message"] and "artifact store was full" in gone["error"]["message"], gone
+        status, _, body = plain_get(a_first["download_url"])
+        assert status == 404 and b"was removed" in body, (status, body)
+        # To team-b, team-a's removed artifact is as unknown as one that never existed.
+        unknown = read_resource(url, key_b, a_first["uri"])["error"]["message"]
+        assert unknown.startswith("No artifact") and "store was full" not in unknown, unknown
+        (a_last,) = floods[-1]["artifacts"]
+        assert "result" in read_resource(url, key_a, a_last["uri"])
+    with http_server(snakebox_bin, data, "--tenant-artifacts-max-size", "1MiB") as (_proc, url):
+        first, second = artifact_of(url, key_a, 600_000), artifact_of(url, key_a, 600_000)
+        gone = read_resource(url, key_a, first["artifacts"][0]["uri"])
+        assert "own tenant's budget" in gone["error"]["message"], gone
+        assert "artifacts_max_size" in json.dumps(gone["error"].get("data")), gone
+        assert "result" in read_resource(url, key_a, second["artifacts"][0]["uri"])
+        assert "result" in read_resource(url, key_b, b_file["uri"])
+        from test_audit import stores
+
+        told = stores(url, key_a)["artifacts"]
+        assert told["max_bytes"] == 1 << 20 and told["removed"] >= 1 and told["used_bytes"] <= 1 << 20, told
+
+
+def data_state(data: Path) -> dict[str, tuple[int, int]]:
+    """Every file of the data directory with its size and modification time, but two the
+    kernel or SQLite write without a request: a shared-memory index (`-shm`, which a reader
+    maps and marks) and the sessions' disk image (mounted with lazy inode-table init, which the
+    kernel finishes in the background after the mount)."""
+    return {str(path.relative_to(data)): (path.stat().st_size, path.stat().st_mtime_ns)
+            for path in sorted(data.rglob("*"))
+            if path.is_file() and not path.name.endswith("-shm") and path.suffix != ".img"}
+
+
+def test_no_get_changes_server_state(snakebox_bin: Path, tmp_path: Path):
+    """Issue 32, property 6: a GET changes nothing, on any route: no UI session is made (the
+    keyless local tenant's login is a POST from the page), no file of the data directory is
+    written; the same login as a POST works (proof that there was something to make)."""
+    data = tmp_path / "data"
+    with http_server(snakebox_bin, data) as (_proc, url):
+        from test_audit import tool
+
+        run = tool(url, None, "execute_python", {"script": write_file(10)})["result"]["structuredContent"]
+        assert run["status"] == "ok", run
+        time.sleep(1)
+        before = data_state(data)
+        paths = ["/ui/login", "/ui/", "/ui", "/ui/runs", f"/ui/runs/{run['execution_id']}", "/ui/sessions",
+                 "/ui/environment", "/ui/clients", "/ui/static/ui.css", "/healthz", "/readyz", "/metrics", "/mcp",
+                 run["artifacts"][0]["download_url"].removeprefix(url), "/files/x/y", "/nowhere"]
+        for path in paths:
+            status, headers, body = plain_get(f"{url}{path}")
+            assert "set-cookie" not in headers, (path, status, headers)
+        status, _, page = plain_get(f"{url}/ui/login")
+        assert status == 200 and b'id="login-local"' in page, page[:500]
+        time.sleep(1)
+        assert data_state(data) == before
+        # The page's button: a POST from the server's own origin logs in.
+        request = urllib.request.Request(f"{url}/ui/login", data=b"", method="POST",
+                                         headers={"Origin": url, "Content-Type": "application/x-www-form-urlencoded"})
+        opener = urllib.request.build_opener(NoRedirect)
+        try:
+            opener.open(request, timeout=30)
+            raise AssertionError("the login did not redirect")
+        except urllib.error.HTTPError as err:
+            assert err.code == 303 and "snakebox_ui=" in err.headers.get("set-cookie", ""), (err.code, dict(err.headers))
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None

@@ -68,7 +68,10 @@ tenants = ["team-a"]
 
 
 def audit_lines(data: Path) -> list[dict]:
-    return [json.loads(line) for line in (data / "audit" / "audit.jsonl").read_text().splitlines()]
+    """Every tenant's audit lines (one file each, `audit/tenants/<tenant>.jsonl`), by time."""
+    lines = [json.loads(line) for path in sorted((data / "audit" / "tenants").glob("*.jsonl"))
+             for line in path.read_text().splitlines()]
+    return sorted(lines, key=lambda line: line["at_ms"])
 
 
 @pytest.mark.parametrize("launch", ["forked", "cold"])

@@ -3,8 +3,13 @@
 //! After a run, every regular file the script created or changed in its working directory is
 //! copied into `<data>/artifacts-v1/<execution_id>/files/<path>`, next to a `manifest.json`,
 //! and is readable as `snakebox://artifacts/<execution_id>/<path>` until the retention rule
-//! removes it: entries older than `max_age` go first, then the oldest until the store is under
-//! its size quota.
+//! removes it: entries older than `max_age` go, and each tenant keeps its artifacts within its
+//! own budget ([`crate::StoreBudgets::artifact_bytes`]): past it, that tenant's oldest go
+//! ([`crate::budget`]). The store's total (`max_bytes`) never removes another tenant's
+//! files either: a run whose files would take the store past it makes room by removing its
+//! own tenant's oldest, and when that is not enough its files are not kept (the result says
+//! so). An entry removed before its time keeps its manifest (a tombstone, without its files)
+//! until it would have expired, so reading it says why it is gone.
 //!
 //! The working directory belongs to untrusted code, so collection trusts nothing in it: every
 //! directory is opened relative to its parent with `O_NOFOLLOW | O_DIRECTORY`, every file is
@@ -18,11 +23,13 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use nix::sys::stat::FileStat;
 use serde::{Deserialize, Serialize};
 
+use crate::budget::{Budget, Ledger, Store, Usage};
 use crate::result::{Artifact, ArtifactOrigin, InlineImage, SkippedFile};
 use snakebox_fs::RelativePath;
 
@@ -78,6 +85,17 @@ pub enum ArtifactError {
     /// No such artifact (never existed, or removed by the retention rule).
     #[error("No artifact `{0}` (it never existed or was removed by the retention rule)")]
     NotFound(String),
+    /// The artifact existed and was removed before its time, by its own tenant's budget
+    /// (or to make room for that tenant's newer artifacts in a full store).
+    #[error("Artifact `{uri}` was removed {why}")]
+    Removed {
+        /// The URI.
+        uri: String,
+        /// Why, and the bound that removed it.
+        why: String,
+        /// Which bound: `tenant_budget` or `store_full`.
+        reason: String,
+    },
     /// Reading failed.
     #[error("Failed to read artifact `{uri}`")]
     Io {
@@ -94,7 +112,7 @@ impl crate::error::Hint for ArtifactError {
         use ArtifactError as E;
         match self {
             E::InvalidUri { .. } => crate::error::ErrorKind::Invalid,
-            E::NotFound(_) => crate::error::ErrorKind::NotFound,
+            E::NotFound(_) | E::Removed { .. } => crate::error::ErrorKind::NotFound,
             E::Io { .. } => crate::error::ErrorKind::Internal,
         }
     }
@@ -105,6 +123,17 @@ impl crate::error::Hint for ArtifactError {
             E::NotFound(_) => Some(
                 "list the artifacts (resources/list) to see those that are kept; artifacts \
                  expire after the retention period"
+                    .to_owned(),
+            ),
+            E::Removed { reason, .. } if reason == STORE_FULL => Some(
+                "read or download files soon after their run, or ask the operator to raise \
+                 `[artifacts] max_size`; another tenant's use never removes your files"
+                    .to_owned(),
+            ),
+            E::Removed { .. } => Some(
+                "read or download files soon after their run (your tenant's oldest go first), \
+                 or ask the operator to raise `[tenants] artifacts_max_size`; another tenant's \
+                 use never removes your files"
                     .to_owned(),
             ),
             E::Io { .. } => {
@@ -279,6 +308,22 @@ fn local_tenant() -> String {
     crate::LOCAL_TENANT.to_owned()
 }
 
+/// `Removed::reason` of an entry removed by its tenant's budget.
+const TENANT_BUDGET: &str = "tenant_budget";
+/// `Removed::reason` of an entry removed to make room for its tenant's newer ones in a full
+/// store.
+const STORE_FULL: &str = "store_full";
+
+/// Why an execution's artifacts were removed before their time.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Removed {
+    at_unix_ms: u64,
+    /// [`TENANT_BUDGET`] or [`STORE_FULL`].
+    reason: String,
+    /// The bound that removed them, in words.
+    why: String,
+}
+
 /// The manifest of one execution's artifacts.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Manifest {
@@ -290,6 +335,21 @@ struct Manifest {
     created_unix_ms: u64,
     total_bytes: u64,
     artifacts: Vec<ManifestEntry>,
+    /// Set when the files were removed before their time (the manifest stays, a tombstone,
+    /// until the entry would have expired).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    removed: Option<Removed>,
+}
+
+impl Manifest {
+    /// Bytes it holds in the store (a tombstone: none).
+    fn live_bytes(&self) -> u64 {
+        if self.removed.is_some() {
+            0
+        } else {
+            self.total_bytes
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -305,7 +365,11 @@ struct ManifestEntry {
 pub struct ArtifactStore {
     root: PathBuf,
     max_age: Duration,
+    /// The store's total.
     max_bytes: u64,
+    /// Each tenant's budget.
+    tenant_bytes: u64,
+    ledger: Arc<Ledger>,
 }
 
 /// What one pruning pass removed.
@@ -313,7 +377,8 @@ pub struct ArtifactStore {
 pub struct ArtifactPrune {
     /// Executions removed because they were older than the maximum age.
     pub expired: usize,
-    /// Executions removed (oldest first) to get under the size quota.
+    /// Executions removed (each tenant's oldest first) to get its artifacts under its
+    /// budget.
     pub evicted: usize,
     /// Bytes kept after pruning.
     pub kept_bytes: u64,
@@ -321,14 +386,25 @@ pub struct ArtifactPrune {
 
 impl ArtifactStore {
     /// A store at `<data_dir>/artifacts-v1` keeping entries for `max_age` and at most
-    /// `max_bytes` in total.
+    /// `max_bytes` in total (each tenant may hold all of it, until
+    /// [`ArtifactStore::with_tenant_budget`]).
     #[must_use]
     pub fn new(data_dir: &Path, max_age: Duration, max_bytes: u64) -> Self {
         ArtifactStore {
             root: data_dir.join(BUCKET),
             max_age,
             max_bytes,
+            tenant_bytes: max_bytes,
+            ledger: Arc::new(Ledger::default()),
         }
+    }
+
+    /// Each tenant keeps at most `bytes` of artifacts; removals are counted in `ledger`.
+    #[must_use]
+    pub(crate) fn with_tenant_budget(mut self, bytes: u64, ledger: Arc<Ledger>) -> Self {
+        self.tenant_bytes = bytes;
+        self.ledger = ledger;
+        self
     }
 
     /// Where the store lives.
@@ -341,10 +417,38 @@ impl ArtifactStore {
     #[must_use]
     pub fn retention(&self) -> String {
         format!(
-            "artifacts are kept {} hours, then removed; when the store exceeds {} the oldest executions' artifacts are removed first",
+            "artifacts are kept {} hours, then removed; each tenant keeps up to {} (past it, its own oldest runs' artifacts are removed first), and the store up to {} (a run that would pass it makes room by removing its own tenant's oldest, or keeps no files); another tenant's use never removes a tenant's artifacts, and a read of one removed early says why",
             self.max_age.as_secs() / 3600,
+            crate::ids::human_bytes(self.tenant_bytes),
             crate::ids::human_bytes(self.max_bytes)
         )
+    }
+
+    /// `caller`'s budget in the store, what it holds now (`None`: the budget alone) and what
+    /// its budget removed since the server started.
+    pub(crate) fn report(&self, viewer: Option<&crate::Caller>) -> crate::budget::StoreReport {
+        let used = viewer.map(|caller| {
+            let mut held = Usage::default();
+            for (_, manifest) in self.entries() {
+                if let Some(m) = manifest
+                    .filter(|m| m.removed.is_none() && !self.expired(m) && caller.owns(&m.owner))
+                {
+                    held.add(Usage::one(m.total_bytes));
+                }
+            }
+            held
+        });
+        crate::budget::StoreReport {
+            budget: format!(
+                "{} per tenant; past it, the tenant's own oldest runs' artifacts are removed (a read of one says so)",
+                crate::ids::human_bytes(self.tenant_bytes)
+            ),
+            max_items: None,
+            max_bytes: Some(self.tenant_bytes),
+            used_items: used.map(|u| u.items),
+            used_bytes: used.map(|u| u.bytes),
+            removed: viewer.map_or(0, |c| self.ledger.counts(c.id()).artifacts_removed),
+        }
     }
 
     /// Copy what the run created or changed under `work` (and the generated images) into
@@ -395,7 +499,7 @@ impl ArtifactStore {
     ) -> Collection {
         let mut collection = Collection::default();
         let mut entry = Entry::new(self, execution_id, caller.id());
-        let run_budget = MAX_RUN_BYTES.min(self.max_bytes);
+        let run_budget = MAX_RUN_BYTES.min(self.max_bytes).min(self.tenant_bytes);
         let mut skipped_total = 0usize;
         let mut skip = |collection: &mut Collection, name: &str, reason: String| {
             skipped_total += 1;
@@ -489,10 +593,103 @@ impl ArtifactStore {
                     .push(format!("the run's files could not be stored: {err}"));
             }
         }
-        if !collection.artifacts.is_empty() {
-            self.prune(Some(execution_id));
+        if !collection.artifacts.is_empty() && !self.make_room(caller, execution_id) {
+            self.ledger.refused(caller.id());
+            remove(&self.root.join(execution_id));
+            collection.artifacts.clear();
+            collection.inline.clear();
+            collection.notes.push(format!(
+                "the run's files were not kept: the artifact store is full ({} for all tenants together, `[artifacts] max_size`) and none of this tenant's older artifacts are left to make room; another tenant's are never removed for it",
+                crate::ids::human_bytes(self.max_bytes)
+            ));
         }
         collection
+    }
+
+    /// After `execution_id` of `caller` was stored: expire old entries, hold `caller`'s
+    /// tenant to its budget, then make room in the store as a whole, in both cases by
+    /// removing only that tenant's oldest (never `execution_id`). Whether `execution_id`
+    /// may stay (`false`: the store is full of other tenants' artifacts).
+    fn make_room(&self, caller: &crate::Caller, execution_id: &str) -> bool {
+        let mut live = Vec::new();
+        for (dir, manifest) in self.entries() {
+            match manifest {
+                Some(m) if self.expired(&m) && m.execution_id != execution_id => remove(&dir),
+                Some(m) => live.push((dir, m)),
+                None => {}
+            }
+        }
+        live.sort_by_key(|(_, m)| m.created_unix_ms);
+        self.hold_to_budget(caller.id(), &mut live, Some(execution_id));
+        let total: u64 = live.iter().map(|(_, m)| m.live_bytes()).sum();
+        if total <= self.max_bytes {
+            return true;
+        }
+        // The store as a whole is full: only this tenant's own oldest may make room.
+        let mine: Vec<(PathBuf, Usage)> = live
+            .iter()
+            .filter(|(_, m)| {
+                caller.owns(&m.owner) && m.removed.is_none() && m.execution_id != execution_id
+            })
+            .map(|(dir, m)| (dir.clone(), Usage::one(m.total_bytes)))
+            .collect();
+        let held = Usage {
+            items: live.len() as u64,
+            bytes: total,
+        };
+        let (gone, freed) = crate::budget::excess(held, Budget::bytes(self.max_bytes), mine);
+        let why = format!(
+            "to make room for newer artifacts of the same tenant: the artifact store was full ({} for all tenants together, `[artifacts] max_size`)",
+            crate::ids::human_bytes(self.max_bytes)
+        );
+        for dir in &gone {
+            tombstone(dir, STORE_FULL, &why);
+        }
+        self.ledger.removed(
+            Store::Artifacts,
+            caller.id(),
+            gone.len() as u64,
+            &crate::ids::human_bytes(self.max_bytes),
+        );
+        total - freed.bytes <= self.max_bytes
+    }
+
+    /// Remove `tenant`'s oldest entries among `live` (oldest first; never `keep`) until its
+    /// artifacts fit its budget; the removed ones become tombstones. Returns how many.
+    fn hold_to_budget(
+        &self,
+        tenant: &str,
+        live: &mut [(PathBuf, Manifest)],
+        keep: Option<&str>,
+    ) -> usize {
+        let mut held = Usage::default();
+        let mut candidates = Vec::new();
+        for (i, (dir, m)) in live.iter().enumerate() {
+            if m.owner != tenant || m.removed.is_some() {
+                continue;
+            }
+            held.add(Usage::one(m.total_bytes));
+            if keep != Some(m.execution_id.as_str()) {
+                candidates.push(((i, dir.clone()), Usage::one(m.total_bytes)));
+            }
+        }
+        let (gone, _) = crate::budget::excess(held, Budget::bytes(self.tenant_bytes), candidates);
+        let why = format!(
+            "by its own tenant's budget: the tenant's artifacts exceeded {} (`[tenants] artifacts_max_size`), and its oldest are removed first",
+            crate::ids::human_bytes(self.tenant_bytes)
+        );
+        for (i, dir) in &gone {
+            if let Some(removed) = tombstone(dir, TENANT_BUDGET, &why) {
+                live[*i].1.removed = Some(removed);
+            }
+        }
+        self.ledger.removed(
+            Store::Artifacts,
+            tenant,
+            gone.len() as u64,
+            &crate::ids::human_bytes(self.tenant_bytes),
+        );
+        gone.len()
     }
 
     /// The manifest entry of the artifact named by `uri`, when `caller` may read it: its
@@ -510,11 +707,24 @@ impl ArtifactStore {
             return Err(ArtifactError::NotFound(uri.into()));
         }
         let name = path.to_string();
+        let removed = manifest.removed;
         let entry = manifest
             .artifacts
             .into_iter()
             .find(|a| a.name == name)
             .ok_or_else(|| ArtifactError::NotFound(uri.into()))?;
+        // The caller's own artifact, removed before its time: say why.
+        if let Some(removed) = removed {
+            return Err(ArtifactError::Removed {
+                uri: artifact_uri(&execution_id, &entry.name),
+                why: format!(
+                    "on {} UTC {}",
+                    crate::audit::utc_text(removed.at_unix_ms / 1000),
+                    removed.why
+                ),
+                reason: removed.reason,
+            });
+        }
         Ok((dir, path, entry))
     }
 
@@ -582,7 +792,7 @@ impl ArtifactStore {
             .entries()
             .into_iter()
             .filter_map(|(_, manifest)| manifest)
-            .filter(|m| !self.expired(m) && caller.owns(&m.owner))
+            .filter(|m| m.removed.is_none() && !self.expired(m) && caller.owns(&m.owner))
             .collect();
         manifests.sort_by_key(|m| std::cmp::Reverse(m.created_unix_ms));
         manifests
@@ -602,9 +812,9 @@ impl ArtifactStore {
             .collect()
     }
 
-    /// Apply the retention rule: remove entries older than the maximum age, then the oldest
-    /// until the store is under its quota (never `keep`, the entry just written), and
-    /// debris of interrupted runs.
+    /// Apply the retention rule: remove entries older than the maximum age (tombstones
+    /// included), then hold each tenant to its budget by removing its own oldest (never
+    /// `keep`, the entry just written), and debris of interrupted runs.
     pub fn prune(&self, keep: Option<&str>) -> ArtifactPrune {
         let mut report = ArtifactPrune::default();
         let mut live = Vec::new();
@@ -628,25 +838,21 @@ impl ArtifactStore {
                 None => remove(&dir),
                 Some(m) if self.expired(&m) && keep != Some(m.execution_id.as_str()) => {
                     remove(&dir);
-                    report.expired += 1;
+                    if m.removed.is_none() {
+                        report.expired += 1;
+                    }
                 }
                 Some(m) => live.push((dir, m)),
             }
         }
         live.sort_by_key(|(_, m)| m.created_unix_ms);
-        let mut total: u64 = live.iter().map(|(_, m)| m.total_bytes).sum();
-        for (dir, manifest) in &live {
-            if total <= self.max_bytes {
-                break;
-            }
-            if keep == Some(manifest.execution_id.as_str()) {
-                continue;
-            }
-            remove(dir);
-            total = total.saturating_sub(manifest.total_bytes);
-            report.evicted += 1;
+        let mut tenants: Vec<String> = live.iter().map(|(_, m)| m.owner.clone()).collect();
+        tenants.sort();
+        tenants.dedup();
+        for tenant in tenants {
+            report.evicted += self.hold_to_budget(&tenant, &mut live, keep);
         }
-        report.kept_bytes = total;
+        report.kept_bytes = live.iter().map(|(_, m)| m.live_bytes()).sum();
         report
     }
 
@@ -808,6 +1014,7 @@ impl<'a> Entry<'a> {
             });
         }
         let manifest = Manifest {
+            removed: None,
             execution_id: self.execution_id.clone(),
             owner: self.owner.clone(),
             created_unix_ms: now_ms(),
@@ -857,6 +1064,37 @@ impl Drop for Entry<'_> {
 fn remove(dir: &Path) {
     if let Err(err) = crate::tree::remove(dir) {
         tracing::warn!(%err, "could not remove an artifact directory");
+    }
+}
+
+/// Remove the files of the entry at `dir` and mark its manifest removed (`reason`, `why`),
+/// so a read of one of them says why it is gone; what was written, when it could be.
+fn tombstone(dir: &Path, reason: &str, why: &str) -> Option<Removed> {
+    let mut manifest = read_manifest(dir)?;
+    let removed = Removed {
+        at_unix_ms: now_ms(),
+        reason: reason.to_owned(),
+        why: why.to_owned(),
+    };
+    manifest.removed = Some(removed.clone());
+    // The manifest first (readers then see a tombstone, never a manifest without files).
+    let written = serde_json::to_vec(&manifest)
+        .map_err(std::io::Error::other)
+        .and_then(|text| {
+            let temp = dir.join(format!("{MANIFEST}.tmp"));
+            fs_err::write(&temp, text)?;
+            fs_err::rename(&temp, dir.join(MANIFEST))
+        });
+    match written {
+        Ok(()) => {
+            remove(&dir.join(FILES));
+            Some(removed)
+        }
+        Err(err) => {
+            tracing::warn!(%err, "could not mark an artifact directory removed; removing it whole");
+            remove(dir);
+            None
+        }
     }
 }
 
@@ -1324,6 +1562,114 @@ mod tests {
             "snakebox://artifacts/e3/figure-1-2.png"
         );
         assert_eq!(collection.artifacts[3].origin, ArtifactOrigin::Figure);
+    }
+
+    fn collect_as(store: &ArtifactStore, tenant: &str, id: &str, work: &Path) -> Collection {
+        let collection = store.collect(
+            &crate::Caller::tenant(tenant).unwrap(),
+            id,
+            work,
+            &Baseline::default(),
+            Vec::new(),
+        );
+        std::thread::sleep(Duration::from_millis(5));
+        collection
+    }
+
+    #[test]
+    fn a_tenant_over_its_budget_loses_its_own_oldest_and_a_read_says_why() {
+        let data = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        fs_err::write(work.path().join("a.bin"), vec![0u8; 1000]).unwrap();
+        let ledger = Arc::new(Ledger::default());
+        let store = ArtifactStore::new(data.path(), Duration::from_secs(3600), 1 << 20)
+            .with_tenant_budget(2500, Arc::clone(&ledger));
+        let (a, b) = (
+            crate::Caller::tenant("a").unwrap(),
+            crate::Caller::tenant("b").unwrap(),
+        );
+        collect_as(&store, "b", "b1", work.path());
+        for id in ["a1", "a2", "a3", "a4"] {
+            collect_as(&store, "a", id, work.path());
+        }
+        // b's file, older than all of a's, is still there; a kept its newest two.
+        assert!(store.read(&b, "snakebox://artifacts/b1/a.bin").is_ok());
+        assert!(store.read(&a, "snakebox://artifacts/a3/a.bin").is_ok());
+        assert!(store.read(&a, "snakebox://artifacts/a4/a.bin").is_ok());
+        for gone in ["a1", "a2"] {
+            let uri = format!("snakebox://artifacts/{gone}/a.bin");
+            let err = store.read(&a, &uri).unwrap_err();
+            assert!(matches!(err, ArtifactError::Removed { .. }), "{err:?}");
+            let message = err.to_string();
+            assert!(
+                message.contains("own tenant's budget") && message.contains("2500 B"),
+                "{message}"
+            );
+            assert!(
+                crate::error::Hint::hint(&err)
+                    .unwrap()
+                    .contains("artifacts_max_size")
+            );
+            // To another tenant it is as if it never existed; and so is a name it never had.
+            assert!(matches!(
+                store.read(&b, &uri),
+                Err(ArtifactError::NotFound(_))
+            ));
+            let other = format!("snakebox://artifacts/{gone}/b.bin");
+            assert!(matches!(
+                store.read(&a, &other),
+                Err(ArtifactError::NotFound(_))
+            ));
+        }
+        assert_eq!(store.list(&a, 10).len(), 2);
+        assert_eq!(ledger.counts("a").artifacts_removed, 2);
+        assert_eq!(ledger.counts("b").artifacts_removed, 0);
+        let report = store.report(Some(&a));
+        assert_eq!(
+            (report.used_items, report.used_bytes),
+            (Some(2), Some(2000))
+        );
+        // The tombstones hold no files.
+        assert!(!data.path().join(BUCKET).join("a1").join(FILES).exists());
+    }
+
+    #[test]
+    fn a_full_store_is_made_room_in_by_the_writing_tenant_only() {
+        let data = tempfile::tempdir().unwrap();
+        let work = tempfile::tempdir().unwrap();
+        fs_err::write(work.path().join("a.bin"), vec![0u8; 1000]).unwrap();
+        let ledger = Arc::new(Ledger::default());
+        let store = ArtifactStore::new(data.path(), Duration::from_secs(3600), 2500)
+            .with_tenant_budget(1 << 20, Arc::clone(&ledger));
+        let (a, b) = (
+            crate::Caller::tenant("a").unwrap(),
+            crate::Caller::tenant("b").unwrap(),
+        );
+        collect_as(&store, "b", "b1", work.path());
+        collect_as(&store, "b", "b2", work.path());
+        // a has nothing to make room with: its files are not kept, b's stay.
+        let refused = collect_as(&store, "a", "a1", work.path());
+        assert!(refused.artifacts.is_empty());
+        assert!(
+            refused
+                .notes
+                .iter()
+                .any(|n| n.contains("artifact store is full")),
+            "{:?}",
+            refused.notes
+        );
+        assert!(store.read(&b, "snakebox://artifacts/b1/a.bin").is_ok());
+        assert!(matches!(
+            store.read(&a, "snakebox://artifacts/a1/a.bin"),
+            Err(ArtifactError::NotFound(_))
+        ));
+        assert_eq!(ledger.counts("a").artifacts_refused, 1);
+        // b writing more makes room with its own oldest, and says so when it is read.
+        let kept = collect_as(&store, "b", "b3", work.path());
+        assert_eq!(kept.artifacts.len(), 1);
+        let err = store.read(&b, "snakebox://artifacts/b1/a.bin").unwrap_err();
+        assert!(err.to_string().contains("artifact store was full"), "{err}");
+        assert!(store.read(&b, "snakebox://artifacts/b2/a.bin").is_ok());
     }
 
     #[test]

@@ -109,9 +109,13 @@ pub struct EngineConfig {
     pub sessions: SessionSettings,
     /// What one tenant may take of the server (runs at once, runs per minute, sessions).
     pub tenants: crate::TenantQuotas,
+    /// What one tenant may keep in each shared store (the runs table, the audit log, the
+    /// artifact store) and the writer's queue ([`crate::StoreBudgets`]).
+    pub store_budgets: crate::StoreBudgets,
     /// Artifacts (files a run produced) are removed this long after the run.
     pub artifact_max_age: Duration,
-    /// Artifact store size quota: above it, the oldest runs' artifacts are removed first.
+    /// The artifact store's total size: a run whose files would take it past this keeps its
+    /// files only by removing its own tenant's oldest; never another tenant's.
     pub artifact_max_bytes: u64,
     /// Build requirements that publish no wheel from their sdist (sandboxed like a run,
     /// offline). Off: wheels only.
@@ -162,6 +166,7 @@ impl EngineConfig {
             max_concurrent_runs: 8,
             sessions: SessionSettings::default(),
             tenants: crate::TenantQuotas::default(),
+            store_budgets: crate::StoreBudgets::default(),
             artifact_max_age: Duration::from_secs(24 * 3600),
             artifact_max_bytes: 1024 * 1024 * 1024,
             allow_sdist_builds: false,

@@ -7,44 +7,58 @@
 //! its record (its status, duration, exit code); a server killed in between leaves rows that
 //! the next server to open the store marks `interrupted`. Writes go through one writer
 //! thread that gathers what is queued into one transaction (after a call's start, for a few
-//! milliseconds, so a short call's two writes are one), so a run pays a channel send, not a
+//! milliseconds, so a short call's two writes are one), so a run pays a queue push, not a
 //! disk write; reads (listing a caller's runs) use their own connection. Every row has an
 //! owner, and every read filters by it.
 //!
-//! What is kept is bounded: the newest [`MAX_ROWS`] runs, none older than [`MAX_AGE`], and
-//! of each script its first [`MAX_SCRIPT_BYTES`] bytes. A store that cannot be opened or
-//! written (a full disk) costs the history, never a run: it is logged and skipped.
+//! Every row is bounded, whatever the call carried: of its script (or command) the first
+//! [`MAX_SCRIPT_BYTES`] with the whole script's size and SHA-256, its dependencies and session
+//! id cut as the audit log cuts them ([`crate::audit::cap_text`]), its result only when it
+//! fits in [`MAX_OUTPUT_BYTES`]. What is kept is bounded per tenant
+//! ([`crate::StoreBudgets::history`]: rows and bytes): past it, the tenant's own oldest
+//! finished runs are removed, never another tenant's ([`crate::budget`]); and none older than
+//! [`MAX_AGE`].
+//!
+//! The queue to the writer (it also writes the audit log, [`crate::audit`]) is bounded too
+//! ([`crate::StoreBudgets::audit_queue_bytes`]): each tenant has its own queue, the writer takes
+//! from each in turn, and when the queue is full the tenant with the most queued loses its
+//! own newest record, so a tenant flooding it (or a stalled disk) never costs another
+//! tenant's lines first. Every drop is counted for its tenant (`check_environment`), in
+//! `/metrics` and in the server's log. A store that cannot be opened or written (a full
+//! disk) costs the history, never a run: it is logged and skipped.
 
+use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use schemars::JsonSchema;
 use serde::Serialize;
 
-use std::collections::HashMap;
-
-use crate::audit::{AuditEntry, AuditLog};
+use crate::audit::{AuditEntry, AuditLog, MAX_DEPENDENCIES, MAX_FIELD_BYTES, cap_list, cap_text};
+use crate::budget::{Budget, Ledger, Store, StoreBudgets, Usage};
 use crate::caller::Caller;
 use crate::result::ExecutionResult;
 
 /// The database file under the data directory.
 const STORE_FILE: &str = "store-v1.db";
 /// The schema version written to `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 2;
-/// Runs kept, newest first.
-pub(crate) const MAX_ROWS: u64 = 100_000;
+const SCHEMA_VERSION: i64 = 3;
 /// Runs older than this are forgotten.
 pub(crate) const MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The part of each script (or command) that is kept.
 pub(crate) const MAX_SCRIPT_BYTES: usize = 64 * 1024;
 /// Largest result kept with a run (stdout and stderr are already bounded by the runner).
 const MAX_OUTPUT_BYTES: usize = 4 * 1024 * 1024;
-/// Writes between two prunings of old rows.
+/// What a row costs besides its script, dependencies and result (its other columns and the
+/// indexes), counted against its tenant's budget.
+const ROW_OVERHEAD_BYTES: u64 = 256;
+/// Writes between two prunings of old rows (and recounts of what each tenant holds).
 const PRUNE_EVERY_WRITES: u64 = 1000;
+/// Oldest rows of a tenant examined at a time when it is over its budget.
+const EVICT_CHUNK: i64 = 256;
 /// How long the writer waits, after a call's `started`, for more before it writes: a short
 /// call's `started` and `finished` go into one transaction rather than two, the first of
 /// them no longer competing with the run. A `finished` (or any other operation) ends the
@@ -53,6 +67,8 @@ const PRUNE_EVERY_WRITES: u64 = 1000;
 const GATHER: Duration = Duration::from_millis(5);
 /// Most operations written in one transaction.
 const MAX_BATCH: usize = 256;
+/// What a queued record costs besides its text (its fields, the queue's bookkeeping).
+const QUEUED_OVERHEAD_BYTES: u64 = 512;
 
 /// What kind of call a run was.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
@@ -97,6 +113,67 @@ pub(crate) struct RunStart {
     pub(crate) profile: Option<String>,
 }
 
+/// A call's start as it is queued and kept: every value a caller chose cut to its bound, and
+/// of the script its start, its size and its hash.
+#[derive(Debug, Clone)]
+struct StartRecord {
+    kind: RunKind,
+    session_id: Option<String>,
+    /// The first [`MAX_SCRIPT_BYTES`] of the script.
+    script: String,
+    script_bytes: u64,
+    script_sha256: String,
+    dependencies: Vec<String>,
+    profile: Option<String>,
+}
+
+impl StartRecord {
+    fn of(start: RunStart) -> StartRecord {
+        let mut cut = start.script.len().min(MAX_SCRIPT_BYTES);
+        while !start.script.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        StartRecord {
+            kind: start.kind,
+            session_id: start.session_id.map(|id| cap_text(&id, MAX_FIELD_BYTES)),
+            script_bytes: start.script.len() as u64,
+            script_sha256: crate::audit::code_hash(&start.script),
+            script: start.script[..cut].to_owned(),
+            dependencies: cap_list(&start.dependencies, MAX_DEPENDENCIES, MAX_FIELD_BYTES),
+            profile: start.profile.map(|name| cap_text(&name, MAX_FIELD_BYTES)),
+        }
+    }
+
+    fn dependencies_json(&self) -> String {
+        serde_json::to_string(&self.dependencies).unwrap_or_else(|_| "[]".into())
+    }
+
+    /// What its row costs against its tenant's budget (before its result).
+    fn row_bytes(&self) -> u64 {
+        ROW_OVERHEAD_BYTES
+            + self.script.len() as u64
+            + self.dependencies_json().len() as u64
+            + self.session_id.as_ref().map_or(0, |id| id.len() as u64)
+    }
+}
+
+/// What a call refused before it ran sent, as the audit log keeps it: its size and hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RequestDigest {
+    pub(crate) bytes: u64,
+    pub(crate) sha256: String,
+}
+
+impl RequestDigest {
+    /// The digest of `text` (what was sent, as JSON).
+    pub(crate) fn of(text: &str) -> RequestDigest {
+        RequestDigest {
+            bytes: text.len() as u64,
+            sha256: crate::audit::code_hash(text),
+        }
+    }
+}
+
 /// Which of a caller's runs to list, newest first.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RunQuery {
@@ -130,12 +207,27 @@ pub struct RunRecord {
     pub exit_code: Option<i32>,
     /// The Python version it ran with, when one was chosen.
     pub python_version: Option<String>,
-    /// The `dependencies` argument it was called with.
+    /// The `dependencies` argument it was called with (at most 24, each cut at 200 bytes;
+    /// a cut one ends with its size and hash, the rest are one entry that counts them).
     pub dependencies: Vec<String>,
     /// The script (or the cell's code, or the command), cut at 64 KiB.
     pub script: String,
     /// Whether `script` was cut.
     pub script_truncated: bool,
+    /// The whole script's size in bytes (absent for runs recorded before it was kept).
+    pub script_bytes: Option<u64>,
+    /// The whole script's SHA-256 (as in the audit log).
+    pub script_sha256: Option<String>,
+}
+
+/// Who made a call and what it was, from its start to its end (returned by
+/// [`History::started`], handed back to [`History::finished`]).
+#[derive(Debug, Clone)]
+pub(crate) struct RunTicket {
+    id: String,
+    owner: String,
+    kind: RunKind,
+    session_id: Option<String>,
 }
 
 /// What the writer thread does.
@@ -144,10 +236,10 @@ enum Op {
         id: String,
         owner: String,
         started_at_ms: u64,
-        start: RunStart,
+        start: StartRecord,
     },
     Finished {
-        id: String,
+        ticket: RunTicket,
         status: String,
         duration_ms: u64,
         setup_ms: u64,
@@ -159,20 +251,215 @@ enum Op {
         usage: crate::ResourceUse,
         profile: Option<String>,
     },
-    /// A call of a tool that runs no code (`check_environment`, `list_sessions`, ...): one
-    /// audit line, no row.
+    /// A call of a tool that runs no code (`check_environment`, `list_sessions`, ...), or
+    /// of any tool refused before it ran: one audit line, no row.
     Call {
         id: String,
         tenant: String,
         tool: String,
         status: String,
+        request: Option<RequestDigest>,
     },
+}
+
+impl Op {
+    fn tenant(&self) -> &str {
+        match self {
+            Op::Started { owner, .. } => owner,
+            Op::Finished { ticket, .. } => &ticket.owner,
+            Op::Call { tenant, .. } => tenant,
+        }
+    }
+
+    /// Bytes it takes in the writer's queue.
+    fn queued_bytes(&self) -> u64 {
+        QUEUED_OVERHEAD_BYTES
+            + match self {
+                Op::Started { start, .. } => start.row_bytes(),
+                Op::Finished { output, events, .. } => {
+                    output.as_ref().map_or(0, |o| o.len() as u64)
+                        + events.iter().map(|e| e.detail.len() as u64).sum::<u64>()
+                }
+                Op::Call { tool, .. } => tool.len() as u64,
+            }
+    }
+}
+
+/// One tenant's part of the writer's queue.
+#[derive(Default)]
+struct TenantQueue {
+    ops: VecDeque<(Op, u64)>,
+    bytes: u64,
+}
+
+#[derive(Default)]
+struct QueueState {
+    tenants: HashMap<String, TenantQueue>,
+    /// The tenants with something queued, in the order the writer serves them.
+    turn: VecDeque<String>,
+    bytes: u64,
+    closed: bool,
+}
+
+impl QueueState {
+    /// Drop the newest record of `tenant` (counted in `ledger`).
+    fn drop_newest(&mut self, tenant: &str, ledger: &Ledger) {
+        let Some(queue) = self.tenants.get_mut(tenant) else {
+            return;
+        };
+        if let Some((_, bytes)) = queue.ops.pop_back() {
+            queue.bytes -= bytes;
+            self.bytes -= bytes;
+            ledger.dropped(tenant);
+        }
+        if queue.ops.is_empty() {
+            self.tenants.remove(tenant);
+            self.turn.retain(|t| t != tenant);
+        }
+    }
+
+    /// Up to `max` records, one from each tenant in turn.
+    fn take(&mut self, max: usize, into: &mut Vec<Op>) {
+        while into.len() < max {
+            let Some(tenant) = self.turn.pop_front() else {
+                break;
+            };
+            let Some(queue) = self.tenants.get_mut(&tenant) else {
+                continue;
+            };
+            if let Some((op, bytes)) = queue.ops.pop_front() {
+                queue.bytes -= bytes;
+                self.bytes -= bytes;
+                into.push(op);
+            }
+            if queue.ops.is_empty() {
+                self.tenants.remove(&tenant);
+            } else {
+                self.turn.push_back(tenant);
+            }
+        }
+    }
+}
+
+/// The queue to the writer: one part per tenant, bounded in bytes together.
+struct WriteQueue {
+    state: Mutex<QueueState>,
+    ready: Condvar,
+    max_bytes: u64,
+    ledger: Arc<Ledger>,
+}
+
+impl WriteQueue {
+    fn new(max_bytes: u64, ledger: Arc<Ledger>) -> WriteQueue {
+        WriteQueue {
+            state: Mutex::new(QueueState::default()),
+            ready: Condvar::new(),
+            max_bytes,
+            ledger,
+        }
+    }
+
+    /// Queue `op` for its tenant. When the queue is full, the tenant holding the most bytes
+    /// in it loses its newest record: the pushing tenant itself when it holds the most (its
+    /// new record is dropped), else the one that does. Never blocks.
+    fn push(&self, mut op: Op) {
+        let mut cost = op.queued_bytes();
+        // A result larger than a quarter of the queue is not kept with its row (the row and
+        // its audit line are).
+        if cost > self.max_bytes / 4
+            && let Op::Finished { output, .. } = &mut op
+        {
+            *output = None;
+            cost = op.queued_bytes();
+        }
+        let tenant = op.tenant().to_owned();
+        let mut state = lock(&self.state);
+        if state.closed {
+            return;
+        }
+        while state.bytes + cost > self.max_bytes {
+            let mine = state.tenants.get(&tenant).map_or(0, |q| q.bytes);
+            let most = state
+                .tenants
+                .iter()
+                .max_by_key(|(_, queue)| queue.bytes)
+                .map(|(name, queue)| (name.clone(), queue.bytes));
+            match most {
+                Some((other, bytes)) if bytes > mine && other != tenant => {
+                    state.drop_newest(&other, &self.ledger);
+                }
+                _ => {
+                    self.ledger.dropped(&tenant);
+                    return;
+                }
+            }
+        }
+        let queue = state.tenants.entry(tenant.clone()).or_default();
+        let first = queue.ops.is_empty();
+        queue.ops.push_back((op, cost));
+        queue.bytes += cost;
+        state.bytes += cost;
+        if first {
+            state.turn.push_back(tenant);
+        }
+        drop(state);
+        self.ready.notify_one();
+    }
+
+    /// The next batch to write: waits for a record (`None` once closed and empty), then,
+    /// while the batch holds nothing but calls' starts, for more during [`GATHER`].
+    fn next_batch(&self) -> Option<Vec<Op>> {
+        let mut state = lock(&self.state);
+        while state.bytes == 0 && state.turn.is_empty() {
+            if state.closed {
+                return None;
+            }
+            state = self
+                .ready
+                .wait(state)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        let mut batch = Vec::new();
+        state.take(MAX_BATCH, &mut batch);
+        // Gather only while the batch holds nothing but calls' starts: an end (or any other
+        // write) is what a reader looks for next (a run's page right after its reply), so it
+        // is written at once, with the starts gathered before it.
+        let until = Instant::now() + GATHER;
+        while batch.len() < MAX_BATCH
+            && !state.closed
+            && batch.iter().all(|op| matches!(op, Op::Started { .. }))
+        {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = self
+                .ready
+                .wait_timeout(state, left)
+                .map(|(state, _)| state)
+                .unwrap_or_else(|poisoned| poisoned.into_inner().0);
+            state.take(MAX_BATCH, &mut batch);
+        }
+        Some(batch)
+    }
+
+    fn close(&self) {
+        lock(&self.state).closed = true;
+        self.ready.notify_all();
+    }
+
+    fn queued_bytes(&self) -> u64 {
+        lock(&self.state).bytes
+    }
 }
 
 /// The runs table of a data directory.
 pub(crate) struct History {
     path: PathBuf,
-    writer: Mutex<Option<mpsc::Sender<Op>>>,
+    data_dir: PathBuf,
+    budgets: StoreBudgets,
+    ledger: Arc<Ledger>,
+    queue: Mutex<Option<Arc<WriteQueue>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
     reader: Mutex<Option<Connection>>,
 }
@@ -181,6 +468,10 @@ fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn to_i64(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 fn open(path: &Path) -> rusqlite::Result<Connection> {
@@ -238,6 +529,27 @@ fn open(path: &Path) -> rusqlite::Result<Connection> {
     if !has_output {
         conn.execute_batch("ALTER TABLE runs ADD COLUMN output TEXT")?;
     }
+    // Version 3 keeps each script's size and hash, and what each row costs its tenant's
+    // budget (an index covers what the budget reads, so no row is read whole for it); rows
+    // of earlier versions are measured once.
+    let has_bytes: bool = conn.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('runs') WHERE name = 'row_bytes'",
+        [],
+        |row| row.get(0),
+    )?;
+    if !has_bytes {
+        conn.execute_batch(&format!(
+            "ALTER TABLE runs ADD COLUMN script_bytes INTEGER;
+             ALTER TABLE runs ADD COLUMN script_sha256 TEXT;
+             ALTER TABLE runs ADD COLUMN row_bytes INTEGER NOT NULL DEFAULT 0;
+             UPDATE runs SET row_bytes = {ROW_OVERHEAD_BYTES} + length(CAST(script AS BLOB))
+                 + length(CAST(dependencies AS BLOB)) + IFNULL(length(CAST(output AS BLOB)), 0)
+                 + IFNULL(length(CAST(session_id AS BLOB)), 0);"
+        ))?;
+    }
+    conn.execute_batch(
+        "CREATE INDEX IF NOT EXISTS runs_budget ON runs (owner, started_at_ms, row_bytes)",
+    )?;
     conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
     Ok(conn)
 }
@@ -265,16 +577,12 @@ fn mark_interrupted(conn: &Connection) -> rusqlite::Result<usize> {
     Ok(marked)
 }
 
+/// Forget runs older than [`MAX_AGE`] (every tenant's: age is not another tenant's use).
 fn prune(conn: &Connection) -> rusqlite::Result<()> {
     let oldest = now_ms().saturating_sub(u64::try_from(MAX_AGE.as_millis()).unwrap_or(0));
     conn.execute(
         "DELETE FROM runs WHERE started_at_ms < ?1 AND status != 'running'",
-        [i64::try_from(oldest).unwrap_or(0)],
-    )?;
-    conn.execute(
-        "DELETE FROM runs WHERE execution_id IN (
-             SELECT execution_id FROM runs ORDER BY started_at_ms DESC LIMIT -1 OFFSET ?1)",
-        [i64::try_from(MAX_ROWS).unwrap_or(i64::MAX)],
+        [to_i64(oldest)],
     )?;
     Ok(())
 }
@@ -287,30 +595,30 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<()> {
             started_at_ms,
             start,
         } => {
-            let mut cut = start.script.len().min(MAX_SCRIPT_BYTES);
-            while !start.script.is_char_boundary(cut) {
-                cut -= 1;
-            }
             // Cached: the two statements of every call are compiled once per connection.
             conn.prepare_cached(
                 "INSERT OR REPLACE INTO runs (execution_id, owner, kind, session_id, started_at_ms,
-                     server_pid, status, dependencies, script, script_truncated)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7, ?8, ?9)",
+                     server_pid, status, dependencies, script, script_truncated, script_bytes,
+                     script_sha256, row_bytes)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7, ?8, ?9, ?10, ?11, ?12)",
             )?
             .execute(params![
                 id,
                 owner,
                 start.kind.as_str(),
                 start.session_id,
-                i64::try_from(*started_at_ms).unwrap_or(i64::MAX),
+                to_i64(*started_at_ms),
                 std::process::id(),
-                serde_json::to_string(&start.dependencies).unwrap_or_else(|_| "[]".into()),
-                &start.script[..cut],
-                cut < start.script.len(),
+                start.dependencies_json(),
+                start.script,
+                (start.script.len() as u64) < start.script_bytes,
+                to_i64(start.script_bytes),
+                start.script_sha256,
+                to_i64(start.row_bytes()),
             ])?;
         }
         Op::Finished {
-            id,
+            ticket,
             status,
             duration_ms,
             setup_ms,
@@ -321,17 +629,18 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<()> {
         } => {
             conn.prepare_cached(
                 "UPDATE runs SET status = ?2, duration_ms = ?3, setup_ms = ?4, exit_code = ?5,
-                     python_version = ?6, output = ?7
+                     python_version = ?6, output = ?7, row_bytes = row_bytes + ?8
                  WHERE execution_id = ?1",
             )?
             .execute(params![
-                id,
+                ticket.id,
                 status,
-                i64::try_from(*duration_ms).unwrap_or(i64::MAX),
-                i64::try_from(*setup_ms).unwrap_or(i64::MAX),
+                to_i64(*duration_ms),
+                to_i64(*setup_ms),
                 exit_code,
                 python_version,
                 output,
+                to_i64(output.as_ref().map_or(0, |o| o.len() as u64)),
             ])?;
         }
         Op::Call { .. } => {}
@@ -339,46 +648,29 @@ fn apply(conn: &Connection, op: &Op) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Who made a call that has started and not finished, for its `finished` audit line.
-struct Pending {
-    tenant: String,
-    kind: RunKind,
-    session_id: Option<String>,
-}
-
 /// The audit log's line for `op` (see [`crate::audit`]).
-fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
+fn audit_entry(op: &Op) -> AuditEntry {
     match op {
         Op::Started {
             id,
             owner,
             started_at_ms,
             start,
-        } => {
-            pending.insert(
-                id.clone(),
-                Pending {
-                    tenant: owner.clone(),
-                    kind: start.kind,
-                    session_id: start.session_id.clone(),
-                },
-            );
-            AuditEntry {
-                at_ms: *started_at_ms,
-                phase: "started".into(),
-                execution_id: id.clone(),
-                tenant: owner.clone(),
-                kind: start.kind.as_str().into(),
-                session_id: start.session_id.clone(),
-                code_sha256: Some(crate::audit::code_hash(&start.script)),
-                code_bytes: Some(start.script.len() as u64),
-                dependencies: start.dependencies.clone(),
-                profile: start.profile.clone(),
-                ..AuditEntry::default()
-            }
-        }
+        } => AuditEntry {
+            at_ms: *started_at_ms,
+            phase: "started".into(),
+            execution_id: id.clone(),
+            tenant: owner.clone(),
+            kind: start.kind.as_str().into(),
+            session_id: start.session_id.clone(),
+            code_sha256: Some(start.script_sha256.clone()),
+            code_bytes: Some(start.script_bytes),
+            dependencies: start.dependencies.clone(),
+            profile: start.profile.clone(),
+            ..AuditEntry::default()
+        },
         Op::Finished {
-            id,
+            ticket,
             status,
             duration_ms,
             setup_ms,
@@ -388,35 +680,29 @@ fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
             usage,
             profile,
             ..
-        } => {
-            let who = pending.remove(id);
-            AuditEntry {
-                at_ms: now_ms(),
-                phase: "finished".into(),
-                execution_id: id.clone(),
-                tenant: who.as_ref().map(|w| w.tenant.clone()).unwrap_or_default(),
-                kind: who
-                    .as_ref()
-                    .map(|w| w.kind.as_str().to_owned())
-                    .unwrap_or_default(),
-                session_id: who.and_then(|w| w.session_id),
-                status: Some(status.clone()),
-                duration_ms: Some(*duration_ms),
-                setup_ms: Some(*setup_ms),
-                exit_code: *exit_code,
-                python_version: python_version.clone(),
-                resource_usage: Some(*usage)
-                    .filter(|usage| *usage != crate::ResourceUse::default()),
-                events: events.clone(),
-                profile: profile.clone(),
-                ..AuditEntry::default()
-            }
-        }
+        } => AuditEntry {
+            at_ms: now_ms(),
+            phase: "finished".into(),
+            execution_id: ticket.id.clone(),
+            tenant: ticket.owner.clone(),
+            kind: ticket.kind.as_str().to_owned(),
+            session_id: ticket.session_id.clone(),
+            status: Some(status.clone()),
+            duration_ms: Some(*duration_ms),
+            setup_ms: Some(*setup_ms),
+            exit_code: *exit_code,
+            python_version: python_version.clone(),
+            resource_usage: Some(*usage).filter(|usage| *usage != crate::ResourceUse::default()),
+            events: events.clone(),
+            profile: profile.clone(),
+            ..AuditEntry::default()
+        },
         Op::Call {
             id,
             tenant,
             tool,
             status,
+            request,
         } => AuditEntry {
             at_ms: now_ms(),
             phase: "call".into(),
@@ -425,34 +711,137 @@ fn audit_entry(op: &Op, pending: &mut HashMap<String, Pending>) -> AuditEntry {
             kind: "tool".into(),
             tool: Some(tool.clone()),
             status: Some(status.clone()),
+            request_bytes: request.as_ref().map(|r| r.bytes),
+            request_sha256: request.as_ref().map(|r| r.sha256.clone()),
             ..AuditEntry::default()
         },
     }
 }
 
-/// The writer: waits for an operation, then appends it to the audit log and applies it to
-/// the runs table with everything queued behind it in one transaction. Ends when every
-/// sender is gone. Without a runs table (it could not be opened) the audit log is still
-/// written.
-fn write_loop(mut conn: Option<Connection>, mut audit: AuditLog, ops: mpsc::Receiver<Op>) {
-    let mut writes = 0u64;
-    let mut pending = HashMap::new();
-    while let Ok(first) = ops.recv() {
-        let mut batch = vec![first];
-        let until = std::time::Instant::now() + GATHER;
-        // Gather only while the batch holds nothing but calls' starts: an end (or any other
-        // write) is what a reader looks for next (a run's page right after its reply), so it
-        // is written at once, with the starts gathered before it.
-        while batch.len() < MAX_BATCH && batch.iter().all(|op| matches!(op, Op::Started { .. })) {
-            let left = until.saturating_duration_since(std::time::Instant::now());
-            match ops.recv_timeout(left) {
-                Ok(more) => batch.push(more),
-                // Timed out, or every sender is gone (closing): write what there is.
-                Err(_) => break,
+/// Each tenant's runs against its budget, applied by the writer after each batch.
+struct RunsBudget {
+    budget: Budget,
+    /// What each tenant seen since the last recount holds (rows, bytes), kept up to date
+    /// with what this writer adds; recounted from the table every [`PRUNE_EVERY_WRITES`]
+    /// (other servers of the data directory write too).
+    held: HashMap<String, Usage>,
+    ledger: Arc<Ledger>,
+}
+
+impl RunsBudget {
+    fn held(&mut self, conn: &Connection, owner: &str) -> rusqlite::Result<&mut Usage> {
+        if !self.held.contains_key(owner) {
+            let usage = count(conn, owner)?;
+            self.held.insert(owner.to_owned(), usage);
+        }
+        Ok(self.held.entry(owner.to_owned()).or_default())
+    }
+
+    /// Count what `batch` added (it has been written), then bring every tenant it touched
+    /// back within its budget by removing that tenant's own oldest finished runs.
+    fn apply(&mut self, conn: &Connection, batch: &[Op]) -> rusqlite::Result<()> {
+        let mut touched: Vec<&str> = Vec::new();
+        let mut counted: Vec<&str> = Vec::new();
+        for op in batch {
+            let (owner, added) = match op {
+                Op::Started { owner, start, .. } => (owner.as_str(), Usage::one(start.row_bytes())),
+                Op::Finished { ticket, output, .. } => (
+                    ticket.owner.as_str(),
+                    Usage {
+                        items: 0,
+                        bytes: output.as_ref().map_or(0, |o| o.len() as u64),
+                    },
+                ),
+                Op::Call { .. } => continue,
+            };
+            if !touched.contains(&owner) {
+                touched.push(owner);
+                if !self.held.contains_key(owner) {
+                    // First seen: counted from the table, this batch included.
+                    self.held(conn, owner)?;
+                    counted.push(owner);
+                }
+            }
+            if !counted.contains(&owner) {
+                self.held(conn, owner)?.add(added);
             }
         }
+        for owner in touched {
+            self.evict(conn, owner)?;
+        }
+        Ok(())
+    }
+
+    fn evict(&mut self, conn: &Connection, owner: &str) -> rusqlite::Result<()> {
+        let budget = self.budget;
+        let mut removed = 0u64;
+        loop {
+            let held = *self.held(conn, owner)?;
+            if budget.holds(held) {
+                break;
+            }
+            // The tenant's oldest finished runs (a running one is finished first).
+            let oldest: Vec<(i64, Usage)> = conn
+                .prepare_cached(
+                    "SELECT rowid, row_bytes FROM runs INDEXED BY runs_budget
+                     WHERE owner = ?1 AND status != 'running'
+                     ORDER BY started_at_ms, rowid LIMIT ?2",
+                )?
+                .query_map(params![owner, EVICT_CHUNK], |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        Usage::one(u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0)),
+                    ))
+                })?
+                .collect::<rusqlite::Result<_>>()?;
+            let listed = oldest.len();
+            let (gone, freed) = crate::budget::excess(held, budget, oldest);
+            if gone.is_empty() {
+                break;
+            }
+            let mut delete = conn.prepare_cached("DELETE FROM runs WHERE rowid = ?1")?;
+            for rowid in &gone {
+                delete.execute([rowid])?;
+            }
+            removed += gone.len() as u64;
+            self.held(conn, owner)?.sub(freed);
+            if gone.len() < listed {
+                break;
+            }
+        }
+        self.ledger
+            .removed(Store::Runs, owner, removed, &budget.describe("runs"));
+        Ok(())
+    }
+}
+
+/// What `owner` holds in the runs table (read from the budget's index alone).
+fn count(conn: &Connection, owner: &str) -> rusqlite::Result<Usage> {
+    conn.prepare_cached(
+        "SELECT COUNT(*), IFNULL(SUM(row_bytes), 0) FROM runs INDEXED BY runs_budget WHERE owner = ?1",
+    )?
+    .query_row([owner], |row| {
+        Ok(Usage {
+            items: u64::try_from(row.get::<_, i64>(0)?).unwrap_or(0),
+            bytes: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
+        })
+    })
+}
+
+/// The writer: takes a batch from the queue, appends it to the audit log and applies it to
+/// the runs table in one transaction, then holds each tenant it touched to its budget. Ends
+/// when the queue is closed and empty. Without a runs table (it could not be opened) the
+/// audit log is still written.
+fn write_loop(
+    mut conn: Option<Connection>,
+    mut audit: AuditLog,
+    queue: &WriteQueue,
+    mut budget: RunsBudget,
+) {
+    let mut writes = 0u64;
+    while let Some(batch) = queue.next_batch() {
         for op in &batch {
-            audit.append(&audit_entry(op, &mut pending));
+            audit.append(&audit_entry(op));
         }
         let Some(conn) = conn.as_mut() else {
             continue;
@@ -463,8 +852,16 @@ fn write_loop(mut conn: Option<Connection>, mut audit: AuditLog, ops: mpsc::Rece
             }
             tx.commit()
         });
-        if let Err(err) = written {
-            tracing::warn!(%err, lost = batch.len(), "could not record runs in the store");
+        match written {
+            Ok(()) => {
+                if let Err(err) = budget.apply(conn, &batch) {
+                    tracing::warn!(%err, "could not hold the runs table to its tenants' budgets");
+                    budget.held.clear();
+                }
+            }
+            Err(err) => {
+                tracing::warn!(%err, lost = batch.len(), "could not record runs in the store");
+            }
         }
         writes += batch.len() as u64;
         if writes >= PRUNE_EVERY_WRITES {
@@ -472,6 +869,7 @@ fn write_loop(mut conn: Option<Connection>, mut audit: AuditLog, ops: mpsc::Rece
             if let Err(err) = prune(conn) {
                 tracing::warn!(%err, "could not prune the runs table");
             }
+            budget.held.clear();
         }
     }
 }
@@ -498,19 +896,27 @@ fn record_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
         dependencies: serde_json::from_str(&dependencies).unwrap_or_default(),
         script: row.get("script")?,
         script_truncated: row.get("script_truncated")?,
+        script_bytes: row
+            .get::<_, Option<i64>>("script_bytes")?
+            .and_then(|v| u64::try_from(v).ok()),
+        script_sha256: row.get("script_sha256")?,
     })
 }
 
 impl History {
-    /// Open the store of `data_dir`, marking the runs of dead servers `interrupted`. Never
-    /// fails: without a store, runs are not recorded (and that is logged).
-    pub(crate) fn open(data_dir: &Path) -> History {
+    /// Open the store of `data_dir`, marking the runs of dead servers `interrupted`, with
+    /// each tenant's budgets. Never fails: without a store, runs are not recorded (and that
+    /// is logged).
+    pub(crate) fn open(data_dir: &Path, budgets: StoreBudgets, ledger: Arc<Ledger>) -> History {
         let path = data_dir.join(STORE_FILE);
         let history = History {
             path: path.clone(),
-            writer: Mutex::new(None),
+            data_dir: data_dir.to_path_buf(),
+            ledger: Arc::clone(&ledger),
+            queue: Mutex::new(None),
             thread: Mutex::new(None),
             reader: Mutex::new(None),
+            budgets: budgets.clone(),
         };
         let opened = fs_err::create_dir_all(data_dir)
             .map_err(|err| err.to_string())
@@ -527,14 +933,20 @@ impl History {
                 None
             }
         };
-        let audit = AuditLog::new(data_dir);
-        let (send, receive) = mpsc::channel();
+        let audit = AuditLog::new(data_dir, budgets.audit_bytes, Arc::clone(&ledger));
+        let runs_budget = RunsBudget {
+            budget: budgets.history,
+            held: HashMap::new(),
+            ledger: Arc::clone(&ledger),
+        };
+        let queue = Arc::new(WriteQueue::new(budgets.audit_queue_bytes, ledger));
+        let writer_queue = Arc::clone(&queue);
         let thread = std::thread::Builder::new()
             .name("snakebox-history".into())
-            .spawn(move || write_loop(writer, audit, receive));
+            .spawn(move || write_loop(writer, audit, &writer_queue, runs_budget));
         match thread {
             Ok(thread) => {
-                *lock(&history.writer) = Some(send);
+                *lock(&history.queue) = Some(queue);
                 *lock(&history.thread) = Some(thread);
             }
             Err(err) => tracing::warn!(%err, "could not start the runs table's writer"),
@@ -543,26 +955,34 @@ impl History {
     }
 
     fn send(&self, op: Op) {
-        if let Some(writer) = lock(&self.writer).as_ref() {
-            // The writer only ends after `close`; a send after that is dropped.
-            let _ = writer.send(op);
+        // After `close` (or without a writer) the queue is gone and the record is dropped.
+        if let Some(queue) = lock(&self.queue).as_ref() {
+            queue.push(op);
         }
     }
 
-    /// A call was admitted.
-    pub(crate) fn started(&self, id: &str, caller: &Caller, start: RunStart) {
+    /// A call was admitted: its ticket goes back to [`History::finished`].
+    pub(crate) fn started(&self, id: &str, caller: &Caller, start: RunStart) -> RunTicket {
+        let start = StartRecord::of(start);
+        let ticket = RunTicket {
+            id: id.to_owned(),
+            owner: caller.id().to_owned(),
+            kind: start.kind,
+            session_id: start.session_id.clone(),
+        };
         self.send(Op::Started {
             id: id.to_owned(),
             owner: caller.id().to_owned(),
             started_at_ms: now_ms(),
             start,
         });
+        ticket
     }
 
-    /// A call returned its record.
-    pub(crate) fn finished(&self, result: &ExecutionResult) {
+    /// The call of `ticket` returned its record.
+    pub(crate) fn finished(&self, ticket: &RunTicket, result: &ExecutionResult) {
         self.send(Op::Finished {
-            id: result.execution_id.clone(),
+            ticket: ticket.clone(),
             status: result.status.as_str().to_owned(),
             duration_ms: result.duration_ms,
             setup_ms: result.setup_ms,
@@ -577,24 +997,92 @@ impl History {
         });
     }
 
-    /// Record a call of a tool that runs no code: an audit line (when, tenant, tool, status).
-    pub(crate) fn tool_call(&self, caller: &Caller, tool: &str, status: &str) {
+    /// Record a call of a tool that runs no code, or of any tool refused before it ran: an
+    /// audit line (when, tenant, tool, status; for a refusal, the size and hash of what was
+    /// sent).
+    pub(crate) fn tool_call(
+        &self,
+        caller: &Caller,
+        tool: &str,
+        status: &str,
+        request: Option<RequestDigest>,
+    ) {
         self.send(Op::Call {
             id: crate::ids::execution_id(),
             tenant: caller.id().to_owned(),
-            tool: tool.to_owned(),
+            tool: cap_text(tool, MAX_FIELD_BYTES),
             status: status.to_owned(),
+            request,
         });
     }
 
     /// Write what is queued and stop the writer (bounded: the writer applies what it has).
     pub(crate) fn close(&self) {
-        drop(lock(&self.writer).take());
+        if let Some(queue) = lock(&self.queue).take() {
+            queue.close();
+        }
         if let Some(thread) = lock(&self.thread).take()
             && thread.join().is_err()
         {
             tracing::warn!("the runs table's writer panicked");
         }
+    }
+
+    /// Bytes queued for the writer now (every tenant's together).
+    pub(crate) fn queued_bytes(&self) -> u64 {
+        lock(&self.queue).as_ref().map_or(0, |q| q.queued_bytes())
+    }
+
+    /// What `caller`'s tenant holds in the runs table and the audit log, its budgets there,
+    /// and what they removed and the queue dropped (see [`crate::budget`]); `None`: the
+    /// budgets alone, for the operator.
+    pub(crate) fn report(
+        &self,
+        viewer: Option<&Caller>,
+    ) -> (
+        crate::budget::StoreReport,
+        crate::budget::StoreReport,
+        crate::budget::WriteQueueReport,
+    ) {
+        let counts = viewer
+            .map(|c| self.ledger.counts(c.id()))
+            .unwrap_or_default();
+        let runs_used = viewer.map(|caller| {
+            self.read(|conn| count(conn, caller.id()))
+                .unwrap_or_default()
+        });
+        let audit_used =
+            viewer.map(|caller| crate::audit::tenant_bytes(&self.data_dir, caller.id()));
+        let history = self.budgets.history;
+        let runs = crate::budget::StoreReport {
+            budget: format!(
+                "{} per tenant; past it, the tenant's own oldest finished runs are removed (and any older than {} days)",
+                history.describe("runs"),
+                MAX_AGE.as_secs() / 86_400
+            ),
+            max_items: history.items,
+            max_bytes: history.bytes,
+            used_items: runs_used.map(|u| u.items),
+            used_bytes: runs_used.map(|u| u.bytes),
+            removed: counts.runs_removed,
+        };
+        let audit = crate::budget::StoreReport {
+            budget: format!(
+                "{} per tenant, in up to 5 files; past it, the tenant's own oldest file is removed",
+                crate::ids::human_bytes(self.budgets.audit_bytes)
+            ),
+            max_items: None,
+            max_bytes: Some(self.budgets.audit_bytes),
+            used_items: None,
+            used_bytes: audit_used,
+            removed: counts.audit_files_removed,
+        };
+        let queue = crate::budget::WriteQueueReport {
+            max_bytes: self.budgets.audit_queue_bytes,
+            queued_bytes: self.queued_bytes(),
+            dropped: counts.dropped,
+        };
+        (runs, audit, queue)
     }
 
     fn read<T>(&self, query: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Option<T> {
@@ -692,6 +1180,15 @@ mod tests {
         }
     }
 
+    fn open_with(dir: &Path, budgets: StoreBudgets) -> (History, Arc<Ledger>) {
+        let ledger = Arc::new(Ledger::default());
+        (History::open(dir, budgets, Arc::clone(&ledger)), ledger)
+    }
+
+    fn open_default(dir: &Path) -> History {
+        open_with(dir, StoreBudgets::default()).0
+    }
+
     fn newest(limit: usize) -> RunQuery {
         RunQuery {
             limit,
@@ -702,7 +1199,7 @@ mod tests {
     #[test]
     fn pages_go_back_in_time_and_a_session_lists_its_own() {
         let dir = tempfile::tempdir().unwrap();
-        let history = History::open(dir.path());
+        let history = open_default(dir.path());
         let a = Caller::tenant("a").unwrap();
         for i in 0..5 {
             let mut run = start("1");
@@ -753,17 +1250,18 @@ mod tests {
     #[test]
     fn records_a_run_from_start_to_end_for_its_owner_only() {
         let dir = tempfile::tempdir().unwrap();
-        let history = History::open(dir.path());
+        let history = open_default(dir.path());
         let a = Caller::tenant("a").unwrap();
         let b = Caller::tenant("b").unwrap();
-        history.started("r1", &a, start("print(1)"));
+        let r1 = history.started("r1", &a, start("print(1)"));
         let mut result = ExecutionResult::new("r1".into(), Status::Ok);
         result.duration_ms = 12;
         result.exit_code = Some(0);
         result.python_version = Some("3.11.2".into());
         result.stdout = "1\n".into();
-        history.finished(&result);
-        history.started("r2", &a, start(&"é".repeat(MAX_SCRIPT_BYTES)));
+        history.finished(&r1, &result);
+        let long = "é".repeat(MAX_SCRIPT_BYTES);
+        history.started("r2", &a, start(&long));
         history.close();
 
         let listed = history.list(&a, &newest(10));
@@ -776,6 +1274,9 @@ mod tests {
         let r2 = history.get(&a, "r2").unwrap();
         assert_eq!(r2.status, "running");
         assert!(r2.script_truncated && r2.script.len() <= MAX_SCRIPT_BYTES);
+        // The whole script's size and hash (as in the audit log) are kept with its start.
+        assert_eq!(r2.script_bytes, Some(long.len() as u64));
+        assert_eq!(r2.script_sha256, Some(crate::audit::code_hash(&long)));
         // The whole result is kept once it ends.
         let output: serde_json::Value =
             serde_json::from_str(&history.output(&a, "r1").unwrap()).unwrap();
@@ -799,13 +1300,13 @@ mod tests {
         )
         .unwrap();
         drop(conn);
-        let history = History::open(dir.path());
+        let history = open_default(dir.path());
         let record = history.get(&Caller::local(), "dead").unwrap();
         assert_eq!(record.status, "interrupted");
     }
 
     #[test]
-    fn a_version_1_store_gains_the_output_column() {
+    fn a_version_1_store_gains_the_columns_of_later_versions() {
         let dir = tempfile::tempdir().unwrap();
         let conn = Connection::open(dir.path().join(STORE_FILE)).unwrap();
         conn.execute_batch(
@@ -826,11 +1327,11 @@ mod tests {
         )
         .unwrap();
         drop(conn);
-        let history = History::open(dir.path());
+        let history = open_default(dir.path());
         assert_eq!(history.get(&Caller::local(), "old").unwrap().status, "ok");
         assert!(history.output(&Caller::local(), "old").is_none());
-        history.started("new", &Caller::local(), start("print(1)"));
-        history.finished(&ExecutionResult::new("new".into(), Status::Ok));
+        let new = history.started("new", &Caller::local(), start("print(1)"));
+        history.finished(&new, &ExecutionResult::new("new".into(), Status::Ok));
         history.close();
         assert!(history.output(&Caller::local(), "new").is_some());
     }
@@ -839,7 +1340,7 @@ mod tests {
     fn the_store_is_private_to_the_server_user() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
-        let history = History::open(dir.path());
+        let history = open_default(dir.path());
         history.started("r1", &Caller::local(), start("secret = 1"));
         history.close();
         let mode = fs_err::metadata(dir.path().join(STORE_FILE))
@@ -854,9 +1355,190 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         // The store's path is a directory: it cannot be opened.
         fs_err::create_dir_all(dir.path().join(STORE_FILE)).unwrap();
-        let history = History::open(dir.path());
+        let history = open_default(dir.path());
         history.started("r1", &Caller::local(), start("print(1)"));
         history.close();
         assert!(history.list(&Caller::local(), &newest(10)).is_empty());
+    }
+
+    fn finish(history: &History, ticket: &RunTicket) {
+        history.finished(ticket, &ExecutionResult::new(ticket.id.clone(), Status::Ok));
+    }
+
+    #[test]
+    fn a_tenant_over_its_runs_budget_loses_its_own_oldest_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let budgets = StoreBudgets {
+            history: Budget {
+                items: Some(5),
+                bytes: Some(64 * 1024),
+            },
+            ..StoreBudgets::default()
+        };
+        let (history, ledger) = open_with(dir.path(), budgets.clone());
+        let (a, b) = (Caller::tenant("a").unwrap(), Caller::tenant("b").unwrap());
+        for i in 0..3 {
+            let ticket = history.started(&format!("b{i}"), &b, start("1"));
+            finish(&history, &ticket);
+        }
+        for i in 0..40 {
+            let ticket = history.started(&format!("a{i:02}"), &a, start("1"));
+            finish(&history, &ticket);
+        }
+        history.close();
+        let ids = |caller: &Caller| -> Vec<String> {
+            history
+                .list(caller, &newest(100))
+                .into_iter()
+                .map(|r| r.execution_id)
+                .collect()
+        };
+        assert_eq!(ids(&a), ["a39", "a38", "a37", "a36", "a35"]);
+        assert_eq!(ids(&b), ["b2", "b1", "b0"]);
+        assert_eq!(ledger.counts("a").runs_removed, 35);
+        assert_eq!(ledger.counts("b").runs_removed, 0);
+
+        // Bytes too: four scripts of 20 KiB do not fit in 64 KiB, so b's oldest go (its
+        // small runs first, then the oldest big one); a restarted writer counts what the
+        // table holds.
+        let (history, ledger) = open_with(dir.path(), budgets);
+        for i in 0..4 {
+            let ticket = history.started(&format!("big{i}"), &b, start(&"x".repeat(20 << 10)));
+            finish(&history, &ticket);
+        }
+        history.close();
+        assert_eq!(ids(&b), ["big3", "big2", "big1"]);
+        assert_eq!(ledger.counts("b").runs_removed, 4);
+        assert_eq!(ids(&a).len(), 5, "a's runs are a's budget alone");
+        let (runs, _, _) = history.report(Some(&b));
+        assert_eq!(runs.used_items, Some(3));
+        assert!(runs.used_bytes.unwrap() <= 64 * 1024, "{runs:?}");
+        assert_eq!(runs.removed, 4);
+    }
+
+    #[test]
+    fn a_row_is_bounded_whatever_the_call_carried() {
+        let dir = tempfile::tempdir().unwrap();
+        let history = open_default(dir.path());
+        let huge = "d".repeat(1 << 20);
+        let run = RunStart {
+            kind: RunKind::Execute,
+            session_id: Some(huge.clone()),
+            script: "s".repeat(4 << 20),
+            dependencies: (0..300)
+                .map(|n| format!("{}{n}", &huge[..64 << 10]))
+                .collect(),
+            profile: Some(huge.clone()),
+        };
+        history.started("big", &Caller::local(), run);
+        history.close();
+        let conn = Connection::open(dir.path().join(STORE_FILE)).unwrap();
+        let row_bytes: i64 = conn
+            .query_row(
+                "SELECT length(CAST(script AS BLOB)) + length(CAST(dependencies AS BLOB))
+                     + length(CAST(session_id AS BLOB)) FROM runs",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert!(
+            row_bytes <= (MAX_SCRIPT_BYTES + 16 * 1024) as i64,
+            "{row_bytes}"
+        );
+        let record = history.get(&Caller::local(), "big").unwrap();
+        assert_eq!(record.script_bytes, Some(4 << 20));
+        assert_eq!(record.dependencies.len(), MAX_DEPENDENCIES + 1);
+        assert!(record.dependencies[MAX_DEPENDENCIES].starts_with("… and 276 more"));
+        // The audit line is bounded too.
+        let (entries, _) = crate::audit::read_audit(dir.path()).unwrap();
+        assert_eq!(entries.len(), 1);
+        let line = serde_json::to_vec(&entries[0]).unwrap();
+        assert!(line.len() <= crate::audit::MAX_LINE_BYTES, "{}", line.len());
+        assert_eq!(entries[0].code_bytes, Some(4 << 20));
+    }
+
+    fn call(tenant: &str, n: usize) -> Op {
+        Op::Call {
+            id: format!("{tenant}-{n}"),
+            tenant: tenant.into(),
+            tool: "list_sessions".into(),
+            status: "ok".into(),
+            request: None,
+        }
+    }
+
+    fn ids(batch: &[Op]) -> Vec<String> {
+        batch
+            .iter()
+            .map(|op| match op {
+                Op::Call { id, .. } => id.clone(),
+                _ => String::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_full_queue_drops_the_flooding_tenants_records_and_serves_tenants_in_turn() {
+        let ledger = Arc::new(Ledger::default());
+        let one = call("a", 0).queued_bytes();
+        let queue = WriteQueue::new(one * 10, Arc::clone(&ledger));
+        // Tenant a fills the queue (nobody is writing: a stalled disk).
+        for n in 0..25 {
+            queue.push(call("a", n));
+        }
+        assert_eq!(ledger.counts("a").dropped, 15, "a lost its own newest");
+        // b's records get in: a, holding the most, loses its newest for each.
+        for n in 0..3 {
+            queue.push(call("b", n));
+        }
+        assert_eq!(ledger.counts("b").dropped, 0);
+        assert_eq!(ledger.counts("a").dropped, 18);
+        // c too; and once b holds as much as a... nobody's share goes below the others'.
+        queue.push(call("c", 0));
+        assert_eq!(ledger.counts("c").dropped, 0);
+        queue.close();
+        let batch = queue.next_batch().unwrap();
+        // One of each tenant in turn, each in its own order.
+        assert_eq!(
+            ids(&batch),
+            [
+                "a-0", "b-0", "c-0", "a-1", "b-1", "a-2", "b-2", "a-3", "a-4", "a-5"
+            ]
+        );
+        assert!(queue.next_batch().is_none(), "closed and empty");
+        assert_eq!(queue.queued_bytes(), 0);
+        // Closed: nothing more is queued.
+        queue.push(call("a", 99));
+        assert_eq!(queue.queued_bytes(), 0);
+    }
+
+    #[test]
+    fn a_result_larger_than_a_quarter_of_the_queue_is_not_queued_with_its_row() {
+        let ledger = Arc::new(Ledger::default());
+        let queue = WriteQueue::new(64 * 1024, Arc::clone(&ledger));
+        let ticket = RunTicket {
+            id: "r".into(),
+            owner: "a".into(),
+            kind: RunKind::Execute,
+            session_id: None,
+        };
+        let mut result = ExecutionResult::new("r".into(), Status::Ok);
+        result.stdout = "y".repeat(100 * 1024);
+        queue.push(Op::Finished {
+            ticket,
+            status: "ok".into(),
+            duration_ms: 1,
+            setup_ms: 0,
+            exit_code: Some(0),
+            python_version: None,
+            output: serde_json::to_string(&result).ok(),
+            events: Vec::new(),
+            usage: crate::ResourceUse::default(),
+            profile: None,
+        });
+        assert_eq!(ledger.counts("a").dropped, 0);
+        queue.close();
+        let batch = queue.next_batch().unwrap();
+        assert!(matches!(&batch[0], Op::Finished { output: None, .. }));
     }
 }

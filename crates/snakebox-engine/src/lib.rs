@@ -10,6 +10,7 @@
 
 mod artifacts;
 mod audit;
+mod budget;
 mod caller;
 mod compile;
 mod config;
@@ -48,7 +49,14 @@ pub use artifacts::{
     URI_PREFIX as ARTIFACT_URI_PREFIX, URI_TEMPLATE as ARTIFACT_URI_TEMPLATE, encode_artifact_path,
     image_mime, is_text_mime,
 };
-pub use audit::{AUDIT_DIR, AuditEntry, audit_files, read_audit, utc_text};
+pub use audit::{
+    AUDIT_DIR, AuditEntry, MAX_LINE_BYTES, audit_files, cap_text, read_audit, utc_text,
+};
+pub use budget::{
+    Budget, DEFAULT_ARTIFACT_BYTES, DEFAULT_AUDIT_BYTES, DEFAULT_AUDIT_QUEUE_BYTES,
+    DEFAULT_HISTORY_BYTES, DEFAULT_HISTORY_ROWS, MIN_AUDIT_BYTES, MIN_AUDIT_QUEUE_BYTES,
+    StoreBudgets, StoreReport, StoresReport, WriteQueueReport,
+};
 pub use caller::{Caller, LOCAL_TENANT, is_plain_name};
 pub use config::{
     DEFAULT_PREFORK, DEFAULT_PRELOAD_PACKAGES, EngineConfig, MAX_PRELOAD_PACKAGES, PythonDownloads,
@@ -124,6 +132,9 @@ pub struct Engine {
     lifecycle: lifecycle::Lifecycle,
     /// The runs table: every tracked call, recorded when admitted and when it returns.
     history: Arc<history::History>,
+    /// What the shared stores removed by each tenant's budget, and the writer's queue
+    /// dropped ([`budget`]).
+    ledger: Arc<budget::Ledger>,
     /// What each tenant holds of the server, against its quotas.
     tenants: tenants::Tenants,
     /// The run proxy's resolver, made on first use.
@@ -211,11 +222,13 @@ impl Engine {
         } else {
             WarmState::Disabled
         };
+        let ledger = Arc::new(budget::Ledger::default());
         let artifacts = artifacts::ArtifactStore::new(
             &config.data_dir,
             config.artifact_max_age,
             config.artifact_max_bytes,
-        );
+        )
+        .with_tenant_budget(config.store_budgets.artifact_bytes, Arc::clone(&ledger));
         let lifecycle = lifecycle::Lifecycle::default();
         let sessions = session::Sessions::open(
             &config.data_dir,
@@ -223,7 +236,12 @@ impl Engine {
             lifecycle.stop_token(),
         );
         Engine {
-            history: Arc::new(history::History::open(&config.data_dir)),
+            history: Arc::new(history::History::open(
+                &config.data_dir,
+                config.store_budgets.clone(),
+                Arc::clone(&ledger),
+            )),
+            ledger,
             tenants: tenants::Tenants::new(config.tenants.clone()),
             resolver: network::ResolverCell::default(),
             running: lifecycle::RunningCalls::default(),
@@ -378,7 +396,7 @@ impl Engine {
             .flatten()
             .ok_or_else(|| {
                 EngineError::new(ErrorKind::NotFound, format!("No run `{id}`")).with_hint(
-                    "list the runs to see those that are kept (the newest 100,000, for 30 days)",
+                    "list the runs to see those that are kept (each tenant's newest, within its budget of runs, for 30 days)",
                 )
             })
     }

@@ -364,7 +364,19 @@ impl Engine {
     /// Record a call of a tool that runs no code in the audit log (runs are recorded by
     /// [`Engine::execute`] and the session calls themselves): when, tenant, tool, status.
     pub fn audit_tool_call(&self, caller: &crate::Caller, tool: &str, status: &str) {
-        self.history.tool_call(caller, tool, status);
+        self.history.tool_call(caller, tool, status, None);
+    }
+
+    /// Record a call of any tool refused before it ran (an unknown tool, arguments that do
+    /// not fit): the tool's name (cut at 200 bytes) and, of `request` (what was sent, as
+    /// JSON), only its size and SHA-256.
+    pub fn audit_refused_call(&self, caller: &crate::Caller, tool: &str, request: &str) {
+        self.history.tool_call(
+            caller,
+            tool,
+            "refused",
+            Some(crate::history::RequestDigest::of(request)),
+        );
     }
 
     /// Whether [`Engine::begin_shutdown`] was called.
@@ -453,7 +465,7 @@ impl Engine {
             Err(error) => return refuse(execution_id, error),
         };
         let kind = start.kind;
-        self.history.started(&execution_id, caller, start);
+        let ticket = self.history.started(&execution_id, caller, start);
         let _running = self.running.add(&execution_id, caller, &call.token);
         // The tenant's quotas: a call past its minute is refused; past its runs at once, it
         // waits on its own queue (or until the call is cancelled).
@@ -478,7 +490,7 @@ impl Engine {
         // What the run's path observed itself (blocked imports) comes first.
         let derived = result.derive_events();
         result.events.extend(derived);
-        self.history.finished(&result);
+        self.history.finished(&ticket, &result);
         crate::telemetry::run_finished(kind, &result);
         result
     }

@@ -205,6 +205,10 @@ pub struct EnvironmentReport {
     pub artifacts: ArtifactsReport,
     /// Persistent sessions: the live ones, running interpreters, disk, caps and idle timers.
     pub sessions: crate::session::SessionsReport,
+    /// What the caller's tenant keeps in the shared stores (the runs table, the audit log,
+    /// the artifact store), its budget in each and what its budgets removed; the writer's
+    /// queue and what it dropped of the tenant's records.
+    pub stores: crate::StoresReport,
     /// The warm pool of pre-started sandboxes: size, how many are ready, what it served.
     pub warm_pool: crate::PoolReport,
     /// The profile of a call that names none.
@@ -452,6 +456,7 @@ impl Engine {
                 limits: crate::artifacts::limits_text(),
             },
             sessions: self.sessions.report(&config.data_dir, viewer),
+            stores: self.stores_report(viewer),
             warm_pool: self.pool_report(viewer),
             default_profile: config.profiles.default.clone(),
             profiles: config
@@ -483,6 +488,22 @@ impl Engine {
                 .collect(),
             ready: problems.is_empty(),
             problems,
+        }
+    }
+}
+
+impl Engine {
+    /// The shared stores as `viewer` may see them: its own tenant's figures (none of
+    /// another's); for the operator (`None`), the budgets alone.
+    fn stores_report(&self, viewer: Option<&Caller>) -> crate::StoresReport {
+        let (runs, audit, write_queue) = self.history.report(viewer);
+        crate::StoresReport {
+            tenant: viewer.map(|caller| caller.id().to_owned()),
+            runs,
+            audit,
+            artifacts: self.artifacts.report(viewer),
+            artifacts_refused: viewer.map_or(0, |c| self.ledger.counts(c.id()).artifacts_refused),
+            write_queue,
         }
     }
 }

@@ -23,6 +23,8 @@ pub const RUN_SETUP: &str = "snakebox_run_setup_seconds";
 /// a build) for one of `--max-concurrent-runs`.
 pub const CALLS_QUEUED: &str = "snakebox_calls_queued";
 
+pub use crate::budget::{AUDIT_DROPPED_TOTAL, STORE_REMOVED_TOTAL};
+
 /// Security events of tracked calls, by kind (see [`crate::events`]).
 pub const SECURITY_EVENTS_TOTAL: &str = "snakebox_security_events_total";
 
@@ -96,5 +98,7 @@ impl Engine {
             #[allow(clippy::cast_precision_loss)]
             gauge!("snakebox_env_cache_bytes").set(stats.bytes as f64);
         }
+        #[allow(clippy::cast_precision_loss)]
+        gauge!("snakebox_audit_queue_bytes").set(self.history.queued_bytes() as f64);
     }
 }

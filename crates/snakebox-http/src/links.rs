@@ -369,9 +369,18 @@ pub(crate) async fn download(
     };
     let opened = match engine.open_artifact(&caller, &execution_id, &path).await {
         Ok(opened) => opened,
-        Err(err) if matches!(err.kind, ErrorKind::NotFound | ErrorKind::Invalid) => {
-            return not_found();
+        // Not found: the store says why (an artifact removed by its own tenant's budget
+        // says so; the link names that tenant, so nobody else's state is told).
+        Err(err) if err.kind == ErrorKind::NotFound => {
+            return refusal(
+                StatusCode::NOT_FOUND,
+                &err.message,
+                err.hint.as_deref().unwrap_or(
+                    "download links come in execute_python results (`download_url`); artifacts are kept for a limited time",
+                ),
+            );
         }
+        Err(err) if err.kind == ErrorKind::Invalid => return not_found(),
         Err(err) => {
             tracing::warn!(error = %err.message, "a download failed");
             return refusal(

@@ -245,7 +245,24 @@ async fn a_revoked_key_ends_its_ui_sessions() {
 async fn without_keys_on_loopback_the_local_tenant_needs_no_login_until_a_key_exists() {
     let data = tempfile::tempdir().unwrap();
     let router = router(data.path()).await;
-    let login = get(&router, "/ui/login", None).await;
+    // A GET makes no session: the page offers a button that POSTs the login.
+    let form = get(&router, "/ui/login", None).await;
+    assert_eq!(form.status, StatusCode::OK);
+    assert!(
+        form.header(header::SET_COOKIE).is_empty(),
+        "a GET made a session"
+    );
+    assert!(
+        form.text().contains("id=\"login-local\""),
+        "{}",
+        form.text()
+    );
+    assert!(!form.text().contains("name=\"key\""));
+    // Posted from elsewhere, it is refused like any login.
+    let foreign = post(&router, "/ui/login", None, Some("https://evil.example"), "").await;
+    assert_eq!(foreign.status, StatusCode::FORBIDDEN);
+    assert!(foreign.header(header::SET_COOKIE).is_empty());
+    let login = post(&router, "/ui/login", None, Some(ORIGIN), "").await;
     assert_eq!(login.status, StatusCode::SEE_OTHER);
     let set = login.header(header::SET_COOKIE);
     assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"));
@@ -258,6 +275,11 @@ async fn without_keys_on_loopback_the_local_tenant_needs_no_login_until_a_key_ex
     assert_eq!(after.status, StatusCode::SEE_OTHER, "keys exist now");
     let login = get(&router, "/ui/login", None).await;
     assert_eq!(login.status, StatusCode::OK, "the login form is asked for");
+    assert!(login.text().contains("name=\"key\""));
+    // And an empty key is no longer the local tenant's.
+    let empty = post(&router, "/ui/login", None, Some(ORIGIN), "key=").await;
+    assert_eq!(empty.status, StatusCode::UNAUTHORIZED);
+    assert!(empty.header(header::SET_COOKIE).is_empty());
 }
 
 #[tokio::test]

@@ -115,16 +115,17 @@ pub(crate) fn wrong_types(tool: &Tool, arguments: Option<&JsonObject>) -> Vec<St
 
 /// When rmcp could not read a call's arguments it answers with serde's words alone, naming
 /// neither the argument nor the fix. Rewrite that result as every other error is written
-/// (`error (invalid): …` and a `hint:`), with what [`wrong_types`] found.
-pub(crate) fn explain_unfit(tool: &str, wrong: &[String], result: &mut CallToolResult) {
+/// (`error (invalid): …` and a `hint:`), with what [`wrong_types`] found. Whether it was such
+/// a result: a call refused before the tool ran.
+pub(crate) fn explain_unfit(tool: &str, wrong: &[String], result: &mut CallToolResult) -> bool {
     if result.is_error != Some(true) || result.structured_content.is_some() {
-        return;
+        return false;
     }
     let [ContentBlock::Text(text)] = result.content.as_slice() else {
-        return;
+        return false;
     };
     let Some(detail) = text.text.strip_prefix(NOT_DESERIALIZED) else {
-        return;
+        return false;
     };
     let hint = if wrong.is_empty() {
         "give the arguments with the names and types of the tool's input schema (tools/list)"
@@ -138,6 +139,7 @@ pub(crate) fn explain_unfit(tool: &str, wrong: &[String], result: &mut CallToolR
     result.content = vec![ContentBlock::text(format!(
         "error (invalid): The arguments do not fit {tool}: {detail}\nhint: {hint}\n"
     ))];
+    true
 }
 
 /// The JSON types a property's schema allows (`type`, also inside `anyOf`/`oneOf`).
@@ -285,7 +287,7 @@ mod tests {
         let mut result = CallToolResult::error(vec![ContentBlock::text(
             "failed to deserialize parameters: invalid type: integer `42`, expected a string",
         )]);
-        explain_unfit("execute_python", &wrong, &mut result);
+        assert!(explain_unfit("execute_python", &wrong, &mut result));
         let [ContentBlock::Text(text)] = result.content.as_slice() else {
             panic!("one text block: {result:?}")
         };
@@ -298,7 +300,7 @@ mod tests {
 
         // Any other error result is left as it is.
         let mut other = CallToolResult::error(vec![ContentBlock::text("error (not_found): x\n")]);
-        explain_unfit("execute_python", &wrong, &mut other);
+        assert!(!explain_unfit("execute_python", &wrong, &mut other));
         assert!(
             matches!(other.content.as_slice(), [ContentBlock::Text(t)] if t.text == "error (not_found): x\n")
         );

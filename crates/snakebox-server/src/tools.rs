@@ -500,14 +500,24 @@ impl ServerHandler for SnakeboxServer {
             .unwrap_or_default();
         let name = request.name.clone();
         // Runs are audited by the engine (a line when admitted, one when finished); every
-        // other tool call gets one line here: when, tenant, tool, status.
-        let audited = (!RUN_TOOLS.contains(&name.as_ref()))
-            .then(|| self.caller(&context).ok())
-            .flatten();
-        if self.tool_router.get(&name).is_none() {
-            if let Some(caller) = &audited {
-                self.engine.audit_tool_call(caller, &name, "refused");
+        // other tool call gets one line here: when, tenant, tool, status. A call refused
+        // before it ran (an unknown tool, arguments that do not fit; a run tool's too, the
+        // engine never saw it) is recorded as refused with the size and hash of what was
+        // sent, never what was sent.
+        let caller = self.caller(&context).ok();
+        let audited = caller
+            .as_ref()
+            .filter(|_| !RUN_TOOLS.contains(&name.as_ref()));
+        let sent = request.arguments.clone();
+        let refused = |caller: Option<&Caller>| {
+            if let Some(caller) = caller {
+                let request = serde_json::json!({ "name": &name, "arguments": &sent });
+                self.engine
+                    .audit_refused_call(caller, &name, &request.to_string());
             }
+        };
+        if self.tool_router.get(&name).is_none() {
+            refused(caller.as_ref());
             let tools: Vec<String> = self
                 .tool_router
                 .list_all()
@@ -515,7 +525,7 @@ impl ServerHandler for SnakeboxServer {
                 .map(|tool| format!("`{}`", tool.name))
                 .collect();
             return Err(ErrorData::invalid_params(
-                format!("unknown tool `{name}`"),
+                format!("unknown tool `{}`", snakebox_engine::cap_text(&name, 200)),
                 Some(serde_json::json!({
                     "hint": format!("call one of {} (tools/list describes each)", tools.join(", "))
                 })),
@@ -526,16 +536,16 @@ impl ServerHandler for SnakeboxServer {
         let mut response = match response {
             Ok(response) => response,
             Err(error) => {
-                if let Some(caller) = &audited {
-                    self.engine.audit_tool_call(caller, &name, "refused");
-                }
+                refused(caller.as_ref());
                 return Err(error);
             }
         };
         if let rmcp::model::CallToolResponse::Complete(result) = &mut response {
-            crate::arguments::explain_unfit(&name, &wrong_types, result);
+            let unfit = crate::arguments::explain_unfit(&name, &wrong_types, result);
             crate::arguments::note_ignored(result, &ignored);
-            if let Some(caller) = &audited {
+            if unfit {
+                refused(caller.as_ref());
+            } else if let Some(caller) = &audited {
                 let status = if result.is_error == Some(true) {
                     "error"
                 } else {

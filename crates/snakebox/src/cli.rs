@@ -190,7 +190,8 @@ pub struct AuditArgs {
     #[arg(long)]
     pub tenant: Option<String>,
     /// Only calls that ended so: ok, error, timeout, cancelled, memory_limit, cpu_limit,
-    /// setup_failed, invalid_request (or `running`: started, not finished).
+    /// setup_failed, invalid_request (or `running`: started, not finished; `refused`: a call
+    /// refused before it ran, recorded by the size and hash of what was sent).
     #[arg(long)]
     pub status: Option<String>,
     /// Only calls with a security event of this kind: timeout, memory_limit, cpu_limit,
@@ -292,6 +293,11 @@ pub struct ServerArgs {
     /// `validate_code`, `get_sandbox_info`) for clients written for it.
     #[arg(long, env = "SNAKEBOX_COMPAT_TOOLS")]
     pub compat_tools: bool,
+    /// Records queued for the runs table's and audit log's writer, in bytes; past it, the
+    /// tenant with the most queued loses its own newest records (counted, reported)
+    /// [default: 64MiB; at least 512KiB].
+    #[arg(long, env = "SNAKEBOX_AUDIT_QUEUE_SIZE", value_name = "SIZE")]
+    pub audit_queue_size: Option<String>,
 }
 
 /// Interpreters and the installer (`[python]`).
@@ -489,7 +495,9 @@ pub struct ArtifactsArgs {
     /// [default: 24].
     #[arg(long, env = "SNAKEBOX_ARTIFACT_MAX_AGE_HOURS", value_name = "HOURS")]
     pub artifact_max_age_hours: Option<u64>,
-    /// Artifact store size above which the oldest runs' artifacts are removed [default: 1GiB].
+    /// Artifact store size, all tenants together: a run that would pass it makes room by
+    /// removing its own tenant's oldest artifacts, never another tenant's, or keeps no files
+    /// [default: 1GiB].
     #[arg(long, env = "SNAKEBOX_ARTIFACT_MAX_SIZE", value_name = "SIZE")]
     pub artifact_max_size: Option<String>,
 }
@@ -509,6 +517,22 @@ pub struct TenantsArgs {
     /// Sessions one tenant may have at once [default: unlimited; --max-sessions holds for all].
     #[arg(long, env = "SNAKEBOX_TENANT_MAX_SESSIONS", value_name = "N")]
     pub tenant_max_sessions: Option<usize>,
+    /// Runs of one tenant kept in the runs table; past it, the tenant's own oldest finished
+    /// runs are removed [default: 100000].
+    #[arg(long, env = "SNAKEBOX_TENANT_HISTORY_MAX_RUNS", value_name = "N")]
+    pub tenant_history_max_runs: Option<u64>,
+    /// Bytes of one tenant's runs in the runs table (scripts, results); past it, its own
+    /// oldest finished runs are removed [default: 1GiB].
+    #[arg(long, env = "SNAKEBOX_TENANT_HISTORY_MAX_SIZE", value_name = "SIZE")]
+    pub tenant_history_max_size: Option<String>,
+    /// Bytes of one tenant's audit log (its own files); past it, its own oldest file is
+    /// removed [default: 160MiB; at least 64KiB].
+    #[arg(long, env = "SNAKEBOX_TENANT_AUDIT_MAX_SIZE", value_name = "SIZE")]
+    pub tenant_audit_max_size: Option<String>,
+    /// Bytes of one tenant's artifacts; past it, its own oldest runs' artifacts are removed
+    /// [default: 256MiB].
+    #[arg(long, env = "SNAKEBOX_TENANT_ARTIFACTS_MAX_SIZE", value_name = "SIZE")]
+    pub tenant_artifacts_max_size: Option<String>,
 }
 
 impl KeysAction {

@@ -262,7 +262,7 @@ pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
     let statuses: Vec<&str> = snakebox_engine::Status::ALL
         .iter()
         .map(|status| status.as_str())
-        .chain(["running"])
+        .chain(["running", "refused"])
         .collect();
     one_of(
         "--status",
@@ -367,6 +367,10 @@ pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
             let kinds: Vec<&str> = entry.events.iter().map(|e| e.kind.as_str()).collect();
             format!(" events: {}", kinds.join(", "))
         };
+        // A refused call: what was sent, by size and hash only.
+        let sent = entry
+            .request_bytes
+            .map_or_else(String::new, |bytes| format!(" sent {bytes} B"));
         let kind = entry.tool.as_deref().unwrap_or(&entry.kind);
         let profile = entry
             .profile
@@ -374,7 +378,7 @@ pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
             .map_or_else(String::new, |profile| format!(" profile {profile}"));
         writeln!(
             out,
-            "{}  {}  {}  {kind}  {status}{duration}{profile}{code}{events}",
+            "{}  {}  {}  {kind}  {status}{duration}{profile}{code}{sent}{events}",
             snakebox_engine::utc_text(at),
             entry.execution_id,
             entry.tenant,

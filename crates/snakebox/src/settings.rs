@@ -6,7 +6,7 @@
 //!
 //! | section | holds | grows into |
 //! |---|---|---|
-//! | `[server]` | the data directory, runs at once, the largest stdio message | the serve lifecycle |
+//! | `[server]` | the data directory, runs at once, the largest stdio message, the audit writer's queue | the serve lifecycle |
 //! | `[python]` | default interpreter version, the uv binary | interpreter choice per profile |
 //! | `[sandbox]` | the backend, the bwrap binary, the docker runtime | the docker engine's socket |
 //! | `[network]` | what runs and installs may reach, the run proxy's caps | egress policies |
@@ -15,13 +15,14 @@
 //! | `[cache]` | the environment cache: warming, builds, size and age | |
 //! | `[sessions]` | persistent sessions: idle times, count, disk, interpreters | per-tenant quotas |
 //! | `[artifacts]` | the artifact store: age and size | |
-//! | `[tenants]` | what one tenant may take: runs at once, runs per minute, sessions | per-tenant profiles |
+//! | `[tenants]` | what one tenant may take: runs at once, runs per minute, sessions; what it may keep in the shared stores (runs table, audit log, artifacts) | per-tenant profiles |
 //! | `[profiles.NAME]` | a named policy bundle (network, subprocesses, writable /work, limits, packages, imports, tenants); built-ins `standard`, `basic`, `data_science`, `network`, `filesystem` | |
 //! | `[http]` | `serve --http`: address, public URL, allowed hosts and origins, download links' lifetime | |
 //!
 //! `[limits]` holds only per-run bounds; server-wide capacity (`max_concurrent_runs`) is in
 //! `[server]`, and each store's retention is in the store's own section, so a per-tenant or
-//! per-profile `[limits]` can later be a copy of one table.
+//! per-profile `[limits]` can later be a copy of one table. What one tenant may keep in a
+//! shared store is a tenant's budget, so it is in `[tenants]` beside its other quotas.
 //!
 //! One mechanism reads the file: the TOML table is normalised into the sectioned form
 //! ([`sectioned`]): every flat key of earlier versions (`max_timeout = 120`, the long flag with
@@ -122,6 +123,11 @@ const SECTION_KEYS: &[(&str, &str)] = &[
     ("tenants", "max_concurrent_runs"),
     ("tenants", "runs_per_minute"),
     ("tenants", "max_sessions"),
+    ("tenants", "history_max_runs"),
+    ("tenants", "history_max_size"),
+    ("tenants", "audit_max_size"),
+    ("tenants", "artifacts_max_size"),
+    ("server", "audit_queue_size"),
 ];
 
 /// The sections, in the order the README documents them.
@@ -194,6 +200,10 @@ struct TenantsFile {
     max_concurrent_runs: Option<usize>,
     runs_per_minute: Option<u32>,
     max_sessions: Option<usize>,
+    history_max_runs: Option<u64>,
+    history_max_size: Option<SizeOrNumber>,
+    audit_max_size: Option<SizeOrNumber>,
+    artifacts_max_size: Option<SizeOrNumber>,
 }
 
 /// `[http]`: read by `serve --http` only.
@@ -220,6 +230,7 @@ struct ServerFile {
     data_dir: Option<PathBuf>,
     max_concurrent_runs: Option<usize>,
     max_frame_bytes: Option<SizeOrNumber>,
+    audit_queue_size: Option<SizeOrNumber>,
 }
 
 /// `[python]`.
@@ -471,6 +482,10 @@ fn resolve_with(args: &EngineArgs, mut file: FileSettings) -> anyhow::Result<Set
         args.server.max_frame_bytes.as_ref(),
         file.server.max_frame_bytes.take(),
     );
+    let queue = text_or(
+        args.server.audit_queue_size.as_ref(),
+        file.server.audit_queue_size.take(),
+    );
     resolve_server(&args.server, file.server, &mut config)?;
     resolve_python(&args.python, file.python, &mut config);
     resolve_sandbox(&args.sandbox, file.sandbox, &mut config);
@@ -480,7 +495,8 @@ fn resolve_with(args: &EngineArgs, mut file: FileSettings) -> anyhow::Result<Set
     resolve_cache(&args.cache, file.cache, &mut config)?;
     resolve_sessions(&args.sessions, file.sessions, &mut config)?;
     resolve_artifacts(&args.artifacts, file.artifacts, &mut config)?;
-    resolve_tenants(&args.tenants, &file.tenants, &mut config)?;
+    resolve_tenants(&args.tenants, &mut file.tenants, &mut config)?;
+    resolve_audit_queue(queue.as_deref(), &mut config)?;
     resolve_profiles(
         &args.server,
         std::mem::take(&mut file.profiles),
@@ -960,9 +976,10 @@ fn resolve_artifacts(
 
 fn resolve_tenants(
     args: &TenantsArgs,
-    file: &TenantsFile,
+    file: &mut TenantsFile,
     config: &mut EngineConfig,
 ) -> anyhow::Result<()> {
+    resolve_store_budgets(args, file, &mut config.store_budgets)?;
     let quotas = &mut config.tenants;
     quotas.max_concurrent_runs = args.tenant_max_concurrent_runs.or(file.max_concurrent_runs);
     quotas.runs_per_minute = args.tenant_runs_per_minute.or(file.runs_per_minute);
@@ -979,6 +996,85 @@ fn resolve_tenants(
             bail!("{name} must be at least 1\nhint: leave it unset for no per-tenant bound");
         }
     }
+    Ok(())
+}
+
+/// What one tenant may keep in each shared store (`[tenants]` `history_max_runs`,
+/// `history_max_size`, `audit_max_size`, `artifacts_max_size`).
+fn resolve_store_budgets(
+    args: &TenantsArgs,
+    file: &mut TenantsFile,
+    budgets: &mut snakebox_engine::StoreBudgets,
+) -> anyhow::Result<()> {
+    if let Some(runs) = args.tenant_history_max_runs.or(file.history_max_runs) {
+        if runs == 0 {
+            bail!(
+                "--tenant-history-max-runs must be at least 1\nhint: leave it unset for the default (100000)"
+            );
+        }
+        budgets.history.items = Some(runs);
+    }
+    let size = |flag: &str,
+                key: &str,
+                cli: Option<&String>,
+                file: Option<SizeOrNumber>,
+                least: u64| {
+        let Some(text) = text_or(cli, file) else {
+            return Ok(None);
+        };
+        let bytes =
+            parse_size(&text).with_context(|| format!("invalid {flag} (`[tenants] {key}`)"))?;
+        if bytes < least {
+            bail!(
+                "{flag} (`[tenants] {key}`) must be at least {least} bytes\nhint: give a size such as `64KiB` or more, or leave it unset for the default"
+            );
+        }
+        Ok(Some(bytes))
+    };
+    if let Some(bytes) = size(
+        "--tenant-history-max-size",
+        "history_max_size",
+        args.tenant_history_max_size.as_ref(),
+        file.history_max_size.take(),
+        64 << 10,
+    )? {
+        budgets.history.bytes = Some(bytes);
+    }
+    if let Some(bytes) = size(
+        "--tenant-audit-max-size",
+        "audit_max_size",
+        args.tenant_audit_max_size.as_ref(),
+        file.audit_max_size.take(),
+        snakebox_engine::MIN_AUDIT_BYTES,
+    )? {
+        budgets.audit_bytes = bytes;
+    }
+    if let Some(bytes) = size(
+        "--tenant-artifacts-max-size",
+        "artifacts_max_size",
+        args.tenant_artifacts_max_size.as_ref(),
+        file.artifacts_max_size.take(),
+        1,
+    )? {
+        budgets.artifact_bytes = bytes;
+    }
+    Ok(())
+}
+
+/// `[server] audit_queue_size`: bytes of records queued for the writer.
+fn resolve_audit_queue(text: Option<&str>, config: &mut EngineConfig) -> anyhow::Result<()> {
+    let Some(text) = text else {
+        return Ok(());
+    };
+    let bytes = parse_size(text)
+        .with_context(|| "invalid --audit-queue-size (`[server] audit_queue_size`)")?;
+    if bytes < snakebox_engine::MIN_AUDIT_QUEUE_BYTES {
+        bail!(
+            "--audit-queue-size (`[server] audit_queue_size`) must be at least {} bytes\nhint: give a size such as `1MiB` or more, or leave it unset for the default (64MiB)",
+            snakebox_engine::MIN_AUDIT_QUEUE_BYTES
+        );
+    }
+    config.store_budgets.audit_queue_bytes = bytes;
     Ok(())
 }
 
@@ -1523,6 +1619,23 @@ mod tests {
             && config.tenants.runs_per_minute == Some(60)
             && config.tenants.max_sessions == Some(3),
         no_tenant_quotas_by_default: "" => |config| config.tenants == snakebox_engine::TenantQuotas::default(),
+        store_budgets_by_default: "" => |config| config.store_budgets == snakebox_engine::StoreBudgets::default()
+            && config.store_budgets.history.items == Some(100_000)
+            && config.store_budgets.audit_bytes == 160 << 20
+            && config.store_budgets.artifact_bytes == 256 << 20
+            && config.store_budgets.audit_queue_bytes == 64 << 20,
+        store_budgets_per_tenant: indoc! {r#"
+            [server]
+            audit_queue_size = "1MiB"
+            [tenants]
+            history_max_runs = 500
+            history_max_size = "10MiB"
+            audit_max_size = "2MiB"
+            artifacts_max_size = 3145728
+        "#} => |config| config.store_budgets.history == snakebox_engine::Budget { items: Some(500), bytes: Some(10 << 20) }
+            && config.store_budgets.audit_bytes == 2 << 20
+            && config.store_budgets.artifact_bytes == 3 << 20
+            && config.store_budgets.audit_queue_bytes == 1 << 20,
         switches_and_booleans: indoc! {r#"
             [pool]
             fork_server = "off"
@@ -1601,6 +1714,10 @@ network = \"off\"
         default_above_max: "[limits]\nmax_timeout = 10\ndefault_timeout = 20\n" => ["larger than --max-timeout", "hint"],
         not_toml: "[limits\n" => ["TOML", "limits"],
         zero_tenant_quota: "[tenants]\nmax_sessions = 0\n" => ["--tenant-max-sessions must be at least 1", "hint"],
+        zero_history_runs: "[tenants]\nhistory_max_runs = 0\n" => ["--tenant-history-max-runs must be at least 1", "hint"],
+        tiny_audit_budget: "[tenants]\naudit_max_size = \"1KiB\"\n" => ["--tenant-audit-max-size (`[tenants] audit_max_size`) must be at least 65536 bytes", "hint"],
+        bad_artifacts_budget: "[tenants]\nartifacts_max_size = \"lots\"\n" => ["invalid --tenant-artifacts-max-size (`[tenants] artifacts_max_size`)"],
+        tiny_audit_queue: "[server]\naudit_queue_size = \"64KiB\"\n" => ["--audit-queue-size (`[server] audit_queue_size`) must be at least 524288 bytes", "hint"],
         tenant_key_typo: "[tenants]\nmax_session = 2\n" => ["unknown key `max_session` in `[tenants]`", "did you mean `max_sessions`?"],
         frame_limit_too_small: "[server]\nmax_frame_bytes = \"1K\"\n" => ["--max-frame-bytes must be between 64KiB and 1GiB", "hint"],
         frame_limit_not_a_size: "[server]\nmax_frame_bytes = \"big\"\n" => ["--max-frame-bytes", "hint"],

@@ -140,6 +140,8 @@ fn not_found(what: &str) -> Response {
 struct LoginPage {
     chrome: Option<Chrome>,
     problem: Option<String>,
+    /// No key exists and the edge serves the local tenant: a button logs in, no key asked.
+    keyless: bool,
 }
 
 /// The error page of a login that could not be checked (the key store cannot be read).
@@ -168,19 +170,17 @@ fn logged_in(ui: &Ui, id: &str) -> Response {
     response
 }
 
+/// `GET /ui/login`: the form. A GET changes nothing on the server: without any key (the
+/// local tenant), the page offers a button that POSTs the login, never a session made here.
 async fn login_form(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
     if ui.sessions.get(&headers).is_ok() {
         return Redirect::to("/ui/runs").into_response();
     }
-    // No key exists and the edge serves the local tenant: nothing to ask.
     match ui.sessions.keyless() {
-        Ok(true) => match ui.sessions.log_in_keyless() {
-            Ok((_, id)) => logged_in(&ui, &id),
-            Err(why) => not_logged_in(why),
-        },
-        Ok(false) => render(&LoginPage {
+        Ok(keyless) => render(&LoginPage {
             chrome: None,
             problem: None,
+            keyless,
         }),
         Err(why) => not_logged_in(why),
     }
@@ -197,6 +197,13 @@ async fn log_in(
         return *refused;
     }
     let key = form.get("key").map_or("", String::as_str);
+    // No key exists and the edge serves the local tenant: the button needs no key.
+    if key.trim().is_empty() && matches!(ui.sessions.keyless(), Ok(true)) {
+        return match ui.sessions.log_in_keyless() {
+            Ok((_, id)) => logged_in(&ui, &id),
+            Err(why) => not_logged_in(why),
+        };
+    }
     match ui.sessions.log_in(key) {
         Ok(Some((_, id))) => logged_in(&ui, &id),
         Ok(None) => (
@@ -207,6 +214,7 @@ async fn log_in(
                     "That key is not valid (wrong or revoked). Keys look like sbx_… and are printed once by `snakebox keys add`."
                         .into(),
                 ),
+                keyless: false,
             }),
         )
             .into_response(),
@@ -1366,6 +1374,8 @@ mod tests {
                 dependencies: vec!["numpy==2.1.0".into()],
                 script: script.into(),
                 script_truncated: false,
+                script_bytes: Some(script.len() as u64),
+                script_sha256: None,
             }
         }
 
@@ -1393,6 +1403,7 @@ mod tests {
                 LoginPage {
                     chrome: None,
                     problem: Some("That key is not valid".into()),
+                    keyless: false,
                 }
                 .render()
                 .unwrap()
