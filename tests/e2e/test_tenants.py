@@ -6,6 +6,9 @@ the real binary. What one tenant does must not show in what another is told.
   server that ran a tenant's packages' import-time code names those packages (`preloaded`)
   and the environment's cache key, which another tenant must not learn. The counts stay the
   server's (server-wide totals are the only shared facts).
+- Shares (item 1): every sandbox a call starts (runs, validation's compile checks, builds,
+  installs) holds one of the server's slots in its tenant's name, and a freed slot goes to
+  the waiting tenant holding the fewest.
 """
 
 from __future__ import annotations
@@ -61,4 +64,85 @@ async def test_check_environment_shows_a_tenant_only_its_own_environments_and_fo
         assert key_of_a not in blob, pool_b
         assert "six" not in blob, [f for f in pool_b["fork_server_details"]]
         assert all("six" not in f["preloaded"] for f in pool_b["fork_server_details"]), pool_b
+        assert proc.poll() is None
+
+
+SLOW = "import time\nprint(repr(time.time()), flush=True)\ntime.sleep({seconds})\n"
+
+
+async def test_a_tenants_queue_never_stands_before_another_tenants_call(snakebox_bin: Path, tmp_path: Path):
+    """Item 1: a slot that frees goes to the waiting tenant holding the fewest, not to the oldest
+    waiting call. With two slots, each tenant allowed both, A holds both and queues four more
+    runs; B's call starts when the first of A's running sandboxes ends, ahead of A's queue.
+    Judged by when each run started (its own clock). (A guard: the two-level queue before this
+    change passed it too, since a tenant's extra runs waited on the tenant's own queue; what it
+    did not count, sandboxes of other kinds, is the next test.)"""
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    # Each tenant may use the whole server when no other wants it (the default over HTTP
+    # keeps one slot back from each tenant; fairness must not depend on that).
+    with http_server(snakebox_bin, data, "--max-concurrent-runs", "2", "--tenant-max-concurrent-runs", "2") as (proc, url):
+        async with connect(url, key_a, "auto") as a, connect(url, key_b, "auto") as b:
+            # Warm (the default environment exists before the clock matters).
+            for client in (a, b):
+                warm, text, _ = await call(client, "execute_python", script="print('warm')")
+                assert warm["status"] == "ok", text
+            starts_a: list[float] = []
+            start_b: list[float] = []
+
+            async def run_a() -> None:
+                # A client of its own per call: the calls are concurrent, whatever the client
+                # library does with several calls on one connection.
+                async with connect(url, key_a, "auto") as own:
+                    result, text, _ = await call(own, "execute_python", script=SLOW.format(seconds=2), timeout_seconds=120)
+                assert result["status"] == "ok", text
+                starts_a.append(float(result["stdout"].split()[0]))
+
+            async with anyio.create_task_group() as group:
+                for _ in range(6):
+                    group.start_soon(run_a)
+                    await anyio.sleep(0.05)
+                await anyio.sleep(1.0)  # A's first two run, four wait
+                result, text, _ = await call(b, "execute_python", script=SLOW.format(seconds=0), timeout_seconds=120)
+                assert result["status"] == "ok", text
+                start_b.append(float(result["stdout"].split()[0]))
+        assert len(starts_a) == 6, starts_a
+        before_b = sorted(t for t in starts_a if t < start_b[0])
+        assert len(before_b) <= 2, f"{len(before_b)} of A's runs started before B's: {sorted(starts_a)} vs {start_b}"
+        assert proc.poll() is None
+
+
+async def test_every_sandbox_a_call_starts_counts_against_its_tenants_share(snakebox_bin: Path, tmp_path: Path):
+    """Item 1: validation's compile check is a sandbox like a run, so it takes one of its
+    tenant's slots. With one slot per tenant, A's validate_script waits while A's run holds
+    A's slot (it did not wait before: compiles counted against nobody's share), and B's
+    validate_script does not wait for A at all."""
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    args = ("--max-concurrent-runs", "4", "--tenant-max-concurrent-runs", "1")
+    with http_server(snakebox_bin, data, *args) as (proc, url):
+        async with connect(url, key_a, "auto") as a, connect(url, key_b, "auto") as b:
+            warm, text, _ = await call(a, "execute_python", script="print('warm')")
+            assert warm["status"] == "ok", text
+            order: list[str] = []
+
+            async def run_a() -> None:
+                result, text, _ = await call(a, "execute_python", script=SLOW.format(seconds=4), timeout_seconds=120)
+                assert result["status"] == "ok", text
+                order.append("a-run")
+
+            async def validate(client, who: str) -> None:
+                result, text, _ = await call(client, "validate_script", script="import json\nprint(json.dumps(1))\n")
+                assert result["valid"] is True, text
+                order.append(who)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(run_a)
+                await anyio.sleep(1.5)  # A's run holds A's one slot
+                group.start_soon(validate, a, "a-validate")
+                group.start_soon(validate, b, "b-validate")
+        assert order.index("b-validate") < order.index("a-run"), order
+        assert order.index("a-validate") > order.index("a-run"), order
         assert proc.poll() is None

@@ -100,7 +100,7 @@ impl Engine {
                 break;
             };
             let work = async {
-                let _slot = self.sandbox_slot().await?;
+                let _slot = self.server_slot().await?;
                 // The fork servers of the environment are started anew from the checked copy
                 // before it is published, and take over at once after (before the compilation
                 // counts as completed).

@@ -42,7 +42,6 @@ use std::sync::{Arc, Mutex};
 
 use snakebox_env::{CacheConfig, EnvCache, Interpreters, Uv};
 use snakebox_sandbox::{Sandbox, SandboxConfig};
-use tokio::sync::Semaphore;
 
 pub use artifacts::{
     ArtifactContent, ArtifactError, ArtifactFile, ArtifactPrune, ArtifactStore,
@@ -93,18 +92,6 @@ pub use validate::{
     ImportFound, ImportOrigin, ScriptAnalysis, Validation, ValidationProblem, import_allowed,
 };
 
-/// A slot of the concurrency cap `runs` (the engine's, or a handle on it that a session's
-/// installer keeps), waited for.
-pub(crate) async fn slot_of(
-    runs: &Arc<Semaphore>,
-) -> Result<tokio::sync::OwnedSemaphorePermit, EngineError> {
-    let _queued = telemetry::Queued::enter();
-    Arc::clone(runs).acquire_owned().await.map_err(|_| {
-        EngineError::new(ErrorKind::Unavailable, "The engine is shutting down")
-            .with_hint("retry once the server has been restarted")
-    })
-}
-
 /// Why something the engine needs is not available (kind `unavailable`), kept to be reported
 /// per call.
 type Unavailable = EngineError;
@@ -121,10 +108,11 @@ pub struct Engine {
     python_installs: tokio::sync::Mutex<()>,
     cache: Result<EnvCache, Unavailable>,
     /// `--max-concurrent-runs`: every sandbox that does work holds one while it runs (a run,
-    /// a session call or command, an install or environment build, a validation compile).
-    /// Taken around one sandbox at a time, never while holding another, so none can wait on
-    /// itself.
-    runs: Arc<Semaphore>,
+    /// a session call or command, an install or environment build, a validation compile), in
+    /// the name of the tenant it works for, shared fairly between tenants
+    /// ([`tenants::FairSlots`]). Taken around one sandbox at a time, never while holding
+    /// another, so none can wait on itself.
+    runs: Arc<tenants::FairSlots>,
     warm: Mutex<WarmState>,
     sessions: session::Sessions,
     artifacts: artifacts::ArtifactStore,
@@ -249,7 +237,10 @@ impl Engine {
             pool: pool::WarmPool::new(config.warm_pool, config.fork_server, config.prefork),
             sessions,
             artifacts,
-            runs: Arc::new(Semaphore::new(config.max_concurrent_runs.max(1))),
+            runs: tenants::FairSlots::new(
+                config.max_concurrent_runs,
+                config.tenants.max_concurrent_runs,
+            ),
             config,
             sandbox,
             uv,
@@ -293,18 +284,40 @@ impl Engine {
         self.sessions.release(&self.config.data_dir);
     }
 
-    /// A slot of `--max-concurrent-runs` for one sandbox (see [`Engine::runs`]).
+    /// A slot of `--max-concurrent-runs` for one sandbox working for `caller` (see
+    /// [`Engine::runs`]).
+    /// A call cancelled while it waits gets `cancelled`.
     pub(crate) async fn sandbox_slot(
         &self,
-    ) -> Result<tokio::sync::OwnedSemaphorePermit, EngineError> {
-        slot_of(&self.runs).await
+        caller: &Caller,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<tenants::Slot, EngineError> {
+        let share = self.runs.share(caller);
+        tokio::select! {
+            slot = share.slot() => slot,
+            () = cancel.cancelled() => Err(EngineError::new(
+                ErrorKind::Cancelled,
+                "The call was cancelled while it waited for a sandbox slot",
+            )),
+        }
+    }
+
+    /// `caller`'s claim on the sandbox slots, for work that goes on after its call (an
+    /// install) to hold in its name.
+    pub(crate) fn share(&self, caller: &Caller) -> tenants::Share {
+        self.runs.share(caller)
+    }
+
+    /// A slot for the server's own background work (warming, compilation).
+    pub(crate) async fn server_slot(&self) -> Result<tenants::Slot, EngineError> {
+        self.runs.server_share().slot().await
     }
 
     async fn default_environment(&self) -> Result<snakebox_env::Environment, EngineError> {
         let cache = self.cache.as_ref().map_err(Clone::clone)?;
         let interpreter = self.pick_interpreter(None, None)?;
         // Building it runs uv's install sandboxes: a slot, like every sandbox.
-        let _slot = self.sandbox_slot().await?;
+        let _slot = self.server_slot().await?;
         Ok(cache.ensure(&interpreter, &[]).await?)
     }
 

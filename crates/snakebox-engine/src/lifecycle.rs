@@ -467,23 +467,10 @@ impl Engine {
         let kind = start.kind;
         let ticket = self.history.started(&execution_id, caller, start);
         let _running = self.running.add(&execution_id, caller, &call.token);
-        // The tenant's quotas: a call past its minute is refused; past its runs at once, it
-        // waits on its own queue (or until the call is cancelled).
-        let queued = crate::telemetry::Queued::enter();
-        let admitted = tokio::select! {
-            admitted = self.tenants.admit(caller) => admitted,
-            () = call.token.cancelled() => Err(EngineError::new(
-                ErrorKind::Cancelled,
-                "The call was cancelled while it waited for its tenant's turn",
-            )),
-        };
-        drop(queued);
-        let mut result = match admitted {
-            Ok(admitted) => {
-                let result = run(execution_id, call.token.clone()).await;
-                drop(admitted);
-                result
-            }
+        // The tenant's quota of calls per minute: a call past it is refused. (Its share of the
+        // sandbox slots is taken by each sandbox the call starts: `Engine::sandbox_slot`.)
+        let mut result = match self.tenants.admit(caller) {
+            Ok(()) => run(execution_id, call.token.clone()).await,
             Err(error) => refuse(execution_id, error),
         };
         self.mark_stopped(&call, &mut result);

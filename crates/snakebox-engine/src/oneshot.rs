@@ -124,7 +124,7 @@ impl Engine {
         // A cancel (the caller's, or the server stopping) ends the setup too: dropping it
         // kills its sandboxes and uv processes and removes its build directory.
         let prepared = tokio::select! {
-            prepared = self.environment(&plan.interpreter, &plan.requirements) => prepared,
+            prepared = self.environment(caller, &plan.interpreter, &plan.requirements) => prepared,
             () = cancel.cancelled() => {
                 return with_plan(ExecutionResult::not_run(
                     execution_id,
@@ -146,7 +146,7 @@ impl Engine {
         // outside it is refused with its line (the runner guards the dynamic ones too).
         if let Some(allowed) = &plan.imports {
             match self
-                .imports_outside(&plan.interpreter, &request.script, allowed)
+                .imports_outside(caller, &plan.interpreter, &request.script, allowed)
                 .await
             {
                 Ok(blocked) if blocked.is_empty() => {}
@@ -191,7 +191,7 @@ impl Engine {
         }
 
         // Wait for a run slot only after setup: installs do not hold back quick runs.
-        let _slot = match self.sandbox_slot().await {
+        let _slot = match self.sandbox_slot(caller, &cancel).await {
             Ok(slot) => slot,
             Err(error) => return with_plan(ExecutionResult::not_run(execution_id, error)),
         };
@@ -439,13 +439,15 @@ impl Engine {
 
     async fn environment(
         &self,
+        caller: &crate::Caller,
         interpreter: &Interpreter,
         requirements: &[pep508_rs::Requirement],
     ) -> Result<Environment, EngineError> {
         let cache = self.cache.as_ref().map_err(Clone::clone)?;
         // A build runs uv's install sandboxes: it holds a slot of the concurrency cap, released
-        // before the run takes its own (never both at once).
-        let _slot = self.sandbox_slot().await?;
+        // before the run takes its own (never both at once), in the caller's name. (A cancel
+        // drops this whole future: the caller's select.)
+        let _slot = self.share(caller).slot().await?;
         Ok(cache.ensure(interpreter, requirements).await?)
     }
 }

@@ -73,10 +73,7 @@ impl Engine {
         set("snakebox_calls_in_flight", self.lifecycle.in_flight());
         let total = self.config.max_concurrent_runs.max(1);
         set("snakebox_sandbox_slots", total);
-        set(
-            "snakebox_sandbox_slots_busy",
-            total.saturating_sub(self.runs.available_permits()),
-        );
+        set("snakebox_sandbox_slots_busy", self.runs.busy());
         let sessions = self.sessions.report(&self.config.data_dir, None);
         set("snakebox_sessions", sessions.count);
         set(

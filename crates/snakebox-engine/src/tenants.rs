@@ -1,12 +1,21 @@
-//! Per-tenant quotas: how much of the server one tenant may take, so that a burst of one
-//! tenant's calls never starves another's (`[tenants]`; used by the HTTP face, where each API
-//! key names a tenant; stdio has one tenant and no quota by default).
+//! Per-tenant quotas and fair shares: how much of the server one tenant may take, so that a
+//! burst of one tenant's calls never starves another's (`[tenants]`; used by the HTTP face,
+//! where each API key names a tenant; stdio has one tenant and no quota by default).
 //!
-//! Three bounds, each off unless set:
-//! - **runs at once**: a tenant's calls beyond it wait on the tenant's own queue, before the
-//!   server's (`--max-concurrent-runs`). Set below the server's cap, the rest of the slots are
-//!   always there for other tenants: a waiting call of another tenant gets the next free slot,
-//!   however many of the busy tenant's calls are queued.
+//! **Fair shares of the sandbox slots** ([`FairSlots`]). Every sandbox that does work holds one
+//! of the server's `--max-concurrent-runs` slots while it runs, in the name of the tenant it
+//! works for: one-shot runs, session cells and commands, validation's compile checks,
+//! environment builds, session installs (each uv step); the server's own background work
+//! (warming, compilation) in the server's name. A slot that frees goes to the waiting tenant
+//! that holds the fewest slots now (the one served longest ago among equals), not to the
+//! oldest waiting call: a tenant with a hundred calls queued gets one slot in turn like any
+//! other, so another tenant's call waits at most until the first of the running sandboxes
+//! ends, whatever the first tenant queued (issue 32, item 1).
+//!
+//! Three bounds on top, each off unless set:
+//! - **runs at once**: the most slots one tenant holds at once; its calls beyond it wait on
+//!   its own queue. Set below the server's cap, the rest of the slots are always there for
+//!   other tenants.
 //! - **runs per minute**: a call past it is refused at once (`quota`) with how long to wait.
 //! - **sessions**: `create_session` past it is refused (`quota`), besides the server's cap.
 
@@ -14,14 +23,14 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::oneshot;
 
 use crate::{Caller, EngineError, ErrorKind};
 
 /// The operator's quotas for each tenant (`None`: no such bound).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TenantQuotas {
-    /// Calls of one tenant that run at once; more wait their turn.
+    /// Sandboxes of one tenant that run at once; more wait their turn.
     pub max_concurrent_runs: Option<usize>,
     /// Calls one tenant may start per minute; more are refused until the minute has passed.
     pub runs_per_minute: Option<u32>,
@@ -32,86 +41,227 @@ pub struct TenantQuotas {
 /// The window the per-minute bound counts over.
 const MINUTE: Duration = Duration::from_secs(60);
 
-#[derive(Default)]
-struct Tenant {
-    slots: Option<Arc<Semaphore>>,
-    /// When its recent calls started (within the last minute), oldest first.
-    started: VecDeque<Instant>,
-}
-
-/// The tenants seen so far and what each holds.
+/// The tenants seen so far and when each started its recent calls.
 pub(crate) struct Tenants {
     quotas: TenantQuotas,
-    tenants: Mutex<HashMap<String, Tenant>>,
-}
-
-/// What an admitted call holds until it returns.
-pub(crate) struct Admitted {
-    _slot: Option<OwnedSemaphorePermit>,
+    /// When each tenant's recent calls started (within the last minute), oldest first.
+    started: Mutex<HashMap<String, VecDeque<Instant>>>,
 }
 
 impl Tenants {
     pub(crate) fn new(quotas: TenantQuotas) -> Tenants {
         Tenants {
             quotas,
-            tenants: Mutex::new(HashMap::new()),
+            started: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Count a call of `caller` against the per-minute bound, then wait for one of its
-    /// slots.
+    /// Count a call of `caller` against the per-minute bound.
     ///
     /// # Errors
     /// `quota`, when the tenant started its allowance of calls within the last minute: the
     /// message says when the next one may start.
-    pub(crate) async fn admit(&self, caller: &Caller) -> Result<Admitted, EngineError> {
-        let slots = {
-            let mut tenants = self.tenants.lock().unwrap_or_else(PoisonError::into_inner);
-            let tenant = tenants.entry(caller.id().to_owned()).or_default();
-            if let Some(limit) = self.quotas.runs_per_minute {
-                let now = Instant::now();
-                while tenant
-                    .started
-                    .front()
-                    .is_some_and(|at| now.duration_since(*at) >= MINUTE)
-                {
-                    tenant.started.pop_front();
-                }
-                if tenant.started.len() >= limit as usize {
-                    let wait = tenant.started.front().map_or(MINUTE, |oldest| {
-                        MINUTE.saturating_sub(now.duration_since(*oldest))
-                    });
-                    let seconds = wait.as_secs() + 1;
-                    return Err(EngineError::new(
-                        ErrorKind::Quota,
-                        format!(
-                            "Tenant `{}` started {limit} runs in the last minute, the most it may; retry after {seconds} s",
-                            caller.id()
-                        ),
+    pub(crate) fn admit(&self, caller: &Caller) -> Result<(), EngineError> {
+        let Some(limit) = self.quotas.runs_per_minute else {
+            return Ok(());
+        };
+        let mut all = self.started.lock().unwrap_or_else(PoisonError::into_inner);
+        let started = all.entry(caller.id().to_owned()).or_default();
+        let now = Instant::now();
+        while started
+            .front()
+            .is_some_and(|at| now.duration_since(*at) >= MINUTE)
+        {
+            started.pop_front();
+        }
+        if started.len() >= limit as usize {
+            let wait = started.front().map_or(MINUTE, |oldest| {
+                MINUTE.saturating_sub(now.duration_since(*oldest))
+            });
+            let seconds = wait.as_secs() + 1;
+            return Err(EngineError::new(
+                ErrorKind::Quota,
+                format!(
+                    "Tenant `{}` started {limit} runs in the last minute, the most it may; retry after {seconds} s",
+                    caller.id()
+                ),
+            )
+            .with_hint(format!(
+                "wait {seconds} s before the next call, or ask the operator to raise `[tenants] runs_per_minute`"
+            )));
+        }
+        started.push_back(now);
+        Ok(())
+    }
+}
+
+/// The name the server's own background work holds slots in (no tenant has an empty name).
+const SERVER: &str = "";
+
+/// The server's sandbox slots, shared fairly between tenants (see the module documentation).
+pub(crate) struct FairSlots {
+    /// The most slots one tenant holds at once (`[tenants] max_concurrent_runs`).
+    tenant_cap: Option<usize>,
+    total: usize,
+    state: Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    free: usize,
+    /// Slots each tenant holds now.
+    held: HashMap<Arc<str>, usize>,
+    /// Each tenant's waiting calls (when each began to wait, a counter), oldest first.
+    waiting: HashMap<Arc<str>, VecDeque<(u64, oneshot::Sender<Slot>)>>,
+    arrivals: u64,
+    /// When each tenant was last given a slot (a counter), for turns among equals.
+    served: HashMap<Arc<str>, u64>,
+    turn: u64,
+}
+
+/// One held slot; given back when dropped.
+pub(crate) struct Slot {
+    /// `None`: not (or no longer) counted.
+    owner: Option<(Arc<FairSlots>, Arc<str>)>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some((slots, tenant)) = self.owner.take() {
+            let mut state = slots.lock();
+            state.free += 1;
+            release_held(&mut state, &tenant);
+            slots.dispatch(&mut state);
+        }
+    }
+}
+
+fn release_held(state: &mut SlotState, tenant: &Arc<str>) {
+    if let Some(held) = state.held.get_mut(tenant) {
+        *held = held.saturating_sub(1);
+        if *held == 0 {
+            state.held.remove(tenant);
+        }
+    }
+}
+
+/// A tenant's claim on the server's slots: what a sandbox of its waits for.
+#[derive(Clone)]
+pub(crate) struct Share {
+    slots: Arc<FairSlots>,
+    tenant: Arc<str>,
+}
+
+impl Share {
+    /// Wait for a slot in this tenant's name (see [`FairSlots`]).
+    ///
+    /// # Errors
+    /// `unavailable`, when the slots are gone (the engine is being dropped).
+    pub(crate) async fn slot(&self) -> Result<Slot, EngineError> {
+        let _queued = crate::telemetry::Queued::enter();
+        let (sender, granted) = oneshot::channel();
+        {
+            let mut state = self.slots.lock();
+            state.arrivals += 1;
+            let arrival = state.arrivals;
+            state
+                .waiting
+                .entry(Arc::clone(&self.tenant))
+                .or_default()
+                .push_back((arrival, sender));
+            self.slots.dispatch(&mut state);
+        }
+        granted.await.map_err(|_| {
+            EngineError::new(ErrorKind::Unavailable, "The engine is shutting down")
+                .with_hint("retry once the server has been restarted")
+        })
+    }
+}
+
+impl FairSlots {
+    pub(crate) fn new(total: usize, tenant_cap: Option<usize>) -> Arc<FairSlots> {
+        let total = total.max(1);
+        Arc::new(FairSlots {
+            tenant_cap: tenant_cap.map(|cap| cap.max(1)),
+            total,
+            state: Mutex::new(SlotState {
+                free: total,
+                ..SlotState::default()
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, SlotState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `caller`'s claim.
+    pub(crate) fn share(self: &Arc<Self>, caller: &Caller) -> Share {
+        Share {
+            slots: Arc::clone(self),
+            tenant: Arc::from(caller.id()),
+        }
+    }
+
+    /// The server's own claim (warming, background compilation).
+    pub(crate) fn server_share(self: &Arc<Self>) -> Share {
+        Share {
+            slots: Arc::clone(self),
+            tenant: Arc::from(SERVER),
+        }
+    }
+
+    /// Slots held now, all tenants together.
+    pub(crate) fn busy(&self) -> usize {
+        self.total.saturating_sub(self.lock().free)
+    }
+
+    /// Give free slots to waiting calls: each to the tenant holding the fewest (among equals,
+    /// the one served longest ago, then the one waiting longest) that is under its cap; a
+    /// call that gave up waiting is skipped.
+    fn dispatch(self: &Arc<Self>, state: &mut SlotState) {
+        while state.free > 0 {
+            let next = state
+                .waiting
+                .iter()
+                .filter_map(|(tenant, queue)| Some((tenant, queue.front()?.0)))
+                .filter(|(tenant, _)| {
+                    self.tenant_cap
+                        .is_none_or(|cap| state.held.get(*tenant).copied().unwrap_or(0) < cap)
+                        || tenant.as_ref() == SERVER
+                })
+                .min_by_key(|(tenant, oldest)| {
+                    (
+                        state.held.get(*tenant).copied().unwrap_or(0),
+                        state.served.get(*tenant).copied().unwrap_or(0),
+                        *oldest,
                     )
-                    .with_hint(format!(
-                        "wait {seconds} s before the next call, or ask the operator to raise `[tenants] runs_per_minute`"
-                    )));
-                }
-                tenant.started.push_back(now);
+                })
+                .map(|(tenant, _)| Arc::clone(tenant));
+            let Some(tenant) = next else {
+                break;
+            };
+            let Some((_, sender)) = state.waiting.get_mut(&tenant).and_then(VecDeque::pop_front)
+            else {
+                break;
+            };
+            if state.waiting.get(&tenant).is_some_and(VecDeque::is_empty) {
+                state.waiting.remove(&tenant);
             }
-            match (self.quotas.max_concurrent_runs, &tenant.slots) {
-                (None, _) => None,
-                (Some(_), Some(slots)) => Some(Arc::clone(slots)),
-                (Some(limit), None) => {
-                    let slots = Arc::new(Semaphore::new(limit.max(1)));
-                    tenant.slots = Some(Arc::clone(&slots));
-                    Some(slots)
-                }
+            state.free -= 1;
+            *state.held.entry(Arc::clone(&tenant)).or_default() += 1;
+            state.turn += 1;
+            state.served.insert(Arc::clone(&tenant), state.turn);
+            let slot = Slot {
+                owner: Some((Arc::clone(self), Arc::clone(&tenant))),
+            };
+            if let Err(mut unclaimed) = sender.send(slot) {
+                // The call gave up waiting: undo here (its drop would take the lock we hold).
+                unclaimed.owner = None;
+                state.free += 1;
+                release_held(state, &tenant);
             }
-        };
-        let slot = match slots {
-            Some(slots) => Some(slots.acquire_owned().await.map_err(|_| {
-                EngineError::new(ErrorKind::Unavailable, "The engine is shutting down")
-            })?),
-            None => None,
-        };
-        Ok(Admitted { _slot: slot })
+        }
     }
 }
 
@@ -119,16 +269,16 @@ impl Tenants {
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    async fn a_tenant_past_its_minute_is_refused_with_when_to_retry_and_others_are_not() {
+    #[test]
+    fn a_tenant_past_its_minute_is_refused_with_when_to_retry_and_others_are_not() {
         let tenants = Tenants::new(TenantQuotas {
             runs_per_minute: Some(2),
             ..TenantQuotas::default()
         });
         let (a, b) = (Caller::tenant("a").unwrap(), Caller::tenant("b").unwrap());
-        tenants.admit(&a).await.unwrap();
-        tenants.admit(&a).await.unwrap();
-        let refused = tenants.admit(&a).await.err().unwrap();
+        tenants.admit(&a).unwrap();
+        tenants.admit(&a).unwrap();
+        let refused = tenants.admit(&a).err().unwrap();
         assert_eq!(refused.kind, ErrorKind::Quota);
         assert!(
             refused.message.contains("retry after"),
@@ -137,35 +287,85 @@ mod tests {
         );
         assert!(refused.hint.unwrap().contains("runs_per_minute"));
         // Another tenant has its own allowance.
-        tenants.admit(&b).await.unwrap();
+        tenants.admit(&b).unwrap();
+    }
+
+    /// The slot `waiting` was granted within a moment, if it was (held by the caller).
+    async fn granted(
+        waiting: &mut tokio::task::JoinHandle<Result<Slot, EngineError>>,
+    ) -> Option<Slot> {
+        let joined = tokio::time::timeout(Duration::from_millis(50), waiting)
+            .await
+            .ok()?;
+        Some(joined.unwrap().unwrap())
     }
 
     #[tokio::test]
     async fn a_busy_tenant_waits_on_its_own_slots_and_others_pass() {
-        let tenants = Arc::new(Tenants::new(TenantQuotas {
-            max_concurrent_runs: Some(1),
-            ..TenantQuotas::default()
-        }));
+        let slots = FairSlots::new(4, Some(1));
         let (a, b) = (Caller::tenant("a").unwrap(), Caller::tenant("b").unwrap());
-        let held = tenants.admit(&a).await.unwrap();
-        // A's second call waits...
-        let waiting = {
-            let tenants = Arc::clone(&tenants);
-            let a = a.clone();
-            tokio::spawn(async move { tenants.admit(&a).await.map(|_| ()) })
-        };
-        tokio::task::yield_now().await;
-        assert!(!waiting.is_finished());
-        // ...while B is admitted at once.
-        tokio::time::timeout(Duration::from_secs(5), tenants.admit(&b))
+        let held = slots.share(&a).slot().await.unwrap();
+        // A's second sandbox waits (its cap is 1)...
+        let share = slots.share(&a);
+        let mut waiting = tokio::spawn(async move { share.slot().await });
+        assert!(granted(&mut waiting).await.is_none());
+        // ...while B gets one at once.
+        tokio::time::timeout(Duration::from_secs(5), slots.share(&b).slot())
             .await
             .expect("B waited behind A")
             .unwrap();
         drop(held);
         tokio::time::timeout(Duration::from_secs(5), waiting)
             .await
-            .expect("A's second call never ran")
+            .expect("A's second sandbox never ran")
             .unwrap()
             .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_freed_slot_goes_to_the_tenant_holding_fewest_not_to_the_longest_queue() {
+        let slots = FairSlots::new(2, None);
+        let (a, b) = (Caller::tenant("a").unwrap(), Caller::tenant("b").unwrap());
+        // A holds both slots and queues ten more sandboxes; then B asks for one.
+        let first = slots.share(&a).slot().await.unwrap();
+        let _second = slots.share(&a).slot().await.unwrap();
+        let mut queued: Vec<_> = (0..10)
+            .map(|_| {
+                let share = slots.share(&a);
+                tokio::spawn(async move { share.slot().await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        let share = slots.share(&b);
+        let mut b_slot = tokio::spawn(async move { share.slot().await });
+        assert!(granted(&mut b_slot).await.is_none());
+        // The first slot A gives back goes to B, ahead of A's ten.
+        drop(first);
+        let _b = granted(&mut b_slot)
+            .await
+            .expect("B waited behind A's queue");
+        for slot in &mut queued {
+            assert!(granted(slot).await.is_none());
+        }
+        assert_eq!(slots.busy(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_call_that_stops_waiting_takes_no_slot_with_it() {
+        let slots = FairSlots::new(1, None);
+        let a = Caller::tenant("a").unwrap();
+        let held = slots.share(&a).slot().await.unwrap();
+        let share = slots.share(&a);
+        let gave_up = tokio::spawn(async move { share.slot().await });
+        tokio::task::yield_now().await;
+        gave_up.abort();
+        let _ = gave_up.await;
+        drop(held);
+        // The slot is free again, not lost to the call that left.
+        let _again = tokio::time::timeout(Duration::from_secs(5), slots.share(&a).slot())
+            .await
+            .expect("the slot was lost")
+            .unwrap();
+        assert_eq!(slots.busy(), 1);
     }
 }

@@ -14,6 +14,7 @@ use snakebox_env::Interpreter;
 use snakebox_sandbox::{Mount, Policy, SandboxCommand, Termination};
 use tokio_util::sync::CancellationToken;
 
+use crate::Caller;
 use crate::run::RunDir;
 use crate::{Engine, EngineError, ErrorKind, ids};
 
@@ -254,6 +255,7 @@ impl Engine {
     /// line).
     pub async fn validate(
         &self,
+        caller: &Caller,
         script: &str,
         dependencies: &[String],
         python_version: Option<&str>,
@@ -326,7 +328,7 @@ impl Engine {
         let mut analysis = None;
         let mut recommendations = Vec::new();
         if let Some(interpreter) = &interpreter {
-            match self.syntax_check(interpreter, script).await {
+            match self.syntax_check(caller, interpreter, script).await {
                 Ok(checked) => {
                     problems.extend(checked.syntax_error);
                     analysis = checked.analysis;
@@ -406,11 +408,12 @@ impl Engine {
     /// The script does not parse, or the check could not run.
     pub(crate) async fn imports_outside(
         &self,
+        caller: &Caller,
         interpreter: &Interpreter,
         script: &str,
         allowed: &[String],
     ) -> Result<Vec<(String, usize)>, EngineError> {
-        let checked = self.syntax_check(interpreter, script).await?;
+        let checked = self.syntax_check(caller, interpreter, script).await?;
         if let Some(problem) = checked.syntax_error {
             // The run reports syntax errors itself, with its traceback.
             tracing::debug!(message = %problem.message, "import check: the script does not parse");
@@ -427,6 +430,7 @@ impl Engine {
     /// Compile the script with the target interpreter in the sandbox, and list its imports.
     async fn syntax_check(
         &self,
+        caller: &Caller,
         interpreter: &Interpreter,
         script: &str,
     ) -> Result<Checked, EngineError> {
@@ -482,8 +486,9 @@ impl Engine {
             control_channel: false,
             init: false,
         };
-        // The compile is a sandbox like any other: it holds a slot of the concurrency cap.
-        let slot = self.sandbox_slot().await?;
+        // The compile is a sandbox like any other: it holds a slot of the concurrency cap, in
+        // the caller's name.
+        let slot = self.share(caller).slot().await?;
         let outcome = sandbox
             .run(&policy, &command, CancellationToken::new(), None)
             .await?;

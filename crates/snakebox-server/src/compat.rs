@@ -309,7 +309,7 @@ Example: {\"code\": \"import os; os.system('ls')\"} -> valid false, errors [\"Li
         let allowed = params.allowed_imports.or(profile_imports);
         let validation = self
             .engine
-            .validate(&params.code, &[], None, allowed.as_deref())
+            .validate(&caller, &params.code, &[], None, allowed.as_deref())
             .await;
         let mut errors = Vec::new();
         for problem in &validation.problems {

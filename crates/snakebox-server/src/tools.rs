@@ -449,6 +449,7 @@ code runs and nothing is installed.\n\nExample: {\"script\": \"import numpy\\npr
         let validation = self
             .engine
             .validate(
+                &caller,
                 &params.script,
                 params.dependencies.as_deref().unwrap_or_default(),
                 params.python_version.as_deref(),

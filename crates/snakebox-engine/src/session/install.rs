@@ -37,8 +37,10 @@ use crate::{EngineError, ErrorKind};
 #[derive(Clone)]
 pub(super) struct Installer {
     pub(super) sandbox: Arc<Sandbox>,
-    /// The engine's concurrency cap: each uv step holds a slot while its sandbox runs.
-    pub(super) slots: Arc<tokio::sync::Semaphore>,
+    /// The session's tenant's claim on the engine's sandbox slots: each uv step holds a slot
+    /// while its sandbox runs, in the tenant's name (also when the install goes on after its
+    /// call).
+    pub(super) share: crate::tenants::Share,
     pub(super) uv: Uv,
     pub(super) uv_env: UvEnvironment,
     pub(super) uv_cache: PathBuf,
@@ -85,7 +87,7 @@ impl Installer {
                     "check that the temporary directory is writable",
                 )
             })?;
-        let _slot = crate::slot_of(&self.slots).await?;
+        let _slot = self.share.slot().await?;
         let mut output =
             match snakebox_env::run_sandboxed(&self.sandbox, &step.invocation, progress).await {
                 Ok(output) => output,
@@ -317,7 +319,7 @@ impl Installer {
         let identity = UvRunner::package_identity(self.sandbox.as_ref());
         let installer = self.sandbox.host_ids(Identity::Installer);
         // Package code in a sandbox of its own: a slot of the concurrency cap (V-01).
-        let _slot = crate::slot_of(&self.slots).await?;
+        let _slot = self.share.slot().await?;
         let compiled = self
             .pipeline()
             .compile(
@@ -476,6 +478,7 @@ pub(super) fn tail(text: &str, max: usize) -> String {
 impl Engine {
     pub(super) fn installer(
         &self,
+        caller: &Caller,
         interpreter: &Interpreter,
         paths: &SessionPaths,
     ) -> Result<Installer, EngineError> {
@@ -484,7 +487,7 @@ impl Engine {
         let cache = self.cache.as_ref().map_err(unavailable)?;
         Ok(Installer {
             sandbox: Arc::clone(sandbox),
-            slots: Arc::clone(&self.runs),
+            share: self.share(caller),
             uv: uv.clone(),
             uv_env: cache.uv_environment().clone(),
             uv_cache: cache.uv_cache_dir(),
@@ -505,6 +508,7 @@ impl Engine {
     /// installed. Returns what is installed and the venv's size.
     pub(super) async fn build_session(
         &self,
+        caller: &Caller,
         paths: &SessionPaths,
         interpreter: &Interpreter,
         requirements: &[String],
@@ -521,7 +525,7 @@ impl Engine {
             Ok(())
         })()
         .map_err(|err| io_error("create the session's directories", &err))?;
-        let installer = self.installer(interpreter, paths)?;
+        let installer = self.installer(caller, interpreter, paths)?;
         installer.create_venv().await?;
         let (packages, bytes, _) = installer.install(requirements, None).await?;
         Ok((packages, bytes))
@@ -563,7 +567,7 @@ impl Engine {
         }
         manager.check_disk()?;
         let interpreter = self.session_interpreter(&row)?;
-        let installer = self.installer(&interpreter, &manager.paths(&row.id))?;
+        let installer = self.installer(caller, &interpreter, &manager.paths(&row.id))?;
         let slot = manager.slot(&row);
         if slot.installing.swap(true, Ordering::SeqCst) {
             return Err(EngineError {

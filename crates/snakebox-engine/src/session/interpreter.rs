@@ -224,7 +224,7 @@ impl Engine {
             Ok(baseline) => baseline,
             Err(error) => return fail(error),
         };
-        let _run_slot = match self.sandbox_slot().await {
+        let _run_slot = match self.sandbox_slot(caller, &cancel).await {
             Ok(slot) => slot,
             Err(error) => return fail(error),
         };
@@ -781,7 +781,7 @@ impl Engine {
         }
         // The command may write the workspace: the next cell's baseline is taken afresh.
         state.known_files = None;
-        let _run_slot = match self.sandbox_slot().await {
+        let _run_slot = match self.sandbox_slot(caller, &cancel).await {
             Ok(slot) => slot,
             Err(error) => return fail(error),
         };

@@ -605,7 +605,7 @@ impl Engine {
         let id = new_session_id();
         let paths = manager.paths(&id);
         let built = self
-            .build_session(&paths, &interpreter, &requirements)
+            .build_session(caller, &paths, &interpreter, &requirements)
             .await;
         let (packages, venv_bytes) = match built {
             Ok(built) => built,
@@ -753,7 +753,7 @@ impl Engine {
         })
         .await?;
         let (packages, venv_bytes) = self
-            .build_session(&paths, &interpreter, &row.base_requirements)
+            .build_session(caller, &paths, &interpreter, &row.base_requirements)
             .await?;
         let now = now_secs();
         manager.store.reset(&row.id, now).map_err(db_error)?;
