@@ -505,8 +505,9 @@ pub struct ArtifactsArgs {
 /// What one tenant (one API key's, on `serve --http`) may take of the server (`[tenants]`).
 #[derive(Debug, Clone, Default, Args)]
 pub struct TenantsArgs {
-    /// Runs of one tenant at once; more wait on the tenant's own queue, so the other slots
-    /// stay free for other tenants [default: unlimited on stdio; with --http, one less than
+    /// Sandboxes of one tenant at once (runs, session calls, validation compiles, builds,
+    /// installs); more wait on the tenant's own queue, so the other slots stay free for
+    /// other tenants [default: unlimited on stdio; with --http, one less than
     /// --max-concurrent-runs].
     #[arg(long, env = "SNAKEBOX_TENANT_MAX_CONCURRENT_RUNS", value_name = "N")]
     pub tenant_max_concurrent_runs: Option<usize>,
