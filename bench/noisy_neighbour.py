@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""Noisy neighbour (issue 32, item 1): what one tenant's flood of each kind of call costs
+another tenant's `print('hi')`.
+
+One `snakebox serve --http` with a key per tenant. First the quiet tenant's `print('hi')`
+alone (its idle baseline); then, for each kind of call in turn, the noisy tenant keeps
+`--clients` calls of that kind in flight for `--seconds` while the quiet tenant calls
+`print('hi')` one after another. Per kind it reports the quiet tenant's p50/p99 against the
+idle ones measured in the same run, the noisy calls' own median (one call's cost) and
+whether the target holds: **p99 within 2x the idle p99 plus one noisy call's cost**. Kinds:
+
+- `runs`: `execute_python` that sleeps 0.5 s (holds a sandbox, little CPU);
+- `cpu`: `execute_python` that spins 0.3 s (holds a sandbox and a core);
+- `validate`: `validate_script` (a compile check in a sandbox);
+- `cells`: session cells (one session per noisy client);
+- `sessions`: `create_session` then `delete_session` (a session's start);
+- `installs`: `install_packages` into a session (six 1.15/1.16 in turn: uv's cache after the
+  first; each is a download step and a compile step in sandboxes).
+
+Every call must answer: a transport error, or a quiet call that is not `ok`, fails the run
+(exit 1), as does a missed target.
+
+    target/e2e-venv/bin/python bench/noisy_neighbour.py --snakebox target/release/snakebox
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import httpx2 as httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "e2e"))
+from http_support import http_server, make_key  # noqa: E402
+
+HI = "print('hi')"
+KINDS = ["runs", "cpu", "validate", "cells", "sessions", "installs"]
+IDS = itertools.count(1)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+async def tool(http: httpx.AsyncClient, url: str, key: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    body = {"jsonrpc": "2.0", "id": next(IDS), "method": "tools/call", "params": {"name": name, "arguments": arguments}}
+    response = await http.post(
+        f"{url}/mcp", json=body, headers={"Authorization": f"Bearer {key}", "Accept": "application/json, text/event-stream"}
+    )
+    response.raise_for_status()
+    reply = response.json()
+    if "result" not in reply:
+        raise RuntimeError(f"{name}: JSON-RPC error {reply.get('error')}")
+    result = reply["result"]
+    structured = result.get("structuredContent") or {}
+    if result.get("isError"):
+        raise RuntimeError(f"{name} failed: {str(structured.get('error') or result)[:300]}")
+    return structured
+
+
+async def quiet_calls(http: httpx.AsyncClient, url: str, key: str, until: float, minimum: int) -> list[float]:
+    """The quiet tenant's print('hi'), one after another, until `until` (at least `minimum`)."""
+    latencies: list[float] = []
+    while time.monotonic() < until or len(latencies) < minimum:
+        started = time.perf_counter()
+        result = await tool(http, url, key, "execute_python", {"script": HI})
+        if result.get("status") != "ok" or result.get("stdout") != "hi\n":
+            raise RuntimeError(f"the quiet tenant's call failed: {str(result)[:300]}")
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+def noisy_call(kind: str, http: httpx.AsyncClient, url: str, key: str, session: str | None) -> Callable[[int], Awaitable[Any]]:
+    async def call(n: int) -> Any:
+        if kind == "runs":
+            return await tool(http, url, key, "execute_python", {"script": "import time\ntime.sleep(0.5)", "timeout_seconds": 60})
+        if kind == "cpu":
+            spin = "import time\nend = time.time() + 0.3\nwhile time.time() < end:\n    pass"
+            return await tool(http, url, key, "execute_python", {"script": spin, "timeout_seconds": 60})
+        if kind == "validate":
+            script = "import json, math\n" + "".join(f"x{i} = math.sqrt({i})\n" for i in range(200))
+            return await tool(http, url, key, "validate_script", {"script": script})
+        if kind == "cells":
+            return await tool(http, url, key, "execute_python", {"script": "sum(range(10**6))", "session_id": session})
+        if kind == "sessions":
+            created = await tool(http, url, key, "create_session", {})
+            return await tool(http, url, key, "delete_session", {"session_id": created["session_id"]})
+        if kind == "installs":
+            version = "1.16.0" if n % 2 else "1.15.0"
+            return await tool(http, url, key, "install_packages", {"session_id": session, "packages": [f"six=={version}"]})
+        raise ValueError(kind)
+
+    return call
+
+
+async def flood(kind: str, http: httpx.AsyncClient, url: str, key: str, clients: int, until: float) -> list[float]:
+    sessions: list[str | None] = [None] * clients
+    if kind in ("cells", "installs"):
+        sessions = [(await tool(http, url, key, "create_session", {}))["session_id"] for _ in range(clients)]
+    costs: list[float] = []
+
+    async def loop(session: str | None) -> None:
+        call = noisy_call(kind, http, url, key, session)
+        for n in itertools.count():
+            if time.monotonic() >= until:
+                return
+            started = time.perf_counter()
+            await call(n)
+            costs.append((time.perf_counter() - started) * 1000)
+
+    try:
+        await asyncio.gather(*(loop(s) for s in sessions))
+    finally:
+        for session in sessions:
+            if session is not None:
+                await tool(http, url, key, "delete_session", {"session_id": session})
+    return costs
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    binary = Path(args.snakebox)
+    if not binary.exists():
+        raise SystemExit(f"{binary} not found: run `cargo build --release -p snakebox`")
+    work = Path(tempfile.mkdtemp(prefix="snakebox-noisy-"))
+    data = work / "data"
+    quiet_key = make_key(binary, data, "quiet")
+    noisy_key = make_key(binary, data, "noisy")
+    rows: list[tuple[str, list[float], list[float]]] = []
+    failed = False
+    with http_server(binary, data, *args.server_args) as (_proc, url):
+        limits = httpx.Limits(max_connections=args.clients + 8)
+        async with httpx.AsyncClient(timeout=300, limits=limits) as http:
+            # Warm: the default environment and its fork server exist before anything is timed.
+            await quiet_calls(http, url, quiet_key, time.monotonic() + 3, 10)
+            idle = await quiet_calls(http, url, quiet_key, time.monotonic() + args.seconds / 2, 40)
+            rows.append(("idle", idle, []))
+            for kind in args.kinds:
+                print(f"[noisy] {kind}: {args.clients} calls in flight for {args.seconds:g} s", file=sys.stderr)
+                until = time.monotonic() + args.seconds
+                noisy = asyncio.create_task(flood(kind, http, url, noisy_key, args.clients, until))
+                await asyncio.sleep(1)  # the flood is under way
+                quiet = await quiet_calls(http, url, quiet_key, until, 20)
+                costs = await noisy
+                rows.append((kind, quiet, costs))
+    idle_p50, idle_p99 = statistics.median(rows[0][1]), percentile(rows[0][1], 0.99)
+    print(f"server: {binary} {' '.join(args.server_args)}; {args.clients} noisy calls in flight, {args.seconds:g} s per kind")
+    print()
+    print("| noisy tenant's calls | quiet `print('hi')` n | p50 ms | p99 ms | p99 / idle p99 | one noisy call (median ms) | target: p99 ≤ 2 × idle p99 + one noisy call | met |")
+    print("|---|---:|---:|---:|---:|---:|---|---|")
+    print(f"| none (idle) | {len(rows[0][1])} | {idle_p50:.1f} | {idle_p99:.1f} | 1.00× | | | |")
+    for kind, quiet, costs in rows[1:]:
+        p50, p99 = statistics.median(quiet), percentile(quiet, 0.99)
+        cost = statistics.median(costs) if costs else float("nan")
+        bound = 2 * idle_p99 + cost
+        met = p99 <= bound
+        failed |= not met
+        print(f"| {kind} ({len(costs)} calls) | {len(quiet)} | {p50:.1f} | {p99:.1f} | {p99 / idle_p99:.2f}× | {cost:.0f} | ≤ {bound:.0f} ms | {'**met**' if met else 'missed'} |")
+    return 1 if failed else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--snakebox", default=str(REPO / "target" / "release" / "snakebox"))
+    parser.add_argument("--seconds", type=float, default=60.0, help="per kind of call (issue 32 asks for 60)")
+    parser.add_argument("--clients", type=int, default=16, help="noisy calls in flight")
+    parser.add_argument("--kind", dest="kinds", action="append", choices=KINDS, help="one kind (repeatable; default: all)")
+    parser.add_argument("--server-arg", dest="server_args", action="append", default=[], help="passed to `serve` (repeatable)")
+    args = parser.parse_args()
+    args.kinds = args.kinds or KINDS
+    return asyncio.run(main_async(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
