@@ -35,7 +35,7 @@ MODES = ["root-service", "root-delegated", "user-login", "user-delegated", "user
 # is the behaviour issue 33 asks for: root under a systemd-delegated cgroup (`Delegate=yes`,
 # the `trusted.delegate` xattr) gets cgroup v2 and the fork server; a fork bomb stopped by its
 # timeout is reported as `timeout`; a user-manager scope without Delegate= is left as found.
-# `current` is main before those fixes (measured in /work/shared/notes/cgroupv2-vm.md): there
+# `current` is main before those fixes (f66428a, measured in ../shared/notes/cgroupv2-vm.md): there
 # the breaks named in `tolerate` are reported as `known` instead of failing the stage.
 #   cgroups: "v2" (check_environment reports cgroup v2) or "unusable" (watchdog + RLIMIT_NPROC)
 #   fork_server: whether forked runs must happen (the fork server is for root servers only)
