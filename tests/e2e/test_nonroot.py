@@ -329,3 +329,82 @@ async def test_a_normal_users_work_directory_is_capped(user, tools):
         after, text, _ = await call(client, "execute_python", script="print('after')")
         assert after["stdout"] == "after\n", text
         assert str(data) not in Path("/proc/self/mountinfo").read_text()
+
+
+@pytest.mark.anyio
+async def test_a_normal_users_runs_are_forked_fresh_and_limited(user, tools):
+    """Issue 33: a normal user's runs had no fork server (it ran as a leased host uid and
+    killed runs through their cgroup, neither of which a normal user has): each started
+    bubblewrap and an interpreter (hello 19 ms against root's 4 ms). Its fork server now runs
+    as the user inside the server's own user namespace, and each forked run is killed through
+    a pidfd of its pid 1 and held by the memory watchdog over pid 1's tree. Judged from
+    outside: the server's own count of forked runs, the limits' reports, /proc."""
+    async with Client(server(user, tools), mode="auto", read_timeout_seconds=300) as client:
+        result, text, _ = await call(client, "execute_python", script="print('warm')")
+        assert result["status"] == "ok", text
+        deadline = time.monotonic() + 120
+        while True:
+            report, _, _ = await call(client, "check_environment")
+            pool = report["warm_pool"]
+            if pool["fork_servers"] or pool["fork_server_error"] or time.monotonic() > deadline:
+                break
+            await anyio.sleep(0.5)
+        assert pool["fork_servers"] >= 1 and pool["fork_server_error"] is None, pool
+        forked_before = pool["forked"]
+
+        # Two runs at once never see each other's /tmp, /dev/shm or /work.
+        marker = secrets.token_hex(4)
+        writer = (
+            "import os, time\n"
+            f"for d in ('/tmp', '/dev/shm', '.'):\n    open(os.path.join(d, 'left-{marker}'), 'w').write('x')\n"
+            "print('wrote', flush=True)\ntime.sleep(3)\n"
+        )
+        reader = (
+            "import os, time\ntime.sleep(1)\n"
+            f"print(sorted(p for d in ('/tmp', '/dev/shm', '.') for p in os.listdir(d) if '{marker}' in p))\n"
+        )
+        results: dict = {}
+
+        async def run(name: str, script: str) -> None:
+            results[name], _, _ = await call(client, "execute_python", script=script, timeout_seconds=30)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(run, "writer", writer)
+            group.start_soon(run, "reader", reader)
+        assert results["writer"]["stdout"] == "wrote\n", results
+        assert results["reader"]["status"] == "ok" and results["reader"]["stdout"] == "[]\n", results
+        later, text, _ = await call(client, "execute_python", script=reader)
+        assert later["stdout"] == "[]\n", text
+
+        # The memory watchdog holds a forked run, and the report names the run's own limit.
+        hog = "chunks = []\nprint('alive', flush=True)\nwhile True:\n    chunks.append(bytearray(32 << 20))\n"
+        result, text, _ = await call(client, "execute_python", script=hog, timeout_seconds=60)
+        assert result["status"] == "memory_limit", text
+        # A run stopped by its timeout is killed through its pid 1: nothing of it is left.
+        marker = f"snakebox-forked-{secrets.token_hex(4)}"
+        sleeper = (
+            "import os, time\nfor _ in range(3):\n    if os.fork() == 0:\n"
+            f"        os.execve('/bin/sleep', ['/bin/sleep', '60'], {{'MARK': '{marker}'}})\n"
+            "print('started', flush=True)\ntime.sleep(60)\n"
+        )
+        seen: set[int] = set()
+
+        async def watch() -> None:
+            while True:
+                seen.update(processes_with(marker))
+                await anyio.sleep(0.1)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(watch)
+            result, text, _ = await call(client, "execute_python", script=sleeper, timeout_seconds=3)
+            group.cancel_scope.cancel()
+        assert result["status"] == "timeout" and result["stdout"] == "started\n", text
+        assert len(seen) == 3, seen
+        assert processes_with(marker) == []
+
+        report, _, _ = await call(client, "check_environment")
+        pool = report["warm_pool"]
+        # Every run above but none was forked (a cold start would not count).
+        assert pool["forked"] - forked_before >= 5, pool
+        after, text, _ = await call(client, "execute_python", script="print('after')")
+        assert after["stdout"] == "after\n", text

@@ -731,11 +731,7 @@ impl Engine {
     /// [`snakebox_sandbox::mount_runs_root`]), before any run starts: `serve` calls it
     /// before it takes requests. Turns the fork server off when that fails.
     pub fn prepare_fork_server(&self) {
-        if !self.pool.fork_enabled
-            || self.sandbox.as_ref().map_or(true, |s| {
-                s.host_ids(snakebox_sandbox::Identity::Untrusted).is_none()
-            })
-        {
+        if !self.pool.fork_enabled || !self.sandbox.as_ref().is_ok_and(|s| s.forks_runs()) {
             return;
         }
         let dir = crate::run::server_runs_dir(&self.config.data_dir);

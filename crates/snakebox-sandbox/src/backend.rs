@@ -60,6 +60,11 @@ pub trait Backend: Send + Sync + fmt::Debug {
         command: &SandboxCommand,
     ) -> Result<PendingRun, SandboxError>;
 
+    /// Whether this backend can fork runs ([`Backend::start_fork_server`]) here.
+    fn forks_runs(&self) -> bool {
+        false
+    }
+
     /// Start a fork server running as `lease`'s uid (an optional capability: backends
     /// without one refuse, and runs are started the other ways).
     ///

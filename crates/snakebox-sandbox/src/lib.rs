@@ -453,9 +453,18 @@ impl Sandbox {
         Ok(pending)
     }
 
-    /// Start a fork server for runs of one environment (see [`ForkServer`]), as a host uid
-    /// leased for it, where the backend can fork runs (native, under a root server, with
-    /// cgroups).
+    /// Whether runs can be forked from a fork server here ([`Sandbox::start_fork_server`]):
+    /// the native backend, under a root server or a normal user's server in a user and mount
+    /// namespace of its own ([`enter_own_mount_namespace`]).
+    #[must_use]
+    pub fn forks_runs(&self) -> bool {
+        self.backend.forks_runs()
+    }
+
+    /// Start a fork server for runs of one environment (see [`ForkServer`]), where the
+    /// backend can fork runs ([`Sandbox::forks_runs`]): as a host uid leased for it under a
+    /// root server, as the server's own uid (in a user namespace of its own) under a normal
+    /// user's.
     ///
     /// # Errors
     /// When this sandbox cannot have one, or it fails to start.

@@ -461,6 +461,16 @@ pub(crate) fn classify(
     }
 }
 
+/// Aborts a task when dropped: a helper task that must not outlive the call it serves, however
+/// the call ends (its future may be dropped).
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

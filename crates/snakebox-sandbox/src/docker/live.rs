@@ -17,9 +17,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::FutureExt;
 
-use super::{AbortOnDrop, Container, ControlDir, DockerBackend, Prepared, usage::RunCgroup};
+use super::{Container, ControlDir, DockerBackend, Prepared, usage::RunCgroup};
 use crate::error::{DockerError, SandboxError};
 use crate::live::Reader;
+use crate::supervise::AbortOnDrop;
 use crate::supervise::Teardown;
 use crate::{Policy, SandboxCommand};
 

@@ -49,7 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{DockerError, SandboxError, SpawnError};
 use crate::native::policy::SystemView;
-use crate::supervise::{DirectChild, Teardown, outcome, supervise};
+use crate::supervise::{AbortOnDrop, DirectChild, Teardown, outcome, supervise};
 use crate::{
     BackendKind, BackendReport, Identity, LimitReport, Outcome, OutputChunk, Policy, SandboxCommand,
 };
@@ -620,15 +620,6 @@ where
         })
     };
     tokio::task::block_in_place(run)
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// Probe the engine once: the API answers at [`API_VERSION`], the image is there, the runtime

@@ -22,7 +22,8 @@ the per-user counter shares) with a socket of the run's own and the `cgroup.proc
 a cgroup the server made for it attached. For each, the fork server clones the run's pid 1
 straight into a new user and pid namespace (no process in between: `_clone`). Pid 1:
 
-1. joins its cgroups, makes its mount, network, ipc, uts and cgroup namespaces there (their
+1. sends the server a pidfd of itself (`pid1`) where no cgroup holds the run (the server
+   kills the run and watches its memory through it), joins its cgroups, makes its mount, network, ipc, uts and cgroup namespaces there (their
    cost is the run's, not the fork server's), and maps only its own uid (as 65534);
 2. mounts fresh size-capped /tmp and /dev/shm, a devpts instance of its own, a fresh /proc
    with bubblewrap's read-only covers, sets the run's share of per-user kernel counters and
@@ -108,6 +109,7 @@ LAST_FD = 0xFFFFFFFF  # close_range's "to the end"
 AT_FDCWD = -100
 MOVE_MOUNT_F_EMPTY_PATH = 0x4
 SYS_MOVE_MOUNT = 429
+SYS_PIDFD_OPEN = 434  # the same number on every architecture
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -433,6 +435,8 @@ class ForkServer:
         try:
             _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
             spec = json.loads(spec_text)
+            if spec.get("pidfd"):
+                _send_pidfd(sock_fd)
             _enter_namespaces(fds[1:])
             self.prepare(spec["tmpfs"], spec["user_limits"])
             # The run's session and process group are pid 1's, as under bubblewrap's init.
@@ -660,6 +664,21 @@ def _enter_namespaces(cgroup_fds):
 # The fork server's uid and gid in its own user namespace (what a run's 65534 maps to); read
 # before any clone (inside a new user namespace they are unmapped until the maps are written).
 _OUTSIDE_IDS = (os.geteuid(), os.getegid())
+
+
+def _send_pidfd(sock_fd):
+    """Pid 1, first of all: send the server a pidfd of itself (`pid1`), where no cgroup holds
+    the run: the server kills the run through it (the kernel then kills the whole pid
+    namespace) and watches the memory of its tree."""
+    pidfd = _libc.syscall(ctypes.c_long(SYS_PIDFD_OPEN), ctypes.c_long(1), ctypes.c_long(0))
+    if pidfd < 0:
+        raise SetupError("pidfd_open: %s" % os.strerror(ctypes.get_errno()))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET, 0, fileno=sock_fd)
+    try:
+        sock.sendmsg([b"pid1"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", pidfd))])
+    finally:
+        sock.detach()
+        os.close(pidfd)
 
 
 def _set_rlimits(rlimits):

@@ -35,6 +35,16 @@
 //! none ready (or whose limits differ) gets one made the same way at once. Dropping the fork
 //! server (or its stopping) ends its waiting children and removes their cgroups.
 //!
+//! **Without root, or without cgroups.** A normal user's server runs its fork server as the
+//! user (in the user and mount namespace the server made for itself, `own_mounts`, where it
+//! may mount the run directories and make detached copies of them). Where no cgroup holds a
+//! run's memory and processes (such a server without delegation; a root server on an
+//! undelegated cgroup v2 unit), each child's pid 1 first sends the server a pidfd of itself
+//! ([`Pid1`]): the run is killed through it, and the memory watchdog walks its tree; the
+//! process limit is the run's own `RLIMIT_NPROC`, counted in its own user namespace. The fork
+//! server's own bounds then count it and its runs together ([`OwnMemoryWatch`], and a process
+//! limit set inside its user namespace), at its limit plus each run's it may serve at once.
+//!
 //! **What its runs share.** Every run it forks is its fork: the same interpreter memory (the
 //! same hash seed, address layout and stack canary), and the fork server's host uid, under a
 //! user namespace of its own nested in the fork server's. Per-user kernel counters (inotify
@@ -60,7 +70,7 @@ use super::{NativeBackend, NativeTeardown, join_file, pidfd_kill, pidfd_open, po
 use crate::cgroup::{CgroupSet, RunCgroup};
 use crate::child::{Rlimit, RlimitKind, memfd_with, pipe, rlimits_for};
 use crate::error::{SandboxError, SpawnError};
-use crate::supervise::{DirectChild, outcome, supervise};
+use crate::supervise::{AbortOnDrop, DirectChild, outcome, supervise};
 use crate::{Identity, IdentityLease, Limits, Mount, Outcome, OutputChunk, Policy};
 
 /// The tmpfs of the run directories: scripts and the runner only (input files and the run's
@@ -127,8 +137,20 @@ struct Spare {
     id: u64,
     /// Our end of its socket: its run's request is sent here.
     socket: OwnedFd,
-    /// Its cgroup, made with [`Spares::limits`]: the run's once taken.
-    cgroup: RunCgroup,
+    /// Its cgroup, made with [`Spares::limits`]: the run's once taken (`None` without
+    /// cgroups: the run is then killed and watched through [`Spare::pid1`]).
+    cgroup: Option<RunCgroup>,
+    /// Its pid 1, when there is no cgroup to kill and watch the run through.
+    pid1: Option<Pid1>,
+}
+
+/// A run's pid 1, as the server holds it where no cgroup does: a pidfd (killing it kills the
+/// whole PID namespace, and a signal through it never reaches a later process of that pid)
+/// and its pid here (the root of the memory watchdog's walk).
+#[derive(Debug)]
+struct Pid1 {
+    pidfd: OwnedFd,
+    pid: i32,
 }
 
 /// The pre-forked children of one fork server, and what keeps them made.
@@ -142,6 +164,9 @@ struct Spares {
     limits: Limits,
     /// What every one is told (`forkserver.py`: `fork <n> <json>`).
     spec: String,
+    /// Whether runs are killed and watched through their pid 1 ([`Pid1`]): the server's
+    /// cgroups (if any) do not hold both their memory and their processes.
+    by_pid1: bool,
     /// Runs served by one.
     served: AtomicU64,
 }
@@ -253,9 +278,12 @@ pub struct ForkServer {
     socket: OwnedFd,
     waiters: Waiters,
     alive: Arc<AtomicBool>,
-    cgroups: Arc<CgroupSet>,
+    /// The server's cgroups, when it has them; `None`: a normal user's server without
+    /// delegation, where each run is killed through its pid 1 and its memory is watched
+    /// ([`Pid1`]), and the fork server's own memory by a watchdog of its own.
+    cgroups: Option<Arc<CgroupSet>>,
     /// Its own cgroup (a run's limits), killed and removed when it stops.
-    cgroup: RunCgroup,
+    cgroup: Option<RunCgroup>,
     /// The modules it imported before serving (see [`ForkServerSpec::preload`]).
     preloaded: Vec<String>,
     /// Its host uid, for its lifetime (its runs have it too).
@@ -280,19 +308,17 @@ impl NativeBackend {
         lease: IdentityLease,
     ) -> Result<ForkServer, SandboxError> {
         let fail = |message: String| fork_server_error(message, true);
-        if !self.drop_privileges {
+        if !self.drop_privileges && !crate::own_mounts::entered() {
             return Err(fail(
-                "it needs a server running as root (it runs as a host uid of its own)".into(),
+                "a normal user's fork server needs the server in a user and mount namespace \
+                 of its own (to mount its runs' directories), and the kernel refused it one"
+                    .into(),
             ));
         }
-        let Some(cgroups) = self.cgroups.clone() else {
-            return Err(fail(
-                "it needs cgroups (runs are killed and limited through them)".into(),
-            ));
-        };
-        let Identity::Leased(_) = lease.identity() else {
+        if self.drop_privileges && !matches!(lease.identity(), Identity::Leased(_)) {
             return Err(fail("no host uid of its own is free".into()));
-        };
+        }
+        let cgroups = self.cgroups.clone();
         let files = write_files(&spec.runs_root, &spec.module_source)
             .map_err(|err| fail(format!("could not write its program: {err}")))?;
         let (ours, theirs) =
@@ -301,6 +327,20 @@ impl NativeBackend {
         let mut policy = spec.policy.clone();
         policy.network = false;
         policy.identity = lease.identity();
+        let pids_by_cgroup = cgroups
+            .as_ref()
+            .is_some_and(|set| set.pids_mechanism().is_some());
+        let memory_by_cgroup = cgroups
+            .as_ref()
+            .is_some_and(|set| set.memory_mechanism().is_some());
+        // Without a pids cgroup, its process limit is a count in its own user namespace,
+        // which every run's processes count in too (each run's own is in the run's
+        // namespace): room for each run it may serve at once, and for itself.
+        let whole = shares(spec.concurrent_runs);
+        if !pids_by_cgroup {
+            policy.limits.max_processes =
+                policy.limits.max_processes.map(|n| n.saturating_mul(whole));
+        }
         policy.mounts.push(Mount {
             host: files.clone(),
             dest: FILES_INSIDE.into(),
@@ -341,26 +381,32 @@ impl NativeBackend {
         // Its own cgroup, with a run's limits: what its interpreter imports is caller-chosen
         // code, bounded like a run's. Its CPU share is smaller: it lives on between calls,
         // and all it does then is fork (a run's own CPU is charged to the run's cgroup).
-        let cgroup = cgroups.create_run(&Limits {
-            cpu_millicores: Some(
-                policy
-                    .limits
-                    .cpu_millicores
-                    .map_or(FORK_SERVER_MILLICORES, |run| {
-                        run.min(FORK_SERVER_MILLICORES)
-                    }),
-            ),
-            ..policy.limits.clone()
-        })?;
-        let mut prepared = self.prepare(&policy, &command, Some(&cgroup), Some(setup))?;
+        let cgroup = cgroups
+            .as_ref()
+            .map(|set| {
+                set.create_run(&Limits {
+                    cpu_millicores: Some(
+                        policy
+                            .limits
+                            .cpu_millicores
+                            .map_or(FORK_SERVER_MILLICORES, |run| {
+                                run.min(FORK_SERVER_MILLICORES)
+                            }),
+                    ),
+                    ..policy.limits.clone()
+                })
+            })
+            .transpose()?;
+        let mut prepared = self.prepare(&policy, &command, cgroup.as_ref(), Some(setup))?;
         prepared
             .command
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
-        let (pidfd, stderr) = spawn_kept(prepared.command).map_err(|source| SpawnError::Start {
-            program: self.bwrap.clone(),
-            source,
-        })?;
+        let (pidfd, process_pid, stderr) =
+            spawn_kept(prepared.command).map_err(|source| SpawnError::Start {
+                program: self.bwrap.clone(),
+                source,
+            })?;
         drop(prepared.keep_until_spawned);
         // What it prints goes to our log; the last of it explains a failed start.
         let said = Arc::new(Mutex::new(String::new()));
@@ -387,11 +433,14 @@ impl NativeBackend {
                 state: Mutex::new(SpareState::default()),
                 changed: Condvar::new(),
                 target: spec.prefork.min(MAX_PREFORK),
-                limits: policy.limits.clone(),
+                // A run's limits, as the spec gave them (not the fork server's own).
+                limits: spec.policy.limits.clone(),
                 spec: child_spec(
                     policy.limits.scratch_bytes,
                     &user_limit_shares(shares(spec.concurrent_runs)),
+                    !memory_by_cgroup || !pids_by_cgroup,
                 ),
+                by_pid1: !memory_by_cgroup || !pids_by_cgroup,
                 served: AtomicU64::new(0),
             }),
         };
@@ -420,6 +469,22 @@ impl NativeBackend {
             }
         }
         server.alive.store(true, Ordering::SeqCst);
+        if let (false, Some(limit)) = (memory_by_cgroup, policy.limits.memory_bytes) {
+            // Its own memory and its runs' together: each run's alone is its own watchdog's.
+            let watched = OwnMemoryWatch {
+                process: server
+                    .process
+                    .try_clone()
+                    .map_err(|err| fail(format!("could not share its pidfd: {err}")))?,
+                pid: process_pid,
+                limit: limit.saturating_mul(whole),
+                alive: Arc::clone(&server.alive),
+            };
+            std::thread::Builder::new()
+                .name("snakebox-forkserver-memory".into())
+                .spawn(move || watched.keep_watching())
+                .map_err(|err| fail(format!("could not start its memory watchdog: {err}")))?;
+        }
         let waiters = Arc::clone(&server.waiters);
         let alive = Arc::clone(&server.alive);
         let spares = Arc::clone(&server.spares);
@@ -433,7 +498,7 @@ impl NativeBackend {
                     .socket
                     .try_clone()
                     .map_err(|err| fail(format!("could not share its socket: {err}")))?,
-                cgroups: Arc::clone(&server.cgroups),
+                cgroups: server.cgroups.clone(),
                 next: Arc::clone(&server.next),
                 alive: Arc::clone(&server.alive),
                 spares: Arc::clone(&server.spares),
@@ -456,13 +521,122 @@ impl NativeBackend {
 }
 
 /// What the fork server is told of a child it forks (`fork <n> <json>`): the sizes of its fresh
-/// `/tmp` and `/dev/shm` and its share of the per-user counters. Nothing of any run.
-fn child_spec(scratch_bytes: Option<u64>, user_limits: &[(&'static str, u64)]) -> String {
+/// `/tmp` and `/dev/shm`, its share of the per-user counters, and whether its pid 1 sends us
+/// a pidfd of itself (`pidfd`: where no cgroup holds the run). Nothing of any run.
+fn child_spec(
+    scratch_bytes: Option<u64>,
+    user_limits: &[(&'static str, u64)],
+    pidfd: bool,
+) -> String {
     serde_json::json!({
         "tmpfs": [["/tmp", scratch_bytes], ["/dev/shm", scratch_bytes]],
         "user_limits": user_limits,
+        "pidfd": pidfd,
     })
     .to_string()
+}
+
+/// How long a new child's pid 1 may take to send its pidfd (it is the first thing it does).
+const PID1_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Receive a child's pid 1 on `socket`: the `pid1` message with a pidfd of itself, which must
+/// name a live process that is pid 1 of its own PID namespace (the child's is new).
+fn receive_pid1(socket: &OwnedFd) -> Result<Pid1, String> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let mut poll = [nix::poll::PollFd::new(
+        socket.as_fd(),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    let millis = nix::poll::PollTimeout::try_from(PID1_TIMEOUT.as_millis())
+        .unwrap_or(nix::poll::PollTimeout::MAX);
+    match nix::poll::poll(&mut poll, millis) {
+        Ok(n) if n > 0 => {}
+        _ => return Err(format!("its pid 1 said nothing within {PID1_TIMEOUT:?}")),
+    }
+    let mut buf = [0u8; 64];
+    let mut iov = [std::io::IoSliceMut::new(&mut buf)];
+    let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+    let received = recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(|err| format!("its pid 1's message: {err}"))?;
+    let mut fds: Vec<OwnedFd> = Vec::new();
+    for message in received
+        .cmsgs()
+        .map_err(|err| format!("its pid 1's message: {err}"))?
+    {
+        if let ControlMessageOwned::ScmRights(raw) = message {
+            // SAFETY: descriptors just received are ours alone.
+            fds.extend(
+                raw.into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
+        }
+    }
+    let said = received
+        .iovs()
+        .next()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .unwrap_or_default();
+    if said != "pid1" || fds.len() != 1 {
+        // Its set-up failed before it could say (`fail <reason>`), or it said something else.
+        return Err(if let Some(reason) = said.strip_prefix("fail ") {
+            reason.to_string()
+        } else {
+            "its pid 1 did not send its pidfd".into()
+        });
+    }
+    let pidfd = fds.remove(0);
+    let pid = pid1_of(&pidfd).ok_or("the pidfd its pid 1 sent is not of a pid 1")?;
+    Ok(Pid1 { pidfd, pid })
+}
+
+/// The pid (here) of the process behind `pidfd`, if it lives and is pid 1 of its own PID
+/// namespace (`/proc/self/fdinfo`'s `Pid` and `NSpid` lines).
+fn pid1_of(pidfd: &OwnedFd) -> Option<i32> {
+    let info = fs_err::read_to_string(format!("/proc/self/fdinfo/{}", pidfd.as_raw_fd())).ok()?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .map(str::split_whitespace)
+    };
+    let pid: i32 = field("Pid:")?.next()?.parse().ok()?;
+    let innermost: i32 = field("NSpid:")?.last()?.parse().ok()?;
+    (pid > 0 && innermost == 1).then_some(pid)
+}
+
+/// The memory watchdog of a fork server without a memory cgroup: the whole tree of its
+/// sandbox (its interpreter, what that started, and its runs) may hold its own limit and each
+/// run's it may serve at once; above that it is killed, runs and all, as an OOM kill of its
+/// cgroup would. Each run is held to its own limit by the run's watchdog first.
+struct OwnMemoryWatch {
+    process: OwnedFd,
+    pid: i32,
+    limit: u64,
+    alive: Arc<AtomicBool>,
+}
+
+/// How often [`OwnMemoryWatch`] samples (its tree holds every run's processes too, which the
+/// runs' own watchdogs sample more often).
+const OWN_MEMORY_INTERVAL: Duration = Duration::from_millis(500);
+
+impl OwnMemoryWatch {
+    fn keep_watching(self) {
+        while self.alive.load(Ordering::SeqCst) && crate::watchdog::pidfd_alive(&self.process) {
+            if crate::watchdog::tree_anon_bytes(self.pid) > self.limit {
+                tracing::warn!(
+                    limit = self.limit,
+                    "a fork server's sandbox held more memory than its limit; it is stopped"
+                );
+                pidfd_kill(&self.process);
+                return;
+            }
+            std::thread::sleep(OWN_MEMORY_INTERVAL);
+        }
+    }
 }
 
 /// Ask the fork server (on `socket`) for a child in a new cgroup with `limits`, its run's pid 1
@@ -470,16 +644,18 @@ fn child_spec(scratch_bytes: Option<u64>, user_limits: &[(&'static str, u64)]) -
 /// run, at a small CPU share. Its id is `next`'s.
 fn fork_child(
     socket: &OwnedFd,
-    cgroups: &CgroupSet,
+    cgroups: Option<&CgroupSet>,
     id: u64,
     limits: &Limits,
     spec: &str,
     background: bool,
+    by_pid1: bool,
 ) -> Result<Spare, String> {
     let cgroup = cgroups
-        .create_run(limits)
+        .map(|set| set.create_run(limits))
+        .transpose()
         .map_err(|err| format!("its cgroup: {err}"))?;
-    if background {
+    if let (true, Some(cgroup)) = (background, &cgroup) {
         cgroup
             .set_background(true)
             .map_err(|err| format!("its cgroup: {err}"))?;
@@ -487,7 +663,7 @@ fn fork_child(
     let mut fds = Vec::new();
     let (ours, theirs) = seqpacket_pair().map_err(|err| format!("its socket: {err}"))?;
     fds.push(theirs);
-    for file in cgroup.procs_files() {
+    for file in cgroup.iter().flat_map(RunCgroup::procs_files) {
         let path = join_file(&file);
         let opened = fs_err::OpenOptions::new()
             .write(true)
@@ -497,21 +673,32 @@ fn fork_child(
     }
     send_with_fds(socket, format!("fork {id} {spec}").as_bytes(), &fds)
         .map_err(|err| format!("the request to the fork server: {err}"))?;
+    // Our copies go: the child's socket then ends when the child does (or was never made).
+    drop(fds);
+    // Without a cgroup to kill and watch the run through (or with one that holds only some
+    // limits), its pid 1 is what is killed and watched.
+    let pid1 = if by_pid1 {
+        Some(receive_pid1(&ours)?)
+    } else {
+        None
+    };
     Ok(Spare {
         id,
         socket: ours,
         cgroup,
+        pid1,
     })
 }
 
 /// The fork server's own rlimits: a run's, without the CPU-time limit (which would end it
-/// after that much CPU over its whole life).
-pub(crate) fn rlimits(limits: &Limits, memory: bool, processes: bool) -> Vec<Rlimit> {
+/// after that much CPU over its whole life). Its memory is its cgroup's or its watchdog's
+/// ([`OwnMemoryWatch`]), never `RLIMIT_AS`, which every run would inherit and none could raise.
+pub(crate) fn rlimits(limits: &Limits, processes: bool) -> Vec<Rlimit> {
     let without_cpu = Limits {
         cpu_time: None,
         ..limits.clone()
     };
-    rlimits_for(&without_cpu, memory, processes)
+    rlimits_for(&without_cpu, false, processes)
 }
 
 /// Each run's share of the server's own message-queue and pending-signal limits (what a
@@ -571,7 +758,7 @@ fn user_limit_shares(shares: u64) -> Vec<(&'static str, u64)> {
 /// path).
 struct SpareMaker {
     socket: OwnedFd,
-    cgroups: Arc<CgroupSet>,
+    cgroups: Option<Arc<CgroupSet>>,
     next: Arc<AtomicU64>,
     alive: Arc<AtomicBool>,
     spares: Arc<Spares>,
@@ -677,11 +864,12 @@ impl SpareMaker {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         fork_child(
             &self.socket,
-            &self.cgroups,
+            self.cgroups.as_deref(),
             id,
             &self.spares.limits,
             &self.spares.spec,
             true,
+            self.spares.by_pid1,
         )
     }
 }
@@ -710,7 +898,7 @@ impl ForkServer {
     /// the page cache of files it read), when the cgroup counts it: what it costs the host.
     #[must_use]
     pub fn peak_memory_bytes(&self) -> Option<u64> {
-        self.cgroup.usage().peak_memory_bytes
+        self.cgroup.as_ref()?.usage().peak_memory_bytes
     }
 
     /// Pre-forked children waiting for a run now.
@@ -749,7 +937,11 @@ impl ForkServer {
             taken
         };
         let spare = spare?;
-        if let Err(err) = spare.cgroup.set_background(false) {
+        if let Err(err) = spare
+            .cgroup
+            .as_ref()
+            .map_or(Ok(()), |cgroup| cgroup.set_background(false))
+        {
             // Its run would compete at a sixteenth of the CPU: the child is dropped (and
             // replaced), the run forked anew.
             tracing::warn!(%err, "a pre-forked child's CPU share could not be restored");
@@ -812,9 +1004,11 @@ impl ForkServer {
             Some(taken) => taken,
             None => self.fork_now(&run.limits)?,
         };
-        let (memory_in_cgroup, pids_in_cgroup) =
-            (child.cgroup.limits_memory(), child.cgroup.limits_pids());
-        let mut rlimits = rlimits_for(&run.limits, !memory_in_cgroup, !pids_in_cgroup);
+        let pids_in_cgroup = child.cgroup.as_ref().is_some_and(RunCgroup::limits_pids);
+        let memory_in_cgroup = child.cgroup.as_ref().is_some_and(RunCgroup::limits_memory);
+        // Memory without a cgroup is the watchdog's (crate::watchdog), never RLIMIT_AS; the
+        // process limit without one counts in the run's own user namespace.
+        let mut rlimits = rlimits_for(&run.limits, false, !pids_in_cgroup);
         rlimits.extend(self.run_rlimits.iter().copied());
         let rlimits: Vec<serde_json::Value> = rlimits
             .iter()
@@ -860,19 +1054,28 @@ impl ForkServer {
             let said = setup_failure_said(&child.socket).unwrap_or_else(|| err.to_string());
             return Err(fail(format!("{SETUP_FAILED}: {said}")));
         }
-        let Spare { socket, cgroup, .. } = child;
+        let Spare {
+            socket,
+            cgroup,
+            pid1,
+            ..
+        } = child;
+        let (sandbox_pidfd, sandbox_pid) = match pid1 {
+            Some(Pid1 { pidfd, pid }) => (Some(pidfd), pid),
+            None => (None, 0),
+        };
         // SAFETY: an OwnedFd keeps its one descriptor open until the AsyncFd drops it.
         let socket = unsafe {
             tokio::io::unix::AsyncFd::register_with_interest(socket, tokio::io::Interest::READABLE)
         }
         .map_err(|err| desc("report socket")(err.into_parts().1))?;
         let teardown = Arc::new(NativeTeardown {
-            sandbox_pidfd: Mutex::new(None),
-            sandbox_pid: AtomicI32::new(0),
-            cgroup: Some(cgroup),
-            // Fork servers exist only with cgroups: memory is the cgroup's, and a run forked
-            // here reports its own start failures.
-            memory_watch: None,
+            sandbox_pidfd: Mutex::new(sandbox_pidfd),
+            sandbox_pid: AtomicI32::new(sandbox_pid),
+            cgroup,
+            // Memory is the cgroup's where it counts it, else the watchdog's over pid 1's tree
+            // (below). A run forked here reports its own start failures.
+            memory_watch: run.limits.memory_bytes.filter(|_| !memory_in_cgroup),
             memory_hit: std::sync::atomic::AtomicBool::new(false),
             command_ran: std::sync::atomic::AtomicBool::new(true),
             // Released off the runtime (below): the run's namespaces end there.
@@ -891,6 +1094,18 @@ impl ForkServer {
             killed: false,
             teardown: teardown.clone(),
         };
+        // Ends with this call, however it ends (the future may be dropped).
+        let watchdog = teardown.memory_watch.is_some().then(|| {
+            let teardown = Arc::clone(&teardown);
+            AbortOnDrop(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(crate::watchdog::INTERVAL);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                while !teardown.memory_hit.load(Ordering::SeqCst) {
+                    tick.tick().await;
+                    teardown.check_memory();
+                }
+            }))
+        });
         let raw = supervise(
             child,
             Some(stdout),
@@ -903,6 +1118,7 @@ impl ForkServer {
             started,
         )
         .await;
+        drop(watchdog);
         let memory_hit = crate::supervise::Teardown::memory_exceeded(teardown.as_ref());
         let usage = crate::supervise::Teardown::usage(teardown.as_ref());
         let raw = raw.map_err(|err| match err {
@@ -927,8 +1143,17 @@ impl ForkServer {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (gone_tx, gone_rx) = oneshot::channel();
         self.lock_waiters().insert(id, gone_tx);
-        let spec = child_spec(limits.scratch_bytes, &self.user_limits);
-        match fork_child(&self.socket, &self.cgroups, id, limits, &spec, false) {
+        let by_pid1 = self.spares.by_pid1;
+        let spec = child_spec(limits.scratch_bytes, &self.user_limits, by_pid1);
+        match fork_child(
+            &self.socket,
+            self.cgroups.as_deref(),
+            id,
+            limits,
+            &spec,
+            false,
+            by_pid1,
+        ) {
             Ok(child) => Ok((child, gone_rx)),
             Err(message) => {
                 self.lock_waiters().remove(&id);
@@ -1184,10 +1409,10 @@ fn fork_server_error(message: String, before_user_code: bool) -> SandboxError {
 /// Spawn `command` from a thread of its own that then waits for it: the process is started
 /// with `PR_SET_PDEATHSIG`, which fires when the *thread* that forked it ends, so it must not
 /// be a pool thread that may be retired while the fork server serves (H-05). Returns a pidfd
-/// of the process and its stderr.
+/// of the process, its pid and its stderr.
 fn spawn_kept(
     mut command: std::process::Command,
-) -> std::io::Result<(OwnedFd, Option<std::process::ChildStderr>)> {
+) -> std::io::Result<(OwnedFd, i32, Option<std::process::ChildStderr>)> {
     let (sent, received) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("snakebox-forkserver-keeper".into())
@@ -1200,11 +1425,10 @@ fn spawn_kept(
                 }
             };
             // Our own child, not reaped before the `wait` below: the pid is still its.
-            let opened = i32::try_from(child.id())
-                .map_err(std::io::Error::other)
-                .and_then(pidfd_open);
+            let pid = i32::try_from(child.id()).map_err(std::io::Error::other);
+            let opened = pid.and_then(|pid| pidfd_open(pid).map(|pidfd| (pidfd, pid)));
             let failed = opened.is_err();
-            let _ = sent.send(opened.map(|pidfd| (pidfd, child.stderr.take())));
+            let _ = sent.send(opened.map(|(pidfd, pid)| (pidfd, pid, child.stderr.take())));
             if failed {
                 let _ = child.kill();
             }
@@ -1415,6 +1639,56 @@ fn tail(text: &str, max: usize) -> &str {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn only_a_live_pid_1_of_its_own_namespace_is_taken_as_a_runs_init() {
+        // This test's own process is not pid 1 of its namespace.
+        let own = super::pidfd_open(i32::try_from(std::process::id()).unwrap()).unwrap();
+        assert_eq!(super::pid1_of(&own), None);
+        // A child in a new pid namespace is its pid 1 there (needs a user namespace or root).
+        let child = std::process::Command::new("unshare")
+            .args([
+                "--pid",
+                "--fork",
+                "--kill-child",
+                "--map-root-user",
+                "sleep",
+                "30",
+            ])
+            .spawn();
+        let Ok(mut child) = child else { return };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let inner = loop {
+            let children = fs_err::read_to_string(format!(
+                "/proc/{}/task/{}/children",
+                child.id(),
+                child.id()
+            ))
+            .unwrap_or_default();
+            if let Some(pid) = children.split_whitespace().next() {
+                break pid.parse::<i32>().unwrap();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "unshare made no child"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let pidfd = super::pidfd_open(inner).unwrap();
+        assert_eq!(super::pid1_of(&pidfd), Some(inner));
+        let _ = child.kill();
+        let _ = child.wait();
+        // Once it is gone, it is no run's init any more.
+        super::pidfd_kill(&pidfd);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while super::pid1_of(&pidfd).is_some() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the child did not end"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     use super::{parse_ready, seqpacket_pair, setup_failure_said};
 
     #[test]

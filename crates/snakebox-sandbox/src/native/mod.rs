@@ -523,20 +523,21 @@ impl NativeBackend {
         };
 
         let limits = &policy.limits;
-        let memory_by_cgroup = cgroup.is_some_and(RunCgroup::limits_memory);
         let pids_by_cgroup = cgroup.is_some_and(RunCgroup::limits_pids);
         // The process limit inside the sandbox's user namespace, when that is where it goes
         // (see `nproc_in_sandbox`): not on bwrap, where it would count the user's processes.
+        // (A fork server's is the sum of its own and its runs': see `start_fork_server`.)
         let nproc_inside = match (&self.nproc_in_sandbox, limits.max_processes) {
-            (Some(prlimit), Some(n)) if !pids_by_cgroup && !is_zygote => Some((prlimit, n)),
+            (Some(prlimit), Some(n)) if !pids_by_cgroup => Some((prlimit, n)),
             _ => None,
         };
+        // Memory without a cgroup is the supervisor's watchdog (crate::watchdog), not
+        // RLIMIT_AS.
+        let nproc_rlimit = !pids_by_cgroup && nproc_inside.is_none();
         plan.rlimits = if is_zygote {
-            forkserver::rlimits(limits, !memory_by_cgroup, !pids_by_cgroup)
+            forkserver::rlimits(limits, nproc_rlimit)
         } else {
-            // Memory without a cgroup is the supervisor's watchdog (crate::watchdog), not
-            // RLIMIT_AS.
-            rlimits_for(limits, false, !pids_by_cgroup && nproc_inside.is_none())
+            rlimits_for(limits, false, nproc_rlimit)
         };
         plan.cgroup_procs = match cgroup {
             Some(cg) => cg
@@ -1038,6 +1039,10 @@ impl crate::backend::Backend for NativeBackend {
     }
 
     crate::process::process_backend_methods!();
+
+    fn forks_runs(&self) -> bool {
+        self.drop_privileges || crate::own_mounts::entered()
+    }
 
     fn start_fork_server(
         &self,
