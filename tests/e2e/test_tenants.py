@@ -146,3 +146,127 @@ async def test_every_sandbox_a_call_starts_counts_against_its_tenants_share(snak
         assert order.index("b-validate") < order.index("a-run"), order
         assert order.index("a-validate") > order.index("a-run"), order
         assert proc.poll() is None
+
+
+def ui_login(url: str, key: str) -> str:
+    """Log in to the web UI with `key` as a browser would (a POST from the server's own origin);
+    the session cookie."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from test_http import NoRedirect
+
+    body = urllib.parse.urlencode({"key": key}).encode()
+    request = urllib.request.Request(f"{url}/ui/login", data=body, method="POST",
+                                     headers={"Origin": url, "Content-Type": "application/x-www-form-urlencoded"})
+    try:
+        urllib.request.build_opener(NoRedirect).open(request, timeout=30)
+    except urllib.error.HTTPError as err:
+        assert err.code == 303, (err.code, err.read()[:300])
+        return err.headers["set-cookie"].split(";", 1)[0]
+    raise AssertionError("the login did not redirect")
+
+
+def ui_get(url: str, cookie: str) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, headers={"Cookie": cookie})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode("utf-8", "replace")
+
+
+async def test_nothing_a_tenant_did_shows_in_another_tenants_reports_pages_or_errors(snakebox_bin: Path, tmp_path: Path):
+    """Issue 32, property 3, as one sweep: tenant A leaves traces everywhere a report could
+    carry them (an environment with a package, a named session with a file, a run's output and
+    artifact, a failed build); tenant B then reads everything it can reach — every
+    `check_environment`, `list_sessions`, resource listing, every UI page, `/metrics` — and
+    asks for A's things by their ids (each must be refused as not found). None of A's marks may
+    appear in what B is told, beyond server-wide counts."""
+    import secrets
+
+    from test_http import plain_get
+
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    mark = secrets.token_hex(6)
+    marks = {
+        "session name": f"zebra-{mark}",
+        "file name": f"ledger-{mark}.txt",
+        "run output": f"quokka-{mark}",
+        "artifact": f"chart-{mark}.csv",
+        "missing package": f"snakebox-no-such-{mark}",
+        "package": "six",
+    }
+    with http_server(snakebox_bin, data) as (proc, url):
+        async with connect(url, key_a, "auto") as a:
+            run, text, _ = await call(a, "execute_python", script=SIX, timeout_seconds=240)
+            assert run["status"] == "ok", text
+            script = f"print('{marks['run output']}')\nopen('{marks['artifact']}', 'w').write('x,y\\n')\n"
+            run, text, _ = await call(a, "execute_python", script=script)
+            assert run["status"] == "ok" and run["artifacts"], text
+            run_id = run["execution_id"]
+            failed, text, _ = await call(a, "execute_python", script="print(1)",
+                                         dependencies=[marks["missing package"]], timeout_seconds=240)
+            assert failed["status"] != "ok", text
+            session, text, _ = await call(a, "create_session", name=marks["session name"])
+            session_id = session["session_id"]
+            wrote, text, _ = await call(a, "write_file", session_id=session_id, path=marks["file name"], content="secret")
+            assert not wrote.get("error"), text
+            cell, text, _ = await call(a, "execute_python", session_id=session_id, script="x = 1\nprint(x)")
+            assert cell["status"] == "ok", text
+            report_a, _, _ = await call(a, "check_environment")
+            envs_a = list(report_a["warm_pool"]["environments"])
+
+        told: dict[str, str] = {}
+        asked_by_id: dict[str, str] = {}
+        async with connect(url, key_b, "auto") as b:
+            report_b, text, _ = await call(b, "check_environment")
+            told["check_environment"] = text + json.dumps(report_b)
+            listed, text, _ = await call(b, "list_sessions")
+            told["list_sessions"] = text + json.dumps(listed)
+            resources = await b.list_resources()
+            told["resources/list"] = resources.model_dump_json()
+            for name, kwargs in {
+                "execute_python in A's session": {"session_id": session_id, "script": "print(1)"},
+            }.items():
+                _, text, _ = await call(b, "execute_python", **kwargs)
+                asked_by_id[name] = text
+            for tool, kwargs in {
+                "read_file": {"session_id": session_id, "path": marks["file name"]},
+                "list_files": {"session_id": session_id},
+                "delete_session": {"session_id": session_id},
+            }.items():
+                _, text, _ = await call(b, tool, **kwargs)
+                asked_by_id[tool] = text
+        _, _, metrics = plain_get(f"{url}/metrics", key_b)
+        told["/metrics"] = metrics.decode()
+
+        cookie = ui_login(url, key_b)
+        for page in ("/ui/runs", "/ui/sessions", "/ui/environment", "/ui/clients", "/ui/runs?status=error"):
+            status, body = ui_get(f"{url}{page}", cookie)
+            assert status == 200, (page, status, body[:300])
+            told[page] = body
+        for page in (f"/ui/runs/{run_id}", f"/ui/sessions/{session_id}",
+                     f"/ui/runs/{run_id}/download/{marks['artifact']}",
+                     f"/ui/sessions/{session_id}/download/{marks['file name']}"):
+            status, body = ui_get(f"{url}{page}", cookie)
+            assert status == 404, (page, status, body[:300])
+            asked_by_id[page] = body
+        assert proc.poll() is None
+
+    # Proof the sweep reached a live server that held A's things: B's own pages work (above)
+    # and A's session still exists for A (B's delete was refused).
+    for where, text in {**told, **asked_by_id}.items():
+        for what, value in marks.items():
+            assert value not in text, f"{where} tells tenant B A's {what}: {text[:2000]}"
+        # (The default environment, which both use, is the server's: B is told of it too.)
+        for env in set(envs_a) - set(report_b["warm_pool"]["environments"]):
+            assert env not in text, f"{where} tells tenant B A's environment key {env}"
+    for where, text in told.items():
+        assert run_id not in text and session_id not in text, f"{where} names A's run or session"
