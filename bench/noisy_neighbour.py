@@ -17,7 +17,9 @@ cost**. Kinds:
 - `cells`: session cells (one session per noisy client);
 - `sessions`: `create_session` then `delete_session` (a session's start);
 - `installs`: `install_packages` into a session (six 1.15/1.16 in turn: uv's cache after the
-  first; each is a download step and a compile step in sandboxes).
+  first; each is a download step and a compile step in sandboxes);
+- `files`: `list_files` of a session's tree of 2,000 files, depth 10 (host work: the server
+  walks the workspace itself, on its fairly shared host-work threads).
 
 Every call must answer: a transport error, or a quiet call that is not `ok`, fails the run
 (exit 1), as does a missed target.
@@ -44,7 +46,10 @@ sys.path.insert(0, str(REPO / "tests" / "e2e"))
 from http_support import http_server, make_key  # noqa: E402
 
 HI = "print('hi')"
-KINDS = ["runs", "cpu", "validate", "cells", "sessions", "installs"]
+KINDS = ["runs", "cpu", "validate", "cells", "sessions", "installs", "files"]
+# The tree each `files` session lists: 40 directories of 50 files (list_files walks it, up to
+# its cap of entries per call).
+TREE = "import os\nfor d in range(40):\n    os.makedirs(f'd{d}', exist_ok=True)\n    for f in range(50):\n        open(f'd{d}/f{f}', 'w').close()\n"
 IDS = itertools.count(1)
 
 
@@ -98,6 +103,8 @@ def noisy_call(kind: str, http: httpx.AsyncClient, url: str, key: str, session: 
         if kind == "sessions":
             created = await tool(http, url, key, "create_session", {})
             return await tool(http, url, key, "delete_session", {"session_id": created["session_id"]})
+        if kind == "files":
+            return await tool(http, url, key, "list_files", {"session_id": session, "path": ".", "depth": 10})
         if kind == "installs":
             version = "1.16.0" if n % 2 else "1.15.0"
             return await tool(http, url, key, "install_packages", {"session_id": session, "packages": [f"six=={version}"]})
@@ -109,8 +116,10 @@ def noisy_call(kind: str, http: httpx.AsyncClient, url: str, key: str, session: 
 async def alone(kind: str, http: httpx.AsyncClient, url: str, key: str) -> float:
     """One noisy call's own cost: the median of three, one after another, nothing else running."""
     session = None
-    if kind in ("cells", "installs"):
+    if kind in ("cells", "installs", "files"):
         session = (await tool(http, url, key, "create_session", {}))["session_id"]
+    if kind == "files":
+        await tool(http, url, key, "execute_python", {"script": TREE, "session_id": session})
     call = noisy_call(kind, http, url, key, session)
     costs = []
     for n in range(3):
@@ -124,8 +133,11 @@ async def alone(kind: str, http: httpx.AsyncClient, url: str, key: str) -> float
 
 async def flood(kind: str, http: httpx.AsyncClient, url: str, key: str, clients: int, until: float) -> list[float]:
     sessions: list[str | None] = [None] * clients
-    if kind in ("cells", "installs"):
+    if kind in ("cells", "installs", "files"):
         sessions = [(await tool(http, url, key, "create_session", {}))["session_id"] for _ in range(clients)]
+    if kind == "files":
+        for session in sessions:
+            await tool(http, url, key, "execute_python", {"script": TREE, "session_id": session})
     costs: list[float] = []
 
     async def loop(session: str | None) -> None:

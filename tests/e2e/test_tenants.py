@@ -270,3 +270,69 @@ async def test_nothing_a_tenant_did_shows_in_another_tenants_reports_pages_or_er
             assert env not in text, f"{where} tells tenant B A's environment key {env}"
     for where, text in told.items():
         assert run_id not in text and session_id not in text, f"{where} names A's run or session"
+
+
+def gauge(metrics: str, name: str) -> float | None:
+    for line in metrics.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def test_file_tools_that_walk_trees_take_at_most_half_the_host_work_threads(snakebox_bin: Path, tmp_path: Path):
+    """Issue 32, item 1, "file tools that walk trees": the server walks a session's workspace
+    itself (list_files, the size measure after each call), outside any sandbox. Each walk
+    used to take a thread of its own, however many one tenant asked for at once; now host
+    work runs on a bounded number of threads shared fairly, and one tenant holds at most half
+    of them. Judged from outside: `/metrics` sampled while tenant A keeps 12 deep listings
+    in flight, and tenant B's own file calls answering meanwhile."""
+    from test_http import plain_get
+
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    tree = ("import os\nfor d in range(40):\n    os.makedirs(f'd{d}/e/f', exist_ok=True)\n"
+            "    for f in range(50):\n        open(f'd{d}/e/f/{f}', 'w').close()\nprint('made')\n")
+    with http_server(snakebox_bin, data) as (proc, url):
+        async with connect(url, key_a, "auto") as a, connect(url, key_b, "auto") as b:
+            session_a, text, _ = await call(a, "create_session")
+            made, text, _ = await call(a, "execute_python", session_id=session_a["session_id"], script=tree)
+            assert made["stdout"] == "made\n", text
+            session_b, text, _ = await call(b, "create_session")
+            wrote, text, _ = await call(b, "write_file", session_id=session_b["session_id"], path="note.txt", content="mine")
+            samples: list[float] = []
+            threads: list[float] = []
+            b_reads: list[str] = []
+            flooding = True
+
+            async def list_forever() -> None:
+                while flooding:
+                    listed, text, _ = await call(a, "list_files", session_id=session_a["session_id"], path=".", depth=10)
+                    assert listed["entries"], text
+
+            async def sample() -> None:
+                while flooding:
+                    _, _, metrics = plain_get(f"{url}/metrics", key_a)
+                    busy = gauge(metrics.decode(), "snakebox_host_work_busy")
+                    total = gauge(metrics.decode(), "snakebox_host_work_threads")
+                    assert busy is not None and total is not None, "the host-work gauges are missing"
+                    samples.append(busy)
+                    threads.append(total)
+                    await anyio.sleep(0.02)
+
+            async with anyio.create_task_group() as group:
+                for _ in range(12):
+                    group.start_soon(list_forever)
+                group.start_soon(sample)
+                for _ in range(10):
+                    read, text, _ = await call(b, "read_file", session_id=session_b["session_id"], path="note.txt")
+                    b_reads.append(read.get("content"))
+                    await anyio.sleep(0.2)
+                await anyio.sleep(1)
+                flooding = False
+        assert proc.poll() is None
+    assert b_reads == ["mine"] * 10, b_reads
+    assert threads and min(threads) == max(threads) >= 2, threads
+    assert max(samples) >= 1, "no host work was seen while the flood ran"
+    # B's reads are in the samples too: A's own share is at most half (B holds at most one).
+    assert max(samples) <= threads[0] // 2 + 1, (max(samples), threads[0])

@@ -18,6 +18,7 @@ mod error;
 mod events;
 mod files;
 mod history;
+mod host_work;
 mod ids;
 mod learn;
 mod lifecycle;
@@ -113,6 +114,9 @@ pub struct Engine {
     /// ([`tenants::FairSlots`]). Taken around one sandbox at a time, never while holding
     /// another, so none can wait on itself.
     runs: Arc<tenants::FairSlots>,
+    /// The server's own work on the host for a tenant's call (file tools, reads of the runs
+    /// table and artifacts), on a bounded number of threads shared fairly between tenants.
+    host: host_work::HostWork,
     warm: Mutex<WarmState>,
     sessions: session::Sessions,
     artifacts: artifacts::ArtifactStore,
@@ -241,6 +245,10 @@ impl Engine {
                 config.max_concurrent_runs,
                 config.tenants.max_concurrent_runs,
             ),
+            host: host_work::HostWork::new(
+                host_work::HostWork::default_threads(),
+                config.tenants.max_concurrent_runs.is_some(),
+            ),
             config,
             sandbox,
             uv,
@@ -308,6 +316,20 @@ impl Engine {
         self.runs.share(caller)
     }
 
+    /// Do `work` on the host for `caller`, on the bounded, fairly shared host-work threads
+    /// ([`host_work::HostWork`]).
+    ///
+    /// # Errors
+    /// When the work panicked.
+    pub(crate) async fn on_host<R: Send + 'static>(
+        &self,
+        caller: &Caller,
+        action: &str,
+        work: impl FnOnce() -> R + Send + 'static,
+    ) -> Result<R, EngineError> {
+        self.host.run(caller, action, work).await
+    }
+
     /// A slot for the server's own background work (warming, compilation).
     pub(crate) async fn server_slot(&self) -> Result<tenants::Slot, EngineError> {
         self.runs.server_share().slot().await
@@ -340,14 +362,11 @@ impl Engine {
         let store = self.artifacts.clone();
         let uri = uri.to_string();
         let caller = caller.clone();
-        let read = tokio::task::spawn_blocking(move || store.read(&caller, &uri))
-            .await
-            .unwrap_or_else(|err| {
-                Err(ArtifactError::Io {
-                    uri: String::new(),
-                    source: std::io::Error::other(err),
-                })
-            });
+        let who = caller.clone();
+        let read = self
+            .host
+            .run(&who, "read the artifact", move || store.read(&caller, &uri))
+            .await?;
         Ok(read?)
     }
 
@@ -365,14 +384,13 @@ impl Engine {
         let store = self.artifacts.clone();
         let (caller, execution_id, path) =
             (caller.clone(), execution_id.to_owned(), path.to_owned());
-        let opened = tokio::task::spawn_blocking(move || store.open(&caller, &execution_id, &path))
-            .await
-            .unwrap_or_else(|err| {
-                Err(ArtifactError::Io {
-                    uri: String::new(),
-                    source: std::io::Error::other(err),
-                })
-            });
+        let who = caller.clone();
+        let opened = self
+            .host
+            .run(&who, "open the artifact", move || {
+                store.open(&caller, &execution_id, &path)
+            })
+            .await?;
         Ok(opened?)
     }
 
@@ -380,7 +398,11 @@ impl Engine {
     pub async fn list_artifacts(&self, caller: &Caller, limit: usize) -> Vec<Artifact> {
         let store = self.artifacts.clone();
         let caller = caller.clone();
-        tokio::task::spawn_blocking(move || store.list(&caller, limit))
+        let who = caller.clone();
+        self.host
+            .run(&who, "list the artifacts", move || {
+                store.list(&caller, limit)
+            })
             .await
             .unwrap_or_default()
     }
@@ -390,7 +412,9 @@ impl Engine {
     pub async fn list_runs(&self, caller: &Caller, query: RunQuery) -> Vec<RunRecord> {
         let caller = caller.clone();
         let history = Arc::clone(&self.history);
-        tokio::task::spawn_blocking(move || history.list(&caller, &query))
+        let who = caller.clone();
+        self.host
+            .run(&who, "list the runs", move || history.list(&caller, &query))
             .await
             .unwrap_or_default()
     }
@@ -403,7 +427,8 @@ impl Engine {
     pub async fn run_record(&self, caller: &Caller, id: &str) -> Result<RunRecord, EngineError> {
         let history = Arc::clone(&self.history);
         let (who, wanted) = (caller.clone(), id.to_owned());
-        tokio::task::spawn_blocking(move || history.get(&who, &wanted))
+        self.host
+            .run(caller, "read the run", move || history.get(&who, &wanted))
             .await
             .ok()
             .flatten()
@@ -421,7 +446,11 @@ impl Engine {
     pub async fn run_output(&self, caller: &Caller, id: &str) -> Option<serde_json::Value> {
         let history = Arc::clone(&self.history);
         let (who, wanted) = (caller.clone(), id.to_owned());
-        let json = tokio::task::spawn_blocking(move || history.output(&who, &wanted))
+        let json = self
+            .host
+            .run(caller, "read the run's result", move || {
+                history.output(&who, &wanted)
+            })
             .await
             .ok()
             .flatten()?;

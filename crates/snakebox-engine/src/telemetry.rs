@@ -74,6 +74,8 @@ impl Engine {
         let total = self.config.max_concurrent_runs.max(1);
         set("snakebox_sandbox_slots", total);
         set("snakebox_sandbox_slots_busy", self.runs.busy());
+        set("snakebox_host_work_threads", self.host.threads());
+        set("snakebox_host_work_busy", self.host.busy());
         let sessions = self.sessions.report(&self.config.data_dir, None);
         set("snakebox_sessions", sessions.count);
         set(

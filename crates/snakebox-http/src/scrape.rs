@@ -91,6 +91,14 @@ fn describe() {
         "snakebox_sandbox_slots_busy",
         "Slots of --max-concurrent-runs held now"
     );
+    describe_gauge!(
+        "snakebox_host_work_threads",
+        "Pieces of host work (file tools, run and artifact reads) that may run at once"
+    );
+    describe_gauge!(
+        "snakebox_host_work_busy",
+        "Pieces of host work running now, every tenant's"
+    );
     describe_gauge!("snakebox_sessions", "Live sessions");
     describe_gauge!(
         "snakebox_session_interpreters_running",

@@ -212,7 +212,7 @@ impl Engine {
                     .ok()
                     .and_then(|sandbox| sandbox.host_ids(Identity::Untrusted));
                 let work = work.clone();
-                super::blocking("write the input files", move || {
+                self.on_host(caller, "write the input files", move || {
                     write_inputs(&work, &inputs, owner)
                         .map(|()| crate::artifacts::Baseline::snapshot(&work))
                 })
@@ -456,13 +456,15 @@ impl Engine {
             execution_id.to_owned(),
             session_id.to_owned(),
         );
-        let finished = tokio::task::spawn_blocking(move || {
-            let collected =
-                store.collect_and_fingerprint(&caller, &execution_id, &work, &baseline, images);
-            manager.measure(&session_id, true);
-            collected
-        })
-        .await;
+        let who = caller.clone();
+        let finished = self
+            .on_host(&who, "collect the cell's files", move || {
+                let collected =
+                    store.collect_and_fingerprint(&caller, &execution_id, &work, &baseline, images);
+                manager.measure(&session_id, true);
+                collected
+            })
+            .await;
         match finished {
             Ok((collection, known)) => {
                 rich.collected(collection);
@@ -817,7 +819,7 @@ impl Engine {
         watcher.abort();
         let network_log = crate::network::take_log_of(state.proxy.as_ref());
         drop(state);
-        manager.used(&row.id, false).await;
+        manager.used(self, caller, &row.id, false).await;
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(err) => return fail(err.into()),

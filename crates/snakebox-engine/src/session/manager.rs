@@ -503,10 +503,21 @@ impl Manager {
 
     /// After a call: measure the workspace again (the call may have written to it) and record
     /// the session's last use, its size and (`ran_cell`) one more cell, in one write.
-    pub(super) async fn used(self: &Arc<Self>, id: &str, ran_cell: bool) {
+    /// The measure is host work for `caller` (a walk of the workspace).
+    pub(super) async fn used(
+        self: &Arc<Self>,
+        engine: &Engine,
+        caller: &Caller,
+        id: &str,
+        ran_cell: bool,
+    ) {
         let manager = Arc::clone(self);
         let id = id.to_owned();
-        let _ = tokio::task::spawn_blocking(move || manager.measure(&id, ran_cell)).await;
+        let _ = engine
+            .on_host(caller, "measure the session's files", move || {
+                manager.measure(&id, ran_cell);
+            })
+            .await;
     }
 
     /// [`Manager::used`], blocking: for a caller already on a blocking thread.

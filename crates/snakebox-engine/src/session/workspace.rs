@@ -68,13 +68,14 @@ impl Engine {
         }
         // Not a cell's file: the next cell's baseline must include it.
         state.known_files = None;
-        let size = super::blocking("write the file", move || {
-            snakebox_fs::write(&work, &rel, &content, owner)
-        })
-        .await?
-        .map_err(file_error)?;
+        let size = self
+            .on_host(caller, "write the file", move || {
+                snakebox_fs::write(&work, &rel, &content, owner)
+            })
+            .await?
+            .map_err(file_error)?;
         drop(state);
-        manager.used(&row.id, false).await;
+        manager.used(self, caller, &row.id, false).await;
         Ok(FileWritten {
             session_id: row.id,
             path: path.to_owned(),
@@ -96,11 +97,12 @@ impl Engine {
         let row = manager.row(caller, session_id)?;
         let work = manager.paths(&row.id).work;
         let rel = RelativePath::parse_entry(path).map_err(|err| file_error(err.into()))?;
-        let data = super::blocking("read the file", move || {
-            snakebox_fs::read(&work, &rel, MAX_FILE_BYTES)
-        })
-        .await?
-        .map_err(file_error)?;
+        let data = self
+            .on_host(caller, "read the file", move || {
+                snakebox_fs::read(&work, &rel, MAX_FILE_BYTES)
+            })
+            .await?
+            .map_err(file_error)?;
         let size = data.len() as u64;
         let (encoding, content) = match String::from_utf8(data) {
             Ok(text) => ("utf-8", text),
@@ -131,11 +133,12 @@ impl Engine {
         let work = manager.paths(&row.id).work;
         let rel = path.to_owned();
         let depth = depth.clamp(1, 10);
-        let (entries, truncated) = super::blocking("list the directory", move || {
-            files::list(&work, &rel, depth, MAX_LIST_ENTRIES)
-        })
-        .await?
-        .map_err(file_error)?;
+        let (entries, truncated) = self
+            .on_host(caller, "list the directory", move || {
+                files::list(&work, &rel, depth, MAX_LIST_ENTRIES)
+            })
+            .await?
+            .map_err(file_error)?;
         Ok(FileList {
             session_id: row.id,
             path: path.to_owned(),
