@@ -150,7 +150,7 @@ async def test_a_normal_user_with_200_threads_runs_scripts_polars_and_is_limited
         assert limits["max_processes"]["enforced"], limits
         assert "user namespace" in limits["max_processes"]["mechanism"], limits
         assert limits["memory"]["enforced"], limits
-        assert "RssAnon + RssShmem" in limits["memory"]["mechanism"], limits
+        assert "Pss_Anon + Pss_Shmem" in limits["memory"]["mechanism"], limits
         assert any("host uid: bwrap runs as the server's own uid" in d for d in report["sandbox_details"])
 
         # A plain run succeeds while the user's other process holds 200 threads (before, every

@@ -122,7 +122,7 @@ pub(crate) fn limit_reports() -> Vec<LimitReport> {
         r(
             "memory",
             true,
-            "the supervisor sums the resident anonymous memory (RssAnon + RssShmem) of the command's process tree every 100 ms and kills the tree above the limit (best effort: a burst between samples overshoots; files and page cache not counted)",
+            "the supervisor sums the resident anonymous memory of the command's process tree (Pss_Anon + Pss_Shmem: a page shared after fork counts once) every 100 ms and kills the tree above the limit (best effort: a burst between samples overshoots; files and page cache not counted)",
         ),
         r("max_processes", nproc.1, nproc.0),
         r(

@@ -9,12 +9,16 @@
 //! limit; the run is then reported as `memory_limit`, as an OOM kill in a cgroup is.
 //!
 //! What this measures and what it does not (reported in `check_environment`): the sum of
-//! `RssAnon` and `RssShmem` (from `/proc/<pid>/status`: private anonymous memory, and shared
-//! anonymous memory such as `mmap(MAP_SHARED | MAP_ANONYMOUS)`, Python's `mmap.mmap(-1, n)`)
-//! of each process, sampled every [`INTERVAL`]. Page cache and mapped files are not counted
+//! `Pss_Anon` and `Pss_Shmem` (from `/proc/<pid>/smaps_rollup`: private anonymous memory, and
+//! shared anonymous memory such as `mmap(MAP_SHARED | MAP_ANONYMOUS)`, Python's
+//! `mmap.mmap(-1, n)`, each page divided between the processes that map it) of each process,
+//! sampled every [`INTERVAL`]; where that cannot be read, `RssAnon` and `RssShmem` of
+//! `/proc/<pid>/status` (a page shared after `fork` then counts once per process: a fork bomb
+//! of 126 interpreters counted 1 GiB for a few MiB, and was reported as `memory_limit`). Page cache and mapped files are not counted
 //! (the kernel can reclaim them); `/tmp` and `/dev/shm` are size-capped tmpfs of their own;
-//! pages shared between processes (copy-on-write after `fork`, a shared mapping) are counted
-//! once per process that has them resident (so the sum errs high, never low). A burst between two samples can overshoot the limit briefly; memory the kernel holds
+//! pages shared between processes (copy-on-write after `fork`, a shared mapping) count once
+//! over the tree (the part shared with a process outside it, such as a forked run's fork
+//! server, is that process's). A burst between two samples can overshoot the limit briefly; memory the kernel holds
 //! for a process without mapping it (pipe buffers, unmapped memfd contents) is not seen. The
 //! sandbox's processes have `oom_score_adj` 1000, so if the host itself runs out of memory,
 //! the kernel kills them before anything else.
@@ -54,11 +58,34 @@ pub(crate) fn tree(root: i32) -> Vec<i32> {
     out
 }
 
-/// Resident anonymous bytes of one process (`RssAnon + RssShmem` of `/proc/<pid>/status`),
-/// or `None` when it is gone.
+/// Resident anonymous bytes of one process, or `None` when it is gone: its proportional share
+/// (`Pss_Anon + Pss_Shmem` of `/proc/<pid>/smaps_rollup`: a page mapped by n processes counts
+/// 1/n in each, so the sum over a tree counts each page once), else, where that cannot be
+/// read, `RssAnon + RssShmem` of `/proc/<pid>/status` (each process counts every page it
+/// maps, so the sum errs high).
 pub(crate) fn anon_bytes(pid: i32) -> Option<u64> {
+    if let Ok(rollup) = fs_err::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        && let Some(bytes) = parse_rollup_anon(&rollup)
+    {
+        return Some(bytes);
+    }
     let status = fs_err::read_to_string(format!("/proc/{pid}/status")).ok()?;
     parse_status_anon(&status)
+}
+
+/// `Pss_Anon + Pss_Shmem` of a `/proc/<pid>/smaps_rollup`, in bytes (`None` where the kernel
+/// has no such lines, before 5.8, or the process has no memory).
+pub(crate) fn parse_rollup_anon(rollup: &str) -> Option<u64> {
+    let kib = |name: &str| -> Option<u64> {
+        rollup
+            .lines()
+            .find_map(|l| l.strip_prefix(name))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some((kib("Pss_Anon:")? + kib("Pss_Shmem:").unwrap_or(0)) * 1024)
 }
 
 /// `RssAnon + RssShmem` of a `/proc/<pid>/status`, in bytes (`None` for a kernel thread or
@@ -126,6 +153,35 @@ pub(crate) fn parse_status_threads(status: &str, uid: u32) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_page_shared_after_fork_counts_once_over_the_tree() {
+        let rollup = "Rss:\t 1736 kB\nPss:\t 337 kB\nPss_Anon:\t 112 kB\nPss_File:\t 225 kB\nPss_Shmem:\t 8 kB\n";
+        assert_eq!(parse_rollup_anon(rollup), Some(120 * 1024));
+        assert_eq!(parse_rollup_anon("Rss:\t 1736 kB\nPss:\t 337 kB\n"), None);
+        // A parent and its fork, each mapping the same 64 MiB written before the fork: the
+        // proportional sum over both is one copy, where the resident one counted two.
+        let mut pages = vec![1u8; 64 << 20];
+        pages[0] = 2;
+        // SAFETY: fork in a test; the child only sleeps and exits.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            std::thread::sleep(std::time::Duration::from_secs(3));
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(0) };
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let own = i32::try_from(std::process::id()).unwrap();
+        let both = anon_bytes(own).unwrap() + anon_bytes(child).unwrap();
+        // SAFETY: kill and reap our own child.
+        unsafe {
+            libc::kill(child, libc::SIGKILL);
+            libc::waitpid(child, std::ptr::null_mut(), 0);
+        }
+        assert!(both < 96 << 20, "{both} bytes counted for one 64 MiB copy");
+        assert!(both >= 64 << 20, "{both} bytes counted for one 64 MiB copy");
+        drop(pages);
+    }
 
     #[test]
     fn anonymous_memory_is_private_plus_shared_anonymous() {

@@ -382,7 +382,7 @@ impl NativeBackend {
                     cpu.unwrap_or_else(|| "no writable cpu cgroup here (a cgroup v1 cpu controller the server may write to, or a delegated v2 one)".into()),
                 )
             },
-            r("memory", true, memory.unwrap_or_else(|| format!("no memory cgroup: the supervisor sums the resident anonymous memory (RssAnon + RssShmem) of the sandbox's processes every {} ms and kills the sandbox above the limit (status memory_limit); a burst between samples can overshoot briefly, /tmp and /dev/shm are capped by scratch_bytes, page cache is not counted; address space is not limited (RLIMIT_AS breaks polars, duckdb and other libraries that reserve it)", crate::watchdog::INTERVAL.as_millis()))),
+            r("memory", true, memory.unwrap_or_else(|| format!("no memory cgroup: the supervisor sums the resident anonymous memory of the sandbox's processes (Pss_Anon + Pss_Shmem: a page shared after fork counts once) every {} ms and kills the sandbox above the limit (status memory_limit); a burst between samples can overshoot briefly, /tmp and /dev/shm are capped by scratch_bytes, page cache is not counted; address space is not limited (RLIMIT_AS breaks polars, duckdb and other libraries that reserve it)", crate::watchdog::INTERVAL.as_millis()))),
             r("max_processes", true, pids.unwrap_or_else(|| nproc_note.into())),
             r("max_output_bytes", true, "supervisor capture, head and tail, shared budget".into()),
             {
