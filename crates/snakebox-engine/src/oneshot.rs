@@ -382,7 +382,7 @@ impl Engine {
             Ok(outcome) => outcome,
             Err(err) => return with_plan(ExecutionResult::not_run(execution_id, err.into())),
         };
-        let (status, error) = classify(&outcome, &self.config, plan.timeout);
+        let (status, error) = classify(&outcome, &plan.shape.limits, plan.timeout);
         let mut result = ExecutionResult::new(execution_id, status);
         result.record_outcome(outcome);
         result.setup_ms = setup_ms;

@@ -336,6 +336,37 @@ fn tighter(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     }
 }
 
+/// The time a call gets under `profile`, for every way code runs (one-shot, cell, command):
+/// `timeout` (the call's, already held to the server's maximum), or the profile's limit when
+/// that is shorter.
+///
+/// # Errors
+/// `invalid` with a hint when the caller asked (`asked`) for more than the profile allows: a
+/// call may narrow its profile's limits, never widen them.
+pub(crate) fn profile_timeout(
+    profile: &crate::Profile,
+    asked: Option<i64>,
+    timeout: std::time::Duration,
+) -> Result<std::time::Duration, EngineError> {
+    let Some(max) = profile.limits.timeout_seconds else {
+        return Ok(timeout);
+    };
+    if let Some(asked) = asked
+        && u64::try_from(asked).is_ok_and(|asked| asked > max)
+    {
+        return Err(EngineError::invalid(
+            format!(
+                "timeout_seconds {asked} is above the profile `{}`'s limit of {max} s",
+                profile.name
+            ),
+            format!(
+                "ask for at most {max} seconds (a call may narrow its profile's limits, never widen them)"
+            ),
+        ));
+    }
+    Ok(timeout.min(std::time::Duration::from_secs(max)))
+}
+
 /// Smallest `memory_limit` a call may ask for.
 pub(crate) const MIN_MEMORY_LIMIT: u64 = 16 * MIB;
 
@@ -358,18 +389,8 @@ impl Engine {
         }
         let imports = profile.imports_for(request.allowed_imports.as_deref())?;
 
-        if let Some(max) = profile.limits.timeout_seconds
-            && let Some(asked) = request.timeout_seconds
-            && u64::try_from(asked).is_ok_and(|asked| asked > max)
-        {
-            return Err(EngineError::invalid(
-                format!("timeout_seconds {asked} is above the profile `{name}`'s limit of {max} s"),
-                format!(
-                    "ask for at most {max} seconds (a call may narrow its profile's limits, never widen them)"
-                ),
-            ));
-        }
-        let mut limits = self.profile_limits(profile, checked.timeout);
+        let timeout = profile_timeout(profile, request.timeout_seconds, checked.timeout)?;
+        let mut limits = self.profile_limits(profile, timeout);
         if let Some(asked) = request.memory_limit_bytes {
             if asked < MIN_MEMORY_LIMIT {
                 return Err(EngineError::invalid(

@@ -259,6 +259,34 @@ impl Engine {
         script: &str,
         dependencies: &[String],
         python_version: Option<&str>,
+        profile: Option<&str>,
+        allowed_imports: Option<&[String]>,
+    ) -> Result<Validation, EngineError> {
+        // The import policy a run of the same call would be held to: the profile's, narrowed
+        // by `allowed_imports` and never widened (as `execute_python` decides it).
+        let allowed = self
+            .config
+            .profiles
+            .for_caller(caller, profile)
+            .and_then(|profile| profile.imports_for(allowed_imports))?;
+        Ok(self
+            .validate_against(
+                caller,
+                script,
+                dependencies,
+                python_version,
+                allowed.as_deref(),
+            )
+            .await)
+    }
+
+    /// [`Engine::validate`] against the import policy `allowed_imports` already decided.
+    async fn validate_against(
+        &self,
+        caller: &Caller,
+        script: &str,
+        dependencies: &[String],
+        python_version: Option<&str>,
         allowed_imports: Option<&[String]>,
     ) -> Validation {
         let problem = |kind: &str, message: String, hint: Option<String>| ValidationProblem {

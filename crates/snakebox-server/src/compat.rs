@@ -299,27 +299,33 @@ Example: {\"code\": \"import os; os.system('ls')\"} -> valid false, errors [\"Li
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let caller = self.caller(&context)?;
-        let profile_imports = self
+        // The engine holds allowed_imports to the profile as it does for execute_code; a
+        // request it refuses (a wider list) is invalid code here, with the reason as its error.
+        let (validation, mut errors) = match self
             .engine
-            .config()
-            .profiles
-            .for_caller(&caller, None)
-            .ok()
-            .and_then(|profile| profile.allowed_imports.clone());
-        let allowed = params.allowed_imports.or(profile_imports);
-        let validation = self
-            .engine
-            .validate(&caller, &params.code, &[], None, allowed.as_deref())
-            .await;
-        let mut errors = Vec::new();
-        for problem in &validation.problems {
+            .validate(
+                &caller,
+                &params.code,
+                &[],
+                None,
+                None,
+                params.allowed_imports.as_deref(),
+            )
+            .await
+        {
+            Ok(validation) => (Some(validation), Vec::new()),
+            Err(refused) => (None, vec![refused.message.clone()]),
+        };
+        let valid = validation.as_ref().is_some_and(|v| v.valid);
+        let problems = validation.as_ref().map_or(&[][..], |v| &v.problems[..]);
+        for problem in problems {
             let at = problem
                 .line
                 .map_or_else(String::new, |line| format!("Line {line}: "));
             if problem.kind == "import_not_allowed" {
                 let module = validation
-                    .imports
                     .iter()
+                    .flat_map(|v| v.imports.iter())
                     .find(|found| !found.allowed && Some(found.line) == problem.line)
                     .map_or("?", |found| found.module.as_str());
                 errors.push(format!("{at}Import '{module}' is not allowed"));
@@ -328,22 +334,28 @@ Example: {\"code\": \"import os; os.system('ls')\"} -> valid false, errors [\"Li
             }
         }
         let line_count = params.code.lines().count() as u64;
-        let functions = validation.analysis.as_ref().map_or(0, |a| a.functions);
+        let functions = validation
+            .as_ref()
+            .and_then(|v| v.analysis.as_ref())
+            .map_or(0, |a| a.functions);
         let estimated_complexity = match (line_count, functions) {
             (0..=50, 0..=5) => "low",
             (0..=200, 0..=20) => "medium",
             _ => "high",
         };
-        let mut recommendations = validation.recommendations.clone();
-        if !validation.valid {
+        let mut recommendations = validation
+            .as_ref()
+            .map(|v| v.recommendations.clone())
+            .unwrap_or_default();
+        if !valid {
             recommendations.push(
                 "Some operations may be restricted in sandbox environment: see get_sandbox_info for what the profile allows".into(),
             );
         }
         let answer = ValidateCodeResult {
             validation: CodeValidation {
-                valid: validation.valid,
-                message: if validation.valid {
+                valid,
+                message: if valid {
                     "Code is valid".into()
                 } else {
                     "Code contains restricted operations".into()

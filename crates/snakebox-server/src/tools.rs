@@ -349,15 +349,6 @@ processes): see check_environment.",
             Some(Ok(bytes)) => Some(bytes),
             Some(Err(error)) => return Ok(crate::sessions::failure(&error)),
         };
-        if params.session_id.is_some() && (params.profile.is_some() || memory_limit_bytes.is_some())
-        {
-            return Ok(crate::sessions::failure(
-                &snakebox_engine::EngineError::invalid(
-                    "`profile` and `memory_limit` apply to one-shot runs, not to a session's cells",
-                    "drop them with session_id (a session keeps the limits it was created with), or run without session_id",
-                ),
-            ));
-        }
         let request = ExecuteRequest {
             script: params.script,
             dependencies: params.dependencies.unwrap_or_default(),
@@ -436,26 +427,21 @@ code runs and nothing is installed.\n\nExample: {\"script\": \"import numpy\\npr
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let caller = self.caller(&context)?;
-        let allowed = match self
-            .engine
-            .config()
-            .profiles
-            .for_caller(&caller, params.profile.as_deref())
-            .and_then(|profile| profile.imports_for(params.allowed_imports.as_deref()))
-        {
-            Ok(allowed) => allowed,
-            Err(error) => return Ok(crate::sessions::failure(&error)),
-        };
-        let validation = self
+        let validation = match self
             .engine
             .validate(
                 &caller,
                 &params.script,
                 params.dependencies.as_deref().unwrap_or_default(),
                 params.python_version.as_deref(),
-                allowed.as_deref(),
+                params.profile.as_deref(),
+                params.allowed_imports.as_deref(),
             )
-            .await;
+            .await
+        {
+            Ok(validation) => validation,
+            Err(error) => return Ok(crate::sessions::failure(&error)),
+        };
         Ok(structured(&validation, validation_text(&validation), false))
     }
 

@@ -11,7 +11,7 @@ use crate::result::{ErrorInfo, Status};
 /// Map the sandbox's outcome to a status, with an explanation for the limits.
 pub(crate) fn classify(
     outcome: &snakebox_sandbox::Outcome,
-    config: &crate::EngineConfig,
+    limits: &snakebox_sandbox::Limits,
     timeout: Duration,
 ) -> (Status, Option<ErrorInfo>) {
     match outcome.termination {
@@ -43,7 +43,7 @@ pub(crate) fn classify(
                 kind: None,
                 message: format!(
                     "The script exceeded its memory limit of {} and was stopped",
-                    config
+                    limits
                         .memory_bytes
                         .map_or_else(|| "(unset)".to_string(), human_bytes)
                 ),

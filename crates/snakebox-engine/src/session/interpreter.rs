@@ -95,6 +95,14 @@ impl Engine {
         // From here every result names the session's profile, as a one-shot run's does.
         let profile_name = row.profile_name();
         let fail = |error| not_run(&execution_id, session_id, Some(&profile_name), error);
+        // A session's interpreter lives across calls under the profile and limits it was
+        // created with: a call cannot change them (refused, not ignored).
+        if request.profile.is_some() || request.memory_limit_bytes.is_some() {
+            return fail(EngineError::invalid(
+                "`profile` and `memory_limit` apply to one-shot runs, not to a session's cells",
+                "drop them with session_id (a session keeps the limits it was created with), or run without session_id",
+            ));
+        }
         // The checks of every execution; the session has its own interpreter and network.
         let checked = match self.check_request(&request) {
             Ok(checked) => checked,
@@ -106,30 +114,15 @@ impl Engine {
             Err(error) => return fail(error),
         };
         // The session's profile bounds each call's time as it bounds a one-shot run's.
-        if let Some(max) = profile.limits.timeout_seconds {
-            if let Some(asked) = request.timeout_seconds
-                && u64::try_from(asked).is_ok_and(|asked| asked > max)
-            {
-                let mut result = fail(EngineError::invalid(
-                    format!(
-                        "timeout_seconds {asked} is above the profile `{}`'s limit of {max} s",
-                        profile.name
-                    ),
-                    format!(
-                        "ask for at most {max} seconds (a call may narrow its profile's limits, never widen them)"
-                    ),
-                ));
+        timeout = match crate::plan::profile_timeout(profile, request.timeout_seconds, timeout) {
+            Ok(timeout) => timeout,
+            Err(error) => {
+                let mut result = fail(error);
                 crate::profiles::refused(&mut result, &profile.name);
                 return result;
             }
-            timeout = timeout.min(Duration::from_secs(max));
-        }
-        if request.memory_limit_bytes.is_some() {
-            notes.push(format!(
-                "memory_limit is ignored in a session: its interpreter lives across calls under the limits of its profile `{}`",
-                profile.name
-            ));
-        }
+        };
+
         if let Err(error) = self.session_network_check(&row, request.network, &mut notes) {
             return fail(error);
         }
@@ -745,6 +738,15 @@ impl Engine {
             Ok(profile) => profile,
             Err(error) => return fail(error),
         };
+        // The session's profile bounds a command's time as it bounds a cell's.
+        let timeout = match crate::plan::profile_timeout(profile, timeout_seconds, timeout) {
+            Ok(timeout) => timeout,
+            Err(error) => {
+                let mut result = fail(error);
+                crate::profiles::refused(&mut result, &profile.name);
+                return result;
+            }
+        };
         if !profile.subprocesses {
             // A shell is a subprocess, and starts more: the profile denies them.
             let mut result = fail(EngineError::invalid(
@@ -816,6 +818,7 @@ impl Engine {
             })
         };
         let outcome = sandbox.run(&policy, &shell, call, output).await;
+        let limits = policy.limits.clone();
         watcher.abort();
         let network_log = crate::network::take_log_of(state.proxy.as_ref());
         drop(state);
@@ -824,7 +827,7 @@ impl Engine {
             Ok(outcome) => outcome,
             Err(err) => return fail(err.into()),
         };
-        let (status, error) = crate::run::classify(&outcome, &self.config, timeout);
+        let (status, error) = crate::run::classify(&outcome, &limits, timeout);
         let mut result = ExecutionResult::new(execution_id.clone(), status);
         result.session_id = Some(session_id.to_owned());
         result.profile = Some(profile.name.clone());
