@@ -33,6 +33,7 @@
 //!
 //! Refusals are JSON (`{"error": …, "hint": …}`) and say how to fix the request.
 
+use crate::refusal::refusal;
 use std::net::{Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,7 +44,7 @@ use axum::body::{Body, BodyDataStream, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use futures_util::StreamExt;
 use snakebox_engine::Caller;
 
@@ -72,14 +73,6 @@ pub struct Edge {
     /// `--public-url`, parsed.
     public_url: Option<BaseUrl>,
     live: LiveKeys,
-}
-
-fn refusal(status: StatusCode, error: &str, hint: &str) -> Response {
-    (
-        status,
-        axum::Json(serde_json::json!({ "error": error, "hint": hint })),
-    )
-        .into_response()
 }
 
 /// `bytes` as people read a size: `64 MiB`, `1.5 MiB`, `900 KiB`, `12 bytes`.

@@ -33,6 +33,7 @@ pub mod edge;
 pub mod keys;
 pub mod links;
 pub mod live;
+mod refusal;
 mod scrape;
 mod sse;
 mod ui;

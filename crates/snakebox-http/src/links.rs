@@ -14,6 +14,7 @@
 //! `Content-Security-Policy: sandbox`, so nothing a run wrote is ever rendered as a page of
 //! this server's origin.
 
+use crate::refusal::refusal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -291,20 +292,11 @@ pub(crate) struct LinkQuery {
     sig: Option<String>,
 }
 
-fn refusal(status: StatusCode, error: &str, hint: &str) -> Response {
-    (
-        status,
-        axum::Json(serde_json::json!({ "error": error, "hint": hint })),
-    )
-        .into_response()
-}
+/// What to do about a link to a file that is not there.
+const NOT_FOUND_HINT: &str = "download links come in execute_python results (`download_url`); artifacts are kept for a limited time";
 
 fn not_found() -> Response {
-    refusal(
-        StatusCode::NOT_FOUND,
-        "no such file",
-        "download links come in execute_python results (`download_url`); artifacts are kept for a limited time",
-    )
+    refusal(StatusCode::NOT_FOUND, "no such file", NOT_FOUND_HINT)
 }
 
 /// Whether `id` can be an execution id (what the artifact store names them by).
@@ -371,23 +363,19 @@ pub(crate) async fn download(
         Ok(opened) => opened,
         // Not found: the store says why (an artifact removed by its own tenant's budget
         // says so; the link names that tenant, so nobody else's state is told).
-        Err(err) if err.kind == ErrorKind::NotFound => {
-            return refusal(
-                StatusCode::NOT_FOUND,
-                &err.message,
-                err.hint.as_deref().unwrap_or(
-                    "download links come in execute_python results (`download_url`); artifacts are kept for a limited time",
-                ),
-            );
-        }
+        // A path that is not one is answered as one that does not exist (a link names no
+        // path the server did not sign).
         Err(err) if err.kind == ErrorKind::Invalid => return not_found(),
         Err(err) => {
-            tracing::warn!(error = %err.message, "a download failed");
-            return refusal(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the file could not be read",
-                err.hint.as_deref().unwrap_or("try again later"),
-            );
+            let mut refused = crate::refusal::Refusal::from(&err);
+            if err.kind == ErrorKind::NotFound {
+                if err.hint.is_none() {
+                    refused.hint = NOT_FOUND_HINT.into();
+                }
+            } else {
+                tracing::warn!(error = %err.message, "a download failed");
+            }
+            return refused.into_response();
         }
     };
     let file_name = opened

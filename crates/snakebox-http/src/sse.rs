@@ -15,6 +15,7 @@
 //! within a second of the revocation (the edge watches it, [`crate::live`]), which ends the
 //! session and its calls.
 
+use crate::refusal::refusal;
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -79,14 +80,6 @@ impl Drop for Forget {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.id);
     }
-}
-
-fn refusal(status: StatusCode, error: &str, hint: &str) -> Response {
-    (
-        status,
-        axum::Json(serde_json::json!({ "error": error, "hint": hint })),
-    )
-        .into_response()
 }
 
 fn session_id() -> Option<String> {
