@@ -402,7 +402,15 @@ async def test_a_normal_users_runs_are_forked_fresh_and_limited(user, tools):
         assert len(seen) == 3, seen
         assert processes_with(marker) == []
 
+        # No CPU cgroup holds the runs here: they run behind the server (niceness 15), and a
+        # run cannot take that back.
+        nice = ("import os\nprint(os.getpriority(os.PRIO_PROCESS, 0))\n"
+                "try:\n    os.setpriority(os.PRIO_PROCESS, 0, 0)\nexcept OSError as e:\n    print('refused', e.errno)\n")
+        result, text, _ = await call(client, "execute_python", script=nice)
+        assert result["stdout"] == f"15\nrefused {errno.EACCES}\n", text
         report, _, _ = await call(client, "check_environment")
+        limits = {limit["name"]: limit for limit in report["limits"]}
+        assert "niceness 15" in limits["cpu_bandwidth"]["mechanism"], limits["cpu_bandwidth"]
         pool = report["warm_pool"]
         # Every run above but none was forked (a cold start would not count).
         assert pool["forked"] - forked_before >= 5, pool

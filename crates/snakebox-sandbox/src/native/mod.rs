@@ -379,7 +379,7 @@ impl NativeBackend {
                 r(
                     "cpu_bandwidth",
                     cpu.is_some(),
-                    cpu.unwrap_or_else(|| "no writable cpu cgroup here (a cgroup v1 cpu controller the server may write to, or a delegated v2 one)".into()),
+                    cpu.unwrap_or_else(|| format!("no writable cpu cgroup here (a cgroup v1 cpu controller the server may write to, or a delegated v2 one); sandboxes run at niceness {}, behind the server and the host's other programs", crate::child::RUN_NICE)),
                 )
             },
             r("memory", true, memory.unwrap_or_else(|| format!("no memory cgroup: the supervisor sums the resident anonymous memory of the sandbox's processes (Pss_Anon + Pss_Shmem: a page shared after fork counts once) every {} ms and kills the sandbox above the limit (status memory_limit); a burst between samples can overshoot briefly, /tmp and /dev/shm are capped by scratch_bytes, page cache is not counted; address space is not limited (RLIMIT_AS breaks polars, duckdb and other libraries that reserve it)", crate::watchdog::INTERVAL.as_millis()))),
@@ -548,6 +548,13 @@ impl NativeBackend {
             None => Vec::new(),
         };
         plan.drop_to = self.host_ids(policy.identity);
+        // No CPU cgroup: behind the server (see RUN_NICE). A fork server's runs inherit it.
+        plan.nice = self
+            .cgroups
+            .as_ref()
+            .and_then(|set| set.cpu_mechanism())
+            .is_none()
+            .then_some(crate::child::RUN_NICE);
 
         let wrapped;
         let command = match nproc_inside {
