@@ -7,6 +7,8 @@ here through the real binary:
   the server's 1 GiB;
 - a session command asking for more time than its session's profile allows is refused, as a
   cell is (it was silently cut to the profile's limit and reported the time it asked for);
+- a fractional `timeout_seconds` is rounded up with a note on every path (the MCP face added
+  the note for `execute_python` only; each face converted the number itself);
 - a cell's `memory_limit` or `profile` is refused by the engine (the MCP face refused it while
   the engine accepted and ignored it: a face decided);
 - the compatibility `validate_code` holds `allowed_imports` to the profile as `execute_code`
@@ -73,6 +75,12 @@ async def test_a_session_command_is_held_to_its_profiles_time_as_a_cell_is(snake
         within, text, _ = await call(client, "run_command", session_id=session_id, command="echo hi",
                                      timeout_seconds=4)
         assert within["status"] == "ok" and within["stdout"] == "hi\n" and within["timeout_seconds"] == 4, text
+        # A fraction is rounded up and said so, by a command and a cell alike (only
+        # execute_python's one-shot runs said so: the face did it).
+        for tool, arguments in (("run_command", {"command": "echo hi"}), ("execute_python", {"script": "print('hi')"})):
+            rounded, text, _ = await call(client, tool, session_id=session_id, timeout_seconds=2.5, **arguments)
+            assert rounded["status"] == "ok" and rounded["timeout_seconds"] == 3, text
+            assert "timeout_seconds 2.5 was rounded up to 3 (limits are whole seconds)" in rounded["notes"], (tool, text)
         # Left out, the call gets the profile's limit (the server's default is longer).
         default, text, _ = await call(client, "run_command", session_id=session_id, command="sleep 8")
         assert default["status"] == "timeout" and default["timeout_seconds"] == 5, text

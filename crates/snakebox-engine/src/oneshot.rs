@@ -44,6 +44,11 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
+        if let Some(session_id) = request.session_id.clone() {
+            return self
+                .execute_in_session(caller, &session_id, request, cancel, output)
+                .await;
+        }
         let start = RunStart {
             kind: RunKind::Execute,
             session_id: None,

@@ -22,8 +22,11 @@ pub struct ExecuteRequest {
     pub script: String,
     /// Extra requirements (PEP 508); they win over the script's on a name clash.
     pub dependencies: Vec<String>,
-    /// Wall-time limit in seconds; `None` for the server's default.
-    pub timeout_seconds: Option<i64>,
+    /// The session to run in (`None`: a one-shot run in a fresh sandbox).
+    pub session_id: Option<String>,
+    /// Wall-time limit in seconds, as the caller gave it (a fraction is rounded up, and the
+    /// result says so); `None` for the server's default.
+    pub timeout_seconds: Option<f64>,
     /// Python version request for this call (`3.12`, `3.11.7`, `>=3.10`).
     pub python_version: Option<String>,
     /// Files to place in the working directory before the script runs.
@@ -118,15 +121,15 @@ impl Engine {
 
     pub(crate) fn effective_timeout(
         &self,
-        requested: Option<i64>,
+        requested: Option<f64>,
         notes: &mut Vec<String>,
     ) -> Result<Duration, EngineError> {
         let max = self.config.max_timeout.as_secs().max(1);
         let Some(requested) = requested else {
             return Ok(self.config.default_timeout.min(self.config.max_timeout));
         };
-        let seconds = match u64::try_from(requested) {
-            Ok(seconds) if seconds > 0 => seconds,
+        let seconds = match whole_seconds(requested) {
+            Some(seconds) if seconds > 0 => seconds,
             _ => {
                 return Err(EngineError::invalid(
                     format!("timeout_seconds must be at least 1, got `{requested}`"),
@@ -134,6 +137,12 @@ impl Engine {
                 ));
             }
         };
+        // Limits are whole seconds: a fraction is rounded up, and the result says so.
+        if requested.fract() != 0.0 {
+            notes.push(format!(
+                "timeout_seconds {requested} was rounded up to {seconds} (limits are whole seconds)"
+            ));
+        }
         if seconds > max {
             notes.push(format!(
                 "timeout_seconds {seconds} is above this server's maximum; {max} was used"
@@ -345,14 +354,14 @@ fn tighter(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 /// call may narrow its profile's limits, never widen them.
 pub(crate) fn profile_timeout(
     profile: &crate::Profile,
-    asked: Option<i64>,
+    asked: Option<f64>,
     timeout: std::time::Duration,
 ) -> Result<std::time::Duration, EngineError> {
     let Some(max) = profile.limits.timeout_seconds else {
         return Ok(timeout);
     };
     if let Some(asked) = asked
-        && u64::try_from(asked).is_ok_and(|asked| asked > max)
+        && whole_seconds(asked).is_some_and(|asked| asked > max)
     {
         return Err(EngineError::invalid(
             format!(
@@ -365,6 +374,21 @@ pub(crate) fn profile_timeout(
         ));
     }
     Ok(timeout.min(std::time::Duration::from_secs(max)))
+}
+
+/// `seconds` rounded up to whole seconds (`None` when it is not a number, or negative).
+fn whole_seconds(seconds: f64) -> Option<u64> {
+    if !seconds.is_finite() || seconds < 0.0 {
+        return None;
+    }
+    let whole = seconds.ceil();
+    // Anything past u64's range is "too long" all the same.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Some(if whole >= u64::MAX as f64 {
+        u64::MAX
+    } else {
+        whole as u64
+    })
 }
 
 /// Smallest `memory_limit` a call may ask for.

@@ -113,9 +113,10 @@ async fn engine_with(
 
 fn request(script: &str) -> ExecuteRequest {
     ExecuteRequest {
+        session_id: None,
         script: script.into(),
         dependencies: vec![],
-        timeout_seconds: Some(20),
+        timeout_seconds: Some(20.0),
         python_version: None,
         files: vec![],
         network: None,

@@ -266,11 +266,8 @@ only lower the limit; `use_container` works only where the server runs container
         };
         let request = ExecuteRequest {
             script: params.code,
-            timeout_seconds: match params.timeout {
-                None => None,
-                Some(value) if value.is_finite() => Some(value.ceil() as i64),
-                Some(_) => Some(-1),
-            },
+            session_id: None,
+            timeout_seconds: params.timeout,
             allowed_imports: params.allowed_imports,
             memory_limit_bytes,
             ..ExecuteRequest::default()

@@ -154,14 +154,6 @@ fn answer<T: Serialize>(
     }
 }
 
-fn seconds(value: Option<f64>) -> Option<i64> {
-    match value {
-        None => None,
-        Some(value) if value.is_finite() => Some(value.ceil() as i64),
-        Some(_) => Some(-1),
-    }
-}
-
 fn session_text(info: &SessionInfo) -> String {
     let packages: Vec<String> = info
         .packages
@@ -421,7 +413,7 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"command\": \"ls -la && wc -l
                 &caller,
                 &params.session_id,
                 &params.command,
-                seconds(params.timeout_seconds),
+                params.timeout_seconds,
                 self.call_token(&context),
                 sender,
             )

@@ -338,21 +338,16 @@ processes): see check_environment.",
         Parameters(params): Parameters<ExecuteParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        let params_timeout = params.timeout_seconds;
-        let timeout_seconds = match params.timeout_seconds {
-            None => None,
-            Some(value) if value.is_finite() => Some(value.ceil() as i64),
-            Some(_) => Some(-1),
-        };
         let memory_limit_bytes = match params.memory_limit.as_deref().map(parse_memory) {
             None => None,
             Some(Ok(bytes)) => Some(bytes),
             Some(Err(error)) => return Ok(crate::sessions::failure(&error)),
         };
         let request = ExecuteRequest {
+            session_id: params.session_id,
             script: params.script,
             dependencies: params.dependencies.unwrap_or_default(),
-            timeout_seconds,
+            timeout_seconds: params.timeout_seconds,
             python_version: params.python_version,
             files: params
                 .files
@@ -372,39 +367,13 @@ processes): see check_environment.",
         };
         let caller = self.caller(&context)?;
         let (sender, forwarder) = progress(&context);
-        let result = match params.session_id {
-            Some(session_id) => {
-                self.engine
-                    .execute_in_session(
-                        &caller,
-                        &session_id,
-                        request,
-                        self.call_token(&context),
-                        sender,
-                    )
-                    .await
-            }
-            None => {
-                self.engine
-                    .execute(&caller, request, self.call_token(&context), sender)
-                    .await
-            }
-        };
+        let result = self
+            .engine
+            .execute(&caller, request, self.call_token(&context), sender)
+            .await;
         if let Some(forwarder) = forwarder {
             // Every chunk is sent before the result, so progress never trails the answer.
             let _ = forwarder.await;
-        }
-        // Limits are whole seconds: a fraction is rounded up, and the result says so.
-        let mut result = result;
-        if let Some(asked) = params_timeout
-            && asked.is_finite()
-            && asked.fract() != 0.0
-            && result.status != snakebox_engine::Status::InvalidRequest
-        {
-            result.notes.push(format!(
-                "timeout_seconds {asked} was rounded up to {} (limits are whole seconds)",
-                asked.ceil()
-            ));
         }
         Ok(self.execution_reply(&context, &caller, result))
     }

@@ -451,7 +451,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             ExecuteRequest {
                 script,
                 dependencies: args.deps,
-                timeout_seconds: args.timeout,
+                timeout_seconds: args.timeout.map(|seconds| seconds as f64),
                 python_version: args.engine.python.python_version.clone(),
                 ..ExecuteRequest::default()
             },

@@ -665,7 +665,7 @@ impl Engine {
         caller: &Caller,
         session_id: &str,
         command: &str,
-        timeout_seconds: Option<i64>,
+        timeout_seconds: Option<f64>,
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
@@ -707,7 +707,7 @@ impl Engine {
         execution_id: String,
         session_id: &str,
         command: &str,
-        timeout_seconds: Option<i64>,
+        timeout_seconds: Option<f64>,
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
