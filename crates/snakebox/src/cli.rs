@@ -426,8 +426,8 @@ pub struct PoolArgs {
     #[arg(long, env = "SNAKEBOX_WARM_POOL", value_name = "N")]
     pub warm_pool: Option<usize>,
     /// Fork runs of the environments kept warm (one fork server per network setting) from a pre-initialised
-    /// interpreter, each in a fresh sandbox, while serving (native sandbox, root server;
-    /// always off with the docker backend)
+    /// interpreter, each in a fresh sandbox, while serving (native sandbox: a root server, or
+    /// a normal user's in a user namespace of its own; always off with the docker backend)
     /// [default: on].
     #[arg(long, env = "SNAKEBOX_FORK_SERVER", value_enum)]
     pub fork_server: Option<Switch>,
