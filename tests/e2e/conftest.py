@@ -136,6 +136,20 @@ def process_rss_kib(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
+def session_dirs(data_dir: Path, session: str) -> list[Path]:
+    """Where a session's directory is on the host: in its tenant's share of the sessions' disk,
+    `sessions-v1/shares/<slot>/<id>` (before shares, `sessions-v1/<id>`); none once deleted."""
+    root = data_dir / "sessions-v1"
+    return [p for p in [root / session, *root.glob(f"shares/*/{session}")] if p.is_dir()]
+
+
+def session_dir(data_dir: Path, session: str) -> Path:
+    """The one directory of a session on the host (see `session_dirs`)."""
+    found = session_dirs(data_dir, session)
+    assert len(found) == 1, f"the directory of session {session}: {found}"
+    return found[0]
+
+
 def server_pid(data_dir: Path) -> int:
     """The pid of the `snakebox serve` process using this data dir."""
     out = subprocess.run(["pgrep", "-f", f"serve --data-dir {data_dir}"], capture_output=True, text=True)

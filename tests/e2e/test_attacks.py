@@ -53,7 +53,7 @@ from attacks_support import (
     sysctl,
     wait_marker_gone,
 )
-from conftest import E2E_BACKEND, call, connect, docker_backend, docker_engine, process_rss_kib, runsc_registered
+from conftest import E2E_BACKEND, call, connect, docker_backend, docker_engine, process_rss_kib, runsc_registered, session_dir
 
 pytestmark = pytest.mark.anyio
 
@@ -1100,7 +1100,7 @@ async def test_F07_session_workspace_symlink_ambush(snakebox_bin, canaries, tmp_
         a = await new_session(client, name="ambusher")
         b = await new_session(client, name="bystander")
         data, text, _ = await call(client, "write_file", session_id=b, path="b-secret.txt", content=secret + "-b")
-        other = data_dir / "sessions-v1" / b / "work"
+        other = session_dir(data_dir, b) / "work"
         assert (other / "b-secret.txt").read_text() == secret + "-b", "proof that B's workspace is where we think"
         hidden.append(secret + "-b")
         params = {"protected": str(protected), "data": str(data_dir), "other": str(other)}
@@ -1110,7 +1110,7 @@ async def test_F07_session_workspace_symlink_ambush(snakebox_bin, canaries, tmp_
         for artifact in run.data.get("artifacts", []):
             contents = (await client.read_resource(artifact["uri"])).contents
             clean([getattr(c, "text", None) or getattr(c, "blob", None) for c in contents], "")
-        work = data_dir / "sessions-v1" / a / "work"
+        work = session_dir(data_dir, a) / "work"
         assert os.readlink(work / "prot") == str(protected), "proof from outside: the link is in A's host workspace"
 
         names = ["etc", "root", "passwd", "prot", "protkeep", "data", "other", "up", "upetc", "upprot", "loop",
@@ -2798,7 +2798,7 @@ async def test_J05_U03_sessions_cannot_reach_each_other_or_the_host(snakebox_bin
         assert marker_pids(mark), "A's background process is not running"
         assert (libc.shmget(key, 0, 0), libc.msgget(key, 0)) == (-1, -1), "A's SysV objects are visible on the host"
         assert not Path(f"/dev/shm/{tag}").exists() and not Path(f"/tmp/{tag}").exists()
-        host_session = data_dir / "sessions-v1"
+        host_session = session_dir(data_dir, a).parent
         probe = dict(params, host_port=canaries.tcp_port, host_abstract=canaries.abstract_name, host_unix=str(canaries.unix_path),
                      host_work=str(host_session / a / "work"), host_session=str(host_session))
         got = await attack(client, canaries, SESSION_PROBER, marker=False, session_id=b, params=probe)

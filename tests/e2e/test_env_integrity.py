@@ -486,7 +486,8 @@ async def test_a_build_that_runs_out_of_space_says_so_and_works_once_there_is_ro
 
 
 # See: issue 12 (7): space errors in `install_packages`/`create_session` were told to "check the
-# package names and versions". The sessions' disk is an image of `--sessions-max-disk`.
+# package names and versions". A tenant's share of the sessions' disk is an image of its own
+# (on stdio the one tenant's is the whole `--sessions-max-disk`).
 async def test_session_installs_that_run_out_of_space_say_so(snakebox_bin, tmp_path, index):
     index.add(big_wheel())
     data_dir = fresh(tmp_path, "data")

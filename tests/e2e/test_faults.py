@@ -308,12 +308,13 @@ async def kill_server(server: Server, markers: list[str]) -> Killed:
 def nothing_stale(data_dir: Path, old_pid: int, new_pid: int) -> dict[str, Any]:
     """What of the killed server is still on the host (read once a new server answered)."""
     own = str(data_dir / "runs" / str(old_pid))
-    session_disk = str(data_dir / "sessions-v1")
+    shares = str(data_dir / "sessions-v1" / "shares")
+    mounts = mounts_under(data_dir)
     return {
-        "mounts": [m for m in mounts_under(data_dir) if m == own or m.startswith(own + "/")],
+        "mounts": [m for m in mounts if m == own or m.startswith(own + "/")],
         "cgroups": cgroups_of(old_pid, sits_like=new_pid),
         "run_dirs": run_dirs_of(data_dir, old_pid),
-        "session_disk_mounted_twice": mounts_under(data_dir).count(session_disk) > 1,
+        "session_disk_mounted_twice": any(mounts.count(m) > 1 for m in mounts if m.startswith(shares + "/")),
     }
 
 
@@ -469,8 +470,10 @@ async def test_kill_package_code_sandbox_while_compiling_an_environment(snakebox
 
 
 def session_dirs(data_dir: Path) -> set[str]:
+    """The sessions with a directory on the host, in their tenants' shares of the sessions' disk."""
     root = data_dir / "sessions-v1"
-    return {p.name for p in root.iterdir() if p.name.startswith("s-")} if root.is_dir() else set()
+    places = [root, *root.glob("shares/*")] if root.is_dir() else []
+    return {p.name for place in places if place.is_dir() for p in place.iterdir() if p.name.startswith("s-")}
 
 
 async def listed_sessions(server: Server) -> set[str]:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import call, connect, have_bwrap
+from conftest import call, connect, have_bwrap, session_dir
 
 pytestmark = [
     pytest.mark.anyio,
@@ -356,7 +356,7 @@ async def test_a_session_is_held_to_its_whole_profile(snakebox_bin, tmp_path, mo
             spawned, _, _ = await call(client, "execute_python", session_id=plain["session_id"], script=SESSION_SPAWN)
             assert spawned["status"] == "ok" and spawned["stdout"] == "alive\nspawned 0\n", spawned
             assert spawned["profile"] == "standard", spawned
-            marker = data / "sessions-v1" / plain["session_id"] / "work" / "marker"
+            marker = session_dir(data, plain["session_id"]) / "work" / "marker"
             assert marker.read_text() == "started\n"
             fits, _, _ = await call(client, "execute_python", session_id=plain["session_id"], script=FILL)
             assert fits["status"] == "ok" and fits["stdout"] == "300\n", fits
@@ -365,7 +365,7 @@ async def test_a_session_is_held_to_its_whole_profile(snakebox_bin, tmp_path, mo
         # Under a profile that only denies subprocesses (a writable workspace): no marker.
         tools, text, _ = await call(client, "create_session", profile="offline_tools")
         try:
-            work = data / "sessions-v1" / tools["session_id"] / "work"
+            work = session_dir(data, tools["session_id"]) / "work"
             stopped, _, _ = await call(client, "execute_python", session_id=tools["session_id"], script=SESSION_SPAWN)
             assert stopped["status"] == "ok" and stopped["stdout"] == "alive\nrefused 1\n", stopped
             assert [e["kind"] for e in stopped["events"]] == ["exec_blocked"], stopped["events"]
@@ -393,7 +393,7 @@ async def test_a_session_is_held_to_its_whole_profile(snakebox_bin, tmp_path, mo
                                            "detail": "import of `socket` (line 2) is outside the import policy"}], imported
             written, _, _ = await call(client, "execute_python", session_id=session, script=WRITE)
             assert written["stdout"] == "refused 30\n", written  # EROFS: the workspace is read-only
-            assert not (data / "sessions-v1" / session / "work" / "out.txt").exists()
+            assert not (session_dir(data, session) / "work" / "out.txt").exists()
             # The interpreter and its state live on across cells.
             kept, _, _ = await call(client, "execute_python", session_id=session, script="print(x, y)")
             assert kept["stdout"] == "4.0 1\n" and kept["fresh_interpreter"] is False, kept

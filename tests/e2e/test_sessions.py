@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import call, connect, server_pid
+from conftest import call, connect, server_pid, session_dir
 
 pytestmark = pytest.mark.anyio
 
@@ -277,7 +277,7 @@ async def test_session_a_cannot_see_session_b(client, data_dir: Path):
     b = await create(client, name="b")
     data, _, _ = await run(client, a, "open('secret.txt', 'w').write('canary-of-a')\nsecret_var = 'a-only'")
     assert data["status"] == "ok"
-    host_file = data_dir / "sessions-v1" / a / "work" / "secret.txt"
+    host_file = session_dir(data_dir, a) / "work" / "secret.txt"
     assert host_file.read_text() == "canary-of-a", "proof that A wrote the file"
     probe = (
         "import os, glob\n"

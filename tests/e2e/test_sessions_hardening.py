@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import call, connect, docker_backend, have_bwrap, server_pid
+from conftest import call, connect, docker_backend, have_bwrap, server_pid, session_dir, session_dirs
 from http_support import free_port
 
 pytestmark = [
@@ -76,7 +76,7 @@ print('built', sum(len(files) for _, _, files in os.walk('wide')))
 
 
 def host_work(data_dir: Path, session: str) -> Path:
-    return data_dir / "sessions-v1" / session / "work"
+    return session_dir(data_dir, session) / "work"
 
 
 async def test_S01_deep_and_wide_trees_never_crash_the_server(snakebox_bin, tmp_path):
@@ -121,7 +121,7 @@ async def test_S01_deep_and_wide_trees_never_crash_the_server(snakebox_bin, tmp_
         assert data["stdout"] == "built 100000\n", text
         data, text, is_error = await call(client, "delete_session", session_id=session)
         assert not is_error, text
-        assert not (data_dir / "sessions-v1" / session).exists()
+        assert not session_dirs(data_dir, session)
 
         # The server is the same process, answers, and nothing outside was touched.
         assert server_pid(data_dir) == pid
@@ -144,10 +144,10 @@ async def test_S01_the_idle_reaper_deletes_a_deep_tree_and_the_server_lives(snak
         assert data["stdout"] == "built 1000\n", text
         assert (host_work(data_dir, session) / "deep" / "d").is_dir()
         for _ in range(120):
-            if not (data_dir / "sessions-v1" / session).exists():
+            if not session_dirs(data_dir, session):
                 break
             await anyio.sleep(0.5)
-        assert not (data_dir / "sessions-v1" / session).exists()
+        assert not session_dirs(data_dir, session)
         listed, _, _ = await call(client, "list_sessions")
         assert session not in {s["session_id"] for s in listed["sessions"]}
         assert server_pid(data_dir) == pid
@@ -487,14 +487,26 @@ def allocated(path: Path) -> int:
     return os.stat(path).st_blocks * 512
 
 
+def share_of(data_dir: Path, session: str) -> tuple[Path, Path]:
+    """The image of the tenant's share of the sessions' disk that holds `session`, and where it
+    is mounted (on stdio the one tenant's share is the whole --sessions-max-disk)."""
+    mount = session_dir(data_dir, session).parent
+    return mount.with_suffix(".img"), mount
+
+
+def mounted_shares(data_dir: Path) -> list[Path]:
+    shares = data_dir / "sessions-v1" / "shares"
+    return [p for p in shares.iterdir() if os.path.ismount(p)] if shares.is_dir() else []
+
+
 async def test_S02_one_call_cannot_write_past_the_sessions_disk_quota(snakebox_bin, tmp_path):
     data_dir = fresh_data_dir(tmp_path)
-    image = data_dir / "sessions-v1.img"
     flags = ("--sessions-max-disk", "256MiB")
     async with connect(snakebox_bin, data_dir, "auto", *flags) as client:
         report, _, _ = await call(client, "check_environment")
         assert "enforced by the kernel" in report["sessions"]["disk_quota"], report["sessions"]
         session = await create(client)
+        image, _ = share_of(data_dir, session)
         before = allocated(image)
         # 160 MiB fits.
         data, text, _ = await cell(client, session, FILL.format(tag="a").replace("range(32)", "range(10)"))
@@ -504,7 +516,7 @@ async def test_S02_one_call_cannot_write_past_the_sessions_disk_quota(snakebox_b
         written = int(data["stdout"].split()[1])
         assert data["stdout"].endswith("stopped ENOSPC\n"), text
         assert 16 <= written < 96, text  # what was left of 256 MiB, less ext4's own metadata
-        assert any("sessions' disk is full" in note for note in data["notes"]), data["notes"]
+        assert any("share of the sessions' disk is full" in note for note in data["notes"]), data["notes"]
         # Judged from outside: the host disk got at most the quota.
         assert allocated(image) <= (256 << 20), allocated(image)
         assert allocated(image) - before <= (256 << 20)
@@ -526,8 +538,10 @@ async def test_S02_one_call_cannot_write_past_the_sessions_disk_quota(snakebox_b
         assert data["stdout"].endswith("stopped ENOSPC\n"), text
         assert allocated(image) <= (256 << 20)
         await call(client, "delete_session", session_id=session)
-    # The image is unmounted when the last server of the data directory ends.
-    assert not os.path.ismount(data_dir / "sessions-v1")
+        # The tenant's last session is gone: its share too (the image, its reservation).
+        assert not image.exists()
+    # Shares are unmounted when the last server of the data directory ends.
+    assert not mounted_shares(data_dir)
 
 
 async def test_S02_a_killed_server_leaves_no_mount_behind(snakebox_bin, tmp_path):
@@ -535,12 +549,12 @@ async def test_S02_a_killed_server_leaves_no_mount_behind(snakebox_bin, tmp_path
     import time
 
     data_dir = fresh_data_dir(tmp_path)
-    mount = data_dir / "sessions-v1"
     client_cm = connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB")
     client = await client_cm.__aenter__()
     try:
         session = await create(client)
         await cell(client, session, "open('kept.txt', 'w').write('kept')")
+        _, mount = share_of(data_dir, session)
         assert os.path.ismount(mount)
         os.kill(server_pid(data_dir), signal.SIGKILL)
     finally:
@@ -548,27 +562,28 @@ async def test_S02_a_killed_server_leaves_no_mount_behind(snakebox_bin, tmp_path
             await client_cm.__aexit__(None, None, None)
         except Exception:  # noqa: BLE001 - the server is gone: the client's exit may complain
             pass
-    # The watchdog unmounts the image once the server is gone (SIGKILL included)...
+    # The watchdog unmounts the shares once the server is gone (SIGKILL included)...
     deadline = time.monotonic() + 10
     while os.path.ismount(mount) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not os.path.ismount(mount)
-    # ...and the next start mounts it again, with the session's files.
+    # ...and the next start mounts them again, with the session's files.
     async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as client:
         data, text, is_error = await call(client, "read_file", session_id=session, path="kept.txt")
         assert not is_error and data["content"] == "kept", text
-    assert not os.path.ismount(mount)
+        assert os.path.ismount(mount)
+    assert not mounted_shares(data_dir)
 
 
 async def test_S02_the_image_follows_a_changed_quota_when_the_files_fit(snakebox_bin, tmp_path):
     data_dir = fresh_data_dir(tmp_path)
-    image = data_dir / "sessions-v1.img"
 
     def fill(tag: str, files: int) -> str:
         return FILL.format(tag=tag).replace("range(32)", f"range({files})")
 
     async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as client:
         session = await create(client)
+        image, mount = share_of(data_dir, session)
         data, text, _ = await cell(client, session, fill("a", 8))
         assert data["stdout"].endswith("stopped ENOSPC\n"), text  # 128 MiB asked, 64 MiB quota
         await cell(client, session, "import shutil; shutil.rmtree('fill')")
@@ -578,7 +593,7 @@ async def test_S02_the_image_follows_a_changed_quota_when_the_files_fit(snakebox
         # interpreters do): its lazy unmount is not over when the next server starts, and that
         # one must wait for it before it resizes (the old mount's last superblock write undid
         # the resize: ENOSPC at 64 MiB, seen in CI).
-        holder = subprocess.Popen(["sleep", "3"], cwd=data_dir / "sessions-v1")
+        holder = subprocess.Popen(["sleep", "3"], cwd=mount)
     assert image.stat().st_size == 64 << 20
     # A larger quota: the image grows (checked and resized before it is mounted).
     async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "160MiB") as client:
@@ -592,16 +607,18 @@ async def test_S02_the_image_follows_a_changed_quota_when_the_files_fit(snakebox
     async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as client:
         report, _, _ = await call(client, "check_environment")
         assert "160 MiB" in report["sessions"]["disk_quota"], report["sessions"]["disk_quota"]
+        assert report["sessions"]["tenant_max_disk_bytes"] == 160 << 20, report["sessions"]
         data, text, is_error = await call(client, "list_files", session_id=session, path="fill", depth=1)
         assert not is_error and len(data["entries"]) == 8, text
     assert image.stat().st_size == 160 << 20
-    # Once the files fit (the session deleted), the next start shrinks it.
+    # Once the files fit (here: once they are deleted), the next start shrinks it.
     async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "160MiB") as client:
-        _, text, is_error = await call(client, "delete_session", session_id=session)
-        assert not is_error, text
+        data, text, _ = await cell(client, session, "import shutil; shutil.rmtree('fill'); print('freed')")
+        assert data["stdout"] == "freed\n", text
     async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as client:
         report, _, _ = await call(client, "check_environment")
         assert "64 MiB" in report["sessions"]["disk_quota"], report["sessions"]["disk_quota"]
+        assert report["sessions"]["tenant_max_disk_bytes"] == 64 << 20, report["sessions"]
         await alive(client)
     assert image.stat().st_size == 64 << 20
 
@@ -612,10 +629,10 @@ async def test_S02_a_smaller_quota_than_a_live_servers_image_is_refused_not_igno
     other's size. It now refuses sessions with the conflict and what to do; its one-shot runs
     and the other server are unaffected."""
     data_dir = fresh_data_dir(tmp_path)
-    image = data_dir / "sessions-v1.img"
     async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "256MiB") as first:
         session = await create(first)
         await cell(first, session, "open('kept.txt', 'w').write('kept')")
+        image, _ = share_of(data_dir, session)
         assert image.stat().st_size == 256 << 20
         async with connect(snakebox_bin, data_dir, "auto", "--sessions-max-disk", "64MiB") as second:
             data, text, is_error = await call(second, "create_session")

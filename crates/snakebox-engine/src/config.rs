@@ -177,6 +177,15 @@ impl EngineConfig {
     }
 }
 
+/// The smallest share of the sessions' disk (and the smallest sessions' disk): an ext4 image
+/// of less leaves little room once its own metadata is written.
+pub const MIN_SESSIONS_DISK_SHARE: u64 = 32 << 20;
+
+/// Served over HTTP (several tenants), a tenant's share of the sessions' disk is by default
+/// this part of it: shares are reserved, so this many tenants may hold sessions at once, and
+/// none can take the others' room. (On stdio the one tenant has the whole disk.)
+pub const TENANTS_PER_SESSIONS_DISK: u64 = 4;
+
 /// The operator's settings for sessions.
 #[derive(Debug, Clone)]
 pub struct SessionSettings {
@@ -186,8 +195,11 @@ pub struct SessionSettings {
     pub idle_delete: Duration,
     /// Sessions that may exist at once.
     pub max_sessions: usize,
-    /// Total bytes of all sessions' workspaces and environments.
+    /// Total bytes of all sessions' workspaces and environments: what every tenant's share
+    /// together may reserve.
     pub max_disk_bytes: u64,
+    /// One tenant's share of `max_disk_bytes` (its sessions' image); `None`: all of it.
+    pub tenant_max_disk_bytes: Option<u64>,
     /// Interpreters that may run at once: starting one more first stops the least recently
     /// used idle one (its variables are lost; the next call says so).
     pub max_interpreters: usize,
@@ -200,6 +212,7 @@ impl Default for SessionSettings {
             idle_delete: Duration::from_secs(7 * 24 * 3600),
             max_sessions: 32,
             max_disk_bytes: 10 * 1024 * 1024 * 1024,
+            tenant_max_disk_bytes: None,
             max_interpreters: 8,
         }
     }

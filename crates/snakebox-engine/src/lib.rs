@@ -59,8 +59,8 @@ pub use budget::{
 };
 pub use caller::{Caller, LOCAL_TENANT, is_plain_name};
 pub use config::{
-    DEFAULT_PREFORK, DEFAULT_PRELOAD_PACKAGES, EngineConfig, MAX_PRELOAD_PACKAGES, PythonDownloads,
-    SessionSettings,
+    DEFAULT_PREFORK, DEFAULT_PRELOAD_PACKAGES, EngineConfig, MAX_PRELOAD_PACKAGES,
+    MIN_SESSIONS_DISK_SHARE, PythonDownloads, SessionSettings, TENANTS_PER_SESSIONS_DISK,
 };
 pub use error::{EngineError, ErrorKind, Hint};
 pub use events::{EventKind, SecurityEvent};
@@ -286,10 +286,10 @@ impl Engine {
         self.set_warm(state);
     }
 
-    /// Before the process exits: unmount the sessions' disk image unless another server of
-    /// this data directory still runs (the files stay in the image).
+    /// Before the process exits: unmount the tenants' shares of the sessions' disk unless
+    /// another server of this data directory still runs (the files stay in their images).
     pub fn release_sessions(&self) {
-        self.sessions.release(&self.config.data_dir);
+        self.sessions.release();
     }
 
     /// A slot of `--max-concurrent-runs` for one sandbox working for `caller` (see

@@ -401,8 +401,14 @@ async fn a_start_removes_session_files_that_were_never_recorded() {
             .unwrap()
             .session_id
     };
-    let sessions = data.path().join("sessions-v1");
-    let orphan = sessions.join("s-0123456789abcdef0123456789abcdef");
+    // The session is in its tenant's share of the sessions' disk.
+    let share = fs_err::read_dir(data.path().join("sessions-v1/shares"))
+        .unwrap()
+        .flatten()
+        .map(|entry| entry.path())
+        .find(|dir| dir.join(&kept).is_dir())
+        .expect("the session's directory in its tenant's share");
+    let orphan = share.join("s-0123456789abcdef0123456789abcdef");
     fs_err::create_dir_all(orphan.join("work/deep/er")).unwrap();
     fs_err::write(orphan.join("work/deep/er/f.txt"), "left behind").unwrap();
     let (engine, _) = engine(data.path()).await;
@@ -411,7 +417,7 @@ async fn a_start_removes_session_files_that_were_never_recorded() {
         "the unrecorded session's files are still there"
     );
     assert!(
-        sessions.join(&kept).is_dir(),
+        share.join(&kept).is_dir(),
         "a recorded session's files were removed"
     );
     let listed = engine.list_sessions(&caller).await.unwrap().sessions;

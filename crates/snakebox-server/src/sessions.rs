@@ -254,7 +254,8 @@ Example: {\"name\": \"sales-analysis\", \"dependencies\": [\"pandas>=2.2\"], \"p
     #[tool(
         description = "List the sessions: id, name, Python version, created and last used (Unix \
 seconds), installed packages, size on disk, whether the interpreter is running (variables are \
-kept only while it is), plus the server's caps on sessions and their disk.",
+kept only while it is), plus the server's caps on sessions and their disk, and your share of \
+that disk (tenant_max_disk_bytes; a write past it fails with ENOSPC) and what you use of it.",
         output_schema = schema_for_output::<SessionList>(),
         annotations(read_only_hint = true, open_world_hint = false)
     )]

@@ -479,7 +479,8 @@ pub struct SessionsArgs {
     /// Sessions that may exist at once [default: 32].
     #[arg(long, env = "SNAKEBOX_MAX_SESSIONS", value_name = "N")]
     pub max_sessions: Option<usize>,
-    /// Disk all sessions may use together (workspaces and packages) [default: 10GiB].
+    /// Disk all sessions may use together (workspaces, packages, /tmp): what every tenant's
+    /// share together may reserve (see --tenant-sessions-max-disk) [default: 10GiB].
     #[arg(long, env = "SNAKEBOX_SESSIONS_MAX_DISK", value_name = "SIZE")]
     pub sessions_max_disk: Option<String>,
     /// Session interpreters that may run at once; starting one more first stops the least
@@ -534,6 +535,14 @@ pub struct TenantsArgs {
     /// [default: 256MiB].
     #[arg(long, env = "SNAKEBOX_TENANT_ARTIFACTS_MAX_SIZE", value_name = "SIZE")]
     pub tenant_artifacts_max_size: Option<String>,
+    /// One tenant's share of the sessions' disk (--sessions-max-disk): its sessions' files
+    /// live in a file-system image of this size, so a write past it fails with ENOSPC while
+    /// the call runs, in that tenant's code only. Shares are reserved: a tenant whose share
+    /// would pass --sessions-max-disk is refused a session until another tenant's last one
+    /// is deleted [default: all of --sessions-max-disk on stdio; with --http, a quarter of it
+    /// (four tenants with sessions at once); at least 32MiB].
+    #[arg(long, env = "SNAKEBOX_TENANT_SESSIONS_MAX_DISK", value_name = "SIZE")]
+    pub tenant_sessions_max_disk: Option<String>,
 }
 
 impl KeysAction {

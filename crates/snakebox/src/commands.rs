@@ -683,6 +683,7 @@ fn print_report(report: &EnvironmentReport) {
             "           idle interpreters stop after {} s; idle sessions are deleted after {} s",
             sessions.idle_stop_seconds, sessions.idle_delete_seconds
         );
+        println!("           disk: {}", sessions.disk_quota);
     } else {
         println!(
             "sessions:  unavailable{}",

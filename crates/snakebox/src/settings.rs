@@ -127,6 +127,7 @@ const SECTION_KEYS: &[(&str, &str)] = &[
     ("tenants", "history_max_size"),
     ("tenants", "audit_max_size"),
     ("tenants", "artifacts_max_size"),
+    ("tenants", "sessions_max_disk"),
     ("server", "audit_queue_size"),
 ];
 
@@ -204,6 +205,7 @@ struct TenantsFile {
     history_max_size: Option<SizeOrNumber>,
     audit_max_size: Option<SizeOrNumber>,
     artifacts_max_size: Option<SizeOrNumber>,
+    sessions_max_disk: Option<SizeOrNumber>,
 }
 
 /// `[http]`: read by `serve --http` only.
@@ -375,13 +377,28 @@ pub(crate) fn resolve_serve(
     let http_file = std::mem::take(&mut file.http);
     let mut settings = resolve_with(&args.engine, file)?;
     let http = resolve_http(&args.http, http_file, settings.engine.max_script_bytes)?;
-    // Several tenants share the server: by default none may take every slot.
-    let engine = &mut settings.engine;
-    if http.is_some() && engine.tenants.max_concurrent_runs.is_none() {
+    if http.is_some() {
+        several_tenants(&mut settings.engine);
+    }
+    Ok((settings, http))
+}
+
+/// Defaults for a server several tenants share (`--http`): none may take every slot, nor
+/// fill the sessions' disk (each has a share of it, see `TENANTS_PER_SESSIONS_DISK`).
+fn several_tenants(engine: &mut EngineConfig) {
+    if engine.tenants.max_concurrent_runs.is_none() {
         engine.tenants.max_concurrent_runs =
             Some(engine.max_concurrent_runs.saturating_sub(1).max(1));
     }
-    Ok((settings, http))
+    let sessions = &mut engine.sessions;
+    if sessions.tenant_max_disk_bytes.is_none() {
+        let total = sessions.max_disk_bytes;
+        sessions.tenant_max_disk_bytes = Some(
+            (total / snakebox_engine::TENANTS_PER_SESSIONS_DISK)
+                .max(snakebox_engine::MIN_SESSIONS_DISK_SHARE)
+                .min(total),
+        );
+    }
 }
 
 /// Shortest and longest validity of a download link, in seconds.
@@ -984,6 +1001,26 @@ fn resolve_tenants(
     quotas.max_concurrent_runs = args.tenant_max_concurrent_runs.or(file.max_concurrent_runs);
     quotas.runs_per_minute = args.tenant_runs_per_minute.or(file.runs_per_minute);
     quotas.max_sessions = args.tenant_max_sessions.or(file.max_sessions);
+    if let Some(text) = text_or(
+        args.tenant_sessions_max_disk.as_ref(),
+        file.sessions_max_disk.take(),
+    ) {
+        let bytes = parse_size(&text).with_context(
+            || "invalid --tenant-sessions-max-disk (`[tenants] sessions_max_disk`)",
+        )?;
+        let total = config.sessions.max_disk_bytes;
+        if bytes < snakebox_engine::MIN_SESSIONS_DISK_SHARE {
+            bail!(
+                "--tenant-sessions-max-disk (`[tenants] sessions_max_disk`) must be at least 32MiB, got `{text}`\nhint: a share is a file-system image, and ext4's own metadata leaves little of less"
+            );
+        }
+        if bytes > total {
+            bail!(
+                "--tenant-sessions-max-disk (`{text}`) is larger than --sessions-max-disk ({total} bytes)\nhint: a tenant's share is a part of the sessions' disk: raise --sessions-max-disk, or lower the share"
+            );
+        }
+        config.sessions.tenant_max_disk_bytes = Some(bytes);
+    }
     for (name, value) in [
         ("--tenant-max-concurrent-runs", quotas.max_concurrent_runs),
         (
@@ -1452,6 +1489,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn several_tenants_get_a_quarter_of_the_sessions_disk_each_unless_told() {
+        let share = |total: u64, told: Option<u64>| {
+            let mut engine = EngineConfig::new(PathBuf::new(), BackendKind::Native);
+            engine.sessions.max_disk_bytes = total;
+            engine.sessions.tenant_max_disk_bytes = told;
+            several_tenants(&mut engine);
+            engine.sessions.tenant_max_disk_bytes
+        };
+        assert_eq!(share(10 << 30, None), Some((10 << 30) / 4));
+        assert_eq!(share(10 << 30, Some(1 << 30)), Some(1 << 30));
+        // Never less than the smallest share, nor more than the disk.
+        assert_eq!(share(64 << 20, None), Some(32 << 20));
+        assert_eq!(share(16 << 20, None), Some(16 << 20));
+    }
+
+    #[test]
     fn download_links_live_an_hour_unless_told_and_within_bounds() {
         let serving = HttpArgs {
             http: Some(String::new()),
@@ -1619,6 +1672,8 @@ mod tests {
             && config.tenants.runs_per_minute == Some(60)
             && config.tenants.max_sessions == Some(3),
         no_tenant_quotas_by_default: "" => |config| config.tenants == snakebox_engine::TenantQuotas::default(),
+        the_one_tenant_has_the_whole_sessions_disk: "" => |config| config.sessions.tenant_max_disk_bytes.is_none(),
+        a_sessions_share: "[sessions]\nmax_disk = \"1GiB\"\n[tenants]\nsessions_max_disk = \"100MiB\"\n" => |config| config.sessions.tenant_max_disk_bytes == Some(100 << 20),
         store_budgets_by_default: "" => |config| config.store_budgets == snakebox_engine::StoreBudgets::default()
             && config.store_budgets.history.items == Some(100_000)
             && config.store_budgets.audit_bytes == 160 << 20
@@ -1717,6 +1772,9 @@ network = \"off\"
         zero_history_runs: "[tenants]\nhistory_max_runs = 0\n" => ["--tenant-history-max-runs must be at least 1", "hint"],
         tiny_audit_budget: "[tenants]\naudit_max_size = \"1KiB\"\n" => ["--tenant-audit-max-size (`[tenants] audit_max_size`) must be at least 65536 bytes", "hint"],
         bad_artifacts_budget: "[tenants]\nartifacts_max_size = \"lots\"\n" => ["invalid --tenant-artifacts-max-size (`[tenants] artifacts_max_size`)"],
+        bad_sessions_share: "[tenants]\nsessions_max_disk = \"lots\"\n" => ["invalid --tenant-sessions-max-disk (`[tenants] sessions_max_disk`)", "hint"],
+        tiny_sessions_share: "[tenants]\nsessions_max_disk = \"1MiB\"\n" => ["--tenant-sessions-max-disk", "at least 32MiB", "hint"],
+        share_larger_than_the_disk: "[sessions]\nmax_disk = \"1GiB\"\n[tenants]\nsessions_max_disk = \"2GiB\"\n" => ["--tenant-sessions-max-disk (`2GiB`) is larger than --sessions-max-disk", "hint: a tenant's share is a part"],
         tiny_audit_queue: "[server]\naudit_queue_size = \"64KiB\"\n" => ["--audit-queue-size (`[server] audit_queue_size`) must be at least 524288 bytes", "hint"],
         tenant_key_typo: "[tenants]\nmax_session = 2\n" => ["unknown key `max_session` in `[tenants]`", "did you mean `max_sessions`?"],
         frame_limit_too_small: "[server]\nmax_frame_bytes = \"1K\"\n" => ["--max-frame-bytes must be between 64KiB and 1GiB", "hint"],

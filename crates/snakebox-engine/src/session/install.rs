@@ -157,7 +157,7 @@ impl Installer {
         Some(if cache_low && !session_low {
             "the data directory (uv's cache)"
         } else {
-            "the session's disk"
+            "your share of the sessions' disk"
         })
     }
 
@@ -170,7 +170,8 @@ impl Installer {
     fn space_hint(&self) -> String {
         format!(
             "delete files (run_command with `rm`) or whole sessions (delete_session) to free \
-             the session's disk, whose size the operator sets with --sessions-max-disk; for \
+             your share of the sessions' disk, whose size the operator sets with \
+             --tenant-sessions-max-disk (all tenants' together: --sessions-max-disk); for \
              the data directory: {}",
             snakebox_env::NO_SPACE_HINT
         )
@@ -565,9 +566,9 @@ impl Engine {
         if !refused.is_empty() {
             return Err(profile.packages_refused(&refused));
         }
-        manager.check_disk()?;
+        manager.check_disk(&row.owner)?;
         let interpreter = self.session_interpreter(&row)?;
-        let installer = self.installer(caller, &interpreter, &manager.paths(&row.id))?;
+        let installer = self.installer(caller, &interpreter, &manager.paths(&row)?)?;
         let slot = manager.slot(&row);
         if slot.installing.swap(true, Ordering::SeqCst) {
             return Err(EngineError {

@@ -188,14 +188,17 @@ impl Engine {
         if state.deleted || doomed.is_cancelled() {
             return fail(no_session(session_id));
         }
-        if let Err(error) = manager.check_disk() {
+        if let Err(error) = manager.check_disk(&row.owner) {
             return fail(error);
         }
         // The input files, then what the workspace holds before the call: only what the
         // call creates or changes becomes an artifact. Without input files, and when nothing
         // but the session's cells wrote the workspace since, that is what the last cell's
         // collection saw (see `SlotState::known_files`): no walk.
-        let work = manager.paths(&row.id).work;
+        let work = match manager.paths(&row) {
+            Ok(paths) => paths.work,
+            Err(error) => return fail(error),
+        };
         let known = state.known_files.take();
         let baseline = match known {
             Some(known) if inputs.is_empty() => Ok(known),
@@ -419,7 +422,7 @@ impl Engine {
         state.known_files = known;
         drop(state);
         rich.apply(&mut result);
-        result.notes.extend(manager.disk_note());
+        result.notes.extend(manager.disk_note(&row.owner));
         result
     }
 
@@ -578,7 +581,7 @@ impl Engine {
         profile: &crate::Profile,
     ) -> Result<LiveSandbox, EngineError> {
         let sandbox = self.session_sandbox()?;
-        let paths = manager.paths(&row.id);
+        let paths = manager.paths(row)?;
         let runner_path = paths.input.join(RUNNER_NAME);
         let shape = self.session_shape(profile, self.config.max_timeout);
         let deny_path = paths.input.join(crate::run::EXEC_DENY_NAME);
@@ -780,7 +783,7 @@ impl Engine {
         if let Err(error) = self.ensure_session_proxy(manager, &row, &mut state.proxy) {
             return fail(error);
         }
-        if let Err(error) = manager.check_disk() {
+        if let Err(error) = manager.check_disk(&row.owner) {
             return fail(error);
         }
         // The command may write the workspace: the next cell's baseline is taken afresh.
@@ -790,7 +793,10 @@ impl Engine {
             Err(error) => return fail(error),
         };
         slot.last_used.store(now_secs(), Ordering::Relaxed);
-        let paths = manager.paths(&row.id);
+        let paths = match manager.paths(&row) {
+            Ok(paths) => paths,
+            Err(error) => return fail(error),
+        };
         let network = self.run_network(self.session_network(&row));
         let shape = self.session_shape(profile, timeout);
         let (mut policy, _) = self.session_policy(network, &paths, &interpreter, &shape);
@@ -839,7 +845,7 @@ impl Engine {
         result.error = error;
         result.notes = notes;
         result.network_log = network_log;
-        result.notes.extend(manager.disk_note());
+        result.notes.extend(manager.disk_note(&row.owner));
         result
     }
 
@@ -892,7 +898,7 @@ impl Engine {
         let Some(names) = self.session_names(row) else {
             return Ok(());
         };
-        let paths = manager.paths(&row.id);
+        let paths = manager.paths(row)?;
         make_dir(&paths.input, 0o755, None)
             .map_err(|err| io_error("create the session's input directory", &err))?;
         *proxy = Some(self.start_run_proxy(&paths.input, names)?);

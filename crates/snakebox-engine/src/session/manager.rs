@@ -37,73 +37,52 @@ impl Sessions {
         stop: CancellationToken,
     ) -> Sessions {
         let root = data_dir.join(SESSIONS_DIR);
-        // The quota's kernel bound: the sessions' files live in an image of that size. This
-        // process's run directory tells other processes of this data directory that it uses
-        // the image (see `SessionDisk::release`).
+        // This process's run directory tells other processes of this data directory that it
+        // uses the shares (see `SessionDisk::release`).
         let _ = fs_err::create_dir_all(crate::run::server_runs_dir(data_dir));
-        let disk = match SessionDisk::open(&root, settings.max_disk_bytes) {
-            Ok(disk) => disk,
-            Err(conflict) => {
+        let share = settings
+            .tenant_max_disk_bytes
+            .unwrap_or(settings.max_disk_bytes);
+        let (disk, store) = match SessionDisk::open(data_dir, &root, settings.max_disk_bytes, share)
+        {
+            Ok(opened) => opened,
+            Err(refused) => {
                 return Sessions {
-                    inner: Err(EngineError::new(ErrorKind::Unavailable, conflict).with_hint(
-                        "start this server with the other's --sessions-max-disk, stop the other server first (the image is resized at the next start), or give this one a --data-dir of its own",
-                    )),
+                    inner: Err(refused),
                 };
             }
         };
-        disk.watch(&crate::run::runs_dir(data_dir));
-        let opened = fs_err::create_dir_all(&root)
-            .map_err(|err| err.to_string())
-            .and_then(|()| {
-                use std::os::unix::fs::PermissionsExt;
-                // Traversable by the sandbox users (their own directories are below).
-                fs_err::set_permissions(&root, std::fs::Permissions::from_mode(0o711))
-                    .map_err(|err| err.to_string())
-            })
-            .and_then(|()| {
-                Store::open(&root.join("sessions.db")).map_err(|err| {
-                    format!(
-                        "Failed to open the session database `{}`: {err}",
-                        root.join("sessions.db").display()
-                    )
-                })
+        disk.watch();
+        if !crate::run::other_live_servers(data_dir) {
+            sweep_orphans(&root, &disk, &store);
+        }
+        let manager = Arc::new(Manager {
+            disk,
+            store,
+            slots: Mutex::default(),
+            creating: Mutex::new(HashMap::new()),
+            settings,
+        });
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let reaper = reap_loop(Arc::downgrade(&manager));
+            handle.spawn(async move {
+                tokio::select! {
+                    () = reaper => {}
+                    () = stop.cancelled() => {}
+                }
             });
-        let inner = match opened {
-            Ok(store) => {
-                if !crate::run::other_live_servers(data_dir) {
-                    sweep_orphans(&root, &store);
-                }
-                let manager = Arc::new(Manager {
-                    root,
-                    disk,
-                    store,
-                    slots: Mutex::default(),
-                    creating: Mutex::new(HashMap::new()),
-                    settings,
-                });
-                if let Ok(handle) = tokio::runtime::Handle::try_current() {
-                    let reaper = reap_loop(Arc::downgrade(&manager));
-                    handle.spawn(async move {
-                        tokio::select! {
-                            () = reaper => {}
-                            () = stop.cancelled() => {}
-                        }
-                    });
-                }
-                Ok(manager)
-            }
-            Err(message) => Err(EngineError::new(ErrorKind::Unavailable, message)
-                .with_hint("check that the data directory is writable (--data-dir)")),
-        };
+        }
+        let inner = Ok(manager);
         Sessions { inner }
     }
 }
 
 impl Sessions {
-    /// Unmount the sessions' disk image unless another server of this data directory runs.
-    pub(crate) fn release(&self, data_dir: &Path) {
+    /// Unmount the tenants' shares of the sessions' disk unless another server of this data
+    /// directory runs.
+    pub(crate) fn release(&self) {
         if let Ok(manager) = &self.inner {
-            manager.disk.release(&crate::run::runs_dir(data_dir));
+            manager.disk.release_all();
         }
     }
 
@@ -145,6 +124,12 @@ impl Sessions {
             idle_delete_seconds: defaults.idle_delete.as_secs(),
             sessions: Vec::new(),
             disk_quota: String::new(),
+            disk_enforced_while_running: false,
+            tenant_max_disk_bytes: defaults
+                .tenant_max_disk_bytes
+                .unwrap_or(defaults.max_disk_bytes),
+            tenant_used_disk_bytes: None,
+            reserved_disk_bytes: 0,
             problem: None,
         };
         let manager = match &self.inner {
@@ -155,7 +140,15 @@ impl Sessions {
             }
         };
         let settings = &manager.settings;
-        report.disk_quota = manager.disk.mechanism();
+        report.disk_quota = manager
+            .disk
+            .mechanism(&manager.store, viewer.map(Caller::id));
+        report.disk_enforced_while_running = manager.disk.bounded();
+        report.tenant_max_disk_bytes = viewer.map_or(manager.disk.share_bytes(), |caller| {
+            manager.disk.share_of(caller.id())
+        });
+        report.reserved_disk_bytes = manager.store.reserved_bytes().unwrap_or(0);
+        report.tenant_used_disk_bytes = viewer.map(|caller| manager.tenant_used(caller.id()));
         report.max_sessions = settings.max_sessions;
         report.max_disk_bytes = settings.max_disk_bytes;
         report.max_running_interpreters = settings.max_interpreters;
@@ -192,8 +185,7 @@ impl Sessions {
 
 /// Everything about sessions that outlives one call.
 pub(super) struct Manager {
-    pub(super) root: PathBuf,
-    /// How the disk quota is held (see [`SessionDisk`]).
+    /// The tenants' shares of the disk, and how they are bounded (see [`SessionDisk`]).
     pub(super) disk: SessionDisk,
     pub(super) store: Store,
     pub(super) slots: Mutex<HashMap<String, Arc<Slot>>>,
@@ -276,6 +268,20 @@ pub(super) struct SessionPaths {
     pub(super) input: PathBuf,
     pub(super) tmp: PathBuf,
 }
+
+impl SessionPaths {
+    /// The layout of a session whose directory is `root`.
+    fn under(root: PathBuf) -> SessionPaths {
+        SessionPaths {
+            work: root.join("work"),
+            env: root.join("env"),
+            venv: root.join("env").join("venv"),
+            input: root.join("input"),
+            tmp: root.join("tmp"),
+            root,
+        }
+    }
+}
 impl Manager {
     /// Hold a place under `--max-sessions` for a session about to be created: the sessions
     /// recorded and those being created count, checked and reserved in one step, so
@@ -326,15 +332,19 @@ impl Manager {
         })
     }
 
-    pub(super) fn paths(&self, id: &str) -> SessionPaths {
-        let root = self.root.join(id);
-        SessionPaths {
-            work: root.join("work"),
-            env: root.join("env"),
-            venv: root.join("env").join("venv"),
-            input: root.join("input"),
-            tmp: root.join("tmp"),
-            root,
+    /// Where the session of `row` is on the host: in its tenant's share.
+    ///
+    /// # Errors
+    /// The share cannot be reached (it could not be mounted at start, and says why).
+    pub(super) fn paths(&self, row: &SessionRow) -> Result<SessionPaths, EngineError> {
+        match self.disk.dir_of(&row.owner) {
+            Some(Ok(share)) => Ok(SessionPaths::under(share.join(&row.id))),
+            Some(Err(why)) => Err(self.disk.share_unusable(&why)),
+            None => Err(EngineError::new(
+                ErrorKind::Unavailable,
+                format!("The files of session `{}` are missing", row.id),
+            )
+            .with_hint("delete the session (delete_session) and create a new one")),
         }
     }
 
@@ -472,18 +482,46 @@ impl Manager {
             .remove(id);
     }
 
-    /// A note for a call's result when the sessions' disk is full after it.
-    pub(super) fn disk_note(&self) -> Option<String> {
-        let free = self.disk.free_bytes()?;
+    /// A note for a call's result when `owner`'s share of the sessions' disk is full after
+    /// it.
+    pub(super) fn disk_note(&self, owner: &str) -> Option<String> {
+        let (_, free) = self.disk.usage(owner)?;
         (free < 1 << 20).then(|| {
             format!(
-                "the sessions' disk is full (--sessions-max-disk {}, enforced while calls run): writes fail with ENOSPC (No space left on device); delete files (run_command with `rm`) or sessions",
-                crate::ids::human_bytes(self.settings.max_disk_bytes)
+                "your share of the sessions' disk is full ({}, --tenant-sessions-max-disk, enforced while calls run; other tenants have shares of their own): writes fail with ENOSPC (No space left on device); delete files (run_command with `rm`) or sessions",
+                crate::ids::human_bytes(self.disk.share_of(owner))
             )
         })
     }
 
-    pub(super) fn check_disk(&self) -> Result<(), EngineError> {
+    /// What `owner`'s sessions use of its share: measured in its image when the kernel
+    /// bounds it, else as last measured after each call.
+    pub(super) fn tenant_used(&self, owner: &str) -> u64 {
+        self.disk.usage(owner).map_or_else(
+            || self.store.owned_bytes(owner).unwrap_or(0),
+            |(used, _)| used,
+        )
+    }
+
+    /// Between calls: refuse a call of `owner` when its sessions use its whole share, or all
+    /// sessions the whole disk (what holds without a kernel bound; with one, a full share
+    /// refuses writes by itself).
+    pub(super) fn check_disk(&self, owner: &str) -> Result<(), EngineError> {
+        let mine = self.store.owned_bytes(owner).map_err(db_error)?;
+        let share = self.disk.share_of(owner);
+        if mine >= share {
+            return Err(EngineError::new(
+                ErrorKind::Quota,
+                format!(
+                    "Your sessions use {} of disk, at or over your share of {} (--tenant-sessions-max-disk)",
+                    crate::ids::human_bytes(mine),
+                    crate::ids::human_bytes(share)
+                ),
+            )
+            .with_hint(
+                "delete files (run_command with `rm`) or whole sessions (delete_session); the operator can raise --tenant-sessions-max-disk",
+            ));
+        }
         let used = self.store.total_bytes().map_err(db_error)?;
         if used >= self.settings.max_disk_bytes {
             return Err(EngineError {
@@ -499,6 +537,26 @@ impl Manager {
             });
         }
         Ok(())
+    }
+
+    /// Give `owner`'s share of the disk back when it has no session left and none is being
+    /// created (see [`SessionDisk::release`]).
+    pub(super) async fn release_share_if_unused(self: &Arc<Self>, owner: &str) {
+        let manager = Arc::clone(self);
+        let owner = owner.to_owned();
+        let _ = tokio::task::spawn_blocking(move || {
+            // Decided under the shares' lock, which a create takes (after counting itself in
+            // `creating`) to get the share it writes in.
+            manager.disk.release(&manager.store, &owner, || {
+                manager
+                    .creating
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get(&owner)
+                    .is_none_or(|count| *count == 0)
+            });
+        })
+        .await;
     }
 
     /// After a call: measure the workspace again (the call may have written to it) and record
@@ -522,7 +580,13 @@ impl Manager {
 
     /// [`Manager::used`], blocking: for a caller already on a blocking thread.
     pub(super) fn measure(&self, id: &str, ran_cell: bool) {
-        let (bytes, partial) = files::tree_bytes(&self.paths(id).work);
+        let Ok(Some(row)) = self.store.get(id) else {
+            return;
+        };
+        let Ok(paths) = self.paths(&row) else {
+            return;
+        };
+        let (bytes, partial) = files::tree_bytes(&paths.work);
         if let Some(note) = partial {
             tracing::warn!(session = %id, "{note}");
         }
@@ -607,21 +671,45 @@ impl Engine {
             }
             _ => Vec::new(),
         };
-        let _reservation = manager.reserve_create(caller, self.config.tenants.max_sessions)?;
-        manager.check_disk()?;
+        let reservation = manager.reserve_create(caller, self.config.tenants.max_sessions)?;
+        manager.check_disk(caller.id())?;
         let requirements = Self::parse_requirements(&request.dependencies)?;
         self.provide_python(request.python_version.as_deref(), None)
             .await?;
         let interpreter = self.pick_interpreter(request.python_version.as_deref(), None)?;
         let id = new_session_id();
-        let paths = manager.paths(&id);
-        let built = self
-            .build_session(caller, &paths, &interpreter, &requirements)
-            .await;
-        let (packages, venv_bytes) = match built {
+        // The tenant's share of the disk: made and reserved with its first session.
+        let share = {
+            let manager = Arc::clone(manager);
+            let owner = caller.id().to_owned();
+            super::blocking("open your share of the sessions' disk", move || {
+                manager.disk.acquire(&manager.store, &owner)
+            })
+            .await
+            .and_then(|acquired| acquired)
+        };
+        let built = match share {
+            Ok(share) => {
+                let paths = SessionPaths::under(share.join(&id));
+                match self
+                    .build_session(caller, &paths, &interpreter, &requirements)
+                    .await
+                {
+                    Ok(built) => Ok((built, paths)),
+                    Err(err) => {
+                        let _ = crate::tree::remove(&paths.root);
+                        Err(err)
+                    }
+                }
+            }
+            Err(err) => Err(err),
+        };
+        let ((packages, venv_bytes), paths) = match built {
             Ok(built) => built,
             Err(err) => {
-                let _ = crate::tree::remove(&paths.root);
+                // A share made for this session alone is given back.
+                drop(reservation);
+                manager.release_share_if_unused(caller.id()).await;
                 return Err(err);
             }
         };
@@ -649,8 +737,11 @@ impl Engine {
         };
         if let Err(err) = manager.store.insert(&row) {
             let _ = crate::tree::remove(&paths.root);
+            drop(reservation);
+            manager.release_share_if_unused(caller.id()).await;
             return Err(db_error(err));
         }
+        drop(reservation);
         tracing::info!(session = %id, python = %row.python_version, "session created");
         Ok(self.session_info(manager, &row, false))
     }
@@ -722,6 +813,8 @@ impl Engine {
             max_sessions: manager.settings.max_sessions,
             max_disk_bytes: manager.settings.max_disk_bytes,
             used_disk_bytes: manager.store.total_bytes().map_err(db_error)?,
+            tenant_max_disk_bytes: manager.disk.share_of(caller.id()),
+            tenant_used_disk_bytes: manager.tenant_used(caller.id()),
             idle_stop_seconds: manager.settings.idle_stop.as_secs(),
             idle_delete_seconds: manager.settings.idle_delete.as_secs(),
         })
@@ -757,7 +850,7 @@ impl Engine {
         state.lost = None;
         state.cells = 0;
         state.known_files = None;
-        let paths = manager.paths(&row.id);
+        let paths = manager.paths(&row)?;
         let dirs = [paths.work.clone(), paths.env.clone(), paths.tmp.clone()];
         super::blocking_io("clear the session's files", move || {
             dirs.iter().try_for_each(|dir| crate::tree::remove(dir))
@@ -785,21 +878,23 @@ impl Engine {
 /// Remove session directories that have no record: a server killed while it was creating a
 /// session leaves one, which nothing would list, count or ever remove (issue 12). Only when
 /// no other server uses the data directory: one may be creating a session right now.
-fn sweep_orphans(root: &Path, store: &Store) {
-    let Ok(entries) = fs_err::read_dir(root) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name();
-        let Some(id) = name.to_str() else { continue };
-        let is_dir = entry.file_type().is_ok_and(|kind| kind.is_dir());
-        if !is_dir || !id.starts_with("s-") || !super::valid_id(id) {
+fn sweep_orphans(root: &Path, disk: &SessionDisk, store: &Store) {
+    for dir in std::iter::once(root.to_path_buf()).chain(disk.dirs()) {
+        let Ok(entries) = fs_err::read_dir(&dir) else {
             continue;
-        }
-        if let Ok(None) = store.get(id) {
-            tracing::warn!(session = %id, "removing the files of a session that was never recorded (its server stopped while creating it)");
-            if let Err(err) = crate::tree::remove(&entry.path()) {
-                tracing::warn!(session = %id, %err, "could not remove an unrecorded session's files");
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(id) = name.to_str() else { continue };
+            let is_dir = entry.file_type().is_ok_and(|kind| kind.is_dir());
+            if !is_dir || !id.starts_with("s-") || !super::valid_id(id) {
+                continue;
+            }
+            if let Ok(None) = store.get(id) {
+                tracing::warn!(session = %id, "removing the files of a session that was never recorded (its server stopped while creating it)");
+                if let Err(err) = crate::tree::remove(&entry.path()) {
+                    tracing::warn!(session = %id, %err, "could not remove an unrecorded session's files");
+                }
             }
         }
     }
@@ -814,7 +909,7 @@ pub(super) fn replace_doomed(slot: &Slot) {
     *doomed = CancellationToken::new();
 }
 /// Delete a session: running calls end, the interpreter stops, files and record go.
-pub(super) async fn delete(manager: &Manager, id: &str) -> Result<(), EngineError> {
+pub(super) async fn delete(manager: &Arc<Manager>, id: &str) -> Result<(), EngineError> {
     let row = manager.any_row(id)?;
     let slot = manager.slot(&row);
     replace_doomed(&slot);
@@ -823,12 +918,17 @@ pub(super) async fn delete(manager: &Manager, id: &str) -> Result<(), EngineErro
     state.deleted = true;
     manager.store.delete(id).map_err(db_error)?;
     manager.forget(id);
-    let root = manager.paths(id).root;
+    // A share that cannot be reached keeps the files (its image is not touched); the record
+    // is gone, and the orphans' sweep removes them once the share opens again.
+    let root = manager.paths(&row).map(|paths| paths.root);
     drop(state);
-    super::blocking_io("delete the session's files", move || {
-        crate::tree::remove(&root)
-    })
-    .await?;
+    if let Ok(root) = root {
+        super::blocking_io("delete the session's files", move || {
+            crate::tree::remove(&root)
+        })
+        .await?;
+    }
+    manager.release_share_if_unused(&row.owner).await;
     tracing::info!(session = %id, "session deleted");
     Ok(())
 }
@@ -848,7 +948,7 @@ pub(super) async fn reap_loop(manager: Weak<Manager>) {
         reap(&manager).await;
     }
 }
-pub(super) async fn reap(manager: &Manager) {
+pub(super) async fn reap(manager: &Arc<Manager>) {
     let now = now_secs();
     let slots: Vec<(String, Arc<Slot>)> = manager
         .slots

@@ -1,7 +1,8 @@
 //! Persistent sessions: a workspace, a virtual environment and a live interpreter that last
 //! across calls, addressed by a `session_id`.
 //!
-//! A session on the host is `<data>/sessions-v1/<id>/`:
+//! A session on the host is `<data>/sessions-v1/shares/<slot>/<id>/`, in its tenant's share
+//! of the sessions' disk ([`disk`]):
 //!
 //! - `work/` — the workspace, mounted writable at `/work` (the working directory and `HOME`)
 //!   and owned by the sandbox user; the file tools read and write here, confined (see
@@ -35,6 +36,7 @@
 
 mod disk;
 mod files;
+mod image;
 mod install;
 mod interpreter;
 mod manager;
@@ -137,6 +139,10 @@ pub struct SessionList {
     pub max_disk_bytes: u64,
     /// Bytes they use now (as last measured).
     pub used_disk_bytes: u64,
+    /// Bytes your sessions may use together (your share of the sessions' disk).
+    pub tenant_max_disk_bytes: u64,
+    /// Bytes your sessions use of it.
+    pub tenant_used_disk_bytes: u64,
     /// Seconds after which an idle interpreter is stopped.
     pub idle_stop_seconds: u64,
     /// Seconds after which an unused session is deleted.
@@ -274,9 +280,20 @@ pub struct SessionsReport {
     pub idle_delete_seconds: u64,
     /// The sessions, most recently used first (at most 50).
     pub sessions: Vec<SessionSummary>,
-    /// How `max_disk_bytes` is held: by the kernel while calls run (a file-system image of
-    /// that size), or only checked between calls, and why.
+    /// How the disk is held: each tenant's share by the kernel while calls run (an image
+    /// of its own), or only checked between calls, and why.
     pub disk_quota: String,
+    /// Whether a write past a tenant's share fails while the call runs (`ENOSPC`), not only
+    /// at the next call.
+    pub disk_enforced_while_running: bool,
+    /// Bytes one tenant's sessions may use (its share; in a tenant's report, its own, which
+    /// is larger when its files did not fit a smaller one).
+    pub tenant_max_disk_bytes: u64,
+    /// Bytes the caller's sessions use of its share (absent in the operator's report).
+    pub tenant_used_disk_bytes: Option<u64>,
+    /// Bytes every tenant's share together reserves (at most `max_disk_bytes`; a
+    /// server-wide total).
+    pub reserved_disk_bytes: u64,
     /// Why sessions are unavailable.
     pub problem: Option<String>,
 }

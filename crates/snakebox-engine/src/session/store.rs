@@ -3,8 +3,10 @@
 //! is one committed statement; WAL journal).
 //!
 //! Only facts that must survive a restart live here: who the session is (id, name, Python),
-//! what it asked for, what is installed, sizes and times. Live state (the interpreter, an
-//! install in progress) is in memory only.
+//! what it asked for, what is installed, sizes and times, and which share of the sessions'
+//! disk each tenant holds (its slot, which names its image, so that it never changes while
+//! the tenant has sessions and never names two tenants' files). Live state (the
+//! interpreter, an install in progress) is in memory only.
 
 use std::path::Path;
 use std::sync::Mutex;
@@ -12,7 +14,7 @@ use std::sync::Mutex;
 use rusqlite::{Connection, OptionalExtension, params};
 
 /// The schema version written to `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 5;
 
 /// One session as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,6 +48,18 @@ pub(crate) struct SessionRow {
     /// The profile it was created under; sessions recorded before this column: none (the
     /// server's own settings, as `standard`).
     pub(crate) profile: Option<String>,
+}
+
+/// One tenant's share of the sessions' disk, as recorded: its files are in
+/// `sessions-v1/shares/<slot>` (an image of `bytes`, or a directory), reserved for it while it
+/// has sessions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ShareRow {
+    /// Never reused (AUTOINCREMENT): a slot names one tenant's share only, ever.
+    pub(crate) slot: i64,
+    pub(crate) tenant: String,
+    /// What the share reserves of `--sessions-max-disk` (its image's size).
+    pub(crate) bytes: u64,
 }
 
 impl SessionRow {
@@ -100,6 +114,11 @@ impl Store {
                  owner TEXT NOT NULL DEFAULT 'local',
                  network_names TEXT NOT NULL DEFAULT '[]',
                  profile TEXT
+             );
+             CREATE TABLE IF NOT EXISTS shares (
+                 slot INTEGER PRIMARY KEY AUTOINCREMENT,
+                 tenant TEXT NOT NULL UNIQUE,
+                 bytes INTEGER NOT NULL
              );",
         )?;
         // Columns added since schema 1, with what older rows get: schema 1 had no network
@@ -204,6 +223,93 @@ impl Store {
         })
     }
 
+    /// Bytes of one owner's sessions' venvs and workspaces, as last measured.
+    pub(crate) fn owned_bytes(&self, owner: &str) -> rusqlite::Result<u64> {
+        self.with(|conn| {
+            conn.prepare_cached(
+                "SELECT COALESCE(SUM(venv_bytes + work_bytes), 0) FROM sessions WHERE owner = ?1",
+            )?
+            .query_row([owner], |row| row.get::<_, i64>(0))
+            .map(from_i64)
+        })
+    }
+
+    /// Every tenant's share, by slot.
+    pub(crate) fn shares(&self) -> rusqlite::Result<Vec<ShareRow>> {
+        self.with(|conn| {
+            let mut statement =
+                conn.prepare_cached("SELECT slot, tenant, bytes FROM shares ORDER BY slot")?;
+            statement.query_map([], share_from_row)?.collect()
+        })
+    }
+
+    /// The share of `tenant`, if it holds one.
+    pub(crate) fn share_of(&self, tenant: &str) -> rusqlite::Result<Option<ShareRow>> {
+        self.with(|conn| {
+            conn.prepare_cached("SELECT slot, tenant, bytes FROM shares WHERE tenant = ?1")?
+                .query_row([tenant], share_from_row)
+                .optional()
+        })
+    }
+
+    /// Record a share of `bytes` for `tenant`, in one statement with the check that every
+    /// share together stays within `total` (`None`: no check, for sessions moved in from
+    /// before shares). `None` when it would not fit. Concurrent servers of one data
+    /// directory cannot pass the total together: SQLite runs one writer at a time.
+    pub(crate) fn add_share(
+        &self,
+        tenant: &str,
+        bytes: u64,
+        total: Option<u64>,
+    ) -> rusqlite::Result<Option<ShareRow>> {
+        self.with(|conn| {
+            let added = conn.execute(
+                "INSERT INTO shares (tenant, bytes)
+                 SELECT ?1, ?2
+                 WHERE ?3 IS NULL OR (SELECT COALESCE(SUM(bytes), 0) FROM shares) + ?2 <= ?3",
+                params![tenant, to_i64(bytes), total.map(to_i64)],
+            )?;
+            if added == 0 {
+                return Ok(None);
+            }
+            conn.query_row(
+                "SELECT slot, tenant, bytes FROM shares WHERE tenant = ?1",
+                [tenant],
+                share_from_row,
+            )
+            .map(Some)
+        })
+    }
+
+    /// A share's image now has `bytes` (it was resized, or kept its size).
+    pub(crate) fn set_share_bytes(&self, slot: i64, bytes: u64) -> rusqlite::Result<()> {
+        self.with(|conn| {
+            conn.execute(
+                "UPDATE shares SET bytes = ?2 WHERE slot = ?1",
+                params![slot, to_i64(bytes)],
+            )
+            .map(|_| ())
+        })
+    }
+
+    /// The share is given back (its tenant has no session left).
+    pub(crate) fn remove_share(&self, slot: i64) -> rusqlite::Result<()> {
+        self.with(|conn| {
+            conn.execute("DELETE FROM shares WHERE slot = ?1", [slot])
+                .map(|_| ())
+        })
+    }
+
+    /// What every share together reserves.
+    pub(crate) fn reserved_bytes(&self) -> rusqlite::Result<u64> {
+        self.with(|conn| {
+            conn.query_row("SELECT COALESCE(SUM(bytes), 0) FROM shares", [], |row| {
+                row.get::<_, i64>(0)
+            })
+            .map(from_i64)
+        })
+    }
+
     /// Bytes of every session's venv and workspace, as last measured.
     pub(crate) fn total_bytes(&self) -> rusqlite::Result<u64> {
         self.with(|conn| {
@@ -288,6 +394,14 @@ fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRow> {
         owner: row.get(13)?,
         network_names: from_json(&row.get::<_, String>(14)?),
         profile: row.get(15)?,
+    })
+}
+
+fn share_from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ShareRow> {
+    Ok(ShareRow {
+        slot: row.get(0)?,
+        tenant: row.get(1)?,
+        bytes: from_i64(row.get(2)?),
     })
 }
 
@@ -415,6 +529,37 @@ mod tests {
         assert_eq!(got.requirements, ["six==1.16.0"]);
         assert!(got.packages.is_empty());
         assert_eq!((got.executions, got.last_used_at), (0, 170));
+    }
+
+    #[test]
+    fn shares_stay_within_the_total_and_slots_are_never_reused() {
+        let store = Store::in_memory().unwrap();
+        let a = store.add_share("a", 60, Some(100)).unwrap().unwrap();
+        assert_eq!(store.share_of("a").unwrap(), Some(a.clone()));
+        // 60 + 50 > 100: no room for b.
+        assert_eq!(store.add_share("b", 50, Some(100)).unwrap(), None);
+        let b = store.add_share("b", 40, Some(100)).unwrap().unwrap();
+        assert_eq!(store.reserved_bytes().unwrap(), 100);
+        // One share per tenant.
+        assert!(store.add_share("a", 1, None).is_err());
+        // Sessions from before shares may pass the total (nothing is ever refused its files).
+        let c = store.add_share("c", 500, None).unwrap().unwrap();
+        store.remove_share(a.slot).unwrap();
+        let again = store.add_share("a", 10, None).unwrap().unwrap();
+        assert!(
+            again.slot > c.slot && c.slot > b.slot,
+            "{again:?} {c:?} {b:?}"
+        );
+        store.set_share_bytes(again.slot, 20).unwrap();
+        assert_eq!(store.share_of("a").unwrap().unwrap().bytes, 20);
+        let slots: Vec<i64> = store.shares().unwrap().iter().map(|s| s.slot).collect();
+        assert_eq!(slots, [b.slot, c.slot, again.slot]);
+        let mut mine = row("x", 1);
+        mine.owner = "a".into();
+        store.insert(&mine).unwrap();
+        store.insert(&row("y", 1)).unwrap();
+        assert_eq!(store.owned_bytes("a").unwrap(), 1024);
+        assert_eq!(store.owned_bytes("nobody").unwrap(), 0);
     }
 
     #[test]

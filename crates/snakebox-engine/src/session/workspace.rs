@@ -58,9 +58,9 @@ impl Engine {
                 ),
             });
         }
-        manager.check_disk()?;
+        manager.check_disk(&row.owner)?;
         let owner = self.session_sandbox()?.host_ids(Identity::Untrusted);
-        let work = manager.paths(&row.id).work;
+        let work = manager.paths(&row)?.work;
         let slot = manager.slot(&row);
         let mut state = slot.state.lock().await;
         if state.deleted {
@@ -95,7 +95,7 @@ impl Engine {
     ) -> Result<FileContent, EngineError> {
         let manager = self.session_manager()?;
         let row = manager.row(caller, session_id)?;
-        let work = manager.paths(&row.id).work;
+        let work = manager.paths(&row)?.work;
         let rel = RelativePath::parse_entry(path).map_err(|err| file_error(err.into()))?;
         let data = self
             .on_host(caller, "read the file", move || {
@@ -130,7 +130,7 @@ impl Engine {
     ) -> Result<FileList, EngineError> {
         let manager = self.session_manager()?;
         let row = manager.row(caller, session_id)?;
-        let work = manager.paths(&row.id).work;
+        let work = manager.paths(&row)?.work;
         let rel = path.to_owned();
         let depth = depth.clamp(1, 10);
         let (entries, truncated) = self
