@@ -9,18 +9,22 @@ the real binary. What one tenant does must not show in what another is told.
 - Shares (item 1): every sandbox a call starts (runs, validation's compile checks, builds,
   installs) holds one of the server's slots in its tenant's name, and a freed slot goes to
   the waiting tenant holding the fewest.
+- The sessions' disk (item 2): each tenant's sessions live in a share of their own, bounded
+  by the kernel while a call runs; a tenant that fills its share leaves the others theirs,
+  and shares are reserved within --sessions-max-disk.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
 import anyio
 import pytest
 
-from conftest import call, have_bwrap
+from conftest import call, have_bwrap, session_dir
 from http_support import http_server, make_key
 from test_http import connect
 
@@ -336,3 +340,111 @@ async def test_file_tools_that_walk_trees_take_at_most_half_the_host_work_thread
     assert max(samples) >= 1, "no host work was seen while the flood ran"
     # B's reads are in the samples too: A's own share is at most half (B holds at most one).
     assert max(samples) <= threads[0] // 2 + 1, (max(samples), threads[0])
+
+
+# Write 16 MiB files until 512 MiB are written or the disk refuses; say how much and why.
+FILL = """
+import errno
+block = b'x' * (1 << 20)
+written = 0
+stopped = None
+for i in range(32):
+    try:
+        with open(f'fill-{i:02d}', 'wb') as f:
+            for _ in range(16):
+                f.write(block)
+                f.flush()
+                written += 1 << 20
+    except OSError as err:
+        stopped = errno.errorcode.get(err.errno, err.errno)
+        break
+print('written', written >> 20, 'stopped', stopped)
+"""
+
+
+def host_bytes(directory: Path) -> int:
+    """Bytes the host disk holds for the files under `directory` (allocated blocks)."""
+    return sum(f.stat().st_blocks * 512 for f in directory.rglob("*") if f.is_file())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel bounds a share with a loop-mounted image, which needs a root server (a normal user's: test_nonroot.py)")
+async def test_a_tenant_that_fills_its_share_of_the_sessions_disk_leaves_the_others_theirs(snakebox_bin: Path, tmp_path: Path):
+    """Item 2: once tenant A fills its share of the sessions' disk, tenant B still writes. With
+    the defaults over HTTP (a quarter of --sessions-max-disk per tenant), A's one call asking
+    for 512 MiB is refused with ENOSPC at its 64 MiB share, while it runs, and B's session then
+    writes 32 MiB of its own. Before shares, A's call filled the whole 256 MiB and B's write
+    failed. Judged by what each wrote and by the data directory."""
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    with http_server(snakebox_bin, data, "--sessions-max-disk", "256MiB") as (proc, url):
+        async with connect(url, key_a, "auto") as a, connect(url, key_b, "auto") as b:
+            sessions = {}
+            for who, client in (("a", a), ("b", b)):
+                created, text, is_error = await call(client, "create_session")
+                assert not is_error, text
+                sessions[who] = created["session_id"]
+            filled, text, _ = await call(a, "execute_python", session_id=sessions["a"], script=FILL, timeout_seconds=120)
+            assert filled["stdout"].endswith("stopped ENOSPC\n"), text
+            written_a = int(filled["stdout"].split()[1])
+            assert 16 <= written_a <= 64, text  # its share, less ext4's own metadata
+            # B writes a file of its own after A filled its share.
+            wrote, text, _ = await call(b, "execute_python", session_id=sessions["b"], script=FILL.replace("range(32)", "range(2)"), timeout_seconds=120)
+            assert wrote["stdout"] == "written 32 stopped None\n", text
+            # Judged from outside: what each session holds on the host, and the host disk.
+            dir_a, dir_b = session_dir(data, sessions["a"]), session_dir(data, sessions["b"])
+            assert host_bytes(dir_a / "work") <= 64 << 20, host_bytes(dir_a / "work")
+            assert sum(f.stat().st_size for f in (dir_b / "work").iterdir()) == 32 << 20
+            assert dir_a.parent != dir_b.parent, "the two tenants' sessions share a file system"
+            images = list((data / "sessions-v1" / "shares").glob("*.img"))
+            assert len(images) == 2 and sum(i.stat().st_size for i in images) <= 256 << 20, images
+            # A is told it is its share that is full; each tenant's report is its own.
+            assert any("your share of the sessions' disk is full" in note for note in filled["notes"]), filled["notes"]
+            report_a, _, _ = await call(a, "check_environment")
+            report_b, _, _ = await call(b, "check_environment")
+            for report in (report_a, report_b):
+                assert report["sessions"]["tenant_max_disk_bytes"] == 64 << 20, report["sessions"]
+                assert report["sessions"]["disk_enforced_while_running"] is True, report["sessions"]
+                assert report["sessions"]["reserved_disk_bytes"] == 128 << 20, report["sessions"]
+                assert "per tenant" in report["sessions"]["disk_quota"], report["sessions"]["disk_quota"]
+            assert report_a["sessions"]["tenant_used_disk_bytes"] >= 16 << 20
+            assert report_b["sessions"]["tenant_used_disk_bytes"] < report_a["sessions"]["tenant_used_disk_bytes"]
+            assert sessions["a"] not in json.dumps(report_b), "B sees A's session"
+        assert proc.poll() is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the kernel bounds a share with a loop-mounted image, which needs a root server (a normal user's: test_nonroot.py)")
+async def test_shares_of_the_sessions_disk_are_reserved_and_given_back(snakebox_bin: Path, tmp_path: Path):
+    """Item 2: shares are reserved within --sessions-max-disk, so a share is always there to
+    fill: with 100 MiB shares of 256 MiB, a third tenant is refused a session (a quota error
+    naming the totals, not the other tenants), and gets one once another tenant's last
+    session is deleted, which gives its share back (its image removed)."""
+    data = tmp_path / "data"
+    keys = {who: make_key(snakebox_bin, data, f"team-{who}") for who in "abc"}
+    flags = ("--sessions-max-disk", "256MiB", "--tenant-sessions-max-disk", "100MiB")
+    with http_server(snakebox_bin, data, *flags) as (proc, url):
+        async with connect(url, keys["a"], "auto") as a, connect(url, keys["b"], "auto") as b, connect(url, keys["c"], "auto") as c:
+            made = {}
+            for who, client in (("a", a), ("b", b)):
+                created, text, is_error = await call(client, "create_session")
+                assert not is_error, text
+                made[who] = created["session_id"]
+            images = sorted((data / "sessions-v1" / "shares").glob("*.img"))
+            assert [i.stat().st_size for i in images] == [100 << 20] * 2, images
+            refused, text, is_error = await call(c, "create_session")
+            assert is_error and refused["error"]["kind"] == "quota", text
+            assert "200 MiB of 256 MiB" in refused["error"]["message"], text
+            assert "team-a" not in text and "team-b" not in text, text
+            assert "--tenant-sessions-max-disk" in refused["error"]["hint"], text
+            # A second session of a tenant that holds a share takes no more.
+            second, text, is_error = await call(a, "create_session")
+            assert not is_error, text
+            # B's last session goes, and its share with it: C gets one.
+            _, text, is_error = await call(b, "delete_session", session_id=made["b"])
+            assert not is_error, text
+            assert len(list((data / "sessions-v1" / "shares").glob("*.img"))) == 1
+            created, text, is_error = await call(c, "create_session")
+            assert not is_error, text
+            wrote, text, _ = await call(c, "execute_python", session_id=created["session_id"], script="open('x', 'w').write('c'); print('ok')")
+            assert wrote["stdout"] == "ok\n", text
+        assert proc.poll() is None
