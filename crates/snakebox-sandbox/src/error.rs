@@ -425,6 +425,87 @@ impl DockerError {
     }
 }
 
+/// Serving a file-system image over FUSE (a normal user's sessions' disk) failed, or cannot
+/// be done here.
+#[derive(Debug, thiserror::Error)]
+pub enum FuseError {
+    /// The server has no user and mount namespace of its own to mount in.
+    #[error("The server is not root and has no user and mount namespace of its own to mount in")]
+    NoNamespace,
+    /// This program cannot act as `fuse2fs`'s mount helper.
+    #[error("This program cannot hand `fuse2fs` its mount (only the snakebox binary can)")]
+    NoHelper,
+    /// `/dev/fuse` cannot be opened.
+    #[error("Failed to open `/dev/fuse`")]
+    Device {
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `fuse2fs` is not installed.
+    #[error("`fuse2fs` is not installed")]
+    Fuse2fsMissing,
+    /// bubblewrap, which confines `fuse2fs`, is not installed.
+    #[error("bubblewrap (`bwrap`), which confines `fuse2fs`, is not installed")]
+    BwrapMissing,
+    /// Something `fuse2fs`'s sandbox needs could not be prepared or started.
+    #[error("Failed to start `fuse2fs` in its sandbox: {what}")]
+    Start {
+        /// What failed (`bwrap`, `seccomp`, `descriptors`, ...).
+        what: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The image cannot be opened for writing.
+    #[error("Failed to open the image `{}`", image.display())]
+    Image {
+        /// The image.
+        image: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// Another `fuse2fs` still holds the image.
+    #[error("The image `{}` is still held by another `fuse2fs`", image.display())]
+    Held {
+        /// The image.
+        image: PathBuf,
+    },
+    /// The FUSE file system could not be mounted.
+    #[error("Failed to mount a FUSE file system at `{}`", dir.display())]
+    Mount {
+        /// The mount point.
+        dir: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// `fuse2fs` started but does not serve the mount.
+    #[error("`fuse2fs` does not serve the image: {said}")]
+    NotServing {
+        /// What it said, or why it is taken as not serving.
+        said: String,
+    },
+}
+
+impl FuseError {
+    /// How to fix it, when there is something the operator can do.
+    #[must_use]
+    pub fn hint(&self) -> Option<String> {
+        Some(match self {
+            Self::NoNamespace => "enable unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone=1`, or on Ubuntu an AppArmor profile allowing them), or run the server as root".into(),
+            Self::NoHelper => "run the `snakebox` binary itself".into(),
+            Self::Device { .. } => "load the fuse module (`modprobe fuse`); in a container, pass the device (`--device /dev/fuse`)".into(),
+            Self::Fuse2fsMissing => "install fuse2fs (Debian and Ubuntu: `apt-get install fuse2fs`)".into(),
+            Self::BwrapMissing => "install bubblewrap (`apt-get install bubblewrap`)".into(),
+            Self::Held { .. } => "another live server of this data directory serves it (a normal user's servers cannot share a data directory's sessions: give each its own --data-dir), or an earlier server's fuse2fs is still writing it out (it ends once that server's last process is gone)".into(),
+            Self::Image { .. } => "the image must be the server's user's, and writable (an image a root server made is root's: start the server as root, or give this one a --data-dir of its own)".into(),
+            Self::Start { .. } | Self::Mount { .. } | Self::NotServing { .. } => return None,
+        })
+    }
+}
+
 /// Any failure of the sandbox, by mechanism.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {

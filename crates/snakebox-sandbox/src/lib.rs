@@ -48,11 +48,15 @@ pub use crate::egress::{
     BRIDGE_PORT, EgressProxy, EgressRules, SOCKET_INSIDE, bridged_command, is_ip_literal,
 };
 pub use crate::error::{
-    CgroupError, DockerError, NamespaceError, SandboxError, SeccompError, SpawnError,
+    CgroupError, DockerError, FuseError, NamespaceError, SandboxError, SeccompError, SpawnError,
 };
 pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
 pub use crate::native::forkserver::{
     ForkRun, ForkServer, ForkServerSpec, MAX_PREFORK, mount_runs_root, unmount_runs_root,
+};
+pub use crate::native::fuse::{
+    FuseMount, FuseServers, ImageLock, LOCK_WAIT as FUSE_LOCK_WAIT, lock_image,
+    run_helper as run_fuse_helper,
 };
 pub use crate::native::seccomp::exec_deny_program;
 pub use crate::netproxy::{

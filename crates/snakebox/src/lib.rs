@@ -15,6 +15,15 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::{Cli, Command};
 
+/// When this process was started as one of `fuse2fs`'s helpers (a normal user's sessions'
+/// disk: `fusermount` and a guard, inside `fuse2fs`'s sandbox), act as it and give its exit
+/// code; otherwise `None` (and this program may serve images over FUSE). Before the command
+/// line is parsed: the helpers have arguments of their own.
+#[must_use]
+pub fn fuse_helper() -> Option<ExitCode> {
+    snakebox_sandbox::run_fuse_helper().map(|code| ExitCode::from(u8::try_from(code).unwrap_or(1)))
+}
+
 /// Run the command line. Returns the process exit code.
 #[must_use]
 pub fn run(cli: Cli) -> ExitCode {

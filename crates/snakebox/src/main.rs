@@ -3,5 +3,9 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
+    // This program is also fuse2fs's two helpers, by other names (see `fuse_helper`).
+    if let Some(code) = snakebox::fuse_helper() {
+        return code;
+    }
     snakebox::run(snakebox::cli::Cli::parse())
 }

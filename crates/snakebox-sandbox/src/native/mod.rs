@@ -17,6 +17,7 @@
 //! [`crate::Sandbox::sandbox_host_uid`].
 
 pub(crate) mod forkserver;
+pub(crate) mod fuse;
 pub(crate) mod policy;
 pub(crate) mod seccomp;
 
