@@ -7,7 +7,9 @@
 # Runs go into bubblewrap sandboxes inside the container, which needs user namespaces and a
 # fresh /proc there: hence the three --security-opt (README, "Install": "Docker", says what
 # they cost). The server runs as the unprivileged user `snakebox`. Python is the image's
-# (Debian 12: 3.11); uv downloads no interpreters.
+# (Debian 12: 3.11); uv downloads no interpreters. Sessions' disk shares are bounded while
+# calls run by fuse2fs when the container also gets `--device /dev/fuse`; without it they are
+# checked between calls only (check_environment says which).
 ARG RUST_IMAGE=rust:1-bookworm
 ARG BASE_IMAGE=debian:bookworm-slim
 
@@ -18,10 +20,11 @@ RUN cargo build --release --locked -p snakebox \
     && install -m 0755 target/release/snakebox /snakebox
 
 FROM ${BASE_IMAGE}
-# bubblewrap for the sandboxes, Python for the scripts, a venv for uv (from PyPI).
+# bubblewrap for the sandboxes, fuse2fs for the sessions' disk, Python for the scripts, a
+# venv for uv (from PyPI).
 RUN apt-get update \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        bubblewrap ca-certificates python3 python3-venv \
+        bubblewrap ca-certificates fuse2fs python3 python3-venv \
     && rm -rf /var/lib/apt/lists/* \
     && python3 -m venv /opt/uv \
     && /opt/uv/bin/python -m pip install --no-cache-dir --disable-pip-version-check uv \

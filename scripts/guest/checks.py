@@ -38,16 +38,19 @@ MODES = ["root-service", "root-delegated", "user-login", "user-delegated", "user
 # timeout is reported as `timeout`; a user-manager scope without Delegate= is left as found.
 # `current` is main before those fixes (f66428a, measured in ../shared/notes/cgroupv2-vm.md): there
 # the breaks named in `tolerate` are reported as `known` instead of failing the stage.
+#   sessions_disk: "enforced" (a session call stops at --sessions-max-disk while it runs: a
+#     loop-mounted image as root, fuse2fs as a normal user); absent, only checked between calls
+#     is no break (n/a)
 #   cgroups: "v2" (check_environment reports cgroup v2) or "unusable" (watchdog + RLIMIT_NPROC)
 #   fork_server: whether forked runs must happen (every mode now: a normal user's fork server
 #   runs in the server's own user namespace; without cgroups runs are killed through a pidfd)
 EXPECT = {
     "fixed": {
-        "root-service": {"cgroups": "unusable", "fork_server": True},
-        "root-delegated": {"cgroups": "v2", "fork_server": True},
-        "user-login": {"cgroups": "unusable", "fork_server": True},
-        "user-delegated": {"cgroups": "v2", "fork_server": True},
-        "user-app-scope": {"cgroups": "unusable", "fork_server": True},
+        "root-service": {"cgroups": "unusable", "fork_server": True, "sessions_disk": "enforced"},
+        "root-delegated": {"cgroups": "v2", "fork_server": True, "sessions_disk": "enforced"},
+        "user-login": {"cgroups": "unusable", "fork_server": True, "sessions_disk": "enforced"},
+        "user-delegated": {"cgroups": "v2", "fork_server": True, "sessions_disk": "enforced"},
+        "user-app-scope": {"cgroups": "unusable", "fork_server": True, "sessions_disk": "enforced"},
     },
     "current": {
         "root-service": {"cgroups": "unusable", "fork_server": False, "tolerate": ["fork-bomb report"]},
@@ -82,6 +85,7 @@ CHECKS = [
     "cpu timeout",
     "cpu bandwidth",
     "session",
+    "sessions' disk",
     "fork server",
     "cgroups left",
     "mounts left",
@@ -101,6 +105,28 @@ MODE_TIMEOUT = 1200  # seconds for one mode's client in the guest
 # Scripts the runs execute
 
 HELLO = "print('hello from the guest')"
+
+# One session call asking for 128 MiB of 16 MiB files on a 64 MiB sessions' disk (the
+# server's `--sessions-max-disk`): where check_environment says the disk is enforced while
+# calls run (a loop-mounted image as root, fuse2fs as a normal user), it stops with ENOSPC
+# at 64 MiB at most.
+SESSIONS_DISK_FILL = """\
+import errno
+block = b'x' * (1 << 20)
+written = 0
+stopped = None
+for i in range(8):
+    try:
+        with open(f'fill-{i}', 'wb') as f:
+            for _ in range(16):
+                f.write(block)
+                f.flush()
+                written += 1 << 20
+    except OSError as err:
+        stopped = errno.errorcode.get(err.errno, err.errno)
+        break
+print('written', written >> 20, 'stopped', stopped)
+"""
 
 # 48 x 64 MiB, every page written: 3 GiB against the default 1 GiB limit. Each block's total
 # is printed, so the output says how far it got.
@@ -289,6 +315,7 @@ def environment_summary(report: dict) -> dict:
         "max_processes": (limits.get("max_processes") or {}).get("mechanism"),
         "warm": (report.get("cache") or {}).get("warm"),
         "warm_pool": {k: pool.get(k) for k in ("size", "ready", "fork_servers", "forked", "fork_server_error", "served", "cold_starts", "last_error")},
+        "sessions_disk": {k: (report.get("sessions") or {}).get(k) for k in ("disk_quota", "disk_enforced_while_running", "tenant_max_disk_bytes")},
     }
 
 
@@ -349,7 +376,8 @@ def mounts_under(path: str) -> list[str]:
 
 
 def server_command(mode: str, binary: str, uv: str, data_dir: str) -> list[str]:
-    serve = [binary, "serve", "--data-dir", data_dir, "--cpu-cores", "1", "--uv-path", uv]
+    # A small sessions' disk, so that one call can be seen to stop at it (SESSIONS_DISK_FILL).
+    serve = [binary, "serve", "--data-dir", data_dir, "--cpu-cores", "1", "--uv-path", uv, "--sessions-max-disk", "64MiB"]
     if mode == "root-delegated":
         return ["systemd-run", "--scope", "-p", "Delegate=yes", "--quiet", *serve]
     if mode == "user-delegated":
@@ -472,6 +500,7 @@ def session_checks(server: Server, execute) -> dict:
     steps["read_file"] = {k: read.get(k) for k in ("content", "_is_error", "_text")}
     steps["memory_bomb"] = execute(MEMORY_BOMB, 120, session_id=sid)
     steps["cell_after"] = execute("print('after the bomb')", session_id=sid)
+    steps["disk_fill"] = execute(SESSIONS_DISK_FILL, 120, session_id=sid)
     deleted = server.tool("delete_session", session_id=sid)
     steps["delete"] = {"_is_error": deleted.get("_is_error"), "_text": deleted.get("_text")}
     return steps
@@ -711,6 +740,22 @@ def judge(mode: str, seen: dict, expect: dict) -> dict[str, tuple[str, str]]:
         return ("held", f"state and files kept; bomb {memory_evidence(steps['memory_bomb'])}; "
                         f"next cell ok (fresh interpreter: {steps['cell_after'].get('fresh_interpreter')})")
     run_check("session", "session", session)
+
+    def sessions_disk(steps):
+        fill = (steps or {}).get("disk_fill") or {}
+        claim = env.get("sessions_disk") or {}
+        out = (fill.get("stdout") or "").split()
+        written = int(out[1]) if len(out) >= 4 and out[0] == "written" and out[1].isdigit() else None
+        enforced = bool(claim.get("disk_enforced_while_running"))
+        how = (claim.get("disk_quota") or "-")[:90]
+        figure = f"{written} MiB written of 128 asked, disk 64 MiB, stopped {out[3] if len(out) >= 4 else '?'} ({how})"
+        if written is None:
+            return ("broke", f"the fill did not run: {fill.get('status')} {(fill.get('text') or '')[:150]}")
+        if not enforced:
+            return ("broke" if expect.get("sessions_disk") == "enforced" else "n/a",
+                    "check_environment: checked between calls only; " + figure)
+        return ("held" if written <= 64 and out[3] == "ENOSPC" else "broke", figure)
+    run_check("sessions' disk", "session", sessions_disk)
 
     def fork_server(after):
         pool = (after or {}).get("warm_pool") or {}

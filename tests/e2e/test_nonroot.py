@@ -416,3 +416,84 @@ async def test_a_normal_users_runs_are_forked_fresh_and_limited(user, tools):
         assert pool["forked"] - forked_before >= 5, pool
         after, text, _ = await call(client, "execute_python", script="print('after')")
         assert after["stdout"] == "after\n", text
+
+
+# Write 16 MiB files until 512 MiB are written or the disk refuses; say how much and why.
+FILL = (
+    "import errno\nblock = b'x' * (1 << 20)\nwritten = 0\nstopped = None\n"
+    "for i in range(32):\n    try:\n        with open(f'fill-{i:02d}', 'wb') as f:\n"
+    "            for _ in range(16):\n                f.write(block)\n                f.flush()\n                written += 1 << 20\n"
+    "    except OSError as err:\n        stopped = errno.errorcode.get(err.errno, err.errno)\n        break\n"
+    "print('written', written >> 20, 'stopped', stopped)\n"
+)
+
+
+def fuse2fs_processes(uid: int) -> list[int]:
+    """The user's fuse2fs processes, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid == uid and b"fuse2fs" in (entry / "cmdline").read_bytes():
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.anyio
+@pytest.mark.skipif(shutil.which("fuse2fs", path="/usr/bin:/usr/sbin:/bin:/sbin") is None, reason="fuse2fs is not installed (scripts/install-deps installs it)")
+@pytest.mark.skipif(not os.access("/dev/fuse", os.R_OK | os.W_OK), reason="no /dev/fuse on this host")
+async def test_a_normal_users_session_cannot_write_past_the_sessions_disk_while_a_call_runs(user, tools):
+    """Issue 33: a normal user's sessions' disk was checked only between calls, so one call
+    wrote 512 MiB under a 64 MiB --sessions-max-disk. The server cannot loop-mount, but it may
+    mount FUSE in its own user and mount namespace: its share's ext4 image is served by fuse2fs
+    (confined to that image), and the call gets ENOSPC at the share, while it runs. Judged from
+    outside: what the call wrote, the image's allocated blocks in the data directory, and the
+    user's fuse2fs processes, gone with the server, even one killed with SIGKILL; the next
+    start checks the image and serves the same files."""
+    data = Path(user.pw_dir) / "data"
+    params = server(user, tools)
+    params.args.extend(["--sessions-max-disk", "64MiB"])
+    async with Client(params, mode="auto", read_timeout_seconds=300) as client:
+        created, text, is_error = await call(client, "create_session")
+        assert not is_error, text
+        session = created["session_id"]
+        filled, text, _ = await call(client, "execute_python", session_id=session, script=FILL, timeout_seconds=120)
+        assert filled["stdout"].endswith("stopped ENOSPC\n"), text
+        written = int(filled["stdout"].split()[1])
+        assert 16 <= written <= 64, text
+        # Judged from outside: the share's image in the data directory holds at most 64 MiB.
+        images = list((data / "sessions-v1" / "shares").glob("*.img"))
+        assert len(images) == 1 and images[0].stat().st_size == 64 << 20, images
+        assert images[0].stat().st_blocks * 512 <= 64 << 20
+        assert fuse2fs_processes(user.pw_uid), "no fuse2fs serves the share"
+        # What is enforced, and how, is said; the server answers and the files are there.
+        report, _, _ = await call(client, "check_environment")
+        assert report["sessions"]["disk_enforced_while_running"] is True, report["sessions"]
+        assert "fuse2fs" in report["sessions"]["disk_quota"], report["sessions"]["disk_quota"]
+        assert any("share of the sessions' disk is full" in note for note in filled["notes"]), filled["notes"]
+        freed, text, _ = await call(client, "execute_python", session_id=session, script="import os\nfor f in os.listdir('.'):\n    os.remove(f)\nopen('kept.txt', 'w').write('kept')\nprint('ok')")
+        assert freed["stdout"] == "ok\n", text
+    # The server ended: so did its fuse2fs, after writing out the image.
+    deadline = time.monotonic() + 15
+    while fuse2fs_processes(user.pw_uid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert fuse2fs_processes(user.pw_uid) == []
+    check = subprocess.run(["/usr/sbin/e2fsck", "-n", str(images[0])], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout
+    # A server killed with SIGKILL: its fuse2fs ends too, and the next start serves the files.
+    async with Client(params, mode="auto", read_timeout_seconds=300) as client:
+        read, text, is_error = await call(client, "read_file", session_id=session, path="kept.txt")
+        assert not is_error and read["content"] == "kept", text
+        subprocess.run(["pkill", "-KILL", "-u", USER, "-f", "snakebox serve"], check=True)
+        deadline = time.monotonic() + 15
+        while fuse2fs_processes(user.pw_uid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert fuse2fs_processes(user.pw_uid) == []
+    async with Client(params, mode="auto", read_timeout_seconds=300) as client:
+        read, text, is_error = await call(client, "read_file", session_id=session, path="kept.txt")
+        assert not is_error and read["content"] == "kept", text
+        again, text, _ = await call(client, "execute_python", session_id=session, script=FILL, timeout_seconds=120)
+        assert again["stdout"].endswith("stopped ENOSPC\n"), text

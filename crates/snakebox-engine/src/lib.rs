@@ -225,6 +225,7 @@ impl Engine {
         let sessions = session::Sessions::open(
             &config.data_dir,
             config.sessions.clone(),
+            config.bwrap_path.as_deref(),
             lifecycle.stop_token(),
         );
         Engine {

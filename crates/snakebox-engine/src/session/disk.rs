@@ -47,6 +47,9 @@ const SHARES_DIR: &str = "shares";
 enum Bound {
     /// An ext4 image per share, loop-mounted by the kernel (a root server).
     Loop,
+    /// An ext4 image per share, served over FUSE by a confined `fuse2fs` in the server's own
+    /// user and mount namespace (a normal user's server; see `snakebox_sandbox::FuseServers`).
+    Fuse(snakebox_sandbox::FuseServers),
     /// Plain directories, checked between calls only; why.
     Plain(String),
 }
@@ -59,6 +62,22 @@ struct Held {
     /// The share's size (its image's, when the kernel bounds it), or why its files cannot be
     /// reached.
     state: Result<u64, String>,
+    /// Its `fuse2fs`, when it is served over FUSE.
+    fuse: Option<snakebox_sandbox::FuseMount>,
+}
+
+impl Held {
+    /// The directory, or why its files cannot be reached (its `fuse2fs` may have ended).
+    fn reach(&self) -> Result<PathBuf, String> {
+        self.state.as_ref().map_err(Clone::clone)?;
+        match &self.fuse {
+            Some(fuse) if !fuse.is_alive() => Err(format!(
+                "the fuse2fs that served it has ended ({})",
+                fuse.said()
+            )),
+            _ => Ok(self.dir.clone()),
+        }
+    }
 }
 
 /// The tenants' shares of the sessions' disk, and how they are bounded.
@@ -124,8 +143,9 @@ impl SessionDisk {
         root: &Path,
         total: u64,
         share: u64,
+        bwrap: Option<&Path>,
     ) -> Result<(SessionDisk, Store), EngineError> {
-        Self::open_with(data_dir, root, total, share, Bound::probe())
+        Self::open_with(data_dir, root, total, share, Bound::probe(bwrap))
     }
 
     /// [`SessionDisk::open`] with shares bounded by `bound`.
@@ -260,8 +280,16 @@ impl SessionDisk {
         );
     }
 
-    /// Unmount every share and remove its files and its record.
+    /// Unmount a share and remove its files and its record.
     fn forget(&self, store: &Store, slot: i64) {
+        let held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&slot);
+        if let Some(mut fuse) = held.and_then(|held| held.fuse) {
+            fuse.release(FUSE_RELEASE_WAIT);
+        }
         let dir = self.shares.join(slot.to_string());
         if image::is_mount_point(&dir)
             && let Err(why) = image::unmount(&dir)
@@ -285,10 +313,6 @@ impl SessionDisk {
         if let Err(err) = store.remove_share(slot) {
             tracing::warn!(%err, "could not record that a share was given back");
         }
-        self.held
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(&slot);
     }
 
     /// The directory of `tenant`'s share when this server holds one (`Err`: why its files
@@ -300,12 +324,7 @@ impl SessionDisk {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         held.values()
             .find(|held| held.tenant == tenant)
-            .map(|held| {
-                held.state
-                    .as_ref()
-                    .map(|_| held.dir.clone())
-                    .map_err(Clone::clone)
-            })
+            .map(Held::reach)
     }
 
     /// Every share's directory that can be reached (for sweeping what no session owns).
@@ -362,12 +381,19 @@ impl SessionDisk {
     fn open_share_sized(&self, store: &Store, row: &ShareRow, size: u64) -> Result<(), String> {
         let dir = self.shares.join(row.slot.to_string());
         let image = self.image_of(row.slot);
+        let mut fuse = None;
         let state = match &self.bound {
             Bound::Loop => match mount_share(&self.data_dir, &image, &dir, size) {
                 Ok(size) => Ok(size),
                 Err(ShareError::HeldAtAnotherSize(why)) => return Err(why),
                 Err(ShareError::Unusable(why)) => Err(why),
             },
+            Bound::Fuse(servers) => {
+                serve_share(servers, &self.data_dir, &image, &dir, size).map(|(size, mount)| {
+                    fuse = Some(mount);
+                    size
+                })
+            }
             Bound::Plain(why) if image.exists() => Err(format!(
                 "its files are in the image `{}`, which this server cannot mount ({why})",
                 image.display()
@@ -394,6 +420,7 @@ impl SessionDisk {
                     tenant: row.tenant.clone(),
                     dir,
                     state,
+                    fuse,
                 },
             );
         Ok(())
@@ -507,16 +534,44 @@ exit 0"#;
     }
 
     /// Unmount every share unless another live server uses this data directory (their files
-    /// stay in their images; the next start mounts them again).
+    /// stay in their images; the next start mounts them again). Shares served over FUSE are
+    /// this server's alone (its own mount namespace): each is unmounted, and its `fuse2fs`
+    /// writes out what it holds and ends.
     pub(crate) fn release_all(&self) {
-        if !matches!(self.bound, Bound::Loop) || crate::run::other_live_servers(&self.data_dir) {
-            return;
-        }
-        for dir in self.dirs() {
-            if image::is_mount_point(&dir)
-                && let Err(why) = image::unmount(&dir)
-            {
-                tracing::warn!("{why}");
+        match self.bound {
+            Bound::Plain(_) => {}
+            Bound::Fuse(_) => {
+                let mut mounts: Vec<snakebox_sandbox::FuseMount> = self
+                    .held
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .values_mut()
+                    .filter_map(|held| held.fuse.take())
+                    .collect();
+                // All unmounted first, then one bound for all to write out and end.
+                for mount in &mounts {
+                    mount.detach();
+                }
+                let deadline = std::time::Instant::now() + FUSE_RELEASE_WAIT;
+                for mount in &mut mounts {
+                    if !mount.finish(deadline) {
+                        tracing::warn!(
+                            "a fuse2fs did not end by itself after its share was unmounted: it was ended (its image is checked at the next start)"
+                        );
+                    }
+                }
+            }
+            Bound::Loop => {
+                if crate::run::other_live_servers(&self.data_dir) {
+                    return;
+                }
+                for dir in self.dirs() {
+                    if image::is_mount_point(&dir)
+                        && let Err(why) = image::unmount(&dir)
+                    {
+                        tracing::warn!("{why}");
+                    }
+                }
             }
         }
     }
@@ -581,6 +636,12 @@ exit 0"#;
                 human_bytes(self.share),
                 self.shares.display()
             ),
+            Bound::Fuse(servers) => format!(
+                "enforced while calls run, per tenant: each tenant's sessions live in an ext4 image of its own, its share ({} each, --tenant-sessions-max-disk{yours}), sparse, under `{}`, served over FUSE by `{}` (the server is not root: it mounts in its own user and mount namespace, and each fuse2fs runs in a sandbox holding only its image); a write past it fails with ENOSPC (No space left on device) in that tenant's code only; usable space is a little less (ext4's own metadata); {shares}, so the host disk gets at most that",
+                human_bytes(self.share),
+                self.shares.display(),
+                servers.fuse2fs().display()
+            ),
             Bound::Plain(why) => format!(
                 "checked between calls only, not while a call runs ({why}): each tenant's sessions may use {} (--tenant-sessions-max-disk), all tenants' together {} (--sessions-max-disk), and one call can write past them until the next check",
                 human_bytes(self.share),
@@ -591,26 +652,40 @@ exit 0"#;
 }
 
 impl Bound {
-    /// A root server with `mkfs.ext4` and loop devices mounts an image per share; anything
-    /// else keeps plain directories, and says why.
-    fn probe() -> Bound {
-        if !nix::unistd::geteuid().is_root() {
-            return Bound::Plain(
-                "the server is not root, so it cannot mount a file-system image for them".into(),
-            );
-        }
+    /// A root server with `mkfs.ext4` and loop devices mounts an image per share; a normal
+    /// user's server serves them over FUSE when it can; anything else keeps plain directories,
+    /// and says why (with what would fix it). `bwrap`: the operator's bubblewrap, which
+    /// confines `fuse2fs`.
+    fn probe(bwrap: Option<&Path>) -> Bound {
         let found = |name: &str| {
             image::TOOL_PATH
                 .split(':')
                 .any(|dir| Path::new(dir).join(name).exists())
         };
-        for tool in ["mkfs.ext4", "mount", "e2fsck", "resize2fs"] {
+        let root = nix::unistd::geteuid().is_root();
+        let tools: &[&str] = if root {
+            &["mkfs.ext4", "mount", "e2fsck", "resize2fs"]
+        } else {
+            &["mkfs.ext4", "e2fsck", "resize2fs"]
+        };
+        for tool in tools {
             if !found(tool) {
                 return Bound::Plain(format!(
                     "`{tool}` is not installed (e2fsprogs and mount, in {})",
                     image::TOOL_PATH
                 ));
             }
+        }
+        if !root {
+            return match snakebox_sandbox::FuseServers::probe(bwrap) {
+                Ok(servers) => Bound::Fuse(servers),
+                Err(err) => Bound::Plain(format!(
+                    "the server is not root, and cannot serve the shares' images over FUSE: {err}{}",
+                    err.hint()
+                        .map(|hint| format!("; hint: {hint}"))
+                        .unwrap_or_default()
+                )),
+            };
         }
         if !Path::new("/dev/loop-control").exists() {
             return Bound::Plain("this host has no loop devices (/dev/loop-control)".into());
@@ -659,7 +734,74 @@ fn mount_share(data_dir: &Path, image: &Path, dir: &Path, size: u64) -> Result<u
         image::make(image, size, None)?;
         size
     };
-    // Files of a share kept as a plain directory move in after the mount.
+    mount_over(
+        dir,
+        || image::loop_mount(image, dir, false),
+        |()| {
+            let _ = image::unmount(dir);
+        },
+    )?;
+    Ok(size)
+}
+
+/// How long the shares' `fuse2fs` have to write out what they hold once unmounted.
+const FUSE_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Serve the share image `image` of `size` bytes at `dir` over FUSE (making it first if
+/// needed): locked for its `fuse2fs`, repaired if that one was killed, resized, then served.
+/// `data_dir`: whether another live server of it may hold the image. Returns the image's
+/// size and the mount.
+fn serve_share(
+    servers: &snakebox_sandbox::FuseServers,
+    data_dir: &Path,
+    image: &Path,
+    dir: &Path,
+    size: u64,
+) -> Result<(u64, snakebox_sandbox::FuseMount), String> {
+    let said = |err: snakebox_sandbox::FuseError| {
+        format!(
+            "{err}{}",
+            err.hint()
+                .map(|hint| format!("; hint: {hint}"))
+                .unwrap_or_default()
+        )
+    };
+    fs_err::create_dir_all(dir).map_err(|err| err.to_string())?;
+    if !image.exists() {
+        let owner = (
+            nix::unistd::getuid().as_raw(),
+            nix::unistd::getgid().as_raw(),
+        );
+        image::make(image, size, Some(owner))?;
+    }
+    // An earlier server's fuse2fs may still be writing it out; a live one's serves it for
+    // good (its namespace is its own): no wait then.
+    let wait = if crate::run::other_live_servers(data_dir) {
+        std::time::Duration::ZERO
+    } else {
+        snakebox_sandbox::FUSE_LOCK_WAIT
+    };
+    let lock = snakebox_sandbox::lock_image(image, wait).map_err(said)?;
+    image::repair(image)?;
+    let size = image::resize_or_keep(image, size)?;
+    let mount = mount_over(
+        dir,
+        || servers.serve(lock, dir).map_err(said),
+        |mut mount| {
+            mount.release(FUSE_RELEASE_WAIT);
+        },
+    )?;
+    Ok((size, mount))
+}
+
+/// Mount a share's image at `dir` with `mount`, then make it ready: files of a share kept as
+/// a plain directory (by a server that could not mount) are moved in (`undo` undoes the
+/// mount when they cannot be), the root made traversable, `lost+found` removed.
+fn mount_over<T>(
+    dir: &Path,
+    mount: impl FnOnce() -> Result<T, String>,
+    undo: impl FnOnce(T),
+) -> Result<T, String> {
     let plain = fs_err::read_dir(dir)
         .map_err(|err| err.to_string())?
         .next()
@@ -669,16 +811,25 @@ fn mount_share(data_dir: &Path, image: &Path, dir: &Path, size: u64) -> Result<u
         fs_err::rename(dir, &aside).map_err(|err| err.to_string())?;
         fs_err::create_dir(dir).map_err(|err| err.to_string())?;
     }
-    image::loop_mount(image, dir, false)?;
+    let mounted = match mount() {
+        Ok(mounted) => mounted,
+        Err(why) => {
+            if plain {
+                let _ = fs_err::remove_dir(dir);
+                let _ = fs_err::rename(&aside, dir);
+            }
+            return Err(why);
+        }
+    };
     if plain {
         if let Err(why) = image::copy_tree(&aside, dir) {
             // Back to how it was: the plain directory, not usable here, said so.
-            let _ = image::unmount(dir);
+            undo(mounted);
             let _ = fs_err::remove_dir(dir);
             let _ = fs_err::rename(&aside, dir);
-            return Err(ShareError::Unusable(format!(
+            return Err(format!(
                 "the share's files kept in a plain directory could not be moved into its image ({why})"
-            )));
+            ));
         }
         if let Err(err) = crate::tree::remove(&aside) {
             tracing::warn!(%err, "could not remove a share's old directory");
@@ -689,7 +840,7 @@ fn mount_share(data_dir: &Path, image: &Path, dir: &Path, size: u64) -> Result<u
     if lost.is_dir() {
         let _ = fs_err::remove_dir(&lost);
     }
-    Ok(size)
+    Ok(mounted)
 }
 
 /// The one image every session shared before shares (`<data>/sessions-v1.img`, made by root
@@ -915,7 +1066,7 @@ mod tests {
     /// root and e2fsprogs (skipped otherwise).
     #[test]
     fn the_image_all_sessions_shared_is_split_into_tenants_shares() {
-        if !matches!(Bound::probe(), Bound::Loop) {
+        if !matches!(Bound::probe(None), Bound::Loop) {
             // Skipped: needs a root server's loop devices and e2fsprogs.
             return;
         }

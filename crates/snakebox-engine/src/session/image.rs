@@ -101,6 +101,36 @@ pub(super) fn check(image: &Path) -> Result<(), String> {
     }
 }
 
+/// Repair the (unmounted) image if it was not cleanly unmounted (`e2fsck -p`: what is safe
+/// without asking; nothing when it is clean). `fuse2fs` keeps no journal: an image whose
+/// `fuse2fs` was killed needs this before it is served again.
+pub(super) fn repair(image: &Path) -> Result<(), String> {
+    let checked = Command::new("e2fsck")
+        .arg("-p")
+        .arg(image)
+        .env_clear()
+        .env("PATH", TOOL_PATH)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|err| format!("`e2fsck` could not run: {err}"))?;
+    match checked.status.code() {
+        Some(0) => Ok(()),
+        Some(1 | 2) => {
+            tracing::warn!(
+                image = %image.display(),
+                "repaired a sessions' disk image that was not cleanly unmounted: {}",
+                String::from_utf8_lossy(&checked.stdout).trim()
+            );
+            Ok(())
+        }
+        _ => Err(format!(
+            "`e2fsck -p` found problems it does not repair without asking (run `e2fsck -f {}` by hand while no server uses it): {}",
+            image.display(),
+            String::from_utf8_lossy(&checked.stdout).trim()
+        )),
+    }
+}
+
 /// Bring the (unmounted) image to `size` bytes when its share's size changed: checked with
 /// `e2fsck`, then grown or shrunk with `resize2fs` (shrinking fails, and the image keeps its
 /// size, when its files do not fit). Returns the image's size.

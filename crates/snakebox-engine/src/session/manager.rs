@@ -28,12 +28,14 @@ use crate::Engine;
 use crate::{EngineError, ErrorKind};
 
 impl Sessions {
-    /// Open the session store under `data_dir` and start the idle reaper.
+    /// Open the session store under `data_dir` and start the idle reaper. `bwrap`: the
+    /// operator's bubblewrap (a normal user's shares are served by a `fuse2fs` it confines).
     /// The reaper (idle interpreters, expired sessions) runs until `stop` fires or the
     /// sessions are dropped.
     pub(crate) fn open(
         data_dir: &Path,
         settings: SessionSettings,
+        bwrap: Option<&Path>,
         stop: CancellationToken,
     ) -> Sessions {
         let root = data_dir.join(SESSIONS_DIR);
@@ -43,15 +45,15 @@ impl Sessions {
         let share = settings
             .tenant_max_disk_bytes
             .unwrap_or(settings.max_disk_bytes);
-        let (disk, store) = match SessionDisk::open(data_dir, &root, settings.max_disk_bytes, share)
-        {
-            Ok(opened) => opened,
-            Err(refused) => {
-                return Sessions {
-                    inner: Err(refused),
-                };
-            }
-        };
+        let (disk, store) =
+            match SessionDisk::open(data_dir, &root, settings.max_disk_bytes, share, bwrap) {
+                Ok(opened) => opened,
+                Err(refused) => {
+                    return Sessions {
+                        inner: Err(refused),
+                    };
+                }
+            };
         disk.watch();
         if !crate::run::other_live_servers(data_dir) {
             sweep_orphans(&root, &disk, &store);
