@@ -77,10 +77,11 @@ pub const LOCK_WAIT: Duration = Duration::from_secs(30);
 const READY_WAIT: Duration = Duration::from_secs(20);
 
 /// Options of `fuse2fs` (libfuse's): the descriptor comes from `fusermount` (`auto_unmount`);
-/// the kernel keeps pages and names between opens (only this mount changes the image);
+/// the kernel keeps pages, names and absent names between opens (only this mount changes
+/// the image);
 /// writes in large pieces.
 const FUSE2FS_OPTIONS: &str =
-    "auto_unmount,kernel_cache,entry_timeout=60,attr_timeout=60,big_writes";
+    "auto_unmount,kernel_cache,entry_timeout=60,attr_timeout=60,negative_timeout=60,big_writes";
 
 static HELPER_READY: AtomicBool = AtomicBool::new(false);
 
@@ -723,7 +724,7 @@ mod tests {
             .collect();
         assert_eq!(
             argv.join(" "),
-            "--args 5 -- /snakebox/snakebox-fuse-guard /usr/bin/fuse2fs /image /mnt -f -o auto_unmount,kernel_cache,entry_timeout=60,attr_timeout=60,big_writes"
+            "--args 5 -- /snakebox/snakebox-fuse-guard /usr/bin/fuse2fs /image /mnt -f -o auto_unmount,kernel_cache,entry_timeout=60,attr_timeout=60,negative_timeout=60,big_writes"
         );
     }
 
