@@ -235,20 +235,26 @@ impl SessionDisk {
         if let Some(held) = self.dir_of(tenant) {
             return held.map_err(|why| self.share_unusable(&why));
         }
-        let row = match store.share_of(tenant).map_err(super::db_error)? {
+        let (row, made) = match store.share_of(tenant).map_err(super::db_error)? {
             // Made by another server of this data directory since this one started.
-            Some(row) => row,
-            None => store
-                .add_share(tenant, self.share, Some(self.total))
-                .map_err(super::db_error)?
-                .ok_or_else(|| self.no_room(store))?,
+            Some(row) => (row, false),
+            None => (
+                store
+                    .add_share(tenant, self.share, Some(self.total))
+                    .map_err(super::db_error)?
+                    .ok_or_else(|| self.no_room(store))?,
+                true,
+            ),
         };
         let opened = self.open_share(store, &row);
         match (opened, self.dir_of(tenant)) {
             (Ok(()), Some(Ok(dir))) => Ok(dir),
             (Err(why), _) | (Ok(()), Some(Err(why))) => {
-                // A share that could not be made reserves nothing (its tenant has no session).
-                self.forget(store, row.slot);
+                // A share made here that could not be mounted reserves nothing (its tenant has
+                // no session yet); another server's is left as it is, files and all.
+                if made {
+                    self.forget(store, row.slot);
+                }
                 Err(self.share_unusable(&why))
             }
             (Ok(()), None) => Err(self.share_unusable("it was not opened")),
