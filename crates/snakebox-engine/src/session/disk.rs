@@ -26,9 +26,12 @@
 //! `<data>/sessions-v1.img`, or in plain directories `sessions-v1/<id>`) are moved into
 //! their tenants' shares at start; nothing is removed before its copy is complete.
 //!
-//! Without a way to mount (a normal user's server, or `mkfs.ext4` missing), shares are plain
-//! directories and each tenant's use is checked between calls only: [`SessionDisk::mechanism`]
-//! says which, and `check_environment` reports it.
+//! A normal user's server cannot loop-mount (ext4 is not mountable in a user namespace); it
+//! serves the same images over FUSE, each with a confined `fuse2fs`, in its own user and mount
+//! namespace (`snakebox_sandbox::FuseServers`). Without a way to mount (no `mkfs.ext4`, loop
+//! devices, `fuse2fs` or `/dev/fuse`), shares are plain directories and each tenant's use is
+//! checked between calls only: [`SessionDisk::mechanism`] says which, and why, and
+//! `check_environment` reports it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
