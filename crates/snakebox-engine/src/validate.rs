@@ -501,6 +501,7 @@ impl Engine {
             cwd,
             limits: self.limits(Duration::from_secs(15)),
             identity: snakebox_sandbox::Identity::Untrusted,
+            cpu: None,
         };
         let command = SandboxCommand {
             program: interpreter.executable.clone(),

@@ -552,6 +552,7 @@ impl UvInvocation {
                     ..limits.clone()
                 },
                 identity: *identity,
+                cpu: None,
             };
         }
         Policy {
@@ -571,6 +572,7 @@ impl UvInvocation {
                 cpu_millicores: None,
             },
             identity: snakebox_sandbox::Identity::Installer,
+            cpu: None,
         }
     }
 }

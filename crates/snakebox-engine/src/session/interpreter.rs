@@ -565,6 +565,7 @@ impl Engine {
                 cwd: work,
                 limits,
                 identity: Identity::Untrusted,
+                cpu: None,
             },
             runner,
         )
