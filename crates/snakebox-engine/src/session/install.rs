@@ -60,6 +60,7 @@ impl Installer {
             interpreter: &self.interpreter,
             uv_cache: self.uv_cache.clone(),
             timeout: INSTALL_TIMEOUT,
+            cpu: None,
         }
     }
 
