@@ -161,6 +161,7 @@ impl Engine {
         shape: &RunShape,
         proxied: bool,
         learn: bool,
+        cpu: Option<snakebox_sandbox::CpuShare>,
     ) -> ForkRun {
         let script = PathBuf::from(SANDBOX_INPUT_DIR).join(SCRIPT_NAME);
         let mut argv = runner_argv(&script);
@@ -180,7 +181,7 @@ impl Engine {
             limits: shape.limits.clone(),
             argv,
             cwd: PathBuf::from(SANDBOX_WORK_DIR),
-            cpu: None,
+            cpu,
         }
     }
 
