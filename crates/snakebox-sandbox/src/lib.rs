@@ -103,7 +103,7 @@ pub struct Limits {
     pub open_files: Option<u64>,
     /// CPU bandwidth of the whole run, in thousandths of a core (`1500` = 1.5 cores), so one
     /// run cannot starve the others of CPU. Each run also gets its own CPU cgroup, so runs
-    /// share the CPU fairly by run, not by thread.
+    /// share the CPU by run, not by thread, each with the weight of its [`Policy::cpu`].
     pub cpu_millicores: Option<u64>,
 }
 
