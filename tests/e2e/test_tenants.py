@@ -8,7 +8,8 @@ the real binary. What one tenant does must not show in what another is told.
   server's (server-wide totals are the only shared facts).
 - Shares (item 1): every sandbox a call starts (runs, validation's compile checks, builds,
   installs) holds one of the server's slots in its tenant's name, and a freed slot goes to
-  the waiting tenant holding the fewest.
+  the waiting tenant holding the fewest; and each tenant's busy sandboxes together weigh on
+  the CPU what one tenant's do (judged from the host's cgroup files).
 - The sessions' disk (item 2): each tenant's sessions live in a share of their own, bounded
   by the kernel while a call runs; a tenant that fills its share leaves the others theirs,
   and shares are reserved within --sessions-max-disk.
@@ -16,6 +17,7 @@ the real binary. What one tenant does must not show in what another is told.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -25,6 +27,7 @@ import anyio
 import pytest
 
 from conftest import call, have_bwrap, session_dir
+from host_support import cgroups_of
 from http_support import http_server, make_key
 from test_http import connect
 
@@ -447,4 +450,149 @@ async def test_shares_of_the_sessions_disk_are_reserved_and_given_back(snakebox_
             assert not is_error, text
             wrote, text, _ = await call(c, "execute_python", session_id=created["session_id"], script="open('x', 'w').write('c'); print('ok')")
             assert wrote["stdout"] == "ok\n", text
+        assert proc.poll() is None
+
+
+SPIN = "import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\nprint('spun')\n"
+
+
+def cpu_weight(cgroup: str) -> int | None:
+    """A run cgroup's CPU weight as the host has it: cgroup v1 `cpu.shares` or v2 `cpu.weight`."""
+    for name in ("cpu.shares", "cpu.weight"):
+        with contextlib.suppress(OSError, ValueError):
+            return int(Path(cgroup, name).read_text())
+    return None
+
+
+def cpu_ticks(cgroup: str) -> int:
+    """User + system CPU ticks of the processes in a cgroup now (host `/proc/<pid>/stat`)."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for pid in Path(cgroup, "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])
+    return total
+
+
+async def busy_weights(pid: int) -> dict[str, int]:
+    """The CPU weight of each run cgroup of the server `pid` whose processes burned CPU over
+    the last second (a spinning run; not the idle fork server nor its waiting children)."""
+    # (A pre-forked child made to replace one that served a run burns CPU a moment at the
+    # background weight, 64 shares or weight 6, in a cgroup of its own: not a run.)
+    weighed = {path: weight for path in cgroups_of(pid) if (weight := cpu_weight(path)) not in (None, 64, 6)}
+    before = {path: cpu_ticks(path) for path in weighed}
+    await anyio.sleep(1.0)
+    return {path: weight for path, weight in weighed.items() if cpu_ticks(path) - before[path] >= 3}
+
+
+async def settled(pid: int, count: int, exclude: frozenset[str] = frozenset()) -> dict[str, int]:
+    """The busy run cgroups of the server `pid` once there are `count` of them and those not in
+    `exclude` have one weight (the newest was given its weight, the others rewritten)."""
+    deadline = time.monotonic() + 60
+    while True:
+        busy = await busy_weights(pid)
+        mine = {path: weight for path, weight in busy.items() if path not in exclude}
+        if len(busy) == count and len(set(mine.values())) == 1:
+            return busy
+        assert time.monotonic() < deadline, (count, busy)
+
+
+async def test_a_tenants_busy_sandboxes_together_weigh_on_the_cpu_what_another_tenants_one_does(snakebox_bin: Path, tmp_path: Path):
+    """Item 1 (CPU): whoever holds more sandboxes does not get more of the CPU. While tenant A
+    has three CPU-bound runs and tenant B one, each of A's run cgroups has a third of the CPU
+    weight of B's (host `cpu.shares`, or `cpu.weight` under cgroup v2), and A's weights are
+    rewritten as its runs come: 1/1, then 1/2 each, then 1/3 each. Before tenants were
+    weighed every busy sandbox had the default weight, so A's three took three quarters of
+    the contended CPU and B's one a quarter."""
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    with http_server(snakebox_bin, data) as (proc, url):
+        async with connect(url, key_a, "auto") as a, connect(url, key_b, "auto") as b:
+            for client in (a, b):
+                warm, text, _ = await call(client, "execute_python", script="print('warm')")
+                assert warm["status"] == "ok", text
+            if not any(cpu_weight(path) is not None for path in cgroups_of(proc.pid)):
+                pytest.skip("no cpu cgroup of the server's runs here (check_environment: cpu_weight not enforced)")
+            ended: list[str] = []
+
+            async def spin(key: str, seconds: float) -> None:
+                # A client of its own per call: the calls are concurrent.
+                async with connect(url, key, "auto") as own:
+                    result, text, _ = await call(own, "execute_python", script=SPIN.format(seconds=seconds), timeout_seconds=120)
+                assert result["status"] == "ok" and result["stdout"] == "spun\n", text
+                ended.append(key)
+
+            async with anyio.create_task_group() as group:
+                # A's runs one after another: its weight is split anew at each.
+                group.start_soon(spin, key_a, 25)
+                one = await settled(proc.pid, 1)
+                group.start_soon(spin, key_a, 25)
+                two = await settled(proc.pid, 2)
+                group.start_soon(spin, key_a, 25)
+                three = await settled(proc.pid, 3)
+                # Then B's one run.
+                group.start_soon(spin, key_b, 10)
+                four = await settled(proc.pid, 4, exclude=frozenset(three))
+                assert not ended, f"a run ended before all four were seen: {ended}"
+        [default] = one.values()
+        assert sorted(two.values()) == [default // 2] * 2, (one, two)
+        assert sorted(three.values()) == [default // 3] * 3, (one, two, three)
+        b_paths = set(four) - set(three)
+        assert len(b_paths) == 1, (three, four)
+        weight_b = four[b_paths.pop()]
+        weights_a = [weight for path, weight in four.items() if path in three]
+        assert weight_b == default, (three, four)
+        # Each of A's three weighs a third of B's one (1024 against 341 shares, 100 against 33).
+        assert all(2.9 <= weight_b / weight <= 3.1 for weight in weights_a), (three, four)
+        assert sorted(ended) == sorted([key_a] * 3 + [key_b]), ended
+        assert proc.poll() is None
+
+
+async def test_a_sessions_interpreter_weighs_on_its_tenants_share_during_its_calls_only(snakebox_bin: Path, tmp_path: Path):
+    """Item 1 (CPU): a session's interpreter counts against its tenant's CPU share while a call
+    runs in it, not between calls. A CPU-bound cell and a CPU-bound run of the same tenant
+    split the tenant's weight (half each); once the cell has answered, the interpreter (still
+    running, idle) waits at the background weight and the run has the tenant's whole weight."""
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    with http_server(snakebox_bin, data) as (proc, url):
+        async with connect(url, key_a, "auto") as a:
+            warm, text, _ = await call(a, "execute_python", script="print('warm')")
+            assert warm["status"] == "ok", text
+            if not any(cpu_weight(path) is not None for path in cgroups_of(proc.pid)):
+                pytest.skip("no cpu cgroup of the server's runs here (check_environment: cpu_weight not enforced)")
+            created, text, _ = await call(a, "create_session")
+            session = created["session_id"]
+            ready, text, _ = await call(a, "execute_python", script="print('ready')", session_id=session)
+            assert ready["status"] == "ok", text
+            cell_done = anyio.Event()
+
+            async def cell() -> None:
+                async with connect(url, key_a, "auto") as own:
+                    result, text, _ = await call(own, "execute_python", script=SPIN.format(seconds=6), session_id=session, timeout_seconds=120)
+                assert result["status"] == "ok" and result["stdout"] == "spun\n", text
+                cell_done.set()
+
+            async def run() -> None:
+                async with connect(url, key_a, "auto") as own:
+                    result, text, _ = await call(own, "execute_python", script=SPIN.format(seconds=20), timeout_seconds=120)
+                assert result["status"] == "ok" and result["stdout"] == "spun\n", text
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(cell)
+                alone = await settled(proc.pid, 1)
+                [interpreter] = alone
+                group.start_soon(run)
+                both = await settled(proc.pid, 2)
+                await cell_done.wait()
+                between = cpu_weight(interpreter)
+                alive = Path(interpreter, "cgroup.procs").read_text().split()
+                after = await settled(proc.pid, 1)
+        [default] = alone.values()
+        assert sorted(both.values()) == [default // 2] * 2, (alone, both)
+        # The interpreter is alive between calls, at the background weight, and counts no more.
+        assert alive and between in (64, 6), (interpreter, alive, between)
+        assert interpreter not in after and list(after.values()) == [default], (both, after)
         assert proc.poll() is None

@@ -242,7 +242,7 @@ impl Engine {
             pool: pool::WarmPool::new(config.warm_pool, config.fork_server, config.prefork),
             sessions,
             artifacts,
-            runs: tenants::FairSlots::new(
+            runs: tenants::FairSlots::for_sandboxes(
                 config.max_concurrent_runs,
                 config.tenants.max_concurrent_runs,
             ),

@@ -195,8 +195,9 @@ impl Engine {
             }
         }
 
-        // Wait for a run slot only after setup: installs do not hold back quick runs.
-        let _slot = match self.sandbox_slot(caller, &cancel).await {
+        // Wait for a run slot only after setup: installs do not hold back quick runs. Its CPU
+        // share goes to whichever sandbox runs the script (forked, pooled or cold).
+        let slot = match self.sandbox_slot(caller, &cancel).await {
             Ok(slot) => slot,
             Err(error) => return with_plan(ExecutionResult::not_run(execution_id, error)),
         };
@@ -329,6 +330,7 @@ impl Engine {
                         &plan.shape,
                         network == crate::run::RunNetwork::Proxy,
                         forking.learns,
+                        slot.cpu().cloned(),
                     ),
                     cancel.clone(),
                     output.clone(),
@@ -352,13 +354,15 @@ impl Engine {
         let outcome = match (outcome, pending) {
             (Some(outcome), _) => outcome,
             (None, Some(pending)) => {
+                let _cpu = slot.cpu().map(|share| pending.attach_cpu(share));
                 pending
                     .run(crate::pool::GO, plan.timeout, cancel, output)
                     .await
             }
             (None, None) => {
-                let (policy, command) =
+                let (mut policy, command) =
                     self.sandbox_call(&environment, &run_dir, &plan.shape, network, false);
+                policy.cpu = slot.cpu().cloned();
                 sandbox.run(&policy, &command, cancel, output).await
             }
         };
@@ -450,9 +454,12 @@ impl Engine {
     ) -> Result<Environment, EngineError> {
         let cache = self.cache.as_ref().map_err(Clone::clone)?;
         // A build runs uv's install sandboxes: it holds a slot of the concurrency cap, released
-        // before the run takes its own (never both at once), in the caller's name. (A cancel
-        // drops this whole future: the caller's select.)
-        let _slot = self.share(caller).slot().await?;
-        Ok(cache.ensure(interpreter, requirements).await?)
+        // before the run takes its own (never both at once), in the caller's name, and its
+        // sandboxes weigh on the CPU as the slot's share says. (A cancel drops this whole
+        // future: the caller's select.)
+        let slot = self.share(caller).slot().await?;
+        Ok(cache
+            .ensure_weighed(interpreter, requirements, slot.cpu())
+            .await?)
     }
 }

@@ -296,6 +296,7 @@ impl Engine {
                 "cpu_bandwidth" => config
                     .cpu_millicores
                     .map_or_else(unlimited, |m| format!("{}.{:03} cores", m / 1000, m % 1000)),
+                "cpu_weight" => "per tenant".into(),
                 "network" => config.network.describe(),
                 _ => String::new(),
             }
@@ -304,9 +305,16 @@ impl Engine {
             .into_iter()
             .map(|limit| LimitStatus {
                 value: configured(&limit.name),
+                mechanism: match limit.name.as_str() {
+                    // The engine's rule for the weights the backend writes (tenants.rs).
+                    "cpu_weight" if limit.enforced => format!(
+                        "{}; each tenant's busy sandboxes together weigh one sandbox, divided evenly between them (the server's own work: one sandbox)",
+                        limit.mechanism
+                    ),
+                    _ => limit.mechanism,
+                },
                 name: limit.name,
                 enforced: limit.enforced,
-                mechanism: limit.mechanism,
             })
             .collect();
         let (uv, uv_hint) = match &self.uv {

@@ -12,6 +12,18 @@
 //! other, so another tenant's call waits at most until the first of the running sandboxes
 //! ends, whatever the first tenant queued (issue 32, item 1).
 //!
+//! **Fair shares of the CPU** ([`Slot::cpu`]). Every slot a tenant holds carries a
+//! [`CpuShare`]: the CPU weight of the sandbox doing that slot's work, attached to its cgroup
+//! while it works (see `snakebox_sandbox::CpuShare`). Each tenant weighs what one default
+//! sandbox weighs ([`TENANT_CPU`]), divided evenly between its busy sandboxes: a tenant with
+//! three slots held gets a third of that on each, and when a slot of it is taken or given back
+//! the others' weights are rewritten (a few small file writes, one per slot the tenant holds).
+//! So when the CPU is contended, a tenant with seven CPU-bound sandboxes gets as much of it as
+//! a tenant with one, not seven times as much. A session's interpreter between calls holds no
+//! slot and does not count. The server's own work (warming, compilation) carries none and
+//! keeps the default weight; pre-forked children wait for their run at the background weight.
+//! Without a cpu cgroup (no cgroups, or a backend without them) nothing is written.
+//!
 //! Three bounds on top, each off unless set:
 //! - **runs at once**: the most slots one tenant holds at once; its calls beyond it wait on
 //!   its own queue. Set below the server's cap, the rest of the slots are always there for
@@ -23,6 +35,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use snakebox_sandbox::{CpuShare, CpuWeight};
 use tokio::sync::oneshot;
 
 use crate::{Caller, EngineError, ErrorKind};
@@ -98,11 +111,19 @@ impl Tenants {
 /// The name the server's own background work holds slots in (no tenant has an empty name).
 const SERVER: &str = "";
 
+/// What all of one tenant's busy sandboxes weigh together against the rest of the server's
+/// work (one default sandbox's weight: a tenant with one busy sandbox weighs what every
+/// sandbox weighed before tenants were weighed).
+pub(crate) const TENANT_CPU: CpuWeight = CpuWeight::DEFAULT;
+
 /// The server's sandbox slots, shared fairly between tenants (see the module documentation).
 pub(crate) struct FairSlots {
     /// The most slots one tenant holds at once (`[tenants] max_concurrent_runs`).
     tenant_cap: Option<usize>,
     total: usize,
+    /// Whether each slot carries its tenant's CPU share ([`Slot::cpu`]): the sandbox slots
+    /// do; slots of work that runs in no cgroup of its own (host work) do not.
+    weighs_cpu: bool,
     state: Mutex<SlotState>,
 }
 
@@ -117,12 +138,63 @@ struct SlotState {
     /// When each tenant was last given a slot (a counter), for turns among equals.
     served: HashMap<Arc<str>, u64>,
     turn: u64,
+    /// The CPU shares of the slots each tenant holds now (the server's own have none).
+    cpu: HashMap<Arc<str>, Vec<CpuShare>>,
+}
+
+impl SlotState {
+    /// A share for a slot `tenant` is given now (none for the server's own work); the
+    /// tenant's other slots get their smaller part at once.
+    fn add_cpu(&mut self, tenant: &Arc<str>) -> Option<CpuShare> {
+        if tenant.as_ref() == SERVER {
+            return None;
+        }
+        let shares = self.cpu.entry(Arc::clone(tenant)).or_default();
+        let share = CpuShare::new(TENANT_CPU.divided(shares.len() + 1));
+        shares.push(share.clone());
+        reweigh(shares);
+        Some(share)
+    }
+
+    /// `share` of `tenant`'s is given back; its other slots get their larger part at once.
+    fn remove_cpu(&mut self, tenant: &Arc<str>, share: &CpuShare) {
+        let Some(shares) = self.cpu.get_mut(tenant) else {
+            return;
+        };
+        shares.retain(|held| held != share);
+        if shares.is_empty() {
+            self.cpu.remove(tenant);
+        } else {
+            reweigh(shares);
+        }
+    }
+}
+
+/// Give each of one tenant's `shares` an even part of [`TENANT_CPU`] (only a share whose
+/// part changed writes its cgroups).
+fn reweigh(shares: &[CpuShare]) {
+    let part = TENANT_CPU.divided(shares.len());
+    for share in shares {
+        share.set(part);
+    }
 }
 
 /// One held slot; given back when dropped.
 pub(crate) struct Slot {
     /// `None`: not (or no longer) counted.
     owner: Option<(Arc<FairSlots>, Arc<str>)>,
+    /// The CPU share of the sandbox doing this slot's work (see the module documentation);
+    /// `None` for the server's own work.
+    cpu: Option<CpuShare>,
+}
+
+impl Slot {
+    /// The CPU share the cgroup of the sandbox doing this slot's work attaches to (its
+    /// policy's, its forked run's, or attached to a pooled or live sandbox for the call);
+    /// `None` for the server's own work, which keeps the default weight.
+    pub(crate) fn cpu(&self) -> Option<&CpuShare> {
+        self.cpu.as_ref()
+    }
 }
 
 impl Drop for Slot {
@@ -131,6 +203,9 @@ impl Drop for Slot {
             let mut state = slots.lock();
             state.free += 1;
             release_held(&mut state, &tenant);
+            if let Some(share) = self.cpu.take() {
+                state.remove_cpu(&tenant, &share);
+            }
             slots.dispatch(&mut state);
         }
     }
@@ -179,11 +254,23 @@ impl Share {
 }
 
 impl FairSlots {
+    /// `total` slots, at most `tenant_cap` to one tenant; no CPU shares.
     pub(crate) fn new(total: usize, tenant_cap: Option<usize>) -> Arc<FairSlots> {
+        Self::make(total, tenant_cap, false)
+    }
+
+    /// The sandbox slots: as [`FairSlots::new`], each tenant's slot carrying its part of the
+    /// tenant's CPU weight (see the module documentation).
+    pub(crate) fn for_sandboxes(total: usize, tenant_cap: Option<usize>) -> Arc<FairSlots> {
+        Self::make(total, tenant_cap, true)
+    }
+
+    fn make(total: usize, tenant_cap: Option<usize>, weighs_cpu: bool) -> Arc<FairSlots> {
         let total = total.max(1);
         Arc::new(FairSlots {
             tenant_cap: tenant_cap.map(|cap| cap.max(1)),
             total,
+            weighs_cpu,
             state: Mutex::new(SlotState {
                 free: total,
                 ..SlotState::default()
@@ -254,12 +341,20 @@ impl FairSlots {
             state.served.insert(Arc::clone(&tenant), state.turn);
             let slot = Slot {
                 owner: Some((Arc::clone(self), Arc::clone(&tenant))),
+                cpu: if self.weighs_cpu {
+                    state.add_cpu(&tenant)
+                } else {
+                    None
+                },
             };
             if let Err(mut unclaimed) = sender.send(slot) {
                 // The call gave up waiting: undo here (its drop would take the lock we hold).
                 unclaimed.owner = None;
                 state.free += 1;
                 release_held(state, &tenant);
+                if let Some(share) = unclaimed.cpu.take() {
+                    state.remove_cpu(&tenant, &share);
+                }
             }
         }
     }
@@ -350,9 +445,71 @@ mod tests {
         assert_eq!(slots.busy(), 2);
     }
 
+    /// The weight of each share, in cgroup v1 `cpu.shares` units.
+    fn weights(slots: &[&Slot]) -> Vec<u32> {
+        slots
+            .iter()
+            .map(|slot| {
+                slot.cpu()
+                    .expect("a tenant's slot has a share")
+                    .weight()
+                    .shares()
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_tenants_busy_sandboxes_together_weigh_what_one_tenant_weighs() {
+        let slots = FairSlots::for_sandboxes(8, None);
+        let (a, b) = (Caller::tenant("a").unwrap(), Caller::tenant("b").unwrap());
+        let a1 = slots.share(&a).slot().await.unwrap();
+        assert_eq!(weights(&[&a1]), [1024]);
+        // A's second and third sandboxes: each of A's three gets a third, rewritten at once.
+        let a2 = slots.share(&a).slot().await.unwrap();
+        assert_eq!(weights(&[&a1, &a2]), [512, 512]);
+        let a3 = slots.share(&a).slot().await.unwrap();
+        assert_eq!(weights(&[&a1, &a2, &a3]), [341, 341, 341]);
+        // B's one sandbox weighs what A's three do together; A's are not touched.
+        let b1 = slots.share(&b).slot().await.unwrap();
+        assert_eq!(weights(&[&b1]), [1024]);
+        assert_eq!(weights(&[&a1, &a2, &a3]), [341, 341, 341]);
+        // One of A's ends: the two left share A's weight.
+        let ended = a2.cpu().cloned().unwrap();
+        drop(a2);
+        assert_eq!(weights(&[&a1, &a3]), [512, 512]);
+        // Its share is no longer A's: later changes of A's count do not write it.
+        let a4 = slots.share(&a).slot().await.unwrap();
+        assert_eq!(weights(&[&a1, &a3, &a4]), [341, 341, 341]);
+        drop(a4);
+        assert_eq!(ended.weight().shares(), 341);
+        drop((a1, a3));
+        assert_eq!(weights(&[&b1]), [1024]);
+        // The server's own work carries no share: it keeps the default weight.
+        let server = slots.server_share().slot().await.unwrap();
+        assert!(server.cpu().is_none());
+        // Nor does a slot of work that runs in no cgroup of its own (host work).
+        let host = FairSlots::new(2, None);
+        assert!(host.share(&a).slot().await.unwrap().cpu().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_share_is_bounded_below_however_many_sandboxes_a_tenant_holds() {
+        let slots = FairSlots::for_sandboxes(1000, None);
+        let a = Caller::tenant("a").unwrap();
+        let mut held = Vec::new();
+        for _ in 0..600 {
+            held.push(slots.share(&a).slot().await.unwrap());
+        }
+        let all: Vec<&Slot> = held.iter().collect();
+        assert!(weights(&all).iter().all(|&w| w == CpuWeight::MIN.shares()));
+        held.truncate(2);
+        let all: Vec<&Slot> = held.iter().collect();
+        assert_eq!(weights(&all), [512, 512]);
+    }
+
     #[tokio::test]
     async fn a_call_that_stops_waiting_takes_no_slot_with_it() {
-        let slots = FairSlots::new(1, None);
+        let slots = FairSlots::for_sandboxes(1, None);
         let a = Caller::tenant("a").unwrap();
         let held = slots.share(&a).slot().await.unwrap();
         let share = slots.share(&a);
@@ -361,11 +518,13 @@ mod tests {
         gave_up.abort();
         let _ = gave_up.await;
         drop(held);
-        // The slot is free again, not lost to the call that left.
-        let _again = tokio::time::timeout(Duration::from_secs(5), slots.share(&a).slot())
+        // The slot is free again, not lost to the call that left, and the share it was
+        // given is not counted: the one sandbox A holds weighs what A weighs.
+        let again = tokio::time::timeout(Duration::from_secs(5), slots.share(&a).slot())
             .await
             .expect("the slot was lost")
             .unwrap();
         assert_eq!(slots.busy(), 1);
+        assert_eq!(weights(&[&again]), [1024]);
     }
 }

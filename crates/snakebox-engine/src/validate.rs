@@ -480,7 +480,7 @@ impl Engine {
             .path_inside(&run_dir.input, std::path::Path::new("/snakebox"))
             .join("script.py");
         let cwd = sandbox.path_inside(&run_dir.tmp, std::path::Path::new("/tmp"));
-        let policy = Policy {
+        let mut policy = Policy {
             mounts: vec![
                 Mount {
                     host: interpreter.prefix.clone(),
@@ -501,6 +501,7 @@ impl Engine {
             cwd,
             limits: self.limits(Duration::from_secs(15)),
             identity: snakebox_sandbox::Identity::Untrusted,
+            cpu: None,
         };
         let command = SandboxCommand {
             program: interpreter.executable.clone(),
@@ -515,8 +516,9 @@ impl Engine {
             init: false,
         };
         // The compile is a sandbox like any other: it holds a slot of the concurrency cap, in
-        // the caller's name.
+        // the caller's name, and weighs on the CPU as the slot's share says.
         let slot = self.share(caller).slot().await?;
+        policy.cpu = slot.cpu().cloned();
         let outcome = sandbox
             .run(&policy, &command, CancellationToken::new(), None)
             .await?;

@@ -41,7 +41,7 @@ use pep440_rs::Operator;
 use pep508_rs::{Requirement, VersionOrUrl};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest as _, Sha256};
-use snakebox_sandbox::Mount;
+use snakebox_sandbox::{CpuShare, Mount};
 
 use crate::env_vars::UvEnvironment;
 use crate::error::{EnvError, UvStderr};
@@ -410,14 +410,20 @@ impl EnvCache {
         self.installs_dir().join(UV_CACHE_DIR)
     }
 
-    /// The install pipeline for environments of `interpreter` (shared with sessions).
-    fn pipeline<'a>(&'a self, interpreter: &'a Interpreter) -> InstallPipeline<'a> {
+    /// The install pipeline for environments of `interpreter` (shared with sessions), its
+    /// steps' sandboxes attached to `cpu` (see [`UvInvocation::cpu`]).
+    fn pipeline<'a>(
+        &'a self,
+        interpreter: &'a Interpreter,
+        cpu: Option<&CpuShare>,
+    ) -> InstallPipeline<'a> {
         InstallPipeline {
             uv: &self.uv,
             uv_env: &self.uv_env,
             interpreter,
             uv_cache: self.uv_cache_dir(),
             timeout: self.install_timeout,
+            cpu: cpu.cloned(),
         }
     }
 
@@ -543,6 +549,21 @@ impl EnvCache {
         interpreter: &Interpreter,
         requirements: &[Requirement],
     ) -> Result<Environment, EnvError> {
+        self.ensure_weighed(interpreter, requirements, None).await
+    }
+
+    /// [`EnvCache::ensure`], a build's sandboxes attached to `cpu`: the CPU share of whoever
+    /// the build works for (see [`UvInvocation::cpu`]; `None`: the default weight).
+    ///
+    /// # Errors
+    ///
+    /// As [`EnvCache::ensure`].
+    pub async fn ensure_weighed(
+        &self,
+        interpreter: &Interpreter,
+        requirements: &[Requirement],
+        cpu: Option<&CpuShare>,
+    ) -> Result<Environment, EnvError> {
         let set = RequirementSet::new(requirements);
         let key = self.key_of(interpreter, &set);
         let lock = self.key_lock(&key);
@@ -563,7 +584,7 @@ impl EnvCache {
         }
         install::check_requirement_urls(requirements, &self.uv_env).await?;
         let manifest = Arc::new(
-            self.build(&key, &dir, interpreter, &set, existing.as_deref())
+            self.build(&key, &dir, interpreter, &set, existing.as_deref(), cpu)
                 .await?,
         );
         self.remember(&key, Arc::clone(&manifest));
@@ -711,6 +732,7 @@ impl EnvCache {
         interpreter: &Interpreter,
         set: &RequirementSet,
         previous: Option<&Manifest>,
+        cpu: Option<&CpuShare>,
     ) -> Result<Manifest, EnvError> {
         let made = self.prepare_dirs().and_then(|()| {
             tempfile::Builder::new()
@@ -727,14 +749,14 @@ impl EnvCache {
             Err(err) => return Err(self.classify_failure(err, set)),
         };
         let result = self
-            .build_in(&build.0, key, dir, interpreter, set, previous)
+            .build_in(&build.0, key, dir, interpreter, set, previous, cpu)
             .await;
         // Judged before the build directory is removed (that frees the space it took).
         let result = match result {
             Ok(manifest) => Ok(manifest),
             Err(err) => {
                 let err = self.classify_failure(err, set);
-                Err(self.clean_damaged(err, &build.0, interpreter).await)
+                Err(self.clean_damaged(err, &build.0, interpreter, cpu).await)
             }
         };
         drop(build);
@@ -780,6 +802,7 @@ impl EnvCache {
         err: EnvError,
         build_dir: &Path,
         interpreter: &Interpreter,
+        cpu: Option<&CpuShare>,
     ) -> EnvError {
         let EnvError::Incomplete {
             requirements,
@@ -794,7 +817,7 @@ impl EnvCache {
         if !packages.is_empty() {
             let args = InstallPipeline::cache_clean_args(&packages);
             match self
-                .run_uv("uv cache clean", args, build_dir, interpreter, false)
+                .run_uv("uv cache clean", args, build_dir, interpreter, false, cpu)
                 .await
             {
                 Ok(output) if output.success() => cache_cleaned = true,
@@ -816,6 +839,7 @@ impl EnvCache {
     }
 
     /// [`EnvCache::build`]'s steps, in `build_dir` (removed by the caller).
+    #[allow(clippy::too_many_arguments)] // build's own arguments, and where it builds
     async fn build_in(
         &self,
         build_dir: &Path,
@@ -824,6 +848,7 @@ impl EnvCache {
         interpreter: &Interpreter,
         set: &RequirementSet,
         previous: Option<&Manifest>,
+        cpu: Option<&CpuShare>,
     ) -> Result<Manifest, EnvError> {
         let started = std::time::Instant::now();
         // Milliseconds of the download, compile and verify steps (for the log).
@@ -846,10 +871,11 @@ impl EnvCache {
         let venv = self
             .run_uv(
                 "uv venv",
-                self.pipeline(interpreter).venv_args(&env_dir, true),
+                self.pipeline(interpreter, None).venv_args(&env_dir, true),
                 &build_dir,
                 interpreter,
                 false,
+                cpu,
             )
             .await?;
         if !venv.success() {
@@ -886,7 +912,7 @@ impl EnvCache {
             };
             let step = std::time::Instant::now();
             let download_args = || {
-                self.pipeline(interpreter).download_args(
+                self.pipeline(interpreter, None).download_args(
                     DownloadTarget::FreshVenv(&python),
                     link_mode,
                     requirements_file_args(&requirements_file),
@@ -908,6 +934,7 @@ impl EnvCache {
                         &build_dir,
                         interpreter,
                         false,
+                        cpu,
                     )
                     .await?;
                 if offline.success() {
@@ -925,6 +952,7 @@ impl EnvCache {
                         &build_dir,
                         interpreter,
                         true,
+                        cpu,
                     )
                     .await?
                 }
@@ -936,7 +964,7 @@ impl EnvCache {
                     compiled = false;
                 } else {
                     let step = std::time::Instant::now();
-                    self.compile(&env_dir, &package_identity, interpreter, set)
+                    self.compile(&env_dir, &package_identity, interpreter, set, cpu)
                         .await?;
                     steps[1] = step.elapsed().as_millis();
                 }
@@ -954,6 +982,7 @@ impl EnvCache {
                     &package_identity,
                     interpreter,
                     set,
+                    cpu,
                 )
                 .await?;
             } else {
@@ -1172,7 +1201,9 @@ impl EnvCache {
             return Ok(None);
         }
         let identity = self.installer.package_identity();
-        self.compile(&env_dir, &identity, interpreter, set).await?;
+        // The server's own work (deferred compilation): the default weight.
+        self.compile(&env_dir, &identity, interpreter, set, None)
+            .await?;
         let size_bytes = self.seal(&env_dir, set).await?;
         let manifest = Manifest {
             build_id: build_dir.file_name().map_or_else(
@@ -1303,11 +1334,12 @@ impl EnvCache {
         build_dir: &Path,
         interpreter: &Interpreter,
         network: bool,
+        cpu: Option<&CpuShare>,
     ) -> Result<crate::uv::UvOutput, EnvError> {
         // One mount holding the build directory and uv's cache, so that uv can hard-link
         // (`installs-v1`: nothing else is in it).
         let step = self
-            .pipeline(interpreter)
+            .pipeline(interpreter, cpu)
             .downloader(
                 label,
                 args,
@@ -1335,9 +1367,10 @@ impl EnvCache {
         identity: &PackageIdentity,
         interpreter: &Interpreter,
         set: &RequirementSet,
+        cpu: Option<&CpuShare>,
     ) -> Result<(), EnvError> {
         let Some(output) = self
-            .pipeline(interpreter)
+            .pipeline(interpreter, cpu)
             .compile(
                 self.installer.as_ref(),
                 env_dir,
@@ -1386,6 +1419,7 @@ impl EnvCache {
         identity: &PackageIdentity,
         interpreter: &Interpreter,
         set: &RequirementSet,
+        cpu: Option<&CpuShare>,
     ) -> Result<(), EnvError> {
         let find_links = install::local_find_links(&self.uv_env.index_urls());
         if let Some(ids) = identity.host_ids {
@@ -1399,7 +1433,7 @@ impl EnvCache {
         }
         let mut read_only = find_links.clone();
         read_only.push(requirements_file.to_path_buf());
-        let invocation = self.pipeline(interpreter).package_code(
+        let invocation = self.pipeline(interpreter, cpu).package_code(
             "build from source (runs the packages' build code)",
             self.uv.path.clone(),
             install::build_args(

@@ -380,6 +380,7 @@ fn listing_invocation(uv: &Uv, args: &[&str]) -> UvInvocation {
         label: format!("uv {}", args.join(" ")),
         role: uv::Role::Downloader,
         egress: None,
+        cpu: None,
     }
 }
 

@@ -46,6 +46,9 @@ pub struct InstallPipeline<'a> {
     pub uv_cache: PathBuf,
     /// The wall time of each step.
     pub timeout: Duration,
+    /// The CPU share of the slot its steps run in (see [`UvInvocation::cpu`]); `None`: the
+    /// default weight.
+    pub cpu: Option<snakebox_sandbox::CpuShare>,
 }
 
 /// A downloader invocation with the egress proxy it reaches the network through (kept alive
@@ -184,6 +187,7 @@ impl InstallPipeline<'_> {
                 socket: proxy.path().to_path_buf(),
                 python: self.interpreter.executable.clone(),
             }),
+            cpu: self.cpu.clone(),
         };
         Ok(DownloaderStep { invocation, proxy })
     }
@@ -218,6 +222,7 @@ impl InstallPipeline<'_> {
             label: label.to_owned(),
             role: Role::PackageCode { identity, limits },
             egress: None,
+            cpu: self.cpu.clone(),
         }
     }
 
@@ -374,6 +379,7 @@ mod tests {
             interpreter,
             uv_cache: PathBuf::from("/data/uv-cache"),
             timeout: Duration::from_secs(60),
+            cpu: None,
         }
     }
 

@@ -266,6 +266,9 @@ pub struct UvInvocation {
     /// With `network`: reach it only through this egress proxy (the sandbox keeps its own
     /// network namespace). `None`: the host network.
     pub egress: Option<Egress>,
+    /// The CPU share of whoever holds the slot the step runs in (its sandbox's
+    /// [`snakebox_sandbox::Policy::cpu`]); `None`: the default weight.
+    pub cpu: Option<snakebox_sandbox::CpuShare>,
 }
 
 /// How a sandboxed invocation reaches the network through an
@@ -552,6 +555,7 @@ impl UvInvocation {
                     ..limits.clone()
                 },
                 identity: *identity,
+                cpu: self.cpu.clone(),
             };
         }
         Policy {
@@ -571,6 +575,7 @@ impl UvInvocation {
                 cpu_millicores: None,
             },
             identity: snakebox_sandbox::Identity::Installer,
+            cpu: self.cpu.clone(),
         }
     }
 }

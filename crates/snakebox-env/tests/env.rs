@@ -173,6 +173,7 @@ async fn direct_runner_passes_only_the_given_environment() {
         label: "env".to_owned(),
         role: snakebox_env::Role::Downloader,
         egress: None,
+        cpu: None,
     };
     let output = DirectUvRunner.run(&invocation).await.unwrap();
     assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), "ONLY=this");

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::Limits;
+use crate::cpu_share::CpuWeight;
 use crate::error::CgroupError;
 
 /// What a run's cgroup counted.
@@ -52,10 +53,9 @@ pub(crate) trait CgroupManager: Send + Sync + std::fmt::Debug {
     fn kill(&self);
     /// SIGKILL everything in it now, without waiting for it to go.
     fn kill_once(&self);
-    /// Its share of the CPU against others when all want it: `background` for work that
-    /// may wait (a sandbox made before its run), else the kernel's default. Nothing where
-    /// the cpu controller is not ours.
-    fn set_background(&self, background: bool) -> Result<(), CgroupError>;
+    /// The file that sets its CPU weight against the other run cgroups; `None` where the
+    /// cpu controller is not ours.
+    fn cpu_knob(&self) -> Option<CpuKnob>;
     /// Kill, then remove the directories, retrying while processes are exiting.
     fn remove(&self) -> Result<(), CgroupError>;
     /// Whether it limits memory / processes.
@@ -91,12 +91,56 @@ fn keyed(text: &str, key: &str) -> Option<u64> {
     })
 }
 
-/// cgroup v1 `cpu.shares` of work that may wait (1/16 of the default), and the default.
-const BACKGROUND_SHARES: &str = "64";
-const DEFAULT_SHARES: &str = "1024";
-/// The same as cgroup v2 `cpu.weight`.
-const BACKGROUND_WEIGHT: &str = "6";
-const DEFAULT_WEIGHT: &str = "100";
+/// The file that sets one run cgroup's CPU weight against its siblings (cgroup v1
+/// `cpu.shares`, v2 `cpu.weight`), written by [`CpuKnob::write`] in either's units.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CpuKnob {
+    file: PathBuf,
+    v2: bool,
+}
+
+/// cgroup v1 `cpu.shares` bounds, and v2 `cpu.weight` bounds and default.
+const V1_SHARES_MAX: u32 = 262_144;
+const V2_WEIGHT_MAX: u32 = 10_000;
+const V2_WEIGHT_DEFAULT: u32 = 100;
+
+impl CpuKnob {
+    /// The `cpu.shares` of the cgroup v1 directory `dir`.
+    pub(crate) fn v1(dir: &Path) -> CpuKnob {
+        CpuKnob {
+            file: dir.join("cpu.shares"),
+            v2: false,
+        }
+    }
+
+    /// The `cpu.weight` of the cgroup v2 directory `dir`.
+    pub(crate) fn v2(dir: &Path) -> CpuKnob {
+        CpuKnob {
+            file: dir.join("cpu.weight"),
+            v2: true,
+        }
+    }
+
+    /// What the file is given for `weight`: v1 shares as they are, v2 the same fraction of
+    /// its default (1024 shares are weight 100, 64 are 6), each within the kernel's bounds.
+    fn value(&self, weight: CpuWeight) -> u32 {
+        let shares = weight.shares();
+        if self.v2 {
+            let scaled = u64::from(shares) * u64::from(V2_WEIGHT_DEFAULT)
+                / u64::from(CpuWeight::DEFAULT.shares());
+            u32::try_from(scaled)
+                .unwrap_or(V2_WEIGHT_MAX)
+                .clamp(1, V2_WEIGHT_MAX)
+        } else {
+            shares.clamp(CpuWeight::MIN.shares(), V1_SHARES_MAX)
+        }
+    }
+
+    /// Give the cgroup `weight`.
+    pub(crate) fn write(&self, weight: CpuWeight) -> Result<(), CgroupError> {
+        write(&self.file, &self.value(weight).to_string())
+    }
+}
 
 /// SIGKILL each of `pids`.
 pub(crate) fn sigkill_all(pids: &[i32]) {
@@ -253,18 +297,8 @@ impl CgroupManager for V1 {
     fn kill_once(&self) {
         sigkill_all(&self.pids());
     }
-    fn set_background(&self, background: bool) -> Result<(), CgroupError> {
-        match &self.cpu {
-            Some(dir) => write(
-                &dir.join("cpu.shares"),
-                if background {
-                    BACKGROUND_SHARES
-                } else {
-                    DEFAULT_SHARES
-                },
-            ),
-            None => Ok(()),
-        }
+    fn cpu_knob(&self) -> Option<CpuKnob> {
+        self.cpu.as_deref().map(CpuKnob::v1)
     }
     fn remove(&self) -> Result<(), CgroupError> {
         self.kill();
@@ -344,19 +378,12 @@ impl CgroupManager for V2 {
             sigkill_all(&self.pids());
         }
     }
-    fn set_background(&self, background: bool) -> Result<(), CgroupError> {
-        let weight = self.dir.join("cpu.weight");
-        if !weight.exists() {
-            return Ok(());
-        }
-        write(
-            &weight,
-            if background {
-                BACKGROUND_WEIGHT
-            } else {
-                DEFAULT_WEIGHT
-            },
-        )
+    fn cpu_knob(&self) -> Option<CpuKnob> {
+        // cpu.weight exists only where the cpu controller is delegated too.
+        self.dir
+            .join("cpu.weight")
+            .exists()
+            .then(|| CpuKnob::v2(&self.dir))
     }
     fn remove(&self) -> Result<(), CgroupError> {
         self.kill();
@@ -859,15 +886,35 @@ impl CgroupSet {
         }
     }
 
+    /// Whether run cgroups of a v2 `parent` have the cpu controller.
+    fn v2_cpu(parent: &Path) -> bool {
+        parent.join("cpu.max").exists()
+            || fs_err::read_to_string(parent.join("cgroup.subtree_control"))
+                .is_ok_and(|t| t.split_whitespace().any(|c| c == "cpu"))
+    }
+
     /// The CPU-bandwidth mechanism, if cgroups handle it.
     pub(crate) fn cpu_mechanism(&self) -> Option<String> {
         match self {
-            Self::V2 { parent } if parent.join("cpu.max").exists() || fs_err::read_to_string(parent.join("cgroup.subtree_control")).is_ok_and(|t| t.split_whitespace().any(|c| c == "cpu")) => {
+            Self::V2 { parent } if Self::v2_cpu(parent) => {
                 Some("cgroup v2 cpu.max per run".into())
             }
             Self::V1 { cpu: Some(_), .. } => Some(
                 "cgroup v1 cpu.cfs_quota_us per run (and a cpu cgroup per run: fair sharing by run, not by thread)".into(),
             ),
+            _ => None,
+        }
+    }
+
+    /// How a run's CPU weight against the others is set ([`crate::CpuShare`]), if cgroups
+    /// handle it.
+    pub(crate) fn cpu_weight_mechanism(&self) -> Option<String> {
+        const HOW: &str = "of each run cgroup, from the CPU share of whoever holds its slot, rewritten when that changes; a session's interpreter between calls and a pre-forked child before its run at the background weight (1/16 of the default)";
+        match self {
+            Self::V2 { parent } if Self::v2_cpu(parent) => {
+                Some(format!("cgroup v2 cpu.weight {HOW}"))
+            }
+            Self::V1 { cpu: Some(_), .. } => Some(format!("cgroup v1 cpu.shares {HOW}")),
             _ => None,
         }
     }
@@ -911,9 +958,23 @@ impl RunCgroup {
         self.manager.kill_once();
     }
     /// Give the run's processes a small share of the CPU against others that want it
-    /// (`background`), or the default share again.
+    /// (`background`: [`CpuWeight::BACKGROUND`], work that may wait, such as a sandbox made
+    /// before its run), or the default share again. Nothing where the cpu controller is not
+    /// ours.
     pub(crate) fn set_background(&self, background: bool) -> Result<(), CgroupError> {
-        self.manager.set_background(background)
+        match self.manager.cpu_knob() {
+            Some(knob) => knob.write(if background {
+                CpuWeight::BACKGROUND
+            } else {
+                CpuWeight::DEFAULT
+            }),
+            None => Ok(()),
+        }
+    }
+    /// The file that sets the run's CPU weight, to attach to a [`crate::CpuShare`]; `None`
+    /// where the cpu controller is not ours.
+    pub(crate) fn cpu_knob(&self) -> Option<CpuKnob> {
+        self.manager.cpu_knob()
     }
     /// Whether the kernel OOM-killed something in the run.
     pub(crate) fn oom_killed(&self) -> bool {
@@ -1217,6 +1278,24 @@ mod tests {
             fs_err::read_to_string(pids_dir.join("pids.max")).unwrap(),
             "32"
         );
+        // Its CPU weight: the background one for a sandbox made before its run, the default
+        // again, and a share's part through the same file.
+        run.set_background(true).unwrap();
+        assert_eq!(
+            fs_err::read_to_string(cpu_dir.join("cpu.shares")).unwrap(),
+            "64"
+        );
+        run.set_background(false).unwrap();
+        assert_eq!(
+            fs_err::read_to_string(cpu_dir.join("cpu.shares")).unwrap(),
+            "1024"
+        );
+        let share = crate::CpuShare::new(CpuWeight::DEFAULT.divided(3));
+        let _attached = share.attach(run.cpu_knob().unwrap(), None).unwrap();
+        assert_eq!(
+            fs_err::read_to_string(cpu_dir.join("cpu.shares")).unwrap(),
+            "341"
+        );
         assert!(!run.oom_killed());
         fs_err::write(
             mem_dir.join("memory.oom_control"),
@@ -1226,6 +1305,22 @@ mod tests {
         assert!(run.oom_killed());
         assert!(run.pids().is_empty());
         assert!(run.limits_memory() && run.limits_pids());
+    }
+
+    #[test]
+    fn a_v2_run_cgroup_has_a_cpu_weight_only_where_the_cpu_controller_is_delegated() {
+        let tmp = tempfile::tempdir().unwrap();
+        let without = V2 {
+            dir: tmp.path().to_path_buf(),
+        };
+        assert!(without.cpu_knob().is_none());
+        fs_err::write(tmp.path().join("cpu.weight"), "100").unwrap();
+        let knob = without.cpu_knob().unwrap();
+        knob.write(CpuWeight::BACKGROUND).unwrap();
+        assert_eq!(
+            fs_err::read_to_string(tmp.path().join("cpu.weight")).unwrap(),
+            "6"
+        );
     }
 
     #[test]

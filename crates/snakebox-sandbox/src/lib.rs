@@ -16,6 +16,7 @@ mod backend;
 mod capture;
 mod cgroup;
 mod child;
+mod cpu_share;
 mod docker;
 mod egress;
 mod error;
@@ -41,6 +42,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::backend::{Backend, RunFuture};
+pub use crate::cpu_share::{CpuAttachment, CpuShare, CpuWeight};
 pub use crate::docker::{
     DEFAULT_SOCKET as DOCKER_DEFAULT_SOCKET, RunImage, socket_path as docker_socket,
 };
@@ -105,7 +107,7 @@ pub struct Limits {
     pub open_files: Option<u64>,
     /// CPU bandwidth of the whole run, in thousandths of a core (`1500` = 1.5 cores), so one
     /// run cannot starve the others of CPU. Each run also gets its own CPU cgroup, so runs
-    /// share the CPU fairly by run, not by thread.
+    /// share the CPU by run, not by thread, each with the weight of its [`Policy::cpu`].
     pub cpu_millicores: Option<u64>,
 }
 
@@ -135,6 +137,11 @@ pub struct Policy {
     pub limits: Limits,
     /// Whose code runs: decides the host uid the sandbox runs under (see [`Identity`]).
     pub identity: Identity,
+    /// The CPU share the sandbox's cgroup is attached to for its whole life (see
+    /// [`CpuShare`]); `None`: the kernel's default weight. Not data of the policy (never
+    /// serialised): a handle to a weight its holder may change while the sandbox runs.
+    #[serde(skip)]
+    pub cpu: Option<CpuShare>,
 }
 
 /// Who a sandbox runs for. Each identity has its own host uid when the server is root, so that

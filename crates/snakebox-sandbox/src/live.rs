@@ -219,6 +219,19 @@ impl LiveSandbox {
         !self.dead
     }
 
+    /// Attach its cgroup to `share` (see [`crate::CpuShare`]) while the returned attachment is
+    /// held: for one request, so that a sandbox between requests does not weigh on its
+    /// holder's share. Once it is dropped the sandbox waits at the background weight (what it
+    /// keeps running between requests may wait for all other work). Inert where there is no
+    /// cpu cgroup of ours (a container, no cgroups).
+    pub fn attach_cpu(&self, share: &crate::CpuShare) -> crate::CpuAttachment {
+        crate::supervise::attach_cpu(
+            self.teardown.as_ref(),
+            share,
+            Some(crate::CpuWeight::BACKGROUND),
+        )
+    }
+
     /// Kill the whole tree and wait for the direct child. Idempotent.
     pub async fn kill(&mut self) {
         self.teardown.kill_all();

@@ -120,6 +120,11 @@ pub(crate) fn limit_reports() -> Vec<LimitReport> {
             "none: no CPU cgroup without isolation",
         ),
         r(
+            "cpu_weight",
+            false,
+            "none: no CPU cgroup without isolation (every process gets the scheduler's default share)",
+        ),
+        r(
             "memory",
             true,
             "the supervisor sums the resident anonymous memory of the command's process tree (Pss_Anon + Pss_Shmem: a page shared after fork counts once) every 100 ms and kills the tree above the limit (best effort: a burst between samples overshoots; files and page cache not counted)",

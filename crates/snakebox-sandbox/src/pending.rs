@@ -111,6 +111,17 @@ impl PendingRun {
         }
     }
 
+    /// Attach its cgroup to `share` (see [`crate::CpuShare`]) until the returned attachment
+    /// is dropped: from just before [`PendingRun::run`] to the run's end. Inert where there is
+    /// no cpu cgroup of ours (a container, no cgroups); a weight that cannot be written leaves
+    /// the default (logged).
+    pub fn attach_cpu(&self, share: &crate::CpuShare) -> crate::CpuAttachment {
+        match &self.kind {
+            Kind::Process(p) => crate::supervise::attach_cpu(p.teardown.as_ref(), share, None),
+            Kind::Docker(_) => crate::CpuAttachment::none(),
+        }
+    }
+
     /// Kill the tree unused and wait until it is gone (then its cgroup is freed; a container
     /// is removed).
     pub async fn discard(self) {

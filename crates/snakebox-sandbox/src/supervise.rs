@@ -131,6 +131,11 @@ pub(crate) trait Teardown: Send + Sync {
     fn usage(&self) -> crate::ResourceUsage {
         crate::ResourceUsage::default()
     }
+    /// The file that sets the run cgroup's CPU weight (see [`crate::CpuShare`]); `None`
+    /// where there is no cpu cgroup of ours.
+    fn cpu_knob(&self) -> Option<crate::cgroup::CpuKnob> {
+        None
+    }
     /// Free what the run held once everything is dead (its cgroup). Idempotent.
     fn release(&self) {}
     /// Whether the sandbox never executed the command (its own setup failed), read after the
@@ -138,6 +143,23 @@ pub(crate) trait Teardown: Send + Sync {
     fn setup_failed(&self) -> bool {
         false
     }
+}
+
+/// Attach the cgroup of the run `teardown` ends to `share` (see [`crate::CpuShare`]); with
+/// `then`, the cgroup gets that weight once the attachment is dropped. Inert where the run has
+/// no cpu cgroup of ours; a weight that cannot be written leaves the run as it was (logged).
+pub(crate) fn attach_cpu(
+    teardown: &dyn Teardown,
+    share: &crate::CpuShare,
+    then: Option<crate::CpuWeight>,
+) -> crate::CpuAttachment {
+    let Some(knob) = teardown.cpu_knob() else {
+        return crate::CpuAttachment::none();
+    };
+    share.attach(knob, then).unwrap_or_else(|err| {
+        tracing::warn!(error = %err, "could not set a sandbox's CPU weight");
+        crate::CpuAttachment::none()
+    })
 }
 
 /// Let the task that follows the sandbox's status (native: bwrap's JSON status) read to its

@@ -407,7 +407,8 @@ pub struct LimitsArgs {
     /// CPU seconds per run, or `unlimited` [default: unlimited; wall time bounds it].
     #[arg(long, env = "SNAKEBOX_CPU_LIMIT", value_name = "SECONDS")]
     pub cpu_limit: Option<String>,
-    /// CPU bandwidth per run in cores (`0.5`, `2`), or `unlimited` [default: 1].
+    /// CPU bandwidth per run in cores (`0.5`, `2`), or `unlimited` [default: 1]. Where
+    /// the cores are contended, each tenant's busy sandboxes together get what one tenant's do.
     #[arg(long, env = "SNAKEBOX_CPU_CORES", value_name = "CORES")]
     pub cpu_cores: Option<String>,
     /// Scratch space (/tmp, /dev/shm and the working directory) per run [default: 512MiB].

@@ -96,6 +96,7 @@ impl Engine {
             cwd: work,
             limits: shape.limits.clone(),
             identity: run_dir.identity(),
+            cpu: None,
         };
         // The runner executes the script and reports on the control channel (fd 3).
         let mut args: Vec<std::ffi::OsString> = vec!["-s".into()];
@@ -136,6 +137,7 @@ impl Engine {
                 cwd: work.clone(),
                 limits: self.limits(self.config.max_timeout),
                 identity: snakebox_sandbox::Identity::Untrusted,
+                cpu: None,
             },
             python: environment.python.clone(),
             module_source: crate::runner::SOURCE.to_string(),
@@ -159,6 +161,7 @@ impl Engine {
         shape: &RunShape,
         proxied: bool,
         learn: bool,
+        cpu: Option<snakebox_sandbox::CpuShare>,
     ) -> ForkRun {
         let script = PathBuf::from(SANDBOX_INPUT_DIR).join(SCRIPT_NAME);
         let mut argv = runner_argv(&script);
@@ -178,6 +181,7 @@ impl Engine {
             limits: shape.limits.clone(),
             argv,
             cwd: PathBuf::from(SANDBOX_WORK_DIR),
+            cpu,
         }
     }
 

@@ -52,14 +52,15 @@ pub(super) struct Installer {
 }
 impl Installer {
     /// The shared install pipeline (the environment cache's too), for this session's
-    /// interpreter.
-    fn pipeline(&self) -> InstallPipeline<'_> {
+    /// interpreter; its steps' sandboxes weigh on the CPU as the slot they run in says.
+    fn pipeline(&self, slot: Option<&crate::tenants::Slot>) -> InstallPipeline<'_> {
         InstallPipeline {
             uv: &self.uv,
             uv_env: &self.uv_env,
             interpreter: &self.interpreter,
             uv_cache: self.uv_cache.clone(),
             timeout: INSTALL_TIMEOUT,
+            cpu: slot.and_then(crate::tenants::Slot::cpu).cloned(),
         }
     }
 
@@ -71,8 +72,9 @@ impl Installer {
         network: bool,
         progress: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<(Vec<u8>, String), EngineError> {
+        let slot = self.share.slot().await?;
         let step = self
-            .pipeline()
+            .pipeline(Some(&slot))
             .downloader(
                 label,
                 args,
@@ -87,7 +89,6 @@ impl Installer {
                     "check that the temporary directory is writable",
                 )
             })?;
-        let _slot = self.share.slot().await?;
         let mut output =
             match snakebox_env::run_sandboxed(&self.sandbox, &step.invocation, progress).await {
                 Ok(output) => output,
@@ -181,7 +182,7 @@ impl Installer {
     pub(super) async fn create_venv(&self) -> Result<(), EngineError> {
         self.uv(
             "uv venv",
-            self.pipeline().venv_args(&self.venv, false),
+            self.pipeline(None).venv_args(&self.venv, false),
             false,
             None,
         )
@@ -206,7 +207,7 @@ impl Installer {
         if !requirements.is_empty() {
             // Never fetch from host loopback, private or metadata addresses (catalogue D-02).
             snakebox_env::check_requirement_strings(requirements, &self.uv_env).await?;
-            let args = self.pipeline().download_args(
+            let args = self.pipeline(None).download_args(
                 DownloadTarget::Prefix(&self.venv),
                 "copy",
                 requirements.iter().map(Into::into),
@@ -320,9 +321,9 @@ impl Installer {
         let identity = UvRunner::package_identity(self.sandbox.as_ref());
         let installer = self.sandbox.host_ids(Identity::Installer);
         // Package code in a sandbox of its own: a slot of the concurrency cap (V-01).
-        let _slot = self.share.slot().await?;
+        let slot = self.share.slot().await?;
         let compiled = self
-            .pipeline()
+            .pipeline(Some(&slot))
             .compile(
                 self.sandbox.as_ref(),
                 &self.venv,

@@ -220,7 +220,7 @@ impl Engine {
             Ok(baseline) => baseline,
             Err(error) => return fail(error),
         };
-        let _run_slot = match self.sandbox_slot(caller, &cancel).await {
+        let run_slot = match self.sandbox_slot(caller, &cancel).await {
             Ok(slot) => slot,
             Err(error) => return fail(error),
         };
@@ -284,6 +284,9 @@ impl Engine {
                 "The session's interpreter could not be started",
             ));
         };
+        // The interpreter weighs on the CPU as the call's slot says for this call only (a new
+        // one's start included); between calls it waits at the background weight.
+        let cpu = run_slot.cpu().map(|share| live.attach_cpu(share));
         let exchange = live
             .exchange(
                 request_line.as_bytes(),
@@ -293,6 +296,7 @@ impl Engine {
                 output,
             )
             .await;
+        drop(cpu);
         watcher.abort();
         let network_log = crate::network::take_log_of(state.proxy.as_ref());
         state.cells = cell;
@@ -568,6 +572,7 @@ impl Engine {
                 cwd: work,
                 limits,
                 identity: Identity::Untrusted,
+                cpu: None,
             },
             runner,
         )
@@ -788,7 +793,7 @@ impl Engine {
         }
         // The command may write the workspace: the next cell's baseline is taken afresh.
         state.known_files = None;
-        let _run_slot = match self.sandbox_slot(caller, &cancel).await {
+        let run_slot = match self.sandbox_slot(caller, &cancel).await {
             Ok(slot) => slot,
             Err(error) => return fail(error),
         };
@@ -815,6 +820,7 @@ impl Engine {
             );
             policy.env.extend(snakebox_sandbox::run_proxy_env());
         }
+        policy.cpu = run_slot.cpu().cloned();
         let call = doomed.child_token();
         let watcher = {
             let call = call.clone();

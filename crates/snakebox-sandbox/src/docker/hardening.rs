@@ -442,6 +442,7 @@ mod tests {
                 cpu_millicores: Some(1500),
             },
             identity: Identity::Leased(200_001),
+            cpu: None,
         }
     }
 

@@ -224,6 +224,11 @@ impl DockerBackend {
                 format!("HostConfig.NanoCpus (the engine's cpu cgroup, {cgroup})"),
             ),
             r(
+                "cpu_weight",
+                false,
+                "not set: every container keeps the engine's default CPU weight, whoever it works for".into(),
+            ),
+            r(
                 "memory",
                 true,
                 format!("HostConfig.Memory = MemorySwap (no swap; memory cgroup, {cgroup}); OOM read from State.OOMKilled"),

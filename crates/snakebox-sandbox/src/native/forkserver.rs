@@ -142,6 +142,8 @@ struct Spare {
     cgroup: Option<RunCgroup>,
     /// Its pid 1, when there is no cgroup to kill and watch the run through.
     pid1: Option<Pid1>,
+    /// Its cgroup's attachment to its run's CPU share, once taken (see [`ForkRun::cpu`]).
+    cpu: Option<crate::CpuAttachment>,
 }
 
 /// A run's pid 1, as the server holds it where no cgroup does: a pidfd (killing it kills the
@@ -266,6 +268,9 @@ pub struct ForkRun {
     pub argv: Vec<String>,
     /// Working directory inside.
     pub cwd: PathBuf,
+    /// The CPU share the run's cgroup is attached to from the moment it takes its child (a
+    /// pre-forked one waits at the background weight before); `None`: the default weight.
+    pub cpu: Option<crate::CpuShare>,
 }
 
 /// A running fork server; see the module documentation. Dropping it stops it.
@@ -639,26 +644,37 @@ impl OwnMemoryWatch {
     }
 }
 
+/// The CPU weight a child is made at ([`fork_child`]).
+enum MadeFor<'a> {
+    /// Ahead of its run, at the background weight: runs in flight go first.
+    Later,
+    /// A run now, attached to the run's CPU share (`None`: the default weight).
+    Now(Option<&'a crate::CpuShare>),
+}
+
 /// Ask the fork server (on `socket`) for a child in a new cgroup with `limits`, its run's pid 1
-/// in fresh namespaces (`forkserver.py`), told `spec`. `background`: it is made ahead of its
-/// run, at a small CPU share. Its id is `next`'s.
+/// in fresh namespaces (`forkserver.py`), told `spec`, at the CPU weight `made_for` says. Its
+/// id is `next`'s.
 fn fork_child(
     socket: &OwnedFd,
     cgroups: Option<&CgroupSet>,
     id: u64,
     limits: &Limits,
     spec: &str,
-    background: bool,
+    made_for: &MadeFor<'_>,
     by_pid1: bool,
 ) -> Result<Spare, String> {
     let cgroup = cgroups
         .map(|set| set.create_run(limits))
         .transpose()
         .map_err(|err| format!("its cgroup: {err}"))?;
-    if let (true, Some(cgroup)) = (background, &cgroup) {
-        cgroup
+    let mut attached = None;
+    match (made_for, &cgroup) {
+        (MadeFor::Later, Some(cgroup)) => cgroup
             .set_background(true)
-            .map_err(|err| format!("its cgroup: {err}"))?;
+            .map_err(|err| format!("its cgroup: {err}"))?,
+        (MadeFor::Later, None) => {}
+        (MadeFor::Now(cpu), cgroup) => attached = super::attach_cpu(cgroup.as_ref(), *cpu),
     }
     let mut fds = Vec::new();
     let (ours, theirs) = seqpacket_pair().map_err(|err| format!("its socket: {err}"))?;
@@ -687,6 +703,7 @@ fn fork_child(
         socket: ours,
         cgroup,
         pid1,
+        cpu: attached,
     })
 }
 
@@ -868,7 +885,7 @@ impl SpareMaker {
             id,
             &self.spares.limits,
             &self.spares.spec,
-            true,
+            &MadeFor::Later,
             self.spares.by_pid1,
         )
     }
@@ -914,8 +931,13 @@ impl ForkServer {
     }
 
     /// Take a pre-forked child for a run with `limits`, if one is ready and fits, with the
-    /// run's waiter registered under its id (before any report of it can be read).
-    fn take_spare(&self, limits: &Limits) -> Option<(Spare, oneshot::Receiver<Report>)> {
+    /// run's waiter registered under its id (before any report of it can be read), its cgroup
+    /// attached to the run's CPU share `cpu` (or back at the default weight).
+    fn take_spare(
+        &self,
+        limits: &Limits,
+        cpu: Option<&crate::CpuShare>,
+    ) -> Option<(Spare, oneshot::Receiver<Report>)> {
         if self.spares.target == 0 || !self.spares.fits(limits) {
             return None;
         }
@@ -936,17 +958,24 @@ impl ForkServer {
             }
             taken
         };
-        let spare = spare?;
-        if let Err(err) = spare
-            .cgroup
-            .as_ref()
-            .map_or(Ok(()), |cgroup| cgroup.set_background(false))
-        {
-            // Its run would compete at a sixteenth of the CPU: the child is dropped (and
-            // replaced), the run forked anew.
-            tracing::warn!(%err, "a pre-forked child's CPU share could not be restored");
-            drop(InFlight(&self.spares));
-            return None;
+        let mut spare = spare?;
+        // It waited at the background weight; its run has its holder's (or the default).
+        let claimed = match (spare.cgroup.as_ref(), cpu) {
+            (None, _) => Ok(None),
+            (Some(cgroup), Some(share)) if let Some(knob) = cgroup.cpu_knob() => {
+                share.attach(knob, None).map(Some)
+            }
+            (Some(cgroup), _) => cgroup.set_background(false).map(|()| None),
+        };
+        match claimed {
+            Ok(attached) => spare.cpu = attached,
+            Err(err) => {
+                // Its run would compete at a sixteenth of the CPU: the child is dropped (and
+                // replaced), the run forked anew.
+                tracing::warn!(%err, "a pre-forked child's CPU weight could not be set");
+                drop(InFlight(&self.spares));
+                return None;
+            }
         }
         let (report_tx, report_rx) = oneshot::channel();
         waiters.insert(spare.id, report_tx);
@@ -993,7 +1022,7 @@ impl ForkServer {
             );
         }
         // A pre-forked child when one fits, else one forked now (the same, made for this run).
-        let mut spare = self.take_spare(&run.limits);
+        let mut spare = self.take_spare(&run.limits, run.cpu.as_ref());
         // Its replacement is made when this run ends (the guard goes with this call).
         let _in_flight = spare.is_some().then(|| InFlight(&self.spares));
         if spare.is_some() {
@@ -1002,7 +1031,7 @@ impl ForkServer {
         let preforked = spare.is_some();
         let (child, gone) = match spare.take() {
             Some(taken) => taken,
-            None => self.fork_now(&run.limits)?,
+            None => self.fork_now(&run.limits, run.cpu.as_ref())?,
         };
         let pids_in_cgroup = child.cgroup.as_ref().is_some_and(RunCgroup::limits_pids);
         let memory_in_cgroup = child.cgroup.as_ref().is_some_and(RunCgroup::limits_memory);
@@ -1058,6 +1087,7 @@ impl ForkServer {
             socket,
             cgroup,
             pid1,
+            cpu,
             ..
         } = child;
         let (sandbox_pidfd, sandbox_pid) = match pid1 {
@@ -1073,6 +1103,7 @@ impl ForkServer {
             sandbox_pidfd: Mutex::new(sandbox_pidfd),
             sandbox_pid: AtomicI32::new(sandbox_pid),
             cgroup,
+            cpu: Mutex::new(cpu),
             // Memory is the cgroup's where it counts it, else the watchdog's over pid 1's tree
             // (below). A run forked here reports its own start failures.
             memory_watch: run.limits.memory_bytes.filter(|_| !memory_in_cgroup),
@@ -1139,6 +1170,7 @@ impl ForkServer {
     fn fork_now(
         &self,
         limits: &Limits,
+        cpu: Option<&crate::CpuShare>,
     ) -> Result<(Spare, oneshot::Receiver<Report>), SandboxError> {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (gone_tx, gone_rx) = oneshot::channel();
@@ -1151,7 +1183,7 @@ impl ForkServer {
             id,
             limits,
             &spec,
-            false,
+            &MadeFor::Now(cpu),
             by_pid1,
         ) {
             Ok(child) => Ok((child, gone_rx)),

@@ -270,6 +270,7 @@ impl NativeBackend {
                 cpu_millicores: None,
             },
             identity: crate::Identity::Untrusted,
+            cpu: None,
         };
         let command = SandboxCommand {
             program,
@@ -381,6 +382,17 @@ impl NativeBackend {
                     "cpu_bandwidth",
                     cpu.is_some(),
                     cpu.unwrap_or_else(|| format!("no writable cpu cgroup here (a cgroup v1 cpu controller the server may write to, or a delegated v2 one); sandboxes run at niceness {}, behind the server and the host's other programs", crate::child::RUN_NICE)),
+                )
+            },
+            {
+                let weight = self
+                    .cgroups
+                    .as_deref()
+                    .and_then(CgroupSet::cpu_weight_mechanism);
+                r(
+                    "cpu_weight",
+                    weight.is_some(),
+                    weight.unwrap_or_else(|| "no writable cpu cgroup here: every busy sandbox gets an equal part of the CPU, whoever it works for".into()),
                 )
             },
             r("memory", true, memory.unwrap_or_else(|| format!("no memory cgroup: the supervisor sums the resident anonymous memory of the sandbox's processes (Pss_Anon + Pss_Shmem: a page shared after fork counts once) every {} ms and kills the sandbox above the limit (status memory_limit); a burst between samples can overshoot briefly, /tmp and /dev/shm are capped by scratch_bytes, page cache is not counted; address space is not limited (RLIMIT_AS breaks polars, duckdb and other libraries that reserve it)", crate::watchdog::INTERVAL.as_millis()))),
@@ -609,6 +621,8 @@ impl ProcessBackend for NativeBackend {
             Some(set) => Some(set.create_run(&policy.limits)?),
             None => None,
         };
+        // Before the spawn: the sandbox starts at its holder's weight.
+        let cpu = attach_cpu(cgroup.as_ref(), policy.cpu.as_ref());
         let prepared = self.prepare(policy, command, cgroup.as_ref(), None)?;
         let Prepared {
             command: mut std_cmd,
@@ -631,6 +645,7 @@ impl ProcessBackend for NativeBackend {
             sandbox_pidfd: std::sync::Mutex::new(None),
             sandbox_pid: AtomicI32::new(0),
             cgroup,
+            cpu: std::sync::Mutex::new(cpu),
             memory_watch,
             memory_hit: AtomicBool::new(false),
             command_ran: AtomicBool::new(false),
@@ -647,6 +662,19 @@ impl ProcessBackend for NativeBackend {
             shell_style_signals: true,
         })
     }
+}
+
+/// Attach `cgroup` to `share` for the run's life, if both are there; a weight that cannot be
+/// written leaves the run at the default weight (logged), it does not fail the run.
+fn attach_cpu(
+    cgroup: Option<&RunCgroup>,
+    share: Option<&crate::CpuShare>,
+) -> Option<crate::CpuAttachment> {
+    let knob = cgroup?.cpu_knob()?;
+    share?
+        .attach(knob, None)
+        .inspect_err(|err| tracing::warn!(error = %err, "could not set a run's CPU weight"))
+        .ok()
 }
 
 /// A prepared bwrap command with the descriptors that must live until it is spawned.
@@ -771,6 +799,9 @@ struct NativeTeardown {
     sandbox_pidfd: std::sync::Mutex<Option<OwnedFd>>,
     sandbox_pid: AtomicI32,
     cgroup: Option<RunCgroup>,
+    /// The cgroup's attachment to the CPU share of whoever holds the run's slot (see
+    /// [`crate::CpuShare`]), until [`Teardown::release`].
+    cpu: std::sync::Mutex<Option<crate::CpuAttachment>>,
     /// The memory limit the watchdog enforces (no memory cgroup), in bytes.
     memory_watch: Option<u64>,
     /// The watchdog killed the sandbox for its memory.
@@ -1009,7 +1040,18 @@ impl Teardown for NativeTeardown {
             .unwrap_or_default()
     }
 
+    fn cpu_knob(&self) -> Option<crate::cgroup::CpuKnob> {
+        self.cgroup.as_ref().and_then(RunCgroup::cpu_knob)
+    }
+
     fn release(&self) {
+        // Its share's other cgroups no longer split the share with this one.
+        drop(
+            self.cpu
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take(),
+        );
         // The run's namespaces end here, off the call's path.
         if let Some(held) = &self.namespaces {
             drop(std::mem::take(

@@ -468,6 +468,7 @@ mod tests {
                 cpu_millicores: None,
             },
             identity: crate::Identity::Untrusted,
+            cpu: None,
         }
     }
 

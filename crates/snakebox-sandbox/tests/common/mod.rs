@@ -66,6 +66,7 @@ pub fn policy(cwd: &Path, mounts: Vec<Mount>) -> Policy {
         cwd: cwd.to_path_buf(),
         limits: limits(),
         identity: snakebox_sandbox::Identity::Untrusted,
+        cpu: None,
     }
 }
 
