@@ -76,31 +76,26 @@ pub(crate) fn anon_bytes(pid: i32) -> Option<u64> {
 /// `Pss_Anon + Pss_Shmem` of a `/proc/<pid>/smaps_rollup`, in bytes (`None` where the kernel
 /// has no such lines, before 5.8, or the process has no memory).
 pub(crate) fn parse_rollup_anon(rollup: &str) -> Option<u64> {
-    let kib = |name: &str| -> Option<u64> {
-        rollup
-            .lines()
-            .find_map(|l| l.strip_prefix(name))?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    };
-    Some((kib("Pss_Anon:")? + kib("Pss_Shmem:").unwrap_or(0)) * 1024)
+    anon_sum(rollup, "Pss_Anon:", "Pss_Shmem:")
 }
 
 /// `RssAnon + RssShmem` of a `/proc/<pid>/status`, in bytes (`None` for a kernel thread or
 /// a zombie, which have no such lines).
 pub(crate) fn parse_status_anon(status: &str) -> Option<u64> {
+    anon_sum(status, "RssAnon:", "RssShmem:")
+}
+
+/// `anon + shmem` of a procfs file of `name:  N kB` lines, in bytes (`None` without `anon`).
+fn anon_sum(text: &str, anon: &str, shmem: &str) -> Option<u64> {
     let kib = |name: &str| -> Option<u64> {
-        status
-            .lines()
+        text.lines()
             .find_map(|l| l.strip_prefix(name))?
             .split_whitespace()
             .next()?
             .parse()
             .ok()
     };
-    Some((kib("RssAnon:")? + kib("RssShmem:").unwrap_or(0)) * 1024)
+    Some((kib(anon)? + kib(shmem).unwrap_or(0)) * 1024)
 }
 
 /// The resident anonymous memory of the tree rooted at `root`, in bytes.
