@@ -11,28 +11,67 @@
 //! fewest, and over HTTP one tenant holds at most half of them. Another tenant's host work
 //! then waits at most for one piece of work to end, whatever one tenant queued.
 //!
+//! The threads are the host work's own, at niceness [`HOST_WORK_NICE`]: a sandbox's work
+//! (which a CPU cgroup weighs per tenant) goes before the server's walks of one tenant's
+//! files, so a flood of `list_files` costs another tenant's run less than the flood's threads
+//! would take at the server's own priority.
+//!
 //! A piece of host work never waits for another (nor for a sandbox slot) while it holds one,
 //! so none can wait on itself.
 
-use std::sync::Arc;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::tenants::FairSlots;
 use crate::{Caller, EngineError};
+
+/// The niceness of the host-work threads (see the module documentation).
+pub(crate) const HOST_WORK_NICE: libc::c_int = 5;
+
+/// One piece of host work, as its thread runs it.
+type Job = Box<dyn FnOnce() + Send>;
 
 /// The host-work threads and who holds them.
 pub(crate) struct HostWork {
     slots: Arc<FairSlots>,
     threads: usize,
+    /// To the threads; they end once this is dropped (with the engine).
+    jobs: std::sync::mpsc::Sender<Job>,
 }
 
 impl HostWork {
-    /// Room for `threads` pieces of host work at once; `shared`: several tenants use the
-    /// server (HTTP), so each may hold at most half of them.
+    /// Room for `threads` pieces of host work at once, on as many threads of its own;
+    /// `shared`: several tenants use the server (HTTP), so each may hold at most half of them.
     pub(crate) fn new(threads: usize, shared: bool) -> HostWork {
         let threads = threads.max(2);
+        let (jobs, queue) = std::sync::mpsc::channel::<Job>();
+        let queue = Arc::new(Mutex::new(queue));
+        for n in 0..threads {
+            let queue = Arc::clone(&queue);
+            let spawned = std::thread::Builder::new()
+                .name(format!("snakebox-host-{n}"))
+                .spawn(move || {
+                    // SAFETY: setpriority(2) on this thread only; no memory is involved.
+                    unsafe {
+                        let thread = libc::id_t::try_from(libc::gettid()).unwrap_or(0);
+                        libc::setpriority(libc::PRIO_PROCESS, thread, HOST_WORK_NICE);
+                    }
+                    loop {
+                        let job = queue.lock().unwrap_or_else(PoisonError::into_inner).recv();
+                        match job {
+                            Ok(job) => job(),
+                            Err(_) => return,
+                        }
+                    }
+                });
+            if let Err(err) = spawned {
+                tracing::warn!(%err, "could not start a host-work thread");
+            }
+        }
         HostWork {
             slots: FairSlots::new(threads, shared.then_some(threads / 2)),
             threads,
+            jobs,
         }
     }
 
@@ -59,18 +98,27 @@ impl HostWork {
         work: impl FnOnce() -> R + Send + 'static,
     ) -> Result<R, EngineError> {
         let slot = self.slots.share(caller).slot().await?;
-        let done = tokio::task::spawn_blocking(move || {
-            let out = work();
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let job: Job = Box::new(move || {
+            let out = std::panic::catch_unwind(AssertUnwindSafe(work));
+            // The slot goes first: once the caller has the answer, the work is over.
             drop(slot);
-            out
-        })
-        .await;
-        done.map_err(|err| {
+            let _ = done.send(out);
+        });
+        let failed = |why: &str| {
             EngineError::internal(
-                format!("Failed to {action}: {err}"),
+                format!("Failed to {action}: {why}"),
                 "check the data directory's disk space and permissions",
             )
-        })
+        };
+        self.jobs
+            .send(job)
+            .map_err(|_| failed("the host-work threads have stopped"))?;
+        match answer.await {
+            Ok(Ok(out)) => Ok(out),
+            Ok(Err(_)) => Err(failed("it panicked")),
+            Err(_) => Err(failed("its thread ended")),
+        }
     }
 
     /// Pieces of host work running now (every tenant's).
@@ -103,10 +151,10 @@ mod tests {
             );
             let mut released = released.clone();
             flood.push(tokio::spawn(async move {
+                let handle = tokio::runtime::Handle::current();
                 host.run(&noisy, "test", move || {
                     let now = running.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
-                    let handle = tokio::runtime::Handle::current();
                     handle.block_on(async {
                         while !*released.borrow_and_update() {
                             let _ = released.changed().await;
@@ -131,5 +179,25 @@ mod tests {
             2,
             "the noisy tenant held more than half"
         );
+    }
+
+    #[tokio::test]
+    async fn host_work_runs_behind_the_server_and_survives_a_panic() {
+        let host = HostWork::new(2, false);
+        let caller = Caller::local();
+        // SAFETY: getpriority(2) of the calling thread.
+        let nice = host
+            .run(&caller, "test", || unsafe {
+                libc::getpriority(libc::PRIO_PROCESS, 0)
+            })
+            .await;
+        assert_eq!(nice.ok(), Some(HOST_WORK_NICE));
+        let panicked = host.run(&caller, "test", || panic!("a bug")).await;
+        assert!(panicked.is_err_and(|err| err.message.contains("panicked")));
+        // Both threads (and their slots) are still there.
+        for _ in 0..4 {
+            assert_eq!(host.run(&caller, "test", || 7).await.ok(), Some(7));
+        }
+        assert_eq!(host.busy(), 0);
     }
 }
