@@ -26,13 +26,20 @@ pub(super) fn is_mount_point(path: &Path) -> bool {
     fs_err::metadata(parent).is_ok_and(|up| up.dev() != meta.dev())
 }
 
-/// Run one of the image tools; its stderr is the error.
-pub(super) fn run(program: &str, args: &[&std::ffi::OsStr]) -> Result<(), String> {
-    let output = Command::new(program)
-        .args(args)
+/// One of the image tools, found on [`TOOL_PATH`] only, with a clean environment and no input.
+fn tool(program: &str) -> Command {
+    let mut command = Command::new(program);
+    command
         .env_clear()
         .env("PATH", TOOL_PATH)
-        .stdin(std::process::Stdio::null())
+        .stdin(std::process::Stdio::null());
+    command
+}
+
+/// Run one of the image tools; its stderr is the error.
+pub(super) fn run(program: &str, args: &[&std::ffi::OsStr]) -> Result<(), String> {
+    let output = tool(program)
+        .args(args)
         .output()
         .map_err(|err| format!("`{program}` could not run: {err}"))?;
     if output.status.success() {
@@ -83,12 +90,9 @@ pub(super) fn make(image: &Path, size: u64, owner: Option<(u32, u32)>) -> Result
 /// server killed while it wrote leaves it to be checked.
 pub(super) fn check(image: &Path) -> Result<(), String> {
     // -p: repair what is safe without asking; exit codes 0-1 mean clean or fixed.
-    let checked = Command::new("e2fsck")
+    let checked = tool("e2fsck")
         .args(["-f", "-p"])
         .arg(image)
-        .env_clear()
-        .env("PATH", TOOL_PATH)
-        .stdin(std::process::Stdio::null())
         .output()
         .map_err(|err| format!("`e2fsck` could not run: {err}"))?;
     if matches!(checked.status.code(), Some(0 | 1)) {
@@ -105,12 +109,9 @@ pub(super) fn check(image: &Path) -> Result<(), String> {
 /// without asking; nothing when it is clean). `fuse2fs` keeps no journal: an image whose
 /// `fuse2fs` was killed needs this before it is served again.
 pub(super) fn repair(image: &Path) -> Result<(), String> {
-    let checked = Command::new("e2fsck")
+    let checked = tool("e2fsck")
         .arg("-p")
         .arg(image)
-        .env_clear()
-        .env("PATH", TOOL_PATH)
-        .stdin(std::process::Stdio::null())
         .output()
         .map_err(|err| format!("`e2fsck` could not run: {err}"))?;
     match checked.status.code() {

@@ -341,6 +341,8 @@ impl NativeBackend {
         // Without a pids cgroup, its process limit is a count in its own user namespace,
         // which every run's processes count in too (each run's own is in the run's
         // namespace): room for each run it may serve at once, and for itself.
+        // Without a cgroup that holds both, each run is killed and watched through its pid 1.
+        let by_pid1 = !memory_by_cgroup || !pids_by_cgroup;
         let whole = shares(spec.concurrent_runs);
         if !pids_by_cgroup {
             policy.limits.max_processes =
@@ -443,9 +445,9 @@ impl NativeBackend {
                 spec: child_spec(
                     policy.limits.scratch_bytes,
                     &user_limit_shares(shares(spec.concurrent_runs)),
-                    !memory_by_cgroup || !pids_by_cgroup,
+                    by_pid1,
                 ),
-                by_pid1: !memory_by_cgroup || !pids_by_cgroup,
+                by_pid1,
                 served: AtomicU64::new(0),
             }),
         };

@@ -80,6 +80,9 @@ pub(crate) struct NativeBackend {
     /// not root and has no pids cgroup): `prlimit` runs first in the sandbox, lowers
     /// RLIMIT_NPROC there and executes the command. See [`nproc_in_sandbox`].
     nproc_in_sandbox: Option<PathBuf>,
+    /// The niceness every sandbox takes where no CPU cgroup holds it (see
+    /// [`crate::child::RUN_NICE`]); decided once, at probe time.
+    run_nice: Option<libc::c_int>,
 }
 
 /// `prlimit` (util-linux), run as the sandbox's first command where the process limit is an
@@ -214,8 +217,14 @@ impl NativeBackend {
                 .and_then(CgroupSet::pids_mechanism)
                 .is_some(),
         );
+        let run_nice = cgroups
+            .as_deref()
+            .and_then(CgroupSet::cpu_mechanism)
+            .is_none()
+            .then_some(crate::child::RUN_NICE);
         let backend = Self {
             nproc_in_sandbox,
+            run_nice,
             bwrap,
             version,
             view: policy::probe_system_view(),
@@ -562,12 +571,7 @@ impl NativeBackend {
         };
         plan.drop_to = self.host_ids(policy.identity);
         // No CPU cgroup: behind the server (see RUN_NICE). A fork server's runs inherit it.
-        plan.nice = self
-            .cgroups
-            .as_ref()
-            .and_then(|set| set.cpu_mechanism())
-            .is_none()
-            .then_some(crate::child::RUN_NICE);
+        plan.nice = self.run_nice;
 
         let wrapped;
         let command = match nproc_inside {
