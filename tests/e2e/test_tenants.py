@@ -155,6 +155,34 @@ async def test_every_sandbox_a_call_starts_counts_against_its_tenants_share(snak
         assert proc.poll() is None
 
 
+async def test_a_tenants_sessions_make_room_among_themselves_not_in_another_tenants_interpreters(snakebox_bin: Path, tmp_path: Path):
+    """Items 1 and 2: the interpreters that may run at once are shared; a tenant that starts
+    more than its part stops its own idle ones, not another tenant's, whose variables would be
+    lost. With room for two, B cycles through three sessions: before, the least recently
+    used interpreter of all went first, A's, and A's `x` was gone."""
+    data = tmp_path / "data"
+    key_a = make_key(snakebox_bin, data, "team-a")
+    key_b = make_key(snakebox_bin, data, "team-b")
+    with http_server(snakebox_bin, data, "--session-max-interpreters", "2") as (proc, url):
+        async with connect(url, key_a, "auto") as a, connect(url, key_b, "auto") as b:
+            mine, text, _ = await call(a, "create_session")
+            first, text, _ = await call(a, "execute_python", session_id=mine["session_id"], script="x = 41")
+            assert first["status"] == "ok", text
+            theirs = [(await call(b, "create_session"))[0]["session_id"] for _ in range(3)]
+            for session in theirs * 2:
+                result, text, _ = await call(b, "execute_python", session_id=session, script="y = 1")
+                assert result["status"] == "ok", text
+            # The limit was in play: B's own sessions lost their interpreters to each other.
+            again, text, _ = await call(b, "execute_python", session_id=theirs[0], script="print(y)")
+            assert again["status"] == "error" and "NameError" in (again.get("stderr") or "") + text, text
+            assert "make room" in text, text
+            # A's interpreter was left alone: its variable is still there.
+            kept, text, _ = await call(a, "execute_python", session_id=mine["session_id"], script="print(x + 1)")
+        assert kept["status"] == "ok" and kept["stdout"] == "42\n", text
+        assert "make room" not in text, text
+        assert proc.poll() is None
+
+
 def ui_login(url: str, key: str) -> str:
     """Log in to the web UI with `key` as a browser would (a POST from the server's own origin);
     the session cookie."""

@@ -239,7 +239,7 @@ impl Engine {
                     state.lost = Some("the interpreter exited between calls".into());
                 }
             }
-            manager.make_room(&row.id).await;
+            manager.make_room(&row.id, &row.owner).await;
             if let Err(error) = self.ensure_session_proxy(manager, &row, &mut state.proxy) {
                 return fail(error);
             }

@@ -228,6 +228,8 @@ pub(super) struct Slot {
     pub(super) doomed: Mutex<CancellationToken>,
     /// Last use (Unix seconds), for stopping idle interpreters.
     pub(super) last_used: AtomicU64,
+    /// The tenant the session belongs to: whose interpreters make room for whose.
+    pub(super) owner: String,
 }
 #[derive(Default)]
 pub(super) struct SlotState {
@@ -403,6 +405,7 @@ impl Manager {
                     installing: AtomicBool::new(false),
                     doomed: Mutex::new(CancellationToken::new()),
                     last_used: AtomicU64::new(row.last_used_at),
+                    owner: row.owner.clone(),
                 })
             })
             .clone()
@@ -430,10 +433,13 @@ impl Manager {
             .collect()
     }
 
-    /// Before `starting` starts an interpreter: stop the least recently used idle ones until
-    /// one more stays within `max_interpreters`. A busy session (a call or an install holds
-    /// it) is counted but never stopped; the run slots bound those.
-    pub(super) async fn make_room(&self, starting: &str) {
+    /// Before the session `starting` (of tenant `owner`) starts an interpreter: stop idle
+    /// ones until one more stays within `max_interpreters`, chosen by [`to_stop`]: the least
+    /// recently used of the tenant running the most, so one tenant's sessions make room among
+    /// themselves before they touch another tenant's (whose variables would be lost). A busy
+    /// session (a call or an install holds it) is counted but never stopped; the run slots
+    /// bound those.
+    pub(super) async fn make_room(&self, starting: &str, owner: &str) {
         let max = self.settings.max_interpreters.max(1);
         let slots: Vec<(String, Arc<Slot>)> = self
             .slots
@@ -443,36 +449,37 @@ impl Manager {
             .filter(|(id, _)| id.as_str() != starting)
             .map(|(id, slot)| (id.clone(), Arc::clone(slot)))
             .collect();
-        let mut running = 0usize;
-        let mut idle = Vec::new();
+        let mut running = Vec::new();
         for (id, slot) in slots {
-            match slot.state.try_lock() {
+            let idle = match slot.state.try_lock() {
                 Ok(mut state) => {
-                    if state
+                    if !state
                         .interpreter
                         .as_mut()
                         .is_some_and(LiveSandbox::is_alive)
                     {
-                        running += 1;
-                        idle.push((slot.last_used.load(Ordering::Relaxed), id, slot.clone()));
+                        continue;
                     }
+                    true
                 }
-                Err(_) => running += 1,
-            }
+                Err(_) => false,
+            };
+            running.push(Running {
+                owner: slot.owner.clone(),
+                last_used: slot.last_used.load(Ordering::Relaxed),
+                idle,
+                session: (id, slot),
+            });
         }
-        idle.sort_by_key(|(used, _, _)| *used);
-        for (_, id, slot) in idle {
-            if running < max {
-                break;
-            }
+        for n in to_stop(&running, owner, max) {
+            let (id, slot) = &running[n].session;
             if let Ok(mut state) = slot.state.try_lock() {
                 state
                     .stop(&format!(
-                        "its interpreter was stopped to make room for another session's (at most {max} run at once; the least recently used idle one is stopped)"
+                        "its interpreter was stopped to make room for another session's (at most {max} run at once; an idle one of the tenant running the most is stopped, the least recently used first)"
                     ))
                     .await;
-                running -= 1;
-                tracing::info!(session = %id, "stopped the least recently used interpreter");
+                tracing::info!(session = %id, "stopped an idle interpreter to make room");
             }
         }
     }
@@ -1001,5 +1008,120 @@ pub(super) async fn reap(manager: &Arc<Manager>) {
                 }
             }
         }
+    }
+}
+
+/// A session's running interpreter, as [`SessionManager::make_room`] weighs it.
+struct Running<T> {
+    owner: String,
+    last_used: u64,
+    /// Whether it may be stopped: no call or install holds the session.
+    idle: bool,
+    session: T,
+}
+
+/// Which of `running` to stop (indices, in order) so that tenant `starter` may start one more
+/// interpreter within `max`: each time, an idle one of the tenant running the most (the
+/// starter winning a tie, so a tenant at its fair part replaces its own), the least recently
+/// used of them first. Another tenant's is stopped only while that tenant runs more than the
+/// starter: a tenant never loses one to a tenant running as many or more. When none may be
+/// stopped (the starter's own are busy) the new one starts past `max`, as when all are busy:
+/// the run slots bound those.
+fn to_stop<T>(running: &[Running<T>], starter: &str, max: usize) -> Vec<usize> {
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for r in running {
+        *counts.entry(r.owner.as_str()).or_default() += 1;
+    }
+    let mut total = running.len();
+    let mut stopped: Vec<usize> = Vec::new();
+    while total >= max {
+        let victim = running
+            .iter()
+            .enumerate()
+            .filter(|(n, r)| {
+                let count = |owner: &str| counts.get(owner).copied().unwrap_or(0);
+                r.idle
+                    && !stopped.contains(n)
+                    && (r.owner == starter || count(&r.owner) > count(starter))
+            })
+            .max_by_key(|(_, r)| {
+                (
+                    counts.get(r.owner.as_str()).copied().unwrap_or(0),
+                    r.owner == starter,
+                    std::cmp::Reverse(r.last_used),
+                )
+            });
+        let Some((n, r)) = victim else { break };
+        stopped.push(n);
+        if let Some(count) = counts.get_mut(r.owner.as_str()) {
+            *count -= 1;
+        }
+        total -= 1;
+    }
+    stopped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Running, to_stop};
+
+    fn running(list: &[(&str, u64, bool)]) -> Vec<Running<()>> {
+        list.iter()
+            .map(|&(owner, last_used, idle)| Running {
+                owner: owner.into(),
+                last_used,
+                idle,
+                session: (),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_tenant_running_the_most_makes_room_from_its_own_least_recently_used() {
+        // The quiet tenant's interpreter is the least recently used of all, yet the noisy
+        // tenant, running three, replaces its own oldest.
+        let r = running(&[
+            ("quiet", 1, true),
+            ("noisy", 5, true),
+            ("noisy", 3, true),
+            ("noisy", 9, true),
+        ]);
+        assert_eq!(to_stop(&r, "noisy", 4), vec![2]);
+        // The quiet tenant starting a second one takes the noisy tenant's oldest too.
+        assert_eq!(to_stop(&r, "quiet", 4), vec![2]);
+    }
+
+    #[test]
+    fn at_equal_counts_the_starter_replaces_its_own() {
+        let r = running(&[
+            ("a", 1, true),
+            ("a", 2, true),
+            ("b", 3, true),
+            ("b", 4, true),
+        ]);
+        assert_eq!(to_stop(&r, "b", 4), vec![2]);
+        assert_eq!(to_stop(&r, "a", 4), vec![0]);
+    }
+
+    #[test]
+    fn busy_interpreters_count_but_are_never_stopped() {
+        // The noisy tenant's are all busy: the quiet tenant's idle one is not taken for it
+        // (it runs fewer); the noisy one starts past the limit, bounded by the run slots.
+        let r = running(&[("quiet", 1, true), ("noisy", 5, false), ("noisy", 3, false)]);
+        assert!(to_stop(&r, "noisy", 3).is_empty());
+        // The quiet tenant's own idle one makes room for its next.
+        assert_eq!(to_stop(&r, "quiet", 3), vec![0]);
+        let all_busy = running(&[("noisy", 5, false), ("noisy", 3, false)]);
+        assert!(to_stop(&all_busy, "noisy", 2).is_empty());
+    }
+
+    #[test]
+    fn within_the_limit_nothing_is_stopped_and_past_it_enough_are() {
+        let r = running(&[("a", 1, true), ("b", 2, true)]);
+        assert!(to_stop(&r, "a", 3).is_empty());
+        // A tenant running none may take from those running more than it.
+        assert_eq!(to_stop(&r, "c", 2), vec![0]);
+        // A lowered limit: every idle one of a tenant running more than the starter goes.
+        assert_eq!(to_stop(&r, "c", 1).len(), 2);
     }
 }
