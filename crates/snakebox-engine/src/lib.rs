@@ -88,6 +88,9 @@ pub use session::{
 };
 pub use size::{MIN_MEMORY_BYTES, SIZE_HINT, SizeError, parse_memory_limit, parse_size};
 pub use snakebox_fs::PathError;
+/// What the faces see of the sandbox layer: a run's output as it streams, which stream it came
+/// on, and which kind of backend isolates runs (the faces name no sandbox crate).
+pub use snakebox_sandbox::{BackendKind, OutputChunk, Stream};
 pub use tenants::TenantQuotas;
 pub use validate::{
     ImportFound, ImportOrigin, ScriptAnalysis, Validation, ValidationProblem, import_allowed,

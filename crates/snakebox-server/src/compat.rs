@@ -241,12 +241,12 @@ only lower the limit; `use_container` works only where the server runs container
         let caller = self.caller(&context)?;
         let config = self.engine.config();
         if params.use_container == Some(true)
-            && config.backend != snakebox_sandbox::BackendKind::Docker
+            && config.backend != snakebox_engine::BackendKind::Docker
         {
             return Ok(crate::sessions::failure(&EngineError::invalid(
                 format!(
                     "use_container is not available: this server isolates runs with its `{}` backend, not containers",
-                    if config.backend == snakebox_sandbox::BackendKind::None {
+                    if config.backend == snakebox_engine::BackendKind::None {
                         "none"
                     } else {
                         "native"
@@ -390,7 +390,7 @@ check_environment has the full report.",
             .into_iter()
             .chain(config.memory_bytes)
             .min();
-        let docker = config.backend == snakebox_sandbox::BackendKind::Docker;
+        let docker = config.backend == snakebox_engine::BackendKind::Docker;
         let answer = SandboxInfo {
             success: true,
             security_profiles: profiles

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::{Peer, RoleServer};
-use snakebox_sandbox::{OutputChunk, Stream};
+use snakebox_engine::{OutputChunk, Stream};
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 

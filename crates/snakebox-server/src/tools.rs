@@ -17,11 +17,11 @@ use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use snakebox_engine::OutputChunk;
 use snakebox_engine::{
     Caller, Engine, EnvironmentReport, ExecuteRequest, ExecutionResult, FileEncoding, InputFile,
     Status, Validation,
 };
-use snakebox_sandbox::OutputChunk;
 use tokio_util::sync::CancellationToken;
 
 const INSTRUCTIONS: &str = "snakebox runs Python in a fresh, isolated sandbox for every call. \

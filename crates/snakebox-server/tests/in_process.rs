@@ -9,8 +9,8 @@ use rmcp::ServiceExt;
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RoleClient, RunningService};
 use serde_json::{Value, json};
+use snakebox_engine::BackendKind;
 use snakebox_engine::{Caller, Engine, EngineConfig};
-use snakebox_sandbox::BackendKind;
 use snakebox_server::SnakeboxServer;
 
 async fn engine(data: &std::path::Path) -> Arc<Engine> {

@@ -7,6 +7,7 @@
 pub mod cli;
 mod commands;
 mod memory;
+mod rooms;
 mod settings;
 
 use std::process::ExitCode;

@@ -10,9 +10,9 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, StatusCode, header};
 use serde_json::{Value, json};
+use snakebox_engine::BackendKind;
 use snakebox_engine::{Engine, EngineConfig};
 use snakebox_http::{HttpConfig, KeyStore};
-use snakebox_sandbox::BackendKind;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
