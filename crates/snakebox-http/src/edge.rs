@@ -1,4 +1,5 @@
-//! The edge: the checks every request passes, in this order, before any route sees it.
+//! The edge: the checks every request passes, in this order, before any route sees it (1 to
+//! 3), and the layers that decide who may call each group of routes (4 to 6).
 //!
 //! 1. **Host** must be one authority, parsed strictly ([`crate::authority`]: `host[:port]`
 //!    and nothing else, 400 otherwise), naming a loopback host, the public URL's host or an
@@ -8,28 +9,32 @@
 //!    the header's text.
 //! 2. **Origin**, when a browser sends one, must be the server's own or an allowed origin
 //!    (403): no web page may drive the tools from a user's browser.
-//! 3. **POST bodies** must be `application/json` (415), so a browser's "simple" cross-site
-//!    form or `text/plain` POST never reaches a handler. **Every body**, on every route and
-//!    method, is at most `--max-body-bytes` (413 naming the limit and the setting): a
-//!    `Content-Length` above it is refused at once, and a body without one is counted as it
-//!    is read. This is the one body limit: the routes behind it (rmcp's `/mcp`, the legacy
-//!    SSE posts) have none of their own below it.
-//! 4. **Authentication**, for every route but `/healthz`, `/readyz` and download links
-//!    (`/files/…`, whose signature is their credential: [`crate::links`]): a live API key as
+//! 3. **Every body**, on every route and method, is at most `--max-body-bytes` (413 naming
+//!    the limit and the setting): a `Content-Length` above it is refused at once, and a body
+//!    without one is counted as it is read. This is the one body limit: the routes behind it
+//!    (rmcp's `/mcp`, the legacy SSE posts) have none of their own below it.
+//!
+//! Who may call is decided by route group, each with its own layer ([`crate::router`]), not
+//! by a list of exempt paths here:
+//!
+//! 4. **The routes that take API keys** (`/mcp`, `/sse`, `/metrics`: [`require_key`]): a POST
+//!    body must be `application/json` (415), so a browser's "simple" cross-site form or
+//!    `text/plain` POST never reaches a handler; then a live API key as
 //!    `Authorization: Bearer sbx_…` (401 with `WWW-Authenticate` otherwise), read from the
 //!    key store at this request ([`crate::live`]); the key's tenant goes into the request's
 //!    extensions as a [`Caller`]. A server without any key serves the local tenant when it is
-//!    bound to loopback (or told `--insecure-no-auth`). A legacy SSE post (`/messages`)
-//!    without a key is let through to its handler, which accepts it only for an open session
-//!    whose key is still live: the session id, handed out on an authenticated `GET /sse`, is
-//!    its credential.
-//! 5. **While the response lasts**, its key must stay live: an authenticated request whose key
-//!    is revoked before its answer is refused (401), and its response body (an event stream)
-//!    ends within [`crate::live::RECHECK`] and a read of the store; the calls it carried stop.
-//!
-//! The web UI (`/ui/…`) passes steps 1 and 2 and the body limit like every route; it
-//! authenticates by its own session cookie and checks each form's CSRF token and `Origin`
-//! itself (`ui/auth.rs`), so steps 3 (JSON) and 4 (Bearer key) do not apply to it.
+//!    bound to loopback (or told `--insecure-no-auth`). **While the response lasts**, its key
+//!    must stay live: a request whose key is revoked before its answer is refused (401), and
+//!    its response body (an event stream) ends within [`crate::live::RECHECK`] and a read of
+//!    the store; the calls it carried stop.
+//! 5. **A legacy SSE post** (`/messages`, [`key_if_presented`]): JSON, and as step 4 when it
+//!    carries a key; without one it is let through to its handler, which accepts it only for
+//!    an open session whose key is still live: the session id, handed out on an
+//!    authenticated `GET /sse`, is its credential.
+//! 6. **Download links** (`/files/…`) are authorised by their signature ([`crate::links`]);
+//!    **the web UI** (`/ui/…`) by its own session cookie, checking each form's CSRF token and
+//!    `Origin` itself (`ui/auth.rs`); `/healthz`, `/readyz` and unknown paths (404) by
+//!    nothing.
 //!
 //! Refusals are JSON (`{"error": …, "hint": …}`) and say how to fix the request.
 
@@ -52,9 +57,6 @@ use crate::authority::{Authority, AuthorityError, BaseUrl, Host, Origin};
 use crate::keys::KeyStore;
 use crate::live::{Credential, LiveKeys, Revoked};
 use crate::{HttpConfig, HttpError};
-
-/// The routes that answer without authentication (probes).
-const OPEN_ROUTES: [&str; 2] = ["/healthz", "/readyz"];
 
 /// The request's `Host`, parsed and allowed by the edge: what links and the UI's client
 /// configurations are written from.
@@ -194,9 +196,13 @@ impl Edge {
         self.public_url.clone()
     }
 
-    /// `router` behind the edge.
-    pub fn wrap(self, router: Router) -> Router {
-        router.layer(axum::middleware::from_fn_with_state(Arc::new(self), check))
+    /// `router` behind the edge (steps 1 to 3's body limit, for every route; the routes
+    /// that take keys add [`require_key`] or [`key_if_presented`] as their group's layer).
+    pub fn wrap(self: &Arc<Self>, router: Router) -> Router {
+        router.layer(axum::middleware::from_fn_with_state(
+            Arc::clone(self),
+            check,
+        ))
     }
 
     fn host_allowed(&self, authority: &Authority) -> bool {
@@ -435,13 +441,13 @@ enum BodyEnd {
     Revoked,
 }
 
-/// The response body, holding `guard` (the request's calls stop when it is dropped) and, for
-/// an authenticated request, ending once its key is revoked: an event stream with a last
+/// The response body, holding `guard` (the request's calls stop when it is dropped; the
+/// edge's), or, for an authenticated request (the key layer's), ending once its key is revoked: an event stream with a last
 /// comment saying why, any other body with an error (the connection is cut, so a client
 /// never takes a shortened body for a whole one).
 fn watch_body(
     response: Response,
-    guard: tokio_util::sync::DropGuard,
+    guard: Option<tokio_util::sync::DropGuard>,
     revoked: Option<Revoked>,
 ) -> Response {
     let event_stream = response
@@ -491,16 +497,6 @@ async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) 
         Err(refused) => return *refused,
     };
     request.extensions_mut().insert(RequestAuthority(authority));
-    // The web UI authenticates by its own cookie and posts URL-encoded forms, each checked
-    // for its CSRF token and Origin (`ui/auth.rs`); Host, Origin and the body limit apply.
-    let ui = crate::ui::is_ui_path(request.uri().path());
-    if request.method() == Method::POST && !ui && !is_json(request.headers()) {
-        return refusal(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "POST bodies must be JSON",
-            "send `Content-Type: application/json`",
-        );
-    }
     let length = request
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -522,49 +518,84 @@ async fn check(State(edge): State<Arc<Edge>>, mut request: Request, next: Next) 
     let overflow = Arc::new(Overflow::default());
     let body = limit_body(body, limit, Arc::clone(&overflow));
     let mut request = Request::from_parts(parts, body);
-    // A legacy SSE post may come without a key: its session id (128 random bits, handed out
-    // on an authenticated `GET /sse` and bound to that key) is its credential, checked by the
-    // handler against the live keys. With a key, the key must be live and the session its
-    // tenant's (checked by the handler).
-    let session_post = request.uri().path() == "/messages" && bearer(request.headers()).is_none();
-    let download = matches!(*request.method(), Method::GET | Method::HEAD)
-        && request.uri().path().starts_with(crate::links::ROUTE_PREFIX);
-    let mut revoked = None;
-    if !OPEN_ROUTES.contains(&request.uri().path()) && !session_post && !download && !ui {
-        match edge.authenticate(&request) {
-            Ok((caller, credential)) => {
-                request.extensions_mut().insert(caller);
-                request.extensions_mut().insert(credential);
-                revoked = Some(edge.live.revoked(credential));
-            }
-            Err(refused) => return *refused,
-        }
-    }
     // Calls of this request stop when it goes away: the guard travels with the response
-    // body, which is dropped once sent, when the client disconnects, or when the key is
-    // revoked.
+    // body, which is dropped once sent or when the client disconnects.
     let gone = tokio_util::sync::CancellationToken::new();
     request
         .extensions_mut()
         .insert(snakebox_server::RequestGone(gone.clone()));
     let guard = gone.drop_guard();
-    let response = match revoked.as_mut() {
-        Some(revoked_now) => tokio::select! {
-            response = next.run(request) => response,
-            () = revoked_now => {
-                drop(guard);
-                return *unauthorized("the API key was revoked while the request was served");
-            }
-        },
-        None => next.run(request).await,
-    };
+    let response = next.run(request).await;
     if overflow.exceeded() {
         if let Some(rest) = overflow.take_rest() {
             drain(rest, limit).await;
         }
         return too_large(limit);
     }
-    watch_body(response, guard, revoked)
+    watch_body(response, Some(guard), None)
+}
+
+/// Step 3 (JSON) and 4 (the key) for the routes that take API keys, as a route layer on
+/// their group ([`crate::router`]): a POST body must be JSON; the key must be live; its
+/// tenant goes into the request as a [`Caller`]; and step 5, while the response lasts.
+pub(crate) async fn require_key(
+    State(edge): State<Arc<Edge>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Err(refused) = json_only(&request) {
+        return *refused;
+    }
+    keyed(&edge, request, next).await
+}
+
+/// Steps 3 to 5 for the legacy SSE posts (`/messages`): as [`require_key`] when a key is
+/// presented; without one the session id (128 random bits, handed out on an authenticated
+/// `GET /sse` and bound to that key) is the credential, which the handler checks against
+/// the live keys.
+pub(crate) async fn key_if_presented(
+    State(edge): State<Arc<Edge>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if let Err(refused) = json_only(&request) {
+        return *refused;
+    }
+    if bearer(request.headers()).is_none() {
+        return next.run(request).await;
+    }
+    keyed(&edge, request, next).await
+}
+
+/// Step 3: a POST body must be JSON (a browser's "simple" cross-site form or `text/plain`
+/// POST never reaches a handler).
+fn json_only(request: &Request) -> Result<(), Box<Response>> {
+    if request.method() == Method::POST && !is_json(request.headers()) {
+        return Err(Box::new(refusal(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "POST bodies must be JSON",
+            "send `Content-Type: application/json`",
+        )));
+    }
+    Ok(())
+}
+
+/// Steps 4 and 5: authenticate, then serve while the key stays live.
+async fn keyed(edge: &Edge, mut request: Request, next: Next) -> Response {
+    let (caller, credential) = match edge.authenticate(&request) {
+        Ok(found) => found,
+        Err(refused) => return *refused,
+    };
+    request.extensions_mut().insert(caller);
+    request.extensions_mut().insert(credential);
+    let mut revoked = edge.live.revoked(credential);
+    let response = tokio::select! {
+        response = next.run(request) => response,
+        () = &mut revoked => {
+            return *unauthorized("the API key was revoked while the request was served");
+        }
+    };
+    watch_body(response, None, Some(revoked))
 }
 
 #[cfg(test)]

@@ -168,7 +168,7 @@ pub fn router(
     keys: KeyStore,
     stop: CancellationToken,
 ) -> Result<Router, HttpError> {
-    let edge = Edge::new(config, keys)?;
+    let edge = Arc::new(Edge::new(config, keys)?);
     let links = Arc::new(links::Links {
         signer: LinkSigner::load_or_create(&engine.config().data_dir)?,
         ttl: config.link_ttl,
@@ -205,7 +205,11 @@ pub fn router(
     let ready_engine = Arc::clone(&engine);
     let files_engine = Arc::clone(&engine);
     let legacy = sse::SseSessions::new(Arc::clone(&engine), edge.live(), stop.child_token());
-    let router = Router::new()
+    // Who may call what, by route group (the edge's checks before them cover every route):
+    // the MCP transports and /metrics take an API key; the legacy SSE posts a key or their
+    // session's id; download links their signature (`links`); the web UI its session cookie
+    // and each form's CSRF token (`ui/auth.rs`); the probes and the fallback nothing.
+    let keyed = Router::new()
         .route_service("/mcp", any_service(mcp.clone()))
         // `GET /sse` is the legacy SSE transport; clients configured with `…/sse` that speak
         // streamable HTTP POST there first.
@@ -215,7 +219,23 @@ pub fn router(
                 .post_service(mcp)
                 .with_state(Arc::clone(&legacy)),
         )
+        .route(
+            "/metrics",
+            get(scrape::metrics).with_state(Arc::clone(&engine)),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&edge),
+            edge::require_key,
+        ));
+    let session_posts = Router::new()
         .route("/messages", post(sse::post).with_state(legacy))
+        .route_layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&edge),
+            edge::key_if_presented,
+        ));
+    let router = Router::new()
+        .merge(keyed)
+        .merge(session_posts)
         // The web UI (its own module tree, `ui/`): cookie sessions and CSRF-checked forms.
         .route("/ui/", ui::slash())
         .nest(
@@ -230,7 +250,6 @@ pub fn router(
                 async move { readiness(&engine) }
             }),
         )
-        .route("/metrics", get(scrape::metrics).with_state(engine))
         .route(
             "/files/{execution_id}/{*path}",
             get(links::download).with_state((files_engine, Arc::clone(&links))),

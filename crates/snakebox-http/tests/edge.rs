@@ -190,6 +190,77 @@ async fn once_a_key_exists_every_mcp_request_needs_a_live_one() {
 }
 
 #[tokio::test]
+async fn each_group_of_routes_is_authorised_its_own_way() {
+    let data = tempfile::tempdir().unwrap();
+    let router = router(data.path()).await;
+    KeyStore::new(data.path()).add("team-a").unwrap();
+    let plain = |method: &str, path: &str, json: bool| {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(header::HOST, "127.0.0.1");
+        if json {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        request
+            .body(Body::from(if method == "POST" { "{}" } else { "" }))
+            .unwrap()
+    };
+    // The routes that take API keys: none presented, 401 with the challenge.
+    for (method, path) in [
+        ("POST", "/mcp"),
+        ("GET", "/mcp"),
+        ("GET", "/sse"),
+        ("POST", "/sse"),
+        ("GET", "/metrics"),
+    ] {
+        let reply = send(&router, plain(method, path, true)).await;
+        assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{method} {path}");
+        assert!(
+            reply.headers.contains_key(header::WWW_AUTHENTICATE),
+            "{method} {path}"
+        );
+    }
+    // A legacy SSE post without a key reaches its handler, which wants its session.
+    let reply = send(&router, plain("POST", "/messages", true)).await;
+    assert_ne!(reply.status, StatusCode::UNAUTHORIZED);
+    assert!(reply.status.is_client_error(), "{}", reply.status);
+    // ...and must be JSON like every post of a route that takes keys.
+    let reply = send(&router, plain("POST", "/messages", false)).await;
+    assert_eq!(reply.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    // With a wrong key, it is refused as the keyed routes are.
+    let reply = send(
+        &router,
+        with_key(plain("POST", "/messages", true), "sbx_0000"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    // Probes answer anyone; an unknown path is not found for anyone.
+    assert_eq!(
+        send(&router, plain("GET", "/healthz", false)).await.status,
+        StatusCode::OK
+    );
+    assert_ne!(
+        send(&router, plain("GET", "/readyz", false)).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        send(&router, plain("GET", "/nope", false)).await.status,
+        StatusCode::NOT_FOUND
+    );
+    // The web UI sends a browser to its login page; a download link wants its signature.
+    let reply = send(&router, plain("GET", "/ui/", false)).await;
+    assert!(
+        reply.status.is_redirection() || reply.status == StatusCode::OK,
+        "{}",
+        reply.status
+    );
+    let reply = send(&router, plain("GET", "/files/0123/out.txt", false)).await;
+    assert_ne!(reply.status, StatusCode::UNAUTHORIZED);
+    assert!(reply.status.is_client_error(), "{}", reply.status);
+}
+
+#[tokio::test]
 async fn a_public_bind_without_keys_refuses_to_start_unless_told() {
     let data = tempfile::tempdir().unwrap();
     let engine = engine(data.path()).await;

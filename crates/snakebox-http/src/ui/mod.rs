@@ -37,11 +37,6 @@ pub(crate) const CSP: &str = "default-src 'self'; script-src 'self'; style-src '
      img-src 'self'; connect-src 'self'; object-src 'none'; base-uri 'none'; \
      form-action 'self'; frame-ancestors 'none'";
 
-/// Whether `path` is the UI's: the edge leaves its authentication and forms to it.
-pub(crate) fn is_ui_path(path: &str) -> bool {
-    path == "/ui" || path.starts_with("/ui/")
-}
-
 /// What the UI's handlers share.
 pub(crate) struct Ui {
     engine: Arc<Engine>,

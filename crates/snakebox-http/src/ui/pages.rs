@@ -1340,13 +1340,6 @@ mod tests {
         assert_eq!(raster_type(b"<html>"), None);
     }
 
-    #[test]
-    fn the_ui_owns_its_paths() {
-        use super::super::is_ui_path;
-        assert!(is_ui_path("/ui") && is_ui_path("/ui/runs"));
-        assert!(!is_ui_path("/uix") && !is_ui_path("/mcp"));
-    }
-
     /// Template snapshots: each page rendered from fixed data, so a change to what a page
     /// shows (or to how it escapes) is a reviewed diff.
     mod snapshots {
