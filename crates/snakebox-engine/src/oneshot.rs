@@ -13,7 +13,7 @@ use crate::history::{RunKind, RunStart};
 use crate::ids;
 use crate::plan::ExecuteRequest;
 use crate::result::{ExecutionResult, Package};
-use crate::run::{RunDir, classify};
+use crate::run::{Ran, RunDir, classify};
 use crate::{Engine, EngineError, ErrorKind};
 
 /// What planning decided: everything needed to prepare and run.
@@ -391,7 +391,7 @@ impl Engine {
             Ok(outcome) => outcome,
             Err(err) => return with_plan(ExecutionResult::not_run(execution_id, err.into())),
         };
-        let (status, error) = classify(&outcome, &plan.shape.limits, plan.timeout);
+        let (status, error) = classify(&outcome, Ran::Script, &plan.shape.limits, plan.timeout);
         let mut result = ExecutionResult::new(execution_id, status);
         result.record_outcome(outcome);
         result.setup_ms = setup_ms;

@@ -11,5 +11,5 @@ pub(crate) use layout::{
     RunDir, other_live_servers, remove_own_run_dirs, remove_stale_run_dirs, runs_dir,
     server_runs_dir,
 };
-pub(crate) use outcome::classify;
+pub(crate) use outcome::{Ending, Ran, classify, describe};
 pub(crate) use spec::{EXEC_DENY_NAME, RunNetwork, RunShape, proxy_args, run_environment};

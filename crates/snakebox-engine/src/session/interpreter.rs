@@ -28,7 +28,7 @@ use super::{
     InstallState, RUNNER_NAME, SANDBOX_INPUT_DIR, SANDBOX_WORK_DIR, SESSION_RUNNER, io_error,
     make_dir, no_session, now_secs, packages_of,
 };
-use crate::result::{ErrorInfo, ExecutionResult, Status};
+use crate::result::{ExecutionResult, Status};
 use crate::{Engine, ExecuteRequest, ids};
 use crate::{EngineError, ErrorKind};
 
@@ -339,74 +339,31 @@ impl Engine {
         result.stderr_truncated = exchange.stderr.truncated;
         result.stdout = exchange.stdout.text;
         result.stderr = exchange.stderr.text;
-        let lost = "variables are lost; files in the workspace and installed packages remain, and the next call starts a new interpreter";
+        let code = record_exit_code(&exchange.answer);
+        let ending = crate::run::Ending::of_exchange(
+            &exchange.end,
+            code,
+            exchange.exit_code,
+            exchange.signal,
+        );
+        let memory = self.profile_limits(profile, timeout).memory_bytes;
+        let (status, error) = crate::run::describe(ending, crate::run::Ran::Cell, memory, timeout);
+        result.status = status;
+        result.error = error;
         match exchange.end {
-            ExchangeEnd::Answered => {
-                let exit_code = record_exit_code(&exchange.answer);
-                result.exit_code = Some(exit_code);
-                result.status = if exit_code == 0 {
-                    Status::Ok
-                } else {
-                    Status::Error
-                };
-            }
+            ExchangeEnd::Answered => result.exit_code = Some(code),
             ExchangeEnd::TimedOut => {
                 state.stop("the previous call timed out").await;
-                result.status = Status::Timeout;
                 result.timed_out = true;
-                result.error = Some(ErrorInfo {
-                    kind: None,
-                    message: format!(
-                        "The code ran longer than its timeout of {} s; the session's interpreter was stopped: {lost}",
-                        timeout.as_secs()
-                    ),
-                    hint: Some("raise timeout_seconds (up to the server's --max-timeout) or make the code faster".into()),
-                });
             }
-            ExchangeEnd::Cancelled => {
-                state.stop("the previous call was cancelled").await;
-                result.status = Status::Cancelled;
-                result.error = Some(ErrorInfo {
-                    kind: None,
-                    message: format!(
-                        "The call was cancelled; the session's interpreter was stopped: {lost}"
-                    ),
-                    hint: None,
-                });
-            }
-            ExchangeEnd::MemoryLimit => {
-                state.stop("the previous call ran out of memory").await;
-                result.status = Status::MemoryLimit;
-                result.error = Some(ErrorInfo {
-                    kind: None,
-                    message: format!(
-                        "The session's interpreter exceeded its memory limit of {} and was stopped: {lost}",
-                        self.profile_limits(profile, timeout)
-                            .memory_bytes
-                            .map_or_else(|| "(unset)".to_string(), crate::ids::human_bytes)
-                    ),
-                    hint: Some("process the data in smaller pieces, or create the session under a profile with more memory (check_environment lists them), or ask the operator to raise --memory-limit".into()),
-                });
-            }
+            ExchangeEnd::Cancelled => state.stop("the previous call was cancelled").await,
+            ExchangeEnd::MemoryLimit => state.stop("the previous call ran out of memory").await,
             ExchangeEnd::Exited => {
                 state
                     .stop("the interpreter exited during the previous call")
                     .await;
-                result.status = Status::Error;
                 result.exit_code = exchange.exit_code;
                 result.signal = exchange.signal;
-                let how = match (exchange.exit_code, exchange.signal) {
-                    (_, Some(signal)) => format!("was killed by signal {signal}"),
-                    (Some(code), None) => format!("exited with code {code}"),
-                    (None, None) => "ended".to_owned(),
-                };
-                result.error = Some(ErrorInfo {
-                    kind: None,
-                    message: format!("The session's interpreter {how} during this call: {lost}"),
-                    hint: Some(
-                        "use exceptions or sys.exit() rather than os._exit() to stop a cell".into(),
-                    ),
-                });
             }
         }
         // Value, names, exception and figures from the record; files the call created or
@@ -839,7 +796,8 @@ impl Engine {
             Ok(outcome) => outcome,
             Err(err) => return fail(err.into()),
         };
-        let (status, error) = crate::run::classify(&outcome, &limits, timeout);
+        let (status, error) =
+            crate::run::classify(&outcome, crate::run::Ran::Command, &limits, timeout);
         let mut result = ExecutionResult::new(execution_id.clone(), status);
         result.session_id = Some(session_id.to_owned());
         result.profile = Some(profile.name.clone());
