@@ -82,14 +82,14 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
-        // With `python_downloads = "automatic"`, a version this host lacks is fetched first
-        // (a malformed script is left to the plan to report).
-        let requires_python = snakebox_script::parse(&request.script)
-            .ok()
-            .flatten()
-            .and_then(|block| block.metadata.requires_python);
+        // The checks of every execution; the script is parsed here, once.
+        let checked = match self.check_request(&request) {
+            Ok(checked) => checked,
+            Err(error) => return ExecutionResult::not_run(execution_id, error),
+        };
+        // With `python_downloads = "automatic"`, a version this host lacks is fetched first.
         let provided = tokio::select! {
-            provided = self.provide_python(request.python_version.as_deref(), requires_python.as_ref()) => provided,
+            provided = self.provide_python(request.python_version.as_deref(), checked.requires_python.as_ref()) => provided,
             () = cancel.cancelled() => Err(EngineError::new(
                 ErrorKind::Cancelled,
                 "The call was cancelled while its Python was being downloaded",
@@ -98,7 +98,7 @@ impl Engine {
         if let Err(error) = provided {
             return ExecutionResult::not_run(execution_id, error);
         }
-        let plan = match self.plan(caller, &request) {
+        let plan = match self.plan(caller, &request, checked) {
             Ok(plan) => plan,
             Err((error, profile)) => {
                 let mut result = ExecutionResult::not_run(execution_id, error);
@@ -411,13 +411,14 @@ impl Engine {
         result
     }
 
-    /// Check the request and decide interpreter, requirements, timeout, network and what its
-    /// profile holds it to. An error of the profile's (a refusal of policy) comes with the
-    /// profile's name.
+    /// Decide, for a checked request, interpreter, requirements, timeout, network and what
+    /// its profile holds it to. An error of the profile's (a refusal of policy) comes with
+    /// the profile's name.
     fn plan(
         &self,
         caller: &crate::Caller,
         request: &ExecuteRequest,
+        checked: crate::plan::Checked,
     ) -> Result<Plan, (EngineError, Option<String>)> {
         let profile = self
             .config
@@ -425,7 +426,6 @@ impl Engine {
             .for_caller(caller, request.profile.as_deref())
             .map_err(|error| (error, Some(request.profile.clone().unwrap_or_default())))?;
         let refused = |error: EngineError| (error, Some(profile.name.clone()));
-        let checked = self.check_request(request).map_err(|error| (error, None))?;
         let decided = self.held_to(profile, request, &checked).map_err(refused)?;
         let interpreter = self
             .pick_interpreter(
