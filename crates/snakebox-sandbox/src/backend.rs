@@ -22,8 +22,11 @@ use crate::{
     Outcome, OutputChunk, PendingRun, Policy, SandboxCommand,
 };
 
+/// A boxed future of the seam's traits (object safe, `Send`).
+pub type SandboxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
 /// The future of one [`Backend::run`].
-pub type RunFuture<'a> = Pin<Box<dyn Future<Output = Result<Outcome, SandboxError>> + Send + 'a>>;
+pub type RunFuture<'a> = SandboxFuture<'a, Result<Outcome, SandboxError>>;
 
 /// One way of isolating commands. See the module documentation; [`crate::Sandbox`] documents
 /// what each operation promises (limits, kill path, output caps), which every backend keeps.

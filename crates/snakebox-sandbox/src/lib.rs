@@ -41,7 +41,7 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::backend::{Backend, RunFuture};
+pub use crate::backend::{Backend, RunFuture, SandboxFuture};
 pub use crate::cpu_share::{CpuAttachment, CpuShare, CpuWeight};
 pub use crate::docker::{
     DEFAULT_SOCKET as DOCKER_DEFAULT_SOCKET, RunImage, socket_path as docker_socket,
@@ -52,7 +52,7 @@ pub use crate::egress::{
 pub use crate::error::{
     CgroupError, DockerError, FuseError, NamespaceError, SandboxError, SeccompError, SpawnError,
 };
-pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
+pub use crate::live::{Exchange, ExchangeEnd, LiveHandle, LiveSandbox};
 pub use crate::native::forkserver::{
     ForkRun, ForkServer, ForkServerSpec, MAX_PREFORK, mount_runs_root, unmount_runs_root,
 };
@@ -68,7 +68,7 @@ pub use crate::netproxy::{
 pub use crate::own_mounts::{
     enter as enter_own_mount_namespace, entered as in_own_mount_namespace,
 };
-pub use crate::pending::PendingRun;
+pub use crate::pending::{PendingHandle, PendingRun};
 pub use crate::scratch::{ScratchDir, release_stale_scratch};
 pub use crate::supervise::{CONTROL_MAX_BYTES, END_REPORT_TAG};
 
