@@ -30,6 +30,7 @@ mod own_mounts;
 mod pending;
 mod process;
 mod scratch;
+mod staging;
 mod supervise;
 mod watchdog;
 
@@ -53,9 +54,7 @@ pub use crate::error::{
     CgroupError, DockerError, FuseError, NamespaceError, SandboxError, SeccompError, SpawnError,
 };
 pub use crate::live::{Exchange, ExchangeEnd, LiveHandle, LiveSandbox};
-pub use crate::native::forkserver::{
-    ForkRun, ForkServer, ForkServerSpec, MAX_PREFORK, mount_runs_root, unmount_runs_root,
-};
+pub use crate::native::forkserver::{ForkRun, ForkServer, ForkServerSpec, MAX_PREFORK};
 pub use crate::native::fuse::{
     FuseMount, FuseServers, ImageLock, LOCK_WAIT as FUSE_LOCK_WAIT, lock_image,
     run_helper as run_fuse_helper,
@@ -69,7 +68,8 @@ pub use crate::own_mounts::{
     enter as enter_own_mount_namespace, entered as in_own_mount_namespace,
 };
 pub use crate::pending::{PendingHandle, PendingRun};
-pub use crate::scratch::{ScratchDir, release_stale_scratch};
+pub use crate::scratch::ScratchDir;
+pub use crate::staging::{HostDirStaging, Staging};
 pub use crate::supervise::{CONTROL_MAX_BYTES, END_REPORT_TAG};
 
 /// Which isolation mechanism runs the command.
@@ -360,6 +360,8 @@ pub struct BackendReport {
 #[derive(Debug)]
 pub struct Sandbox {
     backend: Box<dyn Backend>,
+    /// How the backend's sandboxes get the engine's files ([`Backend::staging`]).
+    staging: std::sync::Arc<dyn Staging>,
     report: BackendReport,
     uids: std::sync::Arc<std::sync::Mutex<UidPool>>,
     health: std::sync::Arc<health::StartHealth>,
@@ -385,6 +387,7 @@ impl Sandbox {
     pub fn with_backend(backend: Box<dyn Backend>) -> Sandbox {
         Sandbox {
             report: backend.report(),
+            staging: backend.staging(),
             backend,
             uids: std::sync::Arc::default(),
             health: std::sync::Arc::default(),
@@ -425,9 +428,13 @@ impl Sandbox {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<Outcome, SandboxError> {
+        self.staging.stage_in(&policy.mounts)?;
         let result = self.backend.run(policy, command, cancel, output).await;
         self.health.note(result.as_ref().map(|_| ()));
-        result
+        let staged_out = self.staging.stage_out(&policy.mounts);
+        let outcome = result?;
+        staged_out?;
+        Ok(outcome)
     }
 
     /// Start a long-lived sandbox: the same isolation and limits as [`Sandbox::run`] (memory
@@ -442,8 +449,10 @@ impl Sandbox {
         policy: &Policy,
         command: &SandboxCommand,
     ) -> Result<LiveSandbox, SandboxError> {
+        self.staging.stage_in(&policy.mounts)?;
         let mut live = self.backend.spawn(policy, command)?;
         live.health = Some(std::sync::Arc::clone(&self.health));
+        live.staged = Some(self.staged(policy));
         Ok(live)
     }
 
@@ -459,9 +468,40 @@ impl Sandbox {
         policy: &Policy,
         command: &SandboxCommand,
     ) -> Result<PendingRun, SandboxError> {
+        self.staging.stage_in(&policy.mounts)?;
         let mut pending = self.backend.prestart(policy, command)?;
         pending.health = Some(std::sync::Arc::clone(&self.health));
+        pending.staged = Some(self.staged(policy));
         Ok(pending)
+    }
+
+    /// How the backend's sandboxes get the engine's files, and their size caps (see
+    /// [`Staging`]): for the run directories the engine makes and sweeps.
+    #[must_use]
+    pub fn staging(&self) -> &dyn Staging {
+        self.staging.as_ref()
+    }
+
+    /// What a long-lived or pre-started sandbox of `policy` stages around each request.
+    fn staged(&self, policy: &Policy) -> staging::Staged {
+        staging::Staged {
+            staging: std::sync::Arc::clone(&self.staging),
+            mounts: policy.mounts.clone(),
+        }
+    }
+
+    /// Get the host ready for runs forked under `runs_dir` (see [`Backend::prepare_runs_root`]),
+    /// before any run starts there.
+    ///
+    /// # Errors
+    /// When the backend cannot get it ready; runs are then not forked.
+    pub fn prepare_runs_root(&self, runs_dir: &std::path::Path) -> std::io::Result<()> {
+        self.backend.prepare_runs_root(runs_dir)
+    }
+
+    /// Undo [`Sandbox::prepare_runs_root`] (best effort).
+    pub fn release_runs_root(&self, runs_dir: &std::path::Path) {
+        self.backend.release_runs_root(runs_dir);
     }
 
     /// Whether runs can be forked from a fork server here ([`Sandbox::start_fork_server`]):

@@ -39,6 +39,7 @@ use crate::backend::SandboxFuture;
 use crate::capture::{Forwarder, StreamCapture, finish_pair};
 use crate::error::{SandboxError, SpawnError};
 use crate::process::Started;
+use crate::staging::Staged;
 use crate::supervise::{CONTROL_MAX_BYTES, EndReport, Teardown, read_status};
 use crate::{Captured, Limits, OutputChunk, Stream};
 
@@ -90,6 +91,9 @@ pub struct LiveSandbox {
     handle: Box<dyn LiveHandle>,
     /// Where a sandbox that never started is noted (set by [`crate::Sandbox::spawn`]).
     pub(crate) health: Option<Arc<crate::health::StartHealth>>,
+    /// Its mounts and their staging, staged around each request (set by
+    /// [`crate::Sandbox::spawn`]).
+    pub(crate) staged: Option<crate::staging::Staged>,
 }
 
 /// What a backend's long-lived sandbox does (see the module documentation): the seam behind
@@ -134,6 +138,7 @@ impl LiveSandbox {
         LiveSandbox {
             handle,
             health: None,
+            staged: None,
         }
     }
 
@@ -161,10 +166,13 @@ impl LiveSandbox {
     /// is killed), and until `cancel` fires (likewise). `output` receives the request's output
     /// while it is produced (capped like the captured text).
     ///
+    /// What the engine wrote into the sandbox's mounts is staged in first, and what the
+    /// sandbox wrote staged out after (see [`crate::Staging`]).
+    ///
     /// # Errors
-    /// When waiting for the process fails, or the sandbox's own setup failed (it never ran
-    /// the command). A dead sandbox is not an error: the exchange ends at once with
-    /// [`ExchangeEnd::Exited`].
+    /// When waiting for the process fails, the sandbox's own setup failed (it never ran the
+    /// command), or its files cannot be staged. A dead sandbox is not an error: the exchange
+    /// ends at once with [`ExchangeEnd::Exited`].
     pub async fn exchange(
         &mut self,
         request: &[u8],
@@ -173,6 +181,9 @@ impl LiveSandbox {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<Exchange, SandboxError> {
+        if let Some(staged) = &self.staged {
+            staged.stage_in()?;
+        }
         let result = self
             .handle
             .exchange(request, marker, timeout, cancel, output)
@@ -180,7 +191,10 @@ impl LiveSandbox {
         if let Some(health) = &self.health {
             health.note(result.as_ref().map(|_| ()));
         }
-        result
+        let staged_out = self.staged.as_ref().map_or(Ok(()), Staged::stage_out);
+        let exchange = result?;
+        staged_out?;
+        Ok(exchange)
     }
 }
 

@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use crate::backend::SandboxFuture;
 use crate::error::SandboxError;
 use crate::process::Started;
+use crate::staging::Staged;
 use crate::supervise::{Teardown, finish_status_task, outcome, setup_failure, supervise};
 use crate::{Limits, Outcome, OutputChunk};
 
@@ -34,6 +35,9 @@ pub struct PendingRun {
     handle: Box<dyn PendingHandle>,
     /// Where a sandbox that never started is noted (set by [`crate::Sandbox::prestart`]).
     pub(crate) health: Option<Arc<crate::health::StartHealth>>,
+    /// Its mounts and their staging: the request's files (the script is written after the
+    /// start) are staged in before it is sent (set by [`crate::Sandbox::prestart`]).
+    pub(crate) staged: Option<Staged>,
 }
 
 /// What a backend's pre-started sandbox does (see the module documentation): the seam behind
@@ -79,6 +83,7 @@ impl PendingRun {
         PendingRun {
             handle,
             health: None,
+            staged: None,
         }
     }
 
@@ -111,8 +116,11 @@ impl PendingRun {
     /// [`crate::Sandbox::run`]: `wall_time` counts from now; the whole tree is killed on
     /// timeout or when `cancel` fires, and the output printed before is returned.
     ///
+    /// What the engine wrote into the sandbox's mounts is staged in first, and what the run
+    /// wrote staged out after (see [`crate::Staging`]).
+    ///
     /// # Errors
-    /// When waiting for the process fails.
+    /// When waiting for the process fails, or the run's files cannot be staged.
     pub async fn run(
         self,
         request: &[u8],
@@ -120,11 +128,17 @@ impl PendingRun {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<Outcome, SandboxError> {
+        if let Some(staged) = &self.staged {
+            staged.stage_in()?;
+        }
         let result = self.handle.run(request, wall_time, cancel, output).await;
         if let Some(health) = &self.health {
             health.note(result.as_ref().map(|_| ()));
         }
-        result
+        let staged_out = self.staged.as_ref().map_or(Ok(()), Staged::stage_out);
+        let outcome = result?;
+        staged_out?;
+        Ok(outcome)
     }
 }
 

@@ -101,7 +101,7 @@ impl Drop for ScratchDir {
 }
 
 /// Unmount whatever scratch tmpfs is left at `path` by a server that died (best effort).
-pub fn release_stale_scratch(path: &Path) {
+pub(crate) fn release_stale_scratch(path: &Path) {
     if nix::unistd::geteuid().is_root() {
         let _ = nix::mount::umount2(path, MntFlags::MNT_DETACH);
     }
