@@ -371,15 +371,7 @@ impl Sandbox {
     /// Probe the backend. Fails closed: when `Native` cannot isolate, the error says what failed
     /// and its `hint()` how to fix it. Never falls back to `None` by itself.
     pub fn new(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
-        Ok(match config.backend {
-            BackendKind::None => Sandbox::with_backend(Box::new(none::NoneBackend)),
-            BackendKind::Native => {
-                Sandbox::with_backend(Box::new(native::NativeBackend::new(&config)?))
-            }
-            BackendKind::Docker => {
-                Sandbox::with_backend(Box::new(docker::DockerBackend::new(&config)?))
-            }
-        })
+        Ok(Sandbox::with_backend(backend_for(&config)?))
     }
 
     /// A sandbox of any [`Backend`] (tests hand in a recording one).
@@ -566,6 +558,17 @@ impl Sandbox {
             None => untrusted(),
         }
     }
+}
+
+/// The backend `config` names, probed: the factory, and the one `match` on [`BackendKind`]
+/// that picks behaviour. Everything else asks the [`Backend`] what it can do (its methods and
+/// their defaults), so a backend is added here and in its own module only.
+fn backend_for(config: &SandboxConfig) -> Result<Box<dyn Backend>, SandboxError> {
+    Ok(match config.backend {
+        BackendKind::None => Box::new(none::NoneBackend),
+        BackendKind::Native => Box::new(native::NativeBackend::new(config)?),
+        BackendKind::Docker => Box::new(docker::DockerBackend::new(config)?),
+    })
 }
 
 #[cfg(test)]
