@@ -15,7 +15,10 @@
 //! The [`crate::Sandbox`] façade calls [`Staging::stage_in`] and [`Staging::stage_out`]
 //! around every start, one-shot run, pre-started run and exchange with a long-lived sandbox,
 //! so the engine never does; the engine calls [`Staging::cap`] and [`Staging::release_stale`]
-//! for the run directories it makes and sweeps.
+//! for the run directories it makes and sweeps. Runs forked from a fork server
+//! ([`crate::ForkServer`]) do not pass the façade: forking is a capability of a backend
+//! whose sandboxes share the host's file system (the native one), and their files are
+//! already where they are read.
 
 use std::path::Path;
 
