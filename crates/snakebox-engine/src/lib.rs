@@ -182,7 +182,11 @@ impl Engine {
     }
 
     async fn assemble(config: EngineConfig, sandbox: Result<Sandbox, Unavailable>) -> Engine {
-        run::remove_stale_run_dirs(&config.data_dir);
+        let staging = sandbox.as_ref().map_or(
+            &snakebox_sandbox::HostDirStaging as &dyn snakebox_sandbox::Staging,
+            Sandbox::staging,
+        );
+        run::remove_stale_run_dirs(&config.data_dir, staging);
         let sandbox = sandbox.map(Arc::new);
         let uv = Uv::locate(config.uv_path.as_deref()).map_err(|err| unavailable(&err));
         let interpreters = match &uv {

@@ -435,7 +435,7 @@ impl Engine {
         if let Ok(sandbox) = &self.sandbox {
             sandbox.remove_own_cgroups();
         }
-        crate::run::remove_own_run_dirs(&self.config.data_dir);
+        crate::run::remove_own_run_dirs(&self.config.data_dir, self.sandbox.as_deref().ok());
         // Last: interpreters killed above no longer hold the image's files.
         self.release_sessions();
         // What the runs table has queued is written before the process exits.

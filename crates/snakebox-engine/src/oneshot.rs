@@ -248,6 +248,7 @@ impl Engine {
             None => (
                 match &forking {
                     Some(forking) => RunDir::for_fork(
+                        sandbox,
                         &forking.server,
                         &self.config.data_dir,
                         &execution_id,

@@ -710,10 +710,10 @@ impl Engine {
             )
         };
         drop(forks);
-        if self.pool.fork_prepared.swap(false, Ordering::SeqCst) {
-            snakebox_sandbox::unmount_runs_root(&crate::run::server_runs_dir(
-                &self.config.data_dir,
-            ));
+        if self.pool.fork_prepared.swap(false, Ordering::SeqCst)
+            && let Ok(sandbox) = &self.sandbox
+        {
+            sandbox.release_runs_root(&crate::run::server_runs_dir(&self.config.data_dir));
         }
         for warm in ready {
             warm.pending.discard().await;
@@ -728,14 +728,17 @@ impl Engine {
     }
 
     /// Get the run directories ready for a fork server (see
-    /// [`snakebox_sandbox::mount_runs_root`]), before any run starts: `serve` calls it
-    /// before it takes requests. Turns the fork server off when that fails.
+    /// [`snakebox_sandbox::Sandbox::prepare_runs_root`]), before any run starts: `serve`
+    /// calls it before it takes requests. Turns the fork server off when that fails.
     pub fn prepare_fork_server(&self) {
-        if !self.pool.fork_enabled || !self.sandbox.as_ref().is_ok_and(|s| s.forks_runs()) {
+        let Ok(sandbox) = &self.sandbox else {
+            return;
+        };
+        if !self.pool.fork_enabled || !sandbox.forks_runs() {
             return;
         }
         let dir = crate::run::server_runs_dir(&self.config.data_dir);
-        if let Err(err) = snakebox_sandbox::mount_runs_root(&dir) {
+        if let Err(err) = sandbox.prepare_runs_root(&dir) {
             let message = format!(
                 "could not mount the run directories at `{}`: {err}",
                 dir.display()

@@ -4,26 +4,35 @@
 //! differs between bubblewrap (`native`), no isolation (`none`) and later ones (Docker, gVisor)
 //! is a method here — how a command is run once, started long-lived or ahead of time, whether
 //! runs can be forked from a pre-initialised helper, which host uid a sandbox of an identity
-//! has, and where a host directory the policy mounts is seen by the command. A backend for
-//! tests (a recording fake) implements the same trait and is handed to
-//! [`crate::Sandbox::with_backend`].
+//! has, where a host directory the policy mounts is seen by the command, how the engine's
+//! files reach its sandboxes ([`crate::Staging`]) and what the host needs before runs are
+//! forked. What a backend starts ahead of time or long-lived is behind the traits
+//! [`crate::PendingHandle`] and [`crate::LiveHandle`], which the [`crate::PendingRun`] and
+//! [`crate::LiveSandbox`] façades own. A backend for tests (a recording fake, or one of its
+//! own handles) implements the same traits and is handed to [`crate::Sandbox::with_backend`];
+//! [`crate::Sandbox::new`] is the one place that picks a backend by its kind.
 
 use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{SandboxError, SpawnError};
+use crate::staging::{HostDirStaging, Staging};
 use crate::{
     BackendKind, BackendReport, ForkServer, ForkServerSpec, Identity, IdentityLease, LiveSandbox,
     Outcome, OutputChunk, PendingRun, Policy, SandboxCommand,
 };
 
+/// A boxed future of the seam's traits (object safe, `Send`).
+pub type SandboxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
 /// The future of one [`Backend::run`].
-pub type RunFuture<'a> = Pin<Box<dyn Future<Output = Result<Outcome, SandboxError>> + Send + 'a>>;
+pub type RunFuture<'a> = SandboxFuture<'a, Result<Outcome, SandboxError>>;
 
 /// One way of isolating commands. See the module documentation; [`crate::Sandbox`] documents
 /// what each operation promises (limits, kill path, output caps), which every backend keeps.
@@ -92,6 +101,30 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// Kill and remove whatever this server's runs left of what the backend made for them
     /// (cgroups), at shutdown. Best effort and bounded; nothing for a backend that makes none.
     fn remove_own_cgroups(&self) {}
+
+    /// Get the host ready for runs forked under `runs_dir`, this server's run directories
+    /// (an optional capability of a backend that forks runs: the native backend mounts a
+    /// tmpfs there, which its fork servers pass on to their runs). Called before any run
+    /// starts; by default nothing is needed.
+    ///
+    /// # Errors
+    /// When the host cannot be got ready; runs are then not forked.
+    fn prepare_runs_root(&self, runs_dir: &Path) -> std::io::Result<()> {
+        let _ = runs_dir;
+        Ok(())
+    }
+
+    /// Undo [`Backend::prepare_runs_root`] at `runs_dir` (best effort; also at shutdown when
+    /// it was never done).
+    fn release_runs_root(&self, runs_dir: &Path) {
+        let _ = runs_dir;
+    }
+
+    /// How this backend's sandboxes get the files the engine prepares on its host (see
+    /// [`Staging`]): by default they mount the engine's host directories themselves.
+    fn staging(&self) -> Arc<dyn Staging> {
+        Arc::new(HostDirStaging)
+    }
 
     /// Where the command sees a host directory that the policy mounts at `dest` (or, for
     /// scratch space such as `/tmp`, that the backend provides there): `dest` for a backend

@@ -30,6 +30,7 @@ mod own_mounts;
 mod pending;
 mod process;
 mod scratch;
+mod staging;
 mod supervise;
 mod watchdog;
 
@@ -41,7 +42,7 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-pub use crate::backend::{Backend, RunFuture};
+pub use crate::backend::{Backend, RunFuture, SandboxFuture};
 pub use crate::cpu_share::{CpuAttachment, CpuShare, CpuWeight};
 pub use crate::docker::{
     DEFAULT_SOCKET as DOCKER_DEFAULT_SOCKET, RunImage, socket_path as docker_socket,
@@ -52,10 +53,8 @@ pub use crate::egress::{
 pub use crate::error::{
     CgroupError, DockerError, FuseError, NamespaceError, SandboxError, SeccompError, SpawnError,
 };
-pub use crate::live::{Exchange, ExchangeEnd, LiveSandbox};
-pub use crate::native::forkserver::{
-    ForkRun, ForkServer, ForkServerSpec, MAX_PREFORK, mount_runs_root, unmount_runs_root,
-};
+pub use crate::live::{Exchange, ExchangeEnd, LiveHandle, LiveSandbox};
+pub use crate::native::forkserver::{ForkRun, ForkServer, ForkServerSpec, MAX_PREFORK};
 pub use crate::native::fuse::{
     FuseMount, FuseServers, ImageLock, LOCK_WAIT as FUSE_LOCK_WAIT, lock_image,
     run_helper as run_fuse_helper,
@@ -68,8 +67,9 @@ pub use crate::netproxy::{
 pub use crate::own_mounts::{
     enter as enter_own_mount_namespace, entered as in_own_mount_namespace,
 };
-pub use crate::pending::PendingRun;
-pub use crate::scratch::{ScratchDir, release_stale_scratch};
+pub use crate::pending::{PendingHandle, PendingRun};
+pub use crate::scratch::ScratchDir;
+pub use crate::staging::{HostDirStaging, Staging};
 pub use crate::supervise::{CONTROL_MAX_BYTES, END_REPORT_TAG};
 
 /// Which isolation mechanism runs the command.
@@ -360,6 +360,8 @@ pub struct BackendReport {
 #[derive(Debug)]
 pub struct Sandbox {
     backend: Box<dyn Backend>,
+    /// How the backend's sandboxes get the engine's files ([`Backend::staging`]).
+    staging: std::sync::Arc<dyn Staging>,
     report: BackendReport,
     uids: std::sync::Arc<std::sync::Mutex<UidPool>>,
     health: std::sync::Arc<health::StartHealth>,
@@ -369,15 +371,7 @@ impl Sandbox {
     /// Probe the backend. Fails closed: when `Native` cannot isolate, the error says what failed
     /// and its `hint()` how to fix it. Never falls back to `None` by itself.
     pub fn new(config: SandboxConfig) -> Result<Sandbox, SandboxError> {
-        Ok(match config.backend {
-            BackendKind::None => Sandbox::with_backend(Box::new(none::NoneBackend)),
-            BackendKind::Native => {
-                Sandbox::with_backend(Box::new(native::NativeBackend::new(&config)?))
-            }
-            BackendKind::Docker => {
-                Sandbox::with_backend(Box::new(docker::DockerBackend::new(&config)?))
-            }
-        })
+        Ok(Sandbox::with_backend(backend_for(&config)?))
     }
 
     /// A sandbox of any [`Backend`] (tests hand in a recording one).
@@ -385,6 +379,7 @@ impl Sandbox {
     pub fn with_backend(backend: Box<dyn Backend>) -> Sandbox {
         Sandbox {
             report: backend.report(),
+            staging: backend.staging(),
             backend,
             uids: std::sync::Arc::default(),
             health: std::sync::Arc::default(),
@@ -425,9 +420,13 @@ impl Sandbox {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<Outcome, SandboxError> {
+        self.staging.stage_in(&policy.mounts)?;
         let result = self.backend.run(policy, command, cancel, output).await;
         self.health.note(result.as_ref().map(|_| ()));
-        result
+        let staged_out = self.staging.stage_out(&policy.mounts);
+        let outcome = result?;
+        staged_out?;
+        Ok(outcome)
     }
 
     /// Start a long-lived sandbox: the same isolation and limits as [`Sandbox::run`] (memory
@@ -442,8 +441,10 @@ impl Sandbox {
         policy: &Policy,
         command: &SandboxCommand,
     ) -> Result<LiveSandbox, SandboxError> {
+        self.staging.stage_in(&policy.mounts)?;
         let mut live = self.backend.spawn(policy, command)?;
         live.health = Some(std::sync::Arc::clone(&self.health));
+        live.staged = Some(self.staged(policy));
         Ok(live)
     }
 
@@ -459,9 +460,40 @@ impl Sandbox {
         policy: &Policy,
         command: &SandboxCommand,
     ) -> Result<PendingRun, SandboxError> {
+        self.staging.stage_in(&policy.mounts)?;
         let mut pending = self.backend.prestart(policy, command)?;
         pending.health = Some(std::sync::Arc::clone(&self.health));
+        pending.staged = Some(self.staged(policy));
         Ok(pending)
+    }
+
+    /// How the backend's sandboxes get the engine's files, and their size caps (see
+    /// [`Staging`]): for the run directories the engine makes and sweeps.
+    #[must_use]
+    pub fn staging(&self) -> &dyn Staging {
+        self.staging.as_ref()
+    }
+
+    /// What a long-lived or pre-started sandbox of `policy` stages around each request.
+    fn staged(&self, policy: &Policy) -> staging::Staged {
+        staging::Staged {
+            staging: std::sync::Arc::clone(&self.staging),
+            mounts: policy.mounts.clone(),
+        }
+    }
+
+    /// Get the host ready for runs forked under `runs_dir` (see [`Backend::prepare_runs_root`]),
+    /// before any run starts there.
+    ///
+    /// # Errors
+    /// When the backend cannot get it ready; runs are then not forked.
+    pub fn prepare_runs_root(&self, runs_dir: &std::path::Path) -> std::io::Result<()> {
+        self.backend.prepare_runs_root(runs_dir)
+    }
+
+    /// Undo [`Sandbox::prepare_runs_root`] (best effort).
+    pub fn release_runs_root(&self, runs_dir: &std::path::Path) {
+        self.backend.release_runs_root(runs_dir);
     }
 
     /// Whether runs can be forked from a fork server here ([`Sandbox::start_fork_server`]):
@@ -526,6 +558,17 @@ impl Sandbox {
             None => untrusted(),
         }
     }
+}
+
+/// The backend `config` names, probed: the factory, and the one `match` on [`BackendKind`]
+/// that picks behaviour. Everything else asks the [`Backend`] what it can do (its methods and
+/// their defaults), so a backend is added here and in its own module only.
+fn backend_for(config: &SandboxConfig) -> Result<Box<dyn Backend>, SandboxError> {
+    Ok(match config.backend {
+        BackendKind::None => Box::new(none::NoneBackend),
+        BackendKind::Native => Box::new(native::NativeBackend::new(config)?),
+        BackendKind::Docker => Box::new(docker::DockerBackend::new(config)?),
+    })
 }
 
 #[cfg(test)]

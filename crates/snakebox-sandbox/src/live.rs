@@ -17,11 +17,15 @@
 //! - the wall-time limit is per request: when it is reached (or the caller cancels), the whole
 //!   tree is killed, like a one-shot run, and the sandbox is dead from then on.
 //!
-//! The docker backend's live sandbox is one long-lived container with the same conversation:
-//! its stdin is a request FIFO only the server writes, its output comes from the engine's
-//! attach stream, its control channel is the FIFO of a one-shot container, and killing it
-//! goes through the engine's API (see `crate::docker::live`).
+//! [`LiveSandbox`] is the façade the engine holds; behind it is a backend's [`LiveHandle`].
+//! Both backends here keep the conversation above over byte streams of ours ([`PipedLive`]):
+//! a process backend's child, and the docker backend's one long-lived container, whose stdin
+//! is a request FIFO only the server writes, whose output comes from the engine's attach
+//! stream, whose control channel is the FIFO of a one-shot container, and which is killed
+//! through the engine's API (see `crate::docker::live`). A backend elsewhere (a test's, a
+//! remote one) implements [`LiveHandle`] its own way and keeps the same promises.
 
+use std::os::fd::OwnedFd;
 use std::process::ExitStatus;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,9 +35,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::SandboxFuture;
 use crate::capture::{Forwarder, StreamCapture, finish_pair};
 use crate::error::{SandboxError, SpawnError};
 use crate::process::Started;
+use crate::staging::Staged;
 use crate::supervise::{CONTROL_MAX_BYTES, EndReport, Teardown, read_status};
 use crate::{Captured, Limits, OutputChunk, Stream};
 
@@ -79,9 +85,124 @@ pub struct Exchange {
 }
 
 /// A running sandbox that answers requests; see the module documentation. Dropping it kills
-/// the whole tree.
+/// the whole tree. The owning façade over whatever a backend made ([`LiveHandle`]): what the
+/// engine holds, whichever backend started it.
 pub struct LiveSandbox {
-    child: LiveChild,
+    handle: Box<dyn LiveHandle>,
+    /// Where a sandbox that never started is noted (set by [`crate::Sandbox::spawn`]).
+    pub(crate) health: Option<Arc<crate::health::StartHealth>>,
+    /// Its mounts and their staging, staged around each request (set by
+    /// [`crate::Sandbox::spawn`]).
+    pub(crate) staged: Option<crate::staging::Staged>,
+}
+
+/// What a backend's long-lived sandbox does (see the module documentation): the seam behind
+/// [`LiveSandbox`]. The process backends and docker implement it in this crate; a backend
+/// elsewhere implements it and hands its handle to [`LiveSandbox::new`]. Dropping the handle
+/// must kill whatever of the sandbox still runs.
+pub trait LiveHandle: Send + std::fmt::Debug {
+    /// Whether the command is still running (it may have exited between exchanges).
+    fn is_alive(&mut self) -> bool;
+
+    /// Attach the sandbox's CPU to `share` while the returned attachment is held (see
+    /// [`LiveSandbox::attach_cpu`]). By default inert: no cpu cgroup of ours.
+    fn attach_cpu(&self, share: &crate::CpuShare) -> crate::CpuAttachment {
+        let _ = share;
+        crate::CpuAttachment::none()
+    }
+
+    /// Kill the whole tree and wait for it (see [`LiveSandbox::kill`]). Idempotent.
+    fn kill(&mut self) -> SandboxFuture<'_, ()>;
+
+    /// One request and its answer (see [`LiveSandbox::exchange`]).
+    fn exchange<'a>(
+        &'a mut self,
+        request: &'a [u8],
+        marker: &'a [u8],
+        timeout: Duration,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> SandboxFuture<'a, Result<Exchange, SandboxError>>;
+}
+
+impl std::fmt::Debug for LiveSandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.handle.fmt(f)
+    }
+}
+
+impl LiveSandbox {
+    /// The façade over a backend's live sandbox.
+    #[must_use]
+    pub fn new(handle: Box<dyn LiveHandle>) -> LiveSandbox {
+        LiveSandbox {
+            handle,
+            health: None,
+            staged: None,
+        }
+    }
+
+    /// Whether the command is still running (it may have exited between exchanges).
+    pub fn is_alive(&mut self) -> bool {
+        self.handle.is_alive()
+    }
+
+    /// Attach its cgroup to `share` (see [`crate::CpuShare`]) while the returned attachment is
+    /// held: for one request, so that a sandbox between requests does not weigh on its
+    /// holder's share. Once it is dropped the sandbox waits at the background weight (what it
+    /// keeps running between requests may wait for all other work). Inert where there is no
+    /// cpu cgroup of ours (a container, no cgroups).
+    pub fn attach_cpu(&self, share: &crate::CpuShare) -> crate::CpuAttachment {
+        self.handle.attach_cpu(share)
+    }
+
+    /// Kill the whole tree and wait for the direct child. Idempotent.
+    pub async fn kill(&mut self) {
+        self.handle.kill().await;
+    }
+
+    /// Send `request` to the command's stdin and collect its answer: one line on the control
+    /// channel, plus stdout and stderr up to `marker` on each. Within `timeout` (then the tree
+    /// is killed), and until `cancel` fires (likewise). `output` receives the request's output
+    /// while it is produced (capped like the captured text).
+    ///
+    /// What the engine wrote into the sandbox's mounts is staged in first, and what the
+    /// sandbox wrote staged out after (see [`crate::Staging`]).
+    ///
+    /// # Errors
+    /// When waiting for the process fails, the sandbox's own setup failed (it never ran the
+    /// command), or its files cannot be staged. A dead sandbox is not an error: the exchange
+    /// ends at once with [`ExchangeEnd::Exited`].
+    pub async fn exchange(
+        &mut self,
+        request: &[u8],
+        marker: &[u8],
+        timeout: Duration,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<Exchange, SandboxError> {
+        if let Some(staged) = &self.staged {
+            staged.stage_in()?;
+        }
+        let result = self
+            .handle
+            .exchange(request, marker, timeout, cancel, output)
+            .await;
+        if let Some(health) = &self.health {
+            health.note(result.as_ref().map(|_| ()));
+        }
+        let staged_out = self.staged.as_ref().map_or(Ok(()), Staged::stage_out);
+        let exchange = result?;
+        staged_out?;
+        Ok(exchange)
+    }
+}
+
+/// A live sandbox whose conversation goes over byte streams of ours: requests on a writer,
+/// output on two readers, answers on a pipe, and a [`LiveChild`] whose end is the sandbox's.
+/// What both a local process and a container of the docker backend are.
+pub(crate) struct PipedLive {
+    child: Box<dyn LiveChild>,
     teardown: Arc<dyn Teardown>,
     requests: Option<Writer>,
     stdout: Option<Reader>,
@@ -93,8 +214,6 @@ pub struct LiveSandbox {
     shell_style_signals: bool,
     max_output_bytes: u64,
     dead: bool,
-    /// Where a sandbox that never started is noted (set by [`crate::Sandbox::spawn`]).
-    pub(crate) health: Option<std::sync::Arc<crate::health::StartHealth>>,
 }
 
 /// Where a live sandbox's requests go.
@@ -102,46 +221,53 @@ pub(crate) type Writer = Box<dyn tokio::io::AsyncWrite + Send + Unpin>;
 /// One of a live sandbox's output streams.
 pub(crate) type Reader = Box<dyn AsyncRead + Send + Unpin>;
 
-/// The command of a live sandbox: a process of ours, or a container of the engine.
-pub(crate) enum LiveChild {
-    Process(tokio::process::Child),
-    Container(crate::docker::LiveContainer),
+/// The command of a [`PipedLive`]: a process of ours (`tokio::process::Child`), or a container
+/// of an engine (the docker backend's).
+pub(crate) trait LiveChild: Send {
+    /// Its pid, for errors (none for a container).
+    fn id(&self) -> Option<u32> {
+        None
+    }
+    /// Its exit status, if it has ended.
+    fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>>;
+    /// Start killing it (without waiting).
+    fn start_kill(&mut self) -> std::io::Result<()>;
+    /// Wait for its end (cancel-safe).
+    fn wait(&mut self) -> SandboxFuture<'_, std::io::Result<ExitStatus>>;
 }
 
-impl LiveChild {
+impl LiveChild for tokio::process::Child {
     fn id(&self) -> Option<u32> {
-        match self {
-            LiveChild::Process(child) => child.id(),
-            LiveChild::Container(_) => None,
-        }
+        tokio::process::Child::id(self)
     }
 
     fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
-        match self {
-            LiveChild::Process(child) => child.try_wait(),
-            LiveChild::Container(container) => container.try_wait(),
-        }
+        tokio::process::Child::try_wait(self)
     }
 
     fn start_kill(&mut self) -> std::io::Result<()> {
-        match self {
-            LiveChild::Process(child) => child.start_kill(),
-            LiveChild::Container(container) => {
-                container.start_kill();
-                Ok(())
-            }
-        }
+        tokio::process::Child::start_kill(self)
     }
 
-    async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        match self {
-            LiveChild::Process(child) => child.wait().await,
-            LiveChild::Container(container) => container.wait().await,
-        }
+    fn wait(&mut self) -> SandboxFuture<'_, std::io::Result<ExitStatus>> {
+        Box::pin(tokio::process::Child::wait(self))
     }
 }
 
-impl std::fmt::Debug for LiveSandbox {
+/// What a [`PipedLive`] is made of.
+pub(crate) struct PipedParts {
+    pub(crate) child: Box<dyn LiveChild>,
+    pub(crate) teardown: Arc<dyn Teardown>,
+    pub(crate) requests: Option<Writer>,
+    pub(crate) stdout: Option<Reader>,
+    pub(crate) stderr: Option<Reader>,
+    pub(crate) control: Option<OwnedFd>,
+    pub(crate) info_task: Option<tokio::task::JoinHandle<()>>,
+    /// The direct child reports a signal death of the command as exit code `128 + signal`.
+    pub(crate) shell_style_signals: bool,
+}
+
+impl std::fmt::Debug for PipedLive {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LiveSandbox")
             .field("pid", &self.child.id())
@@ -150,11 +276,10 @@ impl std::fmt::Debug for LiveSandbox {
     }
 }
 
-impl LiveSandbox {
-    /// Wrap a freshly started child (see [`crate::process::Started::into_live`]).
-    pub(crate) fn new(started: Started, limits: &Limits) -> Result<LiveSandbox, SandboxError> {
-        let mut child = started.child;
-        let control = match started.control_read {
+impl PipedLive {
+    /// A live sandbox of `parts`, whose output per request is capped as `limits` say.
+    pub(crate) fn new(parts: PipedParts, limits: &Limits) -> Result<PipedLive, SandboxError> {
+        let control = match parts.control {
             Some(fd) => Some(tokio::net::unix::pipe::Receiver::from_owned_fd(fd).map_err(
                 |source| SpawnError::Descriptor {
                     what: "control channel",
@@ -163,51 +288,42 @@ impl LiveSandbox {
             )?),
             None => None,
         };
-        Ok(LiveSandbox {
-            requests: child.stdin.take().map(|w| Box::new(w) as Writer),
-            stdout: child.stdout.take().map(|r| Box::new(r) as Reader),
-            stderr: child.stderr.take().map(|r| Box::new(r) as Reader),
-            child: LiveChild::Process(child),
-            teardown: started.teardown,
+        Ok(PipedLive {
+            child: parts.child,
+            teardown: parts.teardown,
+            requests: parts.requests,
+            stdout: parts.stdout,
+            stderr: parts.stderr,
             control,
             carry: Default::default(),
-            info_task: started.info_task,
-            shell_style_signals: started.shell_style_signals,
+            info_task: parts.info_task,
+            shell_style_signals: parts.shell_style_signals,
             max_output_bytes: limits.max_output_bytes,
             dead: false,
-            health: None,
         })
     }
 
-    /// A container of the docker backend as a live sandbox (see `crate::docker::live`).
-    pub(crate) fn container(
-        parts: crate::docker::LiveParts,
-        limits: &Limits,
-    ) -> Result<LiveSandbox, SandboxError> {
-        let descriptor = |what: &'static str| move |source| SpawnError::Descriptor { what, source };
-        let requests = tokio::net::unix::pipe::Sender::from_owned_fd(parts.requests)
-            .map_err(descriptor("request channel"))?;
-        let control = tokio::net::unix::pipe::Receiver::from_owned_fd(parts.control)
-            .map_err(descriptor("control channel"))?;
-        Ok(LiveSandbox {
-            child: LiveChild::Container(parts.child),
-            teardown: parts.teardown,
-            requests: Some(Box::new(requests)),
-            stdout: Some(parts.stdout),
-            stderr: Some(parts.stderr),
-            control: Some(control),
-            carry: Default::default(),
-            info_task: None,
-            // The container's init reports a death by signal N as 128 + N.
-            shell_style_signals: true,
-            max_output_bytes: limits.max_output_bytes,
-            dead: false,
-            health: None,
-        })
+    /// A freshly started local process (see [`crate::process::Started::into_live`]).
+    pub(crate) fn process(started: Started, limits: &Limits) -> Result<PipedLive, SandboxError> {
+        let mut child = started.child;
+        PipedLive::new(
+            PipedParts {
+                requests: child.stdin.take().map(|w| Box::new(w) as Writer),
+                stdout: child.stdout.take().map(|r| Box::new(r) as Reader),
+                stderr: child.stderr.take().map(|r| Box::new(r) as Reader),
+                child: Box::new(child),
+                teardown: started.teardown,
+                control: started.control_read,
+                info_task: started.info_task,
+                shell_style_signals: started.shell_style_signals,
+            },
+            limits,
+        )
     }
+}
 
-    /// Whether the command is still running (it may have exited between exchanges).
-    pub fn is_alive(&mut self) -> bool {
+impl LiveHandle for PipedLive {
+    fn is_alive(&mut self) -> bool {
         if self.dead {
             return false;
         }
@@ -219,12 +335,7 @@ impl LiveSandbox {
         !self.dead
     }
 
-    /// Attach its cgroup to `share` (see [`crate::CpuShare`]) while the returned attachment is
-    /// held: for one request, so that a sandbox between requests does not weigh on its
-    /// holder's share. Once it is dropped the sandbox waits at the background weight (what it
-    /// keeps running between requests may wait for all other work). Inert where there is no
-    /// cpu cgroup of ours (a container, no cgroups).
-    pub fn attach_cpu(&self, share: &crate::CpuShare) -> crate::CpuAttachment {
+    fn attach_cpu(&self, share: &crate::CpuShare) -> crate::CpuAttachment {
         crate::supervise::attach_cpu(
             self.teardown.as_ref(),
             share,
@@ -232,28 +343,34 @@ impl LiveSandbox {
         )
     }
 
-    /// Kill the whole tree and wait for the direct child. Idempotent.
-    pub async fn kill(&mut self) {
-        self.teardown.kill_all();
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
-        self.teardown.kill_all();
-        self.teardown.release();
-        if let Some(task) = self.info_task.take() {
-            task.abort();
-        }
-        self.dead = true;
+    fn kill(&mut self) -> SandboxFuture<'_, ()> {
+        Box::pin(async move {
+            self.teardown.kill_all();
+            let _ = self.child.start_kill();
+            let _ = self.child.wait().await;
+            self.teardown.kill_all();
+            self.teardown.release();
+            if let Some(task) = self.info_task.take() {
+                task.abort();
+            }
+            self.dead = true;
+        })
     }
 
-    /// Send `request` to the command's stdin and collect its answer: one line on the control
-    /// channel, plus stdout and stderr up to `marker` on each. Within `timeout` (then the tree
-    /// is killed), and until `cancel` fires (likewise). `output` receives the request's output
-    /// while it is produced (capped like the captured text).
-    ///
-    /// # Errors
-    /// When waiting for the process fails. A dead sandbox is not an error: the exchange ends
-    /// at once with [`ExchangeEnd::Exited`].
-    pub async fn exchange(
+    fn exchange<'a>(
+        &'a mut self,
+        request: &'a [u8],
+        marker: &'a [u8],
+        timeout: Duration,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> SandboxFuture<'a, Result<Exchange, SandboxError>> {
+        Box::pin(self.exchange_piped(request, marker, timeout, cancel, output))
+    }
+}
+
+impl PipedLive {
+    async fn exchange_piped(
         &mut self,
         request: &[u8],
         marker: &[u8],
@@ -487,13 +604,7 @@ impl LiveSandbox {
                 stderr: stderr.text.trim().to_string(),
             }
             .into();
-            if let Some(health) = &self.health {
-                health.note(Err(&err));
-            }
             return Err(err);
-        }
-        if let Some(health) = &self.health {
-            health.note(Ok(()));
         }
         Ok(Exchange {
             end,
@@ -507,7 +618,7 @@ impl LiveSandbox {
     }
 }
 
-impl Drop for LiveSandbox {
+impl Drop for PipedLive {
     fn drop(&mut self) {
         if !self.dead {
             self.teardown.kill_all();

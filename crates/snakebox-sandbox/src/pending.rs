@@ -10,9 +10,10 @@
 //!
 //! A pending run is used once. Dropping it unused kills its tree and frees its cgroup.
 //!
-//! Two kinds: a process started by a process backend (bubblewrap, or none), and a container
-//! of the docker backend (see `crate::docker::pooled`), which keeps the same promises through
-//! the engine's API.
+//! [`PendingRun`] is the façade the engine holds; behind it is a backend's [`PendingHandle`]:
+//! a process started by a process backend (bubblewrap, or none; [`ProcessPending`] here), a
+//! container of the docker backend (see `crate::docker::pooled`), which keeps the same
+//! promises through the engine's API, or a backend's elsewhere.
 
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -22,25 +23,127 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use crate::backend::SandboxFuture;
 use crate::error::SandboxError;
 use crate::process::Started;
+use crate::staging::Staged;
 use crate::supervise::{Teardown, finish_status_task, outcome, setup_failure, supervise};
 use crate::{Limits, Outcome, OutputChunk};
 
 /// A started sandbox waiting for its one request; see the module documentation.
 pub struct PendingRun {
-    kind: Kind,
+    handle: Box<dyn PendingHandle>,
     /// Where a sandbox that never started is noted (set by [`crate::Sandbox::prestart`]).
     pub(crate) health: Option<Arc<crate::health::StartHealth>>,
+    /// Its mounts and their staging: the request's files (the script is written after the
+    /// start) are staged in before it is sent (set by [`crate::Sandbox::prestart`]).
+    pub(crate) staged: Option<Staged>,
 }
 
-enum Kind {
-    Process(Box<ProcessPending>),
-    Docker(Box<crate::docker::PooledContainer>),
+/// What a backend's pre-started sandbox does (see the module documentation): the seam behind
+/// [`PendingRun`]. A backend elsewhere implements it and hands its handle to
+/// [`PendingRun::new`]. Dropping the handle unused must kill whatever of it runs.
+pub trait PendingHandle: Send + std::fmt::Debug {
+    /// Whether the command is still waiting (it did not exit or get killed meanwhile).
+    fn is_alive(&mut self) -> bool;
+
+    /// How long ago it was started.
+    fn age(&self) -> Duration;
+
+    /// Attach its CPU to `share` until the returned attachment is dropped (see
+    /// [`PendingRun::attach_cpu`]). By default inert: no cpu cgroup of ours.
+    fn attach_cpu(&self, share: &crate::CpuShare) -> crate::CpuAttachment {
+        let _ = share;
+        crate::CpuAttachment::none()
+    }
+
+    /// Kill it unused and wait until it is gone (see [`PendingRun::discard`]).
+    fn discard(self: Box<Self>) -> SandboxFuture<'static, ()>;
+
+    /// Send `request` and supervise the run to its end (see [`PendingRun::run`]).
+    fn run<'a>(
+        self: Box<Self>,
+        request: &'a [u8],
+        wall_time: Duration,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> SandboxFuture<'a, Result<Outcome, SandboxError>>;
 }
 
-/// A process waiting for its request on a private stdin pipe.
-struct ProcessPending {
+impl std::fmt::Debug for PendingRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.handle.fmt(f)
+    }
+}
+
+impl PendingRun {
+    /// The façade over a backend's pre-started sandbox.
+    #[must_use]
+    pub fn new(handle: Box<dyn PendingHandle>) -> PendingRun {
+        PendingRun {
+            handle,
+            health: None,
+            staged: None,
+        }
+    }
+
+    /// Whether the command is still waiting (it did not exit or get killed meanwhile).
+    pub fn is_alive(&mut self) -> bool {
+        self.handle.is_alive()
+    }
+
+    /// How long ago it was started.
+    #[must_use]
+    pub fn age(&self) -> Duration {
+        self.handle.age()
+    }
+
+    /// Attach its cgroup to `share` (see [`crate::CpuShare`]) until the returned attachment
+    /// is dropped: from just before [`PendingRun::run`] to the run's end. Inert where there is
+    /// no cpu cgroup of ours (a container, no cgroups); a weight that cannot be written leaves
+    /// the default (logged).
+    pub fn attach_cpu(&self, share: &crate::CpuShare) -> crate::CpuAttachment {
+        self.handle.attach_cpu(share)
+    }
+
+    /// Kill the tree unused and wait until it is gone (then its cgroup is freed; a container
+    /// is removed).
+    pub async fn discard(self) {
+        self.handle.discard().await;
+    }
+
+    /// Send `request`, close the request pipe, and supervise the run to its end, exactly like
+    /// [`crate::Sandbox::run`]: `wall_time` counts from now; the whole tree is killed on
+    /// timeout or when `cancel` fires, and the output printed before is returned.
+    ///
+    /// What the engine wrote into the sandbox's mounts is staged in first, and what the run
+    /// wrote staged out after (see [`crate::Staging`]).
+    ///
+    /// # Errors
+    /// When waiting for the process fails, or the run's files cannot be staged.
+    pub async fn run(
+        self,
+        request: &[u8],
+        wall_time: Duration,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<Outcome, SandboxError> {
+        if let Some(staged) = &self.staged {
+            staged.stage_in()?;
+        }
+        let result = self.handle.run(request, wall_time, cancel, output).await;
+        if let Some(health) = &self.health {
+            health.note(result.as_ref().map(|_| ()));
+        }
+        let staged_out = self.staged.as_ref().map_or(Ok(()), Staged::stage_out);
+        let outcome = result?;
+        staged_out?;
+        Ok(outcome)
+    }
+}
+
+/// A process of a process backend waiting for its request on a private stdin pipe.
+pub(crate) struct ProcessPending {
     child: Option<tokio::process::Child>,
     teardown: Arc<dyn Teardown>,
     control: Option<OwnedFd>,
@@ -52,118 +155,67 @@ struct ProcessPending {
     released: bool,
 }
 
-impl std::fmt::Debug for PendingRun {
+impl std::fmt::Debug for ProcessPending {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.kind {
-            Kind::Process(p) => f
-                .debug_struct("PendingRun")
-                .field("pid", &p.child.as_ref().and_then(tokio::process::Child::id))
-                .field("age", &p.started.elapsed())
-                .finish_non_exhaustive(),
-            Kind::Docker(c) => f
-                .debug_struct("PendingRun")
-                .field("container", &c.name())
-                .field("age", &c.age())
-                .finish_non_exhaustive(),
-        }
-    }
-}
-
-impl PendingRun {
-    pub(crate) fn new(started: Started, limits: &Limits) -> PendingRun {
-        PendingRun {
-            kind: Kind::Process(Box::new(ProcessPending {
-                child: Some(started.child),
-                teardown: started.teardown,
-                control: started.control_read,
-                info_task: started.info_task,
-                shell_style_signals: started.shell_style_signals,
-                limits: limits.clone(),
-                started: Instant::now(),
-                released: false,
-            })),
-            health: None,
-        }
-    }
-
-    /// A container of the docker backend, started and waiting for its request.
-    pub(crate) fn container(pooled: crate::docker::PooledContainer) -> PendingRun {
-        PendingRun {
-            kind: Kind::Docker(Box::new(pooled)),
-            health: None,
-        }
-    }
-
-    /// Whether the command is still waiting (it did not exit or get killed meanwhile).
-    pub fn is_alive(&mut self) -> bool {
-        match &mut self.kind {
-            Kind::Process(p) => p.is_alive(),
-            Kind::Docker(c) => c.is_alive(),
-        }
-    }
-
-    /// How long ago it was started.
-    #[must_use]
-    pub fn age(&self) -> Duration {
-        match &self.kind {
-            Kind::Process(p) => p.started.elapsed(),
-            Kind::Docker(c) => c.age(),
-        }
-    }
-
-    /// Attach its cgroup to `share` (see [`crate::CpuShare`]) until the returned attachment
-    /// is dropped: from just before [`PendingRun::run`] to the run's end. Inert where there is
-    /// no cpu cgroup of ours (a container, no cgroups); a weight that cannot be written leaves
-    /// the default (logged).
-    pub fn attach_cpu(&self, share: &crate::CpuShare) -> crate::CpuAttachment {
-        match &self.kind {
-            Kind::Process(p) => crate::supervise::attach_cpu(p.teardown.as_ref(), share, None),
-            Kind::Docker(_) => crate::CpuAttachment::none(),
-        }
-    }
-
-    /// Kill the tree unused and wait until it is gone (then its cgroup is freed; a container
-    /// is removed).
-    pub async fn discard(self) {
-        match self.kind {
-            Kind::Process(p) => p.discard().await,
-            Kind::Docker(c) => c.discard().await,
-        }
-    }
-
-    /// Send `request`, close the request pipe, and supervise the run to its end, exactly like
-    /// [`crate::Sandbox::run`]: `wall_time` counts from now; the whole tree is killed on
-    /// timeout or when `cancel` fires, and the output printed before is returned.
-    ///
-    /// # Errors
-    /// When waiting for the process fails.
-    pub async fn run(
-        self,
-        request: &[u8],
-        wall_time: Duration,
-        cancel: CancellationToken,
-        output: Option<UnboundedSender<OutputChunk>>,
-    ) -> Result<Outcome, SandboxError> {
-        let result = match self.kind {
-            Kind::Process(p) => p.run(request, wall_time, cancel, output).await,
-            Kind::Docker(c) => c.run(request, wall_time, cancel, output).await,
-        };
-        if let Some(health) = &self.health {
-            health.note(result.as_ref().map(|_| ()));
-        }
-        result
+        f.debug_struct("PendingRun")
+            .field(
+                "pid",
+                &self.child.as_ref().and_then(tokio::process::Child::id),
+            )
+            .field("age", &self.started.elapsed())
+            .finish_non_exhaustive()
     }
 }
 
 impl ProcessPending {
+    /// A freshly started process (see [`crate::process::Started::into_pending`]).
+    pub(crate) fn new(started: Started, limits: &Limits) -> ProcessPending {
+        ProcessPending {
+            child: Some(started.child),
+            teardown: started.teardown,
+            control: started.control_read,
+            info_task: started.info_task,
+            shell_style_signals: started.shell_style_signals,
+            limits: limits.clone(),
+            started: Instant::now(),
+            released: false,
+        }
+    }
+}
+
+impl PendingHandle for ProcessPending {
     fn is_alive(&mut self) -> bool {
         self.child
             .as_mut()
             .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
     }
 
+    fn age(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    fn attach_cpu(&self, share: &crate::CpuShare) -> crate::CpuAttachment {
+        crate::supervise::attach_cpu(self.teardown.as_ref(), share, None)
+    }
+
+    fn discard(self: Box<Self>) -> SandboxFuture<'static, ()> {
+        Box::pin(self.discard_process())
+    }
+
+    fn run<'a>(
+        self: Box<Self>,
+        request: &'a [u8],
+        wall_time: Duration,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> SandboxFuture<'a, Result<Outcome, SandboxError>> {
+        Box::pin(self.run_process(request, wall_time, cancel, output))
+    }
+}
+
+impl ProcessPending {
     /// Kill the tree unused and wait until it is gone (then its cgroup is freed).
-    async fn discard(mut self) {
+    async fn discard_process(mut self: Box<Self>) {
         if let Some(mut child) = self.child.take() {
             self.teardown.kill_all();
             let _ = child.start_kill();
@@ -172,8 +224,8 @@ impl ProcessPending {
         }
     }
 
-    async fn run(
-        mut self,
+    async fn run_process(
+        mut self: Box<Self>,
         request: &[u8],
         wall_time: Duration,
         cancel: CancellationToken,

@@ -20,8 +20,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{SandboxError, SpawnError};
-use crate::live::LiveSandbox;
-use crate::pending::PendingRun;
+use crate::live::{LiveSandbox, PipedLive};
+use crate::pending::{PendingRun, ProcessPending};
 use crate::supervise::{Teardown, finish_status_task, outcome, setup_failure, supervise};
 use crate::{Limits, Outcome, OutputChunk, Policy, SandboxCommand};
 
@@ -87,12 +87,14 @@ impl Started {
 
     /// The process as a long-lived sandbox (see [`LiveSandbox`]).
     pub(crate) fn into_live(self, limits: &Limits) -> Result<LiveSandbox, SandboxError> {
-        LiveSandbox::new(self, limits)
+        Ok(LiveSandbox::new(Box::new(PipedLive::process(
+            self, limits,
+        )?)))
     }
 
     /// The process as a one-shot sandbox waiting for its request (see [`PendingRun`]).
     pub(crate) fn into_pending(self, limits: &Limits) -> PendingRun {
-        PendingRun::new(self, limits)
+        PendingRun::new(Box::new(ProcessPending::new(self, limits)))
     }
 }
 

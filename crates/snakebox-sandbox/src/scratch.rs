@@ -40,10 +40,7 @@ impl ScratchDir {
         owner: Option<(u32, u32)>,
     ) -> Result<ScratchDir, SpawnError> {
         if !nix::unistd::geteuid().is_root() && !crate::own_mounts::entered() {
-            return Ok(ScratchDir {
-                path: path.to_path_buf(),
-                mounted: false,
-            });
+            return Ok(ScratchDir::uncapped(path));
         }
         let (uid, gid) = owner.unwrap_or_else(|| {
             (
@@ -68,6 +65,16 @@ impl ScratchDir {
             path: path.to_path_buf(),
             mounted: true,
         })
+    }
+
+    /// `path` left as it is: no cap on this host (a [`crate::Staging`] whose sandboxes write
+    /// elsewhere enforces their size there).
+    #[must_use]
+    pub fn uncapped(path: &Path) -> ScratchDir {
+        ScratchDir {
+            path: path.to_path_buf(),
+            mounted: false,
+        }
     }
 
     /// Whether the size cap is really in force.
@@ -101,7 +108,7 @@ impl Drop for ScratchDir {
 }
 
 /// Unmount whatever scratch tmpfs is left at `path` by a server that died (best effort).
-pub fn release_stale_scratch(path: &Path) {
+pub(crate) fn release_stale_scratch(path: &Path) {
     if nix::unistd::geteuid().is_root() {
         let _ = nix::mount::umount2(path, MntFlags::MNT_DETACH);
     }

@@ -5,6 +5,8 @@
 
 use std::path::{Path, PathBuf};
 
+use snakebox_sandbox::{HostDirStaging, Staging};
+
 use super::spec::SCRIPT_NAME;
 
 /// The host side of one run: `input/` (the script, read-only inside), `work/` (the writable
@@ -147,12 +149,15 @@ impl RunDir {
         scratch_bytes: Option<u64>,
     ) -> std::io::Result<RunDir> {
         let runs_as = RunsAs::Leased(sandbox.lease_identity());
-        RunDir::for_uid(runs_as, data_dir, id, script, scratch_bytes, true)
+        let scratch = scratch_bytes.map(|size| (sandbox.staging(), size));
+        RunDir::for_uid(runs_as, data_dir, id, script, scratch, true)
     }
 
     /// Create the run directory of one run forked by `server`: it runs as the fork server's
     /// host uid (see [`snakebox_sandbox::ForkServer`]), which owns its writable directories.
+    /// `sandbox`'s staging caps its working directory at `scratch_bytes` when set.
     pub(crate) fn for_fork(
+        sandbox: &snakebox_sandbox::Sandbox,
         server: &snakebox_sandbox::ForkServer,
         data_dir: &Path,
         id: &str,
@@ -160,7 +165,8 @@ impl RunDir {
         scratch_bytes: Option<u64>,
     ) -> std::io::Result<RunDir> {
         let runs_as = RunsAs::Borrowed(server.identity(), server.host_ids());
-        RunDir::for_uid(runs_as, data_dir, id, script, scratch_bytes, false)
+        let scratch = scratch_bytes.map(|size| (sandbox.staging(), size));
+        RunDir::for_uid(runs_as, data_dir, id, script, scratch, false)
     }
 
     fn for_uid(
@@ -168,14 +174,15 @@ impl RunDir {
         data_dir: &Path,
         id: &str,
         script: Option<&str>,
-        scratch_bytes: Option<u64>,
+        scratch: Option<(&dyn Staging, u64)>,
         runner: bool,
     ) -> std::io::Result<RunDir> {
         let owner = runs_as.host_ids();
         let mut dir = RunDir::create_with(data_dir, id, script, owner, runner)?;
         dir.runs_as = Some(runs_as);
-        if let Some(size) = scratch_bytes {
-            dir.cap_work(size, owner).map_err(std::io::Error::other)?;
+        if let Some((staging, size)) = scratch {
+            dir.cap_work(staging, size, owner)
+                .map_err(std::io::Error::other)?;
         }
         Ok(dir)
     }
@@ -197,12 +204,11 @@ impl RunDir {
     /// directory; `check_environment` reports whether the cap is enforced.
     pub(crate) fn cap_work(
         &mut self,
+        staging: &dyn Staging,
         size_bytes: u64,
         owner: Option<(u32, u32)>,
     ) -> Result<(), snakebox_sandbox::SpawnError> {
-        self.scratch = Some(snakebox_sandbox::ScratchDir::cap(
-            &self.work, size_bytes, owner,
-        )?);
+        self.scratch = Some(staging.cap(&self.work, size_bytes, owner)?);
         Ok(())
     }
 }
@@ -236,9 +242,9 @@ pub(crate) fn other_live_servers(data_dir: &Path) -> bool {
 }
 
 /// Remove the run directories of servers that are gone (killed before they could clean up),
-/// releasing any scratch mount left in them. Directories of live servers sharing the data
-/// directory are left alone.
-pub(crate) fn remove_stale_run_dirs(data_dir: &Path) {
+/// releasing (through `staging`) any scratch mount left in them. Directories of live servers
+/// sharing the data directory are left alone.
+pub(crate) fn remove_stale_run_dirs(data_dir: &Path, staging: &dyn Staging) {
     let Ok(entries) = fs_err::read_dir(runs_dir(data_dir)) else {
         return;
     };
@@ -255,11 +261,11 @@ pub(crate) fn remove_stale_run_dirs(data_dir: &Path) {
         }
         if let Ok(runs) = fs_err::read_dir(entry.path()) {
             for run in runs.filter_map(Result::ok) {
-                snakebox_sandbox::release_stale_scratch(&run.path().join("work"));
+                staging.release_stale(&run.path().join("work"));
             }
         }
         // The fork server's shared mount of the whole directory, if it had one.
-        snakebox_sandbox::unmount_runs_root(&entry.path());
+        staging.release_stale(&entry.path());
         if let Err(err) = crate::tree::remove(&entry.path()) {
             tracing::warn!(%err, "could not remove a stale run directory");
         }
@@ -267,15 +273,19 @@ pub(crate) fn remove_stale_run_dirs(data_dir: &Path) {
 }
 
 /// Remove this server's run directories (at shutdown, after its runs ended): what a run left
-/// (a scratch mount, files) and the fork server's mount of the whole directory.
-pub(crate) fn remove_own_run_dirs(data_dir: &Path) {
+/// (a scratch mount, files) and what `sandbox` got ready for fork servers there (the runs
+/// root's mount). Without a sandbox, only what host-directory staging left.
+pub(crate) fn remove_own_run_dirs(data_dir: &Path, sandbox: Option<&snakebox_sandbox::Sandbox>) {
     let dir = server_runs_dir(data_dir);
+    let staging = sandbox.map_or(&HostDirStaging as &dyn Staging, |s| s.staging());
     if let Ok(runs) = fs_err::read_dir(&dir) {
         for run in runs.filter_map(Result::ok) {
-            snakebox_sandbox::release_stale_scratch(&run.path().join("work"));
+            staging.release_stale(&run.path().join("work"));
         }
     }
-    snakebox_sandbox::unmount_runs_root(&dir);
+    if let Some(sandbox) = sandbox {
+        sandbox.release_runs_root(&dir);
+    }
     if dir.exists()
         && let Err(err) = crate::tree::remove(&dir)
     {

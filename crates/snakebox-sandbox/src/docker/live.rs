@@ -18,29 +18,20 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::FutureExt;
 
 use super::{Container, ControlDir, DockerBackend, Prepared, usage::RunCgroup};
-use crate::error::{DockerError, SandboxError};
-use crate::live::Reader;
+use crate::backend::SandboxFuture;
+use crate::error::{DockerError, SandboxError, SpawnError};
+use crate::live::{LiveChild, PipedLive, PipedParts, Reader, Writer};
 use crate::supervise::AbortOnDrop;
 use crate::supervise::Teardown;
 use crate::{Policy, SandboxCommand};
 
-/// What [`crate::LiveSandbox::container`] is made of.
-pub(crate) struct LiveParts {
-    pub(crate) child: LiveContainer,
-    pub(crate) teardown: Arc<dyn Teardown>,
-    /// The request FIFO, open for reading and writing.
-    pub(crate) requests: OwnedFd,
-    pub(crate) control: OwnedFd,
-    pub(crate) stdout: Reader,
-    pub(crate) stderr: Reader,
-}
-
-/// Start a session's container (blocking, like [`super::pooled::prestart`]).
+/// Start a session's container (blocking, like [`super::pooled::prestart`]), as a live
+/// sandbox whose conversation goes over its FIFOs and attach stream ([`PipedLive`]).
 pub(crate) fn spawn(
     backend: &DockerBackend,
     policy: &Policy,
     command: &SandboxCommand,
-) -> Result<LiveParts, SandboxError> {
+) -> Result<PipedLive, SandboxError> {
     if !command.control_channel {
         return Err(DockerError::Unsupported {
             reason: "a long-lived container answers on its control channel".into(),
@@ -48,10 +39,11 @@ pub(crate) fn spawn(
         .into());
     }
     let prepared = super::block_on(backend.start_container(policy, command, true))??;
-    into_parts(prepared)
+    let parts = into_parts(prepared)?;
+    PipedLive::new(parts, &policy.limits)
 }
 
-fn into_parts(mut prepared: Prepared) -> Result<LiveParts, SandboxError> {
+fn into_parts(mut prepared: Prepared) -> Result<PipedParts, SandboxError> {
     // A container started with `pooled` has both FIFOs (dropping `prepared` removes it).
     let (Some(requests), Some(control)) = (prepared.request.take(), prepared.control_read.take())
     else {
@@ -94,23 +86,32 @@ fn into_parts(mut prepared: Prepared) -> Result<LiveParts, SandboxError> {
             cgroup: prepared.guard.cgroup.take(),
         })),
     });
-    Ok(LiveParts {
-        child: LiveContainer {
+    let requests = tokio::net::unix::pipe::Sender::from_owned_fd(requests).map_err(|source| {
+        SpawnError::Descriptor {
+            what: "request channel",
+            source,
+        }
+    })?;
+    Ok(PipedParts {
+        child: Box::new(LiveContainer {
             container,
             wait: Some(wait),
             status: None,
             _pump: prepared.pump,
-        },
+        }),
         teardown,
-        requests,
-        control,
-        stdout: Box::new(prepared.stdout),
-        stderr: Box::new(prepared.stderr),
+        requests: Some(Box::new(requests) as Writer),
+        stdout: Some(Box::new(prepared.stdout) as Reader),
+        stderr: Some(Box::new(prepared.stderr) as Reader),
+        control: Some(control),
+        info_task: None,
+        // The container's init reports a death by signal N as 128 + N.
+        shell_style_signals: true,
     })
 }
 
 /// The session container as the live sandbox's child.
-pub(crate) struct LiveContainer {
+struct LiveContainer {
     container: Container,
     wait: Option<tokio::task::JoinHandle<std::io::Result<ExitStatus>>>,
     status: Option<ExitStatus>,
@@ -118,8 +119,8 @@ pub(crate) struct LiveContainer {
     _pump: AbortOnDrop,
 }
 
-impl LiveContainer {
-    pub(crate) fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
+impl LiveChild for LiveContainer {
+    fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
         if let Some(status) = self.status {
             return Ok(Some(status));
         }
@@ -139,24 +140,27 @@ impl LiveContainer {
         }
     }
 
-    pub(crate) fn start_kill(&mut self) {
+    fn start_kill(&mut self) -> std::io::Result<()> {
         self.container.kill();
+        Ok(())
     }
 
-    pub(crate) async fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        if let Some(status) = self.status {
-            return Ok(status);
-        }
-        let Some(task) = self.wait.as_mut() else {
-            return Err(std::io::Error::other(
-                "the container's end was already read",
-            ));
-        };
-        let result = task.await;
-        self.wait = None;
-        let status = result.map_err(std::io::Error::other)??;
-        self.status = Some(status);
-        Ok(status)
+    fn wait(&mut self) -> SandboxFuture<'_, std::io::Result<ExitStatus>> {
+        Box::pin(async move {
+            if let Some(status) = self.status {
+                return Ok(status);
+            }
+            let Some(task) = self.wait.as_mut() else {
+                return Err(std::io::Error::other(
+                    "the container's end was already read",
+                ));
+            };
+            let result = task.await;
+            self.wait = None;
+            let status = result.map_err(std::io::Error::other)??;
+            self.status = Some(status);
+            Ok(status)
+        })
     }
 }
 

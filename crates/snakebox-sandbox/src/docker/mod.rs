@@ -55,8 +55,6 @@ use crate::{
 };
 
 pub use self::image::RunImage;
-pub(crate) use self::live::{LiveContainer, LiveParts};
-pub(crate) use self::pooled::PooledContainer;
 
 /// The Engine API version every request names. An engine older than this refuses the
 /// request instead of silently ignoring fields it does not know (bollard would otherwise
@@ -1083,8 +1081,8 @@ impl crate::backend::Backend for DockerBackend {
         policy: &Policy,
         command: &SandboxCommand,
     ) -> Result<crate::LiveSandbox, SandboxError> {
-        let parts = live::spawn(self, policy, command)?;
-        crate::LiveSandbox::container(parts, &policy.limits)
+        let live = live::spawn(self, policy, command)?;
+        Ok(crate::LiveSandbox::new(Box::new(live)))
     }
 
     /// Create and start a container ahead of its request (see [`pooled`]). Blocks until it
@@ -1094,7 +1092,8 @@ impl crate::backend::Backend for DockerBackend {
         policy: &Policy,
         command: &SandboxCommand,
     ) -> Result<crate::PendingRun, SandboxError> {
-        pooled::prestart(self, policy, command).map(crate::PendingRun::container)
+        let pooled = pooled::prestart(self, policy, command)?;
+        Ok(crate::PendingRun::new(Box::new(pooled)))
     }
 
     fn host_ids(&self, identity: Identity) -> Option<(u32, u32)> {

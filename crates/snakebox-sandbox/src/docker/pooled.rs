@@ -24,7 +24,9 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 use super::{DockerBackend, Prepared, verify};
+use crate::backend::SandboxFuture;
 use crate::error::{DockerError, SandboxError};
+use crate::pending::PendingHandle;
 use crate::{Limits, Outcome, OutputChunk, Policy, SandboxCommand};
 
 /// A started container waiting for its request; see the module documentation.
@@ -50,22 +52,43 @@ pub(crate) fn prestart(
     })
 }
 
-impl PooledContainer {
-    pub(crate) fn name(&self) -> &str {
-        &self.prepared.container.name
+impl std::fmt::Debug for PooledContainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PendingRun")
+            .field("container", &self.prepared.container.name)
+            .field("age", &self.created.elapsed())
+            .finish_non_exhaustive()
     }
+}
 
-    pub(crate) fn age(&self) -> Duration {
-        self.created.elapsed()
-    }
-
+impl PendingHandle for PooledContainer {
     /// Whether its command still runs (it did not exit, or get killed, while it waited).
-    pub(crate) fn is_alive(&self) -> bool {
+    fn is_alive(&mut self) -> bool {
         !self.prepared.wait.is_finished()
     }
 
+    fn age(&self) -> Duration {
+        self.created.elapsed()
+    }
+
+    fn discard(self: Box<Self>) -> SandboxFuture<'static, ()> {
+        Box::pin(self.discard_container())
+    }
+
+    fn run<'a>(
+        self: Box<Self>,
+        request: &'a [u8],
+        wall_time: Duration,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> SandboxFuture<'a, Result<Outcome, SandboxError>> {
+        Box::pin(self.run_container(request, wall_time, cancel, output))
+    }
+}
+
+impl PooledContainer {
     /// Remove it unused and wait until it is gone.
-    pub(crate) async fn discard(mut self) {
+    async fn discard_container(mut self: Box<Self>) {
         self.prepared.container.remove().await;
         if let Some(cgroup) = self.prepared.guard.cgroup.take() {
             cgroup.remove();
@@ -75,8 +98,8 @@ impl PooledContainer {
 
     /// Check it again, send `request`, and supervise the run to its end (see the module
     /// documentation).
-    pub(crate) async fn run(
-        mut self,
+    async fn run_container(
+        mut self: Box<Self>,
         request: &[u8],
         wall_time: Duration,
         cancel: CancellationToken,

@@ -1357,11 +1357,12 @@ fn parse_child_report(message: &[u8]) -> Option<Report> {
 /// Mount a fresh tmpfs on `dir`, the server's run directories: making and removing a run
 /// directory then costs no disk inode allocation (a measurable share of a run's CPU on ext4).
 /// Call it before any run directory exists (what is there already is covered). Done once per
-/// directory; [`unmount_runs_root`] undoes it (the engine's clean-up calls it).
+/// directory; [`unmount_runs_root`] undoes it. The native backend's
+/// [`crate::Backend::prepare_runs_root`] and [`crate::Backend::release_runs_root`].
 ///
 /// # Errors
 /// When the directory cannot be created or mounted (the server is not root).
-pub fn mount_runs_root(dir: &Path) -> std::io::Result<()> {
+pub(crate) fn mount_runs_root(dir: &Path) -> std::io::Result<()> {
     use nix::mount::{MsFlags, mount};
     static MOUNTED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
     let mut mounted = MOUNTED.lock().unwrap_or_else(PoisonError::into_inner);
@@ -1382,7 +1383,7 @@ pub fn mount_runs_root(dir: &Path) -> std::io::Result<()> {
 }
 
 /// Unmount what [`mount_runs_root`] mounted on `dir` (best effort; lazy).
-pub fn unmount_runs_root(dir: &Path) {
+pub(crate) fn unmount_runs_root(dir: &Path) {
     let _ = nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH);
 }
 

@@ -1114,6 +1114,15 @@ impl crate::backend::Backend for NativeBackend {
         NativeBackend::remove_own_cgroups(self);
     }
 
+    /// A tmpfs on the run directories, which fork servers pass on to their runs.
+    fn prepare_runs_root(&self, runs_dir: &std::path::Path) -> std::io::Result<()> {
+        forkserver::mount_runs_root(runs_dir)
+    }
+
+    fn release_runs_root(&self, runs_dir: &std::path::Path) {
+        forkserver::unmount_runs_root(runs_dir);
+    }
+
     /// Everything the command sees is mounted where the policy says.
     fn path_inside(&self, _host: &std::path::Path, dest: &std::path::Path) -> PathBuf {
         dest.to_path_buf()
