@@ -32,6 +32,32 @@ struct Plan {
     imports: Option<Vec<String>>,
 }
 
+impl Plan {
+    /// What the plan decided, on the call's record (whatever stage answered).
+    fn stamp(&self, mut result: ExecutionResult) -> ExecutionResult {
+        result.python_version = Some(self.interpreter.version.to_string());
+        result.requested_dependencies = self.requirements.iter().map(ToString::to_string).collect();
+        result.timeout_seconds = self.timeout.as_secs();
+        result.notes.clone_from(&self.notes);
+        result.profile = Some(self.profile.clone());
+        result
+    }
+}
+
+/// Where a run goes (see [`Engine::launch_path`]): a fork server, a pooled sandbox, or
+/// neither (a cold start).
+struct LaunchPath {
+    forking: Option<std::sync::Arc<crate::pool::Forking>>,
+    warm: Option<crate::pool::Warm>,
+}
+
+/// What a launched run left: its outcome, its collected files and its network log.
+struct Launched {
+    outcome: snakebox_sandbox::Outcome,
+    collected: crate::runner::Rich,
+    network_log: Vec<crate::NetworkLogEntry>,
+}
+
 impl Engine {
     /// Run one script in a fresh sandbox. Always returns a record: failures before the script
     /// runs are reported with status `invalid_request` or `setup_failed` and a hint; a call
@@ -74,6 +100,8 @@ impl Engine {
         .await
     }
 
+    /// The call once admitted, in stages: its plan, its environment, its import policy, its
+    /// launch, its result. A stage that refuses answers with a record that says why.
     async fn execute_admitted(
         &self,
         caller: &crate::Caller,
@@ -82,23 +110,7 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
-        // The checks of every execution; the script is parsed here, once.
-        let checked = match self.check_request(&request) {
-            Ok(checked) => checked,
-            Err(error) => return ExecutionResult::not_run(execution_id, error),
-        };
-        // With `python_downloads = "automatic"`, a version this host lacks is fetched first.
-        let provided = tokio::select! {
-            provided = self.provide_python(request.python_version.as_deref(), checked.requires_python.as_ref()) => provided,
-            () = cancel.cancelled() => Err(EngineError::new(
-                ErrorKind::Cancelled,
-                "The call was cancelled while its Python was being downloaded",
-            )),
-        };
-        if let Err(error) = provided {
-            return ExecutionResult::not_run(execution_id, error);
-        }
-        let plan = match self.plan(caller, &request, checked) {
+        let plan = match self.plan_call(caller, &request, &cancel).await {
             Ok(plan) => plan,
             Err((error, profile)) => {
                 let mut result = ExecutionResult::not_run(execution_id, error);
@@ -108,134 +120,178 @@ impl Engine {
                 return result;
             }
         };
-        let requested: Vec<String> = plan.requirements.iter().map(ToString::to_string).collect();
-        let timeout_seconds = plan.timeout.as_secs();
-        let with_plan = |mut result: ExecutionResult| {
-            result.python_version = Some(plan.interpreter.version.to_string());
-            result.requested_dependencies.clone_from(&requested);
-            result.timeout_seconds = timeout_seconds;
-            result.notes.clone_from(&plan.notes);
-            result.profile = Some(plan.profile.clone());
-            result
-        };
-
-        let sandbox = match &self.sandbox {
-            Ok(sandbox) => sandbox,
-            Err(missing) => {
-                return with_plan(ExecutionResult::not_run(execution_id, missing.clone()));
-            }
-        };
         let setup_started = Instant::now();
-        // A cancel (the caller's, or the server stopping) ends the setup too: dropping it
-        // kills its sandboxes and uv processes and removes its build directory.
-        let prepared = tokio::select! {
-            prepared = self.environment(caller, &plan.interpreter, &plan.requirements) => prepared,
-            () = cancel.cancelled() => {
-                return with_plan(ExecutionResult::not_run(
-                    execution_id,
-                    EngineError::new(
-                        ErrorKind::Cancelled,
-                        "The call was cancelled while its environment was being prepared",
-                    ),
-                ));
-            }
-        };
-        let environment = match prepared {
+        let environment = match self.prepare(caller, &plan, &cancel).await {
             Ok(environment) => environment,
-            Err(error) => return with_plan(ExecutionResult::not_run(execution_id, error)),
+            Err(error) => return plan.stamp(ExecutionResult::not_run(execution_id, error)),
         };
         // A new environment published before its bytecode: compiled once this call ends.
         let _compile_after = self.compile_after(&environment);
         let setup_ms = ids::millis(setup_started.elapsed());
-        // The import policy, checked before the run: each import of the script's own code
-        // outside it is refused with its line (the runner guards the dynamic ones too).
-        if let Some(allowed) = &plan.imports {
-            match self
-                .imports_outside(caller, &plan.interpreter, &request.script, allowed)
-                .await
-            {
-                Ok(blocked) if blocked.is_empty() => {}
-                Ok(blocked) => {
-                    let listed: Vec<String> = blocked
-                        .iter()
-                        .map(|(module, line)| format!("`{module}` (line {line})"))
-                        .collect();
-                    // Whose policy it is: the call's `allowed_imports`, or its profile's alone.
-                    let (whose, hint) = if request.allowed_imports.is_some() {
-                        (
-                            "allowed_imports does".to_owned(),
-                            "remove those imports, or add them to allowed_imports (validate_script lists every import with its line; check_environment lists what each profile allows)".to_owned(),
-                        )
-                    } else {
-                        (
-                            format!("the profile `{}`'s import policy does", plan.profile),
-                            "remove those imports, or name a profile whose import policy allows them with `profile` (check_environment lists what each profile allows; validate_script lists every import with its line)".to_owned(),
-                        )
-                    };
-                    let mut result = with_plan(ExecutionResult::not_run(
-                        execution_id,
-                        EngineError::new(
-                            ErrorKind::Invalid,
-                            format!(
-                                "The script imports what {whose} not allow: {}",
-                                listed.join(", ")
-                            ),
-                        )
-                        .with_hint(hint),
-                    ));
-                    result.events = blocked
-                        .iter()
-                        .map(|(module, line)| {
-                            crate::events::import_blocked(module, u32::try_from(*line).ok())
-                        })
-                        .collect();
-                    return result;
-                }
-                Err(error) => return with_plan(ExecutionResult::not_run(execution_id, error)),
-            }
+        if let Some(refused) = self
+            .imports_refused(caller, &plan, &request, &execution_id)
+            .await
+        {
+            return plan.stamp(refused);
         }
+        let launched = match self
+            .launch(
+                caller,
+                &execution_id,
+                &request,
+                &plan,
+                &environment,
+                cancel,
+                output,
+            )
+            .await
+        {
+            Ok(launched) => launched,
+            Err(error) => return plan.stamp(ExecutionResult::not_run(execution_id, error)),
+        };
+        let Launched {
+            outcome,
+            collected,
+            network_log,
+        } = launched;
+        let (status, error) = classify(&outcome, Ran::Script, &plan.shape.limits, plan.timeout);
+        let mut result = ExecutionResult::new(execution_id, status);
+        result.record_outcome(outcome);
+        result.setup_ms = setup_ms;
+        result.resolved_dependencies = environment
+            .packages
+            .iter()
+            .map(|p| Package {
+                name: p.name.clone(),
+                version: p.version.clone(),
+            })
+            .collect();
+        result.environment_reused = environment.reused;
+        result.network_log = network_log;
+        result.error = error;
+        let mut result = plan.stamp(result);
+        collected.apply(&mut result);
+        result
+    }
 
-        // Wait for a run slot only after setup: installs do not hold back quick runs. Its CPU
-        // share goes to whichever sandbox runs the script (forked, pooled or cold).
-        let slot = match self.sandbox_slot(caller, &cancel).await {
-            Ok(slot) => slot,
-            Err(error) => return with_plan(ExecutionResult::not_run(execution_id, error)),
+    /// The call's plan: its checks (the script parsed once), its Python (downloaded first
+    /// with `python_downloads = "automatic"`), what its profile holds it to.
+    async fn plan_call(
+        &self,
+        caller: &crate::Caller,
+        request: &ExecuteRequest,
+        cancel: &CancellationToken,
+    ) -> Result<Plan, (EngineError, Option<String>)> {
+        let checked = self.check_request(request).map_err(|error| (error, None))?;
+        let provided = tokio::select! {
+            provided = self.provide_python(request.python_version.as_deref(), checked.requires_python.as_ref()) => provided,
+            () = cancel.cancelled() => Err(EngineError::new(
+                ErrorKind::Cancelled,
+                "The call was cancelled while its Python was being downloaded",
+            )),
         };
-        let network_is_default = plan.network == self.config.network.names();
-        let has_network = plan.network.is_some();
-        // The default environment and network setting (the pool learns the default from its
-        // first use when cache warming did not build it).
-        let is_default = plan.requirements.is_empty()
-            && network_is_default
-            && self
-                .pick_interpreter(None, None)
-                .is_ok_and(|default| default.executable == plan.interpreter.executable);
-        // Forked from the fork server of this environment when there is one; else a
-        // pre-started sandbox of the warm pool when one matches; else a cold start.
-        // A call that narrows the server's network policy may fork (a fork server holds no
-        // network: each forked run gets its own proxy, started below with the call's names)
-        // but takes no pooled sandbox: that one's proxy was started with the whole policy
-        // before its environment's import-time code ran, and narrowing it afterwards could
-        // not take back a connection that code opened.
-        let narrowed = has_network && !network_is_default;
-        // A pooled sandbox was started with the server's own shape (limits, exec, a writable
-        // /work) and its environment's site code already ran: a run whose profile changes any
-        // of that forks or starts cold.
-        let reshaped = plan.shape != self.server_shape(plan.timeout);
-        let claim = self.pool.claim(
-            caller,
-            &environment,
-            has_network,
-            is_default,
-            narrowed || reshaped,
+        provided.map_err(|error| (error, None))?;
+        self.plan(caller, request, checked)
+    }
+
+    /// The call's environment, from the cache or built now. A cancel (the caller's, or the
+    /// server stopping) ends the setup too: dropping it kills its sandboxes and uv processes
+    /// and removes its build directory.
+    async fn prepare(
+        &self,
+        caller: &crate::Caller,
+        plan: &Plan,
+        cancel: &CancellationToken,
+    ) -> Result<Environment, EngineError> {
+        if let Err(missing) = &self.sandbox {
+            return Err(missing.clone());
+        }
+        tokio::select! {
+            prepared = self.environment(caller, &plan.interpreter, &plan.requirements) => prepared,
+            () = cancel.cancelled() => Err(EngineError::new(
+                ErrorKind::Cancelled,
+                "The call was cancelled while its environment was being prepared",
+            )),
+        }
+    }
+
+    /// The import policy, checked before the run: each import of the script's own code
+    /// outside it is refused with its line (the runner guards the dynamic ones too). The
+    /// refusal, when there is one.
+    async fn imports_refused(
+        &self,
+        caller: &crate::Caller,
+        plan: &Plan,
+        request: &ExecuteRequest,
+        execution_id: &str,
+    ) -> Option<ExecutionResult> {
+        let allowed = plan.imports.as_ref()?;
+        let blocked = match self
+            .imports_outside(caller, &plan.interpreter, &request.script, allowed)
+            .await
+        {
+            Ok(blocked) if blocked.is_empty() => return None,
+            Ok(blocked) => blocked,
+            Err(error) => return Some(ExecutionResult::not_run(execution_id.to_owned(), error)),
+        };
+        let listed: Vec<String> = blocked
+            .iter()
+            .map(|(module, line)| format!("`{module}` (line {line})"))
+            .collect();
+        // Whose policy it is: the call's `allowed_imports`, or its profile's alone.
+        let (whose, hint) = if request.allowed_imports.is_some() {
+            (
+                "allowed_imports does".to_owned(),
+                "remove those imports, or add them to allowed_imports (validate_script lists every import with its line; check_environment lists what each profile allows)".to_owned(),
+            )
+        } else {
+            (
+                format!("the profile `{}`'s import policy does", plan.profile),
+                "remove those imports, or name a profile whose import policy allows them with `profile` (check_environment lists what each profile allows; validate_script lists every import with its line)".to_owned(),
+            )
+        };
+        let mut result = ExecutionResult::not_run(
+            execution_id.to_owned(),
+            EngineError::new(
+                ErrorKind::Invalid,
+                format!(
+                    "The script imports what {whose} not allow: {}",
+                    listed.join(", ")
+                ),
+            )
+            .with_hint(hint),
         );
-        let (forking, warm) = match claim {
-            crate::pool::Claim::Fork(forking) => (Some(forking), None),
-            crate::pool::Claim::Warm(warm) => (None, Some(*warm)),
-            crate::pool::Claim::Cold => (None, None),
-        };
+        result.events = blocked
+            .iter()
+            .map(|(module, line)| crate::events::import_blocked(module, u32::try_from(*line).ok()))
+            .collect();
+        Some(result)
+    }
+
+    /// Run the planned call in its sandbox, once a slot is the caller's (taken only after
+    /// setup: installs do not hold back quick runs; its CPU share goes to whichever sandbox
+    /// runs the script): forked from the environment's fork server, a pre-started sandbox of
+    /// the warm pool, or a cold start; then collect its files and its network log.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the call's parts, each passed once"
+    )]
+    async fn launch(
+        &self,
+        caller: &crate::Caller,
+        execution_id: &str,
+        request: &ExecuteRequest,
+        plan: &Plan,
+        environment: &Environment,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<Launched, EngineError> {
+        let sandbox = self.sandbox.as_ref().map_err(Clone::clone)?;
+        let slot = self.sandbox_slot(caller, &cancel).await?;
+        let has_network = plan.network.is_some();
+        let launch = self.launch_path(plan, environment, caller);
         let mut proxy = None;
-        let (run_dir, pending) = match warm {
+        let (run_dir, pending) = match launch.warm {
             Some(warm) => {
                 proxy = warm.proxy;
                 (
@@ -246,19 +302,19 @@ impl Engine {
                 )
             }
             None => (
-                match &forking {
+                match &launch.forking {
                     Some(forking) => RunDir::for_fork(
                         sandbox,
                         &forking.server,
                         &self.config.data_dir,
-                        &execution_id,
+                        execution_id,
                         Some(&request.script),
                         self.config.scratch_bytes,
                     ),
                     None => RunDir::for_run(
                         sandbox,
                         &self.config.data_dir,
-                        &execution_id,
+                        execution_id,
                         Some(&request.script),
                         self.config.scratch_bytes,
                     ),
@@ -266,63 +322,27 @@ impl Engine {
                 None,
             ),
         };
-        let run_dir = match run_dir {
-            Ok(dir) => dir,
-            Err(err) => {
-                return with_plan(ExecutionResult::not_run(
-                    execution_id,
-                    EngineError::internal(
-                        format!("Failed to prepare the run directory: {err}"),
-                        "check that the data directory is writable",
-                    ),
-                ));
-            }
-        };
-        if plan.shape.deny_exec
-            && let Err(err) = snakebox_sandbox::exec_deny_program()
-                .map_err(|err| std::io::Error::other(crate::describe(&err)))
-                .and_then(|program| run_dir.write_exec_deny(&program))
-        {
-            return with_plan(ExecutionResult::not_run(
-                execution_id,
-                EngineError::internal(
-                    format!("Failed to prepare the run's exec-deny program: {err}"),
-                    "check that the data directory is writable; or run under a profile that allows subprocesses",
-                ),
-            ));
-        }
-        if let Some(allowed) = &plan.imports
-            && let Err(err) = run_dir.write_import_policy(allowed)
-        {
-            return with_plan(ExecutionResult::not_run(
-                execution_id,
-                EngineError::internal(
-                    format!("Failed to write the run's import policy: {err}"),
-                    "check that the data directory is writable",
-                ),
-            ));
-        }
+        let run_dir = run_dir.map_err(|err| {
+            EngineError::internal(
+                format!("Failed to prepare the run directory: {err}"),
+                "check that the data directory is writable",
+            )
+        })?;
+        self.write_run_policy(&run_dir, plan)?;
         let network = self.run_network(has_network);
         if let (crate::run::RunNetwork::Proxy, None, Some(names)) =
             (network, &proxy, plan.network.clone())
         {
-            match self.start_run_proxy(&run_dir.input, names) {
-                Ok(started) => proxy = Some(started),
-                Err(error) => return with_plan(ExecutionResult::not_run(execution_id, error)),
-            }
+            proxy = Some(self.start_run_proxy(&run_dir.input, names)?);
         }
-        let baseline = match crate::files::write(&run_dir.work, &plan.inputs, run_dir.owner()) {
-            Ok(()) => crate::artifacts::Baseline::snapshot(&run_dir.work),
-            Err(err) => {
-                return with_plan(ExecutionResult::not_run(
-                    execution_id,
-                    EngineError::context("Failed to write the input files", &err)
-                        .with_hint("check that the data directory is writable"),
-                ));
-            }
-        };
+        let baseline = crate::files::write(&run_dir.work, &plan.inputs, run_dir.owner())
+            .map(|()| crate::artifacts::Baseline::snapshot(&run_dir.work))
+            .map_err(|err| {
+                EngineError::context("Failed to write the input files", &err)
+                    .with_hint("check that the data directory is writable")
+            })?;
         let mut outcome = None;
-        if let Some(forking) = &forking {
+        if let Some(forking) = &launch.forking {
             let forked = forking
                 .server
                 .run(
@@ -362,7 +382,7 @@ impl Engine {
             }
             (None, None) => {
                 let (mut policy, command) =
-                    self.sandbox_call(&environment, &run_dir, &plan.shape, network, false);
+                    self.sandbox_call(environment, &run_dir, &plan.shape, network, false);
                 policy.cpu = slot.cpu().cloned();
                 sandbox.run(&policy, &command, cancel, output).await
             }
@@ -372,9 +392,9 @@ impl Engine {
             .map(|o| o.control.as_slice())
             .unwrap_or_default();
         let mut collected = self
-            .collect_rich(caller, &execution_id, &run_dir.work, baseline, control)
+            .collect_rich(caller, execution_id, &run_dir.work, baseline, control)
             .await;
-        if let Some(forking) = &forking {
+        if let Some(forking) = &launch.forking {
             self.pool.learn(forking, &collected.take_imported());
         }
         // The run is over: its proxy goes (its connections are closed, its socket removed)
@@ -387,29 +407,84 @@ impl Engine {
         // The run is over and its files are collected: unmounting and removing the run
         // directory need not hold up the reply.
         tokio::task::spawn_blocking(move || drop(run_dir));
+        Ok(Launched {
+            outcome: outcome?,
+            collected,
+            network_log,
+        })
+    }
 
-        let outcome = match outcome {
-            Ok(outcome) => outcome,
-            Err(err) => return with_plan(ExecutionResult::not_run(execution_id, err.into())),
-        };
-        let (status, error) = classify(&outcome, Ran::Script, &plan.shape.limits, plan.timeout);
-        let mut result = ExecutionResult::new(execution_id, status);
-        result.record_outcome(outcome);
-        result.setup_ms = setup_ms;
-        result.resolved_dependencies = environment
-            .packages
-            .iter()
-            .map(|p| Package {
-                name: p.name.clone(),
-                version: p.version.clone(),
-            })
-            .collect();
-        result.environment_reused = environment.reused;
-        result.network_log = network_log;
-        result.error = error;
-        let mut result = with_plan(result);
-        collected.apply(&mut result);
-        result
+    /// Where the run goes: forked from the fork server of its environment when there is one;
+    /// else a pre-started sandbox of the warm pool when one matches; else a cold start.
+    fn launch_path(
+        &self,
+        plan: &Plan,
+        environment: &Environment,
+        caller: &crate::Caller,
+    ) -> LaunchPath {
+        let network_is_default = plan.network == self.config.network.names();
+        let has_network = plan.network.is_some();
+        // The default environment and network setting (the pool learns the default from its
+        // first use when cache warming did not build it).
+        let is_default = plan.requirements.is_empty()
+            && network_is_default
+            && self
+                .pick_interpreter(None, None)
+                .is_ok_and(|default| default.executable == plan.interpreter.executable);
+        // A call that narrows the server's network policy may fork (a fork server holds no
+        // network: each forked run gets its own proxy, started with the call's names) but
+        // takes no pooled sandbox: that one's proxy was started with the whole policy before
+        // its environment's import-time code ran, and narrowing it afterwards could not take
+        // back a connection that code opened.
+        let narrowed = has_network && !network_is_default;
+        // A pooled sandbox was started with the server's own shape (limits, exec, a writable
+        // /work) and its environment's site code already ran: a run whose profile changes any
+        // of that forks or starts cold.
+        let reshaped = plan.shape != self.server_shape(plan.timeout);
+        match self.pool.claim(
+            caller,
+            environment,
+            has_network,
+            is_default,
+            narrowed || reshaped,
+        ) {
+            crate::pool::Claim::Fork(forking) => LaunchPath {
+                forking: Some(forking),
+                warm: None,
+            },
+            crate::pool::Claim::Warm(warm) => LaunchPath {
+                forking: None,
+                warm: Some(*warm),
+            },
+            crate::pool::Claim::Cold => LaunchPath {
+                forking: None,
+                warm: None,
+            },
+        }
+    }
+
+    /// The profile's exec-deny program and import policy, into the run's directory.
+    fn write_run_policy(&self, run_dir: &RunDir, plan: &Plan) -> Result<(), EngineError> {
+        if plan.shape.deny_exec {
+            snakebox_sandbox::exec_deny_program()
+                .map_err(|err| std::io::Error::other(crate::describe(&err)))
+                .and_then(|program| run_dir.write_exec_deny(&program))
+                .map_err(|err| {
+                    EngineError::internal(
+                        format!("Failed to prepare the run's exec-deny program: {err}"),
+                        "check that the data directory is writable; or run under a profile that allows subprocesses",
+                    )
+                })?;
+        }
+        if let Some(allowed) = &plan.imports {
+            run_dir.write_import_policy(allowed).map_err(|err| {
+                EngineError::internal(
+                    format!("Failed to write the run's import policy: {err}"),
+                    "check that the data directory is writable",
+                )
+            })?;
+        }
+        Ok(())
     }
 
     /// Decide, for a checked request, interpreter, requirements, timeout, network and what
