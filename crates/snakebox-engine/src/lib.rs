@@ -20,6 +20,7 @@ mod files;
 mod history;
 mod host_work;
 mod ids;
+pub mod keys;
 mod learn;
 mod lifecycle;
 mod network;
@@ -33,6 +34,7 @@ mod run;
 mod runner;
 mod session;
 mod size;
+pub mod store;
 pub mod telemetry;
 mod tenants;
 /// See [`snakebox_fs::tree`].
@@ -228,9 +230,16 @@ impl Engine {
             config.bwrap_path.as_deref(),
             lifecycle.stop_token(),
         );
+        let store = store::Database::open(&config.data_dir)
+            .map_err(|err| {
+                let err = EngineError::from(err);
+                tracing::warn!(err = %err.message, hint = ?err.hint, "the store is not available");
+            })
+            .ok();
         Engine {
             history: Arc::new(history::History::open(
                 &config.data_dir,
+                store.as_ref(),
                 config.store_budgets.clone(),
                 Arc::clone(&ledger),
             )),

@@ -163,16 +163,17 @@ impl SessionDisk {
         let _lock = Lock::take(data_dir).map_err(|why| unavailable(why, data_hint))?;
         make_traversable(root).map_err(|why| unavailable(why, data_hint))?;
         let legacy = Legacy::take(data_dir, root)?;
-        let db = root.join("sessions.db");
-        let store = Store::open(&db).map_err(|err| {
-            unavailable(
-                format!(
-                    "Failed to open the session database `{}`: {err}",
-                    db.display()
-                ),
-                data_hint,
-            )
-        })?;
+        // Opened after the sessions of an earlier version came out of their image: their
+        // file is imported into the store then (`crate::store`).
+        let store = crate::store::Database::open(data_dir)
+            .and_then(|database| Store::open(&database))
+            .map_err(|err| {
+                let err = EngineError::from(err);
+                unavailable(
+                    format!("Failed to open the sessions' store: {}", err.message),
+                    err.hint.as_deref().unwrap_or(data_hint),
+                )
+            })?;
         let shares = root.join(SHARES_DIR);
         make_traversable(&shares).map_err(|why| unavailable(why, data_hint))?;
         let disk = SessionDisk {
@@ -912,7 +913,12 @@ impl Legacy {
         image::loop_mount(&image, &mount, true).map_err(moving)?;
         let legacy = Legacy { image, mount };
         // The database comes out first (once: a start that stopped half-way copied it).
-        if !root.join("sessions.db").exists() {
+        // (Not when it was taken out and imported into the store already.)
+        if !root.join("sessions.db").exists()
+            && !root
+                .join(format!("sessions.db{}", crate::store::IMPORTED_SUFFIX))
+                .exists()
+        {
             for name in ["sessions.db-wal", "sessions.db-shm", "sessions.db"] {
                 let from = legacy.mount.join(name);
                 if from.exists() {
@@ -1022,7 +1028,7 @@ mod tests {
         let root = data.path().join("sessions-v1");
         fs_err::create_dir_all(&root).unwrap();
         {
-            let store = Store::open(&root.join("sessions.db")).unwrap();
+            let store = Store::at(&root.join("sessions.db"));
             for (id, owner) in [("s-a1", "a"), ("s-a2", "a"), ("s-b1", "b")] {
                 store.insert(&row(id, owner)).unwrap();
                 fs_err::create_dir_all(root.join(id).join("work")).unwrap();
@@ -1086,7 +1092,7 @@ mod tests {
         image::make(&old, 64 * MIB, None).unwrap();
         image::loop_mount(&old, &root, false).unwrap();
         {
-            let store = Store::open(&root.join("sessions.db")).unwrap();
+            let store = Store::at(&root.join("sessions.db"));
             for (id, owner) in [("s-a1", "a"), ("s-b1", "b")] {
                 store.insert(&row(id, owner)).unwrap();
                 fs_err::create_dir_all(root.join(id).join("work")).unwrap();
