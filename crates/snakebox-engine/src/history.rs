@@ -38,6 +38,7 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use crate::audit::{AuditEntry, AuditLog, MAX_DEPENDENCIES, MAX_FIELD_BYTES, cap_list, cap_text};
+use crate::budget::PerTenant;
 use crate::budget::{Budget, Ledger, Store, StoreBudgets, Usage};
 use crate::caller::Caller;
 use crate::result::ExecutionResult;
@@ -450,12 +451,34 @@ impl WriteQueue {
     }
 }
 
+/// What the runs table and the audit log keep of each tenant, and the writer's queue.
+#[derive(Debug, Clone)]
+pub(crate) struct HistoryLimits {
+    /// Each tenant's runs kept (rows and bytes).
+    pub(crate) runs: PerTenant<Budget>,
+    /// Each tenant's bytes of audit log.
+    pub(crate) audit_bytes: PerTenant<u64>,
+    /// Bytes of the writer's queue, every tenant's together.
+    pub(crate) queue_bytes: u64,
+}
+
+impl From<StoreBudgets> for HistoryLimits {
+    /// The same budgets for every tenant.
+    fn from(budgets: StoreBudgets) -> HistoryLimits {
+        HistoryLimits {
+            runs: PerTenant::uniform(budgets.history),
+            audit_bytes: PerTenant::uniform(budgets.audit_bytes),
+            queue_bytes: budgets.audit_queue_bytes,
+        }
+    }
+}
+
 /// The runs table of a data directory.
 pub(crate) struct History {
     /// The store (`None`: it could not be opened).
     store: Option<Database>,
     data_dir: PathBuf,
-    budgets: StoreBudgets,
+    limits: HistoryLimits,
     ledger: Arc<Ledger>,
     queue: Mutex<Option<Arc<WriteQueue>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -638,7 +661,7 @@ fn audit_entry(op: &Op) -> AuditEntry {
 
 /// Each tenant's runs against its budget, applied by the writer after each batch.
 struct RunsBudget {
-    budget: Budget,
+    budget: PerTenant<Budget>,
     /// What each tenant seen since the last recount holds (rows, bytes), kept up to date
     /// with what this writer adds; recounted from the table every [`PRUNE_EVERY_WRITES`]
     /// (other servers of the data directory write too).
@@ -691,7 +714,7 @@ impl RunsBudget {
     }
 
     fn evict(&mut self, conn: &Connection, owner: &str) -> rusqlite::Result<()> {
-        let budget = self.budget;
+        let budget = self.budget.of(owner);
         let mut removed = 0u64;
         loop {
             let held = *self.held(conn, owner)?;
@@ -828,9 +851,10 @@ impl History {
     pub(crate) fn open(
         data_dir: &Path,
         store: Option<&Database>,
-        budgets: StoreBudgets,
+        limits: impl Into<HistoryLimits>,
         ledger: Arc<Ledger>,
     ) -> History {
+        let limits = limits.into();
         let history = History {
             store: store.cloned(),
             data_dir: data_dir.to_path_buf(),
@@ -838,7 +862,7 @@ impl History {
             queue: Mutex::new(None),
             thread: Mutex::new(None),
             reader: Mutex::new(None),
-            budgets: budgets.clone(),
+            limits: limits.clone(),
         };
         let opened = match store {
             Some(store) => store
@@ -858,13 +882,13 @@ impl History {
                 None
             }
         };
-        let audit = AuditLog::new(data_dir, budgets.audit_bytes, Arc::clone(&ledger));
+        let audit = AuditLog::new(data_dir, limits.audit_bytes.clone(), Arc::clone(&ledger));
         let runs_budget = RunsBudget {
-            budget: budgets.history,
+            budget: limits.runs,
             held: HashMap::new(),
             ledger: Arc::clone(&ledger),
         };
-        let queue = Arc::new(WriteQueue::new(budgets.audit_queue_bytes, ledger));
+        let queue = Arc::new(WriteQueue::new(limits.queue_bytes, ledger));
         let writer_queue = Arc::clone(&queue);
         let thread = std::thread::Builder::new()
             .name("snakebox-history".into())
@@ -978,7 +1002,16 @@ impl History {
         });
         let audit_used =
             viewer.map(|caller| crate::audit::tenant_bytes(&self.data_dir, caller.id()));
-        let history = self.budgets.history;
+        let (history, audit_bytes) = match viewer {
+            Some(caller) => (
+                self.limits.runs.of(caller.id()),
+                self.limits.audit_bytes.of(caller.id()),
+            ),
+            None => (
+                self.limits.runs.default_value(),
+                self.limits.audit_bytes.default_value(),
+            ),
+        };
         let runs = crate::budget::StoreReport {
             budget: format!(
                 "{} per tenant; past it, the tenant's own oldest finished runs are removed (and any older than {} days)",
@@ -994,16 +1027,16 @@ impl History {
         let audit = crate::budget::StoreReport {
             budget: format!(
                 "{} per tenant, in up to 5 files; past it, the tenant's own oldest file is removed",
-                crate::ids::human_bytes(self.budgets.audit_bytes)
+                crate::ids::human_bytes(audit_bytes)
             ),
             max_items: None,
-            max_bytes: Some(self.budgets.audit_bytes),
+            max_bytes: Some(audit_bytes),
             used_items: None,
             used_bytes: audit_used,
             removed: counts.audit_files_removed,
         };
         let queue = crate::budget::WriteQueueReport {
-            max_bytes: self.budgets.audit_queue_bytes,
+            max_bytes: self.limits.queue_bytes,
             queued_bytes: self.queued_bytes(),
             dropped: counts.dropped,
         };

@@ -90,7 +90,7 @@ pub use session::{
 };
 pub use size::{MIN_MEMORY_BYTES, SIZE_HINT, SizeError, parse_memory_limit, parse_size};
 pub use snakebox_fs::PathError;
-pub use tenants::TenantQuotas;
+pub use tenants::{Tenant, TenantOverride, TenantQuotas};
 pub use validate::{
     ImportFound, ImportOrigin, ScriptAnalysis, Validation, ValidationProblem, import_allowed,
 };
@@ -180,7 +180,14 @@ impl Engine {
         Engine::assemble(config, Ok(sandbox)).await
     }
 
-    async fn assemble(config: EngineConfig, sandbox: Result<Sandbox, Unavailable>) -> Engine {
+    async fn assemble(mut config: EngineConfig, sandbox: Result<Sandbox, Unavailable>) -> Engine {
+        // `[tenants.NAME] profiles` and `default_profile` grant what the profiles' own
+        // `tenants` lists grant: one set of profiles decides for both.
+        for (tenant, over) in &config.tenant_overrides {
+            config
+                .profiles
+                .grant(tenant, &over.profiles, over.default_profile.as_deref());
+        }
         run::remove_stale_run_dirs(&config.data_dir);
         let sandbox = sandbox.map(Arc::new);
         let uv = Uv::locate(config.uv_path.as_deref()).map_err(|err| unavailable(&err));
@@ -217,16 +224,26 @@ impl Engine {
             WarmState::Disabled
         };
         let ledger = Arc::new(budget::Ledger::default());
+        // The one place every tenant's bounds come from: each store and queue below asks it
+        // for its own.
+        let book = tenants::TenantBook::new(
+            config.tenants.clone(),
+            config.store_budgets.clone(),
+            config.sessions.tenant_max_disk_bytes,
+            config.tenant_overrides.clone(),
+            config.profiles.clone(),
+        );
         let artifacts = artifacts::ArtifactStore::new(
             &config.data_dir,
             config.artifact_max_age,
             config.artifact_max_bytes,
         )
-        .with_tenant_budget(config.store_budgets.artifact_bytes, Arc::clone(&ledger));
+        .with_tenant_budget(book.artifact_bytes(), Arc::clone(&ledger));
         let lifecycle = lifecycle::Lifecycle::default();
         let sessions = session::Sessions::open(
             &config.data_dir,
             config.sessions.clone(),
+            book.sessions_disk(),
             config.bwrap_path.as_deref(),
             lifecycle.stop_token(),
         );
@@ -240,11 +257,15 @@ impl Engine {
             history: Arc::new(history::History::open(
                 &config.data_dir,
                 store.as_ref(),
-                config.store_budgets.clone(),
+                history::HistoryLimits {
+                    runs: book.history(),
+                    audit_bytes: book.audit_bytes(),
+                    queue_bytes: config.store_budgets.audit_queue_bytes,
+                },
                 Arc::clone(&ledger),
             )),
             ledger,
-            tenants: tenants::Tenants::new(config.tenants.clone()),
+            tenants: tenants::Tenants::new(book.clone()),
             resolver: network::ResolverCell::default(),
             running: lifecycle::RunningCalls::default(),
             compiles: compile::CompileQueue::default(),
@@ -253,11 +274,15 @@ impl Engine {
             artifacts,
             runs: tenants::FairSlots::for_sandboxes(
                 config.max_concurrent_runs,
-                config.tenants.max_concurrent_runs,
+                book.max_concurrent_runs(),
             ),
             host: host_work::HostWork::new(
                 host_work::HostWork::default_threads(),
-                config.tenants.max_concurrent_runs.is_some(),
+                config.tenants.max_concurrent_runs.is_some()
+                    || config
+                        .tenant_overrides
+                        .values()
+                        .any(|o| o.max_concurrent_runs.is_some()),
             ),
             config,
             sandbox,
@@ -268,6 +293,13 @@ impl Engine {
             warm: Mutex::new(warm),
             lifecycle,
         }
+    }
+
+    /// The tenant `caller` is for: what it may take of the server and keep in the stores,
+    /// and which profiles it may name (the `[tenants]` defaults and its `[tenants.NAME]`).
+    #[must_use]
+    pub fn tenant(&self, caller: &Caller) -> Tenant {
+        self.tenants.book().tenant(caller)
     }
 
     /// The settings this engine runs with.

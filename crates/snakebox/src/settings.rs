@@ -164,7 +164,15 @@ struct FileSettings {
     /// `[profiles.NAME]`: one table per profile (names are the operator's, so the section's
     /// keys are not checked against a list; each table's keys are).
     profiles: BTreeMap<String, ProfileFile>,
+    /// `[tenants.NAME]`: one table per tenant set apart, moved out of `[tenants]` by
+    /// [`sectioned`] (under a name no file can write: see [`TENANT_TABLES`]).
+    #[serde(rename = "tenants.NAME")]
+    tenant_tables: BTreeMap<String, TenantFile>,
 }
+
+/// Where [`sectioned`] puts the `[tenants.NAME]` tables (a key no file can hold at the top
+/// level: every top-level key is checked before).
+const TENANT_TABLES: &str = "tenants.NAME";
 
 /// `[profiles.NAME]`: what the profile changes from the built-in of the same name (or from
 /// `standard`, which adds nothing to the server's settings).
@@ -207,6 +215,30 @@ struct TenantsFile {
     artifacts_max_size: Option<SizeOrNumber>,
     sessions_max_disk: Option<SizeOrNumber>,
 }
+
+/// `[tenants.NAME]`: what one tenant gets instead of the `[tenants]` defaults, and the
+/// profiles it may name. Sub-tables, not an array of `[[tenants]]` tables: TOML cannot hold
+/// both an array and the `[tenants]` table under one key, and every file written before
+/// keeps its `[tenants]` defaults this way.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantFile {
+    max_concurrent_runs: Option<usize>,
+    runs_per_minute: Option<u32>,
+    max_sessions: Option<usize>,
+    history_max_runs: Option<u64>,
+    history_max_size: Option<SizeOrNumber>,
+    audit_max_size: Option<SizeOrNumber>,
+    artifacts_max_size: Option<SizeOrNumber>,
+    sessions_max_disk: Option<SizeOrNumber>,
+    /// Profiles the tenant may name (as if it were in each one's `tenants` list).
+    profiles: Option<Vec<String>>,
+    /// The profile of its calls that name none.
+    default_profile: Option<String>,
+}
+
+/// The keys of a `[tenants.NAME]` table besides the `[tenants]` ones.
+const TENANT_TABLE_KEYS: &[&str] = &["profiles", "default_profile"];
 
 /// `[http]`: read by `serve --http` only.
 #[derive(Debug, Default, Deserialize)]
@@ -519,6 +551,7 @@ fn resolve_with(args: &EngineArgs, mut file: FileSettings) -> anyhow::Result<Set
         std::mem::take(&mut file.profiles),
         &mut config,
     )?;
+    resolve_tenant_tables(std::mem::take(&mut file.tenant_tables), &mut config)?;
     let max_frame_bytes = resolve_frame(frame.as_deref(), config.max_script_bytes)?;
     Ok(Settings {
         engine: config,
@@ -1036,6 +1069,93 @@ fn resolve_tenants(
     Ok(())
 }
 
+/// `[tenants.NAME]`: each tenant set apart, checked as the `[tenants]` defaults are, with
+/// profiles that exist. The profiles it names are granted as the profiles' own `tenants`
+/// lists grant them (the engine takes the union: either way lets the tenant name it).
+fn resolve_tenant_tables(
+    file: BTreeMap<String, TenantFile>,
+    config: &mut EngineConfig,
+) -> anyhow::Result<()> {
+    for (name, table) in file {
+        let what = |key: &str| format!("`[tenants.{name}] {key}`");
+        for (key, value) in [
+            ("max_concurrent_runs", table.max_concurrent_runs),
+            ("runs_per_minute", table.runs_per_minute.map(|n| n as usize)),
+            ("max_sessions", table.max_sessions),
+            (
+                "history_max_runs",
+                table
+                    .history_max_runs
+                    .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            ),
+        ] {
+            if value == Some(0) {
+                bail!(
+                    "{} must be at least 1\nhint: leave it out for the `[tenants]` default",
+                    what(key)
+                );
+            }
+        }
+        let size = |key: &str, value: Option<SizeOrNumber>, least: u64| {
+            let Some(text) = text_or(None, value) else {
+                return Ok(None);
+            };
+            let bytes = parse_size(&text).with_context(|| format!("invalid {}", what(key)))?;
+            if bytes < least {
+                bail!(
+                    "{} must be at least {least} bytes, got `{text}`\nhint: give a larger size, or leave it out for the `[tenants]` default",
+                    what(key)
+                );
+            }
+            anyhow::Ok(Some(bytes))
+        };
+        let sessions_max_disk = size(
+            "sessions_max_disk",
+            table.sessions_max_disk,
+            snakebox_engine::MIN_SESSIONS_DISK_SHARE,
+        )?;
+        let total = config.sessions.max_disk_bytes;
+        if let Some(bytes) = sessions_max_disk.filter(|bytes| *bytes > total) {
+            bail!(
+                "{} ({bytes} bytes) is larger than --sessions-max-disk ({total} bytes)\nhint: a tenant's share is a part of the sessions' disk: raise --sessions-max-disk, or lower the share",
+                what("sessions_max_disk")
+            );
+        }
+        let profiles = table.profiles.unwrap_or_default();
+        for profile in profiles.iter().chain(&table.default_profile) {
+            if !config.profiles.all.contains_key(profile) {
+                bail!(
+                    "{} names `{profile}`, which is not a profile\nhint: name one of {}, or define it with `[profiles.{profile}]`",
+                    what(if table.default_profile.as_ref() == Some(profile) {
+                        "default_profile"
+                    } else {
+                        "profiles"
+                    }),
+                    config.profiles.names().join(", ")
+                );
+            }
+        }
+        let over = snakebox_engine::TenantOverride {
+            max_concurrent_runs: table.max_concurrent_runs,
+            runs_per_minute: table.runs_per_minute,
+            max_sessions: table.max_sessions,
+            history_max_runs: table.history_max_runs,
+            history_max_bytes: size("history_max_size", table.history_max_size, 64 << 10)?,
+            audit_max_bytes: size(
+                "audit_max_size",
+                table.audit_max_size,
+                snakebox_engine::MIN_AUDIT_BYTES,
+            )?,
+            artifacts_max_bytes: size("artifacts_max_size", table.artifacts_max_size, 1)?,
+            sessions_max_disk_bytes: sessions_max_disk,
+            profiles,
+            default_profile: table.default_profile,
+        };
+        config.tenant_overrides.insert(name, over);
+    }
+    Ok(())
+}
+
 /// What one tenant may keep in each shared store (`[tenants]` `history_max_runs`,
 /// `history_max_size`, `audit_max_size`, `artifacts_max_size`).
 fn resolve_store_budgets(
@@ -1188,6 +1308,13 @@ fn first_bad_key(table: &toml::Table) -> Option<(String, String, String)> {
                         }
                     }
                 }
+                toml::Value::Table(tenant) if section == TENANT_TABLES => {
+                    for (key, value) in tenant {
+                        if let Some(message) = fails_alone(&[section, name, key], value) {
+                            return Some((format!("tenants.{name}"), key.clone(), message));
+                        }
+                    }
+                }
                 _ => {
                     if let Some(message) = fails_alone(&[section, name], value) {
                         return Some((section.clone(), name.clone(), message));
@@ -1271,6 +1398,28 @@ fn sectioned(table: toml::Table) -> anyhow::Result<(toml::Table, Vec<FlatKey>)> 
             (toml::Value::Table(section), _) if key == "profiles" => {
                 sections.insert(key, section);
             }
+            // `[tenants]` holds the defaults and, as sub-tables, `[tenants.NAME]`.
+            (toml::Value::Table(mut section), _) if key == "tenants" => {
+                let named: Vec<String> = section
+                    .iter()
+                    .filter(|(_, value)| value.is_table())
+                    .map(|(name, _)| name.clone())
+                    .collect();
+                let mut tables = toml::Table::new();
+                for name in named {
+                    if let Some(table) = section.remove(&name) {
+                        check_tenant_table(&name, &table)?;
+                        tables.insert(name, table);
+                    }
+                }
+                for name in section.keys() {
+                    check_section_key(&key, name)?;
+                }
+                sections.insert(key, section);
+                if !tables.is_empty() {
+                    sections.insert(TENANT_TABLES.to_owned(), tables);
+                }
+            }
             (toml::Value::Table(section), _) if SECTIONS.contains(&key.as_str()) => {
                 for name in section.keys() {
                     check_section_key(&key, name)?;
@@ -1329,6 +1478,42 @@ fn check_section_key(section: &str, name: &str) -> anyhow::Result<()> {
         }
     };
     bail!("unknown key `{name}` in `[{section}]`\nhint: {hint}")
+}
+
+/// A `[tenants.NAME]` table: a tenant's name, and only keys such a table has.
+fn check_tenant_table(name: &str, table: &toml::Value) -> anyhow::Result<()> {
+    let defaults: Vec<&str> = SECTION_KEYS
+        .iter()
+        .filter(|(section, _)| *section == "tenants")
+        .map(|(_, key)| *key)
+        .collect();
+    if defaults.contains(&name) {
+        bail!(
+            "`[tenants.{name}]` is a table, but `{name}` is a setting of `[tenants]`\nhint: write `{name} = ...` under `[tenants]` for every tenant, or `[tenants.TENANT]` then `{name} = ...` for one"
+        );
+    }
+    if !snakebox_engine::is_plain_name(name) {
+        bail!(
+            "invalid tenant name `[tenants.{name}]`\nhint: use 1 to 64 characters of lowercase letters, digits, `-` and `_` (the name `snakebox keys add` was given)"
+        );
+    }
+    let keys: Vec<&str> = defaults.iter().chain(TENANT_TABLE_KEYS).copied().collect();
+    if let toml::Value::Table(table) = table {
+        for key in table.keys() {
+            if keys.contains(&key.as_str()) {
+                continue;
+            }
+            let hint = match closest(key, keys.iter().copied()) {
+                Some(best) => format!(
+                    "did you mean `{best}`? `[tenants.{name}]` has {}",
+                    list(&keys)
+                ),
+                None => format!("`[tenants.{name}]` has {}", list(&keys)),
+            };
+            bail!("unknown key `{key}` in `[tenants.{name}]`\nhint: {hint}");
+        }
+    }
+    Ok(())
 }
 
 /// The hint for an unknown key at the top level.
@@ -1691,6 +1876,30 @@ mod tests {
             && config.store_budgets.audit_bytes == 2 << 20
             && config.store_budgets.artifact_bytes == 3 << 20
             && config.store_budgets.audit_queue_bytes == 1 << 20,
+        tenant_tables_override_the_defaults_for_one_tenant: indoc! {r#"
+            [tenants]
+            max_sessions = 4
+            runs_per_minute = 60
+            [tenants.team-a]
+            max_sessions = 1
+            history_max_size = "2MiB"
+            profiles = ["network"]
+            default_profile = "basic"
+            [profiles.network]
+            tenants = ["team-b"]
+        "#} => |config| config.tenants.max_sessions == Some(4)
+            && config.tenants.runs_per_minute == Some(60)
+            && config.tenant_overrides["team-a"] == snakebox_engine::TenantOverride {
+                max_sessions: Some(1),
+                history_max_bytes: Some(2 << 20),
+                profiles: vec!["network".into()],
+                default_profile: Some("basic".into()),
+                ..snakebox_engine::TenantOverride::default()
+            }
+            && config.profiles.all["network"].tenants == ["team-b"]
+            && config.tenant_overrides.len() == 1,
+        a_tenant_table_alone: "[tenants.team-b]\nmax_concurrent_runs = 1\n" => |config| config.tenants == snakebox_engine::TenantQuotas::default()
+            && config.tenant_overrides["team-b"].max_concurrent_runs == Some(1),
         switches_and_booleans: indoc! {r#"
             [pool]
             fork_server = "off"
@@ -1777,6 +1986,16 @@ network = \"off\"
         share_larger_than_the_disk: "[sessions]\nmax_disk = \"1GiB\"\n[tenants]\nsessions_max_disk = \"2GiB\"\n" => ["--tenant-sessions-max-disk (`2GiB`) is larger than --sessions-max-disk", "hint: a tenant's share is a part"],
         tiny_audit_queue: "[server]\naudit_queue_size = \"64KiB\"\n" => ["--audit-queue-size (`[server] audit_queue_size`) must be at least 524288 bytes", "hint"],
         tenant_key_typo: "[tenants]\nmax_session = 2\n" => ["unknown key `max_session` in `[tenants]`", "did you mean `max_sessions`?"],
+        tenant_table_key_typo: "[tenants.team-a]\nmax_session = 2\n" => ["unknown key `max_session` in `[tenants.team-a]`", "did you mean `max_sessions`?"],
+        tenant_table_profile_typo: "[tenants.team-a]\ndefault_profiles = \"basic\"\n" => ["unknown key `default_profiles` in `[tenants.team-a]`", "did you mean `default_profile`?"],
+        tenant_table_bad_name: "[tenants.Team-A]\nmax_sessions = 2\n" => ["invalid tenant name `[tenants.Team-A]`", "hint"],
+        tenant_table_named_like_a_setting: "[tenants.max_sessions]\nmax_sessions = 2\n" => ["`max_sessions` is a setting of `[tenants]`", "hint"],
+        tenant_table_zero: "[tenants.team-a]\nmax_sessions = 0\n" => ["`[tenants.team-a] max_sessions` must be at least 1", "hint"],
+        tenant_table_wrong_type: "[tenants.team-a]\nmax_sessions = \"2\"\n" => ["`[tenants.team-a] max_sessions`", "hint: numbers are written bare"],
+        tenant_table_bad_size: "[tenants.team-a]\naudit_max_size = \"1KiB\"\n" => ["`[tenants.team-a] audit_max_size` must be at least 65536 bytes", "hint"],
+        tenant_table_share_larger_than_the_disk: "[sessions]\nmax_disk = \"1GiB\"\n[tenants.team-a]\nsessions_max_disk = \"2GiB\"\n" => ["`[tenants.team-a] sessions_max_disk`", "larger than --sessions-max-disk", "hint"],
+        tenant_table_unknown_profile: "[tenants.team-a]\nprofiles = [\"nope\"]\n" => ["`[tenants.team-a] profiles` names `nope`, which is not a profile", "hint: name one of basic"],
+        tenant_table_unknown_default_profile: "[tenants.team-a]\ndefault_profile = \"nope\"\n" => ["`[tenants.team-a] default_profile` names `nope`", "hint"],
         frame_limit_too_small: "[server]\nmax_frame_bytes = \"1K\"\n" => ["--max-frame-bytes must be between 64KiB and 1GiB", "hint"],
         frame_limit_not_a_size: "[server]\nmax_frame_bytes = \"big\"\n" => ["--max-frame-bytes", "hint"],
         unknown_default_profile: "[server]\nprofile = \"nope\"\n" => ["names `nope`, which is not a profile", "hint: name one of basic, data_science"],
