@@ -426,7 +426,12 @@ impl Database {
     }
 
     /// What runs, sessions and keys hold (scripts, who has which session, keys' hashes) is
-    /// the server user's alone: the file (and the journal files SQLite makes with its mode).
+    /// the server user's alone: the file is made 0600 before SQLite first opens it (the
+    /// journal files SQLite makes take its mode), and set so again each time.
+    ///
+    /// The file is opened here only to make it: closing a descriptor of a file releases every
+    /// POSIX lock this process holds on it, SQLite's included, so opening and closing the
+    /// file of a store in use would take the locks from under this process's connections.
     fn make_private(&self) -> Result<(), StoreError> {
         use fs_err::os::unix::fs::OpenOptionsExt;
         use std::os::unix::fs::PermissionsExt;
@@ -434,12 +439,17 @@ impl Database {
             if let Some(parent) = self.path.parent() {
                 fs_err::create_dir_all(parent)?;
             }
-            fs_err::OpenOptions::new()
-                .create(true)
-                .truncate(false)
+            match fs_err::OpenOptions::new()
                 .write(true)
+                .create_new(true)
                 .mode(0o600)
-                .open(&self.path)?;
+                .open(&self.path)
+            {
+                // Made now: no connection has it open yet.
+                Ok(made) => drop(made),
+                Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(err) => return Err(err),
+            }
             fs_err::set_permissions(&self.path, std::fs::Permissions::from_mode(0o600))
         };
         private().map_err(|source| StoreError::Private {

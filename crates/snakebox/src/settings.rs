@@ -15,7 +15,8 @@
 //! | `[cache]` | the environment cache: warming, builds, size and age | |
 //! | `[sessions]` | persistent sessions: idle times, count, disk, interpreters | per-tenant quotas |
 //! | `[artifacts]` | the artifact store: age and size | |
-//! | `[tenants]` | what one tenant may take: runs at once, runs per minute, sessions; what it may keep in the shared stores (runs table, audit log, artifacts) | per-tenant profiles |
+//! | `[tenants]` | what one tenant may take: runs at once, runs per minute, sessions; what it may keep in the shared stores (runs table, audit log, artifacts); its share of the sessions' disk | |
+//! | `[tenants.NAME]` | the same for one tenant set apart, and the profiles it may name and its default profile | tenants' own budgets |
 //! | `[profiles.NAME]` | a named policy bundle (network, subprocesses, writable /work, limits, packages, imports, tenants); built-ins `standard`, `basic`, `data_science`, `network`, `filesystem` | |
 //! | `[http]` | `serve --http`: address, public URL, allowed hosts and origins, download links' lifetime | |
 //!
@@ -23,6 +24,12 @@
 //! `[server]`, and each store's retention is in the store's own section, so a per-tenant or
 //! per-profile `[limits]` can later be a copy of one table. What one tenant may keep in a
 //! shared store is a tenant's budget, so it is in `[tenants]` beside its other quotas.
+//!
+//! One tenant's own settings are `[tenants.NAME]` sub-tables of `[tenants]`, not a
+//! `[[tenants]]` array: TOML cannot hold an array and the `[tenants]` table (the defaults,
+//! written by every earlier file) under one name. [`sectioned`] takes the sub-tables out of
+//! `[tenants]` (checking their names and keys), and a tenant's `profiles` grant what the
+//! profiles' own `tenants` lists grant: either list lets the tenant name a profile.
 //!
 //! One mechanism reads the file: the TOML table is normalised into the sectioned form
 //! ([`sectioned`]): every flat key of earlier versions (`max_timeout = 120`, the long flag with
