@@ -52,6 +52,12 @@ pub enum KeyError {
 }
 
 impl KeyError {
+    /// What failed with its causes (`what failed: because`), for the server's log.
+    #[must_use]
+    pub fn describe(&self) -> String {
+        crate::error::describe(self)
+    }
+
     /// How to fix it.
     #[must_use]
     pub fn hint(&self) -> String {
