@@ -223,6 +223,14 @@ impl Engine {
         } else {
             WarmState::Disabled
         };
+        // The store first: its first opening imports the files of earlier versions (the
+        // sessions open it again, once the sessions kept in an old image are taken out).
+        let store = store::Database::open(&config.data_dir)
+            .map_err(|err| {
+                let err = EngineError::from(err);
+                tracing::warn!(err = %err.message, hint = ?err.hint, "the store is not available");
+            })
+            .ok();
         let ledger = Arc::new(budget::Ledger::default());
         // The one place every tenant's bounds come from: each store and queue below asks it
         // for its own.
@@ -247,12 +255,6 @@ impl Engine {
             config.bwrap_path.as_deref(),
             lifecycle.stop_token(),
         );
-        let store = store::Database::open(&config.data_dir)
-            .map_err(|err| {
-                let err = EngineError::from(err);
-                tracing::warn!(err = %err.message, hint = ?err.hint, "the store is not available");
-            })
-            .ok();
         Engine {
             history: Arc::new(history::History::open(
                 &config.data_dir,

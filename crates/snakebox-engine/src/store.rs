@@ -486,8 +486,11 @@ impl Database {
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(|source| self.sqlite(source))?;
-        // Checked again holding the store's write lock: a server that imported the file
-        // before this one had it renamed by the time it let go of the lock.
+        // Checked again holding the store's write lock. A server that imported a file renames
+        // it right after its commit, before it serves anything: one that takes the lock in
+        // between copies the same rows again, and a row already there is kept (`INSERT OR
+        // IGNORE`), so nothing doubles; any later change (a revocation, a deletion) needs
+        // the lock too, so it comes after, and an old row never comes back over it.
         let mut imported = Vec::new();
         for (path, tables) in &sources {
             if !path.exists() {
