@@ -368,7 +368,7 @@ pub struct ArtifactStore {
     /// The store's total.
     max_bytes: u64,
     /// Each tenant's budget.
-    tenant_bytes: u64,
+    tenant_bytes: crate::budget::PerTenant<u64>,
     ledger: Arc<Ledger>,
 }
 
@@ -394,15 +394,19 @@ impl ArtifactStore {
             root: data_dir.join(BUCKET),
             max_age,
             max_bytes,
-            tenant_bytes: max_bytes,
+            tenant_bytes: crate::budget::PerTenant::uniform(max_bytes),
             ledger: Arc::new(Ledger::default()),
         }
     }
 
     /// Each tenant keeps at most `bytes` of artifacts; removals are counted in `ledger`.
     #[must_use]
-    pub(crate) fn with_tenant_budget(mut self, bytes: u64, ledger: Arc<Ledger>) -> Self {
-        self.tenant_bytes = bytes;
+    pub(crate) fn with_tenant_budget(
+        mut self,
+        bytes: impl Into<crate::budget::PerTenant<u64>>,
+        ledger: Arc<Ledger>,
+    ) -> Self {
+        self.tenant_bytes = bytes.into();
         self.ledger = ledger;
         self
     }
@@ -419,7 +423,7 @@ impl ArtifactStore {
         format!(
             "artifacts are kept {} hours, then removed; each tenant keeps up to {} (past it, its own oldest runs' artifacts are removed first), and the store up to {} (a run that would pass it makes room by removing its own tenant's oldest, or keeps no files); another tenant's use never removes a tenant's artifacts, and a read of one removed early says why",
             self.max_age.as_secs() / 3600,
-            crate::ids::human_bytes(self.tenant_bytes),
+            crate::ids::human_bytes(self.tenant_bytes.default_value()),
             crate::ids::human_bytes(self.max_bytes)
         )
     }
@@ -438,13 +442,17 @@ impl ArtifactStore {
             }
             held
         });
+        let budget = viewer.map_or_else(
+            || self.tenant_bytes.default_value(),
+            |caller| self.tenant_bytes.of(caller.id()),
+        );
         crate::budget::StoreReport {
             budget: format!(
                 "{} per tenant; past it, the tenant's own oldest runs' artifacts are removed (a read of one says so)",
-                crate::ids::human_bytes(self.tenant_bytes)
+                crate::ids::human_bytes(budget)
             ),
             max_items: None,
-            max_bytes: Some(self.tenant_bytes),
+            max_bytes: Some(budget),
             used_items: used.map(|u| u.items),
             used_bytes: used.map(|u| u.bytes),
             removed: viewer.map_or(0, |c| self.ledger.counts(c.id()).artifacts_removed),
@@ -499,7 +507,9 @@ impl ArtifactStore {
     ) -> Collection {
         let mut collection = Collection::default();
         let mut entry = Entry::new(self, execution_id, caller.id());
-        let run_budget = MAX_RUN_BYTES.min(self.max_bytes).min(self.tenant_bytes);
+        let run_budget = MAX_RUN_BYTES
+            .min(self.max_bytes)
+            .min(self.tenant_bytes.of(caller.id()));
         let mut skipped_total = 0usize;
         let mut skip = |collection: &mut Collection, name: &str, reason: String| {
             skipped_total += 1;
@@ -673,10 +683,11 @@ impl ArtifactStore {
                 candidates.push(((i, dir.clone()), Usage::one(m.total_bytes)));
             }
         }
-        let (gone, _) = crate::budget::excess(held, Budget::bytes(self.tenant_bytes), candidates);
+        let budget = self.tenant_bytes.of(tenant);
+        let (gone, _) = crate::budget::excess(held, Budget::bytes(budget), candidates);
         let why = format!(
             "by its own tenant's budget: the tenant's artifacts exceeded {} (`[tenants] artifacts_max_size`), and its oldest are removed first",
-            crate::ids::human_bytes(self.tenant_bytes)
+            crate::ids::human_bytes(budget)
         );
         for (i, dir) in &gone {
             if let Some(removed) = tombstone(dir, TENANT_BUDGET, &why) {
@@ -687,7 +698,7 @@ impl ArtifactStore {
             Store::Artifacts,
             tenant,
             gone.len() as u64,
-            &crate::ids::human_bytes(self.tenant_bytes),
+            &crate::ids::human_bytes(budget),
         );
         gone.len()
     }

@@ -32,6 +32,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use crate::budget::PerTenant;
 use crate::budget::{Budget, Ledger, Store, Usage};
 use crate::events::SecurityEvent;
 
@@ -265,7 +266,7 @@ pub(crate) struct AuditLog {
     /// `<data>/audit`.
     dir: PathBuf,
     /// Each tenant's budget: bytes of its files together.
-    budget: u64,
+    budget: PerTenant<u64>,
     /// Tenants' current files, open.
     open: HashMap<String, Open>,
     ledger: Arc<Ledger>,
@@ -307,7 +308,12 @@ pub(crate) fn tenant_bytes(data_dir: &Path, tenant: &str) -> u64 {
 }
 
 impl AuditLog {
-    pub(crate) fn new(data_dir: &Path, budget: u64, ledger: Arc<Ledger>) -> AuditLog {
+    pub(crate) fn new(
+        data_dir: &Path,
+        budget: impl Into<PerTenant<u64>>,
+        ledger: Arc<Ledger>,
+    ) -> AuditLog {
+        let budget = budget.into();
         AuditLog {
             dir: data_dir.join(AUDIT_DIR),
             budget,
@@ -321,9 +327,9 @@ impl AuditLog {
         self.dir.join(TENANTS_DIR)
     }
 
-    /// The size past which a tenant's current file is rotated.
-    fn file_max(&self) -> u64 {
-        (self.budget / FILES_PER_BUDGET).max(1)
+    /// The size past which `tenant`'s current file is rotated.
+    fn file_max(&self, tenant: &str) -> u64 {
+        (self.budget.of(tenant) / FILES_PER_BUDGET).max(1)
     }
 
     fn open(&mut self, tenant: &str) -> std::io::Result<()> {
@@ -376,7 +382,7 @@ impl AuditLog {
         };
         let (remove, _) = crate::budget::excess(
             held,
-            Budget::bytes(self.budget.saturating_sub(self.file_max())),
+            Budget::bytes(self.budget.of(tenant).saturating_sub(self.file_max(tenant))),
             files
                 .into_iter()
                 .map(|(path, size)| (path, Usage::one(size))),
@@ -388,7 +394,7 @@ impl AuditLog {
             Store::Audit,
             tenant,
             remove.len() as u64,
-            &crate::ids::human_bytes(self.budget),
+            &crate::ids::human_bytes(self.budget.of(tenant)),
         );
         self.open(tenant)
     }
@@ -396,7 +402,7 @@ impl AuditLog {
     fn write(&mut self, tenant: &str, line: &[u8]) -> std::io::Result<()> {
         self.open(tenant)?;
         let size = self.open.get(tenant).map_or(0, |open| open.size);
-        if size > 0 && size + line.len() as u64 > self.file_max() {
+        if size > 0 && size + line.len() as u64 > self.file_max(tenant) {
             self.rotate(tenant)?;
         }
         if let Some(open) = self.open.get_mut(tenant) {

@@ -10,8 +10,8 @@
 //! ([`STORE_REMOVED_TOTAL`], [`AUDIT_DROPPED_TOTAL`]), and the server's log says so when it
 //! starts happening (then at each power of ten, so a flood cannot flood the log too).
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -319,6 +319,61 @@ pub struct StoresReport {
     pub artifacts_refused: u64,
     /// The queue to the runs table's and audit log's writer.
     pub write_queue: WriteQueueReport,
+}
+
+/// A bound with a default for every tenant and exceptions for some (what one store or queue
+/// asks [`TenantBook`] for).
+#[derive(Debug, Clone)]
+pub(crate) struct PerTenant<T> {
+    default: T,
+    by_tenant: Arc<BTreeMap<String, T>>,
+}
+
+impl<T: Clone> PerTenant<T> {
+    /// The same for every tenant.
+    pub(crate) fn uniform(default: T) -> PerTenant<T> {
+        PerTenant {
+            default,
+            by_tenant: Arc::new(BTreeMap::new()),
+        }
+    }
+
+    /// Each value through `f`.
+    pub(crate) fn map<U: Clone>(self, f: impl Fn(T) -> U) -> PerTenant<U> {
+        PerTenant {
+            default: f(self.default.clone()),
+            by_tenant: Arc::new(
+                self.by_tenant
+                    .iter()
+                    .map(|(name, value)| (name.clone(), f(value.clone())))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The default: what a tenant without an override gets.
+    pub(crate) fn default_value(&self) -> T {
+        self.default.clone()
+    }
+
+    /// `default` for every tenant but those of `by_tenant`.
+    pub(crate) fn new(default: T, by_tenant: BTreeMap<String, T>) -> PerTenant<T> {
+        PerTenant {
+            default,
+            by_tenant: Arc::new(by_tenant),
+        }
+    }
+
+    /// `tenant`'s.
+    pub(crate) fn of(&self, tenant: &str) -> T {
+        self.by_tenant.get(tenant).unwrap_or(&self.default).clone()
+    }
+}
+
+impl<T: Clone> From<T> for PerTenant<T> {
+    fn from(default: T) -> PerTenant<T> {
+        PerTenant::uniform(default)
+    }
 }
 
 #[cfg(test)]

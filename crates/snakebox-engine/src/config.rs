@@ -109,6 +109,8 @@ pub struct EngineConfig {
     pub sessions: SessionSettings,
     /// What one tenant may take of the server (runs at once, runs per minute, sessions).
     pub tenants: crate::TenantQuotas,
+    /// What `[tenants.NAME]` sets apart for one tenant, by name ([`crate::TenantOverride`]).
+    pub tenant_overrides: std::collections::BTreeMap<String, crate::TenantOverride>,
     /// What one tenant may keep in each shared store (the runs table, the audit log, the
     /// artifact store) and the writer's queue ([`crate::StoreBudgets`]).
     pub store_budgets: crate::StoreBudgets,
@@ -166,6 +168,7 @@ impl EngineConfig {
             max_concurrent_runs: 8,
             sessions: SessionSettings::default(),
             tenants: crate::TenantQuotas::default(),
+            tenant_overrides: std::collections::BTreeMap::new(),
             store_budgets: crate::StoreBudgets::default(),
             artifact_max_age: Duration::from_secs(24 * 3600),
             artifact_max_bytes: 1024 * 1024 * 1024,

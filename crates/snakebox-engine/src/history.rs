@@ -38,14 +38,12 @@ use schemars::JsonSchema;
 use serde::Serialize;
 
 use crate::audit::{AuditEntry, AuditLog, MAX_DEPENDENCIES, MAX_FIELD_BYTES, cap_list, cap_text};
+use crate::budget::PerTenant;
 use crate::budget::{Budget, Ledger, Store, StoreBudgets, Usage};
 use crate::caller::Caller;
 use crate::result::ExecutionResult;
+use crate::store::Database;
 
-/// The database file under the data directory.
-const STORE_FILE: &str = "store-v1.db";
-/// The schema version written to `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 3;
 /// Runs older than this are forgotten.
 pub(crate) const MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The part of each script (or command) that is kept.
@@ -453,11 +451,34 @@ impl WriteQueue {
     }
 }
 
+/// What the runs table and the audit log keep of each tenant, and the writer's queue.
+#[derive(Debug, Clone)]
+pub(crate) struct HistoryLimits {
+    /// Each tenant's runs kept (rows and bytes).
+    pub(crate) runs: PerTenant<Budget>,
+    /// Each tenant's bytes of audit log.
+    pub(crate) audit_bytes: PerTenant<u64>,
+    /// Bytes of the writer's queue, every tenant's together.
+    pub(crate) queue_bytes: u64,
+}
+
+impl From<StoreBudgets> for HistoryLimits {
+    /// The same budgets for every tenant.
+    fn from(budgets: StoreBudgets) -> HistoryLimits {
+        HistoryLimits {
+            runs: PerTenant::uniform(budgets.history),
+            audit_bytes: PerTenant::uniform(budgets.audit_bytes),
+            queue_bytes: budgets.audit_queue_bytes,
+        }
+    }
+}
+
 /// The runs table of a data directory.
 pub(crate) struct History {
-    path: PathBuf,
+    /// The store (`None`: it could not be opened).
+    store: Option<Database>,
     data_dir: PathBuf,
-    budgets: StoreBudgets,
+    limits: HistoryLimits,
     ledger: Arc<Ledger>,
     queue: Mutex<Option<Arc<WriteQueue>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -472,86 +493,6 @@ fn now_ms() -> u64 {
 
 fn to_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
-}
-
-fn open(path: &Path) -> rusqlite::Result<Connection> {
-    // Scripts may hold what a caller would not show other users of the host: the file (and
-    // the journal files SQLite makes with the same mode) is the server user's alone.
-    {
-        use fs_err::os::unix::fs::OpenOptionsExt;
-        use std::os::unix::fs::PermissionsExt;
-        let private = || -> std::io::Result<()> {
-            fs_err::OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .mode(0o600)
-                .open(path)?;
-            fs_err::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        };
-        private().map_err(|err| {
-            rusqlite::Error::SqliteFailure(
-                rusqlite::ffi::Error::new(rusqlite::ffi::SQLITE_CANTOPEN),
-                Some(err.to_string()),
-            )
-        })?;
-    }
-    let conn = Connection::open(path)?;
-    conn.busy_timeout(Duration::from_secs(5))?;
-    let _: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
-    conn.execute_batch(
-        "PRAGMA synchronous = NORMAL;
-         CREATE TABLE IF NOT EXISTS runs (
-             execution_id TEXT PRIMARY KEY,
-             owner TEXT NOT NULL,
-             kind TEXT NOT NULL,
-             session_id TEXT,
-             started_at_ms INTEGER NOT NULL,
-             server_pid INTEGER NOT NULL,
-             status TEXT NOT NULL,
-             duration_ms INTEGER,
-             setup_ms INTEGER,
-             exit_code INTEGER,
-             python_version TEXT,
-             dependencies TEXT NOT NULL,
-             script TEXT NOT NULL,
-             script_truncated INTEGER NOT NULL
-         );
-         CREATE INDEX IF NOT EXISTS runs_by_owner ON runs (owner, started_at_ms DESC);",
-    )?;
-    // Version 2 keeps each finished run's whole record (what the web UI shows): a column
-    // added in place, empty for the runs recorded before.
-    let has_output: bool = conn.query_row(
-        "SELECT COUNT(*) > 0 FROM pragma_table_info('runs') WHERE name = 'output'",
-        [],
-        |row| row.get(0),
-    )?;
-    if !has_output {
-        conn.execute_batch("ALTER TABLE runs ADD COLUMN output TEXT")?;
-    }
-    // Version 3 keeps each script's size and hash, and what each row costs its tenant's
-    // budget (an index covers what the budget reads, so no row is read whole for it); rows
-    // of earlier versions are measured once.
-    let has_bytes: bool = conn.query_row(
-        "SELECT COUNT(*) > 0 FROM pragma_table_info('runs') WHERE name = 'row_bytes'",
-        [],
-        |row| row.get(0),
-    )?;
-    if !has_bytes {
-        conn.execute_batch(&format!(
-            "ALTER TABLE runs ADD COLUMN script_bytes INTEGER;
-             ALTER TABLE runs ADD COLUMN script_sha256 TEXT;
-             ALTER TABLE runs ADD COLUMN row_bytes INTEGER NOT NULL DEFAULT 0;
-             UPDATE runs SET row_bytes = {ROW_OVERHEAD_BYTES} + length(CAST(script AS BLOB))
-                 + length(CAST(dependencies AS BLOB)) + IFNULL(length(CAST(output AS BLOB)), 0)
-                 + IFNULL(length(CAST(session_id AS BLOB)), 0);"
-        ))?;
-    }
-    conn.execute_batch(
-        "CREATE INDEX IF NOT EXISTS runs_budget ON runs (owner, started_at_ms, row_bytes)",
-    )?;
-    conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
-    Ok(conn)
 }
 
 /// `running` rows of servers that are gone become `interrupted`.
@@ -720,7 +661,7 @@ fn audit_entry(op: &Op) -> AuditEntry {
 
 /// Each tenant's runs against its budget, applied by the writer after each batch.
 struct RunsBudget {
-    budget: Budget,
+    budget: PerTenant<Budget>,
     /// What each tenant seen since the last recount holds (rows, bytes), kept up to date
     /// with what this writer adds; recounted from the table every [`PRUNE_EVERY_WRITES`]
     /// (other servers of the data directory write too).
@@ -773,7 +714,7 @@ impl RunsBudget {
     }
 
     fn evict(&mut self, conn: &Connection, owner: &str) -> rusqlite::Result<()> {
-        let budget = self.budget;
+        let budget = self.budget.of(owner);
         let mut removed = 0u64;
         loop {
             let held = *self.held(conn, owner)?;
@@ -904,42 +845,50 @@ fn record_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<RunRecord> {
 }
 
 impl History {
-    /// Open the store of `data_dir`, marking the runs of dead servers `interrupted`, with
-    /// each tenant's budgets. Never fails: without a store, runs are not recorded (and that
-    /// is logged).
-    pub(crate) fn open(data_dir: &Path, budgets: StoreBudgets, ledger: Arc<Ledger>) -> History {
-        let path = data_dir.join(STORE_FILE);
+    /// The runs table of `data_dir`'s store (`None`: the store could not be opened), marking
+    /// the runs of dead servers `interrupted`, with each tenant's budgets. Never fails:
+    /// without a store, runs are not recorded (and that is logged); the audit log still is.
+    pub(crate) fn open(
+        data_dir: &Path,
+        store: Option<&Database>,
+        limits: impl Into<HistoryLimits>,
+        ledger: Arc<Ledger>,
+    ) -> History {
+        let limits = limits.into();
         let history = History {
-            path: path.clone(),
+            store: store.cloned(),
             data_dir: data_dir.to_path_buf(),
             ledger: Arc::clone(&ledger),
             queue: Mutex::new(None),
             thread: Mutex::new(None),
             reader: Mutex::new(None),
-            budgets: budgets.clone(),
+            limits: limits.clone(),
         };
-        let opened = fs_err::create_dir_all(data_dir)
-            .map_err(|err| err.to_string())
-            .and_then(|()| open(&path).map_err(|err| err.to_string()))
-            .and_then(|conn| {
-                mark_interrupted(&conn).map_err(|err| err.to_string())?;
-                prune(&conn).map_err(|err| err.to_string())?;
-                Ok(conn)
-            });
+        let opened = match store {
+            Some(store) => store
+                .connect()
+                .map_err(|err| crate::error::describe(&err))
+                .and_then(|conn| {
+                    mark_interrupted(&conn).map_err(|err| err.to_string())?;
+                    prune(&conn).map_err(|err| err.to_string())?;
+                    Ok(conn)
+                }),
+            None => Err("the store could not be opened".to_owned()),
+        };
         let writer = match opened {
             Ok(conn) => Some(conn),
             Err(err) => {
-                tracing::warn!(%err, path = %path.display(), "the runs table is not available; runs are not recorded (the audit log still is)");
+                tracing::warn!(%err, data_dir = %data_dir.display(), "the runs table is not available; runs are not recorded (the audit log still is)");
                 None
             }
         };
-        let audit = AuditLog::new(data_dir, budgets.audit_bytes, Arc::clone(&ledger));
+        let audit = AuditLog::new(data_dir, limits.audit_bytes.clone(), Arc::clone(&ledger));
         let runs_budget = RunsBudget {
-            budget: budgets.history,
+            budget: limits.runs,
             held: HashMap::new(),
             ledger: Arc::clone(&ledger),
         };
-        let queue = Arc::new(WriteQueue::new(budgets.audit_queue_bytes, ledger));
+        let queue = Arc::new(WriteQueue::new(limits.queue_bytes, ledger));
         let writer_queue = Arc::clone(&queue);
         let thread = std::thread::Builder::new()
             .name("snakebox-history".into())
@@ -1053,7 +1002,16 @@ impl History {
         });
         let audit_used =
             viewer.map(|caller| crate::audit::tenant_bytes(&self.data_dir, caller.id()));
-        let history = self.budgets.history;
+        let (history, audit_bytes) = match viewer {
+            Some(caller) => (
+                self.limits.runs.of(caller.id()),
+                self.limits.audit_bytes.of(caller.id()),
+            ),
+            None => (
+                self.limits.runs.default_value(),
+                self.limits.audit_bytes.default_value(),
+            ),
+        };
         let runs = crate::budget::StoreReport {
             budget: format!(
                 "{} per tenant; past it, the tenant's own oldest finished runs are removed (and any older than {} days)",
@@ -1069,16 +1027,16 @@ impl History {
         let audit = crate::budget::StoreReport {
             budget: format!(
                 "{} per tenant, in up to 5 files; past it, the tenant's own oldest file is removed",
-                crate::ids::human_bytes(self.budgets.audit_bytes)
+                crate::ids::human_bytes(audit_bytes)
             ),
             max_items: None,
-            max_bytes: Some(self.budgets.audit_bytes),
+            max_bytes: Some(audit_bytes),
             used_items: None,
             used_bytes: audit_used,
             removed: counts.audit_files_removed,
         };
         let queue = crate::budget::WriteQueueReport {
-            max_bytes: self.budgets.audit_queue_bytes,
+            max_bytes: self.limits.queue_bytes,
             queued_bytes: self.queued_bytes(),
             dropped: counts.dropped,
         };
@@ -1088,13 +1046,12 @@ impl History {
     fn read<T>(&self, query: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Option<T> {
         let mut reader = lock(&self.reader);
         if reader.is_none() {
-            *reader = Connection::open(&self.path)
-                .and_then(|conn| {
-                    conn.busy_timeout(Duration::from_secs(5))?;
-                    Ok(conn)
-                })
-                .map_err(|err| tracing::debug!(%err, "the runs table cannot be read"))
-                .ok();
+            *reader = self.store.as_ref().and_then(|store| {
+                store
+                    .connect()
+                    .map_err(|err| tracing::debug!(%err, "the runs table cannot be read"))
+                    .ok()
+            });
         }
         let conn = reader.as_ref()?;
         query(conn)
@@ -1182,7 +1139,11 @@ mod tests {
 
     fn open_with(dir: &Path, budgets: StoreBudgets) -> (History, Arc<Ledger>) {
         let ledger = Arc::new(Ledger::default());
-        (History::open(dir, budgets, Arc::clone(&ledger)), ledger)
+        let store = Database::open(dir).ok();
+        (
+            History::open(dir, store.as_ref(), budgets, Arc::clone(&ledger)),
+            ledger,
+        )
     }
 
     fn open_default(dir: &Path) -> History {
@@ -1291,7 +1252,7 @@ mod tests {
     #[test]
     fn running_rows_of_a_dead_server_are_interrupted_at_open() {
         let dir = tempfile::tempdir().unwrap();
-        let conn = open(&dir.path().join(STORE_FILE)).unwrap();
+        let conn = Database::open(dir.path()).unwrap().connect().unwrap();
         conn.execute(
             "INSERT INTO runs (execution_id, owner, kind, started_at_ms, server_pid, status,
                  dependencies, script, script_truncated)
@@ -1308,7 +1269,7 @@ mod tests {
     #[test]
     fn a_version_1_store_gains_the_columns_of_later_versions() {
         let dir = tempfile::tempdir().unwrap();
-        let conn = Connection::open(dir.path().join(STORE_FILE)).unwrap();
+        let conn = Connection::open(dir.path().join(crate::store::STORE_FILE)).unwrap();
         conn.execute_batch(
             "CREATE TABLE runs (execution_id TEXT PRIMARY KEY, owner TEXT NOT NULL,
                  kind TEXT NOT NULL, session_id TEXT, started_at_ms INTEGER NOT NULL,
@@ -1343,7 +1304,7 @@ mod tests {
         let history = open_default(dir.path());
         history.started("r1", &Caller::local(), start("secret = 1"));
         history.close();
-        let mode = fs_err::metadata(dir.path().join(STORE_FILE))
+        let mode = fs_err::metadata(dir.path().join(crate::store::STORE_FILE))
             .unwrap()
             .permissions()
             .mode();
@@ -1354,7 +1315,7 @@ mod tests {
     fn an_unwritable_store_costs_the_history_not_the_caller() {
         let dir = tempfile::tempdir().unwrap();
         // The store's path is a directory: it cannot be opened.
-        fs_err::create_dir_all(dir.path().join(STORE_FILE)).unwrap();
+        fs_err::create_dir_all(dir.path().join(crate::store::STORE_FILE)).unwrap();
         let history = open_default(dir.path());
         history.started("r1", &Caller::local(), start("print(1)"));
         history.close();
@@ -1432,7 +1393,7 @@ mod tests {
         };
         history.started("big", &Caller::local(), run);
         history.close();
-        let conn = Connection::open(dir.path().join(STORE_FILE)).unwrap();
+        let conn = Connection::open(dir.path().join(crate::store::STORE_FILE)).unwrap();
         let row_bytes: i64 = conn
             .query_row(
                 "SELECT length(CAST(script AS BLOB)) + length(CAST(dependencies AS BLOB))

@@ -20,6 +20,7 @@ mod files;
 mod history;
 mod host_work;
 mod ids;
+pub mod keys;
 mod learn;
 mod lifecycle;
 mod network;
@@ -33,6 +34,7 @@ mod run;
 mod runner;
 mod session;
 mod size;
+pub mod store;
 pub mod telemetry;
 mod tenants;
 /// See [`snakebox_fs::tree`].
@@ -91,7 +93,7 @@ pub use snakebox_fs::PathError;
 /// What the faces see of the sandbox layer: a run's output as it streams, which stream it came
 /// on, and which kind of backend isolates runs (the faces name no sandbox crate).
 pub use snakebox_sandbox::{BackendKind, OutputChunk, Stream};
-pub use tenants::TenantQuotas;
+pub use tenants::{Tenant, TenantOverride, TenantQuotas};
 pub use validate::{
     ImportFound, ImportOrigin, ScriptAnalysis, Validation, ValidationProblem, import_allowed,
 };
@@ -181,7 +183,14 @@ impl Engine {
         Engine::assemble(config, Ok(sandbox)).await
     }
 
-    async fn assemble(config: EngineConfig, sandbox: Result<Sandbox, Unavailable>) -> Engine {
+    async fn assemble(mut config: EngineConfig, sandbox: Result<Sandbox, Unavailable>) -> Engine {
+        // `[tenants.NAME] profiles` and `default_profile` grant what the profiles' own
+        // `tenants` lists grant: one set of profiles decides for both.
+        for (tenant, over) in &config.tenant_overrides {
+            config
+                .profiles
+                .grant(tenant, &over.profiles, over.default_profile.as_deref());
+        }
         let staging = sandbox.as_ref().map_or(
             &snakebox_sandbox::HostDirStaging as &dyn snakebox_sandbox::Staging,
             Sandbox::staging,
@@ -221,28 +230,51 @@ impl Engine {
         } else {
             WarmState::Disabled
         };
+        // The store first: its first opening imports the files of earlier versions (the
+        // sessions open it again, once the sessions kept in an old image are taken out).
+        let store = store::Database::open(&config.data_dir)
+            .map_err(|err| {
+                let err = EngineError::from(err);
+                tracing::warn!(err = %err.message, hint = ?err.hint, "the store is not available");
+            })
+            .ok();
         let ledger = Arc::new(budget::Ledger::default());
+        // The one place every tenant's bounds come from: each store and queue below asks it
+        // for its own.
+        let book = tenants::TenantBook::new(
+            config.tenants.clone(),
+            config.store_budgets.clone(),
+            config.sessions.tenant_max_disk_bytes,
+            config.tenant_overrides.clone(),
+            config.profiles.clone(),
+        );
         let artifacts = artifacts::ArtifactStore::new(
             &config.data_dir,
             config.artifact_max_age,
             config.artifact_max_bytes,
         )
-        .with_tenant_budget(config.store_budgets.artifact_bytes, Arc::clone(&ledger));
+        .with_tenant_budget(book.artifact_bytes(), Arc::clone(&ledger));
         let lifecycle = lifecycle::Lifecycle::default();
         let sessions = session::Sessions::open(
             &config.data_dir,
             config.sessions.clone(),
+            book.sessions_disk(),
             config.bwrap_path.as_deref(),
             lifecycle.stop_token(),
         );
         Engine {
             history: Arc::new(history::History::open(
                 &config.data_dir,
-                config.store_budgets.clone(),
+                store.as_ref(),
+                history::HistoryLimits {
+                    runs: book.history(),
+                    audit_bytes: book.audit_bytes(),
+                    queue_bytes: config.store_budgets.audit_queue_bytes,
+                },
                 Arc::clone(&ledger),
             )),
             ledger,
-            tenants: tenants::Tenants::new(config.tenants.clone()),
+            tenants: tenants::Tenants::new(book.clone()),
             resolver: network::ResolverCell::default(),
             running: lifecycle::RunningCalls::default(),
             compiles: compile::CompileQueue::default(),
@@ -251,11 +283,15 @@ impl Engine {
             artifacts,
             runs: tenants::FairSlots::for_sandboxes(
                 config.max_concurrent_runs,
-                config.tenants.max_concurrent_runs,
+                book.max_concurrent_runs(),
             ),
             host: host_work::HostWork::new(
                 host_work::HostWork::default_threads(),
-                config.tenants.max_concurrent_runs.is_some(),
+                config.tenants.max_concurrent_runs.is_some()
+                    || config
+                        .tenant_overrides
+                        .values()
+                        .any(|o| o.max_concurrent_runs.is_some()),
             ),
             config,
             sandbox,
@@ -266,6 +302,13 @@ impl Engine {
             warm: Mutex::new(warm),
             lifecycle,
         }
+    }
+
+    /// The tenant `caller` is for: what it may take of the server and keep in the stores,
+    /// and which profiles it may name (the `[tenants]` defaults and its `[tenants.NAME]`).
+    #[must_use]
+    pub fn tenant(&self, caller: &Caller) -> Tenant {
+        self.tenants.book().tenant(caller)
     }
 
     /// The settings this engine runs with.

@@ -84,7 +84,7 @@ impl Engine {
                 request
                     .profile
                     .clone()
-                    .unwrap_or_else(|| self.config.profiles.default.clone()),
+                    .unwrap_or_else(|| self.config.profiles.default_for(caller).to_owned()),
             ),
         };
         self.tracked(

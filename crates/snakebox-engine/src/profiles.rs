@@ -258,6 +258,9 @@ pub struct Profiles {
     pub default: String,
     /// Every profile, by name.
     pub all: BTreeMap<String, Profile>,
+    /// The default profile of a tenant set apart (`[tenants.NAME] default_profile`), by
+    /// tenant; the others have [`Profiles::default`].
+    pub tenant_defaults: BTreeMap<String, String>,
 }
 
 impl Default for Profiles {
@@ -268,6 +271,7 @@ impl Default for Profiles {
                 .into_iter()
                 .map(|profile| (profile.name.clone(), profile))
                 .collect(),
+            tenant_defaults: BTreeMap::new(),
         }
     }
 }
@@ -279,6 +283,32 @@ impl Profiles {
         self.all.keys().cloned().collect()
     }
 
+    /// The profile of `caller`'s calls that name none: its tenant's own default, else the
+    /// server's.
+    #[must_use]
+    pub fn default_for(&self, caller: &crate::Caller) -> &str {
+        self.tenant_defaults
+            .get(caller.id())
+            .unwrap_or(&self.default)
+    }
+
+    /// Let `tenant` name each of `profiles` (`[tenants.NAME] profiles`: the same grant as
+    /// the tenant in each profile's own `tenants` list; either way grants it) and, when
+    /// given, make `default` its default.
+    pub fn grant(&mut self, tenant: &str, profiles: &[String], default: Option<&str>) {
+        for name in profiles {
+            if let Some(profile) = self.all.get_mut(name)
+                && !profile.tenants.iter().any(|t| t == tenant)
+            {
+                profile.tenants.push(tenant.to_owned());
+            }
+        }
+        if let Some(default) = default {
+            self.tenant_defaults
+                .insert(tenant.to_owned(), default.to_owned());
+        }
+    }
+
     /// The profile `requested` (or the default) for `caller`.
     ///
     /// # Errors
@@ -288,19 +318,20 @@ impl Profiles {
         caller: &crate::Caller,
         requested: Option<&str>,
     ) -> Result<&Profile, EngineError> {
-        let name = requested.unwrap_or(&self.default);
+        let default = self.default_for(caller);
+        let name = requested.unwrap_or(default);
         let Some(profile) = self.all.get(name) else {
             return Err(EngineError::new(
                 ErrorKind::Invalid,
                 format!("There is no profile `{name}` on this server"),
             )
             .with_hint(format!(
-                "name one of {} (check_environment lists what each allows), or leave `profile` out for the server's default `{}`",
+                "name one of {} (check_environment lists what each allows), or leave `profile` out for your default `{default}`",
                 self.names().join(", "),
-                self.default
             )));
         };
         let allowed = name == self.default
+            || name == default
             || caller.id() == crate::LOCAL_TENANT
             || profile
                 .tenants
@@ -315,8 +346,8 @@ impl Profiles {
                 ),
             )
             .with_hint(format!(
-                "leave `profile` out for the server's default `{}`; or the operator adds the tenant to `[profiles.{name}] tenants`",
-                self.default
+                "leave `profile` out for your default `{default}`; or the operator adds the tenant to `[profiles.{name}] tenants` (or `{name}` to `[tenants.{}] profiles`)",
+                caller.id()
             )));
         }
         Ok(profile)

@@ -211,8 +211,14 @@ pub struct EnvironmentReport {
     pub stores: crate::StoresReport,
     /// The warm pool of pre-started sandboxes: size, how many are ready, what it served.
     pub warm_pool: crate::PoolReport,
-    /// The profile of a call that names none.
+    /// The profile of a call that names none (the caller's tenant's own, when the operator
+    /// gave it one).
     pub default_profile: String,
+    /// The caller's tenant: what it may take of the server (runs at once, per minute,
+    /// sessions), keep in each store and which profiles it may name (the `[tenants]`
+    /// defaults and its own `[tenants.NAME]`). Only the caller's own; absent for the
+    /// operator (`snakebox check`).
+    pub tenant: Option<crate::Tenant>,
     /// The profiles a call may name (`profile`), what each decides and how it is enforced.
     pub profiles: Vec<ProfileReport>,
     /// Whether executions can run now; if not, `problems` says why.
@@ -228,7 +234,8 @@ pub struct ProfileReport {
     pub name: String,
     /// What it is for.
     pub description: String,
-    /// Whether it is the server's default.
+    /// Whether it is the default of the caller's calls (the server's, or the caller's
+    /// tenant's own).
     pub default: bool,
     /// Whether this caller may name it.
     pub available: bool,
@@ -466,7 +473,12 @@ impl Engine {
             sessions: self.sessions.report(&config.data_dir, viewer),
             stores: self.stores_report(viewer),
             warm_pool: self.pool_report(viewer),
-            default_profile: config.profiles.default.clone(),
+            default_profile: viewer
+                .map_or(config.profiles.default.as_str(), |caller| {
+                    config.profiles.default_for(caller)
+                })
+                .to_owned(),
+            tenant: viewer.map(|caller| self.tenant(caller)),
             profiles: config
                 .profiles
                 .all
@@ -474,7 +486,10 @@ impl Engine {
                 .map(|profile| ProfileReport {
                     name: profile.name.clone(),
                     description: profile.description.clone(),
-                    default: profile.name == config.profiles.default,
+                    default: profile.name
+                        == viewer.map_or(config.profiles.default.as_str(), |caller| {
+                            config.profiles.default_for(caller)
+                        }),
                     available: viewer.is_none_or(|caller| {
                         config
                             .profiles

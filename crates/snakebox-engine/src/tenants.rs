@@ -30,15 +30,24 @@
 //!   other tenants.
 //! - **runs per minute**: a call past it is refused at once (`quota`) with how long to wait.
 //! - **sessions**: `create_session` past it is refused (`quota`), besides the server's cap.
+//!
+//! **A tenant's own settings** ([`Tenant`], [`TenantBook`]). The bounds above and the
+//! tenant's budgets in the shared stores have a default for every tenant (`[tenants]`) and
+//! may be set apart for one (`[tenants.NAME]`, a [`TenantOverride`]), with the profiles it may
+//! name and its default profile. [`TenantBook`] is the one place that answers what a tenant
+//! may take: the engine looks a [`Tenant`] up by its caller there, and each store and queue
+//! asks it for the one bound it applies ([`PerTenant`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use snakebox_sandbox::{CpuShare, CpuWeight};
 use tokio::sync::oneshot;
 
-use crate::{Caller, EngineError, ErrorKind};
+pub(crate) use crate::budget::PerTenant;
+use crate::budget::{Budget, StoreBudgets};
+use crate::{Caller, EngineError, ErrorKind, Profiles};
 
 /// The operator's quotas for each tenant (`None`: no such bound).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -51,22 +60,197 @@ pub struct TenantQuotas {
     pub max_sessions: Option<usize>,
 }
 
+/// What `[tenants.NAME]` sets apart for one tenant (`None`, empty: the `[tenants]` default).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantOverride {
+    /// Sandboxes of this tenant that run at once.
+    pub max_concurrent_runs: Option<usize>,
+    /// Calls this tenant may start per minute.
+    pub runs_per_minute: Option<u32>,
+    /// Sessions this tenant may have at once.
+    pub max_sessions: Option<usize>,
+    /// Runs of this tenant kept in the runs table.
+    pub history_max_runs: Option<u64>,
+    /// Bytes of this tenant's runs kept in the runs table.
+    pub history_max_bytes: Option<u64>,
+    /// Bytes of this tenant's audit log.
+    pub audit_max_bytes: Option<u64>,
+    /// Bytes of this tenant's artifacts.
+    pub artifacts_max_bytes: Option<u64>,
+    /// This tenant's share of the sessions' disk.
+    pub sessions_max_disk_bytes: Option<u64>,
+    /// Profiles this tenant may name besides the server's default (added to each profile's
+    /// own `tenants` list: either way grants it).
+    pub profiles: Vec<String>,
+    /// The profile of this tenant's calls that name none (else the server's default).
+    pub default_profile: Option<String>,
+}
+
+/// One tenant as the engine sees it: what it may take of the server and keep in its stores,
+/// and which profiles it may name. Looked up from a [`Caller`] ([`TenantBook::tenant`]);
+/// `check_environment` shows a tenant its own.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+pub struct Tenant {
+    /// The tenant's name (its callers' id).
+    pub name: String,
+    /// Sandboxes it runs at once (`null`: no bound of its own, the server's cap).
+    pub max_concurrent_runs: Option<usize>,
+    /// Calls it may start per minute (`null`: no bound).
+    pub runs_per_minute: Option<u32>,
+    /// Sessions it may have at once (`null`: the server's cap only).
+    pub max_sessions: Option<usize>,
+    /// Runs of its kept in the runs table (`null`: no bound).
+    pub history_max_runs: Option<u64>,
+    /// Bytes of its runs kept in the runs table (`null`: no bound).
+    pub history_max_bytes: Option<u64>,
+    /// Bytes of its audit log.
+    pub audit_max_bytes: u64,
+    /// Bytes of its artifacts.
+    pub artifacts_max_bytes: u64,
+    /// Its share of the sessions' disk (`null`: the whole disk).
+    pub sessions_max_disk_bytes: Option<u64>,
+    /// The profiles it may name (the server's default included).
+    pub profiles: Vec<String>,
+    /// The profile of its calls that name none.
+    pub default_profile: String,
+}
+
+/// Every tenant's settings: the `[tenants]` defaults, each `[tenants.NAME]` override and the
+/// profiles (see the module documentation).
+#[derive(Debug, Clone)]
+pub(crate) struct TenantBook {
+    quotas: TenantQuotas,
+    budgets: StoreBudgets,
+    sessions_disk: Option<u64>,
+    overrides: Arc<BTreeMap<String, TenantOverride>>,
+    profiles: Profiles,
+}
+
+impl TenantBook {
+    /// The `[tenants]` defaults (`quotas`, `budgets`, `sessions_disk`: each tenant's share
+    /// of the sessions' disk), each tenant's `overrides` and the `profiles` (with the
+    /// overrides' grants applied: [`Profiles::grant`]).
+    pub(crate) fn new(
+        quotas: TenantQuotas,
+        budgets: StoreBudgets,
+        sessions_disk: Option<u64>,
+        overrides: BTreeMap<String, TenantOverride>,
+        profiles: Profiles,
+    ) -> TenantBook {
+        TenantBook {
+            quotas,
+            budgets,
+            sessions_disk,
+            overrides: Arc::new(overrides),
+            profiles,
+        }
+    }
+
+    /// One bound: `pick` of each override that sets it, `default` for the others.
+    fn per_tenant<T: Clone>(
+        &self,
+        default: T,
+        pick: impl Fn(&TenantOverride) -> Option<T>,
+    ) -> PerTenant<T> {
+        PerTenant::new(
+            default,
+            self.overrides
+                .iter()
+                .filter_map(|(name, over)| Some((name.clone(), pick(over)?)))
+                .collect(),
+        )
+    }
+
+    /// Sandboxes each tenant runs at once.
+    pub(crate) fn max_concurrent_runs(&self) -> PerTenant<Option<usize>> {
+        self.per_tenant(self.quotas.max_concurrent_runs, |o| {
+            o.max_concurrent_runs.map(Some)
+        })
+    }
+
+    /// Calls each tenant may start per minute.
+    pub(crate) fn runs_per_minute(&self) -> PerTenant<Option<u32>> {
+        self.per_tenant(self.quotas.runs_per_minute, |o| o.runs_per_minute.map(Some))
+    }
+
+    /// Each tenant's budget in the runs table.
+    pub(crate) fn history(&self) -> PerTenant<Budget> {
+        let default = self.budgets.history;
+        self.per_tenant(default, |o| {
+            (o.history_max_runs.is_some() || o.history_max_bytes.is_some()).then(|| Budget {
+                items: o.history_max_runs.or(default.items),
+                bytes: o.history_max_bytes.or(default.bytes),
+            })
+        })
+    }
+
+    /// Each tenant's budget of audit log bytes.
+    pub(crate) fn audit_bytes(&self) -> PerTenant<u64> {
+        self.per_tenant(self.budgets.audit_bytes, |o| o.audit_max_bytes)
+    }
+
+    /// Each tenant's budget of artifact bytes.
+    pub(crate) fn artifact_bytes(&self) -> PerTenant<u64> {
+        self.per_tenant(self.budgets.artifact_bytes, |o| o.artifacts_max_bytes)
+    }
+
+    /// Each tenant's share of the sessions' disk (`None`: the whole disk).
+    pub(crate) fn sessions_disk(&self) -> PerTenant<Option<u64>> {
+        self.per_tenant(self.sessions_disk, |o| o.sessions_max_disk_bytes.map(Some))
+    }
+
+    /// The tenant of `caller`, with every bound and profile that holds for it.
+    pub(crate) fn tenant(&self, caller: &Caller) -> Tenant {
+        let name = caller.id();
+        let over = self.overrides.get(name).cloned().unwrap_or_default();
+        let history = self.history().of(name);
+        Tenant {
+            name: name.to_owned(),
+            max_concurrent_runs: over.max_concurrent_runs.or(self.quotas.max_concurrent_runs),
+            runs_per_minute: over.runs_per_minute.or(self.quotas.runs_per_minute),
+            max_sessions: over.max_sessions.or(self.quotas.max_sessions),
+            history_max_runs: history.items,
+            history_max_bytes: history.bytes,
+            audit_max_bytes: over.audit_max_bytes.unwrap_or(self.budgets.audit_bytes),
+            artifacts_max_bytes: over
+                .artifacts_max_bytes
+                .unwrap_or(self.budgets.artifact_bytes),
+            sessions_max_disk_bytes: over.sessions_max_disk_bytes.or(self.sessions_disk),
+            profiles: self
+                .profiles
+                .all
+                .keys()
+                .filter(|profile| self.profiles.for_caller(caller, Some(profile)).is_ok())
+                .cloned()
+                .collect(),
+            default_profile: self.profiles.default_for(caller).to_owned(),
+        }
+    }
+}
+
 /// The window the per-minute bound counts over.
 const MINUTE: Duration = Duration::from_secs(60);
 
 /// The tenants seen so far and when each started its recent calls.
 pub(crate) struct Tenants {
-    quotas: TenantQuotas,
+    book: TenantBook,
+    runs_per_minute: PerTenant<Option<u32>>,
     /// When each tenant's recent calls started (within the last minute), oldest first.
     started: Mutex<HashMap<String, VecDeque<Instant>>>,
 }
 
 impl Tenants {
-    pub(crate) fn new(quotas: TenantQuotas) -> Tenants {
+    pub(crate) fn new(book: TenantBook) -> Tenants {
         Tenants {
-            quotas,
+            runs_per_minute: book.runs_per_minute(),
+            book,
             started: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Every tenant's settings.
+    pub(crate) fn book(&self) -> &TenantBook {
+        &self.book
     }
 
     /// Count a call of `caller` against the per-minute bound.
@@ -75,7 +259,7 @@ impl Tenants {
     /// `quota`, when the tenant started its allowance of calls within the last minute: the
     /// message says when the next one may start.
     pub(crate) fn admit(&self, caller: &Caller) -> Result<(), EngineError> {
-        let Some(limit) = self.quotas.runs_per_minute else {
+        let Some(limit) = self.runs_per_minute.of(caller.id()) else {
             return Ok(());
         };
         let mut all = self.started.lock().unwrap_or_else(PoisonError::into_inner);
@@ -100,7 +284,7 @@ impl Tenants {
                 ),
             )
             .with_hint(format!(
-                "wait {seconds} s before the next call, or ask the operator to raise `[tenants] runs_per_minute`"
+                "wait {seconds} s before the next call, or ask the operator to raise `[tenants] runs_per_minute`, or this tenant's own in `[tenants.NAME]`"
             )));
         }
         started.push_back(now);
@@ -118,8 +302,9 @@ pub(crate) const TENANT_CPU: CpuWeight = CpuWeight::DEFAULT;
 
 /// The server's sandbox slots, shared fairly between tenants (see the module documentation).
 pub(crate) struct FairSlots {
-    /// The most slots one tenant holds at once (`[tenants] max_concurrent_runs`).
-    tenant_cap: Option<usize>,
+    /// The most slots each tenant holds at once (`[tenants] max_concurrent_runs`, or its
+    /// `[tenants.NAME]`'s).
+    tenant_cap: PerTenant<Option<usize>>,
     total: usize,
     /// Whether each slot carries its tenant's CPU share ([`Slot::cpu`]): the sandbox slots
     /// do; slots of work that runs in no cgroup of its own (host work) do not.
@@ -256,19 +441,26 @@ impl Share {
 impl FairSlots {
     /// `total` slots, at most `tenant_cap` to one tenant; no CPU shares.
     pub(crate) fn new(total: usize, tenant_cap: Option<usize>) -> Arc<FairSlots> {
-        Self::make(total, tenant_cap, false)
+        Self::make(total, PerTenant::uniform(tenant_cap), false)
     }
 
     /// The sandbox slots: as [`FairSlots::new`], each tenant's slot carrying its part of the
     /// tenant's CPU weight (see the module documentation).
-    pub(crate) fn for_sandboxes(total: usize, tenant_cap: Option<usize>) -> Arc<FairSlots> {
+    pub(crate) fn for_sandboxes(
+        total: usize,
+        tenant_cap: PerTenant<Option<usize>>,
+    ) -> Arc<FairSlots> {
         Self::make(total, tenant_cap, true)
     }
 
-    fn make(total: usize, tenant_cap: Option<usize>, weighs_cpu: bool) -> Arc<FairSlots> {
+    fn make(
+        total: usize,
+        tenant_cap: PerTenant<Option<usize>>,
+        weighs_cpu: bool,
+    ) -> Arc<FairSlots> {
         let total = total.max(1);
         Arc::new(FairSlots {
-            tenant_cap: tenant_cap.map(|cap| cap.max(1)),
+            tenant_cap,
             total,
             weighs_cpu,
             state: Mutex::new(SlotState {
@@ -313,9 +505,9 @@ impl FairSlots {
                 .iter()
                 .filter_map(|(tenant, queue)| Some((tenant, queue.front()?.0)))
                 .filter(|(tenant, _)| {
-                    self.tenant_cap
-                        .is_none_or(|cap| state.held.get(*tenant).copied().unwrap_or(0) < cap)
-                        || tenant.as_ref() == SERVER
+                    self.tenant_cap.of(tenant).is_none_or(|cap| {
+                        state.held.get(*tenant).copied().unwrap_or(0) < cap.max(1)
+                    }) || tenant.as_ref() == SERVER
                 })
                 .min_by_key(|(tenant, oldest)| {
                     (
@@ -366,10 +558,24 @@ mod tests {
 
     #[test]
     fn a_tenant_past_its_minute_is_refused_with_when_to_retry_and_others_are_not() {
-        let tenants = Tenants::new(TenantQuotas {
+        let quotas = TenantQuotas {
             runs_per_minute: Some(2),
             ..TenantQuotas::default()
-        });
+        };
+        let overrides = BTreeMap::from([(
+            "c".to_owned(),
+            TenantOverride {
+                runs_per_minute: Some(1),
+                ..TenantOverride::default()
+            },
+        )]);
+        let tenants = Tenants::new(TenantBook::new(
+            quotas,
+            StoreBudgets::default(),
+            None,
+            overrides,
+            Profiles::default(),
+        ));
         let (a, b) = (Caller::tenant("a").unwrap(), Caller::tenant("b").unwrap());
         tenants.admit(&a).unwrap();
         tenants.admit(&a).unwrap();
@@ -383,6 +589,87 @@ mod tests {
         assert!(refused.hint.unwrap().contains("runs_per_minute"));
         // Another tenant has its own allowance.
         tenants.admit(&b).unwrap();
+        // One with an override of its own has that one.
+        let c = Caller::tenant("c").unwrap();
+        tenants.admit(&c).unwrap();
+        assert_eq!(tenants.admit(&c).unwrap_err().kind, ErrorKind::Quota);
+        assert_eq!(tenants.book().tenant(&c).runs_per_minute, Some(1));
+        assert_eq!(tenants.book().tenant(&a).runs_per_minute, Some(2));
+    }
+
+    #[test]
+    fn a_tenant_set_apart_has_its_own_bounds_and_profiles_and_the_others_the_defaults() {
+        let quotas = TenantQuotas {
+            max_concurrent_runs: Some(3),
+            max_sessions: Some(4),
+            ..TenantQuotas::default()
+        };
+        let over = TenantOverride {
+            max_sessions: Some(1),
+            history_max_bytes: Some(1 << 20),
+            audit_max_bytes: Some(1 << 21),
+            sessions_max_disk_bytes: Some(64 << 20),
+            profiles: vec!["network".into()],
+            default_profile: Some("basic".into()),
+            ..TenantOverride::default()
+        };
+        let mut profiles = Profiles::default();
+        // What the engine does at start with each override (`Engine::assemble`).
+        profiles.grant("a", &over.profiles, over.default_profile.as_deref());
+        // The profile's own list grants too: the union holds.
+        profiles.all.get_mut("filesystem").unwrap().tenants = vec!["a".into(), "b".into()];
+        let book = TenantBook::new(
+            quotas,
+            StoreBudgets::default(),
+            Some(128 << 20),
+            BTreeMap::from([("a".to_owned(), over)]),
+            profiles,
+        );
+        let (a, b) = (Caller::tenant("a").unwrap(), Caller::tenant("b").unwrap());
+        let mine = book.tenant(&a);
+        assert_eq!(
+            (mine.max_sessions, mine.max_concurrent_runs),
+            (Some(1), Some(3))
+        );
+        assert_eq!(
+            (mine.history_max_runs, mine.history_max_bytes),
+            (StoreBudgets::default().history.items, Some(1 << 20))
+        );
+        assert_eq!(mine.audit_max_bytes, 1 << 21);
+        assert_eq!(mine.sessions_max_disk_bytes, Some(64 << 20));
+        assert_eq!(mine.default_profile, "basic");
+        for profile in ["basic", "filesystem", "network", "standard"] {
+            assert!(mine.profiles.contains(&profile.to_owned()), "{mine:?}");
+        }
+        let theirs = book.tenant(&b);
+        assert_eq!(theirs.max_sessions, Some(4));
+        assert_eq!(theirs.audit_max_bytes, StoreBudgets::default().audit_bytes);
+        assert_eq!(theirs.sessions_max_disk_bytes, Some(128 << 20));
+        assert_eq!(theirs.default_profile, "standard");
+        assert_eq!(theirs.profiles, ["filesystem", "standard"]);
+        // What each store is handed agrees.
+        assert_eq!(book.audit_bytes().of("a"), 1 << 21);
+        assert_eq!(book.history().of("b"), StoreBudgets::default().history);
+        assert_eq!(book.max_concurrent_runs().of("a"), Some(3));
+    }
+
+    #[tokio::test]
+    async fn a_tenant_set_apart_holds_its_own_number_of_slots() {
+        let caps = PerTenant::new(Some(2), BTreeMap::from([("a".to_owned(), Some(1))]));
+        let slots = FairSlots::for_sandboxes(8, caps);
+        let (a, b) = (Caller::tenant("a").unwrap(), Caller::tenant("b").unwrap());
+        let _held = slots.share(&a).slot().await.unwrap();
+        let share = slots.share(&a);
+        let mut waiting = tokio::spawn(async move { share.slot().await });
+        assert!(granted(&mut waiting).await.is_none(), "a holds one at most");
+        // b has the default: two at once.
+        let mut held_by_b = Vec::new();
+        for _ in 0..2 {
+            let share = slots.share(&b);
+            let mut got = tokio::spawn(async move { share.slot().await });
+            held_by_b.push(granted(&mut got).await.expect("b waited"));
+        }
+        waiting.abort();
     }
 
     /// The slot `waiting` was granted within a moment, if it was (held by the caller).
@@ -460,7 +747,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_tenants_busy_sandboxes_together_weigh_what_one_tenant_weighs() {
-        let slots = FairSlots::for_sandboxes(8, None);
+        let slots = FairSlots::for_sandboxes(8, PerTenant::uniform(None));
         let (a, b) = (Caller::tenant("a").unwrap(), Caller::tenant("b").unwrap());
         let a1 = slots.share(&a).slot().await.unwrap();
         assert_eq!(weights(&[&a1]), [1024]);
@@ -494,7 +781,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_share_is_bounded_below_however_many_sandboxes_a_tenant_holds() {
-        let slots = FairSlots::for_sandboxes(1000, None);
+        let slots = FairSlots::for_sandboxes(1000, PerTenant::uniform(None));
         let a = Caller::tenant("a").unwrap();
         let mut held = Vec::new();
         for _ in 0..600 {
@@ -509,7 +796,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_call_that_stops_waiting_takes_no_slot_with_it() {
-        let slots = FairSlots::for_sandboxes(1, None);
+        let slots = FairSlots::for_sandboxes(1, PerTenant::uniform(None));
         let a = Caller::tenant("a").unwrap();
         let held = slots.share(&a).slot().await.unwrap();
         let share = slots.share(&a);

@@ -225,7 +225,7 @@ impl Edge {
             Ok(None) if presented.is_none() => Err(unauthorized("this server requires an API key")),
             Ok(None) => Err(unauthorized("the API key is not valid (wrong or revoked)")),
             Err(err) => {
-                tracing::error!(error = %err, "the API key store cannot be read");
+                tracing::error!(error = %err.describe(), "the API key store cannot be read");
                 Err(Box::new(refusal(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "the server cannot check API keys right now",

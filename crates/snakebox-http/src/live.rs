@@ -141,7 +141,7 @@ impl LiveKeys {
                         Ok(Ok(Some(_))) => {}
                         Ok(Ok(None)) => return,
                         Ok(Err(err)) => {
-                            tracing::error!(error = %err, "the API key store cannot be read: ending a response it authorised");
+                            tracing::error!(error = %err.describe(), "the API key store cannot be read: ending a response it authorised");
                             return;
                         }
                         Err(_) => return,
@@ -176,7 +176,7 @@ impl LiveKeys {
                     let view = match read {
                         Ok(Ok(live)) => View::Live(Arc::new(live)),
                         Ok(Err(err)) => {
-                            tracing::error!(error = %err, "the API key store cannot be read");
+                            tracing::error!(error = %err.describe(), "the API key store cannot be read");
                             View::Unreadable
                         }
                         Err(_) => View::Unreadable,

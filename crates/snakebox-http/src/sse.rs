@@ -227,7 +227,7 @@ pub(crate) async fn post(
             );
         }
         Err(err) => {
-            tracing::error!(error = %err, "the API key store cannot be read");
+            tracing::error!(error = %err.describe(), "the API key store cannot be read");
             return refusal(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the server cannot check API keys right now",

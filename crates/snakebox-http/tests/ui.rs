@@ -343,7 +343,7 @@ async fn runs_show_their_output_and_artifacts_download_without_rendering() {
     // Paths outside the run are not found.
     let escape = get(
         &router,
-        &format!("/ui/runs/{id}/download/..%2F..%2Fkeys-v1.db"),
+        &format!("/ui/runs/{id}/download/..%2F..%2Fstore-v1.db"),
         Some(&cookie),
     )
     .await;

@@ -39,6 +39,7 @@ use std::sync::Mutex;
 
 use super::image;
 use super::store::{ShareRow, Store};
+use crate::budget::PerTenant;
 use crate::ids::human_bytes;
 use crate::{EngineError, ErrorKind};
 
@@ -92,8 +93,9 @@ pub(crate) struct SessionDisk {
     bound: Bound,
     /// `--sessions-max-disk`: what every share together may reserve.
     total: u64,
-    /// `--tenant-sessions-max-disk`: one tenant's share.
-    share: u64,
+    /// `--tenant-sessions-max-disk`: each tenant's share (`[tenants.NAME] sessions_max_disk`
+    /// for one set apart).
+    share: PerTenant<u64>,
     /// The shares opened, by slot.
     held: Mutex<HashMap<i64, Held>>,
 }
@@ -145,7 +147,7 @@ impl SessionDisk {
         data_dir: &Path,
         root: &Path,
         total: u64,
-        share: u64,
+        share: PerTenant<u64>,
         bwrap: Option<&Path>,
     ) -> Result<(SessionDisk, Store), EngineError> {
         Self::open_with(data_dir, root, total, share, Bound::probe(bwrap))
@@ -156,23 +158,24 @@ impl SessionDisk {
         data_dir: &Path,
         root: &Path,
         total: u64,
-        share: u64,
+        share: impl Into<PerTenant<u64>>,
         bound: Bound,
     ) -> Result<(SessionDisk, Store), EngineError> {
         let data_hint = "check that the data directory is writable (--data-dir)";
         let _lock = Lock::take(data_dir).map_err(|why| unavailable(why, data_hint))?;
         make_traversable(root).map_err(|why| unavailable(why, data_hint))?;
         let legacy = Legacy::take(data_dir, root)?;
-        let db = root.join("sessions.db");
-        let store = Store::open(&db).map_err(|err| {
-            unavailable(
-                format!(
-                    "Failed to open the session database `{}`: {err}",
-                    db.display()
-                ),
-                data_hint,
-            )
-        })?;
+        // Opened after the sessions of an earlier version came out of their image: their
+        // file is imported into the store then (`crate::store`).
+        let store = crate::store::Database::open(data_dir)
+            .and_then(|database| Store::open(&database))
+            .map_err(|err| {
+                let err = EngineError::from(err);
+                unavailable(
+                    format!("Failed to open the sessions' store: {}", err.message),
+                    err.hint.as_deref().unwrap_or(data_hint),
+                )
+            })?;
         let shares = root.join(SHARES_DIR);
         make_traversable(&shares).map_err(|why| unavailable(why, data_hint))?;
         let disk = SessionDisk {
@@ -181,7 +184,9 @@ impl SessionDisk {
             bound,
             // An image is never smaller than its minimum, nor the disk that holds one.
             total: total.max(image::MIN_BYTES),
-            share: share.clamp(image::MIN_BYTES, total.max(image::MIN_BYTES)),
+            share: share
+                .into()
+                .map(|share| share.clamp(image::MIN_BYTES, total.max(image::MIN_BYTES))),
             held: Mutex::new(HashMap::new()),
         };
         if let Bound::Plain(why) = &disk.bound {
@@ -243,9 +248,9 @@ impl SessionDisk {
             Some(row) => (row, false),
             None => (
                 store
-                    .add_share(tenant, self.share, Some(self.total))
+                    .add_share(tenant, self.share.of(tenant), Some(self.total))
                     .map_err(super::db_error)?
-                    .ok_or_else(|| self.no_room(store))?,
+                    .ok_or_else(|| self.no_room(store, tenant))?,
                 true,
             ),
         };
@@ -355,7 +360,7 @@ impl SessionDisk {
         )
     }
 
-    fn no_room(&self, store: &Store) -> EngineError {
+    fn no_room(&self, store: &Store, tenant: &str) -> EngineError {
         let reserved = store.reserved_bytes().unwrap_or(self.total);
         let count = store.shares().map_or(0, |shares| shares.len());
         EngineError::new(
@@ -364,7 +369,7 @@ impl SessionDisk {
                 "The sessions' disk has no room for another tenant's share: {count} tenants' shares reserve {} of {} (--sessions-max-disk), and a share is {} (--tenant-sessions-max-disk)",
                 human_bytes(reserved),
                 human_bytes(self.total),
-                human_bytes(self.share)
+                human_bytes(self.share.of(tenant))
             ),
         )
         .with_hint(
@@ -382,7 +387,7 @@ impl SessionDisk {
     /// Only when another live server holds it at another size (see [`SessionDisk::open`]);
     /// a share that cannot be mounted is held with why.
     fn open_share(&self, store: &Store, row: &ShareRow) -> Result<(), String> {
-        self.open_share_sized(store, row, self.share)
+        self.open_share_sized(store, row, self.share.of(&row.tenant))
     }
 
     /// [`SessionDisk::open_share`] with an image of `size` (sessions moved in from before
@@ -470,7 +475,7 @@ impl SessionDisk {
                     // A share, or (when its files need more) room for them, ext4's own
                     // metadata and some to work in.
                     let size = (needed + needed / 4 + (16 << 20)).next_multiple_of(1 << 20);
-                    let size = size.max(self.share);
+                    let size = size.max(self.share.of(&owner));
                     let row = store
                         .add_share(&owner, size, None)
                         .map_err(|err| err.to_string())?
@@ -592,7 +597,7 @@ exit 0"#;
 
     /// `--tenant-sessions-max-disk`, as this server holds it.
     pub(crate) fn share_bytes(&self) -> u64 {
-        self.share
+        self.share.default_value()
     }
 
     /// What `tenant`'s share holds: its image's size when it has one open, else a share.
@@ -603,7 +608,7 @@ exit 0"#;
             .values()
             .find(|held| held.tenant == tenant)
             .and_then(|held| held.state.as_ref().ok().copied())
-            .unwrap_or(self.share)
+            .unwrap_or_else(|| self.share.of(tenant))
     }
 
     /// Bytes used and free in `tenant`'s share, when the kernel bounds it and it is open.
@@ -631,9 +636,10 @@ exit 0"#;
             human_bytes(self.total),
             human_bytes(reserved)
         );
+        let share = tenant.map_or_else(|| self.share.default_value(), |t| self.share.of(t));
         let own = tenant.map(|tenant| self.share_of(tenant));
         let yours = match own {
-            Some(size) if size != self.share => format!(
+            Some(size) if size != share => format!(
                 "; your share's image is {} (its files did not fit a smaller one)",
                 human_bytes(size)
             ),
@@ -642,18 +648,18 @@ exit 0"#;
         match &self.bound {
             Bound::Loop => format!(
                 "enforced by the kernel while calls run, per tenant: each tenant's sessions live in an ext4 image of its own, its share ({} each, --tenant-sessions-max-disk{yours}), sparse, loop-mounted under `{}`; a write past it fails with ENOSPC (No space left on device) in that tenant's code only; usable space is a little less (ext4's own metadata); {shares}, so the host disk gets at most that",
-                human_bytes(self.share),
+                human_bytes(share),
                 self.shares.display()
             ),
             Bound::Fuse(servers) => format!(
                 "enforced while calls run, per tenant: each tenant's sessions live in an ext4 image of its own, its share ({} each, --tenant-sessions-max-disk{yours}), sparse, under `{}`, served over FUSE by `{}` (the server is not root: it mounts in its own user and mount namespace, and each fuse2fs runs in a sandbox holding only its image); a write past it fails with ENOSPC (No space left on device) in that tenant's code only; usable space is a little less (ext4's own metadata); {shares}, so the host disk gets at most that",
-                human_bytes(self.share),
+                human_bytes(share),
                 self.shares.display(),
                 servers.fuse2fs().display()
             ),
             Bound::Plain(why) => format!(
                 "checked between calls only, not while a call runs ({why}): each tenant's sessions may use {} (--tenant-sessions-max-disk), all tenants' together {} (--sessions-max-disk), and one call can write past them until the next check",
-                human_bytes(self.share),
+                human_bytes(share),
                 human_bytes(self.total)
             ),
         }
@@ -912,7 +918,12 @@ impl Legacy {
         image::loop_mount(&image, &mount, true).map_err(moving)?;
         let legacy = Legacy { image, mount };
         // The database comes out first (once: a start that stopped half-way copied it).
-        if !root.join("sessions.db").exists() {
+        // (Not when it was taken out and imported into the store already.)
+        if !root.join("sessions.db").exists()
+            && !root
+                .join(format!("sessions.db{}", crate::store::IMPORTED_SUFFIX))
+                .exists()
+        {
             for name in ["sessions.db-wal", "sessions.db-shm", "sessions.db"] {
                 let from = legacy.mount.join(name);
                 if from.exists() {
@@ -1022,7 +1033,7 @@ mod tests {
         let root = data.path().join("sessions-v1");
         fs_err::create_dir_all(&root).unwrap();
         {
-            let store = Store::open(&root.join("sessions.db")).unwrap();
+            let store = Store::at(&root.join("sessions.db"));
             for (id, owner) in [("s-a1", "a"), ("s-a2", "a"), ("s-b1", "b")] {
                 store.insert(&row(id, owner)).unwrap();
                 fs_err::create_dir_all(root.join(id).join("work")).unwrap();
@@ -1086,7 +1097,7 @@ mod tests {
         image::make(&old, 64 * MIB, None).unwrap();
         image::loop_mount(&old, &root, false).unwrap();
         {
-            let store = Store::open(&root.join("sessions.db")).unwrap();
+            let store = Store::at(&root.join("sessions.db"));
             for (id, owner) in [("s-a1", "a"), ("s-b1", "b")] {
                 store.insert(&row(id, owner)).unwrap();
                 fs_err::create_dir_all(root.join(id).join("work")).unwrap();

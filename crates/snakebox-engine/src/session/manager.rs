@@ -35,6 +35,7 @@ impl Sessions {
     pub(crate) fn open(
         data_dir: &Path,
         settings: SessionSettings,
+        tenant_disk: crate::budget::PerTenant<Option<u64>>,
         bwrap: Option<&Path>,
         stop: CancellationToken,
     ) -> Sessions {
@@ -42,9 +43,9 @@ impl Sessions {
         // This process's run directory tells other processes of this data directory that it
         // uses the shares (see `SessionDisk::release`).
         let _ = fs_err::create_dir_all(crate::run::server_runs_dir(data_dir));
-        let share = settings
-            .tenant_max_disk_bytes
-            .unwrap_or(settings.max_disk_bytes);
+        // A tenant without a share of its own has the whole disk.
+        let total = settings.max_disk_bytes;
+        let share = tenant_disk.map(|share| share.unwrap_or(total));
         let (disk, store) =
             match SessionDisk::open(data_dir, &root, settings.max_disk_bytes, share, bwrap) {
                 Ok(opened) => opened,
@@ -314,7 +315,7 @@ impl Manager {
                     ),
                 )
                 .with_hint(
-                    "delete a session you no longer need (list_sessions, delete_session); the operator can raise `[tenants] max_sessions`",
+                    "delete a session you no longer need (list_sessions, delete_session); the operator can raise `[tenants] max_sessions`, or this tenant's own in `[tenants.NAME]`",
                 ));
             }
         }
@@ -680,7 +681,7 @@ impl Engine {
             }
             _ => Vec::new(),
         };
-        let reservation = manager.reserve_create(caller, self.config.tenants.max_sessions)?;
+        let reservation = manager.reserve_create(caller, self.tenant(caller).max_sessions)?;
         manager.check_disk(caller.id())?;
         let requirements = Self::parse_requirements(&request.dependencies)?;
         self.provide_python(request.python_version.as_deref(), None)

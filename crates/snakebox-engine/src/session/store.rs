@@ -1,6 +1,6 @@
-//! The session record: one SQLite database under the data directory
-//! (`sessions-v1/sessions.db`), so sessions outlive the server, even a SIGKILL (every change
-//! is one committed statement; WAL journal).
+//! The session record: the `sessions` and `shares` tables of the data directory's store
+//! ([`crate::store`]), so sessions outlive the server, even a SIGKILL (every change is one
+//! committed statement; WAL journal).
 //!
 //! Only facts that must survive a restart live here: who the session is (id, name, Python),
 //! what it asked for, what is installed, sizes and times, and which share of the sessions'
@@ -8,13 +8,11 @@
 //! the tenant has sessions and never names two tenants' files). Live state (the
 //! interpreter, an install in progress) is in memory only.
 
-use std::path::Path;
 use std::sync::Mutex;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-/// The schema version written to `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 5;
+use crate::store::{Database, StoreError};
 
 /// One session as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,70 +77,29 @@ pub(crate) struct Store {
 }
 
 impl Store {
-    /// Open (creating) the database at `path`.
-    pub(crate) fn open(path: &Path) -> rusqlite::Result<Store> {
-        let conn = Connection::open(path)?;
-        Self::init(conn)
+    /// The sessions' tables of the data directory's store ([`crate::store`]).
+    pub(crate) fn open(database: &Database) -> Result<Store, StoreError> {
+        Ok(Store {
+            conn: Mutex::new(database.connect()?),
+        })
     }
 
-    /// An in-memory database (tests).
+    /// A file of its own at `path` with the store's schema: a session file as earlier
+    /// versions kept it (tests).
+    #[cfg(test)]
+    pub(crate) fn at(path: &std::path::Path) -> Store {
+        let mut conn = Connection::open(path).unwrap();
+        crate::store::migrate(&mut conn).unwrap();
+        Store {
+            conn: Mutex::new(conn),
+        }
+    }
+
+    /// An in-memory store (tests).
     #[cfg(test)]
     pub(crate) fn in_memory() -> rusqlite::Result<Store> {
-        Self::init(Connection::open_in_memory()?)
-    }
-
-    fn init(conn: Connection) -> rusqlite::Result<Store> {
-        conn.busy_timeout(std::time::Duration::from_secs(5))?;
-        // WAL: a reader never waits for a writer; a crash loses at most the last statement.
-        let _: String = conn.query_row("PRAGMA journal_mode = WAL", [], |row| row.get(0))?;
-        conn.execute_batch(
-            "PRAGMA synchronous = NORMAL;
-             CREATE TABLE IF NOT EXISTS sessions (
-                 id TEXT PRIMARY KEY,
-                 name TEXT,
-                 interpreter TEXT NOT NULL,
-                 python_version TEXT NOT NULL,
-                 base_requirements TEXT NOT NULL,
-                 requirements TEXT NOT NULL,
-                 packages TEXT NOT NULL,
-                 venv_bytes INTEGER NOT NULL DEFAULT 0,
-                 work_bytes INTEGER NOT NULL DEFAULT 0,
-                 created_at INTEGER NOT NULL,
-                 last_used_at INTEGER NOT NULL,
-                 executions INTEGER NOT NULL DEFAULT 0,
-                 network INTEGER NOT NULL DEFAULT 0,
-                 owner TEXT NOT NULL DEFAULT 'local',
-                 network_names TEXT NOT NULL DEFAULT '[]',
-                 profile TEXT
-             );
-             CREATE TABLE IF NOT EXISTS shares (
-                 slot INTEGER PRIMARY KEY AUTOINCREMENT,
-                 tenant TEXT NOT NULL UNIQUE,
-                 bytes INTEGER NOT NULL
-             );",
-        )?;
-        // Columns added since schema 1, with what older rows get: schema 1 had no network
-        // (its sessions get none: fail closed), schema 2 no owner (the local tenant's).
-        for (column, definition) in [
-            ("network", "INTEGER NOT NULL DEFAULT 0"),
-            ("owner", "TEXT NOT NULL DEFAULT 'local'"),
-            ("network_names", "TEXT NOT NULL DEFAULT '[]'"),
-            ("profile", "TEXT"),
-        ] {
-            let present: bool = conn.query_row(
-                "SELECT COUNT(*) FROM pragma_table_info('sessions') WHERE name = ?1",
-                [column],
-                |row| row.get::<_, i64>(0).map(|n| n > 0),
-            )?;
-            if !present {
-                conn.execute_batch(&format!(
-                    "ALTER TABLE sessions ADD COLUMN {column} {definition};"
-                ))?;
-            }
-        }
-        conn.pragma_update(None, "user_version", SCHEMA_VERSION)?;
         Ok(Store {
-            conn: Mutex::new(conn),
+            conn: Mutex::new(crate::store::in_memory()?),
         })
     }
 
@@ -429,8 +386,8 @@ mod tests {
     #[test]
     fn a_schema_1_database_gains_the_network_column_off() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sessions.db");
-        let old = Connection::open(&path).unwrap();
+        fs_err::create_dir_all(dir.path().join("sessions-v1")).unwrap();
+        let old = Connection::open(dir.path().join("sessions-v1/sessions.db")).unwrap();
         old.execute_batch(
             "CREATE TABLE sessions (id TEXT PRIMARY KEY, name TEXT, interpreter TEXT NOT NULL,
                  python_version TEXT NOT NULL, base_requirements TEXT NOT NULL,
@@ -443,7 +400,7 @@ mod tests {
         )
         .unwrap();
         drop(old);
-        let store = Store::open(&path).unwrap();
+        let store = Store::open(&Database::open(dir.path()).unwrap()).unwrap();
         let old = store.get("s-old").unwrap().unwrap();
         assert!(!old.network);
         // ... and the owner column, the local tenant's (schema 3).
@@ -454,14 +411,9 @@ mod tests {
         assert!(store.get("s-new").unwrap().unwrap().network);
         drop(store);
         // Opening again is a no-op.
-        assert!(
-            Store::open(&path)
-                .unwrap()
-                .get("s-new")
-                .unwrap()
-                .unwrap()
-                .network
-        );
+        let again = Store::open(&Database::open(dir.path()).unwrap()).unwrap();
+        assert!(again.get("s-new").unwrap().unwrap().network);
+        assert_eq!(again.count().unwrap(), 2);
     }
 
     fn row(id: &str, last_used_at: u64) -> SessionRow {
@@ -565,9 +517,9 @@ mod tests {
     #[test]
     fn survives_reopening_the_file() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("sessions.db");
-        Store::open(&path).unwrap().insert(&row("a", 1)).unwrap();
-        let again = Store::open(&path).unwrap();
+        let open = || Store::open(&Database::open(dir.path()).unwrap()).unwrap();
+        open().insert(&row("a", 1)).unwrap();
+        let again = open();
         assert_eq!(again.get("a").unwrap(), Some(row("a", 1)));
     }
 }

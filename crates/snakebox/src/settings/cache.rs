@@ -1,0 +1,44 @@
+//! `[cache]`: the environment cache: warming, builds, size and age.
+
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use snakebox_engine::EngineConfig;
+
+use super::values::{SizeOrNumber, parse_size, text_or};
+use crate::cli::CacheArgs;
+
+/// `[cache]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CacheFile {
+    pub(super) no_warm: Option<bool>,
+    pub(super) allow_sdist_builds: Option<bool>,
+    pub(super) install_timeout: Option<u64>,
+    pub(super) max_size: Option<SizeOrNumber>,
+    pub(super) max_age_days: Option<u64>,
+}
+
+pub(super) fn resolve_cache(
+    args: &CacheArgs,
+    file: CacheFile,
+    config: &mut EngineConfig,
+) -> anyhow::Result<()> {
+    config.warm_cache = !(args.no_warm_cache || file.no_warm.unwrap_or(false));
+    config.allow_sdist_builds = args.allow_sdist_builds || file.allow_sdist_builds.unwrap_or(false);
+    if let Some(seconds) = args.install_timeout.or(file.install_timeout) {
+        if seconds == 0 {
+            bail!("--install-timeout must be at least 1 second\nhint: the default is 300");
+        }
+        config.install_timeout = Duration::from_secs(seconds);
+    }
+    if let Some(text) = text_or(args.cache_max_size.as_ref(), file.max_size) {
+        config.cache_max_bytes =
+            parse_size(&text).with_context(|| "invalid --cache-max-size (`[cache] max_size`)")?;
+    }
+    if let Some(days) = args.cache_max_age_days.or(file.max_age_days) {
+        config.cache_max_age = Duration::from_secs(days.saturating_mul(86_400));
+    }
+    Ok(())
+}
