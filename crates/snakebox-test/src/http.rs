@@ -106,7 +106,6 @@ impl HttpClient {
     }
 
     /// The router, for what [`HttpClient::send`] does not cover.
-    #[must_use]
     pub fn router(&self) -> &Router {
         &self.router
     }
