@@ -42,9 +42,10 @@ pub use reply::ToolReply;
 /// is ready in well under a second; timeouts are short, so that a hung run fails a test in
 /// seconds.
 pub struct TestEngine {
-    data: Arc<tempfile::TempDir>,
-    config: EngineConfig,
+    // Dropped in this order: the engine before the directory it writes to.
     engine: Arc<Engine>,
+    config: EngineConfig,
+    data: Arc<tempfile::TempDir>,
 }
 
 /// A call's time limit when it gives none.
@@ -70,9 +71,9 @@ impl TestEngine {
         adjust(&mut config);
         let engine = Arc::new(Engine::new(config.clone()).await);
         TestEngine {
-            data: Arc::new(data),
-            config,
             engine,
+            config,
+            data: Arc::new(data),
         }
     }
 
@@ -80,9 +81,9 @@ impl TestEngine {
     /// same host would be (this one keeps running: drop it first to test a real stop).
     pub async fn restart(&self) -> TestEngine {
         TestEngine {
-            data: Arc::clone(&self.data),
-            config: self.config.clone(),
             engine: Arc::new(Engine::new(self.config.clone()).await),
+            config: self.config.clone(),
+            data: Arc::clone(&self.data),
         }
     }
 

@@ -60,6 +60,9 @@ impl McpClient {
     ///
     /// # Errors
     /// The server's protocol error, or the transport's.
+    ///
+    /// # Panics
+    /// When `arguments` is not a JSON object.
     pub async fn try_call(&self, tool: &str, arguments: Value) -> Result<ToolReply, ServiceError> {
         let arguments = match arguments {
             Value::Object(map) => map,
