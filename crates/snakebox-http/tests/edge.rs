@@ -5,42 +5,41 @@
 //! artifacts "not found" for another.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::sync::Arc;
 
-use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use serde_json::json;
-use snakebox_http::{HttpConfig, HttpError, KeyStore};
-use support::{engine, http_config, router_with, rpc, send, with_key};
+use snakebox_http::{HttpConfig, HttpError};
+use snakebox_test::http::{self, rpc, with_key};
+use snakebox_test::{HttpClient, TestEngine};
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt;
 
 const ROUTES: [&str; 5] = ["/mcp", "/sse", "/healthz", "/readyz", "/nope"];
 
 /// Published as `snakebox.example.com`, called from `app.example.com`'s pages.
 fn config(addr: &str) -> HttpConfig {
     HttpConfig {
+        addr: addr.parse().unwrap(),
         public_url: Some("https://snakebox.example.com".into()),
         allowed_origins: vec!["https://app.example.com".into()],
-        ..http_config(addr)
+        ..http::config()
     }
 }
 
 /// A loopback bind published as `snakebox.example.com` by a proxy that authenticates (so
 /// `--insecure-no-auth`: without a key, the local tenant).
-async fn router(data: &std::path::Path) -> Router {
-    let mut config = config("127.0.0.1:0");
-    config.insecure_no_auth = true;
-    router_with(data, &config).await
+fn router(test: &TestEngine) -> HttpClient {
+    test.http_with(|http| {
+        *http = config("127.0.0.1:0");
+        http.insecure_no_auth = true;
+    })
 }
 
 #[tokio::test]
 async fn every_route_refuses_a_foreign_host_with_a_hint() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
+    let test = TestEngine::new().await;
+    let router = router(&test);
     for path in ROUTES {
         for host in [
             "evil.example",
@@ -51,7 +50,7 @@ async fn every_route_refuses_a_foreign_host_with_a_hint() {
                 .header(header::HOST, host)
                 .body(Body::empty())
                 .unwrap();
-            let reply = send(&router, request).await;
+            let reply = router.send(request).await;
             let (status, body) = (reply.status, reply.json());
             assert_eq!(status, StatusCode::FORBIDDEN, "{path} {host}");
             assert!(
@@ -65,7 +64,7 @@ async fn every_route_refuses_a_foreign_host_with_a_hint() {
             .header(header::HOST, "localhost:8000")
             .body(Body::empty())
             .unwrap();
-        let status = router.clone().oneshot(request).await.unwrap().status();
+        let status = router.response(request).await.status();
         assert_ne!(status, StatusCode::FORBIDDEN, "{path}");
     }
     // The public URL's host is allowed too.
@@ -73,13 +72,13 @@ async fn every_route_refuses_a_foreign_host_with_a_hint() {
         .header(header::HOST, "snakebox.example.com")
         .body(Body::empty())
         .unwrap();
-    assert_eq!(send(&router, request).await.status, StatusCode::OK);
+    assert_eq!(router.send(request).await.status, StatusCode::OK);
 }
 
 #[tokio::test]
 async fn a_foreign_origin_is_refused_on_every_route_and_allowed_ones_pass() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
+    let test = TestEngine::new().await;
+    let router = router(&test);
     for path in ROUTES {
         let request = Request::get(path)
             .header(header::HOST, "127.0.0.1:8000")
@@ -87,7 +86,7 @@ async fn a_foreign_origin_is_refused_on_every_route_and_allowed_ones_pass() {
             .body(Body::empty())
             .unwrap();
         assert_eq!(
-            send(&router, request).await.status,
+            router.send(request).await.status,
             StatusCode::FORBIDDEN,
             "{path}"
         );
@@ -101,7 +100,7 @@ async fn a_foreign_origin_is_refused_on_every_route_and_allowed_ones_pass() {
         request
             .headers_mut()
             .insert(header::ORIGIN, origin.parse().unwrap());
-        let reply = send(&router, request).await;
+        let reply = router.send(request).await;
         let (status, body) = (reply.status, reply.json());
         assert_eq!(status, StatusCode::OK, "{origin}: {body}");
     }
@@ -109,8 +108,8 @@ async fn a_foreign_origin_is_refused_on_every_route_and_allowed_ones_pass() {
 
 #[tokio::test]
 async fn posts_must_be_json() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
+    let test = TestEngine::new().await;
+    let router = router(&test);
     for content_type in [
         None,
         Some("text/plain"),
@@ -122,7 +121,7 @@ async fn posts_must_be_json() {
                 request = request.header(header::CONTENT_TYPE, content_type);
             }
             let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).to_string();
-            let reply = send(&router, request.body(Body::from(body)).unwrap()).await;
+            let reply = router.send(request.body(Body::from(body)).unwrap()).await;
             let (status, body) = (reply.status, reply.json());
             assert_eq!(
                 status,
@@ -136,11 +135,11 @@ async fn posts_must_be_json() {
 
 #[tokio::test]
 async fn once_a_key_exists_every_mcp_request_needs_a_live_one() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
-    let keys = KeyStore::new(data.path());
+    let test = TestEngine::new().await;
+    let router = router(&test);
+    let keys = test.keys();
     // No key yet, loopback: the local tenant, without authentication.
-    let reply = send(&router, rpc("tools/list", json!({}))).await;
+    let reply = router.send(rpc("tools/list", json!({}))).await;
     let (status, body) = (reply.status, reply.json());
     assert_eq!(status, StatusCode::OK, "{body}");
     assert!(body["result"]["tools"].as_array().unwrap().len() > 5);
@@ -155,7 +154,7 @@ async fn once_a_key_exists_every_mcp_request_needs_a_live_one() {
             &made.key[..made.key.len() - 1],
         ),
     ] {
-        let reply = send(&router, request).await;
+        let reply = router.send(request).await;
         let (status, headers, body) = (reply.status, reply.headers.clone(), reply.json());
         assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
         assert_eq!(
@@ -167,23 +166,22 @@ async fn once_a_key_exists_every_mcp_request_needs_a_live_one() {
     // `?api_key=` is for GET /sse only.
     let mut request = rpc("tools/list", json!({}));
     *request.uri_mut() = format!("/mcp?api_key={}", made.key).parse().unwrap();
-    assert_eq!(
-        send(&router, request).await.status,
-        StatusCode::UNAUTHORIZED
-    );
+    assert_eq!(router.send(request).await.status, StatusCode::UNAUTHORIZED);
     // The probes stay open.
     let probe = Request::get("/healthz")
         .header(header::HOST, "127.0.0.1")
         .body(Body::empty())
         .unwrap();
-    assert_eq!(send(&router, probe).await.status, StatusCode::OK);
+    assert_eq!(router.send(probe).await.status, StatusCode::OK);
     // The right key works; revoked, it stops at the next request.
-    let status = send(&router, with_key(rpc("tools/list", json!({})), &made.key))
+    let status = router
+        .send(with_key(rpc("tools/list", json!({})), &made.key))
         .await
         .status;
     assert_eq!(status, StatusCode::OK);
     keys.revoke(&made.info.id).unwrap();
-    let status = send(&router, with_key(rpc("tools/list", json!({})), &made.key))
+    let status = router
+        .send(with_key(rpc("tools/list", json!({})), &made.key))
         .await
         .status;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
@@ -191,9 +189,9 @@ async fn once_a_key_exists_every_mcp_request_needs_a_live_one() {
 
 #[tokio::test]
 async fn each_group_of_routes_is_authorised_its_own_way() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
-    KeyStore::new(data.path()).add("team-a").unwrap();
+    let test = TestEngine::new().await;
+    let router = router(&test);
+    test.keys().add("team-a").unwrap();
     let plain = |method: &str, path: &str, json: bool| {
         let mut request = Request::builder()
             .method(method)
@@ -214,7 +212,7 @@ async fn each_group_of_routes_is_authorised_its_own_way() {
         ("POST", "/sse"),
         ("GET", "/metrics"),
     ] {
-        let reply = send(&router, plain(method, path, true)).await;
+        let reply = router.send(plain(method, path, true)).await;
         assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{method} {path}");
         assert!(
             reply.headers.contains_key(header::WWW_AUTHENTICATE),
@@ -222,51 +220,51 @@ async fn each_group_of_routes_is_authorised_its_own_way() {
         );
     }
     // A legacy SSE post without a key reaches its handler, which wants its session.
-    let reply = send(&router, plain("POST", "/messages", true)).await;
+    let reply = router.send(plain("POST", "/messages", true)).await;
     assert_ne!(reply.status, StatusCode::UNAUTHORIZED);
     assert!(reply.status.is_client_error(), "{}", reply.status);
     // ...and must be JSON like every post of a route that takes keys.
-    let reply = send(&router, plain("POST", "/messages", false)).await;
+    let reply = router.send(plain("POST", "/messages", false)).await;
     assert_eq!(reply.status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
     // With a wrong key, it is refused as the keyed routes are.
-    let reply = send(
-        &router,
-        with_key(plain("POST", "/messages", true), "sbx_0000"),
-    )
-    .await;
+    let reply = router
+        .send(with_key(plain("POST", "/messages", true), "sbx_0000"))
+        .await;
     assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
     // Probes answer anyone; an unknown path is not found for anyone.
     assert_eq!(
-        send(&router, plain("GET", "/healthz", false)).await.status,
+        router.send(plain("GET", "/healthz", false)).await.status,
         StatusCode::OK
     );
     assert_ne!(
-        send(&router, plain("GET", "/readyz", false)).await.status,
+        router.send(plain("GET", "/readyz", false)).await.status,
         StatusCode::UNAUTHORIZED
     );
     assert_eq!(
-        send(&router, plain("GET", "/nope", false)).await.status,
+        router.send(plain("GET", "/nope", false)).await.status,
         StatusCode::NOT_FOUND
     );
     // The web UI sends a browser to its login page; a download link wants its signature.
-    let reply = send(&router, plain("GET", "/ui/", false)).await;
+    let reply = router.send(plain("GET", "/ui/", false)).await;
     assert!(
         reply.status.is_redirection() || reply.status == StatusCode::OK,
         "{}",
         reply.status
     );
-    let reply = send(&router, plain("GET", "/files/0123/out.txt", false)).await;
+    let reply = router
+        .send(plain("GET", "/files/0123/out.txt", false))
+        .await;
     assert_ne!(reply.status, StatusCode::UNAUTHORIZED);
     assert!(reply.status.is_client_error(), "{}", reply.status);
 }
 
 #[tokio::test]
 async fn a_public_bind_without_keys_refuses_to_start_unless_told() {
-    let data = tempfile::tempdir().unwrap();
-    let engine = engine(data.path()).await;
-    let keys = KeyStore::new(data.path());
+    let test = TestEngine::new().await;
+    let engine = test.engine();
+    let keys = test.keys();
     let refused = snakebox_http::router(
-        Arc::clone(&engine),
+        Arc::clone(engine),
         &config("0.0.0.0:8000"),
         keys.clone(),
         CancellationToken::new(),
@@ -280,7 +278,7 @@ async fn a_public_bind_without_keys_refuses_to_start_unless_told() {
     let mut proxied = config("127.0.0.1:8000");
     proxied.allowed_origins.clear();
     let Err(err) = snakebox_http::router(
-        Arc::clone(&engine),
+        Arc::clone(engine),
         &proxied,
         keys.clone(),
         CancellationToken::new(),
@@ -296,7 +294,7 @@ async fn a_public_bind_without_keys_refuses_to_start_unless_told() {
     proxied.allowed_hosts = vec!["sandbox.internal:8000".into()];
     assert!(matches!(
         snakebox_http::router(
-            Arc::clone(&engine),
+            Arc::clone(engine),
             &proxied,
             keys.clone(),
             CancellationToken::new()
@@ -312,7 +310,7 @@ async fn a_public_bind_without_keys_refuses_to_start_unless_told() {
     ];
     assert!(
         snakebox_http::router(
-            Arc::clone(&engine),
+            Arc::clone(engine),
             &proxied,
             keys.clone(),
             CancellationToken::new()
@@ -323,7 +321,7 @@ async fn a_public_bind_without_keys_refuses_to_start_unless_told() {
     insecure.insecure_no_auth = true;
     assert!(
         snakebox_http::router(
-            Arc::clone(&engine),
+            Arc::clone(engine),
             &insecure,
             keys.clone(),
             CancellationToken::new()
@@ -332,18 +330,22 @@ async fn a_public_bind_without_keys_refuses_to_start_unless_told() {
     );
     // With a key, a public bind starts and requires it.
     let made = keys.add("team-a").unwrap();
-    let router = snakebox_http::router(
-        engine,
-        &config("0.0.0.0:8000"),
-        keys,
-        CancellationToken::new(),
-    )
-    .unwrap();
+    let router = HttpClient::of(
+        snakebox_http::router(
+            Arc::clone(engine),
+            &config("0.0.0.0:8000"),
+            keys,
+            CancellationToken::new(),
+        )
+        .unwrap(),
+        test.data_dir().to_path_buf(),
+    );
     assert_eq!(
-        send(&router, rpc("tools/list", json!({}))).await.status,
+        router.send(rpc("tools/list", json!({}))).await.status,
         StatusCode::UNAUTHORIZED
     );
-    let status = send(&router, with_key(rpc("tools/list", json!({})), &made.key))
+    let status = router
+        .send(with_key(rpc("tools/list", json!({})), &made.key))
         .await
         .status;
     assert_eq!(status, StatusCode::OK);
@@ -351,26 +353,24 @@ async fn a_public_bind_without_keys_refuses_to_start_unless_told() {
 
 #[tokio::test]
 async fn one_tenants_artifacts_and_runs_are_not_found_for_another() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
-    let keys = KeyStore::new(data.path());
-    let a = keys.add("team-a").unwrap().key;
-    let b = keys.add("team-b").unwrap().key;
-    let body = support::call_tool(
-        &router,
-        &a,
-        "execute_python",
-        json!({"script": "open('out.txt', 'w').write('made by a')"}),
-    )
-    .await;
-    let result = &body["structuredContent"];
-    assert_eq!(result["status"], "ok", "{body}");
+    let test = TestEngine::new().await;
+    let router = router(&test);
+    let a = router.with_key("team-a");
+    let b = router.with_key("team-b");
+    let body = a
+        .call_tool(
+            "execute_python",
+            json!({"script": "open('out.txt', 'w').write('made by a')"}),
+        )
+        .await;
+    let result = &body.structured;
+    assert_eq!(result["status"], "ok", "{}", body.raw);
     let uri = result["artifacts"][0]["uri"].as_str().unwrap().to_owned();
 
-    let read = |key: &str| with_key(rpc("resources/read", json!({"uri": uri})), key);
-    let mine = send(&router, read(&a)).await.json();
+    let read = json!({"uri": uri});
+    let mine = a.post_mcp("resources/read", read.clone()).await.json();
     assert_eq!(mine["result"]["contents"][0]["text"], "made by a", "{mine}");
-    let theirs = send(&router, read(&b)).await.json();
+    let theirs = b.post_mcp("resources/read", read).await.json();
     assert!(
         theirs["error"]["message"]
             .as_str()
@@ -380,13 +380,9 @@ async fn one_tenants_artifacts_and_runs_are_not_found_for_another() {
     );
     assert!(theirs.get("result").is_none(), "{theirs}");
     // B lists nothing of A's.
-    let listed = send(&router, with_key(rpc("resources/list", json!({})), &b))
-        .await
-        .json();
+    let listed = b.post_mcp("resources/list", json!({})).await.json();
     assert_eq!(listed["result"]["resources"], json!([]), "{listed}");
-    let listed = send(&router, with_key(rpc("resources/list", json!({})), &a))
-        .await
-        .json();
+    let listed = a.post_mcp("resources/list", json!({})).await.json();
     assert_eq!(
         listed["result"]["resources"].as_array().unwrap().len(),
         1,
@@ -398,8 +394,8 @@ async fn one_tenants_artifacts_and_runs_are_not_found_for_another() {
 /// route (400, with what is wrong and a hint), whatever the route.
 #[tokio::test]
 async fn a_host_that_is_not_one_plain_authority_is_refused_on_every_route() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
+    let test = TestEngine::new().await;
+    let router = router(&test);
     for path in ROUTES
         .into_iter()
         .chain(["/ui/login", "/files/e1/out.txt", "/metrics"])
@@ -418,7 +414,7 @@ async fn a_host_that_is_not_one_plain_authority_is_refused_on_every_route() {
                 .header(header::HOST, host)
                 .body(Body::empty())
                 .unwrap();
-            let reply = send(&router, request).await;
+            let reply = router.send(request).await;
             let body = reply.json();
             assert_eq!(
                 reply.status,
@@ -444,24 +440,25 @@ async fn a_host_that_is_not_one_plain_authority_is_refused_on_every_route() {
         .header(header::HOST, "evil.example")
         .body(Body::empty())
         .unwrap();
-    assert_eq!(send(&router, request).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(router.send(request).await.status, StatusCode::BAD_REQUEST);
     let request = Request::get("http://evil.example/healthz")
         .header(header::HOST, "localhost")
         .body(Body::empty())
         .unwrap();
-    assert_eq!(send(&router, request).await.status, StatusCode::BAD_REQUEST);
+    assert_eq!(router.send(request).await.status, StatusCode::BAD_REQUEST);
 }
 
 /// Issue 32, property 5: `--max-body-bytes` is the one limit, on every route, with or
 /// without a `Content-Length`: the limit passes, a byte more is 413 naming it and the setting.
 #[tokio::test]
 async fn the_body_limit_is_the_setting_on_every_route_with_or_without_a_length() {
-    let data = tempfile::tempdir().unwrap();
+    let test = TestEngine::new().await;
     let limit = 256 * 1024;
-    let mut config = config("127.0.0.1:0");
-    config.insecure_no_auth = true;
-    config.max_body_bytes = limit;
-    let router = router_with(data.path(), &config).await;
+    let router = test.http_with(|http| {
+        *http = config("127.0.0.1:0");
+        http.insecure_no_auth = true;
+        http.max_body_bytes = limit;
+    });
     let ping = |size: usize| {
         let text = json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}).to_string();
         let pad = size - text.len();
@@ -486,13 +483,13 @@ async fn the_body_limit_is_the_setting_on_every_route_with_or_without_a_length()
                     Body::from(bytes)
                 };
                 let mut request = Request::post(path)
-                    .header(header::HOST, support::HOST)
+                    .header(header::HOST, http::HOST)
                     .header(header::CONTENT_TYPE, content_type)
                     .header(header::ACCEPT, "application/json, text/event-stream");
                 if !chunked {
                     request = request.header(header::CONTENT_LENGTH, size);
                 }
-                let reply = send(&router, request.body(body).unwrap()).await;
+                let reply = router.send(request.body(body).unwrap()).await;
                 if size > limit {
                     let body = reply.json();
                     assert_eq!(
@@ -524,11 +521,11 @@ async fn the_body_limit_is_the_setting_on_every_route_with_or_without_a_length()
     }
     // At the limit, streamable HTTP answers the ping.
     let request = Request::post("/mcp")
-        .header(header::HOST, support::HOST)
+        .header(header::HOST, http::HOST)
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::ACCEPT, "application/json, text/event-stream")
         .body(Body::from(ping(limit)))
         .unwrap();
-    let reply = send(&router, request).await;
+    let reply = router.send(request).await;
     assert_eq!(reply.json()["result"], json!({}), "{}", reply.text());
 }

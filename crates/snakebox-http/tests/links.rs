@@ -5,28 +5,25 @@
 //! is Prometheus text whose run counter grows with a run.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use serde_json::{Value, json};
-use snakebox_http::{HttpConfig, KeyStore, LinkSigner};
-use support::{Reply, call_tool, get, http_config, router_with, send, with_key};
+use snakebox_http::LinkSigner;
+use snakebox_test::http::get;
+use snakebox_test::{HttpClient, Reply, TestEngine};
 
-async fn router(data: &std::path::Path, public_url: Option<&str>) -> Router {
-    let http = HttpConfig {
-        public_url: public_url.map(str::to_owned),
-        ..http_config("127.0.0.1:8000")
-    };
-    router_with(data, &http).await
+fn router(test: &TestEngine, public_url: Option<&str>) -> HttpClient {
+    test.http_with(|http| http.public_url = public_url.map(str::to_owned))
 }
 
-/// Run `script` as the holder of `key`; the call's result.
-async fn run(router: &Router, key: &str, script: &str) -> Value {
-    let result = call_tool(router, key, "execute_python", json!({"script": script})).await;
+/// Run `script` as `client` (with its key); the call's result.
+async fn run(client: &HttpClient, script: &str) -> Value {
+    let result = client
+        .call_tool("execute_python", json!({"script": script}))
+        .await
+        .raw;
     assert_eq!(result["structuredContent"]["status"], "ok", "{result}");
     result
 }
@@ -48,11 +45,10 @@ const SCRIPT: &str = "import os\nos.makedirs('out', exist_ok=True)\nopen('out/da
 
 #[tokio::test]
 async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path(), None).await;
-    let keys = KeyStore::new(data.path());
-    let a = keys.add("team-a").unwrap().key;
-    let result = run(&router, &a, SCRIPT).await;
+    let test = TestEngine::new().await;
+    let router = router(&test, None);
+    let a = router.with_key("team-a");
+    let result = run(&a, SCRIPT).await;
     let artifact = &result["structuredContent"]["artifacts"][0];
     assert_eq!(artifact["name"], "out/data b.bin", "{result}");
     let url = artifact["download_url"].as_str().unwrap().to_owned();
@@ -62,7 +58,7 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
         url.contains("/out/data%20b.bin?tenant=team-a&exp="),
         "{url}"
     );
-    assert!(!url.contains(&a[4..]), "{url}");
+    assert!(!url.contains(&a.key()[4..]), "{url}");
     // The text form and the resource link say it too.
     let text = result["content"][0]["text"].as_str().unwrap();
     assert!(text.contains(&format!("download: {url}")), "{text}");
@@ -83,7 +79,7 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
         status,
         headers,
         body,
-    } = send(&router, get(path_of(&url))).await;
+    } = router.send(get(path_of(&url))).await;
     assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&body));
     assert_eq!(body, expected);
     assert_eq!(headers[header::CONTENT_LENGTH], "768");
@@ -111,7 +107,7 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
         status,
         headers: head_headers,
         body,
-    } = send(&router, head).await;
+    } = router.send(head).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(head_headers[header::CONTENT_LENGTH], "768");
     assert!(body.is_empty());
@@ -136,7 +132,7 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
         path.split('?').next().unwrap().to_owned(),
         path.replace("tenant=team-a", "tenant=team-b"),
     ] {
-        let Reply { status, body, .. } = send(&router, get(&tampered)).await;
+        let Reply { status, body, .. } = router.send(get(&tampered)).await;
         assert_eq!(status, StatusCode::FORBIDDEN, "{tampered}");
         let body: Value = serde_json::from_slice(&body).unwrap();
         assert!(
@@ -147,35 +143,33 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
 
     // Links signed with the server's secret (it lives in the data directory), as a client
     // could not: expired → 410; `..` → 404; another tenant's artifact → 404.
-    let signer = LinkSigner::load_or_create(data.path()).unwrap();
+    let signer = LinkSigner::load_or_create(test.data_dir()).unwrap();
     let execution_id = result["structuredContent"]["execution_id"]
         .as_str()
         .unwrap();
     let expired = signer.link("team-a", execution_id, "out/data b.bin", now() - 1);
-    let Reply { status, .. } = send(&router, get(&expired)).await;
+    let Reply { status, .. } = router.send(get(&expired)).await;
     assert_eq!(status, StatusCode::GONE);
     for dotted in ["../manifest.json", "out/../out/data b.bin", "/etc/passwd"] {
         let link = signer.link("team-a", execution_id, dotted, now() + 60);
-        let Reply { status, .. } = send(&router, get(&link)).await;
+        let Reply { status, .. } = router.send(get(&link)).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{link}");
     }
-    let Reply { status, .. } = send(
-        &router,
-        get(&format!(
+    let Reply { status, .. } = router
+        .send(get(&format!(
             "/files/{execution_id}/..?tenant=team-a&exp=1&sig=00"
-        )),
-    )
-    .await;
+        )))
+        .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let unknown = signer.link("team-a", execution_id, "out/none.bin", now() + 60);
     assert_eq!(
-        send(&router, get(&unknown)).await.status,
+        router.send(get(&unknown)).await.status,
         StatusCode::NOT_FOUND
     );
-    keys.add("team-b").unwrap();
+    let _ = test.add_key("team-b");
     let theirs = signer.link("team-b", execution_id, "out/data b.bin", now() + 60);
     assert_eq!(
-        send(&router, get(&theirs)).await.status,
+        router.send(get(&theirs)).await.status,
         StatusCode::NOT_FOUND
     );
     // The link still works, and is refused for a foreign Host like every route.
@@ -183,17 +177,17 @@ async fn a_results_link_downloads_the_exact_bytes_without_a_key_and_nothing_else
     foreign
         .headers_mut()
         .insert(header::HOST, "evil.example".parse().unwrap());
-    assert_eq!(send(&router, foreign).await.status, StatusCode::FORBIDDEN);
-    assert_eq!(send(&router, get(&path)).await.status, StatusCode::OK);
+    assert_eq!(router.send(foreign).await.status, StatusCode::FORBIDDEN);
+    assert_eq!(router.send(get(&path)).await.status, StatusCode::OK);
 }
 
 #[tokio::test]
 async fn links_use_the_public_url_and_survive_a_restart() {
-    let data = tempfile::tempdir().unwrap();
+    let test = TestEngine::new().await;
     // Published under a public URL, the server needs a key before it starts.
-    let key = KeyStore::new(data.path()).add("team-a").unwrap().key;
-    let first = router(data.path(), Some("https://snakebox.example.com/")).await;
-    let result = run(&first, &key, SCRIPT).await;
+    let key = test.add_key("team-a");
+    let first = router(&test, Some("https://snakebox.example.com/")).presenting(&key);
+    let result = run(&first, SCRIPT).await;
     let url = result["structuredContent"]["artifacts"][0]["download_url"]
         .as_str()
         .unwrap()
@@ -203,8 +197,8 @@ async fn links_use_the_public_url_and_survive_a_restart() {
         "{url}"
     );
     // A new server of the same data directory: the same secret.
-    let second = router(data.path(), None).await;
-    let Reply { status, body, .. } = send(&second, get(path_of(&url))).await;
+    let second = router(&test.restart().await, None);
+    let Reply { status, body, .. } = second.send(get(path_of(&url))).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body.len(), 768);
 }
@@ -226,14 +220,14 @@ fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 
 #[tokio::test]
 async fn metrics_are_prometheus_text_and_count_runs() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path(), None).await;
+    let test = TestEngine::new().await;
+    let router = router(&test, None);
     // No key yet on loopback: open, like every route.
     let Reply {
         status,
         headers,
         body: before,
-    } = send(&router, get("/metrics")).await;
+    } = router.send(get("/metrics")).await;
     assert_eq!(status, StatusCode::OK);
     assert!(
         headers[header::CONTENT_TYPE]
@@ -257,17 +251,18 @@ async fn metrics_are_prometheus_text_and_count_runs() {
     };
 
     // Once a key exists, /metrics needs one, as every route does.
-    let key = KeyStore::new(data.path()).add("team-a").unwrap().key;
+    let holder = router.with_key("team-a");
+    let key = holder.key();
     assert_eq!(
-        send(&router, get("/metrics")).await.status,
+        router.send(get("/metrics")).await.status,
         StatusCode::UNAUTHORIZED
     );
-    run(&router, &key, "print('counted')").await;
+    run(&holder, "print('counted')").await;
     let Reply {
         status,
         body: after,
         ..
-    } = send(&router, with_key(get("/metrics"), &key)).await;
+    } = holder.get("/metrics").await;
     assert_eq!(status, StatusCode::OK);
     let after = String::from_utf8(after).unwrap();
     // Other tests of this process run too (one recorder per process): more, not exactly one.

@@ -4,21 +4,13 @@
 //! sessions and artifacts "not found" for another.
 #![allow(clippy::unwrap_used)]
 
-mod support;
-
-use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
 use serde_json::{Value, json};
-use snakebox_http::KeyStore;
-use support::{HOST, Reply, http_config, router_with, send};
-use tower::ServiceExt;
+use snakebox_test::http::HOST;
+use snakebox_test::{HttpClient, Reply, TestEngine};
 
 const ORIGIN: &str = "http://127.0.0.1:8000";
-
-async fn router(data: &std::path::Path) -> Router {
-    router_with(data, &http_config("127.0.0.1:0")).await
-}
 
 /// The value of a page's first CSRF field.
 fn csrf_of(page: &Reply) -> String {
@@ -27,16 +19,16 @@ fn csrf_of(page: &Reply) -> String {
     text[at..].split('"').next().unwrap().to_owned()
 }
 
-async fn get(router: &Router, path: &str, cookie: Option<&str>) -> Reply {
+async fn get(router: &HttpClient, path: &str, cookie: Option<&str>) -> Reply {
     let mut request = Request::get(path).header(header::HOST, HOST);
     if let Some(cookie) = cookie {
         request = request.header(header::COOKIE, cookie);
     }
-    send(router, request.body(Body::empty()).unwrap()).await
+    router.send(request.body(Body::empty()).unwrap()).await
 }
 
 async fn post(
-    router: &Router,
+    router: &HttpClient,
     path: &str,
     cookie: Option<&str>,
     origin: Option<&str>,
@@ -51,14 +43,16 @@ async fn post(
     if let Some(origin) = origin {
         request = request.header(header::ORIGIN, origin);
     }
-    send(router, request.body(Body::from(form.to_owned())).unwrap()).await
+    router
+        .send(request.body(Body::from(form.to_owned())).unwrap())
+        .await
 }
 
 /// Log in with `key`; the cookie to send back.
 /// The page at `path`, fetched every 100 ms (at most `tries` times) until `ready` holds for it:
 /// the runs table is written by a batching writer, so a row appears a moment after its call.
 async fn page_when(
-    router: &Router,
+    router: &HttpClient,
     path: &str,
     cookie: &str,
     tries: usize,
@@ -75,7 +69,7 @@ async fn page_when(
     page
 }
 
-async fn log_in(router: &Router, key: &str) -> String {
+async fn log_in(router: &HttpClient, key: &str) -> String {
     let reply = post(
         router,
         "/ui/login",
@@ -90,15 +84,19 @@ async fn log_in(router: &Router, key: &str) -> String {
 }
 
 /// Call tool `name` as the holder of `key`; its structured result.
-async fn call_tool(router: &Router, key: &str, name: &str, arguments: Value) -> Value {
-    support::call_tool(router, key, name, arguments).await["structuredContent"].clone()
+async fn call_tool(router: &HttpClient, key: &str, name: &str, arguments: Value) -> Value {
+    router
+        .presenting(key)
+        .call_tool(name, arguments)
+        .await
+        .structured
 }
 
 #[tokio::test]
 async fn login_exchanges_a_key_for_a_strict_cookie_and_pages_need_it() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
-    let key = KeyStore::new(data.path()).add("team-a").unwrap().key;
+    let test = TestEngine::new().await;
+    let router = test.http();
+    let key = test.add_key("team-a");
 
     for path in ["/ui", "/ui/"] {
         let reply = get(&router, path, None).await;
@@ -177,9 +175,9 @@ async fn login_exchanges_a_key_for_a_strict_cookie_and_pages_need_it() {
 
 #[tokio::test]
 async fn every_post_needs_the_sessions_csrf_token_and_the_servers_origin() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
-    let key = KeyStore::new(data.path()).add("team-a").unwrap().key;
+    let test = TestEngine::new().await;
+    let router = test.http();
+    let key = test.add_key("team-a");
     let cookie = log_in(&router, &key).await;
     let page = get(&router, "/ui/runs", Some(&cookie)).await;
     let csrf = csrf_of(&page);
@@ -227,9 +225,9 @@ async fn every_post_needs_the_sessions_csrf_token_and_the_servers_origin() {
 
 #[tokio::test]
 async fn a_revoked_key_ends_its_ui_sessions() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
-    let keys = KeyStore::new(data.path());
+    let test = TestEngine::new().await;
+    let router = test.http();
+    let keys = test.keys();
     let made = keys.add("team-a").unwrap();
     let cookie = log_in(&router, &made.key).await;
     assert_eq!(
@@ -243,8 +241,8 @@ async fn a_revoked_key_ends_its_ui_sessions() {
 
 #[tokio::test]
 async fn without_keys_on_loopback_the_local_tenant_needs_no_login_until_a_key_exists() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
+    let test = TestEngine::new().await;
+    let router = test.http();
     // A GET makes no session: the page offers a button that POSTs the login.
     let form = get(&router, "/ui/login", None).await;
     assert_eq!(form.status, StatusCode::OK);
@@ -270,7 +268,7 @@ async fn without_keys_on_loopback_the_local_tenant_needs_no_login_until_a_key_ex
     let runs = get(&router, "/ui/runs", Some(cookie)).await;
     assert_eq!(runs.status, StatusCode::OK);
     assert!(runs.text().contains("local"));
-    KeyStore::new(data.path()).add("team-a").unwrap();
+    let _ = test.add_key("team-a");
     let after = get(&router, "/ui/runs", Some(cookie)).await;
     assert_eq!(after.status, StatusCode::SEE_OTHER, "keys exist now");
     let login = get(&router, "/ui/login", None).await;
@@ -284,9 +282,9 @@ async fn without_keys_on_loopback_the_local_tenant_needs_no_login_until_a_key_ex
 
 #[tokio::test]
 async fn runs_show_their_output_and_artifacts_download_without_rendering() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
-    let key = KeyStore::new(data.path()).add("team-a").unwrap().key;
+    let test = TestEngine::new().await;
+    let router = test.http();
+    let key = test.add_key("team-a");
     let script = "print('hello <b>ui</b>')\n\
         open('evil.svg', 'w').write('<svg xmlns=\"http://www.w3.org/2000/svg\"><script>alert(1)</script></svg>')\n";
     let result = call_tool(&router, &key, "execute_python", json!({"script": script})).await;
@@ -352,11 +350,10 @@ async fn runs_show_their_output_and_artifacts_download_without_rendering() {
 
 #[tokio::test]
 async fn a_second_tenant_sees_none_of_the_firsts_runs_sessions_or_artifacts() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
-    let keys = KeyStore::new(data.path());
-    let a = keys.add("team-a").unwrap().key;
-    let b = keys.add("team-b").unwrap().key;
+    let test = TestEngine::new().await;
+    let router = test.http();
+    let a = test.add_key("team-a");
+    let b = test.add_key("team-b");
     let result = call_tool(
         &router,
         &a,
@@ -500,11 +497,10 @@ async fn a_second_tenant_sees_none_of_the_firsts_runs_sessions_or_artifacts() {
 
 #[tokio::test]
 async fn a_running_runs_output_streams_live_and_it_is_cancelled_by_its_tenant_only() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
-    let keys = KeyStore::new(data.path());
-    let a = keys.add("team-a").unwrap().key;
-    let b = keys.add("team-b").unwrap().key;
+    let test = TestEngine::new().await;
+    let router = test.http();
+    let a = test.add_key("team-a");
+    let b = test.add_key("team-b");
     let started = std::time::Instant::now();
     let long = {
         let (router, a) = (router.clone(), a.clone());
@@ -531,7 +527,7 @@ async fn a_running_runs_output_streams_live_and_it_is_cancelled_by_its_tenant_on
         .header(header::COOKIE, &cookie_a)
         .body(Body::empty())
         .unwrap();
-    let response = router.clone().oneshot(request).await.unwrap();
+    let response = router.response(request).await;
     assert_eq!(response.status(), StatusCode::OK);
     assert!(
         response.headers()[header::CONTENT_TYPE]
@@ -562,10 +558,8 @@ async fn a_running_runs_output_streams_live_and_it_is_cancelled_by_its_tenant_on
         .body(Body::empty())
         .unwrap();
     let mut stream_a2 = router
-        .clone()
-        .oneshot(request)
+        .response(request)
         .await
-        .unwrap()
         .into_body()
         .into_data_stream();
     let out = post(
@@ -676,7 +670,7 @@ fn multipart(csrf: Option<&str>, name: &str, data: &[u8]) -> (String, Vec<u8>) {
     (format!("multipart/form-data; boundary={boundary}"), body)
 }
 
-async fn upload(router: &Router, path: &str, cookie: &str, form: (String, Vec<u8>)) -> Reply {
+async fn upload(router: &HttpClient, path: &str, cookie: &str, form: (String, Vec<u8>)) -> Reply {
     let request = Request::post(path)
         .header(header::HOST, HOST)
         .header(header::ORIGIN, ORIGIN)
@@ -684,16 +678,15 @@ async fn upload(router: &Router, path: &str, cookie: &str, form: (String, Vec<u8
         .header(header::CONTENT_TYPE, form.0)
         .body(Body::from(form.1))
         .unwrap();
-    send(router, request).await
+    router.send(request).await
 }
 
 #[tokio::test]
 async fn files_are_uploaded_into_a_session_by_its_tenant_only() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
-    let keys = KeyStore::new(data.path());
-    let a = keys.add("team-a").unwrap().key;
-    let b = keys.add("team-b").unwrap().key;
+    let test = TestEngine::new().await;
+    let router = test.http();
+    let a = test.add_key("team-a");
+    let b = test.add_key("team-b");
     let created = call_tool(&router, &a, "create_session", json!({})).await;
     let session = created["session_id"].as_str().unwrap().to_owned();
     let bytes: Vec<u8> = (0..=255u8).cycle().take(3000).collect();
@@ -750,16 +743,16 @@ async fn files_are_uploaded_into_a_session_by_its_tenant_only() {
 
 #[tokio::test]
 async fn the_ui_is_behind_the_edges_host_and_origin_checks() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
-    let key = KeyStore::new(data.path()).add("team-a").unwrap().key;
+    let test = TestEngine::new().await;
+    let router = test.http();
+    let key = test.add_key("team-a");
     for path in ["/ui", "/ui/", "/ui/login", "/ui/runs", "/ui/static/ui.css"] {
         let request = Request::get(path)
             .header(header::HOST, "evil.example")
             .body(Body::empty())
             .unwrap();
         assert_eq!(
-            send(&router, request).await.status,
+            router.send(request).await.status,
             StatusCode::FORBIDDEN,
             "{path}"
         );
@@ -771,7 +764,7 @@ async fn the_ui_is_behind_the_edges_host_and_origin_checks() {
         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
         .body(Body::from(format!("key={key}")))
         .unwrap();
-    let reply = send(&router, request).await;
+    let reply = router.send(request).await;
     assert_eq!(reply.status, StatusCode::FORBIDDEN);
     assert!(reply.header(header::SET_COOKIE).is_empty());
     // The static files are there for an allowed host, and carry the policy too.
@@ -783,9 +776,9 @@ async fn the_ui_is_behind_the_edges_host_and_origin_checks() {
 
 #[tokio::test]
 async fn the_runs_list_pages_back_and_a_session_page_lists_its_own_cells() {
-    let data = tempfile::tempdir().unwrap();
-    let router = router(data.path()).await;
-    let key = KeyStore::new(data.path()).add("team-a").unwrap().key;
+    let test = TestEngine::new().await;
+    let router = test.http();
+    let key = test.add_key("team-a");
     let session = call_tool(&router, &key, "create_session", json!({})).await;
     let sid = session["session_id"].as_str().unwrap().to_owned();
     let mut ids = Vec::new();

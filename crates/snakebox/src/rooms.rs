@@ -2,6 +2,9 @@
 //! on crates below it in the list, and the faces (MCP and HTTP) reach everything through the
 //! engine, so that the engine can move behind a wire without touching them. A test, not a
 //! convention: a new `use` of a lower room in a face fails here.
+//!
+//! `snakebox-test` is the test room on top: it may use every room, and no room may depend on
+//! it except as a dev-dependency (tests use it; nothing built for users contains it).
 
 #[cfg(test)]
 mod tests {
@@ -9,6 +12,7 @@ mod tests {
 
     /// Top to bottom, as ARCHITECTURE.md draws them.
     const ROOMS: &[&str] = &[
+        "snakebox-test",
         "snakebox",
         "snakebox-http",
         "snakebox-server",
@@ -18,8 +22,28 @@ mod tests {
         "snakebox-fs",
         "snakebox-script",
     ];
+    /// The test room: a dev-dependency only.
+    const TEST_ROOM: &str = "snakebox-test";
     /// The faces: below them, only the engine (and the MCP face, for HTTP).
     const FACES: &[&str] = &["snakebox-http", "snakebox-server"];
+
+    /// Every crate of the workspace (its directory under `crates/`).
+    fn all_crates() -> Vec<String> {
+        let mut names: Vec<String> = fs_err::read_dir(crates())
+            .expect("the crates directory")
+            .flatten()
+            .filter(|entry| entry.path().join("Cargo.toml").is_file())
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn manifest(room: &str) -> toml::Table {
+        let manifest = fs_err::read_to_string(crates().join(room).join("Cargo.toml"))
+            .unwrap_or_else(|err| panic!("{room}/Cargo.toml: {err}"));
+        manifest.parse().expect("a valid manifest")
+    }
 
     fn crates() -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -30,10 +54,7 @@ mod tests {
 
     /// The workspace crates a manifest names under `[dependencies]`.
     fn dependencies(room: &str) -> Vec<String> {
-        let manifest = fs_err::read_to_string(crates().join(room).join("Cargo.toml"))
-            .unwrap_or_else(|err| panic!("{room}/Cargo.toml: {err}"));
-        let manifest: toml::Table = manifest.parse().expect("a valid manifest");
-        manifest
+        manifest(room)
             .get("dependencies")
             .and_then(toml::Value::as_table)
             .map(|deps| {
@@ -43,6 +64,59 @@ mod tests {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn every_crate_is_a_room() {
+        for name in all_crates() {
+            assert!(
+                ROOMS.contains(&name.as_str()),
+                "crates/{name} is not in ROOMS: place it in the list (and ARCHITECTURE.md)"
+            );
+        }
+    }
+
+    /// What a manifest links into what it builds: `[dependencies]` and `[build-dependencies]`,
+    /// plain and per target.
+    fn linked_tables(manifest: &toml::Table) -> Vec<(String, &toml::Table)> {
+        let mut scopes = vec![(String::new(), manifest)];
+        if let Some(targets) = manifest.get("target").and_then(toml::Value::as_table) {
+            for (target, table) in targets {
+                if let Some(table) = table.as_table() {
+                    scopes.push((format!("target.{target}."), table));
+                }
+            }
+        }
+        let mut tables = vec![];
+        for (prefix, scope) in scopes {
+            for section in ["dependencies", "build-dependencies"] {
+                if let Some(deps) = scope.get(section).and_then(toml::Value::as_table) {
+                    tables.push((format!("{prefix}{section}"), deps));
+                }
+            }
+        }
+        tables
+    }
+
+    #[test]
+    fn the_test_room_is_only_ever_a_dev_dependency() {
+        for name in all_crates() {
+            let manifest = manifest(&name);
+            for (section, deps) in linked_tables(&manifest) {
+                assert!(
+                    !deps.contains_key(TEST_ROOM),
+                    "{name} has {TEST_ROOM} under [{section}]: it is for [dev-dependencies] only"
+                );
+            }
+        }
+        let test_room = manifest(TEST_ROOM);
+        assert_eq!(
+            test_room["package"]
+                .get("publish")
+                .and_then(toml::Value::as_bool),
+            Some(false),
+            "{TEST_ROOM} is never published"
+        );
     }
 
     #[test]
