@@ -8,8 +8,11 @@
 //! waits for the CPU behind all of them (issue 32, item 1: "file tools that walk trees"). So
 //! host work runs on a bounded number of threads handed out by the same fair mechanism as the
 //! sandbox slots ([`FairSlots`]): a freed thread goes to the waiting tenant that holds the
-//! fewest, and over HTTP one tenant holds at most half of them. Another tenant's host work
-//! then waits at most for one piece of work to end, whatever one tenant queued.
+//! fewest, and over HTTP one tenant holds at most a quarter of them (half the cores' worth,
+//! at least one: once its directories are cached, a walk is CPU-bound in the kernel, and half
+//! the threads let one tenant's listings take every core; measured in BENCHMARKS.md). Another
+//! tenant's host work then waits at most for one piece of work to end, whatever one tenant
+//! queued.
 //!
 //! The threads are the host work's own, at niceness [`HOST_WORK_NICE`]: a sandbox's work
 //! (which a CPU cgroup weighs per tenant) goes before the server's walks of one tenant's
@@ -41,7 +44,8 @@ pub(crate) struct HostWork {
 
 impl HostWork {
     /// Room for `threads` pieces of host work at once, on as many threads of its own;
-    /// `shared`: several tenants use the server (HTTP), so each may hold at most half of them.
+    /// `shared`: several tenants use the server (HTTP), so each may hold at most a quarter of
+    /// them (at least one).
     pub(crate) fn new(threads: usize, shared: bool) -> HostWork {
         let threads = threads.max(2);
         let (jobs, queue) = std::sync::mpsc::channel::<Job>();
@@ -69,7 +73,7 @@ impl HostWork {
             }
         }
         HostWork {
-            slots: FairSlots::new(threads, shared.then_some(threads / 2)),
+            slots: FairSlots::new(threads, shared.then_some((threads / 4).max(1))),
             threads,
             jobs,
         }
@@ -134,8 +138,8 @@ mod tests {
     use super::*;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn one_tenant_holds_at_most_half_and_another_goes_first() {
-        let host = Arc::new(HostWork::new(4, true));
+    async fn one_tenant_holds_at_most_a_quarter_and_another_goes_first() {
+        let host = Arc::new(HostWork::new(8, true));
         let noisy = Caller::tenant("noisy").unwrap();
         let quiet = Caller::tenant("quiet").unwrap();
         let running = Arc::new(AtomicUsize::new(0));
@@ -165,7 +169,7 @@ mod tests {
                 .await
             }));
         }
-        // The flood holds its half; the quiet tenant's work runs at once, beside it.
+        // The flood holds its quarter; the quiet tenant's work runs at once, beside it.
         tokio::time::sleep(std::time::Duration::from_millis(200)).await;
         assert_eq!(host.busy(), 2);
         let quiet_ran = host.run(&quiet, "test", || 42).await;
@@ -177,7 +181,7 @@ mod tests {
         assert_eq!(
             most.load(Ordering::SeqCst),
             2,
-            "the noisy tenant held more than half"
+            "the noisy tenant held more than a quarter"
         );
     }
 

@@ -149,7 +149,7 @@ fn answer<T: Serialize>(
     text: impl Fn(&T) -> String,
 ) -> CallToolResult {
     match result {
-        Ok(value) => structured(&value, text(&value), false),
+        Ok(value) => crate::tools::off_the_runtime(|| structured(&value, text(&value), false)),
         Err(error) => failure(&error),
     }
 }
