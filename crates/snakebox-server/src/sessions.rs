@@ -149,7 +149,9 @@ fn answer<T: Serialize>(
     text: impl Fn(&T) -> String,
 ) -> CallToolResult {
     match result {
-        Ok(value) => crate::tools::off_the_runtime(|| structured(&value, text(&value), false)),
+        // Shaped off the runtime worker's queue: a listing of thousands of entries takes
+        // milliseconds (issue 32, item 1, the noisy neighbour's `files`).
+        Ok(value) => snakebox_engine::off_the_runtime(|| structured(&value, text(&value), false)),
         Err(error) => failure(&error),
     }
 }

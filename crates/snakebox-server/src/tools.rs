@@ -626,23 +626,11 @@ pub(crate) fn structured<T: Serialize>(value: &T, text: String, is_error: bool) 
     result
 }
 
-/// Shape an answer without holding up the runtime's other tasks: a listing of thousands of
-/// entries, a megabyte of output or a figure takes milliseconds of one thread to turn into
-/// text and JSON, and every request queued on that worker (another tenant's too) would wait
-/// for it (issue 32, item 1: the noisy neighbour's `files` kind). On a multi-threaded runtime
-/// the worker hands its queue to another thread while `shape` runs.
-pub(crate) fn off_the_runtime<R>(shape: impl FnOnce() -> R) -> R {
-    let multi = tokio::runtime::Handle::try_current()
-        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if multi {
-        tokio::task::block_in_place(shape)
-    } else {
-        shape()
-    }
-}
-
+/// A run's record as the tool's answer. Shaping it (a megabyte of output, figures) takes
+/// milliseconds of one thread: off the runtime worker's queue, so that another tenant's
+/// request is not queued behind it (issue 32, item 1).
 pub(crate) fn execution_result(result: &ExecutionResult) -> CallToolResult {
-    off_the_runtime(|| shaped_execution_result(result))
+    snakebox_engine::off_the_runtime(|| shaped_execution_result(result))
 }
 
 fn shaped_execution_result(result: &ExecutionResult) -> CallToolResult {

@@ -243,7 +243,12 @@ impl Engine {
             if let Err(error) = self.ensure_session_proxy(manager, &row, &mut state.proxy) {
                 return fail(error);
             }
-            match self.start_interpreter(manager, &row, &interpreter, profile) {
+            // Writing its files and forking its sandbox block this thread for milliseconds:
+            // off the runtime worker's queue, as for every start of one tenant's churn.
+            let started = crate::off_the_runtime(|| {
+                self.start_interpreter(manager, &row, &interpreter, profile)
+            });
+            match started {
                 Ok(live) => {
                     state.interpreter = Some(live);
                     state.cells_in_interpreter = 0;
