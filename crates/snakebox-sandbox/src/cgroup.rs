@@ -77,8 +77,15 @@ fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
     })
 }
 
+/// The pids of a `cgroup.procs` file: positive ones only. The kernel writes 0 for a process
+/// whose pid the reader cannot see (one exiting while the file is read), and a 0 or a
+/// negative pid given to kill(2) signals the caller's whole process group or every process
+/// it may signal: the server, and whatever started it.
 fn parse_pids(text: &str) -> Vec<i32> {
-    text.lines().filter_map(|l| l.trim().parse().ok()).collect()
+    text.lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .filter(|&pid: &i32| pid > 0)
+        .collect()
 }
 
 /// The value of `key` in a flat keyed file (`memory.events`, `memory.oom_control`).
@@ -142,9 +149,9 @@ impl CpuKnob {
     }
 }
 
-/// SIGKILL each of `pids`.
+/// SIGKILL each of `pids`; never a pid that is not positive (see [`parse_pids`]).
 pub(crate) fn sigkill_all(pids: &[i32]) {
-    for &pid in pids {
+    for &pid in pids.iter().filter(|&&pid| pid > 0) {
         // SAFETY: kill(2) has no memory-safety preconditions.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
@@ -763,7 +770,7 @@ impl CgroupSet {
         for (_, dir) in own {
             for _ in 0..20 {
                 let procs = fs_err::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
-                for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                for pid in parse_pids(&procs) {
                     let _ = nix::sys::signal::kill(
                         nix::unistd::Pid::from_raw(pid),
                         nix::sys::signal::Signal::SIGKILL,
@@ -1018,6 +1025,27 @@ mod tests {
 33 25 0:29 / /proc rw - proc proc rw
 ";
     const SELF_CGROUP: &str = "8:pids:/\n4:memory:/process_api/abc\n0::/\n";
+
+    #[test]
+    fn a_sweep_reads_and_kills_positive_pids_only() {
+        assert_eq!(parse_pids("12\n0\n-1\n 7 \nx\n"), vec![12, 7]);
+        // In a child of its own process group: were the 0 given to kill(2), the child would
+        // SIGKILL itself (its group) instead of exiting.
+        // SAFETY: fork in a test; the child calls only async-signal-safe functions and exits.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            unsafe {
+                libc::setpgid(0, 0);
+            }
+            sigkill_all(&[0]);
+            // SAFETY: ends the child at once.
+            unsafe { libc::_exit(0) };
+        }
+        let mut status = 0;
+        // SAFETY: reaps our own child.
+        unsafe { libc::waitpid(child, &raw mut status, 0) };
+        assert!(libc::WIFEXITED(status), "the child was killed: {status:#x}");
+    }
 
     #[test]
     fn parses_v1_layout_like_the_dev_machines() {
