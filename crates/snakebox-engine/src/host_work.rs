@@ -1,6 +1,7 @@
 //! Work the server does on the host for a tenant's call, outside any sandbox: the session file
 //! tools (reads, writes, listings that walk a workspace), the size measure of a workspace after
-//! a call, reads of the runs table and of artifacts.
+//! a call, reads of the runs table and of artifacts, and the start of a session's interpreter
+//! (forking its sandbox, stopping another to make room).
 //!
 //! Why: each of these takes a thread of the runtime's blocking pool and the host's CPU and
 //! disk, which no sandbox slot or cgroup counts. Unbounded, one tenant's hundred `list_files`
@@ -139,6 +140,18 @@ impl HostWork {
             Ok(Err(_)) => Err(failed("it panicked")),
             Err(_) => Err(failed("its thread ended")),
         }
+    }
+
+    /// One of the host-work slots for `caller`, taken in the fair order, for host work that
+    /// must run where it is (it borrows what a host-work thread cannot take along): starting a
+    /// session's interpreter, with the stops that make room for it. The work counts against
+    /// the tenant's part of the host work as if it ran on a host-work thread, and should run
+    /// under [`off_the_runtime`]; the slot is given back when the returned guard is dropped.
+    ///
+    /// # Errors
+    /// As [`FairSlots`] when the slot cannot be had (the server is stopping).
+    pub(crate) async fn hold(&self, caller: &Caller) -> Result<crate::tenants::Slot, EngineError> {
+        self.slots.share(caller).slot().await
     }
 
     /// Pieces of host work running now (every tenant's).

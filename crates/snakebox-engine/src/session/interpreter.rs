@@ -239,6 +239,16 @@ impl Engine {
                     state.lost = Some("the interpreter exited between calls".into());
                 }
             }
+            // A start, with the stops that make room for it, is the server's work for this
+            // tenant: the fork of a sandbox and the teardown of another, much of it in no
+            // cgroup the tenant's CPU share weighs. It holds one of the tenant's part of the
+            // host-work slots, so one tenant churning through more sessions than may run at
+            // once starts them a few at a time, not every one of its calls at once beside
+            // another tenant's run (issue 32, item 1).
+            let host = match self.host.hold(caller).await {
+                Ok(host) => host,
+                Err(error) => return fail(error),
+            };
             manager.make_room(&row.id, &row.owner).await;
             if let Err(error) = self.ensure_session_proxy(manager, &row, &mut state.proxy) {
                 return fail(error);
@@ -248,6 +258,7 @@ impl Engine {
             let started = crate::off_the_runtime(|| {
                 self.start_interpreter(manager, &row, &interpreter, profile)
             });
+            drop(host);
             match started {
                 Ok(live) => {
                     state.interpreter = Some(live);
