@@ -387,7 +387,7 @@ pub struct ArtifactPrune {
 impl ArtifactStore {
     /// A store at `<data_dir>/artifacts-v1` keeping entries for `max_age` and at most
     /// `max_bytes` in total (each tenant may hold all of it, until
-    /// [`ArtifactStore::with_tenant_budget`]).
+    /// `ArtifactStore::with_tenant_budget`).
     #[must_use]
     pub fn new(data_dir: &Path, max_age: Duration, max_bytes: u64) -> Self {
         ArtifactStore {

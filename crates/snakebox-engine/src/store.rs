@@ -4,8 +4,8 @@
 //! the API keys (`keys`).
 //!
 //! It exists so that opening the file, its pragmas and its schema are written once: every
-//! connection comes from [`Database::connect`], and the schema is one ordered list of
-//! migrations ([`MIGRATIONS`]), applied in one transaction and recorded in the file's own
+//! connection comes from `Database::connect`, and the schema is one ordered list of
+//! migrations (`MIGRATIONS`), applied in one transaction and recorded in the file's own
 //! `migrations` table (not `PRAGMA user_version`, which a server of an earlier version of
 //! this file, which held the runs table only, still writes).
 //!

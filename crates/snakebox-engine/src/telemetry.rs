@@ -25,7 +25,7 @@ pub const CALLS_QUEUED: &str = "snakebox_calls_queued";
 
 pub use crate::budget::{AUDIT_DROPPED_TOTAL, STORE_REMOVED_TOTAL};
 
-/// Security events of tracked calls, by kind (see [`crate::events`]).
+/// Security events of tracked calls, by kind (see [`crate::EventKind`]).
 pub const SECURITY_EVENTS_TOTAL: &str = "snakebox_security_events_total";
 
 /// Record the end of one tracked call.

@@ -87,7 +87,7 @@ pub struct TenantOverride {
 }
 
 /// One tenant as the engine sees it: what it may take of the server and keep in its stores,
-/// and which profiles it may name. Looked up from a [`Caller`] ([`TenantBook::tenant`]);
+/// and which profiles it may name. Looked up from a [`Caller`] (`TenantBook::tenant`);
 /// `check_environment` shows a tenant its own.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
 pub struct Tenant {

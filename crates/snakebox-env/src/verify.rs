@@ -10,7 +10,7 @@
 //!   This is host code reading files package code may have touched, so it goes through
 //!   `snakebox_fs` (beneath the directory, never through a link, never blocking on a FIFO)
 //!   and executes nothing.
-//! - **Compiled files, in the package-code sandbox** ([`COMPILE_AND_CHECK`]): the step that
+//! - **Compiled files, in the package-code sandbox** (`COMPILE_AND_CHECK`): the step that
 //!   byte-compiles the environment (package code already, see the `install` module) then
 //!   loads every `.pyc` of this interpreter with `marshal`, which fails on a truncated one
 //!   (`EOFError: marshal data too short`, what imports hit otherwise).
@@ -58,9 +58,9 @@ if damaged:
 sys.exit(0 if compiled else 1)
 "#;
 
-/// The line before the damaged `.pyc` files in [`COMPILE_AND_CHECK`]'s error output.
+/// The line before the damaged `.pyc` files in `COMPILE_AND_CHECK`'s error output.
 pub(crate) const DAMAGED_PYC_MARKER: &str = "snakebox-damaged-pyc:";
-/// [`COMPILE_AND_CHECK`]'s exit status when a `.pyc` does not load.
+/// `COMPILE_AND_CHECK`'s exit status when a `.pyc` does not load.
 pub(crate) const DAMAGED_PYC_EXIT: i32 = 3;
 
 /// Whether the compile step ([`crate::InstallPipeline::compile_invocation`]) exited saying
@@ -69,7 +69,7 @@ pub fn is_damaged_compile(exit_code: Option<i32>) -> bool {
     exit_code == Some(DAMAGED_PYC_EXIT)
 }
 
-/// The damaged `.pyc` files [`COMPILE_AND_CHECK`] reported in `stderr`.
+/// The damaged `.pyc` files `COMPILE_AND_CHECK` reported in `stderr`.
 pub(crate) fn damaged_pycs(stderr: &str) -> Vec<String> {
     stderr
         .split_once(DAMAGED_PYC_MARKER)
@@ -83,7 +83,7 @@ pub(crate) fn damaged_pycs(stderr: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Remove the damaged `.pyc` files [`COMPILE_AND_CHECK`] reported (`damaged`, as
+/// Remove the damaged `.pyc` files `COMPILE_AND_CHECK` reported (`damaged`, as
 /// `<path under site-packages>: <reason>`) from `site_packages`, so that imports compile the
 /// modules in memory instead of failing on them. Only `__pycache__/*.pyc` entries are
 /// touched, resolved beneath `site_packages` without following links (package code may have

@@ -16,7 +16,7 @@
 //!   descriptor and never through a link, with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`
 //!   where the kernel has it, else one name at a time with `openat(O_NOFOLLOW)` (the same
 //!   guarantee, a link swapped in between two calls included).
-//! - **One writer** ([`write`]): the content goes to a fresh temporary name in the target's own
+//! - **One writer** ([`fn@write`]): the content goes to a fresh temporary name in the target's own
 //!   directory (`O_CREAT | O_EXCL | O_NOFOLLOW`), is given its mode and owner on the descriptor,
 //!   and is renamed over the target. The rename replaces whatever entry was there (a link is
 //!   replaced, never followed; a hard link to another file is unlinked from here, never written

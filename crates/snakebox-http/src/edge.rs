@@ -17,7 +17,7 @@
 //! Who may call is decided by route group, each with its own layer ([`crate::router`]), not
 //! by a list of exempt paths here:
 //!
-//! 4. **The routes that take API keys** (`/mcp`, `/sse`, `/metrics`: [`require_key`]): a POST
+//! 4. **The routes that take API keys** (`/mcp`, `/sse`, `/metrics`: `require_key`): a POST
 //!    body must be `application/json` (415), so a browser's "simple" cross-site form or
 //!    `text/plain` POST never reaches a handler; then a live API key as
 //!    `Authorization: Bearer sbx_…` (401 with `WWW-Authenticate` otherwise), read from the
@@ -27,7 +27,7 @@
 //!    must stay live: a request whose key is revoked before its answer is refused (401), and
 //!    its response body (an event stream) ends within [`crate::live::RECHECK`] and a read of
 //!    the store; the calls it carried stop.
-//! 5. **A legacy SSE post** (`/messages`, [`key_if_presented`]): JSON, and as step 4 when it
+//! 5. **A legacy SSE post** (`/messages`, `key_if_presented`): JSON, and as step 4 when it
 //!    carries a key; without one it is let through to its handler, which accepts it only for
 //!    an open session whose key is still live: the session id, handed out on an
 //!    authenticated `GET /sse`, is its credential.
@@ -197,7 +197,7 @@ impl Edge {
     }
 
     /// `router` behind the edge (steps 1 to 3's body limit, for every route; the routes
-    /// that take keys add [`require_key`] or [`key_if_presented`] as their group's layer).
+    /// that take keys add `require_key` or `key_if_presented` as their group's layer).
     pub fn wrap(self: &Arc<Self>, router: Router) -> Router {
         router.layer(axum::middleware::from_fn_with_state(
             Arc::clone(self),

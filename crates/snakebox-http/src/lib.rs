@@ -15,7 +15,7 @@
 //! the MCP framing (`StreamableHttpService`, stateless: both protocol eras); its own `Host`
 //! check is replaced by ours, which covers every route.
 //!
-//! Two more routes: `/metrics` ([`scrape`], Prometheus text; behind the same key as MCP)
+//! Two more routes: `/metrics` (`scrape`, Prometheus text; behind the same key as MCP)
 //! and signed, expiring download links of artifacts ([`links`], `/files/…`: the link's
 //! signature is its credential, no key). On HTTP, results carry each artifact's link
 //! (`download_url`) beside its MCP `resource_link`.

@@ -1,7 +1,7 @@
 //! Live credentials: every request is authorised by a key that is live when it arrives, and
 //! every response that lasts is ended once its key no longer is.
 //!
-//! A request's [`Credential`] (the SHA-256 of its API key, or the keyless local tenant) is
+//! A request's `Credential` (the SHA-256 of its API key, or the keyless local tenant) is
 //! checked against the key store as it is at that moment, one read per request: by the edge
 //! for every authenticated route, by the legacy SSE transport for each `POST /messages` (the
 //! credential of the `GET /sse` that opened the session), by the web UI for each request of

@@ -33,7 +33,7 @@ pub use tools::{DownloadLinks, Downloads, RequestGone, SnakeboxServer};
 /// this returns, waiting at most `drain` for them. The caller then releases the host with
 /// [`Engine::shutdown`].
 ///
-/// Messages pass through the stdio framing ([`frames`]): one per line, at most
+/// Messages pass through the stdio framing (`frames`): one per line, at most
 /// `max_frame_bytes` long, each answered per JSON-RPC 2.0 before rmcp sees it.
 ///
 /// # Errors

@@ -231,7 +231,7 @@ impl SnakeboxServer {
     }
 
     /// This server with the MCP conformance suite's fixture tools and resources beside its
-    /// own (see [`crate::conformance`]; the hidden `serve --conformance-fixtures`).
+    /// own (see `conformance`; the hidden `serve --conformance-fixtures`).
     #[must_use]
     pub fn with_conformance_fixtures(mut self) -> Self {
         if !self.fixtures {
@@ -435,7 +435,7 @@ whether it is enforced here, network policy, available Python versions, and the 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for SnakeboxServer {
     /// Every call: arguments a client added on its own are set aside (and named in the
-    /// result), misspelled ones refused ([`crate::arguments`]), then the tool runs; arguments
+    /// result), misspelled ones refused (`arguments`), then the tool runs; arguments
     /// that do not fit its parameters get an error naming them and the types they need.
     async fn call_tool(
         &self,
