@@ -29,6 +29,7 @@ mod none;
 mod own_mounts;
 mod pending;
 mod process;
+mod runtime;
 mod scratch;
 mod staging;
 mod supervise;
@@ -68,6 +69,7 @@ pub use crate::own_mounts::{
     enter as enter_own_mount_namespace, entered as in_own_mount_namespace,
 };
 pub use crate::pending::{PendingHandle, PendingRun};
+pub use crate::runtime::off_the_runtime;
 pub use crate::scratch::ScratchDir;
 pub use crate::staging::{HostDirStaging, Staging};
 pub use crate::supervise::{CONTROL_MAX_BYTES, END_REPORT_TAG};

@@ -1033,7 +1033,8 @@ impl ForkServer {
         let preforked = spare.is_some();
         let (child, gone) = match spare.take() {
             Some(taken) => taken,
-            None => self.fork_now(&run.limits, run.cpu.as_ref())?,
+            // Forking waits for the child's pidfd (bounded): off the runtime worker's queue.
+            None => crate::off_the_runtime(|| self.fork_now(&run.limits, run.cpu.as_ref()))?,
         };
         let pids_in_cgroup = child.cgroup.as_ref().is_some_and(RunCgroup::limits_pids);
         let memory_in_cgroup = child.cgroup.as_ref().is_some_and(RunCgroup::limits_memory);
