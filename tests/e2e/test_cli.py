@@ -95,6 +95,24 @@ def test_reading_keys_of_a_data_dir_that_does_not_exist_is_refused_and_creates_n
         assert not missing.exists()
 
 
+def test_front_keypair_writes_a_private_key_only_its_owner_reads_and_replaces_nothing(snakebox_bin, tmp_path):
+    out = tmp_path / "keys"
+    done = subprocess.run([str(snakebox_bin), "keys", "front-keypair", "--out", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    private, public = out / "front.key", out / "front.pub"
+    assert f"wrote {private}" in done.stdout and f"wrote {public}" in done.stdout, done.stdout
+    assert (private.stat().st_mode & 0o777, public.stat().st_mode & 0o777, out.stat().st_mode & 0o777) == (0o600, 0o644, 0o700)
+    assert private.read_text().startswith("-----BEGIN PRIVATE KEY-----\n")
+    assert public.read_text().startswith("-----BEGIN PUBLIC KEY-----\n")
+    before = private.read_bytes()
+    again = subprocess.run([str(snakebox_bin), "keys", "front-keypair", "--out", str(out)],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "front.key exists already" in again.stderr, again.stderr
+    assert "hint: keep the existing pair" in again.stderr
+    assert private.read_bytes() == before
+
+
 def test_audit_refuses_an_unknown_status(snakebox_bin, data_dir):
     done = subprocess.run([str(snakebox_bin), "audit", "--status", "bogus", "--data-dir", str(data_dir)],
                           capture_output=True, text=True, timeout=60)

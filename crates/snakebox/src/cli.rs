@@ -126,8 +126,8 @@ pub struct KeysArgs {
     pub action: KeysAction,
 }
 
-/// `snakebox keys add | list | revoke`; each reads the data directory from the same flags,
-/// environment and config file as `serve`.
+/// `snakebox keys add | list | revoke` (API keys; each reads the data directory from the same
+/// flags, environment and config file as `serve`) and `front-keypair`.
 #[derive(Debug, Subcommand)]
 pub enum KeysAction {
     /// Make a key for a tenant and print it once (its last line is the key alone).
@@ -152,6 +152,13 @@ pub enum KeysAction {
         id: String,
         #[command(flatten)]
         engine: Box<EngineArgs>,
+    },
+    /// Make the key pair a front signs its calls to engine agents with: `front.key` (the
+    /// front's, mode 0600) and `front.pub` (every agent's) in DIR. Nothing is replaced.
+    FrontKeypair {
+        /// The directory to write them to (made, mode 0700, if missing).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
     },
 }
 
@@ -547,13 +554,14 @@ pub struct TenantsArgs {
 }
 
 impl KeysAction {
-    /// The engine settings (for the data directory).
+    /// The engine settings (for the data directory), for the actions on API keys.
     #[must_use]
-    pub fn engine(&self) -> &EngineArgs {
+    pub fn engine(&self) -> Option<&EngineArgs> {
         match self {
             KeysAction::Add { engine, .. }
             | KeysAction::List { engine, .. }
-            | KeysAction::Revoke { engine, .. } => engine,
+            | KeysAction::Revoke { engine, .. } => Some(engine),
+            KeysAction::FrontKeypair { .. } => None,
         }
     }
 }

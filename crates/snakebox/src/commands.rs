@@ -157,7 +157,10 @@ fn with_hint(err: &dyn std::error::Error, hint: &str) -> anyhow::Error {
 
 /// `snakebox keys add | list | revoke`: the HTTP face's API keys, in the data directory.
 pub(crate) fn keys(args: &KeysArgs) -> anyhow::Result<ExitCode> {
-    let config = settings::resolve(args.action.engine())?;
+    let Some(engine) = args.action.engine() else {
+        return front_keypair(&args.action);
+    };
+    let config = settings::resolve(engine)?;
     let store = snakebox_http::KeyStore::new(&config.engine.data_dir);
     let failed = |err: snakebox_http::KeyError| with_hint(&err, &err.hint());
     // Reading keys never creates a data directory: a mistyped --data-dir is said, not made.
@@ -199,7 +202,26 @@ pub(crate) fn keys(args: &KeysArgs) -> anyhow::Result<ExitCode> {
             let key = store.revoke(id).map_err(failed)?;
             println!("revoked {} ({}, tenant {})", key.id, key.masked, key.tenant);
         }
+        KeysAction::FrontKeypair { .. } => return front_keypair(&args.action),
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `snakebox keys front-keypair --out DIR`: the key pair of a front and its engine agents.
+fn front_keypair(action: &KeysAction) -> anyhow::Result<ExitCode> {
+    let KeysAction::FrontKeypair { out } = action else {
+        anyhow::bail!("not `keys front-keypair`");
+    };
+    let (private, public) =
+        snakebox_wire::write_keypair(out).map_err(|err| with_hint(&err, err.hint()))?;
+    println!(
+        "wrote {} (the front's private key: give it to the fronts only, as --front-key)",
+        private.display()
+    );
+    println!(
+        "wrote {} (its public key: give it to every agent, as --front-public-key)",
+        public.display()
+    );
     Ok(ExitCode::SUCCESS)
 }
 

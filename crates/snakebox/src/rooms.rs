@@ -16,6 +16,7 @@ mod tests {
         "snakebox",
         "snakebox-http",
         "snakebox-server",
+        "snakebox-wire",
         "snakebox-engine",
         "snakebox-env",
         "snakebox-sandbox",

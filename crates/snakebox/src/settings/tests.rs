@@ -663,7 +663,7 @@ fn every_flag_still_parses_for_every_command() {
             Command::Run(run) => run.engine,
             Command::Check(check) => check.engine,
             Command::Audit(audit) => audit.engine,
-            Command::Keys(keys) => keys.action.engine().clone(),
+            Command::Keys(keys) => keys.action.engine().cloned().unwrap_or_default(),
             Command::Python(python) => {
                 let crate::cli::PythonAction::Install { engine, .. } = python.action;
                 *engine
