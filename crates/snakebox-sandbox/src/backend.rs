@@ -142,4 +142,19 @@ impl BackendKind {
             BackendKind::Docker => "docker",
         }
     }
+
+    /// Whether each run is a container of its own (what a caller asking for a container,
+    /// such as IBM's `use_container`, gets): the docker backend's.
+    #[must_use]
+    pub fn runs_in_containers(self) -> bool {
+        matches!(self, BackendKind::Docker)
+    }
+
+    /// Whether runs can be forked from a warm interpreter (the fork server): a backend whose
+    /// sandboxes are processes of this host can; a container backend's warm pool is its
+    /// containers instead.
+    #[must_use]
+    pub fn forks_runs(self) -> bool {
+        !self.runs_in_containers()
+    }
 }

@@ -240,17 +240,11 @@ only lower the limit; `use_container` works only where the server runs container
     ) -> Result<CallToolResult, ErrorData> {
         let caller = self.caller(&context)?;
         let config = self.engine.config();
-        if params.use_container == Some(true)
-            && config.backend != snakebox_engine::BackendKind::Docker
-        {
+        if params.use_container == Some(true) && !config.backend.runs_in_containers() {
             return Ok(crate::sessions::failure(&EngineError::invalid(
                 format!(
                     "use_container is not available: this server isolates runs with its `{}` backend, not containers",
-                    if config.backend == snakebox_engine::BackendKind::None {
-                        "none"
-                    } else {
-                        "native"
-                    }
+                    config.backend.name()
                 ),
                 "drop use_container (every run is already in its own sandbox: namespaces, seccomp, limits); or the operator starts snakebox with --sandbox-backend docker",
             )));
@@ -390,7 +384,7 @@ check_environment has the full report.",
             .into_iter()
             .chain(config.memory_bytes)
             .min();
-        let docker = config.backend == snakebox_engine::BackendKind::Docker;
+        let docker = config.backend.runs_in_containers();
         let answer = SandboxInfo {
             success: true,
             security_profiles: profiles

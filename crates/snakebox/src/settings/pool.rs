@@ -3,7 +3,6 @@
 use anyhow::bail;
 use serde::Deserialize;
 use snakebox_engine::EngineConfig;
-use snakebox_sandbox::BackendKind;
 
 use crate::cli::{PoolArgs, Switch};
 
@@ -34,8 +33,8 @@ pub(super) fn resolve_pool(
         config.warm_pool = size;
     }
     // The docker backend cannot fork runs: its warm pool is its containers.
-    config.fork_server = args.fork_server.or(file.fork_server) != Some(Switch::Off)
-        && config.backend != BackendKind::Docker;
+    config.fork_server =
+        args.fork_server.or(file.fork_server) != Some(Switch::Off) && config.backend.forks_runs();
     if let Some(count) = args.preload_packages.or(file.preload_packages) {
         if count > snakebox_engine::MAX_PRELOAD_PACKAGES {
             bail!(
