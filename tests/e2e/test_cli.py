@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -111,6 +112,23 @@ def test_front_keypair_writes_a_private_key_only_its_owner_reads_and_replaces_no
     assert again.returncode == 2 and "front.key exists already" in again.stderr, again.stderr
     assert "hint: keep the existing pair" in again.stderr
     assert private.read_bytes() == before
+
+
+def test_uv_path_given_as_a_bare_name_is_found_on_path(snakebox_bin, data_dir, tmp_path):
+    # mcp-python-exec-sandbox documents `--uv-path uv`: a name, looked up on PATH as a shell would.
+    real = shutil.which("uv") or (Path.home() / ".local/bin/uv")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "uv").symlink_to(Path(real).resolve())
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    done = subprocess.run([str(snakebox_bin), "check", "--json", "--uv-path", "uv", "--data-dir", str(data_dir), *backend_flags()],
+                          capture_output=True, text=True, timeout=120, env=env)
+    report = json.loads(done.stdout)
+    assert report["uv_hint"] is None and str(Path(real).resolve()) in report["uv"], report["uv"]
+    missing = subprocess.run([str(snakebox_bin), "check", "--json", "--uv-path", "no-such-uv", "--data-dir", str(data_dir), *backend_flags()],
+                             capture_output=True, text=True, timeout=120, env=env)
+    report = json.loads(missing.stdout)
+    assert "no `no-such-uv` on PATH" in report["uv"], report["uv"]
 
 
 def test_audit_refuses_an_unknown_status(snakebox_bin, data_dir):

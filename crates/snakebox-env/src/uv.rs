@@ -49,6 +49,24 @@ impl Uv {
         let mut looked = Vec::new();
 
         if let Some(path) = explicit {
+            // A bare name (`--uv-path uv`, as mcp-python-exec-sandbox documents it) is looked
+            // up on PATH, as a shell would; anything with a slash is a path.
+            let on_path = bare_name(path).and_then(|name| {
+                find_on_path(name, &std::env::var_os(EnvVars::PATH).unwrap_or_default())
+            });
+            if bare_name(path).is_some() && on_path.is_none() {
+                return Err(EnvError::UvUnusable {
+                    path: path.to_path_buf(),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        format!(
+                            "no `{}` on PATH (a name without a slash is looked up there)",
+                            path.display()
+                        ),
+                    ),
+                });
+            }
+            let path = on_path.as_deref().unwrap_or(path);
             let candidates = expand_candidate(path, pyenv_root.as_deref(), &mut looked);
             let mut last_error = None;
             for candidate in candidates {
@@ -113,6 +131,23 @@ impl Uv {
     pub fn dir(&self) -> &Path {
         self.path.parent().unwrap_or(Path::new("/"))
     }
+}
+
+/// `path` when it is a bare program name (no slash, not `.` or `..`).
+fn bare_name(path: &Path) -> Option<&std::ffi::OsStr> {
+    let text = path.as_os_str();
+    let bare =
+        !text.is_empty() && !text.as_encoded_bytes().contains(&b'/') && text != "." && text != "..";
+    bare.then_some(text)
+}
+
+/// The first file called `name` in the directories of `path_var` (a `PATH` value), as a shell
+/// finds a program.
+fn find_on_path(name: &std::ffi::OsStr, path_var: &std::ffi::OsStr) -> Option<PathBuf> {
+    std::env::split_paths(path_var)
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
 }
 
 /// The real binaries a candidate path stands for: itself (symlinks resolved), or, for a pyenv
@@ -653,5 +688,45 @@ pub async fn run_sandboxed(
             stdout: outcome.stdout.text.into_bytes(),
             stderr: outcome.stderr.text.into_bytes(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::ffi::OsStr;
+    use std::path::Path;
+
+    use super::{bare_name, find_on_path};
+
+    #[test]
+    fn only_a_name_without_a_slash_is_looked_up_on_path() {
+        assert_eq!(bare_name(Path::new("uv")), Some(OsStr::new("uv")));
+        for path in ["./uv", "/usr/bin/uv", "bin/uv", ".", "..", ""] {
+            assert_eq!(bare_name(Path::new(path)), None, "{path}");
+        }
+    }
+
+    #[test]
+    fn the_first_directory_of_path_holding_the_name_wins() {
+        let dir = tempfile::tempdir().unwrap();
+        let (first, second, empty) = (
+            dir.path().join("a"),
+            dir.path().join("b"),
+            dir.path().join("c"),
+        );
+        for d in [&first, &second, &empty] {
+            fs_err::create_dir(d).unwrap();
+        }
+        fs_err::write(second.join("uv"), "").unwrap();
+        fs_err::create_dir(first.join("uv")).unwrap(); // a directory is not a program
+        let path = std::env::join_paths([&empty, &first, &second]).unwrap();
+        assert_eq!(
+            find_on_path(OsStr::new("uv"), &path),
+            Some(second.join("uv"))
+        );
+        assert_eq!(find_on_path(OsStr::new("uvx"), &path), None);
+        assert_eq!(find_on_path(OsStr::new("uv"), OsStr::new("")), None);
     }
 }

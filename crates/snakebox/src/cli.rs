@@ -314,7 +314,7 @@ pub struct PythonArgs {
     /// Default: the newest CPython 3 found.
     #[arg(long, env = "SNAKEBOX_PYTHON_VERSION", value_name = "VERSION")]
     pub python_version: Option<String>,
-    /// Path to the uv binary [default: found on PATH (pyenv shims resolved), ~/.local/bin,
+    /// Path to the uv binary, or a name looked up on PATH (`uv`) [default: found on PATH (pyenv shims resolved), ~/.local/bin,
     /// ~/.cargo/bin, or installed by pip].
     #[arg(long, env = "SNAKEBOX_UV_PATH", value_name = "PATH")]
     pub uv_path: Option<PathBuf>,
