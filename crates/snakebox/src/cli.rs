@@ -314,8 +314,8 @@ pub struct PythonArgs {
     /// Default: the newest CPython 3 found.
     #[arg(long, env = "SNAKEBOX_PYTHON_VERSION", value_name = "VERSION")]
     pub python_version: Option<String>,
-    /// Path to the uv binary, or a name looked up on PATH (`uv`) [default: found on PATH (pyenv shims resolved), ~/.local/bin,
-    /// ~/.cargo/bin, or installed by pip].
+    /// Path to the uv binary, or a name looked up on PATH (`uv`) [default: found on PATH
+    /// (pyenv shims resolved), ~/.local/bin, ~/.cargo/bin, or installed by pip].
     #[arg(long, env = "SNAKEBOX_UV_PATH", value_name = "PATH")]
     pub uv_path: Option<PathBuf>,
     /// Whether a Python version a call asks for and this host lacks is downloaded with uv
