@@ -131,6 +131,17 @@ def test_uv_path_given_as_a_bare_name_is_found_on_path(snakebox_bin, data_dir, t
     assert "no `no-such-uv` on PATH" in report["uv"], report["uv"]
 
 
+def test_check_is_not_ready_when_the_data_directory_cannot_be_made(snakebox_bin, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = subprocess.run([str(snakebox_bin), "check", "--data-dir", str(blocker / "data"), *backend_flags()],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout
+    assert "ready:     NO" in done.stdout
+    assert f"Failed to make the store `{blocker}/data/store-v1.db`" in done.stdout, done.stdout
+    assert "hint: check that the data directory (--data-dir) is writable by the server user" in done.stdout
+
+
 def test_audit_refuses_an_unknown_status(snakebox_bin, data_dir):
     done = subprocess.run([str(snakebox_bin), "audit", "--status", "bogus", "--data-dir", str(data_dir)],
                           capture_output=True, text=True, timeout=60)

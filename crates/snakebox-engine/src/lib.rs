@@ -108,6 +108,10 @@ pub struct Engine {
     config: EngineConfig,
     sandbox: Result<Arc<Sandbox>, Unavailable>,
     uv: Result<Uv, Unavailable>,
+    /// Why the store (in the data directory) could not be opened, if it could not: the data
+    /// directory is missing and cannot be made, or is not writable (a problem `check`
+    /// reports; the server is not ready).
+    store_problem: Option<Unavailable>,
     /// The interpreters found on this host; replaced when one is downloaded
     /// ([`Engine::provide_python`]). Read through [`Engine::interpreters`].
     interpreters: std::sync::RwLock<Arc<Interpreters>>,
@@ -233,12 +237,15 @@ impl Engine {
         };
         // The store first: its first opening imports the files of earlier versions (the
         // sessions open it again, once the sessions kept in an old image are taken out).
-        let store = store::Database::open(&config.data_dir)
-            .map_err(|err| {
-                let err = EngineError::from(err);
-                tracing::warn!(err = %err.message, hint = ?err.hint, "the store is not available");
-            })
-            .ok();
+        let opened = store::Database::open(&config.data_dir).map_err(|err| {
+            let err = EngineError::from(err);
+            tracing::warn!(err = %err.message, hint = ?err.hint, "the store is not available");
+            err
+        });
+        let (store, store_problem) = match opened {
+            Ok(store) => (Some(store), None),
+            Err(err) => (None, Some(err)),
+        };
         let ledger = Arc::new(budget::Ledger::default());
         // The one place every tenant's bounds come from: each store and queue below asks it
         // for its own.
@@ -297,6 +304,7 @@ impl Engine {
             config,
             sandbox,
             uv,
+            store_problem,
             interpreters: std::sync::RwLock::new(Arc::new(interpreters)),
             python_installs: tokio::sync::Mutex::new(()),
             cache,

@@ -358,9 +358,13 @@ impl Engine {
             })
             .unwrap_or_default();
         let mut problems = Vec::new();
-        for missing in [self.sandbox.as_ref().err(), self.uv.as_ref().err()]
-            .into_iter()
-            .flatten()
+        for missing in [
+            self.sandbox.as_ref().err(),
+            self.uv.as_ref().err(),
+            self.store_problem.as_ref(),
+        ]
+        .into_iter()
+        .flatten()
         {
             let mut line = missing.message.clone();
             if let Some(hint) = &missing.hint {

@@ -40,7 +40,7 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The file could not be made, or made private.
-    #[error("Failed to make the store `{}` private to the server user", path.display())]
+    #[error("Failed to make the store `{}` (private to the server user)", path.display())]
     Private {
         /// The store's file.
         path: PathBuf,
