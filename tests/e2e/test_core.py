@@ -3,6 +3,7 @@ through the real binary and the official MCP client, in both protocol eras."""
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -280,3 +281,35 @@ async def test_arguments_a_client_adds_are_ignored_and_typos_refused(client):
     with pytest.raises(MCPError) as refused:
         await client.call_tool("execute_python", {"script": "print(1)", "sesion_id": "s-0123"})
     assert "did you mean `session_id`" in str(refused.value)
+
+
+async def test_cache_warm_builds_each_listed_requirement_at_start(snakebox_bin, data_dir, tmp_path):
+    """`[cache] warm` (issue 36, as mcp-python-exec-sandbox's warm-up packages): each listed
+    requirement's environment is built at start-up, after the default one, so the first run
+    declaring it reuses it."""
+    import anyio
+    from mcp import Client
+    from mcp.client.stdio import StdioServerParameters
+
+    from conftest import backend_flags
+
+    config = tmp_path / "config.toml"
+    config.write_text('[cache]\nwarm = ["six==1.16.0"]\n')
+    params = StdioServerParameters(
+        command=str(snakebox_bin),
+        args=["serve", "--data-dir", str(data_dir), "--config", str(config), *backend_flags(())],
+        env={"SNAKEBOX_LOG": "warn", "PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+    )
+    async with Client(params, mode="auto", read_timeout_seconds=300) as client:
+        with anyio.fail_after(240):
+            while True:
+                report, _, _ = await call(client, "check_environment")
+                warm = report["cache"]["warm"]
+                if warm["state"] in ("ready", "failed"):
+                    break
+                await anyio.sleep(0.5)
+        assert warm["state"] == "ready", warm
+        assert report["cache"]["environments"] >= 2, report["cache"]
+        data, text, _ = await call(client, "execute_python", script="import six; print(six.__version__)", dependencies=["six==1.16.0"])
+    assert data["status"] == "ok" and data["stdout"] == "1.16.0\n", text
+    assert data["environment_reused"] is True, text

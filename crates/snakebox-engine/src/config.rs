@@ -97,6 +97,10 @@ pub struct EngineConfig {
     pub prefork: usize,
     /// Build the default environment at start-up.
     pub warm_cache: bool,
+    /// With `warm_cache`, also build an environment of each of these requirements at start-up
+    /// (`[cache] warm`), after the default one: a run that declares exactly one of them finds
+    /// it ready, and other sets with it build from the wheels already in uv's cache.
+    pub warm_packages: Vec<pep508_rs::Requirement>,
     /// Environment cache: total size above which least-recently-used environments are pruned.
     pub cache_max_bytes: u64,
     /// Environment cache: environments unused for this long are pruned.
@@ -162,6 +166,7 @@ impl EngineConfig {
             preload_packages: DEFAULT_PRELOAD_PACKAGES,
             prefork: DEFAULT_PREFORK,
             warm_cache: true,
+            warm_packages: Vec::new(),
             cache_max_bytes: 10 * 1024 * 1024 * 1024,
             cache_max_age: Duration::from_secs(30 * 24 * 3600),
             unpinned_freshness: Duration::from_secs(24 * 3600),

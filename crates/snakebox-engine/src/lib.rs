@@ -334,13 +334,25 @@ impl Engine {
         }
         self.set_warm(WarmState::Running);
         let started = std::time::Instant::now();
-        let state = match self.default_environment().await {
-            Ok(_) => WarmState::Ready {
+        let mut failed = Vec::new();
+        if let Err(err) = self.default_environment().await {
+            failed.push(err.message);
+        } else {
+            // Then `[cache] warm`, one environment each; one that fails does not stop the rest.
+            for requirement in &self.config.warm_packages {
+                if let Err(err) = self.warm_environment(requirement).await {
+                    failed.push(format!("`{requirement}`: {}", err.message));
+                }
+            }
+        }
+        let state = if failed.is_empty() {
+            WarmState::Ready {
                 duration_ms: ids::millis(started.elapsed()),
-            },
-            Err(err) => WarmState::Failed {
-                message: err.message,
-            },
+            }
+        } else {
+            WarmState::Failed {
+                message: failed.join("; "),
+            }
         };
         tracing::info!(?state, "cache warming finished");
         self.set_warm(state);
@@ -401,6 +413,19 @@ impl Engine {
         // Building it runs uv's install sandboxes: a slot, like every sandbox.
         let _slot = self.server_slot().await?;
         Ok(cache.ensure(&interpreter, &[]).await?)
+    }
+
+    /// The environment of the default interpreter with `requirement` alone, built if missing.
+    async fn warm_environment(
+        &self,
+        requirement: &pep508_rs::Requirement,
+    ) -> Result<snakebox_env::Environment, EngineError> {
+        let cache = self.cache.as_ref().map_err(Clone::clone)?;
+        let interpreter = self.pick_interpreter(None, None)?;
+        let _slot = self.server_slot().await?;
+        Ok(cache
+            .ensure(&interpreter, std::slice::from_ref(requirement))
+            .await?)
     }
 
     fn set_warm(&self, state: WarmState) {

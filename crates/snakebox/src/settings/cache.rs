@@ -18,7 +18,12 @@ pub(super) struct CacheFile {
     pub(super) install_timeout: Option<u64>,
     pub(super) max_size: Option<SizeOrNumber>,
     pub(super) max_age_days: Option<u64>,
+    /// Requirements to build an environment of each at start-up (after the default one).
+    pub(super) warm: Option<Vec<String>>,
 }
+
+/// The most `[cache] warm` entries: each is an environment built at every start.
+pub(super) const MAX_WARM_PACKAGES: usize = 32;
 
 pub(super) fn resolve_cache(
     args: &CacheArgs,
@@ -40,5 +45,22 @@ pub(super) fn resolve_cache(
     if let Some(days) = args.cache_max_age_days.or(file.max_age_days) {
         config.cache_max_age = Duration::from_secs(days.saturating_mul(86_400));
     }
+    let warm = file.warm.unwrap_or_default();
+    if warm.len() > MAX_WARM_PACKAGES {
+        bail!(
+            "`[cache] warm` lists {} requirements, more than {MAX_WARM_PACKAGES}\nhint: each is an environment built at every start; list the packages your scripts declare most",
+            warm.len()
+        );
+    }
+    config.warm_packages = warm
+        .iter()
+        .map(|text| {
+            snakebox_script::parse_requirement(text).map_err(|err| {
+                anyhow::anyhow!(
+                    "`[cache] warm`: `{text}` is not a requirement: {err}\nhint: one PEP 508 requirement per entry, such as \"pandas>=2.2\""
+                )
+            })
+        })
+        .collect::<anyhow::Result<_>>()?;
     Ok(())
 }

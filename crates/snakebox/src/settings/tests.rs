@@ -245,6 +245,12 @@ accepted! {
         no_warm = true
         allow_sdist_builds = true
     "#} => |config| !config.fork_server && !config.warm_cache && config.allow_sdist_builds,
+    warm_packages: "[cache]\nwarm = [\"pandas>=2.2\", \"six\"]\n" => |config| config
+        .warm_packages
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        == ["pandas>=2.2", "six"],
     flat_and_sectioned_keys_mix: indoc! {r#"
         max_timeout = 120
         [sessions]
@@ -306,6 +312,9 @@ refused! {
     wrong_type_in_a_section: "[limits]\nmax_timeout = \"soon\"\n" => ["`[limits] max_timeout`: invalid type: string \"soon\", expected a whole number", "hint: numbers are written bare"],
     wrong_type_flat: "warm_pool = -1\n" => ["`warm_pool` (`[pool] size`): invalid value: integer `-1`, expected a whole number", "hint: this key takes a whole number, 0 or more"],
     unknown_choice: "[network]\nmode = \"maybe\"\n" => ["maybe", "hint"],
+    warm_package_that_is_no_requirement: "[cache]\nwarm = [\"pandas>=\"]\n" => ["`[cache] warm`: `pandas>=` is not a requirement", "hint: one PEP 508 requirement per entry"],
+    warm_package_with_an_environment_variable: "[cache]\nwarm = [\"x @ https://h/${HOME}\"]\n" => ["`[cache] warm`", "hint"],
+    too_many_warm_packages: "[cache]\nwarm = [\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\",\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\",\"r\",\"s\",\"t\",\"u\",\"v\",\"w\",\"x\",\"y\",\"z\",\"aa\",\"ab\",\"ac\",\"ad\",\"ae\",\"af\",\"ag\"]\n" => ["lists 33 requirements, more than 32", "hint"],
     bad_install_host: "[network]\ninstall_hosts = \"files example\"\n" => ["--network-install-hosts", "`files example`", "hint"],
     zero_connections: "[network]\nmax_connections = 0\n" => ["--network-max-connections must be at least 1", "hint"],
     bad_network_bytes: "[network]\nmax_bytes = \"lots\"\n" => ["--network-max-bytes", "hint"],
