@@ -188,6 +188,43 @@ def test_gemini_cli_lists_the_server_connected(served: tuple[str, str], tmp_path
     assert "Connected" not in lines.get("sbx-badkey", "Connected"), text
 
 
+def client_config(snakebox_bin: Path, *args: str) -> str:
+    done = subprocess.run([str(snakebox_bin), "client-config", *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_client_config_snippets_connect_the_real_agent_clients(snakebox_bin: Path, served: tuple[str, str], tmp_path: Path):
+    """`snakebox client-config` (issue 36): what it prints for Claude Code (a command) and
+    Gemini CLI (a settings file), over stdio (this binary by its absolute path) and over HTTP
+    with a key, connects each real client: its own health check says `Connected`."""
+    url, key = served
+    env = client_env(tmp_path / "claude-home")
+    for name, args in (("stdio", []), ("http", ["--http", url, "--key", key])):
+        command = client_config(snakebox_bin, "claude-code", *args).strip()
+        command = command.replace(" snakebox ", f" sbx-{name} ", 1)  # the name, not the path
+        added = run_client(["sh", "-c", command], env, tmp_path)
+        assert added.returncode == 0, (command, added.stdout, added.stderr)
+    listed = run_client(["claude", "mcp", "list"], env, tmp_path, timeout=300)
+    lines = {line.split(":", 1)[0]: line for line in listed.stdout.splitlines() if line.startswith("sbx-")}
+    assert "Connected" in lines.get("sbx-stdio", ""), listed.stdout
+    assert "Connected" in lines.get("sbx-http", ""), listed.stdout
+
+    home = tmp_path / "gemini-home"
+    env = client_env(home, GEMINI_CLI_TRUST_WORKSPACE="true")
+    servers = {}
+    for name, args in (("stdio", []), ("http", ["--http", url, "--key", key])):
+        servers[f"sbx-{name}"] = json.loads(client_config(snakebox_bin, "gemini", *args))["mcpServers"]["snakebox"]
+    assert servers["sbx-stdio"]["command"] == str(snakebox_bin.resolve())
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / "settings.json").write_text(json.dumps({"mcpServers": servers}))
+    listed = run_client(["gemini", "mcp", "list"], env, tmp_path, timeout=300)
+    text = listed.stdout + listed.stderr
+    lines = {name: line for line in text.splitlines() for name in servers if f" {name}:" in line}
+    assert "Connected" in lines.get("sbx-stdio", ""), text
+    assert "Connected" in lines.get("sbx-http", ""), text
+
+
 class FakeGemini(http.server.ThreadingHTTPServer):
     """A model API on 127.0.0.1 speaking Gemini's `streamGenerateContent`: its first answer
     calls `execute_python` with `args`, its second says `done`. Keeps every request body."""

@@ -177,7 +177,7 @@ def test_the_ui_in_a_browser(snakebox_bin: Path, tmp_path: Path):
     # Environment and clients.
     assert checks["environmentReady"] in ("ready", "not ready") and checks["limits"] > 0
     assert checks["endpoint"] == f"{url}/mcp"
-    assert checks["claude"].startswith(f"claude mcp add --transport http snakebox {url}/mcp")
+    assert checks["claude"].startswith(f"claude mcp add --scope user --transport http snakebox {url}/mcp")
     assert checks["afterLogout"] == "/ui/login"
     # Tenant B: none of A's things.
     assert checks["loginRedirect:b"] == "/ui/login"

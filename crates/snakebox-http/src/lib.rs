@@ -28,6 +28,7 @@
 //! tenant: runs, sessions, artifacts, the environment.
 
 pub mod authority;
+pub mod clients;
 mod download;
 pub mod edge;
 pub mod keys;

@@ -32,6 +32,27 @@ pub enum Command {
     Python(PythonCommandArgs),
     /// The docker backend's run image (built locally: no registry needed).
     Image(ImageArgs),
+    /// Print what an agent's client needs to use snakebox: the command to run or the file
+    /// snippet, with this binary's absolute path (stdio) or a server's URL (`--http`).
+    ClientConfig(ClientConfigArgs),
+}
+
+/// Arguments of `snakebox client-config`.
+#[derive(Debug, Args)]
+pub struct ClientConfigArgs {
+    /// The client: claude-code, gemini, codex, cursor, vscode or claude-desktop.
+    pub client: String,
+    /// A running `snakebox serve --http` to connect to (its base URL, e.g.
+    /// `https://sb.example.com`) instead of starting this binary over stdio.
+    #[arg(long, value_name = "URL")]
+    pub http: Option<String>,
+    /// The API key the client sends (`snakebox keys add --tenant NAME` makes one); without
+    /// it, a placeholder is printed to replace.
+    #[arg(long, value_name = "KEY", requires = "http", conflicts_with = "no_key")]
+    pub key: Option<String>,
+    /// The server needs no key (started with `--insecure-no-auth`).
+    #[arg(long, requires = "http")]
+    pub no_key: bool,
 }
 
 /// Arguments of `snakebox python`.

@@ -11,8 +11,8 @@ use snakebox_engine::{Engine, EnvironmentReport, ExecuteRequest, Status, StopRea
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{
-    AuditArgs, CheckArgs, ImageAction, ImageArgs, KeysAction, KeysArgs, PythonAction,
-    PythonCommandArgs, RunArgs, ServeArgs,
+    AuditArgs, CheckArgs, ClientConfigArgs, ImageAction, ImageArgs, KeysAction, KeysArgs,
+    PythonAction, PythonCommandArgs, RunArgs, ServeArgs,
 };
 use crate::settings;
 
@@ -204,6 +204,53 @@ pub(crate) fn keys(args: &KeysArgs) -> anyhow::Result<ExitCode> {
         }
         KeysAction::FrontKeypair { .. } => return front_keypair(&args.action),
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `snakebox client-config CLIENT [--http URL [--key KEY | --no-key]]`: the snippet on stdout
+/// (so it can be piped or pasted), where it goes on stderr.
+pub(crate) fn client_config(args: &ClientConfigArgs) -> anyhow::Result<ExitCode> {
+    use snakebox_http::clients::{Client, Connection, config};
+    let client = Client::from_id(&args.client).map_err(|err| {
+        anyhow::anyhow!("{err}\nhint: `snakebox client-config claude-code` prints Claude Code's")
+    })?;
+    let binary;
+    let placeholder = "sbx_…";
+    let connection = match &args.http {
+        None => {
+            binary = std::env::current_exe()
+                .and_then(|path| path.canonicalize())
+                .context("could not find this binary's own path")?;
+            Connection::Stdio { binary: &binary }
+        }
+        Some(url) => {
+            let base = url.trim_end_matches('/');
+            let base = base.strip_suffix("/mcp").unwrap_or(base);
+            if !(base.starts_with("http://") || base.starts_with("https://")) {
+                anyhow::bail!(
+                    "`--http {url}` is not an http:// or https:// URL\nhint: give the server's base URL, such as https://sb.example.com or http://127.0.0.1:8000"
+                );
+            }
+            let key = match (&args.key, args.no_key) {
+                (Some(key), _) => Some(key.as_str()),
+                (None, true) => None,
+                (None, false) => {
+                    eprintln!(
+                        "# replace {placeholder} with an API key (`snakebox keys add --tenant NAME`), or pass --key KEY (--no-key for a server without keys)"
+                    );
+                    Some(placeholder)
+                }
+            };
+            Connection::Http { base, key }
+        }
+    };
+    let made = config(client, connection);
+    if made.place == "a shell" {
+        eprintln!("# {}: run this", made.name);
+    } else {
+        eprintln!("# {}: put this in {}", made.name, made.place);
+    }
+    println!("{}", made.text);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -67,6 +67,7 @@ pub fn run(cli: Cli) -> ExitCode {
             Command::Audit(args) => commands::audit(&args),
             Command::Python(args) => commands::python(args).await,
             Command::Image(args) => commands::image(&args).await,
+            Command::ClientConfig(args) => commands::client_config(&args),
         }
     });
     // Bounded: a task that never ends (a blocking read of stdin) must not hold the exit.

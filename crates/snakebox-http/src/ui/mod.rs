@@ -14,7 +14,6 @@
 //! PNG, JPEG and GIF images (checked by their first bytes) are shown inline.
 
 mod auth;
-mod clients;
 mod format;
 mod highlight;
 mod pages;

@@ -20,8 +20,8 @@ use snakebox_engine::{Caller, RunKind, RunQuery, RunRecord, SessionInfo};
 
 use super::Ui;
 use super::auth::{NoSession, UiSession};
-use super::clients::{ClientConfig, configs};
 use super::format;
+use crate::clients::{ClientConfig, configs};
 use crate::edge::RequestAuthority;
 
 /// Runs shown on the list.

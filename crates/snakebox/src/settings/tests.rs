@@ -677,7 +677,9 @@ fn every_flag_still_parses_for_every_command() {
                 let crate::cli::PythonAction::Install { engine, .. } = python.action;
                 *engine
             }
-            Command::Image(_) => unreachable!("`image` takes no engine flags"),
+            Command::Image(_) | Command::ClientConfig(_) => {
+                unreachable!("`image` and `client-config` take no engine flags")
+            }
         };
         assert_eq!(
             args.python.python_downloads,
