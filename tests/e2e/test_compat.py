@@ -172,3 +172,28 @@ async def test_the_compatibility_tools_are_served_only_when_asked_for(snakebox_b
     async with connect(snakebox_bin, tmp_path / "data", mode) as client:
         names = {tool.name for tool in (await client.list_tools()).tools}
     assert "execute_python" in names and not names & {"execute_code", "validate_code", "get_sandbox_info"}
+
+
+async def test_ibms_environment_variables_are_honoured_with_its_tool_set(snakebox_bin, data_dir):
+    """Issue 36: a user of IBM's server keeps its `SANDBOX_*` settings when snakebox serves its
+    tool set: the timeout, the output cap, the tier (one of snakebox's profiles) and the import
+    list fill in what snakebox's own settings leave unset; without --compat-tools they mean
+    nothing, and a flag still wins."""
+    ibm = {"SANDBOX_TIMEOUT": "12", "SANDBOX_MAX_OUTPUT_SIZE": "4096", "SANDBOX_ENABLE_DATA_SCIENCE": "true",
+           "SANDBOX_ALLOWED_IMPORTS": "math,json,numpy", "SANDBOX_CONTAINER_IMAGE": "python-sandbox:latest"}
+    async with connect(snakebox_bin, data_dir, "auto", "--compat-tools", env=ibm) as client:
+        report, text, _ = await call(client, "check_environment")
+        assert report["timeouts"].startswith("default 12 s"), report["timeouts"]
+        assert report["default_profile"] == "data_science", text
+        profile = next(p for p in report["profiles"] if p["name"] == "data_science")
+        assert profile["allowed_imports"] == ["math", "json", "numpy"], profile
+        data, text, _ = await call(client, "execute_python", script="print('x' * 10000)")
+        assert data["stdout_truncated"] is True and len(data["stdout"]) <= 4096, text
+        data, text, _ = await call(client, "execute_python", script="import os")
+        assert data["status"] != "ok" and "os" in text, text
+    async with connect(snakebox_bin, data_dir, "auto", env=ibm) as client:
+        report, _, _ = await call(client, "check_environment")
+        assert report["timeouts"].startswith("default 30 s") and report["default_profile"] == "standard", report
+    async with connect(snakebox_bin, data_dir, "auto", "--compat-tools", "--default-timeout", "20", "--profile", "basic", env=ibm) as client:
+        report, _, _ = await call(client, "check_environment")
+        assert report["timeouts"].startswith("default 20 s") and report["default_profile"] == "basic", report

@@ -35,7 +35,7 @@ const NAME_MAX_BYTES: usize = 200;
 
 /// Whether `name` is a dotted name of Python identifiers (ASCII), as a module's is: nothing
 /// else is counted or passed to a fork server.
-pub(crate) fn is_module_name(name: &str) -> bool {
+pub fn is_module_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= NAME_MAX_BYTES
         && name.split('.').all(|part| {

@@ -69,6 +69,7 @@ pub use events::{EventKind, SecurityEvent};
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
 pub use history::{RunKind, RunQuery, RunRecord};
 pub use host_work::off_the_runtime;
+pub use learn::is_module_name;
 pub use lifecycle::{LIVE_MAX_BYTES, LiveOutput, ShutdownReport, StopReason};
 pub use network::{NetworkLogEntry, NetworkPolicy, ProxySettings, parse_install_hosts};
 pub use plan::ExecuteRequest;

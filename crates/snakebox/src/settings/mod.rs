@@ -57,6 +57,7 @@ mod artifacts;
 mod cache;
 mod file;
 mod http;
+mod ibm;
 mod limits;
 mod network;
 mod pool;
@@ -129,7 +130,16 @@ fn resolve_with(args: &EngineArgs, mut file: FileSettings) -> anyhow::Result<Set
         args.server.audit_queue_size.as_ref(),
         file.server.audit_queue_size.take(),
     );
+    let profile_chosen = args.server.profile.is_some() || file.server.profile.is_some();
     resolve_server(&args.server, file.server, &mut config)?;
+    // IBM's `SANDBOX_*` variables, when its tool set is served: they fill in what snakebox's
+    // own settings leave unset (limits before those are read, the profile after).
+    let ibm = if config.compat_tools {
+        ibm::IbmEnvironment::read(&|name| std::env::var(name).ok())?
+    } else {
+        ibm::IbmEnvironment::default()
+    };
+    ibm.apply_limits(&mut config);
     resolve_python(&args.python, file.python, &mut config);
     resolve_sandbox(&args.sandbox, file.sandbox, &mut config);
     resolve_network(&args.network, file.network, &mut config)?;
@@ -145,6 +155,7 @@ fn resolve_with(args: &EngineArgs, mut file: FileSettings) -> anyhow::Result<Set
         std::mem::take(&mut file.profiles),
         &mut config,
     )?;
+    ibm.apply_profile(&mut config, profile_chosen);
     resolve_tenant_tables(std::mem::take(&mut file.tenant_tables), &mut config)?;
     let max_frame_bytes = resolve_frame(frame.as_deref(), config.max_script_bytes)?;
     Ok(Settings {
