@@ -16,6 +16,7 @@ mod tests {
         "snakebox",
         "snakebox-http",
         "snakebox-server",
+        "snakebox-kube",
         "snakebox-wire",
         "snakebox-engine",
         "snakebox-env",
