@@ -338,7 +338,11 @@ pub struct SandboxStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<String>,
     /// The headless Service's DNS name, when there is one.
-    #[serde(rename = "serviceFQDN", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "serviceFQDN",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub service_fqdn: Option<String>,
     /// The node the pod runs on.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -194,7 +194,10 @@ impl AgentTemplate {
         BTreeMap::from([
             (LABEL_MANAGED_BY.to_owned(), MANAGED_BY.to_owned()),
             (LABEL_KIND.to_owned(), KIND_AGENT.to_owned()),
-            (LABEL_PROFILE.to_owned(), names::profile_label(&self.profile)),
+            (
+                LABEL_PROFILE.to_owned(),
+                names::profile_label(&self.profile),
+            ),
             (LABEL_PYTHON.to_owned(), names::python_label(&self.python)),
         ])
     }

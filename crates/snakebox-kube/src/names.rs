@@ -307,7 +307,16 @@ mod tests {
         for good in ["a", "a-b", "0", "a".repeat(63).as_str(), "sbx-1"] {
             assert!(is_dns_label(good), "{good}");
         }
-        for bad in ["", "-a", "a-", "A", "a.b", "a_b", "a".repeat(64).as_str(), "ä"] {
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "A",
+            "a.b",
+            "a_b",
+            "a".repeat(64).as_str(),
+            "ä",
+        ] {
             assert!(!is_dns_label(bad), "{bad}");
         }
         for good in ["", "a", "A.b_c-d", "0", "a".repeat(63).as_str()] {
