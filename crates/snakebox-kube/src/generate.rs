@@ -172,22 +172,16 @@ impl AgentTemplate {
         names::template_name(&self.profile, &self.python)
     }
 
-    /// The agent container's command line, after the image's `snakebox` entrypoint.
+    /// The agent container's command line, after the image's `snakebox` entrypoint. Every value
+    /// is joined to its flag (`--profile=…`), so a value that starts with `-` stays a value.
     pub fn agent_args(&self) -> Vec<String> {
-        let key = format!("{FRONT_KEY_DIR}/{}", self.front_key.1);
-        [
-            "agent",
-            "--listen",
-            &format!("0.0.0.0:{}", self.port),
-            "--front-public-key",
-            &key,
-            "--profile",
-            &self.profile,
-            "--python-version",
-            &self.python,
+        vec![
+            "agent".to_owned(),
+            format!("--listen=0.0.0.0:{}", self.port),
+            format!("--front-public-key={FRONT_KEY_DIR}/{}", self.front_key.1),
+            format!("--profile={}", self.profile),
+            format!("--python-version={}", self.python),
         ]
-        .map(str::to_owned)
-        .to_vec()
     }
 
     fn pod_labels(&self) -> BTreeMap<String, String> {

@@ -157,23 +157,30 @@ fn a_claim_says_what_the_front_needs() {
 
 #[test]
 fn a_template_runs_the_agent_behind_an_explicit_network_policy() {
-    let agent = agent_with_everything();
-    let template = json(&agent.template());
+    let everything = agent_with_everything();
+    let template = json(&everything.template());
     let pod = &template["spec"]["podTemplate"]["spec"];
     let container = &pod["containers"][0];
     assert_eq!(
         container["args"],
         json!([
             "agent",
-            "--listen",
-            "0.0.0.0:8100",
-            "--front-public-key",
-            "/etc/snakebox/front/front.pub",
-            "--profile",
-            "data-science",
-            "--python-version",
-            "3.13"
+            "--listen=0.0.0.0:8100",
+            "--front-public-key=/etc/snakebox/front/front.pub",
+            "--profile=data-science",
+            "--python-version=3.13"
         ])
+    );
+    // A profile spelt like a flag stays the profile's value.
+    let tricky = AgentTemplate {
+        profile: "--listen=0.0.0.0:1".into(),
+        ..agent("x", "3.12")
+    };
+    let args = tricky.agent_args();
+    assert_eq!(args[3], "--profile=--listen=0.0.0.0:1");
+    assert_eq!(
+        args.iter().filter(|a| a.starts_with("--listen=")).count(),
+        1
     );
     assert_eq!(pod["runtimeClassName"], "gvisor");
     assert_eq!(pod["hostUsers"], false);
@@ -193,7 +200,7 @@ fn a_template_runs_the_agent_behind_an_explicit_network_policy() {
         policy["egress"][1]["ports"],
         json!([{"port": 3128, "protocol": "TCP"}])
     );
-    let pool = json(&agent.warm_pool(3));
+    let pool = json(&everything.warm_pool(3));
     assert_eq!(
         pool["spec"]["sandboxTemplateRef"]["name"],
         template["metadata"]["name"]
