@@ -6,13 +6,18 @@ heading that does not exist. This does: for the book's pages (`docs/src`, with t
 `{{#include}}`s expanded) and the Markdown files at the repository's root, every relative link
 must name a file that exists, and a `#anchor` on a Markdown file must name one of its headings
 (ids made as mdBook and GitHub make them). Links with a scheme (`https:`) are not fetched.
-Every page under `docs/src` must also be listed in `SUMMARY.md`.
+Every page under `docs/src` must also be listed in `SUMMARY.md`. With `--html DIR` (the book
+built by `mdbook build docs`, `target/book`), every link in the built pages must also reach a
+page of the site and one of its ids: what a reader of the site follows, `{{#include}}`d pages
+included.
 
-    python3 docs/check_links.py        # exit 1, one line per broken link, when any is broken
+    python3 docs/check_links.py                     # exit 1, one line per broken link
+    python3 docs/check_links.py --html target/book  # and the built site's links
 """
 
 from __future__ import annotations
 
+import html
 import re
 import sys
 from functools import cache
@@ -116,6 +121,30 @@ def check(page: Path) -> list[str]:
     return problems
 
 
+def check_html(site: Path) -> list[str]:
+    """Links inside the built pages' `<main>`: each must reach a file of the site and, with a
+    `#fragment`, an id of that page."""
+    pages = {page.resolve(): page.read_text(encoding="utf-8") for page in site.rglob("*.html")}
+    ids = {page: set(re.findall(r'\bid="([^"]+)"', text)) for page, text in pages.items()}
+    problems = []
+    for page, text in sorted(pages.items()):
+        if page.name in ("print.html", "404.html", "toc.html"):
+            continue  # the print page repeats every chapter; the others are mdBook's own
+        main = text[text.find("<main>") : text.find("</main>")]
+        for href in re.findall(r'href="([^"]+)"', main):
+            href = html.unescape(href)
+            if re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", href):
+                continue
+            path_part, _, anchor = href.partition("#")
+            target = (page.parent / path_part).resolve() if path_part else page
+            where = f"{page.relative_to(site.resolve())} (built)"
+            if not target.exists():
+                problems.append(f"{where}: `{href}`: no such file in the site")
+            elif anchor and target.suffix == ".html" and anchor not in ids.get(target, set()):
+                problems.append(f"{where}: `{href}`: no element with the id `{anchor}`")
+    return problems
+
+
 def main() -> int:
     problems: list[str] = []
     pages = sorted(BOOK.rglob("*.md"))
@@ -131,6 +160,12 @@ def main() -> int:
     for name in REPO_PAGES:
         if (ROOT / name).is_file():
             problems.extend(check(ROOT / name))
+    if "--html" in sys.argv[1:]:
+        site = Path(sys.argv[sys.argv.index("--html") + 1])
+        if not (site / "index.html").is_file():
+            problems.append(f"{site}: no built book here (run `mdbook build docs` first)")
+        else:
+            problems.extend(check_html(site))
     for problem in problems:
         print(problem)
     if problems:
