@@ -45,5 +45,5 @@ KILLED_SERVER_ORACLE = (
     "the fault suite finds each stage's process among the server's descendants and judges a SIGKILLed server by "
     "its process tree and its `snakebox-<pid>-*` cgroups; under docker, runs, installs and session interpreters are "
     "containers of the engine (not the server's children), which outlive a SIGKILLed server until the next server "
-    "removes them (README, the docker backend; test_docker.py::test_a_killed_servers_containers_are_removed_by_the_next_one)"
+    "removes them (docs/src/backends.md; test_docker.py::test_a_killed_servers_containers_are_removed_by_the_next_one)"
 )

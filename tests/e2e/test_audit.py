@@ -77,7 +77,7 @@ def audit_json(binary: Path, data: Path, *args: str) -> list[dict]:
 
 
 @pytest.mark.docker_ci
-@pytest.mark.not_runsc("under gVisor a run that filled its process limit ends with exit code 2 and no message after its script finished (README, the docker backend: gVisor)")
+@pytest.mark.not_runsc("under gVisor a run that filled its process limit ends with exit code 2 and no message after its script finished (docs/src/backends.md: gVisor)")
 async def test_events_are_returned_and_every_call_is_audited(snakebox_bin, tmp_path, mode):
     data = tmp_path / "data"
     args = ("--memory-limit", "256MiB", "--max-output-bytes", "100000", "--max-processes", "24")
@@ -91,7 +91,7 @@ async def test_events_are_returned_and_every_call_is_audited(snakebox_bin, tmp_p
     refused = int(forks["stdout"].split()[-1])
     assert refused > 0, forks
     if docker_backend():
-        # Known difference (README, the docker backend): the kernel counts refused forks in the
+        # Known difference (docs/src/backends.md): the kernel counts refused forks in the
         # container's own cgroup, which the engine removes with it, so none are reported.
         assert forks["events"] == [] and forks["resource_usage"]["process_limit_hits"] is None, forks
     else:

@@ -275,7 +275,7 @@ def ping(size: int, id: int = 7) -> bytes:
 async def test_the_documented_body_limit_is_the_real_one_on_every_transport(snakebox_bin: Path, tmp_path: Path):
     data = tmp_path / "data"
     key = make_key(snakebox_bin, data, "team-a")
-    limit = 64 * MIB  # README, "Over HTTP, with API keys": a 64 MiB body limit (413)
+    limit = 64 * MIB  # docs/src/http.md, "Over HTTP, with API keys": a 64 MiB body limit (413)
     with http_server(snakebox_bin, data) as (proc, url):
         host = urllib.parse.urlsplit(url).netloc
         headers = {**MCP_HEADERS, **bearer(key)}

@@ -32,7 +32,7 @@ from conftest import call, have_bwrap
 USER = "snakebox-e2e"
 
 pytestmark = [
-    pytest.mark.native_only("a non-root server is the native backend's (user namespaces, no cgroups); the docker backend needs root (README: the docker backend)"),
+    pytest.mark.native_only("a non-root server is the native backend's (user namespaces, no cgroups); the docker backend needs root (docs/src/backends.md)"),
     pytest.mark.skipif(os.geteuid() != 0, reason="creating a test user needs root"),
     pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
     pytest.mark.skipif(shutil.which("useradd") is None or shutil.which("runuser") is None, reason="useradd/runuser missing"),
@@ -99,7 +99,7 @@ def user() -> Iterator[pwd.struct_passwd]:
 @pytest.fixture(scope="module")
 def tools(user: pwd.struct_passwd, snakebox_bin: Path) -> Path:
     """uv and snakebox where the user can run them: the checkout and uv may live under /root,
-    which a normal user cannot enter (the README's non-root section says the same)."""
+    which a normal user cannot enter (docs/src/normal-user.md says the same)."""
     tools = Path(user.pw_dir) / "bin"
     tools.mkdir(mode=0o755, exist_ok=True)
     shutil.copy2(real_uv(), tools / "uv")

@@ -25,7 +25,7 @@ pytestmark = [
     # containers) except its timeout cases' output: six calls in flight drain the warm pool, and
     # a cold container's interpreter start (counted in the wall time, as a cold native run's)
     # can pass the cases' 1-2 s budget on a loaded machine before the script printed anything.
-    pytest.mark.native_only("its 1-2 s timeout cases expect output first, which a cold container's start can outlast on a loaded machine (README, the docker backend)"),
+    pytest.mark.native_only("its 1-2 s timeout cases expect output first, which a cold container's start can outlast on a loaded machine (docs/src/backends.md)"),
     pytest.mark.skipif(not have_bwrap(), reason="bubblewrap is not installed"),
     pytest.mark.skipif(os.geteuid() != 0, reason="mounts, cgroups and the fork server need a root server"),
 ]

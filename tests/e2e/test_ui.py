@@ -9,7 +9,7 @@ MCP as raw JSON POSTs. The browser logs in with A's key, finds the run in the li
 page with its stdout, sees the PNG inline (and the SVG not), downloads artifacts and compares
 their bytes, finds the session and its file and deletes it after confirmation; B's key sees
 none of A's things. No console errors, no CSP violations. Screenshots of each page go to
-docs/ui/ (the README shows them) when SNAKEBOX_UI_SCREENSHOTS=1.
+docs/ui/ (the web UI chapter, docs/src/web-ui.md, shows them) when SNAKEBOX_UI_SCREENSHOTS=1.
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def test_the_ui_in_a_browser(snakebox_bin: Path, tmp_path: Path):
     assert report["pageErrors"] == [], report["pageErrors"]
     assert report["console"] == [], report["console"]
 
-    # The screenshots, for the README: written into docs/ui/ only when asked
+    # The screenshots, for docs/src/web-ui.md: written into docs/ui/ only when asked
     # (SNAKEBOX_UI_SCREENSHOTS=1), so a test run leaves the checkout as it was.
     assert len(list(shots.glob("*.png"))) >= 10
     if os.environ.get("SNAKEBOX_UI_SCREENSHOTS") == "1":

@@ -321,7 +321,7 @@ impl NamespaceError {
                     || stderr.contains("Operation not permitted")
                 {
                     format!(
-                        "enable unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone=1`, `sysctl user.max_user_namespaces=15000`, on Ubuntu also `sysctl kernel.apparmor_restrict_unprivileged_userns=0`); inside a Docker container run it with `--security-opt seccomp=unconfined --security-opt systempaths=unconfined`, plus `--security-opt apparmor=unconfined` where AppArmor confines containers (README, \"Install\"), or use the host; {NONE}"
+                        "enable unprivileged user namespaces (`sysctl kernel.unprivileged_userns_clone=1`, `sysctl user.max_user_namespaces=15000`, on Ubuntu also `sysctl kernel.apparmor_restrict_unprivileged_userns=0`); inside a Docker container run it with `--security-opt seccomp=unconfined --security-opt systempaths=unconfined`, plus `--security-opt apparmor=unconfined` where AppArmor confines containers (docs/src/install.md, \"With Docker\"), or use the host; {NONE}"
                     )
                 } else if stderr.contains("Unknown option") {
                     format!(

@@ -213,7 +213,7 @@ impl Installer {
                 requirements.iter().map(Into::into),
             );
             self.reclaim_venv().await?;
-            // As for a new environment (README, "Pinned sets from the cache first"): a pinned
+            // As for a new environment (docs/src/environments.md, "Pinned sets from the cache first"): a pinned
             // install is tried from uv's cache alone first, without the network and without
             // streaming its output (what it lacks is installed online, and that is shown).
             let pinned = snakebox_script::merge_dependencies(None, requirements)

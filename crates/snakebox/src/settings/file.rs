@@ -103,7 +103,7 @@ pub(super) const SECTION_KEYS: &[(&str, &str)] = &[
     ("cache", "warm"),
 ];
 
-/// The sections, in the order the README documents them.
+/// The sections, in the order docs/src/configuration.md documents them.
 pub(super) const SECTIONS: &[&str] = &[
     "server",
     "python",

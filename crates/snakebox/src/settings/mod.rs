@@ -165,4 +165,6 @@ fn resolve_with(args: &EngineArgs, mut file: FileSettings) -> anyhow::Result<Set
 }
 
 #[cfg(test)]
+mod reference;
+#[cfg(test)]
 mod tests;
