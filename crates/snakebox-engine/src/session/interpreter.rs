@@ -13,7 +13,6 @@ use crate::session::SessionRow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use snakebox_env::Interpreter;
 use snakebox_sandbox::{
@@ -28,6 +27,7 @@ use super::{
     InstallState, RUNNER_NAME, SANDBOX_INPUT_DIR, SANDBOX_WORK_DIR, SESSION_RUNNER, io_error,
     make_dir, no_session, now_secs, packages_of,
 };
+use crate::policy::{Asked, CallKind, CallPolicy, SessionFacts};
 use crate::result::{ExecutionResult, Status};
 use crate::{Engine, ExecuteRequest, ids};
 use crate::{EngineError, ErrorKind};
@@ -95,61 +95,26 @@ impl Engine {
         // From here every result names the session's profile, as a one-shot run's does.
         let profile_name = row.profile_name();
         let fail = |error| not_run(&execution_id, session_id, Some(&profile_name), error);
-        // A session's interpreter lives across calls under the profile and limits it was
-        // created with: a call cannot change them (refused, not ignored).
-        if request.profile.is_some() || request.memory_limit_bytes.is_some() {
-            return fail(EngineError::invalid(
-                "`profile` and `memory_limit` apply to one-shot runs, not to a session's cells",
-                "drop them with session_id (a session keeps the limits it was created with), or run without session_id",
-            ));
-        }
-        // The checks of every execution; the session has its own interpreter and network.
+        // The checks of every execution; then the cell's policy: its session's profile,
+        // limits, network and imports (a cell cannot change them: refused, not ignored), its
+        // own time.
         let checked = match self.check_request(&request) {
             Ok(checked) => checked,
             Err(error) => return fail(error),
         };
-        let (inputs, mut timeout, mut notes) = (checked.inputs, checked.timeout, checked.notes);
-        let profile = match self.session_profile(&row) {
-            Ok(profile) => profile,
-            Err(error) => return fail(error),
+        let facts = session_facts(&row);
+        let tenant = self.tenant(caller);
+        let policy = match CallPolicy::decide(
+            &self.config,
+            CallKind::Cell(&facts),
+            &tenant,
+            &Asked::of(&request, &checked.requirements),
+        ) {
+            Ok(policy) => policy,
+            Err(refusal) => return refused_by(fail(refusal.error), refusal.profile),
         };
-        // The session's profile bounds each call's time as it bounds a one-shot run's.
-        timeout = match crate::plan::profile_timeout(profile, request.timeout_seconds, timeout) {
-            Ok(timeout) => timeout,
-            Err(error) => {
-                let mut result = fail(error);
-                crate::profiles::refused(&mut result, &profile.name);
-                return result;
-            }
-        };
-
-        if let Err(error) = self.session_network_check(&row, request.network, &mut notes) {
-            return fail(error);
-        }
-        if !request.allowed_domains.is_empty() {
-            return fail(EngineError::invalid(
-                format!(
-                    "allowed_domains cannot be used with a session: session {session_id}'s network policy was fixed when it was created"
-                ),
-                "drop allowed_domains here, or run the code as a one-shot call (without session_id) to narrow the network",
-            ));
-        }
-        if request.allowed_imports.is_some() {
-            return fail(EngineError::invalid(
-                format!(
-                    "allowed_imports cannot be used with a session yet: session {session_id}'s interpreter already holds what earlier cells imported"
-                ),
-                "drop allowed_imports here, or run the code as a one-shot call (without session_id) under an import policy",
-            ));
-        }
-        if let Some(asked) = &request.python_version
-            && !row.python_version.starts_with(asked.trim())
-        {
-            notes.push(format!(
-                "python_version `{asked}` is ignored: session {session_id} runs Python {}",
-                row.python_version
-            ));
-        }
+        let inputs = checked.inputs;
+        let mut notes = policy.notes.clone();
         // Dependencies (argument or PEP 723 block) are installed into the session first.
         let requirements: Vec<String> = checked
             .requirements
@@ -256,7 +221,7 @@ impl Engine {
             // Writing its files and forking its sandbox block this thread for milliseconds:
             // off the runtime worker's queue, as for every start of one tenant's churn.
             let started = crate::off_the_runtime(|| {
-                self.start_interpreter(manager, &row, &interpreter, profile)
+                self.start_interpreter(manager, &row, &interpreter, &tenant)
             });
             drop(host);
             match started {
@@ -307,7 +272,7 @@ impl Engine {
             .exchange(
                 request_line.as_bytes(),
                 marker.as_bytes(),
-                timeout,
+                policy.timeout(),
                 call,
                 output,
             )
@@ -320,7 +285,7 @@ impl Engine {
 
         let mut result = ExecutionResult::new(execution_id.clone(), Status::Ok);
         result.session_id = Some(session_id.to_owned());
-        result.profile = Some(profile.name.clone());
+        result.profile = Some(policy.profile.clone());
         result.fresh_interpreter = fresh;
         result.python_version = Some(row.python_version.clone());
         result.requested_dependencies = requirements;
@@ -337,7 +302,7 @@ impl Engine {
                 .unwrap_or_default()
         };
         result.environment_reused = true;
-        result.timeout_seconds = timeout.as_secs();
+        result.timeout_seconds = policy.timeout().as_secs();
         result.setup_ms = setup_ms;
         result.notes = notes;
         result.network_log = network_log;
@@ -362,8 +327,12 @@ impl Engine {
             exchange.exit_code,
             exchange.signal,
         );
-        let memory = self.profile_limits(profile, timeout).memory_bytes;
-        let (status, error) = crate::run::describe(ending, crate::run::Ran::Cell, memory, timeout);
+        let (status, error) = crate::run::describe(
+            ending,
+            crate::run::Ran::Cell,
+            policy.shape.limits.memory_bytes,
+            policy.timeout(),
+        );
         result.status = status;
         result.error = error;
         match exchange.end {
@@ -450,46 +419,9 @@ impl Engine {
         }
     }
 
-    /// The policy of a session's sandboxes (interpreter and commands) over its workspace.
-    /// A call's `network` against the session's, with the one-shot rules: asking for more than
-    /// the server allows is refused with the reason; a session's network is fixed at creation
-    /// (its interpreter lives in one network namespace), so a call cannot change it either way:
-    /// asking is the request's fault (`invalid`, status `invalid_request`) with a hint.
-    pub(super) fn session_network_check(
-        &self,
-        row: &SessionRow,
-        asked: Option<bool>,
-        notes: &mut Vec<String>,
-    ) -> Result<(), EngineError> {
-        let has = self.session_network(row);
-        match asked {
-            Some(true) if !self.config.network.allows_network() => Err(EngineError {
-                kind: ErrorKind::Invalid,
-                message: "This call asked for network access, but this server does not allow network for runs".into(),
-                hint: Some("run without network (omit `network`), or ask the operator to start snakebox with `--network on`".into()),
-            }),
-            Some(true) if !has => Err(EngineError {
-                kind: ErrorKind::Invalid,
-                message: format!("This call asked for network access, but session {} was created without network", row.id),
-                hint: Some("a session's network is fixed when it is created: create a new session with `network: true`".into()),
-            }),
-            Some(false) if has => Err(EngineError {
-                kind: ErrorKind::Invalid,
-                message: format!("This call asked to run without network, but session {} was created with network", row.id),
-                hint: Some("a session's network is fixed when it is created: omit `network` here, or create a session with `network: false`".into()),
-            }),
-            _ => {
-                if row.network && !has {
-                    notes.push(format!(
-                        "session {} was created with network, but this server does not allow network now: its code runs without",
-                        row.id
-                    ));
-                }
-                Ok(())
-            }
-        }
-    }
-
+    /// The sandbox policy of a session's sandboxes (its interpreter and its commands) over
+    /// its workspace, held to `shape` (see [`crate::run::sandbox_policy`]); and where the
+    /// runner is inside it.
     pub(super) fn session_policy(
         &self,
         network: crate::run::RunNetwork,
@@ -535,33 +467,39 @@ impl Engine {
             dest: PathBuf::from(SANDBOX_WORK_DIR),
             writable: shape.writable_work,
         });
-        let env = crate::run::run_environment(&paths.venv, &work, &tmp);
-        let limits = shape.limits.clone();
+        let view = crate::run::View {
+            mounts,
+            env: crate::run::run_environment(&paths.venv, &work, &tmp),
+            cwd: work,
+            identity: Identity::Untrusted,
+        };
         (
-            Policy {
-                mounts,
-                network: network == crate::run::RunNetwork::Host,
-                env,
-                cwd: work,
-                limits,
-                identity: Identity::Untrusted,
-                cpu: None,
-            },
+            crate::run::sandbox_policy(view, &shape.limits, network),
             runner,
         )
     }
 
+    /// Start the session's interpreter, under the policy of its kind (see
+    /// [`CallKind::Interpreter`]): its session's profile's limits, exec policy, `/work` and
+    /// imports, for the server's longest call.
     pub(super) fn start_interpreter(
         &self,
         manager: &Manager,
         row: &SessionRow,
         interpreter: &Interpreter,
-        profile: &crate::Profile,
+        tenant: &crate::Tenant,
     ) -> Result<LiveSandbox, EngineError> {
         let sandbox = self.session_sandbox()?;
         let paths = manager.paths(row)?;
         let runner_path = paths.input.join(RUNNER_NAME);
-        let shape = self.session_shape(profile, self.config.max_timeout);
+        let decided = CallPolicy::decide(
+            &self.config,
+            CallKind::Interpreter(&session_facts(row)),
+            tenant,
+            &Asked::default(),
+        )
+        .map_err(|refusal| refusal.error)?;
+        let shape = &decided.shape;
         let deny_path = paths.input.join(crate::run::EXEC_DENY_NAME);
         let policy_path = paths.input.join(crate::runner::IMPORT_POLICY_FILE);
         // The profile's exec-deny program and import policy, beside the runner (read-only
@@ -596,7 +534,7 @@ impl Engine {
                 }
                 None => remove_if_present(&deny_path)?,
             }
-            match &profile.allowed_imports {
+            match &decided.imports {
                 Some(allowed) => {
                     let policy = serde_json::json!({ "allowed": allowed });
                     fs_err::write(&policy_path, policy.to_string())?;
@@ -606,8 +544,8 @@ impl Engine {
             }
         })()
         .map_err(|err| io_error("write the session runner", &err))?;
-        let network = self.run_network(self.session_network(row));
-        let (policy, runner) = self.session_policy(network, &paths, interpreter, &shape);
+        let network = self.run_network(decided.network.is_some());
+        let (policy, runner) = self.session_policy(network, &paths, interpreter, shape);
         let mut args: Vec<std::ffi::OsString> = vec!["-s".into()];
         if shape.deny_exec {
             // As a one-shot run: the environment's .pth code runs only after the program
@@ -710,36 +648,20 @@ impl Engine {
                 "for example \"ls -la\" or \"python -m pip list\"",
             ));
         }
-        let mut notes = Vec::new();
-        let timeout = match self.effective_timeout(timeout_seconds, &mut notes) {
-            Ok(timeout) => timeout,
-            Err(error) => return fail(error),
+        // The session's interpreter's view and limits; its own time, held to its session's
+        // profile as a cell's is.
+        let policy = match CallPolicy::decide(
+            &self.config,
+            CallKind::Command(&session_facts(&row)),
+            &self.tenant(caller),
+            &Asked {
+                timeout_seconds,
+                ..Asked::default()
+            },
+        ) {
+            Ok(policy) => policy,
+            Err(refusal) => return refused_by(fail(refusal.error), refusal.profile),
         };
-        let profile = match self.session_profile(&row) {
-            Ok(profile) => profile,
-            Err(error) => return fail(error),
-        };
-        // The session's profile bounds a command's time as it bounds a cell's.
-        let timeout = match crate::plan::profile_timeout(profile, timeout_seconds, timeout) {
-            Ok(timeout) => timeout,
-            Err(error) => {
-                let mut result = fail(error);
-                crate::profiles::refused(&mut result, &profile.name);
-                return result;
-            }
-        };
-        if !profile.subprocesses {
-            // A shell is a subprocess, and starts more: the profile denies them.
-            let mut result = fail(EngineError::invalid(
-                format!(
-                    "run_command cannot be used in session {session_id}: its profile `{}` denies subprocesses",
-                    profile.name
-                ),
-                "do the work in Python with execute_python in the session, or create the session under a profile that allows subprocesses (check_environment lists them)",
-            ));
-            crate::profiles::refused(&mut result, &profile.name);
-            return result;
-        }
         let interpreter = match self.session_interpreter(&row) {
             Ok(interpreter) => interpreter.clone(),
             Err(error) => return fail(error),
@@ -775,9 +697,9 @@ impl Engine {
             Ok(paths) => paths,
             Err(error) => return fail(error),
         };
-        let network = self.run_network(self.session_network(&row));
-        let shape = self.session_shape(profile, timeout);
-        let (mut policy, _) = self.session_policy(network, &paths, &interpreter, &shape);
+        let network = self.run_network(policy.network.is_some());
+        let (mut sandbox_policy, _) =
+            self.session_policy(network, &paths, &interpreter, &policy.shape);
         let mut shell = SandboxCommand {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), command.into()],
@@ -791,9 +713,9 @@ impl Engine {
                 &PathBuf::from(SANDBOX_INPUT_DIR).join(snakebox_sandbox::SOCKET_NAME),
                 &shell,
             );
-            policy.env.extend(snakebox_sandbox::run_proxy_env());
+            sandbox_policy.env.extend(snakebox_sandbox::run_proxy_env());
         }
-        policy.cpu = run_slot.cpu().cloned();
+        sandbox_policy.cpu = run_slot.cpu().cloned();
         let call = doomed.child_token();
         let watcher = {
             let call = call.clone();
@@ -802,8 +724,7 @@ impl Engine {
                 call.cancel();
             })
         };
-        let outcome = sandbox.run(&policy, &shell, call, output).await;
-        let limits = policy.limits.clone();
+        let outcome = sandbox.run(&sandbox_policy, &shell, call, output).await;
         watcher.abort();
         let network_log = crate::network::take_log_of(state.proxy.as_ref());
         drop(state);
@@ -812,34 +733,25 @@ impl Engine {
             Ok(outcome) => outcome,
             Err(err) => return fail(err.into()),
         };
-        let (status, error) =
-            crate::run::classify(&outcome, crate::run::Ran::Command, &limits, timeout);
+        let (status, error) = crate::run::classify(
+            &outcome,
+            crate::run::Ran::Command,
+            &policy.shape.limits,
+            policy.timeout(),
+        );
         let mut result = ExecutionResult::new(execution_id.clone(), status);
         result.session_id = Some(session_id.to_owned());
-        result.profile = Some(profile.name.clone());
+        result.profile = Some(policy.profile.clone());
         result.record_outcome(outcome);
-        result.timeout_seconds = timeout.as_secs();
+        result.timeout_seconds = policy.timeout().as_secs();
         result.python_version = Some(row.python_version.clone());
         result.resolved_dependencies = packages_of(&row);
         result.environment_reused = true;
         result.error = error;
-        result.notes = notes;
+        result.notes = policy.notes;
         result.network_log = network_log;
         result.notes.extend(manager.disk_note(&row.owner));
         result
-    }
-
-    /// The profile a session is held to, as it is configured now (one removed since:
-    /// refused, fail closed).
-    pub(super) fn session_profile(&self, row: &SessionRow) -> Result<&crate::Profile, EngineError> {
-        let name = row.profile_name();
-        self.config.profiles.all.get(&name).ok_or_else(|| {
-            EngineError::new(
-                ErrorKind::Unavailable,
-                format!("The session's profile `{name}` is no longer on this server"),
-            )
-            .with_hint("create a new session; or the operator restores the profile")
-        })
     }
 
     /// The name of the profile of `session_id` (as the caller may see it), for the run's
@@ -847,21 +759,6 @@ impl Engine {
     fn profile_of_session(&self, caller: &Caller, session_id: &str) -> Option<String> {
         let row = self.session_manager().ok()?.row(caller, session_id).ok()?;
         Some(row.profile_name())
-    }
-
-    /// What a session's sandboxes are held to under `profile`: its limits (never above the
-    /// server's), exec denied or not, /work writable or not.
-    fn session_shape(&self, profile: &crate::Profile, timeout: Duration) -> crate::run::RunShape {
-        let mut limits = self.profile_limits(profile, timeout);
-        // RLIMIT_CPU counts a process's whole life: for an interpreter that lives across
-        // calls it would be a budget for the session, not a limit per call. Wall time per
-        // call bounds the CPU instead.
-        limits.cpu_time = None;
-        crate::run::RunShape {
-            limits,
-            deny_exec: !profile.subprocesses,
-            writable_work: profile.writable_work,
-        }
     }
 
     /// Start the session's proxy when it has network through one and has none running.
@@ -928,6 +825,26 @@ fn remove_if_present(path: &Path) -> std::io::Result<()> {
         Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err),
         _ => Ok(()),
     }
+}
+
+/// What a session brings to the policy of a call made in it.
+pub(super) fn session_facts(row: &SessionRow) -> SessionFacts {
+    SessionFacts {
+        id: row.id.clone(),
+        profile: row.profile_name(),
+        network: row.network,
+        network_names: row.network_names.clone(),
+        python_version: row.python_version.clone(),
+    }
+}
+
+/// A call's result refused by policy: when the refusal is its profile's (`profile`), a
+/// `policy_refused` event says so, as for a one-shot run.
+fn refused_by(mut result: ExecutionResult, profile: Option<String>) -> ExecutionResult {
+    if let Some(profile) = profile {
+        crate::profiles::refused(&mut result, &profile);
+    }
+    result
 }
 
 /// The record of a session call made while the server stops.
