@@ -4,7 +4,8 @@
 //!
 //! One-shot runs and session cells both start here, so a request is judged the same way on
 //! either path. The call's policy (limits, timeout, network, imports) is decided apart, for
-//! every kind of call at once, by [`crate::policy::CallPolicy::decide`].
+//! every kind of call at once, by the `policy` module (which reads the request: it is not
+//! named from here).
 
 use pep440_rs::VersionSpecifiers;
 use snakebox_env::Interpreter;
@@ -61,8 +62,8 @@ impl Engine {
     ///
     /// # Errors
     /// `invalid` with a hint: a script too large or holding a NUL, a bad input file, a
-    /// malformed PEP 723 block or requirement (the call's policy is decided apart: see
-    /// [`crate::policy`]).
+    /// malformed PEP 723 block or requirement (the call's policy is decided apart, by the
+    /// `policy` module).
     pub(crate) fn check_request(&self, request: &ExecuteRequest) -> Result<Checked, EngineError> {
         if request.script.len() > self.config.max_script_bytes {
             return Err(EngineError::invalid(

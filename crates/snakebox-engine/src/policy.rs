@@ -21,7 +21,6 @@ use std::time::Duration;
 use snakebox_sandbox::{Limits, Names};
 
 use crate::profiles::MIB;
-use crate::run::RunShape;
 use crate::{EngineConfig, EngineError, ErrorKind, Profile, ProfileNetwork, Tenant};
 
 /// Smallest `memory_limit` a call may ask for.
@@ -33,6 +32,16 @@ pub(crate) const COMPILE_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Time limit of one uv step of a session's install (see [`CallKind::SessionInstall`]).
 pub(crate) const SESSION_INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What a call's policy changes in its sandbox: its limits, whether it may start programs,
+/// whether its working directory is writable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RunShape {
+    pub(crate) limits: Limits,
+    /// `execve` denied once the interpreter runs (see `runner.py`'s `_deny_exec`).
+    pub(crate) deny_exec: bool,
+    pub(crate) writable_work: bool,
+}
 
 /// What a session brings to a call made in it: decided when it was created, fixed for its
 /// life.
@@ -57,7 +66,9 @@ pub(crate) enum CallKind<'a> {
     Run,
     /// A cell in a session's live interpreter. The interpreter lives across calls under the
     /// profile, limits, network and imports its session was created with, so a cell asking
-    /// to change them is refused (not ignored); its time is its own.
+    /// to change them is refused (not ignored); its time is its own; its dependencies are
+    /// held to its profile's package allowlist before they are installed, as a one-shot
+    /// run's are.
     Cell(&'a SessionFacts),
     /// A shell command in a short-lived sandbox over a session: the same view and limits as
     /// the session's interpreter (so no CPU-time limit either), its time its own; refused
@@ -229,7 +240,10 @@ impl CallPolicy {
         };
         if matches!(
             kind,
-            CallKind::Run | CallKind::SessionStart | CallKind::SessionInstall(_)
+            CallKind::Run
+                | CallKind::Cell(_)
+                | CallKind::SessionStart
+                | CallKind::SessionInstall(_)
         ) {
             let packages = profile.refused_packages(asked.requirements);
             if !packages.is_empty() {

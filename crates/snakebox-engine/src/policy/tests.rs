@@ -272,6 +272,8 @@ rows! {
         Ok("standard 30s mem=1024M cpu=- procs=128 net=off exec=allow work=rw imports=- | session s1 was created with network, but this server does not allow network now: its code runs without");
     cell_notes_an_ignored_python_version: "cell", OFF, { python: Some("3.11") } =>
         Ok("standard 30s mem=1024M cpu=- procs=128 net=off exec=allow work=rw imports=- | python_version `3.11` is ignored: session s1 runs Python 3.12.4");
+    cell_refuses_packages_its_profile_does_not_allow: "cell" in session("basic", false), OFF, { packages: vec!["numpy"] } =>
+        Err("profile basic: The profile `basic` does not allow installing `numpy`");
     cell_refuses_when_its_profile_is_gone: "cell" in session("removed", false), OFF, {} =>
         Err("server: The session's profile `removed` is no longer on this server");
 

@@ -10,6 +10,7 @@ use snakebox_sandbox::{ForkRun, ForkServerSpec, Identity, Limits, Mount, Policy,
 
 use super::layout::{RunDir, server_runs_dir};
 use crate::Engine;
+pub(crate) use crate::policy::RunShape;
 
 /// Where the run's read-only inputs (the script) appear inside the sandbox.
 pub(crate) const SANDBOX_INPUT_DIR: &str = "/snakebox";
@@ -21,16 +22,6 @@ pub(crate) const SCRIPT_NAME: &str = "script.py";
 /// File name, in the input directory, of the exec-deny seccomp program of a run whose profile
 /// allows no subprocesses (the runner installs it: `--deny-exec`).
 pub(crate) const EXEC_DENY_NAME: &str = "no-exec.bpf";
-
-/// What a run's profile changes in its sandbox: its limits, whether it may start programs,
-/// whether its working directory is writable.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RunShape {
-    pub(crate) limits: Limits,
-    /// `execve` denied once the interpreter runs (see `runner.py`'s `_deny_exec`).
-    pub(crate) deny_exec: bool,
-    pub(crate) writable_work: bool,
-}
 
 /// What a sandbox sees, apart from what its call's policy decides (limits, network): its
 /// mounts, its environment variables, its working directory and whose it is.

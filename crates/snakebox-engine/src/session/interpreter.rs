@@ -13,6 +13,7 @@ use crate::session::SessionRow;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use snakebox_env::Interpreter;
 use snakebox_sandbox::{
@@ -21,7 +22,7 @@ use snakebox_sandbox::{
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-use super::manager::{Manager, SessionPaths};
+use super::manager::{Manager, SessionPaths, SlotState};
 use super::workspace::file_error;
 use super::{
     InstallState, RUNNER_NAME, SANDBOX_INPUT_DIR, SANDBOX_WORK_DIR, SESSION_RUNNER, io_error,
@@ -69,6 +70,9 @@ impl Engine {
         .await
     }
 
+    /// The cell once admitted, in stages, as a one-shot run's: its plan (checks and
+    /// policy), its dependencies, its workspace's baseline, its interpreter, the exchange,
+    /// its result. A stage that refuses answers with a record that says why.
     #[expect(
         clippy::too_many_arguments,
         reason = "the public call's arguments plus its id and the session's row, passed through as they are"
@@ -95,49 +99,24 @@ impl Engine {
         // From here every result names the session's profile, as a one-shot run's does.
         let profile_name = row.profile_name();
         let fail = |error| not_run(&execution_id, session_id, Some(&profile_name), error);
-        // The checks of every execution; then the cell's policy: its session's profile,
-        // limits, network and imports (a cell cannot change them: refused, not ignored), its
-        // own time.
-        let checked = match self.check_request(&request) {
-            Ok(checked) => checked,
-            Err(error) => return fail(error),
-        };
-        let facts = session_facts(&row);
         let tenant = self.tenant(caller);
-        let policy = match CallPolicy::decide(
-            &self.config,
-            CallKind::Cell(&facts),
-            &tenant,
-            &Asked::of(&request, &checked.requirements),
-        ) {
-            Ok(policy) => policy,
+        let CellPlan {
+            policy,
+            inputs,
+            requirements,
+        } = match self.plan_cell(&row, &tenant, &request) {
+            Ok(plan) => plan,
             Err(refusal) => return refused_by(fail(refusal.error), refusal.profile),
         };
-        let inputs = checked.inputs;
         let mut notes = policy.notes.clone();
-        // Dependencies (argument or PEP 723 block) are installed into the session first.
-        let requirements: Vec<String> = checked
-            .requirements
-            .iter()
-            .map(ToString::to_string)
-            .collect();
         let setup_started = std::time::Instant::now();
-        if !requirements.is_empty() {
-            match self
-                .install_packages(caller, session_id, requirements.clone(), None, None)
-                .await
-            {
-                Ok(status) if status.state == InstallState::Succeeded => {}
-                Ok(status) => {
-                    let mut result = fail(EngineError::new(
-                        ErrorKind::Failed,
-                        "Installing the dependencies failed",
-                    ));
-                    result.error = status.error.or(result.error);
-                    return result;
-                }
-                Err(error) => return fail(error),
-            }
+        if let Err((error, install_error)) = self
+            .install_dependencies(caller, session_id, &requirements)
+            .await
+        {
+            let mut result = fail(error);
+            result.error = install_error.or(result.error);
+            return result;
         }
         let interpreter = match self.session_interpreter(&row) {
             Ok(interpreter) => interpreter.clone(),
@@ -153,36 +132,11 @@ impl Engine {
         if state.deleted || doomed.is_cancelled() {
             return fail(no_session(session_id));
         }
-        if let Err(error) = manager.check_disk(&row.owner) {
-            return fail(error);
-        }
-        // The input files, then what the workspace holds before the call: only what the
-        // call creates or changes becomes an artifact. Without input files, and when nothing
-        // but the session's cells wrote the workspace since, that is what the last cell's
-        // collection saw (see `SlotState::known_files`): no walk.
-        let work = match manager.paths(&row) {
-            Ok(paths) => paths.work,
-            Err(error) => return fail(error),
-        };
-        let known = state.known_files.take();
-        let baseline = match known {
-            Some(known) if inputs.is_empty() => Ok(known),
-            _ => {
-                let owner = self
-                    .session_sandbox()
-                    .ok()
-                    .and_then(|sandbox| sandbox.host_ids(Identity::Untrusted));
-                let work = work.clone();
-                self.on_host(caller, "write the input files", move || {
-                    write_inputs(&work, &inputs, owner)
-                        .map(|()| crate::artifacts::Baseline::snapshot(&work))
-                })
-                .await
-                .and_then(|written| written)
-            }
-        };
-        let baseline = match baseline {
-            Ok(baseline) => baseline,
+        let (work, baseline) = match self
+            .cell_baseline(caller, manager, &row, &mut state, inputs)
+            .await
+        {
+            Ok(prepared) => prepared,
             Err(error) => return fail(error),
         };
         let run_slot = match self.sandbox_slot(caller, &cancel).await {
@@ -190,49 +144,13 @@ impl Engine {
             Err(error) => return fail(error),
         };
         slot.last_used.store(now_secs(), Ordering::Relaxed);
-
-        // The interpreter: the one still running, or a new one.
-        let alive = state
-            .interpreter
-            .as_mut()
-            .is_some_and(LiveSandbox::is_alive);
-        let mut fresh = false;
-        if !alive {
-            if state.interpreter.is_some() {
-                state.interpreter = None;
-                if state.cells_in_interpreter > 0 {
-                    state.lost = Some("the interpreter exited between calls".into());
-                }
-            }
-            // A start, with the stops that make room for it, is the server's work for this
-            // tenant: the fork of a sandbox and the teardown of another, much of it in no
-            // cgroup the tenant's CPU share weighs. It holds one of the tenant's part of the
-            // host-work slots, so one tenant churning through more sessions than may run at
-            // once starts them a few at a time, not every one of its calls at once beside
-            // another tenant's run (issue 32, item 1).
-            let host = match self.host.hold(caller).await {
-                Ok(host) => host,
-                Err(error) => return fail(error),
-            };
-            manager.make_room(&row.id, &row.owner).await;
-            if let Err(error) = self.ensure_session_proxy(manager, &row, &mut state.proxy) {
-                return fail(error);
-            }
-            // Writing its files and forking its sandbox block this thread for milliseconds:
-            // off the runtime worker's queue, as for every start of one tenant's churn.
-            let started = crate::off_the_runtime(|| {
-                self.start_interpreter(manager, &row, &interpreter, &tenant)
-            });
-            drop(host);
-            match started {
-                Ok(live) => {
-                    state.interpreter = Some(live);
-                    state.cells_in_interpreter = 0;
-                    fresh = true;
-                }
-                Err(error) => return fail(error),
-            }
-        }
+        let fresh = match self
+            .ensure_interpreter(caller, manager, &row, &interpreter, &tenant, &mut state)
+            .await
+        {
+            Ok(fresh) => fresh,
+            Err(error) => return fail(error),
+        };
         if fresh && let Some(reason) = state.lost.take() {
             notes.push(format!(
                 "A new interpreter was started for this session because {reason}: variables, imports and functions from earlier calls are gone; files in the workspace and installed packages remain"
@@ -249,108 +167,37 @@ impl Engine {
                 call.cancel();
             })
         };
-        let cell = state.cells + 1;
-        let marker = format!("\x1esnakebox-end-{}\x1e", ids::execution_id());
-        let request_line = serde_json::json!({
-            "code": request.script,
-            "marker": marker,
-            "cell": cell,
-        })
-        .to_string()
-            + "\n";
-        let Some(live) = state.interpreter.as_mut() else {
-            watcher.abort();
-            return fail(EngineError::new(
-                ErrorKind::Internal,
-                "The session's interpreter could not be started",
-            ));
-        };
-        // The interpreter weighs on the CPU as the call's slot says for this call only (a new
-        // one's start included); between calls it waits at the background weight.
-        let cpu = run_slot.cpu().map(|share| live.attach_cpu(share));
-        let exchange = live
-            .exchange(
-                request_line.as_bytes(),
-                marker.as_bytes(),
-                policy.timeout(),
-                call,
-                output,
-            )
-            .await;
-        drop(cpu);
+        let exchange = exchange_cell(
+            &mut state,
+            &request.script,
+            policy.timeout(),
+            run_slot.cpu(),
+            call,
+            output,
+        )
+        .await;
         watcher.abort();
-        let network_log = crate::network::take_log_of(state.proxy.as_ref());
-        state.cells = cell;
-        state.cells_in_interpreter += 1;
 
         let mut result = ExecutionResult::new(execution_id.clone(), Status::Ok);
         result.session_id = Some(session_id.to_owned());
         result.profile = Some(policy.profile.clone());
         result.fresh_interpreter = fresh;
         result.python_version = Some(row.python_version.clone());
+        result.resolved_dependencies = packages_now(manager, &row, !requirements.is_empty());
         result.requested_dependencies = requirements;
-        // The row read at the start is current unless this call installed something.
-        result.resolved_dependencies = if result.requested_dependencies.is_empty() {
-            packages_of(&row)
-        } else {
-            manager
-                .store
-                .get(&row.id)
-                .ok()
-                .flatten()
-                .map(|r| packages_of(&r))
-                .unwrap_or_default()
-        };
         result.environment_reused = true;
         result.timeout_seconds = policy.timeout().as_secs();
         result.setup_ms = setup_ms;
         result.notes = notes;
-        result.network_log = network_log;
-        let exchange = match exchange {
-            Ok(exchange) => exchange,
-            Err(err) => {
-                state.stop("the interpreter failed").await;
+        result.network_log = crate::network::take_log_of(state.proxy.as_ref());
+        let answer = match exchange {
+            Ok(exchange) => record_exchange(&mut result, &mut state, exchange, &policy).await,
+            Err(error) => {
                 result.status = Status::SetupFailed;
-                result.error = Some(EngineError::from(err).into());
+                result.error = Some(error.into());
                 return result;
             }
         };
-        result.duration_ms = ids::millis(exchange.duration);
-        result.stdout_truncated = exchange.stdout.truncated;
-        result.stderr_truncated = exchange.stderr.truncated;
-        result.stdout = exchange.stdout.text;
-        result.stderr = exchange.stderr.text;
-        let code = record_exit_code(&exchange.answer);
-        let ending = crate::run::Ending::of_exchange(
-            &exchange.end,
-            code,
-            exchange.exit_code,
-            exchange.signal,
-        );
-        let (status, error) = crate::run::describe(
-            ending,
-            crate::run::Ran::Cell,
-            policy.shape.limits.memory_bytes,
-            policy.timeout(),
-        );
-        result.status = status;
-        result.error = error;
-        match exchange.end {
-            ExchangeEnd::Answered => result.exit_code = Some(code),
-            ExchangeEnd::TimedOut => {
-                state.stop("the previous call timed out").await;
-                result.timed_out = true;
-            }
-            ExchangeEnd::Cancelled => state.stop("the previous call was cancelled").await,
-            ExchangeEnd::MemoryLimit => state.stop("the previous call ran out of memory").await,
-            ExchangeEnd::Exited => {
-                state
-                    .stop("the interpreter exited during the previous call")
-                    .await;
-                result.exit_code = exchange.exit_code;
-                result.signal = exchange.signal;
-            }
-        }
         // Value, names, exception and figures from the record; files the call created or
         // changed in the workspace as artifacts (also after a timeout or a crash), exactly as
         // for a one-shot run; the session's size and use recorded.
@@ -362,7 +209,7 @@ impl Engine {
                 &execution_id,
                 work,
                 baseline,
-                &exchange.answer,
+                &answer,
             )
             .await;
         state.known_files = known;
@@ -370,6 +217,139 @@ impl Engine {
         rich.apply(&mut result);
         result.notes.extend(manager.disk_note(&row.owner));
         result
+    }
+
+    /// The cell's plan: the checks of every execution (the script parsed once), then its
+    /// policy: its session's profile, limits, network and imports (a cell cannot change
+    /// them: refused, not ignored), its own time, its dependencies held to the profile.
+    fn plan_cell(
+        &self,
+        row: &SessionRow,
+        tenant: &crate::Tenant,
+        request: &ExecuteRequest,
+    ) -> Result<CellPlan, crate::policy::Refusal> {
+        let checked = self
+            .check_request(request)
+            .map_err(|error| crate::policy::Refusal {
+                error,
+                profile: None,
+            })?;
+        let policy = CallPolicy::decide(
+            &self.config,
+            CallKind::Cell(&session_facts(row)),
+            tenant,
+            &Asked::of(request, &checked.requirements),
+        )?;
+        Ok(CellPlan {
+            policy,
+            inputs: checked.inputs,
+            requirements: checked
+                .requirements
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        })
+    }
+
+    /// Install a cell's dependencies (argument or PEP 723 block) into its session first.
+    /// A failed install: its error, and the install's own account of it.
+    async fn install_dependencies(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+        requirements: &[String],
+    ) -> Result<(), (EngineError, Option<crate::result::ErrorInfo>)> {
+        if requirements.is_empty() {
+            return Ok(());
+        }
+        match self
+            .install_packages(caller, session_id, requirements.to_vec(), None, None)
+            .await
+        {
+            Ok(status) if status.state == InstallState::Succeeded => Ok(()),
+            Ok(status) => Err((
+                EngineError::new(ErrorKind::Failed, "Installing the dependencies failed"),
+                status.error,
+            )),
+            Err(error) => Err((error, None)),
+        }
+    }
+
+    /// The session's disk checked, the input files written, then what the workspace holds
+    /// before the call (only what the call creates or changes becomes an artifact): its
+    /// working directory and that baseline. Without input files, and when nothing but the
+    /// session's cells wrote the workspace since, that is what the last cell's collection saw
+    /// (see `SlotState::known_files`): no walk.
+    async fn cell_baseline(
+        &self,
+        caller: &Caller,
+        manager: &Manager,
+        row: &SessionRow,
+        state: &mut SlotState,
+        inputs: Vec<crate::files::DecodedFile>,
+    ) -> Result<(PathBuf, crate::artifacts::Baseline), EngineError> {
+        manager.check_disk(&row.owner)?;
+        let work = manager.paths(row)?.work;
+        let known = state.known_files.take();
+        let baseline = match known {
+            Some(known) if inputs.is_empty() => known,
+            _ => {
+                let owner = self
+                    .session_sandbox()
+                    .ok()
+                    .and_then(|sandbox| sandbox.host_ids(Identity::Untrusted));
+                let work = work.clone();
+                self.on_host(caller, "write the input files", move || {
+                    write_inputs(&work, &inputs, owner)
+                        .map(|()| crate::artifacts::Baseline::snapshot(&work))
+                })
+                .await??
+            }
+        };
+        Ok((work, baseline))
+    }
+
+    /// The session's interpreter: the one still running, or a new one (`true`: started
+    /// now; `state.lost` says what an earlier one lost, when it did).
+    async fn ensure_interpreter(
+        &self,
+        caller: &Caller,
+        manager: &Manager,
+        row: &SessionRow,
+        interpreter: &Interpreter,
+        tenant: &crate::Tenant,
+        state: &mut SlotState,
+    ) -> Result<bool, EngineError> {
+        if state
+            .interpreter
+            .as_mut()
+            .is_some_and(LiveSandbox::is_alive)
+        {
+            return Ok(false);
+        }
+        if state.interpreter.is_some() {
+            state.interpreter = None;
+            if state.cells_in_interpreter > 0 {
+                state.lost = Some("the interpreter exited between calls".into());
+            }
+        }
+        // A start, with the stops that make room for it, is the server's work for this
+        // tenant: the fork of a sandbox and the teardown of another, much of it in no
+        // cgroup the tenant's CPU share weighs. It holds one of the tenant's part of the
+        // host-work slots, so one tenant churning through more sessions than may run at
+        // once starts them a few at a time, not every one of its calls at once beside
+        // another tenant's run (issue 32, item 1).
+        let host = self.host.hold(caller).await?;
+        manager.make_room(&row.id, &row.owner).await;
+        self.ensure_session_proxy(manager, row, &mut state.proxy)?;
+        // Writing its files and forking its sandbox block this thread for milliseconds:
+        // off the runtime worker's queue, as for every start of one tenant's churn.
+        let started =
+            crate::off_the_runtime(|| self.start_interpreter(manager, row, interpreter, tenant));
+        drop(host);
+        state.interpreter = Some(started?);
+        state.cells_in_interpreter = 0;
+        Ok(true)
     }
 
     /// After a cell, in one blocking task (one hand-over to a blocking thread and back): the
@@ -781,6 +761,121 @@ impl Engine {
         *proxy = Some(self.start_run_proxy(&paths.input, names)?);
         Ok(())
     }
+}
+
+/// The session's packages after a call: the row read at the start is current unless the
+/// call `installed` something.
+fn packages_now(manager: &Manager, row: &SessionRow, installed: bool) -> Vec<crate::Package> {
+    if !installed {
+        return packages_of(row);
+    }
+    manager
+        .store
+        .get(&row.id)
+        .ok()
+        .flatten()
+        .map(|r| packages_of(&r))
+        .unwrap_or_default()
+}
+
+/// A cell's plan: its policy, its input files, its dependencies (requirement strings).
+struct CellPlan {
+    policy: CallPolicy,
+    inputs: Vec<crate::files::DecodedFile>,
+    requirements: Vec<String>,
+}
+
+/// Send `script` to the session's live interpreter as cell number `state.cells + 1` and
+/// wait for its answer (its end marker), for at most `timeout`; the cell counted. The
+/// interpreter weighs on the CPU as the call's slot (`cpu`) says for this call only (a new
+/// one's start included); between calls it waits at the background weight.
+async fn exchange_cell(
+    state: &mut SlotState,
+    script: &str,
+    timeout: Duration,
+    cpu: Option<&snakebox_sandbox::CpuShare>,
+    call: CancellationToken,
+    output: Option<UnboundedSender<OutputChunk>>,
+) -> Result<snakebox_sandbox::Exchange, EngineError> {
+    let cell = state.cells + 1;
+    let marker = format!("\x1esnakebox-end-{}\x1e", ids::execution_id());
+    let request_line = serde_json::json!({
+        "code": script,
+        "marker": marker,
+        "cell": cell,
+    })
+    .to_string()
+        + "\n";
+    let Some(live) = state.interpreter.as_mut() else {
+        return Err(EngineError::new(
+            ErrorKind::Internal,
+            "The session's interpreter could not be started",
+        ));
+    };
+    let weighed = cpu.map(|share| live.attach_cpu(share));
+    let exchange = live
+        .exchange(
+            request_line.as_bytes(),
+            marker.as_bytes(),
+            timeout,
+            call,
+            output,
+        )
+        .await;
+    drop(weighed);
+    state.cells = cell;
+    state.cells_in_interpreter += 1;
+    match exchange {
+        Ok(exchange) => Ok(exchange),
+        Err(err) => {
+            state.stop("the interpreter failed").await;
+            Err(err.into())
+        }
+    }
+}
+
+/// The cell's exchange on its result: output, status and message (the run's own limits
+/// named, see [`crate::run::describe`]), exit code; an end other than an answer stops the
+/// interpreter, and says why to the next call. The runner's record, for the rest.
+async fn record_exchange(
+    result: &mut ExecutionResult,
+    state: &mut SlotState,
+    exchange: snakebox_sandbox::Exchange,
+    policy: &CallPolicy,
+) -> Vec<u8> {
+    result.duration_ms = ids::millis(exchange.duration);
+    result.stdout_truncated = exchange.stdout.truncated;
+    result.stderr_truncated = exchange.stderr.truncated;
+    result.stdout = exchange.stdout.text;
+    result.stderr = exchange.stderr.text;
+    let code = record_exit_code(&exchange.answer);
+    let ending =
+        crate::run::Ending::of_exchange(&exchange.end, code, exchange.exit_code, exchange.signal);
+    let (status, error) = crate::run::describe(
+        ending,
+        crate::run::Ran::Cell,
+        policy.shape.limits.memory_bytes,
+        policy.timeout(),
+    );
+    result.status = status;
+    result.error = error;
+    match exchange.end {
+        ExchangeEnd::Answered => result.exit_code = Some(code),
+        ExchangeEnd::TimedOut => {
+            state.stop("the previous call timed out").await;
+            result.timed_out = true;
+        }
+        ExchangeEnd::Cancelled => state.stop("the previous call was cancelled").await,
+        ExchangeEnd::MemoryLimit => state.stop("the previous call ran out of memory").await,
+        ExchangeEnd::Exited => {
+            state
+                .stop("the interpreter exited during the previous call")
+                .await;
+            result.exit_code = exchange.exit_code;
+            result.signal = exchange.signal;
+        }
+    }
+    exchange.answer
 }
 
 /// The exit code a cell's record reports (`exit()`, an exception); 1 when the record is
