@@ -4,8 +4,10 @@
 //! value, names, exception, figures and artifacts out, like a one-shot run), and
 //! `run_command`, a short-lived sandbox with the same view of the session.
 //!
-//! Kept apart from the lifecycle in [`super::manager`]: this is the per-call path, and the
-//! one place that decides a session's sandbox policy.
+//! Kept apart from the lifecycle in [`super::manager`]: this is the per-call path. What each
+//! call is held to (cell, command, the interpreter's start) is decided by
+//! [`CallPolicy::decide`], as for every kind of call; the sandbox's [`Policy`] is built from
+//! that decision by [`crate::run::sandbox_policy`].
 
 use crate::Caller;
 use crate::history::{RunKind, RunStart};
