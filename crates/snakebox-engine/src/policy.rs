@@ -88,9 +88,11 @@ pub(crate) enum CallKind<'a> {
     Compile,
     /// A session's install (`install_packages`, a cell's dependencies): the session's
     /// profile's package allowlist; package code (compilation) under the server's limits for
-    /// [`SESSION_INSTALL_TIMEOUT`] per step. A session install may add many packages to a
-    /// live environment at once, so its steps get a fixed, longer bound than a one-shot
-    /// build's `install_timeout` (unchanged from before this module).
+    /// [`SESSION_INSTALL_TIMEOUT`] per step. That bound is fixed, where an environment
+    /// build's steps get the operator's `install_timeout` ([`CallKind::Build`]): a
+    /// difference kept as it was (a session install's timeout message names 600 s), not one
+    /// a rule asks for; making both `install_timeout` would shorten session installs by
+    /// default (300 s).
     SessionInstall(&'a SessionFacts),
     /// An environment build of the cache (shared by every profile and tenant: none applies):
     /// package code under the server's limits for `install_timeout` per step.

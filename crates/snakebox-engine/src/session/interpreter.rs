@@ -125,11 +125,7 @@ impl Engine {
             Err(error) => return fail(error),
         };
         let slot = manager.slot(&row);
-        let doomed = slot
-            .doomed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let doomed = doomed_of(&slot);
         let mut state = slot.state.lock().await;
         if state.deleted || doomed.is_cancelled() {
             return fail(no_session(session_id));
@@ -161,14 +157,7 @@ impl Engine {
         let setup_ms = ids::millis(setup_started.elapsed());
 
         // The call, cancelled by the client or by a delete/reset of the session.
-        let call = doomed.child_token();
-        let watcher = {
-            let call = call.clone();
-            tokio::spawn(async move {
-                cancel.cancelled().await;
-                call.cancel();
-            })
-        };
+        let (call, watcher) = call_token(&doomed, cancel);
         let exchange = exchange_cell(
             &mut state,
             &request.script,
@@ -653,11 +642,7 @@ impl Engine {
             Err(error) => return fail(error),
         };
         let slot = manager.slot(&row);
-        let doomed = slot
-            .doomed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let doomed = doomed_of(&slot);
         let mut state = slot.state.lock().await;
         if state.deleted || doomed.is_cancelled() {
             return fail(no_session(session_id));
@@ -698,14 +683,7 @@ impl Engine {
             sandbox_policy.env.extend(snakebox_sandbox::run_proxy_env());
         }
         sandbox_policy.cpu = run_slot.cpu().cloned();
-        let call = doomed.child_token();
-        let watcher = {
-            let call = call.clone();
-            tokio::spawn(async move {
-                cancel.cancelled().await;
-                call.cancel();
-            })
-        };
+        let (call, watcher) = call_token(&doomed, cancel);
         let outcome = sandbox.run(&sandbox_policy, &shell, call, output).await;
         watcher.abort();
         let network_log = crate::network::take_log_of(state.proxy.as_ref());
@@ -763,6 +741,31 @@ impl Engine {
         *proxy = Some(self.start_run_proxy(&paths.input, names)?);
         Ok(())
     }
+}
+
+/// The token that cancels a session's running calls when it is deleted or reset.
+fn doomed_of(slot: &super::manager::Slot) -> CancellationToken {
+    slot.doomed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
+/// A call's token, cancelled by the client (`cancel`) or by a delete or reset of the session
+/// (`doomed`); and the watcher to abort once the call is over.
+fn call_token(
+    doomed: &CancellationToken,
+    cancel: CancellationToken,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let call = doomed.child_token();
+    let watcher = {
+        let call = call.clone();
+        tokio::spawn(async move {
+            cancel.cancelled().await;
+            call.cancel();
+        })
+    };
+    (call, watcher)
 }
 
 /// The session's packages after a call: the row read at the start is current unless the
