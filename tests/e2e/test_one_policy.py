@@ -97,3 +97,33 @@ async def test_validate_code_holds_allowed_imports_to_the_profile_as_execute_cod
         # Narrowing stays the caller's: math alone, so json is refused.
         narrowed, text, _ = await call(client, "validate_code", code="import json", allowed_imports=["math"])
         assert narrowed["validation"]["errors"] == ["Line 1: Import 'json' is not allowed"], narrowed
+
+
+async def test_validate_script_refuses_a_malformed_module_name_as_execute_python_does(snakebox_bin, tmp_path, mode):
+    # validate_script reported every import "not allowed" by a list holding a name that is no
+    # module, where execute_python refused the list itself.
+    async with connect(snakebox_bin, tmp_path / "data", mode) as client:
+        ran, text, is_error = await call(client, "execute_python", script="import json", allowed_imports=["os-path"])
+        assert is_error and ran["status"] == "invalid_request", text
+        assert "`os-path` in allowed_imports is not a module name" in ran["error"]["message"], text
+        checked, text, is_error = await call(client, "validate_script", script="import json",
+                                             allowed_imports=["os-path"])
+        assert is_error, text
+        assert "`os-path` in allowed_imports is not a module name" in checked["error"]["message"], text
+
+
+async def test_a_cells_refused_dependencies_are_its_profiles_refusal_as_a_one_shot_runs_are(snakebox_bin, tmp_path, mode):
+    # A cell's dependencies outside its profile's allowlist were refused by the install, with
+    # no `policy_refused` event; a one-shot run's refusal has one.
+    async with connect(snakebox_bin, tmp_path / "data", mode) as client:
+        ran, text, is_error = await call(client, "execute_python", script="print(1)", dependencies=["numpy"],
+                                         profile="basic")
+        assert is_error and ran["status"] == "invalid_request", text
+        assert "The profile `basic` does not allow installing `numpy`" in ran["error"]["message"], text
+        assert [e["kind"] for e in ran["events"]] == ["policy_refused"], ran["events"]
+        session, text, _ = await call(client, "create_session", profile="basic")
+        cell, text, is_error = await call(client, "execute_python", session_id=session["session_id"],
+                                          script="print(1)", dependencies=["numpy"])
+        assert is_error and cell["status"] == "invalid_request", text
+        assert "The profile `basic` does not allow installing `numpy`" in cell["error"]["message"], text
+        assert [e["kind"] for e in cell["events"]] == ["policy_refused"], cell["events"]

@@ -26,6 +26,7 @@ mod lifecycle;
 mod network;
 mod oneshot;
 mod plan;
+mod policy;
 mod pool;
 mod profiles;
 mod report;
@@ -149,20 +150,12 @@ pub struct Engine {
     compiles: compile::CompileQueue,
 }
 
-/// How the environment cache runs package code (compilation, builds): with a run's limits.
+/// How the environment cache runs package code (compilation, builds): with the server's
+/// limits for `install_timeout` per step (what `CallKind::Build` decides; the cache is
+/// shared by every profile and tenant, so none of theirs applies).
 fn build_settings(config: &EngineConfig) -> snakebox_env::BuildSettings {
     snakebox_env::BuildSettings {
-        limits: snakebox_sandbox::Limits {
-            wall_time: config.install_timeout,
-            cpu_time: config.cpu_time,
-            memory_bytes: config.memory_bytes,
-            max_processes: config.max_processes,
-            max_output_bytes: config.max_output_bytes,
-            scratch_bytes: config.scratch_bytes,
-            file_size_bytes: config.file_size_bytes,
-            open_files: config.open_files,
-            cpu_millicores: config.cpu_millicores,
-        },
+        limits: policy::server_limits(config, config.install_timeout),
         allow_sdist_builds: config.allow_sdist_builds,
     }
 }

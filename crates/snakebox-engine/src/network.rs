@@ -90,7 +90,7 @@ impl NetworkPolicy {
 }
 
 /// A name pattern: a host name, or `*.` and a host name.
-fn check_pattern(pattern: &str) -> Result<(), String> {
+pub(crate) fn check_pattern(pattern: &str) -> Result<(), String> {
     let name = pattern.strip_prefix("*.").unwrap_or(pattern);
     let valid = !name.is_empty()
         && name.len() <= 253
@@ -240,62 +240,6 @@ pub(crate) fn take_log_of(proxy: Option<&RunProxy>) -> Vec<NetworkLogEntry> {
 pub(crate) struct ResolverCell(OnceLock<Result<NetResolver, String>>);
 
 impl Engine {
-    /// The names a run gets: the server's policy, narrowed by the call (`network: false`
-    /// declines it, `allowed_domains` asks for a subset); asking for more is refused with
-    /// the reason. `None`: no network.
-    pub(crate) fn network_for(
-        &self,
-        asked: Option<bool>,
-        allowed_domains: &[String],
-        what: &str,
-    ) -> Result<Option<Names>, EngineError> {
-        let policy = &self.config.network;
-        if asked == Some(false) {
-            if !allowed_domains.is_empty() {
-                return Err(EngineError::invalid(
-                    format!("This {what} set `network: false` and also `allowed_domains`"),
-                    "omit `network` (or set it to true) to use `allowed_domains`, or drop `allowed_domains`",
-                ));
-            }
-            return Ok(None);
-        }
-        let Some(server) = policy.names() else {
-            if asked == Some(true) || !allowed_domains.is_empty() {
-                return Err(EngineError::invalid(
-                    format!(
-                        "This {what} asked for network access, but this server does not allow network for runs"
-                    ),
-                    "run without network (omit `network` and `allowed_domains`), or ask the operator to start snakebox with `--network on` or `--network allow:NAME`",
-                ));
-            }
-            return Ok(None);
-        };
-        if allowed_domains.is_empty() {
-            return Ok(Some(server));
-        }
-        let mut asked_names = Vec::new();
-        for name in allowed_domains {
-            let name = name.trim().trim_end_matches('.').to_ascii_lowercase();
-            check_pattern(&name).map_err(|reason| {
-                EngineError::invalid(
-                    format!("allowed_domains: {reason}"),
-                    "list host names such as `api.example.com` or patterns such as `*.example.com`",
-                )
-            })?;
-            if !covers(&server, &name) {
-                return Err(EngineError::invalid(
-                    format!(
-                        "This {what} asked for `{name}` in allowed_domains, which this server's network policy ({}) does not allow",
-                        policy.describe()
-                    ),
-                    "a call may only narrow the server's policy: ask for names it allows, or ask the operator to add the name",
-                ));
-            }
-            asked_names.push(name);
-        }
-        Ok(Some(Names::Only(asked_names)))
-    }
-
     /// The rules of a run allowed `names`.
     pub(crate) fn net_rules(&self, names: Names) -> NetRules {
         let settings = &self.config.network_proxy;

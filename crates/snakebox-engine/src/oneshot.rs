@@ -2,7 +2,7 @@
 //! (forked from the environment's fork server, a pre-started sandbox of the warm pool, or
 //! cold), collect, and turn the outcome into an [`ExecutionResult`].
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use snakebox_env::{Environment, Interpreter};
 use snakebox_sandbox::OutputChunk;
@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::history::{RunKind, RunStart};
 use crate::ids;
 use crate::plan::ExecuteRequest;
+use crate::policy::{Asked, CallKind, CallPolicy};
 use crate::result::{ExecutionResult, Package};
 use crate::run::{Ran, RunDir, classify};
 use crate::{Engine, EngineError, ErrorKind};
@@ -20,16 +21,9 @@ use crate::{Engine, EngineError, ErrorKind};
 struct Plan {
     interpreter: Interpreter,
     requirements: Vec<pep508_rs::Requirement>,
-    timeout: Duration,
-    notes: Vec<String>,
     inputs: Vec<crate::files::DecodedFile>,
-    /// The names the run may reach (`None`: no network).
-    network: Option<snakebox_sandbox::Names>,
-    /// Its profile's name and what that changes in the sandbox.
-    profile: String,
-    shape: crate::run::RunShape,
-    /// The import policy (the call's narrowing of the profile's, or the profile's).
-    imports: Option<Vec<String>>,
+    /// Its profile, limits, network, exec policy, writable `/work`, imports and notes.
+    policy: CallPolicy,
 }
 
 impl Plan {
@@ -37,9 +31,9 @@ impl Plan {
     fn stamp(&self, mut result: ExecutionResult) -> ExecutionResult {
         result.python_version = Some(self.interpreter.version.to_string());
         result.requested_dependencies = self.requirements.iter().map(ToString::to_string).collect();
-        result.timeout_seconds = self.timeout.as_secs();
-        result.notes.clone_from(&self.notes);
-        result.profile = Some(self.profile.clone());
+        result.timeout_seconds = self.policy.timeout().as_secs();
+        result.notes.clone_from(&self.policy.notes);
+        result.profile = Some(self.policy.profile.clone());
         result
     }
 }
@@ -154,7 +148,12 @@ impl Engine {
             collected,
             network_log,
         } = launched;
-        let (status, error) = classify(&outcome, Ran::Script, &plan.shape.limits, plan.timeout);
+        let (status, error) = classify(
+            &outcome,
+            Ran::Script,
+            &plan.policy.shape.limits,
+            plan.policy.timeout(),
+        );
         let mut result = ExecutionResult::new(execution_id, status);
         result.record_outcome(outcome);
         result.setup_ms = setup_ms;
@@ -174,8 +173,10 @@ impl Engine {
         result
     }
 
-    /// The call's plan: its checks (the script parsed once), its Python (downloaded first
-    /// with `python_downloads = "automatic"`), what its profile holds it to.
+    /// The call's plan: its checks (the script parsed once), its policy (decided before
+    /// anything is downloaded: a refused call costs nothing), its Python (downloaded first
+    /// with `python_downloads = "automatic"`). An error of the profile's (a refusal of
+    /// policy) comes with the profile's name.
     async fn plan_call(
         &self,
         caller: &crate::Caller,
@@ -183,6 +184,13 @@ impl Engine {
         cancel: &CancellationToken,
     ) -> Result<Plan, (EngineError, Option<String>)> {
         let checked = self.check_request(request).map_err(|error| (error, None))?;
+        let policy = CallPolicy::decide(
+            &self.config,
+            CallKind::Run,
+            &self.tenant(caller),
+            &Asked::of(request, &checked.requirements),
+        )
+        .map_err(|refusal| (refusal.error, refusal.profile))?;
         let provided = tokio::select! {
             provided = self.provide_python(request.python_version.as_deref(), checked.requires_python.as_ref()) => provided,
             () = cancel.cancelled() => Err(EngineError::new(
@@ -191,7 +199,18 @@ impl Engine {
             )),
         };
         provided.map_err(|error| (error, None))?;
-        self.plan(caller, request, checked)
+        let interpreter = self
+            .pick_interpreter(
+                request.python_version.as_deref(),
+                checked.requires_python.as_ref(),
+            )
+            .map_err(|error| (error, None))?;
+        Ok(Plan {
+            interpreter,
+            requirements: checked.requirements,
+            inputs: checked.inputs,
+            policy,
+        })
     }
 
     /// The call's environment, from the cache or built now. A cancel (the caller's, or the
@@ -225,7 +244,7 @@ impl Engine {
         request: &ExecuteRequest,
         execution_id: &str,
     ) -> Option<ExecutionResult> {
-        let allowed = plan.imports.as_ref()?;
+        let allowed = plan.policy.imports.as_ref()?;
         let blocked = match self
             .imports_outside(caller, &plan.interpreter, &request.script, allowed)
             .await
@@ -246,7 +265,7 @@ impl Engine {
             )
         } else {
             (
-                format!("the profile `{}`'s import policy does", plan.profile),
+                format!("the profile `{}`'s import policy does", plan.policy.profile),
                 "remove those imports, or name a profile whose import policy allows them with `profile` (check_environment lists what each profile allows; validate_script lists every import with its line)".to_owned(),
             )
         };
@@ -288,7 +307,7 @@ impl Engine {
     ) -> Result<Launched, EngineError> {
         let sandbox = self.sandbox.as_ref().map_err(Clone::clone)?;
         let slot = self.sandbox_slot(caller, &cancel).await?;
-        let has_network = plan.network.is_some();
+        let has_network = plan.policy.network.is_some();
         let launch = self.launch_path(plan, environment, caller);
         let mut proxy = None;
         let (run_dir, pending) = match launch.warm {
@@ -331,7 +350,7 @@ impl Engine {
         self.write_run_policy(&run_dir, plan)?;
         let network = self.run_network(has_network);
         if let (crate::run::RunNetwork::Proxy, None, Some(names)) =
-            (network, &proxy, plan.network.clone())
+            (network, &proxy, plan.policy.network.clone())
         {
             proxy = Some(self.start_run_proxy(&run_dir.input, names)?);
         }
@@ -348,7 +367,7 @@ impl Engine {
                 .run(
                     &self.fork_run(
                         &run_dir,
-                        &plan.shape,
+                        &plan.policy.shape,
                         network == crate::run::RunNetwork::Proxy,
                         forking.learns,
                         slot.cpu().cloned(),
@@ -377,12 +396,12 @@ impl Engine {
             (None, Some(pending)) => {
                 let _cpu = slot.cpu().map(|share| pending.attach_cpu(share));
                 pending
-                    .run(crate::pool::GO, plan.timeout, cancel, output)
+                    .run(crate::pool::GO, plan.policy.timeout(), cancel, output)
                     .await
             }
             (None, None) => {
                 let (mut policy, command) =
-                    self.sandbox_call(environment, &run_dir, &plan.shape, network, false);
+                    self.sandbox_call(environment, &run_dir, &plan.policy.shape, network, false);
                 policy.cpu = slot.cpu().cloned();
                 sandbox.run(&policy, &command, cancel, output).await
             }
@@ -422,8 +441,8 @@ impl Engine {
         environment: &Environment,
         caller: &crate::Caller,
     ) -> LaunchPath {
-        let network_is_default = plan.network == self.config.network.names();
-        let has_network = plan.network.is_some();
+        let network_is_default = plan.policy.network == self.config.network.names();
+        let has_network = plan.policy.network.is_some();
         // The default environment and network setting (the pool learns the default from its
         // first use when cache warming did not build it).
         let is_default = plan.requirements.is_empty()
@@ -440,7 +459,8 @@ impl Engine {
         // A pooled sandbox was started with the server's own shape (limits, exec, a writable
         // /work) and its environment's site code already ran: a run whose profile changes any
         // of that forks or starts cold.
-        let reshaped = plan.shape != self.server_shape(plan.timeout);
+        let reshaped =
+            plan.policy.shape != crate::policy::server_shape(&self.config, plan.policy.timeout());
         match self.pool.claim(
             caller,
             environment,
@@ -465,7 +485,7 @@ impl Engine {
 
     /// The profile's exec-deny program and import policy, into the run's directory.
     fn write_run_policy(&self, run_dir: &RunDir, plan: &Plan) -> Result<(), EngineError> {
-        if plan.shape.deny_exec {
+        if plan.policy.shape.deny_exec {
             snakebox_sandbox::exec_deny_program()
                 .map_err(|err| std::io::Error::other(crate::describe(&err)))
                 .and_then(|program| run_dir.write_exec_deny(&program))
@@ -476,7 +496,7 @@ impl Engine {
                     )
                 })?;
         }
-        if let Some(allowed) = &plan.imports {
+        if let Some(allowed) = &plan.policy.imports {
             run_dir.write_import_policy(allowed).map_err(|err| {
                 EngineError::internal(
                     format!("Failed to write the run's import policy: {err}"),
@@ -485,41 +505,6 @@ impl Engine {
             })?;
         }
         Ok(())
-    }
-
-    /// Decide, for a checked request, interpreter, requirements, timeout, network and what
-    /// its profile holds it to. An error of the profile's (a refusal of policy) comes with
-    /// the profile's name.
-    fn plan(
-        &self,
-        caller: &crate::Caller,
-        request: &ExecuteRequest,
-        checked: crate::plan::Checked,
-    ) -> Result<Plan, (EngineError, Option<String>)> {
-        let profile = self
-            .config
-            .profiles
-            .for_caller(caller, request.profile.as_deref())
-            .map_err(|error| (error, Some(request.profile.clone().unwrap_or_default())))?;
-        let refused = |error: EngineError| (error, Some(profile.name.clone()));
-        let decided = self.held_to(profile, request, &checked).map_err(refused)?;
-        let interpreter = self
-            .pick_interpreter(
-                request.python_version.as_deref(),
-                checked.requires_python.as_ref(),
-            )
-            .map_err(|error| (error, None))?;
-        Ok(Plan {
-            interpreter,
-            requirements: checked.requirements,
-            timeout: decided.shape.limits.wall_time,
-            notes: checked.notes,
-            inputs: checked.inputs,
-            network: decided.network,
-            profile: profile.name.clone(),
-            shape: decided.shape,
-            imports: decided.imports,
-        })
     }
 
     async fn environment(

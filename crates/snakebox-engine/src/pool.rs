@@ -897,7 +897,7 @@ impl Engine {
         let (policy, command) = self.sandbox_call(
             &target.environment,
             &run_dir,
-            &self.server_shape(self.config.max_timeout),
+            &crate::policy::server_shape(&self.config, self.config.max_timeout),
             network,
             true,
         );

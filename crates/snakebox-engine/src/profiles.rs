@@ -318,7 +318,22 @@ impl Profiles {
         caller: &crate::Caller,
         requested: Option<&str>,
     ) -> Result<&Profile, EngineError> {
-        let default = self.default_for(caller);
+        self.for_tenant(caller.id(), requested)
+    }
+
+    /// The profile `requested` (or the default) for the tenant named `tenant`.
+    ///
+    /// # Errors
+    /// `invalid`: no such profile, or the operator did not allow it for the tenant.
+    pub(crate) fn for_tenant(
+        &self,
+        tenant: &str,
+        requested: Option<&str>,
+    ) -> Result<&Profile, EngineError> {
+        let default = self
+            .tenant_defaults
+            .get(tenant)
+            .map_or(self.default.as_str(), String::as_str);
         let name = requested.unwrap_or(default);
         let Some(profile) = self.all.get(name) else {
             return Err(EngineError::new(
@@ -332,22 +347,18 @@ impl Profiles {
         };
         let allowed = name == self.default
             || name == default
-            || caller.id() == crate::LOCAL_TENANT
+            || tenant == crate::LOCAL_TENANT
             || profile
                 .tenants
                 .iter()
-                .any(|tenant| tenant == "*" || tenant == caller.id());
+                .any(|allowed| allowed == "*" || allowed == tenant);
         if !allowed {
             return Err(EngineError::new(
                 ErrorKind::Invalid,
-                format!(
-                    "The profile `{name}` is not allowed for tenant `{}`",
-                    caller.id()
-                ),
+                format!("The profile `{name}` is not allowed for tenant `{tenant}`"),
             )
             .with_hint(format!(
-                "leave `profile` out for your default `{default}`; or the operator adds the tenant to `[profiles.{name}] tenants` (or `{name}` to `[tenants.{}] profiles`)",
-                caller.id()
+                "leave `profile` out for your default `{default}`; or the operator adds the tenant to `[profiles.{name}] tenants` (or `{name}` to `[tenants.{tenant}] profiles`)"
             )));
         }
         Ok(profile)

@@ -270,7 +270,84 @@ impl Engine {
         self.report_listing(Some(caller))
     }
 
+    /// The report, with the sessions, stores, pool and profiles as `viewer` may see them
+    /// (`None`: the operator, who sees every tenant's).
     fn report_listing(&self, viewer: Option<&Caller>) -> EnvironmentReport {
+        let config = &self.config;
+        let (isolation_active, sandbox_details, sandbox_hint, limits) = self.sandbox_report();
+        let (uv, uv_hint) = match &self.uv {
+            Ok(uv) => (format!("{} ({})", uv.version, uv.path.display()), None),
+            Err(missing) => (missing.message.clone(), missing.hint.clone()),
+        };
+        let problems = self.problems();
+        EnvironmentReport {
+            snakebox_version: env!("CARGO_PKG_VERSION").into(),
+            platform: format!(
+                "{}/{} (kernel {})",
+                std::env::consts::OS,
+                std::env::consts::ARCH,
+                kernel_release()
+            ),
+            sandbox_backend: config.backend.name().into(),
+            isolation_active,
+            sandbox_details,
+            sandbox_hint,
+            network: config.network.allows_network(),
+            network_policy: config.network.describe(),
+            network_enforcement: self.network_enforcement(),
+            network_caps: NetworkCapsReport {
+                connections: config.network_proxy.caps.connections,
+                bytes: config.network_proxy.caps.bytes,
+                connection_seconds: config.network_proxy.caps.connection_time.as_secs(),
+            },
+            install_network: config.network_proxy.describe_installs(),
+            uv,
+            uv_hint,
+            default_python: config
+                .python_version
+                .clone()
+                .unwrap_or_else(|| "newest available CPython 3".into()),
+            python_downloads: config.python_downloads,
+            pythons: self
+                .interpreters()
+                .all()
+                .iter()
+                .map(|i| InterpreterReport {
+                    version: i.version.to_string(),
+                    path: i.executable.display().to_string(),
+                    source: i.source.clone(),
+                })
+                .collect(),
+            limits,
+            timeouts: format!(
+                "default {} s, maximum {} s",
+                config.default_timeout.as_secs(),
+                config.max_timeout.as_secs()
+            ),
+            cache: self.cache_report(viewer),
+            artifacts: ArtifactsReport {
+                location: self.artifacts.root().display().to_string(),
+                retention: self.artifacts.retention(),
+                limits: crate::artifacts::limits_text(),
+            },
+            sessions: self.sessions.report(&config.data_dir, viewer),
+            stores: self.stores_report(viewer),
+            warm_pool: self.pool_report(viewer),
+            default_profile: viewer
+                .map_or(config.profiles.default.as_str(), |caller| {
+                    config.profiles.default_for(caller)
+                })
+                .to_owned(),
+            tenant: viewer.map(|caller| self.tenant(caller)),
+            profiles: self.profiles_report(viewer),
+            ready: problems.is_empty(),
+            problems,
+        }
+    }
+
+    /// The sandbox as the report shows it: whether it isolates, its details, the fix when it
+    /// is missing, and each limit with the value configured and how it is enforced.
+    fn sandbox_report(&self) -> (bool, Vec<String>, Option<String>, Vec<LimitStatus>) {
         let config = &self.config;
         let (isolation_active, sandbox_details, sandbox_hint, backend_limits) = match &self.sandbox
         {
@@ -324,10 +401,13 @@ impl Engine {
                 enforced: limit.enforced,
             })
             .collect();
-        let (uv, uv_hint) = match &self.uv {
-            Ok(uv) => (format!("{} ({})", uv.version, uv.path.display()), None),
-            Err(missing) => (missing.message.clone(), missing.hint.clone()),
-        };
+        (isolation_active, sandbox_details, sandbox_hint, limits)
+    }
+
+    /// The environment cache as `viewer` may see it: where, how many, how large, how long
+    /// kept, how installs run, warming and compilation.
+    fn cache_report(&self, viewer: Option<&Caller>) -> CacheReport {
+        let config = &self.config;
         let (environments, size_bytes, location) = match &self.cache {
             Ok(cache) => {
                 let stats = cache.stats();
@@ -357,6 +437,42 @@ impl Engine {
                 }
             })
             .unwrap_or_default();
+        let warm = self
+            .warm
+            .lock()
+            .map_or(WarmState::Pending, |state| state.clone());
+        CacheReport {
+            location,
+            environments,
+            size_bytes,
+            retention: format!(
+                "environments unused for {} days are removed, then the least recently used until the total is under {}; unpinned requirement sets are re-resolved after {} h",
+                config.cache_max_age.as_secs() / 86_400,
+                human_bytes(config.cache_max_bytes),
+                config.unpinned_freshness.as_secs() / 3600
+            ),
+            installs: format!(
+                "wheels are downloaded by uv without running package code, through the install proxy (the run proxy's checks with the install rules: {}); package code (bytecode compilation{}) runs sandboxed as a run: run limits, wall time {} s, no network, no credentials, uv's cache not mounted; a new environment is published only after its installed files match their RECORD (under a server: before its bytecode, which a checked copy gets after its first run, off the hot path; `compilation`), and its compiled files load; {}",
+                config.network_proxy.describe_installs(),
+                if config.allow_sdist_builds {
+                    ", sdist builds"
+                } else {
+                    ""
+                },
+                config.install_timeout.as_secs(),
+                if config.allow_sdist_builds {
+                    "sdists are built offline from local UV_FIND_LINKS directories (--allow-sdist-builds)"
+                } else {
+                    "wheels only: sdists are not built (--allow-sdist-builds to allow)"
+                }
+            ),
+            warm,
+            compilation,
+        }
+    }
+
+    /// What keeps this server from serving calls, each with its fix (none: ready).
+    fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
         for missing in [
             self.sandbox.as_ref().err(),
@@ -393,129 +509,42 @@ impl Engine {
                     .into(),
             );
         }
-        let warm = self
-            .warm
-            .lock()
-            .map_or(WarmState::Pending, |state| state.clone());
-        EnvironmentReport {
-            snakebox_version: env!("CARGO_PKG_VERSION").into(),
-            platform: format!(
-                "{}/{} (kernel {})",
-                std::env::consts::OS,
-                std::env::consts::ARCH,
-                kernel_release()
-            ),
-            sandbox_backend: config.backend.name().into(),
-            isolation_active,
-            sandbox_details,
-            sandbox_hint,
-            network: config.network.allows_network(),
-            network_policy: config.network.describe(),
-            network_enforcement: self.network_enforcement(),
-            network_caps: NetworkCapsReport {
-                connections: config.network_proxy.caps.connections,
-                bytes: config.network_proxy.caps.bytes,
-                connection_seconds: config.network_proxy.caps.connection_time.as_secs(),
-            },
-            install_network: config.network_proxy.describe_installs(),
-            uv,
-            uv_hint,
-            default_python: config
-                .python_version
-                .clone()
-                .unwrap_or_else(|| "newest available CPython 3".into()),
-            python_downloads: config.python_downloads,
-            pythons: self
-                .interpreters()
-                .all()
-                .iter()
-                .map(|i| InterpreterReport {
-                    version: i.version.to_string(),
-                    path: i.executable.display().to_string(),
-                    source: i.source.clone(),
-                })
-                .collect(),
-            limits,
-            timeouts: format!(
-                "default {} s, maximum {} s",
-                config.default_timeout.as_secs(),
-                config.max_timeout.as_secs()
-            ),
-            cache: CacheReport {
-                location,
-                environments,
-                size_bytes,
-                retention: format!(
-                    "environments unused for {} days are removed, then the least recently used until the total is under {}; unpinned requirement sets are re-resolved after {} h",
-                    config.cache_max_age.as_secs() / 86_400,
-                    human_bytes(config.cache_max_bytes),
-                    config.unpinned_freshness.as_secs() / 3600
-                ),
-                installs: format!(
-                    "wheels are downloaded by uv without running package code, through the install proxy (the run proxy's checks with the install rules: {}); package code (bytecode compilation{}) runs sandboxed as a run: run limits, wall time {} s, no network, no credentials, uv's cache not mounted; a new environment is published only after its installed files match their RECORD (under a server: before its bytecode, which a checked copy gets after its first run, off the hot path; `compilation`), and its compiled files load; {}",
-                    config.network_proxy.describe_installs(),
-                    if config.allow_sdist_builds {
-                        ", sdist builds"
-                    } else {
-                        ""
-                    },
-                    config.install_timeout.as_secs(),
-                    if config.allow_sdist_builds {
-                        "sdists are built offline from local UV_FIND_LINKS directories (--allow-sdist-builds)"
-                    } else {
-                        "wheels only: sdists are not built (--allow-sdist-builds to allow)"
-                    }
-                ),
-                warm,
-                compilation,
-            },
-            artifacts: ArtifactsReport {
-                location: self.artifacts.root().display().to_string(),
-                retention: self.artifacts.retention(),
-                limits: crate::artifacts::limits_text(),
-            },
-            sessions: self.sessions.report(&config.data_dir, viewer),
-            stores: self.stores_report(viewer),
-            warm_pool: self.pool_report(viewer),
-            default_profile: viewer
-                .map_or(config.profiles.default.as_str(), |caller| {
-                    config.profiles.default_for(caller)
-                })
-                .to_owned(),
-            tenant: viewer.map(|caller| self.tenant(caller)),
-            profiles: config
-                .profiles
-                .all
-                .values()
-                .map(|profile| ProfileReport {
-                    name: profile.name.clone(),
-                    description: profile.description.clone(),
-                    default: profile.name
-                        == viewer.map_or(config.profiles.default.as_str(), |caller| {
-                            config.profiles.default_for(caller)
-                        }),
-                    available: viewer.is_none_or(|caller| {
-                        config
-                            .profiles
-                            .for_caller(caller, Some(&profile.name))
-                            .is_ok()
+        problems
+    }
+
+    /// Every profile as `viewer` sees it: its default and the ones it may name marked.
+    fn profiles_report(&self, viewer: Option<&Caller>) -> Vec<ProfileReport> {
+        let config = &self.config;
+        config
+            .profiles
+            .all
+            .values()
+            .map(|profile| ProfileReport {
+                name: profile.name.clone(),
+                description: profile.description.clone(),
+                default: profile.name
+                    == viewer.map_or(config.profiles.default.as_str(), |caller| {
+                        config.profiles.default_for(caller)
                     }),
-                    enforces: profile.enforcement(),
-                    subprocesses: profile.subprocesses,
-                    network: profile.network.describe(),
-                    writable_paths: if profile.writable_work {
-                        vec!["/work".into(), "/tmp".into()]
-                    } else {
-                        vec!["/tmp".into()]
-                    },
-                    limits: profile.limits.clone(),
-                    packages: profile.packages.clone(),
-                    allowed_imports: profile.allowed_imports.clone(),
-                })
-                .collect(),
-            ready: problems.is_empty(),
-            problems,
-        }
+                available: viewer.is_none_or(|caller| {
+                    config
+                        .profiles
+                        .for_caller(caller, Some(&profile.name))
+                        .is_ok()
+                }),
+                enforces: profile.enforcement(),
+                subprocesses: profile.subprocesses,
+                network: profile.network.describe(),
+                writable_paths: if profile.writable_work {
+                    vec!["/work".into(), "/tmp".into()]
+                } else {
+                    vec!["/tmp".into()]
+                },
+                limits: profile.limits.clone(),
+                packages: profile.packages.clone(),
+                allowed_imports: profile.allowed_imports.clone(),
+            })
+            .collect()
     }
 }
 

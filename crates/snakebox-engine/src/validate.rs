@@ -6,16 +6,16 @@
 //! grammar.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_env::Interpreter;
-use snakebox_sandbox::{Mount, Policy, SandboxCommand, Termination};
+use snakebox_sandbox::{Mount, SandboxCommand, Termination};
 use tokio_util::sync::CancellationToken;
 
 use crate::Caller;
-use crate::run::RunDir;
+use crate::policy::{Asked, CallKind, CallPolicy};
+use crate::run::{RunDir, RunNetwork, View, sandbox_policy};
 use crate::{Engine, EngineError, ErrorKind, ids};
 
 /// The check run by the target interpreter: `compile()` (parses, never executes), then a walk
@@ -264,31 +264,33 @@ impl Engine {
     ) -> Result<Validation, EngineError> {
         // The import policy a run of the same call would be held to: the profile's, narrowed
         // by `allowed_imports` and never widened (as `execute_python` decides it).
-        let allowed = self
-            .config
-            .profiles
-            .for_caller(caller, profile)
-            .and_then(|profile| profile.imports_for(allowed_imports))?;
+        let policy = CallPolicy::decide(
+            &self.config,
+            CallKind::Compile,
+            &self.tenant(caller),
+            &Asked {
+                profile,
+                allowed_imports,
+                ..Asked::default()
+            },
+        )
+        .map_err(|refusal| refusal.error)?;
         Ok(self
-            .validate_against(
-                caller,
-                script,
-                dependencies,
-                python_version,
-                allowed.as_deref(),
-            )
+            .validate_against(caller, script, dependencies, python_version, &policy)
             .await)
     }
 
-    /// [`Engine::validate`] against the import policy `allowed_imports` already decided.
+    /// [`Engine::validate`] under the compile's policy already decided (its import policy,
+    /// its limits).
     async fn validate_against(
         &self,
         caller: &Caller,
         script: &str,
         dependencies: &[String],
         python_version: Option<&str>,
-        allowed_imports: Option<&[String]>,
+        policy: &CallPolicy,
     ) -> Validation {
+        let allowed_imports = policy.imports.as_deref();
         let problem = |kind: &str, message: String, hint: Option<String>| ValidationProblem {
             kind: kind.into(),
             message,
@@ -356,7 +358,10 @@ impl Engine {
         let mut analysis = None;
         let mut recommendations = Vec::new();
         if let Some(interpreter) = &interpreter {
-            match self.syntax_check(caller, interpreter, script).await {
+            match self
+                .syntax_check(caller, interpreter, script, &policy.shape.limits)
+                .await
+            {
                 Ok(checked) => {
                     problems.extend(checked.syntax_error);
                     analysis = checked.analysis;
@@ -441,7 +446,10 @@ impl Engine {
         script: &str,
         allowed: &[String],
     ) -> Result<Vec<(String, usize)>, EngineError> {
-        let checked = self.syntax_check(caller, interpreter, script).await?;
+        let limits = crate::policy::compile_limits(&self.config);
+        let checked = self
+            .syntax_check(caller, interpreter, script, &limits)
+            .await?;
         if let Some(problem) = checked.syntax_error {
             // The run reports syntax errors itself, with its traceback.
             tracing::debug!(message = %problem.message, "import check: the script does not parse");
@@ -455,12 +463,14 @@ impl Engine {
             .collect())
     }
 
-    /// Compile the script with the target interpreter in the sandbox, and list its imports.
+    /// Compile the script with the target interpreter in the sandbox, held to `limits` (the
+    /// compile's, see [`crate::policy::CallKind::Compile`]), and list its imports.
     async fn syntax_check(
         &self,
         caller: &Caller,
         interpreter: &Interpreter,
         script: &str,
+        limits: &snakebox_sandbox::Limits,
     ) -> Result<Checked, EngineError> {
         let sandbox = self.sandbox.as_ref().map_err(Clone::clone)?;
         let id = ids::execution_id();
@@ -480,7 +490,7 @@ impl Engine {
             .path_inside(&run_dir.input, std::path::Path::new("/snakebox"))
             .join("script.py");
         let cwd = sandbox.path_inside(&run_dir.tmp, std::path::Path::new("/tmp"));
-        let mut policy = Policy {
+        let view = View {
             mounts: vec![
                 Mount {
                     host: interpreter.prefix.clone(),
@@ -493,16 +503,15 @@ impl Engine {
                     writable: false,
                 },
             ],
-            network: false,
             env: vec![
                 ("PATH".into(), "/usr/bin:/bin".into()),
                 ("LANG".into(), "C.UTF-8".into()),
             ],
             cwd,
-            limits: self.limits(Duration::from_secs(15)),
             identity: snakebox_sandbox::Identity::Untrusted,
-            cpu: None,
         };
+        // Never with network: the compile runs no code of the caller's and needs none.
+        let mut policy = sandbox_policy(view, limits, RunNetwork::Off);
         let command = SandboxCommand {
             program: interpreter.executable.clone(),
             args: vec![

@@ -12,4 +12,6 @@ pub(crate) use layout::{
     server_runs_dir,
 };
 pub(crate) use outcome::{Ending, Ran, classify, describe};
-pub(crate) use spec::{EXEC_DENY_NAME, RunNetwork, RunShape, proxy_args, run_environment};
+pub(crate) use spec::{
+    EXEC_DENY_NAME, RunNetwork, RunShape, View, proxy_args, run_environment, sandbox_policy,
+};

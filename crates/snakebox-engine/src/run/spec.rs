@@ -4,13 +4,13 @@
 //! so every path sees the same view.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use snakebox_env::Environment;
-use snakebox_sandbox::{ForkRun, ForkServerSpec, Limits, Mount, Policy, SandboxCommand};
+use snakebox_sandbox::{ForkRun, ForkServerSpec, Identity, Limits, Mount, Policy, SandboxCommand};
 
 use super::layout::{RunDir, server_runs_dir};
 use crate::Engine;
+pub(crate) use crate::policy::RunShape;
 
 /// Where the run's read-only inputs (the script) appear inside the sandbox.
 pub(crate) const SANDBOX_INPUT_DIR: &str = "/snakebox";
@@ -23,14 +23,37 @@ pub(crate) const SCRIPT_NAME: &str = "script.py";
 /// allows no subprocesses (the runner installs it: `--deny-exec`).
 pub(crate) const EXEC_DENY_NAME: &str = "no-exec.bpf";
 
-/// What a run's profile changes in its sandbox: its limits, whether it may start programs,
-/// whether its working directory is writable.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RunShape {
-    pub(crate) limits: Limits,
-    /// `execve` denied once the interpreter runs (see `runner.py`'s `_deny_exec`).
-    pub(crate) deny_exec: bool,
-    pub(crate) writable_work: bool,
+/// What a sandbox sees, apart from what its call's policy decides (limits, network): its
+/// mounts, its environment variables, its working directory and whose it is.
+pub(crate) struct View {
+    pub(crate) mounts: Vec<Mount>,
+    pub(crate) env: Vec<(String, String)>,
+    pub(crate) cwd: PathBuf,
+    pub(crate) identity: Identity,
+}
+
+/// The one builder of a sandbox [`Policy`], for every sandbox that runs code of a call (a
+/// one-shot run, cold or pooled; a fork server; a session's interpreter and commands;
+/// validation's compile): what it sees (`view`), held to the `limits` its call's policy
+/// decided (see [`crate::policy::CallPolicy`]) and reaching the network as `network` says
+/// (its own namespace unless [`RunNetwork::Host`]). Its CPU share is the slot's, attached by
+/// the caller once it holds one.
+pub(crate) fn sandbox_policy(view: View, limits: &Limits, network: RunNetwork) -> Policy {
+    let View {
+        mounts,
+        env,
+        cwd,
+        identity,
+    } = view;
+    Policy {
+        mounts,
+        network: network == RunNetwork::Host,
+        env,
+        cwd,
+        limits: limits.clone(),
+        identity,
+        cpu: None,
+    }
 }
 
 /// How a run reaches the network.
@@ -88,16 +111,13 @@ impl Engine {
         let tmp = self.path_inside(&run_dir.tmp, "/tmp");
         let mut mounts = environment.mounts();
         mounts.extend(run_mounts(run_dir, shape.writable_work));
-        let env = run_environment(&environment.root, &work, &tmp);
-        let policy = Policy {
+        let view = View {
             mounts,
-            network: network == RunNetwork::Host,
-            env,
+            env: run_environment(&environment.root, &work, &tmp),
             cwd: work,
-            limits: shape.limits.clone(),
             identity: run_dir.identity(),
-            cpu: None,
         };
+        let policy = sandbox_policy(view, &shape.limits, network);
         // The runner executes the script and reports on the control channel (fd 3).
         let mut args: Vec<std::ffi::OsString> = vec!["-s".into()];
         if shape.deny_exec {
@@ -130,15 +150,16 @@ impl Engine {
     pub(crate) fn fork_server_spec(&self, environment: &Environment) -> ForkServerSpec {
         let work = PathBuf::from(SANDBOX_WORK_DIR);
         ForkServerSpec {
-            policy: Policy {
-                mounts: environment.mounts(),
-                network: false,
-                env: run_environment(&environment.root, &work, Path::new("/tmp")),
-                cwd: work.clone(),
-                limits: self.limits(self.config.max_timeout),
-                identity: snakebox_sandbox::Identity::Untrusted,
-                cpu: None,
-            },
+            policy: sandbox_policy(
+                View {
+                    mounts: environment.mounts(),
+                    env: run_environment(&environment.root, &work, Path::new("/tmp")),
+                    cwd: work.clone(),
+                    identity: snakebox_sandbox::Identity::Untrusted,
+                },
+                &crate::policy::server_limits(&self.config, self.config.max_timeout),
+                RunNetwork::Off,
+            ),
             python: environment.python.clone(),
             module_source: crate::runner::SOURCE.to_string(),
             runs_root: server_runs_dir(&self.config.data_dir),
@@ -191,29 +212,6 @@ impl Engine {
         match &self.sandbox {
             Ok(sandbox) => sandbox.path_inside(host, Path::new(dest)),
             Err(_) => host.to_path_buf(),
-        }
-    }
-
-    /// The shape of a run held to nothing but the server's settings.
-    pub(crate) fn server_shape(&self, timeout: Duration) -> RunShape {
-        RunShape {
-            limits: self.limits(timeout),
-            deny_exec: false,
-            writable_work: true,
-        }
-    }
-
-    pub(crate) fn limits(&self, timeout: Duration) -> Limits {
-        Limits {
-            wall_time: timeout,
-            cpu_time: self.config.cpu_time,
-            memory_bytes: self.config.memory_bytes,
-            max_processes: self.config.max_processes,
-            max_output_bytes: self.config.max_output_bytes,
-            scratch_bytes: self.config.scratch_bytes,
-            file_size_bytes: self.config.file_size_bytes,
-            open_files: self.config.open_files,
-            cpu_millicores: self.config.cpu_millicores,
         }
     }
 }

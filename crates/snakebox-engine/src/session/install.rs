@@ -496,7 +496,8 @@ impl Engine {
             interpreter: interpreter.clone(),
             env_dir: paths.env.clone(),
             venv: paths.venv.clone(),
-            limits: self.limits(INSTALL_TIMEOUT),
+            // What `CallKind::SessionInstall` decides: the server's limits for each step.
+            limits: crate::policy::server_limits(&self.config, INSTALL_TIMEOUT),
         })
     }
 
@@ -561,12 +562,22 @@ impl Engine {
             });
         }
         let requirements = Self::parse_requirements(&packages)?;
-        // The session's profile, as it is configured now (one removed since: refused).
-        let profile = self.session_profile(&row)?;
-        let refused = profile.refused_specs(&packages);
-        if !refused.is_empty() {
-            return Err(profile.packages_refused(&refused));
-        }
+        // The session's profile's package allowlist, as it is configured now (one removed
+        // since: refused).
+        let parsed: Vec<pep508_rs::Requirement> = packages
+            .iter()
+            .filter_map(|spec| spec.parse().ok())
+            .collect();
+        crate::policy::CallPolicy::decide(
+            &self.config,
+            crate::policy::CallKind::SessionInstall(&super::interpreter::session_facts(&row)),
+            &self.tenant(caller),
+            &crate::policy::Asked {
+                requirements: &parsed,
+                ..crate::policy::Asked::default()
+            },
+        )
+        .map_err(|refusal| refusal.error)?;
         manager.check_disk(&row.owner)?;
         let interpreter = self.session_interpreter(&row)?;
         let installer = self.installer(caller, &interpreter, &manager.paths(&row)?)?;

@@ -4,8 +4,10 @@
 //! value, names, exception, figures and artifacts out, like a one-shot run), and
 //! `run_command`, a short-lived sandbox with the same view of the session.
 //!
-//! Kept apart from the lifecycle in [`super::manager`]: this is the per-call path, and the
-//! one place that decides a session's sandbox policy.
+//! Kept apart from the lifecycle in [`super::manager`]: this is the per-call path. What each
+//! call is held to (cell, command, the interpreter's start) is decided by
+//! [`CallPolicy::decide`], as for every kind of call; the sandbox's [`Policy`] is built from
+//! that decision by [`crate::run::sandbox_policy`].
 
 use crate::Caller;
 use crate::history::{RunKind, RunStart};
@@ -22,12 +24,13 @@ use snakebox_sandbox::{
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
-use super::manager::{Manager, SessionPaths};
+use super::manager::{Manager, SessionPaths, SlotState};
 use super::workspace::file_error;
 use super::{
     InstallState, RUNNER_NAME, SANDBOX_INPUT_DIR, SANDBOX_WORK_DIR, SESSION_RUNNER, io_error,
     make_dir, no_session, now_secs, packages_of,
 };
+use crate::policy::{Asked, CallKind, CallPolicy, SessionFacts};
 use crate::result::{ExecutionResult, Status};
 use crate::{Engine, ExecuteRequest, ids};
 use crate::{EngineError, ErrorKind};
@@ -69,6 +72,9 @@ impl Engine {
         .await
     }
 
+    /// The cell once admitted, in stages, as a one-shot run's: its plan (checks and
+    /// policy), its dependencies, its workspace's baseline, its interpreter, the exchange,
+    /// its result. A stage that refuses answers with a record that says why.
     #[expect(
         clippy::too_many_arguments,
         reason = "the public call's arguments plus its id and the session's row, passed through as they are"
@@ -95,129 +101,40 @@ impl Engine {
         // From here every result names the session's profile, as a one-shot run's does.
         let profile_name = row.profile_name();
         let fail = |error| not_run(&execution_id, session_id, Some(&profile_name), error);
-        // A session's interpreter lives across calls under the profile and limits it was
-        // created with: a call cannot change them (refused, not ignored).
-        if request.profile.is_some() || request.memory_limit_bytes.is_some() {
-            return fail(EngineError::invalid(
-                "`profile` and `memory_limit` apply to one-shot runs, not to a session's cells",
-                "drop them with session_id (a session keeps the limits it was created with), or run without session_id",
-            ));
-        }
-        // The checks of every execution; the session has its own interpreter and network.
-        let checked = match self.check_request(&request) {
-            Ok(checked) => checked,
-            Err(error) => return fail(error),
+        let tenant = self.tenant(caller);
+        let CellPlan {
+            policy,
+            inputs,
+            requirements,
+        } = match self.plan_cell(&row, &tenant, &request) {
+            Ok(plan) => plan,
+            Err(refusal) => return refused_by(fail(refusal.error), refusal.profile),
         };
-        let (inputs, mut timeout, mut notes) = (checked.inputs, checked.timeout, checked.notes);
-        let profile = match self.session_profile(&row) {
-            Ok(profile) => profile,
-            Err(error) => return fail(error),
-        };
-        // The session's profile bounds each call's time as it bounds a one-shot run's.
-        timeout = match crate::plan::profile_timeout(profile, request.timeout_seconds, timeout) {
-            Ok(timeout) => timeout,
-            Err(error) => {
-                let mut result = fail(error);
-                crate::profiles::refused(&mut result, &profile.name);
-                return result;
-            }
-        };
-
-        if let Err(error) = self.session_network_check(&row, request.network, &mut notes) {
-            return fail(error);
-        }
-        if !request.allowed_domains.is_empty() {
-            return fail(EngineError::invalid(
-                format!(
-                    "allowed_domains cannot be used with a session: session {session_id}'s network policy was fixed when it was created"
-                ),
-                "drop allowed_domains here, or run the code as a one-shot call (without session_id) to narrow the network",
-            ));
-        }
-        if request.allowed_imports.is_some() {
-            return fail(EngineError::invalid(
-                format!(
-                    "allowed_imports cannot be used with a session yet: session {session_id}'s interpreter already holds what earlier cells imported"
-                ),
-                "drop allowed_imports here, or run the code as a one-shot call (without session_id) under an import policy",
-            ));
-        }
-        if let Some(asked) = &request.python_version
-            && !row.python_version.starts_with(asked.trim())
-        {
-            notes.push(format!(
-                "python_version `{asked}` is ignored: session {session_id} runs Python {}",
-                row.python_version
-            ));
-        }
-        // Dependencies (argument or PEP 723 block) are installed into the session first.
-        let requirements: Vec<String> = checked
-            .requirements
-            .iter()
-            .map(ToString::to_string)
-            .collect();
+        let mut notes = policy.notes.clone();
         let setup_started = std::time::Instant::now();
-        if !requirements.is_empty() {
-            match self
-                .install_packages(caller, session_id, requirements.clone(), None, None)
-                .await
-            {
-                Ok(status) if status.state == InstallState::Succeeded => {}
-                Ok(status) => {
-                    let mut result = fail(EngineError::new(
-                        ErrorKind::Failed,
-                        "Installing the dependencies failed",
-                    ));
-                    result.error = status.error.or(result.error);
-                    return result;
-                }
-                Err(error) => return fail(error),
-            }
+        if let Err((error, install_error)) = self
+            .install_dependencies(caller, session_id, &requirements)
+            .await
+        {
+            let mut result = fail(error);
+            result.error = install_error.or(result.error);
+            return result;
         }
         let interpreter = match self.session_interpreter(&row) {
             Ok(interpreter) => interpreter.clone(),
             Err(error) => return fail(error),
         };
         let slot = manager.slot(&row);
-        let doomed = slot
-            .doomed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let doomed = doomed_of(&slot);
         let mut state = slot.state.lock().await;
         if state.deleted || doomed.is_cancelled() {
             return fail(no_session(session_id));
         }
-        if let Err(error) = manager.check_disk(&row.owner) {
-            return fail(error);
-        }
-        // The input files, then what the workspace holds before the call: only what the
-        // call creates or changes becomes an artifact. Without input files, and when nothing
-        // but the session's cells wrote the workspace since, that is what the last cell's
-        // collection saw (see `SlotState::known_files`): no walk.
-        let work = match manager.paths(&row) {
-            Ok(paths) => paths.work,
-            Err(error) => return fail(error),
-        };
-        let known = state.known_files.take();
-        let baseline = match known {
-            Some(known) if inputs.is_empty() => Ok(known),
-            _ => {
-                let owner = self
-                    .session_sandbox()
-                    .ok()
-                    .and_then(|sandbox| sandbox.host_ids(Identity::Untrusted));
-                let work = work.clone();
-                self.on_host(caller, "write the input files", move || {
-                    write_inputs(&work, &inputs, owner)
-                        .map(|()| crate::artifacts::Baseline::snapshot(&work))
-                })
-                .await
-                .and_then(|written| written)
-            }
-        };
-        let baseline = match baseline {
-            Ok(baseline) => baseline,
+        let (work, baseline) = match self
+            .cell_baseline(caller, manager, &row, &mut state, inputs)
+            .await
+        {
+            Ok(prepared) => prepared,
             Err(error) => return fail(error),
         };
         let run_slot = match self.sandbox_slot(caller, &cancel).await {
@@ -225,49 +142,13 @@ impl Engine {
             Err(error) => return fail(error),
         };
         slot.last_used.store(now_secs(), Ordering::Relaxed);
-
-        // The interpreter: the one still running, or a new one.
-        let alive = state
-            .interpreter
-            .as_mut()
-            .is_some_and(LiveSandbox::is_alive);
-        let mut fresh = false;
-        if !alive {
-            if state.interpreter.is_some() {
-                state.interpreter = None;
-                if state.cells_in_interpreter > 0 {
-                    state.lost = Some("the interpreter exited between calls".into());
-                }
-            }
-            // A start, with the stops that make room for it, is the server's work for this
-            // tenant: the fork of a sandbox and the teardown of another, much of it in no
-            // cgroup the tenant's CPU share weighs. It holds one of the tenant's part of the
-            // host-work slots, so one tenant churning through more sessions than may run at
-            // once starts them a few at a time, not every one of its calls at once beside
-            // another tenant's run (issue 32, item 1).
-            let host = match self.host.hold(caller).await {
-                Ok(host) => host,
-                Err(error) => return fail(error),
-            };
-            manager.make_room(&row.id, &row.owner).await;
-            if let Err(error) = self.ensure_session_proxy(manager, &row, &mut state.proxy) {
-                return fail(error);
-            }
-            // Writing its files and forking its sandbox block this thread for milliseconds:
-            // off the runtime worker's queue, as for every start of one tenant's churn.
-            let started = crate::off_the_runtime(|| {
-                self.start_interpreter(manager, &row, &interpreter, profile)
-            });
-            drop(host);
-            match started {
-                Ok(live) => {
-                    state.interpreter = Some(live);
-                    state.cells_in_interpreter = 0;
-                    fresh = true;
-                }
-                Err(error) => return fail(error),
-            }
-        }
+        let fresh = match self
+            .ensure_interpreter(caller, manager, &row, &interpreter, &tenant, &mut state)
+            .await
+        {
+            Ok(fresh) => fresh,
+            Err(error) => return fail(error),
+        };
         if fresh && let Some(reason) = state.lost.take() {
             notes.push(format!(
                 "A new interpreter was started for this session because {reason}: variables, imports and functions from earlier calls are gone; files in the workspace and installed packages remain"
@@ -276,112 +157,38 @@ impl Engine {
         let setup_ms = ids::millis(setup_started.elapsed());
 
         // The call, cancelled by the client or by a delete/reset of the session.
-        let call = doomed.child_token();
-        let watcher = {
-            let call = call.clone();
-            tokio::spawn(async move {
-                cancel.cancelled().await;
-                call.cancel();
-            })
-        };
-        let cell = state.cells + 1;
-        let marker = format!("\x1esnakebox-end-{}\x1e", ids::execution_id());
-        let request_line = serde_json::json!({
-            "code": request.script,
-            "marker": marker,
-            "cell": cell,
-        })
-        .to_string()
-            + "\n";
-        let Some(live) = state.interpreter.as_mut() else {
-            watcher.abort();
-            return fail(EngineError::new(
-                ErrorKind::Internal,
-                "The session's interpreter could not be started",
-            ));
-        };
-        // The interpreter weighs on the CPU as the call's slot says for this call only (a new
-        // one's start included); between calls it waits at the background weight.
-        let cpu = run_slot.cpu().map(|share| live.attach_cpu(share));
-        let exchange = live
-            .exchange(
-                request_line.as_bytes(),
-                marker.as_bytes(),
-                timeout,
-                call,
-                output,
-            )
-            .await;
-        drop(cpu);
+        let (call, watcher) = call_token(&doomed, cancel);
+        let exchange = exchange_cell(
+            &mut state,
+            &request.script,
+            policy.timeout(),
+            run_slot.cpu(),
+            call,
+            output,
+        )
+        .await;
         watcher.abort();
-        let network_log = crate::network::take_log_of(state.proxy.as_ref());
-        state.cells = cell;
-        state.cells_in_interpreter += 1;
 
         let mut result = ExecutionResult::new(execution_id.clone(), Status::Ok);
         result.session_id = Some(session_id.to_owned());
-        result.profile = Some(profile.name.clone());
+        result.profile = Some(policy.profile.clone());
         result.fresh_interpreter = fresh;
         result.python_version = Some(row.python_version.clone());
+        result.resolved_dependencies = packages_now(manager, &row, !requirements.is_empty());
         result.requested_dependencies = requirements;
-        // The row read at the start is current unless this call installed something.
-        result.resolved_dependencies = if result.requested_dependencies.is_empty() {
-            packages_of(&row)
-        } else {
-            manager
-                .store
-                .get(&row.id)
-                .ok()
-                .flatten()
-                .map(|r| packages_of(&r))
-                .unwrap_or_default()
-        };
         result.environment_reused = true;
-        result.timeout_seconds = timeout.as_secs();
+        result.timeout_seconds = policy.timeout().as_secs();
         result.setup_ms = setup_ms;
         result.notes = notes;
-        result.network_log = network_log;
-        let exchange = match exchange {
-            Ok(exchange) => exchange,
-            Err(err) => {
-                state.stop("the interpreter failed").await;
+        result.network_log = crate::network::take_log_of(state.proxy.as_ref());
+        let answer = match exchange {
+            Ok(exchange) => record_exchange(&mut result, &mut state, exchange, &policy).await,
+            Err(error) => {
                 result.status = Status::SetupFailed;
-                result.error = Some(EngineError::from(err).into());
+                result.error = Some(error.into());
                 return result;
             }
         };
-        result.duration_ms = ids::millis(exchange.duration);
-        result.stdout_truncated = exchange.stdout.truncated;
-        result.stderr_truncated = exchange.stderr.truncated;
-        result.stdout = exchange.stdout.text;
-        result.stderr = exchange.stderr.text;
-        let code = record_exit_code(&exchange.answer);
-        let ending = crate::run::Ending::of_exchange(
-            &exchange.end,
-            code,
-            exchange.exit_code,
-            exchange.signal,
-        );
-        let memory = self.profile_limits(profile, timeout).memory_bytes;
-        let (status, error) = crate::run::describe(ending, crate::run::Ran::Cell, memory, timeout);
-        result.status = status;
-        result.error = error;
-        match exchange.end {
-            ExchangeEnd::Answered => result.exit_code = Some(code),
-            ExchangeEnd::TimedOut => {
-                state.stop("the previous call timed out").await;
-                result.timed_out = true;
-            }
-            ExchangeEnd::Cancelled => state.stop("the previous call was cancelled").await,
-            ExchangeEnd::MemoryLimit => state.stop("the previous call ran out of memory").await,
-            ExchangeEnd::Exited => {
-                state
-                    .stop("the interpreter exited during the previous call")
-                    .await;
-                result.exit_code = exchange.exit_code;
-                result.signal = exchange.signal;
-            }
-        }
         // Value, names, exception and figures from the record; files the call created or
         // changed in the workspace as artifacts (also after a timeout or a crash), exactly as
         // for a one-shot run; the session's size and use recorded.
@@ -393,7 +200,7 @@ impl Engine {
                 &execution_id,
                 work,
                 baseline,
-                &exchange.answer,
+                &answer,
             )
             .await;
         state.known_files = known;
@@ -401,6 +208,139 @@ impl Engine {
         rich.apply(&mut result);
         result.notes.extend(manager.disk_note(&row.owner));
         result
+    }
+
+    /// The cell's plan: the checks of every execution (the script parsed once), then its
+    /// policy: its session's profile, limits, network and imports (a cell cannot change
+    /// them: refused, not ignored), its own time, its dependencies held to the profile.
+    fn plan_cell(
+        &self,
+        row: &SessionRow,
+        tenant: &crate::Tenant,
+        request: &ExecuteRequest,
+    ) -> Result<CellPlan, crate::policy::Refusal> {
+        let checked = self
+            .check_request(request)
+            .map_err(|error| crate::policy::Refusal {
+                error,
+                profile: None,
+            })?;
+        let policy = CallPolicy::decide(
+            &self.config,
+            CallKind::Cell(&session_facts(row)),
+            tenant,
+            &Asked::of(request, &checked.requirements),
+        )?;
+        Ok(CellPlan {
+            policy,
+            inputs: checked.inputs,
+            requirements: checked
+                .requirements
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+        })
+    }
+
+    /// Install a cell's dependencies (argument or PEP 723 block) into its session first.
+    /// A failed install: its error, and the install's own account of it.
+    async fn install_dependencies(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+        requirements: &[String],
+    ) -> Result<(), (EngineError, Option<crate::result::ErrorInfo>)> {
+        if requirements.is_empty() {
+            return Ok(());
+        }
+        match self
+            .install_packages(caller, session_id, requirements.to_vec(), None, None)
+            .await
+        {
+            Ok(status) if status.state == InstallState::Succeeded => Ok(()),
+            Ok(status) => Err((
+                EngineError::new(ErrorKind::Failed, "Installing the dependencies failed"),
+                status.error,
+            )),
+            Err(error) => Err((error, None)),
+        }
+    }
+
+    /// The session's disk checked, the input files written, then what the workspace holds
+    /// before the call (only what the call creates or changes becomes an artifact): its
+    /// working directory and that baseline. Without input files, and when nothing but the
+    /// session's cells wrote the workspace since, that is what the last cell's collection saw
+    /// (see `SlotState::known_files`): no walk.
+    async fn cell_baseline(
+        &self,
+        caller: &Caller,
+        manager: &Manager,
+        row: &SessionRow,
+        state: &mut SlotState,
+        inputs: Vec<crate::files::DecodedFile>,
+    ) -> Result<(PathBuf, crate::artifacts::Baseline), EngineError> {
+        manager.check_disk(&row.owner)?;
+        let work = manager.paths(row)?.work;
+        let known = state.known_files.take();
+        let baseline = match known {
+            Some(known) if inputs.is_empty() => known,
+            _ => {
+                let owner = self
+                    .session_sandbox()
+                    .ok()
+                    .and_then(|sandbox| sandbox.host_ids(Identity::Untrusted));
+                let work = work.clone();
+                self.on_host(caller, "write the input files", move || {
+                    write_inputs(&work, &inputs, owner)
+                        .map(|()| crate::artifacts::Baseline::snapshot(&work))
+                })
+                .await??
+            }
+        };
+        Ok((work, baseline))
+    }
+
+    /// The session's interpreter: the one still running, or a new one (`true`: started
+    /// now; `state.lost` says what an earlier one lost, when it did).
+    async fn ensure_interpreter(
+        &self,
+        caller: &Caller,
+        manager: &Manager,
+        row: &SessionRow,
+        interpreter: &Interpreter,
+        tenant: &crate::Tenant,
+        state: &mut SlotState,
+    ) -> Result<bool, EngineError> {
+        if state
+            .interpreter
+            .as_mut()
+            .is_some_and(LiveSandbox::is_alive)
+        {
+            return Ok(false);
+        }
+        if state.interpreter.is_some() {
+            state.interpreter = None;
+            if state.cells_in_interpreter > 0 {
+                state.lost = Some("the interpreter exited between calls".into());
+            }
+        }
+        // A start, with the stops that make room for it, is the server's work for this
+        // tenant: the fork of a sandbox and the teardown of another, much of it in no
+        // cgroup the tenant's CPU share weighs. It holds one of the tenant's part of the
+        // host-work slots, so one tenant churning through more sessions than may run at
+        // once starts them a few at a time, not every one of its calls at once beside
+        // another tenant's run (issue 32, item 1).
+        let host = self.host.hold(caller).await?;
+        manager.make_room(&row.id, &row.owner).await;
+        self.ensure_session_proxy(manager, row, &mut state.proxy)?;
+        // Writing its files and forking its sandbox block this thread for milliseconds:
+        // off the runtime worker's queue, as for every start of one tenant's churn.
+        let started =
+            crate::off_the_runtime(|| self.start_interpreter(manager, row, interpreter, tenant));
+        drop(host);
+        state.interpreter = Some(started?);
+        state.cells_in_interpreter = 0;
+        Ok(true)
     }
 
     /// After a cell, in one blocking task (one hand-over to a blocking thread and back): the
@@ -450,46 +390,9 @@ impl Engine {
         }
     }
 
-    /// The policy of a session's sandboxes (interpreter and commands) over its workspace.
-    /// A call's `network` against the session's, with the one-shot rules: asking for more than
-    /// the server allows is refused with the reason; a session's network is fixed at creation
-    /// (its interpreter lives in one network namespace), so a call cannot change it either way:
-    /// asking is the request's fault (`invalid`, status `invalid_request`) with a hint.
-    pub(super) fn session_network_check(
-        &self,
-        row: &SessionRow,
-        asked: Option<bool>,
-        notes: &mut Vec<String>,
-    ) -> Result<(), EngineError> {
-        let has = self.session_network(row);
-        match asked {
-            Some(true) if !self.config.network.allows_network() => Err(EngineError {
-                kind: ErrorKind::Invalid,
-                message: "This call asked for network access, but this server does not allow network for runs".into(),
-                hint: Some("run without network (omit `network`), or ask the operator to start snakebox with `--network on`".into()),
-            }),
-            Some(true) if !has => Err(EngineError {
-                kind: ErrorKind::Invalid,
-                message: format!("This call asked for network access, but session {} was created without network", row.id),
-                hint: Some("a session's network is fixed when it is created: create a new session with `network: true`".into()),
-            }),
-            Some(false) if has => Err(EngineError {
-                kind: ErrorKind::Invalid,
-                message: format!("This call asked to run without network, but session {} was created with network", row.id),
-                hint: Some("a session's network is fixed when it is created: omit `network` here, or create a session with `network: false`".into()),
-            }),
-            _ => {
-                if row.network && !has {
-                    notes.push(format!(
-                        "session {} was created with network, but this server does not allow network now: its code runs without",
-                        row.id
-                    ));
-                }
-                Ok(())
-            }
-        }
-    }
-
+    /// The sandbox policy of a session's sandboxes (its interpreter and its commands) over
+    /// its workspace, held to `shape` (see [`crate::run::sandbox_policy`]); and where the
+    /// runner is inside it.
     pub(super) fn session_policy(
         &self,
         network: crate::run::RunNetwork,
@@ -535,33 +438,39 @@ impl Engine {
             dest: PathBuf::from(SANDBOX_WORK_DIR),
             writable: shape.writable_work,
         });
-        let env = crate::run::run_environment(&paths.venv, &work, &tmp);
-        let limits = shape.limits.clone();
+        let view = crate::run::View {
+            mounts,
+            env: crate::run::run_environment(&paths.venv, &work, &tmp),
+            cwd: work,
+            identity: Identity::Untrusted,
+        };
         (
-            Policy {
-                mounts,
-                network: network == crate::run::RunNetwork::Host,
-                env,
-                cwd: work,
-                limits,
-                identity: Identity::Untrusted,
-                cpu: None,
-            },
+            crate::run::sandbox_policy(view, &shape.limits, network),
             runner,
         )
     }
 
+    /// Start the session's interpreter, under the policy of its kind (see
+    /// [`CallKind::Interpreter`]): its session's profile's limits, exec policy, `/work` and
+    /// imports, for the server's longest call.
     pub(super) fn start_interpreter(
         &self,
         manager: &Manager,
         row: &SessionRow,
         interpreter: &Interpreter,
-        profile: &crate::Profile,
+        tenant: &crate::Tenant,
     ) -> Result<LiveSandbox, EngineError> {
         let sandbox = self.session_sandbox()?;
         let paths = manager.paths(row)?;
         let runner_path = paths.input.join(RUNNER_NAME);
-        let shape = self.session_shape(profile, self.config.max_timeout);
+        let decided = CallPolicy::decide(
+            &self.config,
+            CallKind::Interpreter(&session_facts(row)),
+            tenant,
+            &Asked::default(),
+        )
+        .map_err(|refusal| refusal.error)?;
+        let shape = &decided.shape;
         let deny_path = paths.input.join(crate::run::EXEC_DENY_NAME);
         let policy_path = paths.input.join(crate::runner::IMPORT_POLICY_FILE);
         // The profile's exec-deny program and import policy, beside the runner (read-only
@@ -596,7 +505,7 @@ impl Engine {
                 }
                 None => remove_if_present(&deny_path)?,
             }
-            match &profile.allowed_imports {
+            match &decided.imports {
                 Some(allowed) => {
                     let policy = serde_json::json!({ "allowed": allowed });
                     fs_err::write(&policy_path, policy.to_string())?;
@@ -606,8 +515,8 @@ impl Engine {
             }
         })()
         .map_err(|err| io_error("write the session runner", &err))?;
-        let network = self.run_network(self.session_network(row));
-        let (policy, runner) = self.session_policy(network, &paths, interpreter, &shape);
+        let network = self.run_network(decided.network.is_some());
+        let (policy, runner) = self.session_policy(network, &paths, interpreter, shape);
         let mut args: Vec<std::ffi::OsString> = vec!["-s".into()];
         if shape.deny_exec {
             // As a one-shot run: the environment's .pth code runs only after the program
@@ -710,36 +619,20 @@ impl Engine {
                 "for example \"ls -la\" or \"python -m pip list\"",
             ));
         }
-        let mut notes = Vec::new();
-        let timeout = match self.effective_timeout(timeout_seconds, &mut notes) {
-            Ok(timeout) => timeout,
-            Err(error) => return fail(error),
+        // The session's interpreter's view and limits; its own time, held to its session's
+        // profile as a cell's is.
+        let policy = match CallPolicy::decide(
+            &self.config,
+            CallKind::Command(&session_facts(&row)),
+            &self.tenant(caller),
+            &Asked {
+                timeout_seconds,
+                ..Asked::default()
+            },
+        ) {
+            Ok(policy) => policy,
+            Err(refusal) => return refused_by(fail(refusal.error), refusal.profile),
         };
-        let profile = match self.session_profile(&row) {
-            Ok(profile) => profile,
-            Err(error) => return fail(error),
-        };
-        // The session's profile bounds a command's time as it bounds a cell's.
-        let timeout = match crate::plan::profile_timeout(profile, timeout_seconds, timeout) {
-            Ok(timeout) => timeout,
-            Err(error) => {
-                let mut result = fail(error);
-                crate::profiles::refused(&mut result, &profile.name);
-                return result;
-            }
-        };
-        if !profile.subprocesses {
-            // A shell is a subprocess, and starts more: the profile denies them.
-            let mut result = fail(EngineError::invalid(
-                format!(
-                    "run_command cannot be used in session {session_id}: its profile `{}` denies subprocesses",
-                    profile.name
-                ),
-                "do the work in Python with execute_python in the session, or create the session under a profile that allows subprocesses (check_environment lists them)",
-            ));
-            crate::profiles::refused(&mut result, &profile.name);
-            return result;
-        }
         let interpreter = match self.session_interpreter(&row) {
             Ok(interpreter) => interpreter.clone(),
             Err(error) => return fail(error),
@@ -749,11 +642,7 @@ impl Engine {
             Err(error) => return fail(error),
         };
         let slot = manager.slot(&row);
-        let doomed = slot
-            .doomed
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let doomed = doomed_of(&slot);
         let mut state = slot.state.lock().await;
         if state.deleted || doomed.is_cancelled() {
             return fail(no_session(session_id));
@@ -775,9 +664,9 @@ impl Engine {
             Ok(paths) => paths,
             Err(error) => return fail(error),
         };
-        let network = self.run_network(self.session_network(&row));
-        let shape = self.session_shape(profile, timeout);
-        let (mut policy, _) = self.session_policy(network, &paths, &interpreter, &shape);
+        let network = self.run_network(policy.network.is_some());
+        let (mut sandbox_policy, _) =
+            self.session_policy(network, &paths, &interpreter, &policy.shape);
         let mut shell = SandboxCommand {
             program: "/bin/sh".into(),
             args: vec!["-c".into(), command.into()],
@@ -791,19 +680,11 @@ impl Engine {
                 &PathBuf::from(SANDBOX_INPUT_DIR).join(snakebox_sandbox::SOCKET_NAME),
                 &shell,
             );
-            policy.env.extend(snakebox_sandbox::run_proxy_env());
+            sandbox_policy.env.extend(snakebox_sandbox::run_proxy_env());
         }
-        policy.cpu = run_slot.cpu().cloned();
-        let call = doomed.child_token();
-        let watcher = {
-            let call = call.clone();
-            tokio::spawn(async move {
-                cancel.cancelled().await;
-                call.cancel();
-            })
-        };
-        let outcome = sandbox.run(&policy, &shell, call, output).await;
-        let limits = policy.limits.clone();
+        sandbox_policy.cpu = run_slot.cpu().cloned();
+        let (call, watcher) = call_token(&doomed, cancel);
+        let outcome = sandbox.run(&sandbox_policy, &shell, call, output).await;
         watcher.abort();
         let network_log = crate::network::take_log_of(state.proxy.as_ref());
         drop(state);
@@ -812,34 +693,25 @@ impl Engine {
             Ok(outcome) => outcome,
             Err(err) => return fail(err.into()),
         };
-        let (status, error) =
-            crate::run::classify(&outcome, crate::run::Ran::Command, &limits, timeout);
+        let (status, error) = crate::run::classify(
+            &outcome,
+            crate::run::Ran::Command,
+            &policy.shape.limits,
+            policy.timeout(),
+        );
         let mut result = ExecutionResult::new(execution_id.clone(), status);
         result.session_id = Some(session_id.to_owned());
-        result.profile = Some(profile.name.clone());
+        result.profile = Some(policy.profile.clone());
         result.record_outcome(outcome);
-        result.timeout_seconds = timeout.as_secs();
+        result.timeout_seconds = policy.timeout().as_secs();
         result.python_version = Some(row.python_version.clone());
         result.resolved_dependencies = packages_of(&row);
         result.environment_reused = true;
         result.error = error;
-        result.notes = notes;
+        result.notes = policy.notes;
         result.network_log = network_log;
         result.notes.extend(manager.disk_note(&row.owner));
         result
-    }
-
-    /// The profile a session is held to, as it is configured now (one removed since:
-    /// refused, fail closed).
-    pub(super) fn session_profile(&self, row: &SessionRow) -> Result<&crate::Profile, EngineError> {
-        let name = row.profile_name();
-        self.config.profiles.all.get(&name).ok_or_else(|| {
-            EngineError::new(
-                ErrorKind::Unavailable,
-                format!("The session's profile `{name}` is no longer on this server"),
-            )
-            .with_hint("create a new session; or the operator restores the profile")
-        })
     }
 
     /// The name of the profile of `session_id` (as the caller may see it), for the run's
@@ -847,21 +719,6 @@ impl Engine {
     fn profile_of_session(&self, caller: &Caller, session_id: &str) -> Option<String> {
         let row = self.session_manager().ok()?.row(caller, session_id).ok()?;
         Some(row.profile_name())
-    }
-
-    /// What a session's sandboxes are held to under `profile`: its limits (never above the
-    /// server's), exec denied or not, /work writable or not.
-    fn session_shape(&self, profile: &crate::Profile, timeout: Duration) -> crate::run::RunShape {
-        let mut limits = self.profile_limits(profile, timeout);
-        // RLIMIT_CPU counts a process's whole life: for an interpreter that lives across
-        // calls it would be a budget for the session, not a limit per call. Wall time per
-        // call bounds the CPU instead.
-        limits.cpu_time = None;
-        crate::run::RunShape {
-            limits,
-            deny_exec: !profile.subprocesses,
-            writable_work: profile.writable_work,
-        }
     }
 
     /// Start the session's proxy when it has network through one and has none running.
@@ -884,6 +741,146 @@ impl Engine {
         *proxy = Some(self.start_run_proxy(&paths.input, names)?);
         Ok(())
     }
+}
+
+/// The token that cancels a session's running calls when it is deleted or reset.
+fn doomed_of(slot: &super::manager::Slot) -> CancellationToken {
+    slot.doomed
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
+/// A call's token, cancelled by the client (`cancel`) or by a delete or reset of the session
+/// (`doomed`); and the watcher to abort once the call is over.
+fn call_token(
+    doomed: &CancellationToken,
+    cancel: CancellationToken,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let call = doomed.child_token();
+    let watcher = {
+        let call = call.clone();
+        tokio::spawn(async move {
+            cancel.cancelled().await;
+            call.cancel();
+        })
+    };
+    (call, watcher)
+}
+
+/// The session's packages after a call: the row read at the start is current unless the
+/// call `installed` something.
+fn packages_now(manager: &Manager, row: &SessionRow, installed: bool) -> Vec<crate::Package> {
+    if !installed {
+        return packages_of(row);
+    }
+    manager
+        .store
+        .get(&row.id)
+        .ok()
+        .flatten()
+        .map(|r| packages_of(&r))
+        .unwrap_or_default()
+}
+
+/// A cell's plan: its policy, its input files, its dependencies (requirement strings).
+struct CellPlan {
+    policy: CallPolicy,
+    inputs: Vec<crate::files::DecodedFile>,
+    requirements: Vec<String>,
+}
+
+/// Send `script` to the session's live interpreter as cell number `state.cells + 1` and
+/// wait for its answer (its end marker), for at most `timeout`; the cell counted. The
+/// interpreter weighs on the CPU as the call's slot (`cpu`) says for this call only (a new
+/// one's start included); between calls it waits at the background weight.
+async fn exchange_cell(
+    state: &mut SlotState,
+    script: &str,
+    timeout: Duration,
+    cpu: Option<&snakebox_sandbox::CpuShare>,
+    call: CancellationToken,
+    output: Option<UnboundedSender<OutputChunk>>,
+) -> Result<snakebox_sandbox::Exchange, EngineError> {
+    let cell = state.cells + 1;
+    let marker = format!("\x1esnakebox-end-{}\x1e", ids::execution_id());
+    let request_line = serde_json::json!({
+        "code": script,
+        "marker": marker,
+        "cell": cell,
+    })
+    .to_string()
+        + "\n";
+    let Some(live) = state.interpreter.as_mut() else {
+        return Err(EngineError::new(
+            ErrorKind::Internal,
+            "The session's interpreter could not be started",
+        ));
+    };
+    let weighed = cpu.map(|share| live.attach_cpu(share));
+    let exchange = live
+        .exchange(
+            request_line.as_bytes(),
+            marker.as_bytes(),
+            timeout,
+            call,
+            output,
+        )
+        .await;
+    drop(weighed);
+    state.cells = cell;
+    state.cells_in_interpreter += 1;
+    match exchange {
+        Ok(exchange) => Ok(exchange),
+        Err(err) => {
+            state.stop("the interpreter failed").await;
+            Err(err.into())
+        }
+    }
+}
+
+/// The cell's exchange on its result: output, status and message (the run's own limits
+/// named, see [`crate::run::describe`]), exit code; an end other than an answer stops the
+/// interpreter, and says why to the next call. The runner's record, for the rest.
+async fn record_exchange(
+    result: &mut ExecutionResult,
+    state: &mut SlotState,
+    exchange: snakebox_sandbox::Exchange,
+    policy: &CallPolicy,
+) -> Vec<u8> {
+    result.duration_ms = ids::millis(exchange.duration);
+    result.stdout_truncated = exchange.stdout.truncated;
+    result.stderr_truncated = exchange.stderr.truncated;
+    result.stdout = exchange.stdout.text;
+    result.stderr = exchange.stderr.text;
+    let code = record_exit_code(&exchange.answer);
+    let ending =
+        crate::run::Ending::of_exchange(&exchange.end, code, exchange.exit_code, exchange.signal);
+    let (status, error) = crate::run::describe(
+        ending,
+        crate::run::Ran::Cell,
+        policy.shape.limits.memory_bytes,
+        policy.timeout(),
+    );
+    result.status = status;
+    result.error = error;
+    match exchange.end {
+        ExchangeEnd::Answered => result.exit_code = Some(code),
+        ExchangeEnd::TimedOut => {
+            state.stop("the previous call timed out").await;
+            result.timed_out = true;
+        }
+        ExchangeEnd::Cancelled => state.stop("the previous call was cancelled").await,
+        ExchangeEnd::MemoryLimit => state.stop("the previous call ran out of memory").await,
+        ExchangeEnd::Exited => {
+            state
+                .stop("the interpreter exited during the previous call")
+                .await;
+            result.exit_code = exchange.exit_code;
+            result.signal = exchange.signal;
+        }
+    }
+    exchange.answer
 }
 
 /// The exit code a cell's record reports (`exit()`, an exception); 1 when the record is
@@ -928,6 +925,26 @@ fn remove_if_present(path: &Path) -> std::io::Result<()> {
         Err(err) if err.kind() != std::io::ErrorKind::NotFound => Err(err),
         _ => Ok(()),
     }
+}
+
+/// What a session brings to the policy of a call made in it.
+pub(super) fn session_facts(row: &SessionRow) -> SessionFacts {
+    SessionFacts {
+        id: row.id.clone(),
+        profile: row.profile_name(),
+        network: row.network,
+        network_names: row.network_names.clone(),
+        python_version: row.python_version.clone(),
+    }
+}
+
+/// A call's result refused by policy: when the refusal is its profile's (`profile`), a
+/// `policy_refused` event says so, as for a one-shot run.
+fn refused_by(mut result: ExecutionResult, profile: Option<String>) -> ExecutionResult {
+    if let Some(profile) = profile {
+        crate::profiles::refused(&mut result, &profile);
+    }
+    result
 }
 
 /// The record of a session call made while the server stops.

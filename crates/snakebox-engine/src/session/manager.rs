@@ -657,31 +657,35 @@ impl Engine {
         }
         // A session is held to its whole profile: network, packages and tenants here; its
         // limits, subprocesses, read-only /work and imports by its interpreter's sandbox
-        // (see `start_interpreter`).
-        let profile = self
-            .config
-            .profiles
-            .for_caller(caller, request.profile.as_deref())?;
-        let refused = profile.refused_specs(&request.dependencies);
-        if !refused.is_empty() {
-            return Err(profile.packages_refused(&refused));
-        }
-        // The one-shot rule: the profile's network unless the caller declines or narrows it;
-        // fixed for the session's life.
-        let names = self.profile_network(
-            profile,
-            request.network,
-            &request.allowed_domains,
-            "session",
-        )?;
-        let network = names.is_some();
-        let network_names = match names {
+        // (see `start_interpreter`). Its network is the one-shot rule's: the profile's unless
+        // the caller declines or narrows it; fixed for the session's life.
+        let tenant = self.tenant(caller);
+        let parsed: Vec<pep508_rs::Requirement> = request
+            .dependencies
+            .iter()
+            .filter_map(|spec| spec.parse().ok())
+            .collect();
+        let policy = crate::policy::CallPolicy::decide(
+            &self.config,
+            crate::policy::CallKind::SessionStart,
+            &tenant,
+            &crate::policy::Asked {
+                profile: request.profile.as_deref(),
+                network: request.network,
+                allowed_domains: &request.allowed_domains,
+                requirements: &parsed,
+                ..crate::policy::Asked::default()
+            },
+        )
+        .map_err(|refusal| refusal.error)?;
+        let network = policy.network.is_some();
+        let network_names = match policy.network {
             Some(snakebox_sandbox::Names::Only(list)) if !request.allowed_domains.is_empty() => {
                 list
             }
             _ => Vec::new(),
         };
-        let reservation = manager.reserve_create(caller, self.tenant(caller).max_sessions)?;
+        let reservation = manager.reserve_create(caller, tenant.max_sessions)?;
         manager.check_disk(caller.id())?;
         let requirements = Self::parse_requirements(&request.dependencies)?;
         self.provide_python(request.python_version.as_deref(), None)
@@ -743,7 +747,7 @@ impl Engine {
             network,
             network_names,
             owner: caller.id().to_owned(),
-            profile: Some(profile.name.clone()),
+            profile: Some(policy.profile.clone()),
         };
         if let Err(err) = manager.store.insert(&row) {
             let _ = crate::tree::remove(&paths.root);
@@ -779,30 +783,14 @@ impl Engine {
         }
     }
 
-    /// Whether a session's code has network now: it was created with network and the server
-    /// (as started now: the policy may have changed across a restart) still allows it.
+    /// Whether a session's code has network now (see [`crate::policy::session_has_network`]).
     pub(super) fn session_network(&self, row: &SessionRow) -> bool {
-        row.network && self.config.network.allows_network()
+        crate::policy::session_has_network(&self.config, &super::interpreter::session_facts(row))
     }
 
-    /// The names a session's code may reach now: none without network; the names it was
-    /// narrowed to at creation that the server (as started now) still allows; or the
-    /// server's whole policy.
+    /// The names a session's code may reach now (see [`crate::policy::session_names`]).
     pub(super) fn session_names(&self, row: &SessionRow) -> Option<snakebox_sandbox::Names> {
-        if !self.session_network(row) {
-            return None;
-        }
-        let server = self.config.network.names()?;
-        if row.network_names.is_empty() {
-            return Some(server);
-        }
-        Some(snakebox_sandbox::Names::Only(
-            row.network_names
-                .iter()
-                .filter(|name| crate::network::covers(&server, name))
-                .cloned()
-                .collect(),
-        ))
+        crate::policy::session_names(&self.config, &super::interpreter::session_facts(row))
     }
 
     /// Every session.

@@ -70,8 +70,8 @@ const SANDBOX_WORK_DIR: &str = "/work";
 pub const MAX_FILE_BYTES: u64 = 10 * 1024 * 1024;
 /// Most entries `list_files` returns.
 const MAX_LIST_ENTRIES: usize = 1000;
-/// Time limit of one uv step of a session install.
-const INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
+/// Time limit of one uv step of a session install (see `CallKind::SessionInstall`).
+const INSTALL_TIMEOUT: Duration = crate::policy::SESSION_INSTALL_TIMEOUT;
 
 /// What `create_session` asks for.
 #[derive(Debug, Clone, Default)]
