@@ -144,7 +144,7 @@ impl crate::error::Hint for ArtifactError {
 }
 
 /// The content of one artifact.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ArtifactContent {
     /// Its URI.
     pub uri: String,
@@ -152,7 +152,8 @@ pub struct ArtifactContent {
     pub name: String,
     /// MIME type.
     pub mime_type: String,
-    /// The bytes.
+    /// The bytes (base64 in JSON).
+    #[serde(with = "crate::api::base64_bytes")]
     pub data: Vec<u8>,
 }
 

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ids::human_bytes;
 
@@ -269,7 +269,7 @@ impl Ledger {
 }
 
 /// One store as `check_environment` shows it to a tenant.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StoreReport {
     /// The tenant's budget in this store, in words, and what happens past it.
     pub budget: String,
@@ -287,7 +287,7 @@ pub struct StoreReport {
 }
 
 /// The writer's queue, shared by every tenant.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct WriteQueueReport {
     /// Bytes of records it holds at most; past it, the tenant with the most queued loses its
     /// own newest records first.
@@ -303,7 +303,7 @@ pub struct WriteQueueReport {
 /// log, the artifact store), its budget in each, and what its budgets removed. Another
 /// tenant's use never removes a tenant's records: each store removes the overflowing tenant's
 /// own oldest.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct StoresReport {
     /// Whose figures these are: the caller's own tenant (absent in the operator's report,
     /// which shows the budgets only).

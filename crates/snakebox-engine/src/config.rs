@@ -16,7 +16,17 @@ pub const DEFAULT_PREFORK: usize = 2;
 
 /// Everything the engine needs to know from the operator.
 /// `python_downloads`: whether the server downloads a Python version it lacks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    schemars::JsonSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum PythonDownloads {
     /// Never (the default): a missing version is refused, naming the fix.

@@ -12,10 +12,10 @@
 //! (invalid), the host's (unavailable), or a bug (internal). `?` does the rest.
 
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// What kind of failure an [`EngineError`] is: the one fact a face maps to its own terms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
     /// The request is wrong (an argument, the script's metadata, a path): fix the request.
@@ -62,7 +62,7 @@ impl ErrorKind {
 /// An error that stopped the execution before or around the script (not the script's own
 /// exception, which is in `stderr`): the wire form of an [`EngineError`], or of a limit
 /// the run reached.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ErrorInfo {
     /// What went wrong.
     pub message: String,
@@ -75,7 +75,7 @@ pub struct ErrorInfo {
 }
 
 /// A failure of an engine call: its kind, what went wrong, and how to fix it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 #[error("{message}")]
 pub struct EngineError {
     /// What kind of failure.

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use schemars::JsonSchema;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use snakebox_fs::RelativePath;
 
 use crate::EngineError;
@@ -20,7 +20,7 @@ pub const MAX_INPUT_FILES: usize = 100;
 pub const MAX_INPUT_BYTES: usize = 32 << 20;
 
 /// How the `content` of an input file is encoded.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FileEncoding {
     /// Text, written as UTF-8 (the default).
@@ -32,7 +32,7 @@ pub enum FileEncoding {
 }
 
 /// One file to place in the working directory before the script runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InputFile {
     /// Relative path inside the working directory, e.g. `data/in.csv`.
     pub path: String,

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, params};
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::audit::{AuditEntry, AuditLog, MAX_DEPENDENCIES, MAX_FIELD_BYTES, cap_list, cap_text};
 use crate::budget::PerTenant;
@@ -69,7 +69,7 @@ const MAX_BATCH: usize = 256;
 const QUEUED_OVERHEAD_BYTES: u64 = 512;
 
 /// What kind of call a run was.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RunKind {
     /// `execute_python` without a session: a fresh sandbox.
@@ -173,7 +173,7 @@ impl RequestDigest {
 }
 
 /// Which of a caller's runs to list, newest first.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RunQuery {
     /// At most this many.
     pub limit: usize,
@@ -184,7 +184,7 @@ pub struct RunQuery {
 }
 
 /// One run as recorded.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct RunRecord {
     /// The run's execution id (its artifacts' URIs carry it).
     pub execution_id: String,

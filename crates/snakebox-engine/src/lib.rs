@@ -8,6 +8,7 @@
 //! Fail closed: when the configured sandbox backend cannot isolate, the engine still starts (so
 //! `check_environment` can say why) but refuses every execution with the reason and the fix.
 
+pub mod api;
 mod artifacts;
 mod audit;
 mod budget;
@@ -47,6 +48,11 @@ use std::sync::{Arc, Mutex};
 use snakebox_env::{CacheConfig, EnvCache, Interpreters, Uv};
 use snakebox_sandbox::{Sandbox, SandboxConfig};
 
+pub use api::{
+    ArtifactDownload, ArtifactHead, EngineApi, EngineHandle, EngineHost, InstallPackages,
+    ListFiles, OpenArtifact, OutputSink, ReadFile, RunCommand, ToolCallAudit, ValidateScript,
+    WireExecution, WriteFile,
+};
 pub use artifacts::{
     ArtifactContent, ArtifactError, ArtifactFile, ArtifactPrune, ArtifactStore,
     URI_PREFIX as ARTIFACT_URI_PREFIX, URI_TEMPLATE as ARTIFACT_URI_TEMPLATE, encode_artifact_path,

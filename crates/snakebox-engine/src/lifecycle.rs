@@ -91,7 +91,7 @@ pub(crate) struct Call<'a> {
 
 /// What a running call has printed so far, for a live view (the web UI); at most
 /// [`LIVE_MAX_BYTES`] of each stream are kept (the run's own result keeps its usual caps).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LiveOutput {
     /// Standard output so far.
     pub stdout: String,

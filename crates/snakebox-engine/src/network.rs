@@ -11,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::OnceLock;
 
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use snakebox_sandbox::{Names, NetCaps, NetDecision, NetResolver, NetRules, RunProxy};
 
 use crate::{Engine, EngineError, ErrorKind};
@@ -190,7 +190,7 @@ pub fn parse_install_hosts(text: &str) -> Result<Vec<String>, String> {
 }
 
 /// One decision of the run's proxy, as the result reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct NetworkLogEntry {
     /// The destination asked for (a name, or an address).
     pub host: String,

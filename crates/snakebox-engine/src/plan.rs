@@ -14,7 +14,7 @@ use crate::files::DecodedFile;
 use crate::{Engine, EngineError, ErrorKind};
 
 /// One request to run a script.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ExecuteRequest {
     /// Python source, possibly with a PEP 723 `# /// script` block.
     pub script: String,

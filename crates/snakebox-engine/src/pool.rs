@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use snakebox_env::Environment;
 use snakebox_sandbox::{ForkServer, PendingRun};
 
@@ -240,7 +240,7 @@ pub(crate) struct WarmPool {
 }
 
 /// The warm pool in `check_environment`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct PoolReport {
     /// Sandboxes kept ready per environment (`--warm-pool`); 0 when the pool is off.
     pub size: usize,
@@ -276,7 +276,7 @@ pub struct PoolReport {
 }
 
 /// One fork server in `check_environment`.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ForkServerReport {
     /// The environment it forks runs of (its cache key).
     pub environment: String,

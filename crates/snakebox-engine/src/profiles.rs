@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::{EngineError, ErrorKind};
 
@@ -44,7 +44,7 @@ impl ProfileNetwork {
 }
 
 /// Limits of a profile; each is at most the server's (absent: the server's).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ProfileLimits {
     /// Longest run, in seconds.
     pub timeout_seconds: Option<u64>,

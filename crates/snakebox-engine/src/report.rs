@@ -2,15 +2,15 @@
 //! whether it really isolates, each limit and whether it is enforced, interpreters, cache.
 
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::ids::human_bytes;
 use crate::{Caller, Engine};
 
 /// State of cache warming. On the wire one flat object ([`WarmReport`]): a tagged union
 /// would be a `oneOf`, which the model providers' schema rules refuse.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
-#[serde(into = "WarmReport")]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(into = "WarmReport", from = "WarmReport")]
 #[schemars(with = "WarmReport")]
 pub enum WarmState {
     /// `--no-warm-cache` was given.
@@ -32,7 +32,7 @@ pub enum WarmState {
 }
 
 /// Cache warming as `check_environment` reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct WarmReport {
     /// `disabled` (`--no-warm-cache`), `pending`, `running`, `ready` or `failed` (executions
     /// will retry and report the reason).
@@ -44,7 +44,7 @@ pub struct WarmReport {
 }
 
 /// The phase of cache warming.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum WarmPhase {
     /// `--no-warm-cache` was given.
@@ -76,8 +76,24 @@ impl From<WarmState> for WarmReport {
     }
 }
 
+impl From<WarmReport> for WarmState {
+    fn from(report: WarmReport) -> Self {
+        match report.state {
+            WarmPhase::Disabled => WarmState::Disabled,
+            WarmPhase::Pending => WarmState::Pending,
+            WarmPhase::Running => WarmState::Running,
+            WarmPhase::Ready => WarmState::Ready {
+                duration_ms: report.duration_ms.unwrap_or_default(),
+            },
+            WarmPhase::Failed => WarmState::Failed {
+                message: report.message.unwrap_or_default(),
+            },
+        }
+    }
+}
+
 /// One interpreter found on this host.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct InterpreterReport {
     /// Full version.
     pub version: String,
@@ -88,7 +104,7 @@ pub struct InterpreterReport {
 }
 
 /// A limit and how it is enforced here.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct LimitStatus {
     /// Limit name.
     pub name: String,
@@ -101,7 +117,7 @@ pub struct LimitStatus {
 }
 
 /// The environment cache.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct CacheReport {
     /// Data directory.
     pub location: String,
@@ -122,7 +138,7 @@ pub struct CacheReport {
 }
 
 /// Background byte-compilation of new environments (see [`CacheReport::compilation`]).
-#[derive(Debug, Clone, Default, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, JsonSchema)]
 pub struct CompilationReport {
     /// Whether new environments are published before they are compiled (a server: yes).
     pub deferred: bool,
@@ -138,7 +154,7 @@ pub struct CompilationReport {
 
 /// The caps of a run's network proxy (`[network]` `max_connections`, `max_bytes`,
 /// `max_connection_seconds`).
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct NetworkCapsReport {
     /// Connections one run (or session call) may open.
     pub connections: u64,
@@ -149,7 +165,7 @@ pub struct NetworkCapsReport {
 }
 
 /// The artifact store.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ArtifactsReport {
     /// Directory of the store.
     pub location: String,
@@ -160,7 +176,7 @@ pub struct ArtifactsReport {
 }
 
 /// The full `check_environment` record.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct EnvironmentReport {
     /// snakebox version.
     pub snakebox_version: String,
@@ -228,7 +244,7 @@ pub struct EnvironmentReport {
 }
 
 /// One profile as `check_environment` shows it.
-#[derive(Debug, Clone, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ProfileReport {
     /// Its name, for `profile`.
     pub name: String,

@@ -4,14 +4,14 @@
 //! It lives in the engine (not the server) because the CLI prints the same record.
 
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use crate::error::ErrorInfo;
 use crate::error::ErrorKind;
 use crate::events::{EventKind, MAX_NETWORK_EVENTS, SecurityEvent, event};
 
 /// How an execution ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// The script exited with code 0.
@@ -77,7 +77,7 @@ impl Status {
 }
 
 /// A package installed in the environment the script ran in.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Package {
     /// Distribution name.
     pub name: String,
@@ -98,7 +98,7 @@ pub struct ResourceUse {
 }
 
 /// The complete record of one `execute_python` call.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ExecutionResult {
     /// Unique id of this execution.
     pub execution_id: String,
@@ -178,7 +178,7 @@ pub struct ExecutionResult {
 }
 
 /// A value as a notebook shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ValueRepr {
     /// `repr()` of the value (capped).
     pub repr: String,
@@ -189,7 +189,7 @@ pub struct ValueRepr {
 }
 
 /// An uncaught exception.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ExceptionInfo {
     /// Exception class name, e.g. `ZeroDivisionError`.
     pub type_name: String,
@@ -202,7 +202,7 @@ pub struct ExceptionInfo {
 }
 
 /// A file produced by a run, kept in the artifact store.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Artifact {
     /// Path relative to the run's working directory (for figures: `figure-N.png`; for an
     /// image that was the last expression: `result.png`).
@@ -227,7 +227,7 @@ pub struct Artifact {
 }
 
 /// Where an artifact came from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ArtifactOrigin {
     /// A file the script created or changed in its working directory.
@@ -239,7 +239,7 @@ pub enum ArtifactOrigin {
 }
 
 /// A file of the working directory that was not kept as an artifact.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SkippedFile {
     /// Path relative to the working directory.
     pub name: String,
@@ -248,11 +248,12 @@ pub struct SkippedFile {
 }
 
 /// An image sent inline with the reply (not part of the structured record).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InlineImage {
     /// `image/png`, `image/jpeg`, `image/gif`, `image/webp` or `image/svg+xml`.
     pub mime_type: String,
-    /// The image bytes.
+    /// The image bytes (base64 in JSON).
+    #[serde(with = "crate::api::base64_bytes")]
     pub data: Vec<u8>,
     /// The artifact it is a copy of.
     pub uri: String,

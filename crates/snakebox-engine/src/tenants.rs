@@ -89,7 +89,9 @@ pub struct TenantOverride {
 /// One tenant as the engine sees it: what it may take of the server and keep in its stores,
 /// and which profiles it may name. Looked up from a [`Caller`] (`TenantBook::tenant`);
 /// `check_environment` shows a tenant its own.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, schemars::JsonSchema)]
+#[derive(
+    Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
 pub struct Tenant {
     /// The tenant's name (its callers' id).
     pub name: String,

@@ -89,7 +89,7 @@ const IMPORT_ALIASES: [(&str, &str); 22] = [
 ];
 
 /// Where an imported module comes from, as far as the check can tell.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ImportOrigin {
     /// The target Python's standard library.
@@ -101,7 +101,7 @@ pub enum ImportOrigin {
 }
 
 /// One import the script makes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ImportFound {
     /// The module, as written (`os.path`, `numpy`).
     pub module: String,
@@ -116,7 +116,7 @@ pub struct ImportFound {
 }
 
 /// The script's size and shape.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ScriptAnalysis {
     /// Lines of source.
     pub lines: usize,
@@ -175,7 +175,7 @@ fn origin_of(module: &str, stdlib: &[String], dependencies: &[String]) -> Import
 }
 
 /// One problem found in a script.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct ValidationProblem {
     /// What kind of problem (`malformed_toml`, `invalid_requirement`, `syntax_error`, ...).
     pub kind: String,
@@ -190,7 +190,7 @@ pub struct ValidationProblem {
 }
 
 /// The verdict of `validate_script`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Validation {
     /// True when no problem was found.
     pub valid: bool,

@@ -49,7 +49,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{any_service, get, post};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
-use snakebox_engine::Engine;
+use snakebox_engine::{EngineHandle, EngineHost};
 use snakebox_server::SnakeboxServer;
 use tokio_util::sync::CancellationToken;
 
@@ -164,14 +164,15 @@ impl HttpError {
 /// A bad public URL, a non-loopback bind without authentication, a download-link secret
 /// that cannot be read or made.
 pub fn router(
-    engine: Arc<Engine>,
+    engine: impl Into<EngineHandle>,
     config: &HttpConfig,
     keys: KeyStore,
     stop: CancellationToken,
 ) -> Result<Router, HttpError> {
+    let engine: EngineHandle = engine.into();
     let edge = Arc::new(Edge::new(config, keys)?);
     let links = Arc::new(links::Links {
-        signer: LinkSigner::load_or_create(&engine.config().data_dir)?,
+        signer: LinkSigner::load_or_create(&engine.host().config().data_dir)?,
         ttl: config.link_ttl,
         public_url: edge.public_url(),
         fallback_base: authority::BaseUrl::http(authority::Authority::from(config.addr)),
@@ -192,7 +193,7 @@ pub fn router(
         mcp.cancellation_token = stop.child_token();
         mcp
     };
-    let handler = SnakeboxServer::per_request(Arc::clone(&engine));
+    let handler = SnakeboxServer::per_request(engine.clone());
     let handler = if config.conformance_fixtures {
         handler.with_conformance_fixtures()
     } else {
@@ -203,9 +204,9 @@ pub fn router(
         Arc::new(NeverSessionManager::default()),
         mcp_config,
     );
-    let ready_engine = Arc::clone(&engine);
-    let files_engine = Arc::clone(&engine);
-    let legacy = sse::SseSessions::new(Arc::clone(&engine), edge.live(), stop.child_token());
+    let ready_engine = Arc::clone(engine.host());
+    let files_engine = Arc::clone(engine.api());
+    let legacy = sse::SseSessions::new(engine.clone(), edge.live(), stop.child_token());
     // Who may call what, by route group (the edge's checks before them cover every route):
     // the MCP transports and /metrics take an API key; the legacy SSE posts a key or their
     // session's id; download links their signature (`links`); the web UI its session cookie
@@ -222,7 +223,7 @@ pub fn router(
         )
         .route(
             "/metrics",
-            get(scrape::metrics).with_state(Arc::clone(&engine)),
+            get(scrape::metrics).with_state(Arc::clone(engine.host())),
         )
         .route_layer(axum::middleware::from_fn_with_state(
             Arc::clone(&edge),
@@ -241,14 +242,14 @@ pub fn router(
         .route("/ui/", ui::slash())
         .nest(
             "/ui",
-            ui::router(Arc::clone(&engine), edge.live(), edge.public_url()),
+            ui::router(Arc::clone(engine.api()), edge.live(), edge.public_url()),
         )
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/readyz",
             get(move || {
                 let engine = Arc::clone(&ready_engine);
-                async move { readiness(&engine) }
+                async move { readiness(engine.as_ref()) }
             }),
         )
         .route(
@@ -271,7 +272,7 @@ pub fn router(
 }
 
 /// `/readyz`: 200 when runs can be served, else 503 with the reasons.
-fn readiness(engine: &Engine) -> Response {
+fn readiness(engine: &dyn EngineHost) -> Response {
     let report = engine.report();
     let body = serde_json::json!({
         "ready": report.ready,
@@ -292,11 +293,12 @@ fn readiness(engine: &Engine) -> Response {
 /// The address cannot be bound, the key store cannot be read, or authentication would be off
 /// on a non-loopback address.
 pub async fn serve(
-    engine: Arc<Engine>,
+    engine: impl Into<EngineHandle>,
     config: &HttpConfig,
     stop: CancellationToken,
 ) -> Result<(), HttpError> {
-    let keys = KeyStore::new(&engine.config().data_dir);
+    let engine: EngineHandle = engine.into();
+    let keys = KeyStore::new(&engine.host().config().data_dir);
     // Checked before binding: a refused configuration never holds the port.
     Edge::new(config, keys.clone())?;
     let listener = tokio::net::TcpListener::bind(config.addr)
@@ -311,7 +313,7 @@ pub async fn serve(
         addr: bound,
         ..config.clone()
     };
-    let router = router(Arc::clone(&engine), &bound_config, keys, stop.clone())?;
+    let router = router(engine, &bound_config, keys, stop.clone())?;
     tracing::info!(%bound, "serving MCP over HTTP at http://{bound}/mcp");
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { stop.cancelled().await })

@@ -26,7 +26,7 @@ use axum::response::{IntoResponse, Response};
 use hmac::{Hmac, KeyInit, Mac};
 use serde::Deserialize;
 use sha2::Sha256;
-use snakebox_engine::{Caller, Engine, ErrorKind};
+use snakebox_engine::{Caller, EngineApi, ErrorKind, OpenArtifact};
 use snakebox_server::{DownloadLinks, Downloads};
 
 use crate::authority::BaseUrl;
@@ -319,7 +319,7 @@ fn valid_name(path: &str) -> bool {
 
 /// `GET /files/{execution_id}/{path}`.
 pub(crate) async fn download(
-    State((engine, links)): State<(Arc<Engine>, Arc<Links>)>,
+    State((engine, links)): State<(Arc<dyn EngineApi>, Arc<Links>)>,
     UrlPath((execution_id, path)): UrlPath<(String, String)>,
     query: Result<Query<LinkQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
@@ -359,7 +359,11 @@ pub(crate) async fn download(
     let Ok(caller) = Caller::tenant(&tenant) else {
         return not_found();
     };
-    let opened = match engine.open_artifact(&caller, &execution_id, &path).await {
+    let request = OpenArtifact {
+        execution_id: execution_id.clone(),
+        path: path.clone(),
+    };
+    let opened = match engine.open_artifact(&caller, request).await {
         Ok(opened) => opened,
         // Not found: the store says why (an artifact removed by its own tenant's budget
         // says so; the link names that tenant, so nobody else's state is told).
@@ -378,19 +382,18 @@ pub(crate) async fn download(
             return refused.into_response();
         }
     };
-    let file_name = opened
+    let head = opened.head;
+    let file_name = head
         .name
         .rsplit('/')
         .next()
-        .unwrap_or(&opened.name)
+        .unwrap_or(&head.name)
         .to_owned();
-    let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(
-        tokio::fs::File::from_std(opened.file),
-    ));
+    let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(opened.body));
     let mut response = Response::new(body);
     let headers = response.headers_mut();
-    crate::download::attachment_headers(headers, &file_name, &opened.mime_type);
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(opened.size));
+    crate::download::attachment_headers(headers, &file_name, &head.mime_type);
+    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(head.size));
     response
 }
 

@@ -16,7 +16,7 @@ use axum::http::{HeaderValue, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use snakebox_engine::Engine;
+use snakebox_engine::EngineHost;
 use snakebox_engine::telemetry::{RUN_DURATION, RUN_SETUP};
 
 /// Buckets of the duration histograms, in seconds (a run is usually well under a second, an
@@ -145,7 +145,7 @@ fn describe() {
 }
 
 /// `GET /metrics`.
-pub(crate) async fn metrics(State(engine): State<Arc<Engine>>) -> Response {
+pub(crate) async fn metrics(State(engine): State<Arc<dyn EngineHost>>) -> Response {
     let handle = handle();
     // The cache's size is read from disk: off the async threads.
     let rendered = tokio::task::spawn_blocking(move || {

@@ -29,7 +29,7 @@ use axum::response::{IntoResponse, Response};
 use rmcp::ServiceExt;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use serde::Deserialize;
-use snakebox_engine::{Caller, Engine};
+use snakebox_engine::{Caller, EngineHandle};
 use snakebox_server::SnakeboxServer;
 
 use crate::live::{Credential, LiveKeys};
@@ -52,7 +52,7 @@ struct Entry {
 
 /// The open SSE sessions of a server.
 pub(crate) struct SseSessions {
-    engine: Arc<Engine>,
+    engine: EngineHandle,
     live: LiveKeys,
     sessions: Mutex<HashMap<String, Entry>>,
     stop: CancellationToken,
@@ -88,7 +88,7 @@ fn session_id() -> Option<String> {
 
 impl SseSessions {
     pub(crate) fn new(
-        engine: Arc<Engine>,
+        engine: EngineHandle,
         live: LiveKeys,
         stop: CancellationToken,
     ) -> Arc<SseSessions> {
@@ -130,7 +130,7 @@ pub(crate) async fn open(
                 to_server,
             },
         );
-    let mut server = SnakeboxServer::for_caller(Arc::clone(&sessions.engine), caller);
+    let mut server = SnakeboxServer::for_caller(sessions.engine.clone(), caller);
     if let Some(Extension(downloads)) = downloads {
         server = server.with_downloads(downloads);
     }

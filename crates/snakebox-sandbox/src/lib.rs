@@ -39,7 +39,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
@@ -314,7 +314,7 @@ pub struct SandboxConfig {
 }
 
 /// One stream chunk, sent while the run is going (for progress notifications).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputChunk {
     /// Which stream it came from.
     pub stream: Stream,
@@ -323,7 +323,7 @@ pub struct OutputChunk {
 }
 
 /// An output stream of the command.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Stream {
     /// Standard output.

@@ -239,7 +239,7 @@ only lower the limit; `use_container` works only where the server runs container
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let caller = self.caller(&context)?;
-        let config = self.engine.config();
+        let config = self.host.config();
         if params.use_container == Some(true) && !config.backend.runs_in_containers() {
             return Ok(crate::sessions::failure(&EngineError::invalid(
                 format!(
@@ -296,11 +296,11 @@ Example: {\"code\": \"import os; os.system('ls')\"} -> valid false, errors [\"Li
             .engine
             .validate(
                 &caller,
-                &params.code,
-                &[],
-                None,
-                None,
-                params.allowed_imports.as_deref(),
+                snakebox_engine::ValidateScript {
+                    script: params.code.clone(),
+                    allowed_imports: params.allowed_imports,
+                    ..snakebox_engine::ValidateScript::default()
+                },
             )
             .await
         {
@@ -376,7 +376,7 @@ check_environment has the full report.",
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let caller = self.caller(&context)?;
-        let config = self.engine.config();
+        let config = self.host.config();
         let profiles = &config.profiles;
         let default = profiles.all.get(&profiles.default);
         let memory = default

@@ -1,7 +1,7 @@
 //! The MCP face of snakebox: tool definitions (rmcp), argument checks and result shaping.
 //!
 //! Thin by design: every handler converts typed parameters into an engine request, calls the
-//! [`snakebox_engine::Engine`], and returns the record both as `structuredContent` (with an
+//! engine through [`snakebox_engine::EngineApi`] (in this process, or over a wire), and returns the record both as `structuredContent` (with an
 //! object-rooted `outputSchema`) and as text sections that clients written for
 //! `mcp-python-exec-sandbox` already understand. Problems with the *values* of arguments are
 //! tool results with `isError: true` and a hint; protocol errors are kept for malformed
@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rmcp::ServiceExt;
-use snakebox_engine::{Engine, StopReason};
+use snakebox_engine::{EngineHandle, StopReason};
 use tokio_util::sync::CancellationToken;
 
 pub use frames::DEFAULT_MAX_FRAME_BYTES;
@@ -29,9 +29,9 @@ pub use tools::{DownloadLinks, Downloads, RequestGone, SnakeboxServer};
 
 /// Serve MCP over stdin/stdout until the client closes our input or `stop` resolves (a
 /// signal, in the binary). Either way the engine stops taking calls and cancels those in
-/// flight ([`Engine::begin_shutdown`]); their replies (status `cancelled`) are written before
+/// flight ([`EngineHost::begin_shutdown`](snakebox_engine::EngineHost::begin_shutdown)); their replies (status `cancelled`) are written before
 /// this returns, waiting at most `drain` for them. The caller then releases the host with
-/// [`Engine::shutdown`].
+/// `Engine::shutdown`.
 ///
 /// Messages pass through the stdio framing (`frames`): one per line, at most
 /// `max_frame_bytes` long, each answered per JSON-RPC 2.0 before rmcp sees it.
@@ -39,7 +39,7 @@ pub use tools::{DownloadLinks, Downloads, RequestGone, SnakeboxServer};
 /// # Errors
 /// When the transport fails to start or breaks.
 pub async fn serve_stdio(
-    engine: Arc<Engine>,
+    engine: impl Into<EngineHandle>,
     stop: impl Future<Output = StopReason>,
     drain: Duration,
     max_frame_bytes: usize,
@@ -58,7 +58,9 @@ pub async fn serve_stdio(
         input_closed.clone(),
         release.clone(),
     );
-    let serving = SnakeboxServer::new(Arc::clone(&engine)).serve(transport);
+    let handle: EngineHandle = engine.into();
+    let engine = Arc::clone(handle.host());
+    let serving = SnakeboxServer::new(handle).serve(transport);
     tokio::pin!(serving, stop);
     let service = loop {
         tokio::select! {

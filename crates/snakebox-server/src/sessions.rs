@@ -16,8 +16,9 @@ use rmcp::{ErrorData, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_engine::{
-    CreateSession, EngineError, ExecutionResult, FileContent, FileList, FileWritten, InstallState,
-    InstallStatus, PackageList, SessionInfo, SessionList,
+    CreateSession, EngineError, ExecutionResult, FileContent, FileList, FileWritten,
+    InstallPackages, InstallState, InstallStatus, ListFiles, PackageList, ReadFile, RunCommand,
+    SessionInfo, SessionList, WriteFile,
 };
 
 use crate::tools::{SnakeboxServer, progress, structured};
@@ -346,9 +347,11 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"packages\": [\"six==1.16.0\"
             .engine
             .install_packages(
                 &caller,
-                &params.session_id,
-                params.packages,
-                Some(wait),
+                InstallPackages {
+                    session_id: params.session_id,
+                    packages: params.packages,
+                    wait: Some(wait),
+                },
                 sender,
             )
             .await;
@@ -414,9 +417,11 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"command\": \"ls -la && wc -l
             .engine
             .run_command(
                 &caller,
-                &params.session_id,
-                &params.command,
-                params.timeout_seconds,
+                RunCommand {
+                    session_id: params.session_id,
+                    command: params.command,
+                    timeout_seconds: params.timeout_seconds,
+                },
                 self.call_token(&context),
                 sender,
             )
@@ -445,10 +450,12 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"path\": \"data/input.csv\", 
             .engine
             .write_file(
                 &caller,
-                &params.session_id,
-                &params.path,
-                &params.content,
-                params.encoding.as_deref(),
+                WriteFile {
+                    session_id: params.session_id,
+                    path: params.path,
+                    content: params.content,
+                    encoding: params.encoding,
+                },
             )
             .await;
         Ok(answer(result, |w| {
@@ -471,7 +478,13 @@ symbolic links are not followed.\n\nExample: {\"session_id\": \"s-0123456789abcd
         let caller = self.caller(&context)?;
         let result = self
             .engine
-            .read_file(&caller, &params.session_id, &params.path)
+            .read_file(
+                &caller,
+                ReadFile {
+                    session_id: params.session_id,
+                    path: params.path,
+                },
+            )
             .await;
         Ok(answer(result, |file| {
             if file.encoding == "utf-8" {
@@ -503,9 +516,11 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"path\": \"\", \"depth\": 2}"
             .engine
             .list_files(
                 &caller,
-                &params.session_id,
-                params.path.as_deref().unwrap_or_default(),
-                depth,
+                ListFiles {
+                    session_id: params.session_id,
+                    path: params.path.unwrap_or_default(),
+                    depth,
+                },
             )
             .await;
         Ok(answer(result, |list| {

@@ -19,8 +19,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_engine::OutputChunk;
 use snakebox_engine::{
-    Caller, Engine, EnvironmentReport, ExecuteRequest, ExecutionResult, FileEncoding, InputFile,
-    Status, Validation,
+    Caller, EngineApi, EngineHandle, EngineHost, EnvironmentReport, ExecuteRequest,
+    ExecutionResult, FileEncoding, InputFile, Status, ToolCallAudit, ValidateScript, Validation,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -148,7 +148,11 @@ pub struct Downloads(pub Arc<dyn DownloadLinks>);
 /// The MCP server: one engine shared by every request.
 #[derive(Clone)]
 pub struct SnakeboxServer {
-    pub(crate) engine: Arc<Engine>,
+    /// Every call of a tenant's request goes here: the engine in this process, or over a
+    /// wire ([`snakebox_engine::api`]).
+    pub(crate) engine: Arc<dyn EngineApi>,
+    /// This process's own matters: the settings the tools read.
+    pub(crate) host: Arc<dyn EngineHost>,
     /// Who every call of this connection is for: stdio has one caller ([`Caller::local`]).
     /// `None` on a face with tenants ([`SnakeboxServer::per_request`]): each request carries
     /// its own, put there by the face after it authenticated the request.
@@ -163,18 +167,20 @@ pub struct SnakeboxServer {
 
 #[tool_router]
 impl SnakeboxServer {
-    /// A server over this engine.
+    /// A server over this engine (an `Arc<Engine>`, or any [`EngineHandle`]).
     #[must_use]
-    pub fn new(engine: Arc<Engine>) -> Self {
+    pub fn new(engine: impl Into<EngineHandle>) -> Self {
         Self::for_caller(engine, Caller::local())
     }
 
     /// A server over this engine whose calls are all `caller`'s.
     #[must_use]
-    pub fn for_caller(engine: Arc<Engine>, caller: Caller) -> Self {
-        let tool_router = Self::tools_for(&engine);
+    pub fn for_caller(engine: impl Into<EngineHandle>, caller: Caller) -> Self {
+        let engine: EngineHandle = engine.into();
+        let tool_router = Self::tools_for(engine.host().as_ref());
         Self {
-            engine,
+            engine: Arc::clone(engine.api()),
+            host: Arc::clone(engine.host()),
             caller: Some(caller),
             downloads: None,
             tool_router,
@@ -194,10 +200,12 @@ impl SnakeboxServer {
     /// authenticating the request). A request without one is refused, never served as
     /// anyone's.
     #[must_use]
-    pub fn per_request(engine: Arc<Engine>) -> Self {
-        let tool_router = Self::tools_for(&engine);
+    pub fn per_request(engine: impl Into<EngineHandle>) -> Self {
+        let engine: EngineHandle = engine.into();
+        let tool_router = Self::tools_for(engine.host().as_ref());
         Self {
-            engine,
+            engine: Arc::clone(engine.api()),
+            host: Arc::clone(engine.host()),
             caller: None,
             downloads: None,
             tool_router,
@@ -215,8 +223,8 @@ impl SnakeboxServer {
 
     /// The tools this engine's server offers: snakebox's, and the compatibility tool set
     /// ([`crate::compat`]) when the operator turned it on.
-    fn tools_for(engine: &Engine) -> ToolRouter<Self> {
-        if engine.config().compat_tools {
+    fn tools_for(host: &dyn EngineHost) -> ToolRouter<Self> {
+        if host.config().compat_tools {
             Self::all_tools_with_compat()
         } else {
             Self::all_tools()
@@ -400,11 +408,13 @@ code runs and nothing is installed.\n\nExample: {\"script\": \"import numpy\\npr
             .engine
             .validate(
                 &caller,
-                &params.script,
-                params.dependencies.as_deref().unwrap_or_default(),
-                params.python_version.as_deref(),
-                params.profile.as_deref(),
-                params.allowed_imports.as_deref(),
+                ValidateScript {
+                    script: params.script,
+                    dependencies: params.dependencies.unwrap_or_default(),
+                    python_version: params.python_version,
+                    profile: params.profile,
+                    allowed_imports: params.allowed_imports,
+                },
             )
             .await
         {
@@ -427,7 +437,7 @@ whether it is enforced here, network policy, available Python versions, and the 
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
         let caller = self.caller(&context)?;
-        let report = self.engine.report_for(&caller);
+        let report = self.engine.report_for(&caller).await;
         Ok(structured(&report, report_text(&report), false))
     }
 }
@@ -465,15 +475,19 @@ impl ServerHandler for SnakeboxServer {
             .as_ref()
             .filter(|_| !RUN_TOOLS.contains(&name.as_ref()));
         let sent = request.arguments.clone();
-        let refused = |caller: Option<&Caller>| {
-            if let Some(caller) = caller {
-                let request = serde_json::json!({ "name": &name, "arguments": &sent });
-                self.engine
-                    .audit_refused_call(caller, &name, &request.to_string());
+        let refused = |caller: Option<Caller>| {
+            let request = serde_json::json!({ "name": &name, "arguments": &sent }).to_string();
+            let (engine, tool) = (Arc::clone(&self.engine), name.to_string());
+            async move {
+                if let Some(caller) = caller {
+                    engine
+                        .audit_tool_call(&caller, ToolCallAudit::Refused { tool, request })
+                        .await;
+                }
             }
         };
         if self.tool_router.get(&name).is_none() {
-            refused(caller.as_ref());
+            refused(caller.clone()).await;
             let tools: Vec<String> = self
                 .tool_router
                 .list_all()
@@ -492,7 +506,7 @@ impl ServerHandler for SnakeboxServer {
         let mut response = match response {
             Ok(response) => response,
             Err(error) => {
-                refused(caller.as_ref());
+                refused(caller.clone()).await;
                 return Err(error);
             }
         };
@@ -500,14 +514,18 @@ impl ServerHandler for SnakeboxServer {
             let unfit = crate::arguments::explain_unfit(&name, &wrong_types, result);
             crate::arguments::note_ignored(result, &ignored);
             if unfit {
-                refused(caller.as_ref());
+                refused(caller.clone()).await;
             } else if let Some(caller) = &audited {
                 let status = if result.is_error == Some(true) {
                     "error"
                 } else {
                     "ok"
                 };
-                self.engine.audit_tool_call(caller, &name, status);
+                let audit = ToolCallAudit::Answered {
+                    tool: name.to_string(),
+                    status: status.to_owned(),
+                };
+                self.engine.audit_tool_call(caller, audit).await;
             }
         }
         Ok(response)
@@ -551,7 +569,7 @@ impl ServerHandler for SnakeboxServer {
             .with_description(format!(
                 "A file a run wrote in its working directory, or an image it produced; the \
                  URIs come in execute_python results (artifacts, resource_link content). {}.",
-                self.engine.artifact_store().retention()
+                self.host.artifact_retention()
             ));
         let mut templates = vec![template];
         if self.fixtures {
@@ -594,7 +612,7 @@ impl ServerHandler for SnakeboxServer {
         if self.fixtures && crate::conformance::is_fixture_uri(&request.uri) {
             return crate::conformance::read(&request.uri).map(ReadResourceResponse::from);
         }
-        read_artifact(&self.engine, &caller, &request.uri)
+        read_artifact(self.engine.as_ref(), &caller, &request.uri)
             .await
             .map(ReadResourceResponse::from)
     }
@@ -685,7 +703,7 @@ const LISTED_ARTIFACTS: usize = 100;
 
 /// `resources/read` of an artifact: text when it is text, base64 otherwise.
 async fn read_artifact(
-    engine: &Engine,
+    engine: &dyn EngineApi,
     caller: &Caller,
     uri: &str,
 ) -> Result<ReadResourceResult, ErrorData> {

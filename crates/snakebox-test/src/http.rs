@@ -11,7 +11,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request, Response, StatusCode, header};
 use serde_json::{Value, json};
-use snakebox_engine::Engine;
+use snakebox_engine::{Engine, EngineHandle};
 use snakebox_http::HttpConfig;
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
@@ -56,9 +56,19 @@ impl HttpClient {
     /// When the router refuses the settings.
     #[must_use]
     pub fn new(engine: &Arc<Engine>, config: &HttpConfig) -> HttpClient {
-        let data = engine.config().data_dir.clone();
+        HttpClient::over(EngineHandle::from(Arc::clone(engine)), config)
+    }
+
+    /// The router of the engine `handle` reaches (through a wire, say) with `config`, its keys
+    /// in the engine's data directory.
+    ///
+    /// # Panics
+    /// When the router refuses the settings.
+    #[must_use]
+    pub fn over(handle: EngineHandle, config: &HttpConfig) -> HttpClient {
+        let data = handle.host().config().data_dir.clone();
         let router = snakebox_http::router(
-            Arc::clone(engine),
+            handle,
             config,
             crate::keys::store(&data),
             CancellationToken::new(),

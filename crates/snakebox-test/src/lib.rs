@@ -2,7 +2,9 @@
 //! the `none` backend in a temporary data directory ([`TestEngine`]), a client of the MCP face
 //! in process ([`McpClient`]: rmcp's client over an in-memory stream, talking to
 //! `SnakeboxServer`) and a client of the HTTP face's router ([`HttpClient`]: requests driven
-//! through `snakebox_http::router` one at a time, no socket).
+//! through `snakebox_http::router` one at a time, no socket). Either face can be built over a
+//! loopback wire ([`wire`]: every request, result and output chunk through JSON and back), to
+//! prove that the faces work with a wire between them and the engine.
 //!
 //! A test room: it sits above every other crate and may use any of them, and nothing may
 //! depend on it except as a dev-dependency (`crates/snakebox/src/rooms.rs` checks both). It
@@ -23,16 +25,18 @@ pub mod http;
 mod keys;
 pub mod mcp;
 mod reply;
+pub mod wire;
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use snakebox_engine::{BackendKind, Caller, Engine, EngineConfig};
+use snakebox_engine::{BackendKind, Caller, Engine, EngineConfig, EngineHandle};
 
 pub use http::{HttpClient, Reply};
 pub use mcp::McpClient;
 pub use reply::ToolReply;
+pub use wire::Loopback;
 
 /// A real engine on the `none` backend (no isolation and no privilege: what a test of a face
 /// exercises is the face and the engine, not the sandbox), in a temporary data directory that
@@ -108,6 +112,32 @@ impl TestEngine {
     pub async fn mcp_as(&self, tenant: &str) -> McpClient {
         let caller = Caller::tenant(tenant).expect("a valid tenant name");
         McpClient::connect(&self.engine, caller).await
+    }
+
+    /// The engine as a face holds it, its API behind a loopback wire ([`wire`]), and the
+    /// loopback (to count what crossed it).
+    #[must_use]
+    pub fn over_the_wire(&self) -> (EngineHandle, Arc<Loopback>) {
+        let loopback = Arc::new(Loopback::new(Arc::clone(&self.engine) as _));
+        let handle = EngineHandle::from(Arc::clone(&self.engine))
+            .with_api(Arc::new(wire::Wire(Arc::clone(&loopback))));
+        (handle, loopback)
+    }
+
+    /// A connected MCP client of the local caller whose every engine call crosses a loopback
+    /// wire, and the loopback.
+    pub async fn mcp_over_the_wire(&self) -> (McpClient, Arc<Loopback>) {
+        let (handle, loopback) = self.over_the_wire();
+        let server = snakebox_server::SnakeboxServer::for_caller(handle, Caller::local());
+        (McpClient::connect_to(server).await, loopback)
+    }
+
+    /// A client of the HTTP face's router whose every engine call crosses a loopback wire,
+    /// with [`http::config`]'s settings, and the loopback.
+    #[must_use]
+    pub fn http_over_the_wire(&self) -> (HttpClient, Arc<Loopback>) {
+        let (handle, loopback) = self.over_the_wire();
+        (HttpClient::over(handle, &http::config()), loopback)
     }
 
     /// A client of the HTTP face's router over this engine, with [`http::config`]'s settings

@@ -8,11 +8,11 @@
 use std::path::Path;
 
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use snakebox_fs::{FsError, RelativePath};
 
 /// One entry of a directory listing.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct FileEntry {
     /// Path relative to the workspace.
     pub path: String,

@@ -48,7 +48,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use schemars::JsonSchema;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use self::files::FileEntry;
 use self::manager::Manager;
@@ -74,7 +74,7 @@ const MAX_LIST_ENTRIES: usize = 1000;
 const INSTALL_TIMEOUT: Duration = crate::policy::SESSION_INSTALL_TIMEOUT;
 
 /// What `create_session` asks for.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CreateSession {
     /// Python version request (`3.12`); the server default when absent.
     pub python_version: Option<String>,
@@ -95,7 +95,7 @@ pub struct CreateSession {
 }
 
 /// One session, as listed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SessionInfo {
     /// The id to pass as `session_id`.
     pub session_id: String,
@@ -129,7 +129,7 @@ pub struct SessionInfo {
 }
 
 /// `list_sessions`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SessionList {
     /// Every session, most recently used first.
     pub sessions: Vec<SessionInfo>,
@@ -150,7 +150,7 @@ pub struct SessionList {
 }
 
 /// Where a session's install is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum InstallState {
     /// No install was asked for since the server started.
@@ -164,7 +164,7 @@ pub enum InstallState {
 }
 
 /// The state of a session's last install.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct InstallStatus {
     /// The session.
     pub session_id: String,
@@ -185,7 +185,7 @@ pub struct InstallStatus {
 }
 
 /// `list_packages`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct PackageList {
     /// The session.
     pub session_id: String,
@@ -200,7 +200,7 @@ pub struct PackageList {
 }
 
 /// `read_file`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct FileContent {
     /// The session.
     pub session_id: String,
@@ -215,7 +215,7 @@ pub struct FileContent {
 }
 
 /// `write_file`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct FileWritten {
     /// The session.
     pub session_id: String,
@@ -226,7 +226,7 @@ pub struct FileWritten {
 }
 
 /// `list_files`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct FileList {
     /// The session.
     pub session_id: String,
@@ -239,7 +239,7 @@ pub struct FileList {
 }
 
 /// One session, as `check_environment` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SessionSummary {
     /// The id to pass as `session_id`.
     pub session_id: String,
@@ -256,7 +256,7 @@ pub struct SessionSummary {
 }
 
 /// Sessions, for `check_environment`: what exists, what runs, and the caps.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, JsonSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct SessionsReport {
     /// Whether sessions can be used (else `problem` says why).
     pub available: bool,

@@ -25,7 +25,7 @@ use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
-use snakebox_engine::Engine;
+use snakebox_engine::EngineApi;
 
 use crate::authority::{Authority, BaseUrl, Origin};
 use crate::live::LiveKeys;
@@ -38,14 +38,18 @@ pub(crate) const CSP: &str = "default-src 'self'; script-src 'self'; style-src '
 
 /// What the UI's handlers share.
 pub(crate) struct Ui {
-    engine: Arc<Engine>,
+    engine: Arc<dyn EngineApi>,
     sessions: Sessions,
     /// The URL clients use, when configured (else the request's parsed `Host` is used).
     public_url: Option<BaseUrl>,
 }
 
 /// The UI's routes, to be nested at `/ui`.
-pub(crate) fn router(engine: Arc<Engine>, live: LiveKeys, public_url: Option<BaseUrl>) -> Router {
+pub(crate) fn router(
+    engine: Arc<dyn EngineApi>,
+    live: LiveKeys,
+    public_url: Option<BaseUrl>,
+) -> Router {
     let secure = public_url.as_ref().is_some_and(BaseUrl::is_https);
     let ui = Arc::new(Ui {
         engine,

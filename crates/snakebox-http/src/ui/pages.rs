@@ -609,7 +609,12 @@ async fn run_live(
                     return Some((Ok::<Event, std::convert::Infallible>(event), follow));
                 }
             }
-            let Some(live) = follow.ui.engine.live_output(&follow.caller, &follow.id) else {
+            let Some(live) = follow
+                .ui
+                .engine
+                .live_output(&follow.caller, &follow.id)
+                .await
+            else {
                 let event = Event::default()
                     .event(if follow.first { "gone" } else { "end" })
                     .data("{}");
@@ -660,7 +665,7 @@ async fn run_cancel(
         Ok(session) => session,
         Err(refused) => return *refused,
     };
-    match ui.engine.cancel_run(&session.caller, &id) {
+    match ui.engine.cancel_run(&session.caller, &id).await {
         Ok(()) => Redirect::to(&format!("/ui/runs/{}", format::url_path(&id))).into_response(),
         Err(err) => error_page(
             StatusCode::NOT_FOUND,
@@ -876,7 +881,17 @@ async fn session(
         return not_found("session");
     };
     let row = session_row(&info);
-    let (files, files_truncated) = match ui.engine.list_files(&ui_session.caller, &id, "", 10).await
+    let (files, files_truncated) = match ui
+        .engine
+        .list_files(
+            &ui_session.caller,
+            snakebox_engine::ListFiles {
+                session_id: id.clone(),
+                path: String::new(),
+                depth: 10,
+            },
+        )
+        .await
     {
         Ok(list) => (
             list.entries
@@ -950,7 +965,17 @@ async fn session_download(
         Ok(session) => session,
         Err(response) => return *response,
     };
-    let Ok(file) = ui.engine.read_file(&session.caller, &id, &path).await else {
+    let Ok(file) = ui
+        .engine
+        .read_file(
+            &session.caller,
+            snakebox_engine::ReadFile {
+                session_id: id.clone(),
+                path: path.clone(),
+            },
+        )
+        .await
+    else {
         return not_found("file");
     };
     let data = if file.encoding == "base64" {
@@ -1028,7 +1053,15 @@ async fn session_upload(
     };
     match ui
         .engine
-        .write_file(&session.caller, &id, &target, &content, Some("base64"))
+        .write_file(
+            &session.caller,
+            snakebox_engine::WriteFile {
+                session_id: id.clone(),
+                path: target.to_string(),
+                content,
+                encoding: Some("base64".into()),
+            },
+        )
         .await
     {
         Ok(_) => Redirect::to(&format!("/ui/sessions/{}", format::url_path(&id))).into_response(),
@@ -1187,7 +1220,7 @@ async fn environment(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response 
         Ok(session) => session,
         Err(response) => return *response,
     };
-    let report = ui.engine.report_for(&session.caller);
+    let report = ui.engine.report_for(&session.caller).await;
     let yes_no = |flag: bool| if flag { "yes" } else { "no" }.to_owned();
     let sandbox = {
         let mut rows = vec![
