@@ -4,7 +4,7 @@
 //! The HTTP face installs the process's one recorder (the Prometheus exporter's) the first
 //! time a router is built; stdio never does, so there every measurement is a no-op. A scrape
 //! first refreshes the engine's snapshot gauges (sessions, pool, cache:
-//! [`Engine::publish_gauges`]), then renders. The route needs what every other route needs
+//! [`EngineHost::publish_gauges`], this process's own), then renders. The route needs what every other route needs
 //! (an API key once keys exist): what it shows is the server's aggregate state, with no
 //! tenant, script, session id or file name in any label.
 

@@ -1,7 +1,9 @@
 //! The arrows between the rooms (ARCHITECTURE.md), checked: every workspace crate depends only
 //! on crates below it in the list, and the faces (MCP and HTTP) reach everything through the
-//! engine, so that the engine can move behind a wire without touching them. A test, not a
-//! convention: a new `use` of a lower room in a face fails here.
+//! engine, and the engine only through its API (`snakebox_engine::api`: the `EngineApi` trait
+//! for tenants' calls, `EngineHost` for the process's own), never the `Engine` type itself, so
+//! that the engine can move behind a wire without touching them. A test, not a convention: a
+//! new `use` of a lower room, or of `Engine`, in a face fails here.
 //!
 //! `snakebox-test` is the test room on top: it may use every room, and no room may depend on
 //! it except as a dev-dependency (tests use it; nothing built for users contains it).
@@ -130,6 +132,79 @@ mod tests {
                     below,
                     "{room} depends on {dependency}, which is not below it"
                 );
+            }
+        }
+    }
+
+    /// Whether `line` (code, not a comment) names the type `Engine` (not `EngineApi`,
+    /// `EngineError`…, nor base64's `Engine` trait).
+    fn names_the_engine_type(line: &str) -> bool {
+        let code = line.trim_start();
+        if code.starts_with("//") {
+            return false;
+        }
+        let word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        code.match_indices("Engine").any(|(at, _)| {
+            let before = code[..at].chars().next_back();
+            let after = code[at + "Engine".len()..].chars().next();
+            !before.is_some_and(word)
+                && !after.is_some_and(word)
+                && !code[..at].ends_with("base64::")
+                && !code[..at].ends_with("base64::engine::")
+        })
+    }
+
+    #[test]
+    fn a_line_that_names_the_engine_type_is_told_apart() {
+        assert!(names_the_engine_type(
+            "use snakebox_engine::{Caller, Engine};"
+        ));
+        assert!(names_the_engine_type("    engine: Arc<Engine>,"));
+        assert!(names_the_engine_type("Engine::report(&engine)"));
+        assert!(!names_the_engine_type("    engine: Arc<dyn EngineApi>,"));
+        assert!(!names_the_engine_type(
+            "use snakebox_engine::{EngineError, EngineHost};"
+        ));
+        assert!(!names_the_engine_type("    use base64::Engine as _;"));
+        assert!(!names_the_engine_type("/// See [`Engine::shutdown`]."));
+    }
+
+    /// Every `.rs` file under `dir`.
+    fn rust_files(dir: PathBuf) -> Vec<PathBuf> {
+        let mut files = vec![];
+        let mut dirs = vec![dir];
+        while let Some(dir) = dirs.pop() {
+            for entry in fs_err::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                if path.is_dir() && !path.ends_with("target") {
+                    dirs.push(path);
+                } else if path.extension().is_some_and(|e| e == "rs") {
+                    files.push(path);
+                }
+            }
+        }
+        files
+    }
+
+    /// The faces hold `Arc<dyn EngineApi>` for tenants' calls, so a remote engine can stand in:
+    /// none names `Engine` (whose inherent methods would bypass the API). Their own tests may
+    /// build one.
+    #[test]
+    fn the_faces_reach_the_engine_only_through_its_api() {
+        for face in FACES {
+            let files = rust_files(crates().join(face).join("src"));
+            assert!(!files.is_empty(), "{face} has no sources");
+            for path in files {
+                let text = fs_err::read_to_string(&path).unwrap_or_default();
+                for (n, line) in text.lines().enumerate() {
+                    assert!(
+                        !names_the_engine_type(line),
+                        "{}:{}: `{}` names `Engine`: hold `Arc<dyn EngineApi>` (tenants' calls) or `EngineHost` (the process's own), as `snakebox_engine::EngineHandle` hands them over",
+                        path.display(),
+                        n + 1,
+                        line.trim()
+                    );
+                }
             }
         }
     }
