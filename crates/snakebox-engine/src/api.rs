@@ -10,7 +10,7 @@
 //! What makes it wire-ready:
 //! - **Every request, result and error is data.** Each one derives `Serialize` and
 //!   `Deserialize` and comes back equal from JSON (the tests below, one per family, and
-//!   [`tests::every_type_that_crosses_the_trait_is_serialisable`] for the list of them). A call
+//!   `every_type_that_crosses_the_trait_is_serialisable` for the list of them). A call
 //!   with one argument takes it plainly (a session id, a run id, an artifact URI: a path
 //!   segment on a wire); a call with more takes one request type ([`ExecuteRequest`],
 //!   [`CreateSession`], [`RunCommand`], [`InstallPackages`], [`WriteFile`], [`ReadFile`],
@@ -23,18 +23,20 @@
 //! - **Output is a stream, cancellation is the caller going away.** The calls that run code
 //!   ([`EngineApi::execute`], [`EngineApi::run_command`], [`EngineApi::install_packages`])
 //!   take an optional [`OutputSink`]: each [`OutputChunk`] sent on it is one frame of the
-//!   response stream, ahead of the final result frame (the engine sends every chunk before it
-//!   returns, so a sink's receiver sees them all before the result). They take a
-//!   [`CancellationToken`] where the call can be stopped: over a wire, the server side cancels
-//!   it when its caller closes the connection (or the front relays an MCP cancellation by
-//!   closing it), so no separate cancel message exists for a call in flight. Cancelling a run
-//!   *by id* from elsewhere (the web UI's button) is its own call, [`EngineApi::cancel_run`].
+//!   response stream, ahead of the final result frame (a run sends every chunk before it
+//!   returns, so a sink's receiver sees them all before the result; an install still running
+//!   when it answers streams on until it ends, and its receiver then closes). The runs take a
+//!   [`CancellationToken`] (an install outlives its call by design and has none): over a
+//!   wire, the server side cancels it when its caller closes the connection (or the front
+//!   relays an MCP cancellation by closing it), so no separate cancel message exists for a
+//!   call in flight. Cancelling a run *by id* from elsewhere (the web UI's button) is its own
+//!   call, [`EngineApi::cancel_run`].
 //! - **A download is a head and a byte stream** ([`ArtifactDownload`]): the head is data, the
 //!   body an [`AsyncRead`](tokio::io::AsyncRead), a response body on a wire.
 //! - **Results the tools shape differently stay whole on a wire.** [`ExecutionResult`]'s own
 //!   serde form is the tool's structured content and leaves out its inline images and the
 //!   compatibility tools' `result` variable; [`WireExecution`] is the form that carries
-//!   them, and what a wire (and [`tests`]) sends.
+//!   them, and what a wire sends.
 //!
 //! What is not on the trait, and why: the process's own matters, which a front answers for
 //! itself and never forwards — the settings the faces read ([`EngineConfig`]: the
@@ -424,26 +426,6 @@ impl From<WireExecution> for ExecutionResult {
             result_variable: wire.result_variable,
             ..wire.record
         }
-    }
-}
-
-/// Bytes as standard base64 in JSON (an artifact's content, an inline image), not an array of
-/// numbers.
-pub(crate) mod base64_bytes {
-    use base64::Engine as _;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(crate) fn serialize<S: Serializer>(bytes: &[u8], serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<Vec<u8>, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .map_err(serde::de::Error::custom)
     }
 }
 

@@ -153,7 +153,7 @@ pub struct ArtifactContent {
     /// MIME type.
     pub mime_type: String,
     /// The bytes (base64 in JSON).
-    #[serde(with = "crate::api::base64_bytes")]
+    #[serde(with = "crate::base64_bytes")]
     pub data: Vec<u8>,
 }
 

@@ -11,6 +11,7 @@
 pub mod api;
 mod artifacts;
 mod audit;
+mod base64_bytes;
 mod budget;
 mod caller;
 mod compile;

@@ -253,7 +253,7 @@ pub struct InlineImage {
     /// `image/png`, `image/jpeg`, `image/gif`, `image/webp` or `image/svg+xml`.
     pub mime_type: String,
     /// The image bytes (base64 in JSON).
-    #[serde(with = "crate::api::base64_bytes")]
+    #[serde(with = "crate::base64_bytes")]
     pub data: Vec<u8>,
     /// The artifact it is a copy of.
     pub uri: String,
