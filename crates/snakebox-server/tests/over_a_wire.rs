@@ -6,7 +6,7 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use snakebox_engine::{Caller, ExecuteRequest, OutputChunk, Stream};
+use snakebox_engine::{Caller, ErrorKind, ExecuteRequest, OutputChunk, RunQuery, Stream};
 use snakebox_test::TestEngine;
 use snakebox_test::http::get;
 use tokio_util::sync::CancellationToken;
@@ -79,6 +79,23 @@ async fn runs_sessions_files_validation_and_the_report_work_through_a_wire() {
         )
         .await;
     assert_eq!(command.str("stdout"), "a,b\n", "{}", command.text);
+    let packages = mcp.call("list_packages", json!({"session_id": id})).await;
+    assert!(!packages.is_error, "{}", packages.text);
+    assert_eq!(packages.str("session_id"), id);
+    let nothing = mcp
+        .call(
+            "install_packages",
+            json!({"session_id": id, "packages": []}),
+        )
+        .await;
+    assert!(nothing.is_error, "{}", nothing.text);
+    assert!(
+        nothing.text.contains("No packages given"),
+        "{}",
+        nothing.text
+    );
+    let reset = mcp.call("reset_session", json!({"session_id": id})).await;
+    assert!(!reset.is_error, "{}", reset.text);
     let sessions = mcp.call("list_sessions", json!({})).await;
     assert_eq!(sessions.structured["sessions"][0]["name"], "over-a-wire");
     let closed = mcp.call("delete_session", json!({"session_id": id})).await;
@@ -211,4 +228,51 @@ async fn a_download_link_and_metrics_work_through_the_wire() {
     let metrics = client.get("/metrics").await;
     assert_eq!(metrics.status, 200);
     assert!(wire.crossings() >= 4);
+}
+
+#[tokio::test]
+async fn the_runs_table_crosses_the_wire() {
+    let test = TestEngine::new().await;
+    let (handle, _wire) = test.over_the_wire();
+    let (api, caller) = (handle.api(), Caller::local());
+    let request = ExecuteRequest {
+        script: "print('kept')".into(),
+        ..ExecuteRequest::default()
+    };
+    let run = api
+        .execute(&caller, request, CancellationToken::new(), None)
+        .await;
+    let query = RunQuery {
+        limit: 10,
+        ..RunQuery::default()
+    };
+    let listed = api.list_runs(&caller, query).await;
+    assert_eq!(listed[0].execution_id, run.execution_id, "{listed:?}");
+    let record = api.run_record(&caller, &run.execution_id).await.unwrap();
+    assert_eq!(record.script, "print('kept')");
+    let output = api.run_output(&caller, &run.execution_id).await.unwrap();
+    assert_eq!(output["stdout"], "kept\n", "{output}");
+    // Not running: no live output, and a cancel is refused as not found, with its hint.
+    assert!(api.live_output(&caller, &run.execution_id).await.is_none());
+    let refused = api
+        .cancel_run(&caller, &run.execution_id)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind, ErrorKind::NotFound, "{refused:?}");
+    let missing = api.run_record(&caller, "nope").await.unwrap_err();
+    assert_eq!(missing.kind, ErrorKind::NotFound);
+    assert!(missing.hint.is_some());
+    // Another tenant sees none of it.
+    let other = Caller::tenant("team-b").unwrap();
+    assert!(
+        api.list_runs(
+            &other,
+            RunQuery {
+                limit: 10,
+                ..RunQuery::default()
+            }
+        )
+        .await
+        .is_empty()
+    );
 }

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use snakebox_engine::{Engine, EnvironmentReport, ExecuteRequest, Status, StopReason};
+use snakebox_engine::{
+    Engine, EngineHandle, EnvironmentReport, ExecuteRequest, Status, StopReason,
+};
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{
@@ -55,8 +57,10 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     release_startup_pages();
+    // The face gets the engine as an `EngineHandle`: its API for tenants' calls, and this
+    // process's own matters (settings, stopping).
     let served = snakebox_server::serve_stdio(
-        Arc::clone(&engine),
+        EngineHandle::from(Arc::clone(&engine)),
         stop_signal(),
         DRAIN,
         settings.max_frame_bytes,
@@ -89,7 +93,7 @@ async fn serve_http(
     let stop = CancellationToken::new();
     let mut serving = tokio::spawn({
         let (engine, stop) = (Arc::clone(&engine), stop.clone());
-        async move { snakebox_http::serve(engine, &http, stop).await }
+        async move { snakebox_http::serve(EngineHandle::from(engine), &http, stop).await }
     });
     let reason = tokio::select! {
         reason = stop_signal() => reason,
