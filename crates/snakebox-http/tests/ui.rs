@@ -165,7 +165,9 @@ async fn login_exchanges_a_key_for_a_strict_cookie_and_pages_need_it() {
     }
     let clients = get(&router, "/ui/clients", Some(cookie)).await.text();
     assert!(
-        clients.contains("claude mcp add --scope user --transport http snakebox http://127.0.0.1:8000/mcp"),
+        clients.contains(
+            "claude mcp add --scope user --transport http snakebox http://127.0.0.1:8000/mcp"
+        ),
         "{clients}"
     );
     // A made-up cookie is no session.
