@@ -47,6 +47,19 @@ async def test_the_narrowing_arguments_have_plain_schemas(client):
         assert "oneOf" not in text and "$ref" not in text, text
 
 
+async def test_a_run_that_looks_a_name_up_without_network_is_told_why_and_who_can_change_it(client):
+    """Issue 36: on a server without network (the default), a run that tries to resolve a host
+    gets a note naming the setting that enables it, not a bare DNS error; a run that does not
+    try gets no such note."""
+    data, text, _ = await call(client, "execute_python", script="import socket\nsocket.getaddrinfo('example.com', 443)\n")
+    assert data["status"] == "error" and data["exception"]["type_name"].endswith("gaierror"), text
+    notes = [note for note in data["notes"] if "host names do not resolve" in note]
+    assert len(notes) == 1 and "--network on" in notes[0], data["notes"]
+    assert "note: This server runs code without network" in text
+    data, text, _ = await call(client, "execute_python", script="raise RuntimeError('offline?')")
+    assert not any("host names do not resolve" in note for note in data["notes"]), data["notes"]
+
+
 async def test_asking_for_network_on_a_server_without_it_is_refused(client):
     data, text, is_error = await call(client, "execute_python", script="print('never runs')", network=True)
     assert is_error and data["status"] == "invalid_request"

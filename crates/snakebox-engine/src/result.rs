@@ -534,6 +534,22 @@ mod terminal_tests {
 }
 
 impl ExecutionResult {
+    /// Whether the run failed to resolve a host name: what code without network meets first
+    /// (`socket.gaierror`, or the same failure as `requests`, `httpx` and `urllib` report it).
+    pub(crate) fn failed_to_resolve_a_name(&self) -> bool {
+        const SIGNS: &[&str] = &[
+            "Temporary failure in name resolution",
+            "Name or service not known",
+            "No address associated with hostname",
+            "NameResolutionError",
+        ];
+        let said = |text: &str| SIGNS.iter().any(|sign| text.contains(sign));
+        self.exception
+            .as_ref()
+            .is_some_and(|e| e.type_name.ends_with("gaierror") || said(&e.message))
+            || said(&self.stderr)
+    }
+
     /// Why a write of the run was refused at its writable-space or file-size limit, as the run
     /// showed it: killed by `SIGXFSZ`, or ending with (or printing) Python's `ENOSPC` error.
     fn disk_limit(&self) -> Option<String> {
