@@ -341,7 +341,10 @@ impl Engine {
         } else {
             // Then `[cache] warm`, one environment each; one that fails does not stop the rest.
             for requirement in &self.config.warm_packages {
-                if let Err(err) = self.warm_environment(requirement).await {
+                if let Err(err) = self
+                    .server_environment(std::slice::from_ref(requirement))
+                    .await
+                {
                     failed.push(format!("`{requirement}`: {}", err.message));
                 }
             }
@@ -409,24 +412,20 @@ impl Engine {
     }
 
     async fn default_environment(&self) -> Result<snakebox_env::Environment, EngineError> {
+        self.server_environment(&[]).await
+    }
+
+    /// The default interpreter's environment of `requirements` (none: the default
+    /// environment), built in the server's name if missing: cache warming's work.
+    async fn server_environment(
+        &self,
+        requirements: &[pep508_rs::Requirement],
+    ) -> Result<snakebox_env::Environment, EngineError> {
         let cache = self.cache.as_ref().map_err(Clone::clone)?;
         let interpreter = self.pick_interpreter(None, None)?;
         // Building it runs uv's install sandboxes: a slot, like every sandbox.
         let _slot = self.server_slot().await?;
-        Ok(cache.ensure(&interpreter, &[]).await?)
-    }
-
-    /// The environment of the default interpreter with `requirement` alone, built if missing.
-    async fn warm_environment(
-        &self,
-        requirement: &pep508_rs::Requirement,
-    ) -> Result<snakebox_env::Environment, EngineError> {
-        let cache = self.cache.as_ref().map_err(Clone::clone)?;
-        let interpreter = self.pick_interpreter(None, None)?;
-        let _slot = self.server_slot().await?;
-        Ok(cache
-            .ensure(&interpreter, std::slice::from_ref(requirement))
-            .await?)
+        Ok(cache.ensure(&interpreter, requirements).await?)
     }
 
     fn set_warm(&self, state: WarmState) {
