@@ -271,9 +271,36 @@ impl SnakeboxServer {
         token
     }
 
+    /// `shape`'s answer, shaped as `caller`'s host work ([`EngineHost::host_work`]): turning
+    /// a listing of thousands of entries or a megabyte of output into text and JSON takes
+    /// milliseconds of a thread, in proportion to what the caller asked for. On the host-work
+    /// threads it counts against the caller's part of them, so that one tenant's flood of
+    /// large answers neither queues another tenant's request behind it on the runtime's
+    /// workers nor takes more than its part of the cores (issue 32, item 1).
+    pub(crate) async fn shaped(
+        &self,
+        caller: &Caller,
+        shape: impl FnOnce() -> CallToolResult + Send + 'static,
+    ) -> CallToolResult {
+        let (answer, mut shaped) = tokio::sync::oneshot::channel();
+        let work = Box::new(move || {
+            let _ = answer.send(shape());
+        });
+        match self.host.host_work(caller, "shape the answer", work).await {
+            // The work has ended when host_work returns: the answer is there.
+            Ok(()) => shaped.try_recv().unwrap_or_else(|_| {
+                crate::sessions::failure(&snakebox_engine::EngineError::internal(
+                    "the answer was not shaped",
+                    "try the call again; if it keeps failing, the server's log says why",
+                ))
+            }),
+            Err(error) => crate::sessions::failure(&error),
+        }
+    }
+
     /// An execution's record as the tool result: on HTTP, with the download URL of each
     /// artifact for `caller` (see [`Downloads`]).
-    pub(crate) fn execution_reply(
+    pub(crate) async fn execution_reply(
         &self,
         context: &RequestContext<RoleServer>,
         caller: &Caller,
@@ -289,7 +316,7 @@ impl SnakeboxServer {
                 artifact.download_url = links.url(caller, &result.execution_id, &artifact.name);
             }
         }
-        execution_result(&result)
+        self.shaped(caller, move || execution_result(&result)).await
     }
 
     /// Who `context`'s request is for.
@@ -383,7 +410,7 @@ processes): see check_environment.",
             // Every chunk is sent before the result, so progress never trails the answer.
             let _ = forwarder.await;
         }
-        Ok(self.execution_reply(&context, &caller, result))
+        Ok(self.execution_reply(&context, &caller, result).await)
     }
 
     #[tool(
@@ -644,14 +671,9 @@ pub(crate) fn structured<T: Serialize>(value: &T, text: String, is_error: bool) 
     result
 }
 
-/// A run's record as the tool's answer. Shaping it (a megabyte of output, figures) takes
-/// milliseconds of one thread: off the runtime worker's queue, so that another tenant's
-/// request is not queued behind it (issue 32, item 1).
+/// A run's record as the tool's answer (shaped as the caller's host work: see
+/// [`SnakeboxServer::shaped`]).
 pub(crate) fn execution_result(result: &ExecutionResult) -> CallToolResult {
-    snakebox_engine::off_the_runtime(|| shaped_execution_result(result))
-}
-
-fn shaped_execution_result(result: &ExecutionResult) -> CallToolResult {
     use base64::Engine as _;
     let is_error = matches!(result.status, Status::InvalidRequest | Status::SetupFailed);
     let mut reply = structured(result, result.to_text(), is_error);
