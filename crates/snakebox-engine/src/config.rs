@@ -144,6 +144,9 @@ pub struct EngineConfig {
     /// Whether the MCP face also serves the compatibility tool set of IBM's python sandbox
     /// server (`execute_code`, `validate_code`, `get_sandbox_info`; `--compat-tools`).
     pub compat_tools: bool,
+    /// Add the package of a well-known import a script does not declare
+    /// (`--infer-dependencies`; see the `infer` module).
+    pub infer_dependencies: bool,
 }
 
 impl EngineConfig {
@@ -191,6 +194,7 @@ impl EngineConfig {
             install_timeout: snakebox_env::DEFAULT_INSTALL_TIMEOUT,
             profiles: crate::Profiles::default(),
             compat_tools: false,
+            infer_dependencies: false,
         }
     }
 }

@@ -233,9 +233,11 @@ impl Engine {
                 checked.requires_python.as_ref(),
             )
             .map_err(|error| (error, None))?;
+        let mut requirements = checked.requirements;
+        requirements.extend(policy.inferred.iter().cloned());
         Ok(Plan {
             interpreter,
-            requirements: checked.requirements,
+            requirements,
             inputs: checked.inputs,
             policy,
         })

@@ -232,13 +232,14 @@ impl Engine {
             &Asked::of(request, &checked.requirements),
         )?;
         Ok(CellPlan {
-            policy,
             inputs: checked.inputs,
             requirements: checked
                 .requirements
                 .iter()
+                .chain(&policy.inferred)
                 .map(ToString::to_string)
                 .collect(),
+            policy,
         })
     }
 
@@ -935,6 +936,7 @@ pub(super) fn session_facts(row: &SessionRow) -> SessionFacts {
         network: row.network,
         network_names: row.network_names.clone(),
         python_version: row.python_version.clone(),
+        packages: row.packages.iter().map(|(name, _)| name.clone()).collect(),
     }
 }
 
