@@ -479,6 +479,10 @@ impl ServerHandler for SnakeboxServer {
         mut request: rmcp::model::CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        let aliases = match request.arguments.as_mut() {
+            Some(arguments) => crate::arguments::read_aliases(&request.name, arguments)?,
+            None => Vec::new(),
+        };
         let ignored = match (
             self.tool_router.get(&request.name),
             request.arguments.as_mut(),
@@ -540,6 +544,7 @@ impl ServerHandler for SnakeboxServer {
         if let rmcp::model::CallToolResponse::Complete(result) = &mut response {
             let unfit = crate::arguments::explain_unfit(&name, &wrong_types, result);
             crate::arguments::note_ignored(result, &ignored);
+            crate::arguments::note_aliases(result, &aliases);
             if unfit {
                 refused(caller.clone()).await;
             } else if let Some(caller) = &audited {
