@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import time
 import tomllib
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -187,10 +188,12 @@ def test_the_http_block_serves_a_key_and_claude_code_connects_with_it(user: tupl
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and server.poll() is None:
-            probe = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", f"http://127.0.0.1:{port}/healthz"], capture_output=True, text=True)
-            if probe.stdout == "200":
-                break
-            time.sleep(0.2)
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.2)
         assert server.poll() is None, server.stderr.read() if server.stderr else ""
         add = claude_add.replace(":8000", f":{port}").replace("sbx_…", key)
         done = as_user(entry, home, add, home)
