@@ -965,3 +965,21 @@ async def test_a_running_session_install_shows_its_progress_as_it_goes(snakebox_
         assert listing["install"]["state"] == "succeeded", listing
         data, _, is_error = await call(client, "execute_python", session_id=session, script="import sbxslow; print(sbxslow.X)")
         assert not is_error and data["stdout"] == "1\n", data
+
+
+async def test_a_session_installs_steps_are_held_to_the_install_timeout(snakebox_bin, tmp_path, canaries, index):
+    """One `--install-timeout` for every install step: a session install whose download stalls
+    is stopped at the operator's limit, as an environment build's step is, and says which
+    setting allows longer (it had a fixed 600 s of its own)."""
+    name, blob = wheel_bytes("sbxstall", "1.0", {"sbxstall.py": "X = 1"})
+    index.add((name, blob))
+    index.delays[name] = 90
+    async with server(snakebox_bin, fresh_data_dir(tmp_path, "data"), canaries, index, "--install-timeout", "5") as client:
+        data, _, is_error = await call(client, "create_session")
+        assert not is_error, data
+        t0 = time.monotonic()
+        status, text, _ = await call(client, "install_packages", session_id=data["session_id"], packages=["sbxstall==1.0"], wait_seconds=60)
+        wall = time.monotonic() - t0
+    assert status["state"] == "failed", status
+    assert "took longer than 5 s and was stopped" in text and "--install-timeout" in text, text
+    assert wall < 40, wall

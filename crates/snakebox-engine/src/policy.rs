@@ -30,9 +30,6 @@ pub(crate) const MIN_MEMORY_LIMIT: u64 = 16 * MIB;
 /// code).
 pub(crate) const COMPILE_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Time limit of one uv step of a session's install (see [`CallKind::SessionInstall`]).
-pub(crate) const SESSION_INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
-
 /// What a call's policy changes in its sandbox: its limits, whether it may start programs,
 /// whether its working directory is writable.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,11 +87,7 @@ pub(crate) enum CallKind<'a> {
     Compile,
     /// A session's install (`install_packages`, a cell's dependencies): the session's
     /// profile's package allowlist; package code (compilation) under the server's limits for
-    /// [`SESSION_INSTALL_TIMEOUT`] per step. That bound is fixed, where an environment
-    /// build's steps get the operator's `install_timeout` ([`CallKind::Build`]): a
-    /// difference kept as it was (a session install's timeout message names 600 s), not one
-    /// a rule asks for; making both `install_timeout` would shorten session installs by
-    /// default (300 s).
+    /// the operator's `install_timeout` per step, as an environment build's steps.
     SessionInstall(&'a SessionFacts),
     /// An environment build of the cache (shared by every profile and tenant: none applies):
     /// package code under the server's limits for `install_timeout` per step.
@@ -246,8 +239,7 @@ impl CallPolicy {
             }
             CallKind::Interpreter(_) | CallKind::SessionStart => server.max_timeout,
             CallKind::Compile => COMPILE_TIMEOUT,
-            CallKind::SessionInstall(_) => SESSION_INSTALL_TIMEOUT,
-            CallKind::Build => server.install_timeout,
+            CallKind::SessionInstall(_) | CallKind::Build => server.install_timeout,
         };
         if matches!(
             kind,

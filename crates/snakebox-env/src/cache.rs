@@ -67,8 +67,9 @@ const TRASH_DIR: &str = ".trash";
 pub const MANIFEST_FILE: &str = "snakebox-env.json";
 const MANIFEST_SCHEMA: u32 = 1;
 
-/// How long one install may take by default.
-pub const DEFAULT_INSTALL_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long one step of an install may take by default (an environment build's and a
+/// session install's alike): long enough for the largest wheels on a slow link.
+pub const DEFAULT_INSTALL_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Settings of the environment cache.
 #[derive(Debug, Clone, PartialEq, Eq)]

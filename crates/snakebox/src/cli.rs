@@ -497,8 +497,9 @@ pub struct CacheArgs {
     /// directory [default: off, wheels only].
     #[arg(long, env = "SNAKEBOX_ALLOW_SDIST_BUILDS")]
     pub allow_sdist_builds: bool,
-    /// Time limit of each step of an environment build, in seconds (also the wall time of the
-    /// package code it runs) [default: 300].
+    /// Time limit of each step of an install, an environment build's and a session
+    /// install's alike, in seconds (also the wall time of the package code it runs)
+    /// [default: 600].
     #[arg(long, env = "SNAKEBOX_INSTALL_TIMEOUT", value_name = "SECONDS")]
     pub install_timeout: Option<u64>,
     /// Environment cache size above which the least recently used are removed [default: 10GiB].

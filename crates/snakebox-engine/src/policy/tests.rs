@@ -11,11 +11,13 @@ use super::{Asked, CallKind, CallPolicy, Refusal, SessionFacts};
 use crate::{EngineConfig, NetworkPolicy, Profile, ProfileLimits, Tenant};
 
 /// The server of the rows: the defaults (network off, 30 s by default, 300 s at most,
-/// 1 GiB), a CPU-time limit of 60 s, and a profile `quick` of at most 5 s.
+/// 1 GiB), a CPU-time limit of 60 s, install steps of at most 450 s, and a profile `quick`
+/// of at most 5 s.
 fn server(network: NetworkPolicy) -> EngineConfig {
     let mut server = EngineConfig::new("/nonexistent".into(), BackendKind::None);
     server.network = network;
     server.cpu_time = Some(Duration::from_secs(60));
+    server.install_timeout = Duration::from_secs(450);
     let mut quick = Profile::unrestricted("quick", "calls of at most 5 seconds");
     quick.limits = ProfileLimits {
         timeout_seconds: Some(5),
@@ -318,10 +320,10 @@ rows! {
     // Installs: the session's package allowlist; package code under the server's limits.
     session_install_refuses_packages_its_profile_does_not_allow: "session_install" in session("data_science", false), OFF, { packages: vec!["requests"] } =>
         Err("profile data_science: The profile `data_science` does not allow installing `requests`");
-    session_install_steps_get_ten_minutes: "session_install" in session("data_science", false), OFF, { packages: vec!["numpy"] } =>
-        Ok("data_science 600s mem=1024M cpu=60s procs=128 net=off exec=allow work=rw imports=-");
+    session_install_steps_get_the_install_timeout: "session_install" in session("data_science", false), OFF, { packages: vec!["numpy"] } =>
+        Ok("data_science 450s mem=1024M cpu=60s procs=128 net=off exec=allow work=rw imports=-");
     build_steps_get_the_install_timeout: "build", ON, {} =>
-        Ok(" 300s mem=1024M cpu=60s procs=128 net=off exec=allow work=rw imports=-");
+        Ok(" 450s mem=1024M cpu=60s procs=128 net=off exec=allow work=rw imports=-");
 }
 
 /// The `basic` profile's modules, as a summary lists them.

@@ -26,8 +26,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::manager::SessionPaths;
 use super::{
-    INSTALL_TIMEOUT, InstallState, InstallStatus, PackageList, io_error, make_dir, no_session,
-    now_secs, packages_of, unavailable,
+    InstallState, InstallStatus, PackageList, io_error, make_dir, no_session, now_secs,
+    packages_of, unavailable,
 };
 use crate::Engine;
 use crate::result::Package;
@@ -59,7 +59,7 @@ impl Installer {
             uv_env: &self.uv_env,
             interpreter: &self.interpreter,
             uv_cache: self.uv_cache.clone(),
-            timeout: INSTALL_TIMEOUT,
+            timeout: self.limits.wall_time,
             cpu: slot.and_then(crate::tenants::Slot::cpu).cloned(),
         }
     }
@@ -97,9 +97,13 @@ impl Installer {
                         kind: ErrorKind::Failed,
                         message: format!(
                             "`{label}` took longer than {} s and was stopped",
-                            INSTALL_TIMEOUT.as_secs()
+                            self.limits.wall_time.as_secs()
                         ),
-                        hint: Some("install fewer packages at once".into()),
+                        hint: Some(
+                            "install fewer packages at once; the server's operator can allow \
+                             longer steps with --install-timeout (`[cache] install_timeout`)"
+                                .into(),
+                        ),
                     });
                 }
                 Err(err) => {
@@ -496,8 +500,9 @@ impl Engine {
             interpreter: interpreter.clone(),
             env_dir: paths.env.clone(),
             venv: paths.venv.clone(),
-            // What `CallKind::SessionInstall` decides: the server's limits for each step.
-            limits: crate::policy::server_limits(&self.config, INSTALL_TIMEOUT),
+            // What `CallKind::SessionInstall` decides: the server's limits for each step,
+            // `install_timeout` its wall time, as an environment build's.
+            limits: crate::policy::server_limits(&self.config, self.config.install_timeout),
         })
     }
 

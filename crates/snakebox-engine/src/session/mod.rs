@@ -45,7 +45,7 @@ mod workspace;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -70,8 +70,6 @@ const SANDBOX_WORK_DIR: &str = "/work";
 pub const MAX_FILE_BYTES: u64 = 10 * 1024 * 1024;
 /// Most entries `list_files` returns.
 const MAX_LIST_ENTRIES: usize = 1000;
-/// Time limit of one uv step of a session install (see `CallKind::SessionInstall`).
-const INSTALL_TIMEOUT: Duration = crate::policy::SESSION_INSTALL_TIMEOUT;
 
 /// What `create_session` asks for.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -34,7 +34,7 @@ pub(super) fn resolve_cache(
     config.allow_sdist_builds = args.allow_sdist_builds || file.allow_sdist_builds.unwrap_or(false);
     if let Some(seconds) = args.install_timeout.or(file.install_timeout) {
         if seconds == 0 {
-            bail!("--install-timeout must be at least 1 second\nhint: the default is 300");
+            bail!("--install-timeout must be at least 1 second\nhint: the default is 600");
         }
         config.install_timeout = Duration::from_secs(seconds);
     }
