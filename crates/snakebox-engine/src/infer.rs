@@ -13,14 +13,15 @@
 //! judges it), or installed in the session, is left alone; so is one the call's profile does
 //! not allow (its import fails as it would have).
 //!
+//! What validation reports of a script's imports (declared or not) is judged here too
+//! ([`declared_covers`]): one place knows which distribution provides which import name.
+//!
 //! The imports are read lexically, line by line (statements `import a, b.c as d` and
 //! `from a.b import c`, also after `;` and when indented; not inside a triple-quoted string;
 //! relative imports skipped). A word in a comment or string that looks like an import can at
 //! worst install a package of this list, which the profile allows anyway.
 
 use pep508_rs::Requirement;
-
-use crate::validate::{declared_covers, normalized};
 
 /// Import names and the distribution each is inferred to: the libraries scripts import most
 /// without saying so, each the package its project publishes under that import name. Large
@@ -78,6 +79,49 @@ pub(crate) const KNOWN: &[(&str, &str)] = &[
     ("xlrd", "xlrd"),
     ("yaml", "pyyaml"),
 ];
+
+/// Import names whose distribution has another name (the common ones), so an import of a
+/// declared dependency is not reported as undeclared.
+const IMPORT_ALIASES: [(&str, &str); 22] = [
+    ("PIL", "pillow"),
+    ("sklearn", "scikit-learn"),
+    ("skimage", "scikit-image"),
+    ("yaml", "pyyaml"),
+    ("cv2", "opencv-python"),
+    ("bs4", "beautifulsoup4"),
+    ("dateutil", "python-dateutil"),
+    ("attr", "attrs"),
+    ("dotenv", "python-dotenv"),
+    ("jwt", "pyjwt"),
+    ("Crypto", "pycryptodome"),
+    ("serial", "pyserial"),
+    ("magic", "python-magic"),
+    ("docx", "python-docx"),
+    ("pptx", "python-pptx"),
+    ("fitz", "pymupdf"),
+    ("git", "gitpython"),
+    ("OpenSSL", "pyopenssl"),
+    ("google.protobuf", "protobuf"),
+    ("mpl_toolkits", "matplotlib"),
+    ("pkg_resources", "setuptools"),
+    ("zmq", "pyzmq"),
+];
+
+/// A distribution name, normalized (PEP 503, with `_` for `-`, as import names are).
+pub(crate) fn normalized(name: &str) -> String {
+    name.to_ascii_lowercase().replace(['-', '.'], "_")
+}
+
+/// Whether a distribution among `declared` (names [`normalized`]) provides `module`: one of
+/// the same name as its top-level package, or one it is a well-known import name of.
+pub(crate) fn declared_covers(module: &str, declared: &[String]) -> bool {
+    let top = module.split('.').next().unwrap_or(module);
+    let by_alias = IMPORT_ALIASES
+        .iter()
+        .filter(|(import, _)| module == *import || top == *import)
+        .any(|(_, dist)| declared.contains(&normalized(dist)));
+    by_alias || declared.contains(&normalized(top))
+}
 
 /// A package added for an import.
 #[derive(Debug, Clone, PartialEq)]

@@ -170,10 +170,10 @@ impl Engine {
         result.error = error;
         let mut result = plan.stamp(result);
         collected.apply(&mut result);
-        self.note_if_offline(
+        plan.policy.note_if_offline(
+            &self.config,
             &mut result,
-            &plan.policy,
-            crate::network::Offline::Run {
+            crate::policy::Offline::Run {
                 asked: request.network,
             },
         );

@@ -61,33 +61,6 @@ print(json.dumps({"ok": True, "imports": imports, "functions": functions, "class
                   "lines": len(source.splitlines()), "stdlib": stdlib}))
 "#;
 
-/// Import names whose distribution has another name (the common ones), so an import of a
-/// declared dependency is not reported as undeclared.
-const IMPORT_ALIASES: [(&str, &str); 22] = [
-    ("PIL", "pillow"),
-    ("sklearn", "scikit-learn"),
-    ("skimage", "scikit-image"),
-    ("yaml", "pyyaml"),
-    ("cv2", "opencv-python"),
-    ("bs4", "beautifulsoup4"),
-    ("dateutil", "python-dateutil"),
-    ("attr", "attrs"),
-    ("dotenv", "python-dotenv"),
-    ("jwt", "pyjwt"),
-    ("Crypto", "pycryptodome"),
-    ("serial", "pyserial"),
-    ("magic", "python-magic"),
-    ("docx", "python-docx"),
-    ("pptx", "python-pptx"),
-    ("fitz", "pymupdf"),
-    ("git", "gitpython"),
-    ("OpenSSL", "pyopenssl"),
-    ("google.protobuf", "protobuf"),
-    ("mpl_toolkits", "matplotlib"),
-    ("pkg_resources", "setuptools"),
-    ("zmq", "pyzmq"),
-];
-
 /// Where an imported module comes from, as far as the check can tell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
@@ -140,11 +113,6 @@ pub fn import_allowed(module: &str, allowed: &[String]) -> bool {
     })
 }
 
-/// A distribution name, normalized (PEP 503, with `_` for `-`, as import names are).
-pub(crate) fn normalized(name: &str) -> String {
-    name.to_ascii_lowercase().replace(['-', '.'], "_")
-}
-
 /// The origin of `module` given the interpreter's standard library and the declared
 /// requirements.
 fn origin_of(module: &str, stdlib: &[String], dependencies: &[String]) -> ImportOrigin {
@@ -160,25 +128,14 @@ fn origin_of(module: &str, stdlib: &[String], dependencies: &[String]) -> Import
                 .chars()
                 .take_while(|c| c.is_ascii_alphanumeric() || "-_.".contains(*c))
                 .collect();
-            (!name.is_empty()).then(|| normalized(&name))
+            (!name.is_empty()).then(|| crate::infer::normalized(&name))
         })
         .collect();
-    if declared_covers(module, &declared) {
+    if crate::infer::declared_covers(module, &declared) {
         ImportOrigin::Dependency
     } else {
         ImportOrigin::Undeclared
     }
-}
-
-/// Whether a distribution among `declared` (names [`normalized`]) provides `module`: one of
-/// the same name as its top-level package, or one it is a well-known import name of.
-pub(crate) fn declared_covers(module: &str, declared: &[String]) -> bool {
-    let top = module.split('.').next().unwrap_or(module);
-    let by_alias = IMPORT_ALIASES
-        .iter()
-        .filter(|(import, _)| module == *import || top == *import)
-        .any(|(_, dist)| declared.contains(&normalized(dist)));
-    by_alias || declared.contains(&normalized(top))
 }
 
 /// One problem found in a script.

@@ -206,7 +206,7 @@ impl Engine {
         state.known_files = known;
         drop(state);
         rich.apply(&mut result);
-        self.note_if_offline(&mut result, &policy, offline(&row));
+        policy.note_if_offline(&self.config, &mut result, offline(&row));
         result.notes.extend(manager.disk_note(&row.owner));
         result
     }
@@ -712,7 +712,7 @@ impl Engine {
         result.error = error;
         result.notes.clone_from(&policy.notes);
         result.network_log = network_log;
-        self.note_if_offline(&mut result, &policy, offline(&row));
+        policy.note_if_offline(&self.config, &mut result, offline(&row));
         result.notes.extend(manager.disk_note(&row.owner));
         result
     }
@@ -931,9 +931,9 @@ fn remove_if_present(path: &Path) -> std::io::Result<()> {
 }
 
 /// What a session brings to the policy of a call made in it.
-/// What a session's call ran without, for [`Engine::note_if_offline`].
-fn offline(row: &SessionRow) -> crate::network::Offline<'_> {
-    crate::network::Offline::Session {
+/// What a session's call ran without, for [`CallPolicy::note_if_offline`](crate::policy::CallPolicy::note_if_offline).
+fn offline(row: &SessionRow) -> crate::policy::Offline<'_> {
+    crate::policy::Offline::Session {
         id: &row.id,
         created_with_network: row.network,
     }
