@@ -168,3 +168,29 @@ async def test_uploads_read_nothing_unless_the_operator_allows_a_directory(snake
         data, text, is_error = await call(client, "upload_file_to_sandbox", sandbox_id=data["sandbox_id"], local_file_path=str(local))
         assert is_error and "reads no host file on this server" in data["error"]["message"], text
         assert "--upload-dirs" in data["error"]["hint"], text
+
+
+async def test_its_sse_configuration_with_a_key_in_the_url_gets_http_file_links(snakebox_bin, tmp_path):
+    """Its README's client configuration: `supergateway --sse http://HOST/sse?api_key=KEY`. The
+    SDK's SSE client given that URL runs the workflow, and the saved files' `file_links` are
+    HTTP links a plain GET downloads, without the key."""
+    from mcp import Client
+    from mcp.client.sse import sse_client
+
+    from http_support import http_server, make_key
+    from test_http import plain_get
+
+    data = fresh(tmp_path / "data")
+    key = make_key(snakebox_bin, data, "me")
+    with http_server(snakebox_bin, data, "--compat-tools", "python-mcp-sandbox") as (_, url):
+        async with Client(sse_client(f"{url}/sse?api_key={key}"), mode="legacy", read_timeout_seconds=120) as client:
+            created, _, _ = await call(client, "create_sandbox")
+            data_, text, is_error = await call(client, "execute_python_code", sandbox_id=created["sandbox_id"],
+                                               code="open('table.csv', 'w').write('a,b\\n1,2\\n')\nprint('saved')")
+            assert not is_error and data_["stdout"] == "saved\n" and data_["files"] == ["table.csv"], text
+            link = data_["file_links"][0]
+            assert link.startswith(f"{url}/"), link
+            status, _, body = plain_get(link)
+            assert (status, body) == (200, b"a,b\n1,2\n"), (status, body)
+            listed, _, _ = await call(client, "list_sandboxes")
+            assert [s["sandbox_id"] for s in listed["sandboxes"]] == [created["sandbox_id"]]

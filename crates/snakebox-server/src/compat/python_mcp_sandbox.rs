@@ -7,10 +7,10 @@
 //! Its sandboxes are snakebox sessions and its `sandbox_id` a `session_id`; the answers keep
 //! its keys (`stdout`, `stderr`, `exit_code`, `files`, `file_links`; `success`, `status`,
 //! `message` of an install). Two things it did differently are translated, not copied:
-//! - `file_links`: over HTTP, each file's signed, expiring download URL (images show inline
-//!   in a browser, as its links did); on stdio there is no HTTP server, so each is the
-//!   file's `snakebox://artifacts/...` resource URI, which the client reads with
-//!   `resources/read`.
+//! - `file_links`: over HTTP, each file's signed, expiring download URL (a plain GET, no key;
+//!   served as a download, not yet shown inline as its links were); on stdio there is no HTTP
+//!   server, so each is the file's `snakebox://artifacts/...` resource URI, which the client
+//!   reads with `resources/read`.
 //! - `upload_file_to_sandbox(local_file_path)`: its server read any file of its host. Here it
 //!   reads only files under the directories the operator allows (`--upload-dirs`), resolved
 //!   with symlinks followed and checked again on the file actually opened, so a link out of
@@ -121,7 +121,7 @@ pub(crate) struct CodeExecuted {
     pub exit_code: i32,
     /// Files the code wrote or changed, relative to its working directory (figures too).
     pub files: Vec<String>,
-    /// A link per file: over HTTP a signed download URL (images show inline in a browser);
+    /// A link per file: over HTTP a signed, expiring download URL (a plain GET, no key);
     /// on stdio its `snakebox://artifacts/...` resource URI.
     pub file_links: Vec<String>,
     /// Why the code did not run, with the fix (null when it ran).

@@ -2,7 +2,7 @@
 //! tool sets and the directories uploads may read, the largest stdio message and the audit
 //! writer's queue.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
@@ -123,20 +123,20 @@ pub(super) fn resolve_upload_dirs(dirs: &[PathBuf]) -> anyhow::Result<Vec<PathBu
     for dir in dirs.iter().filter(|dir| !dir.as_os_str().is_empty()) {
         if dir.is_relative() {
             bail!(
-                "--upload-dirs (`[server] upload_dirs`) needs absolute paths, got `{}`\nhint: give the full path, e.g. `{}`",
-                dir.display(),
-                Path::new("/srv/uploads").display()
+                "--upload-dirs (`[server] upload_dirs`) needs absolute paths, got `{}`\nhint: give the full path, e.g. `/srv/uploads`",
+                dir.display()
             );
         }
-        let canonical = fs_err::canonicalize(dir).with_context(|| {
-            format!(
-                "--upload-dirs (`[server] upload_dirs`): `{}` cannot be resolved\nhint: create the directory, or remove it from the list",
+        let canonical = match dir.canonicalize() {
+            Ok(canonical) => canonical,
+            Err(error) => bail!(
+                "--upload-dirs (`[server] upload_dirs`): a directory cannot be resolved ({error}): `{}`\nhint: create the directory, or remove it from the list",
                 dir.display()
-            )
-        })?;
+            ),
+        };
         if !canonical.is_dir() {
             bail!(
-                "--upload-dirs (`[server] upload_dirs`): `{}` is not a directory\nhint: name the directory the files are in",
+                "--upload-dirs (`[server] upload_dirs`): not a directory: `{}`\nhint: name the directory the files are in",
                 dir.display()
             );
         }

@@ -888,7 +888,7 @@ fn upload_dirs_are_canonical_existing_directories() {
     for (dir, expected) in [
         (PathBuf::from("relative/dir"), "needs absolute paths"),
         (root.join("missing"), "cannot be resolved"),
-        (root.join("file"), "is not a directory"),
+        (root.join("file"), "not a directory"),
     ] {
         let error = format!(
             "{:#}",
