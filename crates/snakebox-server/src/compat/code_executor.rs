@@ -35,8 +35,8 @@ pub(crate) const SANDBOX_NAME: &str = "code-executor";
 /// Where a session's workspace is inside its sandbox.
 const WORK_DIR: &str = "/work";
 
-/// Finding a caller's sandbox and creating it when there is none is one step at a time in
-/// this process, so two first calls at once make one sandbox, not two.
+/// Creating a caller's sandbox when it has none is one step at a time in this process, so
+/// two first calls at once make one sandbox, not two (a call that finds one never waits).
 static FIND_OR_CREATE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Arguments of `execute_python`.
@@ -120,15 +120,13 @@ pub(crate) struct SandboxInfo {
 impl SnakeboxServer {
     /// The caller's sandbox: its session named [`SANDBOX_NAME`], created now if it has none.
     async fn own_sandbox(&self, caller: &Caller) -> Result<String, EngineError> {
+        if let Some(found) = self.find_own_sandbox(caller).await? {
+            return Ok(found);
+        }
+        // None yet: looked for again under the lock, so only a first use waits for another.
         let _one_at_a_time = FIND_OR_CREATE.lock().await;
-        let list = self.engine.list_sessions(caller).await?;
-        if let Some(found) = list
-            .sessions
-            .iter()
-            .filter(|s| s.name.as_deref() == Some(SANDBOX_NAME))
-            .min_by_key(|s| s.created_at)
-        {
-            return Ok(found.session_id.clone());
+        if let Some(found) = self.find_own_sandbox(caller).await? {
+            return Ok(found);
         }
         let created = self
             .engine
@@ -141,6 +139,17 @@ impl SnakeboxServer {
             )
             .await?;
         Ok(created.session_id)
+    }
+
+    /// The caller's sandbox, if it has one (the oldest, should two have been made).
+    async fn find_own_sandbox(&self, caller: &Caller) -> Result<Option<String>, EngineError> {
+        let list = self.engine.list_sessions(caller).await?;
+        Ok(list
+            .sessions
+            .into_iter()
+            .filter(|s| s.name.as_deref() == Some(SANDBOX_NAME))
+            .min_by_key(|s| s.created_at)
+            .map(|s| s.session_id))
     }
 }
 
