@@ -12,10 +12,14 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import pwd
+import secrets
+import shutil
+import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Iterator
 
 import anyio
 from mcp import Client, types
@@ -23,6 +27,36 @@ from mcp.shared.message import SessionMessage
 
 from attacks_support import marker_pids
 from conftest import server_params
+
+@contextlib.contextmanager
+def normal_user(name: str) -> Iterator[pwd.struct_passwd]:
+    """A fresh unprivileged user with a home of its own under /tmp, removed afterwards with
+    every process it left (the tests that run snakebox as a user would: `test_nonroot.py`,
+    `test_readme.py`)."""
+    subprocess.run(["userdel", "-r", name], capture_output=True)
+    home = Path(f"/tmp/{name}-{secrets.token_hex(4)}")
+    subprocess.run(["useradd", "--create-home", "--home-dir", str(home), "--shell", "/usr/sbin/nologin", name], check=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["pkill", "-KILL", "-u", name], capture_output=True)
+        time.sleep(0.5)
+        subprocess.run(["userdel", "-r", name], capture_output=True)
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def real_uv() -> Path:
+    """The uv binary itself (not a pyenv shim, which a normal user cannot run)."""
+    candidates = [os.environ.get("SNAKEBOX_UV_PATH")]
+    if shutil.which("pyenv"):
+        candidates.append(subprocess.run(["pyenv", "which", "uv"], capture_output=True, text=True).stdout.strip())
+    candidates.append(shutil.which("uv"))
+    for candidate in filter(None, candidates):
+        path = Path(candidate).resolve()
+        if path.is_file() and path.read_bytes()[:4] == b"\x7fELF":
+            return path
+    raise LookupError("no uv binary found: install uv (scripts/install-deps)")
+
 
 # How long the processes of a server that stopped or was killed may take to end (sandboxes
 # die with it; the sessions' disk watchdog notices within a second).

@@ -283,6 +283,27 @@ async def test_arguments_a_client_adds_are_ignored_and_typos_refused(client):
     assert "did you mean `session_id`" in str(refused.value)
 
 
+async def test_the_seeds_names_code_and_timeout_are_read_as_script_and_timeout_seconds(client):
+    """Prompts written for IBM's sandbox and the python code executor send `code` and
+    `timeout` (issue 36): execute_python reads them as `script` and `timeout_seconds`, and
+    says so; neither name is in its schema; both names at once are refused, not guessed."""
+    result, text, is_error = await call(client, "execute_python", code="import time\nprint('ran')", timeout=3)
+    assert not is_error and result["stdout"] == "ran\n", text
+    assert result["timeout_seconds"] == 3, text
+    assert "read `code` as `script` (this tool's name for it)" in result["notes"], result["notes"]
+    assert "read `timeout` as `timeout_seconds` (this tool's name for it)" in result["notes"]
+    slow, text, _ = await call(client, "execute_python", code="import time\ntime.sleep(30)", timeout=1)
+    assert slow["status"] == "timeout", text
+
+    tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    properties = tools["execute_python"].input_schema["properties"]
+    assert "code" not in properties and "timeout" not in properties
+
+    with pytest.raises(MCPError) as refused:
+        await client.call_tool("execute_python", {"script": "print(1)", "code": "print(2)"})
+    assert "give `script` only" in str(refused.value)
+
+
 async def test_cache_warm_builds_each_listed_requirement_at_start(snakebox_bin, data_dir, tmp_path):
     """`[cache] warm` (issue 36, as mcp-python-exec-sandbox's warm-up packages): each listed
     requirement's environment is built at start-up, after the default one, so the first run

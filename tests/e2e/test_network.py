@@ -60,6 +60,41 @@ async def test_a_run_that_looks_a_name_up_without_network_is_told_why_and_who_ca
     assert not any("host names do not resolve" in note for note in data["notes"]), data["notes"]
 
 
+LOOKUP = "import socket\nsocket.getaddrinfo('example.com', 443)\n"
+
+
+def offline_notes(data: dict) -> list[str]:
+    return [note for note in data["notes"] or [] if "host names do not resolve" in note]
+
+
+async def test_a_sessions_cells_and_commands_that_look_a_name_up_are_told_why_and_who_can_change_it(snakebox_bin: Path, tmp_path: Path):
+    """Issue 36: a session's cell or command without network that tries to resolve a host gets
+    the note too, in a session's words: the operator's `--network` on a server without network;
+    on a server with network, a session created with `network: false` is told to create one
+    without it. A cell that does not try gets none."""
+    async with connect(snakebox_bin, tmp_path / "off", "auto") as client:
+        session, text, _ = await call(client, "create_session")
+        sid = session["session_id"]
+        data, text, _ = await call(client, "execute_python", script=LOOKUP, session_id=sid)
+        assert data["status"] == "error", text
+        notes = offline_notes(data)
+        assert len(notes) == 1 and notes[0].startswith(f"Session {sid} has no network: this server runs code without network"), data["notes"]
+        assert "--network on" in notes[0]
+        command, text, _ = await call(client, "run_command", session_id=sid, command=f"python -c \"{LOOKUP.strip()}\"".replace("\n", "; "))
+        assert command["status"] == "error", text
+        assert len(offline_notes(command)) == 1, command
+        quiet, text, _ = await call(client, "execute_python", script="x = 1", session_id=sid)
+        assert offline_notes(quiet) == [], quiet["notes"]
+
+    async with connect(snakebox_bin, tmp_path / "on", "auto", "--network", "on") as client:
+        session, text, _ = await call(client, "create_session", network=False)
+        sid = session["session_id"]
+        data, text, _ = await call(client, "execute_python", script=LOOKUP, session_id=sid)
+        notes = offline_notes(data)
+        assert len(notes) == 1 and "created without (`network: false` at create_session)" in notes[0], data["notes"]
+        assert "create a new session without it" in notes[0]
+
+
 async def test_asking_for_network_on_a_server_without_it_is_refused(client):
     data, text, is_error = await call(client, "execute_python", script="print('never runs')", network=True)
     assert is_error and data["status"] == "invalid_request"

@@ -28,6 +28,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
 from conftest import call, have_bwrap
+from host_support import normal_user, real_uv
 
 USER = "snakebox-e2e"
 
@@ -38,19 +39,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("useradd") is None or shutil.which("runuser") is None, reason="useradd/runuser missing"),
     pytest.mark.skipif(not Path("/usr/bin/python3").exists(), reason="no system python3 for the user"),
 ]
-
-
-def real_uv() -> Path:
-    """The uv binary itself (not a pyenv shim, which a normal user cannot run)."""
-    candidates = [os.environ.get("SNAKEBOX_UV_PATH")]
-    if shutil.which("pyenv"):
-        candidates.append(subprocess.run(["pyenv", "which", "uv"], capture_output=True, text=True).stdout.strip())
-    candidates.append(shutil.which("uv"))
-    for candidate in filter(None, candidates):
-        path = Path(candidate).resolve()
-        if path.is_file() and path.read_bytes()[:4] == b"\x7fELF":
-            return path
-    pytest.skip("no uv binary found")
 
 
 def user_threads(uid: int) -> int:
@@ -83,17 +71,8 @@ def processes_with(marker: str) -> list[int]:
 @pytest.fixture(scope="module")
 def user() -> Iterator[pwd.struct_passwd]:
     """A fresh unprivileged user with a home of its own, removed afterwards."""
-    subprocess.run(["userdel", "-r", USER], capture_output=True)
-    home = Path(f"/tmp/{USER}-{secrets.token_hex(4)}")
-    subprocess.run(["useradd", "--create-home", "--home-dir", str(home), "--shell", "/usr/sbin/nologin", USER], check=True)
-    entry = pwd.getpwnam(USER)
-    try:
+    with normal_user(USER) as entry:
         yield entry
-    finally:
-        subprocess.run(["pkill", "-KILL", "-u", USER], capture_output=True)
-        time.sleep(0.5)
-        subprocess.run(["userdel", "-r", USER], capture_output=True)
-        shutil.rmtree(home, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")

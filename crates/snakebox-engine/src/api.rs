@@ -221,6 +221,21 @@ pub trait EngineHost: Send + Sync {
 
     /// Wait until every call in flight has returned, at most `deadline`: how many had not.
     async fn wait_idle(&self, deadline: Duration) -> usize;
+
+    /// Do a face's `work` for `caller` as that tenant's host work in this process: on one of
+    /// the bounded host-work threads, in the fair order, counted against the tenant's part
+    /// (issue 32, item 1). For what a face does on its own for a call that costs in
+    /// proportion to what the caller asked for: shaping a listing of thousands of entries,
+    /// or a megabyte of output, into an answer. `action` names the work in the error.
+    ///
+    /// # Errors
+    /// When the work panicked, or no host-work slot can be had (the server is stopping).
+    async fn host_work(
+        &self,
+        caller: &Caller,
+        action: &str,
+        work: Box<dyn FnOnce() + Send>,
+    ) -> Result<(), EngineError>;
 }
 
 /// What a face is handed: the API of tenants' calls and the process it runs in. Built from an
@@ -658,6 +673,15 @@ impl EngineHost for Engine {
 
     async fn wait_idle(&self, deadline: Duration) -> usize {
         Engine::wait_idle(self, deadline).await
+    }
+
+    async fn host_work(
+        &self,
+        caller: &Caller,
+        action: &str,
+        work: Box<dyn FnOnce() + Send>,
+    ) -> Result<(), EngineError> {
+        self.on_host(caller, action, work).await
     }
 }
 

@@ -147,6 +147,9 @@ pub struct EngineConfig {
     /// Host directories whose files `upload_file_to_sandbox` (python-mcp-sandbox's tool set)
     /// may read, canonical (`--upload-dirs`); empty: it reads none.
     pub upload_dirs: Vec<PathBuf>,
+    /// Add the package of a well-known import a script does not declare
+    /// (`--infer-dependencies`; see the `infer` module).
+    pub infer_dependencies: bool,
 }
 
 impl EngineConfig {
@@ -237,6 +240,7 @@ impl EngineConfig {
             profiles: crate::Profiles::default(),
             compat_tools: Vec::new(),
             upload_dirs: Vec::new(),
+            infer_dependencies: false,
         }
     }
 }

@@ -1,7 +1,8 @@
 //! Work the server does on the host for a tenant's call, outside any sandbox: the session file
 //! tools (reads, writes, listings that walk a workspace), the size measure of a workspace after
-//! a call, reads of the runs table and of artifacts, and the start of a session's interpreter
-//! (forking its sandbox, stopping another to make room).
+//! a call, reads of the runs table and of artifacts, the start of a session's interpreter
+//! (forking its sandbox, stopping another to make room), and the faces' shaping of each
+//! answer (`EngineHost::host_work`).
 //!
 //! Why: each of these takes a thread of the runtime's blocking pool and the host's CPU and
 //! disk, which no sandbox slot or cgroup counts. Unbounded, one tenant's hundred `list_files`

@@ -22,6 +22,7 @@ mod files;
 mod history;
 mod host_work;
 mod ids;
+mod infer;
 pub mod keys;
 mod learn;
 mod lifecycle;

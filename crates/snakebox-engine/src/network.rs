@@ -239,7 +239,80 @@ pub(crate) fn take_log_of(proxy: Option<&RunProxy>) -> Vec<NetworkLogEntry> {
 #[derive(Default)]
 pub(crate) struct ResolverCell(OnceLock<Result<NetResolver, String>>);
 
+/// What ran without network, for the note a call that tried to reach a host gets.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Offline<'a> {
+    /// A one-shot run, and what its call asked for.
+    Run {
+        /// The call's `network`.
+        asked: Option<bool>,
+    },
+    /// A cell or command of a session, whose network was fixed when it was created.
+    Session {
+        /// The session's id.
+        id: &'a str,
+        /// Whether it was created with network.
+        created_with_network: bool,
+    },
+}
+
 impl Engine {
+    /// Add to `result` (of a call held to `policy`) the note that says why it had no network
+    /// and who can change that, when it ran without network and failed to resolve a host
+    /// name: the operator (the server's policy is off), the caller (it asked for none, or
+    /// created its session without), or the profile.
+    pub(crate) fn note_if_offline(
+        &self,
+        result: &mut crate::ExecutionResult,
+        policy: &crate::policy::CallPolicy,
+        what: Offline<'_>,
+    ) {
+        if policy.network.is_some() || !result.failed_to_resolve_a_name() {
+            return;
+        }
+        let profile = policy.profile.as_str();
+        let profile_off = self
+            .config
+            .profiles
+            .all
+            .get(profile)
+            .is_some_and(|p| p.network == crate::ProfileNetwork::Off);
+        let (this, again) = match what {
+            Offline::Run { .. } => ("This run".to_owned(), "call again"),
+            Offline::Session { id, .. } => (format!("Session {id}"), "create a new session"),
+        };
+        let lead = match what {
+            Offline::Run { .. } => "This server".to_owned(),
+            Offline::Session { id, .. } => format!("Session {id} has no network: this server"),
+        };
+        let note = if self.config.network == NetworkPolicy::Off {
+            format!(
+                "{lead} runs code without network (its network policy is `off`, the default), so host names do not resolve: the operator can allow it with `--network on` or `--network allow:HOST[,HOST...]` (`[network] mode` in the config file); check_environment shows the policy"
+            )
+        } else if profile_off {
+            format!(
+                "{this} has no network because its profile `{profile}` has none, so host names do not resolve: {again} under a profile with network (check_environment lists the profiles you may use)"
+            )
+        } else if let Offline::Run { asked: Some(false) } = what {
+            format!(
+                "{this} had no network because the call asked for none (`network: false`), so host names do not resolve: {again} without it to use the server's network policy"
+            )
+        } else if let Offline::Session {
+            created_with_network: false,
+            ..
+        } = what
+        {
+            format!(
+                "{this} has no network because it was created without (`network: false` at create_session), so host names do not resolve: {again} without it to use the server's network policy"
+            )
+        } else {
+            format!(
+                "{this} had no network, so host names do not resolve; check_environment shows the server's network policy"
+            )
+        };
+        result.notes.push(note);
+    }
+
     /// The rules of a run allowed `names`.
     pub(crate) fn net_rules(&self, names: Names) -> NetRules {
         let settings = &self.config.network_proxy;

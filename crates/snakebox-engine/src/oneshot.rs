@@ -170,35 +170,14 @@ impl Engine {
         result.error = error;
         let mut result = plan.stamp(result);
         collected.apply(&mut result);
-        if plan.policy.network.is_none() && result.failed_to_resolve_a_name() {
-            result
-                .notes
-                .push(self.offline_note(&plan.policy.profile, request.network));
-        }
+        self.note_if_offline(
+            &mut result,
+            &plan.policy,
+            crate::network::Offline::Run {
+                asked: request.network,
+            },
+        );
         result
-    }
-
-    /// What a run without network that tried to reach a host is told: why it had none, and
-    /// who can change that (the caller, its profile, or the operator).
-    fn offline_note(&self, profile: &str, asked: Option<bool>) -> String {
-        let server_off = self.config.network == crate::NetworkPolicy::Off;
-        let profile_off = self
-            .config
-            .profiles
-            .all
-            .get(profile)
-            .is_some_and(|p| p.network == crate::ProfileNetwork::Off);
-        if server_off {
-            "This server runs code without network (its network policy is `off`, the default), so host names do not resolve: the operator can allow it with `--network on` or `--network allow:HOST[,HOST...]` (`[network] mode` in the config file); check_environment shows the policy".into()
-        } else if asked == Some(false) {
-            "This run had no network because the call asked for none (`network: false`), so host names do not resolve: call again without it to use the server's network policy".into()
-        } else if profile_off {
-            format!(
-                "This run's profile `{profile}` has no network, so host names do not resolve: name a profile with network (check_environment lists the profiles you may use)"
-            )
-        } else {
-            "This run had no network, so host names do not resolve; check_environment shows the server's network policy".into()
-        }
     }
 
     /// The call's plan: its checks (the script parsed once), its policy (decided before
@@ -233,9 +212,11 @@ impl Engine {
                 checked.requires_python.as_ref(),
             )
             .map_err(|error| (error, None))?;
+        let mut requirements = checked.requirements;
+        requirements.extend(policy.inferred.iter().cloned());
         Ok(Plan {
             interpreter,
-            requirements: checked.requirements,
+            requirements,
             inputs: checked.inputs,
             policy,
         })

@@ -57,6 +57,8 @@ pub(crate) struct SessionFacts {
     pub(crate) network_names: Vec<String>,
     /// The Python its interpreter runs.
     pub(crate) python_version: String,
+    /// The packages installed in it (names), which a cell's imports need not add.
+    pub(crate) packages: Vec<String>,
 }
 
 /// The kind of call whose policy is decided.
@@ -132,6 +134,9 @@ pub(crate) struct Asked<'a> {
     pub(crate) python_version: Option<&'a str>,
     /// The requirements to install (PEP 508, parsed), for the package allowlist.
     pub(crate) requirements: &'a [pep508_rs::Requirement],
+    /// The script, whose imports name the dependencies inferred for it (when the server
+    /// infers them; empty for calls that run none).
+    pub(crate) script: &'a str,
 }
 
 impl<'a> Asked<'a> {
@@ -149,6 +154,7 @@ impl<'a> Asked<'a> {
             allowed_imports: request.allowed_imports.as_deref(),
             python_version: request.python_version.as_deref(),
             requirements,
+            script: &request.script,
         }
     }
 }
@@ -166,6 +172,8 @@ pub(crate) struct CallPolicy {
     pub(crate) imports: Option<Vec<String>>,
     /// Adjustments made to the request, for the result's `notes`.
     pub(crate) notes: Vec<String>,
+    /// Packages added for the script's imports (`--infer-dependencies`; each has its note).
+    pub(crate) inferred: Vec<pep508_rs::Requirement>,
 }
 
 /// A call refused by its policy.
@@ -220,6 +228,7 @@ impl CallPolicy {
                 network: None,
                 imports: None,
                 notes: Vec::new(),
+                inferred: Vec::new(),
             });
         }
         if let CallKind::Cell(session) = kind {
@@ -332,6 +341,26 @@ impl CallPolicy {
                 session.id, session.python_version
             ));
         }
+        let inferred = match kind {
+            CallKind::Run | CallKind::Cell(_) if server.infer_dependencies => {
+                let present = kind.session().map_or(&[][..], |s| &s.packages[..]);
+                crate::infer::infer(
+                    asked.script,
+                    asked.requirements,
+                    present,
+                    |package, module| {
+                        profile
+                            .refused_packages(std::slice::from_ref(package))
+                            .is_empty()
+                            && imports
+                                .as_ref()
+                                .is_none_or(|allowed| crate::import_allowed(module, allowed))
+                    },
+                )
+            }
+            _ => Vec::new(),
+        };
+        notes.extend(inferred.iter().map(crate::infer::Inferred::note));
         let (deny_exec, writable_work) = match kind {
             // The compile and uv steps run no code of the caller's, in sandboxes of their own.
             CallKind::Compile | CallKind::SessionInstall(_) | CallKind::Build => (false, true),
@@ -347,6 +376,10 @@ impl CallPolicy {
             network,
             imports,
             notes,
+            inferred: inferred
+                .into_iter()
+                .map(|added| added.requirement)
+                .collect(),
         })
     }
 }

@@ -211,6 +211,10 @@ pub struct EnvironmentReport {
     /// Whether a version asked for and not found here is downloaded (`automatic`) or refused
     /// (`never`; the operator can add one with `snakebox python install`).
     pub python_downloads: crate::PythonDownloads,
+    /// Whether a script that imports a well-known package it does not declare gets it
+    /// installed (`sklearn` → scikit-learn; the result's notes say what was added). Declare
+    /// dependencies to choose their versions.
+    pub infer_dependencies: bool,
     /// Limits: configured value, whether enforced, and how.
     pub limits: Vec<LimitStatus>,
     /// Default and maximum timeout in seconds.
@@ -324,6 +328,7 @@ impl Engine {
                 .clone()
                 .unwrap_or_else(|| "newest available CPython 3".into()),
             python_downloads: config.python_downloads,
+            infer_dependencies: config.infer_dependencies,
             pythons: self
                 .interpreters()
                 .all()

@@ -542,6 +542,9 @@ impl ExecutionResult {
             "Name or service not known",
             "No address associated with hostname",
             "NameResolutionError",
+            // curl, git and wget, in a session's commands.
+            "Could not resolve host",
+            "unable to resolve host address",
         ];
         let said = |text: &str| SIGNS.iter().any(|sign| text.contains(sign));
         self.exception

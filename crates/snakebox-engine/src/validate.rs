@@ -141,7 +141,7 @@ pub fn import_allowed(module: &str, allowed: &[String]) -> bool {
 }
 
 /// A distribution name, normalized (PEP 503, with `_` for `-`, as import names are).
-fn normalized(name: &str) -> String {
+pub(crate) fn normalized(name: &str) -> String {
     name.to_ascii_lowercase().replace(['-', '.'], "_")
 }
 
@@ -163,15 +163,22 @@ fn origin_of(module: &str, stdlib: &[String], dependencies: &[String]) -> Import
             (!name.is_empty()).then(|| normalized(&name))
         })
         .collect();
-    let by_alias = IMPORT_ALIASES
-        .iter()
-        .filter(|(import, _)| module == *import || top == *import)
-        .any(|(_, dist)| declared.contains(&normalized(dist)));
-    if by_alias || declared.contains(&normalized(top)) {
+    if declared_covers(module, &declared) {
         ImportOrigin::Dependency
     } else {
         ImportOrigin::Undeclared
     }
+}
+
+/// Whether a distribution among `declared` (names [`normalized`]) provides `module`: one of
+/// the same name as its top-level package, or one it is a well-known import name of.
+pub(crate) fn declared_covers(module: &str, declared: &[String]) -> bool {
+    let top = module.split('.').next().unwrap_or(module);
+    let by_alias = IMPORT_ALIASES
+        .iter()
+        .filter(|(import, _)| module == *import || top == *import)
+        .any(|(_, dist)| declared.contains(&normalized(dist)));
+    by_alias || declared.contains(&normalized(top))
 }
 
 /// One problem found in a script.

@@ -8,9 +8,71 @@
 //! when it looks like one it does name (a hint says which), and otherwise set aside; the
 //! result then says which arguments were ignored. An argument of the wrong type gets an
 //! error in the form of every other, naming the argument and the type it needs.
+//!
+//! A few arguments have a second name, the one the systems snakebox replaces gave them, so
+//! that prompts written for those keep working ([`ALIASES`]): read as the argument they mean,
+//! never listed in a schema, and the result says which name was used.
 
 use rmcp::ErrorData;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject, Tool};
+
+/// Arguments under the name another system gave them: (tool, that name, the argument it
+/// means). IBM's python sandbox and the python code executor call a script `code` and its
+/// time limit `timeout` (issue 36).
+const ALIASES: &[(&str, &str, &str)] = &[
+    ("execute_python", "code", "script"),
+    ("execute_python", "timeout", "timeout_seconds"),
+];
+
+/// Rename in `arguments` each argument of `tool` given under its other name ([`ALIASES`]).
+/// Returns `(other name, argument)` of each renamed. A name the served tool's own schema
+/// has is its argument, never another name: the code executor's `execute_python(code,
+/// timeout)`, served in place of snakebox's by `--compat-tools code-executor`, keeps them.
+///
+/// # Errors
+/// An argument given under both names (`invalid_params`, saying to give one).
+pub(crate) fn read_aliases(
+    tool: &Tool,
+    arguments: &mut JsonObject,
+) -> Result<Vec<(&'static str, &'static str)>, ErrorData> {
+    let own = tool
+        .input_schema
+        .get("properties")
+        .and_then(serde_json::Value::as_object);
+    let is_own = |name: &str| own.is_some_and(|properties| properties.contains_key(name));
+    let tool = tool.name.as_ref();
+    let mut read = Vec::new();
+    for (_, alias, meant) in ALIASES
+        .iter()
+        .filter(|(name, alias, _)| *name == tool && !is_own(alias))
+    {
+        let Some(value) = arguments.remove(*alias) else {
+            continue;
+        };
+        if arguments.contains_key(*meant) {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "{tool} was given both `{meant}` and `{alias}`, which is another name of \
+                     `{meant}`; give `{meant}` only"
+                ),
+                None,
+            ));
+        }
+        arguments.insert((*meant).to_owned(), value);
+        read.push((*alias, *meant));
+    }
+    Ok(read)
+}
+
+/// Say in the result which arguments were read under their other name (see [`ALIASES`]).
+pub(crate) fn note_aliases(result: &mut CallToolResult, read: &[(&str, &str)]) {
+    for (alias, meant) in read {
+        note(
+            result,
+            format!("read `{alias}` as `{meant}` (this tool's name for it)"),
+        );
+    }
+}
 
 /// Take out of `arguments` those `tool` does not know. Returns their names (sorted).
 ///
@@ -62,7 +124,15 @@ pub(crate) fn note_ignored(result: &mut CallToolResult, ignored: &[String]) {
         .map(|name| format!("`{name}`"))
         .collect::<Vec<_>>()
         .join(", ");
-    let note = format!("ignored argument {names}: not one of this tool's (a client added it)");
+    note(
+        result,
+        format!("ignored argument {names}: not one of this tool's (a client added it)"),
+    );
+}
+
+/// Add `note` to the result: to its `notes` when the structured result has them
+/// (execute_python, run_command), and as a text line either way.
+fn note(result: &mut CallToolResult, note: String) {
     if let Some(notes) = result
         .structured_content
         .as_mut()
@@ -244,6 +314,51 @@ mod tests {
         let ignored = set_aside_foreign(&tool(), &mut args).ok();
         assert_eq!(ignored, Some(vec!["wait_for_previous".to_owned()]));
         assert_eq!(args.keys().collect::<Vec<_>>(), ["script"]);
+    }
+
+    #[test]
+    fn another_systems_name_of_an_argument_is_read_as_it_and_said() {
+        let mut args = arguments(serde_json::json!({"code": "print(1)", "timeout": 5}));
+        let read = read_aliases(&tool(), &mut args).ok();
+        assert_eq!(
+            read,
+            Some(vec![("code", "script"), ("timeout", "timeout_seconds")])
+        );
+        assert_eq!(args["script"], "print(1)");
+        assert_eq!(args["timeout_seconds"], 5);
+        assert!(!args.contains_key("code") && !args.contains_key("timeout"));
+        // Only for the tool whose other system used it.
+        let mut args = arguments(serde_json::json!({"session_id": "s", "code": "x"}));
+        let read_file = Tool::new("read_file", "reads", tool().input_schema);
+        assert_eq!(read_aliases(&read_file, &mut args).ok(), Some(vec![]));
+        assert!(args.contains_key("code"));
+        // Nor when the tool served under that name has it as its own argument (the code
+        // executor's execute_python, issue 36).
+        let mut own = (*tool().input_schema).clone();
+        own.insert(
+            "properties".into(),
+            serde_json::json!({"code": {}, "timeout": {}}),
+        );
+        let theirs = Tool::new("execute_python", "runs", Arc::new(own));
+        let mut args = arguments(serde_json::json!({"code": "print(1)", "timeout": 5}));
+        assert_eq!(read_aliases(&theirs, &mut args).ok(), Some(vec![]));
+        assert!(args.contains_key("code") && args.contains_key("timeout"));
+        // Both names: which one was meant is not a guess.
+        let mut args = arguments(serde_json::json!({"script": "1", "code": "2"}));
+        let refused = read_aliases(&tool(), &mut args).err();
+        let message = refused.map(|e| e.message.to_string()).unwrap_or_default();
+        assert!(message.contains("give `script` only"), "{message}");
+        let mut result = CallToolResult::success(vec![]);
+        result.structured_content = Some(serde_json::json!({"notes": []}));
+        note_aliases(&mut result, &[("code", "script")]);
+        let notes = &result
+            .structured_content
+            .as_ref()
+            .map(|c| c["notes"].clone());
+        assert_eq!(
+            notes.as_ref().and_then(|n| n[0].as_str()),
+            Some("read `code` as `script` (this tool's name for it)")
+        );
     }
 
     #[test]

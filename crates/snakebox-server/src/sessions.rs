@@ -16,7 +16,7 @@ use rmcp::{ErrorData, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_engine::{
-    CreateSession, EngineError, ExecutionResult, FileContent, FileList, FileWritten,
+    Caller, CreateSession, EngineError, ExecutionResult, FileContent, FileList, FileWritten,
     InstallPackages, InstallState, InstallStatus, ListFiles, PackageList, ReadFile, RunCommand,
     SessionInfo, SessionList, WriteFile,
 };
@@ -145,15 +145,23 @@ pub(crate) fn failure(error: &EngineError) -> CallToolResult {
     CallToolResult::error(vec![rmcp::model::ContentBlock::text(text)])
 }
 
-fn answer<T: Serialize>(
-    result: Result<T, EngineError>,
-    text: impl Fn(&T) -> String,
-) -> CallToolResult {
-    match result {
-        // Shaped off the runtime worker's queue: a listing of thousands of entries takes
-        // milliseconds (issue 32, item 1, the noisy neighbour's `files`).
-        Ok(value) => snakebox_engine::off_the_runtime(|| structured(&value, text(&value), false)),
-        Err(error) => failure(&error),
+impl SnakeboxServer {
+    /// `result` as the tool's answer: an error as [`failure`], a value shaped (text and
+    /// structured content) as the caller's host work ([`SnakeboxServer::shaped`]: a listing
+    /// of thousands of entries takes milliseconds, issue 32's noisy neighbour's `files`).
+    async fn answer<T: Serialize + Send + 'static>(
+        &self,
+        caller: &Caller,
+        result: Result<T, EngineError>,
+        text: impl Fn(&T) -> String + Send + 'static,
+    ) -> CallToolResult {
+        match result {
+            Ok(value) => {
+                self.shaped(caller, move || structured(&value, text(&value), false))
+                    .await
+            }
+            Err(error) => failure(&error),
+        }
     }
 }
 
@@ -251,7 +259,7 @@ Example: {\"name\": \"sales-analysis\", \"dependencies\": [\"pandas>=2.2\"], \"p
                 },
             )
             .await;
-        Ok(answer(result, session_text))
+        Ok(self.answer(&caller, result, session_text).await)
     }
 
     #[tool(
@@ -268,16 +276,18 @@ that disk (tenant_max_disk_bytes; a write past it fails with ENOSPC) and what yo
     ) -> Result<CallToolResult, ErrorData> {
         let caller = self.caller(&context)?;
         let result = self.engine.list_sessions(&caller).await;
-        Ok(answer(result, |list| {
-            if list.sessions.is_empty() {
-                return "no sessions\n".to_owned();
-            }
-            list.sessions
-                .iter()
-                .map(session_text)
-                .collect::<Vec<_>>()
-                .join("\n")
-        }))
+        Ok(self
+            .answer(&caller, result, |list| {
+                if list.sessions.is_empty() {
+                    return "no sessions\n".to_owned();
+                }
+                list.sessions
+                    .iter()
+                    .map(session_text)
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })
+            .await)
     }
 
     #[tool(
@@ -301,7 +311,9 @@ it is stopped). This cannot be undone.\n\nExample: {\"session_id\": \"s-01234567
                 message: format!("session {id} deleted"),
                 session_id: id.clone(),
             });
-        Ok(answer(result, |done| format!("{}\n", done.message)))
+        Ok(self
+            .answer(&caller, result, |done| format!("{}\n", done.message))
+            .await)
     }
 
     #[tool(
@@ -318,7 +330,7 @@ stays the same.\n\nExample: {\"session_id\": \"s-0123456789abcdef\"}",
     ) -> Result<CallToolResult, ErrorData> {
         let caller = self.caller(&context)?;
         let result = self.engine.reset_session(&caller, &params.session_id).await;
-        Ok(answer(result, session_text))
+        Ok(self.answer(&caller, result, session_text).await)
     }
 
     #[tool(
@@ -385,16 +397,18 @@ Example: {\"session_id\": \"s-0123456789abcdef\"}",
     ) -> Result<CallToolResult, ErrorData> {
         let caller = self.caller(&context)?;
         let result = self.engine.list_packages(&caller, &params.session_id).await;
-        Ok(answer(result, |list| {
-            let mut text = format!("python: {}\n", list.python_version);
-            for p in &list.packages {
-                text.push_str(&format!("{}=={}\n", p.name, p.version));
-            }
-            if list.install.state != InstallState::None {
-                text.push_str(&install_text(&list.install));
-            }
-            text
-        }))
+        Ok(self
+            .answer(&caller, result, |list| {
+                let mut text = format!("python: {}\n", list.python_version);
+                for p in &list.packages {
+                    text.push_str(&format!("{}=={}\n", p.name, p.version));
+                }
+                if list.install.state != InstallState::None {
+                    text.push_str(&install_text(&list.install));
+                }
+                text
+            })
+            .await)
     }
 
     #[tool(
@@ -429,7 +443,7 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"command\": \"ls -la && wc -l
         if let Some(forwarder) = forwarder {
             let _ = forwarder.await;
         }
-        Ok(self.execution_reply(&context, &caller, result))
+        Ok(self.execution_reply(&context, &caller, result).await)
     }
 
     #[tool(
@@ -458,9 +472,11 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"path\": \"data/input.csv\", 
                 },
             )
             .await;
-        Ok(answer(result, |w| {
-            format!("wrote {} ({} bytes)\n", w.path, w.size)
-        }))
+        Ok(self
+            .answer(&caller, result, |w| {
+                format!("wrote {} ({} bytes)\n", w.path, w.size)
+            })
+            .await)
     }
 
     #[tool(
@@ -486,16 +502,18 @@ symbolic links are not followed.\n\nExample: {\"session_id\": \"s-0123456789abcd
                 },
             )
             .await;
-        Ok(answer(result, |file| {
-            if file.encoding == "utf-8" {
-                file.content.clone()
-            } else {
-                format!(
-                    "{} is binary ({} bytes); base64 content in structuredContent.content\n",
-                    file.path, file.size
-                )
-            }
-        }))
+        Ok(self
+            .answer(&caller, result, |file| {
+                if file.encoding == "utf-8" {
+                    file.content.clone()
+                } else {
+                    format!(
+                        "{} is binary ({} bytes); base64 content in structuredContent.content\n",
+                        file.path, file.size
+                    )
+                }
+            })
+            .await)
     }
 
     #[tool(
@@ -523,23 +541,25 @@ Example: {\"session_id\": \"s-0123456789abcdef\", \"path\": \"\", \"depth\": 2}"
                 },
             )
             .await;
-        Ok(answer(result, |list| {
-            if list.entries.is_empty() {
-                return "(empty)\n".to_owned();
-            }
-            let mut text: String = list
-                .entries
-                .iter()
-                .map(|e| match e.kind.as_str() {
-                    "directory" => format!("{}/\n", e.path),
-                    "file" => format!("{} ({} bytes)\n", e.path, e.size),
-                    kind => format!("{} ({kind})\n", e.path),
-                })
-                .collect();
-            if list.truncated {
-                text.push_str("[listing truncated]\n");
-            }
-            text
-        }))
+        Ok(self
+            .answer(&caller, result, |list| {
+                if list.entries.is_empty() {
+                    return "(empty)\n".to_owned();
+                }
+                let mut text: String = list
+                    .entries
+                    .iter()
+                    .map(|e| match e.kind.as_str() {
+                        "directory" => format!("{}/\n", e.path),
+                        "file" => format!("{} ({} bytes)\n", e.path, e.size),
+                        kind => format!("{} ({kind})\n", e.path),
+                    })
+                    .collect();
+                if list.truncated {
+                    text.push_str("[listing truncated]\n");
+                }
+                text
+            })
+            .await)
     }
 }

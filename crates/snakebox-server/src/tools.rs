@@ -280,16 +280,43 @@ impl SnakeboxServer {
         token
     }
 
+    /// `shape`'s answer, shaped as `caller`'s host work ([`EngineHost::host_work`]): turning
+    /// a listing of thousands of entries or a megabyte of output into text and JSON takes
+    /// milliseconds of a thread, in proportion to what the caller asked for. On the host-work
+    /// threads it counts against the caller's part of them, so that one tenant's flood of
+    /// large answers neither queues another tenant's request behind it on the runtime's
+    /// workers nor takes more than its part of the cores (issue 32, item 1).
+    pub(crate) async fn shaped(
+        &self,
+        caller: &Caller,
+        shape: impl FnOnce() -> CallToolResult + Send + 'static,
+    ) -> CallToolResult {
+        let (answer, mut shaped) = tokio::sync::oneshot::channel();
+        let work = Box::new(move || {
+            let _ = answer.send(shape());
+        });
+        match self.host.host_work(caller, "shape the answer", work).await {
+            // The work has ended when host_work returns: the answer is there.
+            Ok(()) => shaped.try_recv().unwrap_or_else(|_| {
+                crate::sessions::failure(&snakebox_engine::EngineError::internal(
+                    "the answer was not shaped",
+                    "try the call again; if it keeps failing, the server's log says why",
+                ))
+            }),
+            Err(error) => crate::sessions::failure(&error),
+        }
+    }
+
     /// An execution's record as the tool result: on HTTP, with the download URL of each
     /// artifact for `caller` (see [`Downloads`]).
-    pub(crate) fn execution_reply(
+    pub(crate) async fn execution_reply(
         &self,
         context: &RequestContext<RoleServer>,
         caller: &Caller,
         mut result: ExecutionResult,
     ) -> CallToolResult {
         self.add_download_links(context, caller, &mut result);
-        execution_result(&result)
+        self.shaped(caller, move || execution_result(&result)).await
     }
 
     /// On HTTP, the download URL of each of `result`'s artifacts for `caller` (see
@@ -403,7 +430,7 @@ processes): see check_environment.",
             // Every chunk is sent before the result, so progress never trails the answer.
             let _ = forwarder.await;
         }
-        Ok(self.execution_reply(&context, &caller, result))
+        Ok(self.execution_reply(&context, &caller, result).await)
     }
 
     #[tool(
@@ -472,6 +499,13 @@ impl ServerHandler for SnakeboxServer {
         mut request: rmcp::model::CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
+        let aliases = match (
+            self.tool_router.get(&request.name),
+            request.arguments.as_mut(),
+        ) {
+            (Some(tool), Some(arguments)) => crate::arguments::read_aliases(tool, arguments)?,
+            _ => Vec::new(),
+        };
         let ignored = match (
             self.tool_router.get(&request.name),
             request.arguments.as_mut(),
@@ -533,6 +567,7 @@ impl ServerHandler for SnakeboxServer {
         if let rmcp::model::CallToolResponse::Complete(result) = &mut response {
             let unfit = crate::arguments::explain_unfit(&name, &wrong_types, result);
             crate::arguments::note_ignored(result, &ignored);
+            crate::arguments::note_aliases(result, &aliases);
             if unfit {
                 refused(caller.clone()).await;
             } else if let Some(caller) = &audited {
@@ -671,14 +706,9 @@ pub(crate) fn structured<T: Serialize>(value: &T, text: String, is_error: bool) 
     result
 }
 
-/// A run's record as the tool's answer. Shaping it (a megabyte of output, figures) takes
-/// milliseconds of one thread: off the runtime worker's queue, so that another tenant's
-/// request is not queued behind it (issue 32, item 1).
+/// A run's record as the tool's answer (shaped as the caller's host work: see
+/// [`SnakeboxServer::shaped`]).
 pub(crate) fn execution_result(result: &ExecutionResult) -> CallToolResult {
-    snakebox_engine::off_the_runtime(|| shaped_execution_result(result))
-}
-
-fn shaped_execution_result(result: &ExecutionResult) -> CallToolResult {
     use base64::Engine as _;
     let is_error = matches!(result.status, Status::InvalidRequest | Status::SetupFailed);
     let mut reply = structured(result, result.to_text(), is_error);

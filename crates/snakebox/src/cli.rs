@@ -360,6 +360,20 @@ pub struct PythonArgs {
     /// (`automatic`) or refused (`never`) [default: never].
     #[arg(long, env = "SNAKEBOX_PYTHON_DOWNLOADS", value_enum)]
     pub python_downloads: Option<PythonDownloadsArg>,
+    /// Install the package of a well-known import a script does not declare (`import
+    /// sklearn` adds scikit-learn; only names on snakebox's curated list, never a guess),
+    /// and say so in the result's notes; `--infer-dependencies=false` turns it off
+    /// [default: on with --compat-tools, else off].
+    #[arg(
+        long,
+        env = "SNAKEBOX_INFER_DEPENDENCIES",
+        value_name = "BOOL",
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub infer_dependencies: Option<bool>,
 }
 
 /// `--python-downloads`.

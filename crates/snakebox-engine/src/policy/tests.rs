@@ -50,6 +50,7 @@ fn session(profile: &str, network: bool) -> SessionFacts {
         network,
         network_names: Vec::new(),
         python_version: "3.12.4".into(),
+        packages: Vec::new(),
     }
 }
 
@@ -157,6 +158,7 @@ fn decide(
         allowed_imports: ask.imports.as_deref(),
         python_version: ask.python,
         requirements: &requirements,
+        script: "",
     };
     CallPolicy::decide(server, kind, &tenant(server, tenant_name), &asked)
         .map(|policy| summary(&policy))
@@ -369,4 +371,82 @@ fn every_kind_of_call_of_a_session_is_held_to_the_same_profile_timeout_rule() {
         assert_eq!(refused.profile.as_deref(), Some("quick"), "{kind:?}");
         assert!(refused.error.message.contains("limit of 5 s"), "{kind:?}");
     }
+}
+
+/// Dependencies inferred from imports (`--infer-dependencies`): only where the server infers
+/// them, for the calls that run a script (a run, a cell), only what the profile allows and the
+/// import policy lets in, and not what is declared or installed in the session already.
+#[test]
+fn inferred_dependencies_follow_the_server_the_kind_the_profile_and_what_is_there() {
+    let script = "import numpy as np\nimport pandas\nfrom sklearn import svm\n";
+    let infer = |kind: &str,
+                 profile: Option<&str>,
+                 declared: &[&str],
+                 imports: Option<&[&str]>,
+                 on: bool,
+                 installed: &[&str]| {
+        let mut server = server(NetworkPolicy::Off);
+        server.infer_dependencies = on;
+        let mut facts = session(profile.unwrap_or("standard"), false);
+        facts.packages = strings(installed);
+        let kind = match kind {
+            "run" => CallKind::Run,
+            "cell" => CallKind::Cell(&facts),
+            "command" => CallKind::Command(&facts),
+            other => panic!("no kind `{other}`"),
+        };
+        let requirements: Vec<pep508_rs::Requirement> = declared
+            .iter()
+            .map(|spec| spec.parse().expect("a requirement"))
+            .collect();
+        let imports = imports.map(strings);
+        let asked = Asked {
+            profile: if kind == CallKind::Run { profile } else { None },
+            allowed_imports: imports.as_deref(),
+            requirements: &requirements,
+            script,
+            ..Asked::default()
+        };
+        let policy =
+            CallPolicy::decide(&server, kind, &tenant(&server, crate::LOCAL_TENANT), &asked)
+                .map_err(|refused| refusal(&refused))
+                .expect("decided");
+        let added: Vec<String> = policy.inferred.iter().map(ToString::to_string).collect();
+        let notes = policy
+            .notes
+            .iter()
+            .filter(|n| n.contains("infers dependencies"))
+            .count();
+        assert_eq!(notes, added.len(), "a note per package: {:?}", policy.notes);
+        added
+    };
+    assert_eq!(
+        infer("run", None, &[], None, true, &[]),
+        ["numpy", "pandas", "scikit-learn"]
+    );
+    assert!(
+        infer("run", None, &[], None, false, &[]).is_empty(),
+        "off by default"
+    );
+    assert_eq!(
+        infer("run", None, &["numpy>=2"], None, true, &[]),
+        ["pandas", "scikit-learn"]
+    );
+    assert!(
+        infer("run", Some("basic"), &[], None, true, &[]).is_empty(),
+        "basic allows no packages"
+    );
+    assert_eq!(
+        infer("run", None, &[], Some(&["numpy", "pandas"]), true, &[]),
+        ["numpy", "pandas"],
+        "an import the policy refuses gets no package"
+    );
+    assert_eq!(
+        infer("cell", None, &[], None, true, &["numpy", "Scikit_Learn"]),
+        ["pandas"]
+    );
+    assert!(
+        infer("command", None, &[], None, true, &[]).is_empty(),
+        "a command runs no script"
+    );
 }

@@ -206,6 +206,7 @@ impl Engine {
         state.known_files = known;
         drop(state);
         rich.apply(&mut result);
+        self.note_if_offline(&mut result, &policy, offline(&row));
         result.notes.extend(manager.disk_note(&row.owner));
         result
     }
@@ -232,13 +233,14 @@ impl Engine {
             &Asked::of(request, &checked.requirements),
         )?;
         Ok(CellPlan {
-            policy,
             inputs: checked.inputs,
             requirements: checked
                 .requirements
                 .iter()
+                .chain(&policy.inferred)
                 .map(ToString::to_string)
                 .collect(),
+            policy,
         })
     }
 
@@ -708,8 +710,9 @@ impl Engine {
         result.resolved_dependencies = packages_of(&row);
         result.environment_reused = true;
         result.error = error;
-        result.notes = policy.notes;
+        result.notes.clone_from(&policy.notes);
         result.network_log = network_log;
+        self.note_if_offline(&mut result, &policy, offline(&row));
         result.notes.extend(manager.disk_note(&row.owner));
         result
     }
@@ -928,6 +931,14 @@ fn remove_if_present(path: &Path) -> std::io::Result<()> {
 }
 
 /// What a session brings to the policy of a call made in it.
+/// What a session's call ran without, for [`Engine::note_if_offline`].
+fn offline(row: &SessionRow) -> crate::network::Offline<'_> {
+    crate::network::Offline::Session {
+        id: &row.id,
+        created_with_network: row.network,
+    }
+}
+
 pub(super) fn session_facts(row: &SessionRow) -> SessionFacts {
     SessionFacts {
         id: row.id.clone(),
@@ -935,6 +946,7 @@ pub(super) fn session_facts(row: &SessionRow) -> SessionFacts {
         network: row.network,
         network_names: row.network_names.clone(),
         python_version: row.python_version.clone(),
+        packages: row.packages.iter().map(|(name, _)| name.clone()).collect(),
     }
 }
 

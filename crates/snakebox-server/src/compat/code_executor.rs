@@ -192,7 +192,7 @@ between calls until reset_sandbox. Returns stdout, stderr and the status.\n\nExa
             .engine
             .execute(&caller, request, self.call_token(&context), None)
             .await;
-        Ok(self.execution_reply(&context, &caller, result))
+        Ok(self.execution_reply(&context, &caller, result).await)
     }
 
     #[tool(
@@ -287,7 +287,10 @@ tool, served by snakebox): name and version of each, and the count.",
                         })
                         .collect(),
                 };
-                structured(&answer, json_text(&answer), false)
+                self.shaped(&caller, move || {
+                    structured(&answer, json_text(&answer), false)
+                })
+                .await
             }
             Err(error) => failure(&error),
         })

@@ -17,6 +17,9 @@
 //! - [`code_executor`]: Python Code Executor (`execute_python(code, timeout)`,
 //!   `install_package`, ...): one sandbox per caller, a session made on first use.
 //!
+//! Answers that can be large (a run's output, a listing) are shaped as the caller's host work
+//! (`SnakeboxServer::shaped`), as snakebox's own are.
+//!
 //! Two sets name a tool alike: IBM's and the code executor's `get_sandbox_info`, with
 //! different answers. The settings refuse to serve both (one name, one tool); the code
 //! executor's `execute_python` takes the place of snakebox's own when that set is served.

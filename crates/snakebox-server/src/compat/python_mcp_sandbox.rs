@@ -532,7 +532,10 @@ Example: {} -> {\"sandboxes\": [{\"sandbox_id\": \"3f2a...\", \"status\": \"idle
                         })
                         .collect(),
                 };
-                structured(&answer, json_text(&answer), false)
+                self.shaped(&caller, move || {
+                    structured(&answer, json_text(&answer), false)
+                })
+                .await
             }
             Err(error) => failure(&error),
         })
@@ -582,7 +585,11 @@ df.to_csv(): saved files come back in files and file_links.\n\nExample: {\"sandb
             status: result.status.as_str().to_owned(),
             execution_id: result.execution_id.clone(),
         };
-        Ok(structured(&answer, json_text(&answer), is_error))
+        Ok(self
+            .shaped(&caller, move || {
+                structured(&answer, json_text(&answer), is_error)
+            })
+            .await)
     }
 
     #[tool(
@@ -701,7 +708,11 @@ going (python-mcp-sandbox's tool, served by snakebox): status `success` (with ve
             },
             exit_code: exit_code(&result),
         };
-        Ok(structured(&answer, json_text(&answer), is_error))
+        Ok(self
+            .shaped(&caller, move || {
+                structured(&answer, json_text(&answer), is_error)
+            })
+            .await)
     }
 
     #[tool(

@@ -102,6 +102,7 @@ pub(super) const SECTION_KEYS: &[(&str, &str)] = &[
     ("tenants", "sessions_max_disk"),
     ("server", "audit_queue_size"),
     ("cache", "warm"),
+    ("python", "infer_dependencies"),
 ];
 
 /// The sections, in the order docs/src/configuration.md documents them.

@@ -1,4 +1,5 @@
-//! `[python]`: the default interpreter version, the uv binary, downloads of missing versions.
+//! `[python]`: the default interpreter version, the uv binary, downloads of missing versions,
+//! dependencies inferred from imports.
 
 use std::path::PathBuf;
 
@@ -14,6 +15,7 @@ pub(super) struct PythonFile {
     pub(super) version: Option<String>,
     pub(super) uv_path: Option<PathBuf>,
     pub(super) downloads: Option<PythonDownloadsArg>,
+    pub(super) infer_dependencies: Option<bool>,
 }
 
 pub(super) fn resolve_python(args: &PythonArgs, file: PythonFile, config: &mut EngineConfig) {
@@ -23,4 +25,10 @@ pub(super) fn resolve_python(args: &PythonArgs, file: PythonFile, config: &mut E
         Some(PythonDownloadsArg::Automatic) => snakebox_engine::PythonDownloads::Automatic,
         Some(PythonDownloadsArg::Never) | None => snakebox_engine::PythonDownloads::Never,
     };
+    // The compatibility tool sets' users ran servers that ship or infer their packages
+    // (issue 36): on for them unless turned off; opt-in otherwise. Read after `[server]`.
+    config.infer_dependencies = args
+        .infer_dependencies
+        .or(file.infer_dependencies)
+        .unwrap_or(!config.compat_tools.is_empty());
 }

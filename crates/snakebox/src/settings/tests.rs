@@ -264,7 +264,22 @@ accepted! {
         && config.default_timeout == Duration::from_secs(10),
     builtin_profiles_and_the_standard_default: "" => |config| config.profiles.default == "standard"
         && config.profiles.names() == ["basic", "data_science", "filesystem", "network", "standard"]
-        && config.compat_tools.is_empty(),
+        && config.compat_tools.is_empty()
+        && !config.infer_dependencies,
+    dependencies_are_inferred_with_the_compat_tools: indoc! {r#"
+        [server]
+        compat_tools = true
+    "#} => |config| config.infer_dependencies,
+    inferring_can_be_turned_off_with_the_compat_tools: indoc! {r#"
+        [server]
+        compat_tools = true
+        [python]
+        infer_dependencies = false
+    "#} => |config| !config.infer_dependencies,
+    inferring_can_be_turned_on_alone: indoc! {r#"
+        [python]
+        infer_dependencies = true
+    "#} => |config| config.infer_dependencies && config.compat_tools.is_empty(),
     a_profile_of_the_operators: indoc! {r#"
         [server]
         profile = "web"
