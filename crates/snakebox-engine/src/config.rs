@@ -141,12 +141,57 @@ pub struct EngineConfig {
     pub install_timeout: Duration,
     /// The profiles offered and the default one ([`crate::Profiles`]).
     pub profiles: crate::Profiles,
-    /// Whether the MCP face also serves the compatibility tool set of IBM's python sandbox
-    /// server (`execute_code`, `validate_code`, `get_sandbox_info`; `--compat-tools`).
-    pub compat_tools: bool,
+    /// The tool sets of other servers the MCP face serves beside snakebox's own
+    /// (`--compat-tools`), sorted, each once.
+    pub compat_tools: Vec<CompatToolSet>,
+    /// Host directories whose files `upload_file_to_sandbox` (python-mcp-sandbox's tool set)
+    /// may read, canonical (`--upload-dirs`); empty: it reads none.
+    pub upload_dirs: Vec<PathBuf>,
     /// Add the package of a well-known import a script does not declare
     /// (`--infer-dependencies`; see the `infer` module).
     pub infer_dependencies: bool,
+}
+
+impl EngineConfig {
+    /// Whether the MCP face serves `set` (`--compat-tools`).
+    #[must_use]
+    pub fn serves(&self, set: CompatToolSet) -> bool {
+        self.compat_tools.contains(&set)
+    }
+}
+
+/// A tool set of another Python-running MCP server that snakebox serves beside its own, so
+/// that its clients and prompts keep working (`--compat-tools NAME,...`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CompatToolSet {
+    /// IBM's python sandbox server: `execute_code`, `validate_code`, `get_sandbox_info`.
+    Ibm,
+    /// python-mcp-sandbox: `create_sandbox`, `list_sandboxes`, `execute_python_code`, ...
+    PythonMcpSandbox,
+    /// Python Code Executor: `execute_python(code, timeout)`, `install_package`, ...
+    CodeExecutor,
+}
+
+impl CompatToolSet {
+    /// Every set, in the order they are listed.
+    pub const ALL: [CompatToolSet; 3] = [Self::Ibm, Self::PythonMcpSandbox, Self::CodeExecutor];
+
+    /// Its name on the command line and in the config file.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Ibm => "ibm",
+            Self::PythonMcpSandbox => "python-mcp-sandbox",
+            Self::CodeExecutor => "code-executor",
+        }
+    }
+
+    /// The set named `name` (`_` taken for `-`, any case).
+    #[must_use]
+    pub fn from_name(name: &str) -> Option<CompatToolSet> {
+        let name = name.trim().to_ascii_lowercase().replace('_', "-");
+        Self::ALL.into_iter().find(|set| set.name() == name)
+    }
 }
 
 impl EngineConfig {
@@ -193,7 +238,8 @@ impl EngineConfig {
             allow_sdist_builds: false,
             install_timeout: snakebox_env::DEFAULT_INSTALL_TIMEOUT,
             profiles: crate::Profiles::default(),
-            compat_tools: false,
+            compat_tools: Vec::new(),
+            upload_dirs: Vec::new(),
             infer_dependencies: false,
         }
     }

@@ -70,7 +70,7 @@ pub use budget::{
 };
 pub use caller::{Caller, LOCAL_TENANT, is_plain_name};
 pub use config::{
-    DEFAULT_PREFORK, DEFAULT_PRELOAD_PACKAGES, EngineConfig, MAX_PRELOAD_PACKAGES,
+    CompatToolSet, DEFAULT_PREFORK, DEFAULT_PRELOAD_PACKAGES, EngineConfig, MAX_PRELOAD_PACKAGES,
     MIN_SESSIONS_DISK_SHARE, PythonDownloads, SessionSettings, TENANTS_PER_SESSIONS_DISK,
 };
 pub use error::{EngineError, ErrorKind, Hint};

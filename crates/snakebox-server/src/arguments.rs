@@ -25,16 +25,27 @@ const ALIASES: &[(&str, &str, &str)] = &[
 ];
 
 /// Rename in `arguments` each argument of `tool` given under its other name ([`ALIASES`]).
-/// Returns `(other name, argument)` of each renamed.
+/// Returns `(other name, argument)` of each renamed. A name the served tool's own schema
+/// has is its argument, never another name: the code executor's `execute_python(code,
+/// timeout)`, served in place of snakebox's by `--compat-tools code-executor`, keeps them.
 ///
 /// # Errors
 /// An argument given under both names (`invalid_params`, saying to give one).
 pub(crate) fn read_aliases(
-    tool: &str,
+    tool: &Tool,
     arguments: &mut JsonObject,
 ) -> Result<Vec<(&'static str, &'static str)>, ErrorData> {
+    let own = tool
+        .input_schema
+        .get("properties")
+        .and_then(serde_json::Value::as_object);
+    let is_own = |name: &str| own.is_some_and(|properties| properties.contains_key(name));
+    let tool = tool.name.as_ref();
     let mut read = Vec::new();
-    for (_, alias, meant) in ALIASES.iter().filter(|(name, _, _)| *name == tool) {
+    for (_, alias, meant) in ALIASES
+        .iter()
+        .filter(|(name, alias, _)| *name == tool && !is_own(alias))
+    {
         let Some(value) = arguments.remove(*alias) else {
             continue;
         };
@@ -308,7 +319,7 @@ mod tests {
     #[test]
     fn another_systems_name_of_an_argument_is_read_as_it_and_said() {
         let mut args = arguments(serde_json::json!({"code": "print(1)", "timeout": 5}));
-        let read = read_aliases("execute_python", &mut args).ok();
+        let read = read_aliases(&tool(), &mut args).ok();
         assert_eq!(
             read,
             Some(vec![("code", "script"), ("timeout", "timeout_seconds")])
@@ -318,11 +329,23 @@ mod tests {
         assert!(!args.contains_key("code") && !args.contains_key("timeout"));
         // Only for the tool whose other system used it.
         let mut args = arguments(serde_json::json!({"session_id": "s", "code": "x"}));
-        assert_eq!(read_aliases("read_file", &mut args).ok(), Some(vec![]));
+        let read_file = Tool::new("read_file", "reads", tool().input_schema);
+        assert_eq!(read_aliases(&read_file, &mut args).ok(), Some(vec![]));
         assert!(args.contains_key("code"));
+        // Nor when the tool served under that name has it as its own argument (the code
+        // executor's execute_python, issue 36).
+        let mut own = (*tool().input_schema).clone();
+        own.insert(
+            "properties".into(),
+            serde_json::json!({"code": {}, "timeout": {}}),
+        );
+        let theirs = Tool::new("execute_python", "runs", Arc::new(own));
+        let mut args = arguments(serde_json::json!({"code": "print(1)", "timeout": 5}));
+        assert_eq!(read_aliases(&theirs, &mut args).ok(), Some(vec![]));
+        assert!(args.contains_key("code") && args.contains_key("timeout"));
         // Both names: which one was meant is not a guess.
         let mut args = arguments(serde_json::json!({"script": "1", "code": "2"}));
-        let refused = read_aliases("execute_python", &mut args).err();
+        let refused = read_aliases(&tool(), &mut args).err();
         let message = refused.map(|e| e.message.to_string()).unwrap_or_default();
         assert!(message.contains("give `script` only"), "{message}");
         let mut result = CallToolResult::success(vec![]);

@@ -221,20 +221,29 @@ impl SnakeboxServer {
         tools
     }
 
-    /// The tools this engine's server offers: snakebox's, and the compatibility tool set
-    /// ([`crate::compat`]) when the operator turned it on.
+    /// The tools this engine's server offers: snakebox's, and each compatibility tool set
+    /// ([`crate::compat`]) the operator named. A set's tool of the same name as one of
+    /// snakebox's takes its place (the code executor's `execute_python`).
     fn tools_for(host: &dyn EngineHost) -> ToolRouter<Self> {
-        if host.config().compat_tools {
-            Self::all_tools_with_compat()
-        } else {
-            Self::all_tools()
+        let mut tools = Self::all_tools();
+        for set in &host.config().compat_tools {
+            let mut router = crate::compat::router(*set);
+            crate::schemas::make_plain(&mut router);
+            tools += router;
         }
+        tools
     }
 
-    /// Every tool of snakebox and the compatibility tool set, with plain schemas.
-    pub(crate) fn all_tools_with_compat() -> ToolRouter<Self> {
-        let mut tools = Self::tool_router() + Self::session_router() + Self::compat_router();
-        crate::schemas::make_plain(&mut tools);
+    /// Every tool snakebox can serve: its own and those of every compatibility tool set,
+    /// with plain schemas. Two sets may name a tool alike, so this is a list, not a router.
+    #[cfg(test)]
+    pub(crate) fn every_tool() -> Vec<rmcp::model::Tool> {
+        let mut tools = Self::all_tools().list_all();
+        for set in snakebox_engine::CompatToolSet::ALL {
+            let mut router = crate::compat::router(set);
+            crate::schemas::make_plain(&mut router);
+            tools.extend(router.list_all());
+        }
         tools
     }
 
@@ -306,6 +315,18 @@ impl SnakeboxServer {
         caller: &Caller,
         mut result: ExecutionResult,
     ) -> CallToolResult {
+        self.add_download_links(context, caller, &mut result);
+        self.shaped(caller, move || execution_result(&result)).await
+    }
+
+    /// On HTTP, the download URL of each of `result`'s artifacts for `caller` (see
+    /// [`Downloads`]); on stdio there are none.
+    pub(crate) fn add_download_links(
+        &self,
+        context: &RequestContext<RoleServer>,
+        caller: &Caller,
+        result: &mut ExecutionResult,
+    ) {
         let downloads = context
             .extensions
             .get::<http::request::Parts>()
@@ -316,7 +337,6 @@ impl SnakeboxServer {
                 artifact.download_url = links.url(caller, &result.execution_id, &artifact.name);
             }
         }
-        self.shaped(caller, move || execution_result(&result)).await
     }
 
     /// Who `context`'s request is for.
@@ -479,9 +499,12 @@ impl ServerHandler for SnakeboxServer {
         mut request: rmcp::model::CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
-        let aliases = match request.arguments.as_mut() {
-            Some(arguments) => crate::arguments::read_aliases(&request.name, arguments)?,
-            None => Vec::new(),
+        let aliases = match (
+            self.tool_router.get(&request.name),
+            request.arguments.as_mut(),
+        ) {
+            (Some(tool), Some(arguments)) => crate::arguments::read_aliases(tool, arguments)?,
+            _ => Vec::new(),
         };
         let ignored = match (
             self.tool_router.get(&request.name),
@@ -664,8 +687,15 @@ pub(crate) fn parse_memory(text: &str) -> Result<u64, snakebox_engine::EngineErr
     })
 }
 
-/// The tools whose calls the engine audits itself (they run code; see `snakebox_engine::audit`).
-const RUN_TOOLS: &[&str] = &["execute_python", "run_command", "execute_code"];
+/// The tools whose calls the engine audits itself (they run code; see `snakebox_engine::audit`):
+/// snakebox's, and those of the compatibility tool sets ([`crate::compat`]).
+const RUN_TOOLS: &[&str] = &[
+    "execute_python",
+    "run_command",
+    "execute_code",
+    "execute_python_code",
+    "execute_terminal_command",
+];
 
 /// Structured content plus a text form. `is_error` marks results where the tool could not do
 /// what was asked (not a script that failed: that is a normal result).
@@ -838,7 +868,7 @@ mod description_tests {
     /// examples (first) are never lost.
     #[test]
     fn every_tool_description_fits_the_shortest_client_limit() {
-        let tools = SnakeboxServer::all_tools_with_compat().list_all();
+        let tools = SnakeboxServer::every_tool();
         assert!(tools.len() >= 16);
         for tool in tools {
             let length = tool.description.as_deref().map_or(0, |d| d.chars().count());

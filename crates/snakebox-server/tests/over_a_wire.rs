@@ -195,7 +195,9 @@ async fn a_cancelled_call_is_cancelled_through_the_wire() {
 
 #[tokio::test]
 async fn the_compatibility_tools_result_variable_crosses_the_wire() {
-    let test = TestEngine::with(|config| config.compat_tools = true).await;
+    let test =
+        TestEngine::with(|config| config.compat_tools = vec![snakebox_engine::CompatToolSet::Ibm])
+            .await;
     let (mcp, _wire) = test.mcp_over_the_wire().await;
     let reply = mcp
         .call(

@@ -317,10 +317,27 @@ pub struct ServerArgs {
     /// [default: standard].
     #[arg(long, env = "SNAKEBOX_PROFILE", value_name = "NAME")]
     pub profile: Option<String>,
-    /// Also serve the tool set of IBM's python sandbox server (`execute_code`,
-    /// `validate_code`, `get_sandbox_info`) for clients written for it.
-    #[arg(long, env = "SNAKEBOX_COMPAT_TOOLS")]
-    pub compat_tools: bool,
+    /// Also serve the tool sets of other servers, for clients and prompts written for them:
+    /// `ibm` (`execute_code`, `validate_code`, `get_sandbox_info`), `python-mcp-sandbox`
+    /// (`create_sandbox`, `execute_python_code`, ...), `code-executor` (`install_package`,
+    /// `reset_sandbox`, ...), comma-separated; bare or `true` means `ibm`, `false` none.
+    #[arg(
+        long,
+        env = "SNAKEBOX_COMPAT_TOOLS",
+        value_name = "SETS",
+        num_args = 0..=1,
+        default_missing_value = "true"
+    )]
+    pub compat_tools: Option<String>,
+    /// Host directories whose files python-mcp-sandbox's `upload_file_to_sandbox` may read
+    /// (comma-separated; symlinks out of them are refused) [default: none, it reads no file].
+    #[arg(
+        long,
+        env = "SNAKEBOX_UPLOAD_DIRS",
+        value_name = "DIR,...",
+        value_delimiter = ','
+    )]
+    pub upload_dirs: Option<Vec<PathBuf>>,
     /// Records queued for the runs table's and audit log's writer, in bytes; past it, the
     /// tenant with the most queued loses its own newest records (counted, reported)
     /// [default: 64MiB; at least 512KiB].

@@ -434,7 +434,7 @@ mod tests {
 
     /// Every tool snakebox serves, with the schemas it lists.
     fn tools() -> Vec<rmcp::model::Tool> {
-        SnakeboxServer::all_tools_with_compat().list_all()
+        SnakeboxServer::every_tool()
     }
 
     #[test]

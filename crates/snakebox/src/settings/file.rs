@@ -84,6 +84,7 @@ pub(super) const SECTION_KEYS: &[(&str, &str)] = &[
     ("server", "profile"),
     ("sandbox", "docker_runtime"),
     ("server", "compat_tools"),
+    ("server", "upload_dirs"),
     ("http", "addr"),
     ("http", "public_url"),
     ("http", "allowed_hosts"),

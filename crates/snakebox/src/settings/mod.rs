@@ -134,7 +134,7 @@ fn resolve_with(args: &EngineArgs, mut file: FileSettings) -> anyhow::Result<Set
     resolve_server(&args.server, file.server, &mut config)?;
     // IBM's `SANDBOX_*` variables, when its tool set is served: they fill in what snakebox's
     // own settings leave unset (limits before those are read, the profile after).
-    let ibm = if config.compat_tools {
+    let ibm = if config.serves(snakebox_engine::CompatToolSet::Ibm) {
         ibm::IbmEnvironment::read(&|name| std::env::var(name).ok())?
     } else {
         ibm::IbmEnvironment::default()

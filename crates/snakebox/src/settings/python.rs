@@ -30,5 +30,5 @@ pub(super) fn resolve_python(args: &PythonArgs, file: PythonFile, config: &mut E
     config.infer_dependencies = args
         .infer_dependencies
         .or(file.infer_dependencies)
-        .unwrap_or(config.compat_tools);
+        .unwrap_or(!config.compat_tools.is_empty());
 }

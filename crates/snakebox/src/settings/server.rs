@@ -1,11 +1,12 @@
 //! `[server]`: the data directory, runs at once, the default profile, the compatibility
-//! tools, the largest stdio message and the audit writer's queue.
+//! tool sets and the directories uploads may read, the largest stdio message and the audit
+//! writer's queue.
 
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
-use snakebox_engine::EngineConfig;
+use snakebox_engine::{CompatToolSet, EngineConfig};
 
 use super::values::{SizeOrNumber, parse_size};
 use crate::cli::ServerArgs;
@@ -15,7 +16,8 @@ use crate::cli::ServerArgs;
 #[serde(deny_unknown_fields)]
 pub(super) struct ServerFile {
     pub(super) profile: Option<String>,
-    pub(super) compat_tools: Option<bool>,
+    pub(super) compat_tools: Option<CompatToolsFile>,
+    pub(super) upload_dirs: Option<Vec<PathBuf>>,
     pub(super) data_dir: Option<PathBuf>,
     pub(super) max_concurrent_runs: Option<usize>,
     pub(super) max_frame_bytes: Option<SizeOrNumber>,
@@ -27,7 +29,26 @@ pub(super) fn resolve_server(
     file: ServerFile,
     config: &mut EngineConfig,
 ) -> anyhow::Result<()> {
-    config.compat_tools = args.compat_tools || file.compat_tools.unwrap_or(false);
+    // The command line (or its variable) wins over the file, whole.
+    config.compat_tools = match (&args.compat_tools, file.compat_tools) {
+        (Some(text), _) => parse_compat_tools(text).context("invalid --compat-tools")?,
+        (None, Some(CompatToolsFile::Switch(on))) => {
+            if on {
+                vec![CompatToolSet::Ibm]
+            } else {
+                Vec::new()
+            }
+        }
+        (None, Some(CompatToolsFile::Text(text))) => {
+            parse_compat_tools(&text).context("invalid `[server] compat_tools`")?
+        }
+        (None, Some(CompatToolsFile::List(names))) => {
+            parse_compat_tools(&names.join(",")).context("invalid `[server] compat_tools`")?
+        }
+        (None, None) => Vec::new(),
+    };
+    let upload_dirs = args.upload_dirs.clone().or(file.upload_dirs);
+    config.upload_dirs = resolve_upload_dirs(upload_dirs.as_deref().unwrap_or_default())?;
     if let Some(profile) = file.profile {
         // Checked against the profiles once `[profiles]` is read.
         config.profiles.default = profile;
@@ -44,6 +65,86 @@ pub(super) fn resolve_server(
         config.max_concurrent_runs = runs;
     }
     Ok(())
+}
+
+/// `[server] compat_tools`: `true`/`false`, a comma-separated string, or a list of names.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum CompatToolsFile {
+    Switch(bool),
+    Text(String),
+    List(Vec<String>),
+}
+
+/// The tool sets `text` names: `true`, `1`, `yes`, `on` or nothing is `ibm` (what the flag
+/// meant when it was a switch); `false`, `0`, `no`, `off` or `none` is none; otherwise
+/// comma-separated names of [`CompatToolSet`].
+pub(super) fn parse_compat_tools(text: &str) -> anyhow::Result<Vec<CompatToolSet>> {
+    let names = || {
+        CompatToolSet::ALL
+            .iter()
+            .map(|set| set.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match text.trim().to_ascii_lowercase().as_str() {
+        "" | "true" | "1" | "yes" | "on" => return Ok(vec![CompatToolSet::Ibm]),
+        "false" | "0" | "no" | "off" | "none" => return Ok(Vec::new()),
+        _ => {}
+    }
+    let mut sets = Vec::new();
+    for name in text
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+    {
+        let Some(set) = CompatToolSet::from_name(name) else {
+            bail!(
+                "unknown tool set `{name}`\nhint: the tool sets are {}; give one or more, comma-separated (`--compat-tools python-mcp-sandbox,code-executor`)",
+                names()
+            );
+        };
+        sets.push(set);
+    }
+    sets.sort_unstable();
+    sets.dedup();
+    if sets.contains(&CompatToolSet::Ibm) && sets.contains(&CompatToolSet::CodeExecutor) {
+        bail!(
+            "the tool sets `ibm` and `code-executor` cannot be served together: both have a tool named `get_sandbox_info`, with different answers\nhint: serve one of them (`--compat-tools ibm` or `--compat-tools code-executor`), with `python-mcp-sandbox` beside either if you like"
+        );
+    }
+    Ok(sets)
+}
+
+/// The directories `upload_file_to_sandbox` may read, each canonical (symlinks resolved, so
+/// a file's canonical path is compared with them) and each an existing directory.
+pub(super) fn resolve_upload_dirs(dirs: &[PathBuf]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut resolved = Vec::new();
+    for dir in dirs.iter().filter(|dir| !dir.as_os_str().is_empty()) {
+        if dir.is_relative() {
+            bail!(
+                "--upload-dirs (`[server] upload_dirs`) needs absolute paths, got `{}`\nhint: give the full path, e.g. `/srv/uploads`",
+                dir.display()
+            );
+        }
+        let canonical = match dir.canonicalize() {
+            Ok(canonical) => canonical,
+            Err(error) => bail!(
+                "--upload-dirs (`[server] upload_dirs`): a directory cannot be resolved ({error}): `{}`\nhint: create the directory, or remove it from the list",
+                dir.display()
+            ),
+        };
+        if !canonical.is_dir() {
+            bail!(
+                "--upload-dirs (`[server] upload_dirs`): not a directory: `{}`\nhint: name the directory the files are in",
+                dir.display()
+            );
+        }
+        resolved.push(canonical);
+    }
+    resolved.sort();
+    resolved.dedup();
+    Ok(resolved)
 }
 
 pub(super) fn default_data_dir() -> PathBuf {

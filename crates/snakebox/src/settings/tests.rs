@@ -10,7 +10,7 @@ use super::{
     artifacts::*, cache::*, file::*, http::*, limits::*, network::*, pool::*, python::*,
     sandbox::*, server::*, sessions::*, tenants::*, values::*,
 };
-use crate::cli::HttpArgs;
+use crate::cli::{HttpArgs, ServerArgs};
 
 #[test]
 fn several_tenants_get_a_quarter_of_the_sessions_disk_each_unless_told() {
@@ -264,7 +264,7 @@ accepted! {
         && config.default_timeout == Duration::from_secs(10),
     builtin_profiles_and_the_standard_default: "" => |config| config.profiles.default == "standard"
         && config.profiles.names() == ["basic", "data_science", "filesystem", "network", "standard"]
-        && !config.compat_tools
+        && config.compat_tools.is_empty()
         && !config.infer_dependencies,
     dependencies_are_inferred_with_the_compat_tools: indoc! {r#"
         [server]
@@ -279,7 +279,7 @@ accepted! {
     inferring_can_be_turned_on_alone: indoc! {r#"
         [python]
         infer_dependencies = true
-    "#} => |config| config.infer_dependencies && !config.compat_tools,
+    "#} => |config| config.infer_dependencies && config.compat_tools.is_empty(),
     a_profile_of_the_operators: indoc! {r#"
         [server]
         profile = "web"
@@ -294,7 +294,7 @@ accepted! {
     "#} => |config| {
         let web = &config.profiles.all["web"];
         config.profiles.default == "web"
-            && config.compat_tools
+            && config.compat_tools == [snakebox_engine::CompatToolSet::Ibm]
             && web.network == snakebox_engine::ProfileNetwork::Allow(vec!["api.example.com".into()])
             && !web.subprocesses
             && web.writable_work
@@ -803,4 +803,116 @@ fn errors_name_the_config_file() {
     let err = format!("{:#}", resolve(&args).unwrap_err());
     assert!(err.contains(&path.display().to_string()), "{err}");
     assert!(err.contains("max_timeuot") && err.contains("hint"), "{err}");
+}
+
+/// Issue 36: `--compat-tools` names the tool sets; a bare flag or `true` still means IBM's.
+#[test]
+fn compat_tools_name_the_tool_sets_and_true_still_means_ibm() {
+    use snakebox_engine::CompatToolSet::{CodeExecutor, Ibm, PythonMcpSandbox};
+    for (text, expected) in [
+        ("true", vec![Ibm]),
+        ("1", vec![Ibm]),
+        ("", vec![Ibm]),
+        ("false", vec![]),
+        ("0", vec![]),
+        ("ibm", vec![Ibm]),
+        ("python-mcp-sandbox", vec![PythonMcpSandbox]),
+        (
+            "code-executor, python_mcp_sandbox",
+            vec![PythonMcpSandbox, CodeExecutor],
+        ),
+        ("ibm,python-mcp-sandbox,ibm", vec![Ibm, PythonMcpSandbox]),
+    ] {
+        assert_eq!(parse_compat_tools(text).unwrap(), expected, "{text:?}");
+    }
+    let unknown = format!("{:#}", parse_compat_tools("ibm,mcp-sandbox").unwrap_err());
+    assert!(
+        unknown.contains("unknown tool set `mcp-sandbox`"),
+        "{unknown}"
+    );
+    assert!(
+        unknown.contains("hint: the tool sets are ibm, python-mcp-sandbox, code-executor"),
+        "{unknown}"
+    );
+    let both = format!("{:#}", parse_compat_tools("ibm,code-executor").unwrap_err());
+    assert!(
+        both.contains("get_sandbox_info") && both.contains("hint: serve one of them"),
+        "{both}"
+    );
+
+    // The config file takes a switch, a string or a list; the command line wins over it.
+    let file_sets = |text: &str, flag: Option<&str>| {
+        let file = parse_file(text).map(|mut file| std::mem::take(&mut file.server));
+        let args = ServerArgs {
+            compat_tools: flag.map(str::to_owned),
+            ..ServerArgs::default()
+        };
+        let mut config = EngineConfig::new(PathBuf::new(), BackendKind::Native);
+        resolve_server(
+            &args,
+            file.unwrap_or_else(|err| panic!("{err:#}")),
+            &mut config,
+        )
+        .map(|()| config.compat_tools)
+    };
+    assert_eq!(
+        file_sets("[server]\ncompat_tools = true", None).unwrap(),
+        [Ibm]
+    );
+    assert_eq!(
+        file_sets(
+            "[server]\ncompat_tools = \"python-mcp-sandbox,code-executor\"",
+            None
+        )
+        .unwrap(),
+        [PythonMcpSandbox, CodeExecutor]
+    );
+    assert_eq!(
+        file_sets("[server]\ncompat_tools = [\"code-executor\"]", None).unwrap(),
+        [CodeExecutor]
+    );
+    assert_eq!(
+        file_sets("[server]\ncompat_tools = true", Some("false")).unwrap(),
+        []
+    );
+    let error = format!(
+        "{:#}",
+        file_sets("[server]\ncompat_tools = [\"nope\"]", None).unwrap_err()
+    );
+    assert!(
+        error.contains("`[server] compat_tools`") && error.contains("unknown tool set `nope`"),
+        "{error}"
+    );
+}
+
+/// Issue 36: the directories uploads may read are absolute, existing directories, kept
+/// canonical; none by default.
+#[test]
+fn upload_dirs_are_canonical_existing_directories() {
+    assert_eq!(resolve_upload_dirs(&[]).unwrap(), Vec::<PathBuf>::new());
+    let root = std::env::temp_dir().join(format!("snakebox-upload-dirs-{}", std::process::id()));
+    fs_err::create_dir_all(root.join("real")).unwrap();
+    fs_err::write(root.join("file"), "x").unwrap();
+    let _ = fs_err::remove_file(root.join("link"));
+    std::os::unix::fs::symlink(root.join("real"), root.join("link")).unwrap();
+    let canonical = fs_err::canonicalize(root.join("real")).unwrap();
+    assert_eq!(
+        resolve_upload_dirs(&[root.join("link"), root.join("real")]).unwrap(),
+        [canonical]
+    );
+    for (dir, expected) in [
+        (PathBuf::from("relative/dir"), "needs absolute paths"),
+        (root.join("missing"), "cannot be resolved"),
+        (root.join("file"), "not a directory"),
+    ] {
+        let error = format!(
+            "{:#}",
+            resolve_upload_dirs(std::slice::from_ref(&dir)).unwrap_err()
+        );
+        assert!(
+            error.contains(expected) && error.contains("hint:"),
+            "{dir:?}: {error}"
+        );
+    }
+    let _ = fs_err::remove_dir_all(&root);
 }

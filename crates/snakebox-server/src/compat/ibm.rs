@@ -1,6 +1,7 @@
 //! The compatibility tool set of IBM's python sandbox server (`execute_code`, `validate_code`,
 //! `get_sandbox_info`), served beside snakebox's own tools when the operator turns it on
-//! (`serve --compat-tools`), so clients and prompts written for that server keep working.
+//! (`serve --compat-tools ibm`, or a bare `--compat-tools`), so clients and prompts written
+//! for that server keep working.
 //!
 //! Its arguments and answers keep that server's names and shapes; what they mean is snakebox's:
 //! each call runs in a fresh sandbox under the server's default profile (its tiers are
@@ -20,6 +21,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_engine::{EngineError, ExecuteRequest, ExecutionResult, SecurityEvent, Status};
 
+use super::json_text;
 use crate::SnakeboxServer;
 use crate::tools::structured;
 
@@ -212,15 +214,11 @@ fn execute_answer(result: &ExecutionResult, capture: bool) -> ExecuteCodeResult 
     }
 }
 
-fn json_text<T: Serialize>(value: &T) -> String {
-    serde_json::to_string_pretty(value).unwrap_or_default()
-}
-
 fn mebibytes(bytes: u64) -> String {
     format!("{}m", bytes / (1 << 20))
 }
 
-#[tool_router(router = compat_router, vis = "pub(crate)")]
+#[tool_router(router = ibm_router, vis = "pub(crate)")]
 impl SnakeboxServer {
     #[tool(
         description = "Execute Python code in a fresh sandbox (the tool of IBM's python sandbox \
