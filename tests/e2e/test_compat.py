@@ -78,7 +78,8 @@ print(f"Difference from math.pi: {abs(result - math.pi)}")
 
 
 async def test_the_readme_examples_of_the_python_sandbox_server(snakebox_bin, tmp_path, mode):
-    async with connect(snakebox_bin, tmp_path / "data", mode, "--compat-tools", "--profile", "basic") as client:
+    # As an IBM user starts it: its tool set alone runs its Basic tier by default (issue 36).
+    async with connect(snakebox_bin, tmp_path / "data", mode, "--compat-tools") as client:
         # Basic Code Execution: the documented request and response.
         data, text, is_error = await call(client, "execute_code", code="result = 2 + 2\nprint(f'The answer is: {result}')",
                                           timeout=10, capture_output=True)

@@ -120,7 +120,12 @@ impl IbmEnvironment {
     /// After the profiles are read: the default profile (unless one was chosen) and its
     /// import policy.
     pub(super) fn apply_profile(&self, config: &mut EngineConfig, profile_chosen: bool) {
-        if let Some(profile) = self.profile
+        // IBM's server runs its Basic tier unless told otherwise: so does snakebox when IBM's
+        // is the only tool set it serves beside its own and nothing names a profile (another
+        // set's users expect snakebox's default, `standard`).
+        let only_ibm = config.compat_tools == [snakebox_engine::CompatToolSet::Ibm];
+        let tier = self.profile.or(only_ibm.then_some("basic"));
+        if let Some(profile) = tier
             && !profile_chosen
         {
             config.profiles.default = profile.to_owned();

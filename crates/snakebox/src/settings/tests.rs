@@ -270,6 +270,19 @@ accepted! {
         [server]
         compat_tools = true
     "#} => |config| config.infer_dependencies,
+    ibms_tools_alone_run_its_basic_tier_by_default: indoc! {r#"
+        [server]
+        compat_tools = ["ibm"]
+    "#} => |config| config.profiles.default == "basic",
+    ibms_tools_with_a_profile_named_run_that_profile: indoc! {r#"
+        [server]
+        compat_tools = ["ibm"]
+        profile = "data_science"
+    "#} => |config| config.profiles.default == "data_science",
+    ibms_tools_beside_another_set_keep_snakebox_s_default: indoc! {r#"
+        [server]
+        compat_tools = ["ibm", "python-mcp-sandbox"]
+    "#} => |config| config.profiles.default == "standard",
     inferring_can_be_turned_off_with_the_compat_tools: indoc! {r#"
         [server]
         compat_tools = true
