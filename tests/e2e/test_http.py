@@ -208,6 +208,22 @@ async def test_signed_download_links_and_metrics(snakebox_bin: Path, tmp_path: P
         after = after.decode()
         assert runs_ok(after) == runs_ok(before) + 1, after
         assert "snakebox_http_requests_total{" in after and "team-a" not in after
+        # A raster image is shown in the browser (python-mcp-sandbox's links are, issue 36); an
+        # SVG, a document that can hold script, is still an attachment; both unsniffed, sandboxed.
+        async with connect(url, key, mode) as client:
+            pictures, text, _ = await call(
+                client, "execute_python",
+                script="import base64\nopen('plot.png', 'wb').write(base64.b64decode("
+                "'iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=='))\n"
+                "open('chart.svg', 'w').write('<svg xmlns=\"http://www.w3.org/2000/svg\"><script>alert(1)</script></svg>')",
+            )
+        links = {a["name"]: a["download_url"] for a in pictures["artifacts"]}
+        assert set(links) == {"plot.png", "chart.svg"}, text
+        for name, kind, mime in (("plot.png", "inline;", "image/png"), ("chart.svg", "attachment;", "image/svg+xml")):
+            status, headers, _ = plain_get(links[name])
+            assert status == 200 and headers["content-disposition"].startswith(kind), (name, headers)
+            assert headers["content-type"] == mime and headers["x-content-type-options"] == "nosniff", headers
+            assert headers["content-security-policy"] == "sandbox; default-src 'none'", headers
         assert proc.poll() is None
 
 

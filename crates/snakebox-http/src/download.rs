@@ -1,12 +1,24 @@
 //! How bytes a run made leave the server: always as a download that no browser renders in
 //! the server's origin. Signed links (`/files/…`) and the web UI's download routes share it,
-//! so an HTML or SVG a script wrote can never run as the server's page.
+//! so an HTML or SVG a script wrote can never run as the server's page. The one exception is
+//! a raster image behind a signed link ([`INLINE_IMAGES`]): shown in the browser, as
+//! python-mcp-sandbox's links are, since a PNG, JPEG, GIF or WebP is a picture and nothing
+//! else (not sniffed, in a CSP sandbox, like every download).
 
 use axum::http::{HeaderMap, HeaderValue, header};
+
+/// Raster image types a browser shows as a picture and never runs (not SVG: a document that
+/// can hold script): a signed link serves these `inline`.
+pub(crate) const INLINE_IMAGES: &[&str] = &["image/png", "image/jpeg", "image/gif", "image/webp"];
 
 /// `Content-Disposition: attachment` for a file named `path` (its last part): a plain ASCII
 /// `filename` for old clients and the exact name, percent-encoded, as `filename*`.
 pub(crate) fn attachment(path: &str) -> String {
+    disposition("attachment", path)
+}
+
+/// `Content-Disposition: KIND` (`attachment`, `inline`) for a file named `path`.
+fn disposition(kind: &str, path: &str) -> String {
     let name = path.rsplit('/').next().unwrap_or(path);
     let plain: String = name
         .chars()
@@ -24,7 +36,7 @@ pub(crate) fn attachment(path: &str) -> String {
         plain
     };
     format!(
-        "attachment; filename=\"{plain}\"; filename*=UTF-8''{}",
+        "{kind}; filename=\"{plain}\"; filename*=UTF-8''{}",
         snakebox_engine::encode_artifact_path(name).replace('/', "%2F")
     )
 }
@@ -54,6 +66,17 @@ pub(crate) fn attachment_headers(headers: &mut HeaderMap, name: &str, content_ty
         header::REFERRER_POLICY,
         HeaderValue::from_static("no-referrer"),
     );
+}
+
+/// [`attachment_headers`], except that a raster image ([`INLINE_IMAGES`]) is shown `inline`:
+/// the headers of a signed link's answer.
+pub(crate) fn link_headers(headers: &mut HeaderMap, name: &str, content_type: &str) {
+    attachment_headers(headers, name, content_type);
+    if INLINE_IMAGES.contains(&content_type)
+        && let Ok(inline) = HeaderValue::from_str(&disposition("inline", name))
+    {
+        headers.insert(header::CONTENT_DISPOSITION, inline);
+    }
 }
 
 #[cfg(test)]
@@ -89,5 +112,30 @@ mod tests {
             headers[header::CONTENT_SECURITY_POLICY],
             "sandbox; default-src 'none'"
         );
+    }
+
+    #[test]
+    fn a_link_shows_a_raster_image_and_downloads_everything_else() {
+        for (name, mime, shown) in [
+            ("plot.png", "image/png", true),
+            ("photo.jpg", "image/jpeg", true),
+            ("anim.gif", "image/gif", true),
+            ("pic.webp", "image/webp", true),
+            ("chart.svg", "image/svg+xml", false),
+            ("page.html", "text/html", false),
+            ("data.csv", "text/csv", false),
+        ] {
+            let mut headers = HeaderMap::new();
+            link_headers(&mut headers, name, mime);
+            let disposition = headers[header::CONTENT_DISPOSITION].to_str().unwrap();
+            let kind = if shown { "inline;" } else { "attachment;" };
+            assert!(disposition.starts_with(kind), "{name}: {disposition}");
+            assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff", "{name}");
+            assert_eq!(
+                headers[header::CONTENT_SECURITY_POLICY],
+                "sandbox; default-src 'none'",
+                "{name}"
+            );
+        }
     }
 }

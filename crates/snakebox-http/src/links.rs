@@ -392,7 +392,7 @@ pub(crate) async fn download(
     let body = axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(opened.body));
     let mut response = Response::new(body);
     let headers = response.headers_mut();
-    crate::download::attachment_headers(headers, &file_name, &head.mime_type);
+    crate::download::link_headers(headers, &file_name, &head.mime_type);
     headers.insert(header::CONTENT_LENGTH, HeaderValue::from(head.size));
     response
 }
