@@ -983,3 +983,19 @@ async def test_a_session_installs_steps_are_held_to_the_install_timeout(snakebox
     assert status["state"] == "failed", status
     assert "took longer than 5 s and was stopped" in text and "--install-timeout" in text, text
     assert wall < 40, wall
+
+
+async def test_the_operators_index_url_is_where_installs_resolve(snakebox_bin, tmp_path, canaries, index):
+    """`--index-url` (issue 36: python-mcp-sandbox's PyPI mirror setting): installs resolve from
+    it, in place of the index the server's environment names (here a dead one), for one-shot
+    runs and session installs alike."""
+    index.add(wheel_bytes("sbxmirror", "1.0", {"sbxmirror.py": "WHERE = 'mirror'"}))
+    dead = "http://127.0.0.1:9/simple"
+    async with server(snakebox_bin, fresh_data_dir(tmp_path, "data"), canaries, index, "--index-url", index.url,
+                      extra_env={"UV_INDEX_URL": dead}) as client:
+        data, text, is_error = await run_script(client, "import sbxmirror; print(sbxmirror.WHERE)", ["sbxmirror==1.0"])
+        assert not is_error and data["stdout"] == "mirror\n", text
+        created, _, _ = await call(client, "create_session")
+        status, text, _ = await call(client, "install_packages", session_id=created["session_id"], packages=["sbxmirror==1.0"])
+        assert status["state"] == "succeeded", text
+    assert any("sbxmirror" in path for path, _ in index.requests), index.requests

@@ -147,6 +147,9 @@ pub struct EngineConfig {
     /// Host directories whose files `upload_file_to_sandbox` (python-mcp-sandbox's tool set)
     /// may read, canonical (`--upload-dirs`); empty: it reads none.
     pub upload_dirs: Vec<PathBuf>,
+    /// The package index installs resolve from instead of PyPI (`--index-url`: a mirror);
+    /// `None`: what the server's environment says (`UV_DEFAULT_INDEX`, ...), else PyPI.
+    pub index_url: Option<String>,
     /// Add the package of a well-known import a script does not declare
     /// (`--infer-dependencies`; see the `infer` module).
     pub infer_dependencies: bool,
@@ -241,6 +244,7 @@ impl EngineConfig {
             compat_tools: Vec::new(),
             upload_dirs: Vec::new(),
             infer_dependencies: false,
+            index_url: None,
         }
     }
 }

@@ -221,8 +221,13 @@ impl Engine {
                 Arc::clone(sandbox),
                 // Installs go through the run proxy's machinery with the install rules: the
                 // configured indexes, `install_hosts`, the runs' resolver and exceptions.
-                snakebox_env::UvEnvironment::from_process()
-                    .with_install_network(config.network_proxy.install_network()),
+                match &config.index_url {
+                    Some(url) => {
+                        snakebox_env::UvEnvironment::from_process().with_default_index(url)
+                    }
+                    None => snakebox_env::UvEnvironment::from_process(),
+                }
+                .with_install_network(config.network_proxy.install_network()),
             )
             .map(|cache| {
                 cache

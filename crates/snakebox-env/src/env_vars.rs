@@ -148,6 +148,17 @@ impl UvEnvironment {
         self
     }
 
+    /// The same, with `url` as the one default package index (`UV_DEFAULT_INDEX`), in place
+    /// of an index the server's environment named (`UV_DEFAULT_INDEX`, or the older
+    /// `UV_INDEX_URL`): the operator's `index_url` setting. Extra indexes stay.
+    #[must_use]
+    pub fn with_default_index(mut self, url: &str) -> Self {
+        self.passthrough.remove("UV_INDEX_URL");
+        self.passthrough
+            .insert("UV_DEFAULT_INDEX".to_owned(), url.to_owned());
+        self
+    }
+
     /// The value of one allow-listed variable, if it was set.
     pub fn get(&self, name: &str) -> Option<&str> {
         self.passthrough.get(name).map(String::as_str)
@@ -408,5 +419,36 @@ mod tests {
         for vars in [stripped, operator] {
             assert!(vars.iter().all(|(k, _)| k != "UV_NATIVE_TLS"), "{vars:?}");
         }
+    }
+
+    #[test]
+    fn the_operators_index_replaces_the_environments_default_index() {
+        let env = UvEnvironment::from_vars([
+            (
+                "UV_INDEX_URL".to_owned(),
+                "https://old.example/simple".to_owned(),
+            ),
+            (
+                "UV_EXTRA_INDEX_URL".to_owned(),
+                "https://extra.example/simple".to_owned(),
+            ),
+        ])
+        .with_default_index("https://mirror.example/simple");
+        assert_eq!(env.get("UV_INDEX_URL"), None);
+        assert_eq!(
+            env.get("UV_DEFAULT_INDEX"),
+            Some("https://mirror.example/simple")
+        );
+        assert_eq!(
+            env.get("UV_EXTRA_INDEX_URL"),
+            Some("https://extra.example/simple")
+        );
+        assert_eq!(
+            env.index_settings(),
+            [
+                "UV_EXTRA_INDEX_URL=https://extra.example/simple",
+                "UV_DEFAULT_INDEX=https://mirror.example/simple"
+            ]
+        );
     }
 }

@@ -514,6 +514,10 @@ pub struct CacheArgs {
     /// directory [default: off, wheels only].
     #[arg(long, env = "SNAKEBOX_ALLOW_SDIST_BUILDS")]
     pub allow_sdist_builds: bool,
+    /// The package index installs resolve from instead of PyPI (a mirror), as uv's
+    /// `--default-index` [default: the server's UV_DEFAULT_INDEX or UV_INDEX_URL, else PyPI].
+    #[arg(long, env = "SNAKEBOX_INDEX_URL", value_name = "URL")]
+    pub index_url: Option<String>,
     /// Time limit of each step of an install, an environment build's and a session
     /// install's alike, in seconds (also the wall time of the package code it runs)
     /// [default: 600].

@@ -20,6 +20,8 @@ pub(super) struct CacheFile {
     pub(super) max_age_days: Option<u64>,
     /// Requirements to build an environment of each at start-up (after the default one).
     pub(super) warm: Option<Vec<String>>,
+    /// The package index (a mirror of PyPI).
+    pub(super) index_url: Option<String>,
 }
 
 /// The most `[cache] warm` entries: each is an environment built at every start.
@@ -32,6 +34,9 @@ pub(super) fn resolve_cache(
 ) -> anyhow::Result<()> {
     config.warm_cache = !(args.no_warm_cache || file.no_warm.unwrap_or(false));
     config.allow_sdist_builds = args.allow_sdist_builds || file.allow_sdist_builds.unwrap_or(false);
+    if let Some(text) = args.index_url.clone().or(file.index_url) {
+        config.index_url = Some(index_url(&text)?);
+    }
     if let Some(seconds) = args.install_timeout.or(file.install_timeout) {
         if seconds == 0 {
             bail!("--install-timeout must be at least 1 second\nhint: the default is 600");
@@ -63,4 +68,25 @@ pub(super) fn resolve_cache(
         })
         .collect::<anyhow::Result<_>>()?;
     Ok(())
+}
+
+/// `--index-url` (`[cache] index_url`): an `http`, `https` or `file` URL with a host (a file
+/// URL: a directory), as uv's `--default-index` takes it.
+fn index_url(text: &str) -> anyhow::Result<String> {
+    let hint = "hint: give the index's simple API URL, such as https://pypi.example.org/simple (or leave it out for PyPI)";
+    let url = url::Url::parse(text.trim()).map_err(|err| {
+        anyhow::anyhow!("invalid --index-url (`[cache] index_url`) `{text}`: {err}\n{hint}")
+    })?;
+    match url.scheme() {
+        "http" | "https" if url.host_str().is_some_and(|h| !h.is_empty()) => Ok(url.to_string()),
+        "file" => Ok(url.to_string()),
+        other => bail!(
+            "invalid --index-url (`[cache] index_url`) `{text}`: {} \n{hint}",
+            if matches!(other, "http" | "https") {
+                "it names no host".to_owned()
+            } else {
+                format!("`{other}` is not http, https or file")
+            }
+        ),
+    }
 }

@@ -103,6 +103,7 @@ pub(super) const SECTION_KEYS: &[(&str, &str)] = &[
     ("server", "audit_queue_size"),
     ("cache", "warm"),
     ("python", "infer_dependencies"),
+    ("cache", "index_url"),
 ];
 
 /// The sections, in the order docs/src/configuration.md documents them.

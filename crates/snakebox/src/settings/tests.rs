@@ -289,6 +289,11 @@ accepted! {
         [python]
         infer_dependencies = false
     "#} => |config| !config.infer_dependencies,
+    a_package_index_mirror: indoc! {r#"
+        [cache]
+        index_url = "https://pypi.example.org/simple"
+    "#} => |config| config.index_url.as_deref() == Some("https://pypi.example.org/simple"),
+    no_index_url_by_default: "" => |config| config.index_url.is_none(),
     inferring_can_be_turned_on_alone: indoc! {r#"
         [python]
         infer_dependencies = true
@@ -327,6 +332,8 @@ network = \"off\"
 }
 
 refused! {
+    an_index_url_that_is_not_a_url: "[cache]\nindex_url = \"pypi mirror\"\n" => ["invalid --index-url (`[cache] index_url`)", "hint: give the index's simple API URL"],
+    an_index_url_of_another_scheme: "[cache]\nindex_url = \"ftp://mirror.example/simple\"\n" => ["`ftp` is not http, https or file"],
     flat_typo_gets_a_did_you_mean: "max_timeuot = 5\n" => ["unknown key `max_timeuot`", "hint: did you mean `max_timeout`?"],
     section_typo_gets_a_did_you_mean: "[limit]\nmax_timeout = 5\n" => ["unknown key `limit`", "did you mean the section `[limits]`?"],
     key_typo_in_a_section: "[limits]\nmemroy = \"1G\"\n" => ["unknown key `memroy` in `[limits]`", "did you mean `memory`?"],
