@@ -192,6 +192,10 @@ async def test_ibms_environment_variables_are_honoured_with_its_tool_set(snakebo
         assert data["stdout_truncated"] is True and len(data["stdout"]) <= 4096, text
         data, text, _ = await call(client, "execute_python", script="import os")
         assert data["status"] != "ok" and "os" in text, text
+        # Its data-science tier ships numpy: here the import gets it (dependencies inferred
+        # from imports are on with a tool set), without declaring it.
+        data, text, _ = await call(client, "execute_code", code="import numpy as np\nresult = float(np.mean([1, 2, 3]))", timeout=12)
+        assert data["success"] is True and data["result"] == 2.0, text
     async with connect(snakebox_bin, data_dir, "auto", env=ibm) as client:
         report, _, _ = await call(client, "check_environment")
         assert report["timeouts"].startswith("default 30 s") and report["default_profile"] == "standard", report
