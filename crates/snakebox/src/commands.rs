@@ -13,8 +13,8 @@ use snakebox_engine::{
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{
-    AuditArgs, CheckArgs, ClientConfigArgs, ImageAction, ImageArgs, KeysAction, KeysArgs,
-    PythonAction, PythonCommandArgs, RunArgs, ServeArgs,
+    AgentArgs, AuditArgs, CheckArgs, ClientConfigArgs, ImageAction, ImageArgs, KeysAction,
+    KeysArgs, PythonAction, PythonCommandArgs, RunArgs, ServeArgs,
 };
 use crate::settings;
 
@@ -37,8 +37,17 @@ pub(crate) fn report_error(err: &anyhow::Error) {
 /// release. Exit code 0 (a stop asked for is not a failure); 2 when serving failed.
 pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     let (settings, http) = settings::resolve_serve(args)?;
+    let agents = settings::resolve_agents(&args.front.agents)?;
+    // The front's key is read before anything starts: a key that cannot sign is said now.
+    let front_key = match (&args.front.front_key, agents.is_empty()) {
+        (Some(path), false) => Some(Arc::new(
+            snakebox_wire::FrontKey::load(path).map_err(|err| with_hint(&err, err.hint()))?,
+        )),
+        _ => None,
+    };
+    let front = front_key.map(|key| Front { agents, key });
     if let Some(http) = http {
-        return serve_http(settings.engine, http).await;
+        return serve_http(settings.engine, http, front).await;
     }
     let engine = Engine::start(settings.engine).await;
     fail_on_bad_default_python(&engine).await?;
@@ -60,7 +69,7 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     // The face gets the engine as an `EngineHandle`: its API for tenants' calls, and this
     // process's own matters (settings, stopping).
     let served = snakebox_server::serve_stdio(
-        EngineHandle::from(Arc::clone(&engine)),
+        handle(&engine, front.as_ref())?,
         stop_signal(),
         DRAIN,
         settings.max_frame_bytes,
@@ -80,6 +89,7 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
 async fn serve_http(
     config: snakebox_engine::EngineConfig,
     http: snakebox_http::HttpConfig,
+    front: Option<Front>,
 ) -> anyhow::Result<ExitCode> {
     let engine = Engine::start(config).await;
     fail_on_bad_default_python(&engine).await?;
@@ -91,9 +101,10 @@ async fn serve_http(
     }
     release_startup_pages();
     let stop = CancellationToken::new();
+    let served = handle(&engine, front.as_ref())?;
     let mut serving = tokio::spawn({
-        let (engine, stop) = (Arc::clone(&engine), stop.clone());
-        async move { snakebox_http::serve(EngineHandle::from(engine), &http, stop).await }
+        let stop = stop.clone();
+        async move { snakebox_http::serve(served, &http, stop).await }
     });
     let reason = tokio::select! {
         reason = stop_signal() => reason,
@@ -117,6 +128,109 @@ async fn serve_http(
         tracing::warn!(cut_short, "calls still running after the drain deadline");
     }
     // Their replies are written: close the listener and the connections.
+    stop.cancel();
+    if tokio::time::timeout(DRAIN, &mut serving).await.is_err() {
+        serving.abort();
+    }
+    release(&engine, reason, Duration::ZERO, TEARDOWN).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A front's engine agents (`serve --agents`) and the key it signs their calls with.
+struct Front {
+    agents: Vec<(String, String)>,
+    key: Arc<snakebox_wire::FrontKey>,
+}
+
+/// What the faces get: this process's engine, with its calls going to the agents when this
+/// process is a front ([`snakebox_wire::Routed`] over a static directory). The process's own
+/// matters (settings, readiness, stopping) stay this process's.
+fn handle(engine: &Arc<Engine>, front: Option<&Front>) -> anyhow::Result<EngineHandle> {
+    let handle = EngineHandle::from(Arc::clone(engine));
+    let Some(front) = front else {
+        return Ok(handle);
+    };
+    let host = Arc::clone(handle.host());
+    let agents = front
+        .agents
+        .iter()
+        .map(|(name, url)| {
+            snakebox_wire::RemoteEngine::new(name, url, Arc::clone(&front.key), Arc::clone(&host))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(engine_error)?;
+    let names: Vec<String> = front
+        .agents
+        .iter()
+        .map(|(name, url)| format!("{name}={url}"))
+        .collect();
+    tracing::info!(agents = %names.join(","), "calls go to the engine agents");
+    let directory = snakebox_wire::StaticDirectory::new(agents).map_err(engine_error)?;
+    Ok(handle.with_api(Arc::new(snakebox_wire::Routed::new(
+        Arc::new(directory),
+        host,
+    ))))
+}
+
+/// An engine error with its hint, for the command line.
+fn engine_error(err: snakebox_engine::EngineError) -> anyhow::Error {
+    match err.hint {
+        Some(hint) => anyhow::anyhow!("{}\nhint: {hint}", err.message),
+        None => anyhow::anyhow!("{}", err.message),
+    }
+}
+
+/// `snakebox agent`: the engine served to fronts over the internal HTTP API until
+/// SIGTERM/SIGINT, stopped as `serve --http` is (calls in flight answered `cancelled`).
+pub(crate) async fn agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
+    let (settings, addr, name) = settings::resolve_agent(args)?;
+    let check = snakebox_wire::AgentCheck::load(&args.front_public_key, &name)
+        .map_err(|err| with_hint(&err, err.hint()))?;
+    // Installed before anything records, so the first run is counted.
+    let _ = snakebox_http::render_metrics();
+    let engine = Engine::start(settings.engine).await;
+    fail_on_bad_default_python(&engine).await?;
+    let report = engine.report();
+    if !report.ready {
+        for problem in &report.problems {
+            tracing::error!("executions are refused until this is fixed: {problem}");
+        }
+    }
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => listener,
+        Err(err) => {
+            engine.shutdown(StopReason::Requested, Duration::ZERO).await;
+            return Err(anyhow::anyhow!(
+                "could not listen on `{addr}`: {err}\nhint: check that the address is free (another agent on that port?) and that this user may bind it"
+            ));
+        }
+    };
+    let bound = listener.local_addr().unwrap_or(addr);
+    release_startup_pages();
+    let router = snakebox_wire::agent::router(
+        EngineHandle::from(Arc::clone(&engine)),
+        check,
+        Some(Arc::new(snakebox_http::render_metrics)),
+    );
+    tracing::info!(%bound, agent = %name, "snakebox agent serving the engine at http://{bound}");
+    let stop = CancellationToken::new();
+    let mut serving = tokio::spawn(snakebox_wire::agent::serve(listener, router, stop.clone()));
+    let reason = tokio::select! {
+        reason = stop_signal() => reason,
+        served = &mut serving => {
+            engine.shutdown(StopReason::Requested, Duration::ZERO).await;
+            return Err(match served {
+                Ok(Ok(())) => anyhow::anyhow!("the agent's server stopped by itself"),
+                Ok(Err(err)) => anyhow::anyhow!(err).context("the agent's server failed"),
+                Err(join) => anyhow::anyhow!(join).context("the agent's server failed"),
+            });
+        }
+    };
+    engine.begin_shutdown(reason);
+    let cut_short = engine.wait_idle(DRAIN).await;
+    if cut_short > 0 {
+        tracing::warn!(cut_short, "calls still running after the drain deadline");
+    }
     stop.cancel();
     if tokio::time::timeout(DRAIN, &mut serving).await.is_err() {
         serving.abort();

@@ -102,6 +102,59 @@ pub(crate) fn resolve_serve(
     Ok((settings, http))
 }
 
+/// The default address of `snakebox agent`'s internal API.
+pub(crate) const DEFAULT_AGENT_ADDR: &str = "127.0.0.1:8700";
+
+/// `snakebox agent`'s settings: the engine's (read as `serve --http` reads them: several
+/// tenants), the address to listen on and the agent's name.
+///
+/// # Errors
+/// As [`resolve`]; also an address that does not parse.
+pub(crate) fn resolve_agent(
+    args: &crate::cli::AgentArgs,
+) -> anyhow::Result<(Settings, std::net::SocketAddr, String)> {
+    let mut settings = resolve(&args.engine)?;
+    several_tenants(&mut settings.engine);
+    let listen = args.listen.as_deref().unwrap_or(DEFAULT_AGENT_ADDR);
+    let addr = listen.parse().map_err(|_| {
+        anyhow::anyhow!("invalid --listen address `{listen}`\nhint: write an IP address and a port, e.g. `127.0.0.1:8700` or `0.0.0.0:8700`")
+    })?;
+    let name = args.name.clone().unwrap_or_else(|| listen.to_owned());
+    if name.is_empty() {
+        anyhow::bail!(
+            "--name is empty\nhint: name the agent as its fronts do (`--agents NAME=URL`)"
+        );
+    }
+    Ok((settings, addr, name))
+}
+
+/// The agents of `serve --agents`: each as (name, URL); the name is `NAME=` when given, else
+/// the URL's `HOST:PORT`.
+///
+/// # Errors
+/// An entry that is not `[NAME=]http://HOST:PORT`.
+pub(crate) fn resolve_agents(entries: &[String]) -> anyhow::Result<Vec<(String, String)>> {
+    entries
+        .iter()
+        .map(|entry| entry.trim())
+        .filter(|entry| !entry.is_empty())
+        .map(|entry| {
+            let (name, url) = match entry.split_once('=') {
+                Some((name, url)) => (Some(name.trim()), url.trim()),
+                None => (None, entry),
+            };
+            let authority = url
+                .trim_end_matches('/')
+                .strip_prefix("http://")
+                .filter(|rest| !rest.is_empty() && !rest.contains('/'))
+                .ok_or_else(|| {
+                    anyhow::anyhow!("`--agents {entry}` is not an agent\nhint: write each agent as http://HOST:PORT or NAME=http://HOST:PORT (NAME: the agent's --name)")
+                })?;
+            Ok((name.unwrap_or(authority).to_owned(), url.to_owned()))
+        })
+        .collect()
+}
+
 /// The resolved settings: the engine's, and those of `serve`'s stdio face.
 #[derive(Debug)]
 pub(crate) struct Settings {

@@ -660,6 +660,7 @@ fn every_flag_still_parses_for_every_command() {
         vec!["run", "x.py"],
         vec!["check"],
         vec!["python", "install", "3.14"],
+        vec!["agent", "--front-public-key", "front.pub"],
     ] {
         let argv = ["snakebox"]
             .into_iter()
@@ -669,6 +670,7 @@ fn every_flag_still_parses_for_every_command() {
         let cli = Cli::try_parse_from(argv).unwrap_or_else(|err| panic!("{command:?}: {err}"));
         let args = match cli.command {
             Command::Serve(serve) => serve.engine,
+            Command::Agent(agent) => agent.engine,
             Command::Run(run) => run.engine,
             Command::Check(check) => check.engine,
             Command::Audit(audit) => audit.engine,
