@@ -210,7 +210,7 @@ async def test_a_front_spreads_runs_keeps_sessions_and_loses_only_a_killed_agent
                 agents[victim][0].wait()
                 lost, text, is_error = await call(a, "execute_python", script="print(x)", session_id=sids[0])
                 assert is_error, text
-                assert "session_lost" in text and names[victim] in text, text
+                assert lost["error"]["kind"] == "session_lost" and names[victim] in text, text
                 assert "hint:" in text and "new session" in text, text
                 # The other sessions carry on, and one-shot runs too (on the agents left).
                 for i, sid in enumerate(sids[1:], start=1):

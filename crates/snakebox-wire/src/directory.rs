@@ -272,9 +272,9 @@ impl Routed {
 /// The error of a session whose agent is gone.
 fn session_lost(session_id: &str, agent: &RemoteEngine, err: &RemoteError) -> EngineError {
     EngineError::new(
-        ErrorKind::Unavailable,
+        ErrorKind::SessionLost,
         format!(
-            "session_lost: the session `{session_id}` is lost: the engine agent `{}` that held it does not answer ({err}); its interpreter's state (variables, imports) is gone",
+            "The session `{session_id}` is lost: the engine agent `{}` that held it does not answer ({err}); its interpreter's state (variables, imports) is gone",
             agent.name()
         ),
     )
