@@ -144,6 +144,15 @@ def agent_post(url: str, route: str, token: str | None, body: Any) -> tuple[int,
         return status, text
 
 
+def get_json(url: str) -> tuple[int, Any]:
+    """A GET without a token: its status and JSON body."""
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
 def execute_body(script: str, session_id: str | None = None) -> dict[str, Any]:
     """An ExecuteRequest as JSON, every field given."""
     return {"script": script, "dependencies": [], "session_id": session_id, "timeout_seconds": None,
@@ -162,6 +171,8 @@ async def test_a_front_spreads_runs_keeps_sessions_and_loses_only_a_killed_agent
         names = [url.removeprefix("http://") for url in urls]
         front_args = ("--agents", ",".join(urls), "--front-key", str(private), "--warm-pool", "0")
         with http_server(snakebox_bin, front_data, *front_args) as (front, url):
+            # The front is ready when its agents are (it runs nothing itself).
+            assert get_json(f"{url}/readyz") == (200, {"ready": True, "problems": []})
             async with connect(url, key_a) as a:
                 # One-shot runs spread over the agents.
                 for i in range(6):
@@ -208,6 +219,14 @@ async def test_a_front_spreads_runs_keeps_sessions_and_loses_only_a_killed_agent
                 victim = holders[sids[0]][0]
                 agents[victim][0].kill()
                 agents[victim][0].wait()
+                # Still ready (two agents are), and it says which agent does not answer.
+                status, ready = get_json(f"{url}/readyz")
+                deadline = time.monotonic() + 20
+                while not ready["problems"] and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    status, ready = get_json(f"{url}/readyz")
+                assert status == 200 and ready["ready"], ready
+                assert len(ready["problems"]) == 1 and names[victim] in ready["problems"][0], ready
                 lost, text, is_error = await call(a, "execute_python", script="print(x)", session_id=sids[0])
                 assert is_error, text
                 assert lost["error"]["kind"] == "session_lost" and names[victim] in text, text
@@ -259,6 +278,11 @@ async def test_an_agent_refuses_calls_without_a_valid_token_and_runs_nothing(sna
         # An MCP client sent straight to the agent: refused, not served.
         status, answer = agent_post(url, "/mcp", None, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
         assert status == 404 and "front" in answer["hint"], answer
+        # The probes and /metrics need no token (they carry no tenant's data).
+        assert get_json(f"{url}/healthz") == (200, {"status": "ok", "agent": name})
+        assert get_json(f"{url}/readyz")[0] == 200
+        with urllib.request.urlopen(f"{url}/metrics", timeout=30) as metrics:
+            assert metrics.status == 200 and "snakebox_sessions" in metrics.read().decode()
         # Nothing ran; proof of life: a good token runs.
         assert runs_on(snakebox_bin, data, "team-a") == 0
         status, answer = agent_post(url, "/v1/execute", sign(private, name, "team-a"), body)

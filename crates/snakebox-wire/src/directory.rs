@@ -20,15 +20,17 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use rand_core::{OsRng, RngCore};
 use snakebox_engine::{
-    Artifact, ArtifactContent, ArtifactDownload, Caller, CreateSession, EngineApi, EngineError,
-    EngineHost, EnvironmentReport, ErrorKind, ExecuteRequest, ExecutionResult, FileContent,
-    FileList, FileWritten, InstallPackages, InstallStatus, ListFiles, LiveOutput, OpenArtifact,
-    OutputSink, PackageList, ReadFile, RunCommand, RunQuery, RunRecord, SessionInfo, SessionList,
-    ToolCallAudit, ValidateScript, Validation, WriteFile,
+    Artifact, ArtifactContent, ArtifactDownload, Caller, CreateSession, EngineApi, EngineConfig,
+    EngineError, EngineHost, EnvironmentReport, ErrorKind, ExecuteRequest, ExecutionResult,
+    FileContent, FileList, FileWritten, InstallPackages, InstallStatus, ListFiles, LiveOutput,
+    OpenArtifact, OutputSink, PackageList, ReadFile, RunCommand, RunQuery, RunRecord, SessionInfo,
+    SessionList, StopReason, ToolCallAudit, ValidateScript, Validation, WriteFile,
 };
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::protocol;
@@ -60,6 +62,9 @@ pub trait Directory: Send + Sync {
 
     /// `session_id` is gone.
     fn unbind(&self, session_id: &str);
+
+    /// Every agent, for readiness.
+    fn all(&self) -> Vec<Arc<RemoteEngine>>;
 }
 
 /// A fixed list of agents (`--agents`): one-shot runs and new sessions round-robin over
@@ -144,20 +149,137 @@ impl Directory for StaticDirectory {
     fn unbind(&self, session_id: &str) {
         self.sessions().remove(session_id);
     }
+
+    fn all(&self) -> Vec<Arc<RemoteEngine>> {
+        self.agents.clone()
+    }
 }
 
-/// The engine API of a front: each call to the agent its [`Directory`] names.
+/// How often a front asks its agents whether they are ready.
+pub const READINESS_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The engine API of a front: each call to the agent its [`Directory`] names. It is the
+/// front's [`EngineHost`] too: its settings are this process's, its readiness the agents'
+/// (ready when one is), and stopping it cancels the calls it has in flight on the agents
+/// (their clients get `cancelled` records) and waits for them to return.
 pub struct Routed {
     directory: Arc<dyn Directory>,
     host: Arc<dyn EngineHost>,
+    /// Cancelled when the front stops: the calls in flight are cancelled, new ones refused.
+    stopping: CancellationToken,
+    in_flight: AtomicUsize,
+    idle: Notify,
+    /// What the agents said last (`None`: not asked yet).
+    readiness: Mutex<Option<Readiness>>,
+}
+
+/// The agents' readiness, as last asked.
+#[derive(Debug, Clone)]
+struct Readiness {
+    /// At least one agent can run code.
+    ready: bool,
+    /// What every agent that cannot said, with its name.
+    problems: Vec<String>,
+}
+
+/// One call in flight on a front, counted until it returns.
+struct InFlight<'a>(&'a Routed);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if self.0.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
 }
 
 impl Routed {
-    /// Calls routed by `directory`; `host` is this process (what a report says when no
-    /// agent answers).
+    /// Calls routed by `directory`; `host` is this process (its settings, and what a report
+    /// says when no agent answers).
     #[must_use]
     pub fn new(directory: Arc<dyn Directory>, host: Arc<dyn EngineHost>) -> Routed {
-        Routed { directory, host }
+        Routed {
+            directory,
+            host,
+            stopping: CancellationToken::new(),
+            in_flight: AtomicUsize::new(0),
+            idle: Notify::new(),
+            readiness: Mutex::new(None),
+        }
+    }
+
+    /// Ask every agent whether it is ready, now and then every [`READINESS_INTERVAL`] until
+    /// the front stops (the first answers are in when this returns).
+    pub async fn watch_readiness(self: &Arc<Self>) {
+        self.poll_readiness().await;
+        let routed = Arc::downgrade(self);
+        let stopping = self.stopping.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stopping.cancelled() => return,
+                    () = tokio::time::sleep(READINESS_INTERVAL) => {}
+                }
+                let Some(routed) = routed.upgrade() else {
+                    return;
+                };
+                routed.poll_readiness().await;
+            }
+        });
+    }
+
+    async fn poll_readiness(&self) {
+        let agents = self.directory.all();
+        let answers = futures::future::join_all(agents.iter().map(|agent| agent.readiness())).await;
+        let mut readiness = Readiness {
+            ready: false,
+            problems: Vec::new(),
+        };
+        for (agent, answer) in agents.iter().zip(answers) {
+            match answer {
+                Ok((true, _)) => readiness.ready = true,
+                Ok((false, problems)) => readiness.problems.extend(
+                    problems
+                        .into_iter()
+                        .map(|problem| format!("engine agent `{}`: {problem}", agent.name())),
+                ),
+                Err(err) => readiness
+                    .problems
+                    .push(format!("{err}\nhint: {}", err.hint())),
+            }
+        }
+        *self
+            .readiness
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(readiness);
+    }
+
+    /// Count a call in flight; refused when the front is stopping.
+    fn admit(&self) -> Result<InFlight<'_>, EngineError> {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let guard = InFlight(self);
+        if self.stopping.is_cancelled() {
+            return Err(EngineError::new(
+                ErrorKind::Unavailable,
+                "The front is stopping and takes no new calls",
+            )
+            .with_hint("call again in a moment (another front, or this one restarted)"));
+        }
+        Ok(guard)
+    }
+
+    /// A token cancelled when `cancel` is or the front stops, and the task that links them
+    /// (ended by cancelling the token).
+    fn linked(&self, cancel: CancellationToken) -> CancellationToken {
+        let linked = self.stopping.child_token();
+        let watch = linked.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = cancel.cancelled() => watch.cancel(),
+                () = watch.cancelled() => {}
+            }
+        });
+        linked
     }
 
     /// The first answer of the candidates in turn, passing over an agent that could not be
@@ -297,6 +419,12 @@ impl EngineApi for Routed {
         cancel: CancellationToken,
         output: Option<OutputSink>,
     ) -> ExecutionResult {
+        let _call = match self.admit() {
+            Ok(call) => call,
+            Err(error) => return not_run(error),
+        };
+        let cancel = self.linked(cancel);
+        let _unlink = cancel.clone().drop_guard();
         let session = request.session_id.clone();
         let run = |agent: Arc<RemoteEngine>| {
             let (request, cancel, output, session) =
@@ -329,6 +457,12 @@ impl EngineApi for Routed {
         cancel: CancellationToken,
         output: Option<OutputSink>,
     ) -> ExecutionResult {
+        let _call = match self.admit() {
+            Ok(call) => call,
+            Err(error) => return not_run(error),
+        };
+        let cancel = self.linked(cancel);
+        let _unlink = cancel.clone().drop_guard();
         self.on_session(caller, &request.session_id, |agent| {
             let (request, cancel, output) = (&request, &cancel, output.clone());
             async move {
@@ -354,6 +488,7 @@ impl EngineApi for Routed {
         caller: &Caller,
         request: CreateSession,
     ) -> Result<SessionInfo, EngineError> {
+        let _call = self.admit()?;
         let (answer, agent) = self
             .any(caller, |agent| {
                 let request = &request;
@@ -452,6 +587,7 @@ impl EngineApi for Routed {
         request: InstallPackages,
         progress: Option<OutputSink>,
     ) -> Result<InstallStatus, EngineError> {
+        let _call = self.admit()?;
         self.on_session(caller, &request.session_id.clone(), |agent| {
             let (request, progress) = (&request, progress.clone());
             async move { agent.install(caller, request, progress).await }
@@ -694,5 +830,63 @@ impl EngineApi for Routed {
         if let Err(err) = sent {
             tracing::warn!(%err, "could not record a tool call in an agent's audit log");
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl EngineHost for Routed {
+    fn config(&self) -> &EngineConfig {
+        self.host.config()
+    }
+
+    fn artifact_retention(&self) -> String {
+        self.host.artifact_retention()
+    }
+
+    /// This process's report, ready when an agent is (as last asked), with every agent's
+    /// problems.
+    fn report(&self) -> EnvironmentReport {
+        let mut report = self.host.report();
+        let readiness = self
+            .readiness
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match readiness {
+            None => {
+                report.ready = false;
+                report.problems =
+                    vec!["the engine agents have not been asked yet\nhint: wait a moment".into()];
+            }
+            Some(readiness) => {
+                report.ready = readiness.ready;
+                report.problems = readiness.problems;
+            }
+        }
+        report
+    }
+
+    fn publish_gauges(&self) {
+        self.host.publish_gauges();
+    }
+
+    fn begin_shutdown(&self, reason: StopReason) {
+        self.stopping.cancel();
+        self.host.begin_shutdown(reason);
+    }
+
+    async fn wait_idle(&self, deadline: Duration) -> usize {
+        let until = tokio::time::Instant::now() + deadline;
+        loop {
+            let idle = self.idle.notified();
+            if self.in_flight.load(Ordering::SeqCst) == 0 {
+                break;
+            }
+            if tokio::time::timeout_at(until, idle).await.is_err() {
+                return self.in_flight.load(Ordering::SeqCst);
+            }
+        }
+        let left = until.saturating_duration_since(tokio::time::Instant::now());
+        self.host.wait_idle(left).await
     }
 }

@@ -299,6 +299,41 @@ impl RemoteEngine {
         })
     }
 
+    /// The agent's `/readyz`: whether it can run code, and if not, why.
+    ///
+    /// # Errors
+    /// When it does not answer (within [`CONNECT_TIMEOUT`]).
+    pub async fn readiness(&self) -> Result<(bool, Vec<String>), RemoteError> {
+        let request = hyper::Request::get(format!("{}/readyz", self.url))
+            .body(Full::new(Bytes::new()))
+            .map_err(|err| self.unreadable(err))?;
+        let answer = tokio::time::timeout(CONNECT_TIMEOUT, async {
+            let response = self.client.request(request).await.map_err(|err| {
+                if err.is_connect() {
+                    self.unreachable(error_chain(&err))
+                } else {
+                    self.broken(error_chain(&err))
+                }
+            })?;
+            response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|err| self.broken(err))
+                .map(http_body_util::Collected::to_bytes)
+        })
+        .await
+        .map_err(|_| self.unreachable("no answer to /readyz in time"))??;
+        #[derive(serde::Deserialize)]
+        struct Ready {
+            ready: bool,
+            #[serde(default)]
+            problems: Vec<String>,
+        }
+        let ready: Ready = serde_json::from_slice(&answer).map_err(|err| self.unreadable(err))?;
+        Ok((ready.ready, ready.problems))
+    }
+
     /// A call answered once: its answer.
     ///
     /// # Errors

@@ -393,3 +393,70 @@ async fn a_run_streams_its_output_and_stops_when_the_front_goes_away() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_front_cancels_its_calls_on_the_agents_and_reports_their_readiness() {
+    use snakebox_engine::{EngineHost, StopReason};
+    let (dir, key) = keypair();
+    let a = start_agent("agent-a", &public_key(&dir)).await;
+    let host = TestEngine::new().await;
+    let local = EngineHandle::from(Arc::clone(host.engine()));
+    let remote = RemoteEngine::new(
+        "agent-a",
+        &a.url,
+        Arc::clone(&key),
+        Arc::clone(local.host()),
+    )
+    .unwrap();
+    // An agent that is not there: the front is ready while one agent is, and says which is not.
+    let gone = RemoteEngine::new(
+        "agent-gone",
+        "http://127.0.0.1:9",
+        Arc::clone(&key),
+        Arc::clone(local.host()),
+    )
+    .unwrap();
+    let directory = StaticDirectory::new(vec![remote, gone]).unwrap();
+    let routed = Arc::new(Routed::new(Arc::new(directory), Arc::clone(local.host())));
+    routed.watch_readiness().await;
+    let report = EngineHost::report(routed.as_ref());
+    assert!(report.ready, "{:?}", report.problems);
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    assert!(
+        report.problems[0].contains("agent-gone"),
+        "{:?}",
+        report.problems
+    );
+
+    let alice = Caller::tenant("alice").unwrap();
+    let running = tokio::spawn({
+        let (routed, alice) = (Arc::clone(&routed), alice.clone());
+        async move {
+            let request = ExecuteRequest {
+                script: "import time\ntime.sleep(30)".into(),
+                ..ExecuteRequest::default()
+            };
+            routed
+                .execute(&alice, request, CancellationToken::new(), None)
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    routed.begin_shutdown(StopReason::Requested);
+    assert_eq!(routed.wait_idle(Duration::from_secs(10)).await, 0);
+    let result = running.await.unwrap();
+    assert_eq!(result.status.as_str(), "cancelled", "{result:?}");
+    let refused = routed
+        .execute(
+            &alice,
+            ExecuteRequest {
+                script: "print(1)".into(),
+                ..ExecuteRequest::default()
+            },
+            CancellationToken::new(),
+            None,
+        )
+        .await;
+    let error = refused.error.expect("refused");
+    assert!(error.message.contains("stopping"), "{error:?}");
+}

@@ -46,13 +46,19 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     let front = front_key.map(|key| Front { agents, key });
+    let mut settings = settings;
+    if front.is_some() {
+        front_engine(&mut settings.engine);
+    }
     if let Some(http) = http {
         return serve_http(settings.engine, http, front).await;
     }
     let engine = Engine::start(settings.engine).await;
-    fail_on_bad_default_python(&engine).await?;
+    if front.is_none() {
+        fail_on_bad_default_python(&engine).await?;
+    }
     let report = engine.report();
-    if report.ready {
+    if report.ready || front.is_some() {
         tracing::info!(
             backend = %report.sandbox_backend,
             isolation = report.isolation_active,
@@ -69,7 +75,7 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     // The face gets the engine as an `EngineHandle`: its API for tenants' calls, and this
     // process's own matters (settings, stopping).
     let served = snakebox_server::serve_stdio(
-        handle(&engine, front.as_ref())?,
+        handle(&engine, front.as_ref()).await?,
         stop_signal(),
         DRAIN,
         settings.max_frame_bytes,
@@ -92,16 +98,20 @@ async fn serve_http(
     front: Option<Front>,
 ) -> anyhow::Result<ExitCode> {
     let engine = Engine::start(config).await;
-    fail_on_bad_default_python(&engine).await?;
+    if front.is_none() {
+        fail_on_bad_default_python(&engine).await?;
+    }
     let report = engine.report();
-    if !report.ready {
+    if !report.ready && front.is_none() {
         for problem in &report.problems {
             tracing::error!("executions are refused until this is fixed: {problem}");
         }
     }
     release_startup_pages();
     let stop = CancellationToken::new();
-    let served = handle(&engine, front.as_ref())?;
+    let served = handle(&engine, front.as_ref()).await?;
+    // A front's calls in flight are its Routed engine's, not this process's engine's.
+    let host = Arc::clone(served.host());
     let mut serving = tokio::spawn({
         let stop = stop.clone();
         async move { snakebox_http::serve(served, &http, stop).await }
@@ -122,8 +132,8 @@ async fn serve_http(
             return Err(error);
         }
     };
-    engine.begin_shutdown(reason);
-    let cut_short = engine.wait_idle(DRAIN).await;
+    host.begin_shutdown(reason);
+    let cut_short = host.wait_idle(DRAIN).await;
     if cut_short > 0 {
         tracing::warn!(cut_short, "calls still running after the drain deadline");
     }
@@ -142,10 +152,19 @@ struct Front {
     key: Arc<snakebox_wire::FrontKey>,
 }
 
+/// A front's own engine runs nothing (every call goes to an agent): no warm pool, no fork
+/// server, no environment built at start.
+fn front_engine(config: &mut snakebox_engine::EngineConfig) {
+    config.warm_pool = 0;
+    config.fork_server = false;
+    config.prefork = 0;
+    config.warm_cache = false;
+}
+
 /// What the faces get: this process's engine, with its calls going to the agents when this
 /// process is a front ([`snakebox_wire::Routed`] over a static directory). The process's own
 /// matters (settings, readiness, stopping) stay this process's.
-fn handle(engine: &Arc<Engine>, front: Option<&Front>) -> anyhow::Result<EngineHandle> {
+async fn handle(engine: &Arc<Engine>, front: Option<&Front>) -> anyhow::Result<EngineHandle> {
     let handle = EngineHandle::from(Arc::clone(engine));
     let Some(front) = front else {
         return Ok(handle);
@@ -166,10 +185,13 @@ fn handle(engine: &Arc<Engine>, front: Option<&Front>) -> anyhow::Result<EngineH
         .collect();
     tracing::info!(agents = %names.join(","), "calls go to the engine agents");
     let directory = snakebox_wire::StaticDirectory::new(agents).map_err(engine_error)?;
-    Ok(handle.with_api(Arc::new(snakebox_wire::Routed::new(
-        Arc::new(directory),
-        host,
-    ))))
+    let routed = Arc::new(snakebox_wire::Routed::new(Arc::new(directory), host));
+    routed.watch_readiness().await;
+    let report = snakebox_engine::EngineHost::report(routed.as_ref());
+    for problem in &report.problems {
+        tracing::warn!("{problem}");
+    }
+    Ok(EngineHandle::new(Arc::clone(&routed) as _, routed))
 }
 
 /// An engine error with its hint, for the command line.
