@@ -6,7 +6,8 @@ driven by the official MCP Python SDK over HTTP with two tenants.
   shows its share);
 - a session's cells land on the agent that made it (its state persists), and sessions spread;
 - a tenant cannot see or use another tenant's session;
-- a front restarted finds every live session again (from the agents);
+- a front restarted finds every live session again (from the agents), and two fronts (the second
+  configured by the config file's `[front]`) serve one session in turn;
 - `kill -9` of one agent: its session's next call answers `session_lost` with a hint, while a
   session on another agent and one-shot runs carry on;
 - an agent refuses calls without a valid grant token (none, malformed, expired, for another
@@ -208,12 +209,23 @@ async def test_a_front_spreads_runs_keeps_sessions_and_loses_only_a_killed_agent
                 mine, text, is_error = await call(b, "create_session")
                 assert not is_error, text
 
-        # A front restarted (a new process, no state of its own) finds every session.
-        with http_server(snakebox_bin, front_data, *front_args) as (front, url):
-            async with connect(url, key_a) as a:
+        # A front restarted (a new process, no state of its own) finds every session; a second
+        # front (its own data directory and keys, its agents from the config file's [front])
+        # serves the same session in turn with it.
+        second_data = tmp_path / "front2"
+        key_a2 = make_key(snakebox_bin, second_data, "team-a")
+        config = tmp_path / "front2.toml"
+        config.write_text(f"[front]\nagents = {json.dumps(urls)}\nfront_key = {json.dumps(str(private))}\n")
+        with http_server(snakebox_bin, front_data, *front_args) as (front, url), \
+                http_server(snakebox_bin, second_data, "--config", str(config), "--warm-pool", "0") as (_, url2):
+            async with connect(url, key_a) as a, connect(url2, key_a2) as a2:
                 for i, sid in enumerate(sids):
                     cell, text, _ = await call(a, "execute_python", script="print(x)", session_id=sid)
                     assert cell["stdout"] == f"{i * 100 + 3}\n", text
+                for turn in range(4):
+                    client = (a, a2)[turn % 2]
+                    cell, text, _ = await call(client, "execute_python", script="x += 1\nprint(x)", session_id=sids[1])
+                    assert cell["stdout"] == f"{100 + 4 + turn}\n", (turn, text)
 
                 # kill -9 of the agent holding the first session.
                 victim = holders[sids[0]][0]
@@ -234,7 +246,7 @@ async def test_a_front_spreads_runs_keeps_sessions_and_loses_only_a_killed_agent
                 # The other sessions carry on, and one-shot runs too (on the agents left).
                 for i, sid in enumerate(sids[1:], start=1):
                     cell, text, is_error = await call(a, "execute_python", script="print(x)", session_id=sid)
-                    assert not is_error and cell["stdout"] == f"{i * 100 + 3}\n", text
+                    assert not is_error and cell["stdout"] == f"{i * 100 + 3 + (4 if i == 1 else 0)}\n", text
                 for i in range(4):
                     run, text, is_error = await call(a, "execute_python", script=f"print('after', {i})")
                     assert not is_error and run["stdout"] == f"after {i}\n", text

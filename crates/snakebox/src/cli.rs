@@ -116,17 +116,16 @@ pub struct FrontArgs {
     /// Run every call on these engine agents (`snakebox agent`) instead of in this process:
     /// `[NAME=]http://HOST:PORT`, comma-separated or repeated. NAME is the agent's `--name`
     /// [default: the URL's HOST:PORT]. One-shot runs and new sessions take turns over them; a
-    /// session stays on the agent that made it. Needs --front-key.
+    /// session stays on the agent that made it. Needs --front-key (`[front] agents`: a list).
     #[arg(
         long = "agents",
         env = "SNAKEBOX_AGENTS",
         value_name = "URL",
-        value_delimiter = ',',
-        requires = "front_key"
+        value_delimiter = ','
     )]
     pub agents: Vec<String>,
     /// The front's private key, which signs every call to the agents (`front.key` of
-    /// `snakebox keys front-keypair`; mode 0600).
+    /// `snakebox keys front-keypair`; mode 0600) (`[front] front_key`).
     #[arg(long, env = "SNAKEBOX_FRONT_KEY", value_name = "FILE")]
     pub front_key: Option<PathBuf>,
 }

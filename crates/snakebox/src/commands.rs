@@ -36,17 +36,18 @@ pub(crate) fn report_error(err: &anyhow::Error) {
 /// cgroups and run directories are released. A second signal skips the wait and forces the
 /// release. Exit code 0 (a stop asked for is not a failure); 2 when serving failed.
 pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
-    let (settings, http) = settings::resolve_serve(args)?;
-    let agents = settings::resolve_agents(&args.front.agents)?;
+    let (mut settings, http, front) = settings::resolve_serve(args)?;
     // The front's key is read before anything starts: a key that cannot sign is said now.
-    let front_key = match (&args.front.front_key, agents.is_empty()) {
-        (Some(path), false) => Some(Arc::new(
-            snakebox_wire::FrontKey::load(path).map_err(|err| with_hint(&err, err.hint()))?,
-        )),
-        _ => None,
+    let front = match front {
+        Some(front) => Some(Front {
+            key: Arc::new(
+                snakebox_wire::FrontKey::load(&front.front_key)
+                    .map_err(|err| with_hint(&err, err.hint()))?,
+            ),
+            agents: front.agents,
+        }),
+        None => None,
     };
-    let front = front_key.map(|key| Front { agents, key });
-    let mut settings = settings;
     if front.is_some() {
         front_engine(&mut settings.engine);
     }

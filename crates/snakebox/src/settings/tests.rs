@@ -475,7 +475,7 @@ fn fields_of<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
 /// (as `[sandbox] docker_runtime` was): every field must be a known key.
 #[test]
 fn every_field_of_every_section_is_a_known_key() {
-    let sections: [(&str, &[&str]); 11] = [
+    let sections: [(&str, &[&str]); 12] = [
         ("server", fields_of::<ServerFile>()),
         ("python", fields_of::<PythonFile>()),
         ("sandbox", fields_of::<SandboxFile>()),
@@ -487,6 +487,7 @@ fn every_field_of_every_section_is_a_known_key() {
         ("artifacts", fields_of::<ArtifactsFile>()),
         ("tenants", fields_of::<TenantsFile>()),
         ("http", fields_of::<HttpFile>()),
+        ("front", fields_of::<super::front::FrontFile>()),
     ];
     assert_eq!(sections.len(), SECTIONS.len());
     for (section, fields) in sections {
