@@ -40,7 +40,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from backend_support import backend_flags
-from conftest import call, have_bwrap
+from conftest import call, connect as connect_stdio, have_bwrap
 from http_support import free_port, http_server, make_key
 
 pytestmark = [
@@ -300,3 +300,21 @@ async def test_an_agent_refuses_calls_without_a_valid_token_and_runs_nothing(sna
         status, answer = agent_post(url, "/v1/execute", sign(private, name, "team-a"), body)
         assert status == 200 and answer["result"]["stdout"] == "ran\n", answer
         assert runs_on(snakebox_bin, data, "team-a") == 1
+
+
+async def test_a_stdio_front_runs_on_its_agent_as_the_local_tenant(snakebox_bin: Path, tmp_path: Path):
+    """`snakebox serve --agents` on stdio (one user): its calls run on the agent, as `local`."""
+    private, public = keypair(snakebox_bin, tmp_path / "keys")
+    data = tmp_path / "agent"
+    with agent_process(snakebox_bin, data, public) as (_, url):
+        async with connect_stdio(snakebox_bin, tmp_path / "front", "auto", "--agents", url,
+                                 "--front-key", str(private), "--warm-pool", "0") as client:
+            run, text, is_error = await call(client, "execute_python", script="import os\nprint(os.getpid() > 0)")
+            assert not is_error and run["stdout"] == "True\n", text
+            session, text, is_error = await call(client, "create_session")
+            assert not is_error, text
+            cell, text, _ = await call(client, "execute_python", script="y = 5", session_id=session["session_id"])
+            cell, text, _ = await call(client, "execute_python", script="print(y * 2)", session_id=session["session_id"])
+            assert cell["stdout"] == "10\n", text
+        assert runs_on(snakebox_bin, data, "local") == 1
+        assert not (tmp_path / "front" / "audit" / "tenants" / "local.jsonl").exists()
