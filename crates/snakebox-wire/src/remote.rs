@@ -299,10 +299,11 @@ impl RemoteEngine {
         })
     }
 
-    /// The agent's `/readyz`: whether it can run code, and if not, why.
+    /// The agent's `/readyz`: whether it can run code, and if not, why (also when it was
+    /// started under another name than this front signs for: every call would be refused).
     ///
     /// # Errors
-    /// When it does not answer (within [`CONNECT_TIMEOUT`]).
+    /// When it does not answer (within 5 s).
     pub async fn readiness(&self) -> Result<(bool, Vec<String>), RemoteError> {
         let request = hyper::Request::get(format!("{}/readyz", self.url))
             .body(Full::new(Bytes::new()))
@@ -329,8 +330,18 @@ impl RemoteEngine {
             ready: bool,
             #[serde(default)]
             problems: Vec<String>,
+            agent: Option<String>,
         }
         let ready: Ready = serde_json::from_slice(&answer).map_err(|err| self.unreadable(err))?;
+        if let Some(agent) = ready.agent.filter(|agent| *agent != self.name) {
+            return Ok((
+                false,
+                vec![format!(
+                    "it is named `{agent}`, and this front signs its calls for `{}`, so it refuses them\nhint: name it the same on both sides: `--agents {agent}={}` on the front, or `snakebox agent --name {}`",
+                    self.name, self.url, self.name
+                )],
+            ));
+        }
         Ok((ready.ready, ready.problems))
     }
 

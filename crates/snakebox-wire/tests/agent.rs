@@ -416,14 +416,28 @@ async fn a_stopping_front_cancels_its_calls_on_the_agents_and_reports_their_read
         Arc::clone(local.host()),
     )
     .unwrap();
-    let directory = StaticDirectory::new(vec![remote, gone]).unwrap();
+    // And one this front names otherwise than it was started: every call would be refused.
+    let misnamed = RemoteEngine::new(
+        "agent-z",
+        &a.url,
+        Arc::clone(&key),
+        Arc::clone(local.host()),
+    )
+    .unwrap();
+    let directory = StaticDirectory::new(vec![remote, gone, misnamed]).unwrap();
     let routed = Arc::new(Routed::new(Arc::new(directory), Arc::clone(local.host())));
     routed.watch_readiness().await;
     let report = EngineHost::report(routed.as_ref());
     assert!(report.ready, "{:?}", report.problems);
-    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    assert_eq!(report.problems.len(), 2, "{:?}", report.problems);
     assert!(
         report.problems[0].contains("agent-gone"),
+        "{:?}",
+        report.problems
+    );
+    assert!(
+        report.problems[1].contains("named `agent-a`")
+            && report.problems[1].contains("--agents agent-a="),
         "{:?}",
         report.problems
     );
