@@ -117,6 +117,14 @@ pub async fn serve(
     router: Router,
     stop: CancellationToken,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // A streamed answer is many small writes (a frame per chunk, then the result): without
+    // TCP_NODELAY, Nagle's algorithm holds each back for the front's delayed ACK (~40 ms).
+    let listener = listener.tap_io(|stream| {
+        if let Err(err) = stream.set_nodelay(true) {
+            tracing::debug!(%err, "could not set TCP_NODELAY on a front's connection");
+        }
+    });
     axum::serve(listener, router)
         .with_graceful_shutdown(async move { stop.cancelled().await })
         .await
