@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """What a front costs (issue 35): the same calls through one plain `snakebox serve --http` and
-through a front (`serve --http --agents ...`) with three `snakebox agent`s, in the same run, on
+through a front (`serve --http --agents ...`) with three `snakebox agent`s (`--agents N`), in the same run, on
 this one host (the hosts are simulated by loopback ports).
 
 Sequential calls over MCP's stateless streamable HTTP (JSON answers), one client:
@@ -90,6 +90,8 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--agents", type=int, default=3,
+                        help="agents behind the front (1 isolates the front's own cost: the same pool of sandboxes)")
     args = parser.parse_args()
     binary = args.snakebox.resolve()
     results = {}
@@ -103,15 +105,16 @@ def main() -> int:
         front_data = root / "front"
         key = make_key(binary, front_data, "bench")
         with contextlib.ExitStack() as stack:
-            agents = [stack.enter_context(agent_process(binary, root / f"agent{i}", public, pool=True)) for i in range(3)]
+            agents = [stack.enter_context(agent_process(binary, root / f"agent{i}", public, pool=True))
+                      for i in range(args.agents)]
             urls = ",".join(url for _, url in agents)
             with http_server(binary, front_data, "--agents", urls, "--front-key", str(private)) as (_, url):
-                results["front + 3 agents"] = asyncio.run(measure(url, key, args.calls, args.clients, args.seconds))
+                results[f"front + {args.agents} agent(s)"] = asyncio.run(measure(url, key, args.calls, args.clients, args.seconds))
     print(f"binary: {binary}; {args.calls} sequential calls each; {args.clients} clients for {args.seconds:.0f} s")
     print(f"{'':18} {'hello p50':>10} {'hello p99':>10} {'cell p50':>9} {'cell p99':>9} {'runs/s':>7}")
     for name, r in results.items():
         print(f"{name:18} {r['hello'][0]:8.1f}ms {r['hello'][1]:8.1f}ms {r['cell'][0]:7.1f}ms {r['cell'][1]:7.1f}ms {r['runs_per_s']:7.1f}")
-    added = results["front + 3 agents"]["hello"][0] - results["plain server"]["hello"][0]
+    added = results[f"front + {args.agents} agent(s)"]["hello"][0] - results["plain server"]["hello"][0]
     print(f"the front's added cost, hello p50: {added:+.1f} ms (target: <= 1 ms)")
     return 0
 

@@ -211,6 +211,54 @@ async fn a_front_runs_one_shots_and_sessions_on_its_agents_each_tenant_its_own()
     let listed = alice_again.call("list_sessions", json!({})).await;
     assert_eq!(listed.structured["sessions"][0]["session_id"], id.as_str());
 
+    // The session's other calls, each over its own route: files, packages (an install's
+    // answer is a streamed one), validation, the report, reset and delete.
+    let listed = alice_again
+        .call("list_files", json!({"session_id": id, "depth": 1}))
+        .await;
+    assert!(listed.text.contains("in.txt"), "{}", listed.text);
+    let read = alice_again
+        .call("read_file", json!({"session_id": id, "path": "in.txt"}))
+        .await;
+    assert_eq!(read.str("content"), "hi", "{}", read.text);
+    let nothing = alice_again
+        .call(
+            "install_packages",
+            json!({"session_id": id, "packages": []}),
+        )
+        .await;
+    assert!(nothing.is_error, "{}", nothing.text);
+    assert!(
+        nothing.text.contains("No packages given"),
+        "{}",
+        nothing.text
+    );
+    let packages = alice_again
+        .call("list_packages", json!({"session_id": id}))
+        .await;
+    assert_eq!(packages.str("session_id"), id, "{}", packages.text);
+    let checked = alice_again
+        .call("validate_script", json!({"script": "print('hi'"}))
+        .await;
+    assert_eq!(checked.structured["valid"], false, "{}", checked.text);
+    let report = alice_again.call("check_environment", json!({})).await;
+    assert_eq!(
+        report.structured["tenant"]["name"], "alice",
+        "{}",
+        report.text
+    );
+    let reset = alice_again
+        .call("reset_session", json!({"session_id": id}))
+        .await;
+    assert!(!reset.is_error, "{}", reset.text);
+    let cell = alice_again
+        .call(
+            "execute_python",
+            json!({"script": "print('x' in globals())", "session_id": id}),
+        )
+        .await;
+    assert_eq!(cell.str("stdout"), "False\n", "{}", cell.text);
+
     // Runs and artifacts are found on whichever agent has them.
     let run = alice
         .call(
@@ -224,6 +272,18 @@ async fn a_front_runs_one_shots_and_sessions_on_its_agents_each_tenant_its_own()
         .to_owned();
     let contents = alice.read_resource(&uri).await.unwrap();
     assert_eq!(serde_json::to_value(&contents).unwrap()[0]["text"], "saved");
+    let closed = alice
+        .call("delete_session", json!({"session_id": id}))
+        .await;
+    assert!(!closed.is_error, "{}", closed.text);
+    let gone = alice
+        .call("execute_python", json!({"script": "1", "session_id": id}))
+        .await;
+    assert_eq!(
+        gone.structured["error"]["kind"], "not_found",
+        "{}",
+        gone.text
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
