@@ -37,9 +37,7 @@ use snakebox_engine::{
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_util::sync::CancellationToken;
 
-use crate::protocol::{
-    self, AgentRefusal, ArtifactLimit, ArtifactRef, Frame, RunFrame, RunRef, SessionRef,
-};
+use crate::protocol::{self, AgentRefusal, ArtifactLimit, ArtifactRef, Frame, RunRef, SessionRef};
 use crate::token::FrontKey;
 
 /// How long each call's token is valid: long enough for a call to reach an agent whose clock
@@ -430,10 +428,8 @@ impl RemoteEngine {
         cancel: &CancellationToken,
         output: Option<OutputSink>,
     ) -> Result<ExecutionResult, RemoteError> {
-        let answer: Option<WireExecution> = self
-            .stream::<<RunFrame as FrameAnswer>::Answer>(
-                route, caller, session, body, cancel, output,
-            )
+        let answer = self
+            .stream::<WireExecution>(route, caller, session, body, cancel, output)
             .await?;
         Ok(answer.map_or_else(
             || {
@@ -495,15 +491,6 @@ impl RemoteEngine {
             body: Box::pin(reader),
         }))
     }
-}
-
-/// The answer type of a frame (so a route's frame type names its answer once).
-trait FrameAnswer {
-    type Answer;
-}
-
-impl<T> FrameAnswer for Frame<T> {
-    type Answer = T;
 }
 
 /// A response body as an `AsyncRead`.
