@@ -32,6 +32,9 @@ pub enum ErrorKind {
     /// The server cannot do this here or now (no usable sandbox or uv, no such interpreter on
     /// this host, the server is stopping): an operator's matter, or retry later.
     Unavailable,
+    /// The session lived in the memory of an engine agent that is gone (a deployment of
+    /// fronts and agents, issue 35): its interpreter's state is lost; make a new session.
+    SessionLost,
     /// The work was tried and failed for a reason outside the request's form: a dependency
     /// that cannot be installed (no wheel, the index unreachable, a failed build), a package's
     /// own code stopped by a limit.
@@ -52,6 +55,7 @@ impl ErrorKind {
             ErrorKind::Conflict => "conflict",
             ErrorKind::Quota => "quota",
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::SessionLost => "session_lost",
             ErrorKind::Failed => "failed",
             ErrorKind::Cancelled => "cancelled",
             ErrorKind::Internal => "internal",
@@ -320,6 +324,7 @@ mod tests {
             ErrorKind::Conflict,
             ErrorKind::Quota,
             ErrorKind::Unavailable,
+            ErrorKind::SessionLost,
             ErrorKind::Failed,
             ErrorKind::Cancelled,
             ErrorKind::Internal,

@@ -271,6 +271,16 @@ pub fn router(
         .layer(axum::middleware::from_fn(scrape::count)))
 }
 
+/// The process's metrics as Prometheus text, installing the exporter's recorder the first
+/// time: for a process that serves them on a router of its own (`snakebox agent`). The
+/// caller refreshes the engine's gauges first ([`EngineHost::publish_gauges`]).
+#[must_use]
+pub fn render_metrics() -> String {
+    let handle = scrape::handle();
+    handle.run_upkeep();
+    handle.render()
+}
+
 /// `/readyz`: 200 when runs can be served, else 503 with the reasons.
 fn readiness(engine: &dyn EngineHost) -> Response {
     let report = engine.report();

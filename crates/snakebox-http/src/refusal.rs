@@ -43,6 +43,8 @@ pub(crate) fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::Conflict => StatusCode::CONFLICT,
         ErrorKind::Quota => StatusCode::TOO_MANY_REQUESTS,
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        // The session existed and will not come back.
+        ErrorKind::SessionLost => StatusCode::GONE,
         ErrorKind::Failed => StatusCode::UNPROCESSABLE_ENTITY,
         // The client went away or asked to stop (nginx's "client closed request").
         ErrorKind::Cancelled => StatusCode::from_u16(499).unwrap_or(StatusCode::BAD_REQUEST),

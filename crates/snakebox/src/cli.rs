@@ -19,6 +19,10 @@ pub enum Command {
     /// Serve MCP over stdio (for Claude Code, Claude Desktop, Cursor, Codex, ...), or over
     /// HTTP with `--http` (streamable HTTP at /mcp, API keys for tenants).
     Serve(ServeArgs),
+    /// Serve the engine to fronts over an internal HTTP API (issue 35): a host of a
+    /// deployment whose fronts (`snakebox serve --agents URL,…`) hold the MCP and HTTP faces.
+    /// Only calls signed with the front's key (`--front-public-key`) are answered.
+    Agent(AgentArgs),
     /// Manage the API keys of the HTTP face: each key names a tenant.
     Keys(KeysArgs),
     /// Run a script through the same engine and print its output (exit code passed through).
@@ -100,6 +104,48 @@ pub enum ImageAction {
 pub struct ServeArgs {
     #[command(flatten, next_help_heading = "HTTP")]
     pub http: HttpArgs,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    #[command(flatten, next_help_heading = "Engine agents")]
+    pub front: FrontArgs,
+}
+
+/// A front's engine agents: where its faces' calls run, when not in this process.
+#[derive(Debug, Clone, Default, Args)]
+pub struct FrontArgs {
+    /// Run every call on these engine agents (`snakebox agent`) instead of in this process:
+    /// `[NAME=]http://HOST:PORT`, comma-separated or repeated. NAME is the agent's `--name`
+    /// [default: the URL's HOST:PORT]. One-shot runs and new sessions take turns over them; a
+    /// session stays on the agent that made it. Needs --front-key (`[front] agents`: a list).
+    #[arg(
+        long = "agents",
+        env = "SNAKEBOX_AGENTS",
+        value_name = "URL",
+        value_delimiter = ','
+    )]
+    pub agents: Vec<String>,
+    /// The front's private key, which signs every call to the agents (`front.key` of
+    /// `snakebox keys front-keypair`; mode 0600) (`[front] front_key`).
+    #[arg(long, env = "SNAKEBOX_FRONT_KEY", value_name = "FILE")]
+    pub front_key: Option<PathBuf>,
+}
+
+/// Arguments of `snakebox agent`.
+#[derive(Debug, Clone, Args)]
+pub struct AgentArgs {
+    /// Where the internal API listens [default: 127.0.0.1:8700]. Make it reachable by the
+    /// fronts only (SECURITY.md).
+    #[arg(long, env = "SNAKEBOX_AGENT_LISTEN", value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// The front's public key (`front.pub` of `snakebox keys front-keypair`): only calls
+    /// signed with its private half are answered.
+    #[arg(long, env = "SNAKEBOX_FRONT_PUBLIC_KEY", value_name = "FILE")]
+    pub front_public_key: PathBuf,
+    /// This agent's name: fronts sign each call for it (`--agents NAME=URL`) [default: the
+    /// --listen address as written, which is what a front derives from the URL
+    /// http://ADDR].
+    #[arg(long, env = "SNAKEBOX_AGENT_NAME", value_name = "NAME")]
+    pub name: Option<String>,
     #[command(flatten)]
     pub engine: EngineArgs,
 }

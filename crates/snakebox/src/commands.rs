@@ -13,8 +13,8 @@ use snakebox_engine::{
 use tokio_util::sync::CancellationToken;
 
 use crate::cli::{
-    AuditArgs, CheckArgs, ClientConfigArgs, ImageAction, ImageArgs, KeysAction, KeysArgs,
-    PythonAction, PythonCommandArgs, RunArgs, ServeArgs,
+    AgentArgs, AuditArgs, CheckArgs, ClientConfigArgs, ImageAction, ImageArgs, KeysAction,
+    KeysArgs, PythonAction, PythonCommandArgs, RunArgs, ServeArgs,
 };
 use crate::settings;
 
@@ -36,14 +36,30 @@ pub(crate) fn report_error(err: &anyhow::Error) {
 /// cgroups and run directories are released. A second signal skips the wait and forces the
 /// release. Exit code 0 (a stop asked for is not a failure); 2 when serving failed.
 pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
-    let (settings, http) = settings::resolve_serve(args)?;
+    let (mut settings, http, front) = settings::resolve_serve(args)?;
+    // The front's key is read before anything starts: a key that cannot sign is said now.
+    let front = match front {
+        Some(front) => Some(Front {
+            key: Arc::new(
+                snakebox_wire::FrontKey::load(&front.front_key)
+                    .map_err(|err| with_hint(&err, err.hint()))?,
+            ),
+            agents: front.agents,
+        }),
+        None => None,
+    };
+    if front.is_some() {
+        front_engine(&mut settings.engine);
+    }
     if let Some(http) = http {
-        return serve_http(settings.engine, http).await;
+        return serve_http(settings.engine, http, front).await;
     }
     let engine = Engine::start(settings.engine).await;
-    fail_on_bad_default_python(&engine).await?;
+    if front.is_none() {
+        fail_on_bad_default_python(&engine).await?;
+    }
     let report = engine.report();
-    if report.ready {
+    if report.ready || front.is_some() {
         tracing::info!(
             backend = %report.sandbox_backend,
             isolation = report.isolation_active,
@@ -60,7 +76,7 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     // The face gets the engine as an `EngineHandle`: its API for tenants' calls, and this
     // process's own matters (settings, stopping).
     let served = snakebox_server::serve_stdio(
-        EngineHandle::from(Arc::clone(&engine)),
+        handle(&engine, front.as_ref()).await?,
         stop_signal(),
         DRAIN,
         settings.max_frame_bytes,
@@ -80,20 +96,26 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
 async fn serve_http(
     config: snakebox_engine::EngineConfig,
     http: snakebox_http::HttpConfig,
+    front: Option<Front>,
 ) -> anyhow::Result<ExitCode> {
     let engine = Engine::start(config).await;
-    fail_on_bad_default_python(&engine).await?;
+    if front.is_none() {
+        fail_on_bad_default_python(&engine).await?;
+    }
     let report = engine.report();
-    if !report.ready {
+    if !report.ready && front.is_none() {
         for problem in &report.problems {
             tracing::error!("executions are refused until this is fixed: {problem}");
         }
     }
     release_startup_pages();
     let stop = CancellationToken::new();
+    let served = handle(&engine, front.as_ref()).await?;
+    // A front's calls in flight are its Routed engine's, not this process's engine's.
+    let host = Arc::clone(served.host());
     let mut serving = tokio::spawn({
-        let (engine, stop) = (Arc::clone(&engine), stop.clone());
-        async move { snakebox_http::serve(EngineHandle::from(engine), &http, stop).await }
+        let stop = stop.clone();
+        async move { snakebox_http::serve(served, &http, stop).await }
     });
     let reason = tokio::select! {
         reason = stop_signal() => reason,
@@ -111,12 +133,127 @@ async fn serve_http(
             return Err(error);
         }
     };
+    host.begin_shutdown(reason);
+    let cut_short = host.wait_idle(DRAIN).await;
+    if cut_short > 0 {
+        tracing::warn!(cut_short, "calls still running after the drain deadline");
+    }
+    // Their replies are written: close the listener and the connections.
+    stop.cancel();
+    if tokio::time::timeout(DRAIN, &mut serving).await.is_err() {
+        serving.abort();
+    }
+    release(&engine, reason, Duration::ZERO, TEARDOWN).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A front's engine agents (`serve --agents`) and the key it signs their calls with.
+struct Front {
+    agents: Vec<(String, String)>,
+    key: Arc<snakebox_wire::FrontKey>,
+}
+
+/// A front's own engine runs nothing (every call goes to an agent): no warm pool, no fork
+/// server, no environment built at start.
+fn front_engine(config: &mut snakebox_engine::EngineConfig) {
+    config.warm_pool = 0;
+    config.fork_server = false;
+    config.prefork = 0;
+    config.warm_cache = false;
+}
+
+/// What the faces get: this process's engine, with its calls going to the agents when this
+/// process is a front ([`snakebox_wire::Routed`] over a static directory). The process's own
+/// matters (settings, readiness, stopping) stay this process's.
+async fn handle(engine: &Arc<Engine>, front: Option<&Front>) -> anyhow::Result<EngineHandle> {
+    let handle = EngineHandle::from(Arc::clone(engine));
+    let Some(front) = front else {
+        return Ok(handle);
+    };
+    let host = Arc::clone(handle.host());
+    let agents = front
+        .agents
+        .iter()
+        .map(|(name, url)| {
+            snakebox_wire::RemoteEngine::new(name, url, Arc::clone(&front.key), Arc::clone(&host))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(engine_error)?;
+    let names: Vec<String> = front
+        .agents
+        .iter()
+        .map(|(name, url)| format!("{name}={url}"))
+        .collect();
+    tracing::info!(agents = %names.join(","), "calls go to the engine agents");
+    let directory = snakebox_wire::StaticDirectory::new(agents).map_err(engine_error)?;
+    let routed = Arc::new(snakebox_wire::Routed::new(Arc::new(directory), host));
+    routed.watch_readiness().await;
+    let report = snakebox_engine::EngineHost::report(routed.as_ref());
+    for problem in &report.problems {
+        tracing::warn!("{problem}");
+    }
+    Ok(EngineHandle::new(Arc::clone(&routed) as _, routed))
+}
+
+/// An engine error with its hint, for the command line.
+fn engine_error(err: snakebox_engine::EngineError) -> anyhow::Error {
+    match err.hint {
+        Some(hint) => anyhow::anyhow!("{}\nhint: {hint}", err.message),
+        None => anyhow::anyhow!("{}", err.message),
+    }
+}
+
+/// `snakebox agent`: the engine served to fronts over the internal HTTP API until
+/// SIGTERM/SIGINT, stopped as `serve --http` is (calls in flight answered `cancelled`).
+pub(crate) async fn agent(args: &AgentArgs) -> anyhow::Result<ExitCode> {
+    let (settings, addr, name) = settings::resolve_agent(args)?;
+    let check = snakebox_wire::AgentCheck::load(&args.front_public_key, &name)
+        .map_err(|err| with_hint(&err, err.hint()))?;
+    // Installed before anything records, so the first run is counted.
+    let _ = snakebox_http::render_metrics();
+    let engine = Engine::start(settings.engine).await;
+    fail_on_bad_default_python(&engine).await?;
+    let report = engine.report();
+    if !report.ready {
+        for problem in &report.problems {
+            tracing::error!("executions are refused until this is fixed: {problem}");
+        }
+    }
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => listener,
+        Err(err) => {
+            engine.shutdown(StopReason::Requested, Duration::ZERO).await;
+            return Err(anyhow::anyhow!(
+                "could not listen on `{addr}`: {err}\nhint: check that the address is free (another agent on that port?) and that this user may bind it"
+            ));
+        }
+    };
+    let bound = listener.local_addr().unwrap_or(addr);
+    release_startup_pages();
+    let router = snakebox_wire::agent::router(
+        EngineHandle::from(Arc::clone(&engine)),
+        check,
+        Some(Arc::new(snakebox_http::render_metrics)),
+    );
+    tracing::info!(%bound, agent = %name, "snakebox agent serving the engine at http://{bound}");
+    let stop = CancellationToken::new();
+    let mut serving = tokio::spawn(snakebox_wire::agent::serve(listener, router, stop.clone()));
+    let reason = tokio::select! {
+        reason = stop_signal() => reason,
+        served = &mut serving => {
+            engine.shutdown(StopReason::Requested, Duration::ZERO).await;
+            return Err(match served {
+                Ok(Ok(())) => anyhow::anyhow!("the agent's server stopped by itself"),
+                Ok(Err(err)) => anyhow::anyhow!(err).context("the agent's server failed"),
+                Err(join) => anyhow::anyhow!(join).context("the agent's server failed"),
+            });
+        }
+    };
     engine.begin_shutdown(reason);
     let cut_short = engine.wait_idle(DRAIN).await;
     if cut_short > 0 {
         tracing::warn!(cut_short, "calls still running after the drain deadline");
     }
-    // Their replies are written: close the listener and the connections.
     stop.cancel();
     if tokio::time::timeout(DRAIN, &mut serving).await.is_err() {
         serving.abort();

@@ -29,19 +29,21 @@ pub fn fuse_helper() -> Option<ExitCode> {
 #[must_use]
 pub fn run(cli: Cli) -> ExitCode {
     // `serve` reports its state at start-up; the terminal commands only warn.
-    init_logging(if matches!(cli.command, Command::Serve(_)) {
-        "info"
-    } else {
-        "warn"
-    });
-    if matches!(cli.command, Command::Serve(_)) {
+    init_logging(
+        if matches!(cli.command, Command::Serve(_) | Command::Agent(_)) {
+            "info"
+        } else {
+            "warn"
+        },
+    );
+    if matches!(cli.command, Command::Serve(_) | Command::Agent(_)) {
         memory::limit_arenas();
     }
     // Before any thread: a normal user's server mounts its runs' capped /work in a mount
     // namespace of its own (`check` enters it too, to report what `serve` enforces).
     if matches!(
         cli.command,
-        Command::Serve(_) | Command::Run(_) | Command::Check(_)
+        Command::Serve(_) | Command::Agent(_) | Command::Run(_) | Command::Check(_)
     ) && let Err(err) = snakebox_sandbox::enter_own_mount_namespace()
     {
         tracing::warn!(%err, "could not make a user and mount namespace of our own: runs' /work is not size-capped");
@@ -61,6 +63,7 @@ pub fn run(cli: Cli) -> ExitCode {
     let outcome = runtime.block_on(async {
         match cli.command {
             Command::Serve(args) => commands::serve(&args).await,
+            Command::Agent(args) => commands::agent(&args).await,
             Command::Keys(args) => commands::keys(&args),
             Command::Run(args) => commands::run(args).await,
             Command::Check(args) => commands::check(&args).await,

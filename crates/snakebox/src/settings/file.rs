@@ -11,6 +11,7 @@ use serde::Deserialize;
 
 use super::artifacts::ArtifactsFile;
 use super::cache::CacheFile;
+use super::front::FrontFile;
 use super::http::HttpFile;
 use super::limits::LimitsFile;
 use super::network::NetworkFile;
@@ -92,6 +93,8 @@ pub(super) const SECTION_KEYS: &[(&str, &str)] = &[
     ("http", "insecure_no_auth"),
     ("http", "link_ttl"),
     ("http", "max_body_bytes"),
+    ("front", "agents"),
+    ("front", "front_key"),
     ("tenants", "max_concurrent_runs"),
     ("tenants", "runs_per_minute"),
     ("tenants", "max_sessions"),
@@ -119,6 +122,7 @@ pub(super) const SECTIONS: &[&str] = &[
     "artifacts",
     "tenants",
     "http",
+    "front",
 ];
 
 /// The config file, sectioned (after [`sectioned`] has moved any flat keys in).
@@ -136,6 +140,7 @@ pub(super) struct FileSettings {
     pub(super) artifacts: ArtifactsFile,
     pub(super) tenants: TenantsFile,
     pub(super) http: HttpFile,
+    pub(super) front: FrontFile,
     /// `[profiles.NAME]`: one table per profile (names are the operator's, so the section's
     /// keys are not checked against a list; each table's keys are).
     pub(super) profiles: BTreeMap<String, ProfileFile>,

@@ -19,6 +19,7 @@
 //! | `[tenants.NAME]` | the same for one tenant set apart, and the profiles it may name and its default profile | tenants' own budgets |
 //! | `[profiles.NAME]` | a named policy bundle (network, subprocesses, writable /work, limits, packages, imports, tenants); built-ins `standard`, `basic`, `data_science`, `network`, `filesystem` | |
 //! | `[http]` | `serve --http`: address, public URL, allowed hosts and origins, download links' lifetime | |
+//! | `[front]` | `serve --agents`: a front's engine agents and the key it signs their calls with | the Kubernetes directory |
 //!
 //! `[limits]` holds only per-run bounds; server-wide capacity (`max_concurrent_runs`) is in
 //! `[server]`, and each store's retention is in the store's own section, so a per-tenant or
@@ -41,7 +42,7 @@
 //! flag or environment, else file, else default.
 //!
 //! One module per section (`server`, `python`, `sandbox`, `network`, `limits`, `pool`,
-//! `cache`, `sessions`, `artifacts`, `tenants`, `profiles`, `http`) holds that section's
+//! `cache`, `sessions`, `artifacts`, `tenants`, `profiles`, `http`, `front`) holds that section's
 //! struct and its resolve step; [`values`] how sizes, cores and counts are written. A new
 //! section is a module, a row in [`file::SECTIONS`] (and its keys in
 //! [`file::SECTION_KEYS`]), a field of [`file::FileSettings`] and a step in [`resolve`].
@@ -56,6 +57,7 @@ use crate::cli::{EngineArgs, ServeArgs};
 mod artifacts;
 mod cache;
 mod file;
+mod front;
 mod http;
 mod ibm;
 mod limits;
@@ -72,6 +74,8 @@ mod values;
 use artifacts::resolve_artifacts;
 use cache::resolve_cache;
 use file::{FileSettings, load_file};
+pub(crate) use front::FrontSettings;
+use front::resolve_front;
 use http::resolve_http;
 use limits::resolve_limits;
 use network::resolve_network;
@@ -91,15 +95,47 @@ use values::text_or;
 /// As [`resolve`]; also an address that does not parse, or a public URL that is not one.
 pub(crate) fn resolve_serve(
     args: &ServeArgs,
-) -> anyhow::Result<(Settings, Option<snakebox_http::HttpConfig>)> {
+) -> anyhow::Result<(
+    Settings,
+    Option<snakebox_http::HttpConfig>,
+    Option<FrontSettings>,
+)> {
     let mut file = load_file(args.engine.config.as_deref())?;
     let http_file = std::mem::take(&mut file.http);
+    let front_file = std::mem::take(&mut file.front);
     let mut settings = resolve_with(&args.engine, file)?;
     let http = resolve_http(&args.http, http_file, settings.engine.max_script_bytes)?;
     if http.is_some() {
         several_tenants(&mut settings.engine);
     }
-    Ok((settings, http))
+    let front = resolve_front(&args.front, front_file)?;
+    Ok((settings, http, front))
+}
+
+/// The default address of `snakebox agent`'s internal API.
+pub(crate) const DEFAULT_AGENT_ADDR: &str = "127.0.0.1:8700";
+
+/// `snakebox agent`'s settings: the engine's (read as `serve --http` reads them: several
+/// tenants), the address to listen on and the agent's name.
+///
+/// # Errors
+/// As [`resolve`]; also an address that does not parse.
+pub(crate) fn resolve_agent(
+    args: &crate::cli::AgentArgs,
+) -> anyhow::Result<(Settings, std::net::SocketAddr, String)> {
+    let mut settings = resolve(&args.engine)?;
+    several_tenants(&mut settings.engine);
+    let listen = args.listen.as_deref().unwrap_or(DEFAULT_AGENT_ADDR);
+    let addr = listen.parse().map_err(|_| {
+        anyhow::anyhow!("invalid --listen address `{listen}`\nhint: write an IP address and a port, e.g. `127.0.0.1:8700` or `0.0.0.0:8700`")
+    })?;
+    let name = args.name.clone().unwrap_or_else(|| listen.to_owned());
+    if name.is_empty() {
+        anyhow::bail!(
+            "--name is empty\nhint: name the agent as its fronts do (`--agents NAME=URL`)"
+        );
+    }
+    Ok((settings, addr, name))
 }
 
 /// The resolved settings: the engine's, and those of `serve`'s stdio face.

@@ -510,7 +510,7 @@ fn fields_of<T: for<'de> Deserialize<'de>>() -> &'static [&'static str] {
 /// (as `[sandbox] docker_runtime` was): every field must be a known key.
 #[test]
 fn every_field_of_every_section_is_a_known_key() {
-    let sections: [(&str, &[&str]); 11] = [
+    let sections: [(&str, &[&str]); 12] = [
         ("server", fields_of::<ServerFile>()),
         ("python", fields_of::<PythonFile>()),
         ("sandbox", fields_of::<SandboxFile>()),
@@ -522,6 +522,7 @@ fn every_field_of_every_section_is_a_known_key() {
         ("artifacts", fields_of::<ArtifactsFile>()),
         ("tenants", fields_of::<TenantsFile>()),
         ("http", fields_of::<HttpFile>()),
+        ("front", fields_of::<super::front::FrontFile>()),
     ];
     assert_eq!(sections.len(), SECTIONS.len());
     for (section, fields) in sections {
@@ -695,6 +696,7 @@ fn every_flag_still_parses_for_every_command() {
         vec!["run", "x.py"],
         vec!["check"],
         vec!["python", "install", "3.14"],
+        vec!["agent", "--front-public-key", "front.pub"],
     ] {
         let argv = ["snakebox"]
             .into_iter()
@@ -704,6 +706,7 @@ fn every_flag_still_parses_for_every_command() {
         let cli = Cli::try_parse_from(argv).unwrap_or_else(|err| panic!("{command:?}: {err}"));
         let args = match cli.command {
             Command::Serve(serve) => serve.engine,
+            Command::Agent(agent) => agent.engine,
             Command::Run(run) => run.engine,
             Command::Check(check) => check.engine,
             Command::Audit(audit) => audit.engine,
