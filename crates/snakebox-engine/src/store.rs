@@ -418,6 +418,12 @@ impl Database {
         &self.path
     }
 
+    /// The data directory it is the store of.
+    #[must_use]
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
     fn sqlite(&self, source: rusqlite::Error) -> StoreError {
         StoreError::Sqlite {
             path: self.path.clone(),

@@ -41,6 +41,7 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
         return serve_http(settings.engine, http).await;
     }
     let engine = Engine::start(settings.engine).await;
+    fail_on_unreachable_database(&engine)?;
     fail_on_bad_default_python(&engine).await?;
     let report = engine.report();
     if report.ready {
@@ -82,6 +83,7 @@ async fn serve_http(
     http: snakebox_http::HttpConfig,
 ) -> anyhow::Result<ExitCode> {
     let engine = Engine::start(config).await;
+    fail_on_unreachable_database(&engine)?;
     fail_on_bad_default_python(&engine).await?;
     let report = engine.report();
     if !report.ready {
@@ -165,11 +167,13 @@ pub(crate) fn keys(args: &KeysArgs) -> anyhow::Result<ExitCode> {
         return front_keypair(&args.action);
     };
     let config = settings::resolve(engine)?;
-    let store = snakebox_http::KeyStore::new(&config.engine.data_dir);
     let failed = |err: snakebox_http::KeyError| with_hint(&err, &err.hint());
+    // The configured store: the data directory's, or the deployment's database.
+    let database = config.engine.database.as_ref();
+    let store = snakebox_http::KeyStore::open(database, &config.engine.data_dir).map_err(failed)?;
     // Reading keys never creates a data directory: a mistyped --data-dir is said, not made.
     let data_dir = &config.engine.data_dir;
-    if !matches!(args.action, KeysAction::Add { .. }) && !data_dir.exists() {
+    if database.is_none() && !matches!(args.action, KeysAction::Add { .. }) && !data_dir.exists() {
         anyhow::bail!(
             "the data directory `{}` does not exist, so it holds no keys\nhint: check --data-dir (`SNAKEBOX_DATA_DIR`, `[server] data_dir`); the server's is shown by `snakebox check`",
             data_dir.display()
@@ -346,16 +350,22 @@ pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
     let since = args.since.as_deref().map(parse_since).transpose()?;
     let config = settings::resolve(&args.engine)?;
     let data_dir = &config.engine.data_dir;
-    let (entries, bad) = snakebox_engine::read_audit(data_dir).map_err(|err| {
-        with_hint(
-            &err,
-            &format!(
-                "the log is {}/{}/ and private to the server's user: run this as that user",
-                data_dir.display(),
-                snakebox_engine::AUDIT_DIR
-            ),
-        )
-    })?;
+    let (entries, bad) = match config.engine.database.as_ref() {
+        // The deployment's database: every front's lines.
+        Some(url) => snakebox_engine::shared::PgStore::open(url)
+            .and_then(|store| snakebox_engine::read_audit_table(&store))
+            .map_err(|err| with_hint(&err, &err.hint()))?,
+        None => snakebox_engine::read_audit(data_dir).map_err(|err| {
+            with_hint(
+                &err,
+                &format!(
+                    "the log is {}/{}/ and private to the server's user: run this as that user",
+                    data_dir.display(),
+                    snakebox_engine::AUDIT_DIR
+                ),
+            )
+        })?,
+    };
     let mut order: Vec<String> = Vec::new();
     let mut calls: std::collections::HashMap<String, AuditedCall> =
         std::collections::HashMap::new();
@@ -594,15 +604,40 @@ async fn fail_on_bad_default_python(engine: &Engine) -> anyhow::Result<()> {
         })
 }
 
+/// A server told to share a database (`--database`) that cannot use it does not start: its
+/// keys and its runs would silently be another store's.
+fn fail_on_unreachable_database(engine: &Engine) -> anyhow::Result<()> {
+    if engine.config().database.is_none() || engine.shared_store().is_some() {
+        if let Some(store) = engine.shared_store() {
+            tracing::info!(store = %store.describe(), "keys, runs and audit are in this store");
+        }
+        return Ok(());
+    }
+    match engine.store_problem() {
+        Some(err) => match &err.hint {
+            Some(hint) => anyhow::bail!("{}\nhint: {hint}", err.message),
+            None => anyhow::bail!("{}", err.message),
+        },
+        None => anyhow::bail!("the database (--database) cannot be used"),
+    }
+}
+
 pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let config = settings::resolve(&args.engine)?.engine;
     let engine = Engine::new(config).await;
     let report = engine.report();
+    // Where keys, runs and audit are: the operator's to see (never a password), not in the
+    // report tenants read through `check_environment`.
+    let store = match (engine.shared_store(), &engine.config().database) {
+        (Some(store), _) => store.describe(),
+        (None, Some(url)) => format!("postgresql {} (NOT reachable)", url.redacted()),
+        (None, None) => "NOT available".into(),
+    };
     engine.release_host();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_report(&report);
+        print_report(&report, &store);
     }
     Ok(if report.ready {
         ExitCode::SUCCESS
@@ -655,7 +690,7 @@ pub(crate) async fn image(args: &ImageArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn print_report(report: &EnvironmentReport) {
+fn print_report(report: &EnvironmentReport, store: &str) {
     println!("snakebox {}", report.snakebox_version);
     println!("platform:  {}", report.platform);
     println!(
@@ -674,6 +709,7 @@ fn print_report(report: &EnvironmentReport) {
         println!("hint: {hint}");
     }
     println!("network:   {}", if report.network { "on" } else { "off" });
+    println!("store:     {store}");
     println!("uv:        {}", report.uv);
     if let Some(hint) = &report.uv_hint {
         println!("hint: {hint}");
