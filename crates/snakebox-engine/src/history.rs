@@ -3,7 +3,8 @@
 //! it; nothing on the path of a call waits for it.
 //!
 //! One SQLite database, `<data>/store-v1.db` (WAL), shared by the servers of a data
-//! directory. A call is recorded when it is admitted (`running`) and again when it returns
+//! directory; or, with `--database postgres://…`, the deployment's PostgreSQL, shared by
+//! every front ([`crate::shared`]; the table behind the [`RunsTable`] seam, the rest here). A call is recorded when it is admitted (`running`) and again when it returns
 //! its record (its status, duration, exit code); a server killed in between leaves rows that
 //! the next server to open the store marks `interrupted`. Writes go through one writer
 //! thread that gathers what is queued into one transaction (after a call's start, for a few

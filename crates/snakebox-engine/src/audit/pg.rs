@@ -3,8 +3,9 @@
 //! front's lines land in one place and `snakebox audit --database …` reads them together.
 //!
 //! Each tenant's lines are bounded by its budget ([`crate::StoreBudgets::audit_bytes`]) as
-//! its files are: after each batch, the tenant's own oldest lines beyond its budget are
-//! removed (counted in the ledger as the files' rotations are), never another tenant's.
+//! its files are: what a tenant holds is one row of `snakebox_audit_usage`, updated with each
+//! batch; past the budget, the tenant's own oldest lines beyond it are removed (counted in the
+//! ledger as the files' rotations are), never another tenant's.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -76,9 +77,32 @@ impl PgAudit {
                 .await
                 .map_err(|e| conn.failed(e))?;
             }
-            // The tenant's newest lines that fit its budget are kept; its older ones go.
+            // What each tenant holds is one row, updated in this transaction: its lock
+            // orders the fronts writing for one tenant, and the check costs one row, not a
+            // scan of the tenant's lines.
             let mut removed = Vec::new();
             for (tenant, budget) in &budgets {
+                let added: i64 = lines
+                    .iter()
+                    .filter(|(t, ..)| t == tenant)
+                    .map(|(.., bytes)| *bytes)
+                    .sum();
+                let held: i64 = tx
+                    .query_one(
+                        "INSERT INTO snakebox_audit_usage (tenant, bytes) VALUES ($1, $2)
+                         ON CONFLICT (tenant)
+                         DO UPDATE SET bytes = snakebox_audit_usage.bytes + EXCLUDED.bytes
+                         RETURNING bytes",
+                        &[tenant, &added],
+                    )
+                    .await
+                    .map_err(|e| conn.failed(e))?
+                    .get(0);
+                if held <= *budget {
+                    continue;
+                }
+                // Past its budget: the tenant's newest lines that fit it are kept, its older
+                // ones go, and what it holds is measured again from its lines.
                 let gone = tx
                     .execute(
                         "DELETE FROM snakebox_audit WHERE seq IN (
@@ -90,6 +114,14 @@ impl PgAudit {
                     )
                     .await
                     .map_err(|e| conn.failed(e))?;
+                tx.execute(
+                    "UPDATE snakebox_audit_usage SET bytes = (
+                         SELECT COALESCE(SUM(bytes), 0)::BIGINT FROM snakebox_audit WHERE tenant = $1)
+                     WHERE tenant = $1",
+                    &[tenant],
+                )
+                .await
+                .map_err(|e| conn.failed(e))?;
                 removed.push((tenant.clone(), gone));
             }
             tx.commit().await.map_err(|e| conn.failed(e))?;
@@ -125,7 +157,7 @@ pub(crate) fn tenant_bytes(store: &PgStore, tenant: &str) -> u64 {
             let client = conn.client().await?;
             let row = client
                 .query_one(
-                    "SELECT COALESCE(SUM(bytes), 0)::BIGINT FROM snakebox_audit WHERE tenant = $1",
+                    "SELECT COALESCE((SELECT bytes FROM snakebox_audit_usage WHERE tenant = $1), 0)",
                     &[&tenant],
                 )
                 .await

@@ -299,7 +299,11 @@ pub(crate) const SCHEMA: &[(i32, &str, &str)] = &[(
          line TEXT NOT NULL,
          bytes BIGINT NOT NULL
      );
-     CREATE INDEX IF NOT EXISTS snakebox_audit_by_tenant ON snakebox_audit (tenant, seq);",
+     CREATE INDEX IF NOT EXISTS snakebox_audit_by_tenant ON snakebox_audit (tenant, seq);
+     CREATE TABLE IF NOT EXISTS snakebox_audit_usage (
+         tenant TEXT PRIMARY KEY,
+         bytes BIGINT NOT NULL
+     );",
 )];
 
 fn now_ms() -> i64 {
