@@ -520,6 +520,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     };
     let config = settings::resolve(&args.engine)?.engine;
     let engine = Engine::new(config).await;
+    fail_on_unreachable_database(&engine)?;
     fail_on_bad_default_python(&engine).await?;
     let cancel = CancellationToken::new();
     let on_interrupt = cancel.clone();

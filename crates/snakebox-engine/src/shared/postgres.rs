@@ -328,6 +328,13 @@ impl PgStore {
         if let Some(store) = opened.iter().find(|store| store.0.url == *url) {
             return Ok(store.clone());
         }
+        let store = PgStore::connect(url)?;
+        opened.push(store.clone());
+        Ok(store)
+    }
+
+    /// A pool of its own on `url`, at the current schema (what another front has).
+    fn connect(url: &DatabaseUrl) -> Result<PgStore, PgError> {
         let manager = Manager::from_config(
             url.config.clone(),
             NoTls,
@@ -349,7 +356,6 @@ impl PgStore {
             pool,
         }));
         store.block(migrate)?;
-        opened.push(store.clone());
         Ok(store)
     }
 
@@ -506,6 +512,46 @@ mod tests {
             assert!(text.contains(says), "{bad}: {text}");
             assert!(!text.contains("pw@"), "{text}");
         }
+    }
+
+    #[test]
+    fn fronts_starting_together_make_the_schema_once() {
+        let Some(cluster) = crate::shared::test_cluster::TestCluster::start() else {
+            return;
+        };
+        // Four fronts, each with a pool of its own, starting at the same moment.
+        let started = std::sync::Barrier::new(4);
+        let stores: Vec<PgStore> = std::thread::scope(|scope| {
+            let fronts: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| {
+                        started.wait();
+                        PgStore::connect(&cluster.url)
+                    })
+                })
+                .collect();
+            fronts
+                .into_iter()
+                .map(|front| front.join().unwrap().unwrap())
+                .collect()
+        });
+        let steps = stores[0]
+            .block(|conn| async move {
+                let client = conn.client().await?;
+                let rows = client
+                    .query("SELECT id FROM snakebox_migrations ORDER BY id", &[])
+                    .await
+                    .map_err(|e| conn.failed(e))?;
+                Ok(rows
+                    .iter()
+                    .map(|row| row.get::<_, i32>(0))
+                    .collect::<Vec<_>>())
+            })
+            .unwrap();
+        let known: Vec<i32> = SCHEMA.iter().map(|step| step.0).collect();
+        assert_eq!(steps, known);
+        // A later start finds it made.
+        PgStore::connect(&cluster.url).unwrap();
     }
 
     #[test]
