@@ -1318,6 +1318,68 @@ mod tests {
         }
 
         #[test]
+        fn what_each_tenant_holds_is_kept_by_the_table_itself() {
+            let Some(cluster) = TestCluster::start() else {
+                return;
+            };
+            let pg = PgStore::open(&cluster.url).unwrap();
+            let store = SharedStore::Postgres(pg.clone());
+            let dir = tempfile::tempdir().unwrap();
+            let budgets = StoreBudgets {
+                history: Budget {
+                    items: Some(4),
+                    bytes: None,
+                },
+                ..StoreBudgets::default()
+            };
+            let (history, _) = open_in(Some(&store), dir.path(), budgets);
+            for (tenant, n) in [("a", 9), ("b", 2)] {
+                let caller = Caller::tenant(tenant).unwrap();
+                for i in 0..n {
+                    let ticket = history.started(&format!("{tenant}{i}"), &caller, start("1"));
+                    finish(&history, &ticket);
+                }
+            }
+            // A row replaced (the same execution id again) counts once.
+            history.started("b1", &Caller::tenant("b").unwrap(), start("22"));
+            history.close();
+            let (kept, counted) = pg
+                .block(|conn| async move {
+                    let client = conn.client().await?;
+                    let query = |sql: &'static str| {
+                        let client = &client;
+                        let conn = &conn;
+                        async move {
+                            let rows = client.query(sql, &[]).await.map_err(|e| conn.failed(e))?;
+                            Ok::<_, crate::shared::PgError>(
+                                rows.iter()
+                                    .map(|row| {
+                                        (
+                                            row.get::<_, String>(0),
+                                            row.get::<_, i64>(1),
+                                            row.get::<_, i64>(2),
+                                        )
+                                    })
+                                    .collect::<Vec<_>>(),
+                            )
+                        }
+                    };
+                    let kept =
+                        query("SELECT owner, items, bytes FROM snakebox_runs_usage ORDER BY owner")
+                            .await?;
+                    let counted = query(
+                        "SELECT owner, COUNT(*), SUM(row_bytes)::BIGINT FROM snakebox_runs
+                         GROUP BY owner ORDER BY owner",
+                    )
+                    .await?;
+                    Ok((kept, counted))
+                })
+                .unwrap();
+            assert_eq!(kept, counted);
+            assert_eq!(kept.iter().map(|k| k.1).collect::<Vec<_>>(), [4, 2]);
+        }
+
+        #[test]
         fn a_tenant_over_its_audit_budget_loses_its_own_oldest_lines_only() {
             with_cluster(|open| {
                 let dir = tempfile::tempdir().unwrap();

@@ -6,7 +6,10 @@
 //!
 //! What a tenant keeps is bounded by the same code as in SQLite ([`super::RunsBudget`]): only
 //! the tenant's own oldest finished rows are removed. Other fronts write the same rows, so
-//! each tenant's holdings are read afresh at every batch ([`RunsTable::shared`]).
+//! each tenant's holdings are read afresh at every batch ([`RunsTable::shared`]): from
+//! `snakebox_runs_usage`, one row per tenant kept by a trigger on every insert, update and
+//! delete of its runs (whichever front made them), so the read costs one row, not a count of
+//! the tenant's runs.
 
 use super::{Op, RunKind, RunQuery, RunRecord, RunsTable, TableError, server_gone, to_i64};
 use crate::budget::Usage;
@@ -275,17 +278,16 @@ impl RunsTable for PgRuns {
         let usage = self.store.block(move |conn| async move {
             let client = conn.client().await?;
             let row = client
-                .query_one(
-                    "SELECT COUNT(*), COALESCE(SUM(row_bytes), 0)::BIGINT FROM snakebox_runs
-                     WHERE owner = $1",
+                .query_opt(
+                    "SELECT items, bytes FROM snakebox_runs_usage WHERE owner = $1",
                     &[&owner],
                 )
                 .await
                 .map_err(|e| conn.failed(e))?;
-            Ok(Usage {
+            Ok(row.map_or(Usage::default(), |row| Usage {
                 items: u64::try_from(row.get::<_, i64>(0)).unwrap_or(0),
                 bytes: u64::try_from(row.get::<_, i64>(1)).unwrap_or(0),
-            })
+            }))
         })?;
         Ok(usage)
     }

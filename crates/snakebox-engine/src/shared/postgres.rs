@@ -303,7 +303,32 @@ pub(crate) const SCHEMA: &[(i32, &str, &str)] = &[(
      CREATE TABLE IF NOT EXISTS snakebox_audit_usage (
          tenant TEXT PRIMARY KEY,
          bytes BIGINT NOT NULL
-     );",
+     );
+     CREATE TABLE IF NOT EXISTS snakebox_runs_usage (
+         owner TEXT PRIMARY KEY,
+         items BIGINT NOT NULL,
+         bytes BIGINT NOT NULL
+     );
+     CREATE OR REPLACE FUNCTION snakebox_runs_usage_count() RETURNS trigger
+     LANGUAGE plpgsql AS $$
+     BEGIN
+         IF TG_OP IN ('UPDATE', 'DELETE') THEN
+             UPDATE snakebox_runs_usage
+                 SET items = items - 1, bytes = bytes - OLD.row_bytes
+                 WHERE owner = OLD.owner;
+         END IF;
+         IF TG_OP IN ('INSERT', 'UPDATE') THEN
+             INSERT INTO snakebox_runs_usage (owner, items, bytes)
+                 VALUES (NEW.owner, 1, NEW.row_bytes)
+                 ON CONFLICT (owner) DO UPDATE
+                 SET items = snakebox_runs_usage.items + 1,
+                     bytes = snakebox_runs_usage.bytes + EXCLUDED.bytes;
+         END IF;
+         RETURN NULL;
+     END $$;
+     DROP TRIGGER IF EXISTS snakebox_runs_usage ON snakebox_runs;
+     CREATE TRIGGER snakebox_runs_usage AFTER INSERT OR UPDATE OR DELETE ON snakebox_runs
+         FOR EACH ROW EXECUTE FUNCTION snakebox_runs_usage_count();",
 )];
 
 fn now_ms() -> i64 {
