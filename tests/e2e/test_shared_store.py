@@ -168,6 +168,8 @@ def test_a_bad_or_unreachable_database_stops_serve_with_a_hint(snakebox_bin: Pat
         assert done.returncode != 0, done
         assert says in done.stderr and "hint:" in done.stderr, done.stderr
         assert "pw-never-shown" not in done.stderr + done.stdout
+        # Refused before it took anything of the host: no mount of its data directory is left.
+        assert str(tmp_path) not in Path("/proc/self/mounts").read_text()
         keys = snakebox(snakebox_bin, "keys", "list", "--database", url, "--data-dir", str(tmp_path / "data"))
         assert keys.returncode != 0 and says in keys.stderr and "hint:" in keys.stderr, keys.stderr
         assert "pw-never-shown" not in keys.stderr + keys.stdout
@@ -180,3 +182,47 @@ def test_check_names_the_store_without_its_password(snakebox_bin: Path, tmp_path
         assert password_of(database) not in done.stdout + done.stderr
     local = snakebox(snakebox_bin, "check", "--data-dir", str(tmp_path / "data"), *backend_flags(()))
     assert f"store:     sqlite {tmp_path / 'data' / 'store-v1.db'}" in local.stdout, local.stdout
+
+
+async def test_a_key_revoked_through_the_database_ends_its_stream_on_another_front(snakebox_bin: Path, tmp_path: Path):
+    # Helpers of the one-host revocation test: streams read in the background.
+    from test_http_edge import MCP_HEADERS, REVOCATION_BOUND_S, bearer, long_call, progress_lines, streams
+    import time
+
+    marker = uuid.uuid4().hex
+    with pg_cluster() as database:
+        def add(tenant: str) -> str:
+            made = snakebox(snakebox_bin, "keys", "add", "--tenant", tenant, "--database", database, "--data-dir", str(tmp_path / "ops"))
+            assert made.returncode == 0, made.stderr
+            return made.stdout.strip().splitlines()[-1]
+
+        key_a, key_b = add("team-a"), add("team-b")
+        with http_server(snakebox_bin, tmp_path / "front-a", "--database", database) as (_, url_a), \
+                http_server(snakebox_bin, tmp_path / "front-b", "--database", database) as (_, url_b):
+            async with streams() as open_stream:
+                run_a = await open_stream("a run", "POST", f"{url_a}/mcp", headers={**MCP_HEADERS, **bearer(key_a)},
+                                          json=long_call(f"import time\nprint('{marker}', flush=True)\ntime.sleep(60)", 41))
+                run_b = await open_stream("b run", "POST", f"{url_b}/mcp", headers={**MCP_HEADERS, **bearer(key_b)},
+                                          json=long_call(f"import time\nprint('{marker}', flush=True)\ntime.sleep(3)\nprint('b done')", 42))
+                for run in (run_a, run_b):
+                    assert run.status == 200
+                    assert await run.wait_for(lambda: marker in progress_lines(run), 120), run.text()
+                    assert run.ended_at is None
+                # Revoked by the operator against the database, not through front A.
+                listed = json.loads(snakebox(snakebox_bin, "keys", "list", "--json", "--database", database,
+                                             "--data-dir", str(tmp_path / "ops")).stdout)
+                (entry,) = [k for k in listed if k["tenant"] == "team-a"]
+                revoked = snakebox(snakebox_bin, "keys", "revoke", entry["id"], "--database", database, "--data-dir", str(tmp_path / "ops"))
+                assert revoked.returncode == 0, revoked.stderr
+                revoked_at = time.monotonic()
+                # Front A's open stream of that key ends within the one-host bound; both fronts
+                # refuse the key's next request; team-b's call on front B goes on to its end.
+                await run_a.wait_for(lambda: run_a.ended_at is not None, 30)
+                assert run_a.ended_at is not None, run_a.text()
+                took = run_a.ended_at - revoked_at
+                assert took <= REVOCATION_BOUND_S, took
+                assert not any(m.get("id") == 41 and "result" in m for m in run_a.messages()), run_a.text()
+                assert status_of(url_a, key_a) == 401 and status_of(url_b, key_a) == 401
+                result = (await run_b.reply(42))["result"]["structuredContent"]
+                assert result["status"] == "ok" and "b done" in result["stdout"], result
+                assert status_of(url_b, key_b) == 200

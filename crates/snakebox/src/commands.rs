@@ -40,6 +40,7 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(http) = http {
         return serve_http(settings.engine, http).await;
     }
+    reach_database(&settings.engine).await?;
     let engine = Engine::start(settings.engine).await;
     fail_on_unreachable_database(&engine)?;
     fail_on_bad_default_python(&engine).await?;
@@ -82,6 +83,7 @@ async fn serve_http(
     config: snakebox_engine::EngineConfig,
     http: snakebox_http::HttpConfig,
 ) -> anyhow::Result<ExitCode> {
+    reach_database(&config).await?;
     let engine = Engine::start(config).await;
     fail_on_unreachable_database(&engine)?;
     fail_on_bad_default_python(&engine).await?;
@@ -519,6 +521,7 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         })?
     };
     let config = settings::resolve(&args.engine)?.engine;
+    reach_database(&config).await?;
     let engine = Engine::new(config).await;
     fail_on_unreachable_database(&engine)?;
     fail_on_bad_default_python(&engine).await?;
@@ -603,6 +606,18 @@ async fn fail_on_bad_default_python(engine: &Engine) -> anyhow::Result<()> {
                 None => anyhow::anyhow!("{}", err.message),
             }
         })
+}
+
+/// `--database`, connected to before the engine takes anything of the host (a server that
+/// will not start must leave no mount behind): the reason and a hint when it cannot be used.
+/// The engine then gets the same connections (one pool per process and URL).
+async fn reach_database(config: &snakebox_engine::EngineConfig) -> anyhow::Result<()> {
+    let Some(url) = config.database.clone() else {
+        return Ok(());
+    };
+    let opened =
+        tokio::task::spawn_blocking(move || snakebox_engine::shared::PgStore::open(&url)).await?;
+    opened.map(drop).map_err(|err| with_hint(&err, &err.hint()))
 }
 
 /// A server told to share a database (`--database`) that cannot use it does not start: its
