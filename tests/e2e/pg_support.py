@@ -45,6 +45,20 @@ def _cluster_user() -> pwd.struct_passwd | None:
     raise RuntimeError("running as root, and no user to run PostgreSQL as (set SNAKEBOX_PG_USER)")
 
 
+# Each running cluster's (stop, start), by URL: a test takes the database away and back.
+_CONTROLS: dict = {}
+
+
+def pg_stop(url: str) -> None:
+    """Stop the cluster of `url` at once (as a crash would)."""
+    _CONTROLS[url][0]()
+
+
+def pg_start(url: str) -> None:
+    """Start the cluster of `url` again, on the same port."""
+    _CONTROLS[url][1]()
+
+
 @contextlib.contextmanager
 def pg_cluster() -> Iterator[str]:
     """A running cluster; yields its URL (`postgres://snakebox:PASSWORD@127.0.0.1:PORT/postgres`,
@@ -72,11 +86,20 @@ def pg_cluster() -> Iterator[str]:
     data = root / "data"
     run("initdb", "-D", str(data), "-U", "snakebox", "--auth=scram-sha-256", f"--pwfile={pwfile}",
         "-E", "UTF8", "--no-sync")
-    run("pg_ctl", "-D", str(data), "-l", str(root / "log"), "-o",
-        f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", "-w", "start")
+    def start() -> None:
+        run("pg_ctl", "-D", str(data), "-l", str(root / "log"), "-o",
+            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off", "-w", "start")
+
+    def stop() -> None:
+        run("pg_ctl", "-D", str(data), "-m", "immediate", "stop")
+
+    start()
+    url = f"postgres://snakebox:{password}@127.0.0.1:{port}/postgres"
+    _CONTROLS[url] = (stop, start)
     try:
-        yield f"postgres://snakebox:{password}@127.0.0.1:{port}/postgres"
+        yield url
     finally:
+        _CONTROLS.pop(url, None)
         with contextlib.suppress(Exception):
             run("pg_ctl", "-D", str(data), "-m", "immediate", "stop")
         shutil.rmtree(root, ignore_errors=True)

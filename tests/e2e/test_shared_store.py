@@ -8,7 +8,9 @@ directories of their own share one PostgreSQL (`--database`), a real cluster the
 - the audit lines of both fronts land in the database (`snakebox audit --database …` and psql),
   and nothing of keys, runs or audit is kept in either data directory;
 - the database's password is never printed or logged; a bad URL or an unreachable database
-  stops `serve` at start with a hint; `snakebox check` names the store.
+  stops `serve` at start with a hint; `snakebox check` names the store;
+- while the database is down a front refuses keyed requests (503, fail closed) and serves
+  them again once it is back, without a restart.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from conftest import backend_flags, call, have_bwrap
 from http_support import free_port, http_server
-from pg_support import pg_bin, pg_cluster, psql
+from pg_support import pg_bin, pg_cluster, pg_start, pg_stop, psql
 
 pytestmark = [
     pytest.mark.anyio,
@@ -226,3 +228,21 @@ async def test_a_key_revoked_through_the_database_ends_its_stream_on_another_fro
                 result = (await run_b.reply(42))["result"]["structuredContent"]
                 assert result["status"] == "ok" and "b done" in result["stdout"], result
                 assert status_of(url_b, key_b) == 200
+
+
+def test_a_front_refuses_keyed_requests_while_the_database_is_down_and_serves_once_it_is_back(snakebox_bin: Path, tmp_path: Path):
+    with pg_cluster() as database:
+        made = snakebox(snakebox_bin, "keys", "add", "--tenant", "team-a", "--database", database, "--data-dir", str(tmp_path / "ops"))
+        assert made.returncode == 0, made.stderr
+        key = made.stdout.strip().splitlines()[-1]
+        log = tmp_path / "front.log"
+        with http_server(snakebox_bin, tmp_path / "front", "--database", database, log_path=log) as (proc, url):
+            assert status_of(url, key) == 200
+            pg_stop(database)
+            assert status_of(url, key) == 503
+            assert proc.poll() is None, "the front died with its database"
+            pg_start(database)
+            assert status_of(url, key) == 200
+        text = log.read_text()
+        assert "the API key store cannot be read" in text, text
+        assert password_of(database) not in text
