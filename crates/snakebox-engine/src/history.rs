@@ -1318,6 +1318,40 @@ mod tests {
         }
 
         #[test]
+        fn running_rows_of_a_dead_server_of_this_host_only_are_interrupted_at_open() {
+            let Some(cluster) = TestCluster::start() else {
+                return;
+            };
+            let pg = PgStore::open(&cluster.url).unwrap();
+            let here = crate::shared::postgres::host_name();
+            let dead = i64::from(i32::MAX);
+            pg.block(move |conn| async move {
+                let client = conn.client().await?;
+                for (id, host) in [("dead-here", here.as_str()), ("elsewhere", "another-host")] {
+                    client
+                        .execute(
+                            "INSERT INTO snakebox_runs (execution_id, owner, kind, started_at_ms,
+                                 server_host, server_pid, status, dependencies, script,
+                                 script_truncated)
+                             VALUES ($1, 'local', 'execute', $2, $3, $4, 'running', '[]', 'x', false)",
+                            &[&id, &i64::try_from(now_ms()).unwrap(), &host, &dead],
+                        )
+                        .await
+                        .map_err(|e| conn.failed(e))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let store = SharedStore::Postgres(pg);
+            let (history, _) = open_in(Some(&store), dir.path(), StoreBudgets::default());
+            let status = |id| history.get(&Caller::local(), id).unwrap().status;
+            // Its pid is dead on this host; on another host it means nothing here.
+            assert_eq!(status("dead-here"), "interrupted");
+            assert_eq!(status("elsewhere"), "running");
+        }
+
+        #[test]
         fn what_each_tenant_holds_is_kept_by_the_table_itself() {
             let Some(cluster) = TestCluster::start() else {
                 return;
