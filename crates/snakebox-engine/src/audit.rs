@@ -23,6 +23,11 @@
 //! earlier versions), oldest first. A log that cannot be written (a full disk) costs the log,
 //! never a call: it is reported once in the server's log, and writing is tried again with the
 //! next line.
+//!
+//! With `--database postgres://…` the lines go to the deployment's PostgreSQL instead
+//! (`snakebox_audit`, one row per line, the same JSON; [`pg`]), where every front's lines are
+//! read together; each tenant's budget is its lines' bytes there, and past it the tenant's
+//! own oldest lines are removed. [`AuditSink`] is the seam between the two.
 
 use std::collections::HashMap;
 use std::io::{BufRead, Write};
@@ -35,6 +40,11 @@ use sha2::{Digest, Sha256};
 use crate::budget::PerTenant;
 use crate::budget::{Budget, Ledger, Store, Usage};
 use crate::events::SecurityEvent;
+
+mod pg;
+
+pub use pg::read_audit_table;
+pub(crate) use pg::{PgAudit, tenant_bytes as pg_tenant_bytes};
 
 /// The directory under the data directory.
 pub const AUDIT_DIR: &str = "audit";
@@ -432,6 +442,29 @@ impl AuditLog {
                 }
                 self.failing = true;
             }
+        }
+    }
+}
+
+/// Where the writer appends audit lines: each tenant's files in the data directory, or the
+/// deployment's PostgreSQL.
+pub(crate) enum AuditSink {
+    /// `<data>/audit/tenants/<tenant>.jsonl`, rotated.
+    Files(AuditLog),
+    /// `snakebox_audit`.
+    Table(PgAudit),
+}
+
+impl AuditSink {
+    /// Append the lines of one batch, in order (a failure costs the log, never a call).
+    pub(crate) fn append_batch(&mut self, entries: &[AuditEntry]) {
+        match self {
+            AuditSink::Files(log) => {
+                for entry in entries {
+                    log.append(entry);
+                }
+            }
+            AuditSink::Table(table) => table.append_batch(entries),
         }
     }
 }

@@ -52,6 +52,9 @@ impl PythonDownloads {
 pub struct EngineConfig {
     /// Root of snakebox's own data: environments, uv cache, scratch directories.
     pub data_dir: PathBuf,
+    /// Where the keys, the runs table and the audit log are shared by several fronts
+    /// (`--database postgres://…`); `None`: the data directory's SQLite store.
+    pub database: Option<crate::DatabaseUrl>,
     /// The isolation backend.
     pub backend: BackendKind,
     /// Explicit `bwrap` path.
@@ -203,6 +206,7 @@ impl EngineConfig {
     pub fn new(data_dir: PathBuf, backend: BackendKind) -> Self {
         EngineConfig {
             data_dir,
+            database: None,
             backend,
             bwrap_path: None,
             docker_runtime: None,

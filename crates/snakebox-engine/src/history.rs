@@ -3,7 +3,8 @@
 //! it; nothing on the path of a call waits for it.
 //!
 //! One SQLite database, `<data>/store-v1.db` (WAL), shared by the servers of a data
-//! directory. A call is recorded when it is admitted (`running`) and again when it returns
+//! directory; or, with `--database postgres://…`, the deployment's PostgreSQL, shared by
+//! every front ([`crate::shared`]; the table behind the [`RunsTable`] seam, the rest here). A call is recorded when it is admitted (`running`) and again when it returns
 //! its record (its status, duration, exit code); a server killed in between leaves rows that
 //! the next server to open the store marks `interrupted`. Writes go through one writer
 //! thread that gathers what is queued into one transaction (after a call's start, for a few
@@ -37,12 +38,51 @@ use rusqlite::{Connection, OptionalExtension, params};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::audit::{AuditEntry, AuditLog, MAX_DEPENDENCIES, MAX_FIELD_BYTES, cap_list, cap_text};
+use crate::audit::{
+    AuditEntry, AuditLog, AuditSink, MAX_DEPENDENCIES, MAX_FIELD_BYTES, cap_list, cap_text,
+};
 use crate::budget::PerTenant;
 use crate::budget::{Budget, Ledger, Store, StoreBudgets, Usage};
 use crate::caller::Caller;
 use crate::result::ExecutionResult;
-use crate::store::Database;
+use crate::shared::SharedStore;
+
+mod pg;
+
+/// Why the runs table could not be read or written (logged: it costs the history, never a
+/// call).
+pub(crate) type TableError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The runs table as its writer and readers use it: the seam between what is kept and how
+/// it is bounded (this module) and where it is kept, the data directory's SQLite store
+/// ([`SqliteRuns`]) or the deployment's PostgreSQL ([`pg::PgRuns`]). A row's key (`rowid`,
+/// `seq`) orders rows started in the same millisecond.
+pub(crate) trait RunsTable: Send {
+    /// `running` rows of this host's servers that are gone become `interrupted`.
+    fn mark_interrupted(&mut self) -> Result<usize, TableError>;
+    /// Forget finished runs started before `oldest_ms`.
+    fn prune(&mut self, oldest_ms: u64) -> Result<(), TableError>;
+    /// Apply a batch of the writer's operations in one transaction.
+    fn write(&mut self, batch: &[Op]) -> Result<(), TableError>;
+    /// What `owner` holds.
+    fn count(&mut self, owner: &str) -> Result<Usage, TableError>;
+    /// `owner`'s oldest finished runs (key, cost), at most `limit`.
+    fn oldest_finished(&mut self, owner: &str, limit: i64)
+    -> Result<Vec<(i64, Usage)>, TableError>;
+    /// Remove these rows.
+    fn delete(&mut self, rows: &[i64]) -> Result<(), TableError>;
+    /// `owner`'s runs as `query` asks, newest first.
+    fn list(&mut self, owner: &str, query: &RunQuery) -> Result<Vec<RunRecord>, TableError>;
+    /// One of `owner`'s runs.
+    fn get(&mut self, owner: &str, id: &str) -> Result<Option<RunRecord>, TableError>;
+    /// The result one of `owner`'s finished runs returned, as JSON.
+    fn output(&mut self, owner: &str, id: &str) -> Result<Option<String>, TableError>;
+    /// Whether other processes write the same rows (other fronts): each tenant's holdings are
+    /// then recounted at every batch rather than kept up to date by this writer alone.
+    fn shared(&self) -> bool {
+        false
+    }
+}
 
 /// Runs older than this are forgotten.
 pub(crate) const MAX_AGE: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -114,7 +154,7 @@ pub(crate) struct RunStart {
 /// A call's start as it is queued and kept: every value a caller chose cut to its bound, and
 /// of the script its start, its size and its hash.
 #[derive(Debug, Clone)]
-struct StartRecord {
+pub(crate) struct StartRecord {
     kind: RunKind,
     session_id: Option<String>,
     /// The first [`MAX_SCRIPT_BYTES`] of the script.
@@ -229,7 +269,7 @@ pub(crate) struct RunTicket {
 }
 
 /// What the writer thread does.
-enum Op {
+pub(crate) enum Op {
     Started {
         id: String,
         owner: String,
@@ -476,13 +516,24 @@ impl From<StoreBudgets> for HistoryLimits {
 /// The runs table of a data directory.
 pub(crate) struct History {
     /// The store (`None`: it could not be opened).
-    store: Option<Database>,
+    store: Option<SharedStore>,
     data_dir: PathBuf,
     limits: HistoryLimits,
     ledger: Arc<Ledger>,
     queue: Mutex<Option<Arc<WriteQueue>>>,
     thread: Mutex<Option<JoinHandle<()>>>,
-    reader: Mutex<Option<Connection>>,
+    reader: Mutex<Option<Box<dyn RunsTable>>>,
+}
+
+/// A new handle on the runs table of `store` (a connection of its own for SQLite).
+fn connect(store: &SharedStore) -> Result<Box<dyn RunsTable>, String> {
+    match store {
+        SharedStore::Sqlite(database) => database
+            .connect()
+            .map(|conn| Box::new(SqliteRuns(conn)) as Box<dyn RunsTable>)
+            .map_err(|err| crate::error::describe(&err)),
+        SharedStore::Postgres(store) => Ok(Box::new(pg::PgRuns::new(store.clone()))),
+    }
 }
 
 fn now_ms() -> u64 {
@@ -493,6 +544,14 @@ fn now_ms() -> u64 {
 
 fn to_i64(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// The runs table in the data directory's SQLite store (one connection).
+pub(crate) struct SqliteRuns(Connection);
+
+/// Whether the server of `pid` (on this host) is gone.
+pub(crate) fn server_gone(pid: i64) -> bool {
+    pid == i64::from(std::process::id()) || !Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// `running` rows of servers that are gone become `interrupted`.
@@ -506,9 +565,7 @@ fn mark_interrupted(conn: &Connection) -> rusqlite::Result<usize> {
     };
     let mut marked = 0;
     for pid in pids {
-        let alive =
-            pid != i64::from(std::process::id()) && Path::new(&format!("/proc/{pid}")).exists();
-        if !alive {
+        if server_gone(pid) {
             marked += conn.execute(
                 "UPDATE runs SET status = 'interrupted' WHERE status = 'running' AND server_pid = ?1",
                 [pid],
@@ -518,9 +575,13 @@ fn mark_interrupted(conn: &Connection) -> rusqlite::Result<usize> {
     Ok(marked)
 }
 
-/// Forget runs older than [`MAX_AGE`] (every tenant's: age is not another tenant's use).
-fn prune(conn: &Connection) -> rusqlite::Result<()> {
-    let oldest = now_ms().saturating_sub(u64::try_from(MAX_AGE.as_millis()).unwrap_or(0));
+/// The oldest start kept: runs older than [`MAX_AGE`] are forgotten.
+fn oldest_kept_ms() -> u64 {
+    now_ms().saturating_sub(u64::try_from(MAX_AGE.as_millis()).unwrap_or(0))
+}
+
+/// Forget runs started before `oldest` (every tenant's: age is not another tenant's use).
+fn prune(conn: &Connection, oldest: u64) -> rusqlite::Result<()> {
     conn.execute(
         "DELETE FROM runs WHERE started_at_ms < ?1 AND status != 'running'",
         [to_i64(oldest)],
@@ -670,9 +731,9 @@ struct RunsBudget {
 }
 
 impl RunsBudget {
-    fn held(&mut self, conn: &Connection, owner: &str) -> rusqlite::Result<&mut Usage> {
+    fn held(&mut self, conn: &mut dyn RunsTable, owner: &str) -> Result<&mut Usage, TableError> {
         if !self.held.contains_key(owner) {
-            let usage = count(conn, owner)?;
+            let usage = conn.count(owner)?;
             self.held.insert(owner.to_owned(), usage);
         }
         Ok(self.held.entry(owner.to_owned()).or_default())
@@ -680,7 +741,11 @@ impl RunsBudget {
 
     /// Count what `batch` added (it has been written), then bring every tenant it touched
     /// back within its budget by removing that tenant's own oldest finished runs.
-    fn apply(&mut self, conn: &Connection, batch: &[Op]) -> rusqlite::Result<()> {
+    fn apply(&mut self, conn: &mut dyn RunsTable, batch: &[Op]) -> Result<(), TableError> {
+        if conn.shared() {
+            // Other fronts write the same rows: what each tenant holds is read afresh.
+            self.held.clear();
+        }
         let mut touched: Vec<&str> = Vec::new();
         let mut counted: Vec<&str> = Vec::new();
         for op in batch {
@@ -713,7 +778,7 @@ impl RunsBudget {
         Ok(())
     }
 
-    fn evict(&mut self, conn: &Connection, owner: &str) -> rusqlite::Result<()> {
+    fn evict(&mut self, conn: &mut dyn RunsTable, owner: &str) -> Result<(), TableError> {
         let budget = self.budget.of(owner);
         let mut removed = 0u64;
         loop {
@@ -722,28 +787,13 @@ impl RunsBudget {
                 break;
             }
             // The tenant's oldest finished runs (a running one is finished first).
-            let oldest: Vec<(i64, Usage)> = conn
-                .prepare_cached(
-                    "SELECT rowid, row_bytes FROM runs INDEXED BY runs_budget
-                     WHERE owner = ?1 AND status != 'running'
-                     ORDER BY started_at_ms, rowid LIMIT ?2",
-                )?
-                .query_map(params![owner, EVICT_CHUNK], |row| {
-                    Ok((
-                        row.get::<_, i64>(0)?,
-                        Usage::one(u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0)),
-                    ))
-                })?
-                .collect::<rusqlite::Result<_>>()?;
+            let oldest = conn.oldest_finished(owner, EVICT_CHUNK)?;
             let listed = oldest.len();
             let (gone, freed) = crate::budget::excess(held, budget, oldest);
             if gone.is_empty() {
                 break;
             }
-            let mut delete = conn.prepare_cached("DELETE FROM runs WHERE rowid = ?1")?;
-            for rowid in &gone {
-                delete.execute([rowid])?;
-            }
+            conn.delete(&gone)?;
             removed += gone.len() as u64;
             self.held(conn, owner)?.sub(freed);
             if gone.len() < listed {
@@ -774,28 +824,21 @@ fn count(conn: &Connection, owner: &str) -> rusqlite::Result<Usage> {
 /// when the queue is closed and empty. Without a runs table (it could not be opened) the
 /// audit log is still written.
 fn write_loop(
-    mut conn: Option<Connection>,
-    mut audit: AuditLog,
+    mut table: Option<Box<dyn RunsTable>>,
+    mut audit: AuditSink,
     queue: &WriteQueue,
     mut budget: RunsBudget,
 ) {
     let mut writes = 0u64;
     while let Some(batch) = queue.next_batch() {
-        for op in &batch {
-            audit.append(&audit_entry(op));
-        }
-        let Some(conn) = conn.as_mut() else {
+        let entries: Vec<AuditEntry> = batch.iter().map(audit_entry).collect();
+        audit.append_batch(&entries);
+        let Some(table) = table.as_deref_mut() else {
             continue;
         };
-        let written = conn.transaction().and_then(|tx| {
-            for op in &batch {
-                apply(&tx, op)?;
-            }
-            tx.commit()
-        });
-        match written {
+        match table.write(&batch) {
             Ok(()) => {
-                if let Err(err) = budget.apply(conn, &batch) {
+                if let Err(err) = budget.apply(table, &batch) {
                     tracing::warn!(%err, "could not hold the runs table to its tenants' budgets");
                     budget.held.clear();
                 }
@@ -807,11 +850,110 @@ fn write_loop(
         writes += batch.len() as u64;
         if writes >= PRUNE_EVERY_WRITES {
             writes = 0;
-            if let Err(err) = prune(conn) {
+            if let Err(err) = table.prune(oldest_kept_ms()) {
                 tracing::warn!(%err, "could not prune the runs table");
             }
             budget.held.clear();
         }
+    }
+}
+
+impl RunsTable for SqliteRuns {
+    fn mark_interrupted(&mut self) -> Result<usize, TableError> {
+        Ok(mark_interrupted(&self.0)?)
+    }
+
+    fn prune(&mut self, oldest_ms: u64) -> Result<(), TableError> {
+        Ok(prune(&self.0, oldest_ms)?)
+    }
+
+    fn write(&mut self, batch: &[Op]) -> Result<(), TableError> {
+        let tx = self.0.transaction()?;
+        for op in batch {
+            apply(&tx, op)?;
+        }
+        Ok(tx.commit()?)
+    }
+
+    fn count(&mut self, owner: &str) -> Result<Usage, TableError> {
+        Ok(count(&self.0, owner)?)
+    }
+
+    fn oldest_finished(
+        &mut self,
+        owner: &str,
+        limit: i64,
+    ) -> Result<Vec<(i64, Usage)>, TableError> {
+        let oldest = self
+            .0
+            .prepare_cached(
+                "SELECT rowid, row_bytes FROM runs INDEXED BY runs_budget
+                 WHERE owner = ?1 AND status != 'running'
+                 ORDER BY started_at_ms, rowid LIMIT ?2",
+            )?
+            .query_map(params![owner, limit], |row| {
+                Ok((
+                    row.get::<_, i64>(0)?,
+                    Usage::one(u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0)),
+                ))
+            })?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(oldest)
+    }
+
+    fn delete(&mut self, rows: &[i64]) -> Result<(), TableError> {
+        let mut delete = self.0.prepare_cached("DELETE FROM runs WHERE rowid = ?1")?;
+        for rowid in rows {
+            delete.execute([rowid])?;
+        }
+        Ok(())
+    }
+
+    fn list(&mut self, owner: &str, query: &RunQuery) -> Result<Vec<RunRecord>, TableError> {
+        // `before` names a run of the caller's: only runs older than it (the next page);
+        // an unknown id compares with NULL, so the page is empty.
+        let mut statement = self.0.prepare(
+            "SELECT * FROM runs WHERE owner = ?1
+               AND (?2 IS NULL OR session_id = ?2)
+               AND (?3 IS NULL OR (started_at_ms, rowid) <
+                    (SELECT started_at_ms, rowid FROM runs WHERE owner = ?1 AND execution_id = ?3))
+             ORDER BY started_at_ms DESC, rowid DESC LIMIT ?4",
+        )?;
+        let rows = statement
+            .query_map(
+                params![
+                    owner,
+                    query.session_id,
+                    query.before,
+                    i64::try_from(query.limit).unwrap_or(i64::MAX)
+                ],
+                record_of,
+            )?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(rows)
+    }
+
+    fn get(&mut self, owner: &str, id: &str) -> Result<Option<RunRecord>, TableError> {
+        Ok(self
+            .0
+            .query_row(
+                "SELECT * FROM runs WHERE owner = ?1 AND execution_id = ?2",
+                params![owner, id],
+                record_of,
+            )
+            .optional()?)
+    }
+
+    fn output(&mut self, owner: &str, id: &str) -> Result<Option<String>, TableError> {
+        Ok(self
+            .0
+            .query_row(
+                "SELECT output FROM runs WHERE owner = ?1 AND execution_id = ?2",
+                params![owner, id],
+                |row| row.get::<_, Option<String>>(0),
+            )
+            .optional()?
+            .flatten())
     }
 }
 
@@ -850,7 +992,7 @@ impl History {
     /// without a store, runs are not recorded (and that is logged); the audit log still is.
     pub(crate) fn open(
         data_dir: &Path,
-        store: Option<&Database>,
+        store: Option<&SharedStore>,
         limits: impl Into<HistoryLimits>,
         ledger: Arc<Ledger>,
     ) -> History {
@@ -865,14 +1007,13 @@ impl History {
             limits: limits.clone(),
         };
         let opened = match store {
-            Some(store) => store
-                .connect()
-                .map_err(|err| crate::error::describe(&err))
-                .and_then(|conn| {
-                    mark_interrupted(&conn).map_err(|err| err.to_string())?;
-                    prune(&conn).map_err(|err| err.to_string())?;
-                    Ok(conn)
-                }),
+            Some(store) => connect(store).and_then(|mut table| {
+                table.mark_interrupted().map_err(|err| err.to_string())?;
+                table
+                    .prune(oldest_kept_ms())
+                    .map_err(|err| err.to_string())?;
+                Ok(table)
+            }),
             None => Err("the store could not be opened".to_owned()),
         };
         let writer = match opened {
@@ -882,7 +1023,18 @@ impl History {
                 None
             }
         };
-        let audit = AuditLog::new(data_dir, limits.audit_bytes.clone(), Arc::clone(&ledger));
+        let audit = match store {
+            Some(SharedStore::Postgres(store)) => AuditSink::Table(crate::audit::PgAudit::new(
+                store.clone(),
+                limits.audit_bytes.clone(),
+                Arc::clone(&ledger),
+            )),
+            _ => AuditSink::Files(AuditLog::new(
+                data_dir,
+                limits.audit_bytes.clone(),
+                Arc::clone(&ledger),
+            )),
+        };
         let runs_budget = RunsBudget {
             budget: limits.runs,
             held: HashMap::new(),
@@ -997,11 +1149,14 @@ impl History {
             .map(|c| self.ledger.counts(c.id()))
             .unwrap_or_default();
         let runs_used = viewer.map(|caller| {
-            self.read(|conn| count(conn, caller.id()))
+            self.read(|table| table.count(caller.id()))
                 .unwrap_or_default()
         });
-        let audit_used =
-            viewer.map(|caller| crate::audit::tenant_bytes(&self.data_dir, caller.id()));
+        let audit_used = viewer.map(|caller| match &self.store {
+            Some(SharedStore::Postgres(store)) => crate::audit::pg_tenant_bytes(store, caller.id()),
+            _ => crate::audit::tenant_bytes(&self.data_dir, caller.id()),
+        });
+        let in_table = matches!(self.store, Some(SharedStore::Postgres(_)));
         let (history, audit_bytes) = match viewer {
             Some(caller) => (
                 self.limits.runs.of(caller.id()),
@@ -1025,10 +1180,17 @@ impl History {
             removed: counts.runs_removed,
         };
         let audit = crate::budget::StoreReport {
-            budget: format!(
-                "{} per tenant, in up to 5 files; past it, the tenant's own oldest file is removed",
-                crate::ids::human_bytes(audit_bytes)
-            ),
+            budget: if in_table {
+                format!(
+                    "{} per tenant, in the database; past it, the tenant's own oldest lines are removed",
+                    crate::ids::human_bytes(audit_bytes)
+                )
+            } else {
+                format!(
+                    "{} per tenant, in up to 5 files; past it, the tenant's own oldest file is removed",
+                    crate::ids::human_bytes(audit_bytes)
+                )
+            },
             max_items: None,
             max_bytes: Some(audit_bytes),
             used_items: None,
@@ -1043,76 +1205,40 @@ impl History {
         (runs, audit, queue)
     }
 
-    fn read<T>(&self, query: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> Option<T> {
+    fn read<T>(
+        &self,
+        query: impl FnOnce(&mut dyn RunsTable) -> Result<T, TableError>,
+    ) -> Option<T> {
         let mut reader = lock(&self.reader);
         if reader.is_none() {
             *reader = self.store.as_ref().and_then(|store| {
-                store
-                    .connect()
+                connect(store)
                     .map_err(|err| tracing::debug!(%err, "the runs table cannot be read"))
                     .ok()
             });
         }
-        let conn = reader.as_ref()?;
-        query(conn)
+        let table = reader.as_deref_mut()?;
+        query(table)
             .map_err(|err| tracing::warn!(%err, "could not read the runs table"))
             .ok()
     }
 
     /// `caller`'s newest runs, newest first.
     pub(crate) fn list(&self, caller: &Caller, query: &RunQuery) -> Vec<RunRecord> {
-        self.read(|conn| {
-            // `before` names a run of the caller's: only runs older than it (the next page);
-            // an unknown id compares with NULL, so the page is empty.
-            let mut statement = conn.prepare(
-                "SELECT * FROM runs WHERE owner = ?1
-                   AND (?2 IS NULL OR session_id = ?2)
-                   AND (?3 IS NULL OR (started_at_ms, rowid) <
-                        (SELECT started_at_ms, rowid FROM runs WHERE owner = ?1 AND execution_id = ?3))
-                 ORDER BY started_at_ms DESC, rowid DESC LIMIT ?4",
-            )?;
-            statement
-                .query_map(
-                    params![
-                        caller.id(),
-                        query.session_id,
-                        query.before,
-                        i64::try_from(query.limit).unwrap_or(i64::MAX)
-                    ],
-                    record_of,
-                )?
-                .collect()
-        })
-        .unwrap_or_default()
+        self.read(|table| table.list(caller.id(), query))
+            .unwrap_or_default()
     }
 
     /// The result a finished run of `caller`'s returned, as JSON (`None` for another
     /// caller's run, one still running, one recorded before results were kept, or one whose
     /// result was larger than [`MAX_OUTPUT_BYTES`]).
     pub(crate) fn output(&self, caller: &Caller, id: &str) -> Option<String> {
-        self.read(|conn| {
-            conn.query_row(
-                "SELECT output FROM runs WHERE owner = ?1 AND execution_id = ?2",
-                params![caller.id(), id],
-                |row| row.get::<_, Option<String>>(0),
-            )
-            .optional()
-        })
-        .flatten()
-        .flatten()
+        self.read(|table| table.output(caller.id(), id)).flatten()
     }
 
     /// One of `caller`'s runs (another caller's is `None`, as if it did not exist).
     pub(crate) fn get(&self, caller: &Caller, id: &str) -> Option<RunRecord> {
-        self.read(|conn| {
-            conn.query_row(
-                "SELECT * FROM runs WHERE owner = ?1 AND execution_id = ?2",
-                params![caller.id(), id],
-                record_of,
-            )
-            .optional()
-        })
-        .flatten()
+        self.read(|table| table.get(caller.id(), id)).flatten()
     }
 }
 
@@ -1126,6 +1252,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
     use crate::result::Status;
+    use crate::store::Database;
 
     fn start(script: &str) -> RunStart {
         RunStart {
@@ -1137,13 +1264,182 @@ mod tests {
         }
     }
 
+    /// Opens a runs table in a data directory: the same test bodies run against the data
+    /// directory's SQLite store and against PostgreSQL (`mod postgres` below).
+    type Opener = dyn Fn(&Path, StoreBudgets) -> (History, Arc<Ledger>);
+
     fn open_with(dir: &Path, budgets: StoreBudgets) -> (History, Arc<Ledger>) {
+        let store = Database::open(dir).ok().map(SharedStore::Sqlite);
+        open_in(store.as_ref(), dir, budgets)
+    }
+
+    fn open_in(
+        store: Option<&SharedStore>,
+        dir: &Path,
+        budgets: StoreBudgets,
+    ) -> (History, Arc<Ledger>) {
         let ledger = Arc::new(Ledger::default());
-        let store = Database::open(dir).ok();
         (
-            History::open(dir, store.as_ref(), budgets, Arc::clone(&ledger)),
+            History::open(dir, store, budgets, Arc::clone(&ledger)),
             ledger,
         )
+    }
+
+    /// The same bodies against PostgreSQL: a throwaway cluster per test (skipped, saying
+    /// so, where PostgreSQL is not installed).
+    mod postgres {
+        use super::*;
+        use crate::shared::PgStore;
+        use crate::shared::test_cluster::TestCluster;
+
+        fn with_cluster(body: impl FnOnce(&Opener)) {
+            let Some(cluster) = TestCluster::start() else {
+                return;
+            };
+            let store = SharedStore::Postgres(PgStore::open(&cluster.url).unwrap());
+            body(&move |dir: &Path, budgets: StoreBudgets| open_in(Some(&store), dir, budgets));
+        }
+
+        #[test]
+        fn pages_go_back_in_time_and_a_session_lists_its_own() {
+            with_cluster(|open| super::pages_go_back_in_time_and_a_session_lists_its_own_in(open));
+        }
+
+        #[test]
+        fn records_a_run_from_start_to_end_for_its_owner_only() {
+            with_cluster(|open| super::records_a_run_from_start_to_end_for_its_owner_only_in(open));
+        }
+
+        #[test]
+        fn a_tenant_over_its_runs_budget_loses_its_own_oldest_only() {
+            with_cluster(|open| {
+                super::a_tenant_over_its_runs_budget_loses_its_own_oldest_only_in(open)
+            });
+        }
+
+        #[test]
+        fn running_rows_of_a_dead_server_of_this_host_only_are_interrupted_at_open() {
+            let Some(cluster) = TestCluster::start() else {
+                return;
+            };
+            let pg = PgStore::open(&cluster.url).unwrap();
+            let here = crate::shared::postgres::host_name();
+            let dead = i64::from(i32::MAX);
+            pg.block(move |conn| async move {
+                let client = conn.client().await?;
+                for (id, host) in [("dead-here", here.as_str()), ("elsewhere", "another-host")] {
+                    client
+                        .execute(
+                            "INSERT INTO snakebox_runs (execution_id, owner, kind, started_at_ms,
+                                 server_host, server_pid, status, dependencies, script,
+                                 script_truncated)
+                             VALUES ($1, 'local', 'execute', $2, $3, $4, 'running', '[]', 'x', false)",
+                            &[&id, &i64::try_from(now_ms()).unwrap(), &host, &dead],
+                        )
+                        .await
+                        .map_err(|e| conn.failed(e))?;
+                }
+                Ok(())
+            })
+            .unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let store = SharedStore::Postgres(pg);
+            let (history, _) = open_in(Some(&store), dir.path(), StoreBudgets::default());
+            let status = |id| history.get(&Caller::local(), id).unwrap().status;
+            // Its pid is dead on this host; on another host it means nothing here.
+            assert_eq!(status("dead-here"), "interrupted");
+            assert_eq!(status("elsewhere"), "running");
+        }
+
+        #[test]
+        fn what_each_tenant_holds_is_kept_by_the_table_itself() {
+            let Some(cluster) = TestCluster::start() else {
+                return;
+            };
+            let pg = PgStore::open(&cluster.url).unwrap();
+            let store = SharedStore::Postgres(pg.clone());
+            let dir = tempfile::tempdir().unwrap();
+            let budgets = StoreBudgets {
+                history: Budget {
+                    items: Some(4),
+                    bytes: None,
+                },
+                ..StoreBudgets::default()
+            };
+            let (history, _) = open_in(Some(&store), dir.path(), budgets);
+            for (tenant, n) in [("a", 9), ("b", 2)] {
+                let caller = Caller::tenant(tenant).unwrap();
+                for i in 0..n {
+                    let ticket = history.started(&format!("{tenant}{i}"), &caller, start("1"));
+                    finish(&history, &ticket);
+                }
+            }
+            // A row replaced (the same execution id again) counts once.
+            history.started("b1", &Caller::tenant("b").unwrap(), start("22"));
+            history.close();
+            let (kept, counted) = pg
+                .block(|conn| async move {
+                    let client = conn.client().await?;
+                    let query = |sql: &'static str| {
+                        let client = &client;
+                        let conn = &conn;
+                        async move {
+                            let rows = client.query(sql, &[]).await.map_err(|e| conn.failed(e))?;
+                            Ok::<_, crate::shared::PgError>(
+                                rows.iter()
+                                    .map(|row| {
+                                        (
+                                            row.get::<_, String>(0),
+                                            row.get::<_, i64>(1),
+                                            row.get::<_, i64>(2),
+                                        )
+                                    })
+                                    .collect::<Vec<_>>(),
+                            )
+                        }
+                    };
+                    let kept =
+                        query("SELECT owner, items, bytes FROM snakebox_runs_usage ORDER BY owner")
+                            .await?;
+                    let counted = query(
+                        "SELECT owner, COUNT(*), SUM(row_bytes)::BIGINT FROM snakebox_runs
+                         GROUP BY owner ORDER BY owner",
+                    )
+                    .await?;
+                    Ok((kept, counted))
+                })
+                .unwrap();
+            assert_eq!(kept, counted);
+            assert_eq!(kept.iter().map(|k| k.1).collect::<Vec<_>>(), [4, 2]);
+        }
+
+        #[test]
+        fn a_tenant_over_its_audit_budget_loses_its_own_oldest_lines_only() {
+            with_cluster(|open| {
+                let dir = tempfile::tempdir().unwrap();
+                let budgets = StoreBudgets {
+                    audit_bytes: 5000,
+                    ..StoreBudgets::default()
+                };
+                let (history, ledger) = open(dir.path(), budgets);
+                let (a, b) = (Caller::tenant("a").unwrap(), Caller::tenant("b").unwrap());
+                history.tool_call(&b, "list_sessions", "ok", None);
+                for _ in 0..200 {
+                    history.tool_call(&a, "list_sessions", "ok", None);
+                }
+                history.close();
+                let (runs_a, audit_a, _) = history.report(Some(&a));
+                assert!(audit_a.used_bytes.unwrap() <= 5000, "{audit_a:?}");
+                assert!(audit_a.used_bytes.unwrap() > 4000, "{audit_a:?}");
+                assert!(ledger.counts("a").audit_files_removed > 0);
+                assert_eq!(ledger.counts("b").audit_files_removed, 0);
+                assert_eq!(runs_a.used_items, Some(0));
+                let (_, audit_b, _) = history.report(Some(&b));
+                assert!(audit_b.used_bytes.unwrap() > 0);
+                // Nothing was written to the data directory: the lines are in the database.
+                assert!(!dir.path().join(crate::audit::AUDIT_DIR).exists());
+            });
+        }
     }
 
     fn open_default(dir: &Path) -> History {
@@ -1159,8 +1455,12 @@ mod tests {
 
     #[test]
     fn pages_go_back_in_time_and_a_session_lists_its_own() {
+        pages_go_back_in_time_and_a_session_lists_its_own_in(&open_with);
+    }
+
+    fn pages_go_back_in_time_and_a_session_lists_its_own_in(open_with: &Opener) {
         let dir = tempfile::tempdir().unwrap();
-        let history = open_default(dir.path());
+        let history = open_with(dir.path(), StoreBudgets::default()).0;
         let a = Caller::tenant("a").unwrap();
         for i in 0..5 {
             let mut run = start("1");
@@ -1210,8 +1510,12 @@ mod tests {
 
     #[test]
     fn records_a_run_from_start_to_end_for_its_owner_only() {
+        records_a_run_from_start_to_end_for_its_owner_only_in(&open_with);
+    }
+
+    fn records_a_run_from_start_to_end_for_its_owner_only_in(open_with: &Opener) {
         let dir = tempfile::tempdir().unwrap();
-        let history = open_default(dir.path());
+        let history = open_with(dir.path(), StoreBudgets::default()).0;
         let a = Caller::tenant("a").unwrap();
         let b = Caller::tenant("b").unwrap();
         let r1 = history.started("r1", &a, start("print(1)"));
@@ -1328,6 +1632,10 @@ mod tests {
 
     #[test]
     fn a_tenant_over_its_runs_budget_loses_its_own_oldest_only() {
+        a_tenant_over_its_runs_budget_loses_its_own_oldest_only_in(&open_with);
+    }
+
+    fn a_tenant_over_its_runs_budget_loses_its_own_oldest_only_in(open_with: &Opener) {
         let dir = tempfile::tempdir().unwrap();
         let budgets = StoreBudgets {
             history: Budget {

@@ -1,8 +1,9 @@
 //! API keys: `Authorization: Bearer sbx_…` → the tenant the key was made for.
 //!
 //! The HTTP face checks presented keys with it; the CLI (`snakebox keys`) makes, lists and
-//! revokes them. It lives in the engine because its table is in the data directory's one
-//! store ([`crate::store`]).
+//! revokes them. It lives in the engine because its table is in the shared store
+//! ([`crate::shared`]): the data directory's one store ([`crate::store`]), or the deployment's
+//! PostgreSQL, so a key made or revoked through one front holds on every front.
 //!
 //! A key is `sbx_` and 64 hex digits (256 random bits from the kernel); it is shown once, when
 //! it is made, and never stored: the store's `keys` table keeps its SHA-256 and a masked form (`sbx_1a2b…9f0e`) for listing. A key this long
@@ -13,6 +14,7 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OptionalExtension, params};
@@ -20,7 +22,10 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::Caller;
+use crate::shared::{DatabaseUrl, PgError, PgStore, SharedStore};
 use crate::store::{Database, StoreError};
+
+mod pg;
 
 /// The prefix of every key, so a leaked one is recognisable (secret scanners, logs).
 pub const KEY_PREFIX: &str = "sbx_";
@@ -40,6 +45,12 @@ pub enum KeyError {
         #[source]
         source: rusqlite::Error,
     },
+    /// The deployment's PostgreSQL could not be used.
+    #[error("Failed to use the API keys")]
+    Database(#[source] PgError),
+    /// The check was cut short (its thread ended before answering).
+    #[error("Failed to check the API key: the check was interrupted")]
+    Interrupted,
     /// The kernel's random source could not be read.
     #[error("Failed to read random bytes for a new key")]
     Random(#[source] std::io::Error),
@@ -63,7 +74,9 @@ impl KeyError {
     pub fn hint(&self) -> String {
         match self {
             KeyError::Random(_) => "check that /dev/urandom is readable".into(),
+            KeyError::Interrupted => "try again; the server's log says more".into(),
             KeyError::Open(err) => crate::Hint::hint(err).unwrap_or_default(),
+            KeyError::Database(err) => err.hint(),
             KeyError::Store { .. } => {
                 "check that the data directory (--data-dir) is writable by the server user".into()
             }
@@ -99,9 +112,34 @@ pub struct NewKey {
     pub key: String,
 }
 
-/// The API keys of a data directory.
+/// Where the keys' rows are kept: the seam between what a key is (made, hashed, compared,
+/// above) and the store that keeps its row — the data directory's SQLite store
+/// ([`SqliteKeys`]) or the deployment's PostgreSQL ([`pg::PgKeys`]). Every method reads or
+/// writes the store as it is now: another process (another front, `snakebox keys`) changes it.
+pub(crate) trait KeyRows: std::fmt::Debug + Send + Sync {
+    /// Keep a new key's row (its hash, never the key).
+    fn insert(&self, info: &KeyInfo, hash: &[u8; 32]) -> Result<(), KeyError>;
+    /// Every key, live and revoked, oldest first.
+    fn list(&self) -> Result<Vec<KeyInfo>, KeyError>;
+    /// Mark the live key `id` revoked at `at`; whether there was one.
+    fn revoke(&self, id: &str, at: u64) -> Result<bool, KeyError>;
+    /// The key with this id.
+    fn get(&self, id: &str) -> Result<Option<KeyInfo>, KeyError>;
+    /// Whether any key is live.
+    fn any_live(&self) -> Result<bool, KeyError>;
+    /// The tenant and hash of every live key.
+    fn live(&self) -> Result<Vec<(String, Vec<u8>)>, KeyError>;
+}
+
+/// The API keys: made, listed, revoked, and checked when presented.
 #[derive(Debug, Clone)]
 pub struct KeyStore {
+    rows: Arc<dyn KeyRows>,
+}
+
+/// The keys' rows in a data directory's SQLite store.
+#[derive(Debug)]
+struct SqliteKeys {
     data_dir: PathBuf,
 }
 
@@ -158,15 +196,7 @@ fn masked(key: &str) -> String {
     format!("{KEY_PREFIX}{head}…{tail}")
 }
 
-impl KeyStore {
-    /// The keys of `data_dir`'s store (made on first use).
-    #[must_use]
-    pub fn new(data_dir: &Path) -> KeyStore {
-        KeyStore {
-            data_dir: data_dir.to_path_buf(),
-        }
-    }
-
+impl SqliteKeys {
     fn store_error(&self, source: rusqlite::Error) -> KeyError {
         KeyError::Store {
             path: self.data_dir.join(crate::store::STORE_FILE),
@@ -180,6 +210,121 @@ impl KeyStore {
         Database::open_connected(&self.data_dir)
             .map(|(_, conn)| conn)
             .map_err(KeyError::Open)
+    }
+}
+
+impl KeyRows for SqliteKeys {
+    fn insert(&self, info: &KeyInfo, hash: &[u8; 32]) -> Result<(), KeyError> {
+        let conn = self.open()?;
+        conn.execute(
+            "INSERT INTO keys (id, tenant, hash, masked, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![
+                info.id,
+                info.tenant,
+                hash.to_vec(),
+                info.masked,
+                i64::try_from(info.created_at).unwrap_or(i64::MAX)
+            ],
+        )
+        .map_err(|e| self.store_error(e))?;
+        Ok(())
+    }
+
+    fn list(&self) -> Result<Vec<KeyInfo>, KeyError> {
+        let conn = self.open()?;
+        let mut statement = conn
+            .prepare(
+                "SELECT id, tenant, masked, created_at, revoked_at FROM keys ORDER BY created_at, id",
+            )
+            .map_err(|e| self.store_error(e))?;
+        let rows = statement
+            .query_map([], key_info)
+            .and_then(Iterator::collect)
+            .map_err(|e| self.store_error(e))?;
+        Ok(rows)
+    }
+
+    fn revoke(&self, id: &str, at: u64) -> Result<bool, KeyError> {
+        let conn = self.open()?;
+        let changed = conn
+            .execute(
+                "UPDATE keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
+                params![id, i64::try_from(at).unwrap_or(i64::MAX)],
+            )
+            .map_err(|e| self.store_error(e))?;
+        Ok(changed > 0)
+    }
+
+    fn get(&self, id: &str) -> Result<Option<KeyInfo>, KeyError> {
+        let conn = self.open()?;
+        conn.query_row(
+            "SELECT id, tenant, masked, created_at, revoked_at FROM keys WHERE id = ?1",
+            [id],
+            key_info,
+        )
+        .optional()
+        .map_err(|e| self.store_error(e))
+    }
+
+    fn any_live(&self) -> Result<bool, KeyError> {
+        let conn = self.open()?;
+        conn.query_row(
+            "SELECT COUNT(*) FROM keys WHERE revoked_at IS NULL",
+            [],
+            |row| row.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)
+        .map_err(|e| self.store_error(e))
+    }
+
+    fn live(&self) -> Result<Vec<(String, Vec<u8>)>, KeyError> {
+        let conn = self.open()?;
+        let mut statement = conn
+            .prepare("SELECT tenant, hash FROM keys WHERE revoked_at IS NULL")
+            .map_err(|e| self.store_error(e))?;
+        statement
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+            .and_then(Iterator::collect)
+            .map_err(|e| self.store_error(e))
+    }
+}
+
+impl KeyStore {
+    /// The keys of `data_dir`'s SQLite store (made on first use).
+    #[must_use]
+    pub fn new(data_dir: &Path) -> KeyStore {
+        KeyStore {
+            rows: Arc::new(SqliteKeys {
+                data_dir: data_dir.to_path_buf(),
+            }),
+        }
+    }
+
+    /// The keys of a shared store: the data directory's (as [`KeyStore::new`]) or the
+    /// deployment's PostgreSQL.
+    #[must_use]
+    pub fn shared(store: &SharedStore) -> KeyStore {
+        match store {
+            SharedStore::Sqlite(database) => KeyStore::new(database.data_dir()),
+            SharedStore::Postgres(store) => KeyStore {
+                rows: Arc::new(pg::PgKeys::new(store.clone())),
+            },
+        }
+    }
+
+    /// The keys of the store `database` names (`None`: `data_dir`'s SQLite store, made on
+    /// first use). A PostgreSQL database is connected to now (blocking: call it at start or
+    /// off the async runtime's threads).
+    ///
+    /// # Errors
+    /// The database cannot be reached or set up.
+    pub fn open(database: Option<&DatabaseUrl>, data_dir: &Path) -> Result<KeyStore, KeyError> {
+        match database {
+            None => Ok(KeyStore::new(data_dir)),
+            Some(url) => PgStore::open(url)
+                .map(|store| KeyStore::shared(&SharedStore::Postgres(store)))
+                .map_err(KeyError::Database),
+        }
     }
 
     /// Make a key for `tenant`.
@@ -197,18 +342,7 @@ impl KeyStore {
             created_at: now(),
             revoked_at: None,
         };
-        let conn = self.open()?;
-        conn.execute(
-            "INSERT INTO keys (id, tenant, hash, masked, created_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![
-                info.id,
-                info.tenant,
-                hash(&key).to_vec(),
-                info.masked,
-                i64::try_from(info.created_at).unwrap_or(i64::MAX)
-            ],
-        )
-        .map_err(|e| self.store_error(e))?;
+        self.rows.insert(&info, &hash(&key))?;
         Ok(NewKey { info, key })
     }
 
@@ -217,17 +351,7 @@ impl KeyStore {
     /// # Errors
     /// A store that cannot be read.
     pub fn list(&self) -> Result<Vec<KeyInfo>, KeyError> {
-        let conn = self.open()?;
-        let mut statement = conn
-            .prepare(
-                "SELECT id, tenant, masked, created_at, revoked_at FROM keys ORDER BY created_at, id",
-            )
-            .map_err(|e| self.store_error(e))?;
-        let rows = statement
-            .query_map([], key_info)
-            .and_then(Iterator::collect)
-            .map_err(|e| self.store_error(e))?;
-        Ok(rows)
+        self.rows.list()
     }
 
     /// Revoke a key by id: it stops working at the next request.
@@ -235,14 +359,7 @@ impl KeyStore {
     /// # Errors
     /// No live key with this id, or a store that cannot be written.
     pub fn revoke(&self, id: &str) -> Result<KeyInfo, KeyError> {
-        let conn = self.open()?;
-        let changed = conn
-            .execute(
-                "UPDATE keys SET revoked_at = ?2 WHERE id = ?1 AND revoked_at IS NULL",
-                params![id, i64::try_from(now()).unwrap_or(i64::MAX)],
-            )
-            .map_err(|e| self.store_error(e))?;
-        if changed == 0 {
+        if !self.rows.revoke(id, now())? {
             return Err(KeyError::NotFound(id.to_owned()));
         }
         self.get(id)?
@@ -255,14 +372,7 @@ impl KeyStore {
     /// # Errors
     /// A store that cannot be read.
     pub fn any_live(&self) -> Result<bool, KeyError> {
-        let conn = self.open()?;
-        conn.query_row(
-            "SELECT COUNT(*) FROM keys WHERE revoked_at IS NULL",
-            [],
-            |row| row.get::<_, i64>(0),
-        )
-        .map(|n| n > 0)
-        .map_err(|e| self.store_error(e))
+        self.rows.any_live()
     }
 
     /// The tenant of a presented key, if it is a live key.
@@ -288,14 +398,7 @@ impl KeyStore {
     /// # Errors
     /// A store that cannot be read.
     pub fn authenticate_hash(&self, wanted: &[u8; 32]) -> Result<Option<Caller>, KeyError> {
-        let conn = self.open()?;
-        let mut statement = conn
-            .prepare("SELECT tenant, hash FROM keys WHERE revoked_at IS NULL")
-            .map_err(|e| self.store_error(e))?;
-        let live: Vec<(String, Vec<u8>)> = statement
-            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
-            .and_then(Iterator::collect)
-            .map_err(|e| self.store_error(e))?;
+        let live = self.rows.live()?;
         // Every live key is compared, in constant time each: no early exit tells how close
         // a guess came.
         let mut found = None;
@@ -312,17 +415,11 @@ impl KeyStore {
     /// # Errors
     /// A store that cannot be read.
     pub fn live_hashes(&self) -> Result<BTreeSet<[u8; 32]>, KeyError> {
-        let conn = self.open()?;
-        let mut statement = conn
-            .prepare("SELECT hash FROM keys WHERE revoked_at IS NULL")
-            .map_err(|e| self.store_error(e))?;
-        let live: Vec<Vec<u8>> = statement
-            .query_map([], |row| row.get(0))
-            .and_then(Iterator::collect)
-            .map_err(|e| self.store_error(e))?;
-        Ok(live
+        Ok(self
+            .rows
+            .live()?
             .into_iter()
-            .filter_map(|hash| <[u8; 32]>::try_from(hash).ok())
+            .filter_map(|(_, hash)| <[u8; 32]>::try_from(hash).ok())
             .collect())
     }
 
@@ -331,14 +428,7 @@ impl KeyStore {
     /// # Errors
     /// A store that cannot be read.
     pub fn get(&self, id: &str) -> Result<Option<KeyInfo>, KeyError> {
-        let conn = self.open()?;
-        conn.query_row(
-            "SELECT id, tenant, masked, created_at, revoked_at FROM keys WHERE id = ?1",
-            [id],
-            key_info,
-        )
-        .optional()
-        .map_err(|e| self.store_error(e))
+        self.rows.get(id)
     }
 }
 
@@ -346,16 +436,15 @@ impl KeyStore {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_key_authenticates_its_tenant_until_revoked() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = KeyStore::new(dir.path());
+    /// The same body for both stores.
+    fn a_key_authenticates_its_tenant_until_revoked_in(store: &KeyStore) -> NewKey {
         assert!(!store.any_live().unwrap());
         let made = store.add("team-a").unwrap();
         assert!(made.key.starts_with("sbx_") && made.key.len() == 4 + 64);
         assert!(store.any_live().unwrap());
         let caller = store.authenticate(&made.key).unwrap().unwrap();
         assert_eq!(caller.id(), "team-a");
+        assert_eq!(store.live_hashes().unwrap().len(), 1);
         // A near miss, another prefix, empty: nobody.
         let mut near = made.key.clone();
         near.pop();
@@ -363,20 +452,77 @@ mod tests {
         for wrong in [near.as_str(), "Bearer", "", &made.key[4..]] {
             assert!(store.authenticate(wrong).unwrap().is_none(), "{wrong}");
         }
-        // Only the masked form and a hash are stored.
-        let bytes = fs_err::read(dir.path().join(crate::store::STORE_FILE)).unwrap();
-        let text = String::from_utf8_lossy(&bytes);
-        assert!(!text.contains(&made.key[4..]), "the key is stored in clear");
         let listed = store.list().unwrap();
         assert_eq!(listed.len(), 1);
         assert!(listed[0].masked.starts_with("sbx_") && listed[0].masked.contains('…'));
-        store.revoke(&made.info.id).unwrap();
+        assert_eq!(store.get(&made.info.id).unwrap().unwrap(), made.info);
+        let revoked = store.revoke(&made.info.id).unwrap();
+        assert!(revoked.revoked_at.is_some());
         assert!(store.authenticate(&made.key).unwrap().is_none());
         assert!(matches!(
             store.revoke(&made.info.id),
             Err(KeyError::NotFound(_))
         ));
         assert!(!store.any_live().unwrap());
+        assert!(store.live_hashes().unwrap().is_empty());
+        assert!(matches!(store.add("Team A"), Err(KeyError::Tenant(_))));
+        made
+    }
+
+    #[test]
+    fn a_key_authenticates_its_tenant_until_revoked() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = KeyStore::new(dir.path());
+        let made = a_key_authenticates_its_tenant_until_revoked_in(&store);
+        // Only the masked form and a hash are stored.
+        let bytes = fs_err::read(dir.path().join(crate::store::STORE_FILE)).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains(&made.key[4..]), "the key is stored in clear");
+    }
+
+    #[test]
+    fn postgres_a_key_authenticates_its_tenant_until_revoked_on_every_front() {
+        let Some(cluster) = crate::shared::test_cluster::TestCluster::start() else {
+            return;
+        };
+        let data = tempfile::tempdir().unwrap();
+        let store = KeyStore::open(Some(&cluster.url), data.path()).unwrap();
+        let made = a_key_authenticates_its_tenant_until_revoked_in(&store);
+        // Nothing is kept in the data directory.
+        assert!(!data.path().join(crate::store::STORE_FILE).exists());
+        // Another handle on the same database (as another front's) sees a key made by this
+        // one, and its revocation at its next check.
+        let other = KeyStore {
+            rows: Arc::new(pg::PgKeys::new(PgStore::open(&cluster.url).unwrap())),
+        };
+        assert_eq!(
+            other.list().unwrap(),
+            vec![store.get(&made.info.id).unwrap().unwrap()]
+        );
+        let second = store.add("team-b").unwrap();
+        assert_eq!(
+            other.authenticate(&second.key).unwrap().unwrap().id(),
+            "team-b"
+        );
+        store.revoke(&second.info.id).unwrap();
+        assert!(other.authenticate(&second.key).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_unreachable_database_is_an_error_with_a_hint() {
+        // A port nothing listens on (bound, then closed).
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let url: DatabaseUrl = format!("postgres://snakebox:pw-secret@127.0.0.1:{port}/db")
+            .parse()
+            .unwrap();
+        let err = KeyStore::open(Some(&url), Path::new("/nonexistent")).unwrap_err();
+        let text = format!("{}: {}", err.describe(), err.hint());
+        assert!(text.contains("Failed to connect to the database"), "{text}");
+        assert!(text.contains("check that PostgreSQL is running"), "{text}");
+        assert!(!text.contains("pw-secret"), "{text}");
     }
 
     #[test]

@@ -37,6 +37,7 @@ mod result;
 mod run;
 mod runner;
 mod session;
+pub mod shared;
 mod size;
 pub mod store;
 pub mod telemetry;
@@ -61,7 +62,8 @@ pub use artifacts::{
     image_mime, is_text_mime,
 };
 pub use audit::{
-    AUDIT_DIR, AuditEntry, MAX_LINE_BYTES, audit_files, cap_text, read_audit, utc_text,
+    AUDIT_DIR, AuditEntry, MAX_LINE_BYTES, audit_files, cap_text, read_audit, read_audit_table,
+    utc_text,
 };
 pub use budget::{
     Budget, DEFAULT_ARTIFACT_BYTES, DEFAULT_AUDIT_BYTES, DEFAULT_AUDIT_QUEUE_BYTES,
@@ -99,6 +101,7 @@ pub use session::{
     CreateSession, FileContent, FileEntry, FileList, FileWritten, InstallState, InstallStatus,
     MAX_FILE_BYTES, PackageList, SessionInfo, SessionList, SessionSummary, SessionsReport,
 };
+pub use shared::{DatabaseUrl, PgError, SharedStore, SharedStoreError};
 pub use size::{MIN_MEMORY_BYTES, SIZE_HINT, SizeError, parse_memory_limit, parse_size};
 pub use snakebox_fs::PathError;
 /// What the faces see of the sandbox layer: a run's output as it streams, which stream it came
@@ -122,6 +125,9 @@ pub struct Engine {
     /// directory is missing and cannot be made, or is not writable (a problem `check`
     /// reports; the server is not ready).
     store_problem: Option<Unavailable>,
+    /// Where the keys, the runs table and the audit log are (`None`: it could not be opened;
+    /// `store_problem` says why).
+    shared: Option<shared::SharedStore>,
     /// The interpreters found on this host; replaced when one is downloaded
     /// ([`Engine::provide_python`]). Read through [`Engine::interpreters`].
     interpreters: std::sync::RwLock<Arc<Interpreters>>,
@@ -249,9 +255,34 @@ impl Engine {
             tracing::warn!(err = %err.message, hint = ?err.hint, "the store is not available");
             err
         });
-        let (store, store_problem) = match opened {
+        let (sqlite, mut store_problem) = match opened {
             Ok(store) => (Some(store), None),
             Err(err) => (None, Some(err)),
+        };
+        // The shared rows (keys, runs, audit): the data directory's store, or the
+        // deployment's PostgreSQL (connected off the runtime's threads).
+        let store = match config.database.clone() {
+            None => sqlite.map(shared::SharedStore::Sqlite),
+            Some(url) => {
+                let opened = tokio::task::spawn_blocking(move || shared::PgStore::open(&url)).await;
+                match opened {
+                    Ok(Ok(store)) => Some(shared::SharedStore::Postgres(store)),
+                    Ok(Err(err)) => {
+                        let err = EngineError::new(ErrorKind::Unavailable, error::describe(&err))
+                            .with_hint(err.hint());
+                        tracing::warn!(err = %err.message, hint = ?err.hint, "the database is not available");
+                        store_problem = Some(err);
+                        None
+                    }
+                    Err(join) => {
+                        store_problem = Some(EngineError::new(
+                            ErrorKind::Internal,
+                            format!("Failed to connect to the database: {join}"),
+                        ));
+                        None
+                    }
+                }
+            }
         };
         let ledger = Arc::new(budget::Ledger::default());
         // The one place every tenant's bounds come from: each store and queue below asks it
@@ -312,12 +343,27 @@ impl Engine {
             sandbox,
             uv,
             store_problem,
+            shared: store,
             interpreters: std::sync::RwLock::new(Arc::new(interpreters)),
             python_installs: tokio::sync::Mutex::new(()),
             cache,
             warm: Mutex::new(warm),
             lifecycle,
         }
+    }
+
+    /// Where the keys, the runs table and the audit log are (`None`: the store could not be
+    /// opened; the report's problems say why).
+    #[must_use]
+    pub fn shared_store(&self) -> Option<&shared::SharedStore> {
+        self.shared.as_ref()
+    }
+
+    /// Why the store (the data directory's, or the database) could not be opened, if it
+    /// could not.
+    #[must_use]
+    pub fn store_problem(&self) -> Option<&EngineError> {
+        self.store_problem.as_ref()
     }
 
     /// The tenant `caller` is for: what it may take of the server and keep in the stores,

@@ -1,7 +1,8 @@
 //! The store: the one SQLite file of a data directory (`<data>/store-v1.db`, WAL, private to
 //! the server user) that holds what must outlive a server: the runs table
 //! (`history`), the sessions and the tenants' shares of their disk (`session::store`) and
-//! the API keys (`keys`).
+//! the API keys (`keys`). With `--database postgres://…` the keys and the runs are kept in
+//! the deployment's PostgreSQL instead (`shared.rs`); the sessions stay here.
 //!
 //! It exists so that opening the file, its pragmas and its schema are written once: every
 //! connection comes from `Database::connect`, and the schema is one ordered list of
@@ -416,6 +417,12 @@ impl Database {
     #[must_use]
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// The data directory it is the store of.
+    #[must_use]
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
     }
 
     fn sqlite(&self, source: rusqlite::Error) -> StoreError {

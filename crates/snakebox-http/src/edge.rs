@@ -217,10 +217,17 @@ impl Edge {
         origin.is_of(authority) || self.origins.iter().any(|allowed| allowed.same(&origin))
     }
 
-    /// Who the request is for and what authorised it, or the refusal.
-    fn authenticate(&self, request: &Request) -> Result<(Caller, Credential), Box<Response>> {
-        let presented = bearer(request.headers()).or_else(|| legacy_query_key(request));
-        match self.live.authenticate(presented.as_deref()) {
+    /// Who the request is for and what authorised it, or the refusal. The key store is read
+    /// off the runtime's threads (it may be a database across the network, `--database`).
+    async fn authenticate(
+        &self,
+        presented: Option<String>,
+    ) -> Result<(Caller, Credential), Box<Response>> {
+        let (live, asked) = (self.live.clone(), presented.clone());
+        let checked = tokio::task::spawn_blocking(move || live.authenticate(asked.as_deref()))
+            .await
+            .unwrap_or_else(|_| Err(crate::keys::KeyError::Interrupted));
+        match checked {
             Ok(Some(found)) => Ok(found),
             Ok(None) if presented.is_none() => Err(unauthorized("this server requires an API key")),
             Ok(None) => Err(unauthorized("the API key is not valid (wrong or revoked)")),
@@ -582,7 +589,8 @@ fn json_only(request: &Request) -> Result<(), Box<Response>> {
 
 /// Steps 4 and 5: authenticate, then serve while the key stays live.
 async fn keyed(edge: &Edge, mut request: Request, next: Next) -> Response {
-    let (caller, credential) = match edge.authenticate(&request) {
+    let presented = bearer(request.headers()).or_else(|| legacy_query_key(&request));
+    let (caller, credential) = match edge.authenticate(presented).await {
         Ok(found) => found,
         Err(refused) => return *refused,
     };

@@ -308,7 +308,15 @@ pub async fn serve(
     stop: CancellationToken,
 ) -> Result<(), HttpError> {
     let engine: EngineHandle = engine.into();
-    let keys = KeyStore::new(&engine.host().config().data_dir);
+    // The keys where the engine keeps its shared rows: the data directory's store, or the
+    // deployment's database (opened once per process: this is the engine's pool).
+    let keys = {
+        let config = engine.host().config();
+        let (database, data_dir) = (config.database.clone(), config.data_dir.clone());
+        tokio::task::spawn_blocking(move || KeyStore::open(database.as_ref(), &data_dir))
+            .await
+            .unwrap_or(Err(KeyError::Interrupted))?
+    };
     // Checked before binding: a refused configuration never holds the port.
     Edge::new(config, keys.clone())?;
     let listener = tokio::net::TcpListener::bind(config.addr)

@@ -33,6 +33,21 @@ use crate::keys::{KeyError, KeyStore};
 /// the store, on how long a revoked key's open streams go on.
 pub const RECHECK: Duration = Duration::from_millis(500);
 
+/// Run a read of the key store (a file, or a database across the network with `--database`)
+/// where it may block: on a worker of a multi-threaded runtime (the web UI's handlers check
+/// their session's key inline), the runtime is told first and moves its other tasks to other
+/// workers (`block_in_place`); elsewhere (a blocking thread, a test's single-threaded
+/// runtime, no runtime) it runs as is.
+fn blocking<T>(read: impl FnOnce() -> T) -> T {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    match Handle::try_current() {
+        Ok(handle) if handle.runtime_flavor() == RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(read)
+        }
+        _ => read(),
+    }
+}
+
 /// What authorised a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Credential {
@@ -104,13 +119,13 @@ impl LiveKeys {
     /// # Errors
     /// A store that cannot be read.
     pub(crate) fn check(&self, credential: Credential) -> Result<Option<Caller>, KeyError> {
-        match credential {
+        blocking(|| match credential {
             Credential::Key(hash) => self.0.keys.authenticate_hash(&hash),
             Credential::Keyless => {
                 let live = self.0.keyless_local && !self.0.keys.any_live()?;
                 Ok(live.then(Caller::local))
             }
-        }
+        })
     }
 
     /// Whether the last read of the live keys admits `credential`.

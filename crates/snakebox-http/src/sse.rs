@@ -219,7 +219,12 @@ pub(crate) async fn post(
             "open one with GET /sse and post to the endpoint its first event names",
         );
     };
-    match sessions.live.check(credential) {
+    // Read off the runtime's threads: the key store may be a database (`--database`).
+    let live = sessions.live.clone();
+    let checked = tokio::task::spawn_blocking(move || live.check(credential))
+        .await
+        .unwrap_or(Err(crate::keys::KeyError::Interrupted));
+    match checked {
         Ok(Some(still)) if still.id() == tenant => {}
         Ok(_) => {
             return *crate::edge::unauthorized(

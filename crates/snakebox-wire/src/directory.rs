@@ -889,4 +889,15 @@ impl EngineHost for Routed {
         let left = until.saturating_duration_since(tokio::time::Instant::now());
         self.host.wait_idle(left).await
     }
+
+    /// The front's own host work (shaping its answers) runs on the front's threads, in the
+    /// caller's fair part of them, as on one host.
+    async fn host_work(
+        &self,
+        caller: &Caller,
+        action: &str,
+        work: Box<dyn FnOnce() + Send>,
+    ) -> Result<(), EngineError> {
+        self.host.host_work(caller, action, work).await
+    }
 }

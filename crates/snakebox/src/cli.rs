@@ -389,6 +389,16 @@ pub struct ServerArgs {
     /// [default: 64MiB; at least 512KiB].
     #[arg(long, env = "SNAKEBOX_AUDIT_QUEUE_SIZE", value_name = "SIZE")]
     pub audit_queue_size: Option<String>,
+    /// A PostgreSQL database (`postgres://USER:PASSWORD@HOST:PORT/DB`) that keeps the API
+    /// keys, the runs table and the audit log, shared by every front of a deployment
+    /// [default: the data directory's SQLite store]. Sessions stay in the data directory.
+    #[arg(
+        long,
+        env = "SNAKEBOX_DATABASE",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    pub database: Option<String>,
 }
 
 /// Interpreters and the installer (`[python]`).

@@ -54,7 +54,9 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
     if let Some(http) = http {
         return serve_http(settings.engine, http, front).await;
     }
+    reach_database(&settings.engine).await?;
     let engine = Engine::start(settings.engine).await;
+    fail_on_unreachable_database(&engine)?;
     if front.is_none() {
         fail_on_bad_default_python(&engine).await?;
     }
@@ -98,7 +100,9 @@ async fn serve_http(
     http: snakebox_http::HttpConfig,
     front: Option<Front>,
 ) -> anyhow::Result<ExitCode> {
+    reach_database(&config).await?;
     let engine = Engine::start(config).await;
+    fail_on_unreachable_database(&engine)?;
     if front.is_none() {
         fail_on_bad_default_python(&engine).await?;
     }
@@ -302,11 +306,13 @@ pub(crate) fn keys(args: &KeysArgs) -> anyhow::Result<ExitCode> {
         return front_keypair(&args.action);
     };
     let config = settings::resolve(engine)?;
-    let store = snakebox_http::KeyStore::new(&config.engine.data_dir);
     let failed = |err: snakebox_http::KeyError| with_hint(&err, &err.hint());
+    // The configured store: the data directory's, or the deployment's database.
+    let database = config.engine.database.as_ref();
+    let store = snakebox_http::KeyStore::open(database, &config.engine.data_dir).map_err(failed)?;
     // Reading keys never creates a data directory: a mistyped --data-dir is said, not made.
     let data_dir = &config.engine.data_dir;
-    if !matches!(args.action, KeysAction::Add { .. }) && !data_dir.exists() {
+    if database.is_none() && !matches!(args.action, KeysAction::Add { .. }) && !data_dir.exists() {
         anyhow::bail!(
             "the data directory `{}` does not exist, so it holds no keys\nhint: check --data-dir (`SNAKEBOX_DATA_DIR`, `[server] data_dir`); the server's is shown by `snakebox check`",
             data_dir.display()
@@ -483,16 +489,22 @@ pub(crate) fn audit(args: &AuditArgs) -> anyhow::Result<ExitCode> {
     let since = args.since.as_deref().map(parse_since).transpose()?;
     let config = settings::resolve(&args.engine)?;
     let data_dir = &config.engine.data_dir;
-    let (entries, bad) = snakebox_engine::read_audit(data_dir).map_err(|err| {
-        with_hint(
-            &err,
-            &format!(
-                "the log is {}/{}/ and private to the server's user: run this as that user",
-                data_dir.display(),
-                snakebox_engine::AUDIT_DIR
-            ),
-        )
-    })?;
+    let (entries, bad) = match config.engine.database.as_ref() {
+        // The deployment's database: every front's lines.
+        Some(url) => snakebox_engine::shared::PgStore::open(url)
+            .and_then(|store| snakebox_engine::read_audit_table(&store))
+            .map_err(|err| with_hint(&err, &err.hint()))?,
+        None => snakebox_engine::read_audit(data_dir).map_err(|err| {
+            with_hint(
+                &err,
+                &format!(
+                    "the log is {}/{}/ and private to the server's user: run this as that user",
+                    data_dir.display(),
+                    snakebox_engine::AUDIT_DIR
+                ),
+            )
+        })?,
+    };
     let mut order: Vec<String> = Vec::new();
     let mut calls: std::collections::HashMap<String, AuditedCall> =
         std::collections::HashMap::new();
@@ -646,7 +658,9 @@ pub(crate) async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         })?
     };
     let config = settings::resolve(&args.engine)?.engine;
+    reach_database(&config).await?;
     let engine = Engine::new(config).await;
+    fail_on_unreachable_database(&engine)?;
     fail_on_bad_default_python(&engine).await?;
     let cancel = CancellationToken::new();
     let on_interrupt = cancel.clone();
@@ -731,15 +745,52 @@ async fn fail_on_bad_default_python(engine: &Engine) -> anyhow::Result<()> {
         })
 }
 
+/// `--database`, connected to before the engine takes anything of the host (a server that
+/// will not start must leave no mount behind): the reason and a hint when it cannot be used.
+/// The engine then gets the same connections (one pool per process and URL).
+async fn reach_database(config: &snakebox_engine::EngineConfig) -> anyhow::Result<()> {
+    let Some(url) = config.database.clone() else {
+        return Ok(());
+    };
+    let opened =
+        tokio::task::spawn_blocking(move || snakebox_engine::shared::PgStore::open(&url)).await?;
+    opened.map(drop).map_err(|err| with_hint(&err, &err.hint()))
+}
+
+/// A server told to share a database (`--database`) that cannot use it does not start: its
+/// keys and its runs would silently be another store's.
+fn fail_on_unreachable_database(engine: &Engine) -> anyhow::Result<()> {
+    if engine.config().database.is_none() || engine.shared_store().is_some() {
+        if let Some(store) = engine.shared_store() {
+            tracing::info!(store = %store.describe(), "keys, runs and audit are in this store");
+        }
+        return Ok(());
+    }
+    match engine.store_problem() {
+        Some(err) => match &err.hint {
+            Some(hint) => anyhow::bail!("{}\nhint: {hint}", err.message),
+            None => anyhow::bail!("{}", err.message),
+        },
+        None => anyhow::bail!("the database (--database) cannot be used"),
+    }
+}
+
 pub(crate) async fn check(args: &CheckArgs) -> anyhow::Result<ExitCode> {
     let config = settings::resolve(&args.engine)?.engine;
     let engine = Engine::new(config).await;
     let report = engine.report();
+    // Where keys, runs and audit are: the operator's to see (never a password), not in the
+    // report tenants read through `check_environment`.
+    let store = match (engine.shared_store(), &engine.config().database) {
+        (Some(store), _) => store.describe(),
+        (None, Some(url)) => format!("postgresql {} (NOT reachable)", url.redacted()),
+        (None, None) => "NOT available".into(),
+    };
     engine.release_host();
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
-        print_report(&report);
+        print_report(&report, &store);
     }
     Ok(if report.ready {
         ExitCode::SUCCESS
@@ -792,7 +843,7 @@ pub(crate) async fn image(args: &ImageArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn print_report(report: &EnvironmentReport) {
+fn print_report(report: &EnvironmentReport, store: &str) {
     println!("snakebox {}", report.snakebox_version);
     println!("platform:  {}", report.platform);
     println!(
@@ -811,6 +862,7 @@ fn print_report(report: &EnvironmentReport) {
         println!("hint: {hint}");
     }
     println!("network:   {}", if report.network { "on" } else { "off" });
+    println!("store:     {store}");
     println!("uv:        {}", report.uv);
     if let Some(hint) = &report.uv_hint {
         println!("hint: {hint}");

@@ -104,6 +104,7 @@ pub(super) const SECTION_KEYS: &[(&str, &str)] = &[
     ("tenants", "artifacts_max_size"),
     ("tenants", "sessions_max_disk"),
     ("server", "audit_queue_size"),
+    ("server", "database"),
     ("cache", "warm"),
     ("python", "infer_dependencies"),
     ("cache", "index_url"),

@@ -1,6 +1,6 @@
-//! `[server]`: the data directory, runs at once, the default profile, the compatibility
-//! tool sets and the directories uploads may read, the largest stdio message and the audit
-//! writer's queue.
+//! `[server]`: the data directory, the shared database, runs at once, the default profile,
+//! the compatibility tool sets and the directories uploads may read, the largest stdio message
+//! and the audit writer's queue.
 
 use std::path::PathBuf;
 
@@ -22,6 +22,7 @@ pub(super) struct ServerFile {
     pub(super) max_concurrent_runs: Option<usize>,
     pub(super) max_frame_bytes: Option<SizeOrNumber>,
     pub(super) audit_queue_size: Option<SizeOrNumber>,
+    pub(super) database: Option<String>,
 }
 
 pub(super) fn resolve_server(
@@ -58,6 +59,7 @@ pub(super) fn resolve_server(
         .clone()
         .or(file.data_dir)
         .unwrap_or_else(default_data_dir);
+    config.database = resolve_database(args.database.as_deref().or(file.database.as_deref()))?;
     if let Some(runs) = args.max_concurrent_runs.or(file.max_concurrent_runs) {
         if runs == 0 {
             bail!("--max-concurrent-runs must be at least 1");
@@ -145,6 +147,22 @@ pub(super) fn resolve_upload_dirs(dirs: &[PathBuf]) -> anyhow::Result<Vec<PathBu
     resolved.sort();
     resolved.dedup();
     Ok(resolved)
+}
+
+/// `--database` (`SNAKEBOX_DATABASE`, `[server] database`): parsed once, here; an empty value
+/// is the data directory's store. The message never repeats the URL (it may hold a password).
+fn resolve_database(text: Option<&str>) -> anyhow::Result<Option<snakebox_engine::DatabaseUrl>> {
+    let Some(text) = text.map(str::trim).filter(|text| !text.is_empty()) else {
+        return Ok(None);
+    };
+    text.parse()
+        .map(Some)
+        .map_err(|err: snakebox_engine::PgError| {
+            anyhow::anyhow!(
+                "{err} (--database, `SNAKEBOX_DATABASE`, `[server] database`)\nhint: {}",
+                err.hint()
+            )
+        })
 }
 
 pub(super) fn default_data_dir() -> PathBuf {
