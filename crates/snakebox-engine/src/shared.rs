@@ -64,7 +64,7 @@ impl SharedStore {
     /// at the current schema. PostgreSQL stores are opened once per process and URL: every
     /// user of one gets the same pool of connections.
     ///
-    /// Blocks while it connects (at most [`postgres::CONNECT_TIMEOUT`]): call it at start or
+    /// Blocks while it connects (at most `postgres::CONNECT_TIMEOUT`): call it at start or
     /// off the async runtime's threads.
     ///
     /// # Errors
