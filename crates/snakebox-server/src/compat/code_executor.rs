@@ -24,10 +24,9 @@ use snakebox_engine::{
     InstallState,
 };
 
-use super::{json_text, no_packages, split_specifiers};
+use super::{json_answer, no_packages, split_specifiers};
 use crate::SnakeboxServer;
 use crate::sessions::failure;
-use crate::tools::structured;
 
 /// The name of each caller's implicit sandbox (a session's label).
 pub(crate) const SANDBOX_NAME: &str = "code-executor";
@@ -253,7 +252,7 @@ seaborn\"}; {\"packages\": \"requests>=2.28.0\"}",
                     installed_packages: package_names(&status.packages),
                     requested,
                 };
-                structured(&answer, json_text(&answer), !success)
+                json_answer(&answer, !success)
             }
             Err(error) => failure(&error),
         })
@@ -287,10 +286,8 @@ tool, served by snakebox): name and version of each, and the count.",
                         })
                         .collect(),
                 };
-                self.shaped(&caller, move || {
-                    structured(&answer, json_text(&answer), false)
-                })
-                .await
+                self.shaped(&caller, move || json_answer(&answer, false))
+                    .await
             }
             Err(error) => failure(&error),
         })
@@ -318,7 +315,7 @@ calls.",
                     success: true,
                     message: "Sandbox reset to a clean state: installed packages, files and variables removed".into(),
                 };
-                structured(&answer, json_text(&answer), false)
+                json_answer(&answer, false)
             }
             Err(error) => failure(&error),
         })
@@ -361,7 +358,7 @@ check_environment has the server's full report.",
                     interpreter_running: info.interpreter_running,
                     sandbox_id: info.session_id,
                 };
-                structured(&answer, json_text(&answer), false)
+                json_answer(&answer, false)
             }
             Err(error) => failure(&error),
         })

@@ -21,9 +21,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_engine::{EngineError, ExecuteRequest, ExecutionResult, SecurityEvent, Status};
 
-use super::json_text;
+use super::json_answer;
 use crate::SnakeboxServer;
-use crate::tools::structured;
 
 /// Arguments of `execute_code`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -270,7 +269,10 @@ only lower the limit; `use_container` works only where the server runs container
             .await;
         let answer = execute_answer(&result, params.capture_output.unwrap_or(true));
         let is_error = matches!(result.status, Status::InvalidRequest | Status::SetupFailed);
-        Ok(structured(&answer, json_text(&answer), is_error))
+        // A megabyte of output is shaped as the caller's host work, as every run's answer.
+        Ok(self
+            .shaped(&caller, move || json_answer(&answer, is_error))
+            .await)
     }
 
     #[tool(
@@ -358,7 +360,7 @@ Example: {\"code\": \"import os; os.system('ls')\"} -> valid false, errors [\"Li
             },
             recommendations,
         };
-        Ok(structured(&answer, json_text(&answer), false))
+        Ok(json_answer(&answer, false))
     }
 
     #[tool(
@@ -414,6 +416,6 @@ check_environment has the full report.",
                 enabled: docker,
             },
         };
-        Ok(structured(&answer, json_text(&answer), false))
+        Ok(json_answer(&answer, false))
     }
 }

@@ -40,6 +40,12 @@ pub(crate) fn json_text<T: Serialize>(value: &T) -> String {
     serde_json::to_string_pretty(value).unwrap_or_default()
 }
 
+/// `answer` as a tool result in those servers' way: its structured content, and the same
+/// JSON as the text ([`json_text`]).
+pub(crate) fn json_answer<T: Serialize>(answer: &T, is_error: bool) -> rmcp::model::CallToolResult {
+    crate::tools::structured(answer, json_text(answer), is_error)
+}
+
 /// The tools of `set`.
 pub(crate) fn router(set: CompatToolSet) -> ToolRouter<SnakeboxServer> {
     match set {

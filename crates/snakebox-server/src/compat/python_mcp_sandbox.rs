@@ -34,10 +34,9 @@ use snakebox_engine::{
     MAX_FILE_BYTES, RunCommand, Status, WriteFile,
 };
 
-use super::{distribution_name, json_text, no_packages, split_specifiers};
+use super::{distribution_name, json_answer, no_packages, split_specifiers};
 use crate::SnakeboxServer;
 use crate::sessions::failure;
-use crate::tools::structured;
 
 /// How long an install is waited for before the answer says it is still installing (that
 /// server's five seconds); `check_package_installation_status` waits as long again.
@@ -487,7 +486,7 @@ one.\n\nExample: {} -> {\"sandbox_id\": \"3f2a...\", ...}",
                     name: info.name,
                     python_version: info.python_version,
                 };
-                structured(&answer, json_text(&answer), false)
+                json_answer(&answer, false)
             }
             Err(error) => failure(&error),
         })
@@ -532,10 +531,8 @@ Example: {} -> {\"sandboxes\": [{\"sandbox_id\": \"3f2a...\", \"status\": \"idle
                         })
                         .collect(),
                 };
-                self.shaped(&caller, move || {
-                    structured(&answer, json_text(&answer), false)
-                })
-                .await
+                self.shaped(&caller, move || json_answer(&answer, false))
+                    .await
             }
             Err(error) => failure(&error),
         })
@@ -586,9 +583,7 @@ df.to_csv(): saved files come back in files and file_links.\n\nExample: {\"sandb
             execution_id: result.execution_id.clone(),
         };
         Ok(self
-            .shaped(&caller, move || {
-                structured(&answer, json_text(&answer), is_error)
-            })
+            .shaped(&caller, move || json_answer(&answer, is_error))
             .await)
     }
 
@@ -629,7 +624,7 @@ longer (it goes on; ask check_package_installation_status).\n\nExample: {\"sandb
             Ok(status) => {
                 let (answer, failed) =
                     package_status(&status, &first, params.package_name.trim(), unix_now());
-                structured(&answer, json_text(&answer), failed)
+                json_answer(&answer, failed)
             }
             Err(error) => failure(&error),
         })
@@ -667,7 +662,7 @@ going (python-mcp-sandbox's tool, served by snakebox): status `success` (with ve
             let (answer, failed) =
                 package_status(&status, &first, params.package_name.trim(), unix_now());
             if answer.complete || tokio::time::Instant::now() >= deadline {
-                return Ok(structured(&answer, json_text(&answer), failed));
+                return Ok(json_answer(&answer, failed));
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -709,9 +704,7 @@ going (python-mcp-sandbox's tool, served by snakebox): status `success` (with ve
             exit_code: exit_code(&result),
         };
         Ok(self
-            .shaped(&caller, move || {
-                structured(&answer, json_text(&answer), is_error)
-            })
+            .shaped(&caller, move || json_answer(&answer, is_error))
             .await)
     }
 
@@ -770,7 +763,7 @@ tool, served by snakebox). Only files under the directories the operator allows 
                     size: written.size,
                     sandbox_id: written.session_id,
                 };
-                structured(&answer, json_text(&answer), false)
+                json_answer(&answer, false)
             }
             Err(error) => failure(&error),
         })
