@@ -34,6 +34,7 @@ Every call must answer: a transport error, or a quiet call that is not `ok`, fai
 from __future__ import annotations
 
 import argparse
+import contextlib
 import asyncio
 import multiprocessing
 import os
@@ -180,7 +181,14 @@ async def flood(
 def _flood_child(conn: Any, kind: str, url: str, key: str, clients: int, seconds: float, nice: int) -> None:
     """The noisy tenant's client, in a process of its own (see `main_async`): sets up its
     sessions, says "ready", floods for `seconds`, then sends its calls' costs."""
-    os.nice(nice)
+    if nice:
+        # Niceness ranks a process only within its scheduling group: with autogroups on (Debian's
+        # default), every session is one, and the whole group weighs the same whatever its
+        # members' niceness. So the client takes a session of its own and sets that group's.
+        os.setsid()
+        os.nice(nice)
+        with contextlib.suppress(OSError):
+            Path("/proc/self/autogroup").write_text(str(nice))
 
     async def run() -> list[float]:
         limits = httpx.Limits(max_connections=clients + 8)

@@ -373,6 +373,63 @@ async def test_file_tools_that_walk_trees_take_at_most_a_quarter_of_the_host_wor
     assert max(samples) <= max(1, threads[0] // 4) + 1, (max(samples), threads[0])
 
 
+def thread_cpu_cgroups(pid: int) -> dict[str, set[str]]:
+    """For each thread name of process `pid`, the cgroup v1 cpu cgroups its threads are in."""
+    found: dict[str, set[str]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            name = (task / "comm").read_text().strip()
+            for line in (task / "cgroup").read_text().splitlines():
+                _, controllers, path = line.split(":", 2)
+                if "cpu" in controllers.split(","):
+                    found.setdefault(name, set()).add(path)
+    return found
+
+
+V1_CPU = Path("/sys/fs/cgroup/cpu/cpu.shares")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not V1_CPU.exists(), reason="a cpu cgroup per thread is cgroup v1's, for a server that may write there (root)")
+async def test_the_host_work_threads_weigh_a_quarter_of_a_tenant_on_the_cpu_whoever_queued_the_work(snakebox_bin: Path, tmp_path: Path):
+    """Issue 32, item 1, "file tools that walk trees": niceness ranks threads only within one
+    scheduling group, and the server's threads are one (an autogroup, or the server's cgroup),
+    so host-work threads at niceness 5 still took the CPU from runs as the server's whole
+    group (BENCHMARKS.md: a flood of listings tripled another tenant's `print('hi')` p99).
+    Now the host-work threads, and only they, are in a cpu cgroup of their own at a quarter
+    of the default weight, beside the run cgroups; it is no run cgroup (stopping the server's
+    runs never kills the server), and a server killed without cleaning up leaves nothing for
+    the next. Judged from the host's `/proc` and cgroup files, after a listing ran."""
+    data = tmp_path / "data"
+    key = make_key(snakebox_bin, data, "team-a")
+    with http_server(snakebox_bin, data) as (proc, url):
+        async with connect(url, key, "auto") as a:
+            session, text, _ = await call(a, "create_session")
+            listed, text, _ = await call(a, "list_files", session_id=session["session_id"])
+            assert listed.get("entries") is not None, text
+        groups = thread_cpu_cgroups(proc.pid)
+        host = {path for name, paths in groups.items() if name.startswith("snakebox-host") for path in paths}
+        others = {path for name, paths in groups.items() if not name.startswith("snakebox-host") for path in paths}
+        assert len(host) == 1, groups
+        [path] = host
+        server_cgroup = Path(path).parent
+        assert Path(path).name.startswith(f"snakebox-host-{proc.pid}-"), path
+        assert path not in others, f"a thread other than host work is in the host-work cgroup: {groups}"
+        directory = Path("/sys/fs/cgroup/cpu") / path.lstrip("/")
+        assert int((directory / "cpu.shares").read_text()) == 256
+        assert str(server_cgroup) in {str(Path(p)) for p in others}, (server_cgroup, others)
+        proc.kill()
+        proc.wait()
+    # The next server removes what the killed one left.
+    assert directory.exists(), "the killed server's host-work cgroup was gone before a server could clean it up"
+    with http_server(snakebox_bin, data) as (again, url):
+        assert not directory.exists(), f"{directory} left behind by a killed server"
+        [mine] = {p for name, paths in thread_cpu_cgroups(again.pid).items() if name.startswith("snakebox-host") for p in paths}
+        assert again.poll() is None
+    # A server that stops cleanly takes its own with it.
+    assert again.returncode == 0, again.returncode
+    assert not (Path("/sys/fs/cgroup/cpu") / mine.lstrip("/")).exists(), f"{mine} left behind by a server that stopped"
+
+
 # Write 16 MiB files until 512 MiB are written or the disk refuses; say how much and why.
 FILL = """
 import errno

@@ -16,10 +16,13 @@
 //! tenant's host work then waits at most for one piece of work to end, whatever one tenant
 //! queued.
 //!
-//! The threads are the host work's own, at niceness [`HOST_WORK_NICE`]: a sandbox's work
-//! (which a CPU cgroup weighs per tenant) goes before the server's walks of one tenant's
-//! files, so a flood of `list_files` costs another tenant's run less than the flood's threads
-//! would take at the server's own priority.
+//! The threads are the host work's own, and a sandbox's work (which a CPU cgroup weighs per
+//! tenant) goes before them: where the backend has a CPU cgroup for them
+//! ([`snakebox_sandbox::HostWorkGroup`], cgroup v1), they join it and all of them together
+//! weigh a quarter of one tenant; elsewhere they run at niceness [`HOST_WORK_NICE`], which
+//! orders them only against the server's other threads (niceness counts within one
+//! scheduling group). So a flood of `list_files` costs another tenant's run less than the
+//! flood's threads would take at the server's own priority (BENCHMARKS.md, issue 32).
 //!
 //! A piece of host work never waits for another (nor for a sandbox slot) while it holds one,
 //! so none can wait on itself.
@@ -47,18 +50,29 @@ pub(crate) struct HostWork {
 }
 
 impl HostWork {
-    /// Room for `threads` pieces of host work at once, on as many threads of its own;
-    /// `shared`: several tenants use the server (HTTP), so each may hold at most a quarter of
-    /// them (at least one).
-    pub(crate) fn new(threads: usize, shared: bool) -> HostWork {
+    /// Room for `threads` pieces of host work at once, on as many threads of its own, each
+    /// in `group` when there is one; `shared`: several tenants use the server (HTTP), so each
+    /// may hold at most a quarter of them (at least one).
+    pub(crate) fn new(
+        threads: usize,
+        shared: bool,
+        group: Option<snakebox_sandbox::HostWorkGroup>,
+    ) -> HostWork {
         let threads = threads.max(2);
         let (jobs, queue) = std::sync::mpsc::channel::<Job>();
         let queue = Arc::new(Mutex::new(queue));
+        let group = group.map(Arc::new);
         for n in 0..threads {
             let queue = Arc::clone(&queue);
+            let group = group.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("snakebox-host-{n}"))
                 .spawn(move || {
+                    if let Some(group) = group
+                        && let Err(err) = group.join_this_thread()
+                    {
+                        tracing::warn!(%err, "a host-work thread could not join its CPU cgroup");
+                    }
                     // SAFETY: setpriority(2) on this thread only; no memory is involved.
                     unsafe {
                         let thread = libc::id_t::try_from(libc::gettid()).unwrap_or(0);
@@ -155,7 +169,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
     async fn one_tenant_holds_at_most_a_quarter_and_another_goes_first() {
-        let host = Arc::new(HostWork::new(8, true));
+        let host = Arc::new(HostWork::new(8, true, None));
         let noisy = Caller::tenant("noisy").unwrap();
         let quiet = Caller::tenant("quiet").unwrap();
         let running = Arc::new(AtomicUsize::new(0));
@@ -203,7 +217,7 @@ mod tests {
 
     #[tokio::test]
     async fn host_work_runs_behind_the_server_and_survives_a_panic() {
-        let host = HostWork::new(2, false);
+        let host = HostWork::new(2, false, None);
         let caller = Caller::local();
         // SAFETY: getpriority(2) of the calling thread.
         let nice = host

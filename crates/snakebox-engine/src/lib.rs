@@ -338,6 +338,7 @@ impl Engine {
                         .tenant_overrides
                         .values()
                         .any(|o| o.max_concurrent_runs.is_some()),
+                sandbox.as_ref().ok().and_then(|s| s.host_work_group()),
             ),
             config,
             sandbox,

@@ -102,6 +102,12 @@ pub trait Backend: Send + Sync + fmt::Debug {
     /// (cgroups), at shutdown. Best effort and bounded; nothing for a backend that makes none.
     fn remove_own_cgroups(&self) {}
 
+    /// A CPU cgroup for the server's host-work threads ([`crate::HostWorkGroup`]), where the
+    /// backend's cgroups allow one; by default none (the threads stay where the server is).
+    fn host_work_group(&self) -> Option<crate::HostWorkGroup> {
+        None
+    }
+
     /// Get the host ready for runs forked under `runs_dir`, this server's run directories
     /// (an optional capability of a backend that forks runs: the native backend mounts a
     /// tmpfs there, which its fork servers pass on to their runs). Called before any run

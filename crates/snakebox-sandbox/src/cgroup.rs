@@ -633,6 +633,53 @@ pub(crate) fn enable_delegated(dir: &Path, pid: u32) -> Result<(), CgroupError> 
     write(&subtree, "+memory +pids").inspect_err(|_| undo())
 }
 
+/// Names of the host-work CPU cgroups (`snakebox-host-<server pid>-<instance>`): not a run
+/// cgroup's (`snakebox-<pid>-…`), so that removing a server's run cgroups, which kills what
+/// is in them, never touches the one that holds the server's own threads.
+const HOST_WORK_PREFIX: &str = "snakebox-host-";
+
+/// This server's host-work cgroup under the cpu hierarchy's `parent`.
+fn host_work_dir(parent: &Path) -> PathBuf {
+    parent.join(format!(
+        "{HOST_WORK_PREFIX}{}-{:x}",
+        std::process::id(),
+        instance()
+    ))
+}
+
+/// A CPU cgroup of the server's own, beside its run cgroups, that the host-work threads join
+/// (cgroup v1 allows single threads of a process in a cpu cgroup): with the weight
+/// [`CpuWeight::HOST_WORK`], the work the server does on the host for callers yields the CPU
+/// to the sandboxes' work and to the server's other threads, whoever queued it.
+///
+/// Why not niceness: the kernel orders threads by niceness only within one scheduling group
+/// (a cgroup, or an autogroup: every session in the root cgroup is one where
+/// `kernel.sched_autogroup_enabled` is 1, as on Debian), so host-work threads at niceness 5
+/// still weighed as the server's whole group against a run's cgroup (measured in
+/// BENCHMARKS.md, issue 32).
+#[derive(Debug)]
+pub struct HostWorkGroup {
+    dir: PathBuf,
+}
+
+impl HostWorkGroup {
+    /// Move the calling thread (only it) into this cgroup.
+    ///
+    /// # Errors
+    /// When the kernel refuses the move (the cgroup was removed, say).
+    pub fn join_this_thread(&self) -> Result<(), CgroupError> {
+        // SAFETY: gettid has no preconditions.
+        let tid = unsafe { libc::gettid() };
+        write(&self.dir.join("tasks"), &tid.to_string())
+    }
+
+    /// Where it is (for the report).
+    #[must_use]
+    pub fn path(&self) -> &Path {
+        &self.dir
+    }
+}
+
 /// The parent directories new run cgroups are created in.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum CgroupSet {
@@ -752,6 +799,21 @@ impl CgroupSet {
     /// Remove the empty run cgroups that servers no longer alive left behind (killed before they
     /// could clean up). Best effort: a cgroup that still holds processes is left alone.
     fn remove_stale(&self) {
+        if let Self::V1 { cpu: Some(cpu), .. } = self
+            && let Ok(entries) = fs_err::read_dir(cpu)
+        {
+            for entry in entries.filter_map(Result::ok) {
+                let pid = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_prefix(HOST_WORK_PREFIX))
+                    .and_then(|rest| rest.split('-').next())
+                    .and_then(|pid| pid.parse::<u32>().ok());
+                if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+                    let _ = fs_err::remove_dir(entry.path());
+                }
+            }
+        }
         for (pid, dir) in self.run_cgroups() {
             if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
                 let _ = fs_err::remove_dir(dir);
@@ -763,6 +825,16 @@ impl CgroupSet {
     /// runs ended; a run cut short by a deadline may still hold processes). Best effort,
     /// bounded: each directory is retried for at most a second while the kernel reaps.
     pub(crate) fn remove_own(&self) {
+        // The host-work cgroup holds the server's own threads: they move back to the parent
+        // (never killed) and the cgroup goes.
+        if let Self::V1 { cpu: Some(cpu), .. } = self {
+            let dir = host_work_dir(cpu);
+            let tasks = fs_err::read_to_string(dir.join("tasks")).unwrap_or_default();
+            for tid in parse_pids(&tasks) {
+                let _ = write(&cpu.join("tasks"), &tid.to_string());
+            }
+            let _ = fs_err::remove_dir(&dir);
+        }
         let own = self
             .run_cgroups()
             .into_iter()
@@ -865,6 +937,33 @@ impl CgroupSet {
         Ok(RunCgroup { manager })
     }
 
+    /// The CPU cgroup the server's host-work threads join, where there is a cgroup v1 cpu
+    /// hierarchy to make it in: see [`HostWorkGroup`]. `None` elsewhere (cgroup v2, where
+    /// threads of one process can be split only over a threaded subtree, is not done yet).
+    pub(crate) fn host_work_group(&self) -> Option<HostWorkGroup> {
+        let Self::V1 { cpu: Some(cpu), .. } = self else {
+            return None;
+        };
+        let dir = host_work_dir(cpu);
+        let made = match fs_err::create_dir(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(e),
+        };
+        let written = made.map_err(|source| CgroupError::Create {
+            path: dir.clone(),
+            source,
+        });
+        match written.and_then(|()| CpuKnob::v1(&dir).write(CpuWeight::HOST_WORK)) {
+            Ok(()) => Some(HostWorkGroup { dir }),
+            Err(err) => {
+                tracing::warn!(%err, "no CPU cgroup for the host-work threads: they weigh as the server's own");
+                let _ = fs_err::remove_dir(&dir);
+                None
+            }
+        }
+    }
+
     /// For the backend report.
     pub(crate) fn describe(&self) -> String {
         match self {
@@ -921,7 +1020,9 @@ impl CgroupSet {
             Self::V2 { parent } if Self::v2_cpu(parent) => {
                 Some(format!("cgroup v2 cpu.weight {HOW}"))
             }
-            Self::V1 { cpu: Some(_), .. } => Some(format!("cgroup v1 cpu.shares {HOW}")),
+            Self::V1 { cpu: Some(_), .. } => Some(format!(
+                "cgroup v1 cpu.shares {HOW}; the server's host-work threads together in a cpu cgroup of their own at a quarter of the default"
+            )),
             _ => None,
         }
     }

@@ -36,6 +36,11 @@ impl CpuWeight {
     /// Work that may wait for all other work: a sixteenth of the default (`cpu.shares` 64,
     /// `cpu.weight` 6), as for a pre-forked child before its run.
     pub const BACKGROUND: CpuWeight = CpuWeight(64);
+    /// The server's work on the host for callers (walking a workspace, shaping an answer), all
+    /// of it together: a quarter of the default (`cpu.shares` 256, `cpu.weight` 25), so that a
+    /// flood of one tenant's host work yields the CPU to the sandboxes' work (each tenant's
+    /// weighs the default) and to the server's own threads, without being starved.
+    pub const HOST_WORK: CpuWeight = CpuWeight(256);
     /// The least a share is divided down to (cgroup v1's smallest `cpu.shares`).
     pub const MIN: CpuWeight = CpuWeight(2);
 

@@ -44,6 +44,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
 pub use crate::backend::{Backend, RunFuture, SandboxFuture};
+pub use crate::cgroup::HostWorkGroup;
 pub use crate::cpu_share::{CpuAttachment, CpuShare, CpuWeight};
 pub use crate::docker::{
     DEFAULT_SOCKET as DOCKER_DEFAULT_SOCKET, RunImage, socket_path as docker_socket,
@@ -405,6 +406,13 @@ impl Sandbox {
     /// the runs ended or were cut short). Best effort and bounded.
     pub fn remove_own_cgroups(&self) {
         self.backend.remove_own_cgroups();
+    }
+
+    /// A CPU cgroup for the server's host-work threads to join, where the backend has one
+    /// ([`Backend::host_work_group`]).
+    #[must_use]
+    pub fn host_work_group(&self) -> Option<HostWorkGroup> {
+        self.backend.host_work_group()
     }
 
     /// The configured backend (for reports).

@@ -1114,6 +1114,10 @@ impl crate::backend::Backend for NativeBackend {
         NativeBackend::remove_own_cgroups(self);
     }
 
+    fn host_work_group(&self) -> Option<crate::HostWorkGroup> {
+        self.cgroups.as_deref().and_then(CgroupSet::host_work_group)
+    }
+
     /// A tmpfs on the run directories, which fork servers pass on to their runs.
     fn prepare_runs_root(&self, runs_dir: &std::path::Path) -> std::io::Result<()> {
         forkserver::mount_runs_root(runs_dir)
