@@ -6,9 +6,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, PodSpec, Probe, ResourceRequirements, SecurityContext,
-    Volume, VolumeMount,
+    AppArmorProfile, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar,
+    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSpec, Probe, ResourceRequirements,
+    SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -255,6 +255,39 @@ impl AgentTemplate {
         ])
     }
 
+    /// The agent container's security context: no capability, no privilege escalation. In a
+    /// pod with a user namespace of its own (`hostUsers: false`) the agent runs its sandboxes
+    /// with bubblewrap, which needs what a container's defaults deny: to make user
+    /// namespaces (the runtime's default seccomp and AppArmor profiles refuse it) and to mount
+    /// a fresh `/proc` (a masked one cannot be): so seccomp and AppArmor are `Unconfined` and
+    /// `/proc` is `Unmasked` there, and only there (Kubernetes allows `Unmasked` only with a
+    /// user namespace). The agent's own seccomp program and namespaces confine each run.
+    fn security_context(&self) -> SecurityContext {
+        let bubblewrap = self.host_users == Some(false);
+        SecurityContext {
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Capabilities::default()
+            }),
+            proc_mount: bubblewrap.then(|| "Unmasked".into()),
+            seccomp_profile: Some(SeccompProfile {
+                type_: if bubblewrap {
+                    "Unconfined"
+                } else {
+                    "RuntimeDefault"
+                }
+                .into(),
+                ..SeccompProfile::default()
+            }),
+            app_armor_profile: bubblewrap.then(|| AppArmorProfile {
+                type_: "Unconfined".into(),
+                ..AppArmorProfile::default()
+            }),
+            ..SecurityContext::default()
+        }
+    }
+
     /// The `SandboxTemplate`.
     pub fn template(&self) -> SandboxTemplate {
         let port = i32::from(self.port);
@@ -281,14 +314,7 @@ impl AgentTemplate {
             readiness_probe: Some(probe("/readyz")),
             liveness_probe: Some(probe("/healthz")),
             resources: self.resources.clone(),
-            security_context: Some(SecurityContext {
-                allow_privilege_escalation: Some(false),
-                capabilities: Some(Capabilities {
-                    drop: Some(vec!["ALL".into()]),
-                    ..Capabilities::default()
-                }),
-                ..SecurityContext::default()
-            }),
+            security_context: Some(self.security_context()),
             volume_mounts: Some(vec![VolumeMount {
                 name: "front-key".into(),
                 mount_path: FRONT_KEY_DIR.into(),
