@@ -5,7 +5,7 @@
 //!
 //! Why it exists: a session lives in the memory of one agent, so every call on it must reach
 //! that agent; one-shot runs may go to any. The directory decides both; how it knows is its
-//! own matter (a static list now, Kubernetes claims later, issue 35), so a new kind of
+//! own matter (a static list here, Kubernetes claims in `snakebox-kube`, issue 35), so a new kind of
 //! directory is a new implementation of the trait, with no edit to the routing.
 //!
 //! Failures are loud and local: when the agent that holds a session cannot be reached (or

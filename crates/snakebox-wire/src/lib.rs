@@ -9,7 +9,8 @@
 //!   an agent's pod and a warm pod stays warm;
 //! - [`agent`]: the agent's router, the engine's API behind token checks;
 //! - [`remote`]: [`RemoteEngine`], the client of one agent, an `EngineApi` a face can hold;
-//! - [`directory`]: which agent holds what ([`Directory`], static now) and [`Routed`], the
+//! - [`directory`]: which agent holds what ([`Directory`]; [`StaticDirectory`] here, the
+//!   Kubernetes one in `snakebox-kube`) and [`Routed`], the
 //!   `EngineApi` a front's faces hold.
 //!
 //! Its arrows point down only: it depends on the engine's API (`snakebox_engine::api`) and
