@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import socket
 import subprocess
-import tempfile
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any, AsyncIterator, Iterator
@@ -30,10 +28,10 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from backend_support import backend_flags
 from conftest import call, have_bwrap
 from http_support import http_server, make_key
 from kube_sim import KubeSim
+from test_agents import agent_process
 
 pytestmark = [
     pytest.mark.anyio,
@@ -60,39 +58,6 @@ def shared_free_port() -> int:
         except OSError:
             continue
     raise RuntimeError("no port free on every simulated pod address")
-
-
-@contextlib.contextmanager
-def agent_at(binary: Path, host: str, port: int, data: Path, public_key: Path) -> Iterator[subprocess.Popen]:
-    """`snakebox agent` listening on HOST:PORT (its name, as in a pod: `IP:PORT`)."""
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            [str(binary), "agent", "--listen", f"{host}:{port}", "--front-public-key", str(public_key),
-             "--data-dir", str(data), "--no-warm-cache", "--warm-pool", "0", *backend_flags()],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SNAKEBOX_LOG": "warn"},
-        )
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                if proc.poll() is not None:
-                    log.seek(0)
-                    raise RuntimeError(f"the agent exited at start: {log.read().decode(errors='replace')}")
-                with contextlib.suppress(OSError):
-                    with urllib.request.urlopen(f"http://{host}:{port}/readyz", timeout=2) as ready:
-                        if ready.status == 200:
-                            break
-                assert time.monotonic() < deadline, "the agent did not become ready"
-                time.sleep(0.1)
-            yield proc
-        finally:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
 
 
 class Cluster:
@@ -134,7 +99,7 @@ def cluster(snakebox_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         with contextlib.ExitStack() as stack:
             for n, host in enumerate(HOSTS):
-                stack.enter_context(agent_at(snakebox_bin, host, port, root / f"agent{n}", public))
+                stack.enter_context(agent_process(snakebox_bin, root / f"agent{n}", public, host=host, port=port))
             yield Cluster(snakebox_bin, root, sim, private, port)
     finally:
         sim.stop()

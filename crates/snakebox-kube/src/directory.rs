@@ -31,7 +31,7 @@ use kube::api::{
 };
 use kube::{Api, Client, Config, ResourceExt};
 use snakebox_engine::{Caller, CreateSession, EngineError, EngineHost, ErrorKind};
-use snakebox_wire::{Directory, FrontKey, Placement, RemoteEngine};
+use snakebox_wire::{Directory, FrontKey, Placement, RemoteEngine, lost_session};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -111,8 +111,8 @@ struct State {
     sessions: HashMap<String, String>,
     /// One client per agent address, kept while a claim names it.
     agents: HashMap<String, Arc<RemoteEngine>>,
-    /// Sessions whose claim went away without this front deleting it, and why.
-    lost: HashMap<String, String>,
+    /// Sessions whose claim went away without this front deleting it: their tenant, and why.
+    lost: HashMap<String, (String, String)>,
     /// Claims this front is deleting (their going is no loss).
     deleting: HashSet<String>,
     /// Claims this front made and has not bound or given up yet.
@@ -186,8 +186,11 @@ impl State {
                 }
                 self.lost.insert(
                     session.to_owned(),
-                    format!(
-                        "its sandbox claim `{name}` was deleted (its lifecycle.shutdownTime passed, or it was deleted by hand)"
+                    (
+                        tenant_of(&claim).unwrap_or_default().to_owned(),
+                        format!(
+                            "its sandbox claim `{name}` was deleted (its lifecycle.shutdownTime passed, or it was deleted by hand)"
+                        ),
                     ),
                 );
             }
@@ -800,18 +803,6 @@ impl KubernetesDirectory {
     }
 }
 
-fn session_lost(session_id: &str, why: &str) -> EngineError {
-    EngineError::new(
-        ErrorKind::SessionLost,
-        format!(
-            "The session `{session_id}` is lost: {why}; its interpreter's state (variables, imports) is gone"
-        ),
-    )
-    .with_hint(
-        "create a new session and run its setup again (files survive only where the agent keeps them on a volume); other sessions and one-shot runs are not affected",
-    )
-}
-
 impl Drop for KubernetesDirectory {
     fn drop(&mut self) {
         self.stop.cancel();
@@ -914,8 +905,12 @@ impl Directory for KubernetesDirectory {
             self.look_up(session_id).await?;
         }
         let mut state = self.state();
-        if let Some(why) = state.lost.get(session_id) {
-            return Err(session_lost(session_id, why));
+        // A lost session is said lost to its own tenant only; to another, it is no session.
+        if let Some((tenant, why)) = state.lost.get(session_id) {
+            if tenant == caller.id() {
+                return Err(lost_session(session_id, why));
+            }
+            return Ok(None);
         }
         let Some(name) = state.sessions.get(session_id).cloned() else {
             return Ok(None);
@@ -928,7 +923,7 @@ impl Directory for KubernetesDirectory {
             return Ok(None);
         }
         let Some(agent) = self.agent_of(&mut state, &claim) else {
-            return Err(session_lost(
+            return Err(lost_session(
                 session_id,
                 &format!(
                     "its sandbox claim `{name}` is no longer Ready ({})",
@@ -938,7 +933,7 @@ impl Directory for KubernetesDirectory {
         };
         let made_on = claim.annotations().get(ANNOTATION_AGENT);
         if made_on.is_some_and(|made_on| made_on != agent.name()) {
-            return Err(session_lost(
+            return Err(lost_session(
                 session_id,
                 &format!(
                     "its sandbox's pod was replaced (it was made on `{}`, the claim `{name}` now names `{}`)",
@@ -999,5 +994,82 @@ impl Directory for KubernetesDirectory {
 
     fn all(&self) -> Vec<Arc<RemoteEngine>> {
         self.state().agents.values().cloned().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(name: &str, version: &str, session: Option<&str>) -> SandboxClaim {
+        let shutdown = Timestamp::UNIX_EPOCH;
+        let mut claim = match session {
+            Some(session) => generate::claim_for_session(
+                name,
+                session,
+                "10.0.0.1:8700",
+                "acme",
+                "pool",
+                shutdown,
+            ),
+            None => generate::session_claim(name, "acme", "pool", shutdown),
+        };
+        claim.metadata.resource_version = Some(version.into());
+        claim
+    }
+
+    #[test]
+    fn an_older_answer_never_replaces_what_the_watch_said() {
+        let mut state = State::default();
+        let name = names::session_claim_name("r");
+        state.insert(claim("r", "12", Some("s-1")));
+        // The answer to the create, which the watch overtook.
+        state.insert(claim("r", "10", None));
+        assert_eq!(state.sessions.get("s-1"), Some(&name));
+        assert_eq!(
+            state.claims[&name].metadata.resource_version.as_deref(),
+            Some("12")
+        );
+        // A newer one does; a version that is no number counts as newer.
+        state.insert(claim("r", "13", None));
+        assert_eq!(
+            state.claims[&name].metadata.resource_version.as_deref(),
+            Some("13")
+        );
+        state.insert(claim("r", "opaque", Some("s-1")));
+        assert_eq!(
+            state.claims[&name].metadata.resource_version.as_deref(),
+            Some("opaque")
+        );
+    }
+
+    #[test]
+    fn a_claim_gone_by_someone_else_is_a_lost_session_and_ours_is_not() {
+        let mut state = State::default();
+        state.insert(claim("a", "1", Some("s-a")));
+        state.insert(claim("b", "2", Some("s-b")));
+        state.deleting.insert(names::session_claim_name("b"));
+        state.remove(&names::session_claim_name("a"));
+        state.remove(&names::session_claim_name("b"));
+        assert!(state.sessions.is_empty());
+        let (tenant, why) = &state.lost["s-a"];
+        assert_eq!(tenant, "acme");
+        assert!(why.contains("shutdownTime"), "{why}");
+        assert!(!state.lost.contains_key("s-b"));
+        // A list that no longer has a claim removes it the same way.
+        state.insert(claim("c", "3", Some("s-c")));
+        state.replace(vec![claim("d", "4", Some("s-d"))]);
+        assert!(state.lost.contains_key("s-c"));
+        assert_eq!(state.sessions.keys().collect::<Vec<_>>(), vec!["s-d"]);
+        // A session found again is no longer lost.
+        state.insert(claim("c", "5", Some("s-c")));
+        assert!(!state.lost.contains_key("s-c"));
+    }
+
+    #[test]
+    fn a_claims_status_is_said_in_words() {
+        assert!(claim_status(None).contains("not seen"));
+        let unbound = claim("r", "1", None);
+        assert!(claim_status(Some(&unbound)).contains("no Ready condition"));
     }
 }

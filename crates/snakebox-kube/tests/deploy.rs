@@ -12,9 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ResourceRequirements, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -29,7 +28,6 @@ fn deploy() -> PathBuf {
 /// 3.12, bubblewrap inside a pod with its own user namespace, the egress proxy's pods allowed
 /// on 3128.
 fn shipped_agents() -> AgentTemplate {
-    let quantity = |q: &str| Quantity(q.into());
     AgentTemplate {
         profile: "standard".into(),
         python: "3.12".into(),
@@ -38,17 +36,7 @@ fn shipped_agents() -> AgentTemplate {
         front_key: ("snakebox-front-public-key".into(), "front.pub".into()),
         runtime_class: None,
         host_users: Some(false),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".into(), quantity("500m")),
-                ("memory".into(), quantity("1Gi")),
-            ])),
-            limits: Some(BTreeMap::from([
-                ("cpu".into(), quantity("2")),
-                ("memory".into(), quantity("2Gi")),
-            ])),
-            ..ResourceRequirements::default()
-        }),
+        resources: Some(support::resources()),
         network: AgentNetwork {
             egress_proxy: Some((
                 BTreeMap::from([("app.kubernetes.io/name".into(), "snakebox-egress".into())]),

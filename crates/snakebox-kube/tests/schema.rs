@@ -6,8 +6,6 @@ mod support;
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
@@ -50,21 +48,10 @@ fn agent(profile: &str, python: &str) -> AgentTemplate {
 
 /// Every option set: a RuntimeClass, a user namespace, resources, an egress proxy.
 fn agent_with_everything() -> AgentTemplate {
-    let quantity = |q: &str| Quantity(q.into());
     AgentTemplate {
         runtime_class: Some("gvisor".into()),
         host_users: Some(false),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".into(), quantity("500m")),
-                ("memory".into(), quantity("1Gi")),
-            ])),
-            limits: Some(BTreeMap::from([
-                ("cpu".into(), quantity("2")),
-                ("memory".into(), quantity("2Gi")),
-            ])),
-            ..ResourceRequirements::default()
-        }),
+        resources: Some(support::resources()),
         network: AgentNetwork {
             egress_proxy: Some((
                 BTreeMap::from([("app.kubernetes.io/name".into(), "snakebox-egress".into())]),

@@ -515,11 +515,23 @@ where
 
 /// The error of a session whose agent is gone.
 fn session_lost(session_id: &str, agent: &RemoteEngine, err: &RemoteError) -> EngineError {
+    lost_session(
+        session_id,
+        &format!(
+            "the engine agent `{}` that held it does not answer ({err})",
+            agent.name()
+        ),
+    )
+}
+
+/// The error of a session that is lost, and `why`: its interpreter's state is gone, and what
+/// to do.
+#[must_use]
+pub fn lost_session(session_id: &str, why: &str) -> EngineError {
     EngineError::new(
         ErrorKind::SessionLost,
         format!(
-            "The session `{session_id}` is lost: the engine agent `{}` that held it does not answer ({err}); its interpreter's state (variables, imports) is gone",
-            agent.name()
+            "The session `{session_id}` is lost: {why}; its interpreter's state (variables, imports) is gone"
         ),
     )
     .with_hint(

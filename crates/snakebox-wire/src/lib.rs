@@ -23,7 +23,9 @@ pub mod protocol;
 pub mod remote;
 pub mod token;
 
-pub use directory::{Directory, Placement, Routed, StaticDirectory, agents_readiness, no_session};
+pub use directory::{
+    Directory, Placement, Routed, StaticDirectory, agents_readiness, lost_session, no_session,
+};
 pub use remote::{RemoteEngine, RemoteError};
 pub use token::{
     AUDIENCE, AgentCheck, FrontKey, Grant, MAX_LIFETIME, PRIVATE_KEY_FILE, PUBLIC_KEY_FILE,
