@@ -148,11 +148,10 @@ fn not_older(incoming: &SandboxClaim, known: &SandboxClaim) -> bool {
 impl State {
     fn insert(&mut self, claim: SandboxClaim) {
         let name = claim.name_any();
-        if let Some(known) = self.claims.get(&name) {
-            if !not_older(&claim, known) {
+        if let Some(known) = self.claims.get(&name)
+            && !not_older(&claim, known) {
                 return;
             }
-        }
         if let Some(session) = session_of(&claim) {
             self.sessions.insert(session.to_owned(), name.clone());
             self.lost.remove(session);
@@ -537,8 +536,8 @@ impl KubernetesDirectory {
         loop {
             {
                 let mut state = self.state();
-                if let Some(claim) = state.claims.get(name).cloned() {
-                    if let Some(agent) = self.agent_of(&mut state, &claim) {
+                if let Some(claim) = state.claims.get(name).cloned()
+                    && let Some(agent) = self.agent_of(&mut state, &claim) {
                         tracing::debug!(
                             claim = name,
                             ms = started.elapsed().as_millis(),
@@ -546,7 +545,6 @@ impl KubernetesDirectory {
                         );
                         return Ok(agent);
                     }
-                }
             }
             tokio::select! {
                 changed = changes.changed() => {
@@ -715,11 +713,10 @@ impl KubernetesDirectory {
             };
             match kind_of(claim) {
                 Some(KIND_RUNNER) => {
-                    if let Some((used, _)) = state.used.get(name) {
-                        if used.elapsed() < self.settings.runner_idle_ttl {
+                    if let Some((used, _)) = state.used.get(name)
+                        && used.elapsed() < self.settings.runner_idle_ttl {
                             continue;
                         }
-                    }
                     let marked = claim
                         .annotations()
                         .get(ANNOTATION_LAST_USED)
@@ -966,11 +963,10 @@ impl Directory for KubernetesDirectory {
             .collect();
         let mut agents: Vec<Arc<RemoteEngine>> = Vec::new();
         for claim in &claims {
-            if let Some(agent) = self.agent_of(&mut state, claim) {
-                if !agents.iter().any(|known| known.url() == agent.url()) {
+            if let Some(agent) = self.agent_of(&mut state, claim)
+                && !agents.iter().any(|known| known.url() == agent.url()) {
                     agents.push(agent);
                 }
-            }
         }
         agents
     }

@@ -125,12 +125,12 @@ pub(super) fn resolve_front(
                 );
             }
             let namespace = args.namespace.clone().or(file.namespace);
-            if let Some(namespace) = &namespace {
-                if !snakebox_kube::names::is_dns_label(namespace) {
-                    anyhow::bail!(
-                        "`--namespace {namespace}` is not a namespace name\nhint: a namespace is lowercase letters, digits and `-`, at most 63 characters"
-                    );
-                }
+            if let Some(namespace) = &namespace
+                && !snakebox_kube::names::is_dns_label(namespace)
+            {
+                anyhow::bail!(
+                    "`--namespace {namespace}` is not a namespace name\nhint: a namespace is lowercase letters, digits and `-`, at most 63 characters"
+                );
             }
             DirectorySettings::Kubernetes(KubernetesFront {
                 namespace,
