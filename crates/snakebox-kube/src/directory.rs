@@ -149,9 +149,10 @@ impl State {
     fn insert(&mut self, claim: SandboxClaim) {
         let name = claim.name_any();
         if let Some(known) = self.claims.get(&name)
-            && !not_older(&claim, known) {
-                return;
-            }
+            && !not_older(&claim, known)
+        {
+            return;
+        }
         if let Some(session) = session_of(&claim) {
             self.sessions.insert(session.to_owned(), name.clone());
             self.lost.remove(session);
@@ -537,14 +538,15 @@ impl KubernetesDirectory {
             {
                 let mut state = self.state();
                 if let Some(claim) = state.claims.get(name).cloned()
-                    && let Some(agent) = self.agent_of(&mut state, &claim) {
-                        tracing::debug!(
-                            claim = name,
-                            ms = started.elapsed().as_millis(),
-                            "claim Ready"
-                        );
-                        return Ok(agent);
-                    }
+                    && let Some(agent) = self.agent_of(&mut state, &claim)
+                {
+                    tracing::debug!(
+                        claim = name,
+                        ms = started.elapsed().as_millis(),
+                        "claim Ready"
+                    );
+                    return Ok(agent);
+                }
             }
             tokio::select! {
                 changed = changes.changed() => {
@@ -714,9 +716,10 @@ impl KubernetesDirectory {
             match kind_of(claim) {
                 Some(KIND_RUNNER) => {
                     if let Some((used, _)) = state.used.get(name)
-                        && used.elapsed() < self.settings.runner_idle_ttl {
-                            continue;
-                        }
+                        && used.elapsed() < self.settings.runner_idle_ttl
+                    {
+                        continue;
+                    }
                     let marked = claim
                         .annotations()
                         .get(ANNOTATION_LAST_USED)
@@ -964,9 +967,10 @@ impl Directory for KubernetesDirectory {
         let mut agents: Vec<Arc<RemoteEngine>> = Vec::new();
         for claim in &claims {
             if let Some(agent) = self.agent_of(&mut state, claim)
-                && !agents.iter().any(|known| known.url() == agent.url()) {
-                    agents.push(agent);
-                }
+                && !agents.iter().any(|known| known.url() == agent.url())
+            {
+                agents.push(agent);
+            }
         }
         agents
     }

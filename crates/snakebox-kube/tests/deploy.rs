@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -17,7 +17,7 @@ use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use snakebox_kube::{AgentNetwork, AgentTemplate, names};
+use snakebox_kube::{AgentTemplate, names};
 use support::Crd;
 
 fn deploy() -> PathBuf {
@@ -37,13 +37,7 @@ fn shipped_agents() -> AgentTemplate {
         runtime_class: None,
         host_users: Some(false),
         resources: Some(support::resources()),
-        network: AgentNetwork {
-            egress_proxy: Some((
-                BTreeMap::from([("app.kubernetes.io/name".into(), "snakebox-egress".into())]),
-                3128,
-            )),
-            ..AgentNetwork::default()
-        },
+        network: support::network_with_proxy(),
     }
 }
 

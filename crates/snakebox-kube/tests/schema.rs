@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use k8s_openapi::jiff::Timestamp;
 use kube::CustomResourceExt;
@@ -52,13 +52,7 @@ fn agent_with_everything() -> AgentTemplate {
         runtime_class: Some("gvisor".into()),
         host_users: Some(false),
         resources: Some(support::resources()),
-        network: AgentNetwork {
-            egress_proxy: Some((
-                BTreeMap::from([("app.kubernetes.io/name".into(), "snakebox-egress".into())]),
-                3128,
-            )),
-            ..AgentNetwork::default()
-        },
+        network: support::network_with_proxy(),
         ..agent("data-science", "3.13")
     }
 }

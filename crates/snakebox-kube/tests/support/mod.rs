@@ -54,6 +54,21 @@ pub fn resources() -> k8s_openapi::api::core::v1::ResourceRequirements {
     }
 }
 
+/// The agents' network with the egress proxy (pods `app.kubernetes.io/name: snakebox-egress`,
+/// port 3128) allowed besides DNS.
+pub fn network_with_proxy() -> snakebox_kube::AgentNetwork {
+    snakebox_kube::AgentNetwork {
+        egress_proxy: Some((
+            std::collections::BTreeMap::from([(
+                "app.kubernetes.io/name".into(),
+                "snakebox-egress".into(),
+            )]),
+            3128,
+        )),
+        ..snakebox_kube::AgentNetwork::default()
+    }
+}
+
 /// The repository's root.
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
