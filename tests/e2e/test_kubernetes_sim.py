@@ -68,9 +68,16 @@ class Cluster:
         self.keys = {tenant: make_key(binary, self.front_data, tenant) for tenant in ("team-a", "team-b")}
 
     @contextlib.contextmanager
-    def front(self, *extra: str, log: Path | None = None) -> Iterator[str]:
-        args = ("--directory", "kubernetes", "--namespace", NAMESPACE, "--front-key", str(self.private),
-                "--agent-port", str(self.port), "--warm-pool", "0", *extra)
+    def front(self, *extra: str, log: Path | None = None, config: bool = False) -> Iterator[str]:
+        """A front with the kubernetes directory: by flags, or by the config file's `[front]`."""
+        if config:
+            path = self.root / "front.toml"
+            path.write_text(f'[front]\ndirectory = "kubernetes"\nnamespace = "{NAMESPACE}"\n'
+                            f"front_key = {json.dumps(str(self.private))}\nagent_port = {self.port}\n")
+            args: tuple[str, ...] = ("--config", str(path), "--warm-pool", "0", *extra)
+        else:
+            args = ("--directory", "kubernetes", "--namespace", NAMESPACE, "--front-key", str(self.private),
+                    "--agent-port", str(self.port), "--warm-pool", "0", *extra)
         with http_server(self.binary, self.front_data, *args, log_path=log,
                          env={"KUBECONFIG": str(self.kubeconfig), "HOME": str(self.root)}) as (_, url):
             deadline = time.monotonic() + 20
@@ -260,9 +267,10 @@ async def test_simulation_a_restarted_front_rebuilds_its_cache_and_a_deleted_cla
             assert not is_error, text
             sid = session["session_id"]
             await call(a, "execute_python", script="kept = 41", session_id=sid)
-    # A new front process, nothing of the first one's: its cache is rebuilt from the claims.
+    # A new front process, nothing of the first one's (configured by the config file's [front]
+    # this time): its cache is rebuilt from the claims.
     lists = len(sim.requests_of("GET", watch=False))
-    with cluster.front() as url:
+    with cluster.front(config=True) as url:
         assert len(sim.requests_of("GET", watch=False)) == lists + 1
         async with connect(url, cluster.keys["team-a"]) as a:
             cell, text, is_error = await call(a, "execute_python", script="print(kept + 1)", session_id=sid)
