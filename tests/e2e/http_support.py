@@ -36,17 +36,19 @@ def make_key(binary: Path, data: Path, tenant: str) -> str:
 
 
 @contextlib.contextmanager
-def http_server(binary: Path, data: Path, *args: str, log_path: Path | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
+def http_server(binary: Path, data: Path, *args: str, log_path: Path | None = None,
+                env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
     """`snakebox serve --http` on a free loopback port with `data` as its data directory; yields
     the process and its base URL once it accepts connections, and stops it with SIGTERM. Its
-    log (warnings and errors) goes to `log_path` when given, for the test to read."""
+    log (warnings and errors) goes to `log_path` when given, for the test to read; `env` adds
+    to its environment."""
     port = free_port()
     # The server's log goes to a file, not a pipe nobody reads (a full pipe would stall it).
     with (open(log_path, "w+b") if log_path else tempfile.TemporaryFile()) as log:
         proc = subprocess.Popen(
             [str(binary), "serve", "--http", f"127.0.0.1:{port}", "--data-dir", str(data), "--no-warm-cache", *args, *backend_flags(args)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
-            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SNAKEBOX_LOG": "warn"},
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SNAKEBOX_LOG": "warn", **(env or {})},
         )
         try:
             deadline = time.monotonic() + 60

@@ -59,14 +59,15 @@ def keypair(binary: Path, out: Path) -> tuple[Path, Path]:
 
 
 @contextlib.contextmanager
-def agent_process(binary: Path, data: Path, public_key: Path, pool: bool = False) -> Iterator[tuple[subprocess.Popen, str]]:
-    """`snakebox agent` on a free loopback port: the process and its URL, once it is ready.
-    Without its warm pool unless `pool` (bench/agents.py)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
+def agent_process(binary: Path, data: Path, public_key: Path, pool: bool = False, host: str = "127.0.0.1",
+                  port: int | None = None) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`snakebox agent` on HOST:PORT (a free loopback port by default): the process and its URL,
+    once it is ready. Without its warm pool unless `pool` (bench/agents.py)."""
+    port = port or free_port()
+    url = f"http://{host}:{port}"
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen(
-            [str(binary), "agent", "--listen", f"127.0.0.1:{port}", "--front-public-key", str(public_key),
+            [str(binary), "agent", "--listen", f"{host}:{port}", "--front-public-key", str(public_key),
              "--data-dir", str(data), "--no-warm-cache", *(() if pool else ("--warm-pool", "0")), *backend_flags()],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
             env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SNAKEBOX_LOG": "warn"},

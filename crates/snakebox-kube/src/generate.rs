@@ -6,8 +6,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, PodSpec, Probe,
-    ResourceRequirements, SecurityContext, Volume, VolumeMount,
+    AppArmorProfile, Capabilities, ConfigMapVolumeSource, Container, ContainerPort, EnvVar,
+    EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSpec, Probe, ResourceRequirements,
+    SeccompProfile, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::api::networking::v1::{
     NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -23,8 +24,8 @@ use crate::api::{
     UpdateStrategyType, WarmPoolRef,
 };
 use crate::names::{
-    self, ANNOTATION_SESSION, ANNOTATION_TENANT, LABEL_KIND, LABEL_MANAGED_BY, LABEL_PROFILE,
-    LABEL_PYTHON, LABEL_SESSION, LABEL_TENANT, MANAGED_BY,
+    self, ANNOTATION_AGENT, ANNOTATION_SESSION, ANNOTATION_TENANT, LABEL_KIND, LABEL_MANAGED_BY,
+    LABEL_PROFILE, LABEL_PYTHON, LABEL_SESSION, LABEL_TENANT, MANAGED_BY,
 };
 
 /// The value of [`LABEL_KIND`] on a session's claim.
@@ -40,31 +41,58 @@ const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 /// Where the front's public key is mounted in an agent pod.
 pub const FRONT_KEY_DIR: &str = "/etc/snakebox/front";
 
-/// The claim holding one session: from the warm pool `pool`, labelled with its tenant and
-/// session, ending at `shutdown_at` at the latest (the claim is then deleted).
-pub fn claim_for_session(
-    session_id: &str,
+/// The claim that will hold one session: from the warm pool `pool`, labelled with its
+/// tenant, ending at `shutdown_at` at the latest (the claim is then deleted).
+///
+/// Its name is derived from `reservation`, an id the front makes before the session exists:
+/// the session's id is made by the agent's engine, once the claim has given the front an
+/// agent to ask. When the session exists, [`session_binding`] labels the claim with it.
+pub fn session_claim(
+    reservation: &str,
     tenant: &str,
     pool: &str,
     shutdown_at: Timestamp,
 ) -> SandboxClaim {
-    let mut claim = claim(
-        names::session_claim_name(session_id),
+    claim(
+        names::session_claim_name(reservation),
         KIND_SESSION,
         tenant,
         pool,
         shutdown_at,
-    );
+    )
+}
+
+/// The JSON merge patch that binds a session claim to the session it holds and the agent
+/// that made it: the session's label (to find the claim by) and its id and the agent's name
+/// as annotations (exact, where any string fits).
+pub fn session_binding(session_id: &str, agent: &str) -> serde_json::Value {
+    serde_json::json!({
+        "metadata": {
+            "labels": { LABEL_SESSION: names::session_label(session_id) },
+            "annotations": { ANNOTATION_SESSION: session_id, ANNOTATION_AGENT: agent },
+        }
+    })
+}
+
+/// The claim holding one session, as it is once bound: [`session_claim`] with
+/// [`session_binding`] applied.
+pub fn claim_for_session(
+    reservation: &str,
+    session_id: &str,
+    agent: &str,
+    tenant: &str,
+    pool: &str,
+    shutdown_at: Timestamp,
+) -> SandboxClaim {
+    let mut claim = session_claim(reservation, tenant, pool, shutdown_at);
     claim
         .metadata
         .labels
         .get_or_insert_default()
         .insert(LABEL_SESSION.into(), names::session_label(session_id));
-    claim
-        .metadata
-        .annotations
-        .get_or_insert_default()
-        .insert(ANNOTATION_SESSION.into(), session_id.into());
+    let annotations = claim.metadata.annotations.get_or_insert_default();
+    annotations.insert(ANNOTATION_SESSION.into(), session_id.into());
+    annotations.insert(ANNOTATION_AGENT.into(), agent.into());
     claim
 }
 
@@ -112,6 +140,37 @@ fn claim(
         spec,
         status: None,
     }
+}
+
+/// The agent's name is its pod's address, `IP:PORT` (`SNAKEBOX_AGENT_NAME`, from the pod's
+/// IP through the downward API): a pod of a warm pool cannot know which claim will take it,
+/// and the front knows the pod by the IP the claim's status reports, so that is the name the
+/// front signs each call for.
+pub fn agent_env(port: u16) -> Vec<EnvVar> {
+    vec![
+        EnvVar {
+            name: "POD_IP".into(),
+            value_from: Some(EnvVarSource {
+                field_ref: Some(ObjectFieldSelector {
+                    field_path: "status.podIP".into(),
+                    ..ObjectFieldSelector::default()
+                }),
+                ..EnvVarSource::default()
+            }),
+            ..EnvVar::default()
+        },
+        EnvVar {
+            name: "SNAKEBOX_AGENT_NAME".into(),
+            value: Some(format!("$(POD_IP):{port}")),
+            ..EnvVar::default()
+        },
+    ]
+}
+
+/// The name a front signs for when it calls the agent at `ip` on `port`: what
+/// [`agent_env`] names the agent in its pod.
+pub fn agent_name(ip: std::net::IpAddr, port: u16) -> String {
+    format!("{ip}:{port}")
 }
 
 /// Who may talk to an agent pod and whom it may reach: the NetworkPolicy rules of its template.
@@ -196,6 +255,39 @@ impl AgentTemplate {
         ])
     }
 
+    /// The agent container's security context: no capability, no privilege escalation. In a
+    /// pod with a user namespace of its own (`hostUsers: false`) the agent runs its sandboxes
+    /// with bubblewrap, which needs what a container's defaults deny: to make user
+    /// namespaces (the runtime's default seccomp and AppArmor profiles refuse it) and to mount
+    /// a fresh `/proc` (a masked one cannot be): so seccomp and AppArmor are `Unconfined` and
+    /// `/proc` is `Unmasked` there, and only there (Kubernetes allows `Unmasked` only with a
+    /// user namespace). The agent's own seccomp program and namespaces confine each run.
+    fn security_context(&self) -> SecurityContext {
+        let bubblewrap = self.host_users == Some(false);
+        SecurityContext {
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Capabilities::default()
+            }),
+            proc_mount: bubblewrap.then(|| "Unmasked".into()),
+            seccomp_profile: Some(SeccompProfile {
+                type_: if bubblewrap {
+                    "Unconfined"
+                } else {
+                    "RuntimeDefault"
+                }
+                .into(),
+                ..SeccompProfile::default()
+            }),
+            app_armor_profile: bubblewrap.then(|| AppArmorProfile {
+                type_: "Unconfined".into(),
+                ..AppArmorProfile::default()
+            }),
+            ..SecurityContext::default()
+        }
+    }
+
     /// The `SandboxTemplate`.
     pub fn template(&self) -> SandboxTemplate {
         let port = i32::from(self.port);
@@ -212,6 +304,7 @@ impl AgentTemplate {
             name: AGENT_CONTAINER.into(),
             image: Some(self.image.clone()),
             args: Some(self.agent_args()),
+            env: Some(agent_env(self.port)),
             ports: Some(vec![ContainerPort {
                 name: Some("agent".into()),
                 container_port: port,
@@ -221,14 +314,7 @@ impl AgentTemplate {
             readiness_probe: Some(probe("/readyz")),
             liveness_probe: Some(probe("/healthz")),
             resources: self.resources.clone(),
-            security_context: Some(SecurityContext {
-                allow_privilege_escalation: Some(false),
-                capabilities: Some(Capabilities {
-                    drop: Some(vec!["ALL".into()]),
-                    ..Capabilities::default()
-                }),
-                ..SecurityContext::default()
-            }),
+            security_context: Some(self.security_context()),
             volume_mounts: Some(vec![VolumeMount {
                 name: "front-key".into(),
                 mount_path: FRONT_KEY_DIR.into(),

@@ -38,15 +38,21 @@ pub const MANAGED_BY: &str = "snakebox";
 pub const ANNOTATION_SESSION: &str = "snakebox.dev/session-id";
 /// Annotation: the tenant, exactly as the front knows it.
 pub const ANNOTATION_TENANT: &str = "snakebox.dev/tenant";
+/// Annotation: the name of the agent a session was made on (`IP:PORT`, what its tokens are
+/// signed for): a claim whose pod now has another address has lost the session.
+pub const ANNOTATION_AGENT: &str = "snakebox.dev/agent";
+/// Annotation: when a front last used a claim (RFC 3339), for the idle TTL.
+pub const ANNOTATION_LAST_USED: &str = "snakebox.dev/last-used";
 
 /// Hex digits of the hash in every derived name.
 const HASH_LEN: usize = 12;
 /// The most of the original kept readable in a derived name.
 const READABLE_LEN: usize = 32;
 
-/// The name of the `SandboxClaim` holding a session: `sbx-<session>-<hash>`.
-pub fn session_claim_name(session_id: &str) -> String {
-    derive("sbx", "session", session_id)
+/// The name of the `SandboxClaim` holding a session, from the reservation the front made for
+/// it (the session's id does not exist yet when the claim is made): `sbx-<reservation>-<hash>`.
+pub fn session_claim_name(reservation: &str) -> String {
+    derive("sbx", "session", reservation)
 }
 
 /// The name of a tenant's runner claim (one-shot runs): `run-<tenant>-<hash>`.

@@ -161,7 +161,9 @@ fn the_fields_snakebox_reads_come_through() {
 #[test]
 fn a_ready_claim_gives_its_pod_ip_and_unknown_status_fields_are_ignored() {
     let mut object = serde_json::to_value(snakebox_kube::claim_for_session(
+        "r-1",
         "s-1",
+        "10.0.0.7:8700",
         "acme",
         "pool",
         "2026-12-31T00:00:00Z".parse().expect("a time"),

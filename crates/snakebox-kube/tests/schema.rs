@@ -4,16 +4,14 @@
 
 mod support;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::jiff::Timestamp;
 use kube::CustomResourceExt;
 use serde_json::{Value, json};
 use snakebox_kube::generate::{AgentNetwork, AgentTemplate};
 use snakebox_kube::{Sandbox, SandboxClaim, SandboxTemplate, SandboxWarmPool};
-use snakebox_kube::{claim_for_session, names, runner_claim};
+use snakebox_kube::{claim_for_session, names, runner_claim, session_binding, session_claim};
 use support::Crd;
 
 const HOSTILE: &[&str] = &[
@@ -50,28 +48,11 @@ fn agent(profile: &str, python: &str) -> AgentTemplate {
 
 /// Every option set: a RuntimeClass, a user namespace, resources, an egress proxy.
 fn agent_with_everything() -> AgentTemplate {
-    let quantity = |q: &str| Quantity(q.into());
     AgentTemplate {
         runtime_class: Some("gvisor".into()),
         host_users: Some(false),
-        resources: Some(ResourceRequirements {
-            requests: Some(BTreeMap::from([
-                ("cpu".into(), quantity("500m")),
-                ("memory".into(), quantity("1Gi")),
-            ])),
-            limits: Some(BTreeMap::from([
-                ("cpu".into(), quantity("2")),
-                ("memory".into(), quantity("2Gi")),
-            ])),
-            ..ResourceRequirements::default()
-        }),
-        network: AgentNetwork {
-            egress_proxy: Some((
-                BTreeMap::from([("app.kubernetes.io/name".into(), "snakebox-egress".into())]),
-                3128,
-            )),
-            ..AgentNetwork::default()
-        },
+        resources: Some(support::resources()),
+        network: support::network_with_proxy(),
         ..agent("data-science", "3.13")
     }
 }
@@ -80,7 +61,15 @@ fn claims() -> Vec<SandboxClaim> {
     let mut claims = vec![];
     for id in HOSTILE {
         for tenant in HOSTILE {
-            claims.push(claim_for_session(id, tenant, "agent-default", shutdown()));
+            claims.push(session_claim(id, tenant, "agent-default", shutdown()));
+            claims.push(claim_for_session(
+                "r-1",
+                id,
+                "10.0.0.7:8700",
+                tenant,
+                "agent-default",
+                shutdown(),
+            ));
         }
         claims.push(runner_claim(id, "agent-default", shutdown()));
     }
@@ -93,6 +82,22 @@ fn templates() -> Vec<AgentTemplate> {
         templates.push(agent(profile, profile));
     }
     templates
+}
+
+/// RFC 7386 JSON merge patch, as the API server applies one.
+fn merge(target: &mut Value, patch: &Value) {
+    match (target, patch) {
+        (Value::Object(target), Value::Object(patch)) => {
+            for (key, value) in patch {
+                if value.is_null() {
+                    target.remove(key);
+                } else {
+                    merge(target.entry(key.clone()).or_insert(Value::Null), value);
+                }
+            }
+        }
+        (target, patch) => *target = patch.clone(),
+    }
 }
 
 fn json<T: serde::Serialize>(object: &T) -> Value {
@@ -122,7 +127,9 @@ fn every_template_and_warm_pool_snakebox_generates_is_accepted() {
 #[test]
 fn a_claim_says_what_the_front_needs() {
     let claim = json(&claim_for_session(
+        "r-42",
         "s-42",
+        "10.0.0.7:8700",
         "acme",
         "agent-default",
         shutdown(),
@@ -148,10 +155,20 @@ fn a_claim_says_what_the_front_needs() {
     let annotations = &claim["metadata"]["annotations"];
     assert_eq!(annotations[names::ANNOTATION_SESSION], "s-42");
     assert_eq!(annotations[names::ANNOTATION_TENANT], "acme");
+    assert_eq!(annotations[names::ANNOTATION_AGENT], "10.0.0.7:8700");
     assert_eq!(
         claim["metadata"]["name"],
-        names::session_claim_name("s-42").as_str()
+        names::session_claim_name("r-42").as_str()
     );
+    // The claim made before the session exists, and the patch that binds it, make the same.
+    let mut unbound = json(&session_claim("r-42", "acme", "agent-default", shutdown()));
+    assert!(
+        unbound["metadata"]["labels"]
+            .get(names::LABEL_SESSION)
+            .is_none()
+    );
+    merge(&mut unbound, &session_binding("s-42", "10.0.0.7:8700"));
+    assert_eq!(unbound, claim);
     assert!(claim.get("status").is_none() || claim["status"].is_null());
 }
 
@@ -231,7 +248,14 @@ fn rename(object: &mut Value, pointer: &str, from: &str, to: &str) {
 #[test]
 fn a_misspelt_or_mistyped_claim_is_refused() {
     let crd = Crd::new("SandboxClaim", "v1beta1");
-    let mut valid = json(&claim_for_session("s-1", "acme", "pool", shutdown()));
+    let mut valid = json(&claim_for_session(
+        "r-1",
+        "s-1",
+        "10.0.0.7:8700",
+        "acme",
+        "pool",
+        shutdown(),
+    ));
     valid["status"] = json!({
         "conditions": [{"type": "Ready", "status": "True", "reason": "DependenciesReady",
             "message": "", "lastTransitionTime": "2026-12-07T10:00:00Z", "observedGeneration": 1}],

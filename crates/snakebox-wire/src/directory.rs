@@ -5,7 +5,7 @@
 //!
 //! Why it exists: a session lives in the memory of one agent, so every call on it must reach
 //! that agent; one-shot runs may go to any. The directory decides both; how it knows is its
-//! own matter (a static list now, Kubernetes claims later, issue 35), so a new kind of
+//! own matter (a static list here, Kubernetes claims in `snakebox-kube`, issue 35), so a new kind of
 //! directory is a new implementation of the trait, with no edit to the routing.
 //!
 //! Failures are loud and local: when the agent that holds a session cannot be reached (or
@@ -34,7 +34,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::protocol;
-use crate::remote::{RemoteEngine, RemoteError, flatten, run_ref, session_ref, unreachable_report};
+use crate::remote::{RemoteEngine, RemoteError, run_ref, session_ref, unreachable_report};
 
 /// An execution id made by the front, for a record no agent made (the call never reached
 /// one, or was cancelled before its answer came): `exec-` and 128 random bits, as the
@@ -47,24 +47,110 @@ pub fn front_execution_id() -> String {
     format!("exec-{hex}")
 }
 
-/// Where a front's calls go.
+/// Where a new session is to be made: the agents to try in turn, and what the directory
+/// reserved for it (a claim) until the session is bound or abandoned.
+#[derive(Debug, Clone)]
+pub struct Placement {
+    /// The agents to try, the first preferred.
+    pub agents: Vec<Arc<RemoteEngine>>,
+    /// The directory's own handle on what it reserved (the Kubernetes directory: a claim's
+    /// name); `None` when it reserved nothing (the static directory).
+    pub ticket: Option<String>,
+}
+
+/// Where a front's calls go. Every method is async: a directory may have to ask (a list of
+/// agents, the Kubernetes API) or to wait (a claim becoming Ready) before it can answer.
 #[async_trait::async_trait]
 pub trait Directory: Send + Sync {
-    /// Every agent, in the order a call that any may answer should try them, starting with
-    /// the one this call should go to (round-robin, or the least loaded).
-    fn candidates(&self, caller: &Caller) -> Vec<Arc<RemoteEngine>>;
+    /// The agents a call that any may answer (a one-shot run, a validation, a report) should
+    /// try in turn, starting with the one it should go to. May claim one (the Kubernetes
+    /// directory's runner claim for the tenant).
+    ///
+    /// # Errors
+    /// When no agent can be had (no claim became Ready in time, the API refused).
+    async fn for_calls(&self, caller: &Caller) -> Result<Vec<Arc<RemoteEngine>>, EngineError>;
+
+    /// Where `caller`'s new session is to be made.
+    ///
+    /// # Errors
+    /// When no agent can be had for it.
+    async fn place_session(
+        &self,
+        caller: &Caller,
+        request: &CreateSession,
+    ) -> Result<Placement, EngineError>;
+
+    /// `session_id` was made on `agent` (one of `placement`'s) and lives there from now on.
+    ///
+    /// # Errors
+    /// When the directory could not record it (the session is then deleted by the caller).
+    async fn bind(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+        agent: &Arc<RemoteEngine>,
+        placement: Placement,
+    ) -> Result<(), EngineError>;
+
+    /// Making the session failed: release what `placement` reserved.
+    async fn abandon(&self, caller: &Caller, placement: Placement);
 
     /// The agent that holds `session_id` of `caller`, when the directory knows one.
-    async fn holder(&self, caller: &Caller, session_id: &str) -> Option<Arc<RemoteEngine>>;
+    ///
+    /// # Errors
+    /// When the directory knows the session is lost (its claim was deleted, its pod
+    /// replaced): the error says so, with what to do.
+    async fn holder(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+    ) -> Result<Option<Arc<RemoteEngine>>, EngineError>;
 
-    /// `session_id` lives on `agent` from now on.
-    fn bind(&self, session_id: &str, agent: &Arc<RemoteEngine>);
+    /// An agent listed `session_id` of `caller` (a session listing): remember where it is, if
+    /// this directory learns that way.
+    fn learned(&self, _caller: &Caller, _session_id: &str, _agent: &Arc<RemoteEngine>) {}
 
-    /// `session_id` is gone.
-    fn unbind(&self, session_id: &str);
+    /// `session_id` is gone (deleted by its caller).
+    async fn unbind(&self, caller: &Caller, session_id: &str);
 
-    /// Every agent, for readiness.
+    /// Every agent that holds something of `caller`'s (its sessions, its one-shot runs), for
+    /// listings and lookups by run id; nothing is claimed for this.
+    async fn holding(&self, caller: &Caller) -> Vec<Arc<RemoteEngine>>;
+
+    /// Whether calls can be placed, and if not, why (each problem with its hint). By
+    /// default: ready when one of [`Directory::all`] is.
+    async fn readiness(&self) -> (bool, Vec<String>) {
+        agents_readiness(&self.all()).await
+    }
+
+    /// Every agent known now, for readiness.
     fn all(&self) -> Vec<Arc<RemoteEngine>>;
+}
+
+/// Ready when one of `agents` is; every other one's problems, with its name.
+pub async fn agents_readiness(agents: &[Arc<RemoteEngine>]) -> (bool, Vec<String>) {
+    let answers = futures::future::join_all(agents.iter().map(|agent| agent.readiness())).await;
+    let mut ready = false;
+    let mut problems = Vec::new();
+    for (agent, answer) in agents.iter().zip(answers) {
+        match answer {
+            Ok((true, _)) => ready = true,
+            Ok((false, said)) => problems.extend(
+                said.into_iter()
+                    .map(|problem| format!("engine agent `{}`: {problem}", agent.name())),
+            ),
+            Err(err) => problems.push(format!("{err}\nhint: {}", err.hint())),
+        }
+    }
+    (ready, problems)
+}
+
+/// The error of a session no agent holds, as an engine says it.
+#[must_use]
+pub fn no_session(session_id: &str) -> EngineError {
+    EngineError::new(ErrorKind::NotFound, format!("No session `{session_id}`")).with_hint(
+        "call list_sessions to see the sessions that exist, or create_session to start one (sessions unused for a long time are deleted)",
+    )
 }
 
 /// A fixed list of agents (`--agents`): one-shot runs and new sessions round-robin over
@@ -97,11 +183,9 @@ impl StaticDirectory {
     fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<RemoteEngine>>> {
         self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
     }
-}
 
-#[async_trait::async_trait]
-impl Directory for StaticDirectory {
-    fn candidates(&self, _caller: &Caller) -> Vec<Arc<RemoteEngine>> {
+    /// Every agent, round-robin: starting one further each time.
+    fn turn(&self) -> Vec<Arc<RemoteEngine>> {
         let start = self.next.fetch_add(1, Ordering::Relaxed) % self.agents.len();
         self.agents[start..]
             .iter()
@@ -109,10 +193,46 @@ impl Directory for StaticDirectory {
             .cloned()
             .collect()
     }
+}
 
-    async fn holder(&self, caller: &Caller, session_id: &str) -> Option<Arc<RemoteEngine>> {
+#[async_trait::async_trait]
+impl Directory for StaticDirectory {
+    async fn for_calls(&self, _caller: &Caller) -> Result<Vec<Arc<RemoteEngine>>, EngineError> {
+        Ok(self.turn())
+    }
+
+    async fn place_session(
+        &self,
+        _caller: &Caller,
+        _request: &CreateSession,
+    ) -> Result<Placement, EngineError> {
+        Ok(Placement {
+            agents: self.turn(),
+            ticket: None,
+        })
+    }
+
+    async fn bind(
+        &self,
+        _caller: &Caller,
+        session_id: &str,
+        agent: &Arc<RemoteEngine>,
+        _placement: Placement,
+    ) -> Result<(), EngineError> {
+        self.sessions()
+            .insert(session_id.to_owned(), Arc::clone(agent));
+        Ok(())
+    }
+
+    async fn abandon(&self, _caller: &Caller, _placement: Placement) {}
+
+    async fn holder(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+    ) -> Result<Option<Arc<RemoteEngine>>, EngineError> {
         if let Some(agent) = self.sessions().get(session_id) {
-            return Some(Arc::clone(agent));
+            return Ok(Some(Arc::clone(agent)));
         }
         // Not known here (a front started after the session was made): ask the agents for the
         // caller's sessions, and remember what they hold.
@@ -138,16 +258,20 @@ impl Directory for StaticDirectory {
                 }
             }
         }
-        sessions.get(session_id).cloned()
+        Ok(sessions.get(session_id).cloned())
     }
 
-    fn bind(&self, session_id: &str, agent: &Arc<RemoteEngine>) {
+    fn learned(&self, _caller: &Caller, session_id: &str, agent: &Arc<RemoteEngine>) {
         self.sessions()
             .insert(session_id.to_owned(), Arc::clone(agent));
     }
 
-    fn unbind(&self, session_id: &str) {
+    async fn unbind(&self, _caller: &Caller, session_id: &str) {
         self.sessions().remove(session_id);
+    }
+
+    async fn holding(&self, _caller: &Caller) -> Vec<Arc<RemoteEngine>> {
+        self.turn()
     }
 
     fn all(&self) -> Vec<Arc<RemoteEngine>> {
@@ -229,29 +353,11 @@ impl Routed {
     }
 
     async fn poll_readiness(&self) {
-        let agents = self.directory.all();
-        let answers = futures::future::join_all(agents.iter().map(|agent| agent.readiness())).await;
-        let mut readiness = Readiness {
-            ready: false,
-            problems: Vec::new(),
-        };
-        for (agent, answer) in agents.iter().zip(answers) {
-            match answer {
-                Ok((true, _)) => readiness.ready = true,
-                Ok((false, problems)) => readiness.problems.extend(
-                    problems
-                        .into_iter()
-                        .map(|problem| format!("engine agent `{}`: {problem}", agent.name())),
-                ),
-                Err(err) => readiness
-                    .problems
-                    .push(format!("{err}\nhint: {}", err.hint())),
-            }
-        }
+        let (ready, problems) = self.directory.readiness().await;
         *self
             .readiness
             .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Some(readiness);
+            .unwrap_or_else(PoisonError::into_inner) = Some(Readiness { ready, problems });
     }
 
     /// Count a call in flight; refused when the front is stopping.
@@ -282,38 +388,26 @@ impl Routed {
         linked
     }
 
-    /// The first answer of the candidates in turn, passing over an agent that could not be
-    /// reached (nothing was sent to it).
+    /// The first answer of the directory's agents for a call any may answer, in turn,
+    /// passing over an agent that could not be reached (nothing was sent to it).
     async fn any<T, F, Fut>(
         &self,
         caller: &Caller,
         call: F,
-    ) -> Result<(T, Arc<RemoteEngine>), RemoteError>
+    ) -> Result<(T, Arc<RemoteEngine>), EngineError>
     where
         F: Fn(Arc<RemoteEngine>) -> Fut,
         Fut: std::future::Future<Output = Result<T, RemoteError>>,
     {
-        let mut last = None;
-        for agent in self.directory.candidates(caller) {
-            match call(Arc::clone(&agent)).await {
-                Ok(answer) => return Ok((answer, agent)),
-                Err(err) if err.nothing_sent() => {
-                    tracing::warn!(agent = agent.name(), %err, "an agent could not be reached; trying the next");
-                    last = Some(err);
-                }
-                Err(err) => return Err(err),
-            }
-        }
-        Err(last.unwrap_or_else(|| RemoteError::Unreachable {
-            agent: "(none)".into(),
-            url: String::new(),
-            cause: "the directory names no agent".into(),
-        }))
+        let agents = self.directory.for_calls(caller).await?;
+        in_turn(agents, call)
+            .await
+            .map_err(RemoteError::into_engine)
     }
 
     /// A call on `session_id`: to the agent that holds it. An agent that is gone means the
-    /// session is lost; a session no agent holds goes to any agent, whose engine answers
-    /// "not found" as for an id that never existed.
+    /// session is lost; a session no agent holds is not found, as for an id that never
+    /// existed.
     async fn on_session<T, F, Fut>(
         &self,
         caller: &Caller,
@@ -324,13 +418,13 @@ impl Routed {
         F: Fn(Arc<RemoteEngine>) -> Fut,
         Fut: std::future::Future<Output = Result<Result<T, EngineError>, RemoteError>>,
     {
-        match self.directory.holder(caller, session_id).await {
+        match self.directory.holder(caller, session_id).await? {
             Some(agent) => match call(Arc::clone(&agent)).await {
                 Ok(answer) => answer,
                 Err(err) if err.agent_gone() => Err(session_lost(session_id, &agent, &err)),
                 Err(err) => Err(err.into_engine()),
             },
-            None => flatten(self.any(caller, call).await.map(|(answer, _)| answer)),
+            None => Err(no_session(session_id)),
         }
     }
 
@@ -341,7 +435,7 @@ impl Routed {
         Fut: std::future::Future<Output = Result<Result<T, EngineError>, RemoteError>>,
     {
         let mut last = None;
-        for agent in self.directory.candidates(caller) {
+        for agent in self.directory.holding(caller).await {
             match call(agent).await {
                 Ok(Ok(answer)) => return Ok(answer),
                 Ok(Err(err)) if err.kind == ErrorKind::NotFound => last = Some(err),
@@ -363,7 +457,7 @@ impl Routed {
         F: Fn(Arc<RemoteEngine>) -> Fut,
         Fut: std::future::Future<Output = Result<Option<T>, RemoteError>>,
     {
-        for agent in self.directory.candidates(caller) {
+        for agent in self.directory.holding(caller).await {
             if let Ok(Some(answer)) = call(agent).await {
                 return Some(answer);
             }
@@ -378,7 +472,7 @@ impl Routed {
         Fut: std::future::Future<Output = Result<T, RemoteError>>,
     {
         let answers =
-            futures::future::join_all(self.directory.candidates(caller).into_iter().map(call))
+            futures::future::join_all(self.directory.holding(caller).await.into_iter().map(call))
                 .await;
         answers
             .into_iter()
@@ -391,13 +485,53 @@ impl Routed {
     }
 }
 
+/// The first answer of `agents` in turn, passing over an agent that could not be reached
+/// (nothing was sent to it).
+async fn in_turn<T, F, Fut>(
+    agents: Vec<Arc<RemoteEngine>>,
+    call: F,
+) -> Result<(T, Arc<RemoteEngine>), RemoteError>
+where
+    F: Fn(Arc<RemoteEngine>) -> Fut,
+    Fut: std::future::Future<Output = Result<T, RemoteError>>,
+{
+    let mut last = None;
+    for agent in agents {
+        match call(Arc::clone(&agent)).await {
+            Ok(answer) => return Ok((answer, agent)),
+            Err(err) if err.nothing_sent() => {
+                tracing::warn!(agent = agent.name(), %err, "an agent could not be reached; trying the next");
+                last = Some(err);
+            }
+            Err(err) => return Err(err),
+        }
+    }
+    Err(last.unwrap_or_else(|| RemoteError::Unreachable {
+        agent: "(none)".into(),
+        url: String::new(),
+        cause: "the directory names no agent".into(),
+    }))
+}
+
 /// The error of a session whose agent is gone.
 fn session_lost(session_id: &str, agent: &RemoteEngine, err: &RemoteError) -> EngineError {
+    lost_session(
+        session_id,
+        &format!(
+            "the engine agent `{}` that held it does not answer ({err})",
+            agent.name()
+        ),
+    )
+}
+
+/// The error of a session that is lost, and `why`: its interpreter's state is gone, and what
+/// to do.
+#[must_use]
+pub fn lost_session(session_id: &str, why: &str) -> EngineError {
     EngineError::new(
         ErrorKind::SessionLost,
         format!(
-            "The session `{session_id}` is lost: the engine agent `{}` that held it does not answer ({err}); its interpreter's state (variables, imports) is gone",
-            agent.name()
+            "The session `{session_id}` is lost: {why}; its interpreter's state (variables, imports) is gone"
         ),
     )
     .with_hint(
@@ -445,7 +579,7 @@ impl EngineApi for Routed {
         };
         let answer = match &session {
             Some(session) => self.on_session(caller, session, run).await,
-            None => flatten(self.any(caller, run).await.map(|(answer, _)| answer)),
+            None => self.any(caller, run).await.and_then(|(answer, _)| answer),
         };
         answer.unwrap_or_else(not_run)
     }
@@ -489,41 +623,77 @@ impl EngineApi for Routed {
         request: CreateSession,
     ) -> Result<SessionInfo, EngineError> {
         let _call = self.admit()?;
-        let (answer, agent) = self
-            .any(caller, |agent| {
-                let request = &request;
-                async move {
-                    agent
-                        .call::<Result<SessionInfo, EngineError>>(
-                            protocol::CREATE_SESSION,
-                            caller,
-                            None,
-                            request,
-                        )
-                        .await
-                }
-            })
+        let placement = self.directory.place_session(caller, &request).await?;
+        let made = in_turn(placement.agents.clone(), |agent| {
+            let request = &request;
+            async move {
+                agent
+                    .call::<Result<SessionInfo, EngineError>>(
+                        protocol::CREATE_SESSION,
+                        caller,
+                        None,
+                        request,
+                    )
+                    .await
+            }
+        })
+        .await
+        .map_err(RemoteError::into_engine);
+        let (info, agent) = match made {
+            Ok((Ok(info), agent)) => (info, agent),
+            Ok((Err(err), _)) | Err(err) => {
+                self.directory.abandon(caller, placement).await;
+                return Err(err);
+            }
+        };
+        if let Err(err) = self
+            .directory
+            .bind(caller, &info.session_id, &agent, placement)
             .await
-            .map_err(RemoteError::into_engine)?;
-        let info = answer?;
-        self.directory.bind(&info.session_id, &agent);
+        {
+            // A session the directory cannot find again would be an orphan: take it back.
+            let deleted: Result<Result<(), EngineError>, RemoteError> = agent
+                .call(
+                    protocol::DELETE_SESSION,
+                    caller,
+                    Some(&info.session_id),
+                    &session_ref(&info.session_id),
+                )
+                .await;
+            if !matches!(deleted, Ok(Ok(()))) {
+                tracing::warn!(session = %info.session_id, "could not delete a session the directory did not record");
+            }
+            return Err(err);
+        }
         Ok(info)
     }
 
+    /// Every agent holding something of the caller's lists its sessions; when none does (the
+    /// Kubernetes directory before a tenant's first claim), the agent of its one-shot runs
+    /// answers, so that the listing carries its limits.
     async fn list_sessions(&self, caller: &Caller) -> Result<SessionList, EngineError> {
-        let lists = self
-            .every(caller, |agent| async move {
-                let list: Result<SessionList, EngineError> = agent
-                    .call(protocol::LIST_SESSIONS, caller, None, &())
-                    .await?;
-                Ok((agent, list))
-            })
-            .await;
+        let mut agents = self.directory.holding(caller).await;
+        if agents.is_empty() {
+            agents = self.directory.for_calls(caller).await?;
+        }
+        let lists = futures::future::join_all(agents.into_iter().map(|agent| async move {
+            let list: Result<SessionList, EngineError> = agent
+                .call(protocol::LIST_SESSIONS, caller, None, &())
+                .await?;
+            Ok::<_, RemoteError>((agent, list))
+        }))
+        .await
+        .into_iter()
+        .filter_map(|answer| {
+            answer
+                .map_err(|err| tracing::warn!(%err, "an agent did not answer a listing"))
+                .ok()
+        });
         let mut merged: Option<SessionList> = None;
         for (agent, list) in lists {
             let list = list?;
             for session in &list.sessions {
-                self.directory.bind(&session.session_id, &agent);
+                self.directory.learned(caller, &session.session_id, &agent);
             }
             match &mut merged {
                 None => merged = Some(list),
@@ -558,7 +728,7 @@ impl EngineApi for Routed {
             })
             .await;
         if deleted.is_ok() {
-            self.directory.unbind(session_id);
+            self.directory.unbind(caller, session_id).await;
         }
         deleted
     }
@@ -681,14 +851,12 @@ impl EngineApi for Routed {
         caller: &Caller,
         request: ValidateScript,
     ) -> Result<Validation, EngineError> {
-        flatten(
-            self.any(caller, |agent| {
-                let request = &request;
-                async move { agent.call(protocol::VALIDATE, caller, None, request).await }
-            })
-            .await
-            .map(|(answer, _)| answer),
-        )
+        self.any(caller, |agent| {
+            let request = &request;
+            async move { agent.call(protocol::VALIDATE, caller, None, request).await }
+        })
+        .await
+        .and_then(|(answer, _)| answer)
     }
 
     async fn report_for(&self, caller: &Caller) -> EnvironmentReport {
@@ -816,20 +984,37 @@ impl EngineApi for Routed {
         .await
     }
 
+    /// Recorded by an agent that already holds something of the caller's. When none does (the
+    /// Kubernetes directory before a tenant's first claim), by one a one-shot call would go
+    /// to, after the answer (so that auditing a call never holds its answer back for a claim).
     async fn audit_tool_call(&self, caller: &Caller, audit: ToolCallAudit) {
-        let sent = self
-            .any(caller, |agent| {
-                let audit = &audit;
-                async move {
-                    agent
-                        .call::<()>(protocol::AUDIT_TOOL_CALL, caller, None, audit)
-                        .await
+        let agents = self.directory.holding(caller).await;
+        if agents.is_empty() {
+            let (directory, caller) = (Arc::clone(&self.directory), caller.clone());
+            tokio::spawn(async move {
+                match directory.for_calls(&caller).await {
+                    Ok(agents) => record_audit(agents, &caller, &audit).await,
+                    Err(err) => {
+                        tracing::warn!(%err, "could not record a tool call in an agent's audit log");
+                    }
                 }
-            })
-            .await;
-        if let Err(err) = sent {
-            tracing::warn!(%err, "could not record a tool call in an agent's audit log");
+            });
+            return;
         }
+        record_audit(agents, caller, &audit).await;
+    }
+}
+
+/// Record `audit` on the first of `agents` that takes it.
+async fn record_audit(agents: Vec<Arc<RemoteEngine>>, caller: &Caller, audit: &ToolCallAudit) {
+    let sent = in_turn(agents, |agent| async move {
+        agent
+            .call::<()>(protocol::AUDIT_TOOL_CALL, caller, None, audit)
+            .await
+    })
+    .await;
+    if let Err(err) = sent {
+        tracing::warn!(%err, "could not record a tool call in an agent's audit log");
     }
 }
 

@@ -9,7 +9,8 @@
 //!   an agent's pod and a warm pod stays warm;
 //! - [`agent`]: the agent's router, the engine's API behind token checks;
 //! - [`remote`]: [`RemoteEngine`], the client of one agent, an `EngineApi` a face can hold;
-//! - [`directory`]: which agent holds what ([`Directory`], static now) and [`Routed`], the
+//! - [`directory`]: which agent holds what ([`Directory`]; [`StaticDirectory`] here, the
+//!   Kubernetes one in `snakebox-kube`) and [`Routed`], the
 //!   `EngineApi` a front's faces hold.
 //!
 //! Its arrows point down only: it depends on the engine's API (`snakebox_engine::api`) and
@@ -22,7 +23,9 @@ pub mod protocol;
 pub mod remote;
 pub mod token;
 
-pub use directory::{Directory, Routed, StaticDirectory};
+pub use directory::{
+    Directory, Placement, Routed, StaticDirectory, agents_readiness, lost_session, no_session,
+};
 pub use remote::{RemoteEngine, RemoteError};
 pub use token::{
     AUDIENCE, AgentCheck, FrontKey, Grant, MAX_LIFETIME, PRIVATE_KEY_FILE, PUBLIC_KEY_FILE,

@@ -697,7 +697,7 @@ impl EngineApi for RemoteEngine {
     async fn report_for(&self, caller: &Caller) -> EnvironmentReport {
         match self.call(protocol::REPORT, caller, None, &()).await {
             Ok(report) => report,
-            Err(err) => unreachable_report(self.host.as_ref(), &err),
+            Err(err) => unreachable_report(self.host.as_ref(), &err.into_engine()),
         }
     }
 
@@ -814,9 +814,12 @@ pub(crate) fn run_ref(id: &str) -> RunRef {
 
 /// A report for a caller when no agent answered: this process's own (`host`), not ready,
 /// saying why.
-pub(crate) fn unreachable_report(host: &dyn EngineHost, err: &RemoteError) -> EnvironmentReport {
+pub(crate) fn unreachable_report(host: &dyn EngineHost, err: &EngineError) -> EnvironmentReport {
     let mut report = host.report();
     report.ready = false;
-    report.problems.push(format!("{err}\nhint: {}", err.hint()));
+    report.problems.push(match &err.hint {
+        Some(hint) => format!("{}\nhint: {hint}", err.message),
+        None => err.message.clone(),
+    });
     report
 }

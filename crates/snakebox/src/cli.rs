@@ -128,6 +128,30 @@ pub struct FrontArgs {
     /// `snakebox keys front-keypair`; mode 0600) (`[front] front_key`).
     #[arg(long, env = "SNAKEBOX_FRONT_KEY", value_name = "FILE")]
     pub front_key: Option<PathBuf>,
+    /// Where the agents are: `static` (the --agents list) or `kubernetes` (an agent-sandbox
+    /// claim per session and per tenant's one-shot runs, in --namespace; docs: Running on
+    /// Kubernetes) [default: static when --agents is given] (`[front] directory`).
+    #[arg(long, env = "SNAKEBOX_DIRECTORY", value_name = "KIND")]
+    pub directory: Option<String>,
+    /// The namespace of the claims and warm pools [default: the kubeconfig's, or the
+    /// front pod's own] (`[front] namespace`).
+    #[arg(long, env = "SNAKEBOX_NAMESPACE", value_name = "NS")]
+    pub namespace: Option<String>,
+    /// The port the agents listen on in their pods [default: 8700] (`[front] agent_port`).
+    #[arg(long, env = "SNAKEBOX_AGENT_PORT", value_name = "PORT")]
+    pub agent_port: Option<u16>,
+    /// Seconds a claim may take to become Ready before the call that needs it fails
+    /// [default: 60] (`[front] claim_ready_timeout`).
+    #[arg(long, env = "SNAKEBOX_CLAIM_READY_TIMEOUT", value_name = "S")]
+    pub claim_ready_timeout: Option<u64>,
+    /// Seconds without a one-shot run after which a tenant's runner claim is deleted
+    /// [default: 900] (`[front] runner_idle_ttl`).
+    #[arg(long, env = "SNAKEBOX_RUNNER_IDLE_TTL", value_name = "S")]
+    pub runner_idle_ttl: Option<u64>,
+    /// Seconds a claim lives at most (its `lifecycle.shutdownTime`) [default: 86400]
+    /// (`[front] claim_max_age`).
+    #[arg(long, env = "SNAKEBOX_CLAIM_MAX_AGE", value_name = "S")]
+    pub claim_max_age: Option<u64>,
 }
 
 /// Arguments of `snakebox agent`.

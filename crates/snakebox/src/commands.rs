@@ -44,7 +44,7 @@ pub(crate) async fn serve(args: &ServeArgs) -> anyhow::Result<ExitCode> {
                 snakebox_wire::FrontKey::load(&front.front_key)
                     .map_err(|err| with_hint(&err, err.hint()))?,
             ),
-            agents: front.agents,
+            directory: front.directory,
         }),
         None => None,
     };
@@ -151,9 +151,10 @@ async fn serve_http(
     Ok(ExitCode::SUCCESS)
 }
 
-/// A front's engine agents (`serve --agents`) and the key it signs their calls with.
+/// Where a front's engine agents are (`serve --agents`, `--directory kubernetes`) and the key
+/// it signs their calls with.
 struct Front {
-    agents: Vec<(String, String)>,
+    directory: settings::DirectorySettings,
     key: Arc<snakebox_wire::FrontKey>,
 }
 
@@ -175,22 +176,48 @@ async fn handle(engine: &Arc<Engine>, front: Option<&Front>) -> anyhow::Result<E
         return Ok(handle);
     };
     let host = Arc::clone(handle.host());
-    let agents = front
-        .agents
-        .iter()
-        .map(|(name, url)| {
-            snakebox_wire::RemoteEngine::new(name, url, Arc::clone(&front.key), Arc::clone(&host))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(engine_error)?;
-    let names: Vec<String> = front
-        .agents
-        .iter()
-        .map(|(name, url)| format!("{name}={url}"))
-        .collect();
-    tracing::info!(agents = %names.join(","), "calls go to the engine agents");
-    let directory = snakebox_wire::StaticDirectory::new(agents).map_err(engine_error)?;
-    let routed = Arc::new(snakebox_wire::Routed::new(Arc::new(directory), host));
+    let directory: Arc<dyn snakebox_wire::Directory> = match &front.directory {
+        settings::DirectorySettings::Static(agents) => {
+            let remotes = agents
+                .iter()
+                .map(|(name, url)| {
+                    snakebox_wire::RemoteEngine::new(
+                        name,
+                        url,
+                        Arc::clone(&front.key),
+                        Arc::clone(&host),
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(engine_error)?;
+            let names: Vec<String> = agents
+                .iter()
+                .map(|(name, url)| format!("{name}={url}"))
+                .collect();
+            tracing::info!(agents = %names.join(","), "calls go to the engine agents");
+            Arc::new(snakebox_wire::StaticDirectory::new(remotes).map_err(engine_error)?)
+        }
+        settings::DirectorySettings::Kubernetes(kube) => {
+            let config = host.config();
+            let mut settings = snakebox_kube::KubernetesSettings::new(
+                &config.profiles.default,
+                config.python_version.as_deref().unwrap_or("default"),
+            );
+            settings.namespace.clone_from(&kube.namespace);
+            settings.agent_port = kube.agent_port;
+            settings.ready_timeout = kube.ready_timeout;
+            settings.runner_idle_ttl = kube.runner_idle_ttl;
+            settings.max_claim_age = kube.claim_max_age;
+            snakebox_kube::KubernetesDirectory::connect(
+                settings,
+                Arc::clone(&front.key),
+                Arc::clone(&host),
+            )
+            .await
+            .map_err(engine_error)?
+        }
+    };
+    let routed = Arc::new(snakebox_wire::Routed::new(directory, host));
     routed.watch_readiness().await;
     let report = snakebox_engine::EngineHost::report(routed.as_ref());
     for problem in &report.problems {

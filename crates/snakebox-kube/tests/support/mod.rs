@@ -36,6 +36,39 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value, json};
 
+/// An agent container's resources, as the tests' templates ask for them: 500m CPU and 1 GiB
+/// requested, 2 CPUs and 2 GiB at most.
+pub fn resources() -> k8s_openapi::api::core::v1::ResourceRequirements {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let quantity = |q: &str| Quantity(q.into());
+    k8s_openapi::api::core::v1::ResourceRequirements {
+        requests: Some(std::collections::BTreeMap::from([
+            ("cpu".into(), quantity("500m")),
+            ("memory".into(), quantity("1Gi")),
+        ])),
+        limits: Some(std::collections::BTreeMap::from([
+            ("cpu".into(), quantity("2")),
+            ("memory".into(), quantity("2Gi")),
+        ])),
+        ..Default::default()
+    }
+}
+
+/// The agents' network with the egress proxy (pods `app.kubernetes.io/name: snakebox-egress`,
+/// port 3128) allowed besides DNS.
+pub fn network_with_proxy() -> snakebox_kube::AgentNetwork {
+    snakebox_kube::AgentNetwork {
+        egress_proxy: Some((
+            std::collections::BTreeMap::from([(
+                "app.kubernetes.io/name".into(),
+                "snakebox-egress".into(),
+            )]),
+            3128,
+        )),
+        ..snakebox_kube::AgentNetwork::default()
+    }
+}
+
 /// The repository's root.
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
