@@ -681,7 +681,7 @@ impl EngineHost for Engine {
         action: &str,
         work: Box<dyn FnOnce() + Send>,
     ) -> Result<(), EngineError> {
-        self.on_host(caller, action, work).await
+        self.calls.on_host(caller, action, work).await
     }
 }
 

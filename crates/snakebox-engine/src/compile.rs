@@ -90,7 +90,7 @@ impl Engine {
         let Ok(cache) = &self.cache else {
             return;
         };
-        let stop = self.lifecycle.stop_token();
+        let stop = self.calls.lifecycle.stop_token();
         loop {
             let job = tokio::select! {
                 job = jobs.recv() => job,
@@ -100,7 +100,7 @@ impl Engine {
                 break;
             };
             let work = async {
-                let _slot = self.server_slot().await?;
+                let _slot = self.calls.server_slot().await?;
                 // The fork servers of the environment are started anew from the checked copy
                 // before it is published, and take over at once after (before the compilation
                 // counts as completed).

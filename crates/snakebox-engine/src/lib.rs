@@ -32,6 +32,7 @@ mod plan;
 mod policy;
 mod pool;
 mod profiles;
+mod records;
 mod report;
 mod result;
 mod run;
@@ -117,10 +118,13 @@ pub use validate::{
 type Unavailable = EngineError;
 
 /// Runs Python for callers. Cheap to share behind an `Arc`.
+///
+/// A façade: the work is done by the engine's services, each holding only what it needs of
+/// the rest (an `Arc` of the parts and services it uses), and this keeps short public
+/// methods that hand each call to its service.
 pub struct Engine {
-    config: EngineConfig,
+    config: Arc<EngineConfig>,
     sandbox: Result<Arc<Sandbox>, Unavailable>,
-    uv: Result<Uv, Unavailable>,
     /// Why the store (in the data directory) could not be opened, if it could not: the data
     /// directory is missing and cannot be made, or is not writable (a problem `check`
     /// reports; the server is not ready).
@@ -128,40 +132,27 @@ pub struct Engine {
     /// Where the keys, the runs table and the audit log are (`None`: it could not be opened;
     /// `store_problem` says why).
     shared: Option<shared::SharedStore>,
-    /// The interpreters found on this host; replaced when one is downloaded
-    /// ([`Engine::provide_python`]). Read through [`Engine::interpreters`].
-    interpreters: std::sync::RwLock<Arc<Interpreters>>,
-    /// One `uv python install` at a time.
-    python_installs: tokio::sync::Mutex<()>,
-    cache: Result<EnvCache, Unavailable>,
-    /// `--max-concurrent-runs`: every sandbox that does work holds one while it runs (a run,
-    /// a session call or command, an install or environment build, a validation compile), in
-    /// the name of the tenant it works for, shared fairly between tenants
-    /// ([`tenants::FairSlots`]). Taken around one sandbox at a time, never while holding
-    /// another, so none can wait on itself.
-    runs: Arc<tenants::FairSlots>,
-    /// The server's own work on the host for a tenant's call (file tools, reads of the runs
-    /// table and artifacts), on a bounded number of threads shared fairly between tenants.
-    host: host_work::HostWork,
+    cache: Result<Arc<EnvCache>, Unavailable>,
     warm: Mutex<WarmState>,
     sessions: session::Sessions,
     artifacts: artifacts::ArtifactStore,
     pool: pool::WarmPool,
-    lifecycle: lifecycle::Lifecycle,
-    /// The runs table: every tracked call, recorded when admitted and when it returns.
-    history: Arc<history::History>,
     /// What the shared stores removed by each tenant's budget, and the writer's queue
     /// dropped ([`budget`]).
     ledger: Arc<budget::Ledger>,
-    /// What each tenant holds of the server, against its quotas.
-    tenants: tenants::Tenants,
-    /// The run proxy's resolver, made on first use.
-    resolver: network::ResolverCell,
-    /// The tracked calls running now, by execution id: their owner and the token that
-    /// cancels them ([`Engine::cancel_run`]).
-    running: lifecycle::RunningCalls,
     /// New environments to byte-compile after their first run ([`compile`]).
     compiles: compile::CompileQueue,
+    /// Admission of every call: the stop signal, the calls in flight, the tenants' quotas,
+    /// the sandbox slots and host-work threads, the runs table.
+    calls: Arc<lifecycle::Calls>,
+    /// The checks of a request and the choice (and download) of its interpreter.
+    planner: Arc<plan::Planner>,
+    /// The run proxies: the network settings and the resolver.
+    proxies: Arc<network::Proxies>,
+    /// What every sandbox is: its policy, command, mounts.
+    sandboxes: Arc<run::Sandboxes>,
+    /// The artifacts and the runs table, read for callers.
+    records: records::Records,
 }
 
 /// How the environment cache runs package code (compilation, builds): with the server's
@@ -308,30 +299,22 @@ impl Engine {
             config.bwrap_path.as_deref(),
             lifecycle.stop_token(),
         );
-        Engine {
-            history: Arc::new(history::History::open(
-                &config.data_dir,
-                store.as_ref(),
-                history::HistoryLimits {
-                    runs: book.history(),
-                    audit_bytes: book.audit_bytes(),
-                    queue_bytes: config.store_budgets.audit_queue_bytes,
-                },
-                Arc::clone(&ledger),
-            )),
-            ledger,
-            tenants: tenants::Tenants::new(book.clone()),
-            resolver: network::ResolverCell::default(),
-            running: lifecycle::RunningCalls::default(),
-            compiles: compile::CompileQueue::default(),
-            pool: pool::WarmPool::new(config.warm_pool, config.fork_server, config.prefork),
-            sessions,
-            artifacts,
-            runs: tenants::FairSlots::for_sandboxes(
-                config.max_concurrent_runs,
-                book.max_concurrent_runs(),
-            ),
-            host: host_work::HostWork::new(
+        let history = Arc::new(history::History::open(
+            &config.data_dir,
+            store.as_ref(),
+            history::HistoryLimits {
+                runs: book.history(),
+                audit_bytes: book.audit_bytes(),
+                queue_bytes: config.store_budgets.audit_queue_bytes,
+            },
+            Arc::clone(&ledger),
+        ));
+        let calls = Arc::new(lifecycle::Calls::new(
+            lifecycle,
+            Arc::clone(&history),
+            tenants::Tenants::new(book.clone()),
+            tenants::FairSlots::for_sandboxes(config.max_concurrent_runs, book.max_concurrent_runs()),
+            host_work::HostWork::new(
                 host_work::HostWork::default_threads(),
                 config.tenants.max_concurrent_runs.is_some()
                     || config
@@ -339,16 +322,41 @@ impl Engine {
                         .values()
                         .any(|o| o.max_concurrent_runs.is_some()),
             ),
+        ));
+        let config = Arc::new(config);
+        let planner = Arc::new(plan::Planner::new(Arc::clone(&config), uv, interpreters));
+        let proxies = Arc::new(network::Proxies::new(
+            config.network.clone(),
+            config.network_proxy.clone(),
+            sandbox.clone(),
+        ));
+        let sandboxes = Arc::new(run::Sandboxes::new(
+            Arc::clone(&config),
+            sandbox.clone(),
+            Arc::clone(&proxies),
+        ));
+        let records = records::Records::new(
+            artifacts.clone(),
+            history,
+            Arc::clone(&calls.host),
+        );
+        Engine {
+            ledger,
+            compiles: compile::CompileQueue::default(),
+            pool: pool::WarmPool::new(config.warm_pool, config.fork_server, config.prefork),
+            sessions,
+            artifacts,
             config,
             sandbox,
-            uv,
             store_problem,
             shared: store,
-            interpreters: std::sync::RwLock::new(Arc::new(interpreters)),
-            python_installs: tokio::sync::Mutex::new(()),
-            cache,
+            cache: cache.map(Arc::new),
             warm: Mutex::new(warm),
-            lifecycle,
+            calls,
+            planner,
+            proxies,
+            sandboxes,
+            records,
         }
     }
 
@@ -364,13 +372,6 @@ impl Engine {
     #[must_use]
     pub fn store_problem(&self) -> Option<&EngineError> {
         self.store_problem.as_ref()
-    }
-
-    /// The tenant `caller` is for: what it may take of the server and keep in the stores,
-    /// and which profiles it may name (the `[tenants]` defaults and its `[tenants.NAME]`).
-    #[must_use]
-    pub fn tenant(&self, caller: &Caller) -> Tenant {
-        self.tenants.book().tenant(caller)
     }
 
     /// The settings this engine runs with.
@@ -420,49 +421,6 @@ impl Engine {
         self.sessions.release();
     }
 
-    /// A slot of `--max-concurrent-runs` for one sandbox working for `caller` (see
-    /// [`Engine::runs`]).
-    /// A call cancelled while it waits gets `cancelled`.
-    pub(crate) async fn sandbox_slot(
-        &self,
-        caller: &Caller,
-        cancel: &tokio_util::sync::CancellationToken,
-    ) -> Result<tenants::Slot, EngineError> {
-        let share = self.runs.share(caller);
-        tokio::select! {
-            slot = share.slot() => slot,
-            () = cancel.cancelled() => Err(EngineError::new(
-                ErrorKind::Cancelled,
-                "The call was cancelled while it waited for a sandbox slot",
-            )),
-        }
-    }
-
-    /// `caller`'s claim on the sandbox slots, for work that goes on after its call (an
-    /// install) to hold in its name.
-    pub(crate) fn share(&self, caller: &Caller) -> tenants::Share {
-        self.runs.share(caller)
-    }
-
-    /// Do `work` on the host for `caller`, on the bounded, fairly shared host-work threads
-    /// ([`host_work::HostWork`]).
-    ///
-    /// # Errors
-    /// When the work panicked.
-    pub(crate) async fn on_host<R: Send + 'static>(
-        &self,
-        caller: &Caller,
-        action: &str,
-        work: impl FnOnce() -> R + Send + 'static,
-    ) -> Result<R, EngineError> {
-        self.host.run(caller, action, work).await
-    }
-
-    /// A slot for the server's own background work (warming, compilation).
-    pub(crate) async fn server_slot(&self) -> Result<tenants::Slot, EngineError> {
-        self.runs.server_share().slot().await
-    }
-
     async fn default_environment(&self) -> Result<snakebox_env::Environment, EngineError> {
         self.server_environment(&[]).await
     }
@@ -474,9 +432,9 @@ impl Engine {
         requirements: &[pep508_rs::Requirement],
     ) -> Result<snakebox_env::Environment, EngineError> {
         let cache = self.cache.as_ref().map_err(Clone::clone)?;
-        let interpreter = self.pick_interpreter(None, None)?;
+        let interpreter = self.planner.pick_interpreter(None, None)?;
         // Building it runs uv's install sandboxes: a slot, like every sandbox.
-        let _slot = self.server_slot().await?;
+        let _slot = self.calls.server_slot().await?;
         Ok(cache.ensure(&interpreter, requirements).await?)
     }
 
@@ -484,6 +442,157 @@ impl Engine {
         if let Ok(mut warm) = self.warm.lock() {
             *warm = state;
         }
+    }
+
+    /// Open the engine and start what a long-running server keeps going: cache warming and
+    /// periodic pruning, the fork servers' run directories, the warm pool. The sessions'
+    /// reaper starts with the engine (every command has one) and ends when it begins to stop.
+    /// Stop it all with [`Engine::shutdown`].
+    pub async fn start(config: EngineConfig) -> Arc<Engine> {
+        let engine = Arc::new(Engine::new(config).await);
+        let background = Arc::clone(&engine);
+        let maintenance = tokio::spawn(async move {
+            background.warm().await;
+            loop {
+                match background.prune().await {
+                    Ok(pruned) => tracing::debug!(?pruned, "environment cache pruned"),
+                    Err(err) => tracing::debug!(message = %err.message, "cache pruning skipped"),
+                }
+                let pruned = background.prune_artifacts().await;
+                tracing::debug!(?pruned, "artifact store pruned");
+                tokio::time::sleep(lifecycle::PRUNE_EVERY).await;
+            }
+        });
+        // Before any request: runs started from here on are visible to the fork server.
+        engine.prepare_fork_server();
+        let pool = tokio::spawn(Arc::clone(&engine).run_warm_pool());
+        let compiles = engine.start_compiles();
+        engine
+            .calls
+            .lifecycle
+            .keep_background([maintenance, pool].into_iter().chain(compiles));
+        engine
+    }
+
+    /// Stop the server's work and release everything it holds on the host: steps 1 to 3 (see
+    /// the module docs). Calls in flight get `drain` to return their records; every step that
+    /// waits is bounded, then forced. Safe to call more than once.
+    pub async fn shutdown(&self, reason: StopReason, drain: std::time::Duration) -> ShutdownReport {
+        let started = std::time::Instant::now();
+        let mut report = ShutdownReport::default();
+        self.begin_shutdown(reason);
+        report.calls_cut_short = self.wait_idle(drain).await;
+        for task in self.calls.lifecycle.take_background() {
+            task.abort();
+        }
+        if tokio::time::timeout(lifecycle::STEP_DEADLINE, self.stop_warm_pool())
+            .await
+            .is_err()
+        {
+            report.forced = true;
+        }
+        if tokio::time::timeout(lifecycle::STEP_DEADLINE, self.sessions.stop_interpreters())
+            .await
+            .is_err()
+        {
+            report.forced = true;
+        }
+        self.release_host();
+        report.duration_ms = crate::ids::millis(started.elapsed());
+        tracing::info!(?report, "stopped");
+        report
+    }
+
+    /// Release what this server holds on the host without waiting for anything: the
+    /// sessions' disk image, its cgroups (members SIGKILLed), its run directories (scratch
+    /// and runs-root mounts detached). The last step of [`Engine::shutdown`], and what a
+    /// face calls when a shutdown overran its deadline. Best effort, bounded.
+    pub fn release_host(&self) {
+        self.begin_shutdown(StopReason::Requested);
+        if let Ok(sandbox) = &self.sandbox {
+            sandbox.remove_own_cgroups();
+        }
+        crate::run::remove_own_run_dirs(&self.config.data_dir, self.sandbox.as_deref().ok());
+        // Last: interpreters killed above no longer hold the image's files.
+        self.release_sessions();
+        // What the runs table has queued is written before the process exits.
+        self.calls.history.close();
+    }
+
+    /// The tenant `caller` is for: what it may take of the server and keep in the stores,
+    /// and which profiles it may name (the `[tenants]` defaults and its `[tenants.NAME]`).
+    #[must_use]
+    pub fn tenant(&self, caller: &Caller) -> Tenant {
+        self.calls.tenant(caller)
+    }
+
+    /// What one of `caller`'s calls has printed so far, while it runs (`None` once it has
+    /// ended, and for another caller's call, as for an id that never existed).
+    #[must_use]
+    pub fn live_output(&self, caller: &Caller, id: &str) -> Option<LiveOutput> {
+        self.calls.live_output(caller, id)
+    }
+
+    /// Step 1 of stopping: refuse new calls and cancel those in flight (each is answered with
+    /// status `cancelled`). Idempotent; the first reason is kept.
+    pub fn begin_shutdown(&self, reason: StopReason) {
+        self.calls.begin_shutdown(reason);
+    }
+
+    /// Record a call of a tool that runs no code in the audit log (runs are recorded by
+    /// [`Engine::execute`] and the session calls themselves): when, tenant, tool, status.
+    pub fn audit_tool_call(&self, caller: &Caller, tool: &str, status: &str) {
+        self.calls.audit_tool_call(caller, tool, status);
+    }
+
+    /// Record a call of any tool refused before it ran (an unknown tool, arguments that do
+    /// not fit): the tool's name (cut at 200 bytes) and, of `request` (what was sent, as
+    /// JSON), only its size and SHA-256.
+    pub fn audit_refused_call(&self, caller: &Caller, tool: &str, request: &str) {
+        self.calls.audit_refused_call(caller, tool, request);
+    }
+
+    /// Whether [`Engine::begin_shutdown`] was called.
+    #[must_use]
+    pub fn is_stopping(&self) -> bool {
+        self.calls.is_stopping()
+    }
+
+    /// Step 2: wait until no call is in flight, at most `deadline`. Returns how many calls
+    /// were still running when it gave up.
+    pub async fn wait_idle(&self, deadline: std::time::Duration) -> usize {
+        self.calls.wait_idle(deadline).await
+    }
+
+    /// Cancel one of `caller`'s calls that is running now, by its execution id (a one-shot
+    /// run, a session cell or a command): its sandbox is stopped and its call answers
+    /// `cancelled`, as when its client cancels it.
+    ///
+    /// # Errors
+    /// `not_found` for an id that is not one of `caller`'s running calls (another caller's
+    /// included, answered exactly as an id that never existed, or one that has ended).
+    pub fn cancel_run(&self, caller: &Caller, id: &str) -> Result<(), EngineError> {
+        self.calls.cancel_run(caller, id)
+    }
+
+    /// At start, with `python_downloads = "automatic"`: download the server's default Python
+    /// (`--python-version`) when no interpreter here has it, before
+    /// [`Engine::check_default_python`] judges it.
+    ///
+    /// # Errors
+    /// The download failed.
+    pub async fn provide_default_python(&self) -> Result<(), EngineError> {
+        self.planner.provide_default_python().await
+    }
+
+    /// Whether the server's default Python (`--python-version`, `[python] version`) names an
+    /// interpreter that is here: a settings mistake (`3.99`, `banana`) would otherwise fail
+    /// every call that does not name its own version.
+    ///
+    /// # Errors
+    /// The request does not parse, or no usable interpreter matches it.
+    pub fn check_default_python(&self) -> Result<(), EngineError> {
+        self.planner.check_default_python()
     }
 
     /// The content of one of `caller`'s artifacts (`snakebox://artifacts/<execution_id>/<path>`).
@@ -496,15 +605,7 @@ impl Engine {
         caller: &Caller,
         uri: &str,
     ) -> Result<ArtifactContent, EngineError> {
-        let store = self.artifacts.clone();
-        let uri = uri.to_string();
-        let caller = caller.clone();
-        let who = caller.clone();
-        let read = self
-            .host
-            .run(&who, "read the artifact", move || store.read(&caller, &uri))
-            .await?;
-        Ok(read?)
+        self.records.read_artifact(caller, uri).await
     }
 
     /// One of `caller`'s artifacts opened for a download: `path` of `execution_id` (as an
@@ -518,42 +619,18 @@ impl Engine {
         execution_id: &str,
         path: &str,
     ) -> Result<ArtifactFile, EngineError> {
-        let store = self.artifacts.clone();
-        let (caller, execution_id, path) =
-            (caller.clone(), execution_id.to_owned(), path.to_owned());
-        let who = caller.clone();
-        let opened = self
-            .host
-            .run(&who, "open the artifact", move || {
-                store.open(&caller, &execution_id, &path)
-            })
-            .await?;
-        Ok(opened?)
+        self.records.open_artifact(caller, execution_id, path).await
     }
 
     /// `caller`'s artifacts of the most recent runs, newest first.
     pub async fn list_artifacts(&self, caller: &Caller, limit: usize) -> Vec<Artifact> {
-        let store = self.artifacts.clone();
-        let caller = caller.clone();
-        let who = caller.clone();
-        self.host
-            .run(&who, "list the artifacts", move || {
-                store.list(&caller, limit)
-            })
-            .await
-            .unwrap_or_default()
+        self.records.list_artifacts(caller, limit).await
     }
 
     /// `caller`'s runs (one-shot runs, session cells and commands) that `query` selects,
     /// newest first; a run still going has status `running`.
     pub async fn list_runs(&self, caller: &Caller, query: RunQuery) -> Vec<RunRecord> {
-        let caller = caller.clone();
-        let history = Arc::clone(&self.history);
-        let who = caller.clone();
-        self.host
-            .run(&who, "list the runs", move || history.list(&caller, &query))
-            .await
-            .unwrap_or_default()
+        self.records.list_runs(caller, query).await
     }
 
     /// One of `caller`'s runs by execution id.
@@ -562,18 +639,7 @@ impl Engine {
     /// `not_found` for an id that is not one of `caller`'s runs (another caller's included,
     /// answered exactly as an id that never existed) or that has been forgotten.
     pub async fn run_record(&self, caller: &Caller, id: &str) -> Result<RunRecord, EngineError> {
-        let history = Arc::clone(&self.history);
-        let (who, wanted) = (caller.clone(), id.to_owned());
-        self.host
-            .run(caller, "read the run", move || history.get(&who, &wanted))
-            .await
-            .ok()
-            .flatten()
-            .ok_or_else(|| {
-                EngineError::new(ErrorKind::NotFound, format!("No run `{id}`")).with_hint(
-                    "list the runs to see those that are kept (each tenant's newest, within its budget of runs, for 30 days)",
-                )
-            })
+        self.records.run_record(caller, id).await
     }
 
     /// The result one of `caller`'s finished runs returned (stdout, stderr, result value,
@@ -581,31 +647,18 @@ impl Engine {
     /// runs, for another caller's run (as for an unknown id), for runs recorded before results
     /// were kept, and for a result too large to keep.
     pub async fn run_output(&self, caller: &Caller, id: &str) -> Option<serde_json::Value> {
-        let history = Arc::clone(&self.history);
-        let (who, wanted) = (caller.clone(), id.to_owned());
-        let json = self
-            .host
-            .run(caller, "read the run's result", move || {
-                history.output(&who, &wanted)
-            })
-            .await
-            .ok()
-            .flatten()?;
-        serde_json::from_str(&json).ok()
+        self.records.run_output(caller, id).await
     }
 
     /// The artifact store (location and retention rule).
     #[must_use]
     pub fn artifact_store(&self) -> &ArtifactStore {
-        &self.artifacts
+        self.records.artifact_store()
     }
 
     /// Remove artifacts past the store's retention rule (age, then size quota).
     pub async fn prune_artifacts(&self) -> ArtifactPrune {
-        let store = self.artifacts.clone();
-        tokio::task::spawn_blocking(move || store.prune(None))
-            .await
-            .unwrap_or_default()
+        self.records.prune_artifacts().await
     }
 
     /// Remove environments past the cache's retention rule (age, then size).

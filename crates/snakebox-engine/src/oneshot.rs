@@ -81,13 +81,13 @@ impl Engine {
                     .unwrap_or_else(|| self.config.profiles.default_for(caller).to_owned()),
             ),
         };
-        self.tracked(
+        self.calls.tracked(
             caller,
             start,
             &cancel,
             ExecutionResult::not_run,
             |id, token| {
-                let output = self.live_tee(&id, output);
+                let output = self.calls.live_tee(&id, output);
                 self.execute_admitted(caller, id, request, token, output)
             },
         )
@@ -190,23 +190,23 @@ impl Engine {
         request: &ExecuteRequest,
         cancel: &CancellationToken,
     ) -> Result<Plan, (EngineError, Option<String>)> {
-        let checked = self.check_request(request).map_err(|error| (error, None))?;
+        let checked = self.planner.check_request(request).map_err(|error| (error, None))?;
         let policy = CallPolicy::decide(
             &self.config,
             CallKind::Run,
-            &self.tenant(caller),
+            &self.calls.tenant(caller),
             &Asked::of(request, &checked.requirements),
         )
         .map_err(|refusal| (refusal.error, refusal.profile))?;
         let provided = tokio::select! {
-            provided = self.provide_python(request.python_version.as_deref(), checked.requires_python.as_ref()) => provided,
+            provided = self.planner.provide_python(request.python_version.as_deref(), checked.requires_python.as_ref()) => provided,
             () = cancel.cancelled() => Err(EngineError::new(
                 ErrorKind::Cancelled,
                 "The call was cancelled while its Python was being downloaded",
             )),
         };
         provided.map_err(|error| (error, None))?;
-        let interpreter = self
+        let interpreter = self.planner
             .pick_interpreter(
                 request.python_version.as_deref(),
                 checked.requires_python.as_ref(),
@@ -315,7 +315,7 @@ impl Engine {
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<Launched, EngineError> {
         let sandbox = self.sandbox.as_ref().map_err(Clone::clone)?;
-        let slot = self.sandbox_slot(caller, &cancel).await?;
+        let slot = self.calls.sandbox_slot(caller, &cancel).await?;
         let has_network = plan.policy.network.is_some();
         let launch = self.launch_path(plan, environment, caller);
         let mut proxy = None;
@@ -357,11 +357,11 @@ impl Engine {
             )
         })?;
         self.write_run_policy(&run_dir, plan)?;
-        let network = self.run_network(has_network);
+        let network = self.sandboxes.run_network(has_network);
         if let (crate::run::RunNetwork::Proxy, None, Some(names)) =
             (network, &proxy, plan.policy.network.clone())
         {
-            proxy = Some(self.start_run_proxy(&run_dir.input, names)?);
+            proxy = Some(self.proxies.start_run_proxy(&run_dir.input, names)?);
         }
         let baseline = crate::files::write(&run_dir.work, &plan.inputs, run_dir.owner())
             .map(|()| crate::artifacts::Baseline::snapshot(&run_dir.work))
@@ -374,7 +374,7 @@ impl Engine {
             let forked = forking
                 .server
                 .run(
-                    &self.fork_run(
+                    &self.sandboxes.fork_run(
                         &run_dir,
                         &plan.policy.shape,
                         network == crate::run::RunNetwork::Proxy,
@@ -410,7 +410,7 @@ impl Engine {
             }
             (None, None) => {
                 let (mut policy, command) =
-                    self.sandbox_call(environment, &run_dir, &plan.policy.shape, network, false);
+                    self.sandboxes.sandbox_call(environment, &run_dir, &plan.policy.shape, network, false);
                 policy.cpu = slot.cpu().cloned();
                 sandbox.run(&policy, &command, cancel, output).await
             }
@@ -419,9 +419,15 @@ impl Engine {
             .as_ref()
             .map(|o| o.control.as_slice())
             .unwrap_or_default();
-        let mut collected = self
-            .collect_rich(caller, execution_id, &run_dir.work, baseline, control)
-            .await;
+        let mut collected = crate::runner::collect_rich(
+            &self.artifacts,
+            caller,
+            execution_id,
+            &run_dir.work,
+            baseline,
+            control,
+        )
+        .await;
         if let Some(forking) = &launch.forking {
             self.pool.learn(forking, &collected.take_imported());
         }
@@ -456,7 +462,7 @@ impl Engine {
         // first use when cache warming did not build it).
         let is_default = plan.requirements.is_empty()
             && network_is_default
-            && self
+            && self.planner
                 .pick_interpreter(None, None)
                 .is_ok_and(|default| default.executable == plan.interpreter.executable);
         // A call that narrows the server's network policy may fork (a fork server holds no
@@ -527,7 +533,7 @@ impl Engine {
         // before the run takes its own (never both at once), in the caller's name, and its
         // sandboxes weigh on the CPU as the slot's share says. (A cancel drops this whole
         // future: the caller's select.)
-        let slot = self.share(caller).slot().await?;
+        let slot = self.calls.share(caller).slot().await?;
         Ok(cache
             .ensure_weighed(interpreter, requirements, slot.cpu())
             .await?)

@@ -818,7 +818,7 @@ impl Engine {
     /// `copy`, of that copy of the environment's directory, mounted in its place.
     fn start_fork_server(&self, target: &Target, copy: Option<&Path>) -> Result<Forking, String> {
         let sandbox = self.sandbox.as_ref().map_err(|m| m.message.clone())?;
-        let mut spec = self.fork_server_spec(&target.environment);
+        let mut spec = self.sandboxes.fork_server_spec(&target.environment);
         let key = &target.environment.key;
         // Runs learn what to import only where the fork server is the tenant's own and
         // preloads packages (`--preload-packages` 0 turns both off).
@@ -886,15 +886,15 @@ impl Engine {
         .map_err(|err| format!("could not prepare a run directory: {err}"))?;
         // A sandbox kept with network gets its proxy now, with the server's whole policy
         // (a call that narrows it runs cold).
-        let network = self.run_network(target.key.network);
+        let network = self.sandboxes.run_network(target.key.network);
         let proxy = match (network, self.config.network.names()) {
             (crate::run::RunNetwork::Proxy, Some(names)) => Some(
-                self.start_run_proxy(&run_dir.input, names)
+                self.proxies.start_run_proxy(&run_dir.input, names)
                     .map_err(|err| err.message)?,
             ),
             _ => None,
         };
-        let (policy, command) = self.sandbox_call(
+        let (policy, command) = self.sandboxes.sandbox_call(
             &target.environment,
             &run_dir,
             &crate::policy::server_shape(&self.config, self.config.max_timeout),

@@ -295,7 +295,7 @@ impl Engine {
     fn report_listing(&self, viewer: Option<&Caller>) -> EnvironmentReport {
         let config = &self.config;
         let (isolation_active, sandbox_details, sandbox_hint, limits) = self.sandbox_report();
-        let (uv, uv_hint) = match &self.uv {
+        let (uv, uv_hint) = match self.planner.uv() {
             Ok(uv) => (format!("{} ({})", uv.version, uv.path.display()), None),
             Err(missing) => (missing.message.clone(), missing.hint.clone()),
         };
@@ -314,7 +314,7 @@ impl Engine {
             sandbox_hint,
             network: config.network.allows_network(),
             network_policy: config.network.describe(),
-            network_enforcement: self.network_enforcement(),
+            network_enforcement: self.proxies.network_enforcement(),
             network_caps: NetworkCapsReport {
                 connections: config.network_proxy.caps.connections,
                 bytes: config.network_proxy.caps.bytes,
@@ -329,7 +329,7 @@ impl Engine {
                 .unwrap_or_else(|| "newest available CPython 3".into()),
             python_downloads: config.python_downloads,
             infer_dependencies: config.infer_dependencies,
-            pythons: self
+            pythons: self.planner
                 .interpreters()
                 .all()
                 .iter()
@@ -359,7 +359,7 @@ impl Engine {
                     config.profiles.default_for(caller)
                 })
                 .to_owned(),
-            tenant: viewer.map(|caller| self.tenant(caller)),
+            tenant: viewer.map(|caller| self.calls.tenant(caller)),
             profiles: self.profiles_report(viewer),
             ready: problems.is_empty(),
             problems,
@@ -497,7 +497,7 @@ impl Engine {
         let mut problems = Vec::new();
         for missing in [
             self.sandbox.as_ref().err(),
-            self.uv.as_ref().err(),
+            self.planner.uv().as_ref().err(),
             self.store_problem.as_ref(),
         ]
         .into_iter()
@@ -518,13 +518,13 @@ impl Engine {
             }
             problems.push(line);
         }
-        if let Err(err) = self.check_default_python() {
+        if let Err(err) = self.planner.check_default_python() {
             let mut line = err.message;
             if let Some(hint) = &err.hint {
                 line.push_str(&format!(" (hint: {hint})"));
             }
             problems.push(line);
-        } else if self.interpreters().all().is_empty() {
+        } else if self.planner.interpreters().all().is_empty() {
             problems.push(
                 "No Python interpreter was found (hint: install one with pyenv, `uv python install`, or the system package manager)"
                     .into(),
@@ -573,7 +573,7 @@ impl Engine {
     /// The shared stores as `viewer` may see them: its own tenant's figures (none of
     /// another's); for the operator (`None`), the budgets alone.
     fn stores_report(&self, viewer: Option<&Caller>) -> crate::StoresReport {
-        let (runs, audit, write_queue) = self.history.report(viewer);
+        let (runs, audit, write_queue) = self.calls.history.report(viewer);
         crate::StoresReport {
             tenant: viewer.map(|caller| caller.id().to_owned()),
             runs,

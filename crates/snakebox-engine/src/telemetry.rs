@@ -70,12 +70,12 @@ impl Engine {
     /// it before it exports (the cache's size is read from its manifests on disk, so call it
     /// off the async threads).
     pub fn publish_gauges(&self) {
-        set("snakebox_calls_in_flight", self.lifecycle.in_flight());
+        set("snakebox_calls_in_flight", self.calls.lifecycle.in_flight());
         let total = self.config.max_concurrent_runs.max(1);
         set("snakebox_sandbox_slots", total);
-        set("snakebox_sandbox_slots_busy", self.runs.busy());
-        set("snakebox_host_work_threads", self.host.threads());
-        set("snakebox_host_work_busy", self.host.busy());
+        set("snakebox_sandbox_slots_busy", self.calls.runs.busy());
+        set("snakebox_host_work_threads", self.calls.host.threads());
+        set("snakebox_host_work_busy", self.calls.host.busy());
         let sessions = self.sessions.report(&self.config.data_dir, None);
         set("snakebox_sessions", sessions.count);
         set(
@@ -98,6 +98,6 @@ impl Engine {
             gauge!("snakebox_env_cache_bytes").set(stats.bytes as f64);
         }
         #[allow(clippy::cast_precision_loss)]
-        gauge!("snakebox_audit_queue_bytes").set(self.history.queued_bytes() as f64);
+        gauge!("snakebox_audit_queue_bytes").set(self.calls.history.queued_bytes() as f64);
     }
 }

@@ -231,7 +231,7 @@ impl Engine {
         let policy = CallPolicy::decide(
             &self.config,
             CallKind::Compile,
-            &self.tenant(caller),
+            &self.calls.tenant(caller),
             &Asked {
                 profile,
                 allowed_imports,
@@ -281,7 +281,7 @@ impl Engine {
                 recommendations: Vec::new(),
             };
         }
-        let available: Vec<pep440_rs::Version> = self
+        let available: Vec<pep440_rs::Version> = self.planner
             .interpreters()
             .all()
             .iter()
@@ -308,7 +308,7 @@ impl Engine {
             .map(|reqs| reqs.iter().map(ToString::to_string).collect())
             .unwrap_or_default();
         let requires_python = metadata.and_then(|m| m.requires_python.as_ref());
-        let interpreter = match self.pick_interpreter(python_version, requires_python) {
+        let interpreter = match self.planner.pick_interpreter(python_version, requires_python) {
             Ok(interpreter) => Some(interpreter),
             Err(error) => {
                 // A requires-python mismatch is already reported by the script crate.
@@ -490,7 +490,7 @@ impl Engine {
         };
         // The compile is a sandbox like any other: it holds a slot of the concurrency cap, in
         // the caller's name, and weighs on the CPU as the slot's share says.
-        let slot = self.share(caller).slot().await?;
+        let slot = self.calls.share(caller).slot().await?;
         policy.cpu = slot.cpu().cloned();
         let outcome = sandbox
             .run(&policy, &command, CancellationToken::new(), None)

@@ -489,11 +489,11 @@ impl Engine {
         paths: &SessionPaths,
     ) -> Result<Installer, EngineError> {
         let sandbox = self.session_sandbox()?;
-        let uv = self.uv.as_ref().map_err(unavailable)?;
+        let uv = self.planner.uv().as_ref().map_err(unavailable)?;
         let cache = self.cache.as_ref().map_err(unavailable)?;
         Ok(Installer {
             sandbox: Arc::clone(sandbox),
-            share: self.share(caller),
+            share: self.calls.share(caller),
             uv: uv.clone(),
             uv_env: cache.uv_environment().clone(),
             uv_cache: cache.uv_cache_dir(),
@@ -554,7 +554,7 @@ impl Engine {
         progress: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<InstallStatus, EngineError> {
         // In flight until it returns; the install itself ends when the server stops.
-        let call = self.enter(&CancellationToken::new())?;
+        let call = self.calls.enter(&CancellationToken::new())?;
         let manager = self.session_manager()?;
         let row = manager.row(caller, session_id)?;
         if packages.is_empty() {
@@ -576,7 +576,7 @@ impl Engine {
         crate::policy::CallPolicy::decide(
             &self.config,
             crate::policy::CallKind::SessionInstall(&super::interpreter::session_facts(&row)),
-            &self.tenant(caller),
+            &self.calls.tenant(caller),
             &crate::policy::Asked {
                 requirements: &parsed,
                 ..crate::policy::Asked::default()

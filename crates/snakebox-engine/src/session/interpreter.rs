@@ -57,13 +57,13 @@ impl Engine {
             dependencies: request.dependencies.clone(),
             profile: row.as_ref().ok().map(SessionRow::profile_name),
         };
-        self.tracked(
+        self.calls.tracked(
             caller,
             start,
             &cancel,
             |id, error| refused(id, session_id, error),
             |id, token| {
-                let output = self.live_tee(&id, output);
+                let output = self.calls.live_tee(&id, output);
                 self.execute_in_session_admitted(
                     caller, id, session_id, row, request, token, output,
                 )
@@ -101,7 +101,7 @@ impl Engine {
         // From here every result names the session's profile, as a one-shot run's does.
         let profile_name = row.profile_name();
         let fail = |error| not_run(&execution_id, session_id, Some(&profile_name), error);
-        let tenant = self.tenant(caller);
+        let tenant = self.calls.tenant(caller);
         let CellPlan {
             policy,
             inputs,
@@ -137,7 +137,7 @@ impl Engine {
             Ok(prepared) => prepared,
             Err(error) => return fail(error),
         };
-        let run_slot = match self.sandbox_slot(caller, &cancel).await {
+        let run_slot = match self.calls.sandbox_slot(caller, &cancel).await {
             Ok(slot) => slot,
             Err(error) => return fail(error),
         };
@@ -220,7 +220,7 @@ impl Engine {
         tenant: &crate::Tenant,
         request: &ExecuteRequest,
     ) -> Result<CellPlan, crate::policy::Refusal> {
-        let checked = self
+        let checked = self.planner
             .check_request(request)
             .map_err(|error| crate::policy::Refusal {
                 error,
@@ -292,7 +292,7 @@ impl Engine {
                     .ok()
                     .and_then(|sandbox| sandbox.host_ids(Identity::Untrusted));
                 let work = work.clone();
-                self.on_host(caller, "write the input files", move || {
+                self.calls.on_host(caller, "write the input files", move || {
                     write_inputs(&work, &inputs, owner)
                         .map(|()| crate::artifacts::Baseline::snapshot(&work))
                 })
@@ -332,7 +332,7 @@ impl Engine {
         // host-work slots, so one tenant churning through more sessions than may run at
         // once starts them a few at a time, not every one of its calls at once beside
         // another tenant's run (issue 32, item 1).
-        let host = self.host.hold(caller).await?;
+        let host = self.calls.host.hold(caller).await?;
         manager.make_room(&row.id, &row.owner).await;
         self.ensure_session_proxy(manager, row, &mut state.proxy)?;
         // Writing its files and forking its sandbox block this thread for milliseconds:
@@ -372,7 +372,7 @@ impl Engine {
             session_id.to_owned(),
         );
         let who = caller.clone();
-        let finished = self
+        let finished = self.calls
             .on_host(&who, "collect the cell's files", move || {
                 let collected =
                     store.collect_and_fingerprint(&caller, &execution_id, &work, &baseline, images);
@@ -402,9 +402,9 @@ impl Engine {
         interpreter: &Interpreter,
         shape: &crate::run::RunShape,
     ) -> (Policy, PathBuf) {
-        let work = self.path_inside(&paths.work, SANDBOX_WORK_DIR);
-        let tmp = self.path_inside(&paths.tmp, "/tmp");
-        let runner = self
+        let work = self.sandboxes.path_inside(&paths.work, SANDBOX_WORK_DIR);
+        let tmp = self.sandboxes.path_inside(&paths.tmp, "/tmp");
+        let runner = self.sandboxes
             .path_inside(&paths.input, SANDBOX_INPUT_DIR)
             .join(RUNNER_NAME);
         let mut mounts = vec![
@@ -517,7 +517,7 @@ impl Engine {
             }
         })()
         .map_err(|err| io_error("write the session runner", &err))?;
-        let network = self.run_network(decided.network.is_some());
+        let network = self.sandboxes.run_network(decided.network.is_some());
         let (policy, runner) = self.session_policy(network, &paths, interpreter, shape);
         let mut args: Vec<std::ffi::OsString> = vec!["-s".into()];
         if shape.deny_exec {
@@ -568,13 +568,13 @@ impl Engine {
             dependencies: Vec::new(),
             profile: self.profile_of_session(caller, session_id),
         };
-        self.tracked(
+        self.calls.tracked(
             caller,
             start,
             &cancel,
             |id, error| refused(id, session_id, error),
             |id, token| {
-                let output = self.live_tee(&id, output);
+                let output = self.calls.live_tee(&id, output);
                 self.run_command_admitted(
                     caller,
                     id,
@@ -626,7 +626,7 @@ impl Engine {
         let policy = match CallPolicy::decide(
             &self.config,
             CallKind::Command(&session_facts(&row)),
-            &self.tenant(caller),
+            &self.calls.tenant(caller),
             &Asked {
                 timeout_seconds,
                 ..Asked::default()
@@ -657,7 +657,7 @@ impl Engine {
         }
         // The command may write the workspace: the next cell's baseline is taken afresh.
         state.known_files = None;
-        let run_slot = match self.sandbox_slot(caller, &cancel).await {
+        let run_slot = match self.calls.sandbox_slot(caller, &cancel).await {
             Ok(slot) => slot,
             Err(error) => return fail(error),
         };
@@ -666,7 +666,7 @@ impl Engine {
             Ok(paths) => paths,
             Err(error) => return fail(error),
         };
-        let network = self.run_network(policy.network.is_some());
+        let network = self.sandboxes.run_network(policy.network.is_some());
         let (mut sandbox_policy, _) =
             self.session_policy(network, &paths, &interpreter, &policy.shape);
         let mut shell = SandboxCommand {
@@ -731,7 +731,7 @@ impl Engine {
         row: &SessionRow,
         proxy: &mut Option<snakebox_sandbox::RunProxy>,
     ) -> Result<(), EngineError> {
-        let network = self.run_network(self.session_network(row));
+        let network = self.sandboxes.run_network(self.session_network(row));
         if network != crate::run::RunNetwork::Proxy || proxy.is_some() {
             return Ok(());
         }
@@ -741,7 +741,7 @@ impl Engine {
         let paths = manager.paths(row)?;
         make_dir(&paths.input, 0o755, None)
             .map_err(|err| io_error("create the session's input directory", &err))?;
-        *proxy = Some(self.start_run_proxy(&paths.input, names)?);
+        *proxy = Some(self.proxies.start_run_proxy(&paths.input, names)?);
         Ok(())
     }
 }

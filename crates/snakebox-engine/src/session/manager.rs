@@ -582,6 +582,7 @@ impl Manager {
         let manager = Arc::clone(self);
         let id = id.to_owned();
         let _ = engine
+            .calls
             .on_host(caller, "measure the session's files", move || {
                 manager.measure(&id, ran_cell);
             })
@@ -614,7 +615,7 @@ impl Engine {
 
     /// The interpreter a session was made with (it must still exist on this host).
     pub(super) fn session_interpreter(&self, row: &SessionRow) -> Result<Interpreter, EngineError> {
-        self.interpreters()
+        self.planner.interpreters()
             .all()
             .iter()
             .find(|i| i.executable.as_os_str() == row.interpreter.as_str())
@@ -641,7 +642,7 @@ impl Engine {
         caller: &Caller,
         request: CreateSession,
     ) -> Result<SessionInfo, EngineError> {
-        self.refuse_if_stopping()?;
+        self.calls.refuse_if_stopping()?;
         let manager = self.session_manager()?;
         self.session_sandbox()?;
         if let Some(name) = &request.name
@@ -659,7 +660,7 @@ impl Engine {
         // limits, subprocesses, read-only /work and imports by its interpreter's sandbox
         // (see `start_interpreter`). Its network is the one-shot rule's: the profile's unless
         // the caller declines or narrows it; fixed for the session's life.
-        let tenant = self.tenant(caller);
+        let tenant = self.calls.tenant(caller);
         let parsed: Vec<pep508_rs::Requirement> = request
             .dependencies
             .iter()
@@ -688,9 +689,9 @@ impl Engine {
         let reservation = manager.reserve_create(caller, tenant.max_sessions)?;
         manager.check_disk(caller.id())?;
         let requirements = Self::parse_requirements(&request.dependencies)?;
-        self.provide_python(request.python_version.as_deref(), None)
+        self.planner.provide_python(request.python_version.as_deref(), None)
             .await?;
-        let interpreter = self.pick_interpreter(request.python_version.as_deref(), None)?;
+        let interpreter = self.planner.pick_interpreter(request.python_version.as_deref(), None)?;
         let id = new_session_id();
         // The tenant's share of the disk: made and reserved with its first session.
         let share = {

@@ -68,7 +68,7 @@ impl Engine {
         }
         // Not a cell's file: the next cell's baseline must include it.
         state.known_files = None;
-        let size = self
+        let size = self.calls
             .on_host(caller, "write the file", move || {
                 snakebox_fs::write(&work, &rel, &content, owner)
             })
@@ -97,7 +97,7 @@ impl Engine {
         let row = manager.row(caller, session_id)?;
         let work = manager.paths(&row)?.work;
         let rel = RelativePath::parse_entry(path).map_err(|err| file_error(err.into()))?;
-        let data = self
+        let data = self.calls
             .on_host(caller, "read the file", move || {
                 snakebox_fs::read(&work, &rel, MAX_FILE_BYTES)
             })
@@ -133,7 +133,7 @@ impl Engine {
         let work = manager.paths(&row)?.work;
         let rel = path.to_owned();
         let depth = depth.clamp(1, 10);
-        let (entries, truncated) = self
+        let (entries, truncated) = self.calls
             .on_host(caller, "list the directory", move || {
                 files::list(&work, &rel, depth, MAX_LIST_ENTRIES)
             })
