@@ -16,6 +16,7 @@ mod budget;
 mod caller;
 mod compile;
 mod config;
+mod environments;
 mod error;
 mod events;
 mod files;
@@ -47,7 +48,7 @@ mod tenants;
 use snakebox_fs::tree;
 mod validate;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use snakebox_env::{CacheConfig, EnvCache, Interpreters, Uv};
 use snakebox_sandbox::{Sandbox, SandboxConfig};
@@ -76,6 +77,7 @@ pub use config::{
     CompatToolSet, DEFAULT_PREFORK, DEFAULT_PRELOAD_PACKAGES, EngineConfig, MAX_PRELOAD_PACKAGES,
     MIN_SESSIONS_DISK_SHARE, PythonDownloads, SessionSettings, TENANTS_PER_SESSIONS_DISK,
 };
+pub use environments::{WarmPhase, WarmReport, WarmState};
 pub use error::{EngineError, ErrorKind, Hint};
 pub use events::{EventKind, SecurityEvent};
 pub use files::{FileEncoding, InputFile, MAX_INPUT_BYTES, MAX_INPUT_FILES};
@@ -92,7 +94,7 @@ pub use profiles::{
 };
 pub use report::{
     ArtifactsReport, CacheReport, CompilationReport, EnvironmentReport, InterpreterReport,
-    LimitStatus, NetworkCapsReport, ProfileReport, WarmPhase, WarmReport, WarmState,
+    LimitStatus, NetworkCapsReport, ProfileReport,
 };
 pub use result::{
     Artifact, ArtifactOrigin, ErrorInfo, ExceptionInfo, ExecutionResult, InlineImage, Package,
@@ -133,15 +135,13 @@ pub struct Engine {
     /// `store_problem` says why).
     shared: Option<shared::SharedStore>,
     cache: Result<Arc<EnvCache>, Unavailable>,
-    warm: Mutex<WarmState>,
     sessions: session::Sessions,
     artifacts: artifacts::ArtifactStore,
-    pool: pool::WarmPool,
+    /// The warm pool's state (its keeper fills it, one-shot runs claim from it).
+    pool: Arc<pool::WarmPool>,
     /// What the shared stores removed by each tenant's budget, and the writer's queue
     /// dropped ([`budget`]).
     ledger: Arc<budget::Ledger>,
-    /// New environments to byte-compile after their first run ([`compile`]).
-    compiles: compile::CompileQueue,
     /// Admission of every call: the stop signal, the calls in flight, the tenants' quotas,
     /// the sandbox slots and host-work threads, the runs table.
     calls: Arc<lifecycle::Calls>,
@@ -153,6 +153,16 @@ pub struct Engine {
     sandboxes: Arc<run::Sandboxes>,
     /// The artifacts and the runs table, read for callers.
     records: records::Records,
+    /// The environment cache: builds in a call's or the server's name, warming, pruning.
+    environments: Arc<environments::Environments>,
+    /// Fills the warm pool and starts fork servers.
+    keeper: Arc<pool::Keeper>,
+    /// New environments to byte-compile after their first run ([`compile`]).
+    compiler: Arc<compile::Compiler>,
+    /// Checks scripts without running them.
+    validator: Arc<validate::Validator>,
+    /// Runs one script in a fresh sandbox.
+    oneshot: oneshot::OneShot,
 }
 
 /// How the environment cache runs package code (compilation, builds): with the server's
@@ -233,11 +243,6 @@ impl Engine {
             })
             .map_err(|err| unavailable(&err)),
             (Err(missing), _) | (_, Err(missing)) => Err(missing.clone()),
-        };
-        let warm = if config.warm_cache {
-            WarmState::Pending
-        } else {
-            WarmState::Disabled
         };
         // The store first: its first opening imports the files of earlier versions (the
         // sessions open it again, once the sessions kept in an old image are taken out).
@@ -340,23 +345,70 @@ impl Engine {
             history,
             Arc::clone(&calls.host),
         );
+        let cache = cache.map(Arc::new);
+        let pool = Arc::new(pool::WarmPool::new(
+            config.warm_pool,
+            config.fork_server,
+            config.prefork,
+        ));
+        let environments = Arc::new(environments::Environments::new(
+            Arc::clone(&config),
+            cache.clone(),
+            Arc::clone(&planner),
+            Arc::clone(&calls),
+        ));
+        let keeper = Arc::new(pool::Keeper::new(
+            Arc::clone(&config),
+            sandbox.clone(),
+            Arc::clone(&pool),
+            Arc::clone(&sandboxes),
+            Arc::clone(&proxies),
+            Arc::clone(&environments),
+        ));
+        let compiler = Arc::new(compile::Compiler::new(
+            cache.clone(),
+            Arc::clone(&calls),
+            Arc::clone(&keeper),
+        ));
+        let validator = Arc::new(validate::Validator::new(
+            Arc::clone(&config),
+            sandbox.clone(),
+            Arc::clone(&calls),
+            Arc::clone(&planner),
+        ));
+        let oneshot = oneshot::OneShot {
+            config: Arc::clone(&config),
+            sandbox: sandbox.clone(),
+            calls: Arc::clone(&calls),
+            planner: Arc::clone(&planner),
+            proxies: Arc::clone(&proxies),
+            sandboxes: Arc::clone(&sandboxes),
+            pool: Arc::clone(&pool),
+            environments: Arc::clone(&environments),
+            compiler: Arc::clone(&compiler),
+            validator: Arc::clone(&validator),
+            artifacts: artifacts.clone(),
+        };
         Engine {
             ledger,
-            compiles: compile::CompileQueue::default(),
-            pool: pool::WarmPool::new(config.warm_pool, config.fork_server, config.prefork),
+            pool,
             sessions,
             artifacts,
             config,
             sandbox,
             store_problem,
             shared: store,
-            cache: cache.map(Arc::new),
-            warm: Mutex::new(warm),
+            cache,
             calls,
             planner,
             proxies,
             sandboxes,
             records,
+            environments,
+            keeper,
+            compiler,
+            validator,
+            oneshot,
         }
     }
 
@@ -380,68 +432,95 @@ impl Engine {
         &self.config
     }
 
-    /// Build the default environment so the first call does not pay for it (cache warming).
-    /// Observable through [`Engine::report`] (`warm`). Does nothing when warming is disabled.
-    pub async fn warm(&self) {
-        if !self.config.warm_cache {
-            return;
-        }
-        self.set_warm(WarmState::Running);
-        let started = std::time::Instant::now();
-        let mut failed = Vec::new();
-        if let Err(err) = self.default_environment().await {
-            failed.push(err.message);
-        } else {
-            // Then `[cache] warm`, one environment each; one that fails does not stop the rest.
-            for requirement in &self.config.warm_packages {
-                if let Err(err) = self
-                    .server_environment(std::slice::from_ref(requirement))
-                    .await
-                {
-                    failed.push(format!("`{requirement}`: {}", err.message));
-                }
-            }
-        }
-        let state = if failed.is_empty() {
-            WarmState::Ready {
-                duration_ms: ids::millis(started.elapsed()),
-            }
-        } else {
-            WarmState::Failed {
-                message: failed.join("; "),
-            }
-        };
-        tracing::info!(?state, "cache warming finished");
-        self.set_warm(state);
-    }
-
     /// Before the process exits: unmount the tenants' shares of the sessions' disk unless
     /// another server of this data directory still runs (the files stay in their images).
     pub fn release_sessions(&self) {
         self.sessions.release();
     }
 
-    async fn default_environment(&self) -> Result<snakebox_env::Environment, EngineError> {
-        self.server_environment(&[]).await
-    }
-
-    /// The default interpreter's environment of `requirements` (none: the default
-    /// environment), built in the server's name if missing: cache warming's work.
-    async fn server_environment(
+    /// Run one script: in a fresh sandbox, or in the session its request names. Always
+    /// returns a record: failures before the script runs are reported with status
+    /// `invalid_request` or `setup_failed` and a hint; a call made while the server stops is
+    /// refused (`setup_failed`), one cut short by the stop is `cancelled` and says so.
+    pub async fn execute(
         &self,
-        requirements: &[pep508_rs::Requirement],
-    ) -> Result<snakebox_env::Environment, EngineError> {
-        let cache = self.cache.as_ref().map_err(Clone::clone)?;
-        let interpreter = self.planner.pick_interpreter(None, None)?;
-        // Building it runs uv's install sandboxes: a slot, like every sandbox.
-        let _slot = self.calls.server_slot().await?;
-        Ok(cache.ensure(&interpreter, requirements).await?)
+        caller: &Caller,
+        request: ExecuteRequest,
+        cancel: tokio_util::sync::CancellationToken,
+        output: Option<tokio::sync::mpsc::UnboundedSender<OutputChunk>>,
+    ) -> ExecutionResult {
+        if let Some(session_id) = request.session_id.clone() {
+            return self
+                .execute_in_session(caller, &session_id, request, cancel, output)
+                .await;
+        }
+        self.oneshot.execute(caller, request, cancel, output).await
     }
 
-    fn set_warm(&self, state: WarmState) {
-        if let Ok(mut warm) = self.warm.lock() {
-            *warm = state;
-        }
+    /// Check a script without running it: metadata, requirements, `requires-python` against
+    /// the interpreters here, Python syntax for the target version, and what it imports
+    /// (against `allowed_imports`, when given: each import outside it is a problem with its
+    /// line).
+    ///
+    /// # Errors
+    /// The call's policy refuses it (a profile the caller may not name, imports it would
+    /// widen).
+    pub async fn validate(
+        &self,
+        caller: &Caller,
+        script: &str,
+        dependencies: &[String],
+        python_version: Option<&str>,
+        profile: Option<&str>,
+        allowed_imports: Option<&[String]>,
+    ) -> Result<Validation, EngineError> {
+        self.validator
+            .validate(
+                caller,
+                script,
+                dependencies,
+                python_version,
+                profile,
+                allowed_imports,
+            )
+            .await
+    }
+
+    /// Build the default environment so the first call does not pay for it (cache warming).
+    /// Observable through [`Engine::report`] (`warm`). Does nothing when warming is disabled.
+    pub async fn warm(&self) {
+        self.environments.warm().await;
+    }
+
+    /// Remove environments past the cache's retention rule (age, then size).
+    ///
+    /// # Errors
+    /// The cache is not available.
+    pub async fn prune(&self) -> Result<snakebox_env::PruneReport, EngineError> {
+        self.environments.prune().await
+    }
+
+    /// Keep the warm pool filled until [`Engine::stop_warm_pool`]: first the default
+    /// environment (built here if cache warming did not), then recently used ones. Returns at
+    /// once when the pool is off (`--warm-pool 0`) or the sandbox is unavailable. Meant to be
+    /// spawned by a long-running server; one-shot commands do not start it. Fork servers start
+    /// only after [`Engine::prepare_fork_server`], which the server calls before it takes
+    /// requests.
+    pub async fn run_warm_pool(self: Arc<Self>) {
+        Arc::clone(&self.keeper).run_warm_pool().await;
+    }
+
+    /// Stop refilling and discard every ready sandbox (their trees are killed, their run
+    /// directories removed).
+    pub async fn stop_warm_pool(&self) {
+        self.keeper.stop_warm_pool().await;
+    }
+
+    /// Get the run directories ready for a fork server (see
+    /// [`snakebox_sandbox::Sandbox::prepare_runs_root`]), before any run starts: `serve`
+    /// calls it before it takes requests. Turns the fork server off when that fails.
+    pub fn prepare_fork_server(&self) {
+        self.keeper.prepare_fork_server();
     }
 
     /// Open the engine and start what a long-running server keeps going: cache warming and
@@ -466,7 +545,7 @@ impl Engine {
         // Before any request: runs started from here on are visible to the fork server.
         engine.prepare_fork_server();
         let pool = tokio::spawn(Arc::clone(&engine).run_warm_pool());
-        let compiles = engine.start_compiles();
+        let compiles = engine.compiler.start_compiles();
         engine
             .calls
             .lifecycle
@@ -661,11 +740,6 @@ impl Engine {
         self.records.prune_artifacts().await
     }
 
-    /// Remove environments past the cache's retention rule (age, then size).
-    pub async fn prune(&self) -> Result<snakebox_env::PruneReport, EngineError> {
-        let cache = self.cache.as_ref().map_err(Clone::clone)?;
-        Ok(cache.prune().await?)
-    }
 }
 
 /// A part the engine needs that failed to start (the sandbox, uv, the cache): `unavailable`,

@@ -2,6 +2,7 @@
 //! (forked from the environment's fork server, a pre-started sandbox of the warm pool, or
 //! cold), collect, and turn the outcome into an [`ExecutionResult`].
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use snakebox_env::{Environment, Interpreter};
@@ -15,7 +16,14 @@ use crate::plan::ExecuteRequest;
 use crate::policy::{Asked, CallKind, CallPolicy};
 use crate::result::{ExecutionResult, Package};
 use crate::run::{Ran, RunDir, classify};
-use crate::{Engine, EngineError, ErrorKind};
+use crate::environments::Environments;
+use crate::lifecycle::Calls;
+use crate::network::Proxies;
+use crate::plan::Planner;
+use crate::pool::WarmPool;
+use crate::run::Sandboxes;
+use crate::validate::Validator;
+use crate::{EngineConfig, EngineError, ErrorKind, Unavailable};
 
 /// What planning decided: everything needed to prepare and run.
 struct Plan {
@@ -38,7 +46,7 @@ impl Plan {
     }
 }
 
-/// Where a run goes (see [`Engine::launch_path`]): a fork server, a pooled sandbox, or
+/// Where a run goes (see [`OneShot::launch_path`]): a fork server, a pooled sandbox, or
 /// neither (a cold start).
 struct LaunchPath {
     forking: Option<std::sync::Arc<crate::pool::Forking>>,
@@ -52,23 +60,35 @@ struct Launched {
     network_log: Vec<crate::NetworkLogEntry>,
 }
 
-impl Engine {
+/// One-shot runs as a service: what a run in a fresh sandbox needs, and no more: admission,
+/// the plan, the environment, the import check, the warm pool to claim from, what each
+/// sandbox is, the proxies, and the artifact store its files are collected into.
+pub(crate) struct OneShot {
+    pub(crate) config: Arc<EngineConfig>,
+    pub(crate) sandbox: Result<Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+    pub(crate) calls: Arc<Calls>,
+    pub(crate) planner: Arc<Planner>,
+    pub(crate) proxies: Arc<Proxies>,
+    pub(crate) sandboxes: Arc<Sandboxes>,
+    pub(crate) pool: Arc<WarmPool>,
+    pub(crate) environments: Arc<Environments>,
+    pub(crate) compiler: Arc<crate::compile::Compiler>,
+    pub(crate) validator: Arc<Validator>,
+    pub(crate) artifacts: crate::artifacts::ArtifactStore,
+}
+
+impl OneShot {
     /// Run one script in a fresh sandbox. Always returns a record: failures before the script
     /// runs are reported with status `invalid_request` or `setup_failed` and a hint; a call
     /// made while the server stops is refused (`setup_failed`), one cut short by the stop is
     /// `cancelled` and says so.
-    pub async fn execute(
+    pub(crate) async fn execute(
         &self,
         caller: &crate::Caller,
         request: ExecuteRequest,
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
-        if let Some(session_id) = request.session_id.clone() {
-            return self
-                .execute_in_session(caller, &session_id, request, cancel, output)
-                .await;
-        }
         let start = RunStart {
             kind: RunKind::Execute,
             session_id: None,
@@ -120,7 +140,7 @@ impl Engine {
             Err(error) => return plan.stamp(ExecutionResult::not_run(execution_id, error)),
         };
         // A new environment published before its bytecode: compiled once this call ends.
-        let _compile_after = self.compile_after(&environment);
+        let _compile_after = self.compiler.compile_after(&environment);
         let setup_ms = ids::millis(setup_started.elapsed());
         if let Some(refused) = self
             .imports_refused(caller, &plan, &request, &execution_id)
@@ -235,7 +255,7 @@ impl Engine {
             return Err(missing.clone());
         }
         tokio::select! {
-            prepared = self.environment(caller, &plan.interpreter, &plan.requirements) => prepared,
+            prepared = self.environments.environment(caller, &plan.interpreter, &plan.requirements) => prepared,
             () = cancel.cancelled() => Err(EngineError::new(
                 ErrorKind::Cancelled,
                 "The call was cancelled while its environment was being prepared",
@@ -255,6 +275,7 @@ impl Engine {
     ) -> Option<ExecutionResult> {
         let allowed = plan.policy.imports.as_ref()?;
         let blocked = match self
+            .validator
             .imports_outside(caller, &plan.interpreter, &request.script, allowed)
             .await
         {
@@ -520,22 +541,5 @@ impl Engine {
             })?;
         }
         Ok(())
-    }
-
-    async fn environment(
-        &self,
-        caller: &crate::Caller,
-        interpreter: &Interpreter,
-        requirements: &[pep508_rs::Requirement],
-    ) -> Result<Environment, EngineError> {
-        let cache = self.cache.as_ref().map_err(Clone::clone)?;
-        // A build runs uv's install sandboxes: it holds a slot of the concurrency cap, released
-        // before the run takes its own (never both at once), in the caller's name, and its
-        // sandboxes weigh on the CPU as the slot's share says. (A cancel drops this whole
-        // future: the caller's select.)
-        let slot = self.calls.share(caller).slot().await?;
-        Ok(cache
-            .ensure_weighed(interpreter, requirements, slot.cpu())
-            .await?)
     }
 }

@@ -5,92 +5,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::human_bytes;
-use crate::{Caller, Engine};
-
-/// State of cache warming. On the wire one flat object ([`WarmReport`]): a tagged union
-/// would be a `oneOf`, which the model providers' schema rules refuse.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(into = "WarmReport", from = "WarmReport")]
-#[schemars(with = "WarmReport")]
-pub enum WarmState {
-    /// `--no-warm-cache` was given.
-    Disabled,
-    /// Not started yet.
-    Pending,
-    /// Building the default environment now.
-    Running,
-    /// The default environment is ready.
-    Ready {
-        /// How long warming took.
-        duration_ms: u64,
-    },
-    /// Warming failed (executions will retry and report the reason).
-    Failed {
-        /// Why.
-        message: String,
-    },
-}
-
-/// Cache warming as `check_environment` reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct WarmReport {
-    /// `disabled` (`--no-warm-cache`), `pending`, `running`, `ready` or `failed` (executions
-    /// will retry and report the reason).
-    pub state: WarmPhase,
-    /// How long warming took, once `ready`.
-    pub duration_ms: Option<u64>,
-    /// Why warming failed, when `failed`.
-    pub message: Option<String>,
-}
-
-/// The phase of cache warming.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum WarmPhase {
-    /// `--no-warm-cache` was given.
-    Disabled,
-    /// Not started yet.
-    Pending,
-    /// Building the default environment now.
-    Running,
-    /// The default environment is ready.
-    Ready,
-    /// Warming failed.
-    Failed,
-}
-
-impl From<WarmState> for WarmReport {
-    fn from(state: WarmState) -> Self {
-        let (state, duration_ms, message) = match state {
-            WarmState::Disabled => (WarmPhase::Disabled, None, None),
-            WarmState::Pending => (WarmPhase::Pending, None, None),
-            WarmState::Running => (WarmPhase::Running, None, None),
-            WarmState::Ready { duration_ms } => (WarmPhase::Ready, Some(duration_ms), None),
-            WarmState::Failed { message } => (WarmPhase::Failed, None, Some(message)),
-        };
-        Self {
-            state,
-            duration_ms,
-            message,
-        }
-    }
-}
-
-impl From<WarmReport> for WarmState {
-    fn from(report: WarmReport) -> Self {
-        match report.state {
-            WarmPhase::Disabled => WarmState::Disabled,
-            WarmPhase::Pending => WarmState::Pending,
-            WarmPhase::Running => WarmState::Running,
-            WarmPhase::Ready => WarmState::Ready {
-                duration_ms: report.duration_ms.unwrap_or_default(),
-            },
-            WarmPhase::Failed => WarmState::Failed {
-                message: report.message.unwrap_or_default(),
-            },
-        }
-    }
-}
+use crate::{Caller, Engine, WarmState};
 
 /// One interpreter found on this host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -353,7 +268,7 @@ impl Engine {
             },
             sessions: self.sessions.report(&config.data_dir, viewer),
             stores: self.stores_report(viewer),
-            warm_pool: self.pool_report(viewer),
+            warm_pool: self.pool.report(viewer),
             default_profile: viewer
                 .map_or(config.profiles.default.as_str(), |caller| {
                     config.profiles.default_for(caller)
@@ -459,6 +374,7 @@ impl Engine {
             })
             .unwrap_or_default();
         let warm = self
+            .environments
             .warm
             .lock()
             .map_or(WarmState::Pending, |state| state.clone());

@@ -84,7 +84,7 @@ impl Engine {
         );
         #[allow(clippy::cast_precision_loss)]
         gauge!("snakebox_sessions_disk_bytes").set(sessions.used_disk_bytes as f64);
-        let pool = self.pool_report(None);
+        let pool = self.pool.report(None);
         set("snakebox_pool_size", pool.size);
         set("snakebox_pool_ready", pool.ready);
         set("snakebox_fork_servers", pool.fork_servers);

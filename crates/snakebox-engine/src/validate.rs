@@ -6,6 +6,7 @@
 //! grammar.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -16,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 use crate::Caller;
 use crate::policy::{Asked, CallKind, CallPolicy};
 use crate::run::{RunDir, RunNetwork, View, sandbox_policy};
-use crate::{Engine, EngineError, ErrorKind, ids};
+use crate::lifecycle::Calls;
+use crate::plan::Planner;
+use crate::{EngineConfig, EngineError, ErrorKind, Unavailable, ids};
 
 /// The check run by the target interpreter: `compile()` (parses, never executes), then a walk
 /// of the syntax tree for what the script imports and how large it is. Prints one JSON
@@ -212,12 +215,36 @@ struct Checked {
     stdlib: Vec<String>,
 }
 
-impl Engine {
+/// Validation as a service: what checking a script without running it needs (the settings,
+/// the sandbox its compile runs in, a slot for it, the interpreter choice); the one-shot path
+/// asks it for the imports outside a run's policy, so both judge imports the same way.
+pub(crate) struct Validator {
+    config: Arc<EngineConfig>,
+    sandbox: Result<Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+    calls: Arc<Calls>,
+    planner: Arc<Planner>,
+}
+
+impl Validator {
+    pub(crate) fn new(
+        config: Arc<EngineConfig>,
+        sandbox: Result<Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+        calls: Arc<Calls>,
+        planner: Arc<Planner>,
+    ) -> Validator {
+        Validator {
+            config,
+            sandbox,
+            calls,
+            planner,
+        }
+    }
+
     /// Check a script without running it: metadata, requirements, `requires-python` against
     /// the interpreters here, Python syntax for the target version, and what it imports
     /// (against `allowed_imports`, when given: each import outside it is a problem with its
     /// line).
-    pub async fn validate(
+    pub(crate) async fn validate(
         &self,
         caller: &Caller,
         script: &str,
@@ -244,7 +271,7 @@ impl Engine {
             .await)
     }
 
-    /// [`Engine::validate`] under the compile's policy already decided (its import policy,
+    /// [`Validator::validate`] under the compile's policy already decided (its import policy,
     /// its limits).
     async fn validate_against(
         &self,
