@@ -20,6 +20,7 @@ mod environments;
 mod error;
 mod events;
 mod files;
+mod gauges;
 mod history;
 mod host_work;
 mod ids;
@@ -49,6 +50,10 @@ use snakebox_fs::tree;
 mod validate;
 
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
 
 use snakebox_env::{CacheConfig, EnvCache, Interpreters, Uv};
 use snakebox_sandbox::{Sandbox, SandboxConfig};
@@ -127,30 +132,16 @@ type Unavailable = EngineError;
 pub struct Engine {
     config: Arc<EngineConfig>,
     sandbox: Result<Arc<Sandbox>, Unavailable>,
-    /// Why the store (in the data directory) could not be opened, if it could not: the data
-    /// directory is missing and cannot be made, or is not writable (a problem `check`
-    /// reports; the server is not ready).
-    store_problem: Option<Unavailable>,
     /// Where the keys, the runs table and the audit log are (`None`: it could not be opened;
-    /// `store_problem` says why).
+    /// the report's `store_problem` says why).
     shared: Option<shared::SharedStore>,
-    cache: Result<Arc<EnvCache>, Unavailable>,
-    sessions: session::Sessions,
-    artifacts: artifacts::ArtifactStore,
-    /// The warm pool's state (its keeper fills it, one-shot runs claim from it).
-    pool: Arc<pool::WarmPool>,
-    /// What the shared stores removed by each tenant's budget, and the writer's queue
-    /// dropped ([`budget`]).
-    ledger: Arc<budget::Ledger>,
+    /// The sessions' state (their manager), for shutdown.
+    sessions: Arc<session::Sessions>,
     /// Admission of every call: the stop signal, the calls in flight, the tenants' quotas,
     /// the sandbox slots and host-work threads, the runs table.
     calls: Arc<lifecycle::Calls>,
     /// The checks of a request and the choice (and download) of its interpreter.
     planner: Arc<plan::Planner>,
-    /// The run proxies: the network settings and the resolver.
-    proxies: Arc<network::Proxies>,
-    /// What every sandbox is: its policy, command, mounts.
-    sandboxes: Arc<run::Sandboxes>,
     /// The artifacts and the runs table, read for callers.
     records: records::Records,
     /// The environment cache: builds in a call's or the server's name, warming, pruning.
@@ -163,6 +154,10 @@ pub struct Engine {
     validator: Arc<validate::Validator>,
     /// Runs one script in a fresh sandbox.
     oneshot: oneshot::OneShot,
+    /// Sessions: their creation, cells, commands, installs and files.
+    session: session::SessionService,
+    /// Describes the engine (`check_environment`, `/readyz`, the gauges).
+    reports: report::Reports,
 }
 
 /// How the environment cache runs package code (compilation, builds): with the server's
@@ -297,13 +292,13 @@ impl Engine {
         )
         .with_tenant_budget(book.artifact_bytes(), Arc::clone(&ledger));
         let lifecycle = lifecycle::Lifecycle::default();
-        let sessions = session::Sessions::open(
+        let sessions = Arc::new(session::Sessions::open(
             &config.data_dir,
             config.sessions.clone(),
             book.sessions_disk(),
             config.bwrap_path.as_deref(),
             lifecycle.stop_token(),
-        );
+        ));
         let history = Arc::new(history::History::open(
             &config.data_dir,
             store.as_ref(),
@@ -389,26 +384,46 @@ impl Engine {
             validator: Arc::clone(&validator),
             artifacts: artifacts.clone(),
         };
-        Engine {
-            ledger,
+        let session = session::SessionService {
+            config: Arc::clone(&config),
+            sandbox: sandbox.clone(),
+            calls: Arc::clone(&calls),
+            planner: Arc::clone(&planner),
+            proxies: Arc::clone(&proxies),
+            sandboxes: Arc::clone(&sandboxes),
+            sessions: Arc::clone(&sessions),
+            artifacts: artifacts.clone(),
+            cache: cache.clone(),
+        };
+        let reports = report::Reports {
+            config: Arc::clone(&config),
+            sandbox: sandbox.clone(),
+            planner: Arc::clone(&planner),
+            proxies,
+            calls: Arc::clone(&calls),
+            cache,
+            environments: Arc::clone(&environments),
             pool,
-            sessions,
+            sessions: Arc::clone(&sessions),
             artifacts,
+            ledger,
+            store_problem,
+        };
+        Engine {
             config,
             sandbox,
-            store_problem,
             shared: store,
-            cache,
+            sessions,
             calls,
             planner,
-            proxies,
-            sandboxes,
             records,
             environments,
             keeper,
             compiler,
             validator,
             oneshot,
+            session,
+            reports,
         }
     }
 
@@ -423,7 +438,7 @@ impl Engine {
     /// could not.
     #[must_use]
     pub fn store_problem(&self) -> Option<&EngineError> {
-        self.store_problem.as_ref()
+        self.reports.store_problem.as_ref()
     }
 
     /// The settings this engine runs with.
@@ -455,6 +470,167 @@ impl Engine {
                 .await;
         }
         self.oneshot.execute(caller, request, cancel, output).await
+    }
+
+    /// Run code in a session's live interpreter (started first when there is none).
+    /// Refused while the server stops; cut short by the stop, it is `cancelled` and says so.
+    pub async fn execute_in_session(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+        request: ExecuteRequest,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> ExecutionResult {
+        self.session.execute_in_session(caller, session_id, request, cancel, output).await
+    }
+
+    /// Run a shell command in a sandbox over the session's workspace and environment (a
+    /// separate short-lived sandbox with the same view and limits as the interpreter's).
+    /// Refused while the server stops; cut short by the stop, it is `cancelled` and says so.
+    pub async fn run_command(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+        command: &str,
+        timeout_seconds: Option<f64>,
+        cancel: CancellationToken,
+        output: Option<UnboundedSender<OutputChunk>>,
+    ) -> ExecutionResult {
+        self.session.run_command(caller, session_id, command, timeout_seconds, cancel, output).await
+    }
+
+    /// Create a session: a workspace, a venv with `dependencies`, and (on first use) a live
+    /// interpreter.
+    ///
+    /// # Errors
+    /// Invalid arguments, caps reached, no interpreter, a failed install.
+    pub async fn create_session(
+        &self,
+        caller: &Caller,
+        request: CreateSession,
+    ) -> Result<SessionInfo, EngineError> {
+        self.session.create_session(caller, request).await
+    }
+
+    /// Every session.
+    ///
+    /// # Errors
+    /// When sessions are unavailable.
+    pub async fn list_sessions(&self, caller: &Caller) -> Result<SessionList, EngineError> {
+        self.session.list_sessions(caller).await
+    }
+
+    /// Delete a session: its interpreter (a running call ends now), files and packages.
+    ///
+    /// # Errors
+    /// No such session.
+    pub async fn delete_session(&self, caller: &Caller, id: &str) -> Result<(), EngineError> {
+        self.session.delete_session(caller, id).await
+    }
+
+    /// Reset a session to the state it was created in: a new interpreter, an empty workspace,
+    /// only the packages given at creation. The id stays.
+    ///
+    /// # Errors
+    /// No such session, a failed install.
+    pub async fn reset_session(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<SessionInfo, EngineError> {
+        self.session.reset_session(caller, id).await
+    }
+
+    /// Install packages into a session. Waits up to `wait` (default: until done) and returns
+    /// the install's state; an install still running then goes on, and `list_packages` reports
+    /// it. uv's output goes to `progress` while it runs.
+    ///
+    /// # Errors
+    /// No such session, invalid requirements, an install already running, disk full.
+    pub async fn install_packages(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+        packages: Vec<String>,
+        wait: Option<Duration>,
+        progress: Option<UnboundedSender<OutputChunk>>,
+    ) -> Result<InstallStatus, EngineError> {
+        self.session.install_packages(caller, session_id, packages, wait, progress).await
+    }
+
+    /// Installed packages and the state of the last install.
+    ///
+    /// # Errors
+    /// No such session.
+    pub async fn list_packages(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+    ) -> Result<PackageList, EngineError> {
+        self.session.list_packages(caller, session_id).await
+    }
+
+    /// Write a file into a session's workspace (parents created).
+    ///
+    /// # Errors
+    /// No such session, a path outside the workspace, too large, disk full.
+    pub async fn write_file(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+        path: &str,
+        content: &str,
+        encoding: Option<&str>,
+    ) -> Result<FileWritten, EngineError> {
+        self.session.write_file(caller, session_id, path, content, encoding).await
+    }
+
+    /// Read a file from a session's workspace.
+    ///
+    /// # Errors
+    /// No such session or file, a path outside the workspace, a symlink, too large.
+    pub async fn read_file(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+        path: &str,
+    ) -> Result<FileContent, EngineError> {
+        self.session.read_file(caller, session_id, path).await
+    }
+
+    /// List a directory of a session's workspace.
+    ///
+    /// # Errors
+    /// No such session or directory, a path outside the workspace.
+    pub async fn list_files(
+        &self,
+        caller: &Caller,
+        session_id: &str,
+        path: &str,
+        depth: usize,
+    ) -> Result<FileList, EngineError> {
+        self.session.list_files(caller, session_id, path, depth).await
+    }
+
+    /// Describe this host and configuration, for the operator: every tenant's sessions are
+    /// listed (the `check` command, the server's own log, `/readyz`).
+    pub fn report(&self) -> EnvironmentReport {
+        self.reports.report()
+    }
+
+    /// [`Engine::report`] as `caller` may see it: the sessions listed are its own (the counts
+    /// and the disk stay the server's). What `check_environment` answers.
+    pub fn report_for(&self, caller: &Caller) -> EnvironmentReport {
+        self.reports.report_for(caller)
+    }
+
+    /// Refresh the gauges of the engine's state from a snapshot: calls in flight, sandbox
+    /// slots, sessions, the warm pool and fork servers, the environment cache. A face calls
+    /// it before it exports (the cache's size is read from its manifests on disk, so call it
+    /// off the async threads).
+    pub fn publish_gauges(&self) {
+        self.reports.publish_gauges();
     }
 
     /// Check a script without running it: metadata, requirements, `requires-python` against

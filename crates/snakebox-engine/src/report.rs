@@ -5,7 +5,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::human_bytes;
-use crate::{Caller, Engine, WarmState};
+use std::sync::Arc;
+
+use crate::{Caller, EngineConfig, EngineError, Unavailable, WarmState};
 
 /// One interpreter found on this host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -192,16 +194,36 @@ pub struct ProfileReport {
     pub allowed_imports: Option<Vec<String>>,
 }
 
-impl Engine {
+/// Reports as a service: what describing the engine needs to read (its settings, the
+/// sandbox, uv and the interpreters, the proxies, the cache and its warming, the pool, the
+/// sessions, the stores and their budgets), and nothing it could change.
+pub(crate) struct Reports {
+    pub(crate) config: Arc<EngineConfig>,
+    pub(crate) sandbox: Result<Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+    pub(crate) planner: Arc<crate::plan::Planner>,
+    pub(crate) proxies: Arc<crate::network::Proxies>,
+    pub(crate) calls: Arc<crate::lifecycle::Calls>,
+    pub(crate) cache: Result<Arc<snakebox_env::EnvCache>, Unavailable>,
+    pub(crate) environments: Arc<crate::environments::Environments>,
+    pub(crate) pool: Arc<crate::pool::WarmPool>,
+    pub(crate) sessions: Arc<crate::session::Sessions>,
+    pub(crate) artifacts: crate::artifacts::ArtifactStore,
+    pub(crate) ledger: Arc<crate::budget::Ledger>,
+    /// Why the store (the data directory's, or the database) could not be opened, if it
+    /// could not.
+    pub(crate) store_problem: Option<EngineError>,
+}
+
+impl Reports {
     /// Describe this host and configuration, for the operator: every tenant's sessions are
     /// listed (the `check` command, the server's own log, `/readyz`).
-    pub fn report(&self) -> EnvironmentReport {
+    pub(crate) fn report(&self) -> EnvironmentReport {
         self.report_listing(None)
     }
 
-    /// [`Engine::report`] as `caller` may see it: the sessions listed are its own (the counts
+    /// [`Reports::report`] as `caller` may see it: the sessions listed are its own (the counts
     /// and the disk stay the server's). What `check_environment` answers.
-    pub fn report_for(&self, caller: &Caller) -> EnvironmentReport {
+    pub(crate) fn report_for(&self, caller: &Caller) -> EnvironmentReport {
         self.report_listing(Some(caller))
     }
 
@@ -485,7 +507,7 @@ impl Engine {
     }
 }
 
-impl Engine {
+impl Reports {
     /// The shared stores as `viewer` may see them: its own tenant's figures (none of
     /// another's); for the operator (`None`), the budgets alone.
     fn stores_report(&self, viewer: Option<&Caller>) -> crate::StoresReport {

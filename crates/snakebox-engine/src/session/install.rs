@@ -29,7 +29,7 @@ use super::{
     InstallState, InstallStatus, PackageList, io_error, make_dir, no_session, now_secs,
     packages_of, unavailable,
 };
-use crate::Engine;
+use super::SessionService;
 use crate::result::Package;
 use crate::{EngineError, ErrorKind};
 
@@ -481,7 +481,7 @@ pub(super) fn tail(text: &str, max: usize) -> String {
     }
     text[start..].to_owned()
 }
-impl Engine {
+impl SessionService {
     pub(super) fn installer(
         &self,
         caller: &Caller,
@@ -545,7 +545,7 @@ impl Engine {
     ///
     /// # Errors
     /// No such session, invalid requirements, an install already running, disk full.
-    pub async fn install_packages(
+    pub(crate) async fn install_packages(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -711,7 +711,7 @@ impl Engine {
     ///
     /// # Errors
     /// No such session.
-    pub async fn list_packages(
+    pub(crate) async fn list_packages(
         &self,
         caller: &Caller,
         session_id: &str,

@@ -32,13 +32,14 @@ use super::{
 };
 use crate::policy::{Asked, CallKind, CallPolicy, SessionFacts};
 use crate::result::{ExecutionResult, Status};
-use crate::{Engine, ExecuteRequest, ids};
+use super::SessionService;
+use crate::{ExecuteRequest, ids};
 use crate::{EngineError, ErrorKind};
 
-impl Engine {
+impl SessionService {
     /// Run code in a session's live interpreter (started first when there is none).
     /// Refused while the server stops; cut short by the stop, it is `cancelled` and says so.
-    pub async fn execute_in_session(
+    pub(crate) async fn execute_in_session(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -552,7 +553,7 @@ impl Engine {
     /// Run a shell command in a sandbox over the session's workspace and environment (a
     /// separate short-lived sandbox with the same view and limits as the interpreter's).
     /// Refused while the server stops; cut short by the stop, it is `cancelled` and says so.
-    pub async fn run_command(
+    pub(crate) async fn run_command(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -690,7 +691,7 @@ impl Engine {
         watcher.abort();
         let network_log = crate::network::take_log_of(state.proxy.as_ref());
         drop(state);
-        manager.used(self, caller, &row.id, false).await;
+        manager.used(&self.calls, caller, &row.id, false).await;
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(err) => return fail(err.into()),

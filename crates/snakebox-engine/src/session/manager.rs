@@ -24,7 +24,7 @@ use super::{
     no_session, now_secs, packages_of, unavailable, valid_id,
 };
 use crate::Caller;
-use crate::Engine;
+use super::SessionService;
 use crate::{EngineError, ErrorKind};
 
 impl Sessions {
@@ -574,15 +574,14 @@ impl Manager {
     /// The measure is host work for `caller` (a walk of the workspace).
     pub(super) async fn used(
         self: &Arc<Self>,
-        engine: &Engine,
+        calls: &crate::lifecycle::Calls,
         caller: &Caller,
         id: &str,
         ran_cell: bool,
     ) {
         let manager = Arc::clone(self);
         let id = id.to_owned();
-        let _ = engine
-            .calls
+        let _ = calls
             .on_host(caller, "measure the session's files", move || {
                 manager.measure(&id, ran_cell);
             })
@@ -604,7 +603,7 @@ impl Manager {
         let _ = self.store.touch_measured(id, now_secs(), ran_cell, bytes);
     }
 }
-impl Engine {
+impl SessionService {
     pub(super) fn session_manager(&self) -> Result<&Arc<Manager>, EngineError> {
         self.sessions.inner.as_ref().map_err(unavailable)
     }
@@ -637,7 +636,7 @@ impl Engine {
     ///
     /// # Errors
     /// Invalid arguments, caps reached, no interpreter, a failed install.
-    pub async fn create_session(
+    pub(crate) async fn create_session(
         &self,
         caller: &Caller,
         request: CreateSession,
@@ -798,7 +797,7 @@ impl Engine {
     ///
     /// # Errors
     /// When sessions are unavailable.
-    pub async fn list_sessions(&self, caller: &Caller) -> Result<SessionList, EngineError> {
+    pub(crate) async fn list_sessions(&self, caller: &Caller) -> Result<SessionList, EngineError> {
         let manager = self.session_manager()?;
         let mut rows = manager.store.list().map_err(db_error)?;
         rows.retain(|row| caller.owns(&row.owner));
@@ -823,7 +822,7 @@ impl Engine {
     ///
     /// # Errors
     /// No such session.
-    pub async fn delete_session(&self, caller: &Caller, id: &str) -> Result<(), EngineError> {
+    pub(crate) async fn delete_session(&self, caller: &Caller, id: &str) -> Result<(), EngineError> {
         let manager = self.session_manager()?;
         let row = manager.row(caller, id)?;
         delete(manager, &row.id).await
@@ -834,7 +833,7 @@ impl Engine {
     ///
     /// # Errors
     /// No such session, a failed install.
-    pub async fn reset_session(
+    pub(crate) async fn reset_session(
         &self,
         caller: &Caller,
         id: &str,

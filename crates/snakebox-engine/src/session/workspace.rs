@@ -11,16 +11,16 @@ use snakebox_sandbox::Identity;
 use super::{
     FileContent, FileList, FileWritten, MAX_FILE_BYTES, MAX_LIST_ENTRIES, files, no_session,
 };
-use crate::Engine;
+use super::SessionService;
 use crate::files::{decode_base64, encode_base64};
 use crate::{EngineError, ErrorKind};
 
-impl Engine {
+impl SessionService {
     /// Write a file into a session's workspace (parents created).
     ///
     /// # Errors
     /// No such session, a path outside the workspace, too large, disk full.
-    pub async fn write_file(
+    pub(crate) async fn write_file(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -75,7 +75,7 @@ impl Engine {
             .await?
             .map_err(file_error)?;
         drop(state);
-        manager.used(self, caller, &row.id, false).await;
+        manager.used(&self.calls, caller, &row.id, false).await;
         Ok(FileWritten {
             session_id: row.id,
             path: path.to_owned(),
@@ -87,7 +87,7 @@ impl Engine {
     ///
     /// # Errors
     /// No such session or file, a path outside the workspace, a symlink, too large.
-    pub async fn read_file(
+    pub(crate) async fn read_file(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -121,7 +121,7 @@ impl Engine {
     ///
     /// # Errors
     /// No such session or directory, a path outside the workspace.
-    pub async fn list_files(
+    pub(crate) async fn list_files(
         &self,
         caller: &Caller,
         session_id: &str,
