@@ -60,7 +60,8 @@ use snakebox_sandbox::{Sandbox, SandboxConfig};
 
 pub use api::{
     ArtifactDownload, ArtifactHead, EngineApi, EngineHandle, EngineHost, InstallPackages,
-    ListFiles, OpenArtifact, OutputSink, ReadFile, RunCommand, ToolCallAudit, ValidateScript,
+    ListFiles, OpenArtifact, OutputSink, ReadFile, RequestKind, RunCommand, ToolCallAudit,
+    ValidateScript,
     WireExecution, WriteFile,
 };
 pub use artifacts::{
