@@ -14,9 +14,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use snakebox_env::{Environment, Interpreter};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
+use crate::Unavailable;
 use crate::lifecycle::Calls;
 use crate::pool::Keeper;
-use crate::Unavailable;
 
 /// One environment to compile: its interpreter and key.
 type Job = (Interpreter, String);

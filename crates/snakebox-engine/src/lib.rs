@@ -61,8 +61,7 @@ use snakebox_sandbox::{Sandbox, SandboxConfig};
 pub use api::{
     ArtifactDownload, ArtifactHead, EngineApi, EngineHandle, EngineHost, InstallPackages,
     ListFiles, OpenArtifact, OutputSink, ReadFile, RequestKind, RunCommand, ToolCallAudit,
-    ValidateScript,
-    WireExecution, WriteFile,
+    ValidateScript, WireExecution, WriteFile,
 };
 pub use artifacts::{
     ArtifactContent, ArtifactError, ArtifactFile, ArtifactPrune, ArtifactStore,
@@ -314,7 +313,10 @@ impl Engine {
             lifecycle,
             Arc::clone(&history),
             tenants::Tenants::new(book.clone()),
-            tenants::FairSlots::for_sandboxes(config.max_concurrent_runs, book.max_concurrent_runs()),
+            tenants::FairSlots::for_sandboxes(
+                config.max_concurrent_runs,
+                book.max_concurrent_runs(),
+            ),
             host_work::HostWork::new(
                 host_work::HostWork::default_threads(),
                 config.tenants.max_concurrent_runs.is_some()
@@ -336,11 +338,7 @@ impl Engine {
             sandbox.clone(),
             Arc::clone(&proxies),
         ));
-        let records = records::Records::new(
-            artifacts.clone(),
-            history,
-            Arc::clone(&calls.host),
-        );
+        let records = records::Records::new(artifacts.clone(), history, Arc::clone(&calls.host));
         let cache = cache.map(Arc::new);
         let pool = Arc::new(pool::WarmPool::new(
             config.warm_pool,
@@ -483,7 +481,9 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
-        self.session.execute_in_session(caller, session_id, request, cancel, output).await
+        self.session
+            .execute_in_session(caller, session_id, request, cancel, output)
+            .await
     }
 
     /// Run a shell command in a sandbox over the session's workspace and environment (a
@@ -498,7 +498,9 @@ impl Engine {
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
-        self.session.run_command(caller, session_id, command, timeout_seconds, cancel, output).await
+        self.session
+            .run_command(caller, session_id, command, timeout_seconds, cancel, output)
+            .await
     }
 
     /// Create a session: a workspace, a venv with `dependencies`, and (on first use) a live
@@ -557,7 +559,9 @@ impl Engine {
         wait: Option<Duration>,
         progress: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<InstallStatus, EngineError> {
-        self.session.install_packages(caller, session_id, packages, wait, progress).await
+        self.session
+            .install_packages(caller, session_id, packages, wait, progress)
+            .await
     }
 
     /// Installed packages and the state of the last install.
@@ -584,7 +588,9 @@ impl Engine {
         content: &str,
         encoding: Option<&str>,
     ) -> Result<FileWritten, EngineError> {
-        self.session.write_file(caller, session_id, path, content, encoding).await
+        self.session
+            .write_file(caller, session_id, path, content, encoding)
+            .await
     }
 
     /// Read a file from a session's workspace.
@@ -611,7 +617,9 @@ impl Engine {
         path: &str,
         depth: usize,
     ) -> Result<FileList, EngineError> {
-        self.session.list_files(caller, session_id, path, depth).await
+        self.session
+            .list_files(caller, session_id, path, depth)
+            .await
     }
 
     /// Describe this host and configuration, for the operator: every tenant's sessions are
@@ -916,7 +924,6 @@ impl Engine {
     pub async fn prune_artifacts(&self) -> ArtifactPrune {
         self.records.prune_artifacts().await
     }
-
 }
 
 /// A part the engine needs that failed to start (the sandbox, uv, the cache): `unavailable`,

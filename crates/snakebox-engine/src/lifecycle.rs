@@ -14,6 +14,10 @@
 //!
 //! A call "in flight" is one that holds a [`Call`] (see [`Lifecycle::enter`]): the engine's
 //! public entry points that start sandboxes take one first, so none can start after step 1.
+//!
+//! [`Calls`] is the service every call is admitted through: the lifecycle above, the calls
+//! running now, the tenants' quotas, the sandbox slots and host-work threads, and the runs
+//! table. The services that run code hold it (an `Arc`) instead of the engine.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -60,7 +64,8 @@ impl StopReason {
     }
 }
 
-/// What [`Engine::shutdown`] did, for the log line that ends a server.
+/// What [`Engine::shutdown`](crate::Engine::shutdown) did, for the log line that ends a
+/// server.
 #[derive(Debug, Default, Clone)]
 pub struct ShutdownReport {
     /// Calls still running when the drain deadline passed (their sandboxes were killed).
@@ -493,7 +498,7 @@ impl Calls {
         let ticket = self.history.started(&execution_id, caller, start);
         let _running = self.running.add(&execution_id, caller, &call.token);
         // The tenant's quota of calls per minute: a call past it is refused. (Its share of the
-        // sandbox slots is taken by each sandbox the call starts: `Engine::sandbox_slot`.)
+        // sandbox slots is taken by each sandbox the call starts: `Calls::sandbox_slot`.)
         let mut result = match self.tenants.admit(caller) {
             Ok(()) => run(execution_id, call.token.clone()).await,
             Err(error) => refuse(execution_id, error),

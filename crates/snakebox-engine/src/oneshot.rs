@@ -10,18 +10,18 @@ use snakebox_sandbox::OutputChunk;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use crate::environments::Environments;
 use crate::history::{RunKind, RunStart};
 use crate::ids;
-use crate::plan::ExecuteRequest;
-use crate::policy::{Asked, CallKind, CallPolicy};
-use crate::result::{ExecutionResult, Package};
-use crate::run::{Ran, RunDir, classify};
-use crate::environments::Environments;
 use crate::lifecycle::Calls;
 use crate::network::Proxies;
+use crate::plan::ExecuteRequest;
 use crate::plan::Planner;
+use crate::policy::{Asked, CallKind, CallPolicy};
 use crate::pool::WarmPool;
+use crate::result::{ExecutionResult, Package};
 use crate::run::Sandboxes;
+use crate::run::{Ran, RunDir, classify};
 use crate::validate::Validator;
 use crate::{EngineConfig, EngineError, ErrorKind, Unavailable};
 
@@ -101,17 +101,18 @@ impl OneShot {
                     .unwrap_or_else(|| self.config.profiles.default_for(caller).to_owned()),
             ),
         };
-        self.calls.tracked(
-            caller,
-            start,
-            &cancel,
-            ExecutionResult::not_run,
-            |id, token| {
-                let output = self.calls.live_tee(&id, output);
-                self.execute_admitted(caller, id, request, token, output)
-            },
-        )
-        .await
+        self.calls
+            .tracked(
+                caller,
+                start,
+                &cancel,
+                ExecutionResult::not_run,
+                |id, token| {
+                    let output = self.calls.live_tee(&id, output);
+                    self.execute_admitted(caller, id, request, token, output)
+                },
+            )
+            .await
     }
 
     /// The call once admitted, in stages: its plan, its environment, its import policy, its
@@ -210,7 +211,10 @@ impl OneShot {
         request: &ExecuteRequest,
         cancel: &CancellationToken,
     ) -> Result<Plan, (EngineError, Option<String>)> {
-        let checked = self.planner.check_request(request).map_err(|error| (error, None))?;
+        let checked = self
+            .planner
+            .check_request(request)
+            .map_err(|error| (error, None))?;
         let policy = CallPolicy::decide(
             &self.config,
             CallKind::Run,
@@ -226,7 +230,8 @@ impl OneShot {
             )),
         };
         provided.map_err(|error| (error, None))?;
-        let interpreter = self.planner
+        let interpreter = self
+            .planner
             .pick_interpreter(
                 request.python_version.as_deref(),
                 checked.requires_python.as_ref(),
@@ -430,8 +435,13 @@ impl OneShot {
                     .await
             }
             (None, None) => {
-                let (mut policy, command) =
-                    self.sandboxes.sandbox_call(environment, &run_dir, &plan.policy.shape, network, false);
+                let (mut policy, command) = self.sandboxes.sandbox_call(
+                    environment,
+                    &run_dir,
+                    &plan.policy.shape,
+                    network,
+                    false,
+                );
                 policy.cpu = slot.cpu().cloned();
                 sandbox.run(&policy, &command, cancel, output).await
             }
@@ -483,7 +493,8 @@ impl OneShot {
         // first use when cache warming did not build it).
         let is_default = plan.requirements.is_empty()
             && network_is_default
-            && self.planner
+            && self
+                .planner
                 .pick_interpreter(None, None)
                 .is_ok_and(|default| default.executable == plan.interpreter.executable);
         // A call that narrows the server's network policy may fork (a fork server holds no

@@ -45,11 +45,11 @@ use snakebox_env::Environment;
 use snakebox_sandbox::{ForkServer, PendingRun};
 
 use crate::environments::Environments;
+use crate::ids;
 use crate::network::Proxies;
+use crate::run::RunDir;
 use crate::run::Sandboxes;
 use crate::{EngineConfig, Unavailable};
-use crate::ids;
-use crate::run::RunDir;
 
 /// Other (environment, network) pairs kept warm besides the default one.
 pub(crate) const RECENT_ENVIRONMENTS: usize = 2;
@@ -917,7 +917,8 @@ impl Keeper {
         let network = self.sandboxes.run_network(target.key.network);
         let proxy = match (network, self.config.network.names()) {
             (crate::run::RunNetwork::Proxy, Some(names)) => Some(
-                self.proxies.start_run_proxy(&run_dir.input, names)
+                self.proxies
+                    .start_run_proxy(&run_dir.input, names)
                     .map_err(|err| err.message)?,
             ),
             _ => None,

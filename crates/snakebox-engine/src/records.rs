@@ -19,7 +19,11 @@ pub(crate) struct Records {
 }
 
 impl Records {
-    pub(crate) fn new(artifacts: ArtifactStore, history: Arc<History>, host: Arc<HostWork>) -> Records {
+    pub(crate) fn new(
+        artifacts: ArtifactStore,
+        history: Arc<History>,
+        host: Arc<HostWork>,
+    ) -> Records {
         Records {
             artifacts,
             history,
@@ -102,7 +106,11 @@ impl Records {
     /// # Errors
     /// `not_found` for an id that is not one of `caller`'s runs (another caller's included,
     /// answered exactly as an id that never existed) or that has been forgotten.
-    pub(crate) async fn run_record(&self, caller: &Caller, id: &str) -> Result<RunRecord, EngineError> {
+    pub(crate) async fn run_record(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<RunRecord, EngineError> {
         let history = Arc::clone(&self.history);
         let (who, wanted) = (caller.clone(), id.to_owned());
         self.host
@@ -147,5 +155,4 @@ impl Records {
             .await
             .unwrap_or_default()
     }
-
 }

@@ -266,7 +266,8 @@ impl Reports {
                 .unwrap_or_else(|| "newest available CPython 3".into()),
             python_downloads: config.python_downloads,
             infer_dependencies: config.infer_dependencies,
-            pythons: self.planner
+            pythons: self
+                .planner
                 .interpreters()
                 .all()
                 .iter()

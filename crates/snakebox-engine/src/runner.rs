@@ -313,27 +313,25 @@ impl Rich {
 /// in `work` (its working directory; `baseline` is what was there before) and the images
 /// it produced in the artifact store `artifacts`. Must be called before `work` is removed.
 pub(crate) async fn collect_rich(
-        artifacts: &crate::artifacts::ArtifactStore,
-        caller: &crate::Caller,
-        execution_id: &str,
-        work: &Path,
-        baseline: Baseline,
-        control: &[u8],
-    ) -> Rich {
-        let (mut rich, images) = Rich::read(control);
-        let store = artifacts.clone();
-        let work = work.to_path_buf();
-        let id = execution_id.to_string();
-        let caller = caller.clone();
-        match tokio::task::spawn_blocking(move || {
-            store.collect(&caller, &id, &work, &baseline, images)
-        })
+    artifacts: &crate::artifacts::ArtifactStore,
+    caller: &crate::Caller,
+    execution_id: &str,
+    work: &Path,
+    baseline: Baseline,
+    control: &[u8],
+) -> Rich {
+    let (mut rich, images) = Rich::read(control);
+    let store = artifacts.clone();
+    let work = work.to_path_buf();
+    let id = execution_id.to_string();
+    let caller = caller.clone();
+    match tokio::task::spawn_blocking(move || store.collect(&caller, &id, &work, &baseline, images))
         .await
-        {
-            Ok(collection) => rich.collected(collection),
-            Err(err) => rich.note(format!("the run's files could not be collected: {err}")),
-        }
-        rich
+    {
+        Ok(collection) => rich.collected(collection),
+        Err(err) => rich.note(format!("the run's files could not be collected: {err}")),
+    }
+    rich
 }
 
 /// At most `max` bytes of `text`, cut at a character boundary, with a marker when cut.

@@ -1,6 +1,7 @@
 //! What the engine measures, through the `metrics` facade: counters and histograms recorded
 //! where things happen (a call admitted, waiting, returned), and gauges of state that
-//! [`Engine::publish_gauges`] refreshes from a snapshot when a face exports them.
+//! [`Engine::publish_gauges`](crate::Engine::publish_gauges) refreshes from a snapshot when a
+//! face exports them.
 //!
 //! The engine never depends on an exporter: without a recorder installed (stdio, `run`,
 //! tests) every macro is a no-op. The HTTP face installs a Prometheus recorder and serves

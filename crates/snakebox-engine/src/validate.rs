@@ -15,10 +15,10 @@ use snakebox_sandbox::{Mount, SandboxCommand, Termination};
 use tokio_util::sync::CancellationToken;
 
 use crate::Caller;
-use crate::policy::{Asked, CallKind, CallPolicy};
-use crate::run::{RunDir, RunNetwork, View, sandbox_policy};
 use crate::lifecycle::Calls;
 use crate::plan::Planner;
+use crate::policy::{Asked, CallKind, CallPolicy};
+use crate::run::{RunDir, RunNetwork, View, sandbox_policy};
 use crate::{EngineConfig, EngineError, ErrorKind, Unavailable, ids};
 
 /// The check run by the target interpreter: `compile()` (parses, never executes), then a walk
@@ -308,7 +308,8 @@ impl Validator {
                 recommendations: Vec::new(),
             };
         }
-        let available: Vec<pep440_rs::Version> = self.planner
+        let available: Vec<pep440_rs::Version> = self
+            .planner
             .interpreters()
             .all()
             .iter()
@@ -335,7 +336,10 @@ impl Validator {
             .map(|reqs| reqs.iter().map(ToString::to_string).collect())
             .unwrap_or_default();
         let requires_python = metadata.and_then(|m| m.requires_python.as_ref());
-        let interpreter = match self.planner.pick_interpreter(python_version, requires_python) {
+        let interpreter = match self
+            .planner
+            .pick_interpreter(python_version, requires_python)
+        {
             Ok(interpreter) => Some(interpreter),
             Err(error) => {
                 // A requires-python mismatch is already reported by the script crate.

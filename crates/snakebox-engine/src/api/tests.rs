@@ -465,7 +465,10 @@ fn the_api_decides_which_answered_tool_calls_are_audited() {
         "execute_python_code",
         "execute_terminal_command",
     ] {
-        assert!(!crate::RequestKind::of_tool(tool).audited_as_tool_call(), "{tool}");
+        assert!(
+            !crate::RequestKind::of_tool(tool).audited_as_tool_call(),
+            "{tool}"
+        );
         assert_eq!(ToolCallAudit::answered(tool, false), None, "{tool}");
     }
     assert_eq!(

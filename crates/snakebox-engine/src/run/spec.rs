@@ -9,8 +9,8 @@ use snakebox_env::Environment;
 use snakebox_sandbox::{ForkRun, ForkServerSpec, Identity, Limits, Mount, Policy, SandboxCommand};
 
 use super::layout::{RunDir, server_runs_dir};
-use crate::{EngineConfig, Unavailable};
 pub(crate) use crate::policy::RunShape;
+use crate::{EngineConfig, Unavailable};
 
 /// Where the run's read-only inputs (the script) appear inside the sandbox.
 pub(crate) const SANDBOX_INPUT_DIR: &str = "/snakebox";

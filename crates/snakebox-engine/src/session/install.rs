@@ -24,12 +24,12 @@ use snakebox_sandbox::{Identity, OutputChunk, Sandbox};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use super::SessionService;
 use super::manager::SessionPaths;
 use super::{
     InstallState, InstallStatus, PackageList, io_error, make_dir, no_session, now_secs,
     packages_of, unavailable,
 };
-use super::SessionService;
 use crate::result::Package;
 use crate::{EngineError, ErrorKind};
 

@@ -24,6 +24,7 @@ use snakebox_sandbox::{
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use super::SessionService;
 use super::manager::{Manager, SessionPaths, SlotState};
 use super::workspace::file_error;
 use super::{
@@ -32,9 +33,8 @@ use super::{
 };
 use crate::policy::{Asked, CallKind, CallPolicy, SessionFacts};
 use crate::result::{ExecutionResult, Status};
-use super::SessionService;
-use crate::{ExecuteRequest, ids};
 use crate::{EngineError, ErrorKind};
+use crate::{ExecuteRequest, ids};
 
 impl SessionService {
     /// Run code in a session's live interpreter (started first when there is none).
@@ -58,19 +58,20 @@ impl SessionService {
             dependencies: request.dependencies.clone(),
             profile: row.as_ref().ok().map(SessionRow::profile_name),
         };
-        self.calls.tracked(
-            caller,
-            start,
-            &cancel,
-            |id, error| refused(id, session_id, error),
-            |id, token| {
-                let output = self.calls.live_tee(&id, output);
-                self.execute_in_session_admitted(
-                    caller, id, session_id, row, request, token, output,
-                )
-            },
-        )
-        .await
+        self.calls
+            .tracked(
+                caller,
+                start,
+                &cancel,
+                |id, error| refused(id, session_id, error),
+                |id, token| {
+                    let output = self.calls.live_tee(&id, output);
+                    self.execute_in_session_admitted(
+                        caller, id, session_id, row, request, token, output,
+                    )
+                },
+            )
+            .await
     }
 
     /// The cell once admitted, in stages, as a one-shot run's: its plan (checks and
@@ -221,12 +222,13 @@ impl SessionService {
         tenant: &crate::Tenant,
         request: &ExecuteRequest,
     ) -> Result<CellPlan, crate::policy::Refusal> {
-        let checked = self.planner
-            .check_request(request)
-            .map_err(|error| crate::policy::Refusal {
-                error,
-                profile: None,
-            })?;
+        let checked =
+            self.planner
+                .check_request(request)
+                .map_err(|error| crate::policy::Refusal {
+                    error,
+                    profile: None,
+                })?;
         let policy = CallPolicy::decide(
             &self.config,
             CallKind::Cell(&session_facts(row)),
@@ -293,11 +295,12 @@ impl SessionService {
                     .ok()
                     .and_then(|sandbox| sandbox.host_ids(Identity::Untrusted));
                 let work = work.clone();
-                self.calls.on_host(caller, "write the input files", move || {
-                    write_inputs(&work, &inputs, owner)
-                        .map(|()| crate::artifacts::Baseline::snapshot(&work))
-                })
-                .await??
+                self.calls
+                    .on_host(caller, "write the input files", move || {
+                        write_inputs(&work, &inputs, owner)
+                            .map(|()| crate::artifacts::Baseline::snapshot(&work))
+                    })
+                    .await??
             }
         };
         Ok((work, baseline))
@@ -373,7 +376,8 @@ impl SessionService {
             session_id.to_owned(),
         );
         let who = caller.clone();
-        let finished = self.calls
+        let finished = self
+            .calls
             .on_host(&who, "collect the cell's files", move || {
                 let collected =
                     store.collect_and_fingerprint(&caller, &execution_id, &work, &baseline, images);
@@ -405,7 +409,8 @@ impl SessionService {
     ) -> (Policy, PathBuf) {
         let work = self.sandboxes.path_inside(&paths.work, SANDBOX_WORK_DIR);
         let tmp = self.sandboxes.path_inside(&paths.tmp, "/tmp");
-        let runner = self.sandboxes
+        let runner = self
+            .sandboxes
             .path_inside(&paths.input, SANDBOX_INPUT_DIR)
             .join(RUNNER_NAME);
         let mut mounts = vec![
@@ -569,25 +574,26 @@ impl SessionService {
             dependencies: Vec::new(),
             profile: self.profile_of_session(caller, session_id),
         };
-        self.calls.tracked(
-            caller,
-            start,
-            &cancel,
-            |id, error| refused(id, session_id, error),
-            |id, token| {
-                let output = self.calls.live_tee(&id, output);
-                self.run_command_admitted(
-                    caller,
-                    id,
-                    session_id,
-                    command,
-                    timeout_seconds,
-                    token,
-                    output,
-                )
-            },
-        )
-        .await
+        self.calls
+            .tracked(
+                caller,
+                start,
+                &cancel,
+                |id, error| refused(id, session_id, error),
+                |id, token| {
+                    let output = self.calls.live_tee(&id, output);
+                    self.run_command_admitted(
+                        caller,
+                        id,
+                        session_id,
+                        command,
+                        timeout_seconds,
+                        token,
+                        output,
+                    )
+                },
+            )
+            .await
     }
 
     #[expect(

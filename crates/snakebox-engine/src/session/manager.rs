@@ -16,6 +16,7 @@ use snakebox_env::Interpreter;
 use snakebox_sandbox::{LiveSandbox, Sandbox};
 use tokio_util::sync::CancellationToken;
 
+use super::SessionService;
 use super::disk::SessionDisk;
 use super::store::{SessionRow, Store};
 use super::{
@@ -24,7 +25,6 @@ use super::{
     no_session, now_secs, packages_of, unavailable, valid_id,
 };
 use crate::Caller;
-use super::SessionService;
 use crate::{EngineError, ErrorKind};
 
 impl Sessions {
@@ -688,9 +688,12 @@ impl SessionService {
         let reservation = manager.reserve_create(caller, tenant.max_sessions)?;
         manager.check_disk(caller.id())?;
         let requirements = Self::parse_requirements(&request.dependencies)?;
-        self.planner.provide_python(request.python_version.as_deref(), None)
+        self.planner
+            .provide_python(request.python_version.as_deref(), None)
             .await?;
-        let interpreter = self.planner.pick_interpreter(request.python_version.as_deref(), None)?;
+        let interpreter = self
+            .planner
+            .pick_interpreter(request.python_version.as_deref(), None)?;
         let id = new_session_id();
         // The tenant's share of the disk: made and reserved with its first session.
         let share = {
@@ -822,7 +825,11 @@ impl SessionService {
     ///
     /// # Errors
     /// No such session.
-    pub(crate) async fn delete_session(&self, caller: &Caller, id: &str) -> Result<(), EngineError> {
+    pub(crate) async fn delete_session(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<(), EngineError> {
         let manager = self.session_manager()?;
         let row = manager.row(caller, id)?;
         delete(manager, &row.id).await

@@ -8,10 +8,10 @@ use crate::Caller;
 use snakebox_fs::{FsError, RelativePath};
 use snakebox_sandbox::Identity;
 
+use super::SessionService;
 use super::{
     FileContent, FileList, FileWritten, MAX_FILE_BYTES, MAX_LIST_ENTRIES, files, no_session,
 };
-use super::SessionService;
 use crate::files::{decode_base64, encode_base64};
 use crate::{EngineError, ErrorKind};
 
@@ -68,7 +68,8 @@ impl SessionService {
         }
         // Not a cell's file: the next cell's baseline must include it.
         state.known_files = None;
-        let size = self.calls
+        let size = self
+            .calls
             .on_host(caller, "write the file", move || {
                 snakebox_fs::write(&work, &rel, &content, owner)
             })
@@ -97,7 +98,8 @@ impl SessionService {
         let row = manager.row(caller, session_id)?;
         let work = manager.paths(&row)?.work;
         let rel = RelativePath::parse_entry(path).map_err(|err| file_error(err.into()))?;
-        let data = self.calls
+        let data = self
+            .calls
             .on_host(caller, "read the file", move || {
                 snakebox_fs::read(&work, &rel, MAX_FILE_BYTES)
             })
@@ -133,7 +135,8 @@ impl SessionService {
         let work = manager.paths(&row)?.work;
         let rel = path.to_owned();
         let depth = depth.clamp(1, 10);
-        let (entries, truncated) = self.calls
+        let (entries, truncated) = self
+            .calls
             .on_host(caller, "list the directory", move || {
                 files::list(&work, &rel, depth, MAX_LIST_ENTRIES)
             })
