@@ -410,6 +410,56 @@ pub enum ToolCallAudit {
     },
 }
 
+impl ToolCallAudit {
+    /// The audit of a call of the tool `tool` that was answered (`is_error`: the tool could
+    /// not do what was asked), or `None` when the engine records the call itself: the kind of
+    /// request the tool makes ([`RequestKind::of_tool`]) decides, for every face, so a face
+    /// reports what it answered and decides nothing.
+    #[must_use]
+    pub fn answered(tool: &str, is_error: bool) -> Option<ToolCallAudit> {
+        RequestKind::of_tool(tool)
+            .audited_as_tool_call()
+            .then(|| ToolCallAudit::Answered {
+                tool: tool.to_owned(),
+                status: if is_error { "error" } else { "ok" }.to_owned(),
+            })
+    }
+}
+
+/// The kind of request a face's tool makes of the API, as far as the audit log tells them
+/// apart: the calls that run code are recorded by the engine itself (a line when admitted,
+/// one when finished, see `crate::audit`), every other tool call gets one line when
+/// answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// Runs a script ([`EngineApi::execute`]), one-shot or in a session.
+    Execute,
+    /// Runs a command in a session ([`EngineApi::run_command`]).
+    RunCommand,
+    /// Any other request: sessions, packages, files, validation, listings, reports.
+    Other,
+}
+
+impl RequestKind {
+    /// The kind of request the tool named `tool` makes: snakebox's tools and those of the
+    /// compatibility tool sets ([`crate::CompatToolSet`]).
+    #[must_use]
+    pub fn of_tool(tool: &str) -> RequestKind {
+        match tool {
+            "execute_python" | "execute_code" | "execute_python_code" => RequestKind::Execute,
+            "run_command" | "execute_terminal_command" => RequestKind::RunCommand,
+            _ => RequestKind::Other,
+        }
+    }
+
+    /// Whether a call of this kind gets an audit line as a tool call when it is answered
+    /// ([`ToolCallAudit::answered`]); a run's lines are the engine's own.
+    #[must_use]
+    pub const fn audited_as_tool_call(self) -> bool {
+        matches!(self, RequestKind::Other)
+    }
+}
+
 /// An [`ExecutionResult`] whole, as a wire carries it: the record (its fields, as the tool's
 /// structured content has them) with what that leaves out, the inline images and the
 /// compatibility tools' `result` variable.
@@ -681,7 +731,7 @@ impl EngineHost for Engine {
         action: &str,
         work: Box<dyn FnOnce() + Send>,
     ) -> Result<(), EngineError> {
-        self.on_host(caller, action, work).await
+        self.calls.on_host(caller, action, work).await
     }
 }
 

@@ -14,7 +14,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use snakebox_env::{Environment, Interpreter};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
-use crate::Engine;
+use crate::Unavailable;
+use crate::lifecycle::Calls;
+use crate::pool::Keeper;
 
 /// One environment to compile: its interpreter and key.
 type Job = (Interpreter, String);
@@ -51,7 +53,29 @@ impl Drop for CompileAfter {
     }
 }
 
-impl Engine {
+/// Compilation as a service: the cache, the queue, a slot for each compilation, and the
+/// pool's keeper (fork servers of a compiled copy take over when it is published).
+pub(crate) struct Compiler {
+    cache: Result<Arc<snakebox_env::EnvCache>, Unavailable>,
+    compiles: CompileQueue,
+    calls: Arc<Calls>,
+    keeper: Arc<Keeper>,
+}
+
+impl Compiler {
+    pub(crate) fn new(
+        cache: Result<Arc<snakebox_env::EnvCache>, Unavailable>,
+        calls: Arc<Calls>,
+        keeper: Arc<Keeper>,
+    ) -> Compiler {
+        Compiler {
+            cache,
+            compiles: CompileQueue::default(),
+            calls,
+            keeper,
+        }
+    }
+
     /// Whether `environment` still needs compiling and is now this call's to queue: the guard
     /// queues it when the call ends. `None` when there is nothing to do (compiled, taken up
     /// already, or no background task: a one-shot command's builds compile before they
@@ -90,7 +114,7 @@ impl Engine {
         let Ok(cache) = &self.cache else {
             return;
         };
-        let stop = self.lifecycle.stop_token();
+        let stop = self.calls.lifecycle.stop_token();
         loop {
             let job = tokio::select! {
                 job = jobs.recv() => job,
@@ -100,7 +124,7 @@ impl Engine {
                 break;
             };
             let work = async {
-                let _slot = self.server_slot().await?;
+                let _slot = self.calls.server_slot().await?;
                 // The fork servers of the environment are started anew from the checked copy
                 // before it is published, and take over at once after (before the compilation
                 // counts as completed).
@@ -108,8 +132,8 @@ impl Engine {
                     .complete(
                         &interpreter,
                         &key,
-                        |copy| self.fork_servers_of_copy(&key, copy),
-                        |fork_servers| self.adopt_fork_servers(fork_servers),
+                        |copy| self.keeper.fork_servers_of_copy(&key, copy),
+                        |fork_servers| self.keeper.adopt_fork_servers(fork_servers),
                     )
                     .await;
                 Ok::<_, crate::EngineError>(published)

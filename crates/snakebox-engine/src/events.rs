@@ -1,7 +1,7 @@
 //! Security events: what the server saw a call's code run into — a limit, a refused
 //! connection, a refusal of policy, a sandbox that could not be set up. Derived once, from a
 //! call's finished record (`ExecutionResult::derive_events`), in the one place every tracked
-//! call passes (`Engine::tracked`), so the caller (`events` in the result), the runs table, the
+//! call passes (`Calls::tracked`), so the caller (`events` in the result), the runs table, the
 //! audit log and the `snakebox_security_events_total` counter all tell the same story.
 //!
 //! Most kinds are what the server itself observed (a limit's cgroup counter, the proxy's

@@ -14,10 +14,16 @@
 //!
 //! A call "in flight" is one that holds a [`Call`] (see [`Lifecycle::enter`]): the engine's
 //! public entry points that start sandboxes take one first, so none can start after step 1.
+//!
+//! [`Calls`] is the service every call is admitted through: the lifecycle above, the calls
+//! running now, the tenants' quotas, the sandbox slots and host-work threads, and the runs
+//! table. The services that run code hold it (an `Arc`) instead of the engine.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(test)]
+use std::time::Instant;
 
 use snakebox_sandbox::OutputChunk;
 use tokio::sync::Notify;
@@ -25,13 +31,14 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Engine, EngineConfig, EngineError, ErrorInfo, ErrorKind, ExecutionResult, Status};
+use crate::tenants;
+use crate::{Caller, EngineError, ErrorInfo, ErrorKind, ExecutionResult, Status, Tenant};
 
 /// How often the environment cache is pruned while serving.
-const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+pub(crate) const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
 /// The bound on each teardown step that waits for something (a pool sandbox, an interpreter).
-const STEP_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const STEP_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Why the server stops, for the replies of cancelled calls and for the logs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +64,8 @@ impl StopReason {
     }
 }
 
-/// What [`Engine::shutdown`] did, for the log line that ends a server.
+/// What [`Engine::shutdown`](crate::Engine::shutdown) did, for the log line that ends a
+/// server.
 #[derive(Debug, Default, Clone)]
 pub struct ShutdownReport {
     /// Calls still running when the drain deadline passed (their sandboxes were killed).
@@ -78,6 +86,29 @@ pub(crate) struct Lifecycle {
     in_flight: AtomicUsize,
     idle: Notify,
     background: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Admission: the one door every call passes, and what it holds while it runs. The stop
+/// signal and the calls in flight ([`Lifecycle`], [`RunningCalls`]), the tenants' quotas of
+/// calls per minute, the sandbox slots and host-work threads shared fairly between tenants,
+/// and the runs table each tracked call is recorded in. Every service that admits a call or
+/// takes a slot holds this (an `Arc`), and nothing more of the engine for it.
+pub(crate) struct Calls {
+    pub(crate) lifecycle: Lifecycle,
+    running: RunningCalls,
+    /// The runs table: every tracked call, recorded when admitted and when it returns.
+    pub(crate) history: Arc<crate::history::History>,
+    /// What each tenant holds of the server, against its quotas.
+    tenants: crate::tenants::Tenants,
+    /// `--max-concurrent-runs`: every sandbox that does work holds one while it runs (a run,
+    /// a session call or command, an install or environment build, a validation compile), in
+    /// the name of the tenant it works for, shared fairly between tenants
+    /// ([`crate::tenants::FairSlots`]). Taken around one sandbox at a time, never while
+    /// holding another, so none can wait on itself.
+    pub(crate) runs: Arc<crate::tenants::FairSlots>,
+    /// The server's own work on the host for a tenant's call (file tools, reads of the runs
+    /// table and artifacts), on a bounded number of threads shared fairly between tenants.
+    pub(crate) host: Arc<crate::host_work::HostWork>,
 }
 
 /// One call in flight: holds the engine open for its reply. Dropped when the call returns.
@@ -186,7 +217,7 @@ impl RunningCalls {
     }
 }
 
-impl Engine {
+impl Calls {
     /// The output sender a tracked call's run gets: every chunk is also kept in the call's
     /// live output ([`Engine::live_output`]), then passed on to `output` (the client's
     /// progress notifications) when there is one.
@@ -214,7 +245,7 @@ impl Engine {
     /// What one of `caller`'s calls has printed so far, while it runs (`None` once it has
     /// ended, and for another caller's call, as for an id that never existed).
     #[must_use]
-    pub fn live_output(&self, caller: &crate::Caller, id: &str) -> Option<LiveOutput> {
+    pub(crate) fn live_output(&self, caller: &crate::Caller, id: &str) -> Option<LiveOutput> {
         self.running.live_of(caller, id)
     }
 }
@@ -253,6 +284,21 @@ impl Lifecycle {
     /// Fires when the server begins to stop (for the engine's own background loops).
     pub(crate) fn stop_token(&self) -> CancellationToken {
         self.stop.clone()
+    }
+
+    /// Keep `tasks` (what `Engine::start` spawned) until [`Lifecycle::take_background`].
+    pub(crate) fn keep_background(&self, tasks: impl IntoIterator<Item = JoinHandle<()>>) {
+        if let Ok(mut kept) = self.background.lock() {
+            kept.extend(tasks);
+        }
+    }
+
+    /// The background tasks kept, taken (to abort them at shutdown).
+    pub(crate) fn take_background(&self) -> Vec<JoinHandle<()>> {
+        self.background
+            .lock()
+            .map(|mut tasks| std::mem::take(&mut *tasks))
+            .unwrap_or_default()
     }
 
     /// Calls in flight now.
@@ -317,41 +363,76 @@ fn refused(reason: StopReason) -> EngineError {
     .with_hint("call again once the server has been restarted")
 }
 
-impl Engine {
-    /// Open the engine and start what a long-running server keeps going: cache warming and
-    /// periodic pruning, the fork servers' run directories, the warm pool. The sessions'
-    /// reaper starts with the engine (every command has one) and ends when it begins to stop.
-    /// Stop it all with [`Engine::shutdown`].
-    pub async fn start(config: EngineConfig) -> Arc<Engine> {
-        let engine = Arc::new(Engine::new(config).await);
-        let background = Arc::clone(&engine);
-        let maintenance = tokio::spawn(async move {
-            background.warm().await;
-            loop {
-                match background.prune().await {
-                    Ok(pruned) => tracing::debug!(?pruned, "environment cache pruned"),
-                    Err(err) => tracing::debug!(message = %err.message, "cache pruning skipped"),
-                }
-                let pruned = background.prune_artifacts().await;
-                tracing::debug!(?pruned, "artifact store pruned");
-                tokio::time::sleep(PRUNE_EVERY).await;
-            }
-        });
-        // Before any request: runs started from here on are visible to the fork server.
-        engine.prepare_fork_server();
-        let pool = tokio::spawn(Arc::clone(&engine).run_warm_pool());
-        let compiles = engine.start_compiles();
-        if let Ok(mut tasks) = engine.lifecycle.background.lock() {
-            tasks.push(maintenance);
-            tasks.push(pool);
-            tasks.extend(compiles);
+impl Calls {
+    pub(crate) fn new(
+        lifecycle: Lifecycle,
+        history: Arc<crate::history::History>,
+        tenants: crate::tenants::Tenants,
+        runs: Arc<crate::tenants::FairSlots>,
+        host: crate::host_work::HostWork,
+    ) -> Calls {
+        Calls {
+            lifecycle,
+            running: RunningCalls::default(),
+            history,
+            tenants,
+            runs,
+            host: Arc::new(host),
         }
-        engine
+    }
+
+    /// The tenant `caller` is for: what it may take of the server and keep in the stores,
+    /// and which profiles it may name (the `[tenants]` defaults and its `[tenants.NAME]`).
+    pub(crate) fn tenant(&self, caller: &Caller) -> Tenant {
+        self.tenants.book().tenant(caller)
+    }
+
+    /// A slot of `--max-concurrent-runs` for one sandbox working for `caller` (see
+    /// [`Calls::runs`]).
+    /// A call cancelled while it waits gets `cancelled`.
+    pub(crate) async fn sandbox_slot(
+        &self,
+        caller: &Caller,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> Result<tenants::Slot, EngineError> {
+        let share = self.runs.share(caller);
+        tokio::select! {
+            slot = share.slot() => slot,
+            () = cancel.cancelled() => Err(EngineError::new(
+                ErrorKind::Cancelled,
+                "The call was cancelled while it waited for a sandbox slot",
+            )),
+        }
+    }
+
+    /// `caller`'s claim on the sandbox slots, for work that goes on after its call (an
+    /// install) to hold in its name.
+    pub(crate) fn share(&self, caller: &Caller) -> tenants::Share {
+        self.runs.share(caller)
+    }
+
+    /// Do `work` on the host for `caller`, on the bounded, fairly shared host-work threads
+    /// ([`crate::host_work::HostWork`]).
+    ///
+    /// # Errors
+    /// When the work panicked.
+    pub(crate) async fn on_host<R: Send + 'static>(
+        &self,
+        caller: &Caller,
+        action: &str,
+        work: impl FnOnce() -> R + Send + 'static,
+    ) -> Result<R, EngineError> {
+        self.host.run(caller, action, work).await
+    }
+
+    /// A slot for the server's own background work (warming, compilation).
+    pub(crate) async fn server_slot(&self) -> Result<tenants::Slot, EngineError> {
+        self.runs.server_share().slot().await
     }
 
     /// Step 1 of stopping: refuse new calls and cancel those in flight (each is answered with
     /// status `cancelled`). Idempotent; the first reason is kept.
-    pub fn begin_shutdown(&self, reason: StopReason) {
+    pub(crate) fn begin_shutdown(&self, reason: StopReason) {
         if let Ok(mut kept) = self.lifecycle.reason.lock() {
             kept.get_or_insert(reason);
         }
@@ -363,14 +444,14 @@ impl Engine {
 
     /// Record a call of a tool that runs no code in the audit log (runs are recorded by
     /// [`Engine::execute`] and the session calls themselves): when, tenant, tool, status.
-    pub fn audit_tool_call(&self, caller: &crate::Caller, tool: &str, status: &str) {
+    pub(crate) fn audit_tool_call(&self, caller: &crate::Caller, tool: &str, status: &str) {
         self.history.tool_call(caller, tool, status, None);
     }
 
     /// Record a call of any tool refused before it ran (an unknown tool, arguments that do
     /// not fit): the tool's name (cut at 200 bytes) and, of `request` (what was sent, as
     /// JSON), only its size and SHA-256.
-    pub fn audit_refused_call(&self, caller: &crate::Caller, tool: &str, request: &str) {
+    pub(crate) fn audit_refused_call(&self, caller: &crate::Caller, tool: &str, request: &str) {
         self.history.tool_call(
             caller,
             tool,
@@ -381,65 +462,14 @@ impl Engine {
 
     /// Whether [`Engine::begin_shutdown`] was called.
     #[must_use]
-    pub fn is_stopping(&self) -> bool {
+    pub(crate) fn is_stopping(&self) -> bool {
         self.lifecycle.stop.is_cancelled()
     }
 
     /// Step 2: wait until no call is in flight, at most `deadline`. Returns how many calls
     /// were still running when it gave up.
-    pub async fn wait_idle(&self, deadline: Duration) -> usize {
+    pub(crate) async fn wait_idle(&self, deadline: Duration) -> usize {
         self.lifecycle.wait_idle(deadline).await
-    }
-
-    /// Stop the server's work and release everything it holds on the host: steps 1 to 3 (see
-    /// the module docs). Calls in flight get `drain` to return their records; every step that
-    /// waits is bounded, then forced. Safe to call more than once.
-    pub async fn shutdown(&self, reason: StopReason, drain: Duration) -> ShutdownReport {
-        let started = Instant::now();
-        let mut report = ShutdownReport::default();
-        self.begin_shutdown(reason);
-        report.calls_cut_short = self.wait_idle(drain).await;
-        let tasks = self
-            .lifecycle
-            .background
-            .lock()
-            .map(|mut tasks| std::mem::take(&mut *tasks))
-            .unwrap_or_default();
-        for task in tasks {
-            task.abort();
-        }
-        if tokio::time::timeout(STEP_DEADLINE, self.stop_warm_pool())
-            .await
-            .is_err()
-        {
-            report.forced = true;
-        }
-        if tokio::time::timeout(STEP_DEADLINE, self.sessions.stop_interpreters())
-            .await
-            .is_err()
-        {
-            report.forced = true;
-        }
-        self.release_host();
-        report.duration_ms = crate::ids::millis(started.elapsed());
-        tracing::info!(?report, "stopped");
-        report
-    }
-
-    /// Release what this server holds on the host without waiting for anything: the
-    /// sessions' disk image, its cgroups (members SIGKILLed), its run directories (scratch
-    /// and runs-root mounts detached). The last step of [`Engine::shutdown`], and what a
-    /// face calls when a shutdown overran its deadline. Best effort, bounded.
-    pub fn release_host(&self) {
-        self.begin_shutdown(StopReason::Requested);
-        if let Ok(sandbox) = &self.sandbox {
-            sandbox.remove_own_cgroups();
-        }
-        crate::run::remove_own_run_dirs(&self.config.data_dir, self.sandbox.as_deref().ok());
-        // Last: interpreters killed above no longer hold the image's files.
-        self.release_sessions();
-        // What the runs table has queued is written before the process exits.
-        self.history.close();
     }
 
     /// Run one call as a call in flight: refused with `refuse`'s result while the server
@@ -468,7 +498,7 @@ impl Engine {
         let ticket = self.history.started(&execution_id, caller, start);
         let _running = self.running.add(&execution_id, caller, &call.token);
         // The tenant's quota of calls per minute: a call past it is refused. (Its share of the
-        // sandbox slots is taken by each sandbox the call starts: `Engine::sandbox_slot`.)
+        // sandbox slots is taken by each sandbox the call starts: `Calls::sandbox_slot`.)
         let mut result = match self.tenants.admit(caller) {
             Ok(()) => run(execution_id, call.token.clone()).await,
             Err(error) => refuse(execution_id, error),
@@ -489,7 +519,7 @@ impl Engine {
     /// # Errors
     /// `not_found` for an id that is not one of `caller`'s running calls (another caller's
     /// included, answered exactly as an id that never existed, or one that has ended).
-    pub fn cancel_run(&self, caller: &crate::Caller, id: &str) -> Result<(), EngineError> {
+    pub(crate) fn cancel_run(&self, caller: &crate::Caller, id: &str) -> Result<(), EngineError> {
         if self.running.cancel(caller, id) {
             return Ok(());
         }

@@ -14,7 +14,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_sandbox::{Names, NetCaps, NetDecision, NetResolver, NetRules, RunProxy};
 
-use crate::{Engine, EngineError, ErrorKind};
+use crate::{EngineError, ErrorKind, Unavailable};
 
 /// The operator's network policy for runs.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -239,10 +239,36 @@ pub(crate) fn take_log_of(proxy: Option<&RunProxy>) -> Vec<NetworkLogEntry> {
 #[derive(Default)]
 pub(crate) struct ResolverCell(OnceLock<Result<NetResolver, String>>);
 
-impl Engine {
+/// The run proxies as a service: the operator's network settings, the sandbox (whether it
+/// isolates runs' networks) and the resolver, for every path that starts a proxy (one-shot
+/// runs, pooled sandboxes, sessions) and for the report that says how the policy is enforced.
+pub(crate) struct Proxies {
+    /// `[network]` for runs (`config.network`).
+    policy: NetworkPolicy,
+    /// The proxy's settings (`config.network_proxy`).
+    settings: ProxySettings,
+    sandbox: Result<std::sync::Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+    /// The run proxy's resolver, made on first use.
+    resolver: ResolverCell,
+}
+
+impl Proxies {
+    pub(crate) fn new(
+        policy: NetworkPolicy,
+        settings: ProxySettings,
+        sandbox: Result<std::sync::Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+    ) -> Proxies {
+        Proxies {
+            policy,
+            settings,
+            sandbox,
+            resolver: ResolverCell::default(),
+        }
+    }
+
     /// The rules of a run allowed `names`.
     pub(crate) fn net_rules(&self, names: Names) -> NetRules {
-        let settings = &self.config.network_proxy;
+        let settings = &self.settings;
         NetRules {
             ports: settings.ports.clone(),
             allow_ip_literals: settings.allow_ip_literals,
@@ -269,7 +295,7 @@ impl Engine {
         let resolver = self
             .resolver
             .0
-            .get_or_init(|| NetResolver::new(&self.config.network_proxy.resolvers))
+            .get_or_init(|| NetResolver::new(&self.settings.resolvers))
             .clone()
             .map_err(|message| {
                 EngineError::new(
@@ -288,7 +314,7 @@ impl Engine {
 
     /// How the policy is enforced, for `check_environment`.
     pub(crate) fn network_enforcement(&self) -> String {
-        let policy = &self.config.network;
+        let policy = &self.policy;
         if !policy.allows_network() {
             return "off: each run has its own network namespace with loopback only".into();
         }
@@ -298,7 +324,7 @@ impl Engine {
                 policy.describe()
             );
         }
-        let settings = &self.config.network_proxy;
+        let settings = &self.settings;
         let ports: Vec<String> = settings.ports.iter().map(ToString::to_string).collect();
         let resolver = if settings.resolvers.is_empty() {
             "the host's resolv.conf".to_owned()

@@ -2,6 +2,7 @@
 //! (forked from the environment's fork server, a pre-started sandbox of the warm pool, or
 //! cold), collect, and turn the outcome into an [`ExecutionResult`].
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use snakebox_env::{Environment, Interpreter};
@@ -9,13 +10,20 @@ use snakebox_sandbox::OutputChunk;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use crate::environments::Environments;
 use crate::history::{RunKind, RunStart};
 use crate::ids;
+use crate::lifecycle::Calls;
+use crate::network::Proxies;
 use crate::plan::ExecuteRequest;
+use crate::plan::Planner;
 use crate::policy::{Asked, CallKind, CallPolicy};
+use crate::pool::WarmPool;
 use crate::result::{ExecutionResult, Package};
+use crate::run::Sandboxes;
 use crate::run::{Ran, RunDir, classify};
-use crate::{Engine, EngineError, ErrorKind};
+use crate::validate::Validator;
+use crate::{EngineConfig, EngineError, ErrorKind, Unavailable};
 
 /// What planning decided: everything needed to prepare and run.
 struct Plan {
@@ -38,7 +46,7 @@ impl Plan {
     }
 }
 
-/// Where a run goes (see [`Engine::launch_path`]): a fork server, a pooled sandbox, or
+/// Where a run goes (see [`OneShot::launch_path`]): a fork server, a pooled sandbox, or
 /// neither (a cold start).
 struct LaunchPath {
     forking: Option<std::sync::Arc<crate::pool::Forking>>,
@@ -52,23 +60,35 @@ struct Launched {
     network_log: Vec<crate::NetworkLogEntry>,
 }
 
-impl Engine {
+/// One-shot runs as a service: what a run in a fresh sandbox needs, and no more: admission,
+/// the plan, the environment, the import check, the warm pool to claim from, what each
+/// sandbox is, the proxies, and the artifact store its files are collected into.
+pub(crate) struct OneShot {
+    pub(crate) config: Arc<EngineConfig>,
+    pub(crate) sandbox: Result<Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+    pub(crate) calls: Arc<Calls>,
+    pub(crate) planner: Arc<Planner>,
+    pub(crate) proxies: Arc<Proxies>,
+    pub(crate) sandboxes: Arc<Sandboxes>,
+    pub(crate) pool: Arc<WarmPool>,
+    pub(crate) environments: Arc<Environments>,
+    pub(crate) compiler: Arc<crate::compile::Compiler>,
+    pub(crate) validator: Arc<Validator>,
+    pub(crate) artifacts: crate::artifacts::ArtifactStore,
+}
+
+impl OneShot {
     /// Run one script in a fresh sandbox. Always returns a record: failures before the script
     /// runs are reported with status `invalid_request` or `setup_failed` and a hint; a call
     /// made while the server stops is refused (`setup_failed`), one cut short by the stop is
     /// `cancelled` and says so.
-    pub async fn execute(
+    pub(crate) async fn execute(
         &self,
         caller: &crate::Caller,
         request: ExecuteRequest,
         cancel: CancellationToken,
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> ExecutionResult {
-        if let Some(session_id) = request.session_id.clone() {
-            return self
-                .execute_in_session(caller, &session_id, request, cancel, output)
-                .await;
-        }
         let start = RunStart {
             kind: RunKind::Execute,
             session_id: None,
@@ -81,17 +101,18 @@ impl Engine {
                     .unwrap_or_else(|| self.config.profiles.default_for(caller).to_owned()),
             ),
         };
-        self.tracked(
-            caller,
-            start,
-            &cancel,
-            ExecutionResult::not_run,
-            |id, token| {
-                let output = self.live_tee(&id, output);
-                self.execute_admitted(caller, id, request, token, output)
-            },
-        )
-        .await
+        self.calls
+            .tracked(
+                caller,
+                start,
+                &cancel,
+                ExecutionResult::not_run,
+                |id, token| {
+                    let output = self.calls.live_tee(&id, output);
+                    self.execute_admitted(caller, id, request, token, output)
+                },
+            )
+            .await
     }
 
     /// The call once admitted, in stages: its plan, its environment, its import policy, its
@@ -120,7 +141,7 @@ impl Engine {
             Err(error) => return plan.stamp(ExecutionResult::not_run(execution_id, error)),
         };
         // A new environment published before its bytecode: compiled once this call ends.
-        let _compile_after = self.compile_after(&environment);
+        let _compile_after = self.compiler.compile_after(&environment);
         let setup_ms = ids::millis(setup_started.elapsed());
         if let Some(refused) = self
             .imports_refused(caller, &plan, &request, &execution_id)
@@ -190,16 +211,19 @@ impl Engine {
         request: &ExecuteRequest,
         cancel: &CancellationToken,
     ) -> Result<Plan, (EngineError, Option<String>)> {
-        let checked = self.check_request(request).map_err(|error| (error, None))?;
+        let checked = self
+            .planner
+            .check_request(request)
+            .map_err(|error| (error, None))?;
         let policy = CallPolicy::decide(
             &self.config,
             CallKind::Run,
-            &self.tenant(caller),
+            &self.calls.tenant(caller),
             &Asked::of(request, &checked.requirements),
         )
         .map_err(|refusal| (refusal.error, refusal.profile))?;
         let provided = tokio::select! {
-            provided = self.provide_python(request.python_version.as_deref(), checked.requires_python.as_ref()) => provided,
+            provided = self.planner.provide_python(request.python_version.as_deref(), checked.requires_python.as_ref()) => provided,
             () = cancel.cancelled() => Err(EngineError::new(
                 ErrorKind::Cancelled,
                 "The call was cancelled while its Python was being downloaded",
@@ -207,6 +231,7 @@ impl Engine {
         };
         provided.map_err(|error| (error, None))?;
         let interpreter = self
+            .planner
             .pick_interpreter(
                 request.python_version.as_deref(),
                 checked.requires_python.as_ref(),
@@ -235,7 +260,7 @@ impl Engine {
             return Err(missing.clone());
         }
         tokio::select! {
-            prepared = self.environment(caller, &plan.interpreter, &plan.requirements) => prepared,
+            prepared = self.environments.environment(caller, &plan.interpreter, &plan.requirements) => prepared,
             () = cancel.cancelled() => Err(EngineError::new(
                 ErrorKind::Cancelled,
                 "The call was cancelled while its environment was being prepared",
@@ -255,6 +280,7 @@ impl Engine {
     ) -> Option<ExecutionResult> {
         let allowed = plan.policy.imports.as_ref()?;
         let blocked = match self
+            .validator
             .imports_outside(caller, &plan.interpreter, &request.script, allowed)
             .await
         {
@@ -315,7 +341,7 @@ impl Engine {
         output: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<Launched, EngineError> {
         let sandbox = self.sandbox.as_ref().map_err(Clone::clone)?;
-        let slot = self.sandbox_slot(caller, &cancel).await?;
+        let slot = self.calls.sandbox_slot(caller, &cancel).await?;
         let has_network = plan.policy.network.is_some();
         let launch = self.launch_path(plan, environment, caller);
         let mut proxy = None;
@@ -357,11 +383,11 @@ impl Engine {
             )
         })?;
         self.write_run_policy(&run_dir, plan)?;
-        let network = self.run_network(has_network);
+        let network = self.sandboxes.run_network(has_network);
         if let (crate::run::RunNetwork::Proxy, None, Some(names)) =
             (network, &proxy, plan.policy.network.clone())
         {
-            proxy = Some(self.start_run_proxy(&run_dir.input, names)?);
+            proxy = Some(self.proxies.start_run_proxy(&run_dir.input, names)?);
         }
         let baseline = crate::files::write(&run_dir.work, &plan.inputs, run_dir.owner())
             .map(|()| crate::artifacts::Baseline::snapshot(&run_dir.work))
@@ -374,7 +400,7 @@ impl Engine {
             let forked = forking
                 .server
                 .run(
-                    &self.fork_run(
+                    &self.sandboxes.fork_run(
                         &run_dir,
                         &plan.policy.shape,
                         network == crate::run::RunNetwork::Proxy,
@@ -409,8 +435,13 @@ impl Engine {
                     .await
             }
             (None, None) => {
-                let (mut policy, command) =
-                    self.sandbox_call(environment, &run_dir, &plan.policy.shape, network, false);
+                let (mut policy, command) = self.sandboxes.sandbox_call(
+                    environment,
+                    &run_dir,
+                    &plan.policy.shape,
+                    network,
+                    false,
+                );
                 policy.cpu = slot.cpu().cloned();
                 sandbox.run(&policy, &command, cancel, output).await
             }
@@ -419,9 +450,15 @@ impl Engine {
             .as_ref()
             .map(|o| o.control.as_slice())
             .unwrap_or_default();
-        let mut collected = self
-            .collect_rich(caller, execution_id, &run_dir.work, baseline, control)
-            .await;
+        let mut collected = crate::runner::collect_rich(
+            &self.artifacts,
+            caller,
+            execution_id,
+            &run_dir.work,
+            baseline,
+            control,
+        )
+        .await;
         if let Some(forking) = &launch.forking {
             self.pool.learn(forking, &collected.take_imported());
         }
@@ -457,6 +494,7 @@ impl Engine {
         let is_default = plan.requirements.is_empty()
             && network_is_default
             && self
+                .planner
                 .pick_interpreter(None, None)
                 .is_ok_and(|default| default.executable == plan.interpreter.executable);
         // A call that narrows the server's network policy may fork (a fork server holds no
@@ -514,22 +552,5 @@ impl Engine {
             })?;
         }
         Ok(())
-    }
-
-    async fn environment(
-        &self,
-        caller: &crate::Caller,
-        interpreter: &Interpreter,
-        requirements: &[pep508_rs::Requirement],
-    ) -> Result<Environment, EngineError> {
-        let cache = self.cache.as_ref().map_err(Clone::clone)?;
-        // A build runs uv's install sandboxes: it holds a slot of the concurrency cap, released
-        // before the run takes its own (never both at once), in the caller's name, and its
-        // sandboxes weigh on the CPU as the slot's share says. (A cancel drops this whole
-        // future: the caller's select.)
-        let slot = self.share(caller).slot().await?;
-        Ok(cache
-            .ensure_weighed(interpreter, requirements, slot.cpu())
-            .await?)
     }
 }

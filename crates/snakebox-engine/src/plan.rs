@@ -11,7 +11,7 @@ use pep440_rs::VersionSpecifiers;
 use snakebox_env::Interpreter;
 
 use crate::files::DecodedFile;
-use crate::{Engine, EngineError, ErrorKind};
+use crate::{EngineConfig, EngineError, ErrorKind, Unavailable};
 
 /// One request to run a script.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -57,7 +57,38 @@ pub(crate) struct Checked {
     pub(crate) inputs: Vec<DecodedFile>,
 }
 
-impl Engine {
+/// Planning as a service: what judging a request and choosing its interpreter need (the
+/// settings, uv to download a Python, the interpreters found), shared by every path that runs
+/// a script so each judges a request the same way.
+pub(crate) struct Planner {
+    config: std::sync::Arc<EngineConfig>,
+    uv: Result<snakebox_env::Uv, Unavailable>,
+    /// The interpreters found on this host; replaced when one is downloaded
+    /// ([`Planner::provide_python`]). Read through [`Planner::interpreters`].
+    interpreters: std::sync::RwLock<std::sync::Arc<snakebox_env::Interpreters>>,
+    /// One `uv python install` at a time.
+    python_installs: tokio::sync::Mutex<()>,
+}
+
+impl Planner {
+    pub(crate) fn new(
+        config: std::sync::Arc<EngineConfig>,
+        uv: Result<snakebox_env::Uv, Unavailable>,
+        interpreters: snakebox_env::Interpreters,
+    ) -> Planner {
+        Planner {
+            config,
+            uv,
+            interpreters: std::sync::RwLock::new(std::sync::Arc::new(interpreters)),
+            python_installs: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Where uv is (or why it is not available).
+    pub(crate) fn uv(&self) -> &Result<snakebox_env::Uv, Unavailable> {
+        &self.uv
+    }
+
     /// The checks every execution makes before anything starts, one-shot or in a session.
     ///
     /// # Errors
@@ -167,7 +198,7 @@ impl Engine {
 
     /// With `python_downloads = "automatic"`, download the Python a call asks for when no
     /// interpreter here has it: `uv python install` (one at a time), then find the
-    /// interpreters again, so that [`Engine::pick_interpreter`] takes the new one. Does
+    /// interpreters again, so that [`Planner::pick_interpreter`] takes the new one. Does
     /// nothing when the version is here, when downloads are off (the pick then refuses with
     /// the fix), or for a request that is not a version (the pick says what is wrong).
     ///
@@ -217,11 +248,11 @@ impl Engine {
 
     /// At start, with `python_downloads = "automatic"`: download the server's default Python
     /// (`--python-version`) when no interpreter here has it, before
-    /// [`Engine::check_default_python`] judges it.
+    /// [`Planner::check_default_python`] judges it.
     ///
     /// # Errors
     /// The download failed.
-    pub async fn provide_default_python(&self) -> Result<(), EngineError> {
+    pub(crate) async fn provide_default_python(&self) -> Result<(), EngineError> {
         match self.config.python_version.as_deref() {
             Some(request) => self.provide_python(Some(request), None).await,
             None => Ok(()),
@@ -234,7 +265,7 @@ impl Engine {
     ///
     /// # Errors
     /// The request does not parse, or no usable interpreter matches it.
-    pub fn check_default_python(&self) -> Result<(), EngineError> {
+    pub(crate) fn check_default_python(&self) -> Result<(), EngineError> {
         let Some(request) = self.config.python_version.as_deref() else {
             return Ok(());
         };

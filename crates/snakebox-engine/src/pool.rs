@@ -27,7 +27,7 @@
 //! sandboxes are kept for it; if it stops, it is restarted (after [`RETRY_AFTER`] when a
 //! start failed) and the pool covers the gap. When the environment's directory is replaced
 //! by its byte-compiled copy, a fork server of the copy is started before the swap and takes
-//! over right after it ([`Engine::fork_servers_of_copy`]); a fork server of a directory that
+//! over right after it ([`Keeper::fork_servers_of_copy`]); a fork server of a directory that
 //! was replaced otherwise goes at the next claim (or, replaced while it started, as soon as
 //! its start returns) and the refill starts one. A fork server of
 //! an environment with packages also imports what its recent runs imported (`crate::learn`):
@@ -44,9 +44,12 @@ use serde::{Deserialize, Serialize};
 use snakebox_env::Environment;
 use snakebox_sandbox::{ForkServer, PendingRun};
 
-use crate::Engine;
+use crate::environments::Environments;
 use crate::ids;
+use crate::network::Proxies;
 use crate::run::RunDir;
+use crate::run::Sandboxes;
+use crate::{EngineConfig, Unavailable};
 
 /// Other (environment, network) pairs kept warm besides the default one.
 pub(crate) const RECENT_ENVIRONMENTS: usize = 2;
@@ -235,7 +238,7 @@ pub(crate) struct WarmPool {
     fork_enabled: bool,
     /// Pre-forked children per fork server (`--prefork`).
     prefork: usize,
-    /// The run directories are ready for a fork server ([`Engine::prepare_fork_server`]).
+    /// The run directories are ready for a fork server ([`Keeper::prepare_fork_server`]).
     fork_prepared: AtomicBool,
 }
 
@@ -593,20 +596,51 @@ impl WarmPool {
     }
 }
 
-impl Engine {
-    /// Keep the warm pool filled until [`Engine::stop_warm_pool`]: first the default
+/// The pool's keeper, as a service: what filling the warm pool and starting fork servers
+/// needs (the settings, the sandbox, what each sandbox is, the run proxies, the default
+/// environment), apart from the pool's state ([`WarmPool`]) that the one-shot path claims
+/// from.
+pub(crate) struct Keeper {
+    config: Arc<EngineConfig>,
+    sandbox: Result<Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+    pool: Arc<WarmPool>,
+    sandboxes: Arc<Sandboxes>,
+    proxies: Arc<Proxies>,
+    environments: Arc<Environments>,
+}
+
+impl Keeper {
+    pub(crate) fn new(
+        config: Arc<EngineConfig>,
+        sandbox: Result<Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+        pool: Arc<WarmPool>,
+        sandboxes: Arc<Sandboxes>,
+        proxies: Arc<Proxies>,
+        environments: Arc<Environments>,
+    ) -> Keeper {
+        Keeper {
+            config,
+            sandbox,
+            pool,
+            sandboxes,
+            proxies,
+            environments,
+        }
+    }
+
+    /// Keep the warm pool filled until [`Keeper::stop_warm_pool`]: first the default
     /// environment (built here if cache warming did not), then recently used ones. Returns at
     /// once when the pool is off (`--warm-pool 0`) or the sandbox is unavailable. Meant to be
     /// spawned by a long-running server; one-shot commands do not start it. Fork servers start
-    /// only after [`Engine::prepare_fork_server`], which the server calls before it takes
+    /// only after [`Keeper::prepare_fork_server`], which the server calls before it takes
     /// requests.
-    pub async fn run_warm_pool(self: Arc<Self>) {
+    pub(crate) async fn run_warm_pool(self: Arc<Self>) {
         let pool = &self.pool;
         if pool.size == 0 || self.sandbox.is_err() || pool.running.swap(true, Ordering::SeqCst) {
             return;
         }
         if self.config.warm_cache {
-            match self.default_environment().await {
+            match self.environments.default_environment().await {
                 Ok(environment) => {
                     pool.lock().default = Some(Target {
                         key: Key::of(
@@ -699,7 +733,7 @@ impl Engine {
 
     /// Stop refilling and discard every ready sandbox (their trees are killed, their run
     /// directories removed).
-    pub async fn stop_warm_pool(&self) {
+    pub(crate) async fn stop_warm_pool(&self) {
         self.pool.stopped.store(true, Ordering::SeqCst);
         self.pool.wake.notify_one();
         let (ready, forks) = {
@@ -721,16 +755,10 @@ impl Engine {
         }
     }
 
-    /// The warm pool's state, for `check_environment`.
-    /// The warm pool as `viewer` may see it (`None`: the operator).
-    pub(crate) fn pool_report(&self, viewer: Option<&crate::Caller>) -> PoolReport {
-        self.pool.report(viewer)
-    }
-
     /// Get the run directories ready for a fork server (see
     /// [`snakebox_sandbox::Sandbox::prepare_runs_root`]), before any run starts: `serve`
     /// calls it before it takes requests. Turns the fork server off when that fails.
-    pub fn prepare_fork_server(&self) {
+    pub(crate) fn prepare_fork_server(&self) {
         let Ok(sandbox) = &self.sandbox else {
             return;
         };
@@ -754,7 +782,7 @@ impl Engine {
     /// of its fork servers running now (see [`snakebox_env::EnvCache::complete`]): started
     /// before the copy takes the environment's place, so that the runs after the publish are
     /// forked at once from servers that see the copy, instead of starting cold until the
-    /// refill task has started new ones. Hand them to [`Engine::adopt_fork_servers`] once
+    /// refill task has started new ones. Hand them to [`Keeper::adopt_fork_servers`] once
     /// the copy is published.
     pub(crate) async fn fork_servers_of_copy(
         self: &Arc<Self>,
@@ -787,7 +815,7 @@ impl Engine {
         started
     }
 
-    /// [`Engine::start_fork_server`] on a blocking thread (a start waits for the fork server
+    /// [`Keeper::start_fork_server`] on a blocking thread (a start waits for the fork server
     /// to be ready: not on the runtime's few worker threads).
     async fn start_fork_server_off_runtime(
         self: &Arc<Self>,
@@ -801,7 +829,7 @@ impl Engine {
     }
 
     /// Put fork servers of a just-published environment (see
-    /// [`Engine::fork_servers_of_copy`]) in the place of those of the directory it replaced.
+    /// [`Keeper::fork_servers_of_copy`]) in the place of those of the directory it replaced.
     pub(crate) fn adopt_fork_servers(&self, forkings: Vec<Forking>) {
         let replaced: Vec<Arc<Forking>> = {
             let mut inner = self.pool.lock();
@@ -818,7 +846,7 @@ impl Engine {
     /// `copy`, of that copy of the environment's directory, mounted in its place.
     fn start_fork_server(&self, target: &Target, copy: Option<&Path>) -> Result<Forking, String> {
         let sandbox = self.sandbox.as_ref().map_err(|m| m.message.clone())?;
-        let mut spec = self.fork_server_spec(&target.environment);
+        let mut spec = self.sandboxes.fork_server_spec(&target.environment);
         let key = &target.environment.key;
         // Runs learn what to import only where the fork server is the tenant's own and
         // preloads packages (`--preload-packages` 0 turns both off).
@@ -886,15 +914,16 @@ impl Engine {
         .map_err(|err| format!("could not prepare a run directory: {err}"))?;
         // A sandbox kept with network gets its proxy now, with the server's whole policy
         // (a call that narrows it runs cold).
-        let network = self.run_network(target.key.network);
+        let network = self.sandboxes.run_network(target.key.network);
         let proxy = match (network, self.config.network.names()) {
             (crate::run::RunNetwork::Proxy, Some(names)) => Some(
-                self.start_run_proxy(&run_dir.input, names)
+                self.proxies
+                    .start_run_proxy(&run_dir.input, names)
                     .map_err(|err| err.message)?,
             ),
             _ => None,
         };
-        let (policy, command) = self.sandbox_call(
+        let (policy, command) = self.sandboxes.sandbox_call(
             &target.environment,
             &run_dir,
             &crate::policy::server_shape(&self.config, self.config.max_timeout),

@@ -5,92 +5,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::human_bytes;
-use crate::{Caller, Engine};
+use std::sync::Arc;
 
-/// State of cache warming. On the wire one flat object ([`WarmReport`]): a tagged union
-/// would be a `oneOf`, which the model providers' schema rules refuse.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(into = "WarmReport", from = "WarmReport")]
-#[schemars(with = "WarmReport")]
-pub enum WarmState {
-    /// `--no-warm-cache` was given.
-    Disabled,
-    /// Not started yet.
-    Pending,
-    /// Building the default environment now.
-    Running,
-    /// The default environment is ready.
-    Ready {
-        /// How long warming took.
-        duration_ms: u64,
-    },
-    /// Warming failed (executions will retry and report the reason).
-    Failed {
-        /// Why.
-        message: String,
-    },
-}
-
-/// Cache warming as `check_environment` reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-pub struct WarmReport {
-    /// `disabled` (`--no-warm-cache`), `pending`, `running`, `ready` or `failed` (executions
-    /// will retry and report the reason).
-    pub state: WarmPhase,
-    /// How long warming took, once `ready`.
-    pub duration_ms: Option<u64>,
-    /// Why warming failed, when `failed`.
-    pub message: Option<String>,
-}
-
-/// The phase of cache warming.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum WarmPhase {
-    /// `--no-warm-cache` was given.
-    Disabled,
-    /// Not started yet.
-    Pending,
-    /// Building the default environment now.
-    Running,
-    /// The default environment is ready.
-    Ready,
-    /// Warming failed.
-    Failed,
-}
-
-impl From<WarmState> for WarmReport {
-    fn from(state: WarmState) -> Self {
-        let (state, duration_ms, message) = match state {
-            WarmState::Disabled => (WarmPhase::Disabled, None, None),
-            WarmState::Pending => (WarmPhase::Pending, None, None),
-            WarmState::Running => (WarmPhase::Running, None, None),
-            WarmState::Ready { duration_ms } => (WarmPhase::Ready, Some(duration_ms), None),
-            WarmState::Failed { message } => (WarmPhase::Failed, None, Some(message)),
-        };
-        Self {
-            state,
-            duration_ms,
-            message,
-        }
-    }
-}
-
-impl From<WarmReport> for WarmState {
-    fn from(report: WarmReport) -> Self {
-        match report.state {
-            WarmPhase::Disabled => WarmState::Disabled,
-            WarmPhase::Pending => WarmState::Pending,
-            WarmPhase::Running => WarmState::Running,
-            WarmPhase::Ready => WarmState::Ready {
-                duration_ms: report.duration_ms.unwrap_or_default(),
-            },
-            WarmPhase::Failed => WarmState::Failed {
-                message: report.message.unwrap_or_default(),
-            },
-        }
-    }
-}
+use crate::{Caller, EngineConfig, EngineError, Unavailable, WarmState};
 
 /// One interpreter found on this host.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -277,16 +194,36 @@ pub struct ProfileReport {
     pub allowed_imports: Option<Vec<String>>,
 }
 
-impl Engine {
+/// Reports as a service: what describing the engine needs to read (its settings, the
+/// sandbox, uv and the interpreters, the proxies, the cache and its warming, the pool, the
+/// sessions, the stores and their budgets), and nothing it could change.
+pub(crate) struct Reports {
+    pub(crate) config: Arc<EngineConfig>,
+    pub(crate) sandbox: Result<Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+    pub(crate) planner: Arc<crate::plan::Planner>,
+    pub(crate) proxies: Arc<crate::network::Proxies>,
+    pub(crate) calls: Arc<crate::lifecycle::Calls>,
+    pub(crate) cache: Result<Arc<snakebox_env::EnvCache>, Unavailable>,
+    pub(crate) environments: Arc<crate::environments::Environments>,
+    pub(crate) pool: Arc<crate::pool::WarmPool>,
+    pub(crate) sessions: Arc<crate::session::Sessions>,
+    pub(crate) artifacts: crate::artifacts::ArtifactStore,
+    pub(crate) ledger: Arc<crate::budget::Ledger>,
+    /// Why the store (the data directory's, or the database) could not be opened, if it
+    /// could not.
+    pub(crate) store_problem: Option<EngineError>,
+}
+
+impl Reports {
     /// Describe this host and configuration, for the operator: every tenant's sessions are
     /// listed (the `check` command, the server's own log, `/readyz`).
-    pub fn report(&self) -> EnvironmentReport {
+    pub(crate) fn report(&self) -> EnvironmentReport {
         self.report_listing(None)
     }
 
-    /// [`Engine::report`] as `caller` may see it: the sessions listed are its own (the counts
+    /// [`Reports::report`] as `caller` may see it: the sessions listed are its own (the counts
     /// and the disk stay the server's). What `check_environment` answers.
-    pub fn report_for(&self, caller: &Caller) -> EnvironmentReport {
+    pub(crate) fn report_for(&self, caller: &Caller) -> EnvironmentReport {
         self.report_listing(Some(caller))
     }
 
@@ -295,7 +232,7 @@ impl Engine {
     fn report_listing(&self, viewer: Option<&Caller>) -> EnvironmentReport {
         let config = &self.config;
         let (isolation_active, sandbox_details, sandbox_hint, limits) = self.sandbox_report();
-        let (uv, uv_hint) = match &self.uv {
+        let (uv, uv_hint) = match self.planner.uv() {
             Ok(uv) => (format!("{} ({})", uv.version, uv.path.display()), None),
             Err(missing) => (missing.message.clone(), missing.hint.clone()),
         };
@@ -314,7 +251,7 @@ impl Engine {
             sandbox_hint,
             network: config.network.allows_network(),
             network_policy: config.network.describe(),
-            network_enforcement: self.network_enforcement(),
+            network_enforcement: self.proxies.network_enforcement(),
             network_caps: NetworkCapsReport {
                 connections: config.network_proxy.caps.connections,
                 bytes: config.network_proxy.caps.bytes,
@@ -330,6 +267,7 @@ impl Engine {
             python_downloads: config.python_downloads,
             infer_dependencies: config.infer_dependencies,
             pythons: self
+                .planner
                 .interpreters()
                 .all()
                 .iter()
@@ -353,13 +291,13 @@ impl Engine {
             },
             sessions: self.sessions.report(&config.data_dir, viewer),
             stores: self.stores_report(viewer),
-            warm_pool: self.pool_report(viewer),
+            warm_pool: self.pool.report(viewer),
             default_profile: viewer
                 .map_or(config.profiles.default.as_str(), |caller| {
                     config.profiles.default_for(caller)
                 })
                 .to_owned(),
-            tenant: viewer.map(|caller| self.tenant(caller)),
+            tenant: viewer.map(|caller| self.calls.tenant(caller)),
             profiles: self.profiles_report(viewer),
             ready: problems.is_empty(),
             problems,
@@ -459,6 +397,7 @@ impl Engine {
             })
             .unwrap_or_default();
         let warm = self
+            .environments
             .warm
             .lock()
             .map_or(WarmState::Pending, |state| state.clone());
@@ -497,7 +436,7 @@ impl Engine {
         let mut problems = Vec::new();
         for missing in [
             self.sandbox.as_ref().err(),
-            self.uv.as_ref().err(),
+            self.planner.uv().as_ref().err(),
             self.store_problem.as_ref(),
         ]
         .into_iter()
@@ -518,13 +457,13 @@ impl Engine {
             }
             problems.push(line);
         }
-        if let Err(err) = self.check_default_python() {
+        if let Err(err) = self.planner.check_default_python() {
             let mut line = err.message;
             if let Some(hint) = &err.hint {
                 line.push_str(&format!(" (hint: {hint})"));
             }
             problems.push(line);
-        } else if self.interpreters().all().is_empty() {
+        } else if self.planner.interpreters().all().is_empty() {
             problems.push(
                 "No Python interpreter was found (hint: install one with pyenv, `uv python install`, or the system package manager)"
                     .into(),
@@ -569,11 +508,11 @@ impl Engine {
     }
 }
 
-impl Engine {
+impl Reports {
     /// The shared stores as `viewer` may see them: its own tenant's figures (none of
     /// another's); for the operator (`None`), the budgets alone.
     fn stores_report(&self, viewer: Option<&Caller>) -> crate::StoresReport {
-        let (runs, audit, write_queue) = self.history.report(viewer);
+        let (runs, audit, write_queue) = self.calls.history.report(viewer);
         crate::StoresReport {
             tenant: viewer.map(|caller| caller.id().to_owned()),
             runs,

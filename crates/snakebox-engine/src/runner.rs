@@ -16,7 +16,6 @@ use std::path::Path;
 use base64::Engine as _;
 use serde::Deserialize;
 
-use crate::Engine;
 use crate::artifacts::{Baseline, Collection, GeneratedImage, image_mime};
 use crate::result::{ArtifactOrigin, ExceptionInfo, ExecutionResult, ValueRepr};
 
@@ -310,33 +309,29 @@ impl Rich {
     }
 }
 
-impl Engine {
-    /// After a run: read the runner's record and keep the files the run created or changed
-    /// in `work` (its working directory; `baseline` is what was there before) and the images
-    /// it produced in the artifact store. Must be called before `work` is removed.
-    pub(crate) async fn collect_rich(
-        &self,
-        caller: &crate::Caller,
-        execution_id: &str,
-        work: &Path,
-        baseline: Baseline,
-        control: &[u8],
-    ) -> Rich {
-        let (mut rich, images) = Rich::read(control);
-        let store = self.artifacts.clone();
-        let work = work.to_path_buf();
-        let id = execution_id.to_string();
-        let caller = caller.clone();
-        match tokio::task::spawn_blocking(move || {
-            store.collect(&caller, &id, &work, &baseline, images)
-        })
+/// After a run: read the runner's record and keep the files the run created or changed
+/// in `work` (its working directory; `baseline` is what was there before) and the images
+/// it produced in the artifact store `artifacts`. Must be called before `work` is removed.
+pub(crate) async fn collect_rich(
+    artifacts: &crate::artifacts::ArtifactStore,
+    caller: &crate::Caller,
+    execution_id: &str,
+    work: &Path,
+    baseline: Baseline,
+    control: &[u8],
+) -> Rich {
+    let (mut rich, images) = Rich::read(control);
+    let store = artifacts.clone();
+    let work = work.to_path_buf();
+    let id = execution_id.to_string();
+    let caller = caller.clone();
+    match tokio::task::spawn_blocking(move || store.collect(&caller, &id, &work, &baseline, images))
         .await
-        {
-            Ok(collection) => rich.collected(collection),
-            Err(err) => rich.note(format!("the run's files could not be collected: {err}")),
-        }
-        rich
+    {
+        Ok(collection) => rich.collected(collection),
+        Err(err) => rich.note(format!("the run's files could not be collected: {err}")),
     }
+    rich
 }
 
 /// At most `max` bytes of `text`, cut at a character boundary, with a marker when cut.

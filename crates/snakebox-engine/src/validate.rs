@@ -6,6 +6,7 @@
 //! grammar.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -14,9 +15,11 @@ use snakebox_sandbox::{Mount, SandboxCommand, Termination};
 use tokio_util::sync::CancellationToken;
 
 use crate::Caller;
+use crate::lifecycle::Calls;
+use crate::plan::Planner;
 use crate::policy::{Asked, CallKind, CallPolicy};
 use crate::run::{RunDir, RunNetwork, View, sandbox_policy};
-use crate::{Engine, EngineError, ErrorKind, ids};
+use crate::{EngineConfig, EngineError, ErrorKind, Unavailable, ids};
 
 /// The check run by the target interpreter: `compile()` (parses, never executes), then a walk
 /// of the syntax tree for what the script imports and how large it is. Prints one JSON
@@ -212,12 +215,36 @@ struct Checked {
     stdlib: Vec<String>,
 }
 
-impl Engine {
+/// Validation as a service: what checking a script without running it needs (the settings,
+/// the sandbox its compile runs in, a slot for it, the interpreter choice); the one-shot path
+/// asks it for the imports outside a run's policy, so both judge imports the same way.
+pub(crate) struct Validator {
+    config: Arc<EngineConfig>,
+    sandbox: Result<Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+    calls: Arc<Calls>,
+    planner: Arc<Planner>,
+}
+
+impl Validator {
+    pub(crate) fn new(
+        config: Arc<EngineConfig>,
+        sandbox: Result<Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+        calls: Arc<Calls>,
+        planner: Arc<Planner>,
+    ) -> Validator {
+        Validator {
+            config,
+            sandbox,
+            calls,
+            planner,
+        }
+    }
+
     /// Check a script without running it: metadata, requirements, `requires-python` against
     /// the interpreters here, Python syntax for the target version, and what it imports
     /// (against `allowed_imports`, when given: each import outside it is a problem with its
     /// line).
-    pub async fn validate(
+    pub(crate) async fn validate(
         &self,
         caller: &Caller,
         script: &str,
@@ -231,7 +258,7 @@ impl Engine {
         let policy = CallPolicy::decide(
             &self.config,
             CallKind::Compile,
-            &self.tenant(caller),
+            &self.calls.tenant(caller),
             &Asked {
                 profile,
                 allowed_imports,
@@ -244,7 +271,7 @@ impl Engine {
             .await)
     }
 
-    /// [`Engine::validate`] under the compile's policy already decided (its import policy,
+    /// [`Validator::validate`] under the compile's policy already decided (its import policy,
     /// its limits).
     async fn validate_against(
         &self,
@@ -282,6 +309,7 @@ impl Engine {
             };
         }
         let available: Vec<pep440_rs::Version> = self
+            .planner
             .interpreters()
             .all()
             .iter()
@@ -308,7 +336,10 @@ impl Engine {
             .map(|reqs| reqs.iter().map(ToString::to_string).collect())
             .unwrap_or_default();
         let requires_python = metadata.and_then(|m| m.requires_python.as_ref());
-        let interpreter = match self.pick_interpreter(python_version, requires_python) {
+        let interpreter = match self
+            .planner
+            .pick_interpreter(python_version, requires_python)
+        {
             Ok(interpreter) => Some(interpreter),
             Err(error) => {
                 // A requires-python mismatch is already reported by the script crate.
@@ -490,7 +521,7 @@ impl Engine {
         };
         // The compile is a sandbox like any other: it holds a slot of the concurrency cap, in
         // the caller's name, and weighs on the CPU as the slot's share says.
-        let slot = self.share(caller).slot().await?;
+        let slot = self.calls.share(caller).slot().await?;
         policy.cpu = slot.cpu().cloned();
         let outcome = sandbox
             .run(&policy, &command, CancellationToken::new(), None)

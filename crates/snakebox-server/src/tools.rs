@@ -519,15 +519,12 @@ impl ServerHandler for SnakeboxServer {
             .map(|tool| crate::arguments::wrong_types(tool, request.arguments.as_ref()))
             .unwrap_or_default();
         let name = request.name.clone();
-        // Runs are audited by the engine (a line when admitted, one when finished); every
-        // other tool call gets one line here: when, tenant, tool, status. A call refused
-        // before it ran (an unknown tool, arguments that do not fit; a run tool's too, the
-        // engine never saw it) is recorded as refused with the size and hash of what was
-        // sent, never what was sent.
+        // Every answered call is reported as the API says (`ToolCallAudit::answered`: runs
+        // are audited by the engine itself, every other tool call gets one line: when,
+        // tenant, tool, status). A call refused before it ran (an unknown tool, arguments
+        // that do not fit; a run tool's too, the engine never saw it) is recorded as refused
+        // with the size and hash of what was sent, never what was sent.
         let caller = self.caller(&context).ok();
-        let audited = caller
-            .as_ref()
-            .filter(|_| !RUN_TOOLS.contains(&name.as_ref()));
         let sent = request.arguments.clone();
         let refused = |caller: Option<Caller>| {
             let request = serde_json::json!({ "name": &name, "arguments": &sent }).to_string();
@@ -570,16 +567,9 @@ impl ServerHandler for SnakeboxServer {
             crate::arguments::note_aliases(result, &aliases);
             if unfit {
                 refused(caller.clone()).await;
-            } else if let Some(caller) = &audited {
-                let status = if result.is_error == Some(true) {
-                    "error"
-                } else {
-                    "ok"
-                };
-                let audit = ToolCallAudit::Answered {
-                    tool: name.to_string(),
-                    status: status.to_owned(),
-                };
+            } else if let Some(caller) = &caller
+                && let Some(audit) = ToolCallAudit::answered(&name, result.is_error == Some(true))
+            {
                 self.engine.audit_tool_call(caller, audit).await;
             }
         }
@@ -686,16 +676,6 @@ pub(crate) fn parse_memory(text: &str) -> Result<u64, snakebox_engine::EngineErr
         snakebox_engine::EngineError::invalid(format!("memory_limit: {err}"), hint)
     })
 }
-
-/// The tools whose calls the engine audits itself (they run code; see `snakebox_engine::audit`):
-/// snakebox's, and those of the compatibility tool sets ([`crate::compat`]).
-const RUN_TOOLS: &[&str] = &[
-    "execute_python",
-    "run_command",
-    "execute_code",
-    "execute_python_code",
-    "execute_terminal_command",
-];
 
 /// Structured content plus a text form. `is_error` marks results where the tool could not do
 /// what was asked (not a script that failed: that is a normal result).

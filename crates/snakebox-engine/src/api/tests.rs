@@ -453,3 +453,33 @@ fn an_error_comes_back_with_its_kind_message_and_hint() {
         "No session `s-1`",
     )));
 }
+
+// The face reports every answered tool call as the API says: runs are the engine's own
+// lines (none here), every other tool gets one with its status.
+#[test]
+fn the_api_decides_which_answered_tool_calls_are_audited() {
+    for tool in [
+        "execute_python",
+        "run_command",
+        "execute_code",
+        "execute_python_code",
+        "execute_terminal_command",
+    ] {
+        assert!(
+            !crate::RequestKind::of_tool(tool).audited_as_tool_call(),
+            "{tool}"
+        );
+        assert_eq!(ToolCallAudit::answered(tool, false), None, "{tool}");
+    }
+    assert_eq!(
+        ToolCallAudit::answered("list_sessions", true),
+        Some(ToolCallAudit::Answered {
+            tool: "list_sessions".into(),
+            status: "error".into(),
+        })
+    );
+    assert_eq!(
+        crate::RequestKind::of_tool("check_environment"),
+        crate::RequestKind::Other
+    );
+}

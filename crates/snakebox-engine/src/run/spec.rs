@@ -9,8 +9,8 @@ use snakebox_env::Environment;
 use snakebox_sandbox::{ForkRun, ForkServerSpec, Identity, Limits, Mount, Policy, SandboxCommand};
 
 use super::layout::{RunDir, server_runs_dir};
-use crate::Engine;
 pub(crate) use crate::policy::RunShape;
+use crate::{EngineConfig, Unavailable};
 
 /// Where the run's read-only inputs (the script) appear inside the sandbox.
 pub(crate) const SANDBOX_INPUT_DIR: &str = "/snakebox";
@@ -83,10 +83,31 @@ pub(crate) fn proxy_args() -> [String; 2] {
     ]
 }
 
-impl Engine {
+/// Sandboxes as a service: what every path that starts a sandbox needs to say what that
+/// sandbox is (the settings, the backend, whether runs reach the network through a proxy),
+/// so one-shot runs, pooled sandboxes, fork servers and sessions all get the same view.
+pub(crate) struct Sandboxes {
+    config: std::sync::Arc<EngineConfig>,
+    sandbox: Result<std::sync::Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+    proxies: std::sync::Arc<crate::network::Proxies>,
+}
+
+impl Sandboxes {
+    pub(crate) fn new(
+        config: std::sync::Arc<EngineConfig>,
+        sandbox: Result<std::sync::Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+        proxies: std::sync::Arc<crate::network::Proxies>,
+    ) -> Sandboxes {
+        Sandboxes {
+            config,
+            sandbox,
+            proxies,
+        }
+    }
+
     /// How a run with (`true`) or without network reaches it on this server.
     pub(crate) fn run_network(&self, network: bool) -> crate::run::RunNetwork {
-        match (network, self.network_proxied()) {
+        match (network, self.proxies.network_proxied()) {
             (false, _) => RunNetwork::Off,
             (true, true) => RunNetwork::Proxy,
             (true, false) => RunNetwork::Host,
@@ -166,7 +187,7 @@ impl Engine {
             mount_points: vec![PathBuf::from(SANDBOX_INPUT_DIR), work],
             concurrent_runs: self.config.max_concurrent_runs,
             preload: preload_names(&environment.requirements, self.config.preload_packages),
-            // What recent runs imported: the pool adds it (`Engine::start_fork_server`).
+            // What recent runs imported: the pool adds it (`Pool::start_fork_server`).
             modules: Vec::new(),
             prefork: self.config.prefork,
         }

@@ -24,12 +24,12 @@ use snakebox_sandbox::{Identity, OutputChunk, Sandbox};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use super::SessionService;
 use super::manager::SessionPaths;
 use super::{
     InstallState, InstallStatus, PackageList, io_error, make_dir, no_session, now_secs,
     packages_of, unavailable,
 };
-use crate::Engine;
 use crate::result::Package;
 use crate::{EngineError, ErrorKind};
 
@@ -481,7 +481,7 @@ pub(super) fn tail(text: &str, max: usize) -> String {
     }
     text[start..].to_owned()
 }
-impl Engine {
+impl SessionService {
     pub(super) fn installer(
         &self,
         caller: &Caller,
@@ -489,11 +489,11 @@ impl Engine {
         paths: &SessionPaths,
     ) -> Result<Installer, EngineError> {
         let sandbox = self.session_sandbox()?;
-        let uv = self.uv.as_ref().map_err(unavailable)?;
+        let uv = self.planner.uv().as_ref().map_err(unavailable)?;
         let cache = self.cache.as_ref().map_err(unavailable)?;
         Ok(Installer {
             sandbox: Arc::clone(sandbox),
-            share: self.share(caller),
+            share: self.calls.share(caller),
             uv: uv.clone(),
             uv_env: cache.uv_environment().clone(),
             uv_cache: cache.uv_cache_dir(),
@@ -545,7 +545,7 @@ impl Engine {
     ///
     /// # Errors
     /// No such session, invalid requirements, an install already running, disk full.
-    pub async fn install_packages(
+    pub(crate) async fn install_packages(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -554,7 +554,7 @@ impl Engine {
         progress: Option<UnboundedSender<OutputChunk>>,
     ) -> Result<InstallStatus, EngineError> {
         // In flight until it returns; the install itself ends when the server stops.
-        let call = self.enter(&CancellationToken::new())?;
+        let call = self.calls.enter(&CancellationToken::new())?;
         let manager = self.session_manager()?;
         let row = manager.row(caller, session_id)?;
         if packages.is_empty() {
@@ -576,7 +576,7 @@ impl Engine {
         crate::policy::CallPolicy::decide(
             &self.config,
             crate::policy::CallKind::SessionInstall(&super::interpreter::session_facts(&row)),
-            &self.tenant(caller),
+            &self.calls.tenant(caller),
             &crate::policy::Asked {
                 requirements: &parsed,
                 ..crate::policy::Asked::default()
@@ -711,7 +711,7 @@ impl Engine {
     ///
     /// # Errors
     /// No such session.
-    pub async fn list_packages(
+    pub(crate) async fn list_packages(
         &self,
         caller: &Caller,
         session_id: &str,

@@ -24,6 +24,7 @@ use snakebox_sandbox::{
 use tokio::sync::mpsc::UnboundedSender;
 use tokio_util::sync::CancellationToken;
 
+use super::SessionService;
 use super::manager::{Manager, SessionPaths, SlotState};
 use super::workspace::file_error;
 use super::{
@@ -32,13 +33,13 @@ use super::{
 };
 use crate::policy::{Asked, CallKind, CallPolicy, SessionFacts};
 use crate::result::{ExecutionResult, Status};
-use crate::{Engine, ExecuteRequest, ids};
 use crate::{EngineError, ErrorKind};
+use crate::{ExecuteRequest, ids};
 
-impl Engine {
+impl SessionService {
     /// Run code in a session's live interpreter (started first when there is none).
     /// Refused while the server stops; cut short by the stop, it is `cancelled` and says so.
-    pub async fn execute_in_session(
+    pub(crate) async fn execute_in_session(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -57,19 +58,20 @@ impl Engine {
             dependencies: request.dependencies.clone(),
             profile: row.as_ref().ok().map(SessionRow::profile_name),
         };
-        self.tracked(
-            caller,
-            start,
-            &cancel,
-            |id, error| refused(id, session_id, error),
-            |id, token| {
-                let output = self.live_tee(&id, output);
-                self.execute_in_session_admitted(
-                    caller, id, session_id, row, request, token, output,
-                )
-            },
-        )
-        .await
+        self.calls
+            .tracked(
+                caller,
+                start,
+                &cancel,
+                |id, error| refused(id, session_id, error),
+                |id, token| {
+                    let output = self.calls.live_tee(&id, output);
+                    self.execute_in_session_admitted(
+                        caller, id, session_id, row, request, token, output,
+                    )
+                },
+            )
+            .await
     }
 
     /// The cell once admitted, in stages, as a one-shot run's: its plan (checks and
@@ -101,7 +103,7 @@ impl Engine {
         // From here every result names the session's profile, as a one-shot run's does.
         let profile_name = row.profile_name();
         let fail = |error| not_run(&execution_id, session_id, Some(&profile_name), error);
-        let tenant = self.tenant(caller);
+        let tenant = self.calls.tenant(caller);
         let CellPlan {
             policy,
             inputs,
@@ -137,7 +139,7 @@ impl Engine {
             Ok(prepared) => prepared,
             Err(error) => return fail(error),
         };
-        let run_slot = match self.sandbox_slot(caller, &cancel).await {
+        let run_slot = match self.calls.sandbox_slot(caller, &cancel).await {
             Ok(slot) => slot,
             Err(error) => return fail(error),
         };
@@ -220,12 +222,13 @@ impl Engine {
         tenant: &crate::Tenant,
         request: &ExecuteRequest,
     ) -> Result<CellPlan, crate::policy::Refusal> {
-        let checked = self
-            .check_request(request)
-            .map_err(|error| crate::policy::Refusal {
-                error,
-                profile: None,
-            })?;
+        let checked =
+            self.planner
+                .check_request(request)
+                .map_err(|error| crate::policy::Refusal {
+                    error,
+                    profile: None,
+                })?;
         let policy = CallPolicy::decide(
             &self.config,
             CallKind::Cell(&session_facts(row)),
@@ -292,11 +295,12 @@ impl Engine {
                     .ok()
                     .and_then(|sandbox| sandbox.host_ids(Identity::Untrusted));
                 let work = work.clone();
-                self.on_host(caller, "write the input files", move || {
-                    write_inputs(&work, &inputs, owner)
-                        .map(|()| crate::artifacts::Baseline::snapshot(&work))
-                })
-                .await??
+                self.calls
+                    .on_host(caller, "write the input files", move || {
+                        write_inputs(&work, &inputs, owner)
+                            .map(|()| crate::artifacts::Baseline::snapshot(&work))
+                    })
+                    .await??
             }
         };
         Ok((work, baseline))
@@ -332,7 +336,7 @@ impl Engine {
         // host-work slots, so one tenant churning through more sessions than may run at
         // once starts them a few at a time, not every one of its calls at once beside
         // another tenant's run (issue 32, item 1).
-        let host = self.host.hold(caller).await?;
+        let host = self.calls.host.hold(caller).await?;
         manager.make_room(&row.id, &row.owner).await;
         self.ensure_session_proxy(manager, row, &mut state.proxy)?;
         // Writing its files and forking its sandbox block this thread for milliseconds:
@@ -373,6 +377,7 @@ impl Engine {
         );
         let who = caller.clone();
         let finished = self
+            .calls
             .on_host(&who, "collect the cell's files", move || {
                 let collected =
                     store.collect_and_fingerprint(&caller, &execution_id, &work, &baseline, images);
@@ -402,9 +407,10 @@ impl Engine {
         interpreter: &Interpreter,
         shape: &crate::run::RunShape,
     ) -> (Policy, PathBuf) {
-        let work = self.path_inside(&paths.work, SANDBOX_WORK_DIR);
-        let tmp = self.path_inside(&paths.tmp, "/tmp");
+        let work = self.sandboxes.path_inside(&paths.work, SANDBOX_WORK_DIR);
+        let tmp = self.sandboxes.path_inside(&paths.tmp, "/tmp");
         let runner = self
+            .sandboxes
             .path_inside(&paths.input, SANDBOX_INPUT_DIR)
             .join(RUNNER_NAME);
         let mut mounts = vec![
@@ -517,7 +523,7 @@ impl Engine {
             }
         })()
         .map_err(|err| io_error("write the session runner", &err))?;
-        let network = self.run_network(decided.network.is_some());
+        let network = self.sandboxes.run_network(decided.network.is_some());
         let (policy, runner) = self.session_policy(network, &paths, interpreter, shape);
         let mut args: Vec<std::ffi::OsString> = vec!["-s".into()];
         if shape.deny_exec {
@@ -552,7 +558,7 @@ impl Engine {
     /// Run a shell command in a sandbox over the session's workspace and environment (a
     /// separate short-lived sandbox with the same view and limits as the interpreter's).
     /// Refused while the server stops; cut short by the stop, it is `cancelled` and says so.
-    pub async fn run_command(
+    pub(crate) async fn run_command(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -568,25 +574,26 @@ impl Engine {
             dependencies: Vec::new(),
             profile: self.profile_of_session(caller, session_id),
         };
-        self.tracked(
-            caller,
-            start,
-            &cancel,
-            |id, error| refused(id, session_id, error),
-            |id, token| {
-                let output = self.live_tee(&id, output);
-                self.run_command_admitted(
-                    caller,
-                    id,
-                    session_id,
-                    command,
-                    timeout_seconds,
-                    token,
-                    output,
-                )
-            },
-        )
-        .await
+        self.calls
+            .tracked(
+                caller,
+                start,
+                &cancel,
+                |id, error| refused(id, session_id, error),
+                |id, token| {
+                    let output = self.calls.live_tee(&id, output);
+                    self.run_command_admitted(
+                        caller,
+                        id,
+                        session_id,
+                        command,
+                        timeout_seconds,
+                        token,
+                        output,
+                    )
+                },
+            )
+            .await
     }
 
     #[expect(
@@ -626,7 +633,7 @@ impl Engine {
         let policy = match CallPolicy::decide(
             &self.config,
             CallKind::Command(&session_facts(&row)),
-            &self.tenant(caller),
+            &self.calls.tenant(caller),
             &Asked {
                 timeout_seconds,
                 ..Asked::default()
@@ -657,7 +664,7 @@ impl Engine {
         }
         // The command may write the workspace: the next cell's baseline is taken afresh.
         state.known_files = None;
-        let run_slot = match self.sandbox_slot(caller, &cancel).await {
+        let run_slot = match self.calls.sandbox_slot(caller, &cancel).await {
             Ok(slot) => slot,
             Err(error) => return fail(error),
         };
@@ -666,7 +673,7 @@ impl Engine {
             Ok(paths) => paths,
             Err(error) => return fail(error),
         };
-        let network = self.run_network(policy.network.is_some());
+        let network = self.sandboxes.run_network(policy.network.is_some());
         let (mut sandbox_policy, _) =
             self.session_policy(network, &paths, &interpreter, &policy.shape);
         let mut shell = SandboxCommand {
@@ -690,7 +697,7 @@ impl Engine {
         watcher.abort();
         let network_log = crate::network::take_log_of(state.proxy.as_ref());
         drop(state);
-        manager.used(self, caller, &row.id, false).await;
+        manager.used(&self.calls, caller, &row.id, false).await;
         let outcome = match outcome {
             Ok(outcome) => outcome,
             Err(err) => return fail(err.into()),
@@ -731,7 +738,7 @@ impl Engine {
         row: &SessionRow,
         proxy: &mut Option<snakebox_sandbox::RunProxy>,
     ) -> Result<(), EngineError> {
-        let network = self.run_network(self.session_network(row));
+        let network = self.sandboxes.run_network(self.session_network(row));
         if network != crate::run::RunNetwork::Proxy || proxy.is_some() {
             return Ok(());
         }
@@ -741,7 +748,7 @@ impl Engine {
         let paths = manager.paths(row)?;
         make_dir(&paths.input, 0o755, None)
             .map_err(|err| io_error("create the session's input directory", &err))?;
-        *proxy = Some(self.start_run_proxy(&paths.input, names)?);
+        *proxy = Some(self.proxies.start_run_proxy(&paths.input, names)?);
         Ok(())
     }
 }

@@ -16,6 +16,7 @@ use snakebox_env::Interpreter;
 use snakebox_sandbox::{LiveSandbox, Sandbox};
 use tokio_util::sync::CancellationToken;
 
+use super::SessionService;
 use super::disk::SessionDisk;
 use super::store::{SessionRow, Store};
 use super::{
@@ -24,7 +25,6 @@ use super::{
     no_session, now_secs, packages_of, unavailable, valid_id,
 };
 use crate::Caller;
-use crate::Engine;
 use crate::{EngineError, ErrorKind};
 
 impl Sessions {
@@ -574,14 +574,14 @@ impl Manager {
     /// The measure is host work for `caller` (a walk of the workspace).
     pub(super) async fn used(
         self: &Arc<Self>,
-        engine: &Engine,
+        calls: &crate::lifecycle::Calls,
         caller: &Caller,
         id: &str,
         ran_cell: bool,
     ) {
         let manager = Arc::clone(self);
         let id = id.to_owned();
-        let _ = engine
+        let _ = calls
             .on_host(caller, "measure the session's files", move || {
                 manager.measure(&id, ran_cell);
             })
@@ -603,7 +603,7 @@ impl Manager {
         let _ = self.store.touch_measured(id, now_secs(), ran_cell, bytes);
     }
 }
-impl Engine {
+impl SessionService {
     pub(super) fn session_manager(&self) -> Result<&Arc<Manager>, EngineError> {
         self.sessions.inner.as_ref().map_err(unavailable)
     }
@@ -614,7 +614,7 @@ impl Engine {
 
     /// The interpreter a session was made with (it must still exist on this host).
     pub(super) fn session_interpreter(&self, row: &SessionRow) -> Result<Interpreter, EngineError> {
-        self.interpreters()
+        self.planner.interpreters()
             .all()
             .iter()
             .find(|i| i.executable.as_os_str() == row.interpreter.as_str())
@@ -636,12 +636,12 @@ impl Engine {
     ///
     /// # Errors
     /// Invalid arguments, caps reached, no interpreter, a failed install.
-    pub async fn create_session(
+    pub(crate) async fn create_session(
         &self,
         caller: &Caller,
         request: CreateSession,
     ) -> Result<SessionInfo, EngineError> {
-        self.refuse_if_stopping()?;
+        self.calls.refuse_if_stopping()?;
         let manager = self.session_manager()?;
         self.session_sandbox()?;
         if let Some(name) = &request.name
@@ -659,7 +659,7 @@ impl Engine {
         // limits, subprocesses, read-only /work and imports by its interpreter's sandbox
         // (see `start_interpreter`). Its network is the one-shot rule's: the profile's unless
         // the caller declines or narrows it; fixed for the session's life.
-        let tenant = self.tenant(caller);
+        let tenant = self.calls.tenant(caller);
         let parsed: Vec<pep508_rs::Requirement> = request
             .dependencies
             .iter()
@@ -688,9 +688,12 @@ impl Engine {
         let reservation = manager.reserve_create(caller, tenant.max_sessions)?;
         manager.check_disk(caller.id())?;
         let requirements = Self::parse_requirements(&request.dependencies)?;
-        self.provide_python(request.python_version.as_deref(), None)
+        self.planner
+            .provide_python(request.python_version.as_deref(), None)
             .await?;
-        let interpreter = self.pick_interpreter(request.python_version.as_deref(), None)?;
+        let interpreter = self
+            .planner
+            .pick_interpreter(request.python_version.as_deref(), None)?;
         let id = new_session_id();
         // The tenant's share of the disk: made and reserved with its first session.
         let share = {
@@ -797,7 +800,7 @@ impl Engine {
     ///
     /// # Errors
     /// When sessions are unavailable.
-    pub async fn list_sessions(&self, caller: &Caller) -> Result<SessionList, EngineError> {
+    pub(crate) async fn list_sessions(&self, caller: &Caller) -> Result<SessionList, EngineError> {
         let manager = self.session_manager()?;
         let mut rows = manager.store.list().map_err(db_error)?;
         rows.retain(|row| caller.owns(&row.owner));
@@ -822,7 +825,11 @@ impl Engine {
     ///
     /// # Errors
     /// No such session.
-    pub async fn delete_session(&self, caller: &Caller, id: &str) -> Result<(), EngineError> {
+    pub(crate) async fn delete_session(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> Result<(), EngineError> {
         let manager = self.session_manager()?;
         let row = manager.row(caller, id)?;
         delete(manager, &row.id).await
@@ -833,7 +840,7 @@ impl Engine {
     ///
     /// # Errors
     /// No such session, a failed install.
-    pub async fn reset_session(
+    pub(crate) async fn reset_session(
         &self,
         caller: &Caller,
         id: &str,

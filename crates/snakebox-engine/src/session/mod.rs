@@ -301,6 +301,23 @@ pub(crate) struct Sessions {
     inner: Result<Arc<Manager>, Unavailable>,
 }
 
+/// Sessions as a service: what creating sessions, running cells and commands in them,
+/// installing into them and using their files needs (the settings, the sandbox and what each
+/// sandbox is, the proxies, admission, the interpreter choice, the environment cache the
+/// installs share, the artifact store cells keep files in), beside the sessions' own state
+/// ([`Sessions`]).
+pub(crate) struct SessionService {
+    pub(crate) config: Arc<crate::EngineConfig>,
+    pub(crate) sandbox: Result<Arc<snakebox_sandbox::Sandbox>, Unavailable>,
+    pub(crate) calls: Arc<crate::lifecycle::Calls>,
+    pub(crate) planner: Arc<crate::plan::Planner>,
+    pub(crate) proxies: Arc<crate::network::Proxies>,
+    pub(crate) sandboxes: Arc<crate::run::Sandboxes>,
+    pub(crate) sessions: Arc<Sessions>,
+    pub(crate) artifacts: crate::artifacts::ArtifactStore,
+    pub(crate) cache: Result<Arc<snakebox_env::EnvCache>, Unavailable>,
+}
+
 fn valid_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 64

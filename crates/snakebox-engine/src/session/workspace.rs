@@ -8,19 +8,19 @@ use crate::Caller;
 use snakebox_fs::{FsError, RelativePath};
 use snakebox_sandbox::Identity;
 
+use super::SessionService;
 use super::{
     FileContent, FileList, FileWritten, MAX_FILE_BYTES, MAX_LIST_ENTRIES, files, no_session,
 };
-use crate::Engine;
 use crate::files::{decode_base64, encode_base64};
 use crate::{EngineError, ErrorKind};
 
-impl Engine {
+impl SessionService {
     /// Write a file into a session's workspace (parents created).
     ///
     /// # Errors
     /// No such session, a path outside the workspace, too large, disk full.
-    pub async fn write_file(
+    pub(crate) async fn write_file(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -69,13 +69,14 @@ impl Engine {
         // Not a cell's file: the next cell's baseline must include it.
         state.known_files = None;
         let size = self
+            .calls
             .on_host(caller, "write the file", move || {
                 snakebox_fs::write(&work, &rel, &content, owner)
             })
             .await?
             .map_err(file_error)?;
         drop(state);
-        manager.used(self, caller, &row.id, false).await;
+        manager.used(&self.calls, caller, &row.id, false).await;
         Ok(FileWritten {
             session_id: row.id,
             path: path.to_owned(),
@@ -87,7 +88,7 @@ impl Engine {
     ///
     /// # Errors
     /// No such session or file, a path outside the workspace, a symlink, too large.
-    pub async fn read_file(
+    pub(crate) async fn read_file(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -98,6 +99,7 @@ impl Engine {
         let work = manager.paths(&row)?.work;
         let rel = RelativePath::parse_entry(path).map_err(|err| file_error(err.into()))?;
         let data = self
+            .calls
             .on_host(caller, "read the file", move || {
                 snakebox_fs::read(&work, &rel, MAX_FILE_BYTES)
             })
@@ -121,7 +123,7 @@ impl Engine {
     ///
     /// # Errors
     /// No such session or directory, a path outside the workspace.
-    pub async fn list_files(
+    pub(crate) async fn list_files(
         &self,
         caller: &Caller,
         session_id: &str,
@@ -134,6 +136,7 @@ impl Engine {
         let rel = path.to_owned();
         let depth = depth.clamp(1, 10);
         let (entries, truncated) = self
+            .calls
             .on_host(caller, "list the directory", move || {
                 files::list(&work, &rel, depth, MAX_LIST_ENTRIES)
             })
