@@ -36,6 +36,7 @@ mod report;
 mod result;
 mod run;
 mod runner;
+mod secrets;
 mod session;
 pub mod shared;
 mod size;
@@ -97,6 +98,8 @@ pub use result::{
     Artifact, ArtifactOrigin, ErrorInfo, ExceptionInfo, ExecutionResult, InlineImage, Package,
     ResourceUse, SkippedFile, Status, ValueRepr,
 };
+pub use secrets::{SecretReport, SecretSpec, SecretsConfig, is_secret_name};
+pub use snakebox_sandbox::SecretValue;
 pub use session::{
     CreateSession, FileContent, FileEntry, FileList, FileWritten, InstallState, InstallStatus,
     MAX_FILE_BYTES, PackageList, SessionInfo, SessionList, SessionSummary, SessionsReport,
@@ -157,6 +160,8 @@ pub struct Engine {
     tenants: tenants::Tenants,
     /// The run proxy's resolver, made on first use.
     resolver: network::ResolverCell,
+    /// The proxy's TLS for secrets' hosts (the server's CA), made on first use.
+    secrets: secrets::SecretsCell,
     /// The tracked calls running now, by execution id: their owner and the token that
     /// cancels them ([`Engine::cancel_run`]).
     running: lifecycle::RunningCalls,
@@ -322,6 +327,7 @@ impl Engine {
             ledger,
             tenants: tenants::Tenants::new(book.clone()),
             resolver: network::ResolverCell::default(),
+            secrets: secrets::SecretsCell::default(),
             running: lifecycle::RunningCalls::default(),
             compiles: compile::CompileQueue::default(),
             pool: pool::WarmPool::new(config.warm_pool, config.fork_server, config.prefork),

@@ -363,6 +363,17 @@ impl Engine {
         {
             proxy = Some(self.start_run_proxy(&run_dir.input, names)?);
         }
+        if !plan.policy.secrets.is_empty() {
+            // The values go to the run's proxy, the placeholders into its input directory
+            // (before the runner reads them: a pre-started one waits for its request).
+            let Some(proxy) = &proxy else {
+                return Err(EngineError::invalid(
+                    "This server cannot give a run secrets: its runs share the host's network (the `none` backend), with no proxy to hold the values",
+                    "run without `secrets`, or ask the operator to use an isolating backend",
+                ));
+            };
+            proxy.grant(Some(self.grant_secrets(&run_dir.input, &plan.policy.secrets)?));
+        }
         let baseline = crate::files::write(&run_dir.work, &plan.inputs, run_dir.owner())
             .map(|()| crate::artifacts::Baseline::snapshot(&run_dir.work))
             .map_err(|err| {

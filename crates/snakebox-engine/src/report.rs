@@ -200,6 +200,10 @@ pub struct EnvironmentReport {
     pub network_caps: NetworkCapsReport,
     /// What installs may download from (`[network] install_hosts`).
     pub install_network: String,
+    /// The operator's secrets this caller may ask for (`secrets` of execute_python): names
+    /// and hosts only, never a value.
+    #[serde(default)]
+    pub secrets: Vec<crate::SecretReport>,
     /// uv path and version, or why it is missing.
     pub uv: String,
     /// How to fix a missing uv.
@@ -321,6 +325,7 @@ impl Engine {
                 connection_seconds: config.network_proxy.caps.connection_time.as_secs(),
             },
             install_network: config.network_proxy.describe_installs(),
+            secrets: self.secrets_report(viewer),
             uv,
             uv_hint,
             default_python: config

@@ -97,7 +97,9 @@ fn cell(session_id: &str) -> ExecuteRequest {
         allowed_imports: None,
         profile: None,
         memory_limit_bytes: None,
+        secrets: Vec::new(),
     }
+    secrets: Vec::new(),
 }
 
 /// The most host-work slots one tenant holds on this machine: a quarter of two per core, at

@@ -210,7 +210,9 @@ fn request(script: &str, session_id: Option<String>) -> ExecuteRequest {
         allowed_imports: None,
         profile: None,
         memory_limit_bytes: None,
+        secrets: Vec::new(),
     }
+    secrets: Vec::new(),
 }
 
 fn taken(log: &Log) -> Vec<String> {

@@ -124,7 +124,9 @@ fn request(script: &str) -> ExecuteRequest {
         allowed_imports: None,
         profile: None,
         memory_limit_bytes: None,
+        secrets: Vec::new(),
     }
+    secrets: Vec::new(),
 }
 
 #[tokio::test]
