@@ -779,6 +779,21 @@ async fn tunnel(
     early: &[u8],
     protocol: Protocol,
 ) {
+    // A run with secrets: what it sends here in clear text must hold no placeholder (this is
+    // not a secret's host, or not over TLS): refused before connecting when its first bytes
+    // hold one, cut before forwarding when later bytes do.
+    let placeholders = shared
+        .secrets()
+        .map(|s| s.placeholders())
+        .unwrap_or_default();
+    if let Some(found) = scan(early, &placeholders, &[]) {
+        let reason = placeholder_refusal(shared, &found, target);
+        if protocol == Protocol::PlainHttp {
+            let _ = client.write_all(&http_reply(403, &reason)).await;
+        }
+        shared.record(denied(target, reason));
+        return;
+    }
     let connected = match shared.rules.upstream_for(&target.host) {
         Some(proxy) => connect_through(proxy, target, protocol != Protocol::PlainHttp).await,
         None => connect_direct(target, addresses).await,
@@ -810,26 +825,16 @@ async fn tunnel(
         }
         sent.fetch_add(early.len() as u64, Ordering::Relaxed);
     }
-    // A run with secrets: what it sends here in clear text must hold no placeholder (this is
-    // not a secret's host, or not over TLS).
-    let placeholders = shared
-        .secrets()
-        .map(|s| s.placeholders())
-        .unwrap_or_default();
-    if let Some(found) = scan(early, &placeholders, &[]) {
-        shared.record(denied(target, placeholder_refusal(shared, &found, target)));
-        return;
-    }
     let cut = tokio::sync::Notify::new();
     let outgoing = async {
         if let Some(found) =
-            copy_counted(&mut client_read, &mut up_write, shared, &sent, &placeholders).await
+            copy_counted(&mut client_read, &mut up_write, shared, &sent, &placeholders, early).await
         {
             shared.record(denied(target, placeholder_refusal(shared, &found, target)));
             cut.notify_one();
         }
     };
-    let incoming = copy_counted(&mut up_read, &mut client_write, shared, &received, &[]);
+    let incoming = copy_counted(&mut up_read, &mut client_write, shared, &received, &[], &[]);
     let both = async {
         tokio::select! {
             _ = async { tokio::join!(outgoing, incoming) } => {}
@@ -948,13 +953,15 @@ pub(crate) fn within_cap(shared: &Shared, n: usize) -> bool {
 }
 
 /// Copy under the byte cap; with `placeholders`, stop before forwarding a chunk that holds
-/// one (across chunk boundaries too) and return it.
+/// one (across chunk boundaries too, `before` being what was forwarded just before) and
+/// return it.
 async fn copy_counted<R, W>(
     reader: &mut R,
     writer: &mut W,
     shared: &Shared,
     counter: &AtomicU64,
     placeholders: &[Vec<u8>],
+    before: &[u8],
 ) -> Option<Vec<u8>>
 where
     R: AsyncRead + Unpin,
@@ -962,7 +969,7 @@ where
 {
     let mut buf = vec![0_u8; 16 * 1024];
     let longest = placeholders.iter().map(Vec::len).max().unwrap_or(0);
-    let mut tail: Vec<u8> = Vec::new();
+    let mut tail: Vec<u8> = before[before.len().saturating_sub(longest)..].to_vec();
     loop {
         let n = match reader.read(&mut buf).await {
             Ok(0) | Err(_) => break,
@@ -1014,7 +1021,7 @@ fn placeholder_refusal(shared: &Shared, placeholder: &[u8], target: &Target) -> 
         })
         .unwrap_or_default();
     format!(
-        "the run sent the placeholder of secret `{name}` to `{}` in clear text, which is not where the secret goes: the connection was cut",
+        "the run sent the placeholder of secret `{name}` to `{}` in clear text, where the secret does not go: those bytes were not forwarded and the connection was closed",
         target.host
     )
 }
