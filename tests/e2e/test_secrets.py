@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from backend_support import FORK_SERVER_ONLY
 from conftest import call, connect
 
 pytestmark = pytest.mark.anyio
@@ -350,3 +351,41 @@ async def test_a_run_uses_a_secret_it_never_sees(secret_hosts, secrets_server, t
         assert found.stdout == "", f"a secret's value is stored in {found.stdout}"
         assert value not in server["log"].read_text()
     assert "network" in server["log"].read_text()
+
+
+URLLIB = textwrap.dedent("""
+    import json, os, urllib.request
+    token = os.environ["API_TOKEN"]
+    request = urllib.request.Request("https://api.secret.test/run{i}", headers={{"Authorization": "Bearer " + token}})
+    with urllib.request.urlopen(request, timeout=20) as r:
+        print(json.dumps([token, r.status]))
+""")
+
+
+@pytest.mark.parametrize("launch", [pytest.param("forked", marks=pytest.mark.native_only(FORK_SERVER_ONLY)), "pooled"])
+async def test_every_launch_path_gets_its_secrets(secret_hosts, secrets_server, tmp_path, launch):
+    """A cold run, then forked (fork server) or pooled (warm pool, whose proxy and runner were
+    started before the run came) runs: each gets a placeholder of its own, and the value
+    reaches the host for each."""
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    data_dir.chmod(0o755)
+    server = secrets_server
+    extra = ["--fork-server", "off"] if launch == "pooled" else []
+    tokens = set()
+    async with connect(server["binary"], data_dir, "auto", *server["args"], *extra, env=server["env"]) as client:
+        for i in range(4):
+            data, text, _ = await call(client, "execute_python", script=URLLIB.format(i=f"{launch}{i}"), secrets=["API_TOKEN"])
+            assert data["status"] == "ok", text
+            token, status = json.loads(data["stdout"])
+            assert status == 200 and token.startswith("snakebox-secret-"), data["stdout"]
+            tokens.add(token)
+            if i == 0:
+                time.sleep(3)  # let the pool learn the default and start its sandboxes
+        report, _, _ = await call(client, "check_environment")
+        pool = report["warm_pool"]
+        assert pool["forked" if launch == "forked" else "served"] >= 1, pool
+    assert len(tokens) == 4, "a placeholder was reused"
+    got = {r["path"]: r for r in received(secret_hosts)}
+    for i in range(4):
+        assert got[f"/run{launch}{i}"]["headers"]["authorization"] == f"Bearer {API_VALUE}"

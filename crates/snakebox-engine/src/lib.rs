@@ -99,7 +99,6 @@ pub use result::{
     ResourceUse, SkippedFile, Status, ValueRepr,
 };
 pub use secrets::{SecretReport, SecretSpec, SecretsConfig, is_secret_name};
-pub use snakebox_sandbox::SecretValue;
 pub use session::{
     CreateSession, FileContent, FileEntry, FileList, FileWritten, InstallState, InstallStatus,
     MAX_FILE_BYTES, PackageList, SessionInfo, SessionList, SessionSummary, SessionsReport,
@@ -107,6 +106,7 @@ pub use session::{
 pub use shared::{DatabaseUrl, PgError, SharedStore, SharedStoreError};
 pub use size::{MIN_MEMORY_BYTES, SIZE_HINT, SizeError, parse_memory_limit, parse_size};
 pub use snakebox_fs::PathError;
+pub use snakebox_sandbox::SecretValue;
 /// What the faces see of the sandbox layer: a run's output as it streams, which stream it came
 /// on, and which kind of backend isolates runs (the faces name no sandbox crate).
 pub use snakebox_sandbox::{BackendKind, OutputChunk, Stream};

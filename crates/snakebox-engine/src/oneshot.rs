@@ -372,7 +372,12 @@ impl Engine {
                     "run without `secrets`, or ask the operator to use an isolating backend",
                 ));
             };
-            proxy.grant(Some(self.grant_secrets(&run_dir.input, &plan.policy.secrets)?));
+            let inside = self.path_inside(&run_dir.input, crate::run::SANDBOX_INPUT_DIR);
+            proxy.grant(Some(self.grant_secrets(
+                &run_dir.input,
+                &inside,
+                &plan.policy.secrets,
+            )?));
         }
         let baseline = crate::files::write(&run_dir.work, &plan.inputs, run_dir.owner())
             .map(|()| crate::artifacts::Baseline::snapshot(&run_dir.work))

@@ -73,8 +73,27 @@ pub struct SecretsConfig {
 pub fn is_secret_name(name: &str) -> bool {
     // Names the run's environment needs for itself (the interpreter, the proxy, the trust
     // bundle, the loader) cannot be a secret's.
-    const RESERVED: [&str; 9] = ["PATH", "HOME", "LANG", "TMPDIR", "USER", "VIRTUAL_ENV", "NO_PROXY", "ALL_PROXY", "MPLBACKEND"];
-    const RESERVED_PREFIXES: [&str; 8] = ["PYTHON", "LD_", "SSL_", "REQUESTS_", "CURL_", "HTTP", "SNAKEBOX", "UV_"];
+    const RESERVED: [&str; 9] = [
+        "PATH",
+        "HOME",
+        "LANG",
+        "TMPDIR",
+        "USER",
+        "VIRTUAL_ENV",
+        "NO_PROXY",
+        "ALL_PROXY",
+        "MPLBACKEND",
+    ];
+    const RESERVED_PREFIXES: [&str; 8] = [
+        "PYTHON",
+        "LD_",
+        "SSL_",
+        "REQUESTS_",
+        "CURL_",
+        "HTTP",
+        "SNAKEBOX",
+        "UV_",
+    ];
     !name.is_empty()
         && !RESERVED.contains(&name)
         && !RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
@@ -132,7 +151,9 @@ pub(crate) fn decide(
         else {
             // An unknown secret and one of another tenant's read the same: no name leaks.
             return Err(EngineError::invalid(
-                format!("This call asked for secret `{name}`, which this server does not offer to it"),
+                format!(
+                    "This call asked for secret `{name}`, which this server does not offer to it"
+                ),
                 format!(
                     "ask only for the secrets check_environment lists (here: {}); the operator declares them as `[secrets.NAME]`",
                     available()
@@ -219,11 +240,12 @@ impl Engine {
     }
 
     /// Grant the secrets `names` (decided by the call's policy) to the run whose input
-    /// directory is `input` (`owner`: who the sandbox runs as): a new placeholder per secret,
-    /// written with the trust bundle for the runner; the values go to the proxy only.
+    /// directory is `input` (seen at `input_inside` in its sandbox): a new placeholder per
+    /// secret, written with the trust bundle for the runner; the values go to the proxy only.
     pub(crate) fn grant_secrets(
         &self,
         input: &Path,
+        input_inside: &Path,
         names: &[String],
     ) -> Result<RunSecrets, EngineError> {
         let interceptor = self.interceptor()?;
@@ -238,9 +260,7 @@ impl Engine {
                 header: spec.header.clone(),
             })
             .collect();
-        let bundle_inside = self
-            .path_inside(input, crate::run::SANDBOX_INPUT_DIR)
-            .join(BUNDLE_FILE);
+        let bundle_inside = input_inside.join(BUNDLE_FILE);
         let file = RunnerSecrets {
             env: grants
                 .iter()
@@ -312,22 +332,79 @@ mod tests {
         let other = Profile::unrestricted("other", "");
         let asked = |names: &[&str]| names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>();
         assert_eq!(
-            decide(&config, &tenant("team-a"), &standard, &asked(&["API_TOKEN", "API_TOKEN"]), true),
+            decide(
+                &config,
+                &tenant("team-a"),
+                &standard,
+                &asked(&["API_TOKEN", "API_TOKEN"]),
+                true
+            ),
             Ok(vec!["API_TOKEN".to_owned()])
         );
         // The local operator may have any.
-        assert!(decide(&config, &tenant(crate::LOCAL_TENANT), &standard, &asked(&["API_TOKEN"]), true).is_ok());
+        assert!(
+            decide(
+                &config,
+                &tenant(crate::LOCAL_TENANT),
+                &standard,
+                &asked(&["API_TOKEN"]),
+                true
+            )
+            .is_ok()
+        );
         // Another tenant: the same refusal as an unknown name, listing only its own.
-        let refused = decide(&config, &tenant("team-b"), &standard, &asked(&["API_TOKEN"]), true).unwrap_err();
-        let unknown = decide(&config, &tenant("team-b"), &standard, &asked(&["NOPE"]), true).unwrap_err();
-        assert!(refused.message.contains("does not offer"), "{}", refused.message);
+        let refused = decide(
+            &config,
+            &tenant("team-b"),
+            &standard,
+            &asked(&["API_TOKEN"]),
+            true,
+        )
+        .unwrap_err();
+        let unknown = decide(
+            &config,
+            &tenant("team-b"),
+            &standard,
+            &asked(&["NOPE"]),
+            true,
+        )
+        .unwrap_err();
+        assert!(
+            refused.message.contains("does not offer"),
+            "{}",
+            refused.message
+        );
         assert_eq!(refused.hint, unknown.hint);
-        assert!(refused.hint.as_deref().is_some_and(|h| h.contains("here: ANY") && !h.contains("API_TOKEN")));
-        let refused = decide(&config, &tenant("team-b"), &other, &asked(&["ANY"]), true).unwrap_err();
-        assert!(refused.message.contains("profile `other`"), "{}", refused.message);
-        let refused = decide(&config, &tenant("team-a"), &standard, &asked(&["API_TOKEN"]), false).unwrap_err();
-        assert!(refused.message.contains("no network"), "{}", refused.message);
-        assert_eq!(decide(&config, &tenant("team-a"), &standard, &[], false), Ok(vec![]));
+        assert!(
+            refused
+                .hint
+                .as_deref()
+                .is_some_and(|h| h.contains("here: ANY") && !h.contains("API_TOKEN"))
+        );
+        let refused =
+            decide(&config, &tenant("team-b"), &other, &asked(&["ANY"]), true).unwrap_err();
+        assert!(
+            refused.message.contains("profile `other`"),
+            "{}",
+            refused.message
+        );
+        let refused = decide(
+            &config,
+            &tenant("team-a"),
+            &standard,
+            &asked(&["API_TOKEN"]),
+            false,
+        )
+        .unwrap_err();
+        assert!(
+            refused.message.contains("no network"),
+            "{}",
+            refused.message
+        );
+        assert_eq!(
+            decide(&config, &tenant("team-a"), &standard, &[], false),
+            Ok(vec![])
+        );
     }
 
     #[test]
@@ -335,7 +412,17 @@ mod tests {
         for good in ["API_TOKEN", "A", "GITHUB_TOKEN2"] {
             assert!(is_secret_name(good), "{good}");
         }
-        for bad in ["", "api_token", "2FA", "A-B", "PATH NAME", "PATH", "SSL_CERT_FILE", "HTTPS_PROXY", "PYTHONPATH"] {
+        for bad in [
+            "",
+            "api_token",
+            "2FA",
+            "A-B",
+            "PATH NAME",
+            "PATH",
+            "SSL_CERT_FILE",
+            "HTTPS_PROXY",
+            "PYTHONPATH",
+        ] {
             assert!(!is_secret_name(bad), "{bad}");
         }
     }

@@ -99,7 +99,6 @@ fn cell(session_id: &str) -> ExecuteRequest {
         memory_limit_bytes: None,
         secrets: Vec::new(),
     }
-    secrets: Vec::new(),
 }
 
 /// The most host-work slots one tenant holds on this machine: a quarter of two per core, at

@@ -212,7 +212,6 @@ fn request(script: &str, session_id: Option<String>) -> ExecuteRequest {
         memory_limit_bytes: None,
         secrets: Vec::new(),
     }
-    secrets: Vec::new(),
 }
 
 fn taken(log: &Log) -> Vec<String> {

@@ -126,7 +126,6 @@ fn request(script: &str) -> ExecuteRequest {
         memory_limit_bytes: None,
         secrets: Vec::new(),
     }
-    secrets: Vec::new(),
 }
 
 #[tokio::test]

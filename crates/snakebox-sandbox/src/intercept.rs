@@ -264,7 +264,10 @@ impl EgressCa {
     }
 
     /// A leaf certificate and key for `host`, signed by the CA.
-    fn leaf(&self, host: &str) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    fn leaf(
+        &self,
+        host: &str,
+    ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
         let key = rcgen::KeyPair::generate()
             .map_err(|err| format!("could not make a key for `{host}`: {err}"))?;
         let mut params = rcgen::CertificateParams::new(vec![host.to_owned()])
@@ -330,7 +333,10 @@ impl Interceptor {
             let extra: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
                 .and_then(Iterator::collect)
                 .map_err(|err| {
-                    format!("could not read the extra CA file `{}`: {err}", path.display())
+                    format!(
+                        "could not read the extra CA file `{}`: {err}",
+                        path.display()
+                    )
                 })?;
             if extra.is_empty() {
                 return Err(format!(
@@ -570,10 +576,12 @@ pub(crate) async fn serve_intercepted(
         Ok((tcp, address, _)) => {
             let name = ServerName::try_from(target.host.clone())
                 .map_err(|err| format!("`{}` is no TLS server name: {err}", target.host));
-            let connector = tokio_rustls::TlsConnector::from(Arc::clone(&secrets.interceptor.client));
+            let connector =
+                tokio_rustls::TlsConnector::from(Arc::clone(&secrets.interceptor.client));
             match name {
                 Ok(name) => {
-                    match tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, tcp)).await {
+                    match tokio::time::timeout(CONNECT_TIMEOUT, connector.connect(name, tcp)).await
+                    {
                         Ok(Ok(stream)) => Ok((stream, address)),
                         Ok(Err(err)) => Err(format!(
                             "network error: the TLS certificate of `{}` could not be verified ({err}); no secret was sent",
@@ -632,38 +640,42 @@ pub(crate) async fn serve_intercepted(
     let host = target.host.clone();
     let port = target.port;
     let shared_for_service = Arc::clone(shared);
-    let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-        let sender = Arc::clone(&sender);
-        let secrets = Arc::clone(&secrets);
-        let shared = Arc::clone(&shared_for_service);
-        let host = host.clone();
-        async move {
-            let (mut parts, body) = request.into_parts();
-            if let Err(reason) = rewrite(&mut parts, &secrets, &host) {
-                shared.record(denied(
-                    &Target {
-                        host: host.clone(),
-                        port,
-                    },
-                    reason.clone(),
-                ));
-                return Ok::<Answer, std::convert::Infallible>(answer(403, &reason));
-            }
-            let request = hyper::Request::from_parts(parts, body);
-            let mut sender = sender.lock().await;
-            if sender.ready().await.is_err() {
-                return Ok(answer(502, &format!("network error: `{host}` closed the connection")));
-            }
-            match sender.send_request(request).await {
-                Ok(response) => {
-                    let (mut parts, body) = response.into_parts();
-                    scrub(&mut parts.headers, &secrets);
-                    Ok(hyper::Response::from_parts(parts, Either::Left(body)))
+    let service =
+        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let sender = Arc::clone(&sender);
+            let secrets = Arc::clone(&secrets);
+            let shared = Arc::clone(&shared_for_service);
+            let host = host.clone();
+            async move {
+                let (mut parts, body) = request.into_parts();
+                if let Err(reason) = rewrite(&mut parts, &secrets, &host) {
+                    shared.record(denied(
+                        &Target {
+                            host: host.clone(),
+                            port,
+                        },
+                        reason.clone(),
+                    ));
+                    return Ok::<Answer, std::convert::Infallible>(answer(403, &reason));
                 }
-                Err(err) => Ok(answer(502, &format!("network error: {err}"))),
+                let request = hyper::Request::from_parts(parts, body);
+                let mut sender = sender.lock().await;
+                if sender.ready().await.is_err() {
+                    return Ok(answer(
+                        502,
+                        &format!("network error: `{host}` closed the connection"),
+                    ));
+                }
+                match sender.send_request(request).await {
+                    Ok(response) => {
+                        let (mut parts, body) = response.into_parts();
+                        scrub(&mut parts.headers, &secrets);
+                        Ok(hyper::Response::from_parts(parts, Either::Left(body)))
+                    }
+                    Err(err) => Ok(answer(502, &format!("network error: {err}"))),
+                }
             }
-        }
-    });
+        });
     let served = hyper::server::conn::http1::Builder::new()
         .serve_connection(hyper_util::rt::TokioIo::new(tls), service);
     let both = async {
@@ -693,7 +705,11 @@ pub(crate) fn rewrite(
             if !grant.allows(host) {
                 return Err(format!("{} (in header `{name}`)", foreign(grant, host)));
             }
-            bytes = replace_ignore_case(&bytes, grant.placeholder.as_bytes(), grant.value.expose().as_bytes());
+            bytes = replace_ignore_case(
+                &bytes,
+                grant.placeholder.as_bytes(),
+                grant.value.expose().as_bytes(),
+            );
             changed = true;
         }
         if changed {
@@ -709,7 +725,9 @@ pub(crate) fn rewrite(
                 .map_err(|_| format!("secret `{}` names an invalid header", grant.name))?;
             let mut value =
                 http::HeaderValue::from_str(&template.replace("{}", grant.value.expose()))
-                    .map_err(|_| format!("secret `{}` makes an invalid header value", grant.name))?;
+                    .map_err(|_| {
+                        format!("secret `{}` makes an invalid header value", grant.name)
+                    })?;
             value.set_sensitive(true);
             parts.headers.insert(name, value);
         }
@@ -827,7 +845,10 @@ mod tests {
         // Another secret's placeholder to this host: refused.
         let mut request = parts("/", &[("X-Other", "sbx-ph-bbbb")]);
         let refused = rewrite(&mut request, &secrets, "api.test").unwrap_err();
-        assert!(refused.contains("secret `OTHER`") && refused.contains("*.other.test"), "{refused}");
+        assert!(
+            refused.contains("secret `OTHER`") && refused.contains("*.other.test"),
+            "{refused}"
+        );
         // In the URL: refused even to its own host.
         let mut request = parts("/x?token=sbx-ph-aaaa", &[]);
         let refused = rewrite(&mut request, &secrets, "api.test").unwrap_err();
@@ -846,14 +867,39 @@ mod tests {
         assert!(secrets.refuses_name("sbx-ph-aaaa.evil.test").is_some());
         assert!(secrets.refuses_name("api.test").is_none());
         let head = b"GET /?k=sbx-ph-aaaa HTTP/1.1\r\nHost: api.test\r\n\r\n";
-        assert!(secrets.refuses_clear_text("api.test", head).unwrap().contains("HTTPS only"));
-        assert!(secrets.refuses_clear_text("evil.test", head).unwrap().contains("not among its hosts"));
-        assert!(secrets.intercepts(&Target { host: "api.test".into(), port: 443 }));
-        assert!(!secrets.intercepts(&Target { host: "api.test".into(), port: 80 }));
-        assert!(!secrets.intercepts(&Target { host: "other.test".into(), port: 443 }));
-        assert!(secrets.intercepts(&Target { host: "x.other.test".into(), port: 443 }));
+        assert!(
+            secrets
+                .refuses_clear_text("api.test", head)
+                .unwrap()
+                .contains("HTTPS only")
+        );
+        assert!(
+            secrets
+                .refuses_clear_text("evil.test", head)
+                .unwrap()
+                .contains("not among its hosts")
+        );
+        assert!(secrets.intercepts(&Target {
+            host: "api.test".into(),
+            port: 443
+        }));
+        assert!(!secrets.intercepts(&Target {
+            host: "api.test".into(),
+            port: 80
+        }));
+        assert!(!secrets.intercepts(&Target {
+            host: "other.test".into(),
+            port: 443
+        }));
+        assert!(secrets.intercepts(&Target {
+            host: "x.other.test".into(),
+            port: 443
+        }));
         let mut headers = http::HeaderMap::new();
-        headers.insert("x-echo", http::HeaderValue::from_static("Bearer real-value-1"));
+        headers.insert(
+            "x-echo",
+            http::HeaderValue::from_static("Bearer real-value-1"),
+        );
         scrub(&mut headers, &secrets);
         assert_eq!(headers["x-echo"], "Bearer sbx-ph-aaaa");
     }

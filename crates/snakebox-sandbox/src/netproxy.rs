@@ -674,8 +674,10 @@ async fn serve_http(mut client: UnixStream, shared: &Arc<Shared>, first: u8) {
             return;
         }
         if let Some(secrets) = secrets.filter(|s| s.intercepts(&target)) {
-            crate::intercept::serve_intercepted(client, early, shared, secrets, &target, &addresses)
-                .await;
+            crate::intercept::serve_intercepted(
+                client, early, shared, secrets, &target, &addresses,
+            )
+            .await;
             return;
         }
         if target.port == 443 {
@@ -733,8 +735,15 @@ async fn serve_socks(mut client: UnixStream, shared: &Arc<Shared>) {
         return;
     }
     if let Some(secrets) = secrets.filter(|s| s.intercepts(&target)) {
-        crate::intercept::serve_intercepted(client, Vec::new(), shared, secrets, &target, &addresses)
-            .await;
+        crate::intercept::serve_intercepted(
+            client,
+            Vec::new(),
+            shared,
+            secrets,
+            &target,
+            &addresses,
+        )
+        .await;
         return;
     }
     let mut early = Vec::new();
@@ -827,8 +836,15 @@ async fn tunnel(
     }
     let cut = tokio::sync::Notify::new();
     let outgoing = async {
-        if let Some(found) =
-            copy_counted(&mut client_read, &mut up_write, shared, &sent, &placeholders, early).await
+        if let Some(found) = copy_counted(
+            &mut client_read,
+            &mut up_write,
+            shared,
+            &sent,
+            &placeholders,
+            early,
+        )
+        .await
         {
             shared.record(denied(target, placeholder_refusal(shared, &found, target)));
             cut.notify_one();
@@ -1000,12 +1016,7 @@ fn scan(chunk: &[u8], placeholders: &[Vec<u8>], tail: &[u8]) -> Option<Vec<u8>> 
     let joined = [tail, chunk].concat();
     placeholders
         .iter()
-        .find(|p| {
-            !p.is_empty()
-                && joined
-                    .windows(p.len())
-                    .any(|w| w.eq_ignore_ascii_case(p))
-        })
+        .find(|p| !p.is_empty() && joined.windows(p.len()).any(|w| w.eq_ignore_ascii_case(p)))
         .cloned()
 }
 

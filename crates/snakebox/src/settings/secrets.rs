@@ -146,9 +146,17 @@ mod tests {
 
     fn parse(text: &str, env: &[(&str, &str)]) -> anyhow::Result<EngineConfig> {
         let file: BTreeMap<String, SecretFile> = toml::from_str(text)?;
-        let mut config = EngineConfig::new(PathBuf::from("/tmp/x"), snakebox_engine::BackendKind::None);
-        let env: Vec<(String, String)> = env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect();
-        resolve_secrets(file, &|name| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()), &mut config)?;
+        let mut config =
+            EngineConfig::new(PathBuf::from("/tmp/x"), snakebox_engine::BackendKind::None);
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        resolve_secrets(
+            file,
+            &|name| env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone()),
+            &mut config,
+        )?;
         Ok(config)
     }
 
@@ -162,13 +170,19 @@ mod tests {
         let spec = &config.secrets.declared["API_TOKEN"];
         assert_eq!(spec.value.expose(), "s3cret");
         assert_eq!(spec.hosts, ["api.example.com", "*.example.org"]);
-        assert_eq!(spec.header, Some(("Authorization".into(), "Bearer {}".into())));
+        assert_eq!(
+            spec.header,
+            Some(("Authorization".into(), "Bearer {}".into()))
+        );
         assert!(!format!("{spec:?}").contains("s3cret"));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("token");
         std::fs::write(&path, "from-file\n").unwrap();
         let config = parse(
-            &format!("[T]\nfile = \"{}\"\nhosts = [\"api.test\"]\n", path.display()),
+            &format!(
+                "[T]\nfile = \"{}\"\nhosts = [\"api.test\"]\n",
+                path.display()
+            ),
             &[],
         )
         .unwrap();
@@ -178,18 +192,57 @@ mod tests {
     #[test]
     fn bad_declarations_are_refused_with_a_hint() {
         for (text, env, expected) in [
-            ("[T]\nenv = \"MISSING\"\nhosts = [\"a.test\"]\n", vec![], "is not set"),
-            ("[T]\nhosts = [\"a.test\"]\n", vec![], "exactly one of `env` and `file`"),
-            ("[T]\nenv = \"V\"\nhosts = []\n", vec![("V", "x")], "would go nowhere"),
-            ("[T]\nenv = \"V\"\nhosts = [\"10.0.0.1\"]\n", vec![("V", "x")], "not a host name"),
-            ("[T]\nenv = \"V\"\nhosts = [\"a.test\"]\n", vec![("V", "a\nb")], "control characters"),
-            ("[T]\nenv = \"V\"\nhosts = [\"a.test\"]\nheader = \"Authorization\"\n", vec![("V", "x")], "not `Name: value`"),
-            ("[T]\nenv = \"V\"\nhosts = [\"a.test\"]\nheader = \"Authorization: Bearer\"\n", vec![("V", "x")], "`{}`"),
-            ("[PATH]\nenv = \"V\"\nhosts = [\"a.test\"]\n", vec![("V", "x")], "invalid secret name"),
-            ("[api]\nenv = \"V\"\nhosts = [\"a.test\"]\n", vec![("V", "x")], "invalid secret name"),
+            (
+                "[T]\nenv = \"MISSING\"\nhosts = [\"a.test\"]\n",
+                vec![],
+                "is not set",
+            ),
+            (
+                "[T]\nhosts = [\"a.test\"]\n",
+                vec![],
+                "exactly one of `env` and `file`",
+            ),
+            (
+                "[T]\nenv = \"V\"\nhosts = []\n",
+                vec![("V", "x")],
+                "would go nowhere",
+            ),
+            (
+                "[T]\nenv = \"V\"\nhosts = [\"10.0.0.1\"]\n",
+                vec![("V", "x")],
+                "not a host name",
+            ),
+            (
+                "[T]\nenv = \"V\"\nhosts = [\"a.test\"]\n",
+                vec![("V", "a\nb")],
+                "control characters",
+            ),
+            (
+                "[T]\nenv = \"V\"\nhosts = [\"a.test\"]\nheader = \"Authorization\"\n",
+                vec![("V", "x")],
+                "not `Name: value`",
+            ),
+            (
+                "[T]\nenv = \"V\"\nhosts = [\"a.test\"]\nheader = \"Authorization: Bearer\"\n",
+                vec![("V", "x")],
+                "`{}`",
+            ),
+            (
+                "[PATH]\nenv = \"V\"\nhosts = [\"a.test\"]\n",
+                vec![("V", "x")],
+                "invalid secret name",
+            ),
+            (
+                "[api]\nenv = \"V\"\nhosts = [\"a.test\"]\n",
+                vec![("V", "x")],
+                "invalid secret name",
+            ),
         ] {
             let message = format!("{:#}", parse(text, &env).unwrap_err());
-            assert!(message.contains(expected) && message.contains("hint:"), "{text}: {message}");
+            assert!(
+                message.contains(expected) && message.contains("hint:"),
+                "{text}: {message}"
+            );
         }
     }
 }
