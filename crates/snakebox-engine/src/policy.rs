@@ -408,7 +408,7 @@ impl CallPolicy {
         let secrets = match kind {
             CallKind::Run => crate::secrets::decide(
                 &server.secrets,
-                tenant,
+                &tenant.name,
                 profile,
                 asked.secrets,
                 network.is_some(),

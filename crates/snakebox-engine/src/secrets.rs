@@ -18,7 +18,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use snakebox_sandbox::{Interceptor, RunSecrets, SecretGrant, SecretValue};
 
-use crate::{Engine, EngineError, ErrorKind, Profile, Tenant};
+use crate::{Engine, EngineError, ErrorKind, Profile};
 
 /// File name, in a run's input directory, of the names and placeholders the runner exports.
 pub(crate) const SECRETS_FILE: &str = "secrets.json";
@@ -124,7 +124,7 @@ pub struct SecretReport {
 /// An unknown name, one the tenant or the profile may not have, or a call without network.
 pub(crate) fn decide(
     config: &SecretsConfig,
-    tenant: &Tenant,
+    tenant: &str,
     profile: &Profile,
     asked: &[String],
     network: bool,
@@ -135,7 +135,7 @@ pub(crate) fn decide(
             let names: Vec<&str> = config
                 .declared
                 .values()
-                .filter(|s| s.allows_tenant(&tenant.name) && s.allows_profile(&profile.name))
+                .filter(|s| s.allows_tenant(tenant) && s.allows_profile(&profile.name))
                 .map(|s| s.name.as_str())
                 .collect();
             if names.is_empty() {
@@ -147,7 +147,7 @@ pub(crate) fn decide(
         let Some(spec) = config
             .declared
             .get(name)
-            .filter(|s| s.allows_tenant(&tenant.name))
+            .filter(|s| s.allows_tenant(tenant))
         else {
             // An unknown secret and one of another tenant's read the same: no name leaks.
             return Err(EngineError::invalid(
@@ -312,13 +312,6 @@ mod tests {
         }
     }
 
-    fn tenant(name: &str) -> Tenant {
-        Tenant {
-            name: name.into(),
-            ..Tenant::default()
-        }
-    }
-
     #[test]
     fn secrets_are_granted_by_tenant_profile_and_network() {
         let mut config = SecretsConfig::default();
@@ -334,7 +327,7 @@ mod tests {
         assert_eq!(
             decide(
                 &config,
-                &tenant("team-a"),
+                "team-a",
                 &standard,
                 &asked(&["API_TOKEN", "API_TOKEN"]),
                 true
@@ -345,7 +338,7 @@ mod tests {
         assert!(
             decide(
                 &config,
-                &tenant(crate::LOCAL_TENANT),
+                crate::LOCAL_TENANT,
                 &standard,
                 &asked(&["API_TOKEN"]),
                 true
@@ -353,22 +346,9 @@ mod tests {
             .is_ok()
         );
         // Another tenant: the same refusal as an unknown name, listing only its own.
-        let refused = decide(
-            &config,
-            &tenant("team-b"),
-            &standard,
-            &asked(&["API_TOKEN"]),
-            true,
-        )
-        .unwrap_err();
-        let unknown = decide(
-            &config,
-            &tenant("team-b"),
-            &standard,
-            &asked(&["NOPE"]),
-            true,
-        )
-        .unwrap_err();
+        let refused =
+            decide(&config, "team-b", &standard, &asked(&["API_TOKEN"]), true).unwrap_err();
+        let unknown = decide(&config, "team-b", &standard, &asked(&["NOPE"]), true).unwrap_err();
         assert!(
             refused.message.contains("does not offer"),
             "{}",
@@ -381,30 +361,20 @@ mod tests {
                 .as_deref()
                 .is_some_and(|h| h.contains("here: ANY") && !h.contains("API_TOKEN"))
         );
-        let refused =
-            decide(&config, &tenant("team-b"), &other, &asked(&["ANY"]), true).unwrap_err();
+        let refused = decide(&config, "team-b", &other, &asked(&["ANY"]), true).unwrap_err();
         assert!(
             refused.message.contains("profile `other`"),
             "{}",
             refused.message
         );
-        let refused = decide(
-            &config,
-            &tenant("team-a"),
-            &standard,
-            &asked(&["API_TOKEN"]),
-            false,
-        )
-        .unwrap_err();
+        let refused =
+            decide(&config, "team-a", &standard, &asked(&["API_TOKEN"]), false).unwrap_err();
         assert!(
             refused.message.contains("no network"),
             "{}",
             refused.message
         );
-        assert_eq!(
-            decide(&config, &tenant("team-a"), &standard, &[], false),
-            Ok(vec![])
-        );
+        assert_eq!(decide(&config, "team-a", &standard, &[], false), Ok(vec![]));
     }
 
     #[test]

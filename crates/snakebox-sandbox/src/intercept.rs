@@ -821,7 +821,7 @@ mod tests {
         let first = EgressCa::load_or_create(&ca_dir).unwrap();
         let second = EgressCa::load_or_create(&ca_dir).unwrap();
         assert_eq!(first.cert_pem(), second.cert_pem());
-        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        let mode = |p: &Path| fs_err::metadata(p).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode(&ca_dir), 0o700);
         assert_eq!(mode(&ca_dir.join(CA_KEY)), 0o600);
         // A leaf for a host chains to the kept certificate.

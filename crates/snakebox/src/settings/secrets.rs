@@ -177,7 +177,7 @@ mod tests {
         assert!(!format!("{spec:?}").contains("s3cret"));
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("token");
-        std::fs::write(&path, "from-file\n").unwrap();
+        fs_err::write(&path, "from-file\n").unwrap();
         let config = parse(
             &format!(
                 "[T]\nfile = \"{}\"\nhosts = [\"api.test\"]\n",
