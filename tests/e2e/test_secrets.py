@@ -221,16 +221,19 @@ USES = textwrap.dedent("""
 """)
 
 # The CA key: not at its host path, and no file the run can read is it (each file holding a
-# private key is reported by its digest, compared outside with the key's).
+# private key is reported by its digest, compared outside with the key's). And no file the
+# run can read holds a value (`sk-live-` starts the test's), its processes' environments
+# included.
 CA_KEY_PROBE = textwrap.dedent("""
     import hashlib, json, os
+    NEEDLE = b"sk-" + b"live-"  # not written whole here: the script is a readable file too
     out = {}
     try:
         open("{KEY}").read()
         out["key_path"] = "READ"
     except OSError as e:
         out["key_path"] = e.errno
-    digests = []
+    digests, values = [], []
     for root in ["/snakebox", "/work", "/tmp", "/etc", "/opt", "/home", "/root", "/var", "/run", "/data"]:
         for d, dirs, files in os.walk(root, onerror=lambda e: None):
             for n in files:
@@ -240,9 +243,19 @@ CA_KEY_PROBE = textwrap.dedent("""
                         content = open(p, "rb").read()
                         if b"PRIVATE KEY" in content:
                             digests.append(hashlib.sha256(content).hexdigest())
+                        if NEEDLE in content:
+                            values.append(p)
                 except OSError:
                     pass
     out["keys"] = digests
+    out["values"] = values
+    for p in ["/proc/self/environ", "/proc/1/environ", "/proc/1/cmdline", "/proc/self/cmdline"]:
+        try:
+            if NEEDLE in open(p, "rb").read():
+                values.append(p)
+        except OSError:
+            pass
+    out["environ"] = os.environ["API_TOKEN"].startswith("snakebox-secret-")
     print(json.dumps(out))
 """)
 
@@ -330,6 +343,7 @@ async def test_a_run_uses_a_secret_it_never_sees(secret_hosts, secrets_server, t
         assert data["status"] == "ok", text
         probe = json.loads(data["stdout"])
         assert probe["key_path"] == 2, probe
+        assert probe["values"] == [] and probe["environ"] is True, probe
         assert hashlib.sha256(key_path.read_bytes()).hexdigest() not in probe["keys"], probe
 
         # Refusals say why and what to do.
