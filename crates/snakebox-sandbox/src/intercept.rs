@@ -35,7 +35,7 @@ use tokio::net::UnixStream;
 
 use crate::netproxy::{
     CONNECT_TIMEOUT, HEAD_TIMEOUT, NetDecision, Shared, Target, connect_direct, connect_through,
-    denied, http_reply, name_matches,
+    denied, http_reply, name_matches, split_host_port,
 };
 
 /// File names of the CA in its directory.
@@ -692,6 +692,22 @@ pub(crate) fn rewrite(
     secrets: &RunSecrets,
     host: &str,
 ) -> Result<(), String> {
+    // The request must be for the host the connection was checked and verified for: a
+    // secret is never put into a request naming another virtual host of the same server.
+    let named = parts.uri.host().map(str::to_owned).or_else(|| {
+        parts
+            .headers
+            .get(http::header::HOST)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| split_host_port(value).map(|(host, _)| host))
+    });
+    if let Some(named) = named
+        && !named.trim_end_matches('.').eq_ignore_ascii_case(host)
+    {
+        return Err(format!(
+            "the request names the host `{named}` on a connection to `{host}`: refused, as a secret is sent only to the host the connection was verified for"
+        ));
+    }
     if let Some(grant) = secrets.placeholder_in(parts.uri.to_string().as_bytes()) {
         return Err(format!(
             "the URL carries the placeholder of secret `{}`: secrets are put in headers only, never in a URL",
@@ -853,6 +869,12 @@ mod tests {
         let mut request = parts("/x?token=sbx-ph-aaaa", &[]);
         let refused = rewrite(&mut request, &secrets, "api.test").unwrap_err();
         assert!(refused.contains("URL"), "{refused}");
+        // A request naming another host on this connection: refused.
+        let mut request = parts("/", &[("Host", "evil.test"), ("Authorization", "sbx-ph-aaaa")]);
+        let refused = rewrite(&mut request, &secrets, "api.test").unwrap_err();
+        assert!(refused.contains("`evil.test`"), "{refused}");
+        let mut request = parts("/", &[("Host", "API.test:443"), ("Authorization", "sbx-ph-aaaa")]);
+        rewrite(&mut request, &secrets, "api.test").unwrap();
         // The header secret is set for its hosts.
         let mut request = parts("/", &[("X-Key", "mine")]);
         rewrite(&mut request, &secrets, "a.other.test").unwrap();
