@@ -4,7 +4,7 @@
 //!
 //! Why a module of its own: a secret crosses three rooms (the operator's settings, a call's
 //! policy, the run's proxy) and must be judged the same way on every path. The decision is
-//! [`decide`], called from [`crate::policy::CallPolicy::decide`]; the grant is
+//! [`decide`], called from the call policy (`CallPolicy::decide`); the grant is
 //! [`Engine::grant_secrets`], called where a run's proxy is started. The values stay in the
 //! server: a run gets `secrets.json` (names and placeholders) and `ca-bundle.pem` (the
 //! host's CAs and the server's egress CA, no key) in its read-only input directory, and the

@@ -870,10 +870,16 @@ mod tests {
         let refused = rewrite(&mut request, &secrets, "api.test").unwrap_err();
         assert!(refused.contains("URL"), "{refused}");
         // A request naming another host on this connection: refused.
-        let mut request = parts("/", &[("Host", "evil.test"), ("Authorization", "sbx-ph-aaaa")]);
+        let mut request = parts(
+            "/",
+            &[("Host", "evil.test"), ("Authorization", "sbx-ph-aaaa")],
+        );
         let refused = rewrite(&mut request, &secrets, "api.test").unwrap_err();
         assert!(refused.contains("`evil.test`"), "{refused}");
-        let mut request = parts("/", &[("Host", "API.test:443"), ("Authorization", "sbx-ph-aaaa")]);
+        let mut request = parts(
+            "/",
+            &[("Host", "API.test:443"), ("Authorization", "sbx-ph-aaaa")],
+        );
         rewrite(&mut request, &secrets, "api.test").unwrap();
         // The header secret is set for its hosts.
         let mut request = parts("/", &[("X-Key", "mine")]);
