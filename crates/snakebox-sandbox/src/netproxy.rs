@@ -501,7 +501,7 @@ impl RunProxy {
     }
 
     /// Grant the run `secrets` (or none): from now on its connections are served with them
-    /// (see [`crate::intercept`]).
+    /// (see [`RunSecrets`]).
     pub fn grant(&self, secrets: Option<RunSecrets>) {
         *self
             .shared
