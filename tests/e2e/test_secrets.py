@@ -145,13 +145,12 @@ def received(logs: Path) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def secrets_server(secret_hosts: Path, tmp_path_factory: pytest.TempPathFactory):
+def secrets_server(secret_hosts: Path, snakebox_bin: Path, tmp_path_factory: pytest.TempPathFactory):
     """The binary wrapped so its stderr (at debug level) lands in a file; a config file that
     declares the secrets; the environment that holds their values."""
     home = tmp_path_factory.mktemp("secrets-server")
-    binary = os.environ.get("SNAKEBOX_BIN") or str(Path(__file__).resolve().parents[2] / "target" / "debug" / "snakebox")
     wrapper = home / "snakebox"
-    wrapper.write_text(f"#!/bin/sh\nexec {binary} \"$@\" 2>>{home}/server.log\n")
+    wrapper.write_text(f"#!/bin/sh\nexec {snakebox_bin} \"$@\" 2>>{home}/server.log\n")
     wrapper.chmod(0o755)
     config = home / "config.toml"
     config.write_text(textwrap.dedent(f"""
