@@ -28,8 +28,33 @@ pub(super) struct SecretFile {
     pub(super) profiles: Option<Vec<String>>,
 }
 
-/// The secrets of the config file, their values read through `read_env` (the server's
-/// environment).
+/// The secrets declared by `--secrets` (`SNAKEBOX_SECRETS`: the same tables, in TOML) and by
+/// the config file's `[secrets.NAME]` tables; a name declared in both is an error.
+pub(super) fn declared(
+    text: Option<&str>,
+    mut file: BTreeMap<String, SecretFile>,
+) -> anyhow::Result<BTreeMap<String, SecretFile>> {
+    let Some(text) = text else {
+        return Ok(file);
+    };
+    let more: BTreeMap<String, SecretFile> = toml::from_str(text).map_err(|err| {
+        anyhow::anyhow!(
+            "--secrets (SNAKEBOX_SECRETS): {}\nhint: write TOML tables as in the config file, e.g. `API_TOKEN = {{ env = \"VAR\", hosts = [\"api.example.com\"] }}`, one per line",
+            err.to_string().trim_end()
+        )
+    })?;
+    for (name, table) in more {
+        if file.contains_key(&name) {
+            bail!(
+                "secret `{name}` is declared by both --secrets (SNAKEBOX_SECRETS) and the config file\nhint: keep one of the two declarations"
+            );
+        }
+        file.insert(name, table);
+    }
+    Ok(file)
+}
+
+/// The declared secrets, their values read through `read_env` (the server's environment).
 pub(super) fn resolve_secrets(
     file: BTreeMap<String, SecretFile>,
     read_env: &dyn Fn(&str) -> Option<String>,
@@ -187,6 +212,27 @@ mod tests {
         )
         .unwrap();
         assert_eq!(config.secrets.declared["T"].value.expose(), "from-file");
+    }
+
+    #[test]
+    fn secrets_are_declared_in_the_environment_too() {
+        let file: BTreeMap<String, SecretFile> =
+            toml::from_str("[A]\nenv = \"V\"\nhosts = [\"a.test\"]\n").unwrap();
+        let both = declared(
+            Some("B = { env = \"W\", hosts = [\"b.test\"], header = \"X-Key: {}\" }\n"),
+            file,
+        )
+        .unwrap();
+        assert_eq!(both.keys().collect::<Vec<_>>(), ["A", "B"]);
+        let file: BTreeMap<String, SecretFile> =
+            toml::from_str("[A]\nenv = \"V\"\nhosts = [\"a.test\"]\n").unwrap();
+        let twice = declared(Some("A = { env = \"W\", hosts = [\"b.test\"] }"), file).unwrap_err();
+        assert!(
+            format!("{twice:#}").contains("declared by both"),
+            "{twice:#}"
+        );
+        let bad = declared(Some("A = 1"), BTreeMap::new()).unwrap_err();
+        assert!(format!("{bad:#}").contains("hint:"), "{bad:#}");
     }
 
     #[test]
