@@ -147,7 +147,7 @@ def received(logs: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def secrets_server(secret_hosts: Path, snakebox_bin: Path, tmp_path_factory: pytest.TempPathFactory):
     """The binary wrapped so its stderr (at debug level) lands in a file; a config file that
-    declares the secrets; the environment that holds their values."""
+    declares a secret, and the environment that declares another and holds their values."""
     home = tmp_path_factory.mktemp("secrets-server")
     wrapper = home / "snakebox"
     wrapper.write_text(f"#!/bin/sh\nexec {snakebox_bin} \"$@\" 2>>{home}/server.log\n")
@@ -162,13 +162,10 @@ def secrets_server(secret_hosts: Path, snakebox_bin: Path, tmp_path_factory: pyt
         [secrets.API_TOKEN]
         env = "SNBT_API_TOKEN"
         hosts = ["api.secret.test"]
-
-        [secrets.HEADER_KEY]
-        env = "SNBT_HEADER_KEY"
-        hosts = ["api.secret.test"]
-        header = "X-Api-Key: key {{}}"
     """))
-    env = {"SNBT_API_TOKEN": API_VALUE, "SNBT_HEADER_KEY": HEADER_VALUE, "SNAKEBOX_LOG": "debug"}
+    # One secret declared in the environment instead of the file.
+    declared = 'HEADER_KEY = { env = "SNBT_HEADER_KEY", hosts = ["api.secret.test"], header = "X-Api-Key: key {}" }'
+    env = {"SNBT_API_TOKEN": API_VALUE, "SNBT_HEADER_KEY": HEADER_VALUE, "SNAKEBOX_SECRETS": declared, "SNAKEBOX_LOG": "debug"}
     return {"binary": wrapper, "args": ("--config", str(config)), "env": env, "log": home / "server.log"}
 
 
