@@ -27,6 +27,7 @@ import pytest
 
 from backend_support import FORK_SERVER_ONLY
 from conftest import call, connect
+from netns_support import make_namespace, remove_namespace
 
 pytestmark = pytest.mark.anyio
 
@@ -97,10 +98,6 @@ def make_certificates(directory: Path) -> None:
             "-out", "host.pem", "-days", "2", "-extfile", "san.ext")
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def secret_hosts(tmp_path_factory: pytest.TempPathFactory):
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("dnsmasq") or not shutil.which("openssl"):
@@ -109,16 +106,7 @@ def secret_hosts(tmp_path_factory: pytest.TempPathFactory):
     logs.chmod(0o777)
     processes: list[subprocess.Popen] = []
     try:
-        _ip("netns", "add", NS)
-        _ip("link", "add", HOST_SIDE, "type", "veth", "peer", "name", NS_SIDE)
-        _ip("link", "set", NS_SIDE, "netns", NS)
-        _ip("addr", "add", "198.51.100.129/25", "dev", HOST_SIDE)
-        _ip("link", "set", HOST_SIDE, "up")
-        inside = ["ip", "netns", "exec", NS]
-        for args in (["link", "set", "lo", "up"], ["addr", "add", f"{DNS}/25", "dev", NS_SIDE],
-                     ["addr", "add", f"{API}/25", "dev", NS_SIDE], ["addr", "add", f"{OTHER}/25", "dev", NS_SIDE],
-                     ["link", "set", NS_SIDE, "up"]):
-            subprocess.run([*inside, "ip", *args], check=True, capture_output=True)
+        inside = make_namespace(NS, HOST_SIDE, NS_SIDE, "198.51.100.129/25", [f"{address}/25" for address in (DNS, API, OTHER)])
         processes.append(subprocess.Popen(
             [*inside, "dnsmasq", "--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces",
              f"--listen-address={DNS}", "--port=53", "--log-queries", f"--log-facility={logs}/dns.log",
@@ -135,8 +123,7 @@ def secret_hosts(tmp_path_factory: pytest.TempPathFactory):
         for process in processes:
             process.kill()
             process.wait()
-        subprocess.run(["ip", "link", "del", HOST_SIDE], capture_output=True)
-        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+        remove_namespace(NS, HOST_SIDE)
 
 
 def received(logs: Path) -> list[dict]:
