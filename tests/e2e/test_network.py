@@ -23,6 +23,7 @@ import pytest
 
 from backend_support import FORK_SERVER_ONLY
 from conftest import call, connect
+from netns_support import make_namespace, remove_namespace
 
 pytestmark = pytest.mark.anyio
 
@@ -271,10 +272,6 @@ PACKAGE_HOST = textwrap.dedent("""
 """)
 
 
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True)
-
-
 @pytest.fixture(scope="module")
 def test_hosts(tmp_path_factory: pytest.TempPathFactory):
     if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("dnsmasq"):
@@ -283,17 +280,8 @@ def test_hosts(tmp_path_factory: pytest.TempPathFactory):
     logs.chmod(0o777)
     processes: list[subprocess.Popen] = []
     try:
-        _ip("netns", "add", NS)
-        _ip("link", "add", HOST_SIDE, "type", "veth", "peer", "name", NS_SIDE)
-        _ip("link", "set", NS_SIDE, "netns", NS)
-        _ip("addr", "add", "198.51.100.1/24", "dev", HOST_SIDE)
-        _ip("link", "set", HOST_SIDE, "up")
-        inside = ["ip", "netns", "exec", NS]
-        for args in (["link", "set", "lo", "up"], ["addr", "add", f"{DNS}/24", "dev", NS_SIDE],
-                     ["addr", "add", f"{WEB}/24", "dev", NS_SIDE], ["addr", "add", f"{REBIND_DNS}/24", "dev", NS_SIDE],
-                     ["addr", "add", f"{PKGS}/24", "dev", NS_SIDE], ["addr", "add", f"{FAR}/24", "dev", NS_SIDE],
-                     ["link", "set", NS_SIDE, "up"]):
-            subprocess.run([*inside, "ip", *args], check=True, capture_output=True)
+        inside = make_namespace(NS, HOST_SIDE, NS_SIDE, "198.51.100.1/24",
+                                [f"{address}/24" for address in (DNS, WEB, REBIND_DNS, PKGS, FAR)])
         processes.append(subprocess.Popen(
             [*inside, "dnsmasq", "--no-daemon", "--no-resolv", "--no-hosts", "--bind-interfaces",
              f"--listen-address={DNS}", "--port=53",
@@ -322,8 +310,7 @@ def test_hosts(tmp_path_factory: pytest.TempPathFactory):
         for process in processes:
             process.kill()
             process.wait()
-        subprocess.run(["ip", "link", "del", HOST_SIDE], capture_output=True)
-        subprocess.run(["ip", "netns", "del", NS], capture_output=True)
+        remove_namespace(NS, HOST_SIDE)
 
 
 def connections(logs: Path, port: int) -> int:

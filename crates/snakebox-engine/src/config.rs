@@ -95,6 +95,9 @@ pub struct EngineConfig {
     /// How the run proxy checks destinations (ports, raw addresses, exceptions, resolvers,
     /// caps).
     pub network_proxy: crate::ProxySettings,
+    /// The secrets runs may ask for, whose values only the run proxy holds
+    /// (`[secrets.NAME]`; see the `secrets` module).
+    pub secrets: crate::SecretsConfig,
     /// Pre-started sandboxes kept ready per warm environment (`0`: no warm pool). See
     /// the `pool` module.
     pub warm_pool: usize,
@@ -226,6 +229,7 @@ impl EngineConfig {
             cpu_millicores: Some(1000),
             network: crate::NetworkPolicy::Off,
             network_proxy: crate::ProxySettings::default(),
+            secrets: crate::SecretsConfig::default(),
             warm_pool: 2,
             fork_server: true,
             preload_packages: DEFAULT_PRELOAD_PACKAGES,

@@ -39,6 +39,7 @@ mod report;
 mod result;
 mod run;
 mod runner;
+mod secrets;
 mod session;
 pub mod shared;
 mod size;
@@ -105,6 +106,7 @@ pub use result::{
     Artifact, ArtifactOrigin, ErrorInfo, ExceptionInfo, ExecutionResult, InlineImage, Package,
     ResourceUse, SkippedFile, Status, ValueRepr,
 };
+pub use secrets::{SecretReport, SecretSpec, SecretsConfig, is_secret_name};
 pub use session::{
     CreateSession, FileContent, FileEntry, FileList, FileWritten, InstallState, InstallStatus,
     MAX_FILE_BYTES, PackageList, SessionInfo, SessionList, SessionSummary, SessionsReport,
@@ -112,6 +114,7 @@ pub use session::{
 pub use shared::{DatabaseUrl, PgError, SharedStore, SharedStoreError};
 pub use size::{MIN_MEMORY_BYTES, SIZE_HINT, SizeError, parse_memory_limit, parse_size};
 pub use snakebox_fs::PathError;
+pub use snakebox_sandbox::SecretValue;
 /// What the faces see of the sandbox layer: a run's output as it streams, which stream it came
 /// on, and which kind of backend isolates runs (the faces name no sandbox crate).
 pub use snakebox_sandbox::{BackendKind, OutputChunk, Stream};
@@ -371,6 +374,10 @@ impl Engine {
             Arc::clone(&calls),
             Arc::clone(&planner),
         ));
+        let secrets = Arc::new(secrets::Secrets::new(
+            config.secrets.clone(),
+            config.data_dir.clone(),
+        ));
         let oneshot = oneshot::OneShot {
             config: Arc::clone(&config),
             sandbox: sandbox.clone(),
@@ -383,6 +390,7 @@ impl Engine {
             compiler: Arc::clone(&compiler),
             validator: Arc::clone(&validator),
             artifacts: artifacts.clone(),
+            secrets: Arc::clone(&secrets),
         };
         let session = session::SessionService {
             config: Arc::clone(&config),
@@ -408,6 +416,7 @@ impl Engine {
             artifacts,
             ledger,
             store_problem,
+            secrets,
         };
         Engine {
             config,

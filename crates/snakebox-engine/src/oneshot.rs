@@ -75,6 +75,7 @@ pub(crate) struct OneShot {
     pub(crate) compiler: Arc<crate::compile::Compiler>,
     pub(crate) validator: Arc<Validator>,
     pub(crate) artifacts: crate::artifacts::ArtifactStore,
+    pub(crate) secrets: Arc<crate::secrets::Secrets>,
 }
 
 impl OneShot {
@@ -388,6 +389,24 @@ impl OneShot {
             (network, &proxy, plan.policy.network.clone())
         {
             proxy = Some(self.proxies.start_run_proxy(&run_dir.input, names)?);
+        }
+        if !plan.policy.secrets.is_empty() {
+            // The values go to the run's proxy, the placeholders into its input directory
+            // (before the runner reads them: a pre-started one waits for its request).
+            let Some(proxy) = &proxy else {
+                return Err(EngineError::invalid(
+                    "This server cannot give a run secrets: its runs share the host's network (the `none` backend), with no proxy to hold the values",
+                    "run without `secrets`, or ask the operator to use an isolating backend",
+                ));
+            };
+            let inside = self
+                .sandboxes
+                .path_inside(&run_dir.input, crate::run::SANDBOX_INPUT_DIR);
+            proxy.grant(Some(self.secrets.grant(
+                &run_dir.input,
+                &inside,
+                &plan.policy.secrets,
+            )?));
         }
         let baseline = crate::files::write(&run_dir.work, &plan.inputs, run_dir.owner())
             .map(|()| crate::artifacts::Baseline::snapshot(&run_dir.work))

@@ -45,6 +45,11 @@ pub struct ExecuteRequest {
     pub profile: Option<String>,
     /// A memory limit in bytes below the profile's (a narrowing; above it is refused).
     pub memory_limit_bytes: Option<u64>,
+    /// The operator's secrets the run may use (names): its code sees a placeholder in an
+    /// environment variable of each name, which the network proxy replaces by the value in
+    /// requests to the secret's hosts (see the `secrets` module).
+    #[serde(default)]
+    pub secrets: Vec<String>,
 }
 
 /// A request that passed the checks every execution makes.

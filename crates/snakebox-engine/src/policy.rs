@@ -130,6 +130,8 @@ pub(crate) struct Asked<'a> {
     /// The script, whose imports name the dependencies inferred for it (when the server
     /// infers them; empty for calls that run none).
     pub(crate) script: &'a str,
+    /// The operator's secrets asked for (names).
+    pub(crate) secrets: &'a [String],
 }
 
 impl<'a> Asked<'a> {
@@ -148,6 +150,7 @@ impl<'a> Asked<'a> {
             python_version: request.python_version.as_deref(),
             requirements,
             script: &request.script,
+            secrets: &request.secrets,
         }
     }
 }
@@ -184,6 +187,8 @@ pub(crate) struct CallPolicy {
     pub(crate) notes: Vec<String>,
     /// Packages added for the script's imports (`--infer-dependencies`; each has its note).
     pub(crate) inferred: Vec<pep508_rs::Requirement>,
+    /// The operator's secrets granted (names; see the `secrets` module).
+    pub(crate) secrets: Vec<String>,
 }
 
 /// A call refused by its policy.
@@ -294,6 +299,7 @@ impl CallPolicy {
                 imports: None,
                 notes: Vec::new(),
                 inferred: Vec::new(),
+                secrets: Vec::new(),
             });
         }
         if let CallKind::Cell(session) = kind {
@@ -397,6 +403,25 @@ impl CallPolicy {
             }
             CallKind::Compile | CallKind::SessionInstall(_) | CallKind::Build => None,
         };
+        // Secrets: a one-shot run's own; any other kind runs no code that could use them (a
+        // session's are for a later change), so asking there is refused, not ignored.
+        let secrets = match kind {
+            CallKind::Run => crate::secrets::decide(
+                &server.secrets,
+                &tenant.name,
+                profile,
+                asked.secrets,
+                network.is_some(),
+            )
+            .map_err(&refused)?,
+            _ if !asked.secrets.is_empty() => {
+                return Err(Refusal::server(EngineError::invalid(
+                    "Secrets can be asked for by a one-shot run only (not yet by a session or its calls)",
+                    "run the code that needs the secret with execute_python without session_id, passing `secrets`",
+                )));
+            }
+            _ => Vec::new(),
+        };
         if let (CallKind::Cell(session), Some(asked)) = (kind, asked.python_version)
             && !session.python_version.starts_with(asked.trim())
         {
@@ -444,6 +469,7 @@ impl CallPolicy {
                 .into_iter()
                 .map(|added| added.requirement)
                 .collect(),
+            secrets,
         })
     }
 }

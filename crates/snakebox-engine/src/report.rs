@@ -117,6 +117,10 @@ pub struct EnvironmentReport {
     pub network_caps: NetworkCapsReport,
     /// What installs may download from (`[network] install_hosts`).
     pub install_network: String,
+    /// The operator's secrets this caller may ask for (`secrets` of execute_python): names
+    /// and hosts only, never a value.
+    #[serde(default)]
+    pub secrets: Vec<crate::SecretReport>,
     /// uv path and version, or why it is missing.
     pub uv: String,
     /// How to fix a missing uv.
@@ -212,6 +216,8 @@ pub(crate) struct Reports {
     /// Why the store (the data directory's, or the database) could not be opened, if it
     /// could not.
     pub(crate) store_problem: Option<EngineError>,
+    /// The secrets callers may ask for.
+    pub(crate) secrets: Arc<crate::secrets::Secrets>,
 }
 
 impl Reports {
@@ -258,6 +264,7 @@ impl Reports {
                 connection_seconds: config.network_proxy.caps.connection_time.as_secs(),
             },
             install_network: config.network_proxy.describe_installs(),
+            secrets: self.secrets.report(viewer),
             uv,
             uv_hint,
             default_python: config

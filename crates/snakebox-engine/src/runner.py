@@ -588,6 +588,27 @@ def _wait_for_request():
     return request == b"go\n"
 
 
+SECRETS_FILE = "secrets.json"
+# The variables the usual clients read a trust bundle from: Python's ssl (and httpx, urllib3,
+# pip), requests (which otherwise reads certifi's), curl, git, node.
+_CA_VARIABLES = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "NODE_EXTRA_CA_CERTS")
+
+
+def install_secrets(directory):
+    """A run granted the operator's secrets: each name's environment variable holds the run's
+    placeholder (never the value, which only the server's proxy holds and puts into requests
+    to the secret's hosts), and the clients trust the bundle that adds the proxy's CA."""
+    path = os.path.join(directory, SECRETS_FILE)
+    if not os.path.exists(path):
+        return
+    with open(path, "rb") as handle:
+        granted = json.loads(handle.read().decode("utf-8"))
+    for name, placeholder in granted["env"].items():
+        os.environ[name] = placeholder
+    for name in _CA_VARIABLES:
+        os.environ[name] = granted["ca_bundle"]
+
+
 BRIDGE_PORT = 3128
 _BRIDGE_BUFFER = 1 << 20
 
@@ -926,6 +947,10 @@ def main():
         start_bridge(options[options.index("--proxy") + 1])
     if "--wait" in options and not _wait_for_request():
         return 0
+    if "--proxy" in options:
+        # After the request (a pre-started runner learns its run only now), before any user
+        # code: the run's secrets, as placeholders (see `install_secrets`).
+        install_secrets(os.path.dirname(script_path))
 
     # With --report-imports (a forked run of an environment with packages), the modules the
     # run imports are reported: the server may have its fork server import them ahead.

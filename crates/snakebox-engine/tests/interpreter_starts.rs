@@ -97,6 +97,7 @@ fn cell(session_id: &str) -> ExecuteRequest {
         allowed_imports: None,
         profile: None,
         memory_limit_bytes: None,
+        secrets: Vec::new(),
     }
 }
 

@@ -210,6 +210,7 @@ fn request(script: &str, session_id: Option<String>) -> ExecuteRequest {
         allowed_imports: None,
         profile: None,
         memory_limit_bytes: None,
+        secrets: Vec::new(),
     }
 }
 

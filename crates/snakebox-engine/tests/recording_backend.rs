@@ -124,6 +124,7 @@ fn request(script: &str) -> ExecuteRequest {
         allowed_imports: None,
         profile: None,
         memory_limit_bytes: None,
+        secrets: Vec::new(),
     }
 }
 

@@ -22,6 +22,7 @@ mod egress;
 mod error;
 mod health;
 mod host;
+mod intercept;
 mod live;
 mod native;
 mod netproxy;
@@ -55,6 +56,7 @@ pub use crate::egress::{
 pub use crate::error::{
     CgroupError, DockerError, FuseError, NamespaceError, SandboxError, SeccompError, SpawnError,
 };
+pub use crate::intercept::{EgressCa, Interceptor, RunSecrets, SecretGrant, SecretValue};
 pub use crate::live::{Exchange, ExchangeEnd, LiveHandle, LiveSandbox};
 pub use crate::native::forkserver::{ForkRun, ForkServer, ForkServerSpec, MAX_PREFORK};
 pub use crate::native::fuse::{

@@ -42,6 +42,8 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpStream, UnixListener, UnixStream};
 
+use crate::intercept::RunSecrets;
+
 /// The proxy socket's file name in the run's input directory (so it appears at
 /// `/snakebox/egress.sock` inside on every launch path: cold, pooled, forked, sessions).
 pub const SOCKET_NAME: &str = "egress.sock";
@@ -49,9 +51,9 @@ pub const SOCKET_NAME: &str = "egress.sock";
 /// Largest request head the proxy reads.
 const MAX_HEAD: usize = 32 * 1024;
 /// Time to send a request head (or a SOCKS request, or a ClientHello).
-const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const HEAD_TIMEOUT: Duration = Duration::from_secs(30);
 /// Time to resolve a name and to connect.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 /// Largest TLS record the proxy waits for to read a ClientHello (a record is at most 16 KiB).
 const MAX_CLIENT_HELLO: usize = 16 * 1024 + 5;
 /// Most decisions kept per run (later ones are counted, not kept).
@@ -368,13 +370,16 @@ impl NetResolver {
 }
 
 /// What one run proxy shares with its connections.
-struct Shared {
-    rules: NetRules,
+pub(crate) struct Shared {
+    pub(crate) rules: NetRules,
     resolver: NetResolver,
     own_addresses: Vec<IpAddr>,
     log: Mutex<Log>,
     connections: AtomicU64,
     bytes: AtomicU64,
+    /// The secrets granted to the run (see [`crate::intercept`]); set after start, as a
+    /// pre-started sandbox's proxy learns its run only when the run comes.
+    secrets: Mutex<Option<Arc<RunSecrets>>>,
 }
 
 #[derive(Default)]
@@ -436,6 +441,7 @@ impl RunProxy {
             log: Mutex::default(),
             connections: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            secrets: Mutex::new(None),
         });
         let serving = Arc::clone(&shared);
         let task = tokio::spawn(async move {
@@ -494,6 +500,16 @@ impl RunProxy {
         entries
     }
 
+    /// Grant the run `secrets` (or none): from now on its connections are served with them
+    /// (see [`RunSecrets`]).
+    pub fn grant(&self, secrets: Option<RunSecrets>) {
+        *self
+            .shared
+            .secrets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = secrets.map(Arc::new);
+    }
+
     /// [`RunProxy::log`], then forget it (a session's next call starts a new log).
     #[must_use]
     pub fn take_log(&self) -> Vec<NetDecision> {
@@ -543,7 +559,15 @@ fn own_addresses() -> Vec<IpAddr> {
 }
 
 impl Shared {
-    fn record(&self, decision: NetDecision) -> (Arc<AtomicU64>, Arc<AtomicU64>) {
+    /// The run's secrets, if it has any.
+    pub(crate) fn secrets(&self) -> Option<Arc<RunSecrets>> {
+        self.secrets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn record(&self, decision: NetDecision) -> (Arc<AtomicU64>, Arc<AtomicU64>) {
         if decision.allowed {
             tracing::debug!(?decision, "run network allowed");
         } else {
@@ -583,7 +607,7 @@ pub(crate) struct Target {
 /// Why a destination is refused, or the addresses to connect to.
 pub(crate) type Verdict = Result<Vec<SocketAddr>, String>;
 
-async fn serve(mut client: UnixStream, shared: &Shared) {
+async fn serve(mut client: UnixStream, shared: &Arc<Shared>) {
     let mut first = [0_u8; 1];
     let Ok(Ok(1)) = tokio::time::timeout(HEAD_TIMEOUT, client.read(&mut first)).await else {
         return;
@@ -595,7 +619,7 @@ async fn serve(mut client: UnixStream, shared: &Shared) {
     }
 }
 
-async fn serve_http(mut client: UnixStream, shared: &Shared, first: u8) {
+async fn serve_http(mut client: UnixStream, shared: &Arc<Shared>, first: u8) {
     let Some((head, rest)) = tokio::time::timeout(HEAD_TIMEOUT, read_head(&mut client, first))
         .await
         .ok()
@@ -619,6 +643,19 @@ async fn serve_http(mut client: UnixStream, shared: &Shared, first: u8) {
         Protocol::PlainHttp
     };
     let target = request.target.clone();
+    let secrets = shared.secrets();
+    if let Some(secrets) = &secrets {
+        let refused = secrets.refuses_name(&target.host).or_else(|| {
+            (protocol == Protocol::PlainHttp)
+                .then(|| secrets.refuses_clear_text(&target.host, &head))
+                .flatten()
+        });
+        if let Some(reason) = refused {
+            let _ = client.write_all(&http_reply(403, &reason)).await;
+            shared.record(denied(&target, reason));
+            return;
+        }
+    }
     let addresses = match decide(shared, &target).await {
         Ok(addresses) => addresses,
         Err(reason) => {
@@ -634,6 +671,13 @@ async fn serve_http(mut client: UnixStream, shared: &Shared, first: u8) {
             .await
             .is_err()
         {
+            return;
+        }
+        if let Some(secrets) = secrets.filter(|s| s.intercepts(&target)) {
+            crate::intercept::serve_intercepted(
+                client, early, shared, secrets, &target, &addresses,
+            )
+            .await;
             return;
         }
         if target.port == 443 {
@@ -655,7 +699,7 @@ async fn serve_http(mut client: UnixStream, shared: &Shared, first: u8) {
     tunnel(client, shared, &target, &addresses, &early, protocol).await;
 }
 
-async fn serve_socks(mut client: UnixStream, shared: &Shared) {
+async fn serve_socks(mut client: UnixStream, shared: &Arc<Shared>) {
     let Some(target) = tokio::time::timeout(HEAD_TIMEOUT, socks_handshake(&mut client))
         .await
         .ok()
@@ -672,6 +716,12 @@ async fn serve_socks(mut client: UnixStream, shared: &Shared) {
             return;
         }
     };
+    let secrets = shared.secrets();
+    if let Some(reason) = secrets.as_ref().and_then(|s| s.refuses_name(&target.host)) {
+        let _ = client.write_all(&socks_reply(2)).await;
+        shared.record(denied(&target, reason));
+        return;
+    }
     let addresses = match decide(shared, &target).await {
         Ok(addresses) => addresses,
         Err(reason) => {
@@ -682,6 +732,18 @@ async fn serve_socks(mut client: UnixStream, shared: &Shared) {
         }
     };
     if client.write_all(&socks_reply(0)).await.is_err() {
+        return;
+    }
+    if let Some(secrets) = secrets.filter(|s| s.intercepts(&target)) {
+        crate::intercept::serve_intercepted(
+            client,
+            Vec::new(),
+            shared,
+            secrets,
+            &target,
+            &addresses,
+        )
+        .await;
         return;
     }
     let mut early = Vec::new();
@@ -705,7 +767,7 @@ async fn serve_socks(mut client: UnixStream, shared: &Shared) {
     .await;
 }
 
-fn denied(target: &Target, reason: String) -> NetDecision {
+pub(crate) fn denied(target: &Target, reason: String) -> NetDecision {
     NetDecision {
         host: target.host.clone(),
         port: target.port,
@@ -726,6 +788,21 @@ async fn tunnel(
     early: &[u8],
     protocol: Protocol,
 ) {
+    // A run with secrets: what it sends here in clear text must hold no placeholder (this is
+    // not a secret's host, or not over TLS): refused before connecting when its first bytes
+    // hold one, cut before forwarding when later bytes do.
+    let placeholders = shared
+        .secrets()
+        .map(|s| s.placeholders())
+        .unwrap_or_default();
+    if let Some(found) = scan(early, &placeholders, &[]) {
+        let reason = placeholder_refusal(shared, &found, target);
+        if protocol == Protocol::PlainHttp {
+            let _ = client.write_all(&http_reply(403, &reason)).await;
+        }
+        shared.record(denied(target, reason));
+        return;
+    }
     let connected = match shared.rules.upstream_for(&target.host) {
         Some(proxy) => connect_through(proxy, target, protocol != Protocol::PlainHttp).await,
         None => connect_direct(target, addresses).await,
@@ -757,17 +834,35 @@ async fn tunnel(
         }
         sent.fetch_add(early.len() as u64, Ordering::Relaxed);
     }
-    let outgoing = copy_counted(&mut client_read, &mut up_write, shared, &sent);
-    let incoming = copy_counted(&mut up_read, &mut client_write, shared, &received);
+    let cut = tokio::sync::Notify::new();
+    let outgoing = async {
+        if let Some(found) = copy_counted(
+            &mut client_read,
+            &mut up_write,
+            shared,
+            &sent,
+            &placeholders,
+            early,
+        )
+        .await
+        {
+            shared.record(denied(target, placeholder_refusal(shared, &found, target)));
+            cut.notify_one();
+        }
+    };
+    let incoming = copy_counted(&mut up_read, &mut client_write, shared, &received, &[], &[]);
     let both = async {
-        tokio::join!(outgoing, incoming);
+        tokio::select! {
+            _ = async { tokio::join!(outgoing, incoming) } => {}
+            () = cut.notified() => {}
+        }
     };
     let _ = tokio::time::timeout(shared.rules.caps.connection_time, both).await;
 }
 
 /// A stream to the destination: the first checked address that answers. Returns the stream,
 /// the address and the reason logged.
-async fn connect_direct(
+pub(crate) async fn connect_direct(
     target: &Target,
     addresses: &[SocketAddr],
 ) -> Result<(TcpStream, String, &'static str), String> {
@@ -790,7 +885,7 @@ async fn connect_direct(
 /// SOCKS5) the proxy is asked to `CONNECT` (with its credential) and must answer 200; for
 /// plain HTTP the caller sends the request in proxy form. The operator's proxy is resolved
 /// by the system's resolver and not checked: it is the operator's choice.
-async fn connect_through(
+pub(crate) async fn connect_through(
     proxy: &Upstream,
     target: &Target,
     tunnel: bool,
@@ -867,29 +962,79 @@ async fn connect_through(
 }
 
 /// Whether `n` more bytes fit in the run's byte cap (and count them).
-fn within_cap(shared: &Shared, n: usize) -> bool {
+pub(crate) fn within_cap(shared: &Shared, n: usize) -> bool {
     let n = n as u64;
     let before = shared.bytes.fetch_add(n, Ordering::Relaxed);
     before + n <= shared.rules.caps.bytes
 }
 
-async fn copy_counted<R, W>(reader: &mut R, writer: &mut W, shared: &Shared, counter: &AtomicU64)
+/// Copy under the byte cap; with `placeholders`, stop before forwarding a chunk that holds
+/// one (across chunk boundaries too, `before` being what was forwarded just before) and
+/// return it.
+async fn copy_counted<R, W>(
+    reader: &mut R,
+    writer: &mut W,
+    shared: &Shared,
+    counter: &AtomicU64,
+    placeholders: &[Vec<u8>],
+    before: &[u8],
+) -> Option<Vec<u8>>
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
     let mut buf = vec![0_u8; 16 * 1024];
+    let longest = placeholders.iter().map(Vec::len).max().unwrap_or(0);
+    let mut tail: Vec<u8> = before[before.len().saturating_sub(longest)..].to_vec();
     loop {
         let n = match reader.read(&mut buf).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if longest > 0 {
+            if let Some(found) = scan(&buf[..n], placeholders, &tail) {
+                return Some(found);
+            }
+            tail.extend_from_slice(&buf[..n]);
+            let keep = tail.len().saturating_sub(longest);
+            tail.drain(..keep);
+        }
         if !within_cap(shared, n) || writer.write_all(&buf[..n]).await.is_err() {
             break;
         }
         counter.fetch_add(n as u64, Ordering::Relaxed);
     }
     let _ = writer.shutdown().await;
+    None
+}
+
+/// The placeholder `chunk` holds (with the end of what came before, `tail`), if any.
+fn scan(chunk: &[u8], placeholders: &[Vec<u8>], tail: &[u8]) -> Option<Vec<u8>> {
+    if placeholders.is_empty() {
+        return None;
+    }
+    let joined = [tail, chunk].concat();
+    placeholders
+        .iter()
+        .find(|p| !p.is_empty() && joined.windows(p.len()).any(|w| w.eq_ignore_ascii_case(p)))
+        .cloned()
+}
+
+/// The refusal of a connection cut for carrying `placeholder` to `target`.
+fn placeholder_refusal(shared: &Shared, placeholder: &[u8], target: &Target) -> String {
+    let name = shared
+        .secrets()
+        .and_then(|s| {
+            s.grants
+                .iter()
+                .find(|g| g.placeholder.as_bytes().eq_ignore_ascii_case(placeholder))
+                .map(|g| g.name.clone())
+        })
+        .unwrap_or_default();
+    format!(
+        "the run sent the placeholder of secret `{name}` to `{}` in clear text, where the secret does not go: those bytes were not forwarded and the connection was closed",
+        target.host
+    )
 }
 
 /// The checks of the module documentation, steps 1-4 and the connection cap: the addresses
@@ -1285,7 +1430,7 @@ async fn read_head(stream: &mut UnixStream, first: u8) -> Option<(Vec<u8>, Vec<u
     }
 }
 
-fn http_reply(status: u16, reason: &str) -> Vec<u8> {
+pub(crate) fn http_reply(status: u16, reason: &str) -> Vec<u8> {
     let text = match status {
         400 => "Bad Request",
         403 => "Forbidden",

@@ -93,6 +93,13 @@ pub(crate) struct ExecuteParams {
     /// A memory limit below the profile's, e.g. `"256m"`, `"1g"` or a number of bytes; a call
     /// may narrow its limits, never widen them. Not with `session_id`.
     pub memory_limit: Option<String>,
+    /// The operator's secrets this run may use, by name, e.g. `["API_TOKEN"]` (check_environment
+    /// lists those this caller may ask for, with their hosts). The code never sees a value: the
+    /// environment variable of that name holds a placeholder, which the network proxy replaces
+    /// by the value in the headers of HTTPS requests to the secret's hosts only, e.g.
+    /// `requests.get(url, headers={"Authorization": f"Bearer {os.environ['API_TOKEN']}"})`.
+    /// A placeholder sent anywhere else is refused. Needs network. Not with `session_id`.
+    pub secrets: Option<Vec<String>>,
 }
 
 /// One input file of `execute_python`.
@@ -419,6 +426,7 @@ processes): see check_environment.",
             allowed_imports: params.allowed_imports,
             profile: params.profile,
             memory_limit_bytes,
+            secrets: params.secrets.unwrap_or_default(),
         };
         let caller = self.caller(&context)?;
         let (sender, forwarder) = progress(&context);

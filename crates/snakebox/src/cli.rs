@@ -509,6 +509,12 @@ pub struct NetworkArgs {
     /// [default: any host on ports 80 and 443 at a public address].
     #[arg(long, env = "SNAKEBOX_NETWORK_INSTALL_HOSTS", value_name = "HOSTS")]
     pub network_install_hosts: Option<String>,
+    /// Secrets runs may ask for, declared as the config file's `[secrets.NAME]` tables are,
+    /// in TOML: `API_TOKEN = { env = "VAR", hosts = ["api.example.com"] }`, one per line. A
+    /// declaration only: the value comes from the environment variable or file it names
+    /// [default: none].
+    #[arg(long, env = "SNAKEBOX_SECRETS", value_name = "TOML")]
+    pub secrets: Option<String>,
     /// Connections one run (or session call) may open through its proxy [default: 256].
     #[arg(long, env = "SNAKEBOX_NETWORK_MAX_CONNECTIONS", value_name = "N")]
     pub network_max_connections: Option<u64>,

@@ -93,6 +93,7 @@ fn requests_come_back_equal() {
         allowed_imports: Some(vec!["math".into()]),
         profile: Some("basic".into()),
         memory_limit_bytes: Some(256 << 20),
+        secrets: vec!["API_TOKEN".into()],
     });
     same(&ExecuteRequest::default());
     same(&RunCommand {

@@ -161,6 +161,7 @@ fn decide(
         python_version: ask.python,
         requirements: &requirements,
         script: "",
+        secrets: &[],
     };
     CallPolicy::decide(server, kind, &tenant(server, tenant_name), &asked)
         .map(|policy| summary(&policy))

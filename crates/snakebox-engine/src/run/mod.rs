@@ -13,6 +13,6 @@ pub(crate) use layout::{
 };
 pub(crate) use outcome::{Ending, Ran, classify, describe};
 pub(crate) use spec::{
-    EXEC_DENY_NAME, RunNetwork, RunShape, Sandboxes, View, proxy_args, run_environment,
-    sandbox_policy,
+    EXEC_DENY_NAME, RunNetwork, RunShape, SANDBOX_INPUT_DIR, Sandboxes, View, proxy_args,
+    run_environment, sandbox_policy,
 };

@@ -87,6 +87,7 @@ pub(super) const SECTION_KEYS: &[(&str, &str)] = &[
     ("server", "compat_tools"),
     ("server", "upload_dirs"),
     ("http", "addr"),
+    ("network", "upstream_ca_file"),
     ("http", "public_url"),
     ("http", "allowed_hosts"),
     ("http", "allowed_origins"),
@@ -151,6 +152,9 @@ pub(super) struct FileSettings {
     /// `[profiles.NAME]`: one table per profile (names are the operator's, so the section's
     /// keys are not checked against a list; each table's keys are).
     pub(super) profiles: BTreeMap<String, ProfileFile>,
+    /// `[secrets.NAME]`: one table per secret (names are the operator's; each table's keys
+    /// are checked by serde).
+    pub(super) secrets: BTreeMap<String, super::secrets::SecretFile>,
     /// `[tenants.NAME]`: one table per tenant set apart, moved out of `[tenants]` by
     /// [`sectioned`] (under a name no file can write: see [`TENANT_TABLES`]).
     #[serde(rename = "tenants.NAME")]
@@ -321,7 +325,7 @@ pub(super) fn sectioned(table: toml::Table) -> anyhow::Result<(toml::Table, Vec<
         match (value, flat_place) {
             // A section; `network` is also a flat key, but only a table is the section.
             // Profiles are named by the operator: each `[profiles.NAME]` is checked by serde.
-            (toml::Value::Table(section), _) if key == "profiles" => {
+            (toml::Value::Table(section), _) if key == "profiles" || key == "secrets" => {
                 sections.insert(key, section);
             }
             // `[tenants]` holds the defaults and, as sub-tables, `[tenants.NAME]`.

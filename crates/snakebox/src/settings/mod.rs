@@ -66,6 +66,7 @@ mod pool;
 mod profiles;
 mod python;
 mod sandbox;
+mod secrets;
 mod server;
 mod sessions;
 mod tenants;
@@ -193,6 +194,11 @@ fn resolve_with(args: &EngineArgs, mut file: FileSettings) -> anyhow::Result<Set
     )?;
     ibm.apply_profile(&mut config, profile_chosen);
     resolve_tenant_tables(std::mem::take(&mut file.tenant_tables), &mut config)?;
+    let declared = secrets::declared(
+        args.network.secrets.as_deref(),
+        std::mem::take(&mut file.secrets),
+    )?;
+    secrets::resolve_secrets(declared, &|name| std::env::var(name).ok(), &mut config)?;
     let max_frame_bytes = resolve_frame(frame.as_deref(), config.max_script_bytes)?;
     Ok(Settings {
         engine: config,

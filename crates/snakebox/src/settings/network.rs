@@ -22,6 +22,9 @@ pub(super) struct NetworkFile {
     pub(super) max_connections: Option<u64>,
     pub(super) max_bytes: Option<SizeOrNumber>,
     pub(super) max_connection_seconds: Option<u64>,
+    /// A PEM file of CA certificates the proxy trusts, besides the host's, when it connects
+    /// to a secret's host.
+    pub(super) upstream_ca_file: Option<std::path::PathBuf>,
 }
 
 pub(super) fn resolve_network(
@@ -30,6 +33,15 @@ pub(super) fn resolve_network(
     config: &mut EngineConfig,
 ) -> anyhow::Result<()> {
     resolve_network_caps(args, &file, config)?;
+    if let Some(path) = &file.upstream_ca_file {
+        if !path.is_file() {
+            bail!(
+                "`[network] upstream_ca_file`: `{}` is not a file\nhint: give a PEM file of the CA certificates a secret's host presents (besides the host's trust store)",
+                path.display()
+            );
+        }
+        config.secrets.extra_ca_file = Some(path.clone());
+    }
     if let Some(list) = args
         .network_install_hosts
         .as_ref()

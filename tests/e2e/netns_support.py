@@ -1,0 +1,33 @@
+"""Test hosts of a module's own: a network namespace joined to the host by a veth pair, with
+the test hosts' addresses inside (documentation ranges only). The network and secrets tests
+run their name servers and listeners in one each."""
+
+from __future__ import annotations
+
+import subprocess
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True)
+
+
+def make_namespace(name: str, host_side: str, ns_side: str, host_cidr: str, cidrs: list[str]) -> list[str]:
+    """Create namespace `name` and a veth pair (`host_side` on the host with `host_cidr`,
+    `ns_side` inside with `cidrs`), loopback up inside; return the command prefix that runs a
+    program inside. Undo with `remove_namespace`, whatever happened."""
+    _ip("netns", "add", name)
+    _ip("link", "add", host_side, "type", "veth", "peer", "name", ns_side)
+    _ip("link", "set", ns_side, "netns", name)
+    _ip("addr", "add", host_cidr, "dev", host_side)
+    _ip("link", "set", host_side, "up")
+    inside = ["ip", "netns", "exec", name]
+    steps = [["link", "set", "lo", "up"], *(["addr", "add", cidr, "dev", ns_side] for cidr in cidrs),
+             ["link", "set", ns_side, "up"]]
+    for args in steps:
+        subprocess.run([*inside, "ip", *args], check=True, capture_output=True)
+    return inside
+
+
+def remove_namespace(name: str, host_side: str) -> None:
+    subprocess.run(["ip", "link", "del", host_side], capture_output=True)
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
