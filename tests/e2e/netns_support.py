@@ -5,6 +5,7 @@ run their name servers and listeners in one each."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 
 def _ip(*args: str) -> None:
@@ -31,3 +32,24 @@ def make_namespace(name: str, host_side: str, ns_side: str, host_cidr: str, cidr
 def remove_namespace(name: str, host_side: str) -> None:
     subprocess.run(["ip", "link", "del", host_side], capture_output=True)
     subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def make_certificates(directory: Path, names: list[str], ca_name: str) -> None:
+    """A test CA (`ca.pem`, common name `ca_name`) and one certificate for every name of
+    `names` signed by it (`host.pem`, `host.key`), in `directory`. Python 3.13's default
+    context checks strictly (VERIFY_X509_STRICT): critical CA constraints, key usages, an
+    authority key identifier on the leaf."""
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=directory)
+
+    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", f"/CN={ca_name}",
+            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    openssl("req", *curve, "-keyout", "host.key", "-out", "host.csr", "-subj", f"/CN={names[0]}")
+    alt = ",".join(f"DNS:{name}" for name in names)
+    (directory / "san.ext").write_text(
+        f"subjectAltName={alt}\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        "extendedKeyUsage=serverAuth\nauthorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n"
+    )
+    openssl("x509", "-req", "-in", "host.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-out", "host.pem", "-days", "2", "-extfile", "san.ext")

@@ -23,7 +23,7 @@ import pytest
 
 from backend_support import FORK_SERVER_ONLY
 from conftest import call, connect
-from netns_support import make_namespace, remove_namespace
+from netns_support import make_certificates, make_namespace, remove_namespace
 
 pytestmark = pytest.mark.anyio
 
@@ -191,23 +191,6 @@ HOSTS = textwrap.dedent("""
 """)
 
 
-def make_certificates(directory: Path) -> None:
-    """A test CA (`ca.pem`) and a certificate for `allowed.test` signed by it (`host.pem`)."""
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=directory)
-
-    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    # Python 3.13's default context checks strictly (VERIFY_X509_STRICT): critical CA
-    # constraints, key usages, an authority key identifier on the leaf.
-    openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=snakebox test CA",
-            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    openssl("req", *curve, "-keyout", "host.key", "-out", "host.csr", "-subj", "/CN=allowed.test")
-    (directory / "san.ext").write_text(
-        "subjectAltName=DNS:allowed.test\nbasicConstraints=critical,CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-        "extendedKeyUsage=serverAuth\nauthorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n"
-    )
-    openssl("x509", "-req", "-in", "host.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "host.pem", "-days", "2", "-extfile", "san.ext")
 
 
 def make_wheel(path: Path, name: str = "snbtpkg", value: str = "from the local index") -> None:
@@ -291,7 +274,7 @@ def test_hosts(tmp_path_factory: pytest.TempPathFactory):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         make_wheel(logs / "snbtpkg-1.0-py3-none-any.whl")
         make_wheel(logs / "snbtfar-1.0-py3-none-any.whl", "snbtfar", "from the files host")
-        make_certificates(logs)
+        make_certificates(logs, ["allowed.test"], "snakebox test CA")
         packages = subprocess.Popen([*inside, sys.executable, "-c", PACKAGE_HOST, str(logs), PKGS, FAR],
                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         processes.append(packages)

@@ -27,7 +27,7 @@ import pytest
 
 from backend_support import FORK_SERVER_ONLY
 from conftest import call, connect
-from netns_support import make_namespace, remove_namespace
+from netns_support import make_certificates, make_namespace, remove_namespace
 
 pytestmark = pytest.mark.anyio
 
@@ -81,21 +81,6 @@ HOSTS = textwrap.dedent("""
 """)
 
 
-def make_certificates(directory: Path) -> None:
-    """A test CA (`ca.pem`) and one certificate for both test names signed by it (`host.pem`)."""
-    def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=directory)
-
-    curve = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
-    openssl("req", "-x509", *curve, "-keyout", "ca.key", "-out", "ca.pem", "-days", "2", "-subj", "/CN=snakebox secrets test CA",
-            "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    openssl("req", *curve, "-keyout", "host.key", "-out", "host.csr", "-subj", "/CN=api.secret.test")
-    (directory / "san.ext").write_text(
-        "subjectAltName=DNS:api.secret.test,DNS:other.secret.test\nbasicConstraints=critical,CA:FALSE\n"
-        "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\nauthorityKeyIdentifier=keyid\nsubjectKeyIdentifier=hash\n"
-    )
-    openssl("x509", "-req", "-in", "host.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-            "-out", "host.pem", "-days", "2", "-extfile", "san.ext")
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +97,7 @@ def secret_hosts(tmp_path_factory: pytest.TempPathFactory):
              f"--listen-address={DNS}", "--port=53", "--log-queries", f"--log-facility={logs}/dns.log",
              f"--address=/api.secret.test/{API}", f"--address=/other.secret.test/{OTHER}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        make_certificates(logs)
+        make_certificates(logs, ["api.secret.test", "other.secret.test"], "snakebox secrets test CA")
         hosts = subprocess.Popen([*inside, sys.executable, "-c", HOSTS, str(logs), API, OTHER],
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         processes.append(hosts)
