@@ -1,6 +1,11 @@
 """Test hosts of a module's own: a network namespace joined to the host by a veth pair, with
-the test hosts' addresses inside (documentation ranges only). The network and secrets tests
-run their name servers and listeners in one each."""
+the test hosts' addresses inside. The network and secrets tests run their name servers and
+listeners in one each.
+
+Addresses: 198.51.100.0/24 only (`test_network` the lower half, `test_secrets` the upper).
+The other documentation ranges (192.0.2.0/24, 203.0.113.0/24) may be in use by the machine's
+own network, and a test route over them cuts the machine off from its package registries
+while the namespace lives."""
 
 from __future__ import annotations
 
