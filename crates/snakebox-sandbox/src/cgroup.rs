@@ -638,6 +638,17 @@ pub(crate) fn enable_delegated(dir: &Path, pid: u32) -> Result<(), CgroupError> 
 /// is in them, never touches the one that holds the server's own threads.
 const HOST_WORK_PREFIX: &str = "snakebox-host-";
 
+/// The server pid a cgroup named `<prefix><pid>-…` belongs to (run cgroups and host-work
+/// cgroups alike), if `name` is one.
+fn server_pid(name: &std::ffi::OsStr, prefix: &str) -> Option<u32> {
+    name.to_str()?
+        .strip_prefix(prefix)?
+        .split('-')
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// This server's host-work cgroup under the cpu hierarchy's `parent`.
 fn host_work_dir(parent: &Path) -> PathBuf {
     parent.join(format!(
@@ -785,12 +796,7 @@ impl CgroupSet {
             .filter_map(|parent| fs_err::read_dir(parent).ok())
             .flat_map(|entries| entries.filter_map(Result::ok))
             .filter_map(|entry| {
-                let pid = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| n.strip_prefix("snakebox-"))
-                    .and_then(|rest| rest.split('-').next())
-                    .and_then(|pid| pid.parse::<u32>().ok())?;
+                let pid = server_pid(&entry.file_name(), "snakebox-")?;
                 Some((pid, entry.path()))
             })
             .collect()
@@ -803,12 +809,7 @@ impl CgroupSet {
             && let Ok(entries) = fs_err::read_dir(cpu)
         {
             for entry in entries.filter_map(Result::ok) {
-                let pid = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(|n| n.strip_prefix(HOST_WORK_PREFIX))
-                    .and_then(|rest| rest.split('-').next())
-                    .and_then(|pid| pid.parse::<u32>().ok());
+                let pid = server_pid(&entry.file_name(), HOST_WORK_PREFIX);
                 if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
                     let _ = fs_err::remove_dir(entry.path());
                 }
